@@ -1,0 +1,71 @@
+"""Offload policy: the user-facing knobs of the head-wise engine, validated once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OffloadPolicy:
+    """How the KV cache is split between the compute device and host memory.
+
+    Every ``None`` means "let the planner decide" (see ``engine.planner``).
+
+    Attributes:
+        chunk_size: tokens per prefill chunk; bounds activation memory.
+        head_group_size: KV heads fetched to the device together (1..num_kv_heads).
+            ``num_kv_heads`` is layer-wise offload; ``None`` is adaptive.
+        resident_slots: number of (layer, head group) slots whose KV stays on the
+            compute device, using spare memory instead of crossing the link.
+            ``None``: as many as the budget allows (all of them on a CPU-only machine).
+        pin_memory: page-locked host storage (needed for async copies on CUDA).
+            ``None``: on when CUDA is the compute device.
+        overlap: fetch the next head group on a side stream while the current one
+            computes. ``False`` runs the same loop with synchronous copies.
+        max_context: tokens to pre-allocate in the host store; ``None`` grows on demand.
+        gpu_memory: device memory budget in bytes; ``None`` reads the device.
+        host_memory: host memory budget in bytes for the KV store; ``None`` reads the system.
+    """
+
+    chunk_size: int = 4096
+    head_group_size: int | None = None
+    resident_slots: int | None = None
+    pin_memory: bool | None = None
+    overlap: bool = True
+    max_context: int | None = None
+    gpu_memory: int | None = None
+    host_memory: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_positive("chunk_size", self.chunk_size)
+        if self.head_group_size is not None:
+            _check_positive("head_group_size", self.head_group_size)
+        if self.resident_slots is not None and (not _is_int(self.resident_slots) or self.resident_slots < 0):
+            raise ValueError(f"resident_slots must be an integer >= 0 or None, got {self.resident_slots!r}")
+        if self.max_context is not None:
+            _check_positive("max_context", self.max_context)
+        for name in ("gpu_memory", "host_memory"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_positive(name, value)
+        if self.pin_memory not in (None, True, False):
+            raise ValueError(f"pin_memory must be True, False or None, got {self.pin_memory!r}")
+        if self.overlap not in (True, False):
+            raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
+
+    def validate_for(self, num_kv_heads: int) -> None:
+        """Checks the knobs that depend on the model shape."""
+        if self.head_group_size is not None and self.head_group_size > num_kv_heads:
+            raise ValueError(
+                f"head_group_size={self.head_group_size} exceeds the model's {num_kv_heads} KV heads "
+                f"(use 1..{num_kv_heads}, or None for adaptive)"
+            )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_positive(name: str, value: object) -> None:
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

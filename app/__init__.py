@@ -1,0 +1,1 @@
+"""HeadInfer Studio Gradio app (never imports torch)."""

@@ -1,0 +1,304 @@
+"""Memory planner: the HeadInfer paper's memory model turned into a plan for one run.
+
+All figures are bytes unless a name says GiB. The model follows the paper's appendix
+("Memory Analysis of Llama-3-8B Inference"): weights + on-device KV + chunk activations,
+with the head-wise KV cache split into (layer, head group) *slots* that either stay
+resident on the compute device or live in host memory and stream through two
+ping-pong buffers.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from engine.policy import OffloadPolicy
+
+logger = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+_MAX_CONTEXT = 2**31
+_LOGIT_BYTES = 4  # logits are materialised in fp32 for the last token only
+
+
+class PlanError(ValueError):
+    """A run cannot be planned (bad input) or does not fit its memory budgets."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions of a decoder-only transformer that drive its memory use."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int
+    num_params: int
+    sliding_windows: tuple[int | None, ...]
+
+    @classmethod
+    def from_config(cls, config, dtype_bytes: int = 2, num_params: int | None = None) -> ModelShape:
+        """Builds a shape from a transformers config (llama, mistral, qwen2/3, gemma2/3).
+
+        ``num_params`` is estimated from the config when not given.
+        """
+        if hasattr(config, "get_text_config"):  # multimodal wrappers nest the LM config
+            config = config.get_text_config()
+        layers = int(config.num_hidden_layers)
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        windows = _sliding_windows(config, layers)
+        params = num_params if num_params is not None else _estimate_params(config, head_dim, kv_heads)
+        return cls(layers, heads, kv_heads, head_dim, int(config.hidden_size), int(config.intermediate_size),
+                   int(config.vocab_size), dtype_bytes, int(params), windows)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V bytes of one token across all layers and KV heads."""
+        return self.num_layers * self.num_kv_heads * self.head_dim * 2 * self.dtype_bytes
+
+
+def _sliding_windows(config, layers: int) -> tuple[int | None, ...]:
+    window = getattr(config, "sliding_window", None)
+    # Qwen2/3 keep a sliding_window value around even when the feature is off.
+    if getattr(config, "use_sliding_window", True) is False or not window:
+        return (None,) * layers
+    types = getattr(config, "layer_types", None)
+    if types is None:  # mistral: one window for every layer
+        return (int(window),) * layers
+    return tuple(int(window) if t == "sliding_attention" else None for t in types)
+
+
+def _estimate_params(config, head_dim: int, kv_heads: int) -> int:
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    embed = config.vocab_size * hidden
+    lm_head = 0 if getattr(config, "tie_word_embeddings", False) else embed
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
+    model_type = getattr(config, "model_type", "")
+    if model_type == "qwen2" or getattr(config, "attention_bias", False):
+        attn += q_out + 2 * kv_out  # q/k/v biases (qwen2 always has them)
+    if model_type in ("qwen3", "gemma3_text"):
+        attn += 2 * head_dim  # q_norm / k_norm
+    norms = (4 if model_type in ("gemma2", "gemma3_text") else 2) * hidden  # gemma adds post-norms
+    layer = attn + 3 * hidden * config.intermediate_size + norms
+    return embed + lm_head + config.num_hidden_layers * layer + hidden
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A resolved placement of weights and KV cache, and whether it fits the budgets."""
+
+    context_tokens: int
+    chunk_size: int
+    head_group_size: int
+    num_groups: int
+    resident_slots: int
+    total_slots: int
+    device_is_cuda: bool
+    gpu_breakdown: dict
+    gpu_bytes: int
+    host_bytes: int
+    gpu_budget: int | None
+    host_budget: int | None
+    fits: bool
+    reason: str
+    max_context_tokens: int
+
+    def require_fit(self) -> None:
+        """Raises :class:`PlanError` explaining what does not fit."""
+        if not self.fits:
+            raise PlanError(self.reason)
+
+    def summary(self) -> str:
+        """A few human-readable lines with GiB figures."""
+        parts = ", ".join(f"{k} {v / _GIB:.2f}" for k, v in self.gpu_breakdown.items())
+        lines = [
+            f"context {self.context_tokens} tokens, chunk {self.chunk_size}, head group {self.head_group_size} "
+            f"({self.num_groups} groups/layer), resident slots {self.resident_slots}/{self.total_slots}",
+            f"device: {'CUDA' if self.device_is_cuda else 'none (CPU compute)'}; "
+            f"GPU {self.gpu_bytes / _GIB:.2f} GiB of {_gib(self.gpu_budget)} ({parts})",
+            f"host {self.host_bytes / _GIB:.2f} GiB of {_gib(self.host_budget)}",
+            f"max context with this configuration: {self.max_context_tokens} tokens",
+            "fits" if self.fits else f"does not fit: {self.reason}",
+        ]
+        return "\n".join(lines)
+
+
+def _gib(n: int | None) -> str:
+    return "unlimited" if n is None else f"{n / _GIB:.2f} GiB"
+
+
+def _within(used: int, budget: int | None) -> bool:
+    return budget is None or used <= budget
+
+
+def _visible_tokens(shape: ModelShape, context: int, chunk: int) -> int:
+    """Tokens one layer's attention reads while processing a chunk (conservative max over layers)."""
+    windows = shape.sliding_windows
+    if not windows or any(w is None for w in windows):
+        return context
+    # A sliding layer sees its window plus the chunk being appended.
+    return min(context, max(windows) + chunk)
+
+
+def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident: int,
+               cuda: bool) -> tuple[dict, int, int]:
+    """Returns (gpu breakdown, gpu bytes, host bytes) for a fully resolved configuration."""
+    weights = shape.num_params * shape.dtype_bytes
+    activations = min(chunk, context) * (shape.hidden_size + 2 * shape.intermediate_size) * shape.dtype_bytes
+    logits = shape.vocab_size * _LOGIT_BYTES
+    if not cuda:  # compute happens on the host, so everything is host memory
+        breakdown = dict.fromkeys(("weights", "kv_buffers", "kv_resident", "activations", "logits"), 0)
+        return breakdown, 0, weights + context * shape.kv_bytes_per_token + activations + logits
+    per_head = shape.head_dim * 2 * shape.dtype_bytes  # K and V of one head, one layer, one token
+    device_head = _visible_tokens(shape, context, chunk) * per_head
+    groups = math.ceil(shape.num_kv_heads / group)
+    # Resident slots are taken layer by layer; only a layer's last group can be short.
+    resident_heads = (resident // groups) * shape.num_kv_heads + (resident % groups) * group
+    breakdown = {
+        "weights": weights,
+        "kv_buffers": 2 * group * device_head,  # ping-pong: one computing, one loading
+        "kv_resident": resident * group * device_head,
+        "activations": activations,
+        "logits": logits,
+    }
+    host = (shape.num_layers * shape.num_kv_heads - resident_heads) * context * per_head
+    return breakdown, sum(breakdown.values()), host
+
+
+def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,
+             gpu_budget: int | None) -> tuple[int, int]:
+    """Picks (head_group_size, resident_slots): policy values win, None means adaptive."""
+    kv, chunk = shape.num_kv_heads, policy.chunk_size
+    group = policy.head_group_size
+    if group is None and not cuda:
+        group = kv
+    elif group is None:
+        # Largest group first: fewer, bigger transfers and kernel launches per layer.
+        divisors = [d for d in range(kv, 0, -1) if kv % d == 0]
+        group = next((d for d in divisors
+                      if _within(_footprint(shape, context, chunk, d, 0, True)[1], gpu_budget)), 1)
+    total = shape.num_layers * math.ceil(kv / group)
+    if policy.resident_slots is not None:
+        if policy.resident_slots > total:
+            logger.debug("resident_slots=%d capped at %d slots", policy.resident_slots, total)
+        return group, min(policy.resident_slots, total)
+    if not cuda or gpu_budget is None:
+        return group, total
+    _, base, _ = _footprint(shape, context, chunk, group, 0, True)
+    slot = group * _visible_tokens(shape, context, chunk) * shape.head_dim * 2 * shape.dtype_bytes
+    return group, max(0, min(total, (gpu_budget - base) // slot))
+
+
+def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, device_is_cuda: bool,
+              gpu_budget: int | None = None, host_budget: int | None = None) -> Plan:
+    """Plans a run of ``context_tokens`` tokens; budgets of ``None`` are unlimited.
+
+    ``policy.gpu_memory`` / ``policy.host_memory`` override the budget arguments.
+    The plan reports ``fits=False`` with a reason rather than raising; call
+    :meth:`Plan.require_fit` to turn that into a :class:`PlanError`.
+    """
+    if isinstance(context_tokens, bool) or not isinstance(context_tokens, int) or context_tokens < 1:
+        raise PlanError(f"context_tokens must be a positive integer, got {context_tokens!r}")
+    try:
+        policy.validate_for(shape.num_kv_heads)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from exc
+    gpu_budget = policy.gpu_memory if policy.gpu_memory is not None else gpu_budget
+    host_budget = policy.host_memory if policy.host_memory is not None else host_budget
+    for name, budget in (("gpu_budget", gpu_budget), ("host_budget", host_budget)):
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise PlanError(f"{name} must be a positive number of bytes or None, got {budget!r}")
+
+    chunk = policy.chunk_size
+    group, resident = _resolve(shape, policy, context_tokens, device_is_cuda, gpu_budget)
+    breakdown, gpu, host = _footprint(shape, context_tokens, chunk, group, resident, device_is_cuda)
+
+    def fits_at(ctx: int) -> bool:
+        _, g, h = _footprint(shape, ctx, chunk, group, resident, device_is_cuda)
+        return _within(g, gpu_budget) and _within(h, host_budget)
+
+    max_ctx = _largest_fitting(fits_at)
+    reasons = []
+    if not _within(gpu, gpu_budget):
+        reasons.append(
+            f"GPU memory: needs {gpu / _GIB:.2f} GiB but the budget is {gpu_budget / _GIB:.2f} GiB "
+            f"(weights {breakdown['weights'] / _GIB:.2f}, KV buffers {breakdown['kv_buffers'] / _GIB:.2f}, "
+            f"resident KV {breakdown['kv_resident'] / _GIB:.2f}, activations {breakdown['activations'] / _GIB:.2f}); "
+            "use a smaller head_group_size or chunk_size, or fewer resident_slots")
+    if not _within(host, host_budget):
+        what = "the offloaded KV cache" if device_is_cuda else "weights + KV cache + activations"
+        reasons.append(f"host memory: {what} needs {host / _GIB:.2f} GiB but the budget is "
+                       f"{host_budget / _GIB:.2f} GiB")
+    if reasons:
+        reasons.append(f"at most {max_ctx} tokens fit with this configuration")
+    groups = math.ceil(shape.num_kv_heads / group)
+    plan = Plan(context_tokens, chunk, group, groups, resident, shape.num_layers * groups, device_is_cuda,
+                breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx)
+    logger.debug("plan: %s", plan.summary().replace("\n", " | "))
+    return plan
+
+
+def _largest_fitting(fits_at) -> int:
+    """Largest context in [0, 2**31] for which ``fits_at`` holds (memory grows with context)."""
+    if not fits_at(1):
+        return 0
+    if fits_at(_MAX_CONTEXT):
+        return _MAX_CONTEXT
+    lo, hi = 1, _MAX_CONTEXT  # fits_at(lo) and not fits_at(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits_at(mid) else (lo, mid)
+    return lo
+
+
+def paper_memory_table(shape: ModelShape, context_tokens: int, chunk_size: int = 10240) -> dict[str, dict[str, float]]:
+    """The paper's appendix memory table (GiB) for five inference strategies.
+
+    Uses the paper's formulas verbatim (no sliding windows, no logits), so that
+    Llama-3-8B at 1M tokens reproduces 207 / 143 / 111 / 87 / 16.7 GiB totals.
+    """
+    if context_tokens < 1 or chunk_size < 1:
+        raise PlanError("context_tokens and chunk_size must be positive")
+    weights = shape.num_params * shape.dtype_bytes
+    kv_full = context_tokens * shape.kv_bytes_per_token
+    per_token_act = (shape.hidden_size + 2 * shape.intermediate_size) * shape.dtype_bytes
+    act_full, act_chunk = context_tokens * per_token_act, min(chunk_size, context_tokens) * per_token_act
+    head_layer = context_tokens * shape.head_dim * 2 * shape.dtype_bytes  # one head of one layer, K+V
+    rows = {  # (kv on gpu, activations, total kv)
+        "standard": (kv_full, act_full, kv_full),
+        "chunked_prefill": (kv_full, act_chunk, kv_full),
+        "kv_quant_4bit": (kv_full / 4, act_full, kv_full / 4),
+        "layerwise_offload": (2 * shape.num_kv_heads * head_layer, act_full, kv_full),  # ping-pong layers
+        "headinfer": (2 * head_layer, act_chunk, kv_full),  # ping-pong single heads
+    }
+    return {
+        name: {"weights": weights / _GIB, "kv_gpu": kv / _GIB, "activation": act / _GIB,
+               "total": (weights + kv + act) / _GIB, "kv_total": total_kv / _GIB}
+        for name, (kv, act, total_kv) in rows.items()
+    }
+
+
+def estimate_prefill_seconds(shape: ModelShape, tokens: int, flops_per_second: float) -> float:
+    """Rough prefill time: 2 FLOPs per parameter per token plus causal attention.
+
+    Attention costs 4 * num_heads * head_dim FLOPs per (query, key) pair (QK^T and PV);
+    a full layer has S^2/2 causal pairs, a sliding layer about S*w - w^2/2.
+    """
+    if flops_per_second <= 0:
+        raise PlanError(f"flops_per_second must be positive, got {flops_per_second!r}")
+    if tokens < 0:
+        raise PlanError(f"tokens must be >= 0, got {tokens!r}")
+    pairs = 0.0
+    for window in shape.sliding_windows or (None,) * shape.num_layers:
+        w = tokens if window is None else min(window, tokens)
+        pairs += tokens * w - w * w / 2
+    flops = 2.0 * shape.num_params * tokens + 4.0 * shape.num_heads * shape.head_dim * pairs
+    return flops / flops_per_second

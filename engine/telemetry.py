@@ -1,0 +1,159 @@
+"""Memory and throughput readings for the UI and the planner's budgets.
+
+GPU figures come from NVML (package ``nvidia-ml-py``) because it sees the whole
+device, not just this process's torch allocator; everything else comes from psutil.
+A missing GPU or driver is normal (CPU-only machines) and never an error here.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+GPU_BUDGET_FRACTION = 0.92  # leave room for the CUDA context and allocator fragmentation
+HOST_BUDGET_FRACTION = 0.85  # leave room for the OS, the UI and page cache
+
+
+@dataclass(frozen=True)
+class MemorySnapshot:
+    """One reading of device and host memory, in bytes (GPU fields ``None`` without NVML)."""
+
+    gpu_used: int | None
+    gpu_total: int | None
+    gpu_name: str | None
+    process_rss: int
+    system_used: int
+    system_total: int
+    system_available: int
+
+
+@functools.lru_cache(maxsize=1)
+def _nvml():
+    """Initialises NVML once; returns the module, or None when no driver/GPU is usable."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver errors...
+        logger.debug("NVML unavailable, GPU memory readings disabled: %s", exc)
+        return None
+    logger.debug("NVML initialised")
+    return pynvml
+
+
+def _read_gpu(gpu_index: int) -> tuple[int | None, int | None, str | None]:
+    nvml = _nvml()
+    if nvml is None:
+        return None, None, None
+    try:
+        handle = nvml.nvmlDeviceGetHandleByIndex(gpu_index)
+        info = nvml.nvmlDeviceGetMemoryInfo(handle)
+        name = nvml.nvmlDeviceGetName(handle)
+    except Exception as exc:  # bad index or a GPU that fell off the bus must not break the UI
+        logger.debug("NVML reading for GPU %d failed: %s", gpu_index, exc)
+        return None, None, None
+    if isinstance(name, bytes):  # older bindings return bytes
+        name = name.decode(errors="replace")
+    return int(info.used), int(info.total), str(name)
+
+
+def read_memory(gpu_index: int = 0) -> MemorySnapshot:
+    """Reads GPU (via NVML, when present) and host memory; never raises for a missing GPU."""
+    gpu_used, gpu_total, gpu_name = _read_gpu(gpu_index)
+    vm = psutil.virtual_memory()
+    return MemorySnapshot(
+        gpu_used=gpu_used,
+        gpu_total=gpu_total,
+        gpu_name=gpu_name,
+        process_rss=int(psutil.Process().memory_info().rss),
+        system_used=int(vm.used),
+        system_total=int(vm.total),
+        system_available=int(vm.available),
+    )
+
+
+def detect_budgets(device: str) -> tuple[int | None, int | None]:
+    """Returns ``(gpu_budget, host_budget)`` in bytes for ``"cpu"`` or ``"cuda[:N]"``.
+
+    The GPU budget is a fraction of the device's total memory; the host budget a
+    fraction of currently available RAM. ``"cpu"`` has no GPU budget (``None``).
+    """
+    host = int(psutil.virtual_memory().available * HOST_BUDGET_FRACTION)
+    if device == "cpu":
+        return None, host
+    if not device.startswith("cuda"):
+        raise ValueError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
+    import torch  # deferred: telemetry is also used where torch is not needed
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but torch sees no CUDA GPU")
+    index = torch.device(device).index
+    total = torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).total_memory
+    return int(total * GPU_BUDGET_FRACTION), host
+
+
+def format_bytes(n: int | None) -> str:
+    """Formats a byte count with binary units, e.g. ``"1.23 GiB"``; ``None`` is ``"n/a"``."""
+    if n is None:
+        return "n/a"
+    sign, value = ("-" if n < 0 else ""), float(abs(n))
+    if value < 1024:
+        return f"{sign}{int(value)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            return f"{sign}{value:.2f} {unit}"
+    raise AssertionError("unreachable")
+
+
+class Throughput:
+    """Tracks tokens produced since :meth:`start` and their rate.
+
+    The clock is injectable so tests (and replays) do not depend on wall time.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._start: float | None = None
+        self._tokens = 0
+
+    def start(self) -> None:
+        """Resets the token count and starts timing now."""
+        self._start = self._clock()
+        self._tokens = 0
+
+    def add(self, n: int = 1) -> None:
+        """Counts ``n`` more tokens (starts timing on first use if :meth:`start` was not called)."""
+        if n < 0:
+            raise ValueError(f"token count must be >= 0, got {n}")
+        if self._start is None:
+            self.start()
+        self._tokens += n
+
+    @property
+    def tokens(self) -> int:
+        """Tokens counted since the last :meth:`start`."""
+        return self._tokens
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the last :meth:`start` (0 before it)."""
+        return 0.0 if self._start is None else max(0.0, self._clock() - self._start)
+
+    @property
+    def rate(self) -> float:
+        """Tokens per second since :meth:`start`; 0.0 before any time has passed."""
+        elapsed = self.elapsed
+        return self._tokens / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Alias of :attr:`rate`."""
+        return self.rate

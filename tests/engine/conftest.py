@@ -1,0 +1,19 @@
+"""Shared fixtures for the engine tests: the embedded SmolLM2 model, converted and loaded once per session."""
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """Folder of the embedded SmolLM2-135M-Instruct (safetensors + tokenizer); converted on first use."""
+    from engine.loader import embedded_model_dir
+
+    return embedded_model_dir()
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_dir):
+    """``(model, tokenizer)`` of the embedded model on CPU in float32, with stock ``sdpa`` attention."""
+    from engine.loader import load_model
+
+    return load_model(str(smollm2_dir), device="cpu", attn_implementation="sdpa")

@@ -1,0 +1,85 @@
+"""Head-wise attention vs stock transformers, on every supported architecture (tiny random configs, fp32)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import engine
+from archs import build_pair, tiny_configs
+
+PROMPT_LEN = 45  # longer than the sliding windows (8), not a multiple of the chunk sizes below
+RTOL = 1e-5
+
+
+def rel_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual - expected).abs().max() / expected.abs().max())
+
+
+@pytest.fixture(scope="module", params=sorted(tiny_configs()))
+def pair(request, tmp_path_factory):
+    stock, headinfer = build_pair(request.param, tmp_path_factory.mktemp(request.param))
+    return request.param, stock, headinfer
+
+
+def prompt(vocab_size: int, length: int = PROMPT_LEN) -> torch.Tensor:
+    return torch.randint(0, vocab_size, (1, length), generator=torch.Generator().manual_seed(7))
+
+
+def chunked_logits(model, ids: torch.Tensor, cache, chunk: int) -> torch.Tensor:
+    outs = [model(ids[:, s : s + chunk], past_key_values=cache, use_cache=True).logits
+            for s in range(0, ids.shape[1], chunk)]
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, PROMPT_LEN])
+@pytest.mark.parametrize("resident_slots", [None, 0], ids=["on-device-homes", "ping-pong"])
+@torch.inference_mode()
+def test_chunked_prefill_matches_stock(pair, chunk, resident_slots):
+    name, stock, headinfer = pair
+    ids = prompt(stock.config.vocab_size)
+    expected = stock(ids).logits
+    num_kv_heads = stock.config.num_key_value_heads
+    for group in range(1, num_kv_heads + 1):
+        cache = engine.HeadInferCache(headinfer.config, head_group_size=group, resident_slots=resident_slots)
+        actual = chunked_logits(headinfer, ids, cache, chunk)
+        assert cache.get_seq_length() == PROMPT_LEN
+        assert rel_diff(actual, expected) < RTOL, (name, chunk, group)
+
+
+@pytest.mark.parametrize("resident_slots", [None, 0, 2], ids=["on-device-homes", "ping-pong", "mixed"])
+@torch.inference_mode()
+def test_decode_matches_stock(pair, resident_slots):
+    name, stock, headinfer = pair
+    ids = prompt(stock.config.vocab_size)
+    stock_cache = DynamicCache(config=stock.config)
+    expected = [stock(ids, past_key_values=stock_cache, use_cache=True).logits[:, -1]]
+    cache = engine.HeadInferCache(headinfer.config, head_group_size=1, resident_slots=resident_slots, chunk_size=16)
+    actual = [chunked_logits(headinfer, ids, cache, 16)[:, -1]]
+    for _ in range(12):  # past the window: decode must slide it too
+        token = expected[-1].argmax(-1, keepdim=True)
+        expected.append(stock(token, past_key_values=stock_cache, use_cache=True).logits[:, -1])
+        actual.append(headinfer(token, past_key_values=cache, use_cache=True).logits[:, -1])
+    for step, (a, e) in enumerate(zip(actual, expected)):
+        assert rel_diff(a, e) < RTOL, (name, step)
+
+
+@torch.inference_mode()
+def test_generate_greedy_tokens_identical(pair):
+    name, stock, headinfer = pair
+    ids = prompt(stock.config.vocab_size)
+    kwargs = dict(max_new_tokens=20, do_sample=False, min_new_tokens=20)
+    expected = stock.generate(ids, **kwargs)
+    cache = engine.HeadInferCache(headinfer.config, resident_slots=0)
+    actual = headinfer.generate(ids, past_key_values=cache, prefill_chunk_size=16, **kwargs)
+    assert torch.equal(actual, expected), name
+    assert cache.get_seq_length() == PROMPT_LEN + 20 - 1  # the last token is returned, not fed back
+
+
+@torch.inference_mode()
+def test_headinfer_attention_without_headinfer_cache(pair):
+    """The registered function also serves a stock DynamicCache (or none): same kernels, same results."""
+    name, stock, headinfer = pair
+    ids = prompt(stock.config.vocab_size)
+    assert rel_diff(headinfer(ids).logits, stock(ids).logits) < RTOL

@@ -44,8 +44,8 @@ class HeadInferLayer(CacheLayerMixin):
         self.length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.cache.allocate(key_states)
-        self.is_initialized = True
+        batch, _, _, head_dim = key_states.shape
+        self.cache.allocate(batch, head_dim, key_states.dtype, key_states.device)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         # key_states/value_states: [B, KVH, Q, D] for this chunk, on the compute device
@@ -127,10 +127,9 @@ class HeadInferCache(Cache):
                          gpu_budget=self.policy.gpu_memory or gpu_budget,
                          host_budget=self.policy.host_memory or host_budget)
 
-    def allocate(self, key_states: torch.Tensor) -> None:
-        """Creates every layer's homes at the first update: batch, dtype and device come from the model."""
-        batch, _, _, head_dim = key_states.shape
-        self.device, self.dtype = key_states.device, key_states.dtype
+    def allocate(self, batch: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        """Creates every layer's homes; called at the first update (shapes from the model) or before a restore."""
+        self.device, self.dtype = torch.device(device), dtype
         capacity = self.policy.max_context or _GROWTH_CAPACITY
         pin = self.policy.pin_memory if self.policy.pin_memory is not None else self.device.type == "cuda"
         g, num_kv_heads = self.plan.head_group_size, self.shape.num_kv_heads

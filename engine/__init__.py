@@ -5,9 +5,12 @@ Importing this package registers the attention implementation ``"headinfer"`` wi
 
 from . import attention as _attention
 from .cache import HeadInferCache
+from .loader import ModelSourceError, UnsupportedModelError, describe, load_model
 from .planner import ModelShape, Plan, PlanError, make_plan, paper_memory_table
 from .policy import OffloadPolicy
 from .session import AnswerChunk, DocumentSession, PrefillCancelled, PrefillProgress
+from .telemetry import MemorySnapshot, format_bytes, read_memory
+from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
 
 _attention.register()
 
@@ -16,11 +19,23 @@ __all__ = [
     "DocumentSession",
     "PrefillCancelled",
     "PrefillProgress",
+    "UnsupportedModelError",
+    "describe",
+    "format_bytes",
+    "load_model",
+    "CorruptSnapshotError",
+    "RestoreStats",
+    "SnapshotError",
+    "SnapshotInfo",
+    "SnapshotStore",
     "HeadInferCache",
+    "MemorySnapshot",
+    "ModelSourceError",
     "ModelShape",
     "OffloadPolicy",
     "Plan",
     "PlanError",
     "make_plan",
     "paper_memory_table",
+    "read_memory",
 ]

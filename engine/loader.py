@@ -192,7 +192,7 @@ def _load_weights(cls: Any, source: str, gguf_file: str | None, **kwargs: Any) -
 
 
 def load_model(source: str | None = None, *, device: str = "auto", dtype: str = "auto",
-               attn_implementation: str = "headinfer") -> tuple[Any, Any]:
+               attn_implementation: str = "headinfer", with_tokenizer: bool = True) -> tuple[Any, Any]:
     """Loads ``(model, tokenizer)`` in eval mode.
 
     Args:
@@ -201,6 +201,7 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
         dtype: ``"auto"`` (bfloat16 on CUDA, float16 without bf16 support, float32 on CPU),
             ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         attn_implementation: ``"headinfer"`` (registered by ``import engine``) or any transformers one.
+        with_tokenizer: ``False`` returns ``(model, None)`` for folders that hold only weights.
 
     Raises:
         UnsupportedModelError: the architecture is not supported (raised before weights load).
@@ -216,7 +217,7 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation, "device_map": {"": torch_device}}
     logger.info("Loading %s (%s) on %s in %s", source or EMBEDDED_MODEL, config.model_type, torch_device, torch_dtype)
     # The tokenizer goes before the weights too: a folder without one fails in a second.
-    tokenizer = _load_tokenizer(path, gguf_file)
+    tokenizer = _load_tokenizer(path, gguf_file) if with_tokenizer else None
     if config.model_type == "gemma3" and gguf_file is None:
         # Text-only: the vision tower would cost memory and attention calls that chat never uses.
         text_config = config.get_text_config()

@@ -20,6 +20,7 @@ from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make
 from .policy import OffloadPolicy
 from .prompt import PromptBuilder, Turn
 from .sampling import IncrementalDecoder, next_token
+from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
 from .telemetry import detect_budgets
 
 logger = logging.getLogger(__name__)
@@ -257,6 +258,29 @@ class DocumentSession:
         kv = self.cache.kv_bytes() if self.cache is not None else {"device": 0, "host": 0}
         return {"kv_device": kv["device"], "kv_host": kv["host"], "context_tokens": len(self._cached_ids),
                 "max_context": self.max_context if self.document_tokens else 0}
+
+    # -- snapshots: save / restore the document's KV cache (engine.snapshot) -----------------------
+    def save_snapshot(self, store: SnapshotStore) -> SnapshotInfo | None:
+        """Saves the prefilled document's K/V to ``store``; None when it exceeds the store's size cap."""
+        return store.save(self)
+
+    def restore_snapshot(self, store: SnapshotStore) -> RestoreStats | None:
+        """Restores the document's K/V from ``store`` instead of prefilling; afterwards it is prefilled.
+
+        Returns None when there is nothing usable (none saved, or one that cannot load: logged, and a
+        damaged one deleted), so the caller prefills as usual.
+        """
+        info = store.find(self)
+        if info is None:
+            return None
+        try:
+            return store.restore(self, info.key)
+        except CorruptSnapshotError as error:
+            logger.warning("%s; deleting it and reading the document instead", error)
+            store.delete(info.key)
+        except (SnapshotError, OSError) as error:
+            logger.warning("%s; reading the document instead", error)
+        return None
 
 
 def _rate(num_tokens: int, first_at: float | None) -> float:

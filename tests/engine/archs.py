@@ -48,7 +48,7 @@ def build_pair(name: str, folder, dtype=torch.float32, device="cpu"):
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.save_pretrained(folder)
     stock = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=reference_attention(name))
-    headinfer = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="headinfer").to(device).eval()
+    headinfer, _ = load_model(str(folder), device=device, dtype=_dtype_name(dtype), with_tokenizer=False)
     return stock.to(device).eval(), headinfer
 
 

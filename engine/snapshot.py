@@ -1,0 +1,281 @@
+"""Save a prefilled document's KV cache to disk and restore it at disk speed instead of prefilling.
+
+    store = SnapshotStore(max_bytes=50 << 30)      # default folder: cache_dir() / "kv"
+    session.set_document(text)
+    if session.restore_snapshot(store) is None:    # none saved, or unusable: read it the slow way
+        session.prefill()
+        session.save_snapshot(store)
+
+A snapshot is keyed by the model, its K/V dtype, the tokenizer and the document's token ids, so
+``find`` only ever returns one made for this exact session. The store keeps its total size under
+``max_bytes`` by evicting the least recently used snapshots. The format is described in
+``engine.snapshot_format``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .snapshot_files import TEMP_PREFIX, read_snapshot, snapshot_bytes, write_snapshot
+from .snapshot_format import (
+    LAST_USED_FILE,
+    CorruptSnapshotError,
+    SnapshotError,
+    SnapshotHeader,
+    SnapshotIdentity,
+    check_compatible,
+    read_header,
+)
+
+if TYPE_CHECKING:
+    from .session import DocumentSession
+
+logger = logging.getLogger(__name__)
+
+_STALE_SECONDS = 3600  # a temporary folder this old belongs to a writer that crashed
+_TRASH_PREFIX = ".trash-"
+_KEY = re.compile(r"^[0-9a-f]{32}$")
+_LABEL_CHARS = 80
+
+__all__ = ["CorruptSnapshotError", "RestoreStats", "SnapshotError", "SnapshotInfo", "SnapshotStore"]
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    """One saved snapshot, as listed by the store."""
+
+    key: str
+    label: str  # the start of the document, for people
+    num_tokens: int
+    num_bytes: int
+    created: float  # seconds since the epoch
+    last_used: float
+    model: str  # the model's folder or Hub id
+    dtype: str
+    path: Path
+    is_readable: bool = True  # False: the header is damaged; the snapshot can only be deleted
+
+
+@dataclass(frozen=True)
+class RestoreStats:
+    """How a restore went: what was read and how fast."""
+
+    num_tokens: int
+    num_bytes: int
+    seconds: float
+
+    @property
+    def gb_per_second(self) -> float:
+        return self.num_bytes / max(self.seconds, 1e-9) / 1e9
+
+
+class SnapshotStore:
+    """A folder of KV-cache snapshots with a size cap and least-recently-used eviction.
+
+    Args:
+        root: the folder; default ``engine.loader.cache_dir() / "kv"``. Created if missing.
+        max_bytes: the most the snapshots may take together; ``None`` for no cap. A snapshot larger
+            than the cap on its own is not saved (a warning is logged).
+    """
+
+    def __init__(self, root: Path | str | None = None, max_bytes: int | None = None):
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
+        if root is None:
+            from .loader import cache_dir
+
+            root = cache_dir() / "kv"
+        self.root = Path(root).expanduser()
+        self.max_bytes = max_bytes
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_temporaries()
+
+    # -- the public API --------------------------------------------------------------------------
+    def save(self, session: DocumentSession, label: str | None = None) -> SnapshotInfo | None:
+        """Saves the session's prefilled document K/V; returns its info, or None if over the size cap.
+
+        A snapshot already saved for the same key is kept (and marked used) rather than rewritten.
+        Raises ``ValueError`` if the document is not prefilled, ``OSError`` if the disk fails or is full
+        (nothing partial is left behind).
+        """
+        if not session.is_prefilled:
+            raise ValueError("prefill the document before saving a snapshot of it")
+        identity = self._identity(session)
+        existing = self._readable_info(identity.key)
+        if existing is not None:
+            self._touch(identity.key)
+            return dataclasses.replace(existing, last_used=time.time())
+        size = snapshot_bytes(session.cache, identity.num_tokens)
+        if self.max_bytes is not None and size > self.max_bytes:
+            logger.warning("not saving a snapshot of %.2f GiB: the store's cap is %.2f GiB",
+                           size / 2**30, self.max_bytes / 2**30)
+            return None
+        self._evict(keep_room=size)
+        self._require_free_space(size)
+        target = self.root / identity.key
+        if target.exists():  # an unreadable or outdated snapshot under this key: replace it
+            self.delete(identity.key)
+        started = time.perf_counter()
+        header = write_snapshot(target, session.cache, identity, session._document_ids,
+                                label=_label(label if label is not None else session.document),
+                                policy=dataclasses.asdict(session.policy))
+        seconds = time.perf_counter() - started
+        logger.info("saved snapshot %s: %d tokens, %.1f MB in %.2f s (%.2f GB/s)", identity.key,
+                    identity.num_tokens, header.num_bytes / 1e6, seconds, header.num_bytes / max(seconds, 1e-9) / 1e9)
+        self._evict(keep_room=0, protect=identity.key)
+        return self._info(target)
+
+    def find(self, session: DocumentSession) -> SnapshotInfo | None:
+        """The snapshot saved for this session's model, dtype, tokenizer and document, if any."""
+        if session.cache is None or not session.document_tokens:
+            return None
+        return self._readable_info(self._identity(session).key)
+
+    def restore(self, session: DocumentSession, key: str | None = None) -> RestoreStats:
+        """Fills the session's cache from a snapshot (by default the one ``find`` returns).
+
+        Afterwards the session is prefilled. Raises ``SnapshotError`` with the reason when the snapshot
+        is missing or made for another model, dtype, tokenizer or document (the cache is untouched),
+        and ``CorruptSnapshotError`` when its files are damaged (the cache is left empty).
+        """
+        if session.cache is None:
+            raise ValueError("no document: call set_document first")
+        identity = self._identity(session)
+        key = key or identity.key
+        folder = self._folder(key)
+        if not folder.is_dir():
+            raise SnapshotError(f"no snapshot {key} in {self.root}")
+        try:
+            header = read_header(folder)
+            check_compatible(header, identity, session.cache.shape)
+            started = time.perf_counter()
+            num_bytes = read_snapshot(folder, header, session.cache)
+            seconds = time.perf_counter() - started
+        except BaseException as error:
+            # A failed read may have emptied the cache: the ids must never claim K/V it no longer holds.
+            del session._cached_ids[session.cache.get_seq_length():]
+            if isinstance(error, SnapshotError):
+                raise type(error)(f"cannot restore snapshot {key}: {error}") from error
+            raise
+        session._cached_ids = list(session._document_ids)
+        self._touch(key)
+        stats = RestoreStats(identity.num_tokens, num_bytes, seconds)
+        logger.info("restored snapshot %s: %d tokens, %.1f MB in %.2f s (%.2f GB/s)", key, stats.num_tokens,
+                    num_bytes / 1e6, seconds, stats.gb_per_second)
+        return stats
+
+    def list(self) -> list[SnapshotInfo]:
+        """Every snapshot in the store, most recently used first (damaged ones too, so they can be deleted)."""
+        infos = [self._info(path) for path in self._snapshot_folders()]
+        return sorted(infos, key=lambda info: info.last_used, reverse=True)
+
+    def delete(self, key: str) -> None:
+        """Removes one snapshot; it stops being loadable the moment this starts."""
+        folder = self._folder(key)
+        trash = self.root / f"{_TRASH_PREFIX}{key}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            os.rename(folder, trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+        logger.info("deleted snapshot %s", key)
+
+    def total_bytes(self) -> int:
+        """Bytes the snapshots take together."""
+        return sum(_folder_bytes(path) for path in self._snapshot_folders())
+
+    # -- helpers ---------------------------------------------------------------------------------
+    @staticmethod
+    def _identity(session: DocumentSession) -> SnapshotIdentity:
+        return SnapshotIdentity.of(session.model, session.tokenizer, session._document_ids)
+
+    def _folder(self, key: str) -> Path:
+        if not _KEY.match(key):
+            raise ValueError(f"not a snapshot key: {key!r}")
+        return self.root / key
+
+    def _snapshot_folders(self) -> list[Path]:
+        return [p for p in self.root.iterdir() if p.is_dir() and _KEY.match(p.name)]
+
+    def _readable_info(self, key: str) -> SnapshotInfo | None:
+        folder = self._folder(key)
+        if not folder.is_dir():
+            return None
+        info = self._info(folder)
+        return info if info.is_readable else None
+
+    def _info(self, folder: Path) -> SnapshotInfo:
+        last_used = _mtime(folder / LAST_USED_FILE) or _mtime(folder)
+        try:
+            header: SnapshotHeader = read_header(folder)
+        except SnapshotError:
+            return SnapshotInfo(folder.name, "(damaged snapshot)", 0, _folder_bytes(folder), _mtime(folder),
+                                last_used, "", "", folder, is_readable=False)
+        return SnapshotInfo(folder.name, header.label, header.identity.num_tokens, _folder_bytes(folder),
+                            header.created, last_used, header.identity.model.name, header.identity.dtype, folder)
+
+    def _touch(self, key: str) -> None:
+        try:
+            (self.root / key / LAST_USED_FILE).touch()
+        except OSError as error:  # a read-only store still restores; eviction order just goes stale
+            logger.warning("could not mark snapshot %s as used: %s", key, error)
+
+    def _evict(self, keep_room: int, protect: str | None = None) -> None:
+        """Deletes least recently used snapshots until they take at most ``max_bytes - keep_room``."""
+        if self.max_bytes is None:
+            return
+        infos = sorted(self.list(), key=lambda info: info.last_used)
+        total = sum(info.num_bytes for info in infos)
+        for info in infos:
+            if total + keep_room <= self.max_bytes:
+                break
+            if info.key == protect:
+                continue
+            logger.info("evicting snapshot %s (%.1f MB, %r) to stay under the store's cap", info.key,
+                        info.num_bytes / 1e6, info.label)
+            self.delete(info.key)
+            total -= info.num_bytes
+
+    def _require_free_space(self, size: int) -> None:
+        free = shutil.disk_usage(self.root).free
+        if free < size + (64 << 20):
+            raise OSError(errno.ENOSPC, f"not enough free disk space for a {size / 1e9:.2f} GB snapshot "
+                                        f"({free / 1e9:.2f} GB free in {self.root})")
+
+    def _remove_stale_temporaries(self) -> None:
+        now = time.time()
+        for path in self.root.iterdir():
+            if path.name.startswith((TEMP_PREFIX, _TRASH_PREFIX)) and now - _mtime(path) > _STALE_SECONDS:
+                logger.info("removing %s left by an interrupted save or delete", path)
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _label(text: str) -> str:
+    words = " ".join(text.split())
+    return words if len(words) <= _LABEL_CHARS else words[: _LABEL_CHARS - 1] + "…"
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _folder_bytes(folder: Path) -> int:
+    total = 0
+    for path in folder.iterdir():
+        try:
+            total += path.stat().st_size
+        except OSError:
+            pass
+    return total

@@ -1,0 +1,164 @@
+"""Writing a snapshot folder atomically from a cache's homes, and reading one back into them.
+
+A snapshot is written under a temporary name in the same directory, every file fsynced, the header
+last, then renamed into place: a crash or a full disk part-way leaves only a ``.tmp-*`` folder that no
+reader looks at (and that is removed on failure, or by the store later). A restore checks the header
+and the file sizes before it touches the cache, then streams each file into the homes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from .cache import HeadInferCache
+from .fingerprint import dtype_name, token_ids_bytes
+from .kv_store import LayerStore
+from .snapshot_format import (
+    HEADER_FILE,
+    LAST_USED_FILE,
+    TOKENS_FILE,
+    CorruptSnapshotError,
+    FileEntry,
+    SnapshotHeader,
+    SnapshotIdentity,
+    layer_file,
+)
+from .snapshot_io import ChecksumMismatch, RunStreamer, TruncatedFile, fsync_directory
+
+logger = logging.getLogger(__name__)
+
+TEMP_PREFIX = ".tmp-"
+
+
+def layer_runs(store: LayerStore, num_kv_heads: int, num_tokens: int) -> list[torch.Tensor]:
+    """The layer's first ``num_tokens`` tokens as contiguous runs in file order.
+
+    Keys then values; within each, KV heads 0..H-1 and batch rows in order, whatever group holds them.
+    """
+    by_head = {}
+    for home in store.homes:
+        for i, head in enumerate(range(home.group.start, home.group.stop)):
+            by_head[head] = (home, i)
+    assert sorted(by_head) == list(range(num_kv_heads)), "the homes must cover every KV head once"
+    runs = []
+    for kind in ("keys", "values"):
+        for head in range(num_kv_heads):
+            home, i = by_head[head]
+            tensor = getattr(home, kind)  # [g, B, capacity, D]
+            runs.extend(tensor[i, b, :num_tokens] for b in range(tensor.shape[1]))
+    return runs
+
+
+def snapshot_bytes(cache: HeadInferCache, num_tokens: int) -> int:
+    """The size a snapshot of the cache's first ``num_tokens`` tokens takes on disk (headers aside)."""
+    home = cache.layers[0].store.homes[0]
+    per_token = 2 * len(cache.layers) * cache.shape.num_kv_heads * home.keys.shape[1] * home.keys.shape[3]
+    return num_tokens * (per_token * home.keys.element_size() + 4)
+
+
+def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdentity, token_ids: list[int], *,
+                   label: str = "", policy: dict | None = None) -> SnapshotHeader:
+    """Saves the first ``identity.num_tokens`` tokens of ``cache`` as the snapshot folder ``target``.
+
+    Raises ``FileExistsError`` if ``target`` appeared meanwhile (another writer won), ``OSError`` on a
+    write failure; either way nothing is left behind but what was there before.
+    """
+    num_tokens = identity.num_tokens
+    if any(layer.store is None or layer.length < num_tokens for layer in cache.layers):
+        raise ValueError(f"the cache does not hold the {num_tokens:,} tokens to save")
+    homes = cache.layers[0].store.homes
+    batch, head_dim = homes[0].keys.shape[1], homes[0].keys.shape[3]
+    if dtype_name(homes[0].keys.dtype) != identity.dtype:
+        raise ValueError(f"the cache holds {homes[0].keys.dtype} K/V but the model runs in {identity.dtype}")
+    cache.synchronize()  # host homes are complete only once the asynchronous appends have landed
+    scratch = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{target.name}-", dir=target.parent))
+    try:
+        with RunStreamer() as streamer:
+            ids = torch.frombuffer(bytearray(token_ids_bytes(token_ids)), dtype=torch.uint8)
+            files = [FileEntry(TOKENS_FILE, *streamer.write_file(scratch / TOKENS_FILE, [ids]))]
+            for layer in cache.layers:
+                name = layer_file(layer.layer_idx)
+                runs = layer_runs(layer.store, cache.shape.num_kv_heads, num_tokens)
+                files.append(FileEntry(name, *streamer.write_file(scratch / name, runs)))
+        header = SnapshotHeader(identity, label, time.time(), len(cache.layers), cache.shape.num_kv_heads,
+                                head_dim, batch, tuple(files), policy or {})
+        _write_durably(scratch / HEADER_FILE, header.to_json().encode())
+        _write_durably(scratch / LAST_USED_FILE, b"")
+        fsync_directory(scratch)
+        try:
+            os.rename(scratch, target)  # atomic; refuses a non-empty target instead of mixing two snapshots
+        except OSError as error:
+            if target.exists():
+                raise FileExistsError(f"{target} was written by another process meanwhile") from error
+            raise
+        fsync_directory(target.parent)
+        return header
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # no-op after a successful rename
+
+
+def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -> int:
+    """Streams the snapshot in ``folder`` into ``cache`` (already checked with ``check_compatible``).
+
+    Returns the bytes read. On ``CorruptSnapshotError`` (truncated or altered files) the cache is left
+    empty. Homes are allocated here when the cache has none yet, on the cache's device.
+    """
+    for entry in header.files:
+        size = _size(folder / entry.name)
+        if size != entry.num_bytes:
+            what = "truncated" if size < entry.num_bytes else "longer than its header says"
+            raise CorruptSnapshotError(f"{entry.name} is {what} ({size:,} of {entry.num_bytes:,} bytes)")
+    num_tokens = header.identity.num_tokens
+    _prepare(cache, header)
+    entries = {f.name: f for f in header.files}
+    try:
+        with RunStreamer() as streamer:
+            ids = torch.empty(entries[TOKENS_FILE].num_bytes, dtype=torch.uint8)
+            total = streamer.read_file(folder / TOKENS_FILE, [ids], entries[TOKENS_FILE].crc32)
+            for layer in cache.layers:
+                name = layer_file(layer.layer_idx)
+                runs = layer_runs(layer.store, header.num_kv_heads, num_tokens)
+                total += streamer.read_file(folder / name, runs, entries[name].crc32)
+    except (TruncatedFile, ChecksumMismatch) as error:
+        raise CorruptSnapshotError(f"{error}: the snapshot is damaged") from error
+    except FileNotFoundError as error:
+        raise CorruptSnapshotError(f"a snapshot file is missing ({error.filename})") from error
+    for layer in cache.layers:
+        layer.length = num_tokens
+    return total
+
+
+def _prepare(cache: HeadInferCache, header: SnapshotHeader) -> None:
+    """Empties the cache and makes sure its homes match the snapshot (dtype, batch, head_dim, capacity)."""
+    dtype = getattr(torch, header.identity.dtype)
+    store = cache.layers[0].store
+    if store is not None:
+        home = store.homes[0]
+        if (home.keys.dtype, home.keys.shape[1], home.keys.shape[3]) != (dtype, header.batch, header.head_dim):
+            cache.release()
+    if cache.layers[0].store is None:
+        cache.allocate(header.batch, header.head_dim, dtype, cache.device)
+    else:
+        cache.crop_to(0)  # waits for copies in flight and drops stale prefetches
+    cache.reserve(header.identity.num_tokens)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError as error:
+        raise CorruptSnapshotError(f"{path.name} is missing") from error
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    with open(path, "xb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())

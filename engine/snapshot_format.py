@@ -1,0 +1,167 @@
+"""The on-disk format of a KV-cache snapshot: a folder with raw run files and a JSON header.
+
+    <key>/header.json      this header (written last; its own CRC-32 inside)
+    <key>/tokens.bin       the document's token ids, little-endian uint32
+    <key>/layer-NNN.bin    one layer's K/V: keys then values, each KV head in order, each batch row in
+                           order, ``num_tokens x head_dim`` elements per run, in ``dtype``, native byte order
+    <key>/last_used        empty; its mtime is the last save or restore (least-recently-used eviction)
+
+Runs are per KV head, so a snapshot restores under any head-group size or resident placement. No
+pickle anywhere: a damaged or hostile file can fail a check, never run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .fingerprint import ModelFingerprint, kv_dtype, dtype_name, model_fingerprint, token_ids_digest, tokenizer_fingerprint
+
+FORMAT = "headinfer-kv-snapshot"
+FORMAT_VERSION = 1
+HEADER_FILE = "header.json"
+TOKENS_FILE = "tokens.bin"
+LAST_USED_FILE = "last_used"
+KEY_CHARS = 32
+
+
+class SnapshotError(ValueError):
+    """A snapshot cannot be restored into this session; the message says why."""
+
+
+class CorruptSnapshotError(SnapshotError):
+    """A snapshot's files are damaged (truncated, altered, unreadable): it can never load and may be deleted."""
+
+
+def layer_file(layer_idx: int) -> str:
+    return f"layer-{layer_idx:03d}.bin"
+
+
+@dataclass(frozen=True)
+class SnapshotIdentity:
+    """What a snapshot must match to be restored: model, K/V dtype, tokenizer and the document's ids."""
+
+    model: ModelFingerprint
+    dtype: str
+    tokenizer: str
+    token_ids_sha256: str
+    num_tokens: int
+
+    @property
+    def key(self) -> str:
+        """The snapshot's folder name: a hash of everything it must match."""
+        parts = (self.model.model_type, self.model.config, self.model.weights, self.dtype, self.tokenizer,
+                 self.token_ids_sha256)
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:KEY_CHARS]
+
+    @classmethod
+    def of(cls, model, tokenizer, token_ids: list[int]) -> SnapshotIdentity:
+        return cls(model_fingerprint(model), dtype_name(kv_dtype(model)), tokenizer_fingerprint(tokenizer),
+                   token_ids_digest(token_ids), len(token_ids))
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    name: str
+    num_bytes: int
+    crc32: int
+
+
+@dataclass(frozen=True)
+class SnapshotHeader:
+    """Everything needed to check a snapshot against a session before reading a byte of K/V."""
+
+    identity: SnapshotIdentity
+    label: str
+    created: float  # seconds since the epoch
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    batch: int
+    files: tuple[FileEntry, ...]
+    policy: dict = field(default_factory=dict)  # informational: the policy of the session that saved it
+    byteorder: str = sys.byteorder
+    version: int = FORMAT_VERSION
+
+    @property
+    def key(self) -> str:
+        return self.identity.key
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(f.num_bytes for f in self.files)
+
+    def to_json(self) -> str:
+        body = asdict(self)
+        body["format"] = FORMAT
+        body["header_crc32"] = _crc_of(body)
+        return json.dumps(body, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SnapshotHeader:
+        """Parses a header; raises ``CorruptSnapshotError`` if it is malformed or altered."""
+        try:
+            body = json.loads(text)
+            stored_crc = body.pop("header_crc32")
+            if body.pop("format") != FORMAT:
+                raise ValueError("not a HeadInfer KV snapshot")
+            if stored_crc != _crc_of({**body, "format": FORMAT}):
+                raise ValueError("the header does not match its checksum")
+            if body["version"] != FORMAT_VERSION:
+                raise SnapshotError(f"snapshot format version {body['version']} (this engine reads {FORMAT_VERSION})")
+            identity = body.pop("identity")
+            return cls(identity=SnapshotIdentity(model=ModelFingerprint(**identity.pop("model")), **identity),
+                       files=tuple(FileEntry(**f) for f in body.pop("files")), **body)
+        except SnapshotError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise CorruptSnapshotError(f"unreadable snapshot header ({error})") from error
+
+
+def read_header(folder: Path) -> SnapshotHeader:
+    """The header of the snapshot in ``folder``; ``CorruptSnapshotError`` when missing or damaged."""
+    try:
+        text = (folder / HEADER_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError as error:
+        raise CorruptSnapshotError(f"{folder.name} has no {HEADER_FILE}") from error
+    except (OSError, UnicodeDecodeError) as error:
+        raise CorruptSnapshotError(f"cannot read {folder / HEADER_FILE}: {error}") from error
+    return SnapshotHeader.from_json(text)
+
+
+def check_compatible(header: SnapshotHeader, wanted: SnapshotIdentity, shape) -> None:
+    """Raises ``SnapshotError`` saying how the snapshot differs from what the session needs.
+
+    ``shape`` is the session's ``ModelShape``. The dtype is checked before the model so a cast of the
+    same model is reported as a dtype mismatch.
+    """
+    saved = header.identity
+    if header.byteorder != sys.byteorder:
+        raise SnapshotError(f"the snapshot was saved on a {header.byteorder}-endian machine; this one is {sys.byteorder}-endian")
+    if saved.dtype != wanted.dtype:
+        raise SnapshotError(f"the snapshot holds {saved.dtype} K/V but this model runs in {wanted.dtype}")
+    difference = saved.model.difference(wanted.model)
+    if difference is not None:
+        raise SnapshotError(f"the snapshot was made with another model ({difference}): saved with "
+                            f"{saved.model.describe()}, this session runs {wanted.model.describe()}")
+    if saved.tokenizer != wanted.tokenizer:
+        raise SnapshotError(f"the snapshot was made with another tokenizer (fingerprint {saved.tokenizer[:8]}, "
+                            f"this session's is {wanted.tokenizer[:8]})")
+    if (saved.num_tokens, saved.token_ids_sha256) != (wanted.num_tokens, wanted.token_ids_sha256):
+        raise SnapshotError(f"the snapshot holds another document ({saved.num_tokens:,} tokens, "
+                            f"{header.label!r}) than this session's ({wanted.num_tokens:,} tokens)")
+    if (header.num_layers, header.num_kv_heads, header.head_dim) != (shape.num_layers, shape.num_kv_heads, shape.head_dim):
+        raise CorruptSnapshotError(
+            f"the snapshot's cache shape ({header.num_layers} layers x {header.num_kv_heads} KV heads x "
+            f"{header.head_dim}) differs from the model's ({shape.num_layers} x {shape.num_kv_heads} x {shape.head_dim})")
+    expected = {TOKENS_FILE, *(layer_file(i) for i in range(header.num_layers))}
+    if {f.name for f in header.files} != expected:
+        raise CorruptSnapshotError("the snapshot's header lists the wrong files")
+
+
+def _crc_of(body: dict) -> int:
+    return zlib.crc32(json.dumps(body, sort_keys=True).encode())

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Sets up a virtual environment and runs the whole test suite (CPU; GPU tests skip without CUDA).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+# The tests need no GPU: take the CPU build of torch unless one is installed already (much smaller).
+.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0" \
+  || .venv/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+.venv/bin/pip install -q -r requirements-dev.txt
+# The browser test drives the system Chromium (no browser download).
+if [ ! -x /usr/bin/chromium ]; then
+  (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) \
+    || sudo apt-get install -y -q chromium
+fi
+exec .venv/bin/python -m pytest -q "$@"

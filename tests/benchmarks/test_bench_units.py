@@ -1,0 +1,176 @@
+"""Pure pieces of the benchmark harness: floors and ratios, resume, search, overlap from a trace."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from benchmarks.floors import (Rates, attention_flops, decode_floor_s, linear_params, offloaded_kv_bytes,
+                               prefill_flops, prefill_floor_s, ratio)
+from benchmarks.models import llama3_8b_config
+from benchmarks.modes import GPU_MODES
+from benchmarks.records import ResultStore, latest_by_key
+from benchmarks.report import annotate
+from benchmarks.search import largest_fitting
+from benchmarks.sweeps import Sweep
+from benchmarks.trace import merge_intervals, overlap_fraction
+from engine.planner import ModelShape
+
+LLAMA3 = ModelShape.from_config(llama3_8b_config())
+
+
+# -- floors --------------------------------------------------------------------------------------
+def test_prefill_flops_match_the_figures_in_gpu_md():
+    linear, attention = prefill_flops(LLAMA3, 1 << 20)
+    assert linear_params(LLAMA3) == pytest.approx(7.0e9, rel=0.01)  # "2 x 7.0e9 FLOPs per token"
+    assert attention == pytest.approx(4 * 4096 * (1 << 20) ** 2 / 2 * 32)
+    assert linear + attention == pytest.approx(3.0e17, rel=0.05)  # "at S = 1M that is about 2.8e17" + linear
+
+
+def test_prefill_floor_uses_each_rate_for_its_part():
+    rates = Rates(matmul_tflops=500.0, attention_tflops=250.0)
+    linear, attention = prefill_flops(LLAMA3, 40960)
+    assert prefill_floor_s(LLAMA3, 40960, rates) == pytest.approx(linear / 500e12 + attention / 250e12)
+    assert prefill_floor_s(LLAMA3, 40960, Rates(matmul_tflops=500.0)) is None
+
+
+def test_decode_floor_is_offloaded_bytes_over_h2d_bandwidth():
+    kv = offloaded_kv_bytes(LLAMA3, 1 << 20, LLAMA3.num_layers * LLAMA3.num_kv_heads)
+    assert kv == 128 * (1 << 30)  # 128 KiB per token: 1M tokens = 128 GiB
+    assert decode_floor_s(kv, Rates(h2d_gbps=25.0)) == pytest.approx(5.5, rel=0.01)
+    assert decode_floor_s(0, Rates(h2d_gbps=25.0)) is None and decode_floor_s(kv, Rates()) is None
+
+
+def test_ratio_and_attention_flops():
+    assert ratio(3.0, 2.0) == 1.5 and ratio(None, 2.0) is None and ratio(1.0, 0.0) is None
+    assert attention_flops(4, 4, 1, 1) == 4 * 10  # causal square: 4+3+2+1 visible pairs
+    assert attention_flops(2, 10, 2, 8) == 4 * 2 * 8 * (2 * 8 + 3)
+
+
+def test_rates_take_the_best_attention_group():
+    rates = Rates.from_metrics({"h2d_gbps": 50.0, "attention_tflops_g1": 300.0, "attention_tflops_g8": 420.0})
+    assert rates.attention_tflops == 420.0 and rates.h2d_gbps == 50.0 and rates.matmul_tflops is None
+
+
+def _record(phase, mode, context, status="ok", device="GPU-A", **metrics):
+    return {"phase": phase, "mode": mode, "context": context, "budget_gib": 24.0, "variant": None,
+            "status": status, "metrics": metrics, "run": {"gpu": device, "run_id": "r1", "model": None}}
+
+
+def test_annotate_gives_ratios_to_standard_and_to_floors():
+    records = [
+        _record("ceilings", None, None, h2d_gbps=50.0, matmul_tflops=500.0, attention_tflops_g1=400.0),
+        _record("decode", "standard", 1024, seconds_per_token=0.02),
+        _record("decode", "headinfer-g1", 1024, seconds_per_token=0.03, offloaded_kv_bytes=10**9),
+        _record("decode", "headinfer-g1", 1024, seconds_per_token=0.025, offloaded_kv_bytes=10**9),  # newer wins
+        _record("decode", "headinfer-g1", 1024, device="GPU-B", seconds_per_token=1.0),  # other GPU: no ratio
+    ]
+    rows = {(r["mode"], r["run"]["gpu"]): r for r in annotate(records)}
+    row = rows[("headinfer-g1", "GPU-A")]
+    assert row["x_reference"] == pytest.approx(1.25)
+    assert row["floor_s"] == pytest.approx(0.02) and row["x_floor"] == pytest.approx(1.25)
+    assert rows[("standard", "GPU-A")]["x_reference"] is None
+    assert rows[("headinfer-g1", "GPU-B")]["x_reference"] is None
+
+
+# -- resume --------------------------------------------------------------------------------------
+def test_store_resume_counts_final_statuses_on_the_same_device_only(tmp_path):
+    store = ResultStore(tmp_path / "r.json", {"gpu": "GPU-A", "run_id": "1"})
+    store.append("prefill", "standard", context=1024, budget_gib=24.0, seconds=1.0)
+    store.append("prefill", "standard", context=2048, budget_gib=24.0, status="skipped")
+    store.append("prefill", "standard", context=4096, budget_gib=24.0, status="oom")
+    assert store.is_done("prefill", "standard", 1024, 24.0) and store.is_done("prefill", "standard", 4096, 24.0)
+    assert not store.is_done("prefill", "standard", 2048, 24.0)  # skipped for time: retried
+    assert not store.is_done("prefill", "standard", 1024, 16.0)
+    other = ResultStore(tmp_path / "r.json", {"gpu": "GPU-B", "run_id": "2"})
+    assert len(other.records) == 3 and not other.is_done("prefill", "standard", 1024, 24.0)
+    assert len(latest_by_key(other.records)) == 3
+
+
+class _FakeRunner:
+    device = torch.device("cpu")
+
+
+def test_sweep_infers_oom_beyond_a_failure_and_resume_skips_what_is_done(tmp_path):
+    calls = []
+
+    def measure(n):
+        calls.append(n)
+        if n >= 4096:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return {"seconds": n / 1000}
+
+    store = ResultStore(tmp_path / "r.json", {"gpu": "GPU-A", "run_id": "1"})
+    sweep = Sweep(_FakeRunner(), store, budget_gib=24.0, resume=True)
+    sweep._lengths("prefill", GPU_MODES["standard"], [1024, 2048, 4096, 8192], measure, growth=2)
+    assert calls == [1024, 2048, 4096]
+    by_context = {r["context"]: r for r in store.records}
+    assert by_context[4096]["status"] == "oom" and by_context[8192]["metrics"]["inferred_from"] == 4096
+    calls.clear()
+    sweep._lengths("prefill", GPU_MODES["standard"], [1024, 2048, 4096, 8192], measure, growth=2)
+    assert calls == []
+
+
+def test_sweep_stops_when_the_projected_time_passes_the_piece_limit(tmp_path):
+    clock = types.SimpleNamespace(now=0.0)
+    store = ResultStore(tmp_path / "r.json", {"gpu": "GPU-A", "run_id": "1"})
+    sweep = Sweep(_FakeRunner(), store, time_limit=100.0)
+    import benchmarks.sweeps as sweeps
+
+    def measure(n):
+        clock.now += n / 100  # 1024 tokens: 10 s
+        return {"seconds": n / 100}
+
+    original = sweeps.time.monotonic
+    sweeps.time.monotonic = lambda: clock.now
+    try:
+        sweep._lengths("prefill", GPU_MODES["chunked"], [1024, 2048, 4096], measure, growth=2)
+    finally:
+        sweeps.time.monotonic = original
+    statuses = [(r["context"], r["status"]) for r in store.records]
+    assert statuses == [(1024, "ok"), (2048, "ok"), (4096, "skipped")]  # 4096: ~82 s projected, ~69 s left
+
+
+# -- search --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("answer", [1024, 30_000, 45_311, 700_000])
+def test_search_brackets_the_answer_within_resolution(answer):
+    result = largest_fitting(lambda n: n <= answer, start=16384, limit=1 << 22, resolution=0.02)
+    assert result.largest_ok <= answer
+    assert answer - result.largest_ok <= max(1024, 0.02 * result.largest_ok)
+    assert result.smallest_failed > answer and not result.is_capped
+
+
+def test_search_capped_start_failing_and_deadline():
+    capped = largest_fitting(lambda n: True, start=4096, limit=65536)
+    assert capped.is_capped and capped.largest_ok == 65536 and capped.smallest_failed is None
+    nothing = largest_fitting(lambda n: False, start=8192, limit=65536)
+    assert nothing.largest_ok == 0 and nothing.smallest_failed == 1024
+    ticks = iter(range(100))
+    cut = largest_fitting(lambda n: n < 50_000, start=4096, limit=1 << 22, deadline=2, clock=lambda: next(ticks))
+    assert cut.is_cut_by_time and len(cut.tried) == 2
+
+
+# -- overlap from a trace ------------------------------------------------------------------------
+def _event(cat, name, ts, dur):
+    return {"cat": cat, "name": name, "ts": ts, "dur": dur, "ph": "X"}
+
+
+def test_overlap_is_h2d_time_covered_by_any_kernel_over_h2d_time():
+    events = [
+        _event("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 10, 60),  # [10, 70)
+        _event("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 0, 200),  # not a fetch: ignored
+        _event("kernel", "flash_fwd", 0, 30),  # [0, 30)
+        _event("kernel", "gemm", 20, 40),  # [20, 60), another stream: the union is [0, 60)
+        _event("kernel", "late", 100, 10),
+    ]
+    summary = overlap_fraction(events)
+    assert summary["h2d_us"] == 60 and summary["h2d_overlapped_us"] == 50
+    assert summary["overlap"] == pytest.approx(50 / 60)
+    assert summary["kernel_us"] == 70
+
+
+def test_overlap_without_copies_and_merge():
+    assert overlap_fraction([_event("kernel", "k", 0, 5)])["overlap"] is None
+    assert merge_intervals([(5, 7), (0, 2), (1, 3), (3, 3)]) == [(0, 3), (5, 7)]

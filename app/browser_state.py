@@ -1,0 +1,46 @@
+"""What one browser tab owns: its engine session, its chosen documents and the flags that let a
+light event (Cancel, Stop, tab closed) reach the heavy one that is running."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from app.documents import Document
+from engine import DocumentSession
+
+
+@dataclass
+class BrowserState:
+    """What one browser tab owns. Flags are plain bools: the Cancel/Stop events set them while
+    the prefill/answer event, running in another thread, polls them through ``should_stop``
+    (a threading.Event would do too, but gr.State deep-copies its initial value and locks
+    cannot be copied)."""
+
+    session: DocumentSession | None = None
+    documents: list[Document] = field(default_factory=list)  # chosen files, shown in the table
+    token_counts: list[int] = field(default_factory=list)
+    read_text: str | None = None  # the text given to the session (its KV may be partial)
+    cancel_requested: bool = False
+    stop_requested: bool = False
+    is_busy: bool = False  # a prefill or an answer is using the session
+    is_closed: bool = False  # the tab went away
+
+    def close(self) -> None:
+        """Frees the document's memory; safe to call twice."""
+        if self.session is not None:
+            self.session.clear()
+        self.read_text = None
+
+    @contextmanager
+    def working(self) -> Iterator[None]:
+        """Marks the session busy, so a tab closing meanwhile frees it only when the work ends
+        (freeing the cache under a running forward pass would crash it)."""
+        self.is_busy = True
+        try:
+            yield
+        finally:
+            self.is_busy = False
+            if self.is_closed:
+                self.close()

@@ -1,0 +1,271 @@
+"""Event handlers: thin (generator) functions between the Gradio page and one ``DocumentSession``
+per browser session.
+
+Each handler takes the browser's :class:`BrowserState` (kept in a ``gr.State``) and returns a
+named tuple whose fields match the outputs wired in ``app/ui.py``, so tests can call the
+handlers directly and read ``view.plan`` instead of ``out[2]``.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gradio as gr
+
+from app import render
+from app.background import iterate_reports
+from app.browser_state import BrowserState
+from app.documents import DocumentError, combine, read_document
+from app.meters import meters_html
+from app.render import status
+from engine import DocumentSession, PlanError, PrefillCancelled, PrefillProgress
+from engine.telemetry import read_memory
+
+log = logging.getLogger(__name__)
+
+NO_CHANGE: dict = gr.update()
+
+
+class FilesView(NamedTuple):
+    state: BrowserState
+    table: str
+    plan: str
+    truncate: dict
+    read_button: dict
+    status: Any
+
+
+class ReadView(NamedTuple):
+    state: BrowserState
+    progress: str
+    status: Any
+    chat: Any
+    read_button: dict
+    cancel_button: dict
+
+
+class AskView(NamedTuple):
+    chat: list[dict]
+    question: Any
+    status: Any
+
+
+class ClearView(NamedTuple):
+    state: BrowserState
+    files: None
+    table: str
+    plan: str
+    truncate: dict
+    progress: str
+    chat: list
+    status: str
+
+
+def _warn(text: str) -> str:
+    gr.Warning(html.escape(text))
+    return status("error", text)
+
+
+class Handlers:
+    """The page's event functions, bound to the factory that builds a session per browser."""
+
+    def __init__(self, engine_factory: Callable[[], DocumentSession]):
+        self._factory = engine_factory
+        # Browser session id -> its state, only so ``unload`` can free a closed tab's memory at
+        # once; the handlers themselves always get their state from gr.State.
+        self._open: dict[str, BrowserState] = {}
+
+    def _session(self, state: BrowserState, request: gr.Request | None) -> DocumentSession:
+        if state.session is None:
+            state.session = self._factory()
+        if request is not None and request.session_hash:
+            self._open[request.session_hash] = state
+        return state.session
+
+    # -- files and plan ----------------------------------------------------------------------------
+    def choose_files(self, files: list[str] | None, state: BrowserState,
+                     request: gr.Request = None) -> FilesView:
+        """Reads the dropped files and shows their sizes and the memory plan; runs nothing."""
+        state.documents, state.token_counts = [], []
+        if not files:
+            return FilesView(state, render.files_table([], []), render.empty_plan(),
+                             gr.update(visible=False, value=False), gr.update(interactive=False), NO_CHANGE)
+        documents, problems = [], []
+        for path in files:
+            try:
+                documents.append(read_document(path, Path(path).name))
+            except DocumentError as exc:
+                problems.append(str(exc))
+        if not documents:
+            return FilesView(state, render.files_table([], []), render.empty_plan(),
+                             gr.update(visible=False, value=False), gr.update(interactive=False),
+                             _warn(" ".join(problems) + self._kept(state)))
+        session = self._session(state, request)
+        counts = [session.count_tokens(doc.text) for doc in documents]
+        state.documents, state.token_counts = documents, counts
+        try:
+            plan = session.plan(combine(documents))
+        except PlanError as exc:
+            return FilesView(state, render.files_table(documents, counts), render.empty_plan(),
+                             gr.update(visible=False), gr.update(interactive=False), _warn(str(exc)))
+        seconds = session.estimate_prefill_seconds(sum(counts))
+        if plan.fits:
+            message = status("ok", f"Ready to read {sum(counts):,} tokens from {len(documents)} "
+                                   f"file{'s' if len(documents) != 1 else ''}. Press “Read documents”.")
+        else:
+            message = status("warn", f"Too large for memory: {plan.reason}. Tick “Truncate to fit” to read "
+                                     "the beginning only, or remove files.")
+        if problems:
+            message = _warn("Skipped: " + " ".join(problems)) + message
+        return FilesView(state, render.files_table(documents, counts), render.plan_panel(plan, sum(counts), seconds),
+                         gr.update(visible=not plan.fits, value=False), gr.update(interactive=True), message)
+
+    def _kept(self, state: BrowserState) -> str:
+        if state.session is not None and state.session.is_prefilled:
+            return " The documents already read stay loaded; you can keep asking about them."
+        return ""
+
+    # -- prefill -----------------------------------------------------------------------------------
+    def read(self, truncate: bool, state: BrowserState, request: gr.Request = None) -> Iterator[ReadView]:
+        """Reads the chosen documents into the KV cache in chunks, reporting progress."""
+        with state.working():
+            yield from self._read(truncate, state, request)
+
+    def _read(self, truncate: bool, state: BrowserState, request: gr.Request | None) -> Iterator[ReadView]:
+        idle = (gr.update(interactive=True), gr.update(interactive=False))
+        running = (gr.update(interactive=False), gr.update(interactive=True))
+        if not state.documents:
+            yield ReadView(state, NO_CHANGE, _warn("Drop one or more files first."), NO_CHANGE, *idle)
+            return
+        session = self._session(state, request)
+        text = combine(state.documents)
+        chat = NO_CHANGE
+        if text != state.read_text or session.document_tokens == 0:
+            try:
+                session.set_document(text, truncate_to_fit=truncate)
+            except (PlanError, ValueError) as exc:
+                offer = isinstance(exc, PlanError) and not truncate
+                hint = " Tick “Truncate to fit” to read only the beginning." if offer else ""
+                yield ReadView(state, NO_CHANGE, _warn(f"Cannot read these documents: {exc}.{hint}{self._kept(state)}"),
+                               NO_CHANGE, *idle)
+                return
+            state.read_text, chat = text, []  # the session dropped the old document and its chat
+        elif session.is_prefilled:
+            yield ReadView(state, _done_bar(session), status("ok", "Already read. Ask away."), NO_CHANGE, *idle)
+            return
+        state.cancel_requested = False
+        total = session.document_tokens
+        bar = render.progress_bar(session.prefilled_tokens, total, state="running")
+        reading = status("info", f"Reading {total:,} tokens (documents with the prompt)…")
+        yield ReadView(state, bar, reading, chat, *running)
+        last: PrefillProgress | None = None
+        try:
+            for last in iterate_reports(
+                lambda report: session.prefill(report, lambda: state.cancel_requested),
+                abandon=lambda: setattr(state, "cancel_requested", True), name="prefill",
+            ):
+                bar = render.progress_bar(last.tokens_done, last.tokens_total, last.tokens_per_second,
+                                          last.eta_seconds, state="running")
+                yield ReadView(state, bar, NO_CHANGE, NO_CHANGE, *running)
+        except PrefillCancelled:
+            done = session.prefilled_tokens
+            yield ReadView(state, render.progress_bar(done, total, state="cancelled", note="cancelled"),
+                           status("warn", f"Cancelled after {done:,} of {total:,} tokens. Press “Read documents” "
+                                          "to continue from there."), NO_CHANGE, *idle)
+            return
+        except MemoryError as exc:
+            log.warning("prefill ran out of memory: %s", exc)
+            yield ReadView(state, render.progress_bar(session.prefilled_tokens, total, state="failed",
+                                                      note="out of memory"),
+                           _warn(f"{exc}. What was read so far is kept: “Read documents” continues from there."),
+                           NO_CHANGE, *idle)
+            return
+        seconds = f" in {render.format_seconds(last.elapsed)} ({last.tokens_per_second:,.0f} tok/s)" if last else ""
+        finished = status("ok", f"Read {total:,} tokens{seconds}. Ask a question.")
+        yield ReadView(state, _done_bar(session, last), finished, NO_CHANGE, *idle)
+
+    @staticmethod
+    def cancel(state: BrowserState) -> None:
+        state.cancel_requested = True
+
+    # -- questions ---------------------------------------------------------------------------------
+    def ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,
+            state: BrowserState) -> Iterator[AskView]:
+        """Streams the answer into the chat, followed by its TTFT / tokens / tok/s line."""
+        with state.working():
+            yield from self._ask(question, history, max_new_tokens, temperature, state)
+
+    def _ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,
+             state: BrowserState) -> Iterator[AskView]:
+        history = list(history or [])
+        question = (question or "").strip()
+        if not question:
+            yield AskView(history, NO_CHANGE, NO_CHANGE)
+            return
+        session = state.session
+        if session is None or not session.is_prefilled:
+            yield AskView(history, NO_CHANGE, _warn("Read documents first: drop files, then press “Read documents”."))
+            return
+        state.stop_requested = False
+        history += [{"role": "user", "content": question}, {"role": "assistant", "content": "…"}]
+        yield AskView(list(history), "", status("info", "Thinking…"))
+        try:
+            for chunk in session.ask(question, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
+                                     should_stop=lambda: state.stop_requested):
+                stats = render.answer_stats(chunk.ttft, chunk.num_tokens, chunk.tokens_per_second,
+                                            done=chunk.done, stopped=chunk.stopped)
+                history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats)}
+                # A copy per update: each yielded view is a snapshot, not a list edited later.
+                yield AskView(list(history), NO_CHANGE, status("ok", stats) if chunk.done else NO_CHANGE)
+        except (MemoryError, ValueError) as exc:
+            log.warning("answer failed: %s", exc)
+            history[-1] = {"role": "assistant", "content": f"*(no answer: {html.escape(str(exc))})*"}
+            yield AskView(history, NO_CHANGE, _warn(str(exc)))
+
+    @staticmethod
+    def stop(state: BrowserState) -> None:
+        state.stop_requested = True
+
+    @staticmethod
+    def new_chat(state: BrowserState) -> tuple[list, str]:
+        if state.session is not None:
+            state.session.new_conversation()
+        return [], status("info", "New chat. The documents stay read.")
+
+    # -- memory --------------------------------------------------------------------------------------
+    @staticmethod
+    def clear(state: BrowserState) -> ClearView:
+        """Drops the documents and frees their KV cache."""
+        state.close()
+        state.documents, state.token_counts = [], []
+        return ClearView(state, None, render.files_table([], []), render.empty_plan(),
+                         gr.update(visible=False, value=False),
+                         render.progress_bar(), [], status("info", "Documents cleared; their memory is freed."))
+
+    @staticmethod
+    def meters(state: BrowserState | None) -> str:
+        session = state.session if state is not None else None
+        return meters_html(read_memory(), session.memory() if session is not None else None)
+
+    def unload(self, request: gr.Request) -> None:
+        """The tab closed: free its document now rather than when Gradio expires the state."""
+        state = self._open.pop(request.session_hash, None) if request is not None else None
+        if state is not None:
+            state.is_closed = state.cancel_requested = state.stop_requested = True
+            if not state.is_busy:  # otherwise ``working`` frees it when the running event ends
+                state.close()
+            log.info("browser session closed; its document memory is freed")
+
+
+def _answer(text: str, stats: str) -> str:
+    return f'{text or "…"}\n\n<span class="answer-stats">{html.escape(stats)}</span>'
+
+
+def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> str:
+    total = session.document_tokens
+    rate = last.tokens_per_second if last else 0.0
+    return render.progress_bar(total, total, rate, state="done", note="done")

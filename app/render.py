@@ -1,0 +1,150 @@
+"""HTML and Markdown for the panels that show the engine's numbers: model header, memory plan,
+prefill progress, per-file table rows and the per-answer stats line.
+
+Pure formatting (no engine calls, no Gradio), so handlers stay thin and the wording is tested once.
+Every panel carries ``data-*`` attributes with the raw numbers so a browser test can read them
+without parsing prose.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+
+from app.documents import Document
+from engine import Plan
+from engine.telemetry import format_bytes
+
+FILE_TABLE_HEADERS = ["File", "Pages", "Characters", "Tokens"]
+
+
+def format_seconds(seconds: float | None) -> str:
+    """``"0.4 s"``, ``"12 s"``, ``"3 min 05 s"``, ``"1 h 02 min"``; ``None`` is ``"–"``."""
+    if seconds is None:
+        return "–"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def status(kind: str, text: str) -> str:
+    """Status line HTML; ``kind`` is ``info | ok | warn | error`` (text is escaped)."""
+    return f'<div class="status status-{kind}" data-kind="{kind}">{html.escape(text)}</div>'
+
+
+def model_header(info: dict) -> str:
+    """One line under the title: which model runs where."""
+    name = str(info.get("name_or_path") or info.get("model_class") or "model").rstrip("/")
+    name = name.rsplit("/", 1)[-1]
+    parts = [f"<strong>{html.escape(name)}</strong>"]
+    if info.get("params"):
+        parts.append(f"{info['params'] / 1e6:,.0f}M parameters")
+    if info.get("num_layers") and info.get("num_kv_heads"):
+        parts.append(f"{info['num_layers']} layers × {info['num_kv_heads']} KV heads")
+    for key in ("device", "dtype"):
+        if info.get(key):
+            parts.append(html.escape(str(info[key])))
+    return f'<div class="model-line">{" · ".join(parts)}</div>'
+
+
+def files_table(documents: Sequence[Document], token_counts: Sequence[int]) -> str:
+    """The per-file table: name, pages (blank for formats without pages), characters, tokens."""
+    if not documents:
+        return '<div class="files-empty" data-files="0"></div>'
+    head = "".join(f"<th>{name}</th>" for name in FILE_TABLE_HEADERS)
+    rows = "".join(
+        f'<tr><td class="file-name">{html.escape(doc.name)}</td><td>{"" if doc.pages is None else doc.pages}</td>'
+        f"<td>{doc.chars:,}</td><td>{tokens:,}</td></tr>"
+        for doc, tokens in zip(documents, token_counts, strict=True)
+    )
+    if len(documents) > 1:
+        pages = sum(doc.pages or 0 for doc in documents)
+        rows += (f'<tr class="files-total"><td>{len(documents)} files</td><td>{pages or ""}</td>'
+                 f"<td>{sum(doc.chars for doc in documents):,}</td><td>{sum(token_counts):,}</td></tr>")
+    return (f'<div class="files-scroll" data-files="{len(documents)}"><table class="files">'
+            f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>")
+
+
+def empty_plan() -> str:
+    return ('<div class="plan plan-empty" data-fits="">Drop files to see the memory plan: '
+            "how much GPU and host memory reading them will take, before anything runs.</div>")
+
+
+def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None) -> str:
+    """The memory plan of a document set: predicted memory, fit, chunk/head-group sizes, time.
+
+    ``num_tokens`` counts the documents alone; ``plan.context_tokens`` adds the prompt around
+    them and the room kept for answers, which is what memory is reserved for.
+    """
+    verdict = ("fits", "Fits in memory") if plan.fits else ("nofit", "Does not fit")
+    groups = f"{plan.num_groups} group{'s' if plan.num_groups != 1 else ''}/layer"
+    tiles = [
+        ("GPU memory", _gpu_line(plan)),
+        ("Host memory", f"{format_bytes(plan.host_bytes)} of {_budget(plan.host_budget)}"),
+        ("Context reserved", f"{plan.context_tokens:,} tokens"),
+        ("Chunk size", f"{plan.chunk_size:,} tokens"),
+        ("Head group", f"{plan.head_group_size} KV head{'s' if plan.head_group_size != 1 else ''} · {groups}"),
+        ("Slots on device", f"{plan.resident_slots}/{plan.total_slots}"),
+        ("Reading time", f"≈ {format_seconds(prefill_seconds)}"),
+        ("Largest context", f"{plan.max_context_tokens:,} tokens"),
+    ]
+    grid = "".join(f"<div><span>{label}</span><b>{html.escape(value)}</b></div>" for label, value in tiles)
+    reason = "" if plan.fits else f'<p class="plan-reason">{html.escape(plan.reason)}</p>'
+    return (
+        f'<div class="plan plan-{verdict[0]}" data-fits="{str(plan.fits).lower()}" '
+        f'data-tokens="{num_tokens}" data-gpu-bytes="{plan.gpu_bytes}" data-host-bytes="{plan.host_bytes}">'
+        f'<div class="plan-verdict">{verdict[1]} <small>· {num_tokens:,} document tokens, '
+        f"{plan.context_tokens:,} with the prompt and room for answers</small></div>"
+        f'{reason}<div class="plan-grid">{grid}</div></div>'
+    )
+
+
+def _gpu_line(plan: Plan) -> str:
+    if not plan.device_is_cuda:
+        return "none (CPU compute)"
+    return f"{format_bytes(plan.gpu_bytes)} of {_budget(plan.gpu_budget)}"
+
+
+def _budget(budget: int | None) -> str:
+    return "no limit" if budget is None else format_bytes(budget)
+
+
+def progress_bar(done: int = 0, total: int = 0, tokens_per_second: float = 0.0,
+                 eta_seconds: float | None = None, state: str = "idle", note: str = "") -> str:
+    """The prefill progress bar; ``state`` is ``idle | running | done | cancelled | failed``."""
+    percent = 100.0 * done / total if total else (100.0 if state == "done" else 0.0)
+    if state == "idle":
+        label = note or "Not read yet."
+    else:
+        label = f"{done:,} / {total:,} tokens"
+        if state == "running" and tokens_per_second <= 0:
+            label += " · starting…"  # no rate (and so no ETA) before the first chunk ends
+        elif state == "running":
+            label += f" · {tokens_per_second:,.1f} tok/s · ETA {format_seconds(eta_seconds)}"
+        elif tokens_per_second > 0:
+            label += f" · {tokens_per_second:,.1f} tok/s"
+        if note:
+            label += f" · {note}"
+    return (
+        f'<div class="progress progress-{state}" data-state="{state}" data-done="{done}" data-total="{total}">'
+        f'<div class="progress-track" role="progressbar" aria-valuemin="0" aria-valuemax="{total}" '
+        f'aria-valuenow="{done}"><div class="progress-fill" style="width:{percent:.1f}%"></div></div>'
+        f'<div class="progress-label">{html.escape(label)}</div></div>'
+    )
+
+
+def answer_stats(ttft: float | None, num_tokens: int, tokens_per_second: float, *, done: bool = True,
+                 stopped: bool = False) -> str:
+    """``"TTFT 0.42 s · 31 tokens · 13.9 tok/s"``; marks a stopped answer."""
+    text = f"TTFT {'–' if ttft is None else f'{ttft:.2f} s'} · {num_tokens} tokens · {tokens_per_second:.1f} tok/s"
+    if stopped:
+        text += " · stopped"
+    elif not done:
+        text += " · writing…"
+    return text

@@ -1,0 +1,121 @@
+"""The page: layout and event wiring. ``build_ui`` builds it; nothing happens at import time.
+
+Heavy events (reading documents, answering, and the new-chat / clear that touch the same cache)
+share one concurrency slot, ``"compute"``, so only one runs on the compute device at a time and
+other visitors wait in Gradio's queue, which shows them their position. Light events (file
+choice, cancel, stop, meters) run at once, even while a heavy one is busy.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from pathlib import Path
+
+import gradio as gr
+
+from app import render
+from app.browser_state import BrowserState
+from app.documents import SUPPORTED_SUFFIXES
+from app.handlers import Handlers
+from app.render import status
+from engine import DocumentSession
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+COMPUTE = "compute"
+METER_SECONDS = 1.0
+_LIGHT = {"concurrency_limit": None, "show_progress": "hidden"}
+_HEAVY = {"concurrency_id": COMPUTE, "concurrency_limit": 1}
+
+
+def launch_options() -> dict:
+    """Look-and-feel arguments for ``Blocks.launch`` (Gradio 6 takes theme and CSS there)."""
+    # System fonts only: the app must look right offline, without a request to Google Fonts.
+    theme = gr.themes.Soft(primary_hue="teal", neutral_hue="slate",
+                           font=["system-ui", "Segoe UI", "Roboto", "Helvetica", "Arial", "sans-serif"],
+                           font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"])
+    return {"theme": theme, "css_paths": [ASSETS / "style.css"], "favicon_path": str(ASSETS / "logo.svg")}
+
+
+def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
+             title: str = "HeadInfer Studio") -> gr.Blocks:
+    """Builds the page; each browser tab gets its own session from ``engine_factory``.
+
+    Args:
+        engine_factory: returns a fresh ``DocumentSession`` (sharing one loaded model).
+        model_info: ``engine.loader.describe(model)``, shown under the title.
+        title: page and header title.
+    """
+    handlers = Handlers(engine_factory)
+    # analytics off: the studio makes no calls home (it is often run offline).
+    with gr.Blocks(title=title, fill_width=True, analytics_enabled=False) as demo:
+        # delete_callback: Gradio's own expiry of a session is the backstop to ``unload``.
+        state = gr.State(BrowserState(), delete_callback=lambda s: s.close() if s else None)
+        with gr.Row(equal_height=True, elem_id="topbar"):
+            gr.HTML(_header(title, model_info), elem_id="header", scale=2, min_width=300)
+            meters = gr.HTML(label="Meters", elem_id="meters", scale=3, min_width=300)
+        status_box = gr.HTML(status("info", "Drop a book or a stack of documents, read them once, then ask "
+                                            "questions about the whole text."), label="Status", elem_id="status")
+        with gr.Row(equal_height=False, elem_id="main"):
+            with gr.Column(scale=5, min_width=340, elem_id="documents-column"):
+                files = gr.File(label="Documents", file_count="multiple", file_types=list(SUPPORTED_SUFFIXES),
+                                elem_id="file-drop", height=120)
+                table = gr.HTML(render.files_table([], []), label="Files", elem_id="files-table")
+                plan = gr.HTML(render.empty_plan(), label="Memory plan", elem_id="plan")
+                truncate = gr.Checkbox(label="Truncate to fit (read the beginning that fits)", visible=False,
+                                       elem_id="truncate")
+                with gr.Row(elem_classes="button-row"):
+                    read_button = gr.Button("Read documents", variant="primary", interactive=False, elem_id="read")
+                    cancel_button = gr.Button("Cancel", interactive=False, elem_id="cancel")
+                progress = gr.HTML(render.progress_bar(), label="Reading progress", elem_id="prefill-progress")
+            with gr.Column(scale=6, min_width=340, elem_id="chat-column"):
+                chat = gr.Chatbot(label="Questions and answers", elem_id="chat", height=440, feedback_options=None,
+                                  placeholder="Answers about your documents appear here, with their speed.",
+                                  buttons=["copy"], layout="bubble")
+                with gr.Row(elem_classes="ask-row"):
+                    question = gr.Textbox(label="Question", placeholder="Ask about the documents…", show_label=False,
+                                          scale=6,
+                                          min_width=120, elem_id="question", lines=1, max_lines=4)
+                    ask_button = gr.Button("Ask", variant="primary", scale=1, min_width=70, elem_id="ask")
+                    stop_button = gr.Button("Stop", scale=1, min_width=70, elem_id="stop")
+                with gr.Row(elem_classes="button-row"):
+                    new_chat_button = gr.Button("New chat", size="sm", elem_id="new-chat")
+                    clear_button = gr.Button("Clear documents", size="sm", variant="stop", elem_id="clear")
+                with gr.Accordion("Answer settings", open=False, elem_id="settings"):
+                    max_tokens = gr.Slider(8, 2048, value=512, step=8, label="Longest answer (tokens)")
+                    temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
+                                            label="Temperature (0 = always the most likely word)")
+
+        files.change(handlers.choose_files, [files, state], [state, table, plan, truncate, read_button, status_box],
+                     api_name="upload", **_LIGHT)
+        read_button.click(handlers.read, [truncate, state],
+                          [state, progress, status_box, chat, read_button, cancel_button],
+                          api_name="read", show_progress="minimal", show_progress_on=[progress], **_HEAVY)
+        cancel_button.click(handlers.cancel, [state], None, api_name="cancel", **_LIGHT)
+        gr.on([ask_button.click, question.submit], handlers.ask,
+              [question, chat, max_tokens, temperature, state], [chat, question, status_box],
+              api_name="ask", show_progress="minimal", show_progress_on=[chat], **_HEAVY)
+        stop_button.click(handlers.stop, [state], None, api_name="stop", **_LIGHT)
+        # Stop the running answer first (light, immediate), then reset in the compute slot, so
+        # the reset never races the answer that was using the cache.
+        new_chat_button.click(handlers.stop, [state], None, api_visibility="private", **_LIGHT).then(
+            handlers.new_chat, [state], [chat, status_box], api_name="new_chat", show_progress="hidden", **_HEAVY)
+        clear_button.click(_stop_all, [state], None, api_visibility="private", **_LIGHT).then(
+            handlers.clear, [state], [state, files, table, plan, truncate, progress, chat, status_box],
+            api_name="clear", show_progress="hidden", **_HEAVY)
+        gr.Timer(METER_SECONDS).tick(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
+        demo.load(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
+        demo.unload(handlers.unload)
+    demo.queue(default_concurrency_limit=1)
+    return demo
+
+
+def _stop_all(state: BrowserState) -> None:
+    Handlers.cancel(state)
+    Handlers.stop(state)
+
+
+def _header(title: str, model_info: dict) -> str:
+    logo = (ASSETS / "logo.svg").read_text(encoding="utf-8")
+    return (f'<div class="brand">{logo}<div><h1>{html.escape(title)}</h1>'
+            f'{render.model_header(model_info)}</div></div>')

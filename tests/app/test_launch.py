@@ -1,0 +1,88 @@
+"""launch.py: its flags, size parsing, and serving locally when --share cannot reach the internet."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import launch
+
+ROOT = Path(__file__).resolve().parents[2]
+FLAGS = ("--model", "--device", "--dtype", "--gpu-memory", "--host-memory", "--chunk-size", "--head-group",
+         "--max-context", "--host", "--port", "--share", "--auth")
+
+
+def test_help_lists_and_explains_every_flag():
+    result = subprocess.run([sys.executable, "launch.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    for flag in FLAGS:
+        assert flag in result.stdout
+    assert "embedded SmolLM2" in result.stdout and "20GiB" in result.stdout
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("20GiB", 20 * 2**30), ("16GB", 16 * 10**9), ("512 MiB", 512 * 2**20), ("1.5g", int(1.5 * 2**30)),
+    ("4096", 4096), ("64kb", 64_000), ("2TiB", 2 * 2**40),
+])
+def test_parse_size(text, size):
+    assert launch.parse_size(text) == size
+
+
+@pytest.mark.parametrize("flags", [
+    ["--gpu-memory", "lots"], ["--host-memory", "12 parsecs"], ["--host-memory", "0"], ["--chunk-size", "0"],
+    ["--head-group", "two"], ["--auth", "nopassword"], ["--dtype", "int3"],
+])
+def test_bad_flags_are_refused(flags, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        launch.build_parser().parse_args(flags)
+    assert exit_info.value.code == 2
+    assert flags[0] in capsys.readouterr().err
+
+
+def test_flags_become_the_offload_policy():
+    args = launch.build_parser().parse_args(["--chunk-size", "512", "--head-group", "2", "--gpu-memory", "20GiB",
+                                             "--host-memory", "64GB", "--max-context", "100000",
+                                             "--auth", "ada:secret:colon"])
+    policy = launch.make_policy(args)
+    assert (policy.chunk_size, policy.head_group_size, policy.max_context) == (512, 2, 100_000)
+    assert (policy.gpu_memory, policy.host_memory) == (20 * 2**30, 64 * 10**9)
+    assert args.auth == ("ada", "secret:colon")
+    defaults = launch.make_policy(launch.build_parser().parse_args([]))
+    assert defaults.head_group_size is None and defaults.gpu_memory is None
+
+
+@pytest.mark.slow
+def test_share_without_internet_keeps_serving_locally(tmp_path):
+    if launch.can_reach_share_server():
+        pytest.skip("this machine can reach the share server; the offline path cannot be tested here")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = tmp_path / "launch.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen([sys.executable, "launch.py", "--share", "--port", str(port)], cwd=ROOT,
+                                   stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert process.poll() is None, log.read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(1)
+        output = log.read_text()
+        assert "Could not create a share link" in output and "Serving locally" in output
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

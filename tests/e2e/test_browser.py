@@ -1,0 +1,106 @@
+"""A real headless Chromium uses the studio as a person would: drop a PDF, read the plan, read the
+document, watch progress and meters, ask for a fact hidden on page 3, read the streamed answer.
+
+Screenshots of each stage are written to docs/screenshots/ (1280x800, and one at phone width).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
+from make_files import make_pdf  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+log = logging.getLogger(__name__)
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+PAGES = [
+    "The lighthouse of Kerrow Point stands on a rocky cape at the edge of the northern sea. Its keeper, Mara Quill, "
+    "has tended the lamp for twenty years. Every evening she climbs the one hundred and twelve steps, trims the "
+    "wick, polishes the great lens and writes the weather in her logbook.",
+    "Storms come in autumn. The fishing boats of the harbour avoid the northern reef thanks to the light, which "
+    "turns once every ten seconds and can be seen for eighteen nautical miles. In winter the supply boat comes "
+    "only twice a month, so Mara keeps a store of oil, flour and candles in the cellar.",
+    "The secret launch code of the lighthouse is AMBER-7. Only Mara knows it.",
+]
+QUESTION = "What is the secret launch code of the lighthouse?"
+TIMEOUT_MS = 120_000
+
+
+@pytest.fixture
+def page(studio_url):
+    if not CHROMIUM.exists():
+        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(studio_url)
+        yield page
+        browser.close()
+
+
+def _meter(page, name: str) -> int:
+    return int(page.get_attribute("#meters .meters", f"data-{name}"))
+
+
+def test_read_a_pdf_and_ask_for_the_fact_on_page_3(page, tmp_path):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    pdf = make_pdf(tmp_path / "kerrow-lighthouse.pdf", PAGES)
+
+    page.wait_for_selector("#meters .meters")
+    assert _meter(page, "context-tokens") == 0
+    assert page.locator("#meters .meter-gpu").count() == 0  # no GPU here: no GPU meter at all
+    page.screenshot(path=str(SHOTS / "01-empty.png"))
+
+    page.locator("#file-drop input[type=file]").set_input_files(str(pdf))
+    page.wait_for_selector("#plan .plan[data-fits=true]")
+    assert "kerrow-lighthouse.pdf" in page.inner_text("#files-table")
+    assert "Host memory" in page.inner_text("#plan") and "Reading time" in page.inner_text("#plan")
+    page.screenshot(path=str(SHOTS / "02-plan.png"))
+
+    page.click("#read")
+    page.wait_for_function(
+        "() => { const bar = document.querySelector('#prefill-progress .progress');"
+        " return bar && bar.dataset.state === 'running' && Number(bar.dataset.done) > 0; }")
+    assert "tok/s" in page.inner_text("#prefill-progress")
+    page.screenshot(path=str(SHOTS / "03-reading.png"))
+    page.wait_for_selector("#prefill-progress .progress[data-state=done]")
+    done, total = (int(page.get_attribute("#prefill-progress .progress", f"data-{k}")) for k in ("done", "total"))
+    assert done == total > 0
+    # The meters refresh every second: they catch up with the finished read.
+    page.wait_for_function(
+        f"() => Number(document.querySelector('#meters .meters').dataset.contextTokens) === {total}")
+    assert _meter(page, "kv-host") > 0
+
+    page.fill("#question textarea", QUESTION)
+    page.click("#ask")
+    page.wait_for_selector("#chat .answer-stats:has-text('writing')")
+    page.screenshot(path=str(SHOTS / "04-answer-streaming.png"))
+    page.wait_for_function("() => document.querySelector('#status').innerText.includes('tok/s')")
+    answer = page.locator("#chat .message.bot, #chat [data-testid=bot]").last.inner_text()
+    stats = page.locator("#chat .answer-stats").last.inner_text()
+    assert "TTFT" in stats and "tok/s" in stats and "writing" not in stats
+    assert len(answer.replace(stats, "").strip()) > 0
+    if "AMBER" not in answer:  # SmolLM2-135M usually finds it; a miss is the model's, not the page's
+        log.warning("SmolLM2 did not find the fact; it answered: %s", answer)
+    # The question and answer joined the context (seen at the meters' next refresh).
+    page.wait_for_function(
+        f"() => Number(document.querySelector('#meters .meters').dataset.contextTokens) > {total}")
+    page.screenshot(path=str(SHOTS / "05-answer.png"))
+
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.wait_for_timeout(500)
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing sticks out sideways
+    page.screenshot(path=str(SHOTS / "06-phone.png"), full_page=True)

@@ -11,6 +11,7 @@ back tagged with its layer; the registered attention function then reads the pas
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 
@@ -167,7 +168,7 @@ class HeadInferCache(Cache):
     # -- the overlap schedule's look-ahead -------------------------------------------------------
     def prefetch_after(self, layer_idx: int, group_idx: int, past: int, q_len: int) -> None:
         """Starts fetching the offloaded slot that follows (layer_idx, group_idx) in this forward."""
-        position = _bisect_after(self._offloaded_order, (layer_idx, group_idx))
+        position = bisect.bisect_right(self._offloaded_order, (layer_idx, group_idx))
         if position >= len(self._offloaded_order):
             return  # the forward's last offloaded slot: the next forward starts with a new length
         next_layer, next_group = self._offloaded_order[position]
@@ -211,12 +212,6 @@ class HeadInferCache(Cache):
 def _spread(count: int, total: int) -> set[int]:
     """``count`` slot indices spread evenly over ``total``, so resident slots interleave with transfers."""
     return {i * total // count for i in range(count)} if count else set()
-
-
-def _bisect_after(order: list[tuple[int, int]], slot: tuple[int, int]) -> int:
-    import bisect
-
-    return bisect.bisect_right(order, slot)
 
 
 def _default_device() -> torch.device:

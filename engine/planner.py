@@ -135,6 +135,11 @@ def _gib(n: int | None) -> str:
     return "unlimited" if n is None else f"{n / _GIB:.2f} GiB"
 
 
+def _size(n: int) -> str:
+    """Precise enough that a need and a budget that differ never print the same."""
+    return f"{n / _GIB:.3f} GiB" if n >= _GIB else f"{n / 2**20:.1f} MiB"
+
+
 def _within(used: int, budget: int | None) -> bool:
     return budget is None or used <= budget
 
@@ -229,16 +234,15 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     reasons = []
     if not _within(gpu, gpu_budget):
         reasons.append(
-            f"GPU memory: needs {gpu / _GIB:.2f} GiB but the budget is {gpu_budget / _GIB:.2f} GiB "
+            f"GPU memory: needs {_size(gpu)} but the budget is {_size(gpu_budget)} "
             f"(weights {breakdown['weights'] / _GIB:.2f}, KV buffers {breakdown['kv_buffers'] / _GIB:.2f}, "
             f"resident KV {breakdown['kv_resident'] / _GIB:.2f}, activations {breakdown['activations'] / _GIB:.2f}); "
             "use a smaller head_group_size or chunk_size, or fewer resident_slots")
     if not _within(host, host_budget):
         what = "the offloaded KV cache" if device_is_cuda else "weights + KV cache + activations"
-        reasons.append(f"host memory: {what} needs {host / _GIB:.2f} GiB but the budget is "
-                       f"{host_budget / _GIB:.2f} GiB")
+        reasons.append(f"host memory: {what} needs {_size(host)} but the budget is {_size(host_budget)}")
     if reasons:
-        reasons.append(f"at most {max_ctx} tokens fit with this configuration")
+        reasons.append(f"at most {max_ctx:,} context tokens fit with this configuration")
     groups = math.ceil(shape.num_kv_heads / group)
     plan = Plan(context_tokens, chunk, group, groups, resident, shape.num_layers * groups, device_is_cuda,
                 breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -24,6 +25,9 @@ from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, Snapsho
 from .telemetry import detect_budgets
 
 logger = logging.getLogger(__name__)
+
+# FLOP rate measured per loaded model, so each browser session does not re-measure it.
+_MEASURED_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class PrefillCancelled(Exception):
@@ -74,7 +78,6 @@ class DocumentSession:
         text_config = model.config.get_text_config(decoder=True)
         self.shape = ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
                                             num_params=sum(p.numel() for p in model.parameters()))
-        self._flops_per_second: float | None = None
         self._reset_document()
 
     # -- state -----------------------------------------------------------------------------------
@@ -116,12 +119,14 @@ class DocumentSession:
                          host_budget=self.policy.host_memory or host_budget)
 
     def estimate_prefill_seconds(self, num_tokens: int) -> float:
-        if self._flops_per_second is None:
-            self._flops_per_second = self._calibrate()
-        return estimate_prefill_seconds(self.shape, num_tokens, self._flops_per_second)
+        """Seconds to prefill ``num_tokens``, from this machine's measured rate (measured once per model)."""
+        rate = _MEASURED_RATES.get(self.model)
+        if rate is None:
+            rate = _MEASURED_RATES[self.model] = self._calibrate()
+        return estimate_prefill_seconds(self.shape, num_tokens, rate)
 
     def _calibrate(self, num_tokens: int = 128) -> float:
-        """Measures this machine's rate on a short forward, so estimates are in its own seconds."""
+        """Measures the model's FLOP rate on a short forward, so estimates are in this machine's seconds."""
         ids = torch.randint(0, self.shape.vocab_size, (1, num_tokens), device=self.device)
         with torch.inference_mode():
             self.model(ids[:, :8], use_cache=False)  # warm-up
@@ -131,32 +136,51 @@ class DocumentSession:
         return estimate_prefill_seconds(self.shape, num_tokens, 1.0) / max(seconds, 1e-6)
 
     # -- the document ----------------------------------------------------------------------------
+    def prompt_tokens(self, text: str) -> int:
+        """Tokens ``text`` takes as the document prefix (system prompt and chat markup included)."""
+        return len(self.prompts.document_ids(text))
+
+    def document_limit(self, text: str) -> int:
+        """The most document-prefix tokens that fit the memory plan and ``policy.max_context``."""
+        plan = self._plan_tokens(self.prompt_tokens(text) + self.answer_budget)
+        limit = min(plan.max_context_tokens, self.policy.max_context or plan.max_context_tokens)
+        return max(limit - self.answer_budget, 0)
+
     def set_document(self, text: str, *, truncate_to_fit: bool = False) -> int:
-        """Tokenizes ``text`` as the document (replacing any previous one). Returns its token count."""
+        """Tokenizes ``text`` as the document, replacing any previous one; returns its token count.
+
+        Raises ``PlanError`` when it does not fit (memory plan or ``policy.max_context``) and
+        ``truncate_to_fit`` is false; the previous document is kept in that case.
+        """
         if not text.strip():
             raise ValueError("the document is empty: there is no text to read")
         ids = self.prompts.document_ids(text)
-        plan = self._plan_tokens(len(ids) + self.answer_budget)
-        if not plan.fits:
-            if not truncate_to_fit:
-                raise PlanError(f"{plan.reason} (the document has {len(ids):,} tokens; "
-                                f"at most {max(plan.max_context_tokens - self.answer_budget, 0):,} fit)")
-            keep = plan.max_context_tokens - self.answer_budget
-            if keep < 1:
-                raise PlanError(plan.reason)
-            text = self._truncate_text(text, keep)
-            ids = self.prompts.document_ids(text)
-            logger.info("document truncated to %d tokens to fit the memory plan", len(ids))
+        limit = self.document_limit(text)
+        if len(ids) > limit:
+            reason = self._plan_tokens(len(ids) + self.answer_budget).reason or (
+                f"the context limit is {self.policy.max_context:,} tokens")
+            if not truncate_to_fit or limit < 1:
+                raise PlanError(f"{reason} (the document takes {len(ids):,} tokens; at most {limit:,} fit)")
+            text, ids = self._truncate(text, limit)
+            logger.info("document truncated to %d tokens to fit", len(ids))
+        # Built before the old document goes, so a refusal here loses nothing.
+        policy = dataclasses.replace(self.policy, max_context=len(ids) + self.answer_budget)
+        cache = HeadInferCache(self.model.config, policy, device=self.device)
         self.clear()
-        self.document, self._document_ids = text, ids
-        self.cache = HeadInferCache(self.model.config, dataclasses.replace(self.policy, max_context=self.max_context),
-                                    device=self.device)
+        self.document, self._document_ids, self.cache = text, ids, cache
         return len(ids)
 
-    def _truncate_text(self, text: str, max_tokens: int) -> str:
-        overhead = len(self.prompts.document_ids("")) + 8
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][: max(max_tokens - overhead, 1)]
-        return self.tokenizer.decode(ids) + "\n[... truncated to fit memory ...]"
+    def _truncate(self, text: str, limit: int) -> tuple[str, list[int]]:
+        """Keeps the beginning of ``text`` so that its prefix ids number at most ``limit``."""
+        body = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        keep = max(limit - (self.prompt_tokens("") + 8), 1)
+        while True:
+            # Re-tokenizing decoded text can merge or split a few tokens: shrink until it fits.
+            text = self.tokenizer.decode(body[:keep]) + "\n[... truncated to fit memory ...]"
+            ids = self.prompts.document_ids(text)
+            if len(ids) <= limit or keep == 1:
+                return text, ids
+            keep = max(keep - (len(ids) - limit) - 1, 1)
 
     def prefill(self, on_progress: Callable[[PrefillProgress], None] | None = None,
                 should_stop: Callable[[], bool] | None = None) -> PrefillProgress:
@@ -260,9 +284,12 @@ class DocumentSession:
                 "max_context": self.max_context if self.document_tokens else 0}
 
     # -- snapshots: save / restore the document's KV cache (engine.snapshot) -----------------------
-    def save_snapshot(self, store: SnapshotStore) -> SnapshotInfo | None:
-        """Saves the prefilled document's K/V to ``store``; None when it exceeds the store's size cap."""
-        return store.save(self)
+    def save_snapshot(self, store: SnapshotStore, label: str | None = None) -> SnapshotInfo | None:
+        """Saves the prefilled document's K/V to ``store``; None when it exceeds the store's size cap.
+
+        ``label`` names it in ``store.list()`` (default: the start of the document).
+        """
+        return store.save(self, label)
 
     def restore_snapshot(self, store: SnapshotStore) -> RestoreStats | None:
         """Restores the document's K/V from ``store`` instead of prefilling; afterwards it is prefilled.

@@ -285,8 +285,6 @@ def test_too_large_set_offers_truncation_and_keeps_the_loaded_document(tight_han
     assert _ask(handlers, state, max_new_tokens=8)[-1].chat[-1]["role"] == "assistant"
 
 
-@pytest.mark.xfail(reason="engine: DocumentSession._truncate_text can overshoot the plan by a few tokens, "
-                          "then HeadInferCache refuses the context", strict=False)
 def test_truncate_to_fit_reads_the_beginning(tight_handlers):
     handlers, big_pdf = tight_handlers
     state = BrowserState()

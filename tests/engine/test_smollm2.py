@@ -81,3 +81,20 @@ def test_session_answers_match_stock_after_crop_and_reuse(model_and_tokenizer):
     assert session.cache.get_seq_length() == doc_tokens and session.is_prefilled
     again = list(session.ask(question, max_new_tokens=NEW_TOKENS))
     assert again[-1].text == first[-1].text
+
+
+def test_document_limits_truncation_and_refusal_keep_the_previous_document(model_and_tokenizer):
+    from engine import PlanError
+
+    model, tokenizer = model_and_tokenizer
+    text = real_text()
+    session = DocumentSession(model, tokenizer, OffloadPolicy(max_context=1000), answer_budget=200)
+    short = session.set_document("A short note about tides.")
+    with pytest.raises(PlanError, match="at most 800 fit"):
+        session.set_document(text)
+    assert session.document_tokens == short  # the refusal lost nothing
+    kept = session.set_document(text, truncate_to_fit=True)
+    assert 700 < kept <= 800 and session.document.startswith(text[:200]) and "truncated" in session.document
+    assert session.cache.plan.fits
+    with pytest.raises(ValueError, match="empty"):
+        session.set_document("   \n ")

@@ -128,8 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     from app.ui import build_ui, launch_options
-    from engine import DocumentSession
-    from engine.loader import ModelSourceError, UnsupportedModelError, describe, load_model
+    from engine import DocumentSession, ModelSourceError, UnsupportedModelError, describe, load_model
 
     try:
         model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)

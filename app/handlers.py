@@ -22,8 +22,7 @@ from app.browser_state import BrowserState
 from app.documents import DocumentError, combine, read_document
 from app.meters import meters_html
 from app.render import status
-from engine import DocumentSession, PlanError, PrefillCancelled, PrefillProgress
-from engine.telemetry import read_memory
+from engine import DocumentSession, PlanError, PrefillCancelled, PrefillProgress, read_memory
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 
-from engine.telemetry import MemorySnapshot, format_bytes
+from engine import MemorySnapshot, format_bytes
 
 
 def meters_html(snapshot: MemorySnapshot, kv: dict | None) -> str:

@@ -12,8 +12,7 @@ import html
 from collections.abc import Sequence
 
 from app.documents import Document
-from engine import Plan
-from engine.telemetry import format_bytes
+from engine import Plan, format_bytes
 
 FILE_TABLE_HEADERS = ["File", "Pages", "Characters", "Tokens"]
 

@@ -135,10 +135,14 @@ class SnapshotStore:
         return self._info(target)
 
     def find(self, session: DocumentSession) -> SnapshotInfo | None:
-        """The snapshot saved for this session's model, dtype, tokenizer and document, if any."""
+        """The snapshot saved for this session's model, dtype, tokenizer and document, if any.
+
+        A damaged one is returned too (``is_readable`` False): restoring it raises ``CorruptSnapshotError``.
+        """
         if session.cache is None or not session.document_tokens:
             return None
-        return self._readable_info(self._identity(session).key)
+        folder = self.root / self._identity(session).key
+        return self._info(folder) if folder.is_dir() else None
 
     def restore(self, session: DocumentSession, key: str | None = None) -> RestoreStats:
         """Fills the session's cache from a snapshot (by default the one ``find`` returns).

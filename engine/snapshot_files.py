@@ -8,6 +8,7 @@ and the file sizes before it touches the cache, then streams each file into the 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -120,11 +121,14 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
     entries = {f.name: f for f in header.files}
     try:
         with RunStreamer() as streamer:
+            per_layer = [layer_runs(layer.store, header.num_kv_heads, num_tokens) for layer in cache.layers]
+            streamer.prefault([run for runs in per_layer for run in runs])
             ids = torch.empty(entries[TOKENS_FILE].num_bytes, dtype=torch.uint8)
             total = streamer.read_file(folder / TOKENS_FILE, [ids], entries[TOKENS_FILE].crc32)
-            for layer in cache.layers:
+            if hashlib.sha256(ids.numpy()).hexdigest() != header.identity.token_ids_sha256:
+                raise ChecksumMismatch(f"{TOKENS_FILE} holds other token ids than the header says")
+            for layer, runs in zip(cache.layers, per_layer):
                 name = layer_file(layer.layer_idx)
-                runs = layer_runs(layer.store, header.num_kv_heads, num_tokens)
                 total += streamer.read_file(folder / name, runs, entries[name].crc32)
     except (TruncatedFile, ChecksumMismatch) as error:
         raise CorruptSnapshotError(f"{error}: the snapshot is damaged") from error
@@ -137,7 +141,9 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
 
 def _prepare(cache: HeadInferCache, header: SnapshotHeader) -> None:
     """Empties the cache and makes sure its homes match the snapshot (dtype, batch, head_dim, capacity)."""
-    dtype = getattr(torch, header.identity.dtype)
+    dtype = getattr(torch, header.identity.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise CorruptSnapshotError(f"unknown dtype {header.identity.dtype!r} in the header")
     store = cache.layers[0].store
     if store is not None:
         home = store.homes[0]

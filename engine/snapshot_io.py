@@ -2,25 +2,45 @@
 
 A *run* is one contiguous tensor (one KV head's tokens for one batch row). Host runs are written from
 and read into their own memory through a uint8 view, so a restore lands in the home tensors with no
-extra copy; runs on a CUDA device pass through two reusable pinned staging buffers. The CRC-32 of each
-file is computed on one worker thread while the caller's thread does the next read or write (both
-release the GIL), so checksumming costs no time when the disk is the slower of the two.
+extra copy; runs on a CUDA device pass through two reusable pinned staging buffers. Two helper threads
+keep the reader at disk speed: one computes each file's CRC-32 while the caller reads or writes the
+next piece, one maps in fresh host pages ahead of the reader (all three release the GIL).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import mmap
 import os
-import zlib
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
+try:  # ISA-L's CRC-32 gives zlib's values about three times faster; without it, zlib's (same format)
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - isal is in requirements.txt
+    from zlib import crc32 as _crc32
+
 logger = logging.getLogger(__name__)
 
 PIECE_BYTES = 16 << 20  # one read/write call and one checksum step: small enough to overlap the two
+_MADV_POPULATE_WRITE = 23  # linux/mman.h; Linux 5.14+
+
+
+def _libc():
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # ctypes releases the GIL during the call
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return libc
+
+
+_LIBC = _libc()
 
 
 class ChecksumMismatch(Exception):
@@ -37,19 +57,19 @@ class _Checksum:
     def __init__(self, worker: ThreadPoolExecutor):
         self._worker = worker
         self._value = 0
-        self._last: Future | None = None
+        self._steps: list[Future] = []
 
     def update(self, piece: memoryview) -> Future:
         # A single worker runs tasks in submission order, so the chained CRC sees the pieces in file order.
-        self._last = self._worker.submit(self._step, piece)
-        return self._last
+        self._steps.append(self._worker.submit(self._step, piece))
+        return self._steps[-1]
 
     def _step(self, piece: memoryview) -> None:
-        self._value = zlib.crc32(piece, self._value)
+        self._value = _crc32(piece, self._value)
 
     def value(self) -> int:
-        if self._last is not None:
-            self._last.result()
+        for step in self._steps:
+            step.result()  # re-raises a failed step rather than returning a wrong checksum
         return self._value
 
 
@@ -76,14 +96,60 @@ class _Staging:
         self._busy = [(), ()]
 
 
+class _Prefaulter:
+    """Maps in the pages of host runs ahead of the reader, on their own threads.
+
+    Fresh host memory costs a page fault per 4 KiB at first touch, inside the read, serialised with the
+    disk; on a VM that returns freed memory to its host each fault is a trip to the host, and a cold
+    restore ran at half the disk's speed. ``MADV_POPULATE_WRITE`` (Linux 5.14+) maps pages without
+    touching their contents, so it may race the reader harmlessly; two threads interleave runs in the
+    reader's order (measured: 65% -> 76% of the disk's read bandwidth on a 2-core VM).
+    """
+
+    def __init__(self, runs: Sequence[torch.Tensor], num_threads: int = 2):
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(list(runs[i::num_threads]),),
+                                          name=f"kv-prefault-{i}", daemon=True) for i in range(num_threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self, runs: list[torch.Tensor]) -> None:
+        for run in runs:
+            if self._stop.is_set() or not _populate(run):
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+
+def _populate(run: torch.Tensor) -> bool:
+    """Populates the whole pages inside ``run``'s bytes; False where the kernel cannot."""
+    start = -(-run.data_ptr() // mmap.PAGESIZE) * mmap.PAGESIZE
+    stop = (run.data_ptr() + run.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if stop <= start:
+        return True
+    return _LIBC.madvise(start, stop - start, _MADV_POPULATE_WRITE) == 0
+
+
 class RunStreamer:
     """Writes and reads files made of runs; owns the checksum worker and the staging buffers."""
 
     def __init__(self):
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-checksum")
         self._staging: _Staging | None = None
+        self._prefaulter: _Prefaulter | None = None
+
+    def prefault(self, runs: Sequence[torch.Tensor]) -> None:
+        """Starts mapping in the pages of the host runs that ``read_file`` calls will fill, in that order."""
+        host = [run for run in runs if run.device.type == "cpu" and not run.is_pinned()]
+        if _LIBC is not None and host:
+            self._prefaulter = _Prefaulter(host)
 
     def close(self) -> None:
+        if self._prefaulter is not None:
+            self._prefaulter.stop()
         if self._staging is not None:
             self._staging.drain()
         self._worker.shutdown(wait=True)
@@ -106,6 +172,7 @@ class RunStreamer:
             for run in runs:
                 self._each_piece(run, consume, into_run=False)
             os.fsync(file.fileno())
+            _drop_cached(file)
         return sum(run.nbytes for run in runs), checksum.value()
 
     def read_file(self, path: Path, runs: Sequence[torch.Tensor], expected_crc32: int) -> int:
@@ -126,6 +193,7 @@ class RunStreamer:
                 self._each_piece(run, consume, into_run=True)
             if file.read(1):
                 raise TruncatedFile(f"{path.name} is longer than its header says")
+            _drop_cached(file)
         if self._staging is not None:
             self._staging.drain()  # device copies have landed before the caller uses the homes
         if checksum.value() != expected_crc32:
@@ -159,6 +227,16 @@ class RunStreamer:
                 pending.append(torch.cuda.current_stream(flat.device).record_event())
             # The buffer is free again once its checksum and its device copy have finished.
             staging.release(index, *pending)
+
+
+def _drop_cached(file) -> None:
+    """Frees the file's pages from the page cache once its bytes live in the homes (or on disk).
+
+    A snapshot is read once: keeping a second copy cached would evict more useful pages, and on a VM the
+    freed pages are the cheapest ones for the next file's read-ahead to reuse.
+    """
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _wait(pending) -> None:

@@ -2,6 +2,7 @@
 
     python launch.py                       # embedded SmolLM2-135M, http://127.0.0.1:7860
     python launch.py --model Qwen/Qwen2.5-7B-Instruct --gpu-memory 20GiB --share
+    python launch.py --kv-cache-dir /mnt/nvme/kv --kv-cache-max 200GiB   # where read books are kept
 """
 
 from __future__ import annotations
@@ -90,6 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--max-context", type=_positive_int, default=None, metavar="TOKENS",
                         help="tokens (documents + conversation) to reserve in host memory up front "
                              "(default: sized per document set)")
+    saved = parser.add_argument_group("saved documents (reopen a book read before in seconds)")
+    saved.add_argument("--no-kv-cache", action="store_true",
+                       help="do not save read documents' KV caches to disk, nor reopen them from there")
+    saved.add_argument("--kv-cache-dir", default=None, metavar="FOLDER",
+                       help="folder for the saved KV caches (default: $HEADINFER_CACHE/kv, else "
+                            "~/.cache/headinfer-studio/kv)")
+    saved.add_argument("--kv-cache-max", type=parse_size, default=None, metavar="SIZE",
+                       help="most disk space the saved KV caches may take, e.g. 50GiB; the least recently "
+                            "used are deleted to stay under it (default: no limit)")
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1",
                         help="address to listen on; 0.0.0.0 lets other machines on the network connect "
@@ -110,6 +120,24 @@ def make_policy(args: argparse.Namespace):
     knobs = {"chunk_size": args.chunk_size, "head_group_size": args.head_group, "max_context": args.max_context,
              "gpu_memory": args.gpu_memory, "host_memory": args.host_memory}
     return OffloadPolicy(**{name: value for name, value in knobs.items() if value is not None})
+
+
+def make_snapshot_store(args: argparse.Namespace):
+    """The engine's SnapshotStore from the flags; None when turned off or when its folder is unusable
+    (the app then reads every document the slow way rather than refusing to start)."""
+    if args.no_kv_cache:
+        return None
+    from engine import SnapshotStore
+
+    try:
+        store = SnapshotStore(args.kv_cache_dir, max_bytes=args.kv_cache_max)
+    except OSError as exc:
+        log.warning("Documents will not be saved for reopening: cannot use %s as the KV-cache folder (%s)",
+                    args.kv_cache_dir or "the default folder", exc)
+        return None
+    limit = "no size limit" if store.max_bytes is None else f"at most {store.max_bytes / 2**30:.1f} GiB"
+    log.info("saving read documents to %s (%s)", store.root, limit)
+    return store
 
 
 def can_reach_share_server(timeout: float = 3.0) -> bool:
@@ -139,7 +167,8 @@ def main(argv: list[str] | None = None) -> None:
     info = describe(model)
     log.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))
 
-    demo = build_ui(lambda: DocumentSession(model, tokenizer, policy), model_info=info)
+    demo = build_ui(lambda: DocumentSession(model, tokenizer, policy), model_info=info,
+                    snapshot_store=make_snapshot_store(args))
     share = args.share and can_reach_share_server()
     if args.share and not share:
         log.warning("Could not create a share link: %s:%d is unreachable (no internet?). "

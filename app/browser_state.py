@@ -22,6 +22,7 @@ class BrowserState:
     documents: list[Document] = field(default_factory=list)  # chosen files, shown in the table
     token_counts: list[int] = field(default_factory=list)
     read_text: str | None = None  # the text given to the session (its KV may be partial)
+    remember: bool = True  # save read documents to disk and reopen them from there (when the app has a store)
     cancel_requested: bool = False
     stop_requested: bool = False
     is_busy: bool = False  # a prefill or an answer is using the session

@@ -22,7 +22,9 @@ from app.browser_state import BrowserState
 from app.documents import DocumentError, combine, read_document
 from app.meters import meters_html
 from app.render import status
-from engine import DocumentSession, PlanError, PrefillCancelled, PrefillProgress, read_memory
+from app.saved import SavedDocs
+from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, RestoreStats, SnapshotStore,
+                    format_bytes, read_memory)
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,17 @@ class AskView(NamedTuple):
     status: Any
 
 
+class SavedView(NamedTuple):
+    panel: str
+    choice: dict
+
+
+class DeleteView(NamedTuple):
+    panel: str
+    choice: dict
+    status: Any
+
+
 class ClearView(NamedTuple):
     state: BrowserState
     files: None
@@ -72,8 +85,9 @@ def _warn(text: str) -> str:
 class Handlers:
     """The page's event functions, bound to the factory that builds a session per browser."""
 
-    def __init__(self, engine_factory: Callable[[], DocumentSession]):
+    def __init__(self, engine_factory: Callable[[], DocumentSession], snapshot_store: SnapshotStore | None = None):
         self._factory = engine_factory
+        self._saved = SavedDocs(snapshot_store)  # shared by every tab; None: nothing is saved or reopened
         # Browser session id -> its state, only so ``unload`` can free a closed tab's memory at
         # once; the handlers themselves always get their state from gr.State.
         self._open: dict[str, BrowserState] = {}
@@ -130,7 +144,11 @@ class Handlers:
 
     # -- prefill -----------------------------------------------------------------------------------
     def read(self, truncate: bool, state: BrowserState, request: gr.Request = None) -> Iterator[ReadView]:
-        """Reads the chosen documents into the KV cache in chunks, reporting progress."""
+        """Reads the chosen documents into the KV cache in chunks, reporting progress.
+
+        With a snapshot store and the tab's "Remember" setting on, a set saved before is reopened from
+        disk instead, and a set read to the end is saved for next time.
+        """
         with state.working():
             yield from self._read(truncate, state, request)
 
@@ -156,10 +174,24 @@ class Handlers:
         elif session.is_prefilled:
             yield ReadView(state, _done_bar(session), status("ok", "Already read. Ask away."), NO_CHANGE, *idle)
             return
+        remember = self._saved.enabled and state.remember
+        note = ""
+        # Only into an empty cache: a cancelled read that got partway resumes rather than restarts.
+        if remember and session.prefilled_tokens == 0 and (saved := self._saved.find(session)) is not None:
+            yield ReadView(state, render.progress_bar(0, session.document_tokens, state="reopening",
+                                                      note="reopening from disk…"),
+                           status("info", f"Reopening the saved copy ({format_bytes(saved.num_bytes)}) from disk…"),
+                           chat, *_BUSY)
+            chat, stats = NO_CHANGE, self._saved.restore(session)
+            if stats is not None:
+                bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
+                yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *idle)
+                return
+            note = "The saved copy could not be used (see the log), so the documents are read instead. "
         state.cancel_requested = False
         total = session.document_tokens
         bar = render.progress_bar(session.prefilled_tokens, total, state="running")
-        reading = status("info", f"Reading {total:,} tokens (documents with the prompt)…")
+        reading = status("info", f"{note}Reading {total:,} tokens (documents with the prompt)…")
         yield ReadView(state, bar, reading, chat, *running)
         last: PrefillProgress | None = None
         try:
@@ -184,8 +216,17 @@ class Handlers:
                            NO_CHANGE, *idle)
             return
         seconds = f" in {render.format_seconds(last.elapsed)} ({last.tokens_per_second:,.0f} tok/s)" if last else ""
-        finished = status("ok", f"Read {total:,} tokens{seconds}. Ask a question.")
-        yield ReadView(state, _done_bar(session, last), finished, NO_CHANGE, *idle)
+        finished = f"Read {total:,} tokens{seconds}."
+        kind = "ok"
+        if remember:
+            yield ReadView(state, _done_bar(session, last), status("info", f"{finished} Saving it for instant "
+                                                                           "reopening…"), NO_CHANGE, *_BUSY)
+            kind, sentence = self._saved.save(session, _label(state, session, text))
+            if kind == "error":
+                gr.Warning(html.escape(sentence))
+            finished += " " + sentence
+        yield ReadView(state, _done_bar(session, last), status("ok" if kind == "ok" else "warn",
+                                                               f"{finished} Ask a question."), NO_CHANGE, *idle)
 
     @staticmethod
     def cancel(state: BrowserState) -> None:
@@ -235,6 +276,25 @@ class Handlers:
             state.session.new_conversation()
         return [], status("info", "New chat. The documents stay read.")
 
+    # -- saved documents -------------------------------------------------------------------------------
+    @staticmethod
+    def set_remember(remember: bool, state: BrowserState) -> None:
+        """This tab's "Remember read documents on disk" checkbox: off, nothing is saved or reopened."""
+        state.remember = bool(remember)
+
+    def saved(self) -> SavedView:
+        """The saved-documents list and the delete drop-down's choices, fresh from the disk."""
+        infos, problem = self._saved.list()
+        choices = [(render.saved_choice_label(info), info.key) for info in infos]
+        return SavedView(render.saved_panel(infos, self._saved.cap, enabled=self._saved.enabled, problem=problem),
+                         gr.update(choices=choices, value=None))
+
+    def delete_saved(self, key: str | None) -> DeleteView:
+        """Deletes the chosen snapshot from disk; documents already loaded in any tab stay loaded."""
+        deleted, sentence = self._saved.delete(key)
+        view = self.saved()
+        return DeleteView(view.panel, view.choice, status("ok", sentence) if deleted else _warn(sentence))
+
     # -- memory --------------------------------------------------------------------------------------
     @staticmethod
     def clear(state: BrowserState) -> ClearView:
@@ -258,6 +318,22 @@ class Handlers:
             if not state.is_busy:  # otherwise ``working`` frees it when the running event ends
                 state.close()
             log.info("browser session closed; its document memory is freed")
+
+
+_BUSY = (gr.update(interactive=False), gr.update(interactive=False))  # disk work: nothing to cancel
+
+
+def _reopened(stats: RestoreStats) -> str:
+    rate = stats.gb_per_second
+    bandwidth = f"{rate:.1f} GB/s" if rate >= 1 else f"{rate * 1000:.0f} MB/s"
+    seconds = f"{stats.seconds:.2f} s" if stats.seconds < 1 else render.format_seconds(stats.seconds)  # often < 0.1 s
+    return status("ok", f"Reopened from disk in {seconds} ({bandwidth}) — no reading needed. Ask a question.")
+
+
+def _label(state: BrowserState, session: DocumentSession, text: str) -> str:
+    """The saved-documents name of a set: its file names, marked when only the beginning was read."""
+    names = ", ".join(doc.name for doc in state.documents)
+    return names + " (beginning)" if session.document != text else names
 
 
 def _answer(text: str, stats: str) -> str:

@@ -1,5 +1,5 @@
 """HTML and Markdown for the panels that show the engine's numbers: model header, memory plan,
-prefill progress, per-file table rows and the per-answer stats line.
+prefill progress, per-file table rows, the per-answer stats line and the saved-documents list.
 
 Pure formatting (no engine calls, no Gradio), so handlers stay thin and the wording is tested once.
 Every panel carries ``data-*`` attributes with the raw numbers so a browser test can read them
@@ -9,10 +9,11 @@ without parsing prose.
 from __future__ import annotations
 
 import html
+import time
 from collections.abc import Sequence
 
 from app.documents import Document
-from engine import Plan, format_bytes
+from engine import Plan, SnapshotInfo, format_bytes
 
 FILE_TABLE_HEADERS = ["File", "Pages", "Characters", "Tokens"]
 
@@ -116,7 +117,7 @@ def _budget(budget: int | None) -> str:
 
 def progress_bar(done: int = 0, total: int = 0, tokens_per_second: float = 0.0,
                  eta_seconds: float | None = None, state: str = "idle", note: str = "") -> str:
-    """The prefill progress bar; ``state`` is ``idle | running | done | cancelled | failed``."""
+    """The prefill progress bar; ``state`` is ``idle | running | reopening | done | cancelled | failed``."""
     percent = 100.0 * done / total if total else (100.0 if state == "done" else 0.0)
     if state == "idle":
         label = note or "Not read yet."
@@ -147,3 +148,38 @@ def answer_stats(ttft: float | None, num_tokens: int, tokens_per_second: float, 
     elif not done:
         text += " · writing…"
     return text
+
+
+def saved_panel(infos: Sequence[SnapshotInfo], cap: int | None, *, enabled: bool = True,
+                problem: str | None = None) -> str:
+    """The "Saved documents" list: label, tokens, size and last use per snapshot, then the total and cap."""
+    if not enabled:
+        return '<div class="saved saved-off" data-count="0">Saving documents to disk is turned off.</div>'
+    total = sum(info.num_bytes for info in infos)
+    limit = "no size limit" if cap is None else f"limit {format_bytes(cap)}"
+    attrs = f'data-count="{len(infos)}" data-total-bytes="{total}" data-cap-bytes="{"" if cap is None else cap}"'
+    summary = (f'<div class="saved-summary">{len(infos)} saved · {format_bytes(total)} on disk · {limit}</div>')
+    if problem:
+        return f'<div class="saved" {attrs}><p class="saved-problem">{html.escape(problem)}</p>{summary}</div>'
+    if not infos:
+        return (f'<div class="saved saved-empty" {attrs}>Nothing saved yet: documents you read are saved here '
+                f"so that reading them again is instant.{summary}</div>")
+    rows = "".join(
+        f'<tr data-key="{info.key}"><td class="file-name">{html.escape(info.label)}</td>'
+        f"<td>{info.num_tokens:,}</td><td>{format_bytes(info.num_bytes)}</td>"
+        f"<td>{format_timestamp(info.last_used)}</td></tr>"
+        for info in infos
+    )
+    return (f'<div class="saved" {attrs}><table class="files saved-table"><thead><tr><th>Documents</th>'
+            f"<th>Tokens</th><th>Size</th><th>Last used</th></tr></thead><tbody>{rows}</tbody></table>"
+            f"{summary}</div>")
+
+
+def saved_choice_label(info: SnapshotInfo) -> str:
+    """How a snapshot reads in the delete drop-down."""
+    return f"{info.label} · {info.num_tokens:,} tokens · {format_bytes(info.num_bytes)}"
+
+
+def format_timestamp(seconds: float) -> str:
+    """Local ``"2025-11-22 14:05"``; ``0`` (unknown) is ``"–"``."""
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds)) if seconds else "–"

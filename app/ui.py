@@ -2,8 +2,10 @@
 
 Heavy events (reading documents, answering, and the new-chat / clear that touch the same cache)
 share one concurrency slot, ``"compute"``, so only one runs on the compute device at a time and
-other visitors wait in Gradio's queue, which shows them their position. Light events (file
-choice, cancel, stop, meters) run at once, even while a heavy one is busy.
+other visitors wait in Gradio's queue, which shows them their position. Saving a read document to
+disk and reopening one from there happen inside the read event, so they hold that slot too. Light
+events (file choice, cancel, stop, meters, listing and deleting saved documents) run at once, even
+while a heavy one is busy.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from app.browser_state import BrowserState
 from app.documents import SUPPORTED_SUFFIXES
 from app.handlers import Handlers
 from app.render import status
-from engine import DocumentSession
+from engine import DocumentSession, SnapshotStore
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 COMPUTE = "compute"
@@ -38,15 +40,18 @@ def launch_options() -> dict:
 
 
 def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
-             title: str = "HeadInfer Studio") -> gr.Blocks:
+             title: str = "HeadInfer Studio", snapshot_store: SnapshotStore | None = None) -> gr.Blocks:
     """Builds the page; each browser tab gets its own session from ``engine_factory``.
 
     Args:
         engine_factory: returns a fresh ``DocumentSession`` (sharing one loaded model).
         model_info: ``engine.loader.describe(model)``, shown under the title.
         title: page and header title.
+        snapshot_store: where read documents' KV caches are saved and reopened from, shared by every
+            tab; None turns saving and reopening off (and hides their controls).
     """
-    handlers = Handlers(engine_factory)
+    handlers = Handlers(engine_factory, snapshot_store)
+    saving = snapshot_store is not None
     # analytics off: the studio makes no calls home (it is often run offline).
     with gr.Blocks(title=title, fill_width=True, analytics_enabled=False) as demo:
         # delete_callback: Gradio's own expiry of a session is the backstop to ``unload``.
@@ -68,6 +73,18 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                     read_button = gr.Button("Read documents", variant="primary", interactive=False, elem_id="read")
                     cancel_button = gr.Button("Cancel", interactive=False, elem_id="cancel")
                 progress = gr.HTML(render.progress_bar(), label="Reading progress", elem_id="prefill-progress")
+                remember = gr.Checkbox(True, label="Remember read documents on disk", visible=saving,
+                                       elem_id="remember",
+                                       info="Reopening them later takes seconds instead of reading them again.")
+                with gr.Accordion("Saved documents", open=False, visible=saving, elem_id="saved-docs-section") as shelf:
+                    saved_list = gr.HTML(render.saved_panel([], None, enabled=saving), label="Saved documents",
+                                         elem_id="saved-docs")
+                    with gr.Row(elem_classes="button-row", elem_id="saved-actions"):
+                        # allow_custom_value: the choices are per tab and refreshed often; the handler checks the key.
+                        saved_choice = gr.Dropdown([], value=None, label="Saved document", scale=4,
+                                                   allow_custom_value=True, elem_id="saved-choice")
+                        delete_button = gr.Button("Delete", variant="stop", size="sm", scale=1, min_width=70,
+                                                  elem_id="delete-saved")
             with gr.Column(scale=6, min_width=340, elem_id="chat-column"):
                 chat = gr.Chatbot(label="Questions and answers", elem_id="chat", height=440, feedback_options=None,
                                   placeholder="Answers about your documents appear here, with their speed.",
@@ -88,9 +105,16 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
 
         files.change(handlers.choose_files, [files, state], [state, table, plan, truncate, read_button, status_box],
                      api_name="upload", **_LIGHT)
+        saved_view = [saved_list, saved_choice]
+        # Wired before the private refreshes below, which would otherwise take the name "saved".
+        shelf.expand(handlers.saved, None, saved_view, api_name="saved", **_LIGHT)
         read_button.click(handlers.read, [truncate, state],
                           [state, progress, status_box, chat, read_button, cancel_button],
-                          api_name="read", show_progress="minimal", show_progress_on=[progress], **_HEAVY)
+                          api_name="read", show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
+            handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)  # it may have saved one
+        remember.change(handlers.set_remember, [remember, state], None, api_name="remember", **_LIGHT)
+        delete_button.click(handlers.delete_saved, [saved_choice], [*saved_view, status_box], api_name="delete_saved",
+                            **_LIGHT)
         cancel_button.click(handlers.cancel, [state], None, api_name="cancel", **_LIGHT)
         gr.on([ask_button.click, question.submit], handlers.ask,
               [question, chat, max_tokens, temperature, state], [chat, question, status_box],
@@ -105,6 +129,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
             api_name="clear", show_progress="hidden", **_HEAVY)
         gr.Timer(METER_SECONDS).tick(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
         demo.load(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
+        demo.load(handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)
         demo.unload(handlers.unload)
     demo.queue(default_concurrency_limit=1)
     return demo

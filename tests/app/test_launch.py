@@ -15,7 +15,8 @@ import launch
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ("--model", "--device", "--dtype", "--gpu-memory", "--host-memory", "--chunk-size", "--head-group",
-         "--max-context", "--host", "--port", "--share", "--auth")
+         "--max-context", "--no-kv-cache", "--kv-cache-dir", "--kv-cache-max", "--host", "--port", "--share",
+         "--auth")
 
 
 def test_help_lists_and_explains_every_flag():
@@ -37,7 +38,7 @@ def test_parse_size(text, size):
 
 @pytest.mark.parametrize("flags", [
     ["--gpu-memory", "lots"], ["--host-memory", "12 parsecs"], ["--host-memory", "0"], ["--chunk-size", "0"],
-    ["--head-group", "two"], ["--auth", "nopassword"], ["--dtype", "int3"],
+    ["--head-group", "two"], ["--auth", "nopassword"], ["--dtype", "int3"], ["--kv-cache-max", "plenty"],
 ])
 def test_bad_flags_are_refused(flags, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -58,6 +59,25 @@ def test_flags_become_the_offload_policy():
     assert defaults.head_group_size is None and defaults.gpu_memory is None
 
 
+def test_kv_cache_flags_become_the_snapshot_store(tmp_path, monkeypatch):
+    args = launch.build_parser().parse_args(["--kv-cache-dir", str(tmp_path / "kv"), "--kv-cache-max", "50GiB"])
+    store = launch.make_snapshot_store(args)
+    assert store.root == tmp_path / "kv" and store.root.is_dir() and store.max_bytes == 50 * 2**30
+
+    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path / "cache"))  # the default folder, not the user's
+    store = launch.make_snapshot_store(launch.build_parser().parse_args([]))
+    assert store.root == tmp_path / "cache" / "kv" and store.max_bytes is None
+
+    assert launch.make_snapshot_store(launch.build_parser().parse_args(["--no-kv-cache"])) is None
+
+
+def test_unusable_kv_cache_dir_turns_saving_off_with_a_warning(tmp_path, caplog):
+    (tmp_path / "file").write_text("not a folder")
+    args = launch.build_parser().parse_args(["--kv-cache-dir", str(tmp_path / "file")])
+    assert launch.make_snapshot_store(args) is None
+    assert "will not be saved" in caplog.text and str(tmp_path / "file") in caplog.text
+
+
 @pytest.mark.slow
 def test_share_without_internet_keeps_serving_locally(tmp_path):
     if launch.can_reach_share_server():
@@ -67,7 +87,8 @@ def test_share_without_internet_keeps_serving_locally(tmp_path):
         port = sock.getsockname()[1]
     log = tmp_path / "launch.log"
     with log.open("w") as sink:
-        process = subprocess.Popen([sys.executable, "launch.py", "--share", "--port", str(port)], cwd=ROOT,
+        process = subprocess.Popen([sys.executable, "launch.py", "--share", "--port", str(port),
+                                    "--kv-cache-dir", str(tmp_path / "kv")], cwd=ROOT,
                                    stdout=sink, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 240
@@ -83,6 +104,7 @@ def test_share_without_internet_keeps_serving_locally(tmp_path):
             time.sleep(1)
         output = log.read_text()
         assert "Could not create a share link" in output and "Serving locally" in output
+        assert f"saving read documents to {tmp_path / 'kv'}" in output
     finally:
         process.terminate()
         process.wait(timeout=30)

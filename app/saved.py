@@ -1,0 +1,101 @@
+"""Saved documents: reopen a document set from its KV-cache snapshot on disk instead of reading it
+again, save it after a complete read, and list or delete what is saved.
+
+One ``engine.SnapshotStore`` is shared by every browser tab. Saving and restoring run inside the read
+event, which holds the compute slot, so they never overlap a forward pass. Listing and deleting are
+light: a snapshot deleted while another tab restores it only makes that tab read the document instead.
+Every disk failure becomes a sentence for the status line; none of them unloads a document.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+from engine import DocumentSession, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore, format_bytes
+
+log = logging.getLogger(__name__)
+
+
+class SavedDocs:
+    """The app's view of the snapshot store; ``store=None`` (``--no-kv-cache``) turns it all off."""
+
+    def __init__(self, store: SnapshotStore | None):
+        self.store = store
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None
+
+    @property
+    def cap(self) -> int | None:
+        return self.store.max_bytes if self.store is not None else None
+
+    # -- reading -----------------------------------------------------------------------------------
+    def find(self, session: DocumentSession) -> SnapshotInfo | None:
+        """The snapshot saved for the session's document, if any (damaged ones too: restoring deletes them)."""
+        try:
+            return self.store.find(session)
+        except OSError as exc:  # an unreadable cache folder only means reading the slow way
+            log.warning("could not look for a saved copy: %s", exc)
+            return None
+
+    def restore(self, session: DocumentSession) -> RestoreStats | None:
+        """Fills the session's cache from disk; None when nothing usable was there (the caller reads)."""
+        try:
+            return session.restore_snapshot(self.store)
+        except (OSError, SnapshotError, ValueError) as exc:  # restore_snapshot catches most; belt and braces
+            log.warning("could not reopen the saved copy: %s", exc)
+            return None
+
+    def save(self, session: DocumentSession, label: str) -> tuple[str, str]:
+        """Saves the prefilled document; returns (``ok | warn | error``, a sentence for the status line).
+
+        ``warn``: larger than the store's cap, so not saved; ``error``: the disk failed (or is full).
+        """
+        try:
+            info = session.save_snapshot(self.store, label)
+        except (OSError, SnapshotError, ValueError) as exc:
+            log.warning("could not save the document's KV cache: %s", exc)
+            return "error", (f"Could not save it for instant reopening ({disk_reason(exc)}); "
+                             "the documents stay loaded.")
+        if info is None:
+            return "warn", (f"Not saved for instant reopening: it would take more than the "
+                            f"{format_bytes(self.cap)} allowed for saved documents.")
+        return "ok", f"Saved for instant reopening ({format_bytes(info.num_bytes)})."
+
+    # -- the panel ---------------------------------------------------------------------------------
+    def list(self) -> tuple[list[SnapshotInfo], str | None]:
+        """The saved snapshots, most recently used first, and a problem to show instead, if any."""
+        if self.store is None:
+            return [], None
+        try:
+            return self.store.list(), None
+        except OSError as exc:  # e.g. the folder was removed, or a snapshot vanished while being listed
+            log.warning("could not list saved documents: %s", exc)
+            return [], f"Could not list saved documents: {disk_reason(exc)}."
+
+    def delete(self, key: str | None) -> tuple[bool, str]:
+        """Deletes one snapshot by key; returns (deleted, a sentence for the status line)."""
+        if not key:
+            return False, "Choose a saved document to delete first."
+        infos, problem = self.list()
+        info = next((info for info in infos if info.key == key), None)
+        if info is None:
+            return False, problem or "That saved document is no longer on disk."
+        try:
+            self.store.delete(key)
+        except OSError as exc:
+            log.warning("could not delete snapshot %s: %s", key, exc)
+            return False, f"Could not delete “{info.label}”: {disk_reason(exc)}."
+        return True, f"Deleted “{info.label}” ({format_bytes(info.num_bytes)}) from disk."
+
+
+def disk_reason(exc: BaseException) -> str:
+    """A short reason for a disk error: ``"the disk is full"``, ``"Permission denied: /path"``…"""
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"the disk is full: {exc.strerror}" if exc.strerror else "the disk is full"
+        if exc.strerror:
+            return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc) or type(exc).__name__

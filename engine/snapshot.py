@@ -276,8 +276,13 @@ def _mtime(path: Path) -> float:
 
 
 def _folder_bytes(folder: Path) -> int:
+    """Bytes in a snapshot folder; one deleted meanwhile (another tab, eviction) counts as empty."""
     total = 0
-    for path in folder.iterdir():
+    try:
+        paths = list(folder.iterdir())
+    except OSError:
+        return 0
+    for path in paths:
         try:
             total += path.stat().st_size
         except OSError:

@@ -127,7 +127,7 @@ def make_snapshot_store(args: argparse.Namespace):
     (the app then reads every document the slow way rather than refusing to start)."""
     if args.no_kv_cache:
         return None
-    from engine import SnapshotStore
+    from engine import SnapshotStore, format_bytes
 
     try:
         store = SnapshotStore(args.kv_cache_dir, max_bytes=args.kv_cache_max)
@@ -135,7 +135,7 @@ def make_snapshot_store(args: argparse.Namespace):
         log.warning("Documents will not be saved for reopening: cannot use %s as the KV-cache folder (%s)",
                     args.kv_cache_dir or "the default folder", exc)
         return None
-    limit = "no size limit" if store.max_bytes is None else f"at most {store.max_bytes / 2**30:.1f} GiB"
+    limit = "no size limit" if store.max_bytes is None else f"at most {format_bytes(store.max_bytes)}"
     log.info("saving read documents to %s (%s)", store.root, limit)
     return store
 

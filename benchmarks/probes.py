@@ -141,7 +141,11 @@ def failure_status(exc: BaseException) -> str | None:
 
 
 def host_bytes_needed(runner: Runner, mode: Mode, capacity: int) -> int:
-    """Pinned host bytes a cache of ``capacity`` tokens takes, with the pinned allocator's power-of-two rounding."""
+    """Page-locked host bytes a cache of ``capacity`` tokens takes.
+
+    Head-wise homes are locked at their exact size (``cudaHostRegister``); transformers' offloaded layers go
+    through torch's pinned allocator, which rounds every block up to a power of two.
+    """
     if not runner.is_cuda or mode.kind in ("standard", "chunked"):
         return 0
     shape = runner.shape
@@ -151,7 +155,7 @@ def host_bytes_needed(runner: Runner, mode: Mode, capacity: int) -> int:
         return 2 * layer * (shape.num_layers + 2)  # every layer's K and V, plus the one being re-offloaded
     plan = runner.plan(mode, capacity)
     offloaded_homes = plan.total_slots - plan.resident_slots
-    return 2 * offloaded_homes * _pow2(plan.head_group_size * per_head)
+    return 2 * offloaded_homes * plan.head_group_size * per_head
 
 
 def check_host(runner: Runner, mode: Mode, capacity: int) -> None:

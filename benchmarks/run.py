@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lengths", default=None, help="prefill lengths, e.g. 1K,10K,20K,40K,100K,200K,400K "
                    "(CPU smoke: 512,2048)")
     p.add_argument("--decode-lengths", default="1K,16K,64K,128K,256K,512K",
-                   help="decode cache capacities (powers of two keep pinned homes unpadded)")
+                   help="decode cache capacities (powers of two keep the layer-wise baseline's pinned blocks unpadded)")
     p.add_argument("--peak-lengths", default="32K,64K,128K,256K,512K")
     p.add_argument("--peak-modes", default="headinfer-g1,headinfer-adaptive")
     p.add_argument("--max-context-limit", default="4M", help="largest context the max-context search tries")

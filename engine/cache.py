@@ -55,7 +55,8 @@ class HeadInferLayer(CacheLayerMixin):
         self.cache.check_attention(self.layer_idx)
         keys, values = key_states.contiguous(), value_states.contiguous()
         q_len = keys.shape[2]
-        self.cache.reserve(self.length + q_len)
+        if self.store.homes[0].capacity < self.length + q_len:  # all homes share one capacity
+            self.cache.reserve(self.length + q_len)
         for home in self.store.homes:
             self.cache.transfer.store(self.layer_idx, home, keys, values, self.length)
         self.length += q_len
@@ -148,8 +149,7 @@ class HeadInferCache(Cache):
                     len(self.layers), len(bounds), g, len(resident), capacity, self.device)
 
     def reserve(self, num_tokens: int) -> None:
-        if all(h.capacity >= num_tokens for layer in self.layers for h in layer.store.homes):
-            return
+        """Grows every home to hold ``num_tokens`` (they share one capacity), keeping what they hold."""
         self.transfer.synchronize()
         for layer in self.layers:
             for home in layer.store.homes:

@@ -35,6 +35,7 @@ from .snapshot_format import (
     check_compatible,
     read_header,
 )
+from .telemetry import format_bytes
 
 if TYPE_CHECKING:
     from .session import DocumentSession
@@ -116,8 +117,8 @@ class SnapshotStore:
             return dataclasses.replace(existing, last_used=time.time())
         size = snapshot_bytes(session.cache, identity.num_tokens)
         if self.max_bytes is not None and size > self.max_bytes:
-            logger.warning("not saving a snapshot of %.2f GiB: the store's cap is %.2f GiB",
-                           size / 2**30, self.max_bytes / 2**30)
+            logger.warning("not saving a snapshot of %s: the store's cap is %s",
+                           format_bytes(size), format_bytes(self.max_bytes))
             return None
         self._evict(keep_room=size)
         self._require_free_space(size)

@@ -2,7 +2,7 @@
 
 - pinned host->device and device->host bandwidth (>= 1 GiB each), and both directions at once
 - a large bf16 matmul's TFLOP/s
-- ``engine.kernels.attend`` (the kernel the engine uses) on one head group: a prefill chunk against a long past
+- ``engine.kv.kernels.attend`` (the kernel the engine uses) on one head group: a prefill chunk against a long past
 - how much pinned host memory can really be allocated (it can fail before ``free`` says memory is gone)
 """
 
@@ -14,7 +14,7 @@ import time
 import psutil
 import torch
 
-from engine import kernels
+from engine.kv import kernels
 
 from .floors import attention_flops
 from .timing import median_seconds, release_memory

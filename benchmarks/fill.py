@@ -35,12 +35,8 @@ def _fill_headinfer(cache, context: int, batch: int, head_dim: int, device: torc
     cache.allocate(batch, head_dim, dtype, device)
     cache.reserve(context)
     for layer in cache.layers:
-        for home in layer.store.homes:
-            # home.keys / home.values: [g, B, capacity, D]
-            for tensor in (home.keys, home.values):
-                for i in range(tensor.shape[0]):
-                    for b in range(batch):
-                        _randomize(tensor[i, b, :context], device)
+        for home in layer.homes:
+            _randomize(home.block(0, context), device)  # [context, B, 2, g, D], one contiguous run
         layer.length = context
 
 

@@ -170,8 +170,8 @@ def offloaded_heads(mode: Mode, cache, shape: ModelShape) -> int:
         return shape.num_layers * shape.num_kv_heads
     if mode.kind != "headinfer":
         return 0
-    return sum(home.group.size for layer in cache.layers if layer.store is not None
-               for home in layer.store.homes if home.device.type == "cpu" and cache.device.type != "cpu")
+    return sum(home.group.size for layer in cache.layers if layer.homes is not None
+               for home in layer.homes if home.is_host and cache.device.type != "cpu")
 
 
 def headinfer_layout(cache) -> dict:

@@ -41,7 +41,7 @@ def measure(name: str, dtype: torch.dtype, device: str) -> dict:
     expected = stock(ids).logits
     worst_prefill = worst_decode = 0.0
     for resident in (None, 0):
-        for group in range(1, stock.config.num_key_value_heads + 1):
+        for group in (d for d in range(1, stock.config.num_key_value_heads + 1) if stock.config.num_key_value_heads % d == 0):
             for chunk in CHUNKS:
                 cache = engine.HeadInferCache(headinfer.config, head_group_size=group, resident_slots=resident,
                                               device=device)

@@ -68,9 +68,8 @@ def llama3_8b_cache(num_tokens: int, fill: bool) -> HeadInferCache:
     if fill:
         generator = torch.Generator().manual_seed(0)
         for layer in cache.layers:
-            for home in layer.store.homes:
-                home.keys.normal_(generator=generator)
-                home.values.normal_(generator=generator)
+            for home in layer.homes:
+                home.kv.normal_(generator=generator)
             layer.length = num_tokens
     return cache
 
@@ -103,8 +102,8 @@ def synthetic(folder: Path, num_tokens: int, probe: Path, rounds: int) -> dict:
             fresh = llama3_8b_cache(num_tokens, fill=False)
             gbps = restore(fresh)
             if not runs["restore"]:
-                assert all(torch.equal(_bytes(a, i, kind), _bytes(b, i, kind)) for a, b in zip(cache.layers, fresh.layers)
-                           for i in range(len(a.store.homes)) for kind in ("keys", "values")), "restored bytes differ"
+                assert all(torch.equal(_bytes(a, i), _bytes(b, i)) for a, b in zip(cache.layers, fresh.layers)
+                           for i in range(len(a.homes))), "restored bytes differ"
             del fresh
             gc.collect()  # the cache's layers point back at it: free its memory now
             return gbps
@@ -128,8 +127,8 @@ def synthetic(folder: Path, num_tokens: int, probe: Path, rounds: int) -> dict:
             "num_files": len(snapshot_files), "identical": True, **medians}
 
 
-def _bytes(layer, index: int, kind: str) -> torch.Tensor:
-    return getattr(layer.store.homes[index], kind).view(torch.uint8)
+def _bytes(layer, index: int) -> torch.Tensor:
+    return layer.homes[index].kv.view(torch.uint8)
 
 
 # -- 3. SmolLM2 --------------------------------------------------------------------------------

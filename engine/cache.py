@@ -5,25 +5,25 @@ Use it with a model loaded with ``attn_implementation="headinfer"``::
     cache = HeadInferCache(model.config, chunk_size=4096)
     model.generate(ids, past_key_values=cache, prefill_chunk_size=4096)
 
-``update`` appends a chunk's K/V to the homes (asynchronously to host memory on CUDA) and hands the chunk
-back tagged with its layer; the registered attention function then reads the past group by group.
+``update`` hands a chunk's K/V back and publishes the layer on the KV route (``kv/route.py``); the registered
+attention function takes the route back and calls ``attend``, where the cache's schedule (``kv/schedule.py``)
+appends the chunk and attends head group by head group.
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import logging
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from . import attention
-from .kv_store import HeadGroup, LayerStore
+from .attention import ATTENTION_NAME
+from .kv import HeadGroup, HostMemory, LayerHomes, Schedule, Transfer
+from .kv import route
 from .planner import ModelShape, Plan, make_plan
 from .policy import OffloadPolicy
 from .telemetry import detect_budgets
-from .transfer import Transfer
 
 logger = logging.getLogger(__name__)
 
@@ -41,27 +41,35 @@ class HeadInferLayer(CacheLayerMixin):
         self.layer_idx = layer_idx
         self.window = window
         self.is_sliding = window is not None
-        self.store: LayerStore | None = None
+        self.homes: LayerHomes | None = None
         self.length = 0
+        self._staged: tuple[torch.Tensor, ...] | None = None  # this chunk in home layout, from update to attend
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, _, _, head_dim = key_states.shape
         self.cache.allocate(batch, head_dim, key_states.dtype, key_states.device)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        # key_states/value_states: [B, KVH, Q, D] for this chunk, on the compute device
-        if not self.is_initialized or self.store is None:
+        """Appends this chunk's K/V ([B, KVH, Q, D], compute device) and hands it back for ``attend``."""
+        if not self.is_initialized or self.homes is None:
             self.lazy_initialization(key_states, value_states)
-        self.cache.check_attention(self.layer_idx)
+        self.cache.begin_layer(self.layer_idx)
         keys, values = key_states.contiguous(), value_states.contiguous()
         q_len = keys.shape[2]
-        if self.store.homes[0].capacity < self.length + q_len:  # all homes share one capacity
+        if self.homes[0].capacity < self.length + q_len:  # all homes share one capacity
             self.cache.reserve(self.length + q_len)
-        for home in self.store.homes:
-            self.cache.transfer.store(self.layer_idx, home, keys, values, self.length)
+        self._staged = self.cache.schedule.append(self.layer_idx, self.length, keys, values)
         self.length += q_len
-        attention.mark_chunk(keys, self)
+        route.publish(self.layer_idx, self, keys)
         return keys, values
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scaling: float,
+               window: int | None, softcap: float | None) -> torch.Tensor:
+        """query: [B, H, Q, D]; key/value: this chunk as returned by ``update``. Returns [B, Q, H, D]."""
+        past = self.length - key.shape[2]
+        staged, self._staged = self._staged, None
+        return self.cache.schedule.attend(self.layer_idx, past, query, staged, scaling=scaling,
+                                          window=window, softcap=softcap)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
@@ -75,12 +83,14 @@ class HeadInferLayer(CacheLayerMixin):
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative number of tokens to remove; use HeadInferCache.crop_to(length)")
+        self.cache.settle()
         self.length = max(0, self.length + tokens_to_remove)
 
     def reset(self) -> None:
+        self.cache.settle()
         self.length = 0
 
-    def offload(self) -> None:  # the attention loop moves data itself
+    def offload(self) -> None:  # the schedule moves data itself
         pass
 
     def prefetch(self) -> None:
@@ -117,6 +127,8 @@ class HeadInferCache(Cache):
         layers = [HeadInferLayer(self, i, w) for i, w in enumerate(self.shape.sliding_windows)]
         super().__init__(layers=layers)
         self.transfer: Transfer | None = None
+        self.schedule: Schedule | None = None
+        self._host: HostMemory | None = None
         self.plan: Plan = self._plan(self.policy.max_context or getattr(text_config, "max_position_embeddings", 8192))
         if self.policy.max_context is not None:
             # Refuse a context the machine cannot hold before a single byte is allocated.
@@ -133,60 +145,62 @@ class HeadInferCache(Cache):
         """Creates every layer's homes; called at the first update (shapes from the model) or before a restore."""
         self.device, self.dtype = torch.device(device), dtype
         capacity = self.policy.max_context or _GROWTH_CAPACITY
-        pin = self.policy.pin_memory if self.policy.pin_memory is not None else self.device.type == "cuda"
+        is_cuda = self.device.type == "cuda"
+        pin = (self.policy.pin_memory if self.policy.pin_memory is not None else is_cuda) and is_cuda
         g, num_kv_heads = self.plan.head_group_size, self.shape.num_kv_heads
-        bounds = [(s, min(s + g, num_kv_heads)) for s in range(0, num_kv_heads, g)]
-        num_slots = len(self.layers) * len(bounds)
+        num_groups = num_kv_heads // g
+        num_slots = len(self.layers) * num_groups
         resident = _spread(min(self.plan.resident_slots, num_slots), num_slots)
+        any_offloaded = len(resident) < num_slots
+        chunk = self.policy.chunk_size
+        # A fetch holds a group's visible past plus one chunk: a sliding layer never needs more than its window.
+        visible = max(capacity if w is None else min(capacity, w - 1 + chunk) for w in self.shape.sliding_windows)
+        self.transfer = Transfer(self.device, num_layers=len(self.layers), num_groups=num_groups,
+                                 group_shape=(batch, g, head_dim), dtype=dtype,
+                                 buffer_tokens=visible if any_offloaded else 1, stage_tokens=chunk, pinned=pin)
+        self._host = HostMemory(pin, self.transfer.fence)
         for layer in self.layers:
-            groups = [HeadGroup(s, e, (layer.layer_idx * len(bounds) + i) in resident) for i, (s, e) in enumerate(bounds)]
-            layer.store = LayerStore(groups, batch, head_dim, capacity, self.dtype, self.device, pin)
+            groups = [HeadGroup(i * g, (i + 1) * g, (layer.layer_idx * num_groups + i) in resident)
+                      for i in range(num_groups)]
+            layer.homes = LayerHomes(groups, batch, head_dim, capacity, dtype, self.device, self._host)
             layer.is_initialized = True
-        self.transfer = Transfer(self.device, self.policy.overlap, capacity)
-        self._offloaded_order = [(layer.layer_idx, i) for layer in self.layers
-                                 for i, home in enumerate(layer.store.homes) if not home.group.is_resident]
+        self.schedule = Schedule([layer.homes for layer in self.layers], list(self.shape.sliding_windows),
+                                 self.transfer, self.policy.overlap)
         logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, capacity %d tokens, %s",
-                    len(self.layers), len(bounds), g, len(resident), capacity, self.device)
+                    len(self.layers), num_groups, g, len(resident), capacity, self.device)
 
     def reserve(self, num_tokens: int) -> None:
         """Grows every home to hold ``num_tokens`` (they share one capacity), keeping what they hold."""
         self.transfer.synchronize()
         for layer in self.layers:
-            for home in layer.store.homes:
-                home.reserve(num_tokens, layer.length)
+            layer.homes.reserve(num_tokens, layer.length)
 
-    def check_attention(self, layer_idx: int) -> None:
+    def begin_layer(self, layer_idx: int) -> None:
+        """Checks the model runs head-wise attention; a forward's first layer also clears what an interrupted one left."""
         impl = getattr(self.config, "_attn_implementation", None)
-        if impl is not None and impl != attention.ATTENTION_NAME:
+        if impl is not None and impl != ATTENTION_NAME:
             raise ValueError(
                 f"HeadInferCache needs the model loaded with attn_implementation='headinfer' (it has {impl!r}); "
                 "`import engine` registers it"
             )
         if layer_idx == 0:
-            self.transfer.forget_pending()  # a new forward: nothing may be left from an interrupted one
-
-    # -- the overlap schedule's look-ahead -------------------------------------------------------
-    def prefetch_after(self, layer_idx: int, group_idx: int, past: int, q_len: int) -> None:
-        """Starts fetching the offloaded slot that follows (layer_idx, group_idx) in this forward."""
-        position = bisect.bisect_right(self._offloaded_order, (layer_idx, group_idx))
-        if position >= len(self._offloaded_order):
-            return  # the forward's last offloaded slot: the next forward starts with a new length
-        next_layer, next_group = self._offloaded_order[position]
-        layer = self.layers[next_layer]
-        start = attention.visible_start(past, layer.window)
-        self.transfer.prefetch((next_layer, next_group), layer.store.homes[next_group], start, past,
-                               past - start + q_len)
+            route.clear()
+            self.transfer.release_all()
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def crop_to(self, num_tokens: int) -> None:
         """Keeps the first ``num_tokens`` tokens (e.g. drop a conversation, keep the document)."""
         if not 0 <= num_tokens <= self.get_seq_length():
             raise ValueError(f"cannot crop a cache of {self.get_seq_length()} tokens to {num_tokens}")
-        if self.transfer is not None:
-            self.transfer.synchronize()
-            self.transfer.forget_pending()
+        self.settle()
         for layer in self.layers:
             layer.length = num_tokens
+
+    def settle(self) -> None:
+        """Waits for copies in flight and drops prefetches: call before tokens are taken away."""
+        if self.transfer is not None:
+            self.transfer.synchronize()
+            self.transfer.forget()
 
     def synchronize(self) -> None:
         """Waits for all copies in flight (host homes are complete afterwards)."""
@@ -196,17 +210,19 @@ class HeadInferCache(Cache):
     def release(self) -> None:
         """Frees every home and buffer; the cache is empty and re-allocates on the next update."""
         if self.transfer is not None:
-            self.transfer.free_buffers()
+            self.transfer.synchronize()
         for layer in self.layers:
-            layer.store, layer.length, layer.is_initialized = None, 0, False
-        self.transfer = None
+            layer.homes, layer.length, layer.is_initialized = None, 0, False
+        if self._host is not None:
+            self._host.free_all()  # unlocks host memory only now that no copy can touch it
+        self.transfer, self.schedule, self._host = None, None, None
 
     def kv_bytes(self) -> dict[str, int]:
-        """Bytes held: ``device`` (resident homes + ping-pong buffers) and ``host`` (offloaded homes)."""
-        stores = [layer.store for layer in self.layers if layer.store is not None]
-        on_device = sum(s.nbytes(on_device=True) for s in stores)
+        """Bytes held: ``device`` (resident homes + staging and ping-pong buffers) and ``host`` (offloaded homes)."""
+        homes = [layer.homes for layer in self.layers if layer.homes is not None]
+        on_device = sum(h.nbytes(on_device=True) for h in homes)
         buffers = self.transfer.buffer_bytes if self.transfer else 0
-        return {"device": on_device + buffers, "host": sum(s.nbytes(on_device=False) for s in stores)}
+        return {"device": on_device + buffers, "host": sum(h.nbytes(on_device=False) for h in homes)}
 
 
 def _spread(count: int, total: int) -> set[int]:

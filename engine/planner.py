@@ -167,9 +167,11 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
     groups = math.ceil(shape.num_kv_heads / group)
     # Resident slots are taken layer by layer; only a layer's last group can be short.
     resident_heads = (resident // groups) * shape.num_kv_heads + (resident % groups) * group
+    # Two staging buffers hold a chunk's K/V of every KV head in home layout while it is appended.
+    staging = 2 * min(chunk, context) * shape.num_kv_heads * per_head
     breakdown = {
         "weights": weights,
-        "kv_buffers": 2 * group * device_head,  # ping-pong: one computing, one loading
+        "kv_buffers": 2 * group * device_head + staging,  # ping-pong: one computing, one loading
         "kv_resident": resident * group * device_head,
         "activations": activations,
         "logits": logits,

@@ -13,7 +13,7 @@ class OffloadPolicy:
 
     Attributes:
         chunk_size: tokens per prefill chunk; bounds activation memory.
-        head_group_size: KV heads fetched to the device together (1..num_kv_heads).
+        head_group_size: KV heads fetched to the device together; divides num_kv_heads.
             ``num_kv_heads`` is layer-wise offload; ``None`` is adaptive.
         resident_slots: number of (layer, head group) slots whose KV stays on the
             compute device, using spare memory instead of crossing the link.
@@ -59,6 +59,13 @@ class OffloadPolicy:
             raise ValueError(
                 f"head_group_size={self.head_group_size} exceeds the model's {num_kv_heads} KV heads "
                 f"(use 1..{num_kv_heads}, or None for adaptive)"
+            )
+        if self.head_group_size is not None and num_kv_heads % self.head_group_size:
+            # Equal groups keep every ping-pong buffer and staging block one shape (one copy, one kernel each).
+            divisors = ", ".join(str(d) for d in range(1, num_kv_heads + 1) if num_kv_heads % d == 0)
+            raise ValueError(
+                f"head_group_size={self.head_group_size} does not divide the model's {num_kv_heads} KV heads "
+                f"(use one of {divisors}, or None for adaptive)"
             )
 
 

@@ -20,7 +20,7 @@ import torch
 
 from .cache import HeadInferCache
 from .fingerprint import dtype_name, token_ids_bytes
-from .kv_store import LayerStore
+from .kv import LayerHomes
 from .snapshot_format import (
     HEADER_FILE,
     LAST_USED_FILE,
@@ -38,30 +38,16 @@ logger = logging.getLogger(__name__)
 TEMP_PREFIX = ".tmp-"
 
 
-def layer_runs(store: LayerStore, num_kv_heads: int, num_tokens: int) -> list[torch.Tensor]:
-    """The layer's first ``num_tokens`` tokens as contiguous runs in file order.
-
-    Keys then values; within each, KV heads 0..H-1 and batch rows in order, whatever group holds them.
-    """
-    by_head = {}
-    for home in store.homes:
-        for i, head in enumerate(range(home.group.start, home.group.stop)):
-            by_head[head] = (home, i)
-    assert sorted(by_head) == list(range(num_kv_heads)), "the homes must cover every KV head once"
-    runs = []
-    for kind in ("keys", "values"):
-        for head in range(num_kv_heads):
-            home, i = by_head[head]
-            tensor = getattr(home, kind)  # [g, B, capacity, D]
-            runs.extend(tensor[i, b, :num_tokens] for b in range(tensor.shape[1]))
-    return runs
+def layer_runs(homes: LayerHomes, num_tokens: int) -> list[torch.Tensor]:
+    """The layer's first ``num_tokens`` tokens as contiguous runs in file order: one [n, B, 2, g, D] run per group."""
+    return [home.block(0, num_tokens) for home in homes]
 
 
 def snapshot_bytes(cache: HeadInferCache, num_tokens: int) -> int:
     """The size a snapshot of the cache's first ``num_tokens`` tokens takes on disk (headers aside)."""
-    home = cache.layers[0].store.homes[0]
-    per_token = 2 * len(cache.layers) * cache.shape.num_kv_heads * home.keys.shape[1] * home.keys.shape[3]
-    return num_tokens * (per_token * home.keys.element_size() + 4)
+    kv = cache.layers[0].homes[0].kv  # [capacity, B, 2, g, D]
+    per_token = len(cache.layers) * cache.shape.num_kv_heads * kv.shape[1] * 2 * kv.shape[4]
+    return num_tokens * (per_token * kv.element_size() + 4)
 
 
 def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdentity, token_ids: list[int], *,
@@ -72,12 +58,12 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
     write failure; either way nothing is left behind but what was there before.
     """
     num_tokens = identity.num_tokens
-    if any(layer.store is None or layer.length < num_tokens for layer in cache.layers):
+    if any(layer.homes is None or layer.length < num_tokens for layer in cache.layers):
         raise ValueError(f"the cache does not hold the {num_tokens:,} tokens to save")
-    homes = cache.layers[0].store.homes
-    batch, head_dim = homes[0].keys.shape[1], homes[0].keys.shape[3]
-    if dtype_name(homes[0].keys.dtype) != identity.dtype:
-        raise ValueError(f"the cache holds {homes[0].keys.dtype} K/V but the model runs in {identity.dtype}")
+    kv = cache.layers[0].homes[0].kv  # [capacity, B, 2, g, D]
+    batch, group_size, head_dim = kv.shape[1], kv.shape[3], kv.shape[4]
+    if dtype_name(kv.dtype) != identity.dtype:
+        raise ValueError(f"the cache holds {kv.dtype} K/V but the model runs in {identity.dtype}")
     cache.synchronize()  # host homes are complete only once the asynchronous appends have landed
     scratch = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{target.name}-", dir=target.parent))
     try:
@@ -86,10 +72,10 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
             files = [FileEntry(TOKENS_FILE, *streamer.write_file(scratch / TOKENS_FILE, [ids]))]
             for layer in cache.layers:
                 name = layer_file(layer.layer_idx)
-                runs = layer_runs(layer.store, cache.shape.num_kv_heads, num_tokens)
+                runs = layer_runs(layer.homes, num_tokens)
                 files.append(FileEntry(name, *streamer.write_file(scratch / name, runs)))
         header = SnapshotHeader(identity, label, time.time(), len(cache.layers), cache.shape.num_kv_heads,
-                                head_dim, batch, tuple(files), policy or {})
+                                head_dim, batch, tuple(files), policy or {}, head_group_size=group_size)
         _write_durably(scratch / HEADER_FILE, header.to_json().encode())
         _write_durably(scratch / LAST_USED_FILE, b"")
         fsync_directory(scratch)
@@ -121,15 +107,16 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
     entries = {f.name: f for f in header.files}
     try:
         with RunStreamer() as streamer:
-            per_layer = [layer_runs(layer.store, header.num_kv_heads, num_tokens) for layer in cache.layers]
-            streamer.prefault([run for runs in per_layer for run in runs])
+            per_layer = [_restore_runs(layer.homes, header, num_tokens) for layer in cache.layers]
+            streamer.prefault([run for runs, _ in per_layer for run in runs])
             ids = torch.empty(entries[TOKENS_FILE].num_bytes, dtype=torch.uint8)
             total = streamer.read_file(folder / TOKENS_FILE, [ids], entries[TOKENS_FILE].crc32)
             if hashlib.sha256(ids.numpy()).hexdigest() != header.identity.token_ids_sha256:
                 raise ChecksumMismatch(f"{TOKENS_FILE} holds other token ids than the header says")
-            for layer, runs in zip(cache.layers, per_layer):
+            for layer, (runs, regroup) in zip(cache.layers, per_layer):
                 name = layer_file(layer.layer_idx)
                 total += streamer.read_file(folder / name, runs, entries[name].crc32)
+                regroup()
     except (TruncatedFile, ChecksumMismatch) as error:
         raise CorruptSnapshotError(f"{error}: the snapshot is damaged") from error
     except FileNotFoundError as error:
@@ -144,16 +131,37 @@ def _prepare(cache: HeadInferCache, header: SnapshotHeader) -> None:
     dtype = getattr(torch, header.identity.dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise CorruptSnapshotError(f"unknown dtype {header.identity.dtype!r} in the header")
-    store = cache.layers[0].store
-    if store is not None:
-        home = store.homes[0]
-        if (home.keys.dtype, home.keys.shape[1], home.keys.shape[3]) != (dtype, header.batch, header.head_dim):
+    homes = cache.layers[0].homes
+    if homes is not None:
+        kv = homes[0].kv
+        if (kv.dtype, kv.shape[1], kv.shape[4]) != (dtype, header.batch, header.head_dim):
             cache.release()
-    if cache.layers[0].store is None:
+    if cache.layers[0].homes is None:
         cache.allocate(header.batch, header.head_dim, dtype, cache.device)
     else:
         cache.crop_to(0)  # waits for copies in flight and drops stale prefetches
     cache.reserve(header.identity.num_tokens)
+
+
+def _restore_runs(homes: LayerHomes, header: SnapshotHeader, num_tokens: int):
+    """(runs to read the layer file into, a function to call after reading).
+
+    Read in place when the snapshot's head groups are the cache's; otherwise into one host tensor that is then
+    copied into the homes head by head (a snapshot saved with another head-group size).
+    """
+    g_file = header.head_group_size
+    if all(home.group.size == g_file for home in homes):
+        return layer_runs(homes, num_tokens), lambda: None
+    num_groups, kv = header.num_kv_heads // g_file, homes[0].kv
+    scratch = torch.empty((num_groups, num_tokens, header.batch, 2, g_file, header.head_dim), dtype=kv.dtype)
+
+    def regroup() -> None:
+        by_head = scratch.permute(1, 2, 3, 0, 4, 5).reshape(num_tokens, header.batch, 2, header.num_kv_heads,
+                                                           header.head_dim)  # [n, B, 2, KVH, D]
+        for home in homes:
+            home.block(0, num_tokens).copy_(by_head[:, :, :, home.group.start : home.group.stop])
+
+    return list(scratch.unbind(0)), regroup
 
 
 def _size(path: Path) -> int:

@@ -22,7 +22,7 @@ from pathlib import Path
 from .fingerprint import ModelFingerprint, kv_dtype, dtype_name, model_fingerprint, token_ids_digest, tokenizer_fingerprint
 
 FORMAT = "headinfer-kv-snapshot"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: token-major homes, one run per (layer, head group)
 HEADER_FILE = "header.json"
 TOKENS_FILE = "tokens.bin"
 LAST_USED_FILE = "last_used"
@@ -86,6 +86,7 @@ class SnapshotHeader:
     policy: dict = field(default_factory=dict)  # informational: the policy of the session that saved it
     byteorder: str = sys.byteorder
     version: int = FORMAT_VERSION
+    head_group_size: int = 1  # the layer files hold one [tokens, B, 2, g, D] run per group of this many heads
 
     @property
     def key(self) -> str:
@@ -111,6 +112,9 @@ class SnapshotHeader:
                 raise ValueError("not a HeadInfer KV snapshot")
             if stored_crc != _crc_of({**body, "format": FORMAT}):
                 raise ValueError("the header does not match its checksum")
+            if body["version"] < FORMAT_VERSION:
+                raise CorruptSnapshotError(f"snapshot format version {body['version']} is from an older engine "
+                                           "layout; read the document again to replace it")
             if body["version"] != FORMAT_VERSION:
                 raise SnapshotError(f"snapshot format version {body['version']} (this engine reads {FORMAT_VERSION})")
             identity = body.pop("identity")

@@ -35,8 +35,8 @@ def test_sequence_length_crop_reset_and_contents(num_kv_heads, resident_slots):
     second = append(cache, 3, num_kv_heads)
     assert cache.get_seq_length() == 8
     for layer, k1, k2 in zip(cache.layers, first, second):
-        for home in layer.store.homes:
-            keys, values = home.view(0, 8)  # [B, g, 8, D]
+        for home in layer.homes:
+            keys, values = home.keys(0, 8), home.values(0, 8)  # [B, g, 8, D]
             expected = torch.cat([k1, k2], dim=2)[:, home.group.start : home.group.stop]
             assert torch.equal(keys, expected) and torch.equal(values, -expected)
     cache.crop_to(5)
@@ -52,7 +52,7 @@ def test_sequence_length_crop_reset_and_contents(num_kv_heads, resident_slots):
 def test_slots_resident_and_offloaded_are_spread():
     cache = HeadInferCache(config(2), head_group_size=1, resident_slots=2)
     append(cache, 2, 2)
-    flags = [home.group.is_resident for layer in cache.layers for home in layer.store.homes]
+    flags = [home.group.is_resident for layer in cache.layers for home in layer.homes]
     assert len(flags) == 6 and sum(flags) == 2
     assert flags[0] and not flags[1]  # interleaved, not the first two in a row
 
@@ -70,7 +70,7 @@ def test_release_frees_memory_and_cache_is_reusable():
 def test_store_grows_past_its_preallocation():
     cache = HeadInferCache(config(2), resident_slots=0, max_context=4)
     chunks = [append(cache, 3, 2) for _ in range(3)]
-    keys, _ = cache.layers[0].store.homes[0].view(0, 9)
+    keys = cache.layers[0].homes[0].keys(0, 9)
     assert torch.equal(keys, torch.cat([c[0] for c in chunks], dim=2))
 
 

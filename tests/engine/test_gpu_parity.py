@@ -48,7 +48,7 @@ def test_pingpong_prefill_matches_stock_for_every_group_size(pair, overlap):
     name, dtype, stock, headinfer = pair
     ids = prompt(stock.config.vocab_size)
     expected = stock(ids).logits
-    for group in range(1, stock.config.num_key_value_heads + 1):
+    for group in [d for d in range(1, stock.config.num_key_value_heads + 1) if stock.config.num_key_value_heads % d == 0]:
         cache = engine.HeadInferCache(headinfer.config, device="cuda", head_group_size=group, resident_slots=0,
                                       overlap=overlap, chunk_size=CHUNK)
         actual = chunked_logits(headinfer, ids, cache)

@@ -77,12 +77,10 @@ def _answer(session: DocumentSession, question: str = "w3 w4 w5", max_new_tokens
 
 
 def _kv_bytes(session: DocumentSession) -> list[torch.Tensor]:
-    """Every (layer, kind, head) run of the document as raw bytes, independent of the head grouping."""
-    from engine.snapshot_files import layer_runs
-
+    """Every (layer, head) K/V of the document as raw bytes, independent of the head grouping."""
     cache, n = session.cache, session.document_tokens
-    return [run.reshape(-1).view(torch.uint8).clone() for layer in cache.layers
-            for run in layer_runs(layer.store, cache.shape.num_kv_heads, n)]
+    return [home.block(0, n)[:, :, :, i].contiguous().view(torch.uint8).reshape(-1).clone()
+            for layer in cache.layers for home in layer.homes for i in range(home.group.size)]
 
 
 def _flip_byte(path: Path, offset: int) -> None:

@@ -1,0 +1,13 @@
+"""The KV core: homes per (layer, head group), host memory, transfers, the overlap schedule, the kernels.
+
+Nothing here imports the layers above (cache, attention, session): they use these pieces.
+"""
+
+from .homes import GroupHome, HeadGroup, LayerHomes
+from .pinned import HostMemory, PinningError
+from .route import RouteError
+from .schedule import Schedule, visible_start
+from .transfer import Transfer
+
+__all__ = ["GroupHome", "HeadGroup", "HostMemory", "LayerHomes", "PinningError", "RouteError", "Schedule",
+           "Transfer", "visible_start"]

@@ -1,0 +1,204 @@
+"""Attention over one head group: bottom-right causal, sliding window, softcap, GQA.
+
+Two entry points: ``attend`` takes K/V in transformers' ``[B, Hk, K, D]`` layout, ``attend_block`` takes
+a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong buffer. Both pick a route:
+
+- ``flash-attn`` when installed and the tensors are fp16/bf16 on CUDA (native bottom-right causal, window,
+  softcap, GQA without repeating K/V);
+- ``sdpa-decode``: one query token and every key visible: GQA folded into the query axis, no mask;
+- ``sdpa-fused`` on CUDA: torch SDPA restricted to its fused kernels (flash, memory-efficient, cuDNN).
+  A sliding window becomes a ``[Q, K]`` boolean mask, which only the memory-efficient kernel takes and
+  only without GQA, so the group's K/V are expanded to the query heads first (fp32 likewise, which the
+  flash kernel does not take). If no fused kernel accepts the call, ``tiled-math`` runs instead;
+- ``tiled-math``: exact softmax over key tiles with a running max (plain torch), whose largest
+  intermediate is ``[B, Hq, Q, tile]``: logit softcapping (Gemma 2), and the fallback above;
+- ``sdpa-cpu``: torch SDPA on the CPU, where the materialised masks are small.
+
+SDPA's math kernel is never allowed on CUDA: it materialises ``[heads, chunk, keys]`` scores (4 GiB for
+Mistral-7B at chunk 4096) that the memory plan does not count.
+
+Index convention: keys are ``K = q_offset + Q`` consecutive positions; query ``i`` sits at key position
+``q_offset + i`` and sees key ``j`` iff ``j <= q_offset + i`` and, with a window ``W``,
+``j > q_offset + i - W`` (the same rule as transformers' ``sliding_window_overlay``).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+logger = logging.getLogger(__name__)
+
+# Keys per tile of the tiled path: bounds its score matrix to [B, Hq, Q, tile].
+_TILE = 8192
+_FUSED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+
+# How often each route ran in this process (benchmarks record it; the first use of each is logged).
+ROUTE_COUNTS: collections.Counter = collections.Counter()
+
+
+@functools.cache
+def _flash_attn_func():
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        return None
+    logger.info("flash-attn found: using its kernels on CUDA")
+    return flash_attn_func
+
+
+def flash_kwargs(k_len: int, scaling: float, window: int | None, softcap: float | None) -> dict:
+    """Keyword arguments for ``flash_attn_func``.
+
+    ``softcap`` only when set (flash-attn before 2.6 rejects the argument), and a window only when the keys
+    reach beyond it (otherwise it changes nothing and selects a slower kernel variant).
+    """
+    kwargs = {"softmax_scale": scaling, "causal": True}  # flash-attn aligns causal masks bottom-right
+    if window is not None and k_len > window:
+        kwargs["window_size"] = (window - 1, 0)
+    if softcap:
+        kwargs["softcap"] = softcap
+    return kwargs
+
+
+def _route(name: str) -> None:
+    if ROUTE_COUNTS[name] == 0:
+        logger.info("attention route in use: %s", name)
+    ROUTE_COUNTS[name] += 1
+
+
+def _can_flash(query: torch.Tensor) -> bool:
+    return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and _flash_attn_func() is not None
+
+
+def attend_block(query: torch.Tensor, block: torch.Tensor, *, q_offset: int, scaling: float,
+                 window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """query: [B, Hq, Q, D]; block: [K, B, 2, Hk, D] token-major keys (index 0) and values (index 1).
+
+    Returns [B, Hq, Q, D].
+    """
+    if _can_flash(query):
+        _route("flash-attn")
+        keys, values = block.transpose(0, 1).unbind(2)  # [B, K, Hk, D] each, what flash-attn reads
+        out = _flash_attn_func()(query.transpose(1, 2), keys, values,
+                                 **flash_kwargs(block.shape[0], scaling, window, softcap))
+        return out.transpose(1, 2)
+    keys, values = block.permute(2, 1, 3, 0, 4).unbind(0)  # [B, Hk, K, D] each (views)
+    return _attend(query, keys, values, q_offset, scaling, window, softcap)
+
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, q_offset: int, scaling: float,
+           window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Exact attention of a query block against its visible keys.
+
+    query: [B, Hq, Q, D]; key/value: [B, Hk, K, D] with Hq a multiple of Hk and K = q_offset + Q.
+    Returns [B, Q, Hq, D] (the layout transformers expects back from an attention function).
+    """
+    if _can_flash(query):
+        _route("flash-attn")
+        return _flash_attn_func()(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                  **flash_kwargs(key.shape[2], scaling, window, softcap))
+    return _attend(query, key, value, q_offset, scaling, window, softcap).transpose(1, 2)
+
+
+def _attend(query, key, value, q_offset, scaling, window, softcap) -> torch.Tensor:
+    """[B, Hq, Q, D] x [B, Hk, K, D] -> [B, Hq, Q, D], without flash-attn."""
+    batch, num_q_heads, q_len, head_dim = query.shape
+    num_k_heads, k_len = key.shape[1], key.shape[2]
+    assert k_len == q_offset + q_len, (k_len, q_offset, q_len)
+    assert num_q_heads % num_k_heads == 0, (num_q_heads, num_k_heads)
+    n_rep = num_q_heads // num_k_heads
+    if softcap:
+        _route("tiled-math")
+        return _tiled(query, key, value, q_offset, scaling, window, softcap)
+    needs_window_mask = window is not None and k_len > window
+    if q_len == 1 and not needs_window_mask:
+        # Decode: every key is visible, so no mask at all. Fold the query heads that share a KV head into
+        # the query axis ([B, Hk, n_rep, D]) so K/V are read once per KV head, never repeated.
+        _route("sdpa-decode")
+        folded = query.reshape(batch, num_k_heads, n_rep, head_dim)
+        out = F.scaled_dot_product_attention(folded, key, value, scale=scaling)
+        return out.reshape(batch, num_q_heads, 1, head_dim)
+    if not query.is_cuda:
+        _route("sdpa-cpu")
+        return _sdpa(query, key, value, q_offset, scaling, window, n_rep)
+    return _sdpa_fused(query, key, value, q_offset, scaling, window, n_rep)
+
+
+def _sdpa(query, key, value, q_offset, scaling, window, n_rep):
+    q_len, k_len = query.shape[2], key.shape[2]
+    if window is not None and k_len > window:
+        mask = _visibility_mask(q_len, q_offset, window, 0, k_len, query.device)
+    elif q_len == k_len:
+        mask = None
+    else:
+        mask = causal_lower_right(q_len, k_len)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=mask is None,
+                                          scale=scaling, enable_gqa=n_rep > 1)
+
+
+def _sdpa_fused(query, key, value, q_offset, scaling, window, n_rep):
+    """CUDA prefill through SDPA's fused kernels only; ``tiled-math`` if none of them takes the call."""
+    needs_window_mask = window is not None and key.shape[2] > window
+    if n_rep > 1 and (needs_window_mask or query.dtype == torch.float32):
+        # The memory-efficient kernel (the only fused one for masks and fp32) has no GQA: repeat this
+        # group's K/V for its query heads. Bounded by one head group: [B, g * n_rep, K, D].
+        key, value = key.repeat_interleave(n_rep, dim=1), value.repeat_interleave(n_rep, dim=1)
+        n_rep = 1
+    try:
+        with sdpa_kernel(_FUSED):
+            out = _sdpa(query, key, value, q_offset, scaling, window, n_rep)
+    except RuntimeError as error:  # "No available kernel": never let it fall to the math kernel
+        logger.debug("no fused SDPA kernel for %s %s (%s)", tuple(query.shape), query.dtype, error)
+        _route("tiled-math")
+        return _tiled(query, key, value, q_offset, scaling, window, None)
+    _route("sdpa-fused")
+    return out
+
+
+def _visibility_mask(q_len, q_offset, window, k_start, k_stop, device):
+    """[Q, k_stop - k_start] bool, True = attend, for the keys [k_start, k_stop) only."""
+    q_pos = torch.arange(q_len, device=device)[:, None] + q_offset
+    k_pos = torch.arange(k_start, k_stop, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if window is not None:
+        mask &= k_pos > q_pos - window
+    return mask
+
+
+def _tiled(query, key, value, q_offset, scaling, window, softcap):
+    """softmax(cap(q k^T * scale)) v, tiled over keys with a running max and sum; cap = softcap * tanh(x / softcap).
+
+    Mirrors transformers' eager attention (scores and softmax in fp32) so Gemma 2 stays exact, while the
+    largest intermediate is [B, Hq, Q, tile] rather than [B, Hq, Q, K]; each tile builds only its own mask.
+    """
+    batch, num_q_heads, q_len, head_dim = query.shape
+    num_k_heads, k_len = key.shape[1], key.shape[2]
+    n_rep = num_q_heads // num_k_heads
+    q = query.reshape(batch, num_k_heads, n_rep * q_len, head_dim)  # fold GQA rows: [B, Hk, n_rep*Q, D]
+    running_max = torch.full((batch, num_k_heads, n_rep * q_len, 1), float("-inf"), device=q.device)
+    running_sum = torch.zeros_like(running_max)
+    acc = torch.zeros(batch, num_k_heads, n_rep * q_len, head_dim, device=q.device, dtype=torch.float32)
+    for start in range(0, k_len, _TILE):
+        stop = min(start + _TILE, k_len)
+        scores = torch.matmul(q, key[:, :, start:stop].transpose(2, 3)) * scaling
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
+        visible = _visibility_mask(q_len, q_offset, window, start, stop, q.device).repeat(n_rep, 1)
+        scores = scores.float().masked_fill(~visible, float("-inf"))
+        tile_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))
+        # A row that has seen no visible key yet keeps max = -inf; exp(-inf - -inf) would be NaN.
+        safe_max = torch.where(torch.isinf(tile_max), torch.zeros_like(tile_max), tile_max)
+        probs = torch.exp(scores - safe_max)
+        correction = torch.exp(running_max - safe_max)
+        running_sum = running_sum * correction + probs.sum(dim=-1, keepdim=True)
+        acc = acc * correction + torch.matmul(probs.to(value.dtype), value[:, :, start:stop]).float()
+        running_max = tile_max
+    out = (acc / running_sum).to(query.dtype)  # [B, Hk, n_rep*Q, D]
+    return out.reshape(batch, num_q_heads, q_len, head_dim)

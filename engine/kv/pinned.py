@@ -1,0 +1,142 @@
+"""Host memory for the offloaded homes: page-locked at exactly its size, unlocked only when no copy can touch it.
+
+torch's pinned allocator rounds every block up to a power of two, which can double the host RAM a large KV
+home takes; registering ordinary memory with ``cudaHostRegister`` locks exactly what is used. Two rules:
+
+- A refused registration is a planning error, never a silent fallback to the rounding allocator (which
+  would ask for up to twice the memory that was just refused). The CUDA runtime records the failure as
+  its "last error", which the next unrelated kernel launch would report as its own; it is cleared here.
+- Memory is unregistered and freed only after ``fence()`` has returned: the owner's copy streams are
+  idle, so no asynchronous copy into or out of it can still be in flight.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import weakref
+from collections.abc import Callable
+
+import torch
+
+from ..planner import PlanError
+
+logger = logging.getLogger(__name__)
+
+
+class PinningError(PlanError):
+    """Page-locking host memory for the KV cache was refused."""
+
+
+class CudaRuntime:
+    """The CUDA runtime calls host registration needs; every result is an error code, never raised."""
+
+    def __init__(self):
+        self._torch = torch.cuda.cudart()
+        self._lib = _loaded_cudart()
+
+    def host_register(self, pointer: int, num_bytes: int) -> int:
+        return int(self._torch.cudaHostRegister(pointer, num_bytes, 0))
+
+    def host_unregister(self, pointer: int) -> int:
+        return int(self._torch.cudaHostUnregister(pointer))
+
+    def error_string(self, code: int) -> str:
+        try:
+            return str(self._torch.cudaGetErrorString(code))
+        except (TypeError, RuntimeError):
+            return f"cudaError {code}"
+
+    def clear_last_error(self) -> None:
+        """Resets the runtime's per-thread last error, so the next launch does not report this failure."""
+        if self._lib is not None:
+            self._lib.cudaGetLastError()
+            return
+        # No handle on libcudart: a launch whose check reads (and so clears) the stale error raises once.
+        try:
+            torch.zeros(1, device="cuda").add_(1)
+        except RuntimeError:
+            pass
+
+
+@functools.cache
+def cuda_runtime() -> CudaRuntime:
+    return CudaRuntime()
+
+
+def _loaded_cudart() -> ctypes.CDLL | None:
+    """The libcudart torch already loaded (same process state), found through the process's mappings."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
+class HostMemory:
+    """Allocates host tensors for homes; page-locks them when ``pin`` is set.
+
+    ``fence`` must return only once no asynchronous copy can touch host memory (the copy streams are idle).
+    """
+
+    def __init__(self, pin: bool, fence: Callable[[], None], runtime: CudaRuntime | None = None):
+        self.pin = pin
+        self._fence = fence
+        self._runtime = runtime if runtime is not None or not pin else cuda_runtime()
+        self._registered: dict[int, torch.Tensor] = {}  # data_ptr -> the tensor that owns the memory
+        # Dropping the owner without free_all() still fences before unlocking (the finalizer holds no self).
+        self._finalizer = weakref.finalize(self, _release, self._registered, fence, self._runtime)
+
+    @property
+    def num_registered(self) -> int:
+        return len(self._registered)
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        tensor = torch.empty(shape, dtype=dtype)
+        if not self.pin or tensor.nbytes == 0:
+            return tensor
+        code = self._runtime.host_register(tensor.data_ptr(), tensor.nbytes)
+        if code != 0:
+            self._runtime.clear_last_error()
+            raise PinningError(
+                f"could not page-lock {tensor.nbytes / 2**30:.2f} GiB of host memory for the KV cache "
+                f"({self._runtime.error_string(code)}); lower the host memory budget (--host-memory) or the "
+                "context, or close other programs")
+        self._registered[tensor.data_ptr()] = tensor
+        return tensor
+
+    def free(self, tensor: torch.Tensor) -> None:
+        """Unlocks and drops ``tensor`` once no copy can touch it; the caller holds no other reference."""
+        owner = self._registered.pop(tensor.data_ptr(), None)
+        if owner is None:
+            return
+        self._fence()
+        self._unregister(owner)
+
+    def free_all(self) -> None:
+        self._finalizer()
+
+    def _unregister(self, tensor: torch.Tensor) -> None:
+        code = self._runtime.host_unregister(tensor.data_ptr())
+        if code != 0:
+            self._runtime.clear_last_error()
+            logger.warning("cudaHostUnregister failed: %s", self._runtime.error_string(code))
+
+
+def _release(registered: dict[int, torch.Tensor], fence: Callable[[], None], runtime: CudaRuntime | None) -> None:
+    if not registered:
+        return
+    fence()
+    for tensor in registered.values():
+        code = runtime.host_unregister(tensor.data_ptr())
+        if code != 0:
+            runtime.clear_last_error()
+            logger.warning("cudaHostUnregister failed: %s", runtime.error_string(code))
+    registered.clear()

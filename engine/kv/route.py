@@ -1,0 +1,63 @@
+"""How the attention function finds its layer's KV: an explicit, checked route the cache publishes.
+
+A transformers attention module calls ``cache.update(key, value, layer_idx)`` and hands what it returns to the
+attention function, which learns nothing else about the cache. ``HeadInferCache`` therefore publishes, per
+thread, "layer ``layer_idx`` returned these key states and is attended by this owner"; the attention function
+takes the entry for its module's ``layer_idx`` and checks it got those very key states. Anything else while a
+head-wise forward is in flight (no ``layer_idx``, another index, key states replaced on the way) is an error,
+never a silent attention over the chunk alone.
+
+Entries hold the key states weakly: an interrupted forward's entries die with its tensors.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import torch
+
+
+class RouteError(RuntimeError):
+    """The attention function could not be matched with the cache layer that produced its key states."""
+
+
+_local = threading.local()
+
+
+def _entries() -> dict[int, tuple[object, weakref.ref]]:
+    entries = getattr(_local, "entries", None)
+    if entries is None:
+        entries = _local.entries = {}
+    return entries
+
+
+def publish(layer_idx: int, owner: object, key: torch.Tensor) -> None:
+    """Announces that ``key`` (this chunk's key states of layer ``layer_idx``) is attended by ``owner``."""
+    _entries()[layer_idx] = (owner, weakref.ref(key))
+
+
+def take(layer_idx: int | None, key: torch.Tensor) -> object | None:
+    """The owner published for this layer and these key states; ``None`` if no head-wise forward is in flight."""
+    entries = _entries()
+    entry = entries.pop(layer_idx, None) if layer_idx is not None else None
+    if entry is not None:
+        owner, published = entry
+        if published() is key:
+            return owner
+        if published() is not None:
+            raise RouteError(
+                f"layer {layer_idx}: the key states reaching attention are not the ones HeadInferCache returned "
+                "(the model transformed them after the cache update); head-wise attention cannot run on them")
+    live = sorted(i for i, (_, ref) in entries.items() if ref() is not None)
+    for i in [i for i, (_, ref) in entries.items() if ref() is None]:
+        del entries[i]  # stale: from an interrupted forward
+    if live:
+        raise RouteError(
+            f"attention of layer {layer_idx} found no KV route while HeadInferCache layers {live} are in flight "
+            "(the attention module's layer_idx does not match the cache layer it updated)")
+    return None
+
+
+def clear() -> None:
+    _entries().clear()

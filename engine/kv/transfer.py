@@ -1,0 +1,253 @@
+"""Host <-> device movement of KV: the named streams, the staging and ping-pong buffers, and their events.
+
+Three CUDA streams take part: the compute stream (whatever is current), ``h2d`` (fetching a head group's past
+into a free ping-pong buffer) and ``d2h`` (appending a chunk's new K/V to host homes). Every buffer and every
+event is allocated once; an event is re-recorded, never created, on the hot path. Without CUDA the same calls
+copy synchronously, so ``schedule.py`` is one loop either way.
+
+Buffers, all token-major like the homes (see ``homes.py``):
+- two *staging* buffers ``[G, Q, B, 2, g, D]``: a chunk's K/V in home layout, written once per layer on the
+  compute stream, read by the appends (d2h) and by the copies into the ping-pong buffers (compute);
+- two *ping-pong* buffers ``[capacity, B, 2, g, D]``: one being attended, one being filled.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from .homes import GroupHome, LayerHomes
+
+logger = logging.getLogger(__name__)
+
+Slot = tuple[int, int]  # (layer index, head-group index)
+
+
+def _event(is_cuda: bool) -> torch.cuda.Event | None:
+    return torch.cuda.Event() if is_cuda else None
+
+
+@dataclass
+class _PingPong:
+    kv: torch.Tensor  # [capacity, B, 2, g, D] on the compute device
+    ready: torch.cuda.Event | None  # recorded on h2d when its fetch has landed
+    free: torch.cuda.Event | None  # recorded on compute when attention stopped reading it
+    is_used: bool = False  # acquired and not yet released
+    pending: Slot | None = None  # fetched (or being fetched) for this slot, not yet acquired
+    start: int = 0
+    stop: int = 0
+    free_recorded: bool = False
+
+
+@dataclass
+class _Staging:
+    flat: torch.Tensor  # capacity * G * B * 2 * g * D elements on the compute device
+    produced: torch.cuda.Event | None  # recorded on compute after the chunk was written
+    free: torch.cuda.Event | None  # recorded on d2h after the appends read it
+    free_recorded: bool = False
+
+
+@dataclass
+class _Appends:
+    """The last two d2h appends of one layer: (first token position, event), oldest first."""
+
+    events: tuple
+    entries: list = field(default_factory=list)
+    turn: int = 0
+
+
+class Transfer:
+    """Owns the streams, the staging and ping-pong buffers and every event of one cache."""
+
+    def __init__(self, device: torch.device, *, num_layers: int, num_groups: int, group_shape: tuple[int, int, int],
+                 dtype: torch.dtype, buffer_tokens: int, stage_tokens: int, pinned: bool):
+        self.device = device
+        self.is_cuda = device.type == "cuda"
+        self._non_blocking = self.is_cuda and pinned  # async only from/to page-locked memory
+        self.h2d = torch.cuda.Stream(device) if self.is_cuda else None
+        self.d2h = torch.cuda.Stream(device) if self.is_cuda else None
+        self._batch, self._group_size, self._head_dim = group_shape
+        self._num_groups, self._dtype = num_groups, dtype
+        self._pingpong = [_PingPong(self._alloc_pingpong(buffer_tokens), _event(self.is_cuda), _event(self.is_cuda))
+                          for _ in range(2)]
+        self._staging = [_Staging(self._alloc_staging(stage_tokens), _event(self.is_cuda), _event(self.is_cuda))
+                         for _ in range(2)]
+        self._next_staging = 0
+        self._appends = [_Appends((_event(self.is_cuda), _event(self.is_cuda))) for _ in range(num_layers)]
+
+    # -- staging and appends -----------------------------------------------------------------------
+    def stage(self, key: torch.Tensor, value: torch.Tensor) -> tuple[int, tuple[torch.Tensor, ...]]:
+        """Writes a layer's chunk in home layout. key/value: [B, KVH, Q, D]. Returns (index, G blocks [Q, B, 2, g, D])."""
+        batch, num_kv_heads, q_len, head_dim = key.shape
+        g, num_groups = self._group_size, self._num_groups
+        assert (batch, num_kv_heads, head_dim) == (self._batch, g * num_groups, self._head_dim), tuple(key.shape)
+        index = self._next_staging
+        self._next_staging ^= 1
+        staging = self._staging[index]
+        if staging.flat.numel() < q_len * batch * 2 * num_kv_heads * head_dim:
+            self.synchronize()  # rare (a forward longer than the planned chunk): a safe point to swap buffers
+            logger.info("growing staging buffer %d to %d tokens", index, q_len)
+            staging.flat, staging.free_recorded = self._alloc_staging(q_len), False
+        if staging.free_recorded:
+            # The appends of two layers ago may still be reading this buffer on the d2h stream.
+            torch.cuda.current_stream(self.device).wait_event(staging.free)
+        out = staging.flat[: q_len * batch * 2 * num_kv_heads * head_dim].view(num_groups, q_len, batch, 2, g, head_dim)
+        # [B, KVH, Q, D] -> [G, Q, B, g, D] per K and V, stacked on the K/V axis
+        torch.stack([key.view(batch, num_groups, g, q_len, head_dim).permute(1, 3, 0, 2, 4),
+                     value.view(batch, num_groups, g, q_len, head_dim).permute(1, 3, 0, 2, 4)], dim=3, out=out)
+        if self.is_cuda:
+            staging.produced.record()
+        return index, out.unbind(0)
+
+    def append(self, layer_idx: int, homes: LayerHomes, staged: tuple[torch.Tensor, ...], index: int,
+               position: int) -> None:
+        """Copies the staged chunk into every home of the layer at ``position`` (host homes on the d2h stream)."""
+        host = [(home, block) for home, block in zip(homes, staged) if home.is_host]
+        for home, block in zip(homes, staged):
+            if not home.is_host:  # a resident home: a device copy, ordered on the compute stream
+                home.kv[position : position + block.shape[0]].copy_(block)
+        if not host:
+            return
+        if not self.is_cuda:
+            for home, block in host:
+                home.kv[position : position + block.shape[0]].copy_(block)
+            return
+        staging, appends = self._staging[index], self._appends[layer_idx]
+        event = appends.events[appends.turn]
+        appends.turn ^= 1
+        with torch.cuda.stream(self.d2h):
+            # The copies must not start before the compute stream has written the staging buffer.
+            self.d2h.wait_event(staging.produced)
+            for home, block in host:
+                home.kv[position : position + block.shape[0]].copy_(block, non_blocking=self._non_blocking)
+            staging.free.record(self.d2h)
+            event.record(self.d2h)
+        staging.free_recorded = True
+        appends.entries = [*appends.entries[-1:], (position, event)]
+
+    def _landing(self, layer_idx: int, stop: int) -> torch.cuda.Event | None:
+        """The append event a fetch of tokens [.., stop) of this layer must wait for, if any.
+
+        Appends are FIFO on the d2h stream, so waiting for the newest append that writes below ``stop`` covers
+        every older one. The current chunk's own append (at ``position >= stop``) is not waited for: that is
+        what lets the h2d and d2h engines run at once. Older appends than the two kept are covered by the
+        oldest kept one.
+        """
+        entries = self._appends[layer_idx].entries
+        for position, event in reversed(entries):
+            if position < stop:
+                return event
+        return entries[0][1] if entries else None
+
+    # -- ping-pong fetches ---------------------------------------------------------------------------
+    def prefetch(self, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> None:
+        """Starts copying home tokens [start, stop) into a free ping-pong buffer with ``room`` tokens."""
+        if any(b.pending == slot and (b.start, b.stop) == (start, stop) for b in self._pingpong):
+            return
+        buffer = next((b for b in self._pingpong if not b.is_used and b.pending is None), None)
+        if buffer is None:
+            return  # both busy: the slot is fetched on demand when acquired
+        self._fetch(buffer, slot, home, start, stop, room)
+
+    def acquire(self, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> int:
+        """Returns the index of the buffer holding home tokens [start, stop), fetching now if not prefetched."""
+        index = next((i for i, b in enumerate(self._pingpong) if b.pending == slot), None)
+        if index is not None:
+            buffer = self._pingpong[index]
+            if (buffer.start, buffer.stop) != (start, stop) or buffer.kv.shape[0] < room:
+                logger.debug("prefetched %s held %s, needed %s: refetching", slot, (buffer.start, buffer.stop),
+                             (start, stop))
+                buffer.pending = None
+                index = None
+        if index is None:
+            index = next((i for i, b in enumerate(self._pingpong) if not b.is_used and b.pending is None), None)
+            if index is None:  # the free one holds a prefetch for another slot: drop it
+                index = next(i for i, b in enumerate(self._pingpong) if not b.is_used)
+            self._fetch(self._pingpong[index], slot, home, start, stop, room)
+        buffer = self._pingpong[index]
+        if self.is_cuda:
+            # Attention must not read the buffer before its copy has landed.
+            torch.cuda.current_stream(self.device).wait_event(buffer.ready)
+        buffer.pending, buffer.is_used = None, True
+        return index
+
+    def with_chunk(self, index: int, num_past: int, block: torch.Tensor) -> torch.Tensor:
+        """Puts this chunk (block: [Q, B, 2, g, D]) after ``num_past`` fetched tokens; returns [num_past + Q, B, 2, g, D]."""
+        kv = self._pingpong[index].kv
+        kv[num_past : num_past + block.shape[0]].copy_(block)
+        return kv[: num_past + block.shape[0]]
+
+    def release(self, index: int) -> None:
+        """Marks the end of the compute stream's use of a buffer."""
+        buffer = self._pingpong[index]
+        buffer.is_used = False
+        if self.is_cuda:
+            buffer.free.record()
+            buffer.free_recorded = True
+
+    def release_all(self) -> None:
+        """Releases buffers an interrupted layer left acquired (a no-op after a normal layer)."""
+        for index, buffer in enumerate(self._pingpong):
+            if buffer.is_used:
+                logger.debug("releasing ping-pong buffer %d left in use by an interrupted forward", index)
+                self.release(index)
+
+    def _fetch(self, buffer: _PingPong, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> None:
+        if buffer.kv.shape[0] < room:
+            self.synchronize()  # rare (context beyond the plan): a safe point to drop the old buffer
+            capacity = max(room, buffer.kv.shape[0] + buffer.kv.shape[0] // 2)
+            logger.info("growing ping-pong buffers to %d tokens", capacity)
+            buffer.kv, buffer.free_recorded = self._alloc_pingpong(capacity), False
+        buffer.pending, buffer.start, buffer.stop = slot, start, stop
+        source, target = home.kv[start:stop], buffer.kv[: stop - start]
+        if not self.is_cuda:
+            target.copy_(source)
+            return
+        with torch.cuda.stream(self.h2d):
+            if buffer.free_recorded:
+                # The compute stream may still be reading this buffer's previous group.
+                self.h2d.wait_event(buffer.free)
+            landing = self._landing(slot[0], stop)
+            if landing is not None:
+                # Earlier chunks of this layer may still be landing in the host home on the d2h stream.
+                self.h2d.wait_event(landing)
+            target.copy_(source, non_blocking=self._non_blocking)
+            buffer.ready.record(self.h2d)
+
+    # -- bookkeeping -----------------------------------------------------------------------------------
+    def forget(self) -> None:
+        """Drops prefetches and appends bookkeeping, e.g. after a crop; call after ``synchronize``."""
+        for buffer in self._pingpong:
+            buffer.pending = None
+        for appends in self._appends:
+            appends.entries = []
+
+    def fence(self) -> None:
+        """Returns once no copy into or out of host memory is in flight."""
+        if self.is_cuda:
+            self.h2d.synchronize()
+            self.d2h.synchronize()
+
+    def synchronize(self) -> None:
+        """Waits for every copy and every kernel in flight."""
+        if self.is_cuda:
+            self.fence()
+            torch.cuda.current_stream(self.device).synchronize()
+
+    @property
+    def is_idle(self) -> bool:
+        return not any(b.is_used for b in self._pingpong)
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(b.kv.nbytes for b in self._pingpong) + sum(s.flat.nbytes for s in self._staging)
+
+    def _alloc_pingpong(self, tokens: int) -> torch.Tensor:
+        shape = (max(tokens, 1), self._batch, 2, self._group_size, self._head_dim)
+        return torch.empty(shape, dtype=self._dtype, device=self.device)
+
+    def _alloc_staging(self, tokens: int) -> torch.Tensor:
+        numel = max(tokens, 1) * self._batch * 2 * self._group_size * self._num_groups * self._head_dim
+        return torch.empty(numel, dtype=self._dtype, device=self.device)

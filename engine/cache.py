@@ -198,6 +198,7 @@ class HeadInferCache(Cache):
 
     def settle(self) -> None:
         """Waits for copies in flight and drops prefetches: call before tokens are taken away."""
+        route.clear()
         if self.transfer is not None:
             self.transfer.synchronize()
             self.transfer.forget()

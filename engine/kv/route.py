@@ -7,13 +7,12 @@ takes the entry for its module's ``layer_idx`` and checks it got those very key 
 head-wise forward is in flight (no ``layer_idx``, another index, key states replaced on the way) is an error,
 never a silent attention over the chunk alone.
 
-Entries hold the key states weakly: an interrupted forward's entries die with its tensors.
+A forward's first layer clears what an interrupted one left (``HeadInferCache.begin_layer``).
 """
 
 from __future__ import annotations
 
 import threading
-import weakref
 
 import torch
 
@@ -25,7 +24,7 @@ class RouteError(RuntimeError):
 _local = threading.local()
 
 
-def _entries() -> dict[int, tuple[object, weakref.ref]]:
+def _entries() -> dict[int, tuple[object, torch.Tensor]]:
     entries = getattr(_local, "entries", None)
     if entries is None:
         entries = _local.entries = {}
@@ -34,7 +33,7 @@ def _entries() -> dict[int, tuple[object, weakref.ref]]:
 
 def publish(layer_idx: int, owner: object, key: torch.Tensor) -> None:
     """Announces that ``key`` (this chunk's key states of layer ``layer_idx``) is attended by ``owner``."""
-    _entries()[layer_idx] = (owner, weakref.ref(key))
+    _entries()[layer_idx] = (owner, key)
 
 
 def take(layer_idx: int | None, key: torch.Tensor) -> object | None:
@@ -43,19 +42,15 @@ def take(layer_idx: int | None, key: torch.Tensor) -> object | None:
     entry = entries.pop(layer_idx, None) if layer_idx is not None else None
     if entry is not None:
         owner, published = entry
-        if published() is key:
+        if published is key:
             return owner
-        if published() is not None:
-            raise RouteError(
-                f"layer {layer_idx}: the key states reaching attention are not the ones HeadInferCache returned "
-                "(the model transformed them after the cache update); head-wise attention cannot run on them")
-    live = sorted(i for i, (_, ref) in entries.items() if ref() is not None)
-    for i in [i for i, (_, ref) in entries.items() if ref() is None]:
-        del entries[i]  # stale: from an interrupted forward
-    if live:
         raise RouteError(
-            f"attention of layer {layer_idx} found no KV route while HeadInferCache layers {live} are in flight "
-            "(the attention module's layer_idx does not match the cache layer it updated)")
+            f"layer {layer_idx}: the key states reaching attention are not the ones HeadInferCache returned "
+            "(the model transformed them after the cache update); head-wise attention cannot run on them")
+    if entries:
+        raise RouteError(
+            f"attention of layer {layer_idx} found no KV route while HeadInferCache layers {sorted(entries)} are "
+            "in flight (the attention module's layer_idx does not match the cache layer it updated)")
     return None
 
 

@@ -76,6 +76,8 @@ class Transfer:
                          for _ in range(2)]
         self._next_staging = 0
         self._appends = [_Appends((_event(self.is_cuda), _event(self.is_cuda))) for _ in range(num_layers)]
+        self.num_fetches = 0  # every fetch into a ping-pong buffer ...
+        self.num_on_demand = 0  # ... and those the compute stream had to wait for, not prefetched
 
     # -- staging and appends -----------------------------------------------------------------------
     def stage(self, key: torch.Tensor, value: torch.Tensor) -> tuple[int, tuple[torch.Tensor, ...]]:
@@ -166,6 +168,7 @@ class Transfer:
             if index is None:  # the free one holds a prefetch for another slot: drop it
                 index = next(i for i, b in enumerate(self._pingpong) if not b.is_used)
             self._fetch(self._pingpong[index], slot, home, start, stop, room)
+            self.num_on_demand += 1
         buffer = self._pingpong[index]
         if self.is_cuda:
             # Attention must not read the buffer before its copy has landed.
@@ -201,6 +204,7 @@ class Transfer:
             logger.info("growing ping-pong buffers to %d tokens", capacity)
             buffer.kv, buffer.free_recorded = self._alloc_pingpong(capacity), False
         buffer.pending, buffer.start, buffer.stop = slot, start, stop
+        self.num_fetches += 1
         source, target = home.kv[start:stop], buffer.kv[: stop - start]
         if not self.is_cuda:
             target.copy_(source)

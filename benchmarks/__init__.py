@@ -17,7 +17,8 @@ of records, a markdown table and plots. Pieces:
 - ``report``   markdown tables and plots
 - ``smoke``    the CPU variant (SmolLM2 or a tiny random Llama)
 - ``junit``    a pytest JUnit report as a ``parity`` record
-- ``gpu_session.sh``  every GPU piece in order within a time budget (the device machine)
+- ``gpu_all``  every GPU measurement in one process with one deadline (one device call; ``gpu_session.sh`` wraps it)
+- ``gpu_checks``  a filled-cache check against a reference attention, and the sanitizer workload
 
 ``parity`` and ``snapshot_bench`` are separate scripts with their own entry points.
 """

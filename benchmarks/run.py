@@ -110,7 +110,6 @@ def main(argv=None) -> int:
 def _run_gpu(args, store, out: Path, name: str) -> None:
     from .ceilings import measure_all
     from .modes import GPU_MODES, Runner, parse_modes
-    from .models import build_model
     from .sweeps import Sweep
 
     device = torch.device(args.device)
@@ -146,7 +145,7 @@ def _run_gpu(args, store, out: Path, name: str) -> None:
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
     ceilings = store.latest("ceilings")
-    model = build_model(args.model, device)
+    model = _built_model(args.model, device)
     sweep.runner = Runner(model, device, chunk_size=args.chunk_size or 4096,
                           gpu_budget=int(budget * _planner_fraction()) if budget else None,
                           host_budget=_host_budget(ceilings) if is_cuda else None)
@@ -175,6 +174,18 @@ def _run_gpu(args, store, out: Path, name: str) -> None:
             sweep.peak(phase_modes, phase_lengths)
         elif phase == "profile":
             sweep.profile(phase_modes[0], phase_lengths[0], out / "profile.txt")
+
+
+_MODELS: dict = {}
+
+
+def _built_model(name: str, device: torch.device):
+    """One model per (name, device) per process: the one-call GPU run (``gpu_all``) builds the 8B shape once."""
+    from .models import build_model
+
+    if (name, str(device)) not in _MODELS:
+        _MODELS[(name, str(device))] = build_model(name, device)
+    return _MODELS[(name, str(device))]
 
 
 def _planner_fraction() -> float:

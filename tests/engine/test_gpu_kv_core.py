@@ -1,0 +1,117 @@
+"""The KV core on CUDA: page-locking errors, unlocking, the decode hot path's overheads, fused attention routes.
+
+Marked ``gpu``: skipped without CUDA (CI), run by ``python -m benchmarks.gpu_all`` on a lent GPU.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
+
+import engine
+from engine.kv import HostMemory, PinningError, kernels
+from engine.kv.pinned import CudaRuntime
+
+pytestmark = pytest.mark.gpu
+
+
+class DoubleRegistering(CudaRuntime):
+    """Registers every range twice: the second call fails (already registered), as a refused one does."""
+
+    def host_register(self, pointer: int, num_bytes: int) -> int:
+        super().host_register(pointer, num_bytes)
+        return super().host_register(pointer, num_bytes)
+
+
+def test_refused_registration_leaves_no_sticky_error_for_the_next_launch():
+    runtime = DoubleRegistering()
+    memory = HostMemory(True, fence=torch.cuda.synchronize, runtime=runtime)
+    with pytest.raises(PinningError):
+        memory.empty((1 << 20,), torch.uint8)
+    x = torch.zeros(16, device="cuda").add_(1)  # would raise the stale error if it were still set
+    torch.cuda.synchronize()
+    assert float(x.sum()) == 16
+
+
+def _models(num_layers=32, num_kv_heads=8):
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=64, num_hidden_layers=num_layers, num_attention_heads=32,
+                      num_key_value_heads=num_kv_heads, head_dim=8, vocab_size=97, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    stock = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").cuda().eval()
+    headinfer = AutoModelForCausalLM.from_config(cfg, attn_implementation="headinfer").cuda().eval()
+    headinfer.load_state_dict(stock.state_dict())
+    return stock, headinfer
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@torch.inference_mode()
+def _decode(model, cache, monkeypatch):
+    ids = torch.randint(0, 97, (1, 64), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    model(ids, past_key_values=cache)
+    model(ids[:, :1], past_key_values=cache)
+    created = []
+    real_init = torch.cuda.Event.__init__
+    monkeypatch.setattr(torch.cuda.Event, "__init__", lambda self, *a, **k: (created.append(1), real_init(self, *a, **k))[1])
+    counter = OpCounter()
+    with counter:
+        logits = model(ids[:, 1:2], past_key_values=cache).logits
+    monkeypatch.setattr(torch.cuda.Event, "__init__", real_init)
+    return counter.ops, len(created), logits
+
+
+@pytest.mark.parametrize("group, limit", [(8, 2.0), (1, 4.0)])
+def test_decode_hot_path_has_no_new_events_record_stream_or_pinned_queries(group, limit, monkeypatch):
+    stock, headinfer = _models()
+    stock_ops, _, expected = _decode(stock, DynamicCache(config=stock.config), monkeypatch)
+    cache = engine.HeadInferCache(headinfer.config, device="cuda", head_group_size=group, resident_slots=0)
+    ops, events, actual = _decode(headinfer, cache, monkeypatch)
+    assert cache.kv_bytes()["host"] > 0
+    assert events == 0, "events are preallocated and re-recorded"
+    assert ops["aten.record_stream.default"] == 0 and ops["aten.is_pinned.default"] == 0
+    assert sum(ops.values()) <= limit * sum(stock_ops.values())
+    assert torch.equal(actual.argmax(-1), expected.argmax(-1))
+
+
+def test_release_unlocks_host_memory_after_the_streams_are_idle():
+    _, headinfer = _models(num_layers=2)
+    cache = engine.HeadInferCache(headinfer.config, device="cuda", head_group_size=1, resident_slots=0)
+    with torch.inference_mode():
+        headinfer(torch.randint(0, 97, (1, 300), device="cuda"), past_key_values=cache)
+    host = cache._host
+    assert host.num_registered == 2 * 8
+    cache.release()
+    assert host.num_registered == 0
+    torch.zeros(1, device="cuda").add_(1)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_windowed_gqa_prefill_chunk_runs_a_fused_kernel_without_a_score_tensor(dtype):
+    """Mistral-7B's attention shape for one group (g=1, 4 query heads), chunk 4096, window 4096."""
+    chunk, window, past, head_dim = 4096, 4096, 8192, 128
+    query = torch.randn(1, 4, chunk, head_dim, device="cuda", dtype=dtype)
+    block = torch.randn(window - 1 + chunk, 1, 2, 1, head_dim, device="cuda", dtype=dtype)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    kernels.ROUTE_COUNTS.clear()
+    out = kernels.attend_block(query, block, q_offset=window - 1, scaling=head_dim**-0.5, window=window)
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    scores = 4 * chunk * (window - 1 + chunk) * 4  # one fp32 [heads, chunk, keys] tensor
+    assert out.shape == (1, 4, chunk, head_dim)
+    assert extra < scores / 4, f"{extra / 2**20:.0f} MiB extra: a score tensor was materialised"
+    assert "tiled-math" not in kernels.ROUTE_COUNTS, dict(kernels.ROUTE_COUNTS)

@@ -31,8 +31,12 @@ class PromptBuilder:
 
     def document_ids(self, document: str) -> list[int]:
         """The prefix shared by every conversation about ``document``."""
+        return self._encode(self.document_text(document))
+
+    def document_text(self, document: str) -> str:
+        """The rendered text of that prefix (system prompt, chat markup and the document)."""
         rendered = self._render(document, [], _QUESTION_MARKER)
-        return self._encode(rendered[: rendered.index(_QUESTION_MARKER)])
+        return rendered[: rendered.index(_QUESTION_MARKER)]
 
     def conversation_ids(self, document: str, turns: list[Turn], question: str) -> list[int]:
         """Ids after the document prefix: earlier turns, the new question and the assistant header."""

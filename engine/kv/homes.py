@@ -39,7 +39,9 @@ class GroupHome:
         assert kv.dim() == 5 and kv.shape[2] == 2 and kv.shape[3] == group.size, tuple(kv.shape)
         self.group = group
         self.kv = kv  # [capacity, B, 2, g, D]
-        self.is_host = kv.device.type == "cpu"
+        # Offloaded: in host memory and streamed through the ping-pong buffers. (On a CPU-only machine a
+        # resident home is in host memory too, but it is read in place like any resident one.)
+        self.is_host = not group.is_resident
 
     @property
     def capacity(self) -> int:
@@ -89,7 +91,7 @@ class LayerHomes:
         return self.homes[index]
 
     def nbytes(self, on_device: bool) -> int:
-        return sum(h.nbytes for h in self.homes if (not h.is_host) == on_device)
+        return sum(h.nbytes for h in self.homes if (h.device.type != "cpu") == on_device)
 
     def reserve(self, num_tokens: int, num_valid: int) -> None:
         """Makes room for ``num_tokens`` keeping the first ``num_valid``; the caller has fenced the copy streams."""

@@ -19,6 +19,7 @@ import torch
 
 from . import kernels
 from .homes import LayerHomes
+from .probe import QueryProbe
 from .transfer import Slot, Transfer
 
 
@@ -32,6 +33,7 @@ class Schedule:
 
     def __init__(self, layers: list[LayerHomes], windows: list[int | None], transfer: Transfer, overlap: bool):
         self.layers, self.windows, self.transfer, self.overlap = layers, windows, transfer, overlap
+        self.probe: QueryProbe | None = None  # set while an answer's sources are being recorded
         order = [(layer_idx, group_idx) for layer_idx, homes in enumerate(layers)
                  for group_idx, home in enumerate(homes) if home.is_host]
         # Successor of every slot (resident ones too) in forward order: the next offloaded slot, and whether it
@@ -60,6 +62,8 @@ class Schedule:
         """
         homes = self.layers[layer_idx]
         q_len = query.shape[2]
+        if self.probe is not None:
+            self.probe.record(layer_idx, past, query, scaling)
         start = visible_start(past, window)
         num_past = past - start
         queries = query.split(query.shape[1] // len(homes), dim=1)  # G x [B, g * n_rep, Q, D]

@@ -1,0 +1,128 @@
+"""Finding a model's retrieval-like heads once, by a needle calibration, for attention-grounded sources.
+
+A few heads in every long-context model copy from the context: when the model writes a fact, they attend to
+where the fact stands. Calibration hides a needle ("The secret passphrase is …") at several depths of a
+haystack, teacher-forces the answer that repeats it, records every full-attention head's queries on the
+answer's copy of the needle and measures the share of each head's attention that lands on the needle in the
+haystack. The heads with the largest mean share are kept (and cached on disk per model fingerprint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from .cache import HeadInferCache
+from .fingerprint import model_fingerprint
+from .kv.probe import QueryProbe
+from .prompt import PromptBuilder
+from .sources import attention_mass
+
+logger = logging.getLogger(__name__)
+
+_FILLER = [
+    "The harbour town woke slowly, and the fishing boats came back with the tide.",
+    "Bread prices rose twice that winter, which the council discussed at length.",
+    "A narrow road climbs from the valley to the old observatory on the ridge.",
+    "Most of the letters in the archive were written in pencil and are hard to read.",
+    "The committee postponed its decision about the bridge until the spring.",
+    "Children in the village learned to swim in the cold lake behind the mill.",
+    "The library kept its maps in long drawers that smelled of cedar and dust.",
+    "Every autumn the orchard workers sorted apples by size and by colour.",
+    "The railway reached the plateau late, long after the mines had closed.",
+    "Her notebook listed birds seen on the marsh, with the weather for each day.",
+    "The bakery on the corner opened before dawn and closed at noon.",
+    "Storms in March washed away part of the coastal path near the lighthouse.",
+    "The museum's small collection of clocks was wound by hand every Sunday.",
+    "Farmers traded seeds at the market, arguing about which beans grew best.",
+    "A translation of the old charter was finally printed by the university press.",
+]
+_WORDS = ["amber", "cobalt", "falcon", "juniper", "marble", "nectar", "orchid", "quartz", "saffron", "tundra"]
+
+
+def haystack(num_sentences: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [rng.choice(_FILLER) for _ in range(num_sentences)]
+
+
+def find_retrieval_heads(model, tokenizer, *, num_heads: int = 8, num_sentences: int = 60,
+                         depths: tuple[float, ...] = (0.2, 0.5, 0.8), cache_dir: Path | None = None) -> dict:
+    """{layer index: [query head, ...]} of the ``num_heads`` best copying heads; cached per model on disk."""
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / f"retrieval-heads-{model_fingerprint(model).weights[:16]}-{num_heads}.json"
+        if path.exists():
+            try:
+                return {int(k): v for k, v in json.loads(path.read_text())["heads"].items()}
+            except (ValueError, KeyError, OSError):
+                logger.warning("ignoring an unreadable retrieval-head cache %s", path)
+    started = time.perf_counter()
+    scores = None
+    for i, depth in enumerate(depths):
+        placement = _needle_scores(model, tokenizer, num_sentences, depth, seed=i)
+        scores = placement if scores is None else scores + placement
+    shape = HeadInferCache(model.config, device=next(model.parameters()).device).shape
+    ranked = sorted(((float(scores[layer, head]), layer, head) for layer in range(shape.num_layers)
+                     for head in range(shape.num_heads) if shape.sliding_windows[layer] is None), reverse=True)
+    heads: dict[int, list[int]] = {}
+    for _, layer, head in ranked[:num_heads]:
+        heads.setdefault(layer, []).append(head)
+    logger.info("retrieval heads found in %.1f s: %s (mean needle share %.2f)", time.perf_counter() - started,
+                heads, sum(s for s, _, _ in ranked[:num_heads]) / max(1, num_heads) / len(depths))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"heads": heads, "depths": depths, "num_sentences": num_sentences}))
+    return heads
+
+
+@torch.inference_mode()
+def _needle_scores(model, tokenizer, num_sentences: int, depth: float, seed: int) -> torch.Tensor:
+    """[layers, heads] share of each head's attention on the needle while the answer repeats it."""
+    rng = random.Random(1000 + seed)
+    value = f"{rng.choice(_WORDS)}-{rng.choice(_WORDS)}-{rng.randrange(100, 999)}"
+    needle = f"The secret passphrase is {value}."
+    sentences = haystack(num_sentences, seed)
+    sentences.insert(int(depth * len(sentences)), needle)
+    document = " ".join(sentences)
+    prompts = PromptBuilder(tokenizer)
+    prefix_text = prompts.document_text(document)
+    doc_ids = prompts.document_ids(document)
+    question_ids = prompts.conversation_ids(document, [], "What is the secret passphrase?")
+    lead_ids = tokenizer("The secret passphrase is", add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(f"The secret passphrase is {value}.", add_special_tokens=False)["input_ids"]
+    ids = doc_ids + question_ids + answer_ids
+    # The needle's tokens in the document: from the character span of its value.
+    encoded = tokenizer(prefix_text, add_special_tokens=False, return_offsets_mapping=True)
+    char_start = prefix_text.index(needle) + len("The secret passphrase is ")
+    char_stop = char_start + len(value)
+    span = [i for i, (a, b) in enumerate(encoded["offset_mapping"]) if a < char_stop and b > char_start]
+    device = next(model.parameters()).device
+    cache = HeadInferCache(model.config, device=device)
+    shape = cache.shape
+    all_heads = {layer: list(range(shape.num_heads)) for layer in range(shape.num_layers)
+                 if shape.sliding_windows[layer] is None}
+    # Queries of the answer's copy of the value (after "The secret passphrase is"), one step before each token.
+    first = len(doc_ids) + len(question_ids) + len(lead_ids) - 1
+    probe = QueryProbe(all_heads, min_position=first)
+    cache.allocate(1, shape.head_dim, next(model.parameters()).dtype, device)
+    cache.schedule.probe = probe  # it keeps positions >= first only
+    chunk = cache.policy.chunk_size
+    try:
+        for start in range(0, len(ids) - 1, chunk):
+            model(torch.tensor([ids[start : min(start + chunk, len(ids) - 1)]], device=device),
+                  past_key_values=cache, use_cache=True, logits_to_keep=1)
+        per_head = attention_mass(cache, probe, per_head=True)  # [recorded heads, L]
+    finally:
+        cache.release()
+    scores = torch.zeros(shape.num_layers, shape.num_heads, dtype=torch.float64)
+    row = 0
+    for layer in sorted(all_heads):
+        for head in all_heads[layer]:
+            scores[layer, head] = per_head[row, span].sum() / max(1, probe.num_positions)
+            row += 1
+    return scores

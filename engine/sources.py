@@ -1,0 +1,129 @@
+"""Attention-grounded sources: which pages an answer's tokens attended to, read from the attention itself.
+
+Only an engine that keeps the whole document's exact KV can do this. During an answer a ``QueryProbe`` keeps
+the queries of a few retrieval-like heads (``engine.retrieval_heads``); afterwards ``attention_mass`` reads
+those heads' keys from the cache once and computes their exact attention weights (softmax over every key a
+query saw, tiled over keys with a log-sum-exp pass, so memory stays bounded at a million tokens). The mass on
+document positions, bucketed by ``[page N]`` markers, gives ``Source(page, share)``, largest share first.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+
+import torch
+
+from .kv.probe import QueryProbe
+
+_TILE = 16384  # keys per tile: bounds the score block to [heads, answer tokens, tile]
+_PAGE_MARKER = re.compile(r"\[page (\d+)\]")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A page of the document (``None`` for documents without pages) and its share of the attention."""
+
+    page: int | None
+    share: float
+
+    def label(self) -> str:
+        where = f"p. {self.page}" if self.page is not None else "document"
+        return f"{where} ({self.share:.0%})"
+
+
+def page_starts(tokenizer, prefix_text: str) -> list[tuple[int, int]]:
+    """(first token index, page number) of every ``[page N]`` marker in the document prefix text.
+
+    ``prefix_text`` must be the exact text whose tokens form the cached prefix (``PromptBuilder.document_text``).
+    """
+    markers = list(_PAGE_MARKER.finditer(prefix_text))
+    if not markers:
+        return []
+    encoded = tokenizer(prefix_text, add_special_tokens=False, return_offsets_mapping=True)
+    starts = [start for start, _ in encoded["offset_mapping"]]
+    return [(bisect.bisect_right(starts, m.start()) - 1, int(m.group(1))) for m in markers]
+
+
+@torch.inference_mode()
+def attention_mass(cache, probe: QueryProbe, *, per_head: bool = False) -> torch.Tensor:
+    """Attention mass per key position, summed over the probe's recorded queries.
+
+    Returns [L] (or [num recorded heads, L] with ``per_head``), float64 on the CPU, L = the cache length.
+    """
+    length = cache.get_seq_length()
+    softcap = getattr(cache.config.get_text_config(decoder=True), "attn_logit_softcapping", None)
+    n_rep = cache.shape.num_heads // cache.shape.num_kv_heads
+    rows = []
+    for layer_idx in sorted(probe.heads):
+        recorded = probe.queries(layer_idx)
+        if recorded is None:
+            continue
+        queries, positions = recorded  # [H_sel, N, D], N positions
+        layer = cache.layers[layer_idx]
+        window = cache.shape.sliding_windows[layer_idx]
+        for row, head in enumerate(probe.heads[layer_idx]):
+            keys = _head_keys(layer, head // n_rep, length)  # [L, D]
+            q = queries[row].to(keys.device, torch.float32)  # [N, D]
+            rows.append(_mass(q, keys, positions, probe.scaling[layer_idx], window, softcap))
+    if not rows:
+        return torch.zeros((0, length) if per_head else (length,), dtype=torch.float64)
+    stacked = torch.stack(rows)
+    return stacked if per_head else stacked.sum(0)
+
+
+def _head_keys(layer, kv_head: int, length: int) -> torch.Tensor:
+    for home in layer.homes:
+        if home.group.start <= kv_head < home.group.stop:
+            return home.kv[:length, 0, 0, kv_head - home.group.start]  # [L, D] view, batch row 0
+    raise ValueError(f"KV head {kv_head} is in no home of layer {layer.layer_idx}")
+
+
+def _mass(q: torch.Tensor, keys: torch.Tensor, positions: list[int], scaling: float, window: int | None,
+          softcap: float | None) -> torch.Tensor:
+    """Sum over queries of softmax(q k^T) over the keys each query saw; [L] float64 on the CPU."""
+    length = keys.shape[0]
+    pos = torch.tensor(positions, device=q.device)[:, None]  # [N, 1]
+
+    def scores(start: int, stop: int) -> torch.Tensor:
+        s = q @ keys[start:stop].to(torch.float32).T * scaling  # [N, tile]
+        if softcap:
+            s = torch.tanh(s / softcap) * softcap
+        k_pos = torch.arange(start, stop, device=q.device)[None, :]
+        visible = k_pos <= pos
+        if window is not None:
+            visible &= k_pos > pos - window
+        return s.masked_fill(~visible, float("-inf"))
+
+    # Pass 1: each query's log-sum-exp over all keys; pass 2: the normalised weights, summed per key.
+    lse = torch.full((q.shape[0], 1), float("-inf"), device=q.device)
+    for start in range(0, length, _TILE):
+        lse = torch.logaddexp(lse, torch.logsumexp(scores(start, min(start + _TILE, length)), dim=-1, keepdim=True))
+    mass = torch.zeros(length, dtype=torch.float64)
+    for start in range(0, length, _TILE):
+        stop = min(start + _TILE, length)
+        mass[start:stop] = torch.exp(scores(start, stop) - lse).sum(0).double().cpu()
+    return mass
+
+
+def rank_sources(mass: torch.Tensor, document_range: tuple[int, int], pages: list[tuple[int, int]],
+                 top: int = 5, min_share: float = 0.02) -> list[Source]:
+    """Buckets the mass on document positions [start, stop) by page; shares of the document's total mass."""
+    start, stop = document_range
+    if float(mass[start:stop].sum()) <= 0:
+        return []
+    if not pages:
+        return [Source(None, 1.0)]
+    # Shares are of the mass on the pages themselves: the prompt's first tokens (an "attention sink" in most
+    # models) and the chat markup would otherwise dilute every share.
+    by_page: dict[int, float] = {}
+    bounds = [(max(first, start), page) for first, page in pages if first < stop]
+    for i, (first, page) in enumerate(bounds):
+        last = bounds[i + 1][0] if i + 1 < len(bounds) else stop
+        by_page[page] = by_page.get(page, 0.0) + float(mass[first:last].sum())
+    total = sum(by_page.values())
+    if total <= 0:
+        return []
+    ranked = sorted(by_page.items(), key=lambda item: -item[1])
+    return [Source(page, share / total) for page, share in ranked[:top] if share / total >= min_share]

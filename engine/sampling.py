@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -37,3 +39,42 @@ class IncrementalDecoder:
         new_text = text[len(self.text):] if text.startswith(self.text) else text
         self.text = text
         return new_text
+
+
+@dataclass(frozen=True)
+class RepetitionGuard:
+    """A sampling choice against answers that loop; off, decoding is the exact greedy continuation.
+
+    Two parts: a repetition penalty (as in transformers' ``repetition_penalty``) on tokens of the answer's
+    recent ``window`` tokens only (quoting the document stays free), and a stop when the answer's tail is the
+    same span of ``min_span``..``max_span`` tokens ``repeats`` times back to back.
+    """
+
+    penalty: float = 1.1
+    window: int = 64
+    repeats: int = 3
+    min_span: int = 3
+    max_span: int = 64
+
+    def __post_init__(self) -> None:
+        if self.penalty < 1 or self.window < 0 or self.repeats < 2 or not 1 <= self.min_span <= self.max_span:
+            raise ValueError(f"invalid repetition guard {self}")
+
+    def adjust(self, logits: torch.Tensor, answer_ids: list[int]) -> torch.Tensor:
+        """logits: [vocab]; a penalised copy (positive logits divided, negative ones multiplied)."""
+        recent = answer_ids[-self.window:] if self.window else []
+        if self.penalty == 1 or not recent:
+            return logits
+        index = torch.tensor(sorted(set(recent)), device=logits.device)
+        chosen = logits.index_select(0, index)
+        penalised = torch.where(chosen > 0, chosen / self.penalty, chosen * self.penalty)
+        return logits.index_copy(0, index, penalised)
+
+    def loop_span(self, answer_ids: list[int]) -> int:
+        """Length of the span the answer's tail repeats ``repeats`` times (0 when it does not loop)."""
+        n = len(answer_ids)
+        for span in range(self.min_span, min(self.max_span, n // self.repeats) + 1):
+            tail = answer_ids[n - span:]
+            if all(answer_ids[n - (k + 1) * span : n - k * span] == tail for k in range(1, self.repeats)):
+                return span
+        return 0

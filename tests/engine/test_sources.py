@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
@@ -53,7 +55,7 @@ def test_probe_and_mass_through_a_real_forward_match_a_reference_from_stock_weig
                       num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
     torch.manual_seed(0)
     stock = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="headinfer").eval()
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="headinfer").eval()
     model.load_state_dict(stock.state_dict())
     ids = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(1))
     cache = engine.HeadInferCache(model.config, device="cpu", resident_slots=0, head_group_size=1)
@@ -64,7 +66,7 @@ def test_probe_and_mass_through_a_real_forward_match_a_reference_from_stock_weig
     mass = sources.attention_mass(cache, probe)
     captured = []
     hook = stock.model.layers[1].self_attn.register_forward_hook(lambda m, a, out: captured.append(out[1]))
-    stock(ids)
+    stock(ids, output_attentions=True)
     hook.remove()
     weights = captured[0][0, 3]  # eager attention's weights [Q, K] of layer 1, head 3
     assert probe.num_positions == 5

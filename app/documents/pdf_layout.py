@@ -1,0 +1,165 @@
+"""Clean the text of PDF pages: running headers/footers out, words broken at line ends joined.
+
+Pure text functions (no PDF library), so the rules apply alike to every extractor and are
+tested on plain strings as well as real books.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from typing import Sequence
+
+# PDFium writes U+FFFE where a word was broken with a hyphen at the end of a line, and removes
+# the line break itself ("respec\ufffetively"); other extractors keep "respec-\ntively".
+PDFIUM_LINE_HYPHEN = "\ufffe"
+
+EDGE_LINES = 2  # lines at the top and at the bottom of a page that may be a header or footer
+_MIN_REPEATS = 3  # a header seen on fewer pages than this is indistinguishable from body text
+_MIN_DENSITY = 0.4  # share of the pages within its span: 0.5 for headers on every other page
+_MAX_HEADER_CHARS = 160
+
+# "73" and "73 / 233" (page / pages); not "22.34" or "3.7.3", section and version numbers stay.
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\s*/\s*\d+)?(?![\w.]|\.\d)")
+_ROMAN = re.compile(r"m{0,3}(?:cm|cd|d?c{0,3})(?:xc|xl|l?x{0,3})(?:ix|iv|v?i{0,3})")
+# A page number opens or closes a header line; "9.5." at the start is a section number, not one.
+_LEADING_NUMBER = re.compile(r"^(\d{1,4})(?![\d.])")
+_TRAILING_NUMBER = re.compile(r"(?<![\d.])(\d{1,4})(?:\s*/\s*\d+)?$")
+
+# Words a compound begins with far more often than a hyphenated syllable does: at a line break
+# "well-" + "known" keeps its hyphen unless the book itself writes the word without one.
+_COMPOUND_HEADS = frozenset(
+    "all half ill non self well cross multi semi quasi pre post re co ex anti pro "
+    "one two three four five six seven eight nine ten high low long short".split()
+)  # fmt: skip
+_BROKEN_WORD = re.compile(
+    rf"([^\W\d_]+)(?:{PDFIUM_LINE_HYPHEN}|-\n)([^\W\d_]+)"  # letters on both sides of the break
+)
+_WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
+
+
+def clean_pages(pages: Sequence[str]) -> list[str]:
+    """Return each page's text without running headers/footers and with line-end hyphenation undone.
+
+    Args:
+        pages: raw text of every page of one document, in order (line breaks ``\\n`` or ``\\r\\n``).
+    """
+    lines = [[line.strip() for line in _split_lines(page) if line.strip()] for page in pages]
+    running = running_lines(lines)
+    kept = ["\n".join(line for index, line in enumerate(page) if index not in running[number])
+            for number, page in enumerate(lines)]
+    vocabulary = _vocabulary(kept)
+    return [dehyphenate(page, vocabulary) for page in kept]
+
+
+def running_lines(pages: Sequence[Sequence[str]]) -> list[set[int]]:
+    """For each page, the indices of its lines that are running headers or footers.
+
+    A line at the top or bottom ``EDGE_LINES`` of a page is a running line when either
+    - the same line, numbers ignored ("Debian Reference 13 / 233", "xx", "Chapter 9. Files"),
+      sits at the same edge of at least 3 pages and of 40% of the pages between its first and
+      last appearance (a book title on every page, a chapter title over its chapter); or
+    - it carries the printed page number: a number at its start or end that follows the page
+      index at the offset most of the document agrees on ("9.5. Cron jobs 87" on page 97).
+    """
+    edges = [_edge_indices(len(page)) for page in pages]
+    seen: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for number, (page, (top, bottom)) in enumerate(zip(pages, edges)):
+        for side, indices in (("top", top), ("bottom", bottom)):
+            for key in {_key(page[index]) for index in indices if len(page[index]) <= _MAX_HEADER_CHARS}:
+                seen[side, key].append(number)
+    repeated = {side_key for side_key, numbers in seen.items() if _is_running(numbers)}
+    offsets = _page_number_offsets(pages, edges)
+
+    running: list[set[int]] = []
+    for number, (page, (top, bottom)) in enumerate(zip(pages, edges)):
+        candidates = [index for index in dict.fromkeys((*top, *bottom))
+                      if len(page[index]) <= _MAX_HEADER_CHARS]
+        found = {index for index in candidates
+                 if (("top" if index in top else "bottom"), _key(page[index])) in repeated}
+        # The printed number is on one line; a footnote or "Chapter 1" on page 1 carries it by chance.
+        numbered = [index for index in candidates
+                    if any(number - value in offsets for value in _edge_numbers(page[index]))]
+        if numbered and not found.intersection(numbered):
+            found.add(numbered[0] if numbered[0] in bottom else numbered[-1])
+        running.append(found)
+    return running
+
+
+def dehyphenate(text: str, vocabulary: Counter[str] | None = None) -> str:
+    """Join words broken across a line end ("exam-\\nple" -> "example"), keep real compounds.
+
+    The hyphen stays when the book writes the hyphenated word elsewhere ("well-known"), when
+    the second part starts with a capital ("Anti-\\nAmerican"), or when the first part is a
+    usual compound head ("self-", "well-", "non-") and the book never writes the joined word;
+    otherwise the parts are joined (TeX and word processors hyphenate far more often than they
+    break a compound at its hyphen). A kept hyphen stays on the first line, as printed.
+
+    Args:
+        text: one page.
+        vocabulary: lowercase word counts of the whole document (``None``: this text's own).
+    """
+    vocabulary = _vocabulary([text]) if vocabulary is None else vocabulary
+
+    def join(match: re.Match[str]) -> str:
+        head, tail = match.group(1), match.group(2)
+        if _keeps_hyphen(head, tail, vocabulary):
+            return f"{head}-" + ("\n" if match.group(0)[len(head):] == "-\n" else "") + tail
+        return head + tail
+
+    text = _BROKEN_WORD.sub(join, text)
+    return text.replace(PDFIUM_LINE_HYPHEN, "-")  # a marker not between letters: print the hyphen
+
+
+def _keeps_hyphen(head: str, tail: str, vocabulary: Counter[str]) -> bool:
+    hyphenated, joined = f"{head}-{tail}".lower(), f"{head}{tail}".lower()
+    if vocabulary[hyphenated] > vocabulary[joined]:
+        return True
+    if vocabulary[joined]:
+        return False
+    return tail[0].isupper() or head.lower().split("-")[-1] in _COMPOUND_HEADS
+
+
+def _vocabulary(pages: Sequence[str]) -> Counter[str]:
+    # Words as the book prints them within lines; broken words are not counted as either form.
+    counts: Counter[str] = Counter()
+    for page in pages:
+        unbroken = _BROKEN_WORD.sub(" ", page)
+        counts.update(word.lower() for word in _WORD.findall(unbroken))
+    return counts
+
+
+def _split_lines(page: str) -> list[str]:
+    return page.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def _edge_indices(num_lines: int) -> tuple[range, range]:
+    top = range(min(EDGE_LINES, num_lines))
+    bottom = range(max(num_lines - EDGE_LINES, len(top)), num_lines)
+    return top, bottom
+
+
+def _key(line: str) -> str:
+    # Numbers, arabic or roman ("xx" in the front matter), are what changes from page to page.
+    words = _NUMBER.sub("#", line.lower()).split()
+    return " ".join("#" if _ROMAN.fullmatch(word) and word else word for word in words)
+
+
+def _is_running(numbers: list[int]) -> bool:
+    span = numbers[-1] - numbers[0] + 1
+    return len(numbers) >= _MIN_REPEATS and len(numbers) >= _MIN_DENSITY * span
+
+
+def _edge_numbers(line: str) -> set[int]:
+    return {int(match.group(1)) for pattern in (_LEADING_NUMBER, _TRAILING_NUMBER)
+            if (match := pattern.search(line))}
+
+
+def _page_number_offsets(pages: Sequence[Sequence[str]], edges: list[tuple[range, range]]) -> set[int]:
+    """Offsets ``page index - printed number`` shared by enough pages to be the numbering."""
+    votes: Counter[int] = Counter()
+    for number, (page, (top, bottom)) in enumerate(zip(pages, edges)):
+        printed = set().union(*(_edge_numbers(page[index]) for index in (*top, *bottom)))
+        votes.update(number - value for value in printed)
+    needed = max(_MIN_REPEATS, len(pages) // 4)
+    return {offset for offset, count in votes.items() if count >= needed}

@@ -29,12 +29,13 @@ _TRAILING_NUMBER = re.compile(r"(?<![\d.])(\d{1,4})(?:\s*/\s*\d+)?$")
 # Words a compound begins with far more often than a hyphenated syllable does: at a line break
 # "well-" + "known" keeps its hyphen unless the book itself writes the word without one.
 _COMPOUND_HEADS = frozenset(
-    "all half ill non self well cross multi semi quasi pre post re co ex anti pro "
+    "all half ill non self well cross multi semi quasi anti "
     "one two three four five six seven eight nine ten high low long short".split()
 )  # fmt: skip
 _BROKEN_WORD = re.compile(
     rf"([^\W\d_]+)(?:{PDFIUM_LINE_HYPHEN}|-\n)([^\W\d_]+)"  # letters on both sides of the break
 )
+_NAME_CHARS = "-_/.@"  # next to a broken word, these make it a package, file or host name
 _WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
 
 
@@ -89,11 +90,14 @@ def running_lines(pages: Sequence[Sequence[str]]) -> list[set[int]]:
 def dehyphenate(text: str, vocabulary: Counter[str] | None = None) -> str:
     """Join words broken across a line end ("exam-\\nple" -> "example"), keep real compounds.
 
-    The hyphen stays when the book writes the hyphenated word elsewhere ("well-known"), when
-    the second part starts with a capital ("Anti-\\nAmerican"), or when the first part is a
-    usual compound head ("self-", "well-", "non-") and the book never writes the joined word;
-    otherwise the parts are joined (TeX and word processors hyphenate far more often than they
-    break a compound at its hyphen). A kept hyphen stays on the first line, as printed.
+    The book's own words decide first: the hyphen stays when the book writes the hyphenated
+    word more often than the joined one ("well-known"), and goes when it writes the joined word
+    ("example"). For words it writes neither way, the hyphen stays when the second part starts
+    with a capital ("Anti-\\nAmerican"), when the first part is a usual compound head ("self-",
+    "well-", "non-"), or when both parts are words of the book ("time-\\nconsuming"); otherwise
+    the parts are joined (TeX and word processors hyphenate far more often than they break a
+    compound at its hyphen). Names keep it too ("fonts-crosextra-\\ncarlito"). Either way the
+    word ends up whole on one line.
 
     Args:
         text: one page.
@@ -103,8 +107,11 @@ def dehyphenate(text: str, vocabulary: Counter[str] | None = None) -> str:
 
     def join(match: re.Match[str]) -> str:
         head, tail = match.group(1), match.group(2)
-        if _keeps_hyphen(head, tail, vocabulary):
-            return f"{head}-" + ("\n" if match.group(0)[len(head):] == "-\n" else "") + tail
+        before, after = text[match.start() - 1 : match.start()], text[match.end() : match.end() + 1]
+        # "fonts-crosextra-\ncarlito", "kfreebsd-\namd64": names, never hyphenated by TeX.
+        is_name = any(char and (char in _NAME_CHARS or char.isdigit()) for char in (before, after))
+        if is_name or _keeps_hyphen(head, tail, vocabulary):
+            return f"{head}-{tail}"
         return head + tail
 
     text = _BROKEN_WORD.sub(join, text)
@@ -117,7 +124,9 @@ def _keeps_hyphen(head: str, tail: str, vocabulary: Counter[str]) -> bool:
         return True
     if vocabulary[joined]:
         return False
-    return tail[0].isupper() or head.lower().split("-")[-1] in _COMPOUND_HEADS
+    if tail[0].isupper() or head.lower() in _COMPOUND_HEADS:
+        return True
+    return vocabulary[head.lower()] > 0 and vocabulary[tail.lower()] > 0
 
 
 def _vocabulary(pages: Sequence[str]) -> Counter[str]:
@@ -125,7 +134,11 @@ def _vocabulary(pages: Sequence[str]) -> Counter[str]:
     counts: Counter[str] = Counter()
     for page in pages:
         unbroken = _BROKEN_WORD.sub(" ", page)
-        counts.update(word.lower() for word in _WORD.findall(unbroken))
+        for word in _WORD.findall(unbroken):
+            word = word.lower()
+            counts[word] += 1
+            if "-" in word:  # "debian-faq" also shows that "faq" is a word of the book
+                counts.update(word.split("-"))
     return counts
 
 

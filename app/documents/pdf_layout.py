@@ -36,6 +36,7 @@ _BROKEN_WORD = re.compile(
     rf"([^\W\d_]+)(?:{PDFIUM_LINE_HYPHEN}|-\n)([^\W\d_]+)"  # letters on both sides of the break
 )
 _NAME_CHARS = "-_/.@"  # next to a broken word, these make it a package, file or host name
+_NAME_AFTER = re.compile(r"[-_/@\d]|\.\w")
 _WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
 
 
@@ -107,9 +108,10 @@ def dehyphenate(text: str, vocabulary: Counter[str] | None = None) -> str:
 
     def join(match: re.Match[str]) -> str:
         head, tail = match.group(1), match.group(2)
-        before, after = text[match.start() - 1 : match.start()], text[match.end() : match.end() + 1]
-        # "fonts-crosextra-\ncarlito", "kfreebsd-\namd64": names, never hyphenated by TeX.
-        is_name = any(char and (char in _NAME_CHARS or char.isdigit()) for char in (before, after))
+        before, after = text[match.start() - 1 : match.start()], text[match.end() : match.end() + 2]
+        # "fonts-crosextra-\ncarlito", "kfreebsd-\namd64", "debian-\npolicy.html": names, never
+        # hyphenated by TeX; a full stop after the word ends a sentence unless a letter follows.
+        is_name = (before != "" and before in _NAME_CHARS) or bool(_NAME_AFTER.match(after))
         if is_name or _keeps_hyphen(head, tail, vocabulary):
             return f"{head}-{tail}"
         return head + tail

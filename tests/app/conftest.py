@@ -23,3 +23,14 @@ def embedded_model():
 def secret_pdf(tmp_path):
     """A 3-page PDF (~80 tokens of text) whose page 3 holds the launch code AMBER-7."""
     return str(make_pdf(tmp_path / "lighthouse.pdf", SECRET_PAGES))
+
+
+@pytest.fixture(scope="session")
+def real_documents(request):
+    """``key -> path`` of real manuals from Debian packages (benchmarks.corpus), cached in pytest's cache."""
+    from benchmarks.corpus import CorpusUnavailable, fetch_corpus
+
+    try:
+        return fetch_corpus(request.config.cache.mkdir("debian-documents"))
+    except CorpusUnavailable as exc:
+        pytest.skip(f"real documents unavailable: {exc}")

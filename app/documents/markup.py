@@ -43,13 +43,15 @@ def html_to_text(markup: bytes | str) -> str:
     for heading in root.find_all(_HEADINGS):
         title = " ".join(heading.get_text(" ").split())
         level = int(heading.name[1])
-        heading.replace_with(f"\n{'#' * level} {title}\n" if title else "")
+        heading.replace_with(f"\n\n{'#' * level} {title}\n\n" if title else "")
     for tag in root.find_all(_BLOCK_TAGS):
         tag.insert_after("\n")
+    for table in root.find_all("table"):
+        table.insert_before("\n")
     for row in root.find_all("tr"):
         # Paragraphs inside a cell end with the line breaks inserted above: spaces in the row.
         cells = [" ".join(cell.get_text().split()) for cell in row.find_all(("td", "th"))]
-        row.replace_with("\n" + " | ".join(cell for cell in cells if cell) + "\n")
+        row.replace_with(" | ".join(cell for cell in cells if cell) + "\n")
     text = root.get_text()
     # Source indentation is meaningless in HTML; drop it per line.
     return "\n".join(line.strip() for line in text.splitlines())

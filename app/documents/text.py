@@ -51,6 +51,7 @@ def decode_text(data: bytes, name: str) -> str:
         DocumentError: the bytes are not text (a known binary signature, NUL bytes or many
             control characters).
     """
+    _refuse_signatures(data, name)
     text = _decode_utf16(data)
     if text is None:
         refuse_binary(data, name)
@@ -62,11 +63,15 @@ def decode_text(data: bytes, name: str) -> str:
 
 def refuse_binary(data: bytes, name: str) -> None:
     """Raise :class:`DocumentError` when ``data`` (an 8-bit or UTF-8 text format) is binary."""
+    _refuse_signatures(data, name)
+    if _control_share_bytes(data) > _MAX_CONTROL_SHARE:
+        raise _binary_error(name, "it contains binary data")
+
+
+def _refuse_signatures(data: bytes, name: str) -> None:
     for signature, what in _SIGNATURES:
         if data.startswith(signature):
             raise _binary_error(name, f"it looks like {what}")
-    if _control_share_bytes(data) > _MAX_CONTROL_SHARE:
-        raise _binary_error(name, "it contains binary data")
 
 
 def _binary_error(name: str, why: str) -> DocumentError:

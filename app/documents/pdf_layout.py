@@ -33,7 +33,9 @@ _COMPOUND_HEADS = frozenset(
     "one two three four five six seven eight nine ten high low long short".split()
 )  # fmt: skip
 _BROKEN_WORD = re.compile(
-    rf"([^\W\d_]+)(?:{PDFIUM_LINE_HYPHEN}|-\n)([^\W\d_]+)"  # letters on both sides of the break
+    # Letters on both sides of the break; the lookbehind starts matches at word starts only
+    # (from every letter, each attempt would rescan the rest of the word).
+    rf"(?<![^\W\d_])([^\W\d_]+)(?:{PDFIUM_LINE_HYPHEN}|-\n)([^\W\d_]+)"
 )
 _NAME_CHARS = "-_/.@"  # next to a broken word, these make it a package, file or host name
 _NAME_AFTER = re.compile(r"[-_/@\d]|\.\w")
@@ -135,12 +137,12 @@ def _vocabulary(pages: Sequence[str]) -> Counter[str]:
     # Words as the book prints them within lines; broken words are not counted as either form.
     counts: Counter[str] = Counter()
     for page in pages:
-        unbroken = _BROKEN_WORD.sub(" ", page)
-        for word in _WORD.findall(unbroken):
-            word = word.lower()
-            counts[word] += 1
-            if "-" in word:  # "debian-faq" also shows that "faq" is a word of the book
-                counts.update(word.split("-"))
+        if PDFIUM_LINE_HYPHEN in page or "-\n" in page:
+            page = _BROKEN_WORD.sub(" ", page)
+        words = _WORD.findall(page.lower())
+        counts.update(words)
+        # "debian-faq" also shows that "faq" is a word of the book.
+        counts.update(part for word in words if "-" in word for part in word.split("-"))
     return counts
 
 

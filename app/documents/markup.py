@@ -36,19 +36,20 @@ def html_to_text(markup: bytes | str) -> str:
         # markup common in real e-books where the strict XML parser would drop text.
         warnings.simplefilter("ignore", XMLParsedAsHTMLWarning)
         soup = BeautifulSoup(markup, "lxml")
-    for tag in soup.find_all(_INVISIBLE_TAGS):
-        tag.decompose()
-    root = _main_content(soup)
-    _drop_boilerplate(root)
-    for heading in root.find_all(_HEADINGS):
+    # One traversal of the tree; every step below filters this list (each find_all walks it all).
+    tags = soup.find_all(True)
+    root = _main_content(tags) or soup.body or soup
+    tags = _drop_boilerplate(tags, root)
+    for heading in (tag for tag in tags if tag.name in _HEADINGS):
         title = " ".join(heading.get_text(" ").split())
         level = int(heading.name[1])
         heading.replace_with(f"\n\n{'#' * level} {title}\n\n" if title else "")
-    for tag in root.find_all(_BLOCK_TAGS):
-        tag.insert_after("\n")
-    for table in root.find_all("table"):
-        table.insert_before("\n")
-    for row in root.find_all("tr"):
+    for tag in tags:
+        if tag.name in _BLOCK_TAGS:
+            tag.insert_after("\n")
+        if tag.name == "table":
+            tag.insert_before("\n")
+    for row in (tag for tag in tags if tag.name == "tr"):
         # Paragraphs inside a cell end with the line breaks inserted above: spaces in the row.
         cells = [" ".join(cell.get_text().split()) for cell in row.find_all(("td", "th"))]
         row.replace_with(" | ".join(cell for cell in cells if cell) + "\n")
@@ -57,20 +58,27 @@ def html_to_text(markup: bytes | str) -> str:
     return "\n".join(line.strip() for line in text.splitlines())
 
 
-def _main_content(soup: BeautifulSoup) -> Tag | BeautifulSoup:
+def _main_content(tags: list[Tag]) -> Tag | None:
     """``<main>`` or ``role="main"`` when the page marks exactly one, else its one ``<article>``."""
-    for candidates in (soup.find_all("main") + soup.find_all(attrs={"role": "main"}), soup.find_all("article")):
+    for candidates in ([tag for tag in tags if tag.name == "main" or tag.get("role") == "main"],
+                       [tag for tag in tags if tag.name == "article"]):
         if len(candidates) == 1:
             return candidates[0]
-    return soup.body or soup
+    return None
 
 
-def _drop_boilerplate(root: Tag | BeautifulSoup) -> None:
-    for tag in root.find_all(True):
-        if tag.decomposed:
+def _drop_boilerplate(tags: list[Tag], root: Tag | BeautifulSoup) -> list[Tag]:
+    """Decompose invisible and boilerplate elements (never ``root`` or its ancestors); the rest of ``tags``."""
+    protected = {id(root), *(id(parent) for parent in root.parents)}
+    dropped: set[int] = set()
+    for tag in tags:
+        if id(tag) in dropped or id(tag) in protected:
             continue
-        if _is_boilerplate(tag):
+        if tag.name in _INVISIBLE_TAGS or _is_boilerplate(tag):
+            dropped.add(id(tag))
+            dropped.update(id(inner) for inner in tag.find_all(True))
             tag.decompose()
+    return [tag for tag in tags if id(tag) not in dropped]
 
 
 def _is_boilerplate(tag: Tag) -> bool:

@@ -369,3 +369,11 @@ def test_docx_headings_become_markdown(tmp_path):
     text = read_document(path).text
     assert text == ("# Keeper's Manual\n\n# Lamps\n\nTrim the wick daily.\n\n## Spare parts\n\n"
                     "Keep two spare mantles.")
+
+
+def test_large_text_with_binary_tail_refused(tmp_path):
+    # A 6 MB file is judged on samples; binary data past the first megabytes is still seen.
+    path = tmp_path / "dump.txt"
+    path.write_bytes(b"A line of honest text.\n" * 100_000 + random.Random(1).randbytes(4_000_000))
+    with pytest.raises(DocumentError, match="dump.txt is not a text file"):
+        read_document(path)

@@ -377,3 +377,17 @@ def test_large_text_with_binary_tail_refused(tmp_path):
     path.write_bytes(b"A line of honest text.\n" * 100_000 + random.Random(1).randbytes(4_000_000))
     with pytest.raises(DocumentError, match="dump.txt is not a text file"):
         read_document(path)
+
+
+def test_pypdf_fallback_reads_the_same_pages(tmp_path, monkeypatch):
+    from app.documents import pdf
+
+    monkeypatch.setattr(pdf, "pdfium", None)  # as without pypdfium2 installed
+    path = make_pdf(tmp_path / "book.pdf", ["Opening page.", "An exam-\nple page.", FACT, "End."],
+                    header="Sea Stories {page} / {pages}")
+    doc = read_document(path)
+    assert doc.pages == 4
+    assert "Sea Stories" not in doc.text
+    assert "[page 2]\nAn example page." in doc.text
+    with pytest.raises(DocumentError, match="is password-protected"):
+        read_document(make_encrypted_pdf(tmp_path / "locked.pdf", user_password="secret"))

@@ -62,7 +62,9 @@ def running_lines(pages: Sequence[Sequence[str]]) -> list[set[int]]:
     A line at the top or bottom ``EDGE_LINES`` of a page is a running line when either
     - the same line, numbers ignored ("Debian Reference 13 / 233", "xx", "Chapter 9. Files"),
       sits at the same edge of at least 3 pages and of 40% of the pages between its first and
-      last appearance (a book title on every page, a chapter title over its chapter); or
+      last appearance (a book title on every page, a chapter title over its chapter); an
+      all-capitals line counts by its first two words, for LaTeX's "CHAPTER 7. BASICS OF THE
+      DEBIAN PACKAGE… 7.5. WHAT IS A CONFFILE?" that names the section as well; or
     - it carries the printed page number: a number at its start or end that follows the page
       index at the offset most of the document agrees on ("9.5. Cron jobs 87" on page 97).
     """
@@ -70,7 +72,8 @@ def running_lines(pages: Sequence[Sequence[str]]) -> list[set[int]]:
     seen: dict[tuple[str, str], list[int]] = defaultdict(list)
     for number, (page, (top, bottom)) in enumerate(zip(pages, edges)):
         for side, indices in (("top", top), ("bottom", bottom)):
-            for key in {_key(page[index]) for index in indices if len(page[index]) <= _MAX_HEADER_CHARS}:
+            keys = {key for index in indices if len(page[index]) <= _MAX_HEADER_CHARS for key in _keys(page[index])}
+            for key in keys:
                 seen[side, key].append(number)
     repeated = {side_key for side_key, numbers in seen.items() if _is_running(numbers)}
     offsets = _page_number_offsets(pages, edges)
@@ -80,7 +83,7 @@ def running_lines(pages: Sequence[Sequence[str]]) -> list[set[int]]:
         candidates = [index for index in dict.fromkeys((*top, *bottom))
                       if len(page[index]) <= _MAX_HEADER_CHARS]
         found = {index for index in candidates
-                 if (("top" if index in top else "bottom"), _key(page[index])) in repeated}
+                 if any((("top" if index in top else "bottom"), key) in repeated for key in _keys(page[index]))}
         # The printed number is on one line; a footnote or "Chapter 1" on page 1 carries it by chance.
         numbered = [index for index in candidates
                     if any(number - value in offsets for value in _edge_numbers(page[index]))]
@@ -156,10 +159,12 @@ def _edge_indices(num_lines: int) -> tuple[range, range]:
     return top, bottom
 
 
-def _key(line: str) -> str:
+def _keys(line: str) -> tuple[str, ...]:
     # Numbers, arabic or roman ("xx" in the front matter), are what changes from page to page.
-    words = _NUMBER.sub("#", line.lower()).split()
-    return " ".join("#" if _ROMAN.fullmatch(word) and word else word for word in words)
+    words = ["#" if _ROMAN.fullmatch(word) and word else word for word in _NUMBER.sub("#", line.lower()).split()]
+    if len(words) > 3 and line.isupper():
+        return " ".join(words), "CAPS " + re.sub(r"\d+", "#", " ".join(words[:2]))
+    return (" ".join(words),)
 
 
 def _is_running(numbers: list[int]) -> bool:

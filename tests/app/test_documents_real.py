@@ -119,3 +119,14 @@ def test_real_sphinx_html_main_text(read):
     assert text.startswith("# 10. Files\n\n## 10.1. Binaries\n")
     for boilerplate in ("Quick search", "Navigation", "¶", "previous |", "Table of Contents"):
         assert boilerplate not in text
+
+
+def test_real_pdf_section_running_heads_removed(read):
+    # LaTeX's book class heads each page "CHAPTER 7. BASICS OF THE DEBIAN PACKAGE… 7.5. WHAT IS A
+    # DEBIAN CONFFILE?": a different line for every section, all capitals, page number at the foot.
+    text = read("faq-pdf").text
+    assert not re.search(r"^CHAPTER \d+\. ", text, flags=re.MULTILINE)
+    pages = page_texts(text).values()
+    # Before: 64 of 73 pages ended with a lone page number (footnote marks are lone numbers too).
+    assert sum(1 for body in pages if re.search(r"\n\d+$", body)) < 0.05 * len(pages)
+    assert "7.7 What is an Essential, Required, Important, Standard, Optional," in text

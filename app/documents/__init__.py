@@ -98,9 +98,7 @@ def combine(documents: Sequence[Document]) -> str:
 def _read_html(data: bytes, name: str) -> str:
     # UTF-16 pages are decoded first (their NUL bytes are not binary); the rest go in as bytes
     # so that BeautifulSoup honours the page's own <meta charset>.
-    return html_to_text(decode_text(data, name) if data.count(0) else _checked(data, name))
-
-
-def _checked(data: bytes, name: str) -> bytes:
+    if data.count(0):
+        return html_to_text(decode_text(data, name))
     refuse_binary(data, name)
-    return data
+    return html_to_text(data)

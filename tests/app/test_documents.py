@@ -391,3 +391,9 @@ def test_pypdf_fallback_reads_the_same_pages(tmp_path, monkeypatch):
     assert "[page 2]\nAn example page." in doc.text
     with pytest.raises(DocumentError, match="is password-protected"):
         read_document(make_encrypted_pdf(tmp_path / "locked.pdf", user_password="secret"))
+
+
+def test_utf16_html_with_bom_reads(tmp_path):
+    path = tmp_path / "page.html"
+    path.write_bytes("<html><body><h1>Café</h1><p>Crème brûlée.</p></body></html>".encode("utf-16"))
+    assert read_document(path).text == "# Café\n\nCrème brûlée."

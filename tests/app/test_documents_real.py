@@ -127,6 +127,6 @@ def test_real_pdf_section_running_heads_removed(read):
     text = read("faq-pdf").text
     assert not re.search(r"^CHAPTER \d+\. ", text, flags=re.MULTILINE)
     pages = page_texts(text).values()
-    # Before: 64 of 73 pages ended with a lone page number (footnote marks are lone numbers too).
+    # Uncleaned, 64 of 73 pages end with a lone page number (footnote marks are lone numbers too).
     assert sum(1 for body in pages if re.search(r"\n\d+$", body)) < 0.05 * len(pages)
     assert "7.7 What is an Essential, Required, Important, Standard, Optional," in text

@@ -1,8 +1,8 @@
 """PDF pages to text: PDFium (pypdfium2) first, pypdf when PDFium cannot open the file.
 
 PDFium (Chrome's PDF engine) places spaces from the glyph geometry, so LaTeX books read as words
-("There are two methods") where pypdf runs them together ("Therearetwomethods"), and it is about
-15x faster. pypdf stays as the fallback: it tells apart the encryption it cannot open (a missing
+("There are two methods") where pypdf runs them together ("Therearetwomethods"), and it is 9-18x
+faster on real books (docs/benchmarks/extraction.md). pypdf stays as the fallback: it tells apart the encryption it cannot open (a missing
 ``cryptography`` package) and salvages some files PDFium rejects.
 """
 

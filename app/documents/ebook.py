@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import re
 import warnings
 import zipfile
 from pathlib import Path
@@ -33,6 +34,11 @@ def read_epub(path: Path, name: str) -> str:
             "Re-download or re-export it and try again."
         ) from exc
 
+    if _is_drm_protected(path):
+        raise DocumentError(
+            f"{name} is DRM-protected: its chapters are encrypted and cannot be read. Use a DRM-free "
+            "copy of the book (many shops offer one) or export it from the reading app you bought it in."
+        )
     titles = _toc_titles(book.toc)
     chapters = []
     # Spine order is reading order; the manifest order is arbitrary.
@@ -49,6 +55,17 @@ def read_epub(path: Path, name: str) -> str:
         if chapter:
             chapters.append(chapter)
     return "\n\n".join(chapters)
+
+
+def _is_drm_protected(path: Path) -> bool:
+    """Whether ``META-INF/encryption.xml`` encrypts text; fonts alone are obfuscated in many free books."""
+    with zipfile.ZipFile(path) as archive:
+        try:
+            manifest = archive.read("META-INF/encryption.xml").decode("utf-8", "replace")
+        except KeyError:
+            return False
+    uris = re.findall(r"""CipherReference[^>]*URI\s*=\s*["']([^"']+)""", manifest)
+    return any(uri.lower().endswith((".xhtml", ".html", ".htm", ".xml")) for uri in uris)
 
 
 def _toc_titles(toc) -> dict[str, str]:

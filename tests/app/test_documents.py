@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import zipfile
 
 import pytest
 from make_files import make_docx, make_encrypted_pdf, make_epub, make_pdf, make_scanned_pdf
@@ -244,3 +245,26 @@ def test_docx_headings_become_markdown(tmp_path):
     text = read_document(path).text
     assert text == ("# Keeper's Manual\n\n# Lamps\n\nTrim the wick daily.\n\n## Spare parts\n\n"
                     "Keep two spare mantles.")
+
+
+def _add_encryption_manifest(path, uri):
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("META-INF/encryption.xml", (
+            '<encryption xmlns="urn:oasis:names:tc:opendocument:xmlns:container" '
+            'xmlns:enc="http://www.w3.org/2001/04/xmlenc#"><enc:EncryptedData>'
+            '<enc:EncryptionMethod Algorithm="http://www.w3.org/2001/04/xmlenc#aes128-cbc"/>'
+            f'<enc:CipherData><enc:CipherReference URI="{uri}"/></enc:CipherData>'
+            "</enc:EncryptedData></encryption>"))  # fmt: skip
+
+
+def test_drm_protected_epub_refused(tmp_path):
+    path = make_epub(tmp_path / "bought.epub", [("One", "It began on a Tuesday.")])
+    _add_encryption_manifest(path, "EPUB/chap_1.xhtml")
+    with pytest.raises(DocumentError, match="bought.epub is DRM-protected"):
+        read_document(path)
+
+
+def test_epub_with_obfuscated_fonts_only_reads(tmp_path):
+    path = make_epub(tmp_path / "free.epub", [("One", FACT)])
+    _add_encryption_manifest(path, "EPUB/fonts/serif.otf")
+    assert FACT in read_document(path).text

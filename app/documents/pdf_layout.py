@@ -14,6 +14,9 @@ from typing import Sequence
 # the line break itself ("respec\ufffetively"); other extractors keep "respec-\ntively".
 PDFIUM_LINE_HYPHEN = "\ufffe"
 
+# Word processors print a break inside a word as U+00AD (soft hyphen): never part of the word.
+SOFT_HYPHEN = "\u00ad"
+
 EDGE_LINES = 2  # lines at the top and at the bottom of a page that may be a header or footer
 _MIN_REPEATS = 3  # a header seen on fewer pages than this is indistinguishable from body text
 _MIN_DENSITY = 0.4  # share of the pages within its span: 0.5 for headers on every other page
@@ -35,7 +38,7 @@ _COMPOUND_HEADS = frozenset(
 _BROKEN_WORD = re.compile(
     # Letters on both sides of the break; the lookbehind starts matches at word starts only
     # (from every letter, each attempt would rescan the rest of the word).
-    rf"(?<![^\W\d_])([^\W\d_]+)(?:{PDFIUM_LINE_HYPHEN}|-\n)([^\W\d_]+)"
+    rf"(?<![^\W\d_])([^\W\d_]+)(?:{PDFIUM_LINE_HYPHEN}|-\n|{SOFT_HYPHEN}\n?)([^\W\d_]+)"
 )
 _NAME_CHARS = "-_/.@"  # next to a broken word, these make it a package, file or host name
 _NAME_AFTER = re.compile(r"[-_/@\d]|\.\w")
@@ -117,12 +120,13 @@ def dehyphenate(text: str, vocabulary: Counter[str] | None = None) -> str:
         # "fonts-crosextra-\ncarlito", "kfreebsd-\namd64", "debian-\npolicy.html": names, never
         # hyphenated by TeX; a full stop after the word ends a sentence unless a letter follows.
         is_name = (before != "" and before in _NAME_CHARS) or bool(_NAME_AFTER.match(after))
-        if is_name or _keeps_hyphen(head, tail, vocabulary):
+        if SOFT_HYPHEN not in match.group(0) and (is_name or _keeps_hyphen(head, tail, vocabulary)):
             return f"{head}-{tail}"
         return head + tail
 
     text = _BROKEN_WORD.sub(join, text)
-    return text.replace(PDFIUM_LINE_HYPHEN, "-")  # a marker not between letters: print the hyphen
+    # A marker not between letters: print the hyphen; a soft hyphen is invisible anywhere.
+    return text.replace(PDFIUM_LINE_HYPHEN, "-").replace(SOFT_HYPHEN, "")
 
 
 def _keeps_hyphen(head: str, tail: str, vocabulary: Counter[str]) -> bool:
@@ -140,7 +144,7 @@ def _vocabulary(pages: Sequence[str]) -> Counter[str]:
     # Words as the book prints them within lines; broken words are not counted as either form.
     counts: Counter[str] = Counter()
     for page in pages:
-        if PDFIUM_LINE_HYPHEN in page or "-\n" in page:
+        if PDFIUM_LINE_HYPHEN in page or SOFT_HYPHEN in page or "-\n" in page:
             page = _BROKEN_WORD.sub(" ", page)
         words = _WORD.findall(page.lower())
         counts.update(words)

@@ -56,6 +56,8 @@ def test_running_lines_keep_a_chapter_number_that_equals_the_page_number():
     ("see debian-\npolicy.html", "see debian-policy.html"),
     ("done respec-\ntively.", "done respectively."),
     ("a 32-\nbit build", "a 32-\nbit build"),  # not letters on both sides: left as printed
+    ("a well\u00ad\nknown soft hyphen", "a wellknown soft hyphen"),  # U+00AD is never in the word
+    ("in\u00advisible", "invisible"),
 ])  # fmt: skip
 def test_dehyphenate(broken, expected):
     assert dehyphenate(broken) == expected

@@ -268,3 +268,23 @@ def test_epub_with_obfuscated_fonts_only_reads(tmp_path):
     path = make_epub(tmp_path / "free.epub", [("One", FACT)])
     _add_encryption_manifest(path, "EPUB/fonts/serif.otf")
     assert FACT in read_document(path).text
+
+
+@pytest.mark.parametrize(("encoding", "meta"), [
+    ("iso-8859-1", '<meta charset="iso-8859-1">'),
+    ("cp1252", '<meta http-equiv="Content-Type" content="text/html; charset=windows-1252">'),
+    ("utf-8", ""),  # no declaration: UTF-8 is tried first
+])  # fmt: skip
+def test_html_encoding_from_the_page(tmp_path, encoding, meta):
+    path = tmp_path / "menu.html"
+    path.write_bytes(f"<html><head>{meta}</head><body><p>Crème brûlée, très bon.</p></body></html>"
+                     .encode(encoding))
+    assert read_document(path).text == "Crème brûlée, très bon."
+
+
+def test_xhtml_with_xml_declaration_and_comments(tmp_path):
+    path = tmp_path / "chapter.xhtml.html"
+    path.write_bytes(b'<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html>\n'
+                     b'<html xmlns="http://www.w3.org/1999/xhtml"><body><!-- hidden note -->'
+                     b'<h2>Sto<i>rm</i></h2><p>Wind &amp; rain<br/>all night.</p></body></html>')
+    assert read_document(path).text == "## Storm\n\nWind & rain\nall night."

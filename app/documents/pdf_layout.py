@@ -87,11 +87,12 @@ def running_lines(pages: Sequence[Sequence[str]]) -> list[set[int]]:
                       if len(page[index]) <= _MAX_HEADER_CHARS]
         found = {index for index in candidates
                  if any((("top" if index in top else "bottom"), key) in repeated for key in _keys(page[index]))}
-        # The printed number is on one line; a footnote or "Chapter 1" on page 1 carries it by chance.
+        # The printed number is on one line, the one nearest the edge; a footnote mark or
+        # "Chapter 1" on printed page 1 carries the same number by chance.
         numbered = [index for index in candidates
                     if any(number - value in offsets for value in _edge_numbers(page[index]))]
         if numbered and not found.intersection(numbered):
-            found.add(numbered[0] if numbered[0] in bottom else numbered[-1])
+            found.add(min(numbered, key=lambda index: min(index, len(page) - 1 - index)))
         running.append(found)
     return running
 

@@ -27,7 +27,8 @@ _CONTROL_CHARS = re.compile("[" + re.escape(_CONTROL_BYTES.decode("ascii")) + "\
 _MAX_CONTROL_SHARE = 0.01  # random or compressed bytes: ~11%; real text: 0
 _SAMPLES, _SAMPLE_BYTES = 8, 512 << 10
 
-# File signatures (first bytes) of formats users might rename by mistake, with their names.
+# File signatures (first bytes) of formats users might rename by mistake, with their names; none
+# is how a text begins (bzip2's "BZh" could be: its data is caught as binary anyway).
 _SIGNATURES = (
     (b"%PDF-", "a PDF document (rename it to .pdf)"),
     (b"PK\x03\x04", "a ZIP archive (an EPUB or Word .docx file is one: give it its real extension)"),
@@ -35,9 +36,9 @@ _SIGNATURES = (
     (b"\x7fELF", "a program (ELF executable)"),
     (b"\x89PNG\r\n\x1a\n", "a PNG image"),
     (b"\xff\xd8\xff", "a JPEG image"),
-    (b"GIF8", "a GIF image"),
+    (b"GIF87a", "a GIF image"),
+    (b"GIF89a", "a GIF image"),
     (b"\x1f\x8b", "a gzip archive"),
-    (b"BZh", "a bzip2 archive"),
     (b"\xfd7zXZ\x00", "an xz archive"),
     (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive"),
     (b"Rar!\x1a\x07", "a RAR archive"),

@@ -20,6 +20,7 @@ SOFT_HYPHEN = "\u00ad"
 EDGE_LINES = 2  # lines at the top and at the bottom of a page that may be a header or footer
 _MIN_REPEATS = 3  # a header seen on fewer pages than this is indistinguishable from body text
 _MIN_DENSITY = 0.4  # share of the pages within its span: 0.5 for headers on every other page
+_MIN_VARIETY = 0.5  # share of distinct lines beside a running line, inward
 _MAX_HEADER_CHARS = 160
 
 # "73" and "73 / 233" (page / pages); not "22.34" or "3.7.3", section and version numbers stay.
@@ -67,18 +68,24 @@ def running_lines(pages: Sequence[Sequence[str]]) -> list[set[int]]:
       sits at the same edge of at least 3 pages and of 40% of the pages between its first and
       last appearance (a book title on every page, a chapter title over its chapter); an
       all-capitals line counts by its first two words, for LaTeX's "CHAPTER 7. BASICS OF THE
-      DEBIAN PACKAGE… 7.5. WHAT IS A CONFFILE?" that names the section as well; or
+      DEBIAN PACKAGE… 7.5. WHAT IS A CONFFILE?" that names the section as well; and the lines
+      beside it, towards the body, differ from page to page (else it is repeated text); or
     - it carries the printed page number: a number at its start or end that follows the page
       index at the offset most of the document agrees on ("9.5. Cron jobs 87" on page 97).
     """
     edges = [_edge_indices(len(page)) for page in pages]
-    seen: dict[tuple[str, str], list[int]] = defaultdict(list)
+    # (side, key) -> (page number, the line next to it towards the body) for each page it is on
+    seen: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
     for number, (page, (top, bottom)) in enumerate(zip(pages, edges)):
-        for side, indices in (("top", top), ("bottom", bottom)):
-            keys = {key for index in indices if len(page[index]) <= _MAX_HEADER_CHARS for key in _keys(page[index])}
-            for key in keys:
-                seen[side, key].append(number)
-    repeated = {side_key for side_key, numbers in seen.items() if _is_running(numbers)}
+        for side, indices, inward in (("top", top, 1), ("bottom", bottom, -1)):
+            for index in indices:
+                if len(page[index]) > _MAX_HEADER_CHARS:
+                    continue
+                neighbour = page[index + inward] if 0 <= index + inward < len(page) else ""
+                for key in _keys(page[index]):
+                    if not seen[side, key] or seen[side, key][-1][0] != number:
+                        seen[side, key].append((number, neighbour))
+    repeated = {side_key for side_key, found in seen.items() if _is_running(found)}
     offsets = _page_number_offsets(pages, edges)
 
     running: list[set[int]] = []
@@ -172,9 +179,13 @@ def _keys(line: str) -> tuple[str, ...]:
     return (" ".join(words),)
 
 
-def _is_running(numbers: list[int]) -> bool:
-    span = numbers[-1] - numbers[0] + 1
-    return len(numbers) >= _MIN_REPEATS and len(numbers) >= _MIN_DENSITY * span
+def _is_running(found: list[tuple[int, str]]) -> bool:
+    span = found[-1][0] - found[0][0] + 1
+    if len(found) < _MIN_REPEATS or len(found) < _MIN_DENSITY * span:
+        return False
+    # Beside a header the body changes from page to page; beside a line of repeated filler
+    # text (the same page printed again), it does not.
+    return len({neighbour for _, neighbour in found}) >= _MIN_VARIETY * len(found)
 
 
 def _edge_numbers(line: str) -> set[int]:

@@ -89,3 +89,18 @@ def test_pypdf_fallback_reads_the_same_pages(tmp_path, monkeypatch):
     assert "[page 2]\nAn example page." in doc.text
     with pytest.raises(DocumentError, match="is password-protected"):
         read_document(make_encrypted_pdf(tmp_path / "locked.pdf", user_password="secret"))
+
+
+def test_repeated_pages_are_not_headers():
+    # The same text printed on every page (filler, forms): its edge lines repeat, but so does
+    # everything beside them, which no running header has.
+    page = ["The keeper climbed the stairs.", "She trimmed the wick.", "The lamp was lit.", "Night fell."]
+    assert running_lines([page] * 6) == [set()] * 6
+    with_header = [[f"Log {n}", f"Entry {n}: {WORDS[n]}", *page] for n in range(1, 7)]
+    assert running_lines(with_header) == [{0}] * 6
+
+
+def test_pdf_of_repeated_pages_keeps_every_line(tmp_path):
+    text = "The keeper climbed the stairs and trimmed the wick. " * 12
+    doc = read_document(make_pdf(tmp_path / "filler.pdf", [f"Chapter {n}. {text}" for n in range(4)]))
+    assert " ".join(doc.text.split()).count("trimmed the wick") == 4 * 12

@@ -1,6 +1,6 @@
 """Document extraction speed and quality on real books: pages/s and chars/s per format.
 
-    .venv/bin/python -m benchmarks.extraction                 # ~2 minutes on a 2-core CPU machine
+    .venv/bin/python -m benchmarks.extraction                 # about a minute on a 2-core CPU machine
     .venv/bin/python -m benchmarks.extraction --rounds 5
 
 The books are Debian manuals (``benchmarks.corpus``: ``apt-get download``, cached in ``--folder``).

@@ -7,7 +7,8 @@ The books are Debian manuals (``benchmarks.corpus``: ``apt-get download``, cache
 PDFs are read three ways, taking turns within each round so that load from other processes lands on
 all alike: **before** (pypdf's ``extract_text``, what the app used until issue 10), PDFium's raw text,
 and **after** (``app.documents.read_document``: PDFium, running headers/footers removed, hyphenation
-undone, ``[page N]`` markers). EPUB and HTML are read by ``read_document``. Figures are medians.
+undone, ``[page N]`` markers). EPUB and HTML are read by ``read_document`` before (as of commit
+bd77602, loaded with ``git show``; skipped outside a git checkout) and after. Figures are medians.
 
 Quality beside speed: words longer than 20 letters per 10,000 words (run-together words: real
 English has almost none) and the running header/footer lines removed.
@@ -23,7 +24,10 @@ import os
 import platform
 import re
 import statistics
+import subprocess
+import sys
 import time
+import types
 import warnings
 from datetime import datetime, timezone
 from importlib.metadata import version
@@ -37,7 +41,9 @@ from app.documents.pdf_layout import running_lines
 
 from .corpus import CORPUS, fetch_corpus
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs" / "benchmarks"
+BASELINE_COMMIT = "bd77602"  # the last commit before issue 10's extraction work
 logger = logging.getLogger("extraction_bench")
 
 
@@ -51,7 +57,21 @@ def removed_lines(pages: list[str | None]) -> int:
     return sum(len(found) for found in running_lines(lines))
 
 
-def measure(files: dict[str, Path], rounds: int) -> list[dict]:
+def baseline_reader(commit: str):
+    """``read_document`` as of ``commit`` (pypdf, BeautifulSoup), from git; ``None`` outside a checkout."""
+    try:
+        source = subprocess.run(["git", "show", f"{commit}:app/documents.py"], cwd=ROOT, check=True,
+                                capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        logger.warning("no baseline: git show %s:app/documents.py failed", commit)
+        return None
+    module = types.ModuleType("documents_before")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(source, f"{commit}:app/documents.py", "exec"), module.__dict__)
+    return module.read_document
+
+
+def measure(files: dict[str, Path], rounds: int, baseline) -> list[dict]:
     methods = []  # (key, format, method, callable returning (pages, text))
     for document in CORPUS:
         path = files[document.key]
@@ -62,9 +82,12 @@ def measure(files: dict[str, Path], rounds: int) -> list[dict]:
                 (document.key, "PDF", "after: read_document", lambda p=path: _document(p)),
             ]
         else:
-            kind = "EPUB" if path.suffix == ".epub" else "HTML"
-            methods.append((document.key, kind, "read_document",
-                            lambda p=path, units=_units(path): _document(p, units)))
+            kind, units = ("EPUB" if path.suffix == ".epub" else "HTML"), _units(path)
+            if baseline is not None:
+                methods.append((document.key, kind, f"before: read_document @{BASELINE_COMMIT}",
+                                lambda p=path, units=units: _document(p, units, baseline)))
+            methods.append((document.key, kind, "after: read_document",
+                            lambda p=path, units=units: _document(p, units)))
 
     seconds: dict[int, list[float]] = {index: [] for index in range(len(methods))}
     outputs: dict[int, tuple[int | None, str]] = {}
@@ -96,8 +119,10 @@ def _joined(pages: list[str | None]) -> tuple[int, str]:
     return len(pages), "\n".join(page or "" for page in pages)
 
 
-def _document(path: Path, units: int | None = None) -> tuple[int | None, str]:
-    document = read_document(path)
+def _document(path: Path, units: int | None = None, reader=read_document) -> tuple[int | None, str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the baseline's BeautifulSoup warns about XHTML
+        document = reader(path)
     return document.pages or units, document.text
 
 
@@ -136,16 +161,17 @@ def markdown(stamp: dict, results: list[dict], rounds: int) -> str:
     for row in results:
         pages_per_s = f"{row['pages_per_s']:,.0f}"
         unit = {"EPUB": " chapters", "HTML": " file"}.get(row["format"], "")
-        bold = "**" if row["method"].startswith(("after", "read_document")) else ""
+        bold = "**" if row["method"].startswith("after") else ""
         lines.append(
             f"| {row['what']} | {row['format']} | {row['method']} | {row['pages']}{unit} | {row['chars']:,} | "
             f"{row['seconds']:.2f} | {bold}{pages_per_s}{bold} | {bold}{row['chars_per_s']:,}{bold} | "
             f"{row['run_together_per_10k']:.1f} | {row.get('running_lines_removed', '')} |")
     speedups = [(row["what"], after["pages_per_s"] / row["pages_per_s"])
-                for row in results if row["method"] == "before: pypdf"
+                for row in results if row["method"].startswith("before")
                 for after in results if after["document"] == row["document"] and after["method"].startswith("after")]
     if speedups:
-        lines += ["", "PDF speed-up, after vs before (whole `read_document` vs pypdf's extraction alone): "
+        lines += ["", "Speed-up, after vs before (for PDFs the whole `read_document` vs pypdf's extraction alone; for "
+                  f"EPUB and HTML vs `read_document` at {BASELINE_COMMIT}, BeautifulSoup's tree): "
                   + "; ".join(f"{what}: {factor:.1f}x" for what, factor in speedups) + "."]
     return "\n".join(lines) + "\n"
 
@@ -160,7 +186,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     files = fetch_corpus(args.folder)
     stamp = machine()
-    results = measure(files, args.rounds)
+    results = measure(files, args.rounds, baseline_reader(BASELINE_COMMIT))
     stamp["load_end"] = [round(x, 2) for x in os.getloadavg()]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "extraction.json").write_text(json.dumps({"machine": stamp, "results": results}, indent=1) + "\n")

@@ -26,11 +26,13 @@ def secret_pdf(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def real_documents(request):
+def real_documents(request, tmp_path_factory):
     """``key -> path`` of real manuals from Debian packages (benchmarks.corpus), cached in pytest's cache."""
     from benchmarks.corpus import CorpusUnavailable, fetch_corpus
 
+    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
+    folder = cache.mkdir("debian-documents") if cache else tmp_path_factory.mktemp("debian-documents")
     try:
-        return fetch_corpus(request.config.cache.mkdir("debian-documents"))
+        return fetch_corpus(folder)
     except CorpusUnavailable as exc:
         pytest.skip(f"real documents unavailable: {exc}")

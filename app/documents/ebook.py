@@ -49,7 +49,7 @@ def read_epub(path: Path, name: str) -> str:
         if not isinstance(item, epub.EpubHtml) or not item.is_chapter():
             continue
         chapter = html_to_text(item.get_content()).strip()
-        title = titles.get(item.get_name())
+        title = titles.get(item.get_name()) or titles.get(posixpath.basename(item.get_name()))
         if chapter and title and not chapter.startswith("#"):
             chapter = f"# {title}\n\n{chapter}"
         if chapter:
@@ -81,6 +81,8 @@ def _toc_titles(toc) -> dict[str, str]:
             file_name = posixpath.normpath(href.split("#", 1)[0]) if href else ""
             if file_name and title and title.strip():
                 titles.setdefault(file_name, " ".join(title.split()))
+                # A navigation page in another folder links "../Text/ch1.xhtml": match by file name too.
+                titles.setdefault(posixpath.basename(file_name), " ".join(title.split()))
     return titles
 
 

@@ -23,3 +23,16 @@ def embedded_model():
 def secret_pdf(tmp_path):
     """A 3-page PDF (~80 tokens of text) whose page 3 holds the launch code AMBER-7."""
     return str(make_pdf(tmp_path / "lighthouse.pdf", SECRET_PAGES))
+
+
+@pytest.fixture(scope="session")
+def real_documents(request, tmp_path_factory):
+    """``key -> path`` of real manuals from Debian packages (benchmarks.corpus), cached in pytest's cache."""
+    from benchmarks.corpus import CorpusUnavailable, fetch_corpus
+
+    cache = getattr(request.config, "cache", None)  # None with -p no:cacheprovider
+    folder = cache.mkdir("debian-documents") if cache else tmp_path_factory.mktemp("debian-documents")
+    try:
+        return fetch_corpus(folder)
+    except CorpusUnavailable as exc:
+        pytest.skip(f"real documents unavailable: {exc}")

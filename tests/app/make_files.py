@@ -16,10 +16,30 @@ from PIL import Image, ImageDraw
 from pypdf import PdfReader, PdfWriter
 
 
-def make_pdf(path: str | Path, pages: Sequence[str]) -> Path:
-    """Write a PDF with one page per string (core Helvetica font, so latin-1 text only)."""
+def make_pdf(path: str | Path, pages: Sequence[str], header: str | None = None,
+             footer: str | None = None) -> Path:
+    """Write a PDF with one page per string (core Helvetica font, so latin-1 text only).
+
+    ``header`` and ``footer`` are running lines printed on every page, with ``{page}`` and
+    ``{pages}`` filled in ("My Book {page} / {pages}"); a ``\\n`` in a page's text ends its line.
+    """
     path = Path(path)
-    pdf = FPDF()
+
+    class Book(FPDF):
+        def header(self):
+            if header:
+                self.set_font("Helvetica", size=9)
+                self.cell(0, 8, header.format(page=self.page_no(), pages=len(pages)), align="C")
+                self.ln(12)
+                self.set_font("Helvetica", size=12)
+
+        def footer(self):
+            if footer:
+                self.set_y(-15)
+                self.set_font("Helvetica", size=9)
+                self.cell(0, 8, footer.format(page=self.page_no(), pages=len(pages)), align="C")
+
+    pdf = Book()
     pdf.set_font("Helvetica", size=12)
     for text in pages:
         pdf.add_page()
@@ -70,11 +90,12 @@ def make_scanned_pdf(path: str | Path, pages: int = 2) -> Path:
     return path
 
 
-def make_epub(path: str | Path, chapters: Sequence[tuple[str, str]]) -> Path:
+def make_epub(path: str | Path, chapters: Sequence[tuple[str, str]], headings: bool = True) -> Path:
     """Write an EPUB 3 book with one XHTML item per ``(title, body)`` chapter.
 
     Items are added to the manifest in reverse order while the spine keeps the given order,
-    so a reader that ignores the spine reads the chapters backwards.
+    so a reader that ignores the spine reads the chapters backwards. With ``headings=False``
+    a chapter's title is only in the table of contents, not in its text.
     """
     path = Path(path)
     book = epub.EpubBook()
@@ -85,7 +106,7 @@ def make_epub(path: str | Path, chapters: Sequence[tuple[str, str]]) -> Path:
     items = []
     for number, (title, body) in enumerate(chapters, start=1):
         item = epub.EpubHtml(title=title, file_name=f"chap_{number}.xhtml", lang="en")
-        item.content = f"<h1>{title}</h1><p>{body}</p>"
+        item.content = (f"<h1>{title}</h1>" if headings else "") + f"<p>{body}</p>"
         items.append(item)
     for item in reversed(items):
         book.add_item(item)
@@ -99,14 +120,21 @@ def make_epub(path: str | Path, chapters: Sequence[tuple[str, str]]) -> Path:
 
 def make_docx(
     path: str | Path,
-    paragraphs: Sequence[str],
+    paragraphs: Sequence[str | tuple[int, str]],
     table: Sequence[Sequence[str]] | None = None,
 ) -> Path:
-    """Write a DOCX with the given paragraphs, then an optional table (rows of cell strings)."""
+    """Write a DOCX with the given paragraphs, then an optional table (rows of cell strings).
+
+    A ``(level, text)`` paragraph is a heading in Word's built-in style: level 0 is "Title",
+    1-9 are "Heading 1"-"Heading 9".
+    """
     path = Path(path)
     document = docx.Document()
-    for text in paragraphs:
-        document.add_paragraph(text)
+    for paragraph in paragraphs:
+        if isinstance(paragraph, tuple):
+            document.add_heading(paragraph[1], level=paragraph[0])
+        else:
+            document.add_paragraph(paragraph)
     if table:
         grid = document.add_table(rows=len(table), cols=len(table[0]))
         for row, values in zip(grid.rows, table):

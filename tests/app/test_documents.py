@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import zipfile
 
 import pytest
 from make_files import make_docx, make_encrypted_pdf, make_epub, make_pdf, make_scanned_pdf
@@ -203,3 +204,87 @@ def test_combine_introduces_each_document():
     assert "=== b.pdf ===\n[page 1]\nBeta text." in combined
     assert combined.index("=== a.txt ===") < combined.index("=== b.pdf ===")
     assert combine([]) == ""
+
+
+# --- HTML, EPUB and DOCX structure ----------------------------------------------------------------
+
+
+def test_html_keeps_main_content_drops_site_chrome(tmp_path):
+    path = tmp_path / "article.html"
+    path.write_text(
+        "<html><body><header><a href='/'>Home</a> | <a href='/blog'>Blog</a></header>"
+        "<nav><ul><li>Archive</li><li>About</li></ul></nav>"
+        "<div class='sidebar'>Popular posts</div>"
+        "<main><article><header><h1>The Keeper</h1><p>by Mara</p></header>"
+        f"<p>{FACT}</p><h2>Later</h2><table><tr><th>Year</th><th>Cats</th></tr>"
+        "<tr><td><p>1901</p></td><td>one <b>cat</b></td></tr></table></article></main>"
+        "<aside>Related: other keepers</aside><footer>© 2026 Lighthouse blog</footer></body></html>",
+        "utf-8",
+    )
+    text = read_document(path).text
+    for chrome in ("Home", "Blog", "Archive", "Popular posts", "Related", "© 2026"):
+        assert chrome not in text
+    assert text.startswith("# The Keeper\n\nby Mara")
+    assert "## Later" in text.splitlines()
+    assert "Year | Cats\n1901 | one cat" in text
+    assert FACT in text
+
+
+def test_epub_chapter_title_from_table_of_contents(tmp_path):
+    path = make_epub(tmp_path / "plain.epub",
+                     [("The Calm", "It began on a Tuesday."), ("The Storm", FACT)], headings=False)
+    text = read_document(path).text
+    assert text.index("# The Calm\n\nIt began") < text.index("# The Storm\n\n" + FACT)
+
+
+def test_docx_headings_become_markdown(tmp_path):
+    path = make_docx(tmp_path / "manual.docx", [
+        (0, "Keeper's Manual"), (1, "Lamps"), "Trim the wick daily.", (2, "Spare parts"),
+        "Keep two spare mantles.",
+    ])  # fmt: skip
+    text = read_document(path).text
+    assert text == ("# Keeper's Manual\n\n# Lamps\n\nTrim the wick daily.\n\n## Spare parts\n\n"
+                    "Keep two spare mantles.")
+
+
+def _add_encryption_manifest(path, uri):
+    with zipfile.ZipFile(path, "a") as archive:
+        archive.writestr("META-INF/encryption.xml", (
+            '<encryption xmlns="urn:oasis:names:tc:opendocument:xmlns:container" '
+            'xmlns:enc="http://www.w3.org/2001/04/xmlenc#"><enc:EncryptedData>'
+            '<enc:EncryptionMethod Algorithm="http://www.w3.org/2001/04/xmlenc#aes128-cbc"/>'
+            f'<enc:CipherData><enc:CipherReference URI="{uri}"/></enc:CipherData>'
+            "</enc:EncryptedData></encryption>"))  # fmt: skip
+
+
+def test_drm_protected_epub_refused(tmp_path):
+    path = make_epub(tmp_path / "bought.epub", [("One", "It began on a Tuesday.")])
+    _add_encryption_manifest(path, "EPUB/chap_1.xhtml")
+    with pytest.raises(DocumentError, match="bought.epub is DRM-protected"):
+        read_document(path)
+
+
+def test_epub_with_obfuscated_fonts_only_reads(tmp_path):
+    path = make_epub(tmp_path / "free.epub", [("One", FACT)])
+    _add_encryption_manifest(path, "EPUB/fonts/serif.otf")
+    assert FACT in read_document(path).text
+
+
+@pytest.mark.parametrize(("encoding", "meta"), [
+    ("iso-8859-1", '<meta charset="iso-8859-1">'),
+    ("cp1252", '<meta http-equiv="Content-Type" content="text/html; charset=windows-1252">'),
+    ("utf-8", ""),  # no declaration: UTF-8 is tried first
+])  # fmt: skip
+def test_html_encoding_from_the_page(tmp_path, encoding, meta):
+    path = tmp_path / "menu.html"
+    path.write_bytes(f"<html><head>{meta}</head><body><p>Crème brûlée, très bon.</p></body></html>"
+                     .encode(encoding))
+    assert read_document(path).text == "Crème brûlée, très bon."
+
+
+def test_xhtml_with_xml_declaration_and_comments(tmp_path):
+    path = tmp_path / "chapter.xhtml.html"
+    path.write_bytes(b'<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html>\n'
+                     b'<html xmlns="http://www.w3.org/1999/xhtml"><body><!-- hidden note -->'
+                     b'<h2>Sto<i>rm</i></h2><p>Wind &amp; rain<br/>all night.</p></body></html>')
+    assert read_document(path).text == "## Storm\n\nWind & rain\nall night."

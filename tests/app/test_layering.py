@@ -10,7 +10,7 @@ import pytest
 APP = Path(__file__).resolve().parents[2] / "app"
 
 
-@pytest.mark.parametrize("path", sorted(APP.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(APP.rglob("*.py")), ids=lambda p: str(p.relative_to(APP)))
 def test_app_module_imports_no_torch_and_does_not_print(path):
     tree = ast.parse(path.read_text(encoding="utf-8"))
     for node in ast.walk(tree):

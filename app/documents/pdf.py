@@ -1,0 +1,138 @@
+"""PDF pages to text: PDFium (pypdfium2) first, pypdf when PDFium cannot open the file.
+
+PDFium (Chrome's PDF engine) places spaces from the glyph geometry, so LaTeX books read as words
+("There are two methods") where pypdf runs them together ("Therearetwomethods"), and it is over 10x
+faster on real books (docs/benchmarks/extraction.md). pypdf stays as the fallback: it tells apart the encryption it cannot open (a missing
+``cryptography`` package) and salvages some files PDFium rejects.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from pypdf import PasswordType, PdfReader
+from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
+
+from app.documents.base import DocumentError
+from app.documents.pdf_layout import clean_pages
+
+try:
+    import pypdfium2 as pdfium
+    import pypdfium2.raw as pdfium_raw
+except ImportError:  # pragma: no cover - a requirement; pypdf alone still reads PDFs
+    pdfium = None
+
+log = logging.getLogger(__name__)
+
+# PDFium is not thread-safe, and Gradio runs handlers of several visitors in threads.
+_PDFIUM_LOCK = threading.Lock()
+
+
+def read_pdf(path: Path, name: str) -> tuple[str, int]:
+    """``(text, page count)``; the text has a ``[page N]`` line before each page's text."""
+    pages = pdfium_pages(path, name) if pdfium is not None else None
+    if pages is None:
+        pages = pypdf_pages(path, name)
+    if not pages:
+        raise DocumentError(f"{name} is empty: the PDF has no pages.")
+    if not any(page and page.strip() for page in pages):
+        if all(page is None for page in pages):
+            raise _unreadable(name)
+        raise DocumentError(
+            f"{name} has no text layer (it looks like a scanned document or images only). "
+            "Run it through OCR (e.g. ocrmypdf) to add a text layer, then upload it again."
+        )
+    cleaned = clean_pages([page or "" for page in pages])
+    text = "\n\n".join(f"[page {number}]\n{page}" for number, page in enumerate(cleaned, start=1))
+    return text, len(pages)
+
+
+def pdfium_pages(path: Path, name: str) -> list[str | None] | None:
+    """Raw text of every page (``None`` for a page that failed), or ``None`` when PDFium cannot open the file.
+
+    Raises:
+        DocumentError: the file needs a password.
+    """
+    with _PDFIUM_LOCK:
+        try:
+            document = pdfium.PdfDocument(str(path))
+        except pdfium.PdfiumError as exc:
+            if exc.err_code == pdfium_raw.FPDF_ERR_PASSWORD:
+                raise _password_error(name) from exc
+            log.info("PDFium could not open %s (%s); trying pypdf", name, exc)
+            return None
+        try:
+            return [_pdfium_page_text(document, index, name) for index in range(len(document))]
+        finally:
+            document.close()
+
+
+def _pdfium_page_text(document, index: int, name: str) -> str | None:
+    try:
+        page = document[index]
+        try:
+            text_page = page.get_textpage()
+            try:
+                return text_page.get_text_range()
+            finally:
+                text_page.close()
+        finally:
+            page.close()
+    except pdfium.PdfiumError:
+        # One broken page should not cost the user the rest of the book.
+        log.warning("could not extract text of page %d of %s", index + 1, name, exc_info=True)
+        return None
+
+
+def pypdf_pages(path: Path, name: str) -> list[str | None]:
+    """Raw text of every page with pypdf (``None`` for a page that failed).
+
+    Raises:
+        DocumentError: password-protected, encryption it cannot open, or not a readable PDF.
+    """
+    try:
+        reader = PdfReader(path)
+        if reader.is_encrypted:
+            # Many PDFs are encrypted only to restrict printing/copying, with an empty
+            # user password; those open normally.
+            if reader.decrypt("") == PasswordType.NOT_DECRYPTED:
+                raise _password_error(name)
+        page_list = list(reader.pages)
+    except DocumentError:
+        raise
+    except FileNotDecryptedError as exc:
+        raise _password_error(name) from exc
+    except DependencyError as exc:
+        raise DocumentError(
+            f"{name} uses PDF encryption this installation cannot open "
+            "(install the 'cryptography' package), or save an unencrypted copy."
+        ) from exc
+    except (PyPdfError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        # pypdf raises assorted built-in errors on malformed files, not only PyPdfError.
+        log.debug("pypdf failed on %s", name, exc_info=True)
+        raise _unreadable(name) from exc
+
+    pages: list[str | None] = []
+    for number, page in enumerate(page_list, start=1):
+        try:
+            pages.append(page.extract_text() or "")
+        except (PyPdfError, ValueError, KeyError, TypeError, AttributeError):
+            log.warning("could not extract text of page %d of %s", number, name, exc_info=True)
+            pages.append(None)
+    return pages
+
+
+def _unreadable(name: str) -> DocumentError:
+    return DocumentError(
+        f"{name} could not be read as a PDF: the file is damaged or incomplete. "
+        "Re-download or re-export it and try again."
+    )
+
+
+def _password_error(name: str) -> DocumentError:
+    return DocumentError(
+        f"{name} is password-protected. Remove the password (e.g. print or save it as an "
+        "unprotected PDF) and upload it again."
+    )

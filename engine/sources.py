@@ -127,3 +127,38 @@ def rank_sources(mass: torch.Tensor, document_range: tuple[int, int], pages: lis
         return []
     ranked = sorted(by_page.items(), key=lambda item: -item[1])
     return [Source(page, share / total) for page, share in ranked[:top] if share / total >= min_share]
+
+
+class AnswerSources:
+    """Sources of one answer: ``start`` before its first token is fed back, ``finish`` after the last.
+
+    ``heads``: {layer: [query head, ...]} (``engine.retrieval_heads``); ``document_range``: the document's token
+    positions [start, stop); ``pages``: ``page_starts`` of the document prefix.
+    """
+
+    def __init__(self, cache, heads: dict[int, list[int]], document_range: tuple[int, int],
+                 pages: list[tuple[int, int]]):
+        self.cache, self.heads, self.document_range, self.pages = cache, heads, document_range, pages
+        self.probe: QueryProbe | None = None
+        self.seconds = 0.0  # time spent computing the sources (the extra attention pass)
+
+    def start(self, first_position: int) -> None:
+        """Records queries from ``first_position`` on (the position the first answer token is fed at)."""
+        self.probe = QueryProbe(self.heads, min_position=first_position)
+        self.cache.schedule.probe = self.probe
+
+    def finish(self) -> list[Source]:
+        import time
+
+        if self.probe is None:
+            return []
+        if self.cache.schedule is not None:
+            self.cache.schedule.probe = None
+        started = time.perf_counter()
+        try:
+            if self.probe.num_positions == 0:
+                return []
+            return rank_sources(attention_mass(self.cache, self.probe), self.document_range, self.pages)
+        finally:
+            self.seconds = time.perf_counter() - started
+            self.probe = None

@@ -56,8 +56,8 @@ class HeadInferLayer(CacheLayerMixin):
         self.cache.begin_layer(self.layer_idx)
         keys, values = key_states.contiguous(), value_states.contiguous()
         q_len = keys.shape[2]
-        if self.homes[0].capacity < self.length + q_len:  # all homes share one capacity
-            self.cache.reserve(self.length + q_len)
+        if not self.homes.has_room(self.length, q_len):
+            self.cache.reserve(self.length + q_len, q_len)
         self._staged = self.cache.schedule.append(self.layer_idx, self.length, keys, values)
         self.length += q_len
         route.publish(self.layer_idx, self, keys)
@@ -84,7 +84,10 @@ class HeadInferLayer(CacheLayerMixin):
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative number of tokens to remove; use HeadInferCache.crop_to(length)")
         self.cache.settle()
-        self.length = max(0, self.length + tokens_to_remove)
+        target = max(0, self.length + tokens_to_remove)
+        if self.homes is not None:
+            self.homes.crop_to(target, self.length)
+        self.length = target
 
     def reset(self) -> None:
         self.cache.settle()
@@ -162,18 +165,19 @@ class HeadInferCache(Cache):
         for layer in self.layers:
             groups = [HeadGroup(i * g, (i + 1) * g, (layer.layer_idx * num_groups + i) in resident)
                       for i in range(num_groups)]
-            layer.homes = LayerHomes(groups, batch, head_dim, capacity, dtype, self.device, self._host)
+            layer.homes = LayerHomes(groups, batch, head_dim, capacity, dtype, self.device, self._host,
+                                     window=layer.window, chunk=chunk)
             layer.is_initialized = True
         self.schedule = Schedule([layer.homes for layer in self.layers], list(self.shape.sliding_windows),
                                  self.transfer, self.policy.overlap)
         logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, capacity %d tokens, %s",
                     len(self.layers), num_groups, g, len(resident), capacity, self.device)
 
-    def reserve(self, num_tokens: int) -> None:
-        """Grows every home to hold ``num_tokens`` (they share one capacity), keeping what they hold."""
+    def reserve(self, num_tokens: int, chunk: int = 0) -> None:
+        """Grows every home to hold ``num_tokens`` (window rings: a ``chunk``-token append), keeping what they hold."""
         self.transfer.synchronize()
         for layer in self.layers:
-            layer.homes.reserve(num_tokens, layer.length)
+            layer.homes.reserve(num_tokens, layer.length, max(chunk, self.policy.chunk_size))
 
     def begin_layer(self, layer_idx: int) -> None:
         """Checks the model runs head-wise attention; a forward's first layer also clears what an interrupted one left."""
@@ -186,15 +190,35 @@ class HeadInferCache(Cache):
         if layer_idx == 0:
             route.clear()
             self.transfer.release_all()
+            lengths = {layer.length for layer in self.layers}
+            if len(lengths) > 1:
+                # A forward interrupted part-way (an exception, a cancel) left some layers a chunk ahead.
+                raise ValueError(f"the cache's layers hold different lengths {sorted(lengths)}: crop it to "
+                                 f"{min(lengths)} tokens (crop_to) after an interrupted forward")
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def crop_to(self, num_tokens: int) -> None:
         """Keeps the first ``num_tokens`` tokens (e.g. drop a conversation, keep the document)."""
         if not 0 <= num_tokens <= self.get_seq_length():
             raise ValueError(f"cannot crop a cache of {self.get_seq_length()} tokens to {num_tokens}")
+        for layer in self.layers:
+            if layer.homes is not None and not layer.homes.can_crop_to(num_tokens, layer.length):
+                raise ValueError(f"cannot crop back to {num_tokens} tokens: sliding-window layers keep only their "
+                                 "window plus a chunk (anchor the document end with HeadInferCache.anchor)")
         self.settle()
         for layer in self.layers:
+            if layer.homes is not None:
+                layer.homes.crop_to(num_tokens, layer.length)
             layer.length = num_tokens
+
+    def anchor(self, num_tokens: int | None = None) -> None:
+        """Keeps the sliding windows before ``num_tokens`` (default: now) so ``crop_to`` can return there later,
+        however much is appended meanwhile (e.g. the end of the document, before conversations)."""
+        num_tokens = self.get_seq_length() if num_tokens is None else num_tokens
+        self.settle()  # host homes are complete only once the appends have landed
+        for layer in self.layers:
+            if layer.homes is not None:
+                layer.homes.set_anchor(num_tokens)
 
     def settle(self) -> None:
         """Waits for copies in flight and drops prefetches: call before tokens are taken away."""

@@ -153,15 +153,23 @@ def _visible_tokens(shape: ModelShape, context: int, chunk: int) -> int:
     return min(context, max(windows) + chunk)
 
 
+def stored_tokens(shape: ModelShape, context: int, chunk: int) -> int:
+    """Tokens of K/V the homes hold summed over layers: a sliding-window layer keeps a ring of its window
+    plus one chunk, a full-attention layer every token."""
+    return sum(context if w is None else min(context, w - 1 + chunk) for w in shape.sliding_windows)
+
+
 def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident: int,
                cuda: bool) -> tuple[dict, int, int]:
     """Returns (gpu breakdown, gpu bytes, host bytes) for a fully resolved configuration."""
     weights = shape.num_params * shape.dtype_bytes
     activations = min(chunk, context) * (shape.hidden_size + 2 * shape.intermediate_size) * shape.dtype_bytes
     logits = shape.vocab_size * _LOGIT_BYTES
+    per_layer_token = shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes  # all KV heads of one layer
+    kv_stored = stored_tokens(shape, context, chunk) * per_layer_token
     if not cuda:  # compute happens on the host, so everything is host memory
         breakdown = dict.fromkeys(("weights", "kv_buffers", "kv_resident", "activations", "logits"), 0)
-        return breakdown, 0, weights + context * shape.kv_bytes_per_token + activations + logits
+        return breakdown, 0, weights + kv_stored + activations + logits
     per_head = shape.head_dim * 2 * shape.dtype_bytes  # K and V of one head, one layer, one token
     device_head = _visible_tokens(shape, context, chunk) * per_head
     groups = math.ceil(shape.num_kv_heads / group)
@@ -176,7 +184,8 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
         "activations": activations,
         "logits": logits,
     }
-    host = (shape.num_layers * shape.num_kv_heads - resident_heads) * context * per_head
+    # Offloaded heads spread evenly over the layers: their share of what every layer stores.
+    host = kv_stored * (shape.num_layers * shape.num_kv_heads - resident_heads) // (shape.num_layers * shape.num_kv_heads)
     return breakdown, sum(breakdown.values()), host
 
 

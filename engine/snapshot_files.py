@@ -38,16 +38,24 @@ logger = logging.getLogger(__name__)
 TEMP_PREFIX = ".tmp-"
 
 
+def saved_range(window: int | None, num_tokens: int) -> tuple[int, int]:
+    """Tokens a layer's file holds: all of them, or for a sliding-window layer the window before the end."""
+    return (0 if window is None else max(0, num_tokens - (window - 1)), num_tokens)
+
+
 def layer_runs(homes: LayerHomes, num_tokens: int) -> list[torch.Tensor]:
-    """The layer's first ``num_tokens`` tokens as contiguous runs in file order: one [n, B, 2, g, D] run per group."""
-    return [home.block(0, num_tokens) for home in homes]
+    """The layer's saved tokens as contiguous runs in file order: per group, its [n, B, 2, g, D] tokens in order
+    (two runs where a window ring wraps)."""
+    start, stop = saved_range(homes.window, num_tokens)
+    return [run for home in homes for run in home.blocks(start, stop)]
 
 
 def snapshot_bytes(cache: HeadInferCache, num_tokens: int) -> int:
     """The size a snapshot of the cache's first ``num_tokens`` tokens takes on disk (headers aside)."""
     kv = cache.layers[0].homes[0].kv  # [capacity, B, 2, g, D]
-    per_token = len(cache.layers) * cache.shape.num_kv_heads * kv.shape[1] * 2 * kv.shape[4]
-    return num_tokens * (per_token * kv.element_size() + 4)
+    per_token = cache.shape.num_kv_heads * kv.shape[1] * 2 * kv.shape[4] * kv.element_size()
+    tokens = sum(stop - start for start, stop in (saved_range(w, num_tokens) for w in cache.shape.sliding_windows))
+    return tokens * per_token + 4 * num_tokens
 
 
 def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdentity, token_ids: list[int], *,
@@ -152,14 +160,15 @@ def _restore_runs(homes: LayerHomes, header: SnapshotHeader, num_tokens: int):
     g_file = header.head_group_size
     if all(home.group.size == g_file for home in homes):
         return layer_runs(homes, num_tokens), lambda: None
-    num_groups, kv = header.num_kv_heads // g_file, homes[0].kv
-    scratch = torch.empty((num_groups, num_tokens, header.batch, 2, g_file, header.head_dim), dtype=kv.dtype)
+    start, stop = saved_range(homes.window, num_tokens)
+    num_groups, kv, n = header.num_kv_heads // g_file, homes[0].kv, stop - start
+    scratch = torch.empty((num_groups, n, header.batch, 2, g_file, header.head_dim), dtype=kv.dtype)
 
     def regroup() -> None:
-        by_head = scratch.permute(1, 2, 3, 0, 4, 5).reshape(num_tokens, header.batch, 2, header.num_kv_heads,
+        by_head = scratch.permute(1, 2, 3, 0, 4, 5).reshape(n, header.batch, 2, header.num_kv_heads,
                                                            header.head_dim)  # [n, B, 2, KVH, D]
         for home in homes:
-            home.block(0, num_tokens).copy_(by_head[:, :, :, home.group.start : home.group.stop])
+            home.write(start, by_head[:, :, :, home.group.start : home.group.stop])
 
     return list(scratch.unbind(0)), regroup
 

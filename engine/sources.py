@@ -63,6 +63,8 @@ def attention_mass(cache, probe: QueryProbe, *, per_head: bool = False) -> torch
         queries, positions = recorded  # [H_sel, N, D], N positions
         layer = cache.layers[layer_idx]
         window = cache.shape.sliding_windows[layer_idx]
+        if window is not None:
+            continue  # a window ring holds only recent tokens; calibration picks full-attention heads anyway
         for row, head in enumerate(probe.heads[layer_idx]):
             keys = _head_keys(layer, head // n_rep, length)  # [L, D]
             q = queries[row].to(keys.device, torch.float32)  # [N, D]

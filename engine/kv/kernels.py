@@ -5,7 +5,8 @@ a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong 
 
 - ``flash-attn`` when installed and the tensors are fp16/bf16 on CUDA (native bottom-right causal, window,
   softcap, GQA without repeating K/V);
-- ``sdpa-decode``: one query token and every key visible: GQA folded into the query axis, no mask;
+- ``sdpa-decode``: one query token and every key visible: GQA folded into the query axis, no mask (any SDPA
+  backend may run it: its scores are [B, Hk, n_rep, K], a few KB per thousand keys);
 - ``sdpa-fused`` on CUDA: torch SDPA restricted to its fused kernels (flash, memory-efficient, cuDNN).
   A sliding window becomes a ``[Q, K]`` boolean mask, which only the memory-efficient kernel takes and
   only without GQA, so the group's K/V are expanded to the query heads first (fp32 likewise, which the
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 # Keys per tile of the tiled path: bounds its score matrix to [B, Hq, Q, tile].
 _TILE = 8192
 _FUSED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+_NO_KERNEL = ("No available kernel", "No viable backend")  # what SDPA raises on CUDA / elsewhere
 
 # How often each route ran in this process (benchmarks record it; the first use of each is logged).
 ROUTE_COUNTS: collections.Counter = collections.Counter()
@@ -151,10 +153,19 @@ def _sdpa_fused(query, key, value, q_offset, scaling, window, n_rep):
         # group's K/V for its query heads. Bounded by one head group: [B, g * n_rep, K, D].
         key, value = key.repeat_interleave(n_rep, dim=1), value.repeat_interleave(n_rep, dim=1)
         n_rep = 1
+    else:
+        # Token-major views have strides the memory-efficient kernel is not known to handle (pytorch#112577):
+        # a contiguous copy of one group's K/V is cheap next to the attention itself.
+        key, value = key.contiguous(), value.contiguous()
     try:
         with sdpa_kernel(_FUSED):
             out = _sdpa(query, key, value, q_offset, scaling, window, n_rep)
-    except RuntimeError as error:  # "No available kernel": never let it fall to the math kernel
+    except torch.OutOfMemoryError:
+        raise  # the tiled fallback needs more memory, not less
+    except RuntimeError as error:
+        if not any(text in str(error) for text in _NO_KERNEL):
+            raise
+        # Never let it fall to the math kernel and its [heads, chunk, keys] scores.
         logger.debug("no fused SDPA kernel for %s %s (%s)", tuple(query.shape), query.dtype, error)
         _route("tiled-math")
         return _tiled(query, key, value, q_offset, scaling, window, None)

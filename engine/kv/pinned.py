@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import mmap
 import weakref
 from collections.abc import Callable
 
@@ -23,6 +24,9 @@ import torch
 from ..planner import PlanError
 
 logger = logging.getLogger(__name__)
+
+_HOST_REGISTER_PORTABLE = 1
+_PAGE = mmap.PAGESIZE
 
 
 class PinningError(PlanError):
@@ -37,15 +41,19 @@ class CudaRuntime:
         self._lib = _loaded_cudart()
 
     def host_register(self, pointer: int, num_bytes: int) -> int:
-        return int(self._torch.cudaHostRegister(pointer, num_bytes, 0))
+        # Portable: the pages are page-locked for every CUDA context, whichever device is current now.
+        return int(self._torch.cudaHostRegister(pointer, num_bytes, _HOST_REGISTER_PORTABLE))
 
     def host_unregister(self, pointer: int) -> int:
         return int(self._torch.cudaHostUnregister(pointer))
 
     def error_string(self, code: int) -> str:
-        try:
-            return str(self._torch.cudaGetErrorString(code))
-        except (TypeError, RuntimeError):
+        if self._lib is not None:
+            self._lib.cudaGetErrorString.restype = ctypes.c_char_p
+            return self._lib.cudaGetErrorString(code).decode(errors="replace")
+        try:  # torch's binding takes its own enum, not an int
+            return str(self._torch.cudaGetErrorString(self._torch.cudaError(code)))
+        except (TypeError, ValueError, RuntimeError):
             return f"cudaError {code}"
 
     def clear_last_error(self) -> None:
@@ -99,14 +107,25 @@ class HostMemory:
         return len(self._registered)
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        tensor = torch.empty(shape, dtype=dtype)
-        if not self.pin or tensor.nbytes == 0:
-            return tensor
-        code = self._runtime.host_register(tensor.data_ptr(), tensor.nbytes)
+        # Created outside inference mode: homes are written in place by restores and by generate() (no_grad)
+        # even when the first forward, which allocates them, ran under inference mode.
+        with torch.inference_mode(False):
+            if not self.pin:
+                return torch.empty(shape, dtype=dtype)
+            num_bytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            if num_bytes == 0:
+                return torch.empty(shape, dtype=dtype)
+            # Whole pages of its own: the driver tracks registrations by page, so two homes sharing a page
+            # (small heap allocations sit side by side) would make the second registration fail.
+            rounded = -(-num_bytes // _PAGE) * _PAGE
+            base = torch.empty(rounded + _PAGE, dtype=torch.uint8)
+            offset = -base.data_ptr() % _PAGE
+            tensor = base[offset : offset + num_bytes].view(dtype).view(shape)
+        code = self._runtime.host_register(base.data_ptr() + offset, rounded)
         if code != 0:
             self._runtime.clear_last_error()
             raise PinningError(
-                f"could not page-lock {tensor.nbytes / 2**30:.2f} GiB of host memory for the KV cache "
+                f"could not page-lock {num_bytes / 2**30:.2f} GiB of host memory for the KV cache "
                 f"({self._runtime.error_string(code)}); lower the host memory budget (--host-memory) or the "
                 "context, or close other programs")
         self._registered[tensor.data_ptr()] = tensor

@@ -100,7 +100,7 @@ class Transfer:
         torch.stack([key.view(batch, num_groups, g, q_len, head_dim).permute(1, 3, 0, 2, 4),
                      value.view(batch, num_groups, g, q_len, head_dim).permute(1, 3, 0, 2, 4)], dim=3, out=out)
         if self.is_cuda:
-            staging.produced.record()
+            staging.produced.record(torch.cuda.current_stream(self.device))
         return index, out.unbind(0)
 
     def append(self, layer_idx: int, homes: LayerHomes, staged: tuple[torch.Tensor, ...], index: int,
@@ -109,12 +109,12 @@ class Transfer:
         host = [(home, block) for home, block in zip(homes, staged) if home.is_host]
         for home, block in zip(homes, staged):
             if not home.is_host:  # a resident home: a device copy, ordered on the compute stream
-                home.kv[position : position + block.shape[0]].copy_(block)
+                home.write(position, block)
         if not host:
             return
         if not self.is_cuda:
             for home, block in host:
-                home.kv[position : position + block.shape[0]].copy_(block)
+                home.write(position, block)
             return
         staging, appends = self._staging[index], self._appends[layer_idx]
         event = appends.events[appends.turn]
@@ -122,10 +122,12 @@ class Transfer:
         with torch.cuda.stream(self.d2h):
             # The copies must not start before the compute stream has written the staging buffer.
             self.d2h.wait_event(staging.produced)
-            for home, block in host:
-                home.kv[position : position + block.shape[0]].copy_(block, non_blocking=self._non_blocking)
-            staging.free.record(self.d2h)
-            event.record(self.d2h)
+            try:
+                for home, block in host:
+                    home.write(position, block, non_blocking=self._non_blocking)
+            finally:  # whatever was enqueued still reads the staging buffer: its reuse must wait for it
+                staging.free.record(self.d2h)
+                event.record(self.d2h)
         staging.free_recorded = True
         appends.entries = [*appends.entries[-1:], (position, event)]
 
@@ -146,9 +148,11 @@ class Transfer:
     # -- ping-pong fetches ---------------------------------------------------------------------------
     def prefetch(self, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> None:
         """Starts copying home tokens [start, stop) into a free ping-pong buffer with ``room`` tokens."""
-        if any(b.pending == slot and (b.start, b.stop) == (start, stop) for b in self._pingpong):
+        same_slot = next((b for b in self._pingpong if b.pending == slot), None)
+        if same_slot is not None and (same_slot.start, same_slot.stop) == (start, stop):
             return
-        buffer = next((b for b in self._pingpong if not b.is_used and b.pending is None), None)
+        # A stale fetch of this slot (another range) is replaced in its own buffer, never duplicated.
+        buffer = same_slot or next((b for b in self._pingpong if not b.is_used and b.pending is None), None)
         if buffer is None:
             return  # both busy: the slot is fetched on demand when acquired
         self._fetch(buffer, slot, home, start, stop, room)
@@ -187,7 +191,7 @@ class Transfer:
         buffer = self._pingpong[index]
         buffer.is_used = False
         if self.is_cuda:
-            buffer.free.record()
+            buffer.free.record(torch.cuda.current_stream(self.device))
             buffer.free_recorded = True
 
     def release_all(self) -> None:
@@ -205,9 +209,9 @@ class Transfer:
             buffer.kv, buffer.free_recorded = self._alloc_pingpong(capacity), False
         buffer.pending, buffer.start, buffer.stop = slot, start, stop
         self.num_fetches += 1
-        source, target = home.kv[start:stop], buffer.kv[: stop - start]
+        sources, target = home.blocks(start, stop), buffer.kv[: stop - start]
         if not self.is_cuda:
-            target.copy_(source)
+            _copy_parts(target, sources, non_blocking=False)
             return
         with torch.cuda.stream(self.h2d):
             if buffer.free_recorded:
@@ -217,7 +221,7 @@ class Transfer:
             if landing is not None:
                 # Earlier chunks of this layer may still be landing in the host home on the d2h stream.
                 self.h2d.wait_event(landing)
-            target.copy_(source, non_blocking=self._non_blocking)
+            _copy_parts(target, sources, non_blocking=self._non_blocking)
             buffer.ready.record(self.h2d)
 
     # -- bookkeeping -----------------------------------------------------------------------------------
@@ -248,10 +252,25 @@ class Transfer:
     def buffer_bytes(self) -> int:
         return sum(b.kv.nbytes for b in self._pingpong) + sum(s.flat.nbytes for s in self._staging)
 
+    # Buffers are created outside inference mode, so generate() (no_grad) may write them after an
+    # inference-mode forward allocated them.
+    @torch.inference_mode(False)
     def _alloc_pingpong(self, tokens: int) -> torch.Tensor:
         shape = (max(tokens, 1), self._batch, 2, self._group_size, self._head_dim)
         return torch.empty(shape, dtype=self._dtype, device=self.device)
 
+    @torch.inference_mode(False)
     def _alloc_staging(self, tokens: int) -> torch.Tensor:
         numel = max(tokens, 1) * self._batch * 2 * self._group_size * self._num_groups * self._head_dim
         return torch.empty(numel, dtype=self._dtype, device=self.device)
+
+
+def _copy_parts(target: torch.Tensor, parts: list[torch.Tensor], non_blocking: bool) -> None:
+    """Copies consecutive parts (one, or two where a ring wraps) into the rows of ``target`` in order."""
+    if len(parts) == 1:
+        target.copy_(parts[0], non_blocking=non_blocking)
+        return
+    done = 0
+    for part in parts:
+        target[done : done + part.shape[0]].copy_(part, non_blocking=non_blocking)
+        done += part.shape[0]

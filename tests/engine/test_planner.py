@@ -118,12 +118,24 @@ def test_smaller_group_uses_less_gpu(llama):
     assert gpu == sorted(gpu) and len(set(gpu)) == 4
 
 
-def test_sliding_window_caps_device_kv_not_host_kv():
+def test_sliding_window_caps_device_and_host_kv():
     shape = ModelShape.from_config(MistralConfig(sliding_window=4096), num_params=7 * 10**9)
     policy = OffloadPolicy(chunk_size=1024, head_group_size=1, resident_slots=0)
     short, long = (make_plan(shape, policy, n, device_is_cuda=True) for n in (2**16, 2**20))
     assert short.gpu_breakdown["kv_buffers"] == long.gpu_breakdown["kv_buffers"]  # window + chunk
-    assert long.host_bytes == 16 * short.host_bytes
+    ring = (4096 - 1 + 1024) * shape.num_layers * shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes
+    assert short.host_bytes == long.host_bytes == ring  # every layer keeps a ring of window + chunk
+
+
+def test_gemma3_host_kv_at_128k_drops_about_five_fold_with_window_rings():
+    from transformers import Gemma3TextConfig
+
+    config = Gemma3TextConfig(num_hidden_layers=48, sliding_window=1024, num_key_value_heads=8, head_dim=128)
+    shape = ModelShape.from_config(config, num_params=27 * 10**9)
+    policy = OffloadPolicy(chunk_size=4096, head_group_size=1, resident_slots=0)
+    plan = make_plan(shape, policy, 131072, device_is_cuda=True)
+    every_token = 131072 * shape.kv_bytes_per_token
+    assert 4.5 < every_token / plan.host_bytes < 6.0  # 1 layer in 6 is global: ~5x less host KV
 
 
 # --- adaptive resolution -----------------------------------------------------------------------

@@ -154,19 +154,22 @@ class HeadInferCache(Cache):
         num_groups = num_kv_heads // g
         num_slots = len(self.layers) * num_groups
         resident = _spread(min(self.plan.resident_slots, num_slots), num_slots)
+        if self.policy.kv_dtype is not None and not is_cuda:
+            resident = set()  # on a CPU-only machine every home is in RAM: 8-bit applies to all of them
         any_offloaded = len(resident) < num_slots
         chunk = self.policy.chunk_size
         # A fetch holds a group's visible past plus one chunk: a sliding layer never needs more than its window.
         visible = max(capacity if w is None else min(capacity, w - 1 + chunk) for w in self.shape.sliding_windows)
         self.transfer = Transfer(self.device, num_layers=len(self.layers), num_groups=num_groups,
                                  group_shape=(batch, g, head_dim), dtype=dtype,
-                                 buffer_tokens=visible if any_offloaded else 1, stage_tokens=chunk, pinned=pin)
+                                 buffer_tokens=visible if any_offloaded else 1, stage_tokens=chunk, pinned=pin,
+                                 kv_dtype=self.policy.kv_dtype)
         self._host = HostMemory(pin, self.transfer.fence)
         for layer in self.layers:
             groups = [HeadGroup(i * g, (i + 1) * g, (layer.layer_idx * num_groups + i) in resident)
                       for i in range(num_groups)]
             layer.homes = LayerHomes(groups, batch, head_dim, capacity, dtype, self.device, self._host,
-                                     window=layer.window, chunk=chunk)
+                                     window=layer.window, chunk=chunk, kv_dtype=self.policy.kv_dtype)
             layer.is_initialized = True
         self.schedule = Schedule([layer.homes for layer in self.layers], list(self.shape.sliding_windows),
                                  self.transfer, self.policy.overlap)

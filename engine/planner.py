@@ -159,14 +159,20 @@ def stored_tokens(shape: ModelShape, context: int, chunk: int) -> int:
     return sum(context if w is None else min(context, w - 1 + chunk) for w in shape.sliding_windows)
 
 
+def host_element_bytes(shape: ModelShape, kv_dtype: str | None) -> float:
+    """Host bytes per K or V element: the model's dtype, or 1 byte plus a 4-byte scale per head for 8-bit KV."""
+    return float(shape.dtype_bytes) if kv_dtype is None else 1.0 + 4.0 / shape.head_dim
+
+
 def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident: int,
-               cuda: bool) -> tuple[dict, int, int]:
+               cuda: bool, kv_dtype: str | None = None) -> tuple[dict, int, int]:
     """Returns (gpu breakdown, gpu bytes, host bytes) for a fully resolved configuration."""
     weights = shape.num_params * shape.dtype_bytes
     activations = min(chunk, context) * (shape.hidden_size + 2 * shape.intermediate_size) * shape.dtype_bytes
     logits = shape.vocab_size * _LOGIT_BYTES
-    per_layer_token = shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes  # all KV heads of one layer
-    kv_stored = stored_tokens(shape, context, chunk) * per_layer_token
+    # All KV heads of one layer, as stored in host memory (8-bit KV: codes + scales)
+    per_layer_token = shape.num_kv_heads * shape.head_dim * 2 * host_element_bytes(shape, kv_dtype)
+    kv_stored = int(stored_tokens(shape, context, chunk) * per_layer_token)
     if not cuda:  # compute happens on the host, so everything is host memory
         breakdown = dict.fromkeys(("weights", "kv_buffers", "kv_resident", "activations", "logits"), 0)
         return breakdown, 0, weights + kv_stored + activations + logits
@@ -235,10 +241,10 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
 
     chunk = policy.chunk_size
     group, resident = _resolve(shape, policy, context_tokens, device_is_cuda, gpu_budget)
-    breakdown, gpu, host = _footprint(shape, context_tokens, chunk, group, resident, device_is_cuda)
+    breakdown, gpu, host = _footprint(shape, context_tokens, chunk, group, resident, device_is_cuda, policy.kv_dtype)
 
     def fits_at(ctx: int) -> bool:
-        _, g, h = _footprint(shape, ctx, chunk, group, resident, device_is_cuda)
+        _, g, h = _footprint(shape, ctx, chunk, group, resident, device_is_cuda, policy.kv_dtype)
         return _within(g, gpu_budget) and _within(h, host_budget)
 
     max_ctx = _largest_fitting(fits_at)

@@ -25,6 +25,9 @@ class OffloadPolicy:
         max_context: tokens to pre-allocate in the host store; ``None`` grows on demand.
         gpu_memory: device memory budget in bytes; ``None`` reads the device.
         host_memory: host memory budget in bytes for the KV store; ``None`` reads the system.
+        kv_dtype: ``None`` (exact: K/V in the model's dtype), or ``"int8"`` / ``"fp8"``: host-memory KV stored
+            in 8 bits with a scale per token and head — half the RAM and link bytes of bf16, and LOSSY
+            (answers may differ from the model's own). Off by default.
     """
 
     chunk_size: int = 4096
@@ -35,6 +38,7 @@ class OffloadPolicy:
     max_context: int | None = None
     gpu_memory: int | None = None
     host_memory: int | None = None
+    kv_dtype: str | None = None
 
     def __post_init__(self) -> None:
         _check_positive("chunk_size", self.chunk_size)
@@ -48,6 +52,8 @@ class OffloadPolicy:
             value = getattr(self, name)
             if value is not None:
                 _check_positive(name, value)
+        if self.kv_dtype not in (None, "int8", "fp8"):
+            raise ValueError(f"kv_dtype must be None, 'int8' or 'fp8', got {self.kv_dtype!r}")
         if self.pin_memory not in (None, True, False):
             raise ValueError(f"pin_memory must be True, False or None, got {self.pin_memory!r}")
         if self.overlap not in (True, False):

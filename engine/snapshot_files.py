@@ -27,6 +27,7 @@ from .snapshot_format import (
     TOKENS_FILE,
     CorruptSnapshotError,
     FileEntry,
+    SnapshotError,
     SnapshotHeader,
     SnapshotIdentity,
     layer_file,
@@ -47,13 +48,13 @@ def layer_runs(homes: LayerHomes, num_tokens: int) -> list[torch.Tensor]:
     """The layer's saved tokens as contiguous runs in file order: per group, its [n, B, 2, g, D] tokens in order
     (two runs where a window ring wraps)."""
     start, stop = saved_range(homes.window, num_tokens)
-    return [run for home in homes for run in home.blocks(start, stop)]
+    return [run for home in homes for plane in range(len(home.planes)) for run in home.blocks(start, stop, plane)]
 
 
 def snapshot_bytes(cache: HeadInferCache, num_tokens: int) -> int:
     """The size a snapshot of the cache's first ``num_tokens`` tokens takes on disk (headers aside)."""
-    kv = cache.layers[0].homes[0].kv  # [capacity, B, 2, g, D]
-    per_token = cache.shape.num_kv_heads * kv.shape[1] * 2 * kv.shape[4] * kv.element_size()
+    home = cache.layers[0].homes[0]
+    per_token = sum(p[0].nbytes for p in home.planes) * cache.shape.num_kv_heads // home.group.size
     tokens = sum(stop - start for start, stop in (saved_range(w, num_tokens) for w in cache.shape.sliding_windows))
     return tokens * per_token + 4 * num_tokens
 
@@ -68,10 +69,10 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
     num_tokens = identity.num_tokens
     if any(layer.homes is None or layer.length < num_tokens for layer in cache.layers):
         raise ValueError(f"the cache does not hold the {num_tokens:,} tokens to save")
-    kv = cache.layers[0].homes[0].kv  # [capacity, B, 2, g, D]
-    batch, group_size, head_dim = kv.shape[1], kv.shape[3], kv.shape[4]
-    if dtype_name(kv.dtype) != identity.dtype:
-        raise ValueError(f"the cache holds {kv.dtype} K/V but the model runs in {identity.dtype}")
+    home = cache.layers[0].homes[0]
+    batch, group_size, head_dim = home.kv.shape[1], home.kv.shape[3], home.kv.shape[4]
+    if dtype_name(home.dtype) != identity.dtype:
+        raise ValueError(f"the cache holds {home.dtype} K/V but the model runs in {identity.dtype}")
     cache.synchronize()  # host homes are complete only once the asynchronous appends have landed
     scratch = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{target.name}-", dir=target.parent))
     try:
@@ -83,7 +84,8 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
                 runs = layer_runs(layer.homes, num_tokens)
                 files.append(FileEntry(name, *streamer.write_file(scratch / name, runs)))
         header = SnapshotHeader(identity, label, time.time(), len(cache.layers), cache.shape.num_kv_heads,
-                                head_dim, batch, tuple(files), policy or {}, head_group_size=group_size)
+                                head_dim, batch, tuple(files), policy or {}, head_group_size=group_size,
+                                kv_dtype=cache.policy.kv_dtype)
         _write_durably(scratch / HEADER_FILE, header.to_json().encode())
         _write_durably(scratch / LAST_USED_FILE, b"")
         fsync_directory(scratch)
@@ -136,13 +138,17 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
 
 def _prepare(cache: HeadInferCache, header: SnapshotHeader) -> None:
     """Empties the cache and makes sure its homes match the snapshot (dtype, batch, head_dim, capacity)."""
+    if header.kv_dtype != cache.policy.kv_dtype:
+        stored = lambda kind: kind or "the model's dtype"  # noqa: E731
+        raise SnapshotError(f"the snapshot holds K/V in {stored(header.kv_dtype)}, this session keeps "
+                            f"{stored(cache.policy.kv_dtype)}: read the document again")
     dtype = getattr(torch, header.identity.dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise CorruptSnapshotError(f"unknown dtype {header.identity.dtype!r} in the header")
     homes = cache.layers[0].homes
     if homes is not None:
         kv = homes[0].kv
-        if (kv.dtype, kv.shape[1], kv.shape[4]) != (dtype, header.batch, header.head_dim):
+        if (homes[0].dtype, kv.shape[1], kv.shape[4]) != (dtype, header.batch, header.head_dim):
             cache.release()
     if cache.layers[0].homes is None:
         cache.allocate(header.batch, header.head_dim, dtype, cache.device)
@@ -160,6 +166,8 @@ def _restore_runs(homes: LayerHomes, header: SnapshotHeader, num_tokens: int):
     g_file = header.head_group_size
     if all(home.group.size == g_file for home in homes):
         return layer_runs(homes, num_tokens), lambda: None
+    if header.kv_dtype is not None:
+        raise SnapshotError(f"this 8-bit snapshot was saved with head groups of {g_file}: restore it with the same")
     start, stop = saved_range(homes.window, num_tokens)
     num_groups, kv, n = header.num_kv_heads // g_file, homes[0].kv, stop - start
     scratch = torch.empty((num_groups, n, header.batch, 2, g_file, header.head_dim), dtype=kv.dtype)

@@ -87,6 +87,7 @@ class SnapshotHeader:
     byteorder: str = sys.byteorder
     version: int = FORMAT_VERSION
     head_group_size: int = 1  # the layer files hold one [tokens, B, 2, g, D] run per group of this many heads
+    kv_dtype: str | None = None  # 8-bit host KV ("int8" / "fp8"): each group's codes then its scales
 
     @property
     def key(self) -> str:

@@ -35,20 +35,36 @@ class HeadGroup:
 class GroupHome:
     """Storage of one (layer, head group); its layer knows how many tokens are valid.
 
+    ``planes`` are token-major tensors sharing their first dimension: ``[kv]`` in the model's dtype, or, for an
+    8-bit home (``quant.py``), ``[codes [capacity, B, 2, g, D], scales [capacity, B, 2, g, 1]]``.
+
     A home of a sliding-window layer is a *ring* (``window`` set): token ``p`` lives in row ``p % capacity``,
     and only the last ``capacity`` tokens exist. Its capacity is the window plus one chunk, so the tokens a
     future query can see are never overwritten by the chunk being appended (see ``LayerHomes``).
     """
 
-    def __init__(self, group: HeadGroup, kv: torch.Tensor, window: int | None = None):
+    def __init__(self, group: HeadGroup, planes: list[torch.Tensor], window: int | None = None,
+                 dtype: torch.dtype | None = None, kv_dtype: str | None = None):
+        kv = planes[0]
         assert kv.dim() == 5 and kv.shape[2] == 2 and kv.shape[3] == group.size, tuple(kv.shape)
         self.group = group
-        self.kv = kv  # [capacity, B, 2, g, D]
+        self.planes = planes
         self.window = window
+        self.dtype = dtype or kv.dtype  # what attention reads (codes are dequantized to it)
+        self.kv_dtype = kv_dtype  # None, or "int8" / "fp8": lossy 8-bit storage
         # Offloaded: in host memory and streamed through the ping-pong buffers. (On a CPU-only machine a
         # resident home is in host memory too, but it is read in place like any resident one.)
         self.is_host = not group.is_resident
-        self.anchor: tuple[int, torch.Tensor] | None = None  # (position, the window before it), see LayerHomes
+        self.anchor: tuple[int, list[torch.Tensor]] | None = None  # (position, the window before it, per plane)
+
+    @property
+    def kv(self) -> torch.Tensor:
+        """[capacity, B, 2, g, D]: K/V in the model's dtype, or their 8-bit codes."""
+        return self.planes[0]
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.kv_dtype is not None
 
     @property
     def is_ring(self) -> bool:
@@ -60,34 +76,55 @@ class GroupHome:
 
     @property
     def nbytes(self) -> int:
-        return self.kv.nbytes + (self.anchor[1].nbytes if self.anchor is not None else 0)
+        anchored = sum(t.nbytes for t in self.anchor[1]) if self.anchor is not None else 0
+        return sum(p.nbytes for p in self.planes) + anchored
 
     @property
     def device(self) -> torch.device:
         return self.kv.device
 
-    def blocks(self, start: int, stop: int) -> list[torch.Tensor]:
-        """Tokens [start, stop) as one or (a ring wrapping around) two contiguous [n, B, 2, g, D] views, in order."""
+    def blocks(self, start: int, stop: int, plane: int = 0) -> list[torch.Tensor]:
+        """Tokens [start, stop) of a plane as one or (a ring wrapping around) two contiguous views, in order."""
+        tensor = self.planes[plane]
         if not self.is_ring:
-            return [self.kv[start:stop]]
+            return [tensor[start:stop]]
         num, capacity = stop - start, self.capacity
         assert 0 <= num <= capacity, (start, stop, capacity)
         first = start % capacity
         if first + num <= capacity:
-            return [self.kv[first : first + num]]
-        return [self.kv[first:], self.kv[: first + num - capacity]]
+            return [tensor[first : first + num]]
+        return [tensor[first:], tensor[: first + num - capacity]]
 
-    def block(self, start: int, stop: int) -> torch.Tensor:
-        """Tokens [start, stop) as one [stop-start, B, 2, g, D] tensor: a view, or a copy where a ring wraps."""
-        parts = self.blocks(start, stop)
+    def read(self, start: int, stop: int, plane: int = 0) -> torch.Tensor:
+        """Tokens [start, stop) of a plane as one tensor (a view, or a copy where a ring wraps)."""
+        parts = self.blocks(start, stop, plane)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    def block(self, start: int, stop: int) -> torch.Tensor:
+        """Tokens [start, stop) as [stop-start, B, 2, g, D] in the model's dtype (8-bit homes: dequantized)."""
+        if not self.is_quantized:
+            return self.read(start, stop)
+        from .quant import dequantize
+
+        codes, scales = self.read(start, stop, 0), self.read(start, stop, 1)
+        return dequantize(codes, scales, torch.empty(codes.shape, dtype=self.dtype, device=codes.device))
+
     def write(self, position: int, block: torch.Tensor, non_blocking: bool = False) -> None:
-        """Copies block [n, B, 2, g, D] to tokens [position, position + n), split where a ring wraps."""
-        done = 0
-        for part in self.blocks(position, position + block.shape[0]):
-            part.copy_(block[done : done + part.shape[0]], non_blocking=non_blocking)
-            done += part.shape[0]
+        """Stores block [n, B, 2, g, D] (the model's dtype) at tokens [position, position + n)."""
+        if self.is_quantized:
+            from .quant import quantize
+
+            self.write_planes(position, list(quantize(block, self.kv_dtype)), non_blocking)
+        else:
+            self.write_planes(position, [block], non_blocking)
+
+    def write_planes(self, position: int, parts: list[torch.Tensor], non_blocking: bool = False) -> None:
+        """Copies one block per plane to tokens [position, position + n), split where a ring wraps."""
+        for plane, block in enumerate(parts):
+            done = 0
+            for part in self.blocks(position, position + block.shape[0], plane):
+                part.copy_(block[done : done + part.shape[0]], non_blocking=non_blocking)
+                done += part.shape[0]
 
     def keys(self, start: int, stop: int) -> torch.Tensor:
         """[B, g, stop-start, D] keys (for inspection and tests; the hot path reads blocks)."""
@@ -108,13 +145,17 @@ class LayerHomes:
 
     def __init__(self, groups: list[HeadGroup], batch: int, head_dim: int, capacity: int,
                  dtype: torch.dtype, device: torch.device, host: HostMemory, *, window: int | None = None,
-                 chunk: int = 4096):
+                 chunk: int = 4096, kv_dtype: str | None = None):
         self._host = host
         self.window = window
         if window is not None:
             capacity = min(capacity, window - 1 + chunk)
-        self.homes = [GroupHome(g, self._empty(g, (capacity, batch, 2, g.size, head_dim), dtype, device), window)
-                      for g in groups]
+        self.homes = []
+        for g in groups:
+            quantized = kv_dtype if not g.is_resident else None  # 8-bit where RAM binds: host homes
+            planes = [self._empty(g, (capacity, *shape), plane_dtype, device)
+                      for shape, plane_dtype in _plane_specs(batch, g.size, head_dim, dtype, quantized)]
+            self.homes.append(GroupHome(g, planes, window, dtype, quantized))
 
     @property
     def chunk_room(self) -> int:
@@ -153,34 +194,27 @@ class LayerHomes:
         """Makes room for ``num_tokens`` keeping the first ``num_valid`` (rings: room for a ``chunk``-token
         append); the caller has fenced the copy streams."""
         for home in self.homes:
-            if home.is_ring:
-                needed = self.window - 1 + chunk
-                if needed <= home.capacity:
-                    continue
-                keep = min(num_valid, home.capacity)
-                kept = home.block(num_valid - keep, num_valid).clone()  # in token order
-            else:
-                if num_tokens <= home.capacity:
-                    continue
-                needed = max(num_tokens, 2 * home.capacity)
+            needed = self.window - 1 + chunk if home.is_ring else max(num_tokens, 2 * home.capacity)
+            if (home.is_ring and needed <= home.capacity) or (not home.is_ring and num_tokens <= home.capacity):
+                continue
             logger.info("growing KV home of heads %d-%d from %d to %d tokens (plan max_context / chunk_size to "
                         "avoid this)", home.group.start, home.group.stop, home.capacity, needed)
-            old = home.kv
-            home.kv = self._empty(home.group, (needed, *old.shape[1:]), old.dtype, old.device)
-            if home.is_ring:
-                home.write(num_valid - keep, kept)
-            else:
-                home.kv[:num_valid].copy_(old[:num_valid])
+            first = max(0, num_valid - home.capacity) if home.is_ring else 0
+            kept = [home.read(first, num_valid, p).clone() for p in range(len(home.planes))]  # in token order
+            old = home.planes
+            home.planes = [self._empty(home.group, (needed, *p.shape[1:]), p.dtype, p.device) for p in old]
+            home.write_planes(first, kept)
             if home.is_host:
-                self._host.free(old)
+                for plane in old:
+                    self._host.free(plane)
 
     def set_anchor(self, position: int) -> None:
-        """Keeps a copy of the window before ``position`` (rings only), so ``restore_anchor`` can crop back to it."""
+        """Keeps a copy of the window before ``position`` (rings only), so ``crop_to`` can return to it."""
         if self.window is None:
             return
         first = max(0, position - (self.window - 1))
         for home in self.homes:
-            home.anchor = (position, home.block(first, position).clone())
+            home.anchor = (position, [home.read(first, position, p).clone() for p in range(len(home.planes))])
 
     def can_crop_to(self, position: int, length: int) -> bool:
         if self.window is None or position == length:
@@ -200,4 +234,13 @@ class LayerHomes:
             raise ValueError(f"cannot crop a sliding-window layer back from {length} to {position} tokens: the ring "
                              "no longer holds the window before it (anchor that position first)")
         for home in self.homes:
-            home.write(first, home.anchor[1])
+            home.write_planes(first, home.anchor[1])
+
+
+def _plane_specs(batch: int, group_size: int, head_dim: int, dtype: torch.dtype, kv_dtype: str | None):
+    """(shape after the token dimension, dtype) of each plane of a home."""
+    if kv_dtype is None:
+        return [((batch, 2, group_size, head_dim), dtype)]
+    from .quant import SCALE_DTYPE, storage_dtype
+
+    return [((batch, 2, group_size, head_dim), storage_dtype(kv_dtype)), ((batch, 2, group_size, 1), SCALE_DTYPE)]

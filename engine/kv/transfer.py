@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import quant
 from .homes import GroupHome, LayerHomes
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ class _PingPong:
     start: int = 0
     stop: int = 0
     free_recorded: bool = False
+    codes: list[torch.Tensor] | None = None  # 8-bit homes land here ([codes, scales]), then dequantize into kv
+    is_coded: bool = False  # the last fetch landed in ``codes`` and still needs dequantizing
 
 
 @dataclass
@@ -47,6 +50,7 @@ class _Staging:
     produced: torch.cuda.Event | None  # recorded on compute after the chunk was written
     free: torch.cuda.Event | None  # recorded on d2h after the appends read it
     free_recorded: bool = False
+    codes: list[torch.Tensor] | None = None  # the chunk quantized for 8-bit homes: [codes, scales] flat
 
 
 @dataclass
@@ -62,18 +66,19 @@ class Transfer:
     """Owns the streams, the staging and ping-pong buffers and every event of one cache."""
 
     def __init__(self, device: torch.device, *, num_layers: int, num_groups: int, group_shape: tuple[int, int, int],
-                 dtype: torch.dtype, buffer_tokens: int, stage_tokens: int, pinned: bool):
+                 dtype: torch.dtype, buffer_tokens: int, stage_tokens: int, pinned: bool, kv_dtype: str | None = None):
         self.device = device
         self.is_cuda = device.type == "cuda"
         self._non_blocking = self.is_cuda and pinned  # async only from/to page-locked memory
         self.h2d = torch.cuda.Stream(device) if self.is_cuda else None
         self.d2h = torch.cuda.Stream(device) if self.is_cuda else None
         self._batch, self._group_size, self._head_dim = group_shape
-        self._num_groups, self._dtype = num_groups, dtype
-        self._pingpong = [_PingPong(self._alloc_pingpong(buffer_tokens), _event(self.is_cuda), _event(self.is_cuda))
-                          for _ in range(2)]
-        self._staging = [_Staging(self._alloc_staging(stage_tokens), _event(self.is_cuda), _event(self.is_cuda))
-                         for _ in range(2)]
+        self._num_groups, self._dtype, self.kv_dtype = num_groups, dtype, kv_dtype
+        self._pingpong = [_PingPong(self._alloc_pingpong(buffer_tokens), _event(self.is_cuda), _event(self.is_cuda),
+                                    codes=self._alloc_codes(buffer_tokens)) for _ in range(2)]
+        self._staging = [_Staging(self._alloc_staging(stage_tokens), _event(self.is_cuda), _event(self.is_cuda),
+                                  codes=self._alloc_codes(stage_tokens * num_groups)) for _ in range(2)]
+        self._staged_codes: dict[int, tuple] = {}
         self._next_staging = 0
         self._appends = [_Appends((_event(self.is_cuda), _event(self.is_cuda))) for _ in range(num_layers)]
         self.num_fetches = 0  # every fetch into a ping-pong buffer ...
@@ -92,6 +97,7 @@ class Transfer:
             self.synchronize()  # rare (a forward longer than the planned chunk): a safe point to swap buffers
             logger.info("growing staging buffer %d to %d tokens", index, q_len)
             staging.flat, staging.free_recorded = self._alloc_staging(q_len), False
+            staging.codes = self._alloc_codes(q_len * num_groups)
         if staging.free_recorded:
             # The appends of two layers ago may still be reading this buffer on the d2h stream.
             torch.cuda.current_stream(self.device).wait_event(staging.free)
@@ -99,6 +105,10 @@ class Transfer:
         # [B, KVH, Q, D] -> [G, Q, B, g, D] per K and V, stacked on the K/V axis
         torch.stack([key.view(batch, num_groups, g, q_len, head_dim).permute(1, 3, 0, 2, 4),
                      value.view(batch, num_groups, g, q_len, head_dim).permute(1, 3, 0, 2, 4)], dim=3, out=out)
+        if self.kv_dtype is not None:  # 8-bit host homes receive the chunk quantized (half the d2h bytes)
+            codes = [c[: num_groups * q_len].view(num_groups, q_len, *c.shape[1:]) for c in staging.codes]
+            quant.quantize(out, self.kv_dtype, out=(codes[0], codes[1]))
+            self._staged_codes[index] = tuple(zip(codes[0].unbind(0), codes[1].unbind(0)))
         if self.is_cuda:
             staging.produced.record(torch.cuda.current_stream(self.device))
         return index, out.unbind(0)
@@ -106,15 +116,18 @@ class Transfer:
     def append(self, layer_idx: int, homes: LayerHomes, staged: tuple[torch.Tensor, ...], index: int,
                position: int) -> None:
         """Copies the staged chunk into every home of the layer at ``position`` (host homes on the d2h stream)."""
-        host = [(home, block) for home, block in zip(homes, staged) if home.is_host]
-        for home, block in zip(homes, staged):
+        coded = self._staged_codes.get(index)
+        host = []  # (home, one block per plane)
+        for group_idx, (home, block) in enumerate(zip(homes, staged)):
             if not home.is_host:  # a resident home: a device copy, ordered on the compute stream
                 home.write(position, block)
+            else:
+                host.append((home, list(coded[group_idx]) if home.is_quantized else [block]))
         if not host:
             return
         if not self.is_cuda:
-            for home, block in host:
-                home.write(position, block)
+            for home, parts in host:
+                home.write_planes(position, parts)
             return
         staging, appends = self._staging[index], self._appends[layer_idx]
         event = appends.events[appends.turn]
@@ -123,8 +136,8 @@ class Transfer:
             # The copies must not start before the compute stream has written the staging buffer.
             self.d2h.wait_event(staging.produced)
             try:
-                for home, block in host:
-                    home.write(position, block, non_blocking=self._non_blocking)
+                for home, parts in host:
+                    home.write_planes(position, parts, non_blocking=self._non_blocking)
             finally:  # whatever was enqueued still reads the staging buffer: its reuse must wait for it
                 staging.free.record(self.d2h)
                 event.record(self.d2h)
@@ -177,6 +190,10 @@ class Transfer:
         if self.is_cuda:
             # Attention must not read the buffer before its copy has landed.
             torch.cuda.current_stream(self.device).wait_event(buffer.ready)
+        if buffer.is_coded:  # 8-bit codes landed: dequantize into the buffer attention reads
+            num = buffer.stop - buffer.start
+            quant.dequantize(buffer.codes[0][:num], buffer.codes[1][:num], out=buffer.kv[:num])
+            buffer.is_coded = False
         buffer.pending, buffer.is_used = None, True
         return index
 
@@ -207,11 +224,16 @@ class Transfer:
             capacity = max(room, buffer.kv.shape[0] + buffer.kv.shape[0] // 2)
             logger.info("growing ping-pong buffers to %d tokens", capacity)
             buffer.kv, buffer.free_recorded = self._alloc_pingpong(capacity), False
+            buffer.codes = self._alloc_codes(capacity)
         buffer.pending, buffer.start, buffer.stop = slot, start, stop
+        buffer.is_coded = home.is_quantized
         self.num_fetches += 1
-        sources, target = home.blocks(start, stop), buffer.kv[: stop - start]
+        num = stop - start
+        targets = [c[:num] for c in buffer.codes] if home.is_quantized else [buffer.kv[:num]]
+        copies = [(target, home.blocks(start, stop, plane)) for plane, target in enumerate(targets)]
         if not self.is_cuda:
-            _copy_parts(target, sources, non_blocking=False)
+            for target, sources in copies:
+                _copy_parts(target, sources, non_blocking=False)
             return
         with torch.cuda.stream(self.h2d):
             if buffer.free_recorded:
@@ -221,7 +243,8 @@ class Transfer:
             if landing is not None:
                 # Earlier chunks of this layer may still be landing in the host home on the d2h stream.
                 self.h2d.wait_event(landing)
-            _copy_parts(target, sources, non_blocking=self._non_blocking)
+            for target, sources in copies:
+                _copy_parts(target, sources, non_blocking=self._non_blocking)
             buffer.ready.record(self.h2d)
 
     # -- bookkeeping -----------------------------------------------------------------------------------
@@ -250,7 +273,9 @@ class Transfer:
 
     @property
     def buffer_bytes(self) -> int:
-        return sum(b.kv.nbytes for b in self._pingpong) + sum(s.flat.nbytes for s in self._staging)
+        coded = [c for holder in [*self._pingpong, *self._staging] for c in (holder.codes or [])]
+        return (sum(b.kv.nbytes for b in self._pingpong) + sum(s.flat.nbytes for s in self._staging)
+                + sum(c.nbytes for c in coded))
 
     # Buffers are created outside inference mode, so generate() (no_grad) may write them after an
     # inference-mode forward allocated them.
@@ -258,6 +283,15 @@ class Transfer:
     def _alloc_pingpong(self, tokens: int) -> torch.Tensor:
         shape = (max(tokens, 1), self._batch, 2, self._group_size, self._head_dim)
         return torch.empty(shape, dtype=self._dtype, device=self.device)
+
+    @torch.inference_mode(False)
+    def _alloc_codes(self, rows: int) -> list[torch.Tensor] | None:
+        """[rows, B, 2, g, D] codes and [rows, B, 2, g, 1] scales for 8-bit homes; None without them."""
+        if self.kv_dtype is None:
+            return None
+        shape = (max(rows, 1), self._batch, 2, self._group_size)
+        return [torch.empty((*shape, self._head_dim), dtype=quant.storage_dtype(self.kv_dtype), device=self.device),
+                torch.empty((*shape, 1), dtype=quant.SCALE_DTYPE, device=self.device)]
 
     @torch.inference_mode(False)
     def _alloc_staging(self, tokens: int) -> torch.Tensor:

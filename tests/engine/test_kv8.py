@@ -1,0 +1,80 @@
+"""Optional 8-bit host KV: lossy by design, bounded error, half the bytes, snapshots keep their codes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+import engine
+from engine.kv import quant
+
+
+@pytest.mark.parametrize("kv_dtype, tolerance", [("int8", 1 / 127), ("fp8", 1 / 16)])
+def test_quantize_roundtrip_error_is_bounded_per_token_and_head(kv_dtype, tolerance):
+    torch.manual_seed(0)
+    block = torch.randn(50, 1, 2, 3, 64) * torch.logspace(-3, 2, 50)[:, None, None, None, None]
+    codes, scales = quant.quantize(block, kv_dtype)
+    assert codes.dtype == quant.storage_dtype(kv_dtype) and scales.shape == (50, 1, 2, 3, 1)
+    restored = quant.dequantize(codes, scales, torch.empty_like(block))
+    # relative to each (token, K/V, head) row's own largest value: small rows keep their precision
+    error = (restored - block).abs().amax(-1) / block.abs().amax(-1)
+    assert float(error.max()) <= tolerance
+
+
+def _pair():
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
+    torch.manual_seed(0)
+    stock = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="headinfer").eval()
+    model.load_state_dict(stock.state_dict())
+    return stock, model
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+@torch.inference_mode()
+def test_8bit_host_kv_is_close_to_exact_and_takes_about_a_quarter_of_fp32(kv_dtype):
+    stock, model = _pair()
+    ids = torch.randint(0, 97, (1, 60), generator=torch.Generator().manual_seed(1))
+    exact = engine.HeadInferCache(model.config, device="cpu", chunk_size=16, resident_slots=0, max_context=64)
+    coded = engine.HeadInferCache(model.config, device="cpu", chunk_size=16, kv_dtype=kv_dtype, max_context=64)
+    for s in range(0, 60, 16):
+        expected = model(ids[:, s : s + 16], past_key_values=exact).logits
+        actual = model(ids[:, s : s + 16], past_key_values=coded).logits
+    assert all(h.is_quantized for layer in coded.layers for h in layer.homes)
+    assert float((actual - expected).abs().max() / expected.abs().max()) < 0.05
+    assert coded.kv_bytes()["host"] == pytest.approx(exact.kv_bytes()["host"] * (1 + 4 / 16) / 4)
+    assert coded.plan.max_context_tokens > 3 * exact.plan.max_context_tokens  # the planner counts 8-bit homes
+
+
+@torch.inference_mode()
+def test_8bit_snapshot_restores_codes_and_refuses_a_session_with_other_kv(tmp_path):
+    from engine.fingerprint import ModelFingerprint, token_ids_digest
+    from engine.snapshot_files import read_snapshot, write_snapshot
+    from engine.snapshot_format import SnapshotError, SnapshotIdentity, read_header
+
+    _, model = _pair()
+    ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(2))
+    cache = engine.HeadInferCache(model.config, device="cpu", kv_dtype="int8", max_context=64)
+    model(ids[:, :30], past_key_values=cache)
+    identity = SnapshotIdentity(ModelFingerprint("llama", "t", "0", "0"), "float32", "0",
+                                token_ids_digest(ids[0, :30].tolist()), 30)
+    write_snapshot(tmp_path / "s", cache, identity, ids[0, :30].tolist())
+    header = read_header(tmp_path / "s")
+    restored = engine.HeadInferCache(model.config, device="cpu", kv_dtype="int8", max_context=64)
+    read_snapshot(tmp_path / "s", header, restored)
+    for a, b in zip(cache.layers, restored.layers):
+        assert all(torch.equal(x.kv[:30], y.kv[:30]) and torch.equal(x.planes[1][:30], y.planes[1][:30])
+                   for x, y in zip(a.homes, b.homes))
+    assert torch.equal(model(ids[:, 30:], past_key_values=cache).logits,
+                       model(ids[:, 30:], past_key_values=restored).logits)
+    with pytest.raises(SnapshotError, match="read the document again"):
+        read_snapshot(tmp_path / "s", header, engine.HeadInferCache(model.config, device="cpu", max_context=64))
+
+
+def test_kv_dtype_is_validated():
+    with pytest.raises(ValueError, match="kv_dtype"):
+        engine.OffloadPolicy(kv_dtype="int4")

@@ -20,6 +20,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .attention import ATTENTION_NAME
 from .kv import HeadGroup, HostMemory, LayerHomes, Schedule, Transfer
+from .kv.disk import DiskMemory
 from .kv import route
 from .planner import ModelShape, Plan, make_plan
 from .policy import OffloadPolicy
@@ -132,6 +133,7 @@ class HeadInferCache(Cache):
         self.transfer: Transfer | None = None
         self.schedule: Schedule | None = None
         self._host: HostMemory | None = None
+        self._disk: DiskMemory | None = None
         self.plan: Plan = self._plan(self.policy.max_context or getattr(text_config, "max_position_embeddings", 8192))
         if self.policy.max_context is not None:
             # Refuse a context the machine cannot hold before a single byte is allocated.
@@ -146,6 +148,13 @@ class HeadInferCache(Cache):
 
     def allocate(self, batch: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         """Creates every layer's homes; called at the first update (shapes from the model) or before a restore."""
+        try:
+            self._allocate(batch, head_dim, dtype, device)
+        except BaseException:
+            self.release()  # all or nothing: a refused page-lock or a full disk leaves no half-made cache
+            raise
+
+    def _allocate(self, batch: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         self.device, self.dtype = torch.device(device), dtype
         capacity = self.policy.max_context or _GROWTH_CAPACITY
         is_cuda = self.device.type == "cuda"
@@ -156,6 +165,12 @@ class HeadInferCache(Cache):
         resident = _spread(min(self.plan.resident_slots, num_slots), num_slots)
         if self.policy.kv_dtype is not None and not is_cuda:
             resident = set()  # on a CPU-only machine every home is in RAM: 8-bit applies to all of them
+        # The disk tier: the plan's disk slots, spread among the homes in RAM (offloaded ones; on a CPU-only
+        # machine any), so that reading one from disk always has RAM slots' compute to hide behind.
+        in_ram = [i for i in range(num_slots) if i not in resident or not is_cuda]
+        on_disk = {in_ram[k] for k in _spread(min(self.plan.disk_slots, len(in_ram)), len(in_ram))}
+        resident -= on_disk
+        self._disk = DiskMemory(self.policy.disk_dir) if on_disk else None
         any_offloaded = len(resident) < num_slots
         chunk = self.policy.chunk_size
         # A fetch holds a group's visible past plus one chunk: a sliding layer never needs more than its window.
@@ -166,15 +181,16 @@ class HeadInferCache(Cache):
                                  kv_dtype=self.policy.kv_dtype)
         self._host = HostMemory(pin, self.transfer.fence)
         for layer in self.layers:
-            groups = [HeadGroup(i * g, (i + 1) * g, (layer.layer_idx * num_groups + i) in resident)
-                      for i in range(num_groups)]
+            slots = [layer.layer_idx * num_groups + i for i in range(num_groups)]
+            groups = [HeadGroup(i * g, (i + 1) * g, slot in resident, slot in on_disk) for i, slot in enumerate(slots)]
             layer.homes = LayerHomes(groups, batch, head_dim, capacity, dtype, self.device, self._host,
-                                     window=layer.window, chunk=chunk, kv_dtype=self.policy.kv_dtype)
+                                     window=layer.window, chunk=chunk, kv_dtype=self.policy.kv_dtype, disk=self._disk)
             layer.is_initialized = True
         self.schedule = Schedule([layer.homes for layer in self.layers], list(self.shape.sliding_windows),
-                                 self.transfer, self.policy.overlap)
-        logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, capacity %d tokens, %s",
-                    len(self.layers), num_groups, g, len(resident), capacity, self.device)
+                                 self.transfer, self.policy.overlap, disk=self._disk)
+        logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, %d on disk, "
+                    "capacity %d tokens, %s", len(self.layers), num_groups, g, len(resident), len(on_disk), capacity,
+                    self.device)
 
     def reserve(self, num_tokens: int, chunk: int = 0) -> None:
         """Grows every home to hold ``num_tokens`` (window rings: a ``chunk``-token append), keeping what they hold."""
@@ -243,14 +259,18 @@ class HeadInferCache(Cache):
             layer.homes, layer.length, layer.is_initialized = None, 0, False
         if self._host is not None:
             self._host.free_all()  # unlocks host memory only now that no copy can touch it
-        self.transfer, self.schedule, self._host = None, None, None
+        if self._disk is not None:
+            self._disk.close()  # unmaps and deletes the disk tier's files
+        self.transfer, self.schedule, self._host, self._disk = None, None, None, None
 
     def kv_bytes(self) -> dict[str, int]:
-        """Bytes held: ``device`` (resident homes + staging and ping-pong buffers) and ``host`` (offloaded homes)."""
+        """Bytes held: ``device`` (resident homes + staging and ping-pong buffers), ``host`` (homes in RAM) and
+        ``disk`` (the disk tier's files)."""
         homes = [layer.homes for layer in self.layers if layer.homes is not None]
         on_device = sum(h.nbytes(on_device=True) for h in homes)
         buffers = self.transfer.buffer_bytes if self.transfer else 0
-        return {"device": on_device + buffers, "host": sum(h.nbytes(on_device=False) for h in homes)}
+        return {"device": on_device + buffers, "host": sum(h.nbytes(on_device=False) for h in homes),
+                "disk": sum(h.disk_bytes for h in homes)}
 
 
 def _spread(count: int, total: int) -> set[int]:

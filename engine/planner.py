@@ -110,6 +110,8 @@ class Plan:
     fits: bool
     reason: str
     max_context_tokens: int
+    disk_bytes: int = 0  # the disk tier's share of the offloaded KV (policy.disk_dir)
+    disk_slots: int = 0  # offloaded slots whose homes are files
 
     def require_fit(self) -> None:
         """Raises :class:`PlanError` explaining what does not fit."""
@@ -170,9 +172,7 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
     weights = shape.num_params * shape.dtype_bytes
     activations = min(chunk, context) * (shape.hidden_size + 2 * shape.intermediate_size) * shape.dtype_bytes
     logits = shape.vocab_size * _LOGIT_BYTES
-    # All KV heads of one layer, as stored in host memory (8-bit KV: codes + scales)
-    per_layer_token = shape.num_kv_heads * shape.head_dim * 2 * host_element_bytes(shape, kv_dtype)
-    kv_stored = int(stored_tokens(shape, context, chunk) * per_layer_token)
+    kv_stored = _kv_stored(shape, context, chunk, kv_dtype)  # every layer, as stored in RAM (8-bit: + scales)
     if not cuda:  # compute happens on the host, so everything is host memory
         breakdown = dict.fromkeys(("weights", "kv_buffers", "kv_resident", "activations", "logits"), 0)
         return breakdown, 0, weights + kv_stored + activations + logits
@@ -242,10 +242,22 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     chunk = policy.chunk_size
     group, resident = _resolve(shape, policy, context_tokens, device_is_cuda, gpu_budget)
     breakdown, gpu, host = _footprint(shape, context_tokens, chunk, group, resident, device_is_cuda, policy.kv_dtype)
+    total_slots = shape.num_layers * (shape.num_kv_heads // group)
+    disk_budget = _disk_budget(policy)
+    candidates = total_slots - resident if device_is_cuda else total_slots  # CPU: every home is in RAM
+
+    def split(ctx: int, h: int) -> tuple[int, int, int]:
+        if policy.disk_dir is None:
+            return h, 0, 0
+        kv_host = h if device_is_cuda else _kv_stored(shape, ctx, chunk, policy.kv_dtype)
+        return _split_disk(h, kv_host, candidates, host_budget)
+
+    host, disk, disk_slots = split(context_tokens, host)
 
     def fits_at(ctx: int) -> bool:
         _, g, h = _footprint(shape, ctx, chunk, group, resident, device_is_cuda, policy.kv_dtype)
-        return _within(g, gpu_budget) and _within(h, host_budget)
+        h, d, _ = split(ctx, h)
+        return _within(g, gpu_budget) and _within(h, host_budget) and _within(d, disk_budget)
 
     max_ctx = _largest_fitting(fits_at)
     reasons = []
@@ -257,14 +269,48 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
             "use a smaller head_group_size or chunk_size, or fewer resident_slots")
     if not _within(host, host_budget):
         what = "the offloaded KV cache" if device_is_cuda else "weights + KV cache + activations"
-        reasons.append(f"host memory: {what} needs {_size(host)} but the budget is {_size(host_budget)}")
+        reasons.append(f"host memory: {what} needs {_size(host)} but the budget is {_size(host_budget)}"
+                       + ("" if policy.disk_dir else "; a disk tier (--kv-disk-dir) or 8-bit KV would hold more"))
+    if not _within(disk, disk_budget):
+        reasons.append(f"disk tier: needs {_size(disk)} in {policy.disk_dir} but {_size(disk_budget)} is free")
     if reasons:
         reasons.append(f"at most {max_ctx:,} context tokens fit with this configuration")
     groups = math.ceil(shape.num_kv_heads / group)
     plan = Plan(context_tokens, chunk, group, groups, resident, shape.num_layers * groups, device_is_cuda,
-                breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx)
+                breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx,
+                disk_bytes=disk, disk_slots=disk_slots)
     logger.debug("plan: %s", plan.summary().replace("\n", " | "))
     return plan
+
+
+def _disk_budget(policy: OffloadPolicy) -> int | None:
+    if policy.disk_dir is None:
+        return None
+    if policy.disk_memory is not None:
+        return policy.disk_memory
+    import shutil
+    from pathlib import Path
+
+    folder = Path(policy.disk_dir).expanduser()
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return shutil.disk_usage(folder).free
+
+
+def _kv_stored(shape: ModelShape, context: int, chunk: int, kv_dtype: str | None) -> int:
+    per_layer_token = shape.num_kv_heads * shape.head_dim * 2 * host_element_bytes(shape, kv_dtype)
+    return int(stored_tokens(shape, context, chunk) * per_layer_token)
+
+
+def _split_disk(host: int, kv_host: int, slots: int, host_budget: int | None) -> tuple[int, int, int]:
+    """(host bytes, disk bytes, disk slots): whole slots of the ``kv_host`` KV bytes in RAM (over ``slots`` homes)
+    move to the disk tier until the rest fits ``host_budget``."""
+    if host_budget is None or host <= host_budget or slots == 0 or kv_host == 0:
+        return host, 0, 0
+    per_slot = kv_host / slots
+    moved = min(slots, math.ceil((host - host_budget) / per_slot))
+    disk = int(moved * per_slot)
+    return host - disk, disk, moved
 
 
 def _largest_fitting(fits_at) -> int:

@@ -28,6 +28,9 @@ class OffloadPolicy:
         kv_dtype: ``None`` (exact: K/V in the model's dtype), or ``"int8"`` / ``"fp8"``: host-memory KV stored
             in 8 bits with a scale per token and head — half the RAM and link bytes of bf16, and LOSSY
             (answers may differ from the model's own). Off by default.
+        disk_dir: a folder for the disk tier: when the offloaded KV exceeds ``host_memory``, the rest of the
+            slots live in files there (exact, slower). ``None``: no disk tier.
+        disk_memory: bytes the disk tier may use; ``None``: the folder's free space.
     """
 
     chunk_size: int = 4096
@@ -39,6 +42,8 @@ class OffloadPolicy:
     gpu_memory: int | None = None
     host_memory: int | None = None
     kv_dtype: str | None = None
+    disk_dir: str | None = None
+    disk_memory: int | None = None
 
     def __post_init__(self) -> None:
         _check_positive("chunk_size", self.chunk_size)
@@ -48,7 +53,7 @@ class OffloadPolicy:
             raise ValueError(f"resident_slots must be an integer >= 0 or None, got {self.resident_slots!r}")
         if self.max_context is not None:
             _check_positive("max_context", self.max_context)
-        for name in ("gpu_memory", "host_memory"):
+        for name in ("gpu_memory", "host_memory", "disk_memory"):
             value = getattr(self, name)
             if value is not None:
                 _check_positive(name, value)

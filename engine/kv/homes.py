@@ -26,6 +26,7 @@ class HeadGroup:
     start: int
     stop: int
     is_resident: bool
+    is_on_disk: bool = False  # an offloaded home in a file (the disk tier) instead of RAM
 
     @property
     def size(self) -> int:
@@ -145,8 +146,9 @@ class LayerHomes:
 
     def __init__(self, groups: list[HeadGroup], batch: int, head_dim: int, capacity: int,
                  dtype: torch.dtype, device: torch.device, host: HostMemory, *, window: int | None = None,
-                 chunk: int = 4096, kv_dtype: str | None = None):
+                 chunk: int = 4096, kv_dtype: str | None = None, disk=None):
         self._host = host
+        self._disk = disk  # DiskMemory for groups on the disk tier
         self.window = window
         if window is not None:
             capacity = min(capacity, window - 1 + chunk)
@@ -173,6 +175,8 @@ class LayerHomes:
         return max(0, length - self.homes[0].capacity) if self.window is not None else 0
 
     def _empty(self, group: HeadGroup, shape, dtype, device) -> torch.Tensor:
+        if group.is_on_disk:
+            return self._disk.empty(shape, dtype)
         if group.is_resident:
             with torch.inference_mode(False):  # written in place later, also outside inference mode
                 return torch.empty(shape, dtype=dtype, device=device)
@@ -188,7 +192,12 @@ class LayerHomes:
         return self.homes[index]
 
     def nbytes(self, on_device: bool) -> int:
-        return sum(h.nbytes for h in self.homes if (h.device.type != "cpu") == on_device)
+        """Bytes of the homes on the compute device (``on_device``) or in RAM (the disk tier not counted)."""
+        return sum(h.nbytes for h in self.homes if (h.device.type != "cpu") == on_device and not h.group.is_on_disk)
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(h.nbytes for h in self.homes if h.group.is_on_disk)
 
     def reserve(self, num_tokens: int, num_valid: int, chunk: int) -> None:
         """Makes room for ``num_tokens`` keeping the first ``num_valid`` (rings: room for a ``chunk``-token
@@ -206,7 +215,7 @@ class LayerHomes:
             home.write_planes(first, kept)
             if home.is_host:
                 for plane in old:
-                    self._host.free(plane)
+                    (self._disk if home.group.is_on_disk else self._host).free(plane)
 
     def set_anchor(self, position: int) -> None:
         """Keeps a copy of the window before ``position`` (rings only), so ``crop_to`` can return to it."""

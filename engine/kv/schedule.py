@@ -31,8 +31,10 @@ def visible_start(past: int, window: int | None) -> int:
 class Schedule:
     """Runs each layer's head groups in order and keeps the next offloaded slot in flight."""
 
-    def __init__(self, layers: list[LayerHomes], windows: list[int | None], transfer: Transfer, overlap: bool):
+    def __init__(self, layers: list[LayerHomes], windows: list[int | None], transfer: Transfer, overlap: bool,
+                 disk=None):
         self.layers, self.windows, self.transfer, self.overlap = layers, windows, transfer, overlap
+        self.disk = disk  # DiskMemory of the disk tier, for read-ahead
         self.probe: QueryProbe | None = None  # set while an answer's sources are being recorded
         order = [(layer_idx, group_idx) for layer_idx, homes in enumerate(layers)
                  for group_idx, home in enumerate(homes) if home.is_host]
@@ -97,3 +99,12 @@ class Schedule:
         start = visible_start(past, self.windows[layer_idx])
         home = self.layers[layer_idx][group_idx]
         self.transfer.prefetch((layer_idx, group_idx), home, start, past, past - start + q_len)
+        if self.disk is not None:
+            # One slot further: the kernel reads a disk home's pages while the next slot's copy and compute run.
+            (layer_after, group_after), wraps = self._successor[(layer_idx, group_idx)]
+            home_after = self.layers[layer_after][group_after]
+            if home_after.group.is_on_disk and not (wraps and is_next_forward):
+                start_after = visible_start(past, self.windows[layer_after])
+                for plane in range(len(home_after.planes)):
+                    for part in home_after.blocks(start_after, past, plane):
+                        self.disk.read_ahead(part)

@@ -1,0 +1,192 @@
+"""Capacity on an ordinary PC: window rings, 8-bit KV and the disk tier (issue 11's measurements).
+
+    python -m benchmarks.capacity [--context 16K] [--steps 3] [--host-gib 32]
+
+1. Host KV bytes per token at 128K per architecture (real model shapes, no weights): every token kept vs rings.
+2. Largest context of Llama-3-8B on a 24 GiB GPU with ``--host-gib`` of RAM for KV: RAM alone, RAM + 8-bit,
+   RAM + disk (the free space of ``--disk-dir``), with the predicted decode s/token of each (25 GB/s PCIe 4.0
+   for RAM, the disk's sequential read measured here for the disk tier).
+3. Disk tier vs RAM, measured on this machine: a Llama-3-8B-shaped KV (32 layers x 8 KV heads x 128, fp32: CPU bf16 kernels are slow) at
+   ``--context`` tokens, decode steps with every home in RAM vs every home on disk (pages dropped from the page
+   cache before each step, so the disk really is read); s/token ratio, and the tier's read GB/s against the
+   disk's cold sequential read measured in the same run.
+Writes docs/benchmarks/capacity.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from .records import run_stamp
+from .run import parse_tokens
+
+logger = logging.getLogger(__name__)
+_GIB = 1 << 30
+PCIE4_GBPS = 25.0
+
+
+def architectures() -> dict:
+    from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config
+
+    return {
+        "Llama-3-8B": LlamaConfig(num_hidden_layers=32, num_key_value_heads=8, head_dim=128, num_attention_heads=32,
+                                  hidden_size=4096),
+        "Mistral-7B-v0.1 (window 4096)": MistralConfig(num_hidden_layers=32, num_key_value_heads=8, head_dim=128,
+                                                       sliding_window=4096),
+        "Qwen2.5-7B": Qwen2Config(num_hidden_layers=28, num_key_value_heads=4, hidden_size=3584,
+                                  num_attention_heads=28, use_sliding_window=False),
+        "Gemma-2-9B (1:1 window 4096)": Gemma2Config(num_hidden_layers=42, num_key_value_heads=8, head_dim=256,
+                                                     sliding_window=4096),
+        "Gemma-3-12B (5:1 window 1024)": Gemma3TextConfig(num_hidden_layers=48, num_key_value_heads=8, head_dim=256,
+                                                          sliding_window=1024),
+    }
+
+
+def bytes_per_token(context: int = 131072, chunk: int = 4096) -> list[dict]:
+    from engine.planner import ModelShape, stored_tokens
+
+    rows = []
+    for name, config in architectures().items():
+        shape = ModelShape.from_config(config, dtype_bytes=2, num_params=1)
+        every = shape.kv_bytes_per_token
+        rings = stored_tokens(shape, context, chunk) * shape.num_kv_heads * shape.head_dim * 2 * 2 / context
+        rows.append({"model": name, "every_token": every, "rings": rings, "ratio": every / rings})
+    return rows
+
+
+def largest_contexts(host_gib: float, disk_dir: Path, disk_gbps: float) -> list[dict]:
+    from engine.planner import ModelShape, make_plan
+    from engine.policy import OffloadPolicy
+
+    from .models import llama3_8b_config
+
+    shape = ModelShape.from_config(llama3_8b_config(), dtype_bytes=2)
+    host, gpu = int(host_gib * _GIB), 24 * _GIB
+    options = {"RAM": OffloadPolicy(), "RAM + 8-bit": OffloadPolicy(kv_dtype="int8"),
+               "RAM + disk": OffloadPolicy(disk_dir=str(disk_dir))}
+    rows = []
+    for name, policy in options.items():
+        plan = make_plan(shape, policy, 1 << 20, device_is_cuda=True, gpu_budget=gpu, host_budget=host)
+        context = plan.max_context_tokens
+        at = make_plan(shape, policy, context, device_is_cuda=True, gpu_budget=gpu, host_budget=host)
+        seconds = at.host_bytes / (PCIE4_GBPS * 1e9) + at.disk_bytes / (disk_gbps * 1e9)
+        rows.append({"option": name, "max_context": context, "host_gib": at.host_bytes / _GIB,
+                     "disk_gib": at.disk_bytes / _GIB, "predicted_decode_s": seconds})
+    return rows
+
+
+@torch.inference_mode()
+def disk_vs_ram(context: int, steps: int, folder: Path) -> dict:
+    import engine
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from .disk_io import drop_folder, read_gbps, write_probe
+
+    config = LlamaConfig(hidden_size=256, intermediate_size=256, num_hidden_layers=32, num_attention_heads=16,
+                         num_key_value_heads=8, head_dim=128, vocab_size=256, max_position_embeddings=context + 64)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="headinfer", dtype=torch.float32).eval()
+    probe = folder / "probe.bin"
+    write_probe(probe, min(2 * _GIB, context * 256 * 1024))
+    disk_gbps = statistics.median(read_gbps([probe], cold=True)[0] for _ in range(2))
+    probe.unlink()
+    times = {}
+    ram_plan = engine.HeadInferCache(model.config, device="cpu", max_context=context + 16, head_group_size=8,
+                                     dtype=torch.float32).plan
+    kv_bytes = (context + 16) * 32 * 8 * 128 * 2 * 4
+    for mode in ("ram", "disk"):
+        # The disk run's RAM budget holds the weights and activations only: every home goes to disk.
+        extra = {"disk_dir": str(folder), "host_memory": ram_plan.host_bytes - kv_bytes + 1} if mode == "disk" else {}
+        cache = engine.HeadInferCache(model.config, device="cpu", max_context=context + 16, head_group_size=8,
+                                      dtype=torch.float32, **extra)
+        from .fill import fill_random
+
+        fill_random(cache, context, head_dim=128, num_kv_heads=8, device=torch.device("cpu"), dtype=torch.float32)
+        tier = next(folder.glob("kv-*"), None)
+        runs = []
+        for step in range(steps + 1):
+            if tier is not None:
+                for path in tier.iterdir():  # written back, then dropped: the step reads the disk
+                    with open(path, "rb+") as file:
+                        file.flush()
+                        import os
+
+                        os.fsync(file.fileno())
+                drop_folder(tier)
+            started = time.perf_counter()
+            model(torch.tensor([[step % 256]]), past_key_values=cache)
+            if step:  # the first step warms kernels and buffers
+                runs.append(time.perf_counter() - started)
+        kv = cache.kv_bytes()
+        times[mode] = {"s_per_token": statistics.median(runs), "kv": kv}
+        cache.release()
+        shutil.rmtree(folder / "none", ignore_errors=True)
+    disk_bytes = times["disk"]["kv"]["disk"]
+    tier_gbps = disk_bytes / times["disk"]["s_per_token"] / 1e9
+    return {"context": context, "kv_gib": disk_bytes / _GIB, "ram_s_per_token": times["ram"]["s_per_token"],
+            "disk_s_per_token": times["disk"]["s_per_token"],
+            "ratio": times["disk"]["s_per_token"] / times["ram"]["s_per_token"],
+            "tier_read_gbps": tier_gbps, "disk_cold_read_gbps": disk_gbps, "of_disk_read": tier_gbps / disk_gbps}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.capacity")
+    p.add_argument("--context", default="16K")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--host-gib", type=float, default=32.0)
+    p.add_argument("--disk-dir", default=None, help="folder for the disk tier (default: a temp folder on /work)")
+    p.add_argument("--out", default="docs/benchmarks")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    folder = Path(args.disk_dir or tempfile.mkdtemp(prefix="kv-bench-", dir="/work" if Path("/work").exists() else None))
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        measured = disk_vs_ram(parse_tokens(args.context)[0], args.steps, folder)
+        rows = bytes_per_token()
+        capacity = largest_contexts(args.host_gib, folder, measured["disk_cold_read_gbps"])
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    result = {"run": run_stamp("cpu"), "bytes_per_token": rows, "largest": capacity, "disk_vs_ram": measured}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "capacity.json").write_text(json.dumps(result, indent=1, default=str))
+    text = report(result, args.host_gib)
+    (out / "capacity.md").write_text(text)
+    print(text)
+    return 0
+
+
+def report(result: dict, host_gib: float) -> str:
+    run = result["run"]
+    lines = ["# Capacity: window rings, 8-bit KV, disk tier", "",
+             f"{run.get('cpu', '')} · {run.get('date', '')} · torch {run.get('torch', '')}", "",
+             "## Host KV per token at 128K (bf16), every token kept vs window rings", "",
+             "| model | every token (KiB) | rings (KiB) | less |", "|---|---:|---:|---:|"]
+    for r in result["bytes_per_token"]:
+        lines.append(f"| {r['model']} | {r['every_token'] / 1024:.0f} | {r['rings'] / 1024:.1f} | {r['ratio']:.1f}x |")
+    lines += ["", f"## Largest context, Llama-3-8B, 24 GiB GPU, {host_gib:.0f} GiB RAM for KV", "",
+              "| option | max context | RAM GiB | disk GiB | predicted decode s/token |", "|---|---:|---:|---:|---:|"]
+    for r in result["largest"]:
+        lines.append(f"| {r['option']} | {r['max_context']:,} | {r['host_gib']:.1f} | {r['disk_gib']:.1f} | "
+                     f"{r['predicted_decode_s']:.2f} |")
+    m = result["disk_vs_ram"]
+    lines += ["", "## Disk tier vs RAM on this machine (CPU decode, Llama-3-8B-shaped KV in fp32)", "",
+              f"{m['context']:,} tokens ({m['kv_gib']:.2f} GiB of KV), page cache dropped before every step:", "",
+              f"- decode: RAM {m['ram_s_per_token']:.3f} s/token, disk tier {m['disk_s_per_token']:.3f} s/token "
+              f"({m['ratio']:.1f}x)",
+              f"- the tier reads {m['tier_read_gbps']:.2f} GB/s = {m['of_disk_read']:.0%} of the disk's cold "
+              f"sequential read ({m['disk_cold_read_gbps']:.2f} GB/s, same run)", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -115,3 +115,26 @@ def test_windowed_gqa_prefill_chunk_runs_a_fused_kernel_without_a_score_tensor(d
     assert out.shape == (1, 4, chunk, head_dim)
     assert extra < scores / 4, f"{extra / 2**20:.0f} MiB extra: a score tensor was materialised"
     assert "tiled-math" not in kernels.ROUTE_COUNTS, dict(kernels.ROUTE_COUNTS)
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "int8"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_window_rings_and_8bit_homes_stream_correctly_on_cuda(kv_dtype, overlap):
+    """Rings wrapping every few tokens (two-part fetches and appends on the side streams), exact or 8-bit."""
+    from transformers import MistralConfig
+
+    cfg = MistralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=97, max_position_embeddings=256, sliding_window=8)
+    torch.manual_seed(0)
+    stock = AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").cuda().eval()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="headinfer").cuda().eval()
+    model.load_state_dict(stock.state_dict())
+    ids = torch.randint(0, 97, (1, 60), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    cache = engine.HeadInferCache(model.config, device="cuda", chunk_size=7, resident_slots=0, head_group_size=1,
+                                  overlap=overlap, kv_dtype=kv_dtype)
+    with torch.inference_mode():
+        expected = stock(ids).logits
+        actual = torch.cat([model(ids[:, s : s + 7], past_key_values=cache).logits for s in range(0, 60, 7)], 1)
+    error = float((actual - expected).abs().max() / expected.abs().max())
+    assert error < (1e-4 if kv_dtype is None else 5e-2), error
+    assert cache.layers[0].homes[0].capacity == 8 - 1 + 7

@@ -226,14 +226,14 @@ class LayerHomes:
             home.anchor = (position, [home.read(first, position, p).clone() for p in range(len(home.planes))])
 
     def can_crop_to(self, position: int, length: int) -> bool:
-        if self.window is None or position == length:
+        if self.window is None or position == length or position == 0:
             return True
         first = max(0, position - (self.window - 1))
         return first >= self.oldest(length) or self.homes[0].anchor is not None and self.homes[0].anchor[0] == position
 
     def crop_to(self, position: int, length: int) -> None:
         """Makes the rings hold the window before ``position`` again (from the anchor if it was overwritten)."""
-        if self.window is None or position >= length:
+        if self.window is None or position >= length or position == 0:
             return
         first = max(0, position - (self.window - 1))
         if first >= self.oldest(length):

@@ -103,3 +103,13 @@ def test_snapshot_of_rings_restores_and_continues_exactly(pair, tmp_path):
     assert restored.get_seq_length() == 40
     actual = feed(headinfer, ids[:, 40:], restored, CHUNK)
     assert rel_diff(actual, stock(ids).logits[:, 40:]) < RTOL, name
+
+
+@torch.inference_mode()
+def test_a_ring_cache_can_always_be_emptied_and_refilled(pair):
+    name, stock, headinfer = pair
+    ids = ids_of(45)
+    cache = engine.HeadInferCache(headinfer.config, chunk_size=CHUNK, resident_slots=0, head_group_size=1)
+    feed(headinfer, ids, cache, CHUNK)
+    cache.crop_to(0)  # nothing before position 0 is needed: always allowed
+    assert rel_diff(feed(headinfer, ids, cache, CHUNK), stock(ids).logits) < RTOL, name

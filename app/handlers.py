@@ -23,6 +23,7 @@ from app.documents import DocumentError, combine, read_document
 from app.meters import meters_html
 from app.render import status
 from app.saved import SavedDocs
+from app.sizing import token_counts
 from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, RestoreStats, SnapshotStore,
                     format_bytes, read_memory)
 
@@ -103,7 +104,7 @@ class Handlers:
     def choose_files(self, files: list[str] | None, state: BrowserState,
                      request: gr.Request = None) -> FilesView:
         """Reads the dropped files and shows their sizes and the memory plan; runs nothing."""
-        state.documents, state.token_counts = [], []
+        state.documents, state.token_counts, state.tokens = [], [], None
         if not files:
             return FilesView(state, render.files_table([], []), render.empty_plan(),
                              gr.update(visible=False, value=False), gr.update(interactive=False), NO_CHANGE)
@@ -118,24 +119,27 @@ class Handlers:
                              gr.update(visible=False, value=False), gr.update(interactive=False),
                              _warn(" ".join(problems) + self._kept(state)))
         session = self._session(state, request)
-        counts = [session.count_tokens(doc.text) for doc in documents]
-        state.documents, state.token_counts = documents, counts
+        # Tokenized once: the counts, the plan, the read and the saved copy's key all use these ids.
+        tokens = session.tokenize(combine(documents))
+        counts = token_counts(tokens, documents, session.count_tokens)
+        state.documents, state.token_counts, state.tokens = documents, counts, tokens
         try:
-            plan = session.plan(combine(documents))
+            plan = session.plan(tokens)
         except PlanError as exc:
             return FilesView(state, render.files_table(documents, counts), render.empty_plan(),
                              gr.update(visible=False), gr.update(interactive=False), _warn(str(exc)))
-        seconds = session.estimate_prefill_seconds(sum(counts))
-        if plan.fits:
+        seconds = session.estimate_prefill_seconds(min(len(tokens), plan.context_limit))
+        if plan.is_within_limit:
             message = status("ok", f"Ready to read {sum(counts):,} tokens from {len(documents)} "
                                    f"file{'s' if len(documents) != 1 else ''}. Press “Read documents”.")
         else:
-            message = status("warn", f"Too large for memory: {plan.reason}. Tick “Truncate to fit” to read "
+            message = status("warn", f"Too large: {plan.limit_reason}. Tick “Truncate to fit” to read "
                                      "the beginning only, or remove files.")
         if problems:
             message = _warn("Skipped: " + " ".join(problems)) + message
         return FilesView(state, render.files_table(documents, counts), render.plan_panel(plan, sum(counts), seconds),
-                         gr.update(visible=not plan.fits, value=False), gr.update(interactive=True), message)
+                         gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
+                         message)
 
     def _kept(self, state: BrowserState) -> str:
         if state.session is not None and state.session.is_prefilled:
@@ -159,11 +163,12 @@ class Handlers:
             yield ReadView(state, NO_CHANGE, _warn("Drop one or more files first."), NO_CHANGE, *idle)
             return
         session = self._session(state, request)
-        text = combine(state.documents)
+        tokens = state.tokens if state.tokens is not None else session.tokenize(combine(state.documents))
+        text = tokens.text
         chat = NO_CHANGE
         if text != state.read_text or session.document_tokens == 0:
             try:
-                session.set_document(text, truncate_to_fit=truncate)
+                session.set_document(tokens, truncate_to_fit=truncate)
             except (PlanError, ValueError) as exc:
                 offer = isinstance(exc, PlanError) and not truncate
                 hint = " Tick “Truncate to fit” to read only the beginning." if offer else ""
@@ -300,7 +305,7 @@ class Handlers:
     def clear(state: BrowserState) -> ClearView:
         """Drops the documents and frees their KV cache."""
         state.close()
-        state.documents, state.token_counts = [], []
+        state.documents, state.token_counts, state.tokens = [], [], None
         return ClearView(state, None, render.files_table([], []), render.empty_plan(),
                          gr.update(visible=False, value=False),
                          render.progress_bar(), [], status("info", "Documents cleared; their memory is freed."))

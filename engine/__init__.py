@@ -8,6 +8,7 @@ from .cache import HeadInferCache
 from .loader import ModelSourceError, UnsupportedModelError, describe, load_model
 from .planner import ModelShape, Plan, PlanError, make_plan, paper_memory_table
 from .policy import OffloadPolicy
+from .prompt import DocumentTokens
 from .session import AnswerChunk, DocumentSession, PrefillCancelled, PrefillProgress
 from .telemetry import MemorySnapshot, format_bytes, read_memory
 from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
@@ -17,6 +18,7 @@ _attention.register()
 __all__ = [
     "AnswerChunk",
     "DocumentSession",
+    "DocumentTokens",
     "PrefillCancelled",
     "PrefillProgress",
     "UnsupportedModelError",

@@ -25,6 +25,8 @@ class OffloadPolicy:
         max_context: tokens to pre-allocate in the host store; ``None`` grows on demand.
         gpu_memory: device memory budget in bytes; ``None`` reads the device.
         host_memory: host memory budget in bytes for the KV store; ``None`` reads the system.
+        exceed_trained_window: let the context grow past the model's trained window (answers degrade,
+            often to nonsense, beyond it); off, the planner caps the context at that window.
     """
 
     chunk_size: int = 4096
@@ -35,6 +37,7 @@ class OffloadPolicy:
     max_context: int | None = None
     gpu_memory: int | None = None
     host_memory: int | None = None
+    exceed_trained_window: bool = False
 
     def __post_init__(self) -> None:
         _check_positive("chunk_size", self.chunk_size)
@@ -50,6 +53,8 @@ class OffloadPolicy:
                 _check_positive(name, value)
         if self.pin_memory not in (None, True, False):
             raise ValueError(f"pin_memory must be True, False or None, got {self.pin_memory!r}")
+        if self.exceed_trained_window not in (True, False):
+            raise ValueError(f"exceed_trained_window must be True or False, got {self.exceed_trained_window!r}")
         if self.overlap not in (True, False):
             raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
 

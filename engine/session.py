@@ -19,9 +19,10 @@ import torch
 from .cache import HeadInferCache
 from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
 from .policy import OffloadPolicy
-from .prompt import PromptBuilder, Turn
+from .prompt import DocumentTokens, PromptBuilder, Turn
 from .sampling import IncrementalDecoder, next_token
 from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
+from .snapshot_format import SnapshotIdentity
 from .telemetry import detect_budgets
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class DocumentSession:
         self.document = ""
         self._document_ids: list[int] = []
         self._cached_ids: list[int] = []  # exactly the tokens whose K/V the cache holds
+        self._identity: SnapshotIdentity | None = None  # computed once per document, when first needed
         self.turns: list[Turn] = []
 
     @property
@@ -108,9 +110,16 @@ class DocumentSession:
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def plan(self, text: str) -> Plan:
-        """The memory plan for ``text`` as a document (plus the answer budget); never allocates."""
-        return self._plan_tokens(len(self.prompts.document_ids(text)) + self.answer_budget)
+    def tokenize(self, text: str) -> DocumentTokens:
+        """Tokenizes ``text`` as the document prefix, once: pass the result to ``plan`` and ``set_document``."""
+        return self.prompts.tokenize_document(text)
+
+    def plan(self, document: DocumentTokens | str) -> Plan:
+        """The memory plan for ``document`` (plus the answer budget); never allocates."""
+        return self._plan_tokens(len(self._tokens(document)) + self.answer_budget)
+
+    def _tokens(self, document: DocumentTokens | str) -> DocumentTokens:
+        return document if isinstance(document, DocumentTokens) else self.tokenize(document)
 
     def _plan_tokens(self, context_tokens: int) -> Plan:
         gpu_budget, host_budget = detect_budgets(str(self.device))
@@ -140,47 +149,47 @@ class DocumentSession:
         """Tokens ``text`` takes as the document prefix (system prompt and chat markup included)."""
         return len(self.prompts.document_ids(text))
 
-    def document_limit(self, text: str) -> int:
-        """The most document-prefix tokens that fit the memory plan and ``policy.max_context``."""
-        plan = self._plan_tokens(self.prompt_tokens(text) + self.answer_budget)
-        limit = min(plan.max_context_tokens, self.policy.max_context or plan.max_context_tokens)
-        return max(limit - self.answer_budget, 0)
+    def document_limit(self, num_tokens: int = 1) -> int:
+        """The most document-prefix tokens that fit: memory, ``policy.max_context`` and the model's window."""
+        plan = self._plan_tokens(num_tokens + self.answer_budget)
+        return max(plan.context_limit - self.answer_budget, 0)
 
-    def set_document(self, text: str, *, truncate_to_fit: bool = False) -> int:
-        """Tokenizes ``text`` as the document, replacing any previous one; returns its token count.
+    def set_document(self, document: DocumentTokens | str, *, truncate_to_fit: bool = False) -> int:
+        """Takes ``document`` (text, or ``tokenize``'s result) as the document, replacing any previous one;
+        returns its token count.
 
-        Raises ``PlanError`` when it does not fit (memory plan or ``policy.max_context``) and
-        ``truncate_to_fit`` is false; the previous document is kept in that case.
+        Raises ``PlanError`` when it does not fit (memory, ``policy.max_context`` or the model's trained
+        window) and ``truncate_to_fit`` is false; the previous document is kept in that case.
         """
-        if not text.strip():
+        if not (document.text if isinstance(document, DocumentTokens) else document).strip():
             raise ValueError("the document is empty: there is no text to read")
-        ids = self.prompts.document_ids(text)
-        limit = self.document_limit(text)
-        if len(ids) > limit:
-            reason = self._plan_tokens(len(ids) + self.answer_budget).reason or (
-                f"the context limit is {self.policy.max_context:,} tokens")
+        tokens = self._tokens(document)
+        plan = self._plan_tokens(len(tokens) + self.answer_budget)
+        limit = max(plan.context_limit - self.answer_budget, 0)
+        if len(tokens) > limit:
             if not truncate_to_fit or limit < 1:
-                raise PlanError(f"{reason} (the document takes {len(ids):,} tokens; at most {limit:,} fit)")
-            text, ids = self._truncate(text, limit)
-            logger.info("document truncated to %d tokens to fit", len(ids))
+                raise PlanError(f"{plan.limit_reason} (the document takes {len(tokens):,} tokens; at most {limit:,} fit)")
+            tokens = self._truncate(tokens, limit)
+            logger.info("document truncated to %d tokens to fit", len(tokens))
         # Built before the old document goes, so a refusal here loses nothing.
-        policy = dataclasses.replace(self.policy, max_context=len(ids) + self.answer_budget)
+        policy = dataclasses.replace(self.policy, max_context=len(tokens) + self.answer_budget)
         cache = HeadInferCache(self.model.config, policy, device=self.device)
         self.clear()
-        self.document, self._document_ids, self.cache = text, ids, cache
-        return len(ids)
+        self.document, self._document_ids, self.cache = tokens.text, tokens.ids, cache
+        return len(tokens)
 
-    def _truncate(self, text: str, limit: int) -> tuple[str, list[int]]:
-        """Keeps the beginning of ``text`` so that its prefix ids number at most ``limit``."""
-        body = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        keep = max(limit - (self.prompt_tokens("") + 8), 1)
+    def _truncate(self, tokens: DocumentTokens, limit: int) -> DocumentTokens:
+        """Keeps the beginning of the document so that its prefix ids number at most ``limit``."""
+        markup = self.prompt_tokens("") + 8
+        keep = max(limit - markup, 1)
+        body = None if tokens.starts is not None else self.tokenizer(tokens.text, add_special_tokens=False)["input_ids"]
         while True:
-            # Re-tokenizing decoded text can merge or split a few tokens: shrink until it fits.
-            text = self.tokenizer.decode(body[:keep]) + "\n[... truncated to fit memory ...]"
-            ids = self.prompts.document_ids(text)
-            if len(ids) <= limit or keep == 1:
-                return text, ids
-            keep = max(keep - (len(ids) - limit) - 1, 1)
+            # Re-tokenizing a cut text can merge or split a few tokens: shrink until it fits.
+            head = tokens.head(keep) if body is None else self.tokenizer.decode(body[:keep])
+            cut = self.tokenize(head + "\n[... truncated to fit ...]")
+            if len(cut) <= limit or keep == 1:
+                return cut
+            keep = max(keep - (len(cut) - limit) - 1, 1)
 
     def prefill(self, on_progress: Callable[[PrefillProgress], None] | None = None,
                 should_stop: Callable[[], bool] | None = None) -> PrefillProgress:
@@ -284,12 +293,29 @@ class DocumentSession:
                 "max_context": self.max_context if self.document_tokens else 0}
 
     # -- snapshots: save / restore the document's KV cache (engine.snapshot) -----------------------
+    def snapshot_identity(self) -> SnapshotIdentity:
+        """What a snapshot of this document must match (model, dtype, tokenizer, ids); computed once per document."""
+        if not self._document_ids:
+            raise ValueError("no document: call set_document first")
+        if self._identity is None:
+            self._identity = SnapshotIdentity.of(self.model, self.tokenizer, self._document_ids)
+        return self._identity
+
+    def find_snapshot(self, store: SnapshotStore) -> SnapshotInfo | None:
+        """The snapshot ``store`` holds for this document, if any (damaged ones too)."""
+        if self.cache is None or not self.document_tokens:
+            return None
+        return store.find(self.snapshot_identity())
+
     def save_snapshot(self, store: SnapshotStore, label: str | None = None) -> SnapshotInfo | None:
         """Saves the prefilled document's K/V to ``store``; None when it exceeds the store's size cap.
 
         ``label`` names it in ``store.list()`` (default: the start of the document).
         """
-        return store.save(self, label)
+        if not self.is_prefilled:
+            raise ValueError("prefill the document before saving a snapshot of it")
+        return store.save(self.cache, self._document_ids, self.snapshot_identity(),
+                          label=self.document if label is None else label, policy=dataclasses.asdict(self.policy))
 
     def restore_snapshot(self, store: SnapshotStore) -> RestoreStats | None:
         """Restores the document's K/V from ``store`` instead of prefilling; afterwards it is prefilled.
@@ -297,16 +323,24 @@ class DocumentSession:
         Returns None when there is nothing usable (none saved, or one that cannot load: logged, and a
         damaged one deleted), so the caller prefills as usual.
         """
-        info = store.find(self)
+        if self.cache is None:
+            raise ValueError("no document: call set_document first")
+        info = self.find_snapshot(store)
         if info is None:
             return None
         try:
-            return store.restore(self, info.key)
+            stats = store.restore(self.cache, self.snapshot_identity(), info.key)
         except CorruptSnapshotError as error:
             logger.warning("%s; deleting it and reading the document instead", error)
             store.delete(info.key)
         except (SnapshotError, OSError) as error:
             logger.warning("%s; reading the document instead", error)
+        else:
+            self._cached_ids = list(self._document_ids)
+            return stats
+        finally:
+            # A failed read may have emptied the cache: the ids must never claim K/V it no longer holds.
+            del self._cached_ids[self.cache.get_seq_length():]
         return None
 
 

@@ -98,3 +98,24 @@ def test_document_limits_truncation_and_refusal_keep_the_previous_document(model
     assert session.cache.plan.fits
     with pytest.raises(ValueError, match="empty"):
         session.set_document("   \n ")
+
+
+def test_the_models_trained_window_bounds_a_document(model_and_tokenizer):
+    from engine import PlanError
+
+    model, tokenizer = model_and_tokenizer
+    session = DocumentSession(model, tokenizer, OffloadPolicy())  # memory alone would allow ~400K tokens
+    tokens = session.tokenize((real_text() + "\n\n") * 6)
+    assert len(tokens) > 10_000
+    plan = session.plan(tokens)
+    assert plan.fits and plan.max_context_tokens > 100_000  # memory is not what binds
+    assert (plan.context_limit, plan.limited_by, plan.is_within_limit) == (8192, "model", False)
+    assert "reads at most 8,192 tokens" in plan.limit_reason and "long-context model" in plan.limit_reason
+    with pytest.raises(PlanError, match="reads at most 8,192 tokens"):
+        session.set_document(tokens)
+    kept = session.set_document(tokens, truncate_to_fit=True)
+    assert 8192 - session.answer_budget - 64 < kept <= 8192 - session.answer_budget
+    assert session.max_context <= 8192 and "truncated" in session.document
+
+    lifted = DocumentSession(model, tokenizer, OffloadPolicy(exceed_trained_window=True))
+    assert lifted.plan(tokens).is_within_limit and lifted.plan(tokens).limited_by == "memory"

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from .cache import HeadInferCache
+from .interrupt import ForwardInterrupted, interruptible
 from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
 from .policy import OffloadPolicy
 from .prompt import DocumentTokens, PromptBuilder, Turn
@@ -27,6 +28,9 @@ from .telemetry import detect_budgets
 
 logger = logging.getLogger(__name__)
 
+# CPU prefill forwards: at most ~this many (query, key) pairs per attention call, at least this many tokens.
+_CPU_ATTENTION_PAIRS = 2048 * 8192
+_CPU_STEP_FLOOR = 256
 # FLOP rate measured per loaded model, so each browser session does not re-measure it.
 _MEASURED_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -198,17 +202,35 @@ class DocumentSession:
             raise ValueError("no document: call set_document first")
         start_tokens, started = self.prefilled_tokens, time.perf_counter()
         progress = PrefillProgress(start_tokens, self.document_tokens, 0.0, 0.0)
-        while self.prefilled_tokens < self.document_tokens:
-            if should_stop is not None and should_stop():
-                raise PrefillCancelled(f"stopped after {self.prefilled_tokens:,} of {self.document_tokens:,} tokens")
-            done = self.prefilled_tokens
-            self._forward(self._document_ids[done : done + self.policy.chunk_size])
-            elapsed = time.perf_counter() - started
-            progress = PrefillProgress(self.prefilled_tokens, self.document_tokens,
-                                       (self.prefilled_tokens - start_tokens) / max(elapsed, 1e-9), elapsed)
-            if on_progress is not None:
-                on_progress(progress)
+        # Checked between layers too, so a cancel lands within about a layer's time; the chunk that was
+        # under way is cropped off by ``_forward``, leaving the cache at a chunk boundary.
+        with interruptible(self.model, should_stop):
+            while self.prefilled_tokens < self.document_tokens:
+                if should_stop is not None and should_stop():
+                    raise self._cancelled()
+                done = self.prefilled_tokens
+                try:
+                    self._forward(self._document_ids[done : done + self._prefill_step(done)])
+                except ForwardInterrupted as interrupted:
+                    raise self._cancelled() from interrupted
+                elapsed = time.perf_counter() - started
+                progress = PrefillProgress(self.prefilled_tokens, self.document_tokens,
+                                           (self.prefilled_tokens - start_tokens) / max(elapsed, 1e-9), elapsed)
+                if on_progress is not None:
+                    on_progress(progress)
         return progress
+
+    def _prefill_step(self, done: int) -> int:
+        """Tokens per forward: the chunk size, but on a CPU no more than keeps one layer's attention (queries
+        x keys) short, so a cancel lands within about a second at any context length. Each forward streams
+        the offloaded K/V over the GPU link, so with CUDA the chunk stays whole."""
+        chunk = self.policy.chunk_size
+        if self.device.type == "cuda":
+            return chunk
+        return max(min(chunk, _CPU_STEP_FLOOR), min(chunk, _CPU_ATTENTION_PAIRS // (done + chunk)))
+
+    def _cancelled(self) -> PrefillCancelled:
+        return PrefillCancelled(f"stopped after {self.prefilled_tokens:,} of {self.document_tokens:,} tokens")
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
         """Appends ``ids`` to the cache; returns the last position's logits [vocab]. All-or-nothing."""

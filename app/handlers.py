@@ -19,11 +19,11 @@ import gradio as gr
 from app import render
 from app.background import iterate_reports
 from app.browser_state import BrowserState
-from app.documents import DocumentError, combine, read_document
+from app.documents import Document, DocumentError, combine, read_document
 from app.meters import meters_html
 from app.render import status
 from app.saved import SavedDocs
-from app.sizing import token_counts
+from app.sizing import far_beyond, file_far_beyond, token_counts
 from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, RestoreStats, SnapshotStore,
                     format_bytes, read_memory)
 
@@ -108,17 +108,12 @@ class Handlers:
         if not files:
             return FilesView(state, render.files_table([], []), render.empty_plan(),
                              gr.update(visible=False, value=False), gr.update(interactive=False), NO_CHANGE)
-        documents, problems = [], []
-        for path in files:
-            try:
-                documents.append(read_document(path, Path(path).name))
-            except DocumentError as exc:
-                problems.append(str(exc))
+        session = self._session(state, request)
+        documents, problems = self._read_files(files, session)
         if not documents:
             return FilesView(state, render.files_table([], []), render.empty_plan(),
                              gr.update(visible=False, value=False), gr.update(interactive=False),
                              _warn(" ".join(problems) + self._kept(state)))
-        session = self._session(state, request)
         # Tokenized once: the counts, the plan, the read and the saved copy's key all use these ids.
         tokens = session.tokenize(combine(documents))
         counts = token_counts(tokens, documents, session.count_tokens)
@@ -140,6 +135,31 @@ class Handlers:
         return FilesView(state, render.files_table(documents, counts), render.plan_panel(plan, sum(counts), seconds),
                          gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
                          message)
+
+    @staticmethod
+    def _read_files(files: list[str], session: DocumentSession) -> tuple[list[Document], list[str]]:
+        """The files as text, and why others were skipped; sized first, so a file far beyond what a
+        document may take is refused before it is read or tokenized."""
+        limits = session.limits()
+        limit, reason = max(limits.context_limit - session.answer_budget, 1), limits.limit_reason
+        documents, problems = [], []
+        for path in files:
+            name = Path(path).name
+            problem = file_far_beyond(path, name, limit, reason)
+            if problem is None:
+                try:
+                    document = read_document(path, name)
+                    problem = far_beyond(name, document.chars, limit, reason)
+                except DocumentError as exc:
+                    problem = str(exc)
+            if problem is None:
+                documents.append(document)
+            else:
+                problems.append(problem)
+        together = sum(doc.chars for doc in documents)
+        if len(documents) > 1 and (problem := far_beyond("These files together", together, limit, reason)):
+            return [], problems + [problem]
+        return documents, problems
 
     def _kept(self, state: BrowserState) -> str:
         if state.session is not None and state.session.is_prefilled:

@@ -3,9 +3,10 @@
 Heavy events (reading documents, answering, and the new-chat / clear that touch the same cache)
 share one concurrency slot, ``"compute"``, so only one runs on the compute device at a time and
 other visitors wait in Gradio's queue, which shows them their position. Saving a read document to
-disk and reopening one from there happen inside the read event, so they hold that slot too. Light
-events (file choice, cancel, stop, meters, listing and deleting saved documents) run at once, even
-while a heavy one is busy.
+disk and reopening one from there happen inside the read event, so they hold that slot too. Choosing
+files (reading and tokenizing them) has a slot of its own, ``"ingest"``, so uploads take turns too.
+Light events (cancel, stop, meters, listing and deleting saved documents) run at once, even while a
+heavy one is busy.
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                     temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
                                             label="Temperature (0 = always the most likely word)")
 
+        # One upload at a time: reading and tokenizing a large file takes memory, so visitors queue for it.
         files.change(handlers.choose_files, [files, state], [state, table, plan, truncate, read_button, status_box],
-                     api_name="upload", **_LIGHT)
+                     api_name="upload", concurrency_id="ingest", concurrency_limit=1, show_progress="minimal")
         saved_view = [saved_list, saved_choice]
         # Wired before the private refreshes below, which would otherwise take the name "saved".
         shelf.expand(handlers.saved, None, saved_view, api_name="saved", **_LIGHT)

@@ -153,10 +153,10 @@ class DocumentSession:
         """Tokens ``text`` takes as the document prefix (system prompt and chat markup included)."""
         return len(self.prompts.document_ids(text))
 
-    def document_limit(self, num_tokens: int = 1) -> int:
-        """The most document-prefix tokens that fit: memory, ``policy.max_context`` and the model's window."""
-        plan = self._plan_tokens(num_tokens + self.answer_budget)
-        return max(plan.context_limit - self.answer_budget, 0)
+    def limits(self) -> Plan:
+        """The plan of a minimal document: its ``context_limit`` (answers included) and ``limit_reason`` say
+        how much any document may take, before one is tokenized."""
+        return self._plan_tokens(1 + self.answer_budget)
 
     def set_document(self, document: DocumentTokens | str, *, truncate_to_fit: bool = False) -> int:
         """Takes ``document`` (text, or ``tokenize``'s result) as the document, replacing any previous one;

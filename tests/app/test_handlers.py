@@ -350,3 +350,30 @@ def test_a_text_beyond_the_models_window_is_refused_or_truncated(handlers, tmp_p
         views = list(handlers.read(False, state))
     assert "reads at most 8,192 tokens" in _text(views[-1].status)
     assert state.session.document_tokens == 0
+
+
+def test_a_text_far_beyond_the_limit_is_refused_unread_with_the_numbers(embedded_model, tmp_path, secret_pdf):
+    model, tokenizer = embedded_model
+    counting = CountingTokenizer(tokenizer)
+    handlers = Handlers(lambda: DocumentSession(model, counting, OffloadPolicy()))
+    huge = tmp_path / "huge.txt"
+    huge.write_text("The keeper climbed the stairs and trimmed the wick. " * 40_000)  # ~2 MB, ~400K tokens
+    state = BrowserState()
+    with pytest.warns(UserWarning, match="far beyond"):
+        view = handlers.choose_files([str(huge), secret_pdf], state)
+    message = _text(view.status)
+    assert "huge.txt (1.98 MiB of text): about 520,000 tokens, far beyond the 7,168 tokens" in message
+    assert "reads at most 8,192 tokens" in message and "long-context model" in message
+    assert [doc.name for doc in state.documents] == ["lighthouse.pdf"]  # the rest is still read
+    assert counting.long_calls == 0  # refused before tokenizing
+
+
+def test_files_far_beyond_the_limit_together_are_refused(handlers, tmp_path):
+    paths = []
+    for i in range(6):
+        path = tmp_path / f"part{i}.md"
+        path.write_text("The keeper climbed the stairs and trimmed the wick. " * 500)  # ~6.5K tokens each
+        paths.append(str(path))
+    with pytest.warns(UserWarning, match="These files together: about"):
+        view = handlers.choose_files(paths, BrowserState())
+    assert view.read_button["interactive"] is False

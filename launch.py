@@ -14,10 +14,14 @@ import logging
 import re
 import socket
 import sys
+import tempfile
+from pathlib import Path
 
 log = logging.getLogger("headinfer.launch")
 
 SHARE_SERVER = ("api.gradio.app", 443)  # where Gradio asks for a share tunnel
+UPLOADS = Path(tempfile.gettempdir()) / "headinfer-studio-uploads"  # one folder per running app inside
+VISITOR_SHELVES = Path(tempfile.gettempdir()) / "headinfer-studio-visitors"  # per-tab saved documents
 DEFAULT_MAX_UPLOAD = "256MiB"  # a whole book is a few MB of text; PDFs with images a few tens
 _UNITS = {
     "": 1, "b": 1,
@@ -270,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     from app.ui import build_ui, launch_options
+    from app.uploads import prepare_folder
     from engine import DocumentSession, ModelSourceError, UnsupportedModelError, describe, load_model
 
     try:
@@ -281,8 +286,13 @@ def main(argv: list[str] | None = None) -> None:
     info = describe(model)
     log.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))
 
+    private = args.share or not is_loopback(args.host)
+    if private:
+        log.info("others can reach this app: each visitor's saved documents are theirs alone (%s)",
+                 "per user" if args.auth else "per browser tab, deleted when it closes")
     demo = build_ui(lambda: DocumentSession(model, tokenizer, policy), model_info=info,
-                    snapshot_store=make_snapshot_store(args))
+                    snapshot_store=make_snapshot_store(args), private=private, upload_dir=prepare_folder(UPLOADS),
+                    session_shelves=prepare_folder(VISITOR_SHELVES) if private and not args.auth else None)
     share = args.share and can_reach_share_server()
     if args.share and not share:
         log.warning("Could not create a share link: %s:%d is unreachable (no internet?). "

@@ -22,7 +22,8 @@ from app.browser_state import BrowserState
 from app.documents import Document, DocumentError, combine, read_document
 from app.meters import meters_html
 from app.render import status
-from app.saved import SavedDocs
+from app.shelves import Shelves
+from app.uploads import delete_uploads
 from app.sizing import far_beyond, file_far_beyond, token_counts
 from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, RestoreStats, SnapshotStore,
                     format_bytes, read_memory)
@@ -86,9 +87,14 @@ def _warn(text: str) -> str:
 class Handlers:
     """The page's event functions, bound to the factory that builds a session per browser."""
 
-    def __init__(self, engine_factory: Callable[[], DocumentSession], snapshot_store: SnapshotStore | None = None):
+    def __init__(self, engine_factory: Callable[[], DocumentSession], snapshot_store: SnapshotStore | None = None, *,
+                 private: bool = False, session_shelves: Path | None = None, upload_dir: Path | None = None):
+        """``private``: visitors are kept apart (saved documents per user or per tab, see ``app.shelves``);
+        ``session_shelves``: the folder for per-tab shelves; ``upload_dir``: where Gradio keeps uploads
+        (a tab's are deleted when it closes)."""
         self._factory = engine_factory
-        self._saved = SavedDocs(snapshot_store)  # shared by every tab; None: nothing is saved or reopened
+        self._shelves = Shelves(snapshot_store, private=private, session_root=session_shelves)
+        self._upload_dir = upload_dir
         # Browser session id -> its state, only so ``unload`` can free a closed tab's memory at
         # once; the handlers themselves always get their state from gr.State.
         self._open: dict[str, BrowserState] = {}
@@ -105,6 +111,9 @@ class Handlers:
                      request: gr.Request = None) -> FilesView:
         """Reads the dropped files and shows their sizes and the memory plan; runs nothing."""
         state.documents, state.token_counts, state.tokens = [], [], None
+        if request is not None and request.session_hash:  # so that ``unload`` finds the uploads
+            self._open[request.session_hash] = state
+        state.uploads.update(files or [])
         if not files:
             return FilesView(state, render.files_table([], []), render.empty_plan(),
                              gr.update(visible=False, value=False), gr.update(interactive=False), NO_CHANGE)
@@ -199,15 +208,16 @@ class Handlers:
         elif session.is_prefilled:
             yield ReadView(state, _done_bar(session), status("ok", "Already read. Ask away."), NO_CHANGE, *idle)
             return
-        remember = self._saved.enabled and state.remember
+        shelf = self._shelves.for_request(request)
+        remember = shelf.enabled and state.remember
         note = ""
         # Only into an empty cache: a cancelled read that got partway resumes rather than restarts.
-        if remember and session.prefilled_tokens == 0 and (saved := self._saved.find(session)) is not None:
+        if remember and session.prefilled_tokens == 0 and (saved := shelf.find(session)) is not None:
             yield ReadView(state, render.progress_bar(0, session.document_tokens, state="reopening",
                                                       note="reopening from disk…"),
                            status("info", f"Reopening the saved copy ({format_bytes(saved.num_bytes)}) from disk…"),
                            chat, *_BUSY)
-            chat, stats = NO_CHANGE, self._saved.restore(session)
+            chat, stats = NO_CHANGE, shelf.restore(session)
             if stats is not None:
                 bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
                 yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *idle)
@@ -246,7 +256,7 @@ class Handlers:
         if remember:
             yield ReadView(state, _done_bar(session, last), status("info", f"{finished} Saving it for instant "
                                                                            "reopening…"), NO_CHANGE, *_BUSY)
-            kind, sentence = self._saved.save(session, _label(state, session, text))
+            kind, sentence = shelf.save(session, _label(state, session, text))
             if kind == "error":
                 gr.Warning(html.escape(sentence))
             finished += " " + sentence
@@ -307,17 +317,18 @@ class Handlers:
         """This tab's "Remember read documents on disk" checkbox: off, nothing is saved or reopened."""
         state.remember = bool(remember)
 
-    def saved(self) -> SavedView:
-        """The saved-documents list and the delete drop-down's choices, fresh from the disk."""
-        infos, problem = self._saved.list()
+    def saved(self, request: gr.Request = None) -> SavedView:
+        """The visitor's saved-documents list and the delete drop-down's choices, fresh from the disk."""
+        shelf = self._shelves.for_request(request)
+        infos, problem = shelf.list()
         choices = [(render.saved_choice_label(info), info.key) for info in infos]
-        return SavedView(render.saved_panel(infos, self._saved.cap, enabled=self._saved.enabled, problem=problem),
+        return SavedView(render.saved_panel(infos, shelf.cap, enabled=shelf.enabled, problem=problem),
                          gr.update(choices=choices, value=None))
 
-    def delete_saved(self, key: str | None) -> DeleteView:
-        """Deletes the chosen snapshot from disk; documents already loaded in any tab stay loaded."""
-        deleted, sentence = self._saved.delete(key)
-        view = self.saved()
+    def delete_saved(self, key: str | None, request: gr.Request = None) -> DeleteView:
+        """Deletes the chosen snapshot from the visitor's shelf; documents already loaded in any tab stay loaded."""
+        deleted, sentence = self._shelves.for_request(request).delete(key)
+        view = self.saved(request)
         return DeleteView(view.panel, view.choice, status("ok", sentence) if deleted else _warn(sentence))
 
     # -- memory --------------------------------------------------------------------------------------
@@ -336,13 +347,20 @@ class Handlers:
         return meters_html(read_memory(), session.memory() if session is not None else None)
 
     def unload(self, request: gr.Request) -> None:
-        """The tab closed: free its document now rather than when Gradio expires the state."""
-        state = self._open.pop(request.session_hash, None) if request is not None else None
-        if state is not None:
-            state.is_closed = state.cancel_requested = state.stop_requested = True
-            if not state.is_busy:  # otherwise ``working`` frees it when the running event ends
-                state.close()
-            log.info("browser session closed; its document memory is freed")
+        """The tab closed: free its document now rather than when Gradio expires the state, and delete
+        its uploaded files and (for a visitor kept apart without a login) its saved documents."""
+        if request is None or not request.session_hash:
+            return
+        self._shelves.close_session(request.session_hash)
+        state = self._open.pop(request.session_hash, None)
+        if state is None:
+            return
+        if self._upload_dir is not None:
+            delete_uploads(state.uploads, self._upload_dir)
+        state.is_closed = state.cancel_requested = state.stop_requested = True
+        if not state.is_busy:  # otherwise ``working`` frees it when the running event ends
+            state.close()
+        log.info("browser session closed; its document memory and uploads are freed")
 
 
 _BUSY = (gr.update(interactive=False), gr.update(interactive=False))  # disk work: nothing to cancel
@@ -362,7 +380,7 @@ def _label(state: BrowserState, session: DocumentSession, text: str) -> str:
 
 
 def _answer(text: str, stats: str) -> str:
-    return f'{text or "…"}\n\n<span class="answer-stats">{html.escape(stats)}</span>'
+    return f'{render.model_markdown(text) or "…"}\n\n<span class="answer-stats">{html.escape(stats)}</span>'
 
 
 def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> str:

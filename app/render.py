@@ -9,6 +9,7 @@ without parsing prose.
 from __future__ import annotations
 
 import html
+import re
 import time
 from collections.abc import Sequence
 
@@ -146,6 +147,16 @@ def progress_bar(done: int = 0, total: int = 0, tokens_per_second: float = 0.0,
         f'aria-valuenow="{done}"><div class="progress-fill" style="width:{percent:.1f}%"></div></div>'
         f'<div class="progress-label">{html.escape(label)}</div></div>'
     )
+
+
+_IMAGE = re.compile(r"!(?=\[)")  # ![alt](url) and ![alt][ref]
+_TAG = re.compile(r"<(?=[A-Za-z/!?])")  # the start of an HTML tag, comment or processing instruction
+
+
+def model_markdown(text: str) -> str:
+    """Model-written Markdown made inert: images become plain links and HTML tags show as text, so an
+    answer never makes the browser fetch a URL (a document can lead the model to write one)."""
+    return _TAG.sub("&lt;", _IMAGE.sub("", text))
 
 
 def answer_stats(ttft: float | None, num_tokens: int, tokens_per_second: float, *, done: bool = True,

@@ -101,7 +101,8 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None) -> st
         ("Context limit", f"{plan.context_limit:,} tokens · {_LIMITED_BY.get(plan.limited_by, plan.limited_by)}"),
     ]
     grid = "".join(f"<div><span>{label}</span><b>{html.escape(value)}</b></div>" for label, value in tiles)
-    reason = f'<p class="plan-reason">{html.escape(plan.limit_reason)}</p>'
+    kind = "plan-limit" if plan.is_within_limit else "plan-reason"  # what binds, named either way
+    reason = f'<p class="{kind}">{html.escape(plan.limit_reason)}</p>'
     return (
         f'<div class="plan plan-{verdict[0]}" data-fits="{str(plan.is_within_limit).lower()}" '
         f'data-tokens="{num_tokens}" data-gpu-bytes="{plan.gpu_bytes}" data-host-bytes="{plan.host_bytes}" '

@@ -9,7 +9,8 @@ from .loader import ModelSourceError, UnsupportedModelError, describe, load_mode
 from .planner import ModelShape, Plan, PlanError, make_plan, paper_memory_table
 from .policy import OffloadPolicy
 from .prompt import DocumentTokens
-from .session import AnswerChunk, DocumentSession, PrefillCancelled, PrefillProgress
+from .reports import AnswerChunk, PrefillCancelled, PrefillProgress
+from .session import DocumentSession
 from .telemetry import MemorySnapshot, format_bytes, read_memory
 from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
 

@@ -37,3 +37,12 @@ class IncrementalDecoder:
         new_text = text[len(self.text):] if text.startswith(self.text) else text
         self.text = text
         return new_text
+
+
+def stop_token_ids(model, tokenizer) -> set[int]:
+    """The end-of-sequence ids of the model's generation config, its config and its tokenizer."""
+    ids = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    return ids

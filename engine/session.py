@@ -10,9 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 
@@ -21,51 +19,17 @@ from .interrupt import ForwardInterrupted, interruptible
 from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
 from .policy import OffloadPolicy
 from .prompt import DocumentTokens, PromptBuilder, Turn
-from .sampling import IncrementalDecoder, next_token
+from .reports import AnswerChunk, PrefillCancelled, PrefillProgress, answer_rate
+from .sampling import IncrementalDecoder, next_token, stop_token_ids
 from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
 from .snapshot_format import SnapshotIdentity
-from .telemetry import detect_budgets
+from .telemetry import detect_budgets, measured_flop_rate
 
 logger = logging.getLogger(__name__)
 
 # CPU prefill forwards: at most ~this many (query, key) pairs per attention call, at least this many tokens.
 _CPU_ATTENTION_PAIRS = 2048 * 8192
 _CPU_STEP_FLOOR = 256
-# FLOP rate measured per loaded model, so each browser session does not re-measure it.
-_MEASURED_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-class PrefillCancelled(Exception):
-    """Raised by ``prefill`` when ``should_stop`` turned true; the cache ends at a chunk boundary."""
-
-
-@dataclass(frozen=True)
-class PrefillProgress:
-    tokens_done: int
-    tokens_total: int
-    tokens_per_second: float
-    elapsed: float
-
-    @property
-    def fraction(self) -> float:
-        return self.tokens_done / self.tokens_total if self.tokens_total else 1.0
-
-    @property
-    def eta_seconds(self) -> float | None:
-        if self.tokens_per_second <= 0:
-            return None
-        return (self.tokens_total - self.tokens_done) / self.tokens_per_second
-
-
-@dataclass(frozen=True)
-class AnswerChunk:
-    text: str  # the whole answer so far
-    new_text: str
-    num_tokens: int
-    ttft: float | None  # seconds from the question to the first answer token
-    tokens_per_second: float  # decode rate after the first token
-    done: bool
-    stopped: bool = False
 
 
 class DocumentSession:
@@ -133,20 +97,7 @@ class DocumentSession:
 
     def estimate_prefill_seconds(self, num_tokens: int) -> float:
         """Seconds to prefill ``num_tokens``, from this machine's measured rate (measured once per model)."""
-        rate = _MEASURED_RATES.get(self.model)
-        if rate is None:
-            rate = _MEASURED_RATES[self.model] = self._calibrate()
-        return estimate_prefill_seconds(self.shape, num_tokens, rate)
-
-    def _calibrate(self, num_tokens: int = 128) -> float:
-        """Measures the model's FLOP rate on a short forward, so estimates are in this machine's seconds."""
-        ids = torch.randint(0, self.shape.vocab_size, (1, num_tokens), device=self.device)
-        with torch.inference_mode():
-            self.model(ids[:, :8], use_cache=False)  # warm-up
-            start = time.perf_counter()
-            self.model(ids, use_cache=False)
-            seconds = time.perf_counter() - start
-        return estimate_prefill_seconds(self.shape, num_tokens, 1.0) / max(seconds, 1e-6)
+        return estimate_prefill_seconds(self.shape, num_tokens, measured_flop_rate(self.model, self.shape))
 
     # -- the document ----------------------------------------------------------------------------
     def prompt_tokens(self, text: str) -> int:
@@ -261,7 +212,7 @@ class DocumentSession:
         wanted = self._document_ids + self.prompts.conversation_ids(self.document, self.turns, question)
         logits = self._extend_to(wanted)
         decoder = IncrementalDecoder(self.tokenizer)
-        stop_ids = _stop_token_ids(self.model, self.tokenizer)
+        stop_ids = stop_token_ids(self.model, self.tokenizer)
         generator = torch.Generator(device="cpu").manual_seed(0)
         first_at, num_tokens, stopped = None, 0, False
         for _ in range(max_new_tokens):
@@ -272,14 +223,14 @@ class DocumentSession:
             first_at = first_at or time.perf_counter()
             new_text = decoder.push(token)
             yield AnswerChunk(decoder.text, new_text, num_tokens, first_at - asked,
-                              _rate(num_tokens, first_at), done=False)
+                              answer_rate(num_tokens, first_at), done=False)
             if should_stop is not None and should_stop():
                 stopped = True
                 break
             logits = self._forward([token])
         self.turns.append(Turn(question, decoder.text))
         yield AnswerChunk(decoder.text, "", num_tokens, None if first_at is None else first_at - asked,
-                          _rate(num_tokens, first_at), done=True, stopped=stopped)
+                          answer_rate(num_tokens, first_at), done=True, stopped=stopped)
 
     def _extend_to(self, wanted: list[int]) -> torch.Tensor:
         """Crops the cache to its longest common prefix with ``wanted`` and feeds the rest."""
@@ -364,17 +315,3 @@ class DocumentSession:
             # A failed read may have emptied the cache: the ids must never claim K/V it no longer holds.
             del self._cached_ids[self.cache.get_seq_length():]
         return None
-
-
-def _rate(num_tokens: int, first_at: float | None) -> float:
-    if first_at is None or num_tokens < 2:
-        return 0.0
-    return (num_tokens - 1) / max(time.perf_counter() - first_at, 1e-9)
-
-
-def _stop_token_ids(model, tokenizer) -> set[int]:
-    ids = set()
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
-        value = getattr(source, "eos_token_id", None)
-        ids.update(value if isinstance(value, list) else [] if value is None else [value])
-    return ids

@@ -78,6 +78,8 @@ class PromptBuilder:
         encoded = self.tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
         # The document is the first user message: it ends right before the question's own text.
         offset = prefix.rfind(document) if document else len(prefix)
+        if offset < 0:  # the template rewrote the text (e.g. trimmed it): no offsets to count by
+            return DocumentTokens(document, list(encoded["input_ids"]))
         starts = array("q", (start - offset for start, _ in encoded["offset_mapping"]))
         return DocumentTokens(document, list(encoded["input_ids"]), starts)
 

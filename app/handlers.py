@@ -2,8 +2,8 @@
 per browser session.
 
 Each handler takes the browser's :class:`BrowserState` (kept in a ``gr.State``) and returns a
-named tuple whose fields match the outputs wired in ``app/ui.py``, so tests can call the
-handlers directly and read ``view.plan`` instead of ``out[2]``.
+named tuple from ``app.views`` whose fields match the outputs wired in ``app/ui.py``, so tests can
+call the handlers directly and read ``view.plan`` instead of ``out[2]``.
 """
 
 from __future__ import annotations
@@ -12,71 +12,25 @@ import html
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import gradio as gr
 
 from app import render
 from app.background import iterate_reports
 from app.browser_state import BrowserState
-from app.documents import Document, DocumentError, combine, read_document
+from app.documents import combine
 from app.meters import meters_html
 from app.render import status
 from app.shelves import Shelves
+from app.sizing import read_sized, token_counts
 from app.uploads import delete_uploads
-from app.sizing import far_beyond, file_far_beyond, token_counts
+from app.views import AskView, ClearView, DeleteView, FilesView, ReadView, SavedView
 from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, RestoreStats, SnapshotStore,
                     format_bytes, read_memory)
 
 log = logging.getLogger(__name__)
 
 NO_CHANGE: dict = gr.update()
-
-
-class FilesView(NamedTuple):
-    state: BrowserState
-    table: str
-    plan: str
-    truncate: dict
-    read_button: dict
-    status: Any
-
-
-class ReadView(NamedTuple):
-    state: BrowserState
-    progress: str
-    status: Any
-    chat: Any
-    read_button: dict
-    cancel_button: dict
-
-
-class AskView(NamedTuple):
-    chat: list[dict]
-    question: Any
-    status: Any
-
-
-class SavedView(NamedTuple):
-    panel: str
-    choice: dict
-
-
-class DeleteView(NamedTuple):
-    panel: str
-    choice: dict
-    status: Any
-
-
-class ClearView(NamedTuple):
-    state: BrowserState
-    files: None
-    table: str
-    plan: str
-    truncate: dict
-    progress: str
-    chat: list
-    status: str
 
 
 def _warn(text: str) -> str:
@@ -118,7 +72,9 @@ class Handlers:
             return FilesView(state, render.files_table([], []), render.empty_plan(),
                              gr.update(visible=False, value=False), gr.update(interactive=False), NO_CHANGE)
         session = self._session(state, request)
-        documents, problems = self._read_files(files, session)
+        limits = session.limits()  # sized before reading: a file far beyond it is refused unread
+        documents, problems = read_sized(files, max(limits.context_limit - session.answer_budget, 1),
+                                         limits.limit_reason)
         if not documents:
             return FilesView(state, render.files_table([], []), render.empty_plan(),
                              gr.update(visible=False, value=False), gr.update(interactive=False),
@@ -144,31 +100,6 @@ class Handlers:
         return FilesView(state, render.files_table(documents, counts), render.plan_panel(plan, sum(counts), seconds),
                          gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
                          message)
-
-    @staticmethod
-    def _read_files(files: list[str], session: DocumentSession) -> tuple[list[Document], list[str]]:
-        """The files as text, and why others were skipped; sized first, so a file far beyond what a
-        document may take is refused before it is read or tokenized."""
-        limits = session.limits()
-        limit, reason = max(limits.context_limit - session.answer_budget, 1), limits.limit_reason
-        documents, problems = [], []
-        for path in files:
-            name = Path(path).name
-            problem = file_far_beyond(path, name, limit, reason)
-            if problem is None:
-                try:
-                    document = read_document(path, name)
-                    problem = far_beyond(name, document.chars, limit, reason)
-                except DocumentError as exc:
-                    problem = str(exc)
-            if problem is None:
-                documents.append(document)
-            else:
-                problems.append(problem)
-        together = sum(doc.chars for doc in documents)
-        if len(documents) > 1 and (problem := far_beyond("These files together", together, limit, reason)):
-            return [], problems + [problem]
-        return documents, problems
 
     def _kept(self, state: BrowserState) -> str:
         if state.session is not None and state.session.is_prefilled:

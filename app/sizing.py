@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from app.documents import Document
+from app.documents import Document, DocumentError, read_document
 from engine import DocumentTokens, format_bytes
 
 CHARS_PER_TOKEN = 4  # English prose averages ~4 characters per token; denser scripts take more tokens
@@ -56,3 +56,27 @@ def token_counts(tokens: DocumentTokens, documents: Sequence[Document], count: C
     if any(n is None for n in counts):
         return [count(doc.text) for doc in documents]
     return counts
+
+
+def read_sized(paths: Sequence[str], limit: int, reason: str) -> tuple[list[Document], list[str]]:
+    """The files as text, and why others were skipped. Each is sized first (a plain-text file by its bytes,
+    others once extracted, the set as a whole too), so what is far beyond ``limit`` tokens is refused
+    before it is read or tokenized."""
+    documents, problems = [], []
+    for path in paths:
+        name = Path(path).name
+        problem = file_far_beyond(path, name, limit, reason)
+        if problem is None:
+            try:
+                document = read_document(path, name)
+                problem = far_beyond(name, document.chars, limit, reason)
+            except DocumentError as exc:
+                problem = str(exc)
+        if problem is None:
+            documents.append(document)
+        else:
+            problems.append(problem)
+    together = sum(doc.chars for doc in documents)
+    if len(documents) > 1 and (problem := far_beyond("These files together", together, limit, reason)):
+        return [], problems + [problem]
+    return documents, problems

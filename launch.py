@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "used are deleted to stay under it (default: no limit)")
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on; 0.0.0.0 lets other machines on the network connect "
+                        help="address to listen on; 0.0.0.0 lets other machines on the network connect, and "
+                             "then each visitor's saved documents are kept apart, as with --share "
                              "(default: 127.0.0.1, this machine only)")
     server.add_argument("--port", type=_port, default=7860, help="port to listen on (default: 7860)")
     server.add_argument("--max-upload", type=parse_size, default=DEFAULT_MAX_UPLOAD, metavar="SIZE",
@@ -138,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "they reach the app (default: 256MiB)")
     server.add_argument("--share", action="store_true",
                         help="also create a temporary public gradio.live link (needs internet; without it "
-                             "the app says so and keeps serving locally)")
+                             "the app says so and keeps serving locally); visitors' saved documents are then "
+                             "theirs alone: per user with --auth, else per browser tab, deleted when it closes")
     server.add_argument("--auth", type=_credentials, default=None, metavar="USER:PASSWORD",
                         help="require this user name and password to open the page")
     return parser

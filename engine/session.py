@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 # CPU prefill forwards: at most ~this many (query, key) pairs per attention call, at least this many tokens.
 _CPU_ATTENTION_PAIRS = 2048 * 8192
-_CPU_STEP_FLOOR = 256
+_CPU_STEP_FLOOR = 64
 
 
 class DocumentSession:

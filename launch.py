@@ -8,14 +8,21 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
 import logging
 import re
 import socket
 import sys
+import tempfile
+from pathlib import Path
 
 log = logging.getLogger("headinfer.launch")
 
 SHARE_SERVER = ("api.gradio.app", 443)  # where Gradio asks for a share tunnel
+UPLOADS = Path(tempfile.gettempdir()) / "headinfer-studio-uploads"  # one folder per running app inside
+VISITOR_SHELVES = Path(tempfile.gettempdir()) / "headinfer-studio-visitors"  # per-tab saved documents
+DEFAULT_MAX_UPLOAD = "256MiB"  # a whole book is a few MB of text; PDFs with images a few tens
 _UNITS = {
     "": 1, "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -52,6 +59,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1 to 65535)")
+    return value
+
+
 def _credentials(text: str) -> tuple[str, str]:
     user, sep, password = text.partition(":")
     if not sep or not user or not password:
@@ -59,8 +76,15 @@ def _credentials(text: str) -> tuple[str, str]:
     return user, password
 
 
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad value as one line on stderr (no usage block, never a traceback), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="launch.py",
         description="HeadInfer Studio: ask questions of whole books with an LLM whose KV cache is "
                     "offloaded head by head to host RAM.",
@@ -89,8 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="KV heads moved to the GPU together; 1 uses the least GPU memory "
                              "(default: chosen by the planner to fit --gpu-memory)")
     memory.add_argument("--max-context", type=_positive_int, default=None, metavar="TOKENS",
-                        help="tokens (documents + conversation) to reserve in host memory up front "
-                             "(default: sized per document set)")
+                        help="most tokens (documents + conversation) one browser tab may read; at most the "
+                             "model's trained context window unless --exceed-trained-window "
+                             "(default: what memory and the model allow)")
+    memory.add_argument("--exceed-trained-window", action="store_true",
+                        help="allow --max-context beyond the model's trained context window; answers degrade, "
+                             "often into nonsense, past it (default: off)")
     saved = parser.add_argument_group("saved documents (reopen a book read before in seconds)")
     saved.add_argument("--no-kv-cache", action="store_true",
                        help="do not save read documents' KV caches to disk, nor reopen them from there")
@@ -102,12 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
                             "used are deleted to stay under it (default: no limit)")
     server = parser.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1",
-                        help="address to listen on; 0.0.0.0 lets other machines on the network connect "
+                        help="address to listen on; 0.0.0.0 lets other machines on the network connect, and "
+                             "then each visitor's saved documents are kept apart, as with --share "
                              "(default: 127.0.0.1, this machine only)")
-    server.add_argument("--port", type=_positive_int, default=7860, help="port to listen on (default: 7860)")
+    server.add_argument("--port", type=_port, default=7860, help="port to listen on (default: 7860)")
+    server.add_argument("--max-upload", type=parse_size, default=DEFAULT_MAX_UPLOAD, metavar="SIZE",
+                        help="largest file a visitor may upload, e.g. 100MB; larger ones are refused before "
+                             "they reach the app (default: 256MiB)")
     server.add_argument("--share", action="store_true",
                         help="also create a temporary public gradio.live link (needs internet; without it "
-                             "the app says so and keeps serving locally)")
+                             "the app says so and keeps serving locally); visitors' saved documents are then "
+                             "theirs alone: per user with --auth, else per browser tab, deleted when it closes")
     server.add_argument("--auth", type=_credentials, default=None, metavar="USER:PASSWORD",
                         help="require this user name and password to open the page")
     return parser
@@ -118,7 +151,8 @@ def make_policy(args: argparse.Namespace):
     from engine import OffloadPolicy
 
     knobs = {"chunk_size": args.chunk_size, "head_group_size": args.head_group, "max_context": args.max_context,
-             "gpu_memory": args.gpu_memory, "host_memory": args.host_memory}
+             "gpu_memory": args.gpu_memory, "host_memory": args.host_memory,
+             "exceed_trained_window": args.exceed_trained_window or None}
     return OffloadPolicy(**{name: value for name, value in knobs.items() if value is not None})
 
 
@@ -151,15 +185,102 @@ def can_reach_share_server(timeout: float = 3.0) -> bool:
         return False
 
 
+def check_machine(args: argparse.Namespace) -> str:
+    """Checks the values that depend on this machine; returns the compute device. Raises ``ValueError``."""
+    from engine import read_memory
+    from engine.loader import resolve_device
+
+    try:
+        device = resolve_device(args.device)
+    except ValueError as exc:
+        raise ValueError(f"--device: {exc}") from None
+    memory = read_memory()
+    if args.host_memory is not None and args.host_memory > memory.system_total:
+        raise ValueError(f"--host-memory {_size(args.host_memory)} is more than this machine's "
+                         f"{_size(memory.system_total)} of RAM")
+    if args.gpu_memory is not None:
+        if not device.startswith("cuda"):
+            raise ValueError("--gpu-memory applies to a CUDA GPU, and this run computes on the CPU")
+        index = int(device.partition(":")[2] or 0)
+        total = read_memory(index).gpu_total
+        if total and args.gpu_memory > total:
+            raise ValueError(f"--gpu-memory {_size(args.gpu_memory)} is more than the GPU's {_size(total)}")
+    _check_listen_address(args.host, args.port)
+    return device
+
+
+def check_model(args: argparse.Namespace, config) -> None:
+    """Checks the values that depend on the model (its config alone). Raises ``ValueError``."""
+    from engine.context_window import trained_window
+    from engine.loader import check_supported
+
+    check_supported(config)  # UnsupportedModelError is a ValueError
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = int(getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads)
+    if args.head_group is not None and heads % args.head_group:
+        divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        raise ValueError(f"--head-group {args.head_group}: this model has {heads} KV heads per layer and a head "
+                         f"group must divide them; use one of {divisors}")
+    window = trained_window(text_config)
+    if args.max_context is not None and window is not None and args.max_context > window \
+            and not args.exceed_trained_window:
+        raise ValueError(f"--max-context {args.max_context:,} is beyond the {window:,} tokens this model was trained "
+                         "to read; answers degrade past it. Use a long-context model, or add "
+                         "--exceed-trained-window to allow it anyway")
+
+
+def _check_listen_address(host: str, port: int) -> None:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError) as exc:
+        raise ValueError(f"--host {host}: not an address this machine can listen on ({exc})") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will
+        try:
+            sock.bind(address[:2])
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ValueError(f"--port {port}: something else already listens on {host}:{port}; "
+                                 "choose another port") from None
+            raise ValueError(f"--host {host}: cannot listen there ({exc.strerror or exc})") from None
+
+
+def _size(num_bytes: int) -> str:
+    from engine import format_bytes
+
+    return format_bytes(num_bytes)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        device = check_machine(args)
+        from engine.loader import read_config
+
+        check_model(args, read_config(args.model))
+    except ValueError as exc:
+        parser.error(str(exc))
+    except OSError as exc:  # the model source: missing folder, unreachable Hub, unreadable file
+        parser.error(f"--model: {exc}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     from app.ui import build_ui, launch_options
+    from app.uploads import prepare_folder
     from engine import DocumentSession, ModelSourceError, UnsupportedModelError, describe, load_model
 
     try:
-        model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+        model, tokenizer = load_model(args.model, device=device, dtype=args.dtype)
         policy = make_policy(args)
     except (UnsupportedModelError, ModelSourceError, ValueError) as exc:
         log.error("%s", exc)
@@ -167,14 +288,19 @@ def main(argv: list[str] | None = None) -> None:
     info = describe(model)
     log.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))
 
+    private = args.share or not is_loopback(args.host)
+    if private:
+        log.info("others can reach this app: each visitor's saved documents are theirs alone (%s)",
+                 "per user" if args.auth else "per browser tab, deleted when it closes")
     demo = build_ui(lambda: DocumentSession(model, tokenizer, policy), model_info=info,
-                    snapshot_store=make_snapshot_store(args))
+                    snapshot_store=make_snapshot_store(args), private=private, upload_dir=prepare_folder(UPLOADS),
+                    session_shelves=prepare_folder(VISITOR_SHELVES) if private and not args.auth else None)
     share = args.share and can_reach_share_server()
     if args.share and not share:
         log.warning("Could not create a share link: %s:%d is unreachable (no internet?). "
                     "Serving locally only at http://%s:%d", *SHARE_SERVER, args.host, args.port)
     demo.launch(server_name=args.host, server_port=args.port, share=share, auth=args.auth,
-                prevent_thread_lock=True, **launch_options())
+                max_file_size=args.max_upload, prevent_thread_lock=True, **launch_options())
     if share and not demo.share_url:
         log.warning("Could not create a share link (see Gradio's message above). Serving locally only at %s",
                     demo.local_url)

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from app.documents import Document
-from engine import DocumentSession
+from engine import DocumentSession, DocumentTokens
 
 
 @dataclass
@@ -21,6 +21,8 @@ class BrowserState:
     session: DocumentSession | None = None
     documents: list[Document] = field(default_factory=list)  # chosen files, shown in the table
     token_counts: list[int] = field(default_factory=list)
+    uploads: set[str] = field(default_factory=set)  # files this tab uploaded, deleted when it closes
+    tokens: DocumentTokens | None = None  # the chosen documents tokenized once, for the plan and the read
     read_text: str | None = None  # the text given to the session (its KV may be partial)
     remember: bool = True  # save read documents to disk and reopen them from there (when the app has a store)
     cancel_requested: bool = False

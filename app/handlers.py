@@ -2,8 +2,8 @@
 per browser session.
 
 Each handler takes the browser's :class:`BrowserState` (kept in a ``gr.State``) and returns a
-named tuple whose fields match the outputs wired in ``app/ui.py``, so tests can call the
-handlers directly and read ``view.plan`` instead of ``out[2]``.
+named tuple from ``app.views`` whose fields match the outputs wired in ``app/ui.py``, so tests can
+call the handlers directly and read ``view.plan`` instead of ``out[2]``.
 """
 
 from __future__ import annotations
@@ -12,69 +12,25 @@ import html
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import gradio as gr
 
 from app import render
 from app.background import iterate_reports
 from app.browser_state import BrowserState
-from app.documents import DocumentError, combine, read_document
+from app.documents import combine
 from app.meters import meters_html
 from app.render import status
-from app.saved import SavedDocs
+from app.shelves import Shelves
+from app.sizing import read_sized, token_counts
+from app.uploads import delete_uploads
+from app.views import AskView, ClearView, DeleteView, FilesView, ReadView, SavedView
 from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, RestoreStats, SnapshotStore,
                     format_bytes, read_memory)
 
 log = logging.getLogger(__name__)
 
 NO_CHANGE: dict = gr.update()
-
-
-class FilesView(NamedTuple):
-    state: BrowserState
-    table: str
-    plan: str
-    truncate: dict
-    read_button: dict
-    status: Any
-
-
-class ReadView(NamedTuple):
-    state: BrowserState
-    progress: str
-    status: Any
-    chat: Any
-    read_button: dict
-    cancel_button: dict
-
-
-class AskView(NamedTuple):
-    chat: list[dict]
-    question: Any
-    status: Any
-
-
-class SavedView(NamedTuple):
-    panel: str
-    choice: dict
-
-
-class DeleteView(NamedTuple):
-    panel: str
-    choice: dict
-    status: Any
-
-
-class ClearView(NamedTuple):
-    state: BrowserState
-    files: None
-    table: str
-    plan: str
-    truncate: dict
-    progress: str
-    chat: list
-    status: str
 
 
 def _warn(text: str) -> str:
@@ -85,9 +41,14 @@ def _warn(text: str) -> str:
 class Handlers:
     """The page's event functions, bound to the factory that builds a session per browser."""
 
-    def __init__(self, engine_factory: Callable[[], DocumentSession], snapshot_store: SnapshotStore | None = None):
+    def __init__(self, engine_factory: Callable[[], DocumentSession], snapshot_store: SnapshotStore | None = None, *,
+                 private: bool = False, session_shelves: Path | None = None, upload_dir: Path | None = None):
+        """``private``: visitors are kept apart (saved documents per user or per tab, see ``app.shelves``);
+        ``session_shelves``: the folder for per-tab shelves; ``upload_dir``: where Gradio keeps uploads
+        (a tab's are deleted when it closes)."""
         self._factory = engine_factory
-        self._saved = SavedDocs(snapshot_store)  # shared by every tab; None: nothing is saved or reopened
+        self._shelves = Shelves(snapshot_store, private=private, session_root=session_shelves)
+        self._upload_dir = upload_dir
         # Browser session id -> its state, only so ``unload`` can free a closed tab's memory at
         # once; the handlers themselves always get their state from gr.State.
         self._open: dict[str, BrowserState] = {}
@@ -103,39 +64,42 @@ class Handlers:
     def choose_files(self, files: list[str] | None, state: BrowserState,
                      request: gr.Request = None) -> FilesView:
         """Reads the dropped files and shows their sizes and the memory plan; runs nothing."""
-        state.documents, state.token_counts = [], []
+        state.documents, state.token_counts, state.tokens = [], [], None
+        if request is not None and request.session_hash:  # so that ``unload`` finds the uploads
+            self._open[request.session_hash] = state
+        state.uploads.update(files or [])
         if not files:
             return FilesView(state, render.files_table([], []), render.empty_plan(),
                              gr.update(visible=False, value=False), gr.update(interactive=False), NO_CHANGE)
-        documents, problems = [], []
-        for path in files:
-            try:
-                documents.append(read_document(path, Path(path).name))
-            except DocumentError as exc:
-                problems.append(str(exc))
+        session = self._session(state, request)
+        limits = session.limits()  # sized before reading: a file far beyond it is refused unread
+        documents, problems = read_sized(files, max(limits.context_limit - session.answer_budget, 1),
+                                         limits.limit_reason)
         if not documents:
             return FilesView(state, render.files_table([], []), render.empty_plan(),
                              gr.update(visible=False, value=False), gr.update(interactive=False),
                              _warn(" ".join(problems) + self._kept(state)))
-        session = self._session(state, request)
-        counts = [session.count_tokens(doc.text) for doc in documents]
-        state.documents, state.token_counts = documents, counts
+        # Tokenized once: the counts, the plan, the read and the saved copy's key all use these ids.
+        tokens = session.tokenize(combine(documents))
+        counts = token_counts(tokens, documents, session.count_tokens)
+        state.documents, state.token_counts, state.tokens = documents, counts, tokens
         try:
-            plan = session.plan(combine(documents))
+            plan = session.plan(tokens)
         except PlanError as exc:
             return FilesView(state, render.files_table(documents, counts), render.empty_plan(),
                              gr.update(visible=False), gr.update(interactive=False), _warn(str(exc)))
-        seconds = session.estimate_prefill_seconds(sum(counts))
-        if plan.fits:
+        seconds = session.estimate_prefill_seconds(min(len(tokens), plan.context_limit))
+        if plan.is_within_limit:
             message = status("ok", f"Ready to read {sum(counts):,} tokens from {len(documents)} "
                                    f"file{'s' if len(documents) != 1 else ''}. Press “Read documents”.")
         else:
-            message = status("warn", f"Too large for memory: {plan.reason}. Tick “Truncate to fit” to read "
+            message = status("warn", f"Too large: {plan.limit_reason}. Tick “Truncate to fit” to read "
                                      "the beginning only, or remove files.")
         if problems:
             message = _warn("Skipped: " + " ".join(problems)) + message
         return FilesView(state, render.files_table(documents, counts), render.plan_panel(plan, sum(counts), seconds),
-                         gr.update(visible=not plan.fits, value=False), gr.update(interactive=True), message)
+                         gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
+                         message)
 
     def _kept(self, state: BrowserState) -> str:
         if state.session is not None and state.session.is_prefilled:
@@ -159,11 +123,12 @@ class Handlers:
             yield ReadView(state, NO_CHANGE, _warn("Drop one or more files first."), NO_CHANGE, *idle)
             return
         session = self._session(state, request)
-        text = combine(state.documents)
+        tokens = state.tokens if state.tokens is not None else session.tokenize(combine(state.documents))
+        text = tokens.text
         chat = NO_CHANGE
         if text != state.read_text or session.document_tokens == 0:
             try:
-                session.set_document(text, truncate_to_fit=truncate)
+                session.set_document(tokens, truncate_to_fit=truncate)
             except (PlanError, ValueError) as exc:
                 offer = isinstance(exc, PlanError) and not truncate
                 hint = " Tick “Truncate to fit” to read only the beginning." if offer else ""
@@ -174,15 +139,16 @@ class Handlers:
         elif session.is_prefilled:
             yield ReadView(state, _done_bar(session), status("ok", "Already read. Ask away."), NO_CHANGE, *idle)
             return
-        remember = self._saved.enabled and state.remember
+        shelf = self._shelves.for_request(request)
+        remember = shelf.enabled and state.remember
         note = ""
         # Only into an empty cache: a cancelled read that got partway resumes rather than restarts.
-        if remember and session.prefilled_tokens == 0 and (saved := self._saved.find(session)) is not None:
+        if remember and session.prefilled_tokens == 0 and (saved := shelf.find(session)) is not None:
             yield ReadView(state, render.progress_bar(0, session.document_tokens, state="reopening",
                                                       note="reopening from disk…"),
                            status("info", f"Reopening the saved copy ({format_bytes(saved.num_bytes)}) from disk…"),
                            chat, *_BUSY)
-            chat, stats = NO_CHANGE, self._saved.restore(session)
+            chat, stats = NO_CHANGE, shelf.restore(session)
             if stats is not None:
                 bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
                 yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *idle)
@@ -221,7 +187,7 @@ class Handlers:
         if remember:
             yield ReadView(state, _done_bar(session, last), status("info", f"{finished} Saving it for instant "
                                                                            "reopening…"), NO_CHANGE, *_BUSY)
-            kind, sentence = self._saved.save(session, _label(state, session, text))
+            kind, sentence = shelf.save(session, _label(state, session, text))
             if kind == "error":
                 gr.Warning(html.escape(sentence))
             finished += " " + sentence
@@ -282,17 +248,18 @@ class Handlers:
         """This tab's "Remember read documents on disk" checkbox: off, nothing is saved or reopened."""
         state.remember = bool(remember)
 
-    def saved(self) -> SavedView:
-        """The saved-documents list and the delete drop-down's choices, fresh from the disk."""
-        infos, problem = self._saved.list()
+    def saved(self, request: gr.Request = None) -> SavedView:
+        """The visitor's saved-documents list and the delete drop-down's choices, fresh from the disk."""
+        shelf = self._shelves.for_request(request)
+        infos, problem = shelf.list()
         choices = [(render.saved_choice_label(info), info.key) for info in infos]
-        return SavedView(render.saved_panel(infos, self._saved.cap, enabled=self._saved.enabled, problem=problem),
+        return SavedView(render.saved_panel(infos, shelf.cap, enabled=shelf.enabled, problem=problem),
                          gr.update(choices=choices, value=None))
 
-    def delete_saved(self, key: str | None) -> DeleteView:
-        """Deletes the chosen snapshot from disk; documents already loaded in any tab stay loaded."""
-        deleted, sentence = self._saved.delete(key)
-        view = self.saved()
+    def delete_saved(self, key: str | None, request: gr.Request = None) -> DeleteView:
+        """Deletes the chosen snapshot from the visitor's shelf; documents already loaded in any tab stay loaded."""
+        deleted, sentence = self._shelves.for_request(request).delete(key)
+        view = self.saved(request)
         return DeleteView(view.panel, view.choice, status("ok", sentence) if deleted else _warn(sentence))
 
     # -- memory --------------------------------------------------------------------------------------
@@ -300,7 +267,7 @@ class Handlers:
     def clear(state: BrowserState) -> ClearView:
         """Drops the documents and frees their KV cache."""
         state.close()
-        state.documents, state.token_counts = [], []
+        state.documents, state.token_counts, state.tokens = [], [], None
         return ClearView(state, None, render.files_table([], []), render.empty_plan(),
                          gr.update(visible=False, value=False),
                          render.progress_bar(), [], status("info", "Documents cleared; their memory is freed."))
@@ -311,13 +278,20 @@ class Handlers:
         return meters_html(read_memory(), session.memory() if session is not None else None)
 
     def unload(self, request: gr.Request) -> None:
-        """The tab closed: free its document now rather than when Gradio expires the state."""
-        state = self._open.pop(request.session_hash, None) if request is not None else None
-        if state is not None:
-            state.is_closed = state.cancel_requested = state.stop_requested = True
-            if not state.is_busy:  # otherwise ``working`` frees it when the running event ends
-                state.close()
-            log.info("browser session closed; its document memory is freed")
+        """The tab closed: free its document now rather than when Gradio expires the state, and delete
+        its uploaded files and (for a visitor kept apart without a login) its saved documents."""
+        if request is None or not request.session_hash:
+            return
+        self._shelves.close_session(request.session_hash)
+        state = self._open.pop(request.session_hash, None)
+        if state is None:
+            return
+        if self._upload_dir is not None:
+            delete_uploads(state.uploads, self._upload_dir)
+        state.is_closed = state.cancel_requested = state.stop_requested = True
+        if not state.is_busy:  # otherwise ``working`` frees it when the running event ends
+            state.close()
+        log.info("browser session closed; its document memory and uploads are freed")
 
 
 _BUSY = (gr.update(interactive=False), gr.update(interactive=False))  # disk work: nothing to cancel
@@ -337,7 +311,7 @@ def _label(state: BrowserState, session: DocumentSession, text: str) -> str:
 
 
 def _answer(text: str, stats: str) -> str:
-    return f'{text or "…"}\n\n<span class="answer-stats">{html.escape(stats)}</span>'
+    return f'{render.model_markdown(text) or "…"}\n\n<span class="answer-stats">{html.escape(stats)}</span>'
 
 
 def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> str:

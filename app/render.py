@@ -9,6 +9,7 @@ without parsing prose.
 from __future__ import annotations
 
 import html
+import re
 import time
 from collections.abc import Sequence
 
@@ -82,7 +83,12 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None) -> st
     ``num_tokens`` counts the documents alone; ``plan.context_tokens`` adds the prompt around
     them and the room kept for answers, which is what memory is reserved for.
     """
-    verdict = ("fits", "Fits in memory") if plan.fits else ("nofit", "Does not fit")
+    if not plan.fits:
+        verdict = ("nofit", "Does not fit in memory")
+    elif not plan.is_within_limit:
+        verdict = ("nofit", "Too long for this model" if plan.limited_by == "model" else "Over the context limit")
+    else:
+        verdict = ("fits", "Fits")
     groups = f"{plan.num_groups} group{'s' if plan.num_groups != 1 else ''}/layer"
     tiles = [
         ("GPU memory", _gpu_line(plan)),
@@ -92,17 +98,22 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None) -> st
         ("Head group", f"{plan.head_group_size} KV head{'s' if plan.head_group_size != 1 else ''} · {groups}"),
         ("Slots on device", f"{plan.resident_slots}/{plan.total_slots}"),
         ("Reading time", f"≈ {format_seconds(prefill_seconds)}"),
-        ("Largest context", f"{plan.max_context_tokens:,} tokens"),
+        ("Context limit", f"{plan.context_limit:,} tokens · {_LIMITED_BY.get(plan.limited_by, plan.limited_by)}"),
     ]
     grid = "".join(f"<div><span>{label}</span><b>{html.escape(value)}</b></div>" for label, value in tiles)
-    reason = "" if plan.fits else f'<p class="plan-reason">{html.escape(plan.reason)}</p>'
+    kind = "plan-limit" if plan.is_within_limit else "plan-reason"  # what binds, named either way
+    reason = f'<p class="{kind}">{html.escape(plan.limit_reason)}</p>'
     return (
-        f'<div class="plan plan-{verdict[0]}" data-fits="{str(plan.fits).lower()}" '
-        f'data-tokens="{num_tokens}" data-gpu-bytes="{plan.gpu_bytes}" data-host-bytes="{plan.host_bytes}">'
+        f'<div class="plan plan-{verdict[0]}" data-fits="{str(plan.is_within_limit).lower()}" '
+        f'data-tokens="{num_tokens}" data-gpu-bytes="{plan.gpu_bytes}" data-host-bytes="{plan.host_bytes}" '
+        f'data-limit="{plan.context_limit}" data-limited-by="{html.escape(plan.limited_by)}">'
         f'<div class="plan-verdict">{verdict[1]} <small>· {num_tokens:,} document tokens, '
         f"{plan.context_tokens:,} with the prompt and room for answers</small></div>"
         f'{reason}<div class="plan-grid">{grid}</div></div>'
     )
+
+
+_LIMITED_BY = {"model": "the model's window", "max_context": "--max-context", "memory": "memory"}
 
 
 def _gpu_line(plan: Plan) -> str:
@@ -137,6 +148,16 @@ def progress_bar(done: int = 0, total: int = 0, tokens_per_second: float = 0.0,
         f'aria-valuenow="{done}"><div class="progress-fill" style="width:{percent:.1f}%"></div></div>'
         f'<div class="progress-label">{html.escape(label)}</div></div>'
     )
+
+
+_IMAGE = re.compile(r"!(?=\[)")  # ![alt](url) and ![alt][ref]
+_TAG = re.compile(r"<(?=[A-Za-z/!?])")  # the start of an HTML tag, comment or processing instruction
+
+
+def model_markdown(text: str) -> str:
+    """Model-written Markdown made inert: images become plain links and HTML tags show as text, so an
+    answer never makes the browser fetch a URL (a document can lead the model to write one)."""
+    return _TAG.sub("&lt;", _IMAGE.sub("", text))
 
 
 def answer_stats(ttft: float | None, num_tokens: int, tokens_per_second: float, *, done: bool = True,

@@ -35,7 +35,7 @@ class SavedDocs:
     def find(self, session: DocumentSession) -> SnapshotInfo | None:
         """The snapshot saved for the session's document, if any (damaged ones too: restoring deletes them)."""
         try:
-            return self.store.find(session)
+            return session.find_snapshot(self.store)
         except OSError as exc:  # an unreadable cache folder only means reading the slow way
             log.warning("could not look for a saved copy: %s", exc)
             return None

@@ -3,21 +3,25 @@
 Heavy events (reading documents, answering, and the new-chat / clear that touch the same cache)
 share one concurrency slot, ``"compute"``, so only one runs on the compute device at a time and
 other visitors wait in Gradio's queue, which shows them their position. Saving a read document to
-disk and reopening one from there happen inside the read event, so they hold that slot too. Light
-events (file choice, cancel, stop, meters, listing and deleting saved documents) run at once, even
-while a heavy one is busy.
+disk and reopening one from there happen inside the read event, so they hold that slot too. Choosing
+files (reading and tokenizing them) has a slot of its own, ``"ingest"``, so uploads take turns too.
+Light events (cancel, stop, meters, listing and deleting saved documents) run at once, even while a
+heavy one is busy.
 """
 
 from __future__ import annotations
 
 import html
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from app import render
 from app.browser_state import BrowserState
+from app.csp import ContentSecurityPolicy
 from app.documents import SUPPORTED_SUFFIXES
 from app.handlers import Handlers
 from app.render import status
@@ -36,24 +40,36 @@ def launch_options() -> dict:
     theme = gr.themes.Soft(primary_hue="teal", neutral_hue="slate",
                            font=["system-ui", "Segoe UI", "Roboto", "Helvetica", "Arial", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"])
-    return {"theme": theme, "css_paths": [ASSETS / "style.css"], "favicon_path": str(ASSETS / "logo.svg")}
+    return {"theme": theme, "css_paths": [ASSETS / "style.css"], "favicon_path": str(ASSETS / "logo.svg"),
+            # No image, media or frame from elsewhere: answers are model-written Markdown (see app.csp).
+            "app_kwargs": {"middleware": [Middleware(ContentSecurityPolicy)]}}
 
 
 def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
-             title: str = "HeadInfer Studio", snapshot_store: SnapshotStore | None = None) -> gr.Blocks:
+             title: str = "HeadInfer Studio", snapshot_store: SnapshotStore | None = None, private: bool = False,
+             session_shelves: Path | None = None, upload_dir: Path | None = None) -> gr.Blocks:
     """Builds the page; each browser tab gets its own session from ``engine_factory``.
 
     Args:
         engine_factory: returns a fresh ``DocumentSession`` (sharing one loaded model).
         model_info: ``engine.loader.describe(model)``, shown under the title.
         title: page and header title.
-        snapshot_store: where read documents' KV caches are saved and reopened from, shared by every
-            tab; None turns saving and reopening off (and hides their controls).
+        snapshot_store: where read documents' KV caches are saved and reopened from; None turns saving
+            and reopening off (and hides their controls).
+        private: others can reach the app, so visitors are kept apart: saved documents per logged-in
+            user (under the store's ``users/`` folder), else per tab in ``session_shelves`` (deleted
+            when the tab closes; without that folder such visitors save nothing).
+        upload_dir: the folder Gradio keeps uploads in (``app.uploads.prepare_folder``); a tab's uploads
+            are deleted when it closes. Set before any component exists, as Gradio reads it then.
     """
-    handlers = Handlers(engine_factory, snapshot_store)
+    if upload_dir is not None:
+        os.environ["GRADIO_TEMP_DIR"] = str(upload_dir)  # Gradio's only setting for it
+    handlers = Handlers(engine_factory, snapshot_store, private=private, session_shelves=session_shelves,
+                        upload_dir=upload_dir)
     saving = snapshot_store is not None
-    # analytics off: the studio makes no calls home (it is often run offline).
-    with gr.Blocks(title=title, fill_width=True, analytics_enabled=False) as demo:
+    # analytics off: the studio makes no calls home (it is often run offline). delete_cache: uploads
+    # older than a day go even from a tab left open (the tab's own are deleted when it closes).
+    with gr.Blocks(title=title, fill_width=True, analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
         # delete_callback: Gradio's own expiry of a session is the backstop to ``unload``.
         state = gr.State(BrowserState(), delete_callback=lambda s: s.close() if s else None)
         with gr.Row(equal_height=True, elem_id="topbar"):
@@ -103,8 +119,9 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                     temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
                                             label="Temperature (0 = always the most likely word)")
 
+        # One upload at a time: reading and tokenizing a large file takes memory, so visitors queue for it.
         files.change(handlers.choose_files, [files, state], [state, table, plan, truncate, read_button, status_box],
-                     api_name="upload", **_LIGHT)
+                     api_name="upload", concurrency_id="ingest", concurrency_limit=1, show_progress="minimal")
         saved_view = [saved_list, saved_choice]
         # Wired before the private refreshes below, which would otherwise take the name "saved".
         shelf.expand(handlers.saved, None, saved_view, api_name="saved", **_LIGHT)

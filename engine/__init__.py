@@ -8,7 +8,9 @@ from .cache import HeadInferCache
 from .loader import ModelSourceError, UnsupportedModelError, describe, load_model
 from .planner import ModelShape, Plan, PlanError, make_plan, paper_memory_table
 from .policy import OffloadPolicy
-from .session import AnswerChunk, DocumentSession, PrefillCancelled, PrefillProgress
+from .prompt import DocumentTokens
+from .reports import AnswerChunk, PrefillCancelled, PrefillProgress
+from .session import DocumentSession
 from .telemetry import MemorySnapshot, format_bytes, read_memory
 from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
 
@@ -17,6 +19,7 @@ _attention.register()
 __all__ = [
     "AnswerChunk",
     "DocumentSession",
+    "DocumentTokens",
     "PrefillCancelled",
     "PrefillProgress",
     "UnsupportedModelError",

@@ -210,7 +210,7 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     from transformers import AutoModelForCausalLM
 
     path, gguf_file, is_hub = _resolve_source(source)
-    torch_device = _resolve_device(device)
+    torch_device = resolve_device(device)
     torch_dtype = _resolve_dtype(dtype, torch_device)
     config = _read_config(path, gguf_file, is_hub)
     check_supported(config)
@@ -271,12 +271,35 @@ def _load_tokenizer(path: str, gguf_file: str | None) -> Any:
         raise ModelSourceError(f"Could not load a tokenizer from {path}: {err}") from err
 
 
-def _resolve_device(device: str) -> str:
+def read_config(source: str | None = None) -> Any:
+    """The model's config alone (no weights, no tokenizer): enough to check settings against it first."""
+    return _read_config(*_resolve_source(source))
+
+
+def resolve_device(device: str) -> str:
+    """``"auto"`` -> ``"cuda"`` or ``"cpu"``; any other value is checked against this machine.
+
+    Raises ``ValueError`` saying what this machine has for anything but ``cpu``, ``cuda`` or an
+    existing ``cuda:N``.
+    """
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} was requested but CUDA is not available; use 'cpu' or 'auto'.")
+    match = _DEVICE.match(device)
+    if match is None:
+        raise ValueError(f"{device!r} is not a device; use auto, cpu, cuda or cuda:N")
+    if match.group(1) == "cpu":
+        return device
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ValueError(f"{device!r} was requested but this machine has no CUDA GPU; use cpu or auto")
+    index = int(match.group(2) or 0)
+    if index >= count:
+        raise ValueError(f"{device!r} does not exist: this machine has {count} CUDA GPU{'s' if count > 1 else ''} "
+                         f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})")
     return device
+
+
+_DEVICE = re.compile(r"^(cpu|cuda)(?::(\d+))?$")
 
 
 def _resolve_dtype(dtype: str, device: str) -> torch.dtype:

@@ -13,6 +13,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+from engine.context_window import trained_window
 from engine.policy import OffloadPolicy
 
 logger = logging.getLogger(__name__)
@@ -20,6 +21,8 @@ logger = logging.getLogger(__name__)
 _GIB = 1 << 30
 _MAX_CONTEXT = 2**31
 _LOGIT_BYTES = 4  # logits are materialised in fp32 for the last token only
+
+LIMIT_MEMORY, LIMIT_MAX_CONTEXT, LIMIT_MODEL = "memory", "max_context", "model"
 
 
 class PlanError(ValueError):
@@ -40,6 +43,7 @@ class ModelShape:
     dtype_bytes: int
     num_params: int
     sliding_windows: tuple[int | None, ...]
+    max_positions: int | None = None  # the trained context window (see ``trained_window``); None: unknown
 
     @classmethod
     def from_config(cls, config, dtype_bytes: int = 2, num_params: int | None = None) -> ModelShape:
@@ -56,7 +60,7 @@ class ModelShape:
         windows = _sliding_windows(config, layers)
         params = num_params if num_params is not None else _estimate_params(config, head_dim, kv_heads)
         return cls(layers, heads, kv_heads, head_dim, int(config.hidden_size), int(config.intermediate_size),
-                   int(config.vocab_size), dtype_bytes, int(params), windows)
+                   int(config.vocab_size), dtype_bytes, int(params), windows, trained_window(config))
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -107,11 +111,30 @@ class Plan:
     host_bytes: int
     gpu_budget: int | None
     host_budget: int | None
-    fits: bool
-    reason: str
-    max_context_tokens: int
+    fits: bool  # the memory budgets hold ``context_tokens``
+    reason: str  # why not, when they do not
+    max_context_tokens: int  # the most that fits in memory
+    context_limit: int = _MAX_CONTEXT  # min(memory, policy.max_context, the model's trained window)
+    limited_by: str = LIMIT_MEMORY  # which of the three binds: LIMIT_MEMORY, LIMIT_MAX_CONTEXT or LIMIT_MODEL
     disk_bytes: int = 0  # the disk tier's share of the offloaded KV (policy.disk_dir)
     disk_slots: int = 0  # offloaded slots whose homes are files
+
+    @property
+    def is_within_limit(self) -> bool:
+        """``context_tokens`` fits the memory budgets and is within the context limit."""
+        return self.fits and self.context_tokens <= self.context_limit
+
+    @property
+    def limit_reason(self) -> str:
+        """What binds the context limit, in words (for refusals and the plan panel)."""
+        if self.limited_by == LIMIT_MODEL:
+            return (f"this model reads at most {self.context_limit:,} tokens (its trained context window); "
+                    "longer texts need a long-context model")
+        if self.limited_by == LIMIT_MAX_CONTEXT:
+            return f"the context limit (--max-context) is {self.context_limit:,} tokens"
+        if not self.fits:
+            return self.reason
+        return f"at most {self.context_limit:,} tokens fit in memory"
 
     def require_fit(self) -> None:
         """Raises :class:`PlanError` explaining what does not fit."""
@@ -276,9 +299,14 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     if reasons:
         reasons.append(f"at most {max_ctx:,} context tokens fit with this configuration")
     groups = math.ceil(shape.num_kv_heads / group)
+    window = None if policy.exceed_trained_window else shape.max_positions
+    # The first of equal limits is named: the model's window is the one no setting can lift.
+    limited_by, limit = min(((name, value) for name, value in ((LIMIT_MODEL, window),
+                            (LIMIT_MAX_CONTEXT, policy.max_context), (LIMIT_MEMORY, max_ctx)) if value is not None),
+                            key=lambda item: item[1])
     plan = Plan(context_tokens, chunk, group, groups, resident, shape.num_layers * groups, device_is_cuda,
                 breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx,
-                disk_bytes=disk, disk_slots=disk_slots)
+                limit, limited_by, disk_bytes=disk, disk_slots=disk_slots)
     logger.debug("plan: %s", plan.summary().replace("\n", " | "))
     return plan
 

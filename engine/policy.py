@@ -31,6 +31,8 @@ class OffloadPolicy:
         disk_dir: a folder for the disk tier: when the offloaded KV exceeds ``host_memory``, the rest of the
             slots live in files there (exact, slower). ``None``: no disk tier.
         disk_memory: bytes the disk tier may use; ``None``: the folder's free space.
+        exceed_trained_window: let the context grow past the model's trained window (answers degrade,
+            often to nonsense, beyond it); off, the planner caps the context at that window.
     """
 
     chunk_size: int = 4096
@@ -44,6 +46,7 @@ class OffloadPolicy:
     kv_dtype: str | None = None
     disk_dir: str | None = None
     disk_memory: int | None = None
+    exceed_trained_window: bool = False
 
     def __post_init__(self) -> None:
         _check_positive("chunk_size", self.chunk_size)
@@ -61,6 +64,8 @@ class OffloadPolicy:
             raise ValueError(f"kv_dtype must be None, 'int8' or 'fp8', got {self.kv_dtype!r}")
         if self.pin_memory not in (None, True, False):
             raise ValueError(f"pin_memory must be True, False or None, got {self.pin_memory!r}")
+        if self.exceed_trained_window not in (True, False):
+            raise ValueError(f"exceed_trained_window must be True or False, got {self.exceed_trained_window!r}")
         if self.overlap not in (True, False):
             raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
 

@@ -7,6 +7,8 @@ with the model's own chat template and tokenized on their own.
 
 from __future__ import annotations
 
+import bisect
+from array import array
 from dataclasses import dataclass
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -20,6 +22,39 @@ _QUESTION_MARKER = "\x00QUESTION\x00"  # never occurs in real text; marks where 
 class Turn:
     question: str
     answer: str
+
+
+@dataclass(frozen=True, eq=False)
+class DocumentTokens:
+    """A document tokenized once as the prompt prefix, reused for counting, planning, reading and
+    the snapshot identity.
+
+    ``starts`` holds where each token begins in ``text`` (negative for the chat markup before it, past
+    the end for the markup after it); ``None`` when the tokenizer cannot tell (slow tokenizers).
+    """
+
+    text: str
+    ids: list[int]
+    starts: array | None = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def count_between(self, start: int, end: int) -> int | None:
+        """Tokens that begin in ``text[start:end]``; None without ``starts``."""
+        if self.starts is None:
+            return None
+        return bisect.bisect_left(self.starts, end) - bisect.bisect_left(self.starts, start)
+
+    def head(self, num_tokens: int) -> str | None:
+        """The text before its ``num_tokens``-th own token (the markup before it not counted); None
+        without ``starts``."""
+        if self.starts is None:
+            return None
+        index = bisect.bisect_left(self.starts, 0) + num_tokens
+        if index >= len(self.starts):
+            return self.text
+        return self.text[: max(0, min(self.starts[index], len(self.text)))]
 
 
 class PromptBuilder:
@@ -37,6 +72,20 @@ class PromptBuilder:
         """The rendered text of that prefix (system prompt, chat markup and the document)."""
         rendered = self._render(document, [], _QUESTION_MARKER)
         return rendered[: rendered.index(_QUESTION_MARKER)]
+
+    def tokenize_document(self, document: str) -> DocumentTokens:
+        """``document_ids`` with where each token starts in ``document``, in one tokenizer pass."""
+        rendered = self._render(document, [], _QUESTION_MARKER)
+        prefix = rendered[: rendered.index(_QUESTION_MARKER)]
+        if not getattr(self.tokenizer, "is_fast", False):
+            return DocumentTokens(document, self._encode(prefix))
+        encoded = self.tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
+        # The document is the first user message: it ends right before the question's own text.
+        offset = prefix.rfind(document) if document else len(prefix)
+        if offset < 0:  # the template rewrote the text (e.g. trimmed it): no offsets to count by
+            return DocumentTokens(document, list(encoded["input_ids"]))
+        starts = array("q", (start - offset for start, _ in encoded["offset_mapping"]))
+        return DocumentTokens(document, list(encoded["input_ids"]), starts)
 
     def conversation_ids(self, document: str, turns: list[Turn], question: str) -> list[int]:
         """Ids after the document prefix: earlier turns, the new question and the assistant header."""

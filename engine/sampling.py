@@ -78,3 +78,12 @@ class RepetitionGuard:
             if all(answer_ids[n - (k + 1) * span : n - k * span] == tail for k in range(1, self.repeats)):
                 return span
         return 0
+
+
+def stop_token_ids(model, tokenizer) -> set[int]:
+    """The end-of-sequence ids of the model's generation config, its config and its tokenizer."""
+    ids = set()
+    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        ids.update(value if isinstance(value, list) else [] if value is None else [value])
+    return ids

@@ -10,57 +10,26 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 
 from .cache import HeadInferCache
+from .interrupt import ForwardInterrupted, interruptible
 from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
 from .policy import OffloadPolicy
-from .prompt import PromptBuilder, Turn
-from .sampling import IncrementalDecoder, next_token
+from .prompt import DocumentTokens, PromptBuilder, Turn
+from .reports import AnswerChunk, PrefillCancelled, PrefillProgress, answer_rate
+from .sampling import IncrementalDecoder, next_token, stop_token_ids
 from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
-from .telemetry import detect_budgets
+from .snapshot_format import SnapshotIdentity
+from .telemetry import detect_budgets, measured_flop_rate
 
 logger = logging.getLogger(__name__)
 
-# FLOP rate measured per loaded model, so each browser session does not re-measure it.
-_MEASURED_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-class PrefillCancelled(Exception):
-    """Raised by ``prefill`` when ``should_stop`` turned true; the cache ends at a chunk boundary."""
-
-
-@dataclass(frozen=True)
-class PrefillProgress:
-    tokens_done: int
-    tokens_total: int
-    tokens_per_second: float
-    elapsed: float
-
-    @property
-    def fraction(self) -> float:
-        return self.tokens_done / self.tokens_total if self.tokens_total else 1.0
-
-    @property
-    def eta_seconds(self) -> float | None:
-        if self.tokens_per_second <= 0:
-            return None
-        return (self.tokens_total - self.tokens_done) / self.tokens_per_second
-
-
-@dataclass(frozen=True)
-class AnswerChunk:
-    text: str  # the whole answer so far
-    new_text: str
-    num_tokens: int
-    ttft: float | None  # seconds from the question to the first answer token
-    tokens_per_second: float  # decode rate after the first token
-    done: bool
-    stopped: bool = False
+# CPU prefill forwards: at most ~this many (query, key) pairs per attention call, at least this many tokens.
+_CPU_ATTENTION_PAIRS = 2048 * 8192
+_CPU_STEP_FLOOR = 64
 
 
 class DocumentSession:
@@ -86,6 +55,7 @@ class DocumentSession:
         self.document = ""
         self._document_ids: list[int] = []
         self._cached_ids: list[int] = []  # exactly the tokens whose K/V the cache holds
+        self._identity: SnapshotIdentity | None = None  # computed once per document, when first needed
         self.turns: list[Turn] = []
 
     @property
@@ -108,9 +78,16 @@ class DocumentSession:
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def plan(self, text: str) -> Plan:
-        """The memory plan for ``text`` as a document (plus the answer budget); never allocates."""
-        return self._plan_tokens(len(self.prompts.document_ids(text)) + self.answer_budget)
+    def tokenize(self, text: str) -> DocumentTokens:
+        """Tokenizes ``text`` as the document prefix, once: pass the result to ``plan`` and ``set_document``."""
+        return self.prompts.tokenize_document(text)
+
+    def plan(self, document: DocumentTokens | str) -> Plan:
+        """The memory plan for ``document`` (plus the answer budget); never allocates."""
+        return self._plan_tokens(len(self._tokens(document)) + self.answer_budget)
+
+    def _tokens(self, document: DocumentTokens | str) -> DocumentTokens:
+        return document if isinstance(document, DocumentTokens) else self.tokenize(document)
 
     def _plan_tokens(self, context_tokens: int) -> Plan:
         gpu_budget, host_budget = detect_budgets(str(self.device))
@@ -120,67 +97,54 @@ class DocumentSession:
 
     def estimate_prefill_seconds(self, num_tokens: int) -> float:
         """Seconds to prefill ``num_tokens``, from this machine's measured rate (measured once per model)."""
-        rate = _MEASURED_RATES.get(self.model)
-        if rate is None:
-            rate = _MEASURED_RATES[self.model] = self._calibrate()
-        return estimate_prefill_seconds(self.shape, num_tokens, rate)
-
-    def _calibrate(self, num_tokens: int = 128) -> float:
-        """Measures the model's FLOP rate on a short forward, so estimates are in this machine's seconds."""
-        ids = torch.randint(0, self.shape.vocab_size, (1, num_tokens), device=self.device)
-        with torch.inference_mode():
-            self.model(ids[:, :8], use_cache=False)  # warm-up
-            start = time.perf_counter()
-            self.model(ids, use_cache=False)
-            seconds = time.perf_counter() - start
-        return estimate_prefill_seconds(self.shape, num_tokens, 1.0) / max(seconds, 1e-6)
+        return estimate_prefill_seconds(self.shape, num_tokens, measured_flop_rate(self.model, self.shape))
 
     # -- the document ----------------------------------------------------------------------------
     def prompt_tokens(self, text: str) -> int:
         """Tokens ``text`` takes as the document prefix (system prompt and chat markup included)."""
         return len(self.prompts.document_ids(text))
 
-    def document_limit(self, text: str) -> int:
-        """The most document-prefix tokens that fit the memory plan and ``policy.max_context``."""
-        plan = self._plan_tokens(self.prompt_tokens(text) + self.answer_budget)
-        limit = min(plan.max_context_tokens, self.policy.max_context or plan.max_context_tokens)
-        return max(limit - self.answer_budget, 0)
+    def limits(self) -> Plan:
+        """The plan of a minimal document: its ``context_limit`` (answers included) and ``limit_reason`` say
+        how much any document may take, before one is tokenized."""
+        return self._plan_tokens(1 + self.answer_budget)
 
-    def set_document(self, text: str, *, truncate_to_fit: bool = False) -> int:
-        """Tokenizes ``text`` as the document, replacing any previous one; returns its token count.
+    def set_document(self, document: DocumentTokens | str, *, truncate_to_fit: bool = False) -> int:
+        """Takes ``document`` (text, or ``tokenize``'s result) as the document, replacing any previous one;
+        returns its token count.
 
-        Raises ``PlanError`` when it does not fit (memory plan or ``policy.max_context``) and
-        ``truncate_to_fit`` is false; the previous document is kept in that case.
+        Raises ``PlanError`` when it does not fit (memory, ``policy.max_context`` or the model's trained
+        window) and ``truncate_to_fit`` is false; the previous document is kept in that case.
         """
-        if not text.strip():
+        if not (document.text if isinstance(document, DocumentTokens) else document).strip():
             raise ValueError("the document is empty: there is no text to read")
-        ids = self.prompts.document_ids(text)
-        limit = self.document_limit(text)
-        if len(ids) > limit:
-            reason = self._plan_tokens(len(ids) + self.answer_budget).reason or (
-                f"the context limit is {self.policy.max_context:,} tokens")
+        tokens = self._tokens(document)
+        plan = self._plan_tokens(len(tokens) + self.answer_budget)
+        limit = max(plan.context_limit - self.answer_budget, 0)
+        if len(tokens) > limit:
             if not truncate_to_fit or limit < 1:
-                raise PlanError(f"{reason} (the document takes {len(ids):,} tokens; at most {limit:,} fit)")
-            text, ids = self._truncate(text, limit)
-            logger.info("document truncated to %d tokens to fit", len(ids))
+                raise PlanError(f"{plan.limit_reason} (the document takes {len(tokens):,} tokens; at most {limit:,} fit)")
+            tokens = self._truncate(tokens, limit)
+            logger.info("document truncated to %d tokens to fit", len(tokens))
         # Built before the old document goes, so a refusal here loses nothing.
-        policy = dataclasses.replace(self.policy, max_context=len(ids) + self.answer_budget)
+        policy = dataclasses.replace(self.policy, max_context=len(tokens) + self.answer_budget)
         cache = HeadInferCache(self.model.config, policy, device=self.device)
         self.clear()
-        self.document, self._document_ids, self.cache = text, ids, cache
-        return len(ids)
+        self.document, self._document_ids, self.cache = tokens.text, tokens.ids, cache
+        return len(tokens)
 
-    def _truncate(self, text: str, limit: int) -> tuple[str, list[int]]:
-        """Keeps the beginning of ``text`` so that its prefix ids number at most ``limit``."""
-        body = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        keep = max(limit - (self.prompt_tokens("") + 8), 1)
+    def _truncate(self, tokens: DocumentTokens, limit: int) -> DocumentTokens:
+        """Keeps the beginning of the document so that its prefix ids number at most ``limit``."""
+        markup = self.prompt_tokens("") + 8
+        keep = max(limit - markup, 1)
+        body = None if tokens.starts is not None else self.tokenizer(tokens.text, add_special_tokens=False)["input_ids"]
         while True:
-            # Re-tokenizing decoded text can merge or split a few tokens: shrink until it fits.
-            text = self.tokenizer.decode(body[:keep]) + "\n[... truncated to fit memory ...]"
-            ids = self.prompts.document_ids(text)
-            if len(ids) <= limit or keep == 1:
-                return text, ids
-            keep = max(keep - (len(ids) - limit) - 1, 1)
+            # Re-tokenizing a cut text can merge or split a few tokens: shrink until it fits.
+            head = tokens.head(keep) if body is None else self.tokenizer.decode(body[:keep])
+            cut = self.tokenize(head + "\n[... truncated to fit ...]")
+            if len(cut) <= limit or keep == 1:
+                return cut
+            keep = max(keep - (len(cut) - limit) - 1, 1)
 
     def prefill(self, on_progress: Callable[[PrefillProgress], None] | None = None,
                 should_stop: Callable[[], bool] | None = None) -> PrefillProgress:
@@ -189,17 +153,35 @@ class DocumentSession:
             raise ValueError("no document: call set_document first")
         start_tokens, started = self.prefilled_tokens, time.perf_counter()
         progress = PrefillProgress(start_tokens, self.document_tokens, 0.0, 0.0)
-        while self.prefilled_tokens < self.document_tokens:
-            if should_stop is not None and should_stop():
-                raise PrefillCancelled(f"stopped after {self.prefilled_tokens:,} of {self.document_tokens:,} tokens")
-            done = self.prefilled_tokens
-            self._forward(self._document_ids[done : done + self.policy.chunk_size])
-            elapsed = time.perf_counter() - started
-            progress = PrefillProgress(self.prefilled_tokens, self.document_tokens,
-                                       (self.prefilled_tokens - start_tokens) / max(elapsed, 1e-9), elapsed)
-            if on_progress is not None:
-                on_progress(progress)
+        # Checked between layers too, so a cancel lands within about a layer's time; the chunk that was
+        # under way is cropped off by ``_forward``, leaving the cache at a chunk boundary.
+        with interruptible(self.model, should_stop):
+            while self.prefilled_tokens < self.document_tokens:
+                if should_stop is not None and should_stop():
+                    raise self._cancelled()
+                done = self.prefilled_tokens
+                try:
+                    self._forward(self._document_ids[done : done + self._prefill_step(done)])
+                except ForwardInterrupted as interrupted:
+                    raise self._cancelled() from interrupted
+                elapsed = time.perf_counter() - started
+                progress = PrefillProgress(self.prefilled_tokens, self.document_tokens,
+                                           (self.prefilled_tokens - start_tokens) / max(elapsed, 1e-9), elapsed)
+                if on_progress is not None:
+                    on_progress(progress)
         return progress
+
+    def _prefill_step(self, done: int) -> int:
+        """Tokens per forward: the chunk size, but on a CPU no more than keeps one layer's attention (queries
+        x keys) short, so a cancel lands within about a second at any context length. Each forward streams
+        the offloaded K/V over the GPU link, so with CUDA the chunk stays whole."""
+        chunk = self.policy.chunk_size
+        if self.device.type == "cuda":
+            return chunk
+        return max(min(chunk, _CPU_STEP_FLOOR), min(chunk, _CPU_ATTENTION_PAIRS // (done + chunk)))
+
+    def _cancelled(self) -> PrefillCancelled:
+        return PrefillCancelled(f"stopped after {self.prefilled_tokens:,} of {self.document_tokens:,} tokens")
 
     def _forward(self, ids: list[int]) -> torch.Tensor:
         """Appends ``ids`` to the cache; returns the last position's logits [vocab]. All-or-nothing."""
@@ -230,7 +212,7 @@ class DocumentSession:
         wanted = self._document_ids + self.prompts.conversation_ids(self.document, self.turns, question)
         logits = self._extend_to(wanted)
         decoder = IncrementalDecoder(self.tokenizer)
-        stop_ids = _stop_token_ids(self.model, self.tokenizer)
+        stop_ids = stop_token_ids(self.model, self.tokenizer)
         generator = torch.Generator(device="cpu").manual_seed(0)
         first_at, num_tokens, stopped = None, 0, False
         for _ in range(max_new_tokens):
@@ -241,14 +223,14 @@ class DocumentSession:
             first_at = first_at or time.perf_counter()
             new_text = decoder.push(token)
             yield AnswerChunk(decoder.text, new_text, num_tokens, first_at - asked,
-                              _rate(num_tokens, first_at), done=False)
+                              answer_rate(num_tokens, first_at), done=False)
             if should_stop is not None and should_stop():
                 stopped = True
                 break
             logits = self._forward([token])
         self.turns.append(Turn(question, decoder.text))
         yield AnswerChunk(decoder.text, "", num_tokens, None if first_at is None else first_at - asked,
-                          _rate(num_tokens, first_at), done=True, stopped=stopped)
+                          answer_rate(num_tokens, first_at), done=True, stopped=stopped)
 
     def _extend_to(self, wanted: list[int]) -> torch.Tensor:
         """Crops the cache to its longest common prefix with ``wanted`` and feeds the rest."""
@@ -284,12 +266,29 @@ class DocumentSession:
                 "max_context": self.max_context if self.document_tokens else 0}
 
     # -- snapshots: save / restore the document's KV cache (engine.snapshot) -----------------------
+    def snapshot_identity(self) -> SnapshotIdentity:
+        """What a snapshot of this document must match (model, dtype, tokenizer, ids); computed once per document."""
+        if not self._document_ids:
+            raise ValueError("no document: call set_document first")
+        if self._identity is None:
+            self._identity = SnapshotIdentity.of(self.model, self.tokenizer, self._document_ids)
+        return self._identity
+
+    def find_snapshot(self, store: SnapshotStore) -> SnapshotInfo | None:
+        """The snapshot ``store`` holds for this document, if any (damaged ones too)."""
+        if self.cache is None or not self.document_tokens:
+            return None
+        return store.find(self.snapshot_identity())
+
     def save_snapshot(self, store: SnapshotStore, label: str | None = None) -> SnapshotInfo | None:
         """Saves the prefilled document's K/V to ``store``; None when it exceeds the store's size cap.
 
         ``label`` names it in ``store.list()`` (default: the start of the document).
         """
-        return store.save(self, label)
+        if not self.is_prefilled:
+            raise ValueError("prefill the document before saving a snapshot of it")
+        return store.save(self.cache, self._document_ids, self.snapshot_identity(),
+                          label=self.document if label is None else label, policy=dataclasses.asdict(self.policy))
 
     def restore_snapshot(self, store: SnapshotStore) -> RestoreStats | None:
         """Restores the document's K/V from ``store`` instead of prefilling; afterwards it is prefilled.
@@ -297,28 +296,22 @@ class DocumentSession:
         Returns None when there is nothing usable (none saved, or one that cannot load: logged, and a
         damaged one deleted), so the caller prefills as usual.
         """
-        info = store.find(self)
+        if self.cache is None:
+            raise ValueError("no document: call set_document first")
+        info = self.find_snapshot(store)
         if info is None:
             return None
         try:
-            return store.restore(self, info.key)
+            stats = store.restore(self.cache, self.snapshot_identity(), info.key)
         except CorruptSnapshotError as error:
             logger.warning("%s; deleting it and reading the document instead", error)
             store.delete(info.key)
         except (SnapshotError, OSError) as error:
             logger.warning("%s; reading the document instead", error)
+        else:
+            self._cached_ids = list(self._document_ids)
+            return stats
+        finally:
+            # A failed read may have emptied the cache: the ids must never claim K/V it no longer holds.
+            del self._cached_ids[self.cache.get_seq_length():]
         return None
-
-
-def _rate(num_tokens: int, first_at: float | None) -> float:
-    if first_at is None or num_tokens < 2:
-        return 0.0
-    return (num_tokens - 1) / max(time.perf_counter() - first_at, 1e-9)
-
-
-def _stop_token_ids(model, tokenizer) -> set[int]:
-    ids = set()
-    for source in (getattr(model, "generation_config", None), model.config, tokenizer):
-        value = getattr(source, "eos_token_id", None)
-        ids.update(value if isinstance(value, list) else [] if value is None else [value])
-    return ids

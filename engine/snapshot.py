@@ -6,8 +6,10 @@
         session.prefill()
         session.save_snapshot(store)
 
-A snapshot is keyed by the model, its K/V dtype, the tokenizer and the document's token ids, so
-``find`` only ever returns one made for this exact session. The store keeps its total size under
+The store works on what it is given: a cache, the document's token ids and their ``SnapshotIdentity``
+(``DocumentSession`` passes its own; this module never reaches into a session). A snapshot is keyed by
+the model, its K/V dtype, the tokenizer and the document's token ids, so ``find`` only ever returns one
+made for this exact identity. The store keeps its total size under
 ``max_bytes`` by evicting the least recently used snapshots. The format is described in
 ``engine.snapshot_format``.
 """
@@ -38,7 +40,7 @@ from .snapshot_format import (
 from .telemetry import format_bytes
 
 if TYPE_CHECKING:
-    from .session import DocumentSession
+    from .cache import HeadInferCache
 
 logger = logging.getLogger(__name__)
 
@@ -101,21 +103,22 @@ class SnapshotStore:
         self._remove_stale_temporaries()
 
     # -- the public API --------------------------------------------------------------------------
-    def save(self, session: DocumentSession, label: str | None = None) -> SnapshotInfo | None:
-        """Saves the session's prefilled document K/V; returns its info, or None if over the size cap.
+    def save(self, cache: HeadInferCache, token_ids: list[int], identity: SnapshotIdentity, *, label: str = "",
+             policy: dict | None = None) -> SnapshotInfo | None:
+        """Saves the first ``identity.num_tokens`` tokens of ``cache`` (whose ids are ``token_ids``); returns
+        its info, or None if over the size cap.
 
         A snapshot already saved for the same key is kept (and marked used) rather than rewritten.
-        Raises ``ValueError`` if the document is not prefilled, ``OSError`` if the disk fails or is full
-        (nothing partial is left behind).
+        Raises ``ValueError`` if the cache does not hold those tokens, ``OSError`` if the disk fails or is
+        full (nothing partial is left behind).
         """
-        if not session.is_prefilled:
-            raise ValueError("prefill the document before saving a snapshot of it")
-        identity = self._identity(session)
+        if len(token_ids) != identity.num_tokens:
+            raise ValueError(f"{len(token_ids):,} token ids for an identity of {identity.num_tokens:,} tokens")
         existing = self._readable_info(identity.key)
         if existing is not None:
             self._touch(identity.key)
             return dataclasses.replace(existing, last_used=time.time())
-        size = snapshot_bytes(session.cache, identity.num_tokens)
+        size = snapshot_bytes(cache, identity.num_tokens)
         if self.max_bytes is not None and size > self.max_bytes:
             logger.warning("not saving a snapshot of %s: the store's cap is %s",
                            format_bytes(size), format_bytes(self.max_bytes))
@@ -126,52 +129,40 @@ class SnapshotStore:
         if target.exists():  # an unreadable or outdated snapshot under this key: replace it
             self.delete(identity.key)
         started = time.perf_counter()
-        header = write_snapshot(target, session.cache, identity, session._document_ids,
-                                label=_label(label if label is not None else session.document),
-                                policy=dataclasses.asdict(session.policy))
+        header = write_snapshot(target, cache, identity, token_ids, label=_label(label), policy=policy)
         seconds = time.perf_counter() - started
         logger.info("saved snapshot %s: %d tokens, %.1f MB in %.2f s (%.2f GB/s)", identity.key,
                     identity.num_tokens, header.num_bytes / 1e6, seconds, header.num_bytes / max(seconds, 1e-9) / 1e9)
         self._evict(keep_room=0, protect=identity.key)
         return self._info(target)
 
-    def find(self, session: DocumentSession) -> SnapshotInfo | None:
-        """The snapshot saved for this session's model, dtype, tokenizer and document, if any.
+    def find(self, identity: SnapshotIdentity) -> SnapshotInfo | None:
+        """The snapshot saved for this model, dtype, tokenizer and document, if any.
 
         A damaged one is returned too (``is_readable`` False): restoring it raises ``CorruptSnapshotError``.
         """
-        if session.cache is None or not session.document_tokens:
-            return None
-        folder = self.root / self._identity(session).key
+        folder = self.root / identity.key
         return self._info(folder) if folder.is_dir() else None
 
-    def restore(self, session: DocumentSession, key: str | None = None) -> RestoreStats:
-        """Fills the session's cache from a snapshot (by default the one ``find`` returns).
+    def restore(self, cache: HeadInferCache, identity: SnapshotIdentity, key: str | None = None) -> RestoreStats:
+        """Fills ``cache`` from a snapshot (by default the one ``find(identity)`` returns).
 
-        Afterwards the session is prefilled. Raises ``SnapshotError`` with the reason when the snapshot
-        is missing or made for another model, dtype, tokenizer or document (the cache is untouched),
-        and ``CorruptSnapshotError`` when its files are damaged (the cache is left empty).
+        Raises ``SnapshotError`` with the reason when the snapshot is missing or made for another model,
+        dtype, tokenizer or document (the cache is untouched), and ``CorruptSnapshotError`` when its files
+        are damaged (the cache may be left shorter: ask it ``get_seq_length()``).
         """
-        if session.cache is None:
-            raise ValueError("no document: call set_document first")
-        identity = self._identity(session)
         key = key or identity.key
         folder = self._folder(key)
         if not folder.is_dir():
             raise SnapshotError(f"no snapshot {key} in {self.root}")
         try:
             header = read_header(folder)
-            check_compatible(header, identity, session.cache.shape)
+            check_compatible(header, identity, cache.shape)
             started = time.perf_counter()
-            num_bytes = read_snapshot(folder, header, session.cache)
+            num_bytes = read_snapshot(folder, header, cache)
             seconds = time.perf_counter() - started
-        except BaseException as error:
-            # A failed read may have emptied the cache: the ids must never claim K/V it no longer holds.
-            del session._cached_ids[session.cache.get_seq_length():]
-            if isinstance(error, SnapshotError):
-                raise type(error)(f"cannot restore snapshot {key}: {error}") from error
-            raise
-        session._cached_ids = list(session._document_ids)
+        except SnapshotError as error:
+            raise type(error)(f"cannot restore snapshot {key}: {error}") from error
         self._touch(key)
         stats = RestoreStats(identity.num_tokens, num_bytes, seconds)
         logger.info("restored snapshot %s: %d tokens, %.1f MB in %.2f s (%.2f GB/s)", key, stats.num_tokens,
@@ -199,10 +190,6 @@ class SnapshotStore:
         return sum(_folder_bytes(path) for path in self._snapshot_folders())
 
     # -- helpers ---------------------------------------------------------------------------------
-    @staticmethod
-    def _identity(session: DocumentSession) -> SnapshotIdentity:
-        return SnapshotIdentity.of(session.model, session.tokenizer, session._document_ids)
-
     def _folder(self, key: str) -> Path:
         if not _KEY.match(key):
             raise ValueError(f"not a snapshot key: {key!r}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -97,6 +98,30 @@ def detect_budgets(device: str) -> tuple[int | None, int | None]:
     index = torch.device(device).index
     total = torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).total_memory
     return int(total * GPU_BUDGET_FRACTION), host
+
+
+# FLOP rate measured per loaded model, so each browser session does not re-measure it.
+_MEASURED_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def measured_flop_rate(model, shape, num_tokens: int = 128) -> float:
+    """The model's FLOP rate on this machine (a short forward, measured once per model), in the units of
+    ``planner.estimate_prefill_seconds``."""
+    rate = _MEASURED_RATES.get(model)
+    if rate is None:
+        import torch  # deferred, as in detect_budgets
+
+        from .planner import estimate_prefill_seconds
+
+        device = next(model.parameters()).device
+        ids = torch.randint(0, shape.vocab_size, (1, num_tokens), device=device)
+        with torch.inference_mode():
+            model(ids[:, :8], use_cache=False)  # warm-up
+            start = time.perf_counter()
+            model(ids, use_cache=False)
+            seconds = time.perf_counter() - start
+        rate = _MEASURED_RATES[model] = estimate_prefill_seconds(shape, num_tokens, 1.0) / max(seconds, 1e-6)
+    return rate
 
 
 def format_bytes(n: int | None) -> str:

@@ -293,3 +293,87 @@ def test_truncate_to_fit_reads_the_beginning(tight_handlers):
     assert 'data-state="done"' in views[-1].progress, _text(views[-1].status)
     assert "truncated" in state.session.document
     assert _ask(handlers, state, "How often does the tide rise?", max_new_tokens=8)[-1].chat[-1]["role"] == "assistant"
+
+
+# -- work done once -------------------------------------------------------------------------------
+class CountingTokenizer:
+    """The real tokenizer, counting the calls that tokenize a whole document (long texts)."""
+
+    def __init__(self, inner, long_chars: int = 2000):
+        self._inner, self._long_chars, self.long_calls = inner, long_chars, 0
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def __len__(self):
+        return len(self._inner)
+
+    def __call__(self, text, *args, **kwargs):
+        self.long_calls += isinstance(text, str) and len(text) > self._long_chars
+        return self._inner(text, *args, **kwargs)
+
+
+def test_a_document_set_is_tokenized_once_and_identified_once(embedded_model, tmp_path, monkeypatch):
+    from engine import SnapshotStore
+    from engine import snapshot_format
+
+    model, tokenizer = embedded_model
+    counting = CountingTokenizer(tokenizer)
+    identities = []
+    real_of = snapshot_format.SnapshotIdentity.of.__func__
+    monkeypatch.setattr(snapshot_format.SnapshotIdentity, "of",
+                        classmethod(lambda cls, *a: identities.append(1) or real_of(cls, *a)))
+    book = tmp_path / "book.txt"
+    book.write_text("The keeper climbed the stairs and trimmed the wick. " * 60)
+    handlers = Handlers(lambda: DocumentSession(model, counting, OffloadPolicy(chunk_size=512)),
+                        SnapshotStore(tmp_path / "kv"))
+    for expected_end in ("Saved for instant reopening", "Reopened from disk"):
+        counting.long_calls, identities[:] = 0, []
+        state = BrowserState()
+        handlers.choose_files([str(book)], state)
+        views = list(handlers.read(False, state))
+        assert expected_end in _text(views[-1].status)
+        # Before: 4 tokenizations (count, plan, set_document, its limit) and 2 identities (3 on a reopen).
+        assert (counting.long_calls, len(identities)) == (1, 1)
+    assert 600 <= state.token_counts[0] < state.session.document_tokens
+
+
+def test_a_text_beyond_the_models_window_is_refused_or_truncated(handlers, tmp_path):
+    book = tmp_path / "long.txt"
+    book.write_text("The keeper climbed the stairs and trimmed the wick, then wrote the weather down. " * 700)
+    state = BrowserState()
+    view = handlers.choose_files([str(book)], state)
+    assert 'data-fits="false"' in view.plan and 'data-limited-by="model"' in view.plan
+    assert "reads at most 8,192 tokens" in view.plan and "Too long for this model" in view.plan
+    assert view.truncate["visible"] is True and "long-context model" in _text(view.status)
+    with pytest.warns(UserWarning, match="Cannot read"):
+        views = list(handlers.read(False, state))
+    assert "reads at most 8,192 tokens" in _text(views[-1].status)
+    assert state.session.document_tokens == 0
+
+
+def test_a_text_far_beyond_the_limit_is_refused_unread_with_the_numbers(embedded_model, tmp_path, secret_pdf):
+    model, tokenizer = embedded_model
+    counting = CountingTokenizer(tokenizer)
+    handlers = Handlers(lambda: DocumentSession(model, counting, OffloadPolicy()))
+    huge = tmp_path / "huge.txt"
+    huge.write_text("The keeper climbed the stairs and trimmed the wick. " * 40_000)  # ~2 MB, ~400K tokens
+    state = BrowserState()
+    with pytest.warns(UserWarning, match="far beyond"):
+        view = handlers.choose_files([str(huge), secret_pdf], state)
+    message = _text(view.status)
+    assert "huge.txt (1.98 MiB of text): about 520,000 tokens, far beyond the 7,168 tokens" in message
+    assert "reads at most 8,192 tokens" in message and "long-context model" in message
+    assert [doc.name for doc in state.documents] == ["lighthouse.pdf"]  # the rest is still read
+    assert counting.long_calls == 0  # refused before tokenizing
+
+
+def test_files_far_beyond_the_limit_together_are_refused(handlers, tmp_path):
+    paths = []
+    for i in range(6):
+        path = tmp_path / f"part{i}.md"
+        path.write_text("The keeper climbed the stairs and trimmed the wick. " * 500)  # ~6.5K tokens each
+        paths.append(str(path))
+    with pytest.warns(UserWarning, match="These files together: about"):
+        view = handlers.choose_files(paths, BrowserState())
+    assert view.read_button["interactive"] is False

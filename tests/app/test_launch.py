@@ -16,7 +16,7 @@ import launch
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ("--model", "--device", "--dtype", "--gpu-memory", "--host-memory", "--chunk-size", "--head-group",
          "--max-context", "--no-kv-cache", "--kv-cache-dir", "--kv-cache-max", "--host", "--port", "--share",
-         "--auth")
+         "--auth", "--max-upload", "--exceed-trained-window")
 
 
 def test_help_lists_and_explains_every_flag():
@@ -45,6 +45,65 @@ def test_bad_flags_are_refused(flags, capsys):
         launch.build_parser().parse_args(flags)
     assert exit_info.value.code == 2
     assert flags[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--head-group", "99"], "--head-group 99: this model has 3 KV heads"),
+    (["--head-group", "2"], "use one of 1, 3"),
+    (["--port", "99999"], "not a port number"),
+    (["--port", "0"], "not a port number"),
+    (["--device", "tpu"], "'tpu' is not a device"),
+    (["--device", "cuda:7"], "cuda:7"),
+    (["--host-memory", "1000TiB"], "is more than this machine's"),
+    (["--host-memory", "0"], "--host-memory"),
+    (["--max-upload", "lots"], "--max-upload"),
+    (["--max-context", "100000"], "beyond the 8,192 tokens this model was trained"),
+    (["--host", "name.invalid"], "--host name.invalid"),
+    (["--model", "/no/such/folder"], "--model: Model path not found"),
+])
+def test_each_bad_value_is_one_line_and_exit_code_2(flags, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(flags)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.count("\n") == 1 and err.startswith("launch.py: error: ") and words in err, err
+
+
+def test_gpu_memory_needs_a_gpu_that_has_it(capsys):
+    import torch
+
+    flags = ["--gpu-memory", "10000GiB"] + ([] if torch.cuda.is_available() else ["--device", "cpu"])
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(flags)
+    assert exit_info.value.code == 2 and "--gpu-memory" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_refused_before_loading_the_model(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(SystemExit) as exit_info:
+            launch.main(["--port", str(busy.getsockname()[1])])
+    assert exit_info.value.code == 2 and "already listens" in capsys.readouterr().err
+
+
+def test_the_trained_window_can_be_exceeded_only_on_purpose():
+    from engine.loader import read_config
+
+    config = read_config(None)
+    args = launch.build_parser().parse_args(["--max-context", "100000", "--exceed-trained-window", "--head-group", "3"])
+    launch.check_model(args, config)  # no error
+    assert launch.make_policy(args).exceed_trained_window is True
+    assert "degrade" in launch.build_parser().format_help()
+    assert launch.make_policy(launch.build_parser().parse_args([])).exceed_trained_window is False
+
+
+def test_a_bad_value_from_the_command_line_prints_no_traceback():
+    result = subprocess.run([sys.executable, "launch.py", "--device", "tpu"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "launch.py: error: --device: 'tpu' is not a device; use auto, cpu, cuda or cuda:N (see launch.py --help)"]
 
 
 def test_flags_become_the_offload_policy():

@@ -133,7 +133,7 @@ def test_without_a_store_nothing_is_saved_or_listed(make_handlers, secret_pdf):
 
 
 def _disk_full(store: SnapshotStore, monkeypatch) -> None:
-    def save(session, label=None):
+    def save(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(store, "save", save)

@@ -162,12 +162,17 @@ def test_dtype_and_device(tmp_path):
     model, _ = load_model(str(tmp_path), dtype="bfloat16", device="cpu", attn_implementation="sdpa")
     assert model.dtype == torch.bfloat16
     assert loader._resolve_dtype("auto", "cpu") == torch.float32
-    assert loader._resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert loader.resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     with pytest.raises(ValueError, match="dtype"):
         load_model(str(tmp_path), dtype="int3")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA"):
             load_model(str(tmp_path), device="cuda")
+    for device in ("tpu", "cuda:x", "gpu"):
+        with pytest.raises(ValueError, match="is not a device"):
+            loader.resolve_device(device)
+    with pytest.raises(ValueError, match="cuda:64"):
+        loader.resolve_device("cuda:64")  # no such GPU, with or without CUDA
 
 
 # --- the embedded model's cache, without the real 93 MB download -----------------------------------------

@@ -252,3 +252,42 @@ def test_estimate_prefill_seconds(llama):
     assert one_k == pytest.approx(expected)
     # Attention is quadratic, so doubling a long context more than doubles the time.
     assert estimate_prefill_seconds(llama, 2 * MILLION, 1e15) > 2.5 * estimate_prefill_seconds(llama, MILLION, 1e15)
+
+
+# --- the model's trained window -----------------------------------------------------------------
+
+
+def test_trained_window_reads_max_positions_and_rope_scaling():
+    from engine.context_window import trained_window
+
+    assert trained_window(LlamaConfig(max_position_embeddings=8192)) == 8192
+    llama31 = LlamaConfig(max_position_embeddings=131072, rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0})
+    assert trained_window(llama31) == 131072
+    yarn = Qwen2Config(max_position_embeddings=32768,
+                       rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
+    assert trained_window(yarn) == 131072  # Qwen2.5 with YaRN turned on
+    assert ModelShape.from_config(yarn).max_positions == 131072
+
+
+@pytest.mark.parametrize(("policy", "limited_by", "limit"), [
+    (OffloadPolicy(), "model", 8192),
+    (OffloadPolicy(max_context=4000), "max_context", 4000),
+    (OffloadPolicy(exceed_trained_window=True), "memory", None),
+    (OffloadPolicy(exceed_trained_window=True, max_context=50_000), "max_context", 50_000),
+])
+def test_the_context_limit_names_what_binds(policy, limited_by, limit):
+    shape = ModelShape.from_config(LlamaConfig(num_hidden_layers=2, max_position_embeddings=8192))
+    plan = make_plan(shape, policy, 10_000, device_is_cuda=False, host_budget=64 * GIB)
+    assert plan.fits and plan.limited_by == limited_by
+    assert plan.context_limit == (plan.max_context_tokens if limit is None else limit)
+    assert plan.is_within_limit == (plan.context_limit >= 10_000)
+    if limited_by == "model":
+        assert "reads at most 8,192 tokens" in plan.limit_reason
+
+
+def test_memory_binds_below_the_window():
+    shape = ModelShape.from_config(LlamaConfig(num_hidden_layers=2, max_position_embeddings=1 << 20))
+    plan = make_plan(shape, OffloadPolicy(), 1000, device_is_cuda=False, host_budget=600 << 20)
+    assert plan.limited_by == "memory" and plan.context_limit == plan.max_context_tokens < 1 << 20

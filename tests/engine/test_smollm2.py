@@ -98,3 +98,92 @@ def test_document_limits_truncation_and_refusal_keep_the_previous_document(model
     assert session.cache.plan.fits
     with pytest.raises(ValueError, match="empty"):
         session.set_document("   \n ")
+
+
+def test_the_models_trained_window_bounds_a_document(model_and_tokenizer):
+    from engine import PlanError
+
+    model, tokenizer = model_and_tokenizer
+    session = DocumentSession(model, tokenizer, OffloadPolicy())  # memory alone would allow ~400K tokens
+    tokens = session.tokenize((real_text() + "\n\n") * 6)
+    assert len(tokens) > 10_000
+    plan = session.plan(tokens)
+    assert plan.fits and plan.max_context_tokens > 100_000  # memory is not what binds
+    assert (plan.context_limit, plan.limited_by, plan.is_within_limit) == (8192, "model", False)
+    assert "reads at most 8,192 tokens" in plan.limit_reason and "long-context model" in plan.limit_reason
+    with pytest.raises(PlanError, match="reads at most 8,192 tokens"):
+        session.set_document(tokens)
+    kept = session.set_document(tokens, truncate_to_fit=True)
+    assert 8192 - session.answer_budget - 64 < kept <= 8192 - session.answer_budget
+    assert session.max_context <= 8192 and "truncated" in session.document
+
+    lifted = DocumentSession(model, tokenizer, OffloadPolicy(exceed_trained_window=True))
+    assert lifted.plan(tokens).is_within_limit and lifted.plan(tokens).limited_by == "memory"
+
+
+# -- cancel -----------------------------------------------------------------------------------------
+def test_cancel_lands_inside_a_chunk_and_the_read_resumes_exactly(model_and_tokenizer):
+    from engine import PrefillCancelled
+
+    model, tokenizer = model_and_tokenizer
+    model.set_attn_implementation("headinfer")
+    text = real_text()[:2500]
+    question = "Which module wraps text?"
+    reference = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=256))
+    reference.set_document(text)
+    reference.prefill()
+    expected = list(reference.ask(question, max_new_tokens=8))[-1].text
+
+    session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=256))
+    session.set_document(text)
+    assert session.document_tokens > 2 * 256
+    calls = []
+
+    def stop_at(call: int):
+        calls.clear()
+        return lambda: calls.append(1) or len(calls) >= call
+
+    with pytest.raises(PrefillCancelled):
+        session.prefill(should_stop=stop_at(4))  # the check before the chunk, then layer 0, its attention, its MLP
+    assert session.prefilled_tokens == 0 == session.cache.get_seq_length()  # without layer checks: 768
+    with pytest.raises(PrefillCancelled):
+        session.prefill(should_stop=stop_at(100))  # the second chunk, a few layers in
+    assert session.prefilled_tokens == 256 == session.cache.get_seq_length()  # cropped back to the boundary
+    session.prefill()
+    assert session.is_prefilled
+    assert list(session.ask(question, max_new_tokens=8))[-1].text == expected
+
+
+def test_cancel_takes_effect_within_a_second_at_the_8k_position(model_and_tokenizer):
+    import threading
+    import time
+
+    from engine import PrefillCancelled
+
+    model, tokenizer = model_and_tokenizer
+    model.set_attn_implementation("headinfer")
+    session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=4096, exceed_trained_window=True))
+    session.set_document((real_text() + "\n\n") * 5)
+    flags = {"stop": False}
+    ended: list[float] = []
+
+    def read() -> None:
+        try:
+            session.prefill(should_stop=lambda: flags["stop"])
+        except PrefillCancelled:
+            ended.append(time.perf_counter())
+
+    latencies = []
+    for pause in (0.0, 0.4, 1.1):
+        flags["stop"], ended[:] = False, []
+        worker = threading.Thread(target=read)
+        worker.start()
+        while session.prefilled_tokens < 8192:
+            assert worker.is_alive()
+            time.sleep(0.05)
+        time.sleep(pause)  # somewhere inside the forward that follows the 8K position
+        flags["stop"], asked = True, time.perf_counter()
+        worker.join(timeout=60)
+        latencies.append(ended[0] - asked)
+        assert session.prefilled_tokens == session.cache.get_seq_length() >= 8192  # at a boundary, resumable
+    assert max(latencies) < 1.5, latencies  # before: the rest of the 4K-token chunk, 27.6 s on a laptop CPU

@@ -110,10 +110,10 @@ def test_restore_gives_identical_kv_and_answers(tiny, store, group):
 
 def test_find_only_matches_this_document(tiny, store):
     model, tokenizer = tiny
-    store.save(_prefilled(model, tokenizer, _document(1)))
-    assert store.find(_session(model, tokenizer, _document(1))) is not None
+    _prefilled(model, tokenizer, _document(1)).save_snapshot(store)
+    assert _session(model, tokenizer, _document(1)).find_snapshot(store) is not None
     other = _session(model, tokenizer, _document(2))
-    assert store.find(other) is None
+    assert other.find_snapshot(store) is None
     assert other.restore_snapshot(store) is None and not other.is_prefilled
 
 
@@ -141,7 +141,7 @@ def two_saved(tiny, store):
     """Snapshots of two documents; the tests damage the first and check the second still loads."""
     model, tokenizer = tiny
     first, second = _document(1), _document(2)
-    return (store.save(_prefilled(model, tokenizer, first)), first), (store.save(_prefilled(model, tokenizer, second)), second)
+    return (_prefilled(model, tokenizer, first).save_snapshot(store), first), (_prefilled(model, tokenizer, second).save_snapshot(store), second)
 
 
 def _check_damage_refused(tiny, store, two_saved, damage, message: str, caplog) -> None:
@@ -150,7 +150,7 @@ def _check_damage_refused(tiny, store, two_saved, damage, message: str, caplog) 
     damage(info.path)
     session = _session(model, tokenizer, text)
     with pytest.raises(CorruptSnapshotError, match=message):
-        store.restore(session)
+        store.restore(session.cache, session.snapshot_identity())
     assert not session.is_prefilled and session.cache.get_seq_length() == 0
     with caplog.at_level(logging.WARNING):
         assert session.restore_snapshot(store) is None
@@ -192,9 +192,9 @@ def test_missing_file_is_refused(tiny, store, two_saved, caplog):
 
 # -- foreign snapshots ---------------------------------------------------------------------------
 def _check_foreign_refused(store, saved_key: str, session: DocumentSession, message: str) -> None:
-    assert store.find(session) is None, "the key already tells a foreign snapshot apart"
+    assert session.find_snapshot(store) is None, "the key already tells a foreign snapshot apart"
     with pytest.raises(SnapshotError, match=message) as caught:
-        store.restore(session, saved_key)
+        store.restore(session.cache, session.snapshot_identity(), saved_key)
     assert not isinstance(caught.value, CorruptSnapshotError)
     assert not session.is_prefilled and session.cache.get_seq_length() == 0
     assert [s.key for s in store.list()] == [saved_key], "a foreign snapshot is kept for its own model"
@@ -202,14 +202,14 @@ def _check_foreign_refused(store, saved_key: str, session: DocumentSession, mess
 
 def test_other_model_is_refused(tiny, store, tmp_path):
     model, tokenizer = tiny
-    info = store.save(_prefilled(model, tokenizer, _document(1)))
+    info = _prefilled(model, tokenizer, _document(1)).save_snapshot(store)
     other = _tiny_model(tmp_path / "other", seed=99)
     _check_foreign_refused(store, info.key, _session(other, tokenizer, _document(1)), "another model .*other weights")
 
 
 def test_other_dtype_is_refused(tiny, store):
     model, tokenizer = tiny
-    info = store.save(_prefilled(model, tokenizer, _document(1)))
+    info = _prefilled(model, tokenizer, _document(1)).save_snapshot(store)
     half = copy.deepcopy(model).to(torch.bfloat16)
     _check_foreign_refused(store, info.key, _session(half, tokenizer, _document(1)),
                            "holds float32 K/V but this model runs in bfloat16")
@@ -217,7 +217,7 @@ def test_other_dtype_is_refused(tiny, store):
 
 def test_other_tokenizer_is_refused(tiny, store):
     model, tokenizer = tiny
-    info = store.save(_prefilled(model, tokenizer, _document(1)))
+    info = _prefilled(model, tokenizer, _document(1)).save_snapshot(store)
     shuffled = list(range(VOCAB))
     random.Random(5).shuffle(shuffled)
     _check_foreign_refused(store, info.key, _session(model, _word_tokenizer(shuffled), _document(1)), "another tokenizer")
@@ -225,7 +225,7 @@ def test_other_tokenizer_is_refused(tiny, store):
 
 def test_other_document_is_refused(tiny, store):
     model, tokenizer = tiny
-    info = store.save(_prefilled(model, tokenizer, _document(1)))
+    info = _prefilled(model, tokenizer, _document(1)).save_snapshot(store)
     _check_foreign_refused(store, info.key, _session(model, tokenizer, _document(2)), "another document")
 
 
@@ -248,7 +248,7 @@ def test_write_failure_leaves_nothing(tiny, store, monkeypatch):
         session.save_snapshot(store)
     assert caught.value.errno == errno.ENOSPC and written > 0, "the failure came part-way through"
     assert list(store.root.iterdir()) == [], "no partial files are left behind"
-    assert store.find(session) is None and store.list() == []
+    assert session.find_snapshot(store) is None and store.list() == []
     monkeypatch.undo()
     assert session.save_snapshot(store) is not None, "the next save works"
 
@@ -256,19 +256,19 @@ def test_write_failure_leaves_nothing(tiny, store, monkeypatch):
 def test_eviction_keeps_the_cap(tiny, tmp_path, caplog):
     model, tokenizer = tiny
     sessions = [_prefilled(model, tokenizer, _document(seed)) for seed in (1, 2, 3)]
-    size = SnapshotStore(tmp_path / "probe").save(sessions[0]).num_bytes
+    size = sessions[0].save_snapshot(SnapshotStore(tmp_path / "probe")).num_bytes
     store = SnapshotStore(tmp_path / "kv", max_bytes=int(2.5 * size))
-    a = store.save(sessions[0])
-    store.save(sessions[1])
+    a = sessions[0].save_snapshot(store)
+    sessions[1].save_snapshot(store)
     time.sleep(0.02)  # distinct last-used times
     assert _session(model, tokenizer, _document(1)).restore_snapshot(store) is not None  # a is now newer than b
-    c = store.save(sessions[2])
+    c = sessions[2].save_snapshot(store)
     assert {s.key for s in store.list()} == {a.key, c.key}, "the least recently used one is evicted"
     assert store.total_bytes() <= store.max_bytes
 
     tiny_store = SnapshotStore(tmp_path / "small", max_bytes=size // 2)
     with caplog.at_level(logging.WARNING):
-        assert tiny_store.save(sessions[0]) is None
+        assert sessions[0].save_snapshot(tiny_store) is None
     assert "cap" in caplog.text and tiny_store.list() == []
 
 

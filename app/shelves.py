@@ -1,0 +1,72 @@
+"""Whose saved documents a visitor sees.
+
+Run locally by its owner, the app has one shelf: every tab sees and reopens every saved document. Once
+others can reach it (``--share``, or a ``--host`` that is not loopback), each visitor gets a shelf of
+their own: per user name with ``--auth`` (kept on disk, under the store's ``users/`` folder), otherwise per
+browser session, in a temporary folder deleted when the tab closes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from pathlib import Path
+
+from app.saved import SavedDocs
+from engine import SnapshotStore
+
+log = logging.getLogger(__name__)
+
+USERS_FOLDER = "users"
+
+
+class Shelves:
+    """Hands each request the ``SavedDocs`` its visitor may see.
+
+    Args:
+        store: the owner's store (``None``: nothing is saved for anyone).
+        private: whether visitors are kept apart.
+        session_root: where per-session shelves go when ``private`` and nobody logs in (a temporary
+            folder of this process's own).
+    """
+
+    def __init__(self, store: SnapshotStore | None, *, private: bool = False, session_root: Path | None = None):
+        self.store, self.private, self.session_root = store, private, session_root
+        self._shared = SavedDocs(store)
+        self._by_owner: dict[str, SavedDocs] = {}
+
+    def for_request(self, request) -> SavedDocs:
+        """The shelf of the visitor behind ``request`` (a ``gr.Request``; None: no shelf when private)."""
+        if self.store is None or not self.private:
+            return self._shared
+        username = getattr(request, "username", None) if request is not None else None
+        session = getattr(request, "session_hash", None) if request is not None else None
+        if username:
+            return self._shelf(f"user:{username}", self.store.root / USERS_FOLDER / _digest(username))
+        if session and self.session_root is not None:
+            return self._shelf(f"session:{session}", self.session_root / _digest(session))
+        return SavedDocs(None)
+
+    def close_session(self, session_hash: str) -> None:
+        """The tab closed: its per-session shelf (if any) is deleted from disk."""
+        shelf = self._by_owner.pop(f"session:{session_hash}", None)
+        if shelf is not None and shelf.store is not None:
+            shutil.rmtree(shelf.store.root, ignore_errors=True)
+            log.info("deleted a closed tab's saved documents")
+
+    def _shelf(self, owner: str, root: Path) -> SavedDocs:
+        shelf = self._by_owner.get(owner)
+        if shelf is None:
+            try:
+                shelf = SavedDocs(SnapshotStore(root, max_bytes=self.store.max_bytes))
+            except OSError as exc:
+                log.warning("saved documents are off for a visitor: cannot use %s (%s)", root, exc)
+                shelf = SavedDocs(None)
+            self._by_owner[owner] = shelf
+        return shelf
+
+
+def _digest(name: str) -> str:
+    """A folder name for a user or session that reveals neither and cannot climb out of its parent."""
+    return hashlib.sha256(name.encode()).hexdigest()[:24]

@@ -1,0 +1,54 @@
+"""What each handler returns: named tuples whose fields match the outputs wired in ``app/ui.py``, so tests
+read ``view.plan`` instead of ``out[2]``."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from app.browser_state import BrowserState
+
+
+class FilesView(NamedTuple):
+    state: BrowserState
+    table: str
+    plan: str
+    truncate: dict
+    read_button: dict
+    status: Any
+
+
+class ReadView(NamedTuple):
+    state: BrowserState
+    progress: str
+    status: Any
+    chat: Any
+    read_button: dict
+    cancel_button: dict
+
+
+class AskView(NamedTuple):
+    chat: list[dict]
+    question: Any
+    status: Any
+
+
+class SavedView(NamedTuple):
+    panel: str
+    choice: dict
+
+
+class DeleteView(NamedTuple):
+    panel: str
+    choice: dict
+    status: Any
+
+
+class ClearView(NamedTuple):
+    state: BrowserState
+    files: None
+    table: str
+    plan: str
+    truncate: dict
+    progress: str
+    chat: list
+    status: str

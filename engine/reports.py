@@ -1,0 +1,47 @@
+"""What a ``DocumentSession`` reports while it reads a document and answers: progress, answer chunks, and
+the cancellation of a read."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+
+class PrefillCancelled(Exception):
+    """Raised by ``prefill`` when ``should_stop`` turned true; the cache ends at a chunk boundary."""
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    tokens_done: int
+    tokens_total: int
+    tokens_per_second: float
+    elapsed: float
+
+    @property
+    def fraction(self) -> float:
+        return self.tokens_done / self.tokens_total if self.tokens_total else 1.0
+
+    @property
+    def eta_seconds(self) -> float | None:
+        if self.tokens_per_second <= 0:
+            return None
+        return (self.tokens_total - self.tokens_done) / self.tokens_per_second
+
+
+@dataclass(frozen=True)
+class AnswerChunk:
+    text: str  # the whole answer so far
+    new_text: str
+    num_tokens: int
+    ttft: float | None  # seconds from the question to the first answer token
+    tokens_per_second: float  # decode rate after the first token
+    done: bool
+    stopped: bool = False
+
+
+def answer_rate(num_tokens: int, first_at: float | None) -> float:
+    """Decode tokens per second after the first token (which ``first_at`` timed)."""
+    if first_at is None or num_tokens < 2:
+        return 0.0
+    return (num_tokens - 1) / max(time.perf_counter() - first_at, 1e-9)

@@ -1,0 +1,27 @@
+"""The engine's layering, checked on its source: lower layers take what they need as arguments."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ENGINE = Path(__file__).resolve().parents[2] / "engine"
+SNAPSHOT_MODULES = sorted(ENGINE.glob("snapshot*.py"))
+
+
+@pytest.mark.parametrize("path", SNAPSHOT_MODULES, ids=lambda p: p.name)
+def test_snapshot_code_neither_imports_the_session_nor_reads_private_fields(path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            assert module not in (".session", "engine.session"), f"{path.name}:{node.lineno} imports the session"
+            assert not (module == "." and any(a.name == "session" for a in node.names)), path.name
+        elif isinstance(node, ast.Import):
+            assert all(a.name != "engine.session" for a in node.names), path.name
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            assert owner in ("self", "cls", "snapshot_io", None) or owner[0].isupper(), (
+                f"{path.name}:{node.lineno} reads {owner}.{node.attr}, another object's private field")

@@ -51,3 +51,28 @@ def checkpoints(model: nn.Module) -> list[nn.Module]:
         found.append(layer)
         found.extend(getattr(layer, name) for name in ("self_attn", "mlp") if isinstance(getattr(layer, name, None), nn.Module))
     return found
+
+
+@contextmanager
+def layer_callbacks(model: nn.Module, callback: Callable[[int, int], None] | None) -> Iterator[None]:
+    """Within the block, ``callback(layer_index, num_layers)`` runs before each decoder layer of forwards in this
+    thread (progress within a long chunk)."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    layers = list(getattr(decoder, "layers", None) or [])
+    if callback is None or not layers:
+        yield
+        return
+    owner = threading.get_ident()
+
+    def make_hook(index: int):
+        def hook(module: nn.Module, args) -> None:
+            if threading.get_ident() == owner:
+                callback(index, len(layers))
+        return hook
+
+    handles = [layer.register_forward_pre_hook(make_hook(i)) for i, layer in enumerate(layers)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -17,6 +17,7 @@ class PrefillProgress:
     tokens_total: int
     tokens_per_second: float
     elapsed: float
+    remaining_seconds: float | None = None  # from the work left (attention grows with context) at the rate so far
 
     @property
     def fraction(self) -> float:
@@ -24,6 +25,8 @@ class PrefillProgress:
 
     @property
     def eta_seconds(self) -> float | None:
+        if self.remaining_seconds is not None:
+            return self.remaining_seconds
         if self.tokens_per_second <= 0:
             return None
         return (self.tokens_total - self.tokens_done) / self.tokens_per_second
@@ -38,6 +41,9 @@ class AnswerChunk:
     tokens_per_second: float  # decode rate after the first token
     done: bool
     stopped: bool = False
+    looped: bool = False  # the repetition guard stopped an answer that repeated itself
+    sources: tuple = ()  # engine.sources.Source, largest share first (final chunk only)
+    sources_seconds: float = 0.0  # the extra attention pass that found them
 
 
 def answer_rate(num_tokens: int, first_at: float | None) -> float:

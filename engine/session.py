@@ -15,14 +15,15 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .cache import HeadInferCache
-from .interrupt import ForwardInterrupted, interruptible
+from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
 from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
 from .policy import OffloadPolicy
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillCancelled, PrefillProgress, answer_rate
-from .sampling import IncrementalDecoder, next_token, stop_token_ids
+from .sampling import IncrementalDecoder, RepetitionGuard, next_token, stop_token_ids
 from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
 from .snapshot_format import SnapshotIdentity
+from .sources import AnswerSources, page_starts
 from .telemetry import detect_budgets, measured_flop_rate
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 # CPU prefill forwards: at most ~this many (query, key) pairs per attention call, at least this many tokens.
 _CPU_ATTENTION_PAIRS = 2048 * 8192
 _CPU_STEP_FLOOR = 64
+_PROGRESS_EVERY = 1.0  # seconds between progress reports from inside a long forward
 
 
 class DocumentSession:
@@ -56,6 +58,8 @@ class DocumentSession:
         self._document_ids: list[int] = []
         self._cached_ids: list[int] = []  # exactly the tokens whose K/V the cache holds
         self._identity: SnapshotIdentity | None = None  # computed once per document, when first needed
+        self._pages: list[tuple[int, int]] | None = None  # (first token, page) of [page N] markers, when needed
+        self._starts = None  # where each document token starts in the text (DocumentTokens.starts)
         self.turns: list[Turn] = []
 
     @property
@@ -131,6 +135,7 @@ class DocumentSession:
         cache = HeadInferCache(self.model.config, policy, device=self.device)
         self.clear()
         self.document, self._document_ids, self.cache = tokens.text, tokens.ids, cache
+        self._starts = tokens.starts
         return len(tokens)
 
     def _truncate(self, tokens: DocumentTokens, limit: int) -> DocumentTokens:
@@ -153,23 +158,44 @@ class DocumentSession:
             raise ValueError("no document: call set_document first")
         start_tokens, started = self.prefilled_tokens, time.perf_counter()
         progress = PrefillProgress(start_tokens, self.document_tokens, 0.0, 0.0)
+        step = {"done": start_tokens, "size": 0, "reported": started}
+
+        def report(done: float) -> PrefillProgress:
+            elapsed = time.perf_counter() - started
+            # The rest at the rate so far, in units of work: later tokens attend to more keys than earlier ones.
+            work_done = self._work(start_tokens, done)
+            remaining = self._work(done, self.document_tokens) * elapsed / work_done if work_done > 0 else None
+            return PrefillProgress(int(done), self.document_tokens, (done - start_tokens) / max(elapsed, 1e-9),
+                                   elapsed, remaining)
+
+        def within_forward(layer: int, num_layers: int) -> None:
+            # A long chunk still reports every ~second, from between its layers.
+            if on_progress is not None and time.perf_counter() - step["reported"] >= _PROGRESS_EVERY:
+                step["reported"] = time.perf_counter()
+                on_progress(report(step["done"] + step["size"] * layer / num_layers))
+
         # Checked between layers too, so a cancel lands within about a layer's time; the chunk that was
         # under way is cropped off by ``_forward``, leaving the cache at a chunk boundary.
-        with interruptible(self.model, should_stop):
+        with interruptible(self.model, should_stop), layer_callbacks(self.model, within_forward):
             while self.prefilled_tokens < self.document_tokens:
                 if should_stop is not None and should_stop():
                     raise self._cancelled()
                 done = self.prefilled_tokens
+                step.update(done=done, size=min(self._prefill_step(done), self.document_tokens - done))
                 try:
-                    self._forward(self._document_ids[done : done + self._prefill_step(done)])
+                    self._forward(self._document_ids[done : done + step["size"]])
                 except ForwardInterrupted as interrupted:
                     raise self._cancelled() from interrupted
-                elapsed = time.perf_counter() - started
-                progress = PrefillProgress(self.prefilled_tokens, self.document_tokens,
-                                           (self.prefilled_tokens - start_tokens) / max(elapsed, 1e-9), elapsed)
+                progress = report(self.prefilled_tokens)
+                step["reported"] = time.perf_counter()
                 if on_progress is not None:
                     on_progress(progress)
+        self.cache.anchor(self.document_tokens)  # sliding-window rings can always come back to the document's end
         return progress
+
+    def _work(self, start: int, stop: int) -> float:
+        """Prefill work of tokens [start, stop) (the planner's FLOP model, in seconds at a unit rate)."""
+        return estimate_prefill_seconds(self.shape, stop, 1.0) - estimate_prefill_seconds(self.shape, start, 1.0)
 
     def _prefill_step(self, done: int) -> int:
         """Tokens per forward: the chunk size, but on a CPU no more than keeps one layer's attention (queries
@@ -202,35 +228,81 @@ class DocumentSession:
 
     # -- questions -------------------------------------------------------------------------------
     def ask(self, question: str, *, max_new_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0,
-            should_stop: Callable[[], bool] | None = None) -> Iterator[AnswerChunk]:
-        """Streams the answer to ``question``; the conversation so far is part of the prompt."""
+            should_stop: Callable[[], bool] | None = None, repetition_guard: RepetitionGuard | None = RepetitionGuard(),
+            sources: bool = True) -> Iterator[AnswerChunk]:
+        """Streams the answer to ``question``; the conversation so far is part of the prompt.
+
+        ``repetition_guard`` (a sampling choice) penalises and stops loops; ``None`` gives the exact greedy
+        continuation. ``sources``: the final chunk carries the pages the answer attended to.
+        """
         if not self.is_prefilled:
             raise ValueError("read the document first (prefill)")
         if not question.strip():
             raise ValueError("the question is empty")
         asked = time.perf_counter()
         wanted = self._document_ids + self.prompts.conversation_ids(self.document, self.turns, question)
-        logits = self._extend_to(wanted)
-        decoder = IncrementalDecoder(self.tokenizer)
-        stop_ids = stop_token_ids(self.model, self.tokenizer)
-        generator = torch.Generator(device="cpu").manual_seed(0)
-        first_at, num_tokens, stopped = None, 0, False
-        for _ in range(max_new_tokens):
-            token = next_token(logits, temperature, top_p, generator)
-            if token in stop_ids:
-                break
-            num_tokens += 1
-            first_at = first_at or time.perf_counter()
-            new_text = decoder.push(token)
-            yield AnswerChunk(decoder.text, new_text, num_tokens, first_at - asked,
-                              answer_rate(num_tokens, first_at), done=False)
-            if should_stop is not None and should_stop():
-                stopped = True
-                break
-            logits = self._forward([token])
+        grounding = self._grounding() if sources else None
+        if grounding is not None:
+            grounding.start(len(wanted) - 1)  # from the query that writes the first answer token
+        try:
+            logits = self._extend_to(wanted)
+            decoder = IncrementalDecoder(self.tokenizer)
+            stop_ids = stop_token_ids(self.model, self.tokenizer)
+            generator = torch.Generator(device="cpu").manual_seed(0)
+            first_at, num_tokens, stopped, looped, answer = None, 0, False, False, []
+            for _ in range(max_new_tokens):
+                if repetition_guard is not None:
+                    logits = repetition_guard.adjust(logits, answer)
+                token = next_token(logits, temperature, top_p, generator)
+                if token in stop_ids:
+                    break
+                num_tokens += 1
+                answer.append(token)
+                first_at = first_at or time.perf_counter()
+                new_text = decoder.push(token)
+                yield AnswerChunk(decoder.text, new_text, num_tokens, first_at - asked,
+                                  answer_rate(num_tokens, first_at), done=False)
+                if should_stop is not None and should_stop():
+                    stopped = True
+                    break
+                if repetition_guard is not None and repetition_guard.loop_span(answer):
+                    looped = True
+                    break
+                logits = self._forward([token])
+            found = grounding.finish() if grounding is not None else []
+        finally:
+            if grounding is not None:
+                grounding.cancel()  # an abandoned answer stops recording (a no-op after finish)
         self.turns.append(Turn(question, decoder.text))
         yield AnswerChunk(decoder.text, "", num_tokens, None if first_at is None else first_at - asked,
-                          answer_rate(num_tokens, first_at), done=True, stopped=stopped)
+                          answer_rate(num_tokens, first_at), done=True, stopped=stopped, looped=looped,
+                          sources=tuple(found), sources_seconds=grounding.seconds if grounding else 0.0)
+
+    def _grounding(self) -> AnswerSources | None:
+        """Sources of the next answer from the model's retrieval heads (calibrated once per model, cached)."""
+        from .loader import cache_dir
+        from .retrieval_heads import find_retrieval_heads
+
+        try:
+            heads = find_retrieval_heads(self.model, self.tokenizer, cache_dir=cache_dir())
+        except Exception:  # sources are an extra: an answer never fails over them
+            logger.warning("could not find retrieval heads; answering without sources", exc_info=True)
+            return None
+        if self._pages is None:
+            self._pages = self._page_starts()
+        return AnswerSources(self.cache, heads, (0, self.document_tokens), self._pages)
+
+    def _page_starts(self) -> list[tuple[int, int]]:
+        """(first token, page) of each ``[page N]`` marker of the document, from the token offsets kept at
+        tokenization (tokenizing again only where the tokenizer gave none)."""
+        import bisect
+        import re
+
+        if self._starts is None:
+            return page_starts(self.tokenizer, self.prompts.document_text(self.document))
+        starts = self._starts
+        return [(bisect.bisect_left(starts, m.start()), int(m.group(1)))
+                for m in re.finditer(r"\[page (\d+)\]", self.document)]
 
     def _extend_to(self, wanted: list[int]) -> torch.Tensor:
         """Crops the cache to its longest common prefix with ``wanted`` and feeds the rest."""
@@ -261,8 +333,9 @@ class DocumentSession:
         self._reset_document()
 
     def memory(self) -> dict:
-        kv = self.cache.kv_bytes() if self.cache is not None else {"device": 0, "host": 0}
-        return {"kv_device": kv["device"], "kv_host": kv["host"], "context_tokens": len(self._cached_ids),
+        kv = self.cache.kv_bytes() if self.cache is not None else {"device": 0, "host": 0, "disk": 0}
+        return {"kv_device": kv["device"], "kv_host": kv["host"], "kv_disk": kv["disk"],
+                "context_tokens": len(self._cached_ids),
                 "max_context": self.max_context if self.document_tokens else 0}
 
     # -- snapshots: save / restore the document's KV cache (engine.snapshot) -----------------------
@@ -310,6 +383,7 @@ class DocumentSession:
             logger.warning("%s; reading the document instead", error)
         else:
             self._cached_ids = list(self._document_ids)
+            self.cache.anchor(self.document_tokens)
             return stats
         finally:
             # A failed read may have emptied the cache: the ids must never claim K/V it no longer holds.

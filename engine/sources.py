@@ -149,6 +149,12 @@ class AnswerSources:
         self.probe = QueryProbe(self.heads, min_position=first_position)
         self.cache.schedule.probe = self.probe
 
+    def cancel(self) -> None:
+        """Stops recording without computing anything."""
+        if self.probe is not None and self.cache.schedule is not None:
+            self.cache.schedule.probe = None
+        self.probe = None
+
     def finish(self) -> list[Source]:
         import time
 

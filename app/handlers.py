@@ -25,8 +25,9 @@ from app.shelves import Shelves
 from app.sizing import read_sized, token_counts
 from app.uploads import delete_uploads
 from app.views import AskView, ClearView, DeleteView, FilesView, ReadView, SavedView
-from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, RestoreStats, SnapshotStore,
-                    format_bytes, read_memory)
+from app.pages import cited_pages, split_pages
+from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, RepetitionGuard, RestoreStats,
+                    SnapshotStore, format_bytes, read_memory)
 
 log = logging.getLogger(__name__)
 
@@ -200,37 +201,60 @@ class Handlers:
 
     # -- questions ---------------------------------------------------------------------------------
     def ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,
-            state: BrowserState) -> Iterator[AskView]:
-        """Streams the answer into the chat, followed by its TTFT / tokens / tok/s line."""
+            state: BrowserState, avoid_repeats: bool = True, show_sources: bool = True) -> Iterator[AskView]:
+        """Streams the answer into the chat, followed by its TTFT / tokens / tok/s line and its sources."""
         with state.working():
-            yield from self._ask(question, history, max_new_tokens, temperature, state)
+            yield from self._ask(question, history, max_new_tokens, temperature, state, avoid_repeats, show_sources)
 
     def _ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,
-             state: BrowserState) -> Iterator[AskView]:
+             state: BrowserState, avoid_repeats: bool, show_sources: bool) -> Iterator[AskView]:
         history = list(history or [])
         question = (question or "").strip()
         if not question:
-            yield AskView(history, NO_CHANGE, NO_CHANGE)
+            yield AskView(history, NO_CHANGE, NO_CHANGE, NO_CHANGE)
             return
         session = state.session
         if session is None or not session.is_prefilled:
-            yield AskView(history, NO_CHANGE, _warn("Read documents first: drop files, then press “Read documents”."))
+            yield AskView(history, NO_CHANGE, _warn("Read documents first: drop files, then press “Read documents”."),
+                          NO_CHANGE)
             return
         state.stop_requested = False
         history += [{"role": "user", "content": question}, {"role": "assistant", "content": "…"}]
-        yield AskView(list(history), "", status("info", "Thinking…"))
+        yield AskView(list(history), "", status("info", "Thinking…"), NO_CHANGE)
+        guard = RepetitionGuard() if avoid_repeats else None
         try:
             for chunk in session.ask(question, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
-                                     should_stop=lambda: state.stop_requested):
+                                     should_stop=lambda: state.stop_requested, repetition_guard=guard,
+                                     sources=bool(show_sources)):
                 stats = render.answer_stats(chunk.ttft, chunk.num_tokens, chunk.tokens_per_second,
                                             done=chunk.done, stopped=chunk.stopped)
-                history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats)}
+                if chunk.looped:
+                    stats += " · stopped a repeating loop"
+                history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats, chunk.sources)}
                 # A copy per update: each yielded view is a snapshot, not a list edited later.
-                yield AskView(list(history), NO_CHANGE, status("ok", stats) if chunk.done else NO_CHANGE)
+                chips = self._page_chips(session, chunk) if chunk.done else NO_CHANGE
+                yield AskView(list(history), NO_CHANGE, status("ok", stats) if chunk.done else NO_CHANGE, chips)
         except (MemoryError, ValueError) as exc:
             log.warning("answer failed: %s", exc)
             history[-1] = {"role": "assistant", "content": f"*(no answer: {html.escape(str(exc))})*"}
-            yield AskView(history, NO_CHANGE, _warn(str(exc)))
+            yield AskView(history, NO_CHANGE, _warn(str(exc)), NO_CHANGE)
+
+    @staticmethod
+    def _page_chips(session, chunk) -> dict:
+        """Chips for the pages the answer cites, then those it attended to most."""
+        known = split_pages(session.document)
+        chosen = cited_pages(chunk.text, known)
+        chosen += [s.page for s in chunk.sources if s.page is not None and s.page in known and s.page not in chosen]
+        return gr.update(choices=[(f"p. {p}", p) for p in chosen], value=None, visible=bool(chosen))
+
+    @staticmethod
+    def show_page(page: int | None, state: BrowserState) -> str:
+        """The page viewer: the text of the chosen page of the read documents."""
+        session = state.session
+        if page is None or session is None or not session.document:
+            return render.page_view(None)
+        name, text = split_pages(session.document).get(int(page), ("", ""))
+        return render.page_view(int(page), name, text)
 
     @staticmethod
     def stop(state: BrowserState) -> None:
@@ -310,8 +334,9 @@ def _label(state: BrowserState, session: DocumentSession, text: str) -> str:
     return names + " (beginning)" if session.document != text else names
 
 
-def _answer(text: str, stats: str) -> str:
-    return f'{render.model_markdown(text) or "…"}\n\n<span class="answer-stats">{html.escape(stats)}</span>'
+def _answer(text: str, stats: str, sources=()) -> str:
+    line = f'\n\n{render.sources_line(sources)}' if sources else ""
+    return f'{render.model_markdown(text) or "…"}\n\n<span class="answer-stats">{html.escape(stats)}</span>{line}'
 
 
 def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> str:

@@ -204,3 +204,20 @@ def saved_choice_label(info: SnapshotInfo) -> str:
 def format_timestamp(seconds: float) -> str:
     """Local ``"2025-11-22 14:05"``; ``0`` (unknown) is ``"–"``."""
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds)) if seconds else "–"
+
+
+def sources_line(sources) -> str:
+    """``"Sources: p. 13 (41%) · p. 9 (12%)"`` from the engine's attention-grounded sources."""
+    if not sources:
+        return ""
+    parts = " · ".join(html.escape(source.label()) for source in sources)
+    return f'<span class="answer-sources" title="Pages the answer attended to most, read from the model\'s attention">Sources: {parts}</span>'
+
+
+def page_view(page: int | None, name: str = "", text: str = "") -> str:
+    """The page viewer beside the chat: one page's text."""
+    if page is None:
+        return '<div class="page-view empty">Click a page chip under an answer to read that page here.</div>'
+    where = f"{html.escape(name)} · " if name else ""
+    return (f'<div class="page-view" data-page="{page}"><div class="page-title">{where}page {page}</div>'
+            f"<pre>{html.escape(text) or '(no text on this page)'}</pre></div>")

@@ -114,10 +114,19 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                 with gr.Row(elem_classes="button-row"):
                     new_chat_button = gr.Button("New chat", size="sm", elem_id="new-chat")
                     clear_button = gr.Button("Clear documents", size="sm", variant="stop", elem_id="clear")
+                page_chips = gr.Radio([], label="Pages this answer cites or used", visible=False,
+                                      elem_id="page-chips", elem_classes="chips")
+                page_view = gr.HTML(render.page_view(None), label="Page", elem_id="page-view")
                 with gr.Accordion("Answer settings", open=False, elem_id="settings"):
                     max_tokens = gr.Slider(8, 2048, value=512, step=8, label="Longest answer (tokens)")
                     temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
                                             label="Temperature (0 = always the most likely word)")
+                    avoid_repeats = gr.Checkbox(True, label="Avoid repetition", elem_id="avoid-repeats",
+                                                info="A sampling choice: penalise and stop answers that loop. "
+                                                     "Off gives the model's exact greedy continuation.")
+                    show_sources = gr.Checkbox(True, label="Show sources", elem_id="show-sources",
+                                               info="The pages each answer attended to most, read from the "
+                                                    "model's attention (a small extra pass after the answer).")
 
         # One upload at a time: reading and tokenizing a large file takes memory, so visitors queue for it.
         files.change(handlers.choose_files, [files, state], [state, table, plan, truncate, read_button, status_box],
@@ -134,8 +143,10 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                             **_LIGHT)
         cancel_button.click(handlers.cancel, [state], None, api_name="cancel", **_LIGHT)
         gr.on([ask_button.click, question.submit], handlers.ask,
-              [question, chat, max_tokens, temperature, state], [chat, question, status_box],
-              api_name="ask", show_progress="minimal", show_progress_on=[chat], **_HEAVY)
+              [question, chat, max_tokens, temperature, state, avoid_repeats, show_sources],
+              [chat, question, status_box, page_chips], api_name="ask", show_progress="minimal",
+              show_progress_on=[chat], **_HEAVY)
+        page_chips.change(handlers.show_page, [page_chips, state], [page_view], api_name="page", **_LIGHT)
         stop_button.click(handlers.stop, [state], None, api_name="stop", **_LIGHT)
         # Stop the running answer first (light, immediate), then reset in the compute slot, so
         # the reset never races the answer that was using the cache.

@@ -30,6 +30,7 @@ class AskView(NamedTuple):
     chat: list[dict]
     question: Any
     status: Any
+    pages: Any = None  # the page chips: pages the answer cites or attended to (gr.update), or NO_CHANGE
 
 
 class SavedView(NamedTuple):

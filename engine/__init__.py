@@ -10,6 +10,8 @@ from .planner import ModelShape, Plan, PlanError, make_plan, paper_memory_table
 from .policy import OffloadPolicy
 from .prompt import DocumentTokens
 from .reports import AnswerChunk, PrefillCancelled, PrefillProgress
+from .sampling import RepetitionGuard
+from .sources import Source
 from .session import DocumentSession
 from .telemetry import MemorySnapshot, format_bytes, read_memory
 from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
@@ -18,6 +20,8 @@ _attention.register()
 
 __all__ = [
     "AnswerChunk",
+    "RepetitionGuard",
+    "Source",
     "DocumentSession",
     "DocumentTokens",
     "PrefillCancelled",

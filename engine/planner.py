@@ -13,6 +13,7 @@ import logging
 import math
 from dataclasses import dataclass
 
+from engine.host_split import forecast_decode, host_share
 from engine.policy import OffloadPolicy
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,14 @@ class Plan:
     fits: bool
     reason: str
     max_context_tokens: int
+    # Decode (``engine.host_split``): the share of offloaded KV bytes the host attends, and the predicted
+    # seconds per token of KV movement at ``context_tokens`` (None without measured rates).
+    host_attention: str = "off"
+    host_share: float = 0.0
+    decode_seconds: float | None = None
+    pcie_floor_seconds: float | None = None
+    host_attention_gbps: float | None = None
+    h2d_gbps: float | None = None
 
     def require_fit(self) -> None:
         """Raises :class:`PlanError` explaining what does not fit."""
@@ -126,9 +135,20 @@ class Plan:
             f"GPU {self.gpu_bytes / _GIB:.2f} GiB of {_gib(self.gpu_budget)} ({parts})",
             f"host {self.host_bytes / _GIB:.2f} GiB of {_gib(self.host_budget)}",
             f"max context with this configuration: {self.max_context_tokens} tokens",
+            self._decode_line(),
             "fits" if self.fits else f"does not fit: {self.reason}",
         ]
         return "\n".join(lines)
+
+
+    def _decode_line(self) -> str:
+        line = f"decode: {self.host_share:.0%} of offloaded KV attended on the host (host_attention={self.host_attention})"
+        if self.decode_seconds is not None:
+            line += f", predicted {self.decode_seconds:.3f} s/token of KV movement"
+        if self.pcie_floor_seconds:
+            line += f" (PCIe floor {self.pcie_floor_seconds:.3f} s/token at {self.h2d_gbps:.1f} GB/s"
+            line += f", host {self.host_attention_gbps:.1f} GB/s)" if self.host_attention_gbps else ")"
+        return line
 
 
 def _gib(n: int | None) -> str:
@@ -205,8 +225,11 @@ def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,
 
 
 def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, device_is_cuda: bool,
-              gpu_budget: int | None = None, host_budget: int | None = None) -> Plan:
+              gpu_budget: int | None = None, host_budget: int | None = None, rates=None) -> Plan:
     """Plans a run of ``context_tokens`` tokens; budgets of ``None`` are unlimited.
+
+    ``rates`` (an ``engine.rates.MachineRates``) sets the decode split and its forecast; without them
+    ``host_attention="auto"`` keeps every offloaded group streamed.
 
     ``policy.gpu_memory`` / ``policy.host_memory`` override the budget arguments.
     The plan reports ``fits=False`` with a reason rather than raising; call
@@ -246,10 +269,21 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     if reasons:
         reasons.append(f"at most {max_ctx:,} context tokens fit with this configuration")
     groups = math.ceil(shape.num_kv_heads / group)
+    host_gbps, h2d_gbps = (rates.host_attention_gbps, rates.h2d_gbps) if rates is not None else (None, None)
+    share = host_share(policy.host_attention, device_is_cuda, host_gbps, h2d_gbps)
+    offloaded = 1 - resident / (shape.num_layers * groups)
+    forecast = forecast_decode(round(offloaded * _decode_read_bytes(shape, context_tokens)), share, host_gbps, h2d_gbps)
     plan = Plan(context_tokens, chunk, group, groups, resident, shape.num_layers * groups, device_is_cuda,
-                breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx)
+                breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx,
+                policy.host_attention, share, forecast.seconds, forecast.pcie_floor_seconds, host_gbps, h2d_gbps)
     logger.debug("plan: %s", plan.summary().replace("\n", " | "))
     return plan
+
+
+def _decode_read_bytes(shape: ModelShape, context: int) -> int:
+    """KV bytes one decode step reads over all layers and KV heads (a sliding layer reads its window only)."""
+    per_token = shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes
+    return sum(per_token * (context if w is None else min(w, context)) for w in shape.sliding_windows)
 
 
 def _largest_fitting(fits_at) -> int:

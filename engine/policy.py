@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+HOST_ATTENTION_MODES = ("auto", "off", "all")
+
 
 @dataclass(frozen=True)
 class OffloadPolicy:
@@ -25,6 +27,12 @@ class OffloadPolicy:
         max_context: tokens to pre-allocate in the host store; ``None`` grows on demand.
         gpu_memory: device memory budget in bytes; ``None`` reads the device.
         host_memory: host memory budget in bytes for the KV store; ``None`` reads the system.
+        host_attention: where decode steps (few query tokens) attend offloaded head groups.
+            ``"auto"``: on CUDA, the planner splits them between streaming over the link and computing
+            attention on the host, where their KV lives, so that both halves finish together (from the
+            machine's measured rates); on CPU compute nothing crosses a link, so it is off.
+            ``"all"``: every offloaded group on the host. ``"off"``: every offloaded group streamed.
+            Prefill always attends on the compute device.
     """
 
     chunk_size: int = 4096
@@ -35,6 +43,7 @@ class OffloadPolicy:
     max_context: int | None = None
     gpu_memory: int | None = None
     host_memory: int | None = None
+    host_attention: str = "auto"
 
     def __post_init__(self) -> None:
         _check_positive("chunk_size", self.chunk_size)
@@ -52,6 +61,9 @@ class OffloadPolicy:
             raise ValueError(f"pin_memory must be True, False or None, got {self.pin_memory!r}")
         if self.overlap not in (True, False):
             raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
+        if self.host_attention not in HOST_ATTENTION_MODES:
+            raise ValueError(f"host_attention must be one of {', '.join(map(repr, HOST_ATTENTION_MODES))}, "
+                             f"got {self.host_attention!r}")
 
     def validate_for(self, num_kv_heads: int) -> None:
         """Checks the knobs that depend on the model shape."""

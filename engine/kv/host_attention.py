@@ -1,0 +1,183 @@
+"""Exact attention of a step's few queries over head groups whose KV lives in host memory, computed there.
+
+At long context, decode reads every KV byte once per token. For an offloaded head group that means crossing
+the PCIe link (~25 GB/s); the host reads the same bytes from RAM faster. So during decode the queries of some
+offloaded groups (a few KB) go to the host, attention runs over their homes here, and the output heads (a few
+KB) go back, while the device streams the other groups. The result is the same softmax, not an approximation.
+
+The kernel, per head group (homes are token-major ``[capacity, B, 2, g, D]``, see ``homes.py``):
+
+- split-K: the visible tokens ``[start, stop)`` are cut into tiles of about ``TILE_BYTES`` of home, one tile
+  per task on ``workers.TorchWorkers`` (each task on one core, so a tile stays in that core's cache);
+- a tile is read once in its stored dtype (bf16/fp16/fp32) and widened to fp32 in a per-thread buffer; scores,
+  softmax sums and the value product accumulate in fp32;
+- GQA is folded: the ``n_rep`` query heads that share a KV head are rows of one matrix, so K/V are read once;
+- each tile yields a partial (row max ``m``, sum ``l``, unnormalised output ``acc``); the partials are merged
+  with their log-sum-exp weights: ``out = sum(exp(m_i - M) acc_i) / sum(exp(m_i - M) l_i)``;
+- sliding windows and causality (for steps of several queries) mask only the tiles they cut; Gemma 2's softcap
+  is ``softcap * tanh(scores / softcap)``, exactly as transformers' eager attention computes it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+
+from .workers import TorchWorkers, shared_workers
+
+#: Home bytes per tile: small enough that a tile and its fp32 copy stay in one core's L2 cache, large enough
+#: that the ~8 torch calls per tile cost little next to reading it.
+TILE_BYTES = 1 << 20
+
+_scratch = threading.local()  # per worker thread: the fp32 copy of the tile being computed
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What every tile of one job reads, and where it writes its partial."""
+
+    query: torch.Tensor  # [Gh, B, g, R, D] fp32, pre-scaled; R = n_rep * Q rows, (repeat, query) order
+    kvs: tuple[torch.Tensor, ...]  # Gh homes [capacity, B, 2, g, D]
+    start: int  # first visible key position
+    past: int  # position of the first query
+    q_len: int
+    window: int | None
+    softcap: float | None
+    tile: int  # tokens per tile
+    m: torch.Tensor  # [Gh, S, B, g, R, 1] row max of each tile's scores
+    l: torch.Tensor  # [Gh, S, B, g, R, 1] sum of exp(scores - m)
+    acc: torch.Tensor  # [Gh, S, B, g, R, D] exp(scores - m) @ values
+
+
+class HostJob:
+    """One layer's host attention in flight; ``result()`` merges the partials once every tile is done."""
+
+    def __init__(self, call: _Call, futures: list[Future], out_shape: tuple[int, ...], dtype: torch.dtype):
+        self._call, self._futures, self._out_shape, self._dtype = call, futures, out_shape, dtype
+        self._started = time.perf_counter()
+        self.seconds: float | None = None  # wall time from start to the merged result
+
+    def wait(self) -> None:
+        """Returns once no worker touches this job's inputs any more (also when a tile raised)."""
+        for future in self._futures:
+            future.exception()
+
+    def result(self) -> torch.Tensor:
+        """[B, Gh * g * n_rep, Q, D] on the host, in the query's dtype; re-raises a tile's exception."""
+        for future in self._futures:
+            future.result()
+        call = self._call
+        top = call.m.amax(dim=1, keepdim=True)  # [Gh, 1, B, g, R, 1]; finite: every query sees its own key
+        weight = torch.exp(call.m - top)  # a tile a row cannot see has m = -inf: weight 0
+        merged = (weight * call.acc).sum(dim=1) / (weight * call.l).sum(dim=1)  # [Gh, B, g, R, D]
+        batch, num_heads, q_len, head_dim = self._out_shape
+        out = merged.permute(1, 0, 2, 3, 4).reshape(self._out_shape).to(self._dtype)  # heads: (group, kv, rep)
+        self.seconds = time.perf_counter() - self._started
+        return out
+
+
+class HostAttention:
+    """Runs the kernel on a pool of single-core workers (default: the process's shared pool)."""
+
+    def __init__(self, workers: TorchWorkers | None = None, tile_bytes: int = TILE_BYTES):
+        self.workers = workers or shared_workers()
+        self.tile_bytes = tile_bytes
+
+    def start(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, *, scaling: float,
+              window: int | None = None, softcap: float | None = None, ready=None) -> HostJob:
+        """Starts attention of ``query`` over tokens ``[start, stop)`` of each home in ``kvs``.
+
+        query: [B, Gh * g * n_rep, Q, D] on the host; its Q tokens are the last Q of ``[start, stop)``, already in
+        the homes. ``ready``: called by every task before it reads anything (on CUDA: waits for the copies).
+        """
+        batch, num_heads, q_len, head_dim = query.shape
+        num_groups, (_, kv_batch, _, g, kv_dim) = len(kvs), kvs[0].shape
+        assert (kv_batch, kv_dim) == (batch, head_dim) and num_heads % (num_groups * g) == 0, (query.shape, kvs[0].shape)
+        assert stop - start >= q_len, (start, stop, q_len)
+        n_rep = num_heads // (num_groups * g)
+        rows = n_rep * q_len
+        # [B, Gh*g*n_rep, Q, D] -> [Gh, B, g, n_rep*Q, D]: the rows sharing a KV head become one matrix.
+        # The scale (and Gemma 2's 1/softcap) is folded into the queries: one multiply per job, not per tile.
+        folded = query.reshape(batch, num_groups, g, rows, head_dim).permute(1, 0, 2, 3, 4)
+        folded = folded.float() * (scaling / softcap if softcap else scaling)
+        row_bytes = batch * 2 * g * head_dim * kvs[0].element_size()
+        tile = max(16, self.tile_bytes // row_bytes)
+        num_tiles = math.ceil((stop - start) / tile)
+        m = torch.empty(num_groups, num_tiles, batch, g, rows, 1)
+        call = _Call(folded.contiguous(), tuple(kvs), start, stop - q_len, q_len, window, softcap, tile, m,
+                     torch.empty_like(m), torch.empty(num_groups, num_tiles, batch, g, rows, head_dim))
+        tasks = [(h, s) for h in range(num_groups) for s in range(num_tiles)]
+        # Contiguous runs of tiles, one per worker: few futures, and each worker walks memory forward.
+        per_worker = math.ceil(len(tasks) / self.workers.num_threads)
+        futures = [self.workers.submit(_run_tiles, call, tasks[i : i + per_worker], ready)
+                   for i in range(0, len(tasks), per_worker)]
+        return HostJob(call, futures, (batch, num_heads, q_len, head_dim), query.dtype)
+
+    def attend(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, **kwargs) -> torch.Tensor:
+        """``start(...).result()``: [B, Gh * g * n_rep, Q, D]."""
+        return self.start(query, kvs, start, stop, **kwargs).result()
+
+
+def _run_tiles(call: _Call, tasks: list[tuple[int, int]], ready) -> None:
+    if ready is not None:
+        ready()
+    for group, index in tasks:
+        _tile(call, group, index)
+
+
+def _tile(call: _Call, group: int, index: int) -> None:
+    """One tile's partial (m, l, acc) of one head group, written into its slot of the job's buffers."""
+    first = call.start + index * call.tile
+    last = min(first + call.tile, call.past + call.q_len)
+    block = call.kvs[group][first:last]  # [T, B, 2, g, D] in the home's dtype
+    if block.dtype != torch.float32:
+        block = _fp32_copy(block)
+    keys = block.select(2, 0).permute(1, 2, 3, 0)  # [B, g, D, T]
+    values = block.select(2, 1).permute(1, 2, 0, 3)  # [B, g, T, D]
+    scores = torch.matmul(call.query[group], keys)  # [B, g, R, T]
+    if call.softcap:
+        scores.tanh_().mul_(call.softcap)
+    m, hidden = call.m[group, index], _hidden(call, first, last)
+    if hidden is None:
+        torch.amax(scores, dim=-1, keepdim=True, out=m)
+        scores.sub_(m)
+    else:
+        scores.masked_fill_(hidden, float("-inf"))
+        torch.amax(scores, dim=-1, keepdim=True, out=m)
+        scores.sub_(m.nan_to_num(neginf=0.0))  # a row that sees no key of this tile: exp(-inf) = 0, not NaN
+    scores.exp_()
+    torch.sum(scores, dim=-1, keepdim=True, out=call.l[group, index])
+    torch.matmul(scores, values, out=call.acc[group, index])
+
+
+def _hidden(call: _Call, first: int, last: int) -> torch.Tensor | None:
+    """[R, T] True where a query row must not see a key of tile [first, last); None if it sees them all.
+
+    Query i (position past + i) sees key j iff j <= past + i and, with window W, j > past + i - W.
+    """
+    newest_seen_by_all = call.past  # the first query's own key: later ones are hidden from it (causality)
+    newest_hidden_from_last = -1 if call.window is None else call.past + call.q_len - 1 - call.window
+    if last - 1 <= newest_seen_by_all and first > newest_hidden_from_last:
+        return None
+    q_pos = torch.arange(call.past, call.past + call.q_len)[:, None]
+    k_pos = torch.arange(first, last)[None, :]
+    hidden = k_pos > q_pos
+    if call.window is not None:
+        hidden |= k_pos <= q_pos - call.window
+    rows = call.query.shape[3] // call.q_len
+    return hidden.repeat(rows, 1)  # rows are (repeat, query) pairs
+
+
+def _fp32_copy(block: torch.Tensor) -> torch.Tensor:
+    """``block`` widened into this thread's reused fp32 buffer (no allocation, so no page faults, per tile)."""
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.numel() < block.numel():
+        buffer = _scratch.buffer = torch.empty(block.numel(), dtype=torch.float32)
+    out = buffer[: block.numel()].view(block.shape)
+    out.copy_(block)
+    return out

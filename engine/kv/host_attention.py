@@ -34,6 +34,7 @@ from .workers import TorchWorkers, shared_workers
 #: that the ~8 torch calls per tile cost little next to reading it.
 TILE_BYTES = 1 << 20
 
+_RUNS_PER_WORKER = 4
 _scratch = threading.local()  # per worker thread: the fp32 copy of the tile being computed
 
 
@@ -112,10 +113,11 @@ class HostAttention:
         call = _Call(folded.contiguous(), tuple(kvs), start, stop - q_len, q_len, window, softcap, tile, m,
                      torch.empty_like(m), torch.empty(num_groups, num_tiles, batch, g, rows, head_dim))
         tasks = [(h, s) for h in range(num_groups) for s in range(num_tiles)]
-        # Contiguous runs of tiles, one per worker: few futures, and each worker walks memory forward.
-        per_worker = math.ceil(len(tasks) / self.workers.num_threads)
-        futures = [self.workers.submit(_run_tiles, call, tasks[i : i + per_worker], ready)
-                   for i in range(0, len(tasks), per_worker)]
+        # Contiguous runs of tiles (each walks memory forward), a few per worker: few futures, and a worker
+        # that the OS pauses delays only a small share of the job.
+        per_run = math.ceil(len(tasks) / (_RUNS_PER_WORKER * self.workers.num_threads))
+        futures = [self.workers.submit(_run_tiles, call, tasks[i : i + per_run], ready)
+                   for i in range(0, len(tasks), per_run)]
         return HostJob(call, futures, (batch, num_heads, q_len, head_dim), query.dtype)
 
     def attend(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, **kwargs) -> torch.Tensor:

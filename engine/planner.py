@@ -271,19 +271,15 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     groups = math.ceil(shape.num_kv_heads / group)
     host_gbps, h2d_gbps = (rates.host_attention_gbps, rates.h2d_gbps) if rates is not None else (None, None)
     share = host_share(policy.host_attention, device_is_cuda, host_gbps, h2d_gbps)
-    offloaded = 1 - resident / (shape.num_layers * groups)
-    forecast = forecast_decode(round(offloaded * _decode_read_bytes(shape, context_tokens)), share, host_gbps, h2d_gbps)
+    per_token = shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes  # one layer's K and V
+    read = sum(per_token * (context_tokens if w is None else min(w, context_tokens)) for w in shape.sliding_windows)
+    offloaded = 1 - resident / (shape.num_layers * groups)  # resident slots are spread evenly over the layers
+    forecast = forecast_decode(round(offloaded * read), share, host_gbps, h2d_gbps)
     plan = Plan(context_tokens, chunk, group, groups, resident, shape.num_layers * groups, device_is_cuda,
                 breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx,
                 policy.host_attention, share, forecast.seconds, forecast.pcie_floor_seconds, host_gbps, h2d_gbps)
     logger.debug("plan: %s", plan.summary().replace("\n", " | "))
     return plan
-
-
-def _decode_read_bytes(shape: ModelShape, context: int) -> int:
-    """KV bytes one decode step reads over all layers and KV heads (a sliding layer reads its window only)."""
-    per_token = shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes
-    return sum(per_token * (context if w is None else min(w, context)) for w in shape.sliding_windows)
 
 
 def _largest_fitting(fits_at) -> int:

@@ -20,6 +20,7 @@ from .cache import HeadInferCache
 from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
 from .policy import OffloadPolicy
 from .prompt import PromptBuilder, Turn
+from .rates import plan_rates
 from .sampling import IncrementalDecoder, next_token
 from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
 from .telemetry import detect_budgets
@@ -116,7 +117,7 @@ class DocumentSession:
         gpu_budget, host_budget = detect_budgets(str(self.device))
         return make_plan(self.shape, self.policy, context_tokens, device_is_cuda=self.device.type == "cuda",
                          gpu_budget=self.policy.gpu_memory or gpu_budget,
-                         host_budget=self.policy.host_memory or host_budget)
+                         host_budget=self.policy.host_memory or host_budget, rates=plan_rates(self.policy, self.device))
 
     def estimate_prefill_seconds(self, num_tokens: int) -> float:
         """Seconds to prefill ``num_tokens``, from this machine's measured rate (measured once per model)."""

@@ -19,7 +19,7 @@ def test_cpu_table_puts_the_kernel_next_to_the_read_bandwidth(tmp_path, capsys):
 
 
 def test_gpu_run_step_records_host_figures_and_three_decode_splits_on_cpu(tmp_path):
-    gpu_all.main(["--device", "cpu", "--model", "tiny", "--out", str(tmp_path), "--scale", "0.002",
+    gpu_all.main(["--device", "cpu", "--model", "tiny", "--out", str(tmp_path), "--scale", "0.0005",
                   "--steps", "host-attention", "--deadline-s", "120"])
     records = load_records(tmp_path / "gpu.json")
     host = {r["mode"] for r in records if r["phase"] == "host-attention" and r["status"] == "ok"}

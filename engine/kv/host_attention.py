@@ -7,10 +7,12 @@ KB) go back, while the device streams the other groups. The result is the same s
 
 The kernel, per head group (homes are token-major ``[capacity, B, 2, g, D]``, see ``homes.py``):
 
-- split-K: the visible tokens ``[start, stop)`` are cut into tiles of about ``TILE_BYTES`` of home, one tile
-  per task on ``workers.TorchWorkers`` (each task on one core, so a tile stays in that core's cache);
-- a tile is read once in its stored dtype (bf16/fp16/fp32) and widened to fp32 in a per-thread buffer; scores,
-  softmax sums and the value product accumulate in fp32;
+- split-K: the visible tokens ``[start, stop)`` are cut into tiles (enough for every worker, at most
+  ``tile_bytes`` of home each), run on ``workers.TorchWorkers`` (one core each) in contiguous runs;
+- a tile is read once in its stored dtype (bf16/fp16/fp32) and widened to fp32; scores, softmax sums and the
+  value product accumulate in fp32. The tile runs in C (``native.py``: blocks of 16 keys widened in L1, an
+  online softmax) where a C compiler is available, else through torch ops (the tile widened into a per-thread
+  buffer that stays in cache, then two matmuls); both compute the same partial;
 - GQA is folded: the ``n_rep`` query heads that share a KV head are rows of one matrix, so K/V are read once;
 - each tile yields a partial (row max ``m``, sum ``l``, unnormalised output ``acc``); the partials are merged
   with their log-sum-exp weights: ``out = sum(exp(m_i - M) acc_i) / sum(exp(m_i - M) l_i)``;
@@ -28,11 +30,14 @@ from dataclasses import dataclass
 
 import torch
 
+from . import native
 from .workers import TorchWorkers, shared_workers
 
-#: Home bytes per tile: small enough that a tile and its fp32 copy stay in one core's L2 cache, large enough
-#: that the ~8 torch calls per tile cost little next to reading it.
-TILE_BYTES = 1 << 20
+#: Most home bytes per tile. Torch tile: small enough that the tile and its fp32 copy stay in one core's L2
+#: cache, large enough that its ~8 torch calls cost little next to reading it. C tile: it streams, so larger
+#: tiles only save calls (each holds the GIL for a few microseconds).
+TILE_BYTES = {"torch": 1 << 20, "native": 4 << 20}
+_MIN_TILE_BYTES = 64 << 10  # below this a tile's fixed cost dominates, even if some workers stay idle
 
 _RUNS_PER_WORKER = 4
 _scratch = threading.local()  # per worker thread: the fp32 copy of the tile being computed
@@ -53,6 +58,7 @@ class _Call:
     m: torch.Tensor  # [Gh, S, B, g, R, 1] row max of each tile's scores
     l: torch.Tensor  # [Gh, S, B, g, R, 1] sum of exp(scores - m)
     acc: torch.Tensor  # [Gh, S, B, g, R, D] exp(scores - m) @ values
+    native: object  # the C tile function, or None: the torch tile
 
 
 class HostJob:
@@ -85,9 +91,10 @@ class HostJob:
 class HostAttention:
     """Runs the kernel on a pool of single-core workers (default: the process's shared pool)."""
 
-    def __init__(self, workers: TorchWorkers | None = None, tile_bytes: int = TILE_BYTES):
+    def __init__(self, workers: TorchWorkers | None = None, tile_bytes: int | None = None, use_native: bool = True):
         self.workers = workers or shared_workers()
-        self.tile_bytes = tile_bytes
+        self.native = native.kernel() if use_native else None
+        self.tile_bytes = tile_bytes or TILE_BYTES["torch" if self.native is None else "native"]
 
     def start(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, *, scaling: float,
               window: int | None = None, softcap: float | None = None, ready=None) -> HostJob:
@@ -107,15 +114,20 @@ class HostAttention:
         folded = query.reshape(batch, num_groups, g, rows, head_dim).permute(1, 0, 2, 3, 4)
         folded = folded.float() * (scaling / softcap if softcap else scaling)
         row_bytes = batch * 2 * g * head_dim * kvs[0].element_size()
-        tile = max(16, self.tile_bytes // row_bytes)
+        most = max(16, self.tile_bytes // row_bytes)
+        fewest = min(most, max(16, _MIN_TILE_BYTES // row_bytes))
+        runs = _RUNS_PER_WORKER * self.workers.num_threads
+        tile = min(most, max(fewest, math.ceil((stop - start) * num_groups / runs)))  # every worker gets tiles
         num_tiles = math.ceil((stop - start) / tile)
         m = torch.empty(num_groups, num_tiles, batch, g, rows, 1)
+        is_native = str(kvs[0].dtype) in native.DTYPE_CODES and head_dim in native.HEAD_DIMS
         call = _Call(folded.contiguous(), tuple(kvs), start, stop - q_len, q_len, window, softcap, tile, m,
-                     torch.empty_like(m), torch.empty(num_groups, num_tiles, batch, g, rows, head_dim))
+                     torch.empty_like(m), torch.empty(num_groups, num_tiles, batch, g, rows, head_dim),
+                     self.native if is_native else None)
         tasks = [(h, s) for h in range(num_groups) for s in range(num_tiles)]
         # Contiguous runs of tiles (each walks memory forward), a few per worker: few futures, and a worker
         # that the OS pauses delays only a small share of the job.
-        per_run = math.ceil(len(tasks) / (_RUNS_PER_WORKER * self.workers.num_threads))
+        per_run = math.ceil(len(tasks) / runs)
         futures = [self.workers.submit(_run_tiles, call, tasks[i : i + per_run], ready)
                    for i in range(0, len(tasks), per_run)]
         return HostJob(call, futures, (batch, num_heads, q_len, head_dim), query.dtype)
@@ -136,7 +148,10 @@ def _tile(call: _Call, group: int, index: int) -> None:
     """One tile's partial (m, l, acc) of one head group, written into its slot of the job's buffers."""
     first = call.start + index * call.tile
     last = min(first + call.tile, call.past + call.q_len)
-    block = call.kvs[group][first:last]  # [T, B, 2, g, D] in the home's dtype
+    block = call.kvs[group][first:last]  # [T, B, 2, g, D] in the home's dtype, contiguous
+    if call.native is not None:
+        _native_tile(call, group, index, block, first)
+        return
     if block.dtype != torch.float32:
         block = _fp32_copy(block)
     keys = block.select(2, 0).permute(1, 2, 3, 0)  # [B, g, D, T]
@@ -155,6 +170,16 @@ def _tile(call: _Call, group: int, index: int) -> None:
     scores.exp_()
     torch.sum(scores, dim=-1, keepdim=True, out=call.l[group, index])
     torch.matmul(scores, values, out=call.acc[group, index])
+
+
+def _native_tile(call: _Call, group: int, index: int, block: torch.Tensor, first: int) -> None:
+    assert block.is_contiguous()  # a home is allocated whole: a token range is one contiguous run
+    _, batch, g, rows, dim = call.query.shape
+    status = call.native(block.data_ptr(), native.DTYPE_CODES[str(block.dtype)], block.element_size(),
+                         block.shape[0], batch, g, dim, call.query[group].data_ptr(), rows, call.q_len, first,
+                         call.past, call.window or 0, call.softcap or 0.0, call.m[group, index].data_ptr(),
+                         call.l[group, index].data_ptr(), call.acc[group, index].data_ptr())
+    assert status == 0, f"no C tile for head dim {dim}"
 
 
 def _hidden(call: _Call, first: int, last: int) -> torch.Tensor | None:

@@ -14,7 +14,7 @@ import engine
 from archs import build_pair, tiny_configs
 from engine import rates
 from engine.host_split import choose_host_slots, forecast_decode, host_share
-from engine.kv import HostAttention
+from engine.kv import HostAttention, native
 from engine.kv.workers import TorchWorkers
 from engine.planner import ModelShape, make_plan
 
@@ -23,10 +23,12 @@ CHUNK = 16  # prefill chunks of 16 are host steps too: the kernel's causal and w
 RTOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    # Tiles of 2 KiB: a 100-token home is cut into many tiles, so the log-sum-exp merge really merges.
-    return HostAttention(TorchWorkers(2), tile_bytes=2048)
+@pytest.fixture(scope="module", params=["native", "torch"])
+def kernel(request):
+    """The C tile and the torch tile. Tiles of 2 KiB: a 100-token home is cut into many, so the merge merges."""
+    if request.param == "native" and native.kernel() is None:
+        pytest.skip("no C compiler here: the torch tile is the one in use")
+    return HostAttention(TorchWorkers(2), tile_bytes=2048, use_native=request.param == "native")
 
 
 def reference(query, kvs, start, stop, scaling, window, softcap):

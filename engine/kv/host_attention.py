@@ -62,10 +62,14 @@ class _Call:
 
 
 class HostJob:
-    """One layer's host attention in flight; ``result()`` merges the partials once every tile is done."""
+    """One layer's host attention in flight. The worker finishing the last run merges the partials there: its
+    torch ops run single-threaded, while on the caller's thread they would wake an OpenMP team per op."""
 
-    def __init__(self, call: _Call, futures: list[Future], out_shape: tuple[int, ...], dtype: torch.dtype):
-        self._call, self._futures, self._out_shape, self._dtype = call, futures, out_shape, dtype
+    def __init__(self, call: _Call, num_runs: int, out_shape: tuple[int, ...], dtype: torch.dtype):
+        self._call, self._out_shape, self._dtype = call, out_shape, dtype
+        self._runs_left, self._failed, self._lock = num_runs, False, threading.Lock()
+        self._futures: list[Future] = []
+        self._out: torch.Tensor | None = None
         self._started = time.perf_counter()
         self.seconds: float | None = None  # wall time from start to the merged result
 
@@ -78,14 +82,31 @@ class HostJob:
         """[B, Gh * g * n_rep, Q, D] on the host, in the query's dtype; re-raises a tile's exception."""
         for future in self._futures:
             future.result()
+        self.seconds = time.perf_counter() - self._started
+        return self._out
+
+    def _run(self, tasks: list[tuple[int, int]], ready) -> None:
+        is_done = False
+        try:
+            if ready is not None:
+                ready()
+            for group, index in tasks:
+                _tile(self._call, group, index)
+            is_done = True
+        finally:
+            with self._lock:
+                self._runs_left -= 1
+                self._failed |= not is_done
+                is_last = self._runs_left == 0 and not self._failed
+            if is_last:
+                self._out = self._merge()
+
+    def _merge(self) -> torch.Tensor:
         call = self._call
         top = call.m.amax(dim=1, keepdim=True)  # [Gh, 1, B, g, R, 1]; finite: every query sees its own key
         weight = torch.exp(call.m - top)  # a tile a row cannot see has m = -inf: weight 0
         merged = (weight * call.acc).sum(dim=1) / (weight * call.l).sum(dim=1)  # [Gh, B, g, R, D]
-        batch, num_heads, q_len, head_dim = self._out_shape
-        out = merged.permute(1, 0, 2, 3, 4).reshape(self._out_shape).to(self._dtype)  # heads: (group, kv, rep)
-        self.seconds = time.perf_counter() - self._started
-        return out
+        return merged.permute(1, 0, 2, 3, 4).reshape(self._out_shape).to(self._dtype)  # heads: (group, kv, rep)
 
 
 class HostAttention:
@@ -128,20 +149,14 @@ class HostAttention:
         # Contiguous runs of tiles (each walks memory forward), a few per worker: few futures, and a worker
         # that the OS pauses delays only a small share of the job.
         per_run = math.ceil(len(tasks) / runs)
-        futures = [self.workers.submit(_run_tiles, call, tasks[i : i + per_run], ready)
-                   for i in range(0, len(tasks), per_run)]
-        return HostJob(call, futures, (batch, num_heads, q_len, head_dim), query.dtype)
+        runs = [tasks[i : i + per_run] for i in range(0, len(tasks), per_run)]
+        job = HostJob(call, len(runs), (batch, num_heads, q_len, head_dim), query.dtype)
+        job._futures = [self.workers.submit(job._run, run, ready) for run in runs]
+        return job
 
     def attend(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, **kwargs) -> torch.Tensor:
         """``start(...).result()``: [B, Gh * g * n_rep, Q, D]."""
         return self.start(query, kvs, start, stop, **kwargs).result()
-
-
-def _run_tiles(call: _Call, tasks: list[tuple[int, int]], ready) -> None:
-    if ready is not None:
-        ready()
-    for group, index in tasks:
-        _tile(call, group, index)
 
 
 def _tile(call: _Call, group: int, index: int) -> None:

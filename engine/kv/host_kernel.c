@@ -11,10 +11,12 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define LANES 16
 typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4)));  /* the caller's memory: any float alignment */
 typedef int32_t i16v __attribute__((vector_size(64)));
 #ifndef HEADINFER_NO_LIBMVEC
 /* glibc's libmvec has a vector expf (<= 4 ulp, like any libm): declaring it lets a block's 16 exponentials run
@@ -64,7 +66,7 @@ static inline v16 transpose_sum(const v16 *part) {
 
 /* Scores of one row over the block -> probabilities, updating the row's (m, l) and rescaling its output. */
 static inline v16 softmax_block(v16 scores, int is_plain, int count, long first, long q_pos, long window,
-                                float softcap, float *m, float *l, v16 *acc, int chunks) {
+                                float softcap, float *m, float *l, v16u *acc, int chunks) {
     float s[LANES] __attribute__((aligned(64)));
     *(v16 *)s = scores;
     float top = *m;
@@ -98,53 +100,69 @@ static inline v16 softmax_block(v16 scores, int is_plain, int count, long first,
 }
 
 #define DEFINE_TILE(DIM)                                                                                        \
-static void tile_##DIM(const char *tile, int dtype, int elem_size, long n, int batch, int group,              \
-                       const float *query, int rows, int q_len, long first, long past, long window,           \
-                       float softcap, float *m_out, float *l_out, float *acc_out) {                           \
-    enum { CHUNKS = DIM / LANES };                                                                             \
-    const long token_bytes = (long)batch * 2 * group * DIM * elem_size;                                        \
-    v16 keys[LANES][CHUNKS], values[LANES][CHUNKS], part[LANES];                                               \
-    for (int b = 0; b < batch; b++) for (int h = 0; h < group; h++) {                                         \
-        const long head = (long)b * group + h;                                                                 \
-        const v16 *q = (const v16 *)(query + head * rows * DIM);                                               \
-        float *m = m_out + head * rows, *l = l_out + head * rows;                                              \
-        v16 *acc = (v16 *)(acc_out + head * rows * DIM);                                                       \
-        const long key_offset = ((long)b * 2 * group + h) * DIM * elem_size;                                   \
-        const long value_offset = key_offset + (long)group * DIM * elem_size;                                  \
-        for (int r = 0; r < rows; r++) { m[r] = -INFINITY; l[r] = 0.0f; }                                      \
-        memset(acc, 0, sizeof(float) * rows * DIM);                                                            \
-        for (long t0 = 0; t0 < n; t0 += LANES) {                                                               \
-            const int count = n - t0 < LANES ? (int)(n - t0) : LANES;                                          \
-            for (int j = 0; j < count; j++) {                                                                  \
-                widen(tile + (t0 + j) * token_bytes + key_offset, dtype, DIM, (float *)keys[j]);               \
-                widen(tile + (t0 + j) * token_bytes + value_offset, dtype, DIM, (float *)values[j]);           \
-            }                                                                                                  \
-            for (int j = count; j < LANES; j++)                                                                \
-                for (int c = 0; c < CHUNKS; c++) keys[j][c] = values[j][c] = (v16){0};                         \
-            /* every row sees every key of the block: the newest key is at most the first query's position,  \
-               and the oldest is inside the last query's window */                                            \
-            const int is_plain = count == LANES && softcap <= 0.0f && first + t0 + LANES - 1 <= past &&         \
-                                 (window <= 0 || first + t0 > past + q_len - 1 - window);                       \
-            for (int r = 0; r < rows; r++) {                                                                   \
-                v16 qr[CHUNKS];                                                                                \
-                for (int c = 0; c < CHUNKS; c++) qr[c] = q[r * CHUNKS + c];                                    \
-                for (int j = 0; j < LANES; j++) {                                                              \
-                    v16 sum = qr[0] * keys[j][0];                                                              \
-                    for (int c = 1; c < CHUNKS; c++) sum += qr[c] * keys[j][c];                                \
-                    part[j] = sum;                                                                             \
-                }                                                                                              \
-                v16 *out = acc + r * CHUNKS;                                                                   \
-                float p[LANES] __attribute__((aligned(64)));                                                   \
-                *(v16 *)p = softmax_block(transpose_sum(part), is_plain, count, first + t0, past + r % q_len, window,   \
-                                          softcap, m + r, l + r, out, CHUNKS);                                 \
-                v16 o[CHUNKS];                                                                                 \
-                for (int c = 0; c < CHUNKS; c++) o[c] = out[c];                                                \
-                for (int j = 0; j < count; j++)                                                                \
-                    for (int c = 0; c < CHUNKS; c++) o[c] += p[j] * values[j][c];                              \
-                for (int c = 0; c < CHUNKS; c++) out[c] = o[c];                                                \
-            }                                                                                                  \
-        }                                                                                                      \
-    }                                                                                                          \
+static int tile_##DIM(const char *tile, int dtype, int elem_size, long n, int batch, int group,               \
+                      const float *query, int rows, int q_len, long first, long past, long window,            \
+                      float softcap, float *m_out, float *l_out, float *acc_out) {                            \
+    enum { CHUNKS = DIM / LANES };                                                                              \
+    const long token_bytes = (long)batch * 2 * group * DIM * elem_size;                                         \
+    const long heads = (long)batch * group;                                                                     \
+    /* A block's keys and values per head, widened: [heads][16][CHUNKS] vectors, one vector of padding per     \
+       head so that heads do not sit a power of two apart (which would map them all to the same cache sets) */ \
+    const long pitch = LANES * CHUNKS + 1;                                                                      \
+    v16 *block_keys = aligned_alloc(64, sizeof(v16) * heads * pitch);                                           \
+    v16 *block_values = aligned_alloc(64, sizeof(v16) * heads * pitch);                                         \
+    if (block_keys == NULL || block_values == NULL) { free(block_keys); free(block_values); return -2; }        \
+    v16 part[LANES];                                                                                            \
+    for (long r = 0; r < heads * rows; r++) { m_out[r] = -INFINITY; l_out[r] = 0.0f; }                         \
+    memset(acc_out, 0, sizeof(float) * heads * rows * DIM);                                                     \
+    for (long t0 = 0; t0 < n; t0 += LANES) {                                                                    \
+        const int count = n - t0 < LANES ? (int)(n - t0) : LANES;                                               \
+        /* every row sees every key of the block: the newest key is at most the first query's position,       \
+           and the oldest is inside the last query's window */                                                 \
+        const int is_plain = count == LANES && softcap <= 0.0f && first + t0 + LANES - 1 <= past &&              \
+                             (window <= 0 || first + t0 > past + q_len - 1 - window);                            \
+        /* Widened token by token, head by head: the home is read as one forward run. */                       \
+        for (int j = 0; j < LANES; j++) {                                                                       \
+            for (long head = 0; head < heads; head++) {                                                         \
+                v16 *k = block_keys + head * pitch + j * CHUNKS, *v = block_values + head * pitch + j * CHUNKS;  \
+                if (j >= count) {                                                                               \
+                    for (int c = 0; c < CHUNKS; c++) k[c] = v[c] = (v16){0};                                    \
+                    continue;                                                                                   \
+                }                                                                                               \
+                const long b = head / group, h = head % group;                                                  \
+                const char *token = tile + (t0 + j) * token_bytes + (b * 2 * group + h) * DIM * elem_size;      \
+                widen(token, dtype, DIM, (float *)k);                                                           \
+                widen(token + (long)group * DIM * elem_size, dtype, DIM, (float *)v);                           \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (long head = 0; head < heads; head++) {                                                             \
+            const v16u *q = (const v16u *)(query + head * rows * DIM);                                          \
+            const v16 *keys = block_keys + head * pitch, *values = block_values + head * pitch;                 \
+            float *m = m_out + head * rows, *l = l_out + head * rows;                                           \
+            v16u *acc = (v16u *)(acc_out + head * rows * DIM);                                                  \
+            for (int r = 0; r < rows; r++) {                                                                    \
+                v16 qr[CHUNKS];                                                                                 \
+                for (int c = 0; c < CHUNKS; c++) qr[c] = q[r * CHUNKS + c];                                     \
+                for (int j = 0; j < LANES; j++) {                                                               \
+                    v16 sum = qr[0] * keys[j * CHUNKS];                                                         \
+                    for (int c = 1; c < CHUNKS; c++) sum += qr[c] * keys[j * CHUNKS + c];                       \
+                    part[j] = sum;                                                                              \
+                }                                                                                               \
+                v16u *out = acc + r * CHUNKS;                                                                   \
+                float p[LANES] __attribute__((aligned(64)));                                                    \
+                *(v16 *)p = softmax_block(transpose_sum(part), is_plain, count, first + t0, past + r % q_len,   \
+                                          window, softcap, m + r, l + r, out, CHUNKS);                          \
+                v16 o[CHUNKS];                                                                                  \
+                for (int c = 0; c < CHUNKS; c++) o[c] = out[c];                                                 \
+                for (int j = 0; j < count; j++)                                                                 \
+                    for (int c = 0; c < CHUNKS; c++) o[c] += p[j] * values[j * CHUNKS + c];                     \
+                for (int c = 0; c < CHUNKS; c++) out[c] = o[c];                                                 \
+            }                                                                                                   \
+        }                                                                                                       \
+    }                                                                                                           \
+    free(block_keys);                                                                                           \
+    free(block_values);                                                                                         \
+    return 0;                                                                                                   \
 }
 
 DEFINE_TILE(16)
@@ -153,12 +171,12 @@ DEFINE_TILE(64)
 DEFINE_TILE(128)
 DEFINE_TILE(256)
 
-/* Returns 0, or -1 for a head dim without a specialisation (the caller then uses its torch tile). */
+/* Returns 0; -1 for a head dim without a specialisation (the caller uses its torch tile); -2 out of memory. */
 int host_attend_tile(const char *tile, int dtype, int elem_size, long n, int batch, int group, int dim,
                      const float *query, int rows, int q_len, long first, long past, long window, float softcap,
                      float *m_out, float *l_out, float *acc_out) {
-#define CASE(DIM) case DIM: tile_##DIM(tile, dtype, elem_size, n, batch, group, query, rows, q_len, first, past, \
-                                       window, softcap, m_out, l_out, acc_out); return 0;
+#define CASE(DIM) case DIM: return tile_##DIM(tile, dtype, elem_size, n, batch, group, query, rows, q_len, first, \
+                                              past, window, softcap, m_out, l_out, acc_out);
     switch (dim) { CASE(16) CASE(32) CASE(64) CASE(128) CASE(256) default: return -1; }
 #undef CASE
 }

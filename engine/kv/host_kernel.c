@@ -11,10 +11,10 @@
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define LANES 16
+#define PREFETCH_AHEAD 2  /* blocks */
 typedef float v16 __attribute__((vector_size(64)));
 typedef float v16u __attribute__((vector_size(64), aligned(4)));  /* the caller's memory: any float alignment */
 typedef int32_t i16v __attribute__((vector_size(64)));
@@ -106,12 +106,7 @@ static int tile_##DIM(const char *tile, int dtype, int elem_size, long n, int ba
     enum { CHUNKS = DIM / LANES };                                                                              \
     const long token_bytes = (long)batch * 2 * group * DIM * elem_size;                                         \
     const long heads = (long)batch * group;                                                                     \
-    /* A block's keys and values per head, widened: [heads][16][CHUNKS] vectors, one vector of padding per     \
-       head so that heads do not sit a power of two apart (which would map them all to the same cache sets) */ \
-    const long pitch = LANES * CHUNKS + 1;                                                                      \
-    v16 *block_keys = aligned_alloc(64, sizeof(v16) * heads * pitch);                                           \
-    v16 *block_values = aligned_alloc(64, sizeof(v16) * heads * pitch);                                         \
-    if (block_keys == NULL || block_values == NULL) { free(block_keys); free(block_values); return -2; }        \
+    v16 keys[LANES * CHUNKS], values[LANES * CHUNKS];                                                          \
     v16 part[LANES];                                                                                            \
     for (long r = 0; r < heads * rows; r++) { m_out[r] = -INFINITY; l_out[r] = 0.0f; }                         \
     memset(acc_out, 0, sizeof(float) * heads * rows * DIM);                                                     \
@@ -121,23 +116,26 @@ static int tile_##DIM(const char *tile, int dtype, int elem_size, long n, int ba
            and the oldest is inside the last query's window */                                                 \
         const int is_plain = count == LANES && softcap <= 0.0f && first + t0 + LANES - 1 <= past &&              \
                              (window <= 0 || first + t0 > past + q_len - 1 - window);                            \
-        /* Widened token by token, head by head: the home is read as one forward run. */                       \
-        for (int j = 0; j < LANES; j++) {                                                                       \
-            for (long head = 0; head < heads; head++) {                                                         \
-                v16 *k = block_keys + head * pitch + j * CHUNKS, *v = block_values + head * pitch + j * CHUNKS;  \
+        /* Ask for the block after next now: its cache lines arrive while this block computes. */              \
+        if (t0 + PREFETCH_AHEAD * LANES < n) {                                                                  \
+            const char *ahead = tile + (t0 + PREFETCH_AHEAD * LANES) * token_bytes;                             \
+            const long span = (n - t0 - PREFETCH_AHEAD * LANES < LANES ? n - t0 - PREFETCH_AHEAD * LANES : LANES) \
+                              * token_bytes;                                                                    \
+            for (long offset = 0; offset < span; offset += 64) __builtin_prefetch(ahead + offset, 0, 0);        \
+        }                                                                                                       \
+        for (long head = 0; head < heads; head++) {                                                             \
+            const v16u *q = (const v16u *)(query + head * rows * DIM);                                          \
+            const long b = head / group, h = head % group;                                                      \
+            const char *first_key = tile + t0 * token_bytes + (b * 2 * group + h) * DIM * elem_size;            \
+            for (int j = 0; j < LANES; j++) { /* this head's 16 keys and values, widened into L1 */             \
+                v16 *k = keys + j * CHUNKS, *v = values + j * CHUNKS;                                           \
                 if (j >= count) {                                                                               \
                     for (int c = 0; c < CHUNKS; c++) k[c] = v[c] = (v16){0};                                    \
                     continue;                                                                                   \
                 }                                                                                               \
-                const long b = head / group, h = head % group;                                                  \
-                const char *token = tile + (t0 + j) * token_bytes + (b * 2 * group + h) * DIM * elem_size;      \
-                widen(token, dtype, DIM, (float *)k);                                                           \
-                widen(token + (long)group * DIM * elem_size, dtype, DIM, (float *)v);                           \
+                widen(first_key + j * token_bytes, dtype, DIM, (float *)k);                                     \
+                widen(first_key + j * token_bytes + (long)group * DIM * elem_size, dtype, DIM, (float *)v);     \
             }                                                                                                   \
-        }                                                                                                       \
-        for (long head = 0; head < heads; head++) {                                                             \
-            const v16u *q = (const v16u *)(query + head * rows * DIM);                                          \
-            const v16 *keys = block_keys + head * pitch, *values = block_values + head * pitch;                 \
             float *m = m_out + head * rows, *l = l_out + head * rows;                                           \
             v16u *acc = (v16u *)(acc_out + head * rows * DIM);                                                  \
             for (int r = 0; r < rows; r++) {                                                                    \
@@ -160,8 +158,6 @@ static int tile_##DIM(const char *tile, int dtype, int elem_size, long n, int ba
             }                                                                                                   \
         }                                                                                                       \
     }                                                                                                           \
-    free(block_keys);                                                                                           \
-    free(block_values);                                                                                         \
     return 0;                                                                                                   \
 }
 
@@ -171,7 +167,7 @@ DEFINE_TILE(64)
 DEFINE_TILE(128)
 DEFINE_TILE(256)
 
-/* Returns 0; -1 for a head dim without a specialisation (the caller uses its torch tile); -2 out of memory. */
+/* Returns 0, or -1 for a head dim without a specialisation (the caller then uses its torch tile). */
 int host_attend_tile(const char *tile, int dtype, int elem_size, long n, int batch, int group, int dim,
                      const float *query, int rows, int q_len, long first, long past, long window, float softcap,
                      float *m_out, float *l_out, float *acc_out) {

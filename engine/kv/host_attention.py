@@ -89,6 +89,8 @@ class HostJob:
         is_done = False
         try:
             if ready is not None:
+                # On CUDA the home's newest tokens and the queries are still being copied on the d2h stream:
+                # this thread blocks until they have landed (see Transfer.to_host) before reading either.
                 ready()
             for group, index in tasks:
                 _tile(self._call, group, index)

@@ -1,13 +1,14 @@
 /* One tile of host attention (see host_attention.py): the partial softmax of one head group's query rows over
  * tokens [first, first + n) of its token-major home [capacity, B, 2, g, D], read once in its stored dtype.
  *
- * Per (batch row, KV head), blocks of 16 keys: the block's keys and values are widened to fp32 into buffers
- * that stay in L1; per query row, 16 dot products (lanes over channels, then one transpose-and-add that turns
- * 16 partial vectors into a vector of 16 scores), the masks, softcap and an online softmax in fp32 (running
- * max m, sum l), then the block's values accumulated into the row's unnormalised output. Rows are
+ * Blocks of 16 tokens, in order (the block after next is prefetched); per (batch row, KV head) of a block: its
+ * keys and values widened to fp32 into buffers that stay in L1; per query row, 16 dot products (lanes over
+ * channels, then one transpose-and-add that turns 16 partial vectors into a vector of 16 scores), the masks,
+ * softcap and an online softmax in fp32 (running max m, sum l, kept per head and row in the caller's buffers),
+ * then the block's values accumulated into the row's unnormalised output. Rows are
  * (repeat, query) pairs: row r is query r % q_len, at position past + r % q_len; it sees key j iff
  * j <= its position and, with a window W > 0, j > its position - W. With softcap C > 0 a score s becomes
- * C * tanh(s) (the queries arrive pre-scaled and pre-divided by C). Head dims that are multiples of 16 up to 256.
+ * C * tanh(s) (the queries arrive pre-scaled and pre-divided by C). Head dims 16, 32, 64, 128, 256.
  */
 #include <math.h>
 #include <stdint.h>

@@ -142,7 +142,7 @@ class Plan:
 
 
     def _decode_line(self) -> str:
-        line = f"decode: {self.host_share:.0%} of offloaded KV attended on the host (host_attention={self.host_attention})"
+        line = f"decode: {self.host_share:.0%} of offloaded KV attended on the host ({self.host_attention})"
         if self.decode_seconds is not None:
             line += f", predicted {self.decode_seconds:.3f} s/token of KV movement"
         if self.pcie_floor_seconds:

@@ -10,5 +10,5 @@ from .route import RouteError
 from .schedule import Schedule, visible_start
 from .transfer import Transfer
 
-__all__ = ["GroupHome", "HeadGroup", "HostAttention", "HostMemory", "LayerHomes", "PinningError", "RouteError", "Schedule",
-           "Transfer", "visible_start"]
+__all__ = ["GroupHome", "HeadGroup", "HostAttention", "HostMemory", "LayerHomes", "PinningError", "RouteError",
+           "Schedule", "Transfer", "visible_start"]

@@ -128,7 +128,8 @@ class HostAttention:
         """
         batch, num_heads, q_len, head_dim = query.shape
         num_groups, (_, kv_batch, _, g, kv_dim) = len(kvs), kvs[0].shape
-        assert (kv_batch, kv_dim) == (batch, head_dim) and num_heads % (num_groups * g) == 0, (query.shape, kvs[0].shape)
+        assert (kv_batch, kv_dim) == (batch, head_dim), (query.shape, kvs[0].shape)
+        assert num_heads % (num_groups * g) == 0, (query.shape, kvs[0].shape)
         assert stop - start >= q_len, (start, stop, q_len)
         n_rep = num_heads // (num_groups * g)
         rows = n_rep * q_len

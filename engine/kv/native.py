@@ -2,10 +2,10 @@
 
 Through torch ops a tile costs a widening copy and two small-M matmuls: a few GB/s per core, a fraction of what
 a core reads. The C tile widens each block of keys and values in L1, keeps the online softmax in fp32 and sums
-16 dot products with one transpose-and-add: 2-3x the torch tile per core here (``docs/benchmarks/``). It is compiled on first
-use (``-O3 -march=native``: this CPU's vector units) into the studio's cache folder, under a name hashing the
-source, the compiler, the flags and the CPU, and called through ``ctypes``, which releases the GIL for the
-call, so the worker threads run tiles at once. Without a compiler, or if every build fails, ``kernel()``
+16 dot products with one transpose-and-add: 2-3x the torch tile per core on the development VM. It is compiled
+on first use (``-O3 -march=native``: this CPU's vector units) into the studio's cache folder, under a name
+hashing the source, the compiler, the flags and the CPU, and called through ``ctypes``, which releases the GIL
+for the call, so the worker threads run tiles at once. Without a compiler, or if every build fails, ``kernel()``
 returns None (logged once) and ``host_attention.py`` runs the same tile through torch ops. ``HEADINFER_NATIVE=0``
 forces that path.
 """

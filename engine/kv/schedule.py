@@ -75,8 +75,8 @@ class Schedule:
         is_host_step = bool(self.host_slots) and q_len <= HOST_QUERY_LIMIT
         on_host = [g for g in range(len(homes)) if is_host_step and (layer_idx, g) in self.host_slots]
         # Started first, so the host computes while the loop below streams the other groups.
-        job, sent = self._start_host(layer_idx, on_host, queries, start, past + q_len, scaling, window,
-                                     softcap) if on_host else (None, None)
+        job = self._start_host(layer_idx, on_host, queries, start, past + q_len, scaling, window,
+                               softcap) if on_host else None
         outs: dict[int, torch.Tensor] = {}
         try:
             for group_idx, home in enumerate(homes):
@@ -101,18 +101,16 @@ class Schedule:
                 job.wait()  # workers read the homes and the landed queries: never leave them running
         if job is not None:
             outs.update(zip(on_host, self._finish_host(job, query.device).split(queries[0].shape[1], dim=1)))
-            del sent  # the device queries the d2h copy read, kept alive until the job had waited for it
         out = torch.cat([outs[g] for g in range(len(homes))], dim=1) if len(homes) > 1 else outs[0]  # [B, H, Q, D]
         return out.transpose(1, 2)
 
     def _start_host(self, layer_idx: int, on_host: list[int], queries, start: int, stop: int, scaling: float,
-                    window: int | None, softcap: float | None) -> tuple[HostJob, torch.Tensor]:
+                    window: int | None, softcap: float | None) -> HostJob:
         sent = queries[on_host[0]] if len(on_host) == 1 else torch.cat([queries[g] for g in on_host], dim=1)
         host_query, wait = self.transfer.to_host(layer_idx, sent)  # [B, Gh * g * n_rep, Q, D]
         kvs = [self.layers[layer_idx][g].kv for g in on_host]
-        job = self.host.start(host_query, kvs, start, stop, scaling=scaling, window=window, softcap=softcap,
-                              ready=wait)
-        return job, sent
+        return self.host.start(host_query, kvs, start, stop, scaling=scaling, window=window, softcap=softcap,
+                               ready=wait)
 
     def _finish_host(self, job: HostJob, device: torch.device) -> torch.Tensor:
         out = job.result().to(device)  # [B, Gh * g * n_rep, Q, D]: a few KB back to the device

@@ -18,7 +18,12 @@ def test_cpu_table_puts_the_kernel_next_to_the_read_bandwidth(tmp_path, capsys):
     assert "| KV heads per group | tokens |" in capsys.readouterr().out
 
 
-def test_gpu_run_step_records_host_figures_and_three_decode_splits_on_cpu(tmp_path):
+def test_gpu_run_step_records_host_figures_and_three_decode_splits_on_cpu(tmp_path, monkeypatch):
+    # One length and one step keep the smoke run short; the GPU run measures 32K, 128K and 512K.
+    short = [a for a in host_attention.GPU_DECODE_ARGS]
+    short[short.index("--decode-lengths") + 1], short[short.index("--decode-steps") + 1] = "32K", "1"
+    short[short.index("--repeats") + 1] = "1"
+    monkeypatch.setattr(host_attention, "GPU_DECODE_ARGS", short)
     gpu_all.main(["--device", "cpu", "--model", "tiny", "--out", str(tmp_path), "--scale", "0.0005",
                   "--steps", "host-attention", "--deadline-s", "120"])
     records = load_records(tmp_path / "gpu.json")

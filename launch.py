@@ -91,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--max-context", type=_positive_int, default=None, metavar="TOKENS",
                         help="tokens (documents + conversation) to reserve in host memory up front "
                              "(default: sized per document set)")
+    memory.add_argument("--host-attention", default=None, choices=["auto", "off", "all"],
+                        help="where decode attends offloaded KV: auto splits it between streaming to the GPU "
+                             "and computing on the CPU, where it lives, so both finish together; all: on the "
+                             "CPU; off: streamed (default: auto)")
     saved = parser.add_argument_group("saved documents (reopen a book read before in seconds)")
     saved.add_argument("--no-kv-cache", action="store_true",
                        help="do not save read documents' KV caches to disk, nor reopen them from there")
@@ -118,7 +122,7 @@ def make_policy(args: argparse.Namespace):
     from engine import OffloadPolicy
 
     knobs = {"chunk_size": args.chunk_size, "head_group_size": args.head_group, "max_context": args.max_context,
-             "gpu_memory": args.gpu_memory, "host_memory": args.host_memory}
+             "gpu_memory": args.gpu_memory, "host_memory": args.host_memory, "host_attention": args.host_attention}
     return OffloadPolicy(**{name: value for name, value in knobs.items() if value is not None})
 
 

@@ -119,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     memory.add_argument("--exceed-trained-window", action="store_true",
                         help="allow --max-context beyond the model's trained context window; answers degrade, "
                              "often into nonsense, past it (default: off)")
+    memory.add_argument("--host-attention", default=None, choices=["auto", "off", "all"],
+                        help="where decode attends offloaded KV: auto splits it between streaming to the GPU "
+                             "and computing on the CPU, where it lives, so both finish together; all: on the "
+                             "CPU; off: streamed (default: auto)")
     saved = parser.add_argument_group("saved documents (reopen a book read before in seconds)")
     saved.add_argument("--no-kv-cache", action="store_true",
                        help="do not save read documents' KV caches to disk, nor reopen them from there")
@@ -152,7 +156,7 @@ def make_policy(args: argparse.Namespace):
 
     knobs = {"chunk_size": args.chunk_size, "head_group_size": args.head_group, "max_context": args.max_context,
              "gpu_memory": args.gpu_memory, "host_memory": args.host_memory,
-             "exceed_trained_window": args.exceed_trained_window or None}
+             "exceed_trained_window": args.exceed_trained_window or None, "host_attention": args.host_attention}
     return OffloadPolicy(**{name: value for name, value in knobs.items() if value is not None})
 
 

@@ -11,9 +11,11 @@ and ``gpu.md`` plus plots are rewritten at the end. Steps, in order (each capped
 2. a 32K-token filled-cache decode step against a reference attention; a short run under ``TORCH_CUDA_SANITIZER=1``
 3. ceilings: pinned H2D, D2H, both at once; bf16 matmul; the attention kernel; host pinning (at most 64 GiB)
 4. decode s/token: standard, layer-wise, head-wise g1, adaptive at 1K-512K (ratios to standard and the PCIe floor)
-5. a profiler summary of g1 decode at 8K and 128K (how busy the H2D engine is)
-6. prefill at 10K, 40K, 100K (ratios to standard and the FLOP floor)
-7. GPU peak vs context against the planner; the largest context per mode under the 24 GiB budget
+5. host attention (issue 12): the host's read bandwidth and host-kernel GB/s, then g1 decode at 32K/128K/512K
+   with every group streamed, the planner's split, and every group on the host (ratios to the PCIe floor)
+6. a profiler summary of g1 decode at 8K and 128K (how busy the H2D engine is)
+7. prefill at 10K, 40K, 100K (ratios to standard and the FLOP floor)
+8. GPU peak vs context against the planner; the largest context per mode under the 24 GiB budget
 
 ``--device cpu --model tiny`` runs the same plumbing on a tiny model (the CI smoke test).
 """
@@ -42,6 +44,7 @@ STEPS = [
     ("ceilings", 60, ["--phases", "ceilings"]),
     ("decode", 200, ["--phases", "decode", "--modes", "standard,layerwise,headinfer-g1,headinfer-adaptive",
                      "--decode-lengths", "1K,8K,32K,128K,512K", "--decode-steps", "4", "--repeats", "2"]),
+    ("host-attention", 150, None),
     ("profile-8K", 30, ["--phases", "profile", "--profile-mode", "headinfer-g1", "--profile-context", "8K"]),
     ("profile-128K", 40, ["--phases", "profile", "--profile-mode", "headinfer-g1", "--profile-context", "128K"]),
     ("prefill", 150, ["--phases", "prefill", "--modes", "standard,headinfer-adaptive,headinfer-g1",
@@ -110,7 +113,8 @@ def _local_step(name: str, args, store, out: Path, seconds: float) -> None:
 
         junit = out / "parity-junit.xml"
         code = pytest.main(["-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                            "tests/engine/test_gpu_parity.py", "tests/engine/test_gpu_kv_core.py"])
+                            "tests/engine/test_gpu_parity.py", "tests/engine/test_gpu_kv_core.py",
+                            "tests/engine/test_gpu_host_attention.py"])
         store.append("parity", "pytest -m gpu", status="ok" if int(code) in (0, 5) else "failed",
                      exit_code=int(code), **summarize_junit(junit))
     elif name == "filled-cache":
@@ -121,6 +125,10 @@ def _local_step(name: str, args, store, out: Path, seconds: float) -> None:
             result = filled_cache_check(args.device, context=context, dtype=dtype)
             store.append("filled-cache", f"headinfer-g1-{result.pop('dtype')}", context=result.pop("context"),
                          status="ok" if result["ok"] else "failed", **result)
+    elif name == "host-attention":
+        from .host_attention import gpu_step
+
+        gpu_step(args, store, out, seconds)
     elif name == "sanitizer":
         if not is_cuda:
             store.append("sanitizer", None, status="skipped-no-cuda")

@@ -30,6 +30,7 @@ class Mode:
     kind: str  # "standard" | "chunked" | "layerwise" | "headinfer"
     head_group_size: int | None = None
     resident_slots: int | None = None
+    host_attention: str = "off"  # the paper's HeadInfer streams every offloaded group; see the -split/-host modes
 
     @property
     def attention(self) -> str:
@@ -53,6 +54,9 @@ GPU_MODES = {m.name: m for m in (
     Mode("headinfer-g2", "headinfer", head_group_size=2, resident_slots=0),
     Mode("headinfer-g1", "headinfer", head_group_size=1, resident_slots=0),
     Mode("headinfer-adaptive", "headinfer"),
+    # Issue 12: decode attends some (the planner's split) or all offloaded groups on the host.
+    Mode("headinfer-g1-split", "headinfer", head_group_size=1, resident_slots=0, host_attention="auto"),
+    Mode("headinfer-g1-host", "headinfer", head_group_size=1, resident_slots=0, host_attention="all"),
 )}
 
 SMOKE_MODES = {m.name: m for m in (
@@ -100,7 +104,7 @@ class Runner:
 
     def policy(self, mode: Mode, capacity: int) -> OffloadPolicy:
         return OffloadPolicy(chunk_size=self.chunk_size, head_group_size=mode.head_group_size,
-                             resident_slots=mode.resident_slots, max_context=capacity,
+                             resident_slots=mode.resident_slots, max_context=capacity, host_attention=mode.host_attention,
                              gpu_memory=self.gpu_budget if self.is_cuda else None, host_memory=self.host_budget)
 
     def plan(self, mode: Mode, context: int) -> Plan | None:
@@ -178,5 +182,8 @@ def headinfer_layout(cache) -> dict:
     """Group size, resident slots and bytes of a head-wise cache, for the record."""
     plan = cache.plan
     return {"head_group_size": plan.head_group_size, "resident_slots": plan.resident_slots,
+            "host_attention": plan.host_attention, "host_share": plan.host_share,
+            "host_slots": len(cache.schedule.host_slots) if cache.schedule is not None else 0,
+            "predicted_decode_s": plan.decode_seconds, "predicted_pcie_floor_s": plan.pcie_floor_seconds,
             "total_slots": plan.total_slots, "kv_device_bytes": cache.kv_bytes()["device"],
             "kv_host_bytes": cache.kv_bytes()["host"]}

@@ -71,14 +71,17 @@ def time_decode(runner: Runner, mode: Mode, capacity: int, *, steps: int = 8, wa
     with track_peaks(runner.device) as peaks, torch.inference_mode():
         for i in range(warmup):
             runner.decode_step(cache, tokens[:, i : i + 1])
+        host_before = getattr(cache, "host_attention_seconds", 0.0)
         for i in range(warmup, warmup + steps):
             samples.append(time_once(lambda: runner.decode_step(cache, tokens[:, i : i + 1]), runner.device))
+        host_per_token = (getattr(cache, "host_attention_seconds", 0.0) - host_before) / steps
     seconds = statistics.median(samples)
     heads = offloaded_heads(mode, cache, shape)
     layout = headinfer_layout(cache) if mode.is_headinfer else {}
     del cache
     release_memory(runner.device)
     return {"seconds_per_token": seconds, "tokens_per_s": 1.0 / seconds, "samples": samples, "kv_tokens": context,
+            "host_attention_s_per_token": host_per_token,
             "offloaded_kv_bytes": heads * context * shape.head_dim * 2 * shape.dtype_bytes,
             **peaks.as_dict("decode_peak"), **layout, **_prediction(runner, mode, capacity)}
 

@@ -19,11 +19,13 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .attention import ATTENTION_NAME
-from .kv import HeadGroup, HostMemory, LayerHomes, Schedule, Transfer
+from .host_split import choose_host_slots
+from .kv import HeadGroup, HostAttention, HostMemory, LayerHomes, Schedule, Transfer
 from .kv.disk import DiskMemory
 from .kv import route
 from .planner import ModelShape, Plan, make_plan
 from .policy import OffloadPolicy
+from .rates import plan_rates
 from .telemetry import detect_budgets
 
 logger = logging.getLogger(__name__)
@@ -144,7 +146,7 @@ class HeadInferCache(Cache):
         gpu_budget, host_budget = detect_budgets(str(self.device))
         return make_plan(self.shape, self.policy, context_tokens, device_is_cuda=self.device.type == "cuda",
                          gpu_budget=self.policy.gpu_memory or gpu_budget,
-                         host_budget=self.policy.host_memory or host_budget)
+                         host_budget=self.policy.host_memory or host_budget, rates=plan_rates(self.policy, self.device))
 
     def allocate(self, batch: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         """Creates every layer's homes; called at the first update (shapes from the model) or before a restore."""
@@ -186,11 +188,26 @@ class HeadInferCache(Cache):
             layer.homes = LayerHomes(groups, batch, head_dim, capacity, dtype, self.device, self._host,
                                      window=layer.window, chunk=chunk, kv_dtype=self.policy.kv_dtype, disk=self._disk)
             layer.is_initialized = True
+        host_slots = self._host_slots(num_groups, resident)
         self.schedule = Schedule([layer.homes for layer in self.layers], list(self.shape.sliding_windows),
-                                 self.transfer, self.policy.overlap, disk=self._disk)
-        logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, %d on disk, "
-                    "capacity %d tokens, %s", len(self.layers), num_groups, g, len(resident), len(on_disk), capacity,
-                    self.device)
+                                 self.transfer, self.policy.overlap, HostAttention() if host_slots else None,
+                                 host_slots, disk=self._disk)
+        logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, %d on disk, %d attended "
+                    "on the host in decode, capacity %d tokens, %s", len(self.layers), num_groups, g, len(resident),
+                    len(on_disk), len(host_slots), capacity, self.device)
+
+    def _host_slots(self, num_groups: int, resident: set[int]) -> frozenset[tuple[int, int]]:
+        """The offloaded slots decode steps attend on the host: the plan's share of their bytes, spread evenly."""
+        context = self.plan.context_tokens
+        if self.policy.kv_dtype is not None:
+            return frozenset()  # the host kernel reads homes in the model's dtype, not 8-bit codes
+        # Full-attention layers only: the host kernel reads token positions straight, and a window ring's
+        # rows are not in token order.
+        slots = [(layer, group) for layer in range(len(self.layers)) for group in range(num_groups)
+                 if layer * num_groups + group not in resident and self.shape.sliding_windows[layer] is None]
+        weights = [context if (w := self.shape.sliding_windows[layer]) is None else min(w, context)
+                   for layer, _ in slots]
+        return choose_host_slots(slots, weights, self.plan.host_share)
 
     def reserve(self, num_tokens: int, chunk: int = 0) -> None:
         """Grows every home to hold ``num_tokens`` (window rings: a ``chunk``-token append), keeping what they hold."""
@@ -262,6 +279,11 @@ class HeadInferCache(Cache):
         if self._disk is not None:
             self._disk.close()  # unmaps and deletes the disk tier's files
         self.transfer, self.schedule, self._host, self._disk = None, None, None, None
+
+    @property
+    def host_attention_seconds(self) -> float:
+        """Wall time spent in host attention so far (decode steps; diff it per token for a meter)."""
+        return self.schedule.host_seconds if self.schedule is not None else 0.0
 
     def kv_bytes(self) -> dict[str, int]:
         """Bytes held: ``device`` (resident homes + staging and ping-pong buffers), ``host`` (homes in RAM) and

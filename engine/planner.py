@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from engine.context_window import trained_window
+from engine.host_split import forecast_decode, host_share
 from engine.policy import OffloadPolicy
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,14 @@ class Plan:
     limited_by: str = LIMIT_MEMORY  # which of the three binds: LIMIT_MEMORY, LIMIT_MAX_CONTEXT or LIMIT_MODEL
     disk_bytes: int = 0  # the disk tier's share of the offloaded KV (policy.disk_dir)
     disk_slots: int = 0  # offloaded slots whose homes are files
+    # Decode (``engine.host_split``): the share of offloaded KV bytes the host attends, and the predicted
+    # seconds per token of KV movement at ``context_tokens`` (None without measured rates).
+    host_attention: str = "off"
+    host_share: float = 0.0
+    decode_seconds: float | None = None
+    pcie_floor_seconds: float | None = None
+    host_attention_gbps: float | None = None
+    h2d_gbps: float | None = None
 
     @property
     def is_within_limit(self) -> bool:
@@ -151,9 +160,20 @@ class Plan:
             f"GPU {self.gpu_bytes / _GIB:.2f} GiB of {_gib(self.gpu_budget)} ({parts})",
             f"host {self.host_bytes / _GIB:.2f} GiB of {_gib(self.host_budget)}",
             f"max context with this configuration: {self.max_context_tokens} tokens",
+            self._decode_line(),
             "fits" if self.fits else f"does not fit: {self.reason}",
         ]
         return "\n".join(lines)
+
+
+    def _decode_line(self) -> str:
+        line = f"decode: {self.host_share:.0%} of offloaded KV attended on the host ({self.host_attention})"
+        if self.decode_seconds is not None:
+            line += f", predicted {self.decode_seconds:.3f} s/token of KV movement"
+        if self.pcie_floor_seconds:
+            line += f" (PCIe floor {self.pcie_floor_seconds:.3f} s/token at {self.h2d_gbps:.1f} GB/s"
+            line += f", host {self.host_attention_gbps:.1f} GB/s)" if self.host_attention_gbps else ")"
+        return line
 
 
 def _gib(n: int | None) -> str:
@@ -243,8 +263,11 @@ def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,
 
 
 def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, device_is_cuda: bool,
-              gpu_budget: int | None = None, host_budget: int | None = None) -> Plan:
+              gpu_budget: int | None = None, host_budget: int | None = None, rates=None) -> Plan:
     """Plans a run of ``context_tokens`` tokens; budgets of ``None`` are unlimited.
+
+    ``rates`` (an ``engine.rates.MachineRates``) sets the decode split and its forecast; without them
+    ``host_attention="auto"`` keeps every offloaded group streamed.
 
     ``policy.gpu_memory`` / ``policy.host_memory`` override the budget arguments.
     The plan reports ``fits=False`` with a reason rather than raising; call
@@ -304,9 +327,17 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     limited_by, limit = min(((name, value) for name, value in ((LIMIT_MODEL, window),
                             (LIMIT_MAX_CONTEXT, policy.max_context), (LIMIT_MEMORY, max_ctx)) if value is not None),
                             key=lambda item: item[1])
+    host_gbps, h2d_gbps = (rates.host_attention_gbps, rates.h2d_gbps) if rates is not None else (None, None)
+    share = host_share(policy.host_attention, device_is_cuda, host_gbps, h2d_gbps)
+    per_token = shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes  # one layer's K and V
+    read = sum(per_token * (context_tokens if w is None else min(w, context_tokens)) for w in shape.sliding_windows)
+    offloaded = 1 - resident / (shape.num_layers * groups)  # resident slots are spread evenly over the layers
+    forecast = forecast_decode(round(offloaded * read), share, host_gbps, h2d_gbps)
     plan = Plan(context_tokens, chunk, group, groups, resident, shape.num_layers * groups, device_is_cuda,
                 breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx,
-                limit, limited_by, disk_bytes=disk, disk_slots=disk_slots)
+                limit, limited_by, disk_bytes=disk, disk_slots=disk_slots, host_attention=policy.host_attention,
+                host_share=share, decode_seconds=forecast.seconds, pcie_floor_seconds=forecast.pcie_floor_seconds,
+                host_attention_gbps=host_gbps, h2d_gbps=h2d_gbps)
     logger.debug("plan: %s", plan.summary().replace("\n", " | "))
     return plan
 

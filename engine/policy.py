@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+HOST_ATTENTION_MODES = ("auto", "off", "all")
+
 
 @dataclass(frozen=True)
 class OffloadPolicy:
@@ -33,6 +35,12 @@ class OffloadPolicy:
         disk_memory: bytes the disk tier may use; ``None``: the folder's free space.
         exceed_trained_window: let the context grow past the model's trained window (answers degrade,
             often to nonsense, beyond it); off, the planner caps the context at that window.
+        host_attention: where decode steps (few query tokens) attend offloaded head groups.
+            ``"auto"``: on CUDA, the planner splits them between streaming over the link and computing
+            attention on the host, where their KV lives, so that both halves finish together (from the
+            machine's measured rates); on CPU compute nothing crosses a link, so it is off.
+            ``"all"``: every offloaded group on the host. ``"off"``: every offloaded group streamed.
+            Prefill always attends on the compute device.
     """
 
     chunk_size: int = 4096
@@ -47,6 +55,7 @@ class OffloadPolicy:
     disk_dir: str | None = None
     disk_memory: int | None = None
     exceed_trained_window: bool = False
+    host_attention: str = "auto"
 
     def __post_init__(self) -> None:
         _check_positive("chunk_size", self.chunk_size)
@@ -68,6 +77,9 @@ class OffloadPolicy:
             raise ValueError(f"exceed_trained_window must be True or False, got {self.exceed_trained_window!r}")
         if self.overlap not in (True, False):
             raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
+        if self.host_attention not in HOST_ATTENTION_MODES:
+            raise ValueError(f"host_attention must be one of {', '.join(map(repr, HOST_ATTENTION_MODES))}, "
+                             f"got {self.host_attention!r}")
 
     def validate_for(self, num_kv_heads: int) -> None:
         """Checks the knobs that depend on the model shape."""

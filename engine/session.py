@@ -21,6 +21,7 @@ from .policy import OffloadPolicy
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillCancelled, PrefillProgress, answer_rate
 from .sampling import IncrementalDecoder, RepetitionGuard, next_token, stop_token_ids
+from .rates import plan_rates
 from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
 from .snapshot_format import SnapshotIdentity
 from .sources import AnswerSources, page_starts
@@ -97,7 +98,7 @@ class DocumentSession:
         gpu_budget, host_budget = detect_budgets(str(self.device))
         return make_plan(self.shape, self.policy, context_tokens, device_is_cuda=self.device.type == "cuda",
                          gpu_budget=self.policy.gpu_memory or gpu_budget,
-                         host_budget=self.policy.host_memory or host_budget)
+                         host_budget=self.policy.host_memory or host_budget, rates=plan_rates(self.policy, self.device))
 
     def estimate_prefill_seconds(self, num_tokens: int) -> float:
         """Seconds to prefill ``num_tokens``, from this machine's measured rate (measured once per model)."""

@@ -4,10 +4,11 @@ Nothing here imports the layers above (cache, attention, session): they use thes
 """
 
 from .homes import GroupHome, HeadGroup, LayerHomes
+from .host_attention import HostAttention
 from .pinned import HostMemory, PinningError
 from .route import RouteError
 from .schedule import Schedule, visible_start
 from .transfer import Transfer
 
-__all__ = ["GroupHome", "HeadGroup", "HostMemory", "LayerHomes", "PinningError", "RouteError", "Schedule",
-           "Transfer", "visible_start"]
+__all__ = ["GroupHome", "HeadGroup", "HostAttention", "HostMemory", "LayerHomes", "PinningError", "RouteError",
+           "Schedule", "Transfer", "visible_start"]

@@ -14,6 +14,7 @@ Buffers, all token-major like the homes (see ``homes.py``):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -81,6 +82,9 @@ class Transfer:
         self._staged_codes: dict[int, tuple] = {}
         self._next_staging = 0
         self._appends = [_Appends((_event(self.is_cuda), _event(self.is_cuda))) for _ in range(num_layers)]
+        self._host_query: torch.Tensor | None = None  # page-locked landing place of queries sent to the host
+        self._query_source: torch.Tensor | None = None  # the device queries the last such copy reads
+        self._query_ready, self._query_landed = _event(self.is_cuda), _event(self.is_cuda)
         self.num_fetches = 0  # every fetch into a ping-pong buffer ...
         self.num_on_demand = 0  # ... and those the compute stream had to wait for, not prefetched
 
@@ -157,6 +161,42 @@ class Transfer:
             if position < stop:
                 return event
         return entries[0][1] if entries else None
+
+    # -- host attention: a step's queries to host memory -----------------------------------------------
+    def to_host(self, layer_idx: int, query: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
+        """Sends a step's queries ([B, H, Q, D], a few KB) to host memory, behind the layer's appends.
+
+        Returns (host tensor, wait): ``wait()`` returns once the queries and this layer's appended chunk are in
+        host memory (None without CUDA: the copies were synchronous). The returned tensor is valid until the
+        next call (one landing buffer serves every layer; a layer waits for its host job before the next starts).
+        """
+        if not self.is_cuda:
+            return query, None
+        # The d2h copy reads ``query`` after this returns: held until the next call, by which time it has landed
+        # (the caching allocator must not hand its memory to the compute stream while the copy may still read it).
+        self._query_source = query
+        landing = self._host_query
+        if landing is None or landing.numel() < query.numel() or landing.dtype != query.dtype:
+            self._host_query = torch.empty(query.numel(), dtype=query.dtype, pin_memory=True)
+        target = self._host_query[: query.numel()].view(query.shape)
+        # The queries are written on the compute stream: the copy on d2h must not start before.
+        self._query_ready.record()
+        with torch.cuda.stream(self.d2h):
+            self.d2h.wait_event(self._query_ready)
+            target.copy_(query, non_blocking=True)
+            self._query_landed.record(self.d2h)
+        entries = self._appends[layer_idx].entries
+        appended = entries[-1][1] if entries else None  # this step's chunk: the newest append of the layer
+
+        def wait() -> None:
+            # Host threads read the home up to this step's tokens: the d2h append of this chunk must have landed
+            # (it was issued before the query copy on the same FIFO stream, so waiting for the queries covers
+            # it; the append's own event is waited too, so the rule holds even if the copies move streams).
+            if appended is not None:
+                appended.synchronize()
+            self._query_landed.synchronize()
+
+        return target, wait
 
     # -- ping-pong fetches ---------------------------------------------------------------------------
     def prefetch(self, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> None:

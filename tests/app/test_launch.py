@@ -109,13 +109,14 @@ def test_a_bad_value_from_the_command_line_prints_no_traceback():
 def test_flags_become_the_offload_policy():
     args = launch.build_parser().parse_args(["--chunk-size", "512", "--head-group", "2", "--gpu-memory", "20GiB",
                                              "--host-memory", "64GB", "--max-context", "100000",
-                                             "--auth", "ada:secret:colon"])
+                                             "--auth", "ada:secret:colon", "--host-attention", "all"])
     policy = launch.make_policy(args)
     assert (policy.chunk_size, policy.head_group_size, policy.max_context) == (512, 2, 100_000)
+    assert policy.host_attention == "all"
     assert (policy.gpu_memory, policy.host_memory) == (20 * 2**30, 64 * 10**9)
     assert args.auth == ("ada", "secret:colon")
     defaults = launch.make_policy(launch.build_parser().parse_args([]))
-    assert defaults.head_group_size is None and defaults.gpu_memory is None
+    assert defaults.head_group_size is None and defaults.gpu_memory is None and defaults.host_attention == "auto"
 
 
 def test_kv_cache_flags_become_the_snapshot_store(tmp_path, monkeypatch):

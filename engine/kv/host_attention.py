@@ -1,0 +1,228 @@
+"""Exact attention of a step's few queries over head groups whose KV lives in host memory, computed there.
+
+At long context, decode reads every KV byte once per token. For an offloaded head group that means crossing
+the PCIe link (~25 GB/s); the host reads the same bytes from RAM faster. So during decode the queries of some
+offloaded groups (a few KB) go to the host, attention runs over their homes here, and the output heads (a few
+KB) go back, while the device streams the other groups. The result is the same softmax, not an approximation.
+
+The kernel, per head group (homes are token-major ``[capacity, B, 2, g, D]``, see ``homes.py``):
+
+- split-K: the visible tokens ``[start, stop)`` are cut into tiles (enough for every worker, at most
+  ``tile_bytes`` of home each), run on ``workers.TorchWorkers`` (one core each) in contiguous runs;
+- a tile is read once in its stored dtype (bf16/fp16/fp32) and widened to fp32; scores, softmax sums and the
+  value product accumulate in fp32. The tile runs in C (``native.py``: blocks of 16 keys widened in L1, an
+  online softmax) where a C compiler is available, else through torch ops (the tile widened into a per-thread
+  buffer that stays in cache, then two matmuls); both compute the same partial;
+- GQA is folded: the ``n_rep`` query heads that share a KV head are rows of one matrix, so K/V are read once;
+- each tile yields a partial (row max ``m``, sum ``l``, unnormalised output ``acc``); the partials are merged
+  with their log-sum-exp weights: ``out = sum(exp(m_i - M) acc_i) / sum(exp(m_i - M) l_i)``;
+- sliding windows and causality (for steps of several queries) mask only the tiles they cut; Gemma 2's softcap
+  is ``softcap * tanh(scores / softcap)``, exactly as transformers' eager attention computes it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+
+from . import native
+from .workers import TorchWorkers, shared_workers
+
+#: Most home bytes per tile. Torch tile: small enough that the tile and its fp32 copy stay in one core's L2
+#: cache, large enough that its ~8 torch calls cost little next to reading it. C tile: it streams, so larger
+#: tiles only save calls (each holds the GIL for a few microseconds).
+TILE_BYTES = {"torch": 1 << 20, "native": 4 << 20}
+_MIN_TILE_BYTES = 64 << 10  # below this a tile's fixed cost dominates, even if some workers stay idle
+
+_RUNS_PER_WORKER = 4
+_scratch = threading.local()  # per worker thread: the fp32 copy of the tile being computed
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What every tile of one job reads, and where it writes its partial."""
+
+    query: torch.Tensor  # [Gh, B, g, R, D] fp32, pre-scaled; R = n_rep * Q rows, (repeat, query) order
+    kvs: tuple[torch.Tensor, ...]  # Gh homes [capacity, B, 2, g, D]
+    start: int  # first visible key position
+    past: int  # position of the first query
+    q_len: int
+    window: int | None
+    softcap: float | None
+    tile: int  # tokens per tile
+    m: torch.Tensor  # [Gh, S, B, g, R, 1] row max of each tile's scores
+    l: torch.Tensor  # [Gh, S, B, g, R, 1] sum of exp(scores - m)
+    acc: torch.Tensor  # [Gh, S, B, g, R, D] exp(scores - m) @ values
+    native: object  # the C tile function, or None: the torch tile
+
+
+class HostJob:
+    """One layer's host attention in flight. The worker finishing the last run merges the partials there: its
+    torch ops run single-threaded, while on the caller's thread they would wake an OpenMP team per op."""
+
+    def __init__(self, call: _Call, num_runs: int, out_shape: tuple[int, ...], dtype: torch.dtype):
+        self._call, self._out_shape, self._dtype = call, out_shape, dtype
+        self._runs_left, self._failed, self._lock = num_runs, False, threading.Lock()
+        self._futures: list[Future] = []
+        self._out: torch.Tensor | None = None
+        self._started = time.perf_counter()
+        self.seconds: float | None = None  # wall time from start to the merged result
+
+    def wait(self) -> None:
+        """Returns once no worker touches this job's inputs any more (also when a tile raised)."""
+        for future in self._futures:
+            future.exception()
+
+    def result(self) -> torch.Tensor:
+        """[B, Gh * g * n_rep, Q, D] on the host, in the query's dtype; re-raises a tile's exception."""
+        for future in self._futures:
+            future.result()
+        self.seconds = time.perf_counter() - self._started
+        return self._out
+
+    def _run(self, tasks: list[tuple[int, int]], ready) -> None:
+        is_done = False
+        try:
+            if ready is not None:
+                # On CUDA the home's newest tokens and the queries are still being copied on the d2h stream:
+                # this thread blocks until they have landed (see Transfer.to_host) before reading either.
+                ready()
+            for group, index in tasks:
+                _tile(self._call, group, index)
+            is_done = True
+        finally:
+            with self._lock:
+                self._runs_left -= 1
+                self._failed |= not is_done
+                is_last = self._runs_left == 0 and not self._failed
+            if is_last:
+                self._out = self._merge()
+
+    def _merge(self) -> torch.Tensor:
+        call = self._call
+        top = call.m.amax(dim=1, keepdim=True)  # [Gh, 1, B, g, R, 1]; finite: every query sees its own key
+        weight = torch.exp(call.m - top)  # a tile a row cannot see has m = -inf: weight 0
+        merged = (weight * call.acc).sum(dim=1) / (weight * call.l).sum(dim=1)  # [Gh, B, g, R, D]
+        return merged.permute(1, 0, 2, 3, 4).reshape(self._out_shape).to(self._dtype)  # heads: (group, kv, rep)
+
+
+class HostAttention:
+    """Runs the kernel on a pool of single-core workers (default: the process's shared pool)."""
+
+    def __init__(self, workers: TorchWorkers | None = None, tile_bytes: int | None = None, use_native: bool = True):
+        self.workers = workers or shared_workers()
+        self.native = native.kernel() if use_native else None
+        self.tile_bytes = tile_bytes or TILE_BYTES["torch" if self.native is None else "native"]
+
+    def start(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, *, scaling: float,
+              window: int | None = None, softcap: float | None = None, ready=None) -> HostJob:
+        """Starts attention of ``query`` over tokens ``[start, stop)`` of each home in ``kvs``.
+
+        query: [B, Gh * g * n_rep, Q, D] on the host; its Q tokens are the last Q of ``[start, stop)``, already in
+        the homes. ``ready``: called by every task before it reads anything (on CUDA: waits for the copies).
+        """
+        batch, num_heads, q_len, head_dim = query.shape
+        num_groups, (_, kv_batch, _, g, kv_dim) = len(kvs), kvs[0].shape
+        assert (kv_batch, kv_dim) == (batch, head_dim), (query.shape, kvs[0].shape)
+        assert num_heads % (num_groups * g) == 0, (query.shape, kvs[0].shape)
+        assert stop - start >= q_len, (start, stop, q_len)
+        n_rep = num_heads // (num_groups * g)
+        rows = n_rep * q_len
+        # [B, Gh*g*n_rep, Q, D] -> [Gh, B, g, n_rep*Q, D]: the rows sharing a KV head become one matrix.
+        # The scale (and Gemma 2's 1/softcap) is folded into the queries: one multiply per job, not per tile.
+        folded = query.reshape(batch, num_groups, g, rows, head_dim).permute(1, 0, 2, 3, 4)
+        folded = folded.float() * (scaling / softcap if softcap else scaling)
+        row_bytes = batch * 2 * g * head_dim * kvs[0].element_size()
+        most = max(16, self.tile_bytes // row_bytes)
+        fewest = min(most, max(16, _MIN_TILE_BYTES // row_bytes))
+        runs = _RUNS_PER_WORKER * self.workers.num_threads
+        tile = min(most, max(fewest, math.ceil((stop - start) * num_groups / runs)))  # every worker gets tiles
+        num_tiles = math.ceil((stop - start) / tile)
+        m = torch.empty(num_groups, num_tiles, batch, g, rows, 1)
+        is_native = str(kvs[0].dtype) in native.DTYPE_CODES and head_dim in native.HEAD_DIMS
+        call = _Call(folded.contiguous(), tuple(kvs), start, stop - q_len, q_len, window, softcap, tile, m,
+                     torch.empty_like(m), torch.empty(num_groups, num_tiles, batch, g, rows, head_dim),
+                     self.native if is_native else None)
+        tasks = [(h, s) for h in range(num_groups) for s in range(num_tiles)]
+        # Contiguous runs of tiles (each walks memory forward), a few per worker: few futures, and a worker
+        # that the OS pauses delays only a small share of the job.
+        per_run = math.ceil(len(tasks) / runs)
+        runs = [tasks[i : i + per_run] for i in range(0, len(tasks), per_run)]
+        job = HostJob(call, len(runs), (batch, num_heads, q_len, head_dim), query.dtype)
+        job._futures = [self.workers.submit(job._run, run, ready) for run in runs]
+        return job
+
+    def attend(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, **kwargs) -> torch.Tensor:
+        """``start(...).result()``: [B, Gh * g * n_rep, Q, D]."""
+        return self.start(query, kvs, start, stop, **kwargs).result()
+
+
+def _tile(call: _Call, group: int, index: int) -> None:
+    """One tile's partial (m, l, acc) of one head group, written into its slot of the job's buffers."""
+    first = call.start + index * call.tile
+    last = min(first + call.tile, call.past + call.q_len)
+    block = call.kvs[group][first:last]  # [T, B, 2, g, D] in the home's dtype, contiguous
+    if call.native is not None:
+        _native_tile(call, group, index, block, first)
+        return
+    if block.dtype != torch.float32:
+        block = _fp32_copy(block)
+    keys = block.select(2, 0).permute(1, 2, 3, 0)  # [B, g, D, T]
+    values = block.select(2, 1).permute(1, 2, 0, 3)  # [B, g, T, D]
+    scores = torch.matmul(call.query[group], keys)  # [B, g, R, T]
+    if call.softcap:
+        scores.tanh_().mul_(call.softcap)
+    m, hidden = call.m[group, index], _hidden(call, first, last)
+    if hidden is None:
+        torch.amax(scores, dim=-1, keepdim=True, out=m)
+        scores.sub_(m)
+    else:
+        scores.masked_fill_(hidden, float("-inf"))
+        torch.amax(scores, dim=-1, keepdim=True, out=m)
+        scores.sub_(m.nan_to_num(neginf=0.0))  # a row that sees no key of this tile: exp(-inf) = 0, not NaN
+    scores.exp_()
+    torch.sum(scores, dim=-1, keepdim=True, out=call.l[group, index])
+    torch.matmul(scores, values, out=call.acc[group, index])
+
+
+def _native_tile(call: _Call, group: int, index: int, block: torch.Tensor, first: int) -> None:
+    assert block.is_contiguous()  # a home is allocated whole: a token range is one contiguous run
+    _, batch, g, rows, dim = call.query.shape
+    status = call.native(block.data_ptr(), native.DTYPE_CODES[str(block.dtype)], block.element_size(),
+                         block.shape[0], batch, g, dim, call.query[group].data_ptr(), rows, call.q_len, first,
+                         call.past, call.window or 0, call.softcap or 0.0, call.m[group, index].data_ptr(),
+                         call.l[group, index].data_ptr(), call.acc[group, index].data_ptr())
+    assert status == 0, f"no C tile for head dim {dim}"
+
+
+def _hidden(call: _Call, first: int, last: int) -> torch.Tensor | None:
+    """[R, T] True where a query row must not see a key of tile [first, last); None if it sees them all.
+
+    Query i (position past + i) sees key j iff j <= past + i and, with window W, j > past + i - W.
+    """
+    newest_seen_by_all = call.past  # the first query's own key: later ones are hidden from it (causality)
+    newest_hidden_from_last = -1 if call.window is None else call.past + call.q_len - 1 - call.window
+    if last - 1 <= newest_seen_by_all and first > newest_hidden_from_last:
+        return None
+    q_pos = torch.arange(call.past, call.past + call.q_len)[:, None]
+    k_pos = torch.arange(first, last)[None, :]
+    hidden = k_pos > q_pos
+    if call.window is not None:
+        hidden |= k_pos <= q_pos - call.window
+    rows = call.query.shape[3] // call.q_len
+    return hidden.repeat(rows, 1)  # rows are (repeat, query) pairs
+
+
+def _fp32_copy(block: torch.Tensor) -> torch.Tensor:
+    """``block`` widened into this thread's reused fp32 buffer (no allocation, so no page faults, per tile)."""
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.numel() < block.numel():
+        buffer = _scratch.buffer = torch.empty(block.numel(), dtype=torch.float32)
+    out = buffer[: block.numel()].view(block.shape)
+    out.copy_(block)
+    return out

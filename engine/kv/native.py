@@ -1,0 +1,91 @@
+"""The host attention tile in C (``host_kernel.c``), built once per machine with the system's C compiler.
+
+Through torch ops a tile costs a widening copy and two small-M matmuls: a few GB/s per core, a fraction of what
+a core reads. The C tile widens each block of keys and values in L1, keeps the online softmax in fp32 and sums
+16 dot products with one transpose-and-add: 2-3x the torch tile per core on the development VM. It is compiled
+on first use (``-O3 -march=native``: this CPU's vector units) into the studio's cache folder, under a name
+hashing the source, the compiler, the flags and the CPU, and called through ``ctypes``, which releases the GIL
+for the call, so the worker threads run tiles at once. Without a compiler, or if every build fails, ``kernel()``
+returns None (logged once) and ``host_attention.py`` runs the same tile through torch ops. ``HEADINFER_NATIVE=0``
+forces that path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("host_kernel.c")
+_FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC"]
+# First choice links glibc's vector math library (a block's 16 exponentials in one call); the second does without.
+_VARIANTS = [["-lmvec", "-lm"], ["-DHEADINFER_NO_LIBMVEC", "-lm"]]
+DTYPE_CODES = {"torch.float32": 0, "torch.bfloat16": 1, "torch.float16": 2}
+HEAD_DIMS = (16, 32, 64, 128, 256)  # the specialisations in host_kernel.c
+
+_long, _int, _float, _ptr = ctypes.c_long, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+# int host_attend_tile(tile, dtype, elem_size, n, batch, group, dim, query, rows, q_len, first, past, window,
+#                      softcap, m_out, l_out, acc_out)
+_ARGTYPES = [_ptr, _int, _int, _long, _int, _int, _int, _ptr, _int, _int, _long, _long, _long, _float, _ptr, _ptr, _ptr]
+
+
+@functools.cache
+def kernel():
+    """The C tile function, or None where it cannot be built (the torch tile then runs)."""
+    if os.environ.get("HEADINFER_NATIVE", "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        logger.info("host attention: no C compiler found, using the torch tile (slower)")
+        return None
+    errors = []
+    for variant in _VARIANTS:
+        try:
+            library = ctypes.CDLL(str(_built(compiler, variant)))
+        except (OSError, subprocess.SubprocessError) as error:
+            errors.append(str(error))
+            continue
+        function = library.host_attend_tile
+        function.argtypes, function.restype = _ARGTYPES, ctypes.c_int
+        return function
+    logger.warning("host attention: building the C tile failed (%s); using the torch tile (slower)", errors[-1])
+    return None
+
+
+def _built(compiler: str, variant: list[str]) -> Path:
+    from ..loader import cache_dir
+
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    digest = hashlib.sha256(b"\0".join([_SOURCE.read_bytes(), version.encode(), " ".join(_FLAGS + variant).encode(),
+                                        _cpu_identity().encode()])).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"host_kernel-{digest}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as folder:
+        built = Path(folder) / target.name
+        done = subprocess.run([compiler, *_FLAGS, "-o", str(built), str(_SOURCE), *variant], capture_output=True,
+                              text=True, timeout=120)
+        if done.returncode != 0:
+            raise OSError(done.stderr.strip()[-500:])
+        os.replace(built, target)  # atomic: a concurrent process loads the old file or the complete new one
+    logger.info("host attention: built the C tile into %s", target)
+    return target
+
+
+def _cpu_identity() -> str:
+    """``-march=native`` code runs only on this CPU family: its model and flags name what it was built for."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return "".join(sorted({line for line in info if line.startswith(("model name", "flags"))}))
+    except OSError:
+        return platform.processor() or platform.machine()

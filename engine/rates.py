@@ -1,0 +1,137 @@
+"""The two rates a decode split is planned from, measured once per machine and cached on disk.
+
+- host attention GB/s: ``kv.host_attention`` over a bf16 home larger than the CPU caches (Llama-3-8B's head
+  dim, one KV head per group), on every core: bytes of home read per second;
+- H2D GB/s: a pinned host-to-device copy on CUDA. Without CUDA there is no link to measure, and
+  ``DEFAULT_H2D_GBPS`` stands in (PCIe 4.0 x16, as on the paper's RTX 4090) so that a plan can still be shown.
+
+The figures are cached in ``<studio cache>/machine-rates.json`` under a key naming the machine (host, CPU,
+cores, torch, GPU): a different machine, or a new torch, measures again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .policy import OffloadPolicy
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_H2D_GBPS = 25.0  # PCIe 4.0 x16 as measured on an RTX 4090 (the HeadInfer paper); used without CUDA
+_PROBE_TOKENS = 1 << 18  # 64 MiB of bf16 home at head dim 128: well beyond any L3 cache
+_PROBE_REPEATS = 5
+_FILE = "machine-rates.json"
+
+
+@dataclass(frozen=True)
+class MachineRates:
+    """Measured GB/s (1e9 bytes/s): host attention over a home, and host-to-device copies."""
+
+    host_attention_gbps: float
+    h2d_gbps: float
+    is_h2d_measured: bool
+
+
+def plan_rates(policy: OffloadPolicy, device: torch.device | str) -> MachineRates | None:
+    """The rates a plan needs: only on CUDA with host attention on (CPU compute has no split to plan)."""
+    if policy.host_attention == "off" or torch.device(device).type != "cuda":
+        return None
+    return machine_rates(device)
+
+
+def machine_rates(device: torch.device | str = "cpu", cache_path: Path | None = None) -> MachineRates:
+    """This machine's rates: read from the cache file, or measured (about a second) and stored there."""
+    device = torch.device(device)
+    path = cache_path or _default_path()
+    key = machine_key(device)
+    cached = _read(path).get(key)
+    if cached is not None:
+        return MachineRates(**cached)
+    is_cuda = device.type == "cuda"
+    rates = MachineRates(measure_host_attention_gbps(), measure_h2d_gbps(device) if is_cuda else DEFAULT_H2D_GBPS,
+                         is_cuda)
+    logger.info("measured machine rates: host attention %.1f GB/s, H2D %.1f GB/s%s", rates.host_attention_gbps,
+                rates.h2d_gbps, "" if is_cuda else " (default: no CUDA)")
+    _write(path, key, rates)
+    return rates
+
+
+def machine_key(device: torch.device) -> str:
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no-gpu"
+    return f"{platform.node()}|{_cpu_model()}|{os.cpu_count()} cpus|torch {torch.__version__}|{gpu}"
+
+
+def measure_host_attention_gbps(tokens: int = _PROBE_TOKENS, group_size: int = 1, head_dim: int = 128,
+                                n_rep: int = 4, repeats: int = _PROBE_REPEATS) -> float:
+    """Home bytes per second the host kernel reads in a decode step (median of ``repeats``)."""
+    from .kv.host_attention import HostAttention
+
+    home = torch.empty(tokens + 1, 1, 2, group_size, head_dim, dtype=torch.bfloat16).normal_()
+    query = torch.randn(1, group_size * n_rep, 1, head_dim, dtype=torch.bfloat16)
+    kernel = HostAttention()
+    samples = []
+    for _ in range(repeats + 1):  # the first run warms the workers' buffers
+        begin = time.perf_counter()
+        kernel.attend(query, [home], 0, tokens + 1, scaling=head_dim**-0.5)
+        samples.append(time.perf_counter() - begin)
+    return home.nbytes / statistics.median(samples[1:]) / 1e9
+
+
+def measure_h2d_gbps(device: torch.device, num_bytes: int = 256 << 20, repeats: int = _PROBE_REPEATS) -> float:
+    """Pinned host-to-device copy rate (median), timed with CUDA events."""
+    source = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True).random_()
+    target = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    target.copy_(source, non_blocking=True)  # warm-up
+    samples = []
+    for _ in range(repeats):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        target.copy_(source, non_blocking=True)
+        end.record()
+        end.synchronize()
+        samples.append(begin.elapsed_time(end) / 1e3)
+    return num_bytes / statistics.median(samples) / 1e9
+
+
+def _default_path() -> Path:
+    from .loader import cache_dir
+
+    return cache_dir() / _FILE
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: Path, key: str, rates: MachineRates) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entries = {**_read(path), key: asdict(rates)}
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(entries, indent=1))
+        temporary.replace(path)  # atomic: a concurrent reader sees the old file or the new one
+    except OSError as error:  # a read-only home only costs a re-measurement next time
+        logger.warning("could not cache machine rates in %s: %s", path, error)

@@ -1,0 +1,232 @@
+"""Host attention (issue 12): the kernel against float64, parity on every architecture with every offloaded group
+on the host and with a split, and the policy, planner, rates and worker-pool pieces around it. CPU only."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import engine
+from archs import build_pair, tiny_configs
+from engine import rates
+from engine.host_split import choose_host_slots, forecast_decode, host_share
+from engine.kv import HostAttention, native
+from engine.kv.workers import TorchWorkers
+from engine.planner import ModelShape, make_plan
+
+PROMPT_LEN = 45  # longer than the sliding windows (8)
+CHUNK = 16  # prefill chunks of 16 are host steps too: the kernel's causal and window masks run
+RTOL = 1e-5
+
+
+@pytest.fixture(scope="module", params=["native", "torch"])
+def kernel(request):
+    """The C tile and the torch tile. Tiles of 2 KiB: a 100-token home is cut into many, so the merge merges."""
+    if request.param == "native" and native.kernel() is None:
+        pytest.skip("no C compiler here: the torch tile is the one in use")
+    return HostAttention(TorchWorkers(2), tile_bytes=2048, use_native=request.param == "native")
+
+
+def reference(query, kvs, start, stop, scaling, window, softcap):
+    """Whole-matrix softmax attention in float64; query [B, H, Q, D] at the last Q positions of [start, stop)."""
+    q_len = query.shape[2]
+    keys = torch.cat([kv[start:stop, :, 0] for kv in kvs], dim=2).permute(1, 2, 0, 3).double()  # [B, Hk, S, D]
+    values = torch.cat([kv[start:stop, :, 1] for kv in kvs], dim=2).permute(1, 2, 0, 3).double()
+    n_rep = query.shape[1] // keys.shape[1]
+    keys, values = keys.repeat_interleave(n_rep, 1), values.repeat_interleave(n_rep, 1)
+    scores = query.double() @ keys.transpose(2, 3) * scaling
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    q_pos, k_pos = torch.arange(stop - q_len, stop)[:, None], torch.arange(start, stop)[None]
+    visible = k_pos <= q_pos
+    if window:
+        visible &= k_pos > q_pos - window
+    return torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1) @ values
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-5), (torch.float16, 1e-5)],
+                         ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (None, 2.0), (9, 3.0)],
+                         ids=["full", "window", "softcap", "window-softcap"])
+@pytest.mark.parametrize("q_len", [1, 5])
+@pytest.mark.parametrize("batch, group, num_groups, n_rep", [(1, 1, 2, 2), (2, 2, 1, 3), (1, 4, 1, 1)],
+                         ids=["gqa-2-groups", "batch-2", "mha"])
+def test_kernel_matches_float64(kernel, dtype, tol, window, softcap, q_len, batch, group, num_groups, n_rep):
+    torch.manual_seed(0)
+    stop, dim = 100, 16
+    kvs = [torch.randn(128, batch, 2, group, dim).to(dtype) for _ in range(num_groups)]
+    query = torch.randn(batch, num_groups * group * n_rep, q_len, dim).to(dtype)
+    # From the first visible key, and from 0 (the kernel then masks what the window hides).
+    for start in {0, engine.kv.visible_start(stop - q_len, window)}:
+        out = kernel.attend(query, kvs, start, stop, scaling=0.25, window=window, softcap=softcap)
+        expected = reference(query, kvs, start, stop, 0.25, window, softcap)
+        assert out.dtype == dtype and out.shape == query.shape
+        # The kernel reads the stored values exactly and accumulates in fp32: what remains is fp32 rounding
+        # and, for bf16/fp16, rounding the output itself to the query's dtype (at most one unit in its last place).
+        scale = expected.abs().max()
+        error = (out.double() - expected).abs().max()
+        assert error <= (torch.finfo(dtype).eps + tol) * scale, (float(error / scale), dtype)
+
+
+def test_a_failing_tile_is_raised_after_every_worker_stopped(kernel):
+    kvs = [torch.randn(64, 1, 2, 1, 8)]
+
+    def ready():
+        raise RuntimeError("copy failed")
+
+    job = kernel.start(torch.randn(1, 1, 1, 8), kvs, 0, 64, scaling=1.0, ready=ready)
+    job.wait()
+    with pytest.raises(RuntimeError, match="copy failed"):
+        job.result()
+
+
+# -- parity on every architecture ------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=sorted(tiny_configs()))
+def pair(request, tmp_path_factory):
+    stock, headinfer = build_pair(request.param, tmp_path_factory.mktemp(request.param))
+    return request.param, stock, headinfer
+
+
+def prompt(vocab_size: int) -> torch.Tensor:
+    return torch.randint(0, vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(7))
+
+
+def rel_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual - expected).abs().max() / expected.abs().max())
+
+
+def host_cache(config, split: bool):
+    """Every group offloaded; every one attended on the host, or (``split``) half of the bytes as on CUDA."""
+    cache = engine.HeadInferCache(config, head_group_size=1, resident_slots=0, chunk_size=CHUNK,
+                                  host_attention="off" if split else "all")
+    if split:  # the share the planner picks on CUDA from measured rates; CPU compute plans none by itself
+        cache.plan = dataclasses.replace(cache.plan, host_attention="auto", host_share=0.5)
+    return cache
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["all-on-host", "split"])
+@torch.inference_mode()
+def test_decode_with_host_attention_matches_stock(pair, split):
+    name, stock, headinfer = pair
+    ids = prompt(stock.config.vocab_size)
+    stock_cache = DynamicCache(config=stock.config)
+    expected = [stock(ids, past_key_values=stock_cache, use_cache=True).logits[:, -1]]
+    cache = host_cache(headinfer.config, split)
+    actual = [torch.cat([headinfer(ids[:, s : s + CHUNK], past_key_values=cache).logits
+                         for s in range(0, PROMPT_LEN, CHUNK)], dim=1)[:, -1]]
+    for _ in range(12):  # past the windows: decode must slide them on the host too
+        token = expected[-1].argmax(-1, keepdim=True)
+        expected.append(stock(token, past_key_values=stock_cache, use_cache=True).logits[:, -1])
+        actual.append(headinfer(token, past_key_values=cache).logits[:, -1])
+    for step, (a, e) in enumerate(zip(actual, expected)):
+        assert rel_diff(a, e) < RTOL, (name, step)
+    host_slots, slots = cache.schedule.host_slots, cache.plan.total_slots
+    assert 0 < len(host_slots) < slots if split else len(host_slots) == slots
+    assert cache.host_attention_seconds > 0
+
+
+@torch.inference_mode()
+def test_generate_greedy_tokens_identical_with_every_group_on_the_host(pair):
+    name, stock, headinfer = pair
+    ids = prompt(stock.config.vocab_size)
+    kwargs = dict(max_new_tokens=20, do_sample=False, min_new_tokens=20)
+    expected = stock.generate(ids, **kwargs)
+    cache = engine.HeadInferCache(headinfer.config, resident_slots=0, host_attention="all")
+    actual = headinfer.generate(ids, past_key_values=cache, prefill_chunk_size=CHUNK, **kwargs)
+    assert torch.equal(actual, expected), name
+
+
+@torch.inference_mode()
+def test_split_decode_fetches_only_streamed_slots_and_finds_them_prefetched(tmp_path):
+    _, headinfer = build_pair("llama-gqa", tmp_path)
+    cache = host_cache(headinfer.config, split=True)
+    headinfer(prompt(97)[:, :CHUNK], past_key_values=cache)  # a host step: primes the streamed prefetch
+    headinfer(torch.tensor([[1]]), past_key_values=cache)
+    fetches, on_demand = cache.transfer.num_fetches, cache.transfer.num_on_demand
+    for step in range(3):
+        headinfer(torch.tensor([[step + 2]]), past_key_values=cache)
+    streamed = cache.plan.total_slots - len(cache.schedule.host_slots)
+    assert cache.transfer.num_fetches - fetches == 3 * streamed  # host slots never cross to the device
+    assert cache.transfer.num_on_demand == on_demand, "a streamed slot was fetched on demand"
+
+
+@torch.inference_mode()
+def test_prefill_chunks_longer_than_the_host_limit_stay_on_the_device(tmp_path):
+    _, headinfer = build_pair("llama-gqa", tmp_path)
+    cache = engine.HeadInferCache(headinfer.config, resident_slots=0, chunk_size=32, host_attention="all")
+    headinfer(prompt(97)[:, :32], past_key_values=cache)
+    assert cache.host_attention_seconds == 0
+    headinfer(torch.tensor([[1]]), past_key_values=cache)
+    assert cache.host_attention_seconds > 0
+
+
+# -- policy, split, forecast, rates, workers ------------------------------------------------------------
+def test_policy_validates_host_attention():
+    assert engine.OffloadPolicy().host_attention == "auto"
+    with pytest.raises(ValueError, match="host_attention must be one of 'auto', 'off', 'all'"):
+        engine.OffloadPolicy(host_attention="gpu")
+
+
+def test_share_balances_the_two_halves_and_auto_is_off_without_cuda():
+    assert host_share("auto", True, 75.0, 25.0) == 0.75
+    assert host_share("auto", False, 75.0, 25.0) == 0.0
+    assert host_share("all", False, None, None) == 1.0 and host_share("off", True, 75.0, 25.0) == 0.0
+    forecast = forecast_decode(100 * 10**9, 0.75, 75.0, 25.0)
+    assert forecast.pcie_floor_seconds == pytest.approx(4.0)
+    assert forecast.seconds == pytest.approx(1.0)  # both halves: 25 GB over the link, 75 GB on the host
+
+
+def test_host_slots_carry_the_share_of_bytes_spread_over_layers():
+    slots = [(layer, group) for layer in range(8) for group in range(4)]
+    chosen = choose_host_slots(slots, [1] * len(slots), 0.25)
+    assert len(chosen) == 8 and {layer for layer, _ in chosen} == set(range(8))  # one per layer
+    one_per_layer = choose_host_slots([(l, 0) for l in range(8)], [1] * 8, 0.5)
+    assert sorted(one_per_layer) == [(1, 0), (3, 0), (5, 0), (7, 0)]  # alternating layers
+    # A full-attention slot outweighs sliding ones: bytes, not slot counts, are balanced.
+    weighted = choose_host_slots([(0, 0), (1, 0), (2, 0), (3, 0)], [1, 1, 1, 9], 0.75)
+    assert (3, 0) in weighted
+
+
+def test_plan_shows_the_split_and_the_predicted_decode_time():
+    llama = ModelShape(32, 32, 8, 128, 4096, 14336, 128256, 2, 8_030_000_000, (None,) * 32)
+    machine = rates.MachineRates(host_attention_gbps=75.0, h2d_gbps=25.0, is_h2d_measured=True)
+    policy = engine.OffloadPolicy(head_group_size=1, resident_slots=0)
+    plan = make_plan(llama, policy, 1 << 17, device_is_cuda=True, rates=machine)
+    kv_bytes = (1 << 17) * llama.kv_bytes_per_token
+    assert plan.host_share == 0.75
+    assert plan.pcie_floor_seconds == pytest.approx(kv_bytes / 25e9)
+    assert plan.decode_seconds == pytest.approx(kv_bytes / 100e9)
+    assert "75% of offloaded KV attended on the host" in plan.summary()
+    off = make_plan(llama, dataclasses.replace(policy, host_attention="off"), 1 << 17, device_is_cuda=True,
+                    rates=machine)
+    assert off.host_share == 0 and off.decode_seconds == pytest.approx(off.pcie_floor_seconds)
+    assert make_plan(llama, policy, 1 << 17, device_is_cuda=True).decode_seconds is None  # no rates, no forecast
+
+
+def test_machine_rates_are_measured_once_and_cached(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(rates, "measure_host_attention_gbps", lambda: calls.append(1) or 42.0)
+    first = rates.machine_rates("cpu", cache_path=tmp_path / "rates.json")
+    second = rates.machine_rates("cpu", cache_path=tmp_path / "rates.json")
+    assert first == second == rates.MachineRates(42.0, rates.DEFAULT_H2D_GBPS, False)
+    assert len(calls) == 1
+    assert rates.plan_rates(engine.OffloadPolicy(), "cpu") is None  # CPU compute plans no split
+
+
+def test_workers_run_single_threaded_and_leave_the_callers_threads_alone():
+    before = torch.get_num_threads()
+    workers = TorchWorkers(2)
+    try:
+        assert workers.submit(torch.get_num_threads).result() == 1
+        assert torch.get_num_threads() == before
+        seen = []
+        fresh = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        fresh.start()
+        fresh.join()
+        assert seen == [before]  # a thread that starts later (a UI's generation thread) keeps every core
+    finally:
+        workers.shutdown()

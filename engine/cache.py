@@ -199,12 +199,8 @@ class HeadInferCache(Cache):
     def _host_slots(self, num_groups: int, resident: set[int]) -> frozenset[tuple[int, int]]:
         """The offloaded slots decode steps attend on the host: the plan's share of their bytes, spread evenly."""
         context = self.plan.context_tokens
-        if self.policy.kv_dtype is not None:
-            return frozenset()  # the host kernel reads homes in the model's dtype, not 8-bit codes
-        # Full-attention layers only: the host kernel reads token positions straight, and a window ring's
-        # rows are not in token order.
         slots = [(layer, group) for layer in range(len(self.layers)) for group in range(num_groups)
-                 if layer * num_groups + group not in resident and self.shape.sliding_windows[layer] is None]
+                 if layer * num_groups + group not in resident]
         weights = [context if (w := self.shape.sliding_windows[layer]) is None else min(w, context)
                    for layer, _ in slots]
         return choose_host_slots(slots, weights, self.plan.host_share)

@@ -62,7 +62,7 @@ def test_release_frees_memory_and_cache_is_reusable():
     append(cache, 4, 2)
     assert cache.kv_bytes()["host"] == 3 * 2 * 2 * 64 * 16 * 4  # layers x heads x (K,V) x capacity x D x fp32
     cache.release()
-    assert cache.kv_bytes() == {"device": 0, "host": 0} and cache.get_seq_length() == 0
+    assert cache.kv_bytes() == {"device": 0, "host": 0, "disk": 0} and cache.get_seq_length() == 0
     append(cache, 2, 2)
     assert cache.get_seq_length() == 2
 

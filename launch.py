@@ -123,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where decode attends offloaded KV: auto splits it between streaming to the GPU "
                              "and computing on the CPU, where it lives, so both finish together; all: on the "
                              "CPU; off: streamed (default: auto)")
+    memory.add_argument("--kv-8bit", default=None, choices=["int8", "fp8"],
+                        help="keep host-memory KV in 8 bits (a scale per token and head): half the RAM and link "
+                             "bytes of bf16, LOSSY — answers may differ from the model's own (default: exact)")
+    memory.add_argument("--kv-disk-dir", default=None, metavar="FOLDER",
+                        help="a disk tier: KV beyond --host-memory lives in files here (exact, slower); "
+                             "default: none")
+    memory.add_argument("--kv-disk-max", type=parse_size, default=None, metavar="SIZE",
+                        help="most disk the tier may use (default: the folder's free space)")
     saved = parser.add_argument_group("saved documents (reopen a book read before in seconds)")
     saved.add_argument("--no-kv-cache", action="store_true",
                        help="do not save read documents' KV caches to disk, nor reopen them from there")
@@ -156,7 +164,8 @@ def make_policy(args: argparse.Namespace):
 
     knobs = {"chunk_size": args.chunk_size, "head_group_size": args.head_group, "max_context": args.max_context,
              "gpu_memory": args.gpu_memory, "host_memory": args.host_memory,
-             "exceed_trained_window": args.exceed_trained_window or None, "host_attention": args.host_attention}
+             "exceed_trained_window": args.exceed_trained_window or None, "host_attention": args.host_attention,
+             "kv_dtype": args.kv_8bit, "disk_dir": args.kv_disk_dir, "disk_memory": args.kv_disk_max}
     return OffloadPolicy(**{name: value for name, value in knobs.items() if value is not None})
 
 
@@ -209,8 +218,26 @@ def check_machine(args: argparse.Namespace) -> str:
         total = read_memory(index).gpu_total
         if total and args.gpu_memory > total:
             raise ValueError(f"--gpu-memory {_size(args.gpu_memory)} is more than the GPU's {_size(total)}")
+    if args.kv_disk_max is not None and args.kv_disk_dir is None:
+        raise ValueError("--kv-disk-max needs --kv-disk-dir (the folder of the disk tier)")
+    if args.kv_disk_dir is not None:
+        _check_disk_dir(args.kv_disk_dir)
     _check_listen_address(args.host, args.port)
     return device
+
+
+def _check_disk_dir(folder: str) -> None:
+    """The disk tier's folder must be creatable and writable (checked before serving, not at the first read)."""
+    import tempfile
+    from pathlib import Path
+
+    path = Path(folder).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ValueError(f"--kv-disk-dir {folder}: cannot write there ({exc.strerror or exc})") from None
 
 
 def check_model(args: argparse.Namespace, config) -> None:
@@ -289,8 +316,9 @@ def main(argv: list[str] | None = None) -> None:
     except (UnsupportedModelError, ModelSourceError, ValueError) as exc:
         log.error("%s", exc)
         sys.exit(1)
-    info = describe(model)
+    info = {**describe(model), "kv_dtype": policy.kv_dtype}
     log.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))
+    _find_retrieval_heads_in_background(model, tokenizer)
 
     private = args.share or not is_loopback(args.host)
     if private:
@@ -315,3 +343,20 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _find_retrieval_heads_in_background(model, tokenizer) -> None:
+    """Answers show attention-grounded sources from the model's retrieval heads, found once per model by a short
+    needle calibration (cached on disk): started now, so the first question does not wait for it."""
+    import threading
+
+    from engine.loader import cache_dir
+    from engine.retrieval_heads import find_retrieval_heads
+
+    def run() -> None:
+        try:
+            find_retrieval_heads(model, tokenizer, cache_dir=cache_dir())
+        except Exception:  # sources are an extra; the first answer retries and logs
+            log.warning("finding the model's retrieval heads failed", exc_info=True)
+
+    threading.Thread(target=run, name="retrieval-heads", daemon=True).start()

@@ -98,7 +98,8 @@ class Handlers:
                                      "the beginning only, or remove files.")
         if problems:
             message = _warn("Skipped: " + " ".join(problems)) + message
-        return FilesView(state, render.files_table(documents, counts), render.plan_panel(plan, sum(counts), seconds),
+        return FilesView(state, render.files_table(documents, counts), render.plan_panel(plan, sum(counts), seconds,
+                                                                                     session.policy.kv_dtype),
                          gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
                          message)
 

@@ -24,9 +24,12 @@ def meters_html(snapshot: MemorySnapshot, kv: dict | None) -> str:
                      format_bytes(snapshot.process_rss)))
     rows.append(_row("ram", "System RAM", snapshot.system_used, snapshot.system_total,
                      f"{format_bytes(snapshot.system_used)} / {format_bytes(snapshot.system_total)}"))
-    kv_total = kv["kv_device"] + kv["kv_host"]
-    rows.append(_row("kv", "KV cache <small>device · host</small>", kv["kv_device"], kv_total,
-                     f"{format_bytes(kv['kv_device'])} · {format_bytes(kv['kv_host'])}"))
+    disk = kv.get("kv_disk", 0)
+    kv_total = kv["kv_device"] + kv["kv_host"] + disk
+    label, value = "KV cache <small>device · host</small>", f"{format_bytes(kv['kv_device'])} · {format_bytes(kv['kv_host'])}"
+    if disk:
+        label, value = "KV cache <small>device · host · disk</small>", f"{value} · {format_bytes(disk)}"
+    rows.append(_row("kv", label, kv["kv_device"], kv_total, value))
     context = f"{kv['context_tokens']:,} / {kv['max_context']:,} tokens" if kv["max_context"] else "no document"
     rows.append(_row("context", "Context", kv["context_tokens"], kv["max_context"], context))
     return (

@@ -51,6 +51,8 @@ def model_header(info: dict) -> str:
     for key in ("device", "dtype"):
         if info.get(key):
             parts.append(html.escape(str(info[key])))
+    if info.get("kv_dtype"):  # 8-bit host KV: said wherever it is on, as it is lossy
+        parts.append(f'<span class="lossy">KV {html.escape(str(info["kv_dtype"]))} (lossy)</span>')
     return f'<div class="model-line">{" · ".join(parts)}</div>'
 
 
@@ -77,7 +79,7 @@ def empty_plan() -> str:
             "how much GPU and host memory reading them will take, before anything runs.</div>")
 
 
-def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None) -> str:
+def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dtype: str | None = None) -> str:
     """The memory plan of a document set: predicted memory, fit, chunk/head-group sizes, time.
 
     ``num_tokens`` counts the documents alone; ``plan.context_tokens`` adds the prompt around
@@ -100,6 +102,13 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None) -> st
         ("Reading time", f"≈ {format_seconds(prefill_seconds)}"),
         ("Context limit", f"{plan.context_limit:,} tokens · {_LIMITED_BY.get(plan.limited_by, plan.limited_by)}"),
     ]
+    if kv_dtype:
+        tiles.append(("KV storage", f"{kv_dtype}, lossy (answers may differ from the model's own)"))
+    if plan.disk_bytes:
+        tiles.append(("Disk tier", f"{format_bytes(plan.disk_bytes)} · {plan.disk_slots} slots (exact, slower)"))
+    if plan.decode_seconds is not None:
+        split = f" · {plan.host_share:.0%} of offloaded KV attended on the CPU" if plan.host_share else ""
+        tiles.append(("Decode (predicted)", f"≈ {plan.decode_seconds:.3f} s/token{split}"))
     grid = "".join(f"<div><span>{label}</span><b>{html.escape(value)}</b></div>" for label, value in tiles)
     kind = "plan-limit" if plan.is_within_limit else "plan-reason"  # what binds, named either way
     reason = f'<p class="{kind}">{html.escape(plan.limit_reason)}</p>'

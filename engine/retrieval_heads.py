@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
+import weakref
 from pathlib import Path
 
 import torch
@@ -50,9 +52,22 @@ def haystack(num_sentences: int, seed: int) -> list[str]:
     return [rng.choice(_FILLER) for _ in range(num_sentences)]
 
 
+_LOCK = threading.Lock()  # one calibration at a time (a background warm-up and a first question may race)
+_FOUND: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {num_heads: heads}
+
+
 def find_retrieval_heads(model, tokenizer, *, num_heads: int = 8, num_sentences: int = 60,
                          depths: tuple[float, ...] = (0.2, 0.5, 0.8), cache_dir: Path | None = None) -> dict:
     """{layer index: [query head, ...]} of the ``num_heads`` best copying heads; cached per model on disk."""
+    with _LOCK:
+        found = _FOUND.setdefault(model, {})
+        if num_heads not in found:
+            found[num_heads] = _find(model, tokenizer, num_heads, num_sentences, depths, cache_dir)
+        return found[num_heads]
+
+
+def _find(model, tokenizer, num_heads: int, num_sentences: int, depths: tuple[float, ...],
+          cache_dir: Path | None) -> dict:
     path = None
     if cache_dir is not None:
         path = Path(cache_dir) / f"retrieval-heads-{model_fingerprint(model).weights[:16]}-{num_heads}.json"

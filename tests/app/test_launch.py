@@ -16,7 +16,7 @@ import launch
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ("--model", "--device", "--dtype", "--gpu-memory", "--host-memory", "--chunk-size", "--head-group",
          "--max-context", "--no-kv-cache", "--kv-cache-dir", "--kv-cache-max", "--host", "--port", "--share",
-         "--auth", "--max-upload", "--exceed-trained-window")
+         "--auth", "--max-upload", "--exceed-trained-window", "--kv-8bit", "--kv-disk-dir", "--kv-disk-max")
 
 
 def test_help_lists_and_explains_every_flag():
@@ -39,6 +39,7 @@ def test_parse_size(text, size):
 @pytest.mark.parametrize("flags", [
     ["--gpu-memory", "lots"], ["--host-memory", "12 parsecs"], ["--host-memory", "0"], ["--chunk-size", "0"],
     ["--head-group", "two"], ["--auth", "nopassword"], ["--dtype", "int3"], ["--kv-cache-max", "plenty"],
+    ["--kv-8bit", "int4"], ["--kv-disk-max", "roomy"],
 ])
 def test_bad_flags_are_refused(flags, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -60,6 +61,8 @@ def test_bad_flags_are_refused(flags, capsys):
     (["--max-context", "100000"], "beyond the 8,192 tokens this model was trained"),
     (["--host", "name.invalid"], "--host name.invalid"),
     (["--model", "/no/such/folder"], "--model: Model path not found"),
+    (["--kv-disk-max", "1GiB"], "--kv-disk-max needs --kv-disk-dir"),
+    (["--kv-disk-dir", "/proc/no-such-place"], "--kv-disk-dir /proc/no-such-place: cannot write there"),
 ])
 def test_each_bad_value_is_one_line_and_exit_code_2(flags, words, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -168,3 +171,10 @@ def test_share_without_internet_keeps_serving_locally(tmp_path):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_8bit_and_disk_flags_reach_the_policy(tmp_path):
+    args = launch.build_parser().parse_args(["--kv-8bit", "int8", "--kv-disk-dir", str(tmp_path),
+                                             "--kv-disk-max", "2GiB"])
+    policy = launch.make_policy(args)
+    assert (policy.kv_dtype, policy.disk_dir, policy.disk_memory) == ("int8", str(tmp_path), 2 * 2**30)

@@ -70,11 +70,16 @@ def test_upload_plan_read_ask_new_chat(client, secret_pdf):
     assert len(answers) > 2  # streamed
     final = _message_text(chats[-1][-1])
     assert re.search(r"TTFT \d+\.\d\d s · \d+ tokens · \d+\.\d tok/s", final)
+    assert "Sources: p. 3" in final  # the page holding the answer, read from the attention
+    pages = job.outputs()[-1][3]
+    assert pages is None  # chips offered, none chosen yet
+    page_html = client.predict(3, api_name="/page")
+    assert "page 3" in page_html and "AMBER-7" in page_html  # the page viewer shows that page's text
 
     chat, status = client.predict(api_name="/new_chat")
     assert chat == [] and "documents stay read" in status
     job = client.submit("Who keeps the lighthouse?", [], 8, 0.0, api_name="/ask")
-    chat, _, status = job.result(timeout=120)
+    chat, _, status, _ = job.result(timeout=120)
     assert len(chat) == 2 and "tok/s" in status  # a fresh conversation, answered from the same KV
 
 
@@ -86,7 +91,7 @@ def test_stop_interrupts_a_running_answer(client, secret_pdf):
         assert time.monotonic() < deadline, "no streamed token arrived"
         time.sleep(0.1)
     client.predict(api_name="/stop")  # a light event: runs while the answer holds the compute slot
-    chat, _, status = job.result(timeout=120)
+    chat, _, status, _ = job.result(timeout=120)
     assert "stopped" in _message_text(chat[-1]) and "stopped" in status
 
 
@@ -94,7 +99,7 @@ def test_each_browser_session_has_its_own_document(app_url, client, secret_pdf):
     _read(client, secret_pdf)
     other = Client(app_url, verbose=False)
     try:
-        chat, _, status = other.predict(QUESTION, [], 8, 0.0, api_name="/ask")
+        chat, _, status, _ = other.predict(QUESTION, [], 8, 0.0, api_name="/ask")
         assert chat == [] and "Read documents first" in status
     finally:
         other.close()
@@ -104,7 +109,7 @@ def test_clear_frees_the_document(client, secret_pdf):
     _read(client, secret_pdf)
     files, table, plan, truncate, progress, chat, status = client.predict(api_name="/clear")
     assert not files and chat == [] and "memory is freed" in status
-    _, _, status = client.predict(QUESTION, [], 8, 0.0, api_name="/ask")
+    _, _, status, _ = client.predict(QUESTION, [], 8, 0.0, api_name="/ask")
     assert "Read documents first" in status
 
 

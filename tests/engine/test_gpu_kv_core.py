@@ -5,14 +5,13 @@ Marked ``gpu``: skipped without CUDA (CI), run by ``python -m benchmarks.gpu_all
 
 from __future__ import annotations
 
-import collections
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 import engine
+from opcount import OpCounter
 from engine.kv import HostMemory, PinningError, kernels
 from engine.kv.pinned import CudaRuntime
 
@@ -46,15 +45,6 @@ def _models(num_layers=32, num_kv_heads=8):
     headinfer.load_state_dict(stock.state_dict())
     return stock, headinfer
 
-
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
 
 
 @torch.inference_mode()

@@ -5,15 +5,14 @@ The CUDA-only halves (real streams, events, cudaHostRegister) are in ``test_gpu_
 
 from __future__ import annotations
 
-import collections
 import gc
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, MistralConfig
 
 import engine
+from opcount import OpCounter
 from engine.attention import headinfer_attention, headinfer_mask
 from engine.kv import HostMemory, PinningError, RouteError, Transfer, kernels, route
 from engine.planner import PlanError
@@ -240,15 +239,6 @@ def test_attention_without_a_matching_layer_raises_while_a_headwise_forward_is_i
 
 
 # -- the lean hot loop: dispatcher ops per decode step vs stock ---------------------------------------
-class OpCounter(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops[str(func)] += 1
-        return func(*args, **(kwargs or {}))
-
 
 @torch.inference_mode()
 def _decode_ops(model, cache) -> tuple[int, torch.Tensor]:

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful reading assistant. Answer questions using only the documents provided by the user. "
-    "Pages of the documents start with markers like [page 12]; when an answer uses a page, cite it as (p. 12). "
-    "If the documents do not contain the answer, say so."
+    "Quote or cite page markers like [page 3] when they help. If the documents do not contain the answer, say so."
 )
 _QUESTION_MARKER = "\x00QUESTION\x00"  # never occurs in real text; marks where the prefix ends
 

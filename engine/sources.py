@@ -60,36 +60,38 @@ def attention_mass(cache, probe: QueryProbe, *, per_head: bool = False) -> torch
         recorded = probe.queries(layer_idx)
         if recorded is None:
             continue
-        queries, positions = recorded  # [H_sel, N, D], N positions
-        layer = cache.layers[layer_idx]
-        window = cache.shape.sliding_windows[layer_idx]
-        if window is not None:
+        if cache.shape.sliding_windows[layer_idx] is not None:
             continue  # a window ring holds only recent tokens; calibration picks full-attention heads anyway
-        for row, head in enumerate(probe.heads[layer_idx]):
-            keys = _head_keys(layer, head // n_rep, length)  # [L, D]
-            q = queries[row].to(keys.device, torch.float32)  # [N, D]
-            rows.append(_mass(q, keys, positions, probe.scaling[layer_idx], window, softcap))
+        queries, positions = recorded  # [H_sel, N, D], N positions
+        keys = torch.stack([_head_keys(cache.layers[layer_idx], head // n_rep, length)
+                            for head in probe.heads[layer_idx]])  # [H_sel, L, D]
+        q = queries.to(keys.device, torch.float32)
+        rows.append(_mass(q, keys, positions, probe.scaling[layer_idx], None, softcap))
     if not rows:
         return torch.zeros((0, length) if per_head else (length,), dtype=torch.float64)
-    stacked = torch.stack(rows)
+    stacked = torch.cat(rows)
     return stacked if per_head else stacked.sum(0)
 
 
 def _head_keys(layer, kv_head: int, length: int) -> torch.Tensor:
     for home in layer.homes:
         if home.group.start <= kv_head < home.group.stop:
-            return home.kv[:length, 0, 0, kv_head - home.group.start]  # [L, D] view, batch row 0
+            return home.block(0, length)[:, 0, 0, kv_head - home.group.start]  # [L, D], batch row 0
     raise ValueError(f"KV head {kv_head} is in no home of layer {layer.layer_idx}")
 
 
 def _mass(q: torch.Tensor, keys: torch.Tensor, positions: list[int], scaling: float, window: int | None,
           softcap: float | None) -> torch.Tensor:
-    """Sum over queries of softmax(q k^T) over the keys each query saw; [L] float64 on the CPU."""
-    length = keys.shape[0]
+    """Per head, the sum over its queries of softmax(q k^T) over the keys each query saw.
+
+    q: [H, N, D] fp32; keys: [H, L, D]. Returns [H, L] float64 on the CPU. Heads are batched; keys are tiled
+    (two passes: log-sum-exp, then weights) so the score block stays [H, N, tile].
+    """
+    length = keys.shape[1]
     pos = torch.tensor(positions, device=q.device)[:, None]  # [N, 1]
 
     def scores(start: int, stop: int) -> torch.Tensor:
-        s = q @ keys[start:stop].to(torch.float32).T * scaling  # [N, tile]
+        s = torch.bmm(q, keys[:, start:stop].to(torch.float32).transpose(1, 2)) * scaling  # [H, N, tile]
         if softcap:
             s = torch.tanh(s / softcap) * softcap
         k_pos = torch.arange(start, stop, device=q.device)[None, :]
@@ -98,14 +100,16 @@ def _mass(q: torch.Tensor, keys: torch.Tensor, positions: list[int], scaling: fl
             visible &= k_pos > pos - window
         return s.masked_fill(~visible, float("-inf"))
 
-    # Pass 1: each query's log-sum-exp over all keys; pass 2: the normalised weights, summed per key.
-    lse = torch.full((q.shape[0], 1), float("-inf"), device=q.device)
-    for start in range(0, length, _TILE):
-        lse = torch.logaddexp(lse, torch.logsumexp(scores(start, min(start + _TILE, length)), dim=-1, keepdim=True))
-    mass = torch.zeros(length, dtype=torch.float64)
-    for start in range(0, length, _TILE):
-        stop = min(start + _TILE, length)
-        mass[start:stop] = torch.exp(scores(start, stop) - lse).sum(0).double().cpu()
+    tile = max(1, _TILE * 8 // max(1, q.shape[0] * q.shape[1] // 64 + 1))  # ~fixed score-block size
+    if tile >= length:  # one block: a plain softmax
+        return torch.softmax(scores(0, length), dim=-1).sum(1).double().cpu()
+    lse = torch.full((*q.shape[:2], 1), float("-inf"), device=q.device)
+    for start in range(0, length, tile):
+        lse = torch.logaddexp(lse, torch.logsumexp(scores(start, min(start + tile, length)), dim=-1, keepdim=True))
+    mass = torch.zeros(q.shape[0], length, dtype=torch.float64)
+    for start in range(0, length, tile):
+        stop = min(start + tile, length)
+        mass[:, start:stop] = torch.exp(scores(start, stop) - lse).sum(1).double().cpu()
     return mass
 
 

@@ -71,8 +71,8 @@ def test_upload_plan_read_ask_new_chat(client, secret_pdf):
     final = _message_text(chats[-1][-1])
     assert re.search(r"TTFT \d+\.\d\d s · \d+ tokens · \d+\.\d tok/s", final)
     assert "Sources: p. 3" in final  # the page holding the answer, read from the attention
-    pages = job.outputs()[-1][3]
-    assert pages is None  # chips offered, none chosen yet
+    chips = job.outputs()[-1][3]
+    assert chips["visible"] and chips["choices"][0] == ["p. 3", 3] and chips["value"] is None
     page_html = client.predict(3, api_name="/page")
     assert "page 3" in page_html and "AMBER-7" in page_html  # the page viewer shows that page's text
 

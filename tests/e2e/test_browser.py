@@ -100,6 +100,17 @@ def test_read_a_pdf_and_ask_for_the_fact_on_page_3(page, tmp_path):
         f"() => Number(document.querySelector('#meters .meters').dataset.contextTokens) > {total}")
     page.screenshot(path=str(SHOTS / "05-answer.png"))
 
+    # Sources read from the attention name the pages; a page chip opens that page beside the chat.
+    sources = page.locator("#chat .answer-sources").last.inner_text()
+    assert sources.startswith("Sources: p. ")
+    page.locator("#page-chips label").first.click()
+    page.wait_for_selector("#page-view .page-view[data-page]")
+    shown = page.get_attribute("#page-view .page-view", "data-page")
+    assert shown in sources and page.inner_text("#page-view").strip()
+    if "AMBER" in answer:
+        assert sources.startswith("Sources: p. 3"), sources  # the fact's page, when the model found the fact
+    page.screenshot(path=str(SHOTS / "05b-sources-and-page.png"))
+
     page.set_viewport_size({"width": 390, "height": 844})
     page.wait_for_timeout(500)
     assert page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing sticks out sideways

@@ -341,10 +341,6 @@ def main(argv: list[str] | None = None) -> None:
     demo.block_thread()
 
 
-if __name__ == "__main__":
-    main()
-
-
 def _find_retrieval_heads_in_background(model, tokenizer) -> None:
     """Answers show attention-grounded sources from the model's retrieval heads, found once per model by a short
     needle calibration (cached on disk): started now, so the first question does not wait for it."""
@@ -360,3 +356,7 @@ def _find_retrieval_heads_in_background(model, tokenizer) -> None:
             log.warning("finding the model's retrieval heads failed", exc_info=True)
 
     threading.Thread(target=run, name="retrieval-heads", daemon=True).start()
+
+
+if __name__ == "__main__":
+    main()

@@ -243,7 +243,7 @@ class Handlers:
     @staticmethod
     def _page_chips(session, chunk) -> dict:
         """Chips for the pages the answer cites, then those it attended to most."""
-        known = split_pages(session.document)
+        known = split_pages(getattr(session, "document", "") or "")
         chosen = cited_pages(chunk.text, known)
         chosen += [s.page for s in chunk.sources if s.page is not None and s.page in known and s.page not in chosen]
         return gr.update(choices=[(f"p. {p}", p) for p in chosen], value=None, visible=bool(chosen))

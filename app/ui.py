@@ -73,8 +73,8 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
         # delete_callback: Gradio's own expiry of a session is the backstop to ``unload``.
         state = gr.State(BrowserState(), delete_callback=lambda s: s.close() if s else None)
         with gr.Row(equal_height=True, elem_id="topbar"):
-            gr.HTML(_header(title, model_info), elem_id="header", scale=2, min_width=300)
-            meters = gr.HTML(label="Meters", elem_id="meters", scale=3, min_width=300)
+            gr.HTML(_header(title, model_info), elem_id="header", scale=2, min_width=340)
+            meters = gr.HTML(label="Meters", elem_id="meters", scale=3, min_width=340)
         status_box = gr.HTML(status("info", "Drop a book or a stack of documents, read them once, then ask "
                                             "questions about the whole text."), label="Status", elem_id="status")
         with gr.Row(equal_height=False, elem_id="main"):

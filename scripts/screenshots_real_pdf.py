@@ -27,7 +27,7 @@ def main() -> int:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    from app.ui import build_ui
+    from app.ui import build_ui, launch_options
     from benchmarks.corpus import fetch_corpus
     from engine import DocumentSession, OffloadPolicy, describe
     from engine.loader import load_model
@@ -38,7 +38,7 @@ def main() -> int:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     demo = build_ui(lambda: DocumentSession(model, tokenizer, OffloadPolicy()), model_info=describe(model))
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
     SHOTS.mkdir(parents=True, exist_ok=True)
     try:
         with sync_playwright() as playwright:
@@ -47,11 +47,11 @@ def main() -> int:
             page.set_default_timeout(600_000)
             page.goto(demo.local_url)
             page.locator("#file-drop input[type=file]").set_input_files(str(pdf))
-            page.wait_for_selector("#plan .plan")
+            page.wait_for_selector("#plan .plan[data-fits]")
             page.screenshot(path=str(SHOTS / "07-real-pdf-plan.png"))
             if page.get_attribute("#plan .plan", "data-fits") == "false":
                 page.locator("#truncate input").check()
-                page.wait_for_selector("#plan .plan[data-fits=true]")
+                page.wait_for_selector("#read:not([disabled])")
             started = time.monotonic()
             page.click("#read")
             page.wait_for_selector("#prefill-progress .progress[data-state=running]")

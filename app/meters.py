@@ -30,6 +30,8 @@ def meters_html(snapshot: MemorySnapshot, kv: dict | None) -> str:
     if disk:
         label, value = "KV cache <small>device · host · disk</small>", f"{value} · {format_bytes(disk)}"
     rows.append(_row("kv", label, kv["kv_device"], kv_total, value))
+    if kv.get("host_attention_ms"):  # decode attends part of the offloaded KV on the CPU
+        rows.append(_row("host-attention", "Host attention", 0, 0, f"{kv['host_attention_ms']:.1f} ms/token"))
     context = f"{kv['context_tokens']:,} / {kv['max_context']:,} tokens" if kv["max_context"] else "no document"
     rows.append(_row("context", "Context", kv["context_tokens"], kv["max_context"], context))
     return (

@@ -62,6 +62,7 @@ class DocumentSession:
         self._pages: list[tuple[int, int]] | None = None  # (first token, page) of [page N] markers, when needed
         self._starts = None  # where each document token starts in the text (DocumentTokens.starts)
         self.turns: list[Turn] = []
+        self._host_ms_per_token = 0.0  # the last answer's host-attention time per token (meters)
 
     @property
     def document_tokens(self) -> int:
@@ -245,6 +246,7 @@ class DocumentSession:
         grounding = self._grounding() if sources else None
         if grounding is not None:
             grounding.start(len(wanted) - 1)  # from the query that writes the first answer token
+        host_before = self.cache.host_attention_seconds
         try:
             logits = self._extend_to(wanted)
             decoder = IncrementalDecoder(self.tokenizer)
@@ -275,6 +277,7 @@ class DocumentSession:
             if grounding is not None:
                 grounding.cancel()  # an abandoned answer stops recording (a no-op after finish)
         self.turns.append(Turn(question, decoder.text))
+        self._host_ms_per_token = 1000 * (self.cache.host_attention_seconds - host_before) / max(num_tokens, 1)
         yield AnswerChunk(decoder.text, "", num_tokens, None if first_at is None else first_at - asked,
                           answer_rate(num_tokens, first_at), done=True, stopped=stopped, looped=looped,
                           sources=tuple(found), sources_seconds=grounding.seconds if grounding else 0.0)
@@ -337,7 +340,8 @@ class DocumentSession:
         kv = self.cache.kv_bytes() if self.cache is not None else {"device": 0, "host": 0, "disk": 0}
         return {"kv_device": kv["device"], "kv_host": kv["host"], "kv_disk": kv["disk"],
                 "context_tokens": len(self._cached_ids),
-                "max_context": self.max_context if self.document_tokens else 0}
+                "max_context": self.max_context if self.document_tokens else 0,
+                "host_attention_ms": self._host_ms_per_token}
 
     # -- snapshots: save / restore the document's KV cache (engine.snapshot) -----------------------
     def snapshot_identity(self) -> SnapshotIdentity:

@@ -18,3 +18,13 @@ def test_citations_in_the_forms_models_write_them():
     answer = "The code is AMBER-7 (p. 2), see also [page 3] and page 2; p. 99 does not exist."
     assert cited_pages(answer, pages) == [2, 3]
     assert cited_pages("No pages here.", pages) == []
+
+
+def test_meters_show_host_attention_time_only_when_there_is_some():
+    from app.meters import meters_html
+    from engine import read_memory
+
+    kv = {"kv_device": 0, "kv_host": 10, "kv_disk": 5, "context_tokens": 3, "max_context": 9}
+    assert "Host attention" not in meters_html(read_memory(), kv)
+    html = meters_html(read_memory(), {**kv, "host_attention_ms": 12.34})
+    assert "Host attention" in html and "12.3 ms/token" in html and "host · disk" in html

@@ -247,7 +247,9 @@ class HeadInferCache(Cache):
         """Keeps the sliding windows before ``num_tokens`` (default: now) so ``crop_to`` can return there later,
         however much is appended meanwhile (e.g. the end of the document, before conversations)."""
         num_tokens = self.get_seq_length() if num_tokens is None else num_tokens
-        self.settle()  # host homes are complete only once the appends have landed
+        if all(layer.window is None for layer in self.layers):
+            return  # no rings: every token stays, nothing to keep (and the prefetch in flight stays valid)
+        self.synchronize()  # host homes are complete only once the appends have landed
         for layer in self.layers:
             if layer.homes is not None:
                 layer.homes.set_anchor(num_tokens)

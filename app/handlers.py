@@ -99,7 +99,8 @@ class Handlers:
         if problems:
             message = _warn("Skipped: " + " ".join(problems)) + message
         return FilesView(state, render.files_table(documents, counts), render.plan_panel(plan, sum(counts), seconds,
-                                                                                     session.policy.kv_dtype),
+                                                                                     session.policy.kv_dtype,
+                                                                                     _options(session, plan)),
                          gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
                          message)
 
@@ -344,3 +345,10 @@ def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> 
     total = session.document_tokens
     rate = last.tokens_per_second if last else 0.0
     return render.progress_bar(total, total, rate, state="done", note="done")
+
+
+def _options(session: DocumentSession, plan) -> list:
+    """Capacity options, shown when memory is what binds the context (not the model's window or a setting)."""
+    if plan.limited_by != "memory" or not hasattr(session, "capacity_options"):
+        return []
+    return session.capacity_options()

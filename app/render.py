@@ -79,7 +79,8 @@ def empty_plan() -> str:
             "how much GPU and host memory reading them will take, before anything runs.</div>")
 
 
-def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dtype: str | None = None) -> str:
+def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dtype: str | None = None,
+               options: Sequence = ()) -> str:
     """The memory plan of a document set: predicted memory, fit, chunk/head-group sizes, time.
 
     ``num_tokens`` counts the documents alone; ``plan.context_tokens`` adds the prompt around
@@ -106,6 +107,8 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
         tiles.append(("KV storage", f"{kv_dtype}, lossy (answers may differ from the model's own)"))
     if plan.disk_bytes:
         tiles.append(("Disk tier", f"{format_bytes(plan.disk_bytes)} · {plan.disk_slots} slots (exact, slower)"))
+    if options:  # memory binds: how far 8-bit KV or a disk tier would reach
+        tiles.append(("Reaches", " · ".join(f"{o.name} {o.max_context:,}" for o in options)))
     if plan.decode_seconds is not None:
         split = f" · {plan.host_share:.0%} of offloaded KV attended on the CPU" if plan.host_share else ""
         tiles.append(("Decode (predicted)", f"≈ {plan.decode_seconds:.3f} s/token{split}"))

@@ -64,24 +64,18 @@ def bytes_per_token(context: int = 131072, chunk: int = 4096) -> list[dict]:
 
 
 def largest_contexts(host_gib: float, disk_dir: Path, disk_gbps: float) -> list[dict]:
-    from engine.planner import ModelShape, make_plan
+    from engine.capacity import capacity_options
+    from engine.planner import ModelShape
     from engine.policy import OffloadPolicy
 
     from .models import llama3_8b_config
 
     shape = ModelShape.from_config(llama3_8b_config(), dtype_bytes=2)
-    host, gpu = int(host_gib * _GIB), 24 * _GIB
-    options = {"RAM": OffloadPolicy(), "RAM + 8-bit": OffloadPolicy(kv_dtype="int8"),
-               "RAM + disk": OffloadPolicy(disk_dir=str(disk_dir))}
-    rows = []
-    for name, policy in options.items():
-        plan = make_plan(shape, policy, 1 << 20, device_is_cuda=True, gpu_budget=gpu, host_budget=host)
-        context = plan.max_context_tokens
-        at = make_plan(shape, policy, context, device_is_cuda=True, gpu_budget=gpu, host_budget=host)
-        seconds = at.host_bytes / (PCIE4_GBPS * 1e9) + at.disk_bytes / (disk_gbps * 1e9)
-        rows.append({"option": name, "max_context": context, "host_gib": at.host_bytes / _GIB,
-                     "disk_gib": at.disk_bytes / _GIB, "predicted_decode_s": seconds})
-    return rows
+    options = capacity_options(shape, OffloadPolicy(), device_is_cuda=True, gpu_budget=24 * _GIB,
+                               host_budget=int(host_gib * _GIB), disk_dir=str(disk_dir), link_gbps=PCIE4_GBPS,
+                               disk_gbps=disk_gbps)
+    return [{"option": o.name, "max_context": o.max_context, "host_gib": o.host_bytes / _GIB,
+             "disk_gib": o.disk_bytes / _GIB, "predicted_decode_s": o.decode_seconds} for o in options]
 
 
 @torch.inference_mode()

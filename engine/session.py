@@ -101,6 +101,15 @@ class DocumentSession:
                          gpu_budget=self.policy.gpu_memory or gpu_budget,
                          host_budget=self.policy.host_memory or host_budget, rates=plan_rates(self.policy, self.device))
 
+    def capacity_options(self) -> list:
+        """How far each capacity option reaches here (RAM, + 8-bit, + the disk tier when it has a folder)."""
+        from .capacity import capacity_options
+
+        gpu_budget, host_budget = detect_budgets(str(self.device))
+        return capacity_options(self.shape, self.policy, device_is_cuda=self.device.type == "cuda",
+                                gpu_budget=self.policy.gpu_memory or gpu_budget,
+                                host_budget=self.policy.host_memory or host_budget)
+
     def estimate_prefill_seconds(self, num_tokens: int) -> float:
         """Seconds to prefill ``num_tokens``, from this machine's measured rate (measured once per model)."""
         return estimate_prefill_seconds(self.shape, num_tokens, measured_flop_rate(self.model, self.shape))

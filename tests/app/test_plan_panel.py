@@ -1,0 +1,23 @@
+"""The plan panel names what 8-bit KV or a disk tier would reach when memory is what binds."""
+
+from transformers import LlamaConfig
+
+from app import render
+from engine.capacity import capacity_options
+from engine.planner import ModelShape, make_plan
+from engine.policy import OffloadPolicy
+
+GIB = 1 << 30
+
+
+def test_reaches_tile_lists_the_options_and_lossy_kv_is_labelled(tmp_path):
+    shape = ModelShape.from_config(LlamaConfig(num_hidden_layers=32, num_key_value_heads=8, head_dim=128,
+                                               num_attention_heads=32, hidden_size=4096), dtype_bytes=2)
+    plan = make_plan(shape, OffloadPolicy(), 1 << 20, device_is_cuda=True, gpu_budget=24 * GIB, host_budget=32 * GIB)
+    assert plan.limited_by == "memory"
+    options = capacity_options(shape, OffloadPolicy(disk_dir=str(tmp_path)), device_is_cuda=True,
+                               gpu_budget=24 * GIB, host_budget=32 * GIB)
+    html = render.plan_panel(plan, 1000, 10.0, "int8", options)
+    assert "Reaches" in html and "RAM + 8-bit (lossy)" in html and "RAM + disk" in html
+    assert "int8, lossy" in html  # KV storage named as lossy wherever it is on
+    assert "Reaches" not in render.plan_panel(plan, 1000, 10.0)

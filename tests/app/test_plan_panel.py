@@ -12,7 +12,8 @@ GIB = 1 << 30
 
 def test_reaches_tile_lists_the_options_and_lossy_kv_is_labelled(tmp_path):
     shape = ModelShape.from_config(LlamaConfig(num_hidden_layers=32, num_key_value_heads=8, head_dim=128,
-                                               num_attention_heads=32, hidden_size=4096), dtype_bytes=2)
+                                               num_attention_heads=32, hidden_size=4096,
+                                               max_position_embeddings=1 << 23), dtype_bytes=2)
     plan = make_plan(shape, OffloadPolicy(), 1 << 20, device_is_cuda=True, gpu_budget=24 * GIB, host_budget=32 * GIB)
     assert plan.limited_by == "memory"
     options = capacity_options(shape, OffloadPolicy(disk_dir=str(tmp_path)), device_is_cuda=True,

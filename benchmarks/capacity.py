@@ -118,7 +118,6 @@ def disk_vs_ram(context: int, steps: int, folder: Path) -> dict:
         kv = cache.kv_bytes()
         times[mode] = {"s_per_token": statistics.median(runs), "kv": kv, "cached": max(cached, default=0.0)}
         cache.release()
-        shutil.rmtree(folder / "none", ignore_errors=True)
     disk_bytes = times["disk"]["kv"]["disk"]
     tier_gbps = disk_bytes / times["disk"]["s_per_token"] / 1e9
     return {"context": context, "kv_gib": disk_bytes / _GIB, "ram_s_per_token": times["ram"]["s_per_token"],

@@ -24,7 +24,7 @@ from .sampling import IncrementalDecoder, RepetitionGuard, next_token, stop_toke
 from .rates import plan_rates
 from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
 from .snapshot_format import SnapshotIdentity
-from .sources import AnswerSources, page_starts
+from .sources import AnswerSources, page_starts, page_starts_from_offsets
 from .telemetry import detect_budgets, measured_flop_rate
 
 logger = logging.getLogger(__name__)
@@ -308,14 +308,9 @@ class DocumentSession:
     def _page_starts(self) -> list[tuple[int, int]]:
         """(first token, page) of each ``[page N]`` marker of the document, from the token offsets kept at
         tokenization (tokenizing again only where the tokenizer gave none)."""
-        import bisect
-        import re
-
         if self._starts is None:
             return page_starts(self.tokenizer, self.prompts.document_text(self.document))
-        starts = self._starts
-        return [(bisect.bisect_left(starts, m.start()), int(m.group(1)))
-                for m in re.finditer(r"\[page (\d+)\]", self.document)]
+        return page_starts_from_offsets(self.document, self._starts)
 
     def _extend_to(self, wanted: list[int]) -> torch.Tensor:
         """Crops the cache to its longest common prefix with ``wanted`` and feeds the rest."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import time
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,12 @@ def page_starts(tokenizer, prefix_text: str) -> list[tuple[int, int]]:
     encoded = tokenizer(prefix_text, add_special_tokens=False, return_offsets_mapping=True)
     starts = [start for start, _ in encoded["offset_mapping"]]
     return [(bisect.bisect_right(starts, m.start()) - 1, int(m.group(1))) for m in markers]
+
+
+def page_starts_from_offsets(text: str, starts) -> list[tuple[int, int]]:
+    """(first token index, page number) of every ``[page N]`` marker of ``text``, from where each token of the
+    text starts in it (``DocumentTokens.starts``): no second tokenization."""
+    return [(bisect.bisect_left(starts, m.start()), int(m.group(1))) for m in _PAGE_MARKER.finditer(text)]
 
 
 @torch.inference_mode()
@@ -160,8 +167,6 @@ class AnswerSources:
         self.probe = None
 
     def finish(self) -> list[Source]:
-        import time
-
         if self.probe is None:
             return []
         if self.cache.schedule is not None:

@@ -137,16 +137,17 @@ class HostMemory:
         if owner is None:
             return
         self._fence()
-        self._unregister(owner)
+        _unregister(self._runtime, owner)
 
     def free_all(self) -> None:
         self._finalizer()
 
-    def _unregister(self, tensor: torch.Tensor) -> None:
-        code = self._runtime.host_unregister(tensor.data_ptr())
-        if code != 0:
-            self._runtime.clear_last_error()
-            logger.warning("cudaHostUnregister failed: %s", self._runtime.error_string(code))
+
+def _unregister(runtime: CudaRuntime, tensor: torch.Tensor) -> None:
+    code = runtime.host_unregister(tensor.data_ptr())
+    if code != 0:
+        runtime.clear_last_error()
+        logger.warning("cudaHostUnregister failed: %s", runtime.error_string(code))
 
 
 def _release(registered: dict[int, torch.Tensor], fence: Callable[[], None], runtime: CudaRuntime | None) -> None:
@@ -154,8 +155,5 @@ def _release(registered: dict[int, torch.Tensor], fence: Callable[[], None], run
         return
     fence()
     for tensor in registered.values():
-        code = runtime.host_unregister(tensor.data_ptr())
-        if code != 0:
-            runtime.clear_last_error()
-            logger.warning("cudaHostUnregister failed: %s", runtime.error_string(code))
+        _unregister(runtime, tensor)
     registered.clear()

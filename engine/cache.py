@@ -94,6 +94,8 @@ class HeadInferLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.cache.settle()
+        if self.homes is not None:
+            self.homes.crop_to(0, self.length)  # rows a saved snapshot links move out of the way first
         self.length = 0
 
     def offload(self) -> None:  # the schedule moves data itself
@@ -253,6 +255,11 @@ class HeadInferCache(Cache):
         for layer in self.layers:
             if layer.homes is not None:
                 layer.homes.set_anchor(num_tokens)
+
+    @property
+    def disk_tier(self) -> DiskMemory | None:
+        """The disk tier's files, when the plan put homes there (snapshots link them)."""
+        return self._disk
 
     def settle(self) -> None:
         """Waits for copies in flight and drops prefetches: call before tokens are taken away."""

@@ -118,21 +118,24 @@ class SnapshotStore:
         if existing is not None:
             self._touch(identity.key)
             return dataclasses.replace(existing, last_used=time.time())
-        size = snapshot_bytes(cache, identity.num_tokens)
+        size, linked = snapshot_bytes(cache, identity.num_tokens)
         if self.max_bytes is not None and size > self.max_bytes:
             logger.warning("not saving a snapshot of %s: the store's cap is %s",
                            format_bytes(size), format_bytes(self.max_bytes))
             return None
+        tier = cache.disk_tier
+        if linked and (tier is None or os.stat(tier.folder).st_dev != os.stat(self.root).st_dev):
+            linked = 0  # the disk tier is on another filesystem: its homes are copied, not linked
         self._evict(keep_room=size)
-        self._require_free_space(size)
+        self._require_free_space(size - linked)
         target = self.root / identity.key
         if target.exists():  # an unreadable or outdated snapshot under this key: replace it
             self.delete(identity.key)
         started = time.perf_counter()
         header = write_snapshot(target, cache, identity, token_ids, label=_label(label), policy=policy)
         seconds = time.perf_counter() - started
-        logger.info("saved snapshot %s: %d tokens, %.1f MB in %.2f s (%.2f GB/s)", identity.key,
-                    identity.num_tokens, header.num_bytes / 1e6, seconds, header.num_bytes / max(seconds, 1e-9) / 1e9)
+        logger.info("saved snapshot %s: %d tokens, %.1f MB (%.1f MB of it linked from the disk tier) in %.2f s",
+                    identity.key, identity.num_tokens, header.num_bytes / 1e6, linked / 1e6, seconds)
         self._evict(keep_room=0, protect=identity.key)
         return self._info(target)
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -30,6 +31,7 @@ from .snapshot_format import (
     SnapshotError,
     SnapshotHeader,
     SnapshotIdentity,
+    home_file,
     layer_file,
 )
 from .snapshot_io import ChecksumMismatch, RunStreamer, TruncatedFile, fsync_directory
@@ -44,19 +46,28 @@ def saved_range(window: int | None, num_tokens: int) -> tuple[int, int]:
     return (0 if window is None else max(0, num_tokens - (window - 1)), num_tokens)
 
 
-def layer_runs(homes: LayerHomes, num_tokens: int) -> list[torch.Tensor]:
-    """The layer's saved tokens as contiguous runs in file order: per group, its [n, B, 2, g, D] tokens in order
-    (two runs where a window ring wraps)."""
+Part = tuple[int, int, list[torch.Tensor]]  # (head group, plane, its contiguous runs in token order)
+
+
+def layer_parts(homes: LayerHomes, num_tokens: int) -> list[Part]:
+    """The layer's saved tokens in file order: per group and plane, its [n, B, 2, g, D] tokens as one run (two
+    where a window ring wraps)."""
     start, stop = saved_range(homes.window, num_tokens)
-    return [run for home in homes for plane in range(len(home.planes)) for run in home.blocks(start, stop, plane)]
+    return [(g, plane, home.blocks(start, stop, plane)) for g, home in enumerate(homes)
+            for plane in range(len(home.planes))]
 
 
-def snapshot_bytes(cache: HeadInferCache, num_tokens: int) -> int:
-    """The size a snapshot of the cache's first ``num_tokens`` tokens takes on disk (headers aside)."""
-    home = cache.layers[0].homes[0]
-    per_token = sum(p[0].nbytes for p in home.planes) * cache.shape.num_kv_heads // home.group.size
-    tokens = sum(stop - start for start, stop in (saved_range(w, num_tokens) for w in cache.shape.sliding_windows))
-    return tokens * per_token + 4 * num_tokens
+def snapshot_bytes(cache: HeadInferCache, num_tokens: int) -> tuple[int, int]:
+    """(the size a snapshot of the cache's first ``num_tokens`` tokens takes on disk, the part of it that
+    disk-tier homes hold and a save links rather than writes), headers aside."""
+    total, linked = 4 * num_tokens, 0
+    for layer in cache.layers:
+        start, stop = saved_range(layer.window, num_tokens)
+        for home in layer.homes:
+            num_bytes = sum(p[0].nbytes for p in home.planes) * (stop - start)
+            total += num_bytes
+            linked += num_bytes if home.disk is not None else 0
+    return total, linked
 
 
 def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdentity, token_ids: list[int], *,
@@ -79,10 +90,25 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
         with RunStreamer() as streamer:
             ids = torch.frombuffer(bytearray(token_ids_bytes(token_ids)), dtype=torch.uint8)
             files = [FileEntry(TOKENS_FILE, *streamer.write_file(scratch / TOKENS_FILE, [ids]))]
+            linked = []  # (plane, file name) of the disk-tier homes linked into the snapshot
             for layer in cache.layers:
+                in_layer_file = []
+                for group_idx, plane, runs in layer_parts(layer.homes, num_tokens):
+                    home = layer.homes[group_idx]
+                    if home.disk is None:  # in RAM, on the device, or a ring: its tokens go into the layer file
+                        in_layer_file += runs
+                        continue
+                    name = home_file(layer.layer_idx, group_idx, plane)
+                    where = {"layer": layer.layer_idx, "group": group_idx, "plane": plane}
+                    tensor = home.planes[plane]
+                    if home.disk.link(tensor, scratch / name):  # the home file is the run: no byte is copied
+                        crc = home.disk.prefix_crc(tensor, num_tokens)
+                        files.append(FileEntry(name, runs[0].nbytes, crc, **where))
+                        linked.append((home.disk, tensor, name))
+                    else:  # another filesystem: a copy of the prefix, in the same place of the format
+                        files.append(FileEntry(name, *streamer.write_file(scratch / name, runs), **where))
                 name = layer_file(layer.layer_idx)
-                runs = layer_runs(layer.homes, num_tokens)
-                files.append(FileEntry(name, *streamer.write_file(scratch / name, runs)))
+                files.append(FileEntry(name, *streamer.write_file(scratch / name, in_layer_file)))
         header = SnapshotHeader(identity, label, time.time(), len(cache.layers), cache.shape.num_kv_heads,
                                 head_dim, batch, tuple(files), policy or {}, head_group_size=group_size,
                                 kv_dtype=cache.policy.kv_dtype)
@@ -96,6 +122,8 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
                 raise FileExistsError(f"{target} was written by another process meanwhile") from error
             raise
         fsync_directory(target.parent)
+        for disk, tensor, name in linked:  # from now on rows [0, num_tokens) of those files are the snapshot's
+            disk.seal(tensor, num_tokens, target / name)
         return header
     finally:
         shutil.rmtree(scratch, ignore_errors=True)  # no-op after a successful rename
@@ -109,23 +137,29 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
     """
     for entry in header.files:
         size = _size(folder / entry.name)
-        if size != entry.num_bytes:
+        if size < entry.num_bytes or (size > entry.num_bytes and not entry.is_home):
             what = "truncated" if size < entry.num_bytes else "longer than its header says"
             raise CorruptSnapshotError(f"{entry.name} is {what} ({size:,} of {entry.num_bytes:,} bytes)")
     num_tokens = header.identity.num_tokens
     _prepare(cache, header)
     entries = {f.name: f for f in header.files}
+    home_files = {(f.layer, f.group, f.plane): f for f in header.files if f.is_home}
     try:
         with RunStreamer() as streamer:
-            per_layer = [_restore_runs(layer.homes, header, num_tokens) for layer in cache.layers]
-            streamer.prefault([run for runs, _ in per_layer for run in runs])
+            per_layer = [_restore_parts(layer.homes, header, num_tokens) for layer in cache.layers]
+            streamer.prefault([run for parts, _ in per_layer for _, _, runs in parts for run in runs])
             ids = torch.empty(entries[TOKENS_FILE].num_bytes, dtype=torch.uint8)
             total = streamer.read_file(folder / TOKENS_FILE, [ids], entries[TOKENS_FILE].crc32)
             if hashlib.sha256(ids.numpy()).hexdigest() != header.identity.token_ids_sha256:
                 raise ChecksumMismatch(f"{TOKENS_FILE} holds other token ids than the header says")
-            for layer, (runs, regroup) in zip(cache.layers, per_layer):
+            for layer, (parts, regroup) in zip(cache.layers, per_layer):
                 name = layer_file(layer.layer_idx)
-                total += streamer.read_file(folder / name, runs, entries[name].crc32)
+                own = [(home_files.get((layer.layer_idx, g, plane)), runs) for g, plane, runs in parts]
+                total += streamer.read_file(folder / name, [r for entry, runs in own if entry is None for r in runs],
+                                            entries[name].crc32)
+                for entry, runs in own:
+                    if entry is not None:
+                        total += streamer.read_file(folder / entry.name, runs, entry.crc32, whole=False)
                 regroup()
     except (TruncatedFile, ChecksumMismatch) as error:
         raise CorruptSnapshotError(f"{error}: the snapshot is damaged") from error
@@ -155,17 +189,21 @@ def _prepare(cache: HeadInferCache, header: SnapshotHeader) -> None:
     else:
         cache.crop_to(0)  # waits for copies in flight and drops stale prefetches
     cache.reserve(header.identity.num_tokens)
+    for layer in cache.layers:  # disk homes are read into behind their running checksums' back
+        for home in layer.homes:
+            for plane in home.planes if home.disk is not None else ():
+                home.disk.forget_written(plane, 0)
 
 
-def _restore_runs(homes: LayerHomes, header: SnapshotHeader, num_tokens: int):
-    """(runs to read the layer file into, a function to call after reading).
+def _restore_parts(homes: LayerHomes, header: SnapshotHeader, num_tokens: int) -> tuple[list[Part], Callable]:
+    """(the parts to read the snapshot's runs into, in file order, a function to call after reading).
 
     Read in place when the snapshot's head groups are the cache's; otherwise into one host tensor that is then
     copied into the homes head by head (a snapshot saved with another head-group size).
     """
     g_file = header.head_group_size
     if all(home.group.size == g_file for home in homes):
-        return layer_runs(homes, num_tokens), lambda: None
+        return layer_parts(homes, num_tokens), lambda: None
     if header.kv_dtype is not None:
         raise SnapshotError(f"this 8-bit snapshot was saved with head groups of {g_file}: restore it with the same")
     start, stop = saved_range(homes.window, num_tokens)
@@ -178,7 +216,7 @@ def _restore_runs(homes: LayerHomes, header: SnapshotHeader, num_tokens: int):
         for home in homes:
             home.write(start, by_head[:, :, :, home.group.start : home.group.stop])
 
-    return list(scratch.unbind(0)), regroup
+    return [(g, 0, [run]) for g, run in enumerate(scratch.unbind(0))], regroup
 
 
 def _size(path: Path) -> int:

@@ -2,8 +2,12 @@
 
     <key>/header.json      this header (written last; its own CRC-32 inside)
     <key>/tokens.bin       the document's token ids, little-endian uint32
-    <key>/layer-NNN.bin    one layer's K/V: keys then values, each KV head in order, each batch row in
-                           order, ``num_tokens x head_dim`` elements per run, in ``dtype``, native byte order
+    <key>/layer-NNN.bin    one layer's K/V: per head group in order, its tokens ``[n, B, 2, g, D]`` (8-bit: its
+                           codes, then its scales), in ``dtype``, native byte order
+    <key>/layer-NNN-group-GG-plane-P.bin
+                           (version 3) one group's plane that the layer file leaves out: a disk-tier home,
+                           linked, not copied (``kv/disk.py``). Its first ``num_bytes`` are the run; a file
+                           still in use by the session that saved it may be longer (rows past the document)
     <key>/last_used        empty; its mtime is the last save or restore (least-recently-used eviction)
 
 Runs are per KV head, so a snapshot restores under any head-group size or resident placement. No
@@ -22,7 +26,8 @@ from pathlib import Path
 from .fingerprint import ModelFingerprint, kv_dtype, dtype_name, model_fingerprint, token_ids_digest, tokenizer_fingerprint
 
 FORMAT = "headinfer-kv-snapshot"
-FORMAT_VERSION = 2  # 2: token-major homes, one run per (layer, head group)
+FORMAT_VERSION = 3  # 2: token-major homes, one run per (layer, head group); 3: plus home files
+OLDEST_READABLE = 2  # version 2 is version 3 without home files
 HEADER_FILE = "header.json"
 TOKENS_FILE = "tokens.bin"
 LAST_USED_FILE = "last_used"
@@ -39,6 +44,10 @@ class CorruptSnapshotError(SnapshotError):
 
 def layer_file(layer_idx: int) -> str:
     return f"layer-{layer_idx:03d}.bin"
+
+
+def home_file(layer_idx: int, group_idx: int, plane: int) -> str:
+    return f"layer-{layer_idx:03d}-group-{group_idx:02d}-plane-{plane}.bin"
 
 
 @dataclass(frozen=True)
@@ -67,8 +76,15 @@ class SnapshotIdentity:
 @dataclass(frozen=True)
 class FileEntry:
     name: str
-    num_bytes: int
+    num_bytes: int  # the bytes the snapshot holds (and the CRC covers): the whole file, or a home file's prefix
     crc32: int
+    layer: int | None = None  # set for a home file: the (layer, head group, plane) whose run it holds
+    group: int | None = None
+    plane: int | None = None
+
+    @property
+    def is_home(self) -> bool:
+        return self.layer is not None
 
 
 @dataclass(frozen=True)
@@ -113,10 +129,10 @@ class SnapshotHeader:
                 raise ValueError("not a HeadInfer KV snapshot")
             if stored_crc != _crc_of({**body, "format": FORMAT}):
                 raise ValueError("the header does not match its checksum")
-            if body["version"] < FORMAT_VERSION:
+            if body["version"] < OLDEST_READABLE:
                 raise CorruptSnapshotError(f"snapshot format version {body['version']} is from an older engine "
                                            "layout; read the document again to replace it")
-            if body["version"] != FORMAT_VERSION:
+            if body["version"] > FORMAT_VERSION:
                 raise SnapshotError(f"snapshot format version {body['version']} (this engine reads {FORMAT_VERSION})")
             identity = body.pop("identity")
             return cls(identity=SnapshotIdentity(model=ModelFingerprint(**identity.pop("model")), **identity),
@@ -163,8 +179,13 @@ def check_compatible(header: SnapshotHeader, wanted: SnapshotIdentity, shape) ->
         raise CorruptSnapshotError(
             f"the snapshot's cache shape ({header.num_layers} layers x {header.num_kv_heads} KV heads x "
             f"{header.head_dim}) differs from the model's ({shape.num_layers} x {shape.num_kv_heads} x {shape.head_dim})")
-    expected = {TOKENS_FILE, *(layer_file(i) for i in range(header.num_layers))}
-    if {f.name for f in header.files} != expected:
+    homes = [f for f in header.files if f.is_home]
+    num_groups, num_planes = header.num_kv_heads // header.head_group_size, 1 if header.kv_dtype is None else 2
+    expected = {TOKENS_FILE, *(layer_file(i) for i in range(header.num_layers)),
+                *(home_file(f.layer, f.group, f.plane) for f in homes)}
+    if ({f.name for f in header.files} != expected or len(header.files) != len(expected)
+            or not all(0 <= f.layer < header.num_layers and 0 <= f.group < num_groups and 0 <= f.plane < num_planes
+                       for f in homes)):
         raise CorruptSnapshotError("the snapshot's header lists the wrong files")
 
 

@@ -21,10 +21,7 @@ from pathlib import Path
 
 import torch
 
-try:  # ISA-L's CRC-32 gives zlib's values about three times faster; without it, zlib's (same format)
-    from isal.isal_zlib import crc32 as _crc32
-except ImportError:  # pragma: no cover - isal is in requirements.txt
-    from zlib import crc32 as _crc32
+from .kv.checksum import crc32 as _crc32
 
 logger = logging.getLogger(__name__)
 
@@ -175,9 +172,10 @@ class RunStreamer:
             _drop_cached(file)
         return sum(run.nbytes for run in runs), checksum.value()
 
-    def read_file(self, path: Path, runs: Sequence[torch.Tensor], expected_crc32: int) -> int:
-        """Fills the runs from ``path`` in order and checks the file's CRC-32. Returns the bytes read.
+    def read_file(self, path: Path, runs: Sequence[torch.Tensor], expected_crc32: int, *, whole: bool = True) -> int:
+        """Fills the runs from ``path`` in order and checks their CRC-32. Returns the bytes read.
 
+        whole: the runs must be the whole file (otherwise its first bytes: a home file may be longer).
         Raises ``TruncatedFile`` or ``ChecksumMismatch``; the runs then hold partial data.
         """
         checksum = _Checksum(self._worker)
@@ -191,7 +189,7 @@ class RunStreamer:
 
             for run in runs:
                 self._each_piece(run, consume, into_run=True)
-            if file.read(1):
+            if whole and file.read(1):
                 raise TruncatedFile(f"{path.name} is longer than its header says")
             _drop_cached(file)
         if self._staging is not None:

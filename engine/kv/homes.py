@@ -57,6 +57,7 @@ class GroupHome:
         # resident home is in host memory too, but it is read in place like any resident one.)
         self.is_host = not group.is_resident
         self.anchor: tuple[int, list[torch.Tensor]] | None = None  # (position, the window before it, per plane)
+        self.disk = None  # the DiskMemory of a disk home that is not a ring: told of every write (its checksum)
 
     @property
     def kv(self) -> torch.Tensor:
@@ -126,6 +127,8 @@ class GroupHome:
             for part in self.blocks(position, position + block.shape[0], plane):
                 part.copy_(block[done : done + part.shape[0]], non_blocking=non_blocking)
                 done += part.shape[0]
+                if self.disk is not None:  # a copy into a file's (pageable) mapping has landed on return
+                    self.disk.note_written(part)
 
     def keys(self, start: int, stop: int) -> torch.Tensor:
         """[B, g, stop-start, D] keys (for inspection and tests; the hot path reads blocks)."""
@@ -158,6 +161,8 @@ class LayerHomes:
             planes = [self._empty(g, (capacity, *shape), plane_dtype, device)
                       for shape, plane_dtype in _plane_specs(batch, g.size, head_dim, dtype, quantized)]
             self.homes.append(GroupHome(g, planes, window, dtype, quantized))
+            if g.is_on_disk and window is None:
+                self.homes[-1].disk = disk
 
     @property
     def chunk_room(self) -> int:
@@ -209,7 +214,9 @@ class LayerHomes:
             logger.info("growing KV home of heads %d-%d from %d to %d tokens (plan max_context / chunk_size to "
                         "avoid this)", home.group.start, home.group.stop, home.capacity, needed)
             first = max(0, num_valid - home.capacity) if home.is_ring else 0
-            kept = [home.read(first, num_valid, p).clone() for p in range(len(home.planes))]  # in token order
+            kept = [home.read(first, num_valid, p) for p in range(len(home.planes))]  # in token order
+            if not home.group.is_on_disk:  # (a disk home's rows go file to file, not through RAM)
+                kept = [k.clone() for k in kept]
             old = home.planes
             home.planes = [self._empty(home.group, (needed, *p.shape[1:]), p.dtype, p.device) for p in old]
             home.write_planes(first, kept)
@@ -232,7 +239,9 @@ class LayerHomes:
         return first >= self.oldest(length) or self.homes[0].anchor is not None and self.homes[0].anchor[0] == position
 
     def crop_to(self, position: int, length: int) -> None:
-        """Makes the rings hold the window before ``position`` again (from the anchor if it was overwritten)."""
+        """Makes the rings hold the window before ``position`` again (from the anchor if it was overwritten),
+        and moves disk homes a snapshot links to fresh files if rows it holds would be written again."""
+        self._unseal(position)
         if self.window is None or position >= length or position == 0:
             return
         first = max(0, position - (self.window - 1))
@@ -244,6 +253,21 @@ class LayerHomes:
                              "no longer holds the window before it (anchor that position first)")
         for home in self.homes:
             home.write_planes(first, home.anchor[1])
+
+
+    def _unseal(self, position: int) -> None:
+        """Gives every disk home whose rows past ``position`` a snapshot holds (``disk.py``) a fresh file with
+        its first ``position`` rows, so the snapshot's bytes are never written again."""
+        for home in self.homes:
+            if not home.group.is_on_disk or all(self._disk.sealed_rows(p) <= position for p in home.planes):
+                continue
+            logger.info("KV heads %d-%d: moving to a fresh disk file (a saved snapshot holds the old one)",
+                        home.group.start, home.group.stop)
+            old = home.planes
+            home.planes = [self._empty(home.group, tuple(p.shape), p.dtype, p.device) for p in old]
+            home.write_planes(0, [p[:position] for p in old])
+            for plane in old:
+                self._disk.free(plane)
 
 
 def _plane_specs(batch: int, group_size: int, head_dim: int, dtype: torch.dtype, kv_dtype: str | None):

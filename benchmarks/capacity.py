@@ -127,6 +127,65 @@ def disk_vs_ram(context: int, steps: int, folder: Path) -> dict:
             "cached_before_steps": times["disk"]["cached"]}
 
 
+def save_linked_vs_copied(context: int, folder: Path) -> dict:
+    """Saving a document read through the disk tier: its homes linked into the snapshot vs copied.
+
+    Every home is on disk, its running checksum built chunk by chunk as a prefill builds it, and the page cache
+    is dropped before each save (a book that needed the disk tier is not in RAM). Disk usage is measured with
+    ``statvfs`` around each save; each snapshot is then restored into a RAM-only cache."""
+    from unittest import mock
+
+    import engine
+    from engine.fingerprint import model_fingerprint, token_ids_digest
+    from engine.kv.disk import DiskMemory
+    from engine.snapshot_format import SnapshotIdentity
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from .fill import fill_random
+
+    config = LlamaConfig(hidden_size=256, intermediate_size=256, num_hidden_layers=32, num_attention_heads=16,
+                         num_key_value_heads=8, head_dim=128, vocab_size=256, max_position_embeddings=context + 64)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="headinfer", dtype=torch.float32).eval()
+    common = dict(device="cpu", max_context=context, head_group_size=8, dtype=torch.float32)
+    ram_plan = engine.HeadInferCache(model.config, **common).plan
+    kv_bytes = context * 32 * 8 * 128 * 2 * 4
+    cache = engine.HeadInferCache(model.config, **common, disk_dir=str(folder / "tier"),
+                                  host_memory=ram_plan.host_bytes - kv_bytes + 1)
+    fill_random(cache, context, head_dim=128, num_kv_heads=8, device=torch.device("cpu"), dtype=torch.float32)
+    for layer in cache.layers:  # the running checksums, chunk by chunk, as a prefill's appends extend them
+        for home in layer.homes:
+            for plane in home.planes if home.disk is not None else ():
+                for start in range(0, context, 4096):
+                    home.disk.note_written(plane[start : min(start + 4096, context)])
+    ids = [i % 256 for i in range(context)]
+    identity = SnapshotIdentity(model_fingerprint(model), "float32", "benchmark", token_ids_digest(ids), context)
+    result = {"context": context, "kv_gib": cache.kv_bytes()["disk"] / _GIB}
+    for mode in ("linked", "copied"):
+        store = engine.SnapshotStore(folder / f"saved-{mode}")
+        cache.disk_tier.drop_cache()
+        used = shutil.disk_usage(folder).used
+        started = time.perf_counter()
+        with mock.patch.object(DiskMemory, "link", return_value=False) if mode == "copied" else _nothing():
+            info = store.save(cache, ids, identity)
+        seconds = time.perf_counter() - started
+        grown = shutil.disk_usage(folder).used - used
+        ram = engine.HeadInferCache(model.config, **common)
+        stats = store.restore(ram, identity)
+        ram.release()
+        result[mode] = {"save_s": seconds, "disk_grew_gib": grown / _GIB, "snapshot_gib": info.num_bytes / _GIB,
+                        "restore_s": stats.seconds, "restore_gbps": stats.gb_per_second}
+        store.delete(info.key)
+    cache.release()
+    return result
+
+
+def _nothing():
+    from contextlib import nullcontext
+
+    return nullcontext()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.capacity")
     p.add_argument("--context", default="16K")
@@ -134,19 +193,26 @@ def main(argv=None) -> int:
     p.add_argument("--host-gib", type=float, default=32.0)
     p.add_argument("--disk-dir", default=None, help="folder for the disk tier (default: a temp folder on /work)")
     p.add_argument("--out", default="docs/benchmarks")
+    p.add_argument("--parts", default="disk,save", help="what to measure: disk (tier vs RAM), save (linked vs "
+                   "copied); the others are computed; parts left out keep their last recorded result")
     args = p.parse_args(argv)
+    parts = set(args.parts.split(","))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     folder = Path(args.disk_dir or tempfile.mkdtemp(prefix="kv-bench-", dir="/work" if Path("/work").exists() else None))
     folder.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    previous = json.loads((out / "capacity.json").read_text()) if (out / "capacity.json").exists() else {}
+    context = parse_tokens(args.context)[0]
     try:
-        measured = disk_vs_ram(parse_tokens(args.context)[0], args.steps, folder)
+        measured = disk_vs_ram(context, args.steps, folder) if "disk" in parts else previous["disk_vs_ram"]
+        saving = save_linked_vs_copied(context, folder) if "save" in parts else previous.get("save")
         rows = bytes_per_token()
         capacity = largest_contexts(args.host_gib, folder, measured["disk_cold_read_gbps"])
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    result = {"run": run_stamp("cpu"), "bytes_per_token": rows, "largest": capacity, "disk_vs_ram": measured}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    result = {"run": run_stamp("cpu"), "bytes_per_token": rows, "largest": capacity, "disk_vs_ram": measured,
+              "save": saving}
     (out / "capacity.json").write_text(json.dumps(result, indent=1, default=str))
     text = report(result, args.host_gib)
     (out / "capacity.md").write_text(text)
@@ -175,6 +241,18 @@ def report(result: dict, host_gib: float) -> str:
               f"({m['ratio']:.1f}x)",
               f"- the tier reads {m['tier_read_gbps']:.2f} GB/s = {m['of_disk_read']:.0%} of the disk's cold "
               f"sequential read ({m['disk_cold_read_gbps']:.2f} GB/s, same run)", ""]
+    saving = result.get("save")
+    if saving:
+        lines += ["## Saving a document read through the disk tier (snapshot format v3)", "",
+                  f"{saving['context']:,} tokens, {saving['kv_gib']:.2f} GiB of KV, every home on disk, page cache "
+                  "dropped before each save; disk usage measured around the save:", "",
+                  "| homes | save s | disk grew GiB | snapshot GiB | restore into RAM s | restore GB/s |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for mode in ("linked", "copied"):
+            r = saving[mode]
+            lines.append(f"| {mode} | {r['save_s']:.2f} | {r['disk_grew_gib']:.2f} | {r['snapshot_gib']:.2f} | "
+                         f"{r['restore_s']:.2f} | {r['restore_gbps']:.2f} |")
+        lines.append("")
     return "\n".join(lines)
 
 

@@ -182,7 +182,7 @@ class HeadInferCache(Cache):
         self.transfer = Transfer(self.device, num_layers=len(self.layers), num_groups=num_groups,
                                  group_shape=(batch, g, head_dim), dtype=dtype,
                                  buffer_tokens=visible if any_offloaded else 1, stage_tokens=chunk, pinned=pin,
-                                 kv_dtype=self.policy.kv_dtype)
+                                 kv_dtype=self.policy.kv_dtype, disk=bool(on_disk))
         self._host = HostMemory(pin, self.transfer.fence)
         for layer in self.layers:
             slots = [layer.layer_idx * num_groups + i for i in range(num_groups)]
@@ -275,15 +275,20 @@ class HeadInferCache(Cache):
 
     def release(self) -> None:
         """Frees every home and buffer; the cache is empty and re-allocates on the next update."""
-        if self.transfer is not None:
-            self.transfer.synchronize()
-        for layer in self.layers:
-            layer.homes, layer.length, layer.is_initialized = None, 0, False
-        if self._host is not None:
-            self._host.free_all()  # unlocks host memory only now that no copy can touch it
-        if self._disk is not None:
-            self._disk.close()  # unmaps and deletes the disk tier's files
-        self.transfer, self.schedule, self._host, self._disk = None, None, None, None
+        try:
+            if self.transfer is not None:
+                try:
+                    self.transfer.synchronize()  # (raises a failed disk job, after waiting for everything)
+                finally:
+                    self.transfer.close()
+        finally:
+            for layer in self.layers:
+                layer.homes, layer.length, layer.is_initialized = None, 0, False
+            if self._host is not None:
+                self._host.free_all()  # unlocks host memory only now that no copy can touch it
+            if self._disk is not None:
+                self._disk.close()  # unmaps and deletes the disk tier's files
+            self.transfer, self.schedule, self._host, self._disk = None, None, None, None
 
     @property
     def host_attention_seconds(self) -> float:

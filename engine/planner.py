@@ -209,6 +209,15 @@ def host_element_bytes(shape: ModelShape, kv_dtype: str | None) -> float:
     return float(shape.dtype_bytes) if kv_dtype is None else 1.0 + 4.0 / shape.head_dim
 
 
+def disk_stream_bytes(shape: ModelShape, chunk: int, kv_dtype: str | None) -> int:
+    """Pinned host memory the disk tier moves through on CUDA: the disk stream's pieces and write buffers
+    (``WRITES_PER_GROUP`` per head group of a layer, each one chunk of that group: per layer, every KV head)."""
+    from engine.kv.disk_stream import NUM_PIECES, PIECE_BYTES, WRITES_PER_GROUP  # here: the KV core imports PlanError
+
+    per_token = shape.num_kv_heads * shape.head_dim * 2 * math.ceil(host_element_bytes(shape, kv_dtype))
+    return NUM_PIECES * PIECE_BYTES + WRITES_PER_GROUP * chunk * per_token
+
+
 def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident: int,
                cuda: bool, kv_dtype: str | None = None) -> tuple[dict, int, int]:
     """Returns (gpu breakdown, gpu bytes, host bytes) for a fully resolved configuration."""
@@ -292,11 +301,14 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     disk_budget = _disk_budget(policy)
     candidates = total_slots - resident if device_is_cuda else total_slots  # CPU: every home is in RAM
 
+    stream = disk_stream_bytes(shape, chunk, policy.kv_dtype) if device_is_cuda else 0
+
     def split(ctx: int, h: int) -> tuple[int, int, int]:
         if policy.disk_dir is None:
             return h, 0, 0
         kv_host = h if device_is_cuda else _kv_stored(shape, ctx, chunk, policy.kv_dtype)
-        return _split_disk(h, kv_host, candidates, host_budget)
+        h, d, slots = _split_disk(h + stream, kv_host, candidates, host_budget)
+        return (h, d, slots) if slots else (h - stream, d, slots)
 
     host, disk, disk_slots = split(context_tokens, host)
 

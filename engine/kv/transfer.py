@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from concurrent import futures
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
 from . import quant
+from .disk_stream import DiskStream
 from .homes import GroupHome, LayerHomes
 
 logger = logging.getLogger(__name__)
@@ -43,6 +46,7 @@ class _PingPong:
     free_recorded: bool = False
     codes: list[torch.Tensor] | None = None  # 8-bit homes land here ([codes, scales]), then dequantize into kv
     is_coded: bool = False  # the last fetch landed in ``codes`` and still needs dequantizing
+    disk_job: Future | None = None  # a disk home's fetch on the disk stream's worker: joined before ``ready``
 
 
 @dataclass
@@ -67,7 +71,8 @@ class Transfer:
     """Owns the streams, the staging and ping-pong buffers and every event of one cache."""
 
     def __init__(self, device: torch.device, *, num_layers: int, num_groups: int, group_shape: tuple[int, int, int],
-                 dtype: torch.dtype, buffer_tokens: int, stage_tokens: int, pinned: bool, kv_dtype: str | None = None):
+                 dtype: torch.dtype, buffer_tokens: int, stage_tokens: int, pinned: bool, kv_dtype: str | None = None,
+                 disk: bool = False):
         self.device = device
         self.is_cuda = device.type == "cuda"
         self._non_blocking = self.is_cuda and pinned  # async only from/to page-locked memory
@@ -85,6 +90,8 @@ class Transfer:
         self._host_query: torch.Tensor | None = None  # page-locked landing place of queries sent to the host
         self._query_source: torch.Tensor | None = None  # the device queries the last such copy reads
         self._query_ready, self._query_landed = _event(self.is_cuda), _event(self.is_cuda)
+        self.disk = DiskStream(device, num_groups) if disk else None  # disk-tier homes move on its worker thread
+        self._disk_writes: dict[int, Future] = {}  # layer -> its newest append to a disk home (CUDA)
         self.num_fetches = 0  # every fetch into a ping-pong buffer ...
         self.num_on_demand = 0  # ... and those the compute stream had to wait for, not prefetched
 
@@ -133,6 +140,7 @@ class Transfer:
             for home, parts in host:
                 home.write_planes(position, parts)
             return
+        disk = self.disk
         staging, appends = self._staging[index], self._appends[layer_idx]
         event = appends.events[appends.turn]
         appends.turn ^= 1
@@ -141,7 +149,10 @@ class Transfer:
             self.d2h.wait_event(staging.produced)
             try:
                 for home, parts in host:
-                    home.write_planes(position, parts, non_blocking=self._non_blocking)
+                    if disk is not None and home.group.is_on_disk:  # through pinned memory, into the file later
+                        self._disk_writes[layer_idx] = disk.append(home, position, parts)
+                    else:
+                        home.write_planes(position, parts, non_blocking=self._non_blocking)
             finally:  # whatever was enqueued still reads the staging buffer: its reuse must wait for it
                 staging.free.record(self.d2h)
                 event.record(self.d2h)
@@ -187,6 +198,8 @@ class Transfer:
             self._query_landed.record(self.d2h)
         entries = self._appends[layer_idx].entries
         appended = entries[-1][1] if entries else None  # this step's chunk: the newest append of the layer
+        # ... and, for disk homes, its write into the files (the worker runs jobs in order: the newest covers all)
+        written = self._disk_writes.get(layer_idx)
 
         def wait() -> None:
             # Host threads read the home up to this step's tokens: the d2h append of this chunk must have landed
@@ -195,6 +208,11 @@ class Transfer:
             if appended is not None:
                 appended.synchronize()
             self._query_landed.synchronize()
+            if written is not None:  # (called by several host threads at once: each only waits)
+                futures.wait([written])
+                if written.exception() is not None:
+                    self.disk.acknowledge()  # reported here, through the host job
+                    raise written.exception()
 
         return target, wait
 
@@ -227,6 +245,7 @@ class Transfer:
             self._fetch(self._pingpong[index], slot, home, start, stop, room)
             self.num_on_demand += 1
         buffer = self._pingpong[index]
+        self._join(buffer)  # a disk home's fetch has enqueued its copies (and recorded ``ready``) once joined
         if self.is_cuda:
             # Attention must not read the buffer before its copy has landed.
             torch.cuda.current_stream(self.device).wait_event(buffer.ready)
@@ -259,6 +278,7 @@ class Transfer:
                 self.release(index)
 
     def _fetch(self, buffer: _PingPong, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> None:
+        self._join(buffer)  # a dropped disk fetch into this buffer must not land after this one
         if buffer.kv.shape[0] < room:
             self.synchronize()  # rare (context beyond the plan): a safe point to drop the old buffer
             capacity = max(room, buffer.kv.shape[0] + buffer.kv.shape[0] // 2)
@@ -270,42 +290,74 @@ class Transfer:
         self.num_fetches += 1
         num = stop - start
         targets = [c[:num] for c in buffer.codes] if home.is_quantized else [buffer.kv[:num]]
-        copies = [(target, home.blocks(start, stop, plane)) for plane, target in enumerate(targets)]
+        on_disk = self.disk is not None and home.group.is_on_disk
         if not self.is_cuda:
-            for target, sources in copies:
-                _copy_parts(target, sources, non_blocking=False)
+            if on_disk:  # read on the worker while this thread attends the group before
+                buffer.disk_job = self.disk.fetch(home, start, stop, targets)
+                return
+            for plane, target in enumerate(targets):
+                _copy_parts(target, home.blocks(start, stop, plane), non_blocking=False)
             return
         with torch.cuda.stream(self.h2d):
             if buffer.free_recorded:
                 # The compute stream may still be reading this buffer's previous group.
                 self.h2d.wait_event(buffer.free)
+            if on_disk:
+                # The worker enqueues the copies on h2d behind the wait above, after the appends it was given
+                # earlier (it runs jobs in order): no append event to wait for.
+                buffer.disk_job = self.disk.fetch(home, start, stop, targets, self.h2d, buffer.ready)
+                return
             landing = self._landing(slot[0], stop)
             if landing is not None:
                 # Earlier chunks of this layer may still be landing in the host home on the d2h stream.
                 self.h2d.wait_event(landing)
-            for target, sources in copies:
-                _copy_parts(target, sources, non_blocking=self._non_blocking)
+            for plane, target in enumerate(targets):
+                _copy_parts(target, home.blocks(start, stop, plane), non_blocking=self._non_blocking)
             buffer.ready.record(self.h2d)
+
+    def _join(self, buffer: _PingPong) -> None:
+        """Waits for the buffer's disk fetch, if any; its failure is raised here (and so reported)."""
+        if buffer.disk_job is None:
+            return
+        job, buffer.disk_job = buffer.disk_job, None
+        try:
+            job.result()
+        except BaseException:
+            buffer.pending = None  # half filled: never to be acquired as this slot's fetch
+            self.disk.acknowledge()
+            raise
 
     # -- bookkeeping -----------------------------------------------------------------------------------
     def forget(self) -> None:
         """Drops prefetches and appends bookkeeping, e.g. after a crop; call after ``synchronize``."""
         for buffer in self._pingpong:
-            buffer.pending = None
+            buffer.pending, buffer.disk_job = None, None  # (synchronize drained the disk jobs)
         for appends in self._appends:
             appends.entries = []
+        self._disk_writes.clear()
 
     def fence(self) -> None:
         """Returns once no copy into or out of host memory is in flight."""
-        if self.is_cuda:
-            self.h2d.synchronize()
-            self.d2h.synchronize()
+        try:
+            if self.disk is not None:
+                self.disk.drain()  # first: its jobs enqueue copies on h2d and wait on d2h
+        finally:  # (even after a failed disk job, nothing may be in flight when this returns)
+            if self.is_cuda:
+                self.h2d.synchronize()
+                self.d2h.synchronize()
+
+    def close(self) -> None:
+        """Stops the disk stream's worker (after its jobs); the transfer is not used afterwards."""
+        if self.disk is not None:
+            self.disk.close()
 
     def synchronize(self) -> None:
-        """Waits for every copy and every kernel in flight."""
-        if self.is_cuda:
+        """Waits for every copy and every kernel in flight (and every disk job, also without CUDA)."""
+        try:
             self.fence()
-            torch.cuda.current_stream(self.device).synchronize()
+        finally:
+            if self.is_cuda:
+                torch.cuda.current_stream(self.device).synchronize()
 
     @property
     def is_idle(self) -> bool:

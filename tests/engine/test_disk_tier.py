@@ -133,3 +133,65 @@ def test_a_forward_that_fails_midway_leaves_the_document_usable_to_its_last_chun
     ram = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1)
     feed(model, ids[:, :128], ram)
     assert torch.equal(model(ids[:, 128:], past_key_values=ram).logits, model(ids[:, 128:], past_key_values=tier).logits)
+
+
+@torch.inference_mode()
+def test_disk_homes_are_read_on_the_disk_worker_and_a_failed_read_loses_nothing(tmp_path, monkeypatch):
+    from engine.kv import disk_stream
+
+    model = models()
+    ids = ids_of(CONTEXT)
+    tier = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1,
+                                 disk_dir=str(tmp_path), host_memory=quarter_budget(model))
+    feed(model, ids[:, :128], tier)
+    assert tier.transfer.disk.num_fetches > 0  # every disk home's past went through the worker
+
+    def failing_read(*args):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(disk_stream, "_copy_rows", failing_read)
+    with pytest.raises(OSError, match="Input/output"):
+        model(ids[:, 128:], past_key_values=tier)
+    monkeypatch.undo()
+    tier.crop_to(128)
+    ram = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1)
+    feed(model, ids[:, :128], ram)
+    assert torch.equal(model(ids[:, 128:], past_key_values=ram).logits, model(ids[:, 128:], past_key_values=tier).logits)
+
+
+def test_disk_stream_drain_waits_in_every_thread_and_reports_a_failure_once():
+    import threading
+    import time
+
+    from engine.kv.disk_stream import DiskStream, DiskStreamError
+
+    stream = DiskStream(torch.device("cpu"))
+    gate = threading.Event()
+    stream._submit(gate.wait)
+    returned = {}
+
+    def drainer(name):
+        stream.drain()
+        returned[name] = time.perf_counter()
+
+    threads = [threading.Thread(target=drainer, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    opened = time.perf_counter()
+    gate.set()
+    for thread in threads:
+        thread.join()
+    assert len(returned) == 3 and min(returned.values()) >= opened  # nobody returned before the job ended
+
+    def broken():
+        raise OSError(errno.EIO, "Input/output error")
+
+    stream._submit(broken)
+    refused = stream._submit(lambda: None)  # after an unreported failure: refused, not run on bad rows
+    with pytest.raises(OSError, match="Input/output"):
+        stream.drain()
+    assert isinstance(refused.exception(), DiskStreamError)
+    stream.drain()  # reported once
+    assert stream._submit(lambda: 7).result() is None and not stream._jobs[-1].exception()
+    stream.close()

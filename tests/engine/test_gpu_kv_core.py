@@ -128,3 +128,38 @@ def test_window_rings_and_8bit_homes_stream_correctly_on_cuda(kv_dtype, overlap)
     error = float((actual - expected).abs().max() / expected.abs().max())
     assert error < (1e-4 if kv_dtype is None else 5e-2), error
     assert cache.layers[0].homes[0].capacity == 8 - 1 + 7
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "int8"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_disk_tier_streams_through_pinned_pieces_exactly_on_cuda(tmp_path, monkeypatch, kv_dtype, overlap):
+    """Three quarters of the homes in files: fetches go disk -> pinned piece -> device on the disk stream's
+    worker (pieces far smaller than a home, so one fetch is several), appends land through pinned write
+    buffers; logits and greedy tokens equal the all-in-RAM cache's, and a snapshot links the files."""
+    from engine.kv import disk_stream
+
+    monkeypatch.setattr(disk_stream, "PIECE_BYTES", 4096)
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=97, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="headinfer").cuda().eval()
+    ids = torch.randint(0, 97, (1, 200), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    common = dict(device="cuda", max_context=256, chunk_size=64, head_group_size=1, resident_slots=0,
+                  overlap=overlap, kv_dtype=kv_dtype)
+    ram = engine.HeadInferCache(model.config, **common)
+    from engine.planner import disk_stream_bytes
+
+    stream = disk_stream_bytes(ram.shape, 64, kv_dtype)
+    tier = engine.HeadInferCache(model.config, **common, disk_dir=str(tmp_path),
+                                 host_memory=ram.plan.host_bytes // 4 + stream)
+    assert tier.plan.disk_slots > 0
+    with torch.inference_mode():
+        feed = lambda cache: torch.cat([model(ids[:, s : s + 64], past_key_values=cache).logits  # noqa: E731
+                                        for s in range(0, 200, 64)], 1)
+        expected, actual = feed(ram), feed(tier)
+        assert torch.equal(actual, expected)
+        for _ in range(6):
+            token = expected[:, -1:].argmax(-1)
+            expected, actual = model(token, past_key_values=ram).logits, model(token, past_key_values=tier).logits
+            assert torch.equal(actual, expected)
+    assert tier.transfer.disk.num_fetches > 0 and tier.transfer.num_on_demand <= 2 * 4

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .buffers import copy_parts
+
 if TYPE_CHECKING:
     from .homes import GroupHome
 
@@ -178,10 +180,7 @@ class DiskStream:
 
 def _copy_rows(home: GroupHome, start: int, stop: int, targets: list[torch.Tensor]) -> None:
     for plane, target in enumerate(targets):
-        done = 0
-        for rows in home.blocks(start, stop, plane):
-            target[done : done + rows.shape[0]].copy_(rows)
-            done += rows.shape[0]
+        copy_parts(target, home.blocks(start, stop, plane))
 
 
 def _write_landed(home: GroupHome, position: int, staged: list[torch.Tensor], landed: torch.cuda.Event) -> None:

@@ -5,10 +5,8 @@ into a free ping-pong buffer) and ``d2h`` (appending a chunk's new K/V to host h
 event is allocated once; an event is re-recorded, never created, on the hot path. Without CUDA the same calls
 copy synchronously, so ``schedule.py`` is one loop either way.
 
-Buffers, all token-major like the homes (see ``homes.py``):
-- two *staging* buffers ``[G, Q, B, 2, g, D]``: a chunk's K/V in home layout, written once per layer on the
-  compute stream, read by the appends (d2h) and by the copies into the ping-pong buffers (compute);
-- two *ping-pong* buffers ``[capacity, B, 2, g, D]``: one being attended, one being filled.
+Two staging and two ping-pong buffers (``buffers.py``) serve every layer. Disk-tier homes move through the disk
+stream's worker and pinned pieces instead (``disk_stream.py``).
 """
 
 from __future__ import annotations
@@ -17,54 +15,15 @@ import logging
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import torch
 
 from . import quant
+from .buffers import Appends, BufferFactory, PingPong, Slot, Staging, copy_parts, event
 from .disk_stream import DiskStream
 from .homes import GroupHome, LayerHomes
 
 logger = logging.getLogger(__name__)
-
-Slot = tuple[int, int]  # (layer index, head-group index)
-
-
-def _event(is_cuda: bool) -> torch.cuda.Event | None:
-    return torch.cuda.Event() if is_cuda else None
-
-
-@dataclass
-class _PingPong:
-    kv: torch.Tensor  # [capacity, B, 2, g, D] on the compute device
-    ready: torch.cuda.Event | None  # recorded on h2d when its fetch has landed
-    free: torch.cuda.Event | None  # recorded on compute when attention stopped reading it
-    is_used: bool = False  # acquired and not yet released
-    pending: Slot | None = None  # fetched (or being fetched) for this slot, not yet acquired
-    start: int = 0
-    stop: int = 0
-    free_recorded: bool = False
-    codes: list[torch.Tensor] | None = None  # 8-bit homes land here ([codes, scales]), then dequantize into kv
-    is_coded: bool = False  # the last fetch landed in ``codes`` and still needs dequantizing
-    disk_job: Future | None = None  # a disk home's fetch on the disk stream's worker: joined before ``ready``
-
-
-@dataclass
-class _Staging:
-    flat: torch.Tensor  # capacity * G * B * 2 * g * D elements on the compute device
-    produced: torch.cuda.Event | None  # recorded on compute after the chunk was written
-    free: torch.cuda.Event | None  # recorded on d2h after the appends read it
-    free_recorded: bool = False
-    codes: list[torch.Tensor] | None = None  # the chunk quantized for 8-bit homes: [codes, scales] flat
-
-
-@dataclass
-class _Appends:
-    """The last two d2h appends of one layer: (first token position, event), oldest first."""
-
-    events: tuple
-    entries: list = field(default_factory=list)
-    turn: int = 0
 
 
 class Transfer:
@@ -79,17 +38,18 @@ class Transfer:
         self.h2d = torch.cuda.Stream(device) if self.is_cuda else None
         self.d2h = torch.cuda.Stream(device) if self.is_cuda else None
         self._batch, self._group_size, self._head_dim = group_shape
-        self._num_groups, self._dtype, self.kv_dtype = num_groups, dtype, kv_dtype
-        self._pingpong = [_PingPong(self._alloc_pingpong(buffer_tokens), _event(self.is_cuda), _event(self.is_cuda),
-                                    codes=self._alloc_codes(buffer_tokens)) for _ in range(2)]
-        self._staging = [_Staging(self._alloc_staging(stage_tokens), _event(self.is_cuda), _event(self.is_cuda),
-                                  codes=self._alloc_codes(stage_tokens * num_groups)) for _ in range(2)]
+        self._num_groups, self.kv_dtype = num_groups, kv_dtype
+        self._alloc = BufferFactory(device, group_shape, num_groups, dtype, kv_dtype)
+        self._pingpong = [PingPong(self._alloc.pingpong(buffer_tokens), event(self.is_cuda), event(self.is_cuda),
+                                    codes=self._alloc.codes(buffer_tokens)) for _ in range(2)]
+        self._staging = [Staging(self._alloc.staging(stage_tokens), event(self.is_cuda), event(self.is_cuda),
+                                  codes=self._alloc.codes(stage_tokens * num_groups)) for _ in range(2)]
         self._staged_codes: dict[int, tuple] = {}
         self._next_staging = 0
-        self._appends = [_Appends((_event(self.is_cuda), _event(self.is_cuda))) for _ in range(num_layers)]
+        self._appends = [Appends((event(self.is_cuda), event(self.is_cuda))) for _ in range(num_layers)]
         self._host_query: torch.Tensor | None = None  # page-locked landing place of queries sent to the host
         self._query_source: torch.Tensor | None = None  # the device queries the last such copy reads
-        self._query_ready, self._query_landed = _event(self.is_cuda), _event(self.is_cuda)
+        self._query_ready, self._query_landed = event(self.is_cuda), event(self.is_cuda)
         self.disk = DiskStream(device, num_groups) if disk else None  # disk-tier homes move on its worker thread
         self._disk_writes: dict[int, Future] = {}  # layer -> its newest append to a disk home (CUDA)
         self.num_fetches = 0  # every fetch into a ping-pong buffer ...
@@ -107,8 +67,8 @@ class Transfer:
         if staging.flat.numel() < q_len * batch * 2 * num_kv_heads * head_dim:
             self.synchronize()  # rare (a forward longer than the planned chunk): a safe point to swap buffers
             logger.info("growing staging buffer %d to %d tokens", index, q_len)
-            staging.flat, staging.free_recorded = self._alloc_staging(q_len), False
-            staging.codes = self._alloc_codes(q_len * num_groups)
+            staging.flat, staging.free_recorded = self._alloc.staging(q_len), False
+            staging.codes = self._alloc.codes(q_len * num_groups)
         if staging.free_recorded:
             # The appends of two layers ago may still be reading this buffer on the d2h stream.
             torch.cuda.current_stream(self.device).wait_event(staging.free)
@@ -277,14 +237,14 @@ class Transfer:
                 logger.debug("releasing ping-pong buffer %d left in use by an interrupted forward", index)
                 self.release(index)
 
-    def _fetch(self, buffer: _PingPong, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> None:
+    def _fetch(self, buffer: PingPong, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> None:
         self._join(buffer)  # a dropped disk fetch into this buffer must not land after this one
         if buffer.kv.shape[0] < room:
             self.synchronize()  # rare (context beyond the plan): a safe point to drop the old buffer
             capacity = max(room, buffer.kv.shape[0] + buffer.kv.shape[0] // 2)
             logger.info("growing ping-pong buffers to %d tokens", capacity)
-            buffer.kv, buffer.free_recorded = self._alloc_pingpong(capacity), False
-            buffer.codes = self._alloc_codes(capacity)
+            buffer.kv, buffer.free_recorded = self._alloc.pingpong(capacity), False
+            buffer.codes = self._alloc.codes(capacity)
         buffer.pending, buffer.start, buffer.stop = slot, start, stop
         buffer.is_coded = home.is_quantized
         self.num_fetches += 1
@@ -296,7 +256,7 @@ class Transfer:
                 buffer.disk_job = self.disk.fetch(home, start, stop, targets)
                 return
             for plane, target in enumerate(targets):
-                _copy_parts(target, home.blocks(start, stop, plane), non_blocking=False)
+                copy_parts(target, home.blocks(start, stop, plane), non_blocking=False)
             return
         with torch.cuda.stream(self.h2d):
             if buffer.free_recorded:
@@ -312,10 +272,10 @@ class Transfer:
                 # Earlier chunks of this layer may still be landing in the host home on the d2h stream.
                 self.h2d.wait_event(landing)
             for plane, target in enumerate(targets):
-                _copy_parts(target, home.blocks(start, stop, plane), non_blocking=self._non_blocking)
+                copy_parts(target, home.blocks(start, stop, plane), non_blocking=self._non_blocking)
             buffer.ready.record(self.h2d)
 
-    def _join(self, buffer: _PingPong) -> None:
+    def _join(self, buffer: PingPong) -> None:
         """Waits for the buffer's disk fetch, if any; its failure is raised here (and so reported)."""
         if buffer.disk_job is None:
             return
@@ -368,35 +328,3 @@ class Transfer:
         coded = [c for holder in [*self._pingpong, *self._staging] for c in (holder.codes or [])]
         return (sum(b.kv.nbytes for b in self._pingpong) + sum(s.flat.nbytes for s in self._staging)
                 + sum(c.nbytes for c in coded))
-
-    # Buffers are created outside inference mode, so generate() (no_grad) may write them after an
-    # inference-mode forward allocated them.
-    @torch.inference_mode(False)
-    def _alloc_pingpong(self, tokens: int) -> torch.Tensor:
-        shape = (max(tokens, 1), self._batch, 2, self._group_size, self._head_dim)
-        return torch.empty(shape, dtype=self._dtype, device=self.device)
-
-    @torch.inference_mode(False)
-    def _alloc_codes(self, rows: int) -> list[torch.Tensor] | None:
-        """[rows, B, 2, g, D] codes and [rows, B, 2, g, 1] scales for 8-bit homes; None without them."""
-        if self.kv_dtype is None:
-            return None
-        shape = (max(rows, 1), self._batch, 2, self._group_size)
-        return [torch.empty((*shape, self._head_dim), dtype=quant.storage_dtype(self.kv_dtype), device=self.device),
-                torch.empty((*shape, 1), dtype=quant.SCALE_DTYPE, device=self.device)]
-
-    @torch.inference_mode(False)
-    def _alloc_staging(self, tokens: int) -> torch.Tensor:
-        numel = max(tokens, 1) * self._batch * 2 * self._group_size * self._num_groups * self._head_dim
-        return torch.empty(numel, dtype=self._dtype, device=self.device)
-
-
-def _copy_parts(target: torch.Tensor, parts: list[torch.Tensor], non_blocking: bool) -> None:
-    """Copies consecutive parts (one, or two where a ring wraps) into the rows of ``target`` in order."""
-    if len(parts) == 1:
-        target.copy_(parts[0], non_blocking=non_blocking)
-        return
-    done = 0
-    for part in parts:
-        target[done : done + part.shape[0]].copy_(part, non_blocking=non_blocking)
-        done += part.shape[0]

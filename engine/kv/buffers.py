@@ -1,0 +1,102 @@
+"""The device-side buffers a ``Transfer`` owns, and how they are made.
+
+All token-major like the homes (see ``homes.py``):
+- *staging* buffers ``[G, Q, B, 2, g, D]``: a chunk's K/V in home layout, written once per layer on the compute
+  stream, read by the appends (d2h) and by the copies into the ping-pong buffers (compute);
+- *ping-pong* buffers ``[capacity, B, 2, g, D]``: one being attended, one being filled;
+- for 8-bit homes, code and scale planes beside each (``quant.py``).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from . import quant
+
+Slot = tuple[int, int]  # (layer index, head-group index)
+
+
+def event(is_cuda: bool) -> torch.cuda.Event | None:
+    return torch.cuda.Event() if is_cuda else None
+
+
+@dataclass
+class PingPong:
+    kv: torch.Tensor  # [capacity, B, 2, g, D] on the compute device
+    ready: torch.cuda.Event | None  # recorded on h2d when its fetch has landed
+    free: torch.cuda.Event | None  # recorded on compute when attention stopped reading it
+    is_used: bool = False  # acquired and not yet released
+    pending: Slot | None = None  # fetched (or being fetched) for this slot, not yet acquired
+    start: int = 0
+    stop: int = 0
+    free_recorded: bool = False
+    codes: list[torch.Tensor] | None = None  # 8-bit homes land here ([codes, scales]), then dequantize into kv
+    is_coded: bool = False  # the last fetch landed in ``codes`` and still needs dequantizing
+    disk_job: Future | None = None  # a disk home's fetch on the disk stream's worker: joined before ``ready``
+
+
+@dataclass
+class Staging:
+    flat: torch.Tensor  # capacity * G * B * 2 * g * D elements on the compute device
+    produced: torch.cuda.Event | None  # recorded on compute after the chunk was written
+    free: torch.cuda.Event | None  # recorded on d2h after the appends read it
+    free_recorded: bool = False
+    codes: list[torch.Tensor] | None = None  # the chunk quantized for 8-bit homes: [codes, scales] flat
+
+
+@dataclass
+class Appends:
+    """The last two d2h appends of one layer: (first token position, event), oldest first."""
+
+    events: tuple
+    entries: list = field(default_factory=list)
+    turn: int = 0
+
+
+@dataclass(frozen=True)
+class BufferFactory:
+    """Makes the buffers of one cache's shapes: ``group_shape`` is (B, g, D) of one head group.
+
+    Buffers are created outside inference mode, so generate() (no_grad) may write them after an inference-mode
+    forward allocated them."""
+
+    device: torch.device
+    group_shape: tuple[int, int, int]
+    num_groups: int
+    dtype: torch.dtype
+    kv_dtype: str | None
+
+    @torch.inference_mode(False)
+    def pingpong(self, tokens: int) -> torch.Tensor:
+        batch, g, head_dim = self.group_shape
+        return torch.empty((max(tokens, 1), batch, 2, g, head_dim), dtype=self.dtype, device=self.device)
+
+    @torch.inference_mode(False)
+    def codes(self, rows: int) -> list[torch.Tensor] | None:
+        """[rows, B, 2, g, D] codes and [rows, B, 2, g, 1] scales for 8-bit homes; None without them."""
+        if self.kv_dtype is None:
+            return None
+        batch, g, head_dim = self.group_shape
+        shape = (max(rows, 1), batch, 2, g)
+        return [torch.empty((*shape, head_dim), dtype=quant.storage_dtype(self.kv_dtype), device=self.device),
+                torch.empty((*shape, 1), dtype=quant.SCALE_DTYPE, device=self.device)]
+
+    @torch.inference_mode(False)
+    def staging(self, tokens: int) -> torch.Tensor:
+        batch, g, head_dim = self.group_shape
+        numel = max(tokens, 1) * batch * 2 * g * self.num_groups * head_dim
+        return torch.empty(numel, dtype=self.dtype, device=self.device)
+
+
+def copy_parts(target: torch.Tensor, parts: list[torch.Tensor], non_blocking: bool = False) -> None:
+    """Copies consecutive parts (one, or two where a ring wraps) into the rows of ``target`` in order."""
+    if len(parts) == 1:
+        target.copy_(parts[0], non_blocking=non_blocking)
+        return
+    done = 0
+    for part in parts:
+        target[done : done + part.shape[0]].copy_(part, non_blocking=non_blocking)
+        done += part.shape[0]

@@ -174,7 +174,7 @@ def make_snapshot_store(args: argparse.Namespace):
     (the app then reads every document the slow way rather than refusing to start)."""
     if args.no_kv_cache:
         return None
-    from engine import SnapshotStore, format_bytes
+    from engine import SnapshotStore
 
     try:
         store = SnapshotStore(args.kv_cache_dir, max_bytes=args.kv_cache_max)
@@ -182,9 +182,23 @@ def make_snapshot_store(args: argparse.Namespace):
         log.warning("Documents will not be saved for reopening: cannot use %s as the KV-cache folder (%s)",
                     args.kv_cache_dir or "the default folder", exc)
         return None
-    limit = "no size limit" if store.max_bytes is None else f"at most {format_bytes(store.max_bytes)}"
-    log.info("saving read documents to %s (%s)", store.root, limit)
     return store
+
+
+def where_saved(store, *, private: bool, has_auth: bool, session_shelves: Path | None) -> str:
+    """Where read documents are saved, as ``app.shelves`` keeps them, for the start-up log. The store's own
+    folder is named only where it is used: locally (one shelf for every tab) and with ``--auth`` (a folder
+    per user under it). ``session_shelves``: the per-tab folders' parent, when private without ``--auth``."""
+    from app.shelves import USERS_FOLDER
+
+    limit = "no size limit" if store.max_bytes is None else f"at most {_size(store.max_bytes)}"
+    if not private:
+        return f"saving read documents to {store.root} ({limit})"
+    if has_auth:
+        return (f"saving each user's read documents in a folder of their own under {store.root / USERS_FOLDER} "
+                f"({limit} each)")
+    return (f"saving each visitor's read documents in a folder of their own under {session_shelves}, deleted when "
+            f"their tab closes ({limit} each); {store.root} is not used without --auth")
 
 
 def can_reach_share_server(timeout: float = 3.0) -> bool:
@@ -324,9 +338,13 @@ def main(argv: list[str] | None = None) -> None:
     if private:
         log.info("others can reach this app: each visitor's saved documents are theirs alone (%s)",
                  "per user" if args.auth else "per browser tab, deleted when it closes")
-    demo = build_ui(lambda: DocumentSession(model, tokenizer, policy), model_info=info,
-                    snapshot_store=make_snapshot_store(args), private=private, upload_dir=prepare_folder(UPLOADS),
-                    session_shelves=prepare_folder(VISITOR_SHELVES) if private and not args.auth else None)
+    store = make_snapshot_store(args)
+    session_shelves = prepare_folder(VISITOR_SHELVES) if private and not args.auth else None
+    if store is not None:
+        log.info("%s", where_saved(store, private=private, has_auth=args.auth is not None,
+                                   session_shelves=session_shelves))
+    demo = build_ui(lambda: DocumentSession(model, tokenizer, policy), model_info=info, snapshot_store=store,
+                    private=private, upload_dir=prepare_folder(UPLOADS), session_shelves=session_shelves)
     share = args.share and can_reach_share_server()
     if args.share and not share:
         log.warning("Could not create a share link: %s:%d is unreachable (no internet?). "

@@ -128,7 +128,7 @@ class Handlers:
         session = self._session(state, request)
         tokens = state.tokens if state.tokens is not None else session.tokenize(combine(state.documents))
         text = tokens.text
-        chat = NO_CHANGE
+        chat = plan = NO_CHANGE
         if text != state.read_text or session.document_tokens == 0:
             try:
                 session.set_document(tokens, truncate_to_fit=truncate)
@@ -139,6 +139,8 @@ class Handlers:
                                NO_CHANGE, *idle)
                 return
             state.read_text, chat = text, []  # the session dropped the old document and its chat
+            if session.document != text:  # truncated to fit: the panel shows what is read, not the whole set
+                plan = _truncated_plan(session, len(tokens))
         elif session.is_prefilled:
             yield ReadView(state, _done_bar(session), status("ok", "Already read. Ask away."), NO_CHANGE, *idle)
             return
@@ -150,7 +152,7 @@ class Handlers:
             yield ReadView(state, render.progress_bar(0, session.document_tokens, state="reopening",
                                                       note="reopening from disk…"),
                            status("info", f"Reopening the saved copy ({format_bytes(saved.num_bytes)}) from disk…"),
-                           chat, *_BUSY)
+                           chat, *_BUSY, plan=plan)
             chat, stats = NO_CHANGE, shelf.restore(session)
             if stats is not None:
                 bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
@@ -161,7 +163,7 @@ class Handlers:
         total = session.document_tokens
         bar = render.progress_bar(session.prefilled_tokens, total, state="running")
         reading = status("info", f"{note}Reading {total:,} tokens (documents with the prompt)…")
-        yield ReadView(state, bar, reading, chat, *running)
+        yield ReadView(state, bar, reading, chat, *running, plan=plan)
         last: PrefillProgress | None = None
         try:
             for last in iterate_reports(
@@ -345,6 +347,15 @@ def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> 
     total = session.document_tokens
     rate = last.tokens_per_second if last else 0.0
     return render.progress_bar(total, total, rate, state="done", note="done")
+
+
+def _truncated_plan(session: DocumentSession, num_chosen: int) -> str:
+    """The plan panel of the beginning that was read, out of ``num_chosen`` tokens. The session keeps no
+    public handle on the cut ids, so its text is tokenized again: a fraction of the cost of reading it."""
+    plan = session.plan(session.document)
+    seconds = session.estimate_prefill_seconds(session.document_tokens)
+    return render.plan_panel(plan, session.document_tokens, seconds, session.policy.kv_dtype,
+                             _options(session, plan), truncated_from=num_chosen)
 
 
 def _options(session: DocumentSession, plan) -> list:

@@ -80,11 +80,15 @@ def empty_plan() -> str:
 
 
 def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dtype: str | None = None,
-               options: Sequence = ()) -> str:
+               options: Sequence = (), *, truncated_from: int | None = None) -> str:
     """The memory plan of a document set: predicted memory, fit, chunk/head-group sizes, time.
 
     ``num_tokens`` counts the documents alone; ``plan.context_tokens`` adds the prompt around
     them and the room kept for answers, which is what memory is reserved for.
+
+    ``truncated_from``: the set was truncated to fit; ``plan`` is then the plan of what is read, and
+    ``num_tokens`` and ``truncated_from`` count the tokens read and the whole set's, both with the prompt
+    (as the reading progress does).
     """
     if not plan.fits:
         verdict = ("nofit", "Does not fit in memory")
@@ -92,6 +96,12 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
         verdict = ("nofit", "Too long for this model" if plan.limited_by == "model" else "Over the context limit")
     else:
         verdict = ("fits", "Fits")
+    counts = f"{num_tokens:,} document tokens, {plan.context_tokens:,} with the prompt and room for answers"
+    truncated = ""
+    if truncated_from is not None:
+        verdict = (verdict[0], f"Read the first {num_tokens:,} tokens of {truncated_from:,}")
+        counts = f"truncated to fit; documents with the prompt, {plan.context_tokens:,} with room for answers"
+        truncated = f' data-truncated-from="{truncated_from}"'
     groups = f"{plan.num_groups} group{'s' if plan.num_groups != 1 else ''}/layer"
     tiles = [
         ("GPU memory", _gpu_line(plan)),
@@ -118,9 +128,8 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
     return (
         f'<div class="plan plan-{verdict[0]}" data-fits="{str(plan.is_within_limit).lower()}" '
         f'data-tokens="{num_tokens}" data-gpu-bytes="{plan.gpu_bytes}" data-host-bytes="{plan.host_bytes}" '
-        f'data-limit="{plan.context_limit}" data-limited-by="{html.escape(plan.limited_by)}">'
-        f'<div class="plan-verdict">{verdict[1]} <small>· {num_tokens:,} document tokens, '
-        f"{plan.context_tokens:,} with the prompt and room for answers</small></div>"
+        f'data-limit="{plan.context_limit}" data-limited-by="{html.escape(plan.limited_by)}"{truncated}>'
+        f'<div class="plan-verdict">{verdict[1]} <small>· {counts}</small></div>'
         f'{reason}<div class="plan-grid">{grid}</div></div>'
     )
 

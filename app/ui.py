@@ -135,7 +135,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
         # Wired before the private refreshes below, which would otherwise take the name "saved".
         shelf.expand(handlers.saved, None, saved_view, api_name="saved", **_LIGHT)
         read_button.click(handlers.read, [truncate, state],
-                          [state, progress, status_box, chat, read_button, cancel_button],
+                          [state, progress, status_box, chat, read_button, cancel_button, plan],
                           api_name="read", show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
             handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)  # it may have saved one
         remember.change(handlers.set_remember, [remember, state], None, api_name="remember", **_LIGHT)

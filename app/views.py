@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import gradio as gr
+
 from app.browser_state import BrowserState
 
 
@@ -24,6 +26,7 @@ class ReadView(NamedTuple):
     chat: Any
     read_button: dict
     cancel_button: dict
+    plan: Any = gr.update()  # the plan of what is read when the set was truncated to fit; else unchanged
 
 
 class AskView(NamedTuple):

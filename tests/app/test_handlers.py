@@ -288,10 +288,17 @@ def test_too_large_set_offers_truncation_and_keeps_the_loaded_document(tight_han
 def test_truncate_to_fit_reads_the_beginning(tight_handlers):
     handlers, big_pdf = tight_handlers
     state = BrowserState()
-    handlers.choose_files([big_pdf], state)
+    before = handlers.choose_files([big_pdf], state).plan
+    assert 'data-fits="false"' in before and "Does not fit" in before
     views = list(handlers.read(True, state))
     assert 'data-state="done"' in views[-1].progress, _text(views[-1].status)
     assert "truncated" in state.session.document
+    # The plan panel now shows what was read (the beginning), not the verdict on the whole set.
+    plans = [view.plan for view in views if isinstance(view.plan, str)]
+    assert len(plans) == 1 and 'data-fits="true"' in plans[0] and "Does not fit" not in plans[0]
+    read, chosen = state.session.document_tokens, len(state.tokens)
+    assert read < chosen and f"Read the first {read:,} tokens of {chosen:,}" in plans[0]
+    assert f"{read + state.session.answer_budget:,} with room for answers" in plans[0]
     assert _ask(handlers, state, "How often does the tide rise?", max_new_tokens=8)[-1].chat[-1]["role"] == "assistant"
 
 

@@ -141,6 +141,22 @@ def test_unusable_kv_cache_dir_turns_saving_off_with_a_warning(tmp_path, caplog)
     assert "will not be saved" in caplog.text and str(tmp_path / "file") in caplog.text
 
 
+def test_the_start_up_log_names_the_folders_read_documents_are_saved_in(tmp_path):
+    from engine import SnapshotStore
+
+    store = SnapshotStore(tmp_path / "kv", max_bytes=2**30)
+    local = launch.where_saved(store, private=False, has_auth=False, session_shelves=None)
+    assert local == f"saving read documents to {tmp_path / 'kv'} (at most 1.00 GiB)"
+    per_user = launch.where_saved(store, private=True, has_auth=True, session_shelves=None)
+    assert per_user.startswith(f"saving each user's read documents in a folder of their own under "
+                               f"{tmp_path / 'kv' / 'users'} ") and "each)" in per_user
+    tabs = tmp_path / "visitors" / "pid-1"
+    per_tab = launch.where_saved(store, private=True, has_auth=False, session_shelves=tabs)
+    assert per_tab.startswith(f"saving each visitor's read documents in a folder of their own under {tabs}, "
+                              "deleted when their tab closes (at most 1.00 GiB each)")
+    assert "saving read documents to" not in per_tab and f"{tmp_path / 'kv'} is not used without --auth" in per_tab
+
+
 @pytest.mark.slow
 def test_share_without_internet_keeps_serving_locally(tmp_path):
     if launch.can_reach_share_server():
@@ -167,7 +183,11 @@ def test_share_without_internet_keeps_serving_locally(tmp_path):
             time.sleep(1)
         output = log.read_text()
         assert "Could not create a share link" in output and "Serving locally" in output
-        assert f"saving read documents to {tmp_path / 'kv'}" in output
+        # Visitors kept apart without --auth save in per-tab folders: the shared folder is not advertised.
+        assert f"saving read documents to {tmp_path / 'kv'}" not in output
+        assert (f"saving each visitor's read documents in a folder of their own under {launch.VISITOR_SHELVES}"
+                in output)
+        assert f"{tmp_path / 'kv'} is not used without --auth" in output
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -109,7 +109,8 @@ def disk_vs_ram(context: int, steps: int, folder: Path) -> dict:
         runs, cached = [], []
         for step in range(steps + 1):
             if tier is not None:
-                cache._disk.drop_cache()  # written back and evicted: the step reads the disk
+                cache.synchronize()  # the next step's first slot, prefetched across the forwards, has landed
+                cache.disk_tier.drop_cache()  # written back and evicted: the step reads the disk
                 cached.append(max(cached_fraction(path) for path in tier.iterdir()))
             started = time.perf_counter()
             model(torch.tensor([[step % 256]]), past_key_values=cache)

@@ -5,184 +5,34 @@ All figures are bytes unless a name says GiB. The model follows the paper's appe
 with the head-wise KV cache split into (layer, head group) *slots* that either stay
 resident on the compute device or live in host memory and stream through two
 ping-pong buffers.
+
+The shape and its byte counts live in ``engine.model_shape``, what a plan says in ``engine.plan``; their
+public names are re-exported here, so ``engine.planner`` stays the one import for planning.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 
-from engine.context_window import trained_window
 from engine.host_split import forecast_decode, host_share
+from engine.model_shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
+from engine.plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
 from engine.policy import OffloadPolicy
+
+__all__ = [
+    "LIMIT_MAX_CONTEXT", "LIMIT_MEMORY", "LIMIT_MODEL", "ModelShape", "Plan", "PlanError", "disk_stream_bytes",
+    "estimate_prefill_seconds", "host_element_bytes", "make_plan", "paper_memory_table", "stored_tokens",
+]
 
 logger = logging.getLogger(__name__)
 
-_GIB = 1 << 30
-_MAX_CONTEXT = 2**31
 _LOGIT_BYTES = 4  # logits are materialised in fp32 for the last token only
-
-LIMIT_MEMORY, LIMIT_MAX_CONTEXT, LIMIT_MODEL = "memory", "max_context", "model"
-
-
-class PlanError(ValueError):
-    """A run cannot be planned (bad input) or does not fit its memory budgets."""
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The dimensions of a decoder-only transformer that drive its memory use."""
-
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    hidden_size: int
-    intermediate_size: int
-    vocab_size: int
-    dtype_bytes: int
-    num_params: int
-    sliding_windows: tuple[int | None, ...]
-    max_positions: int | None = None  # the trained context window (see ``trained_window``); None: unknown
-
-    @classmethod
-    def from_config(cls, config, dtype_bytes: int = 2, num_params: int | None = None) -> ModelShape:
-        """Builds a shape from a transformers config (llama, mistral, qwen2/3, gemma2/3).
-
-        ``num_params`` is estimated from the config when not given.
-        """
-        if hasattr(config, "get_text_config"):  # multimodal wrappers nest the LM config
-            config = config.get_text_config()
-        layers = int(config.num_hidden_layers)
-        heads = int(config.num_attention_heads)
-        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-        windows = _sliding_windows(config, layers)
-        params = num_params if num_params is not None else _estimate_params(config, head_dim, kv_heads)
-        return cls(layers, heads, kv_heads, head_dim, int(config.hidden_size), int(config.intermediate_size),
-                   int(config.vocab_size), dtype_bytes, int(params), windows, trained_window(config))
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V bytes of one token across all layers and KV heads."""
-        return self.num_layers * self.num_kv_heads * self.head_dim * 2 * self.dtype_bytes
-
-
-def _sliding_windows(config, layers: int) -> tuple[int | None, ...]:
-    window = getattr(config, "sliding_window", None)
-    # Qwen2/3 keep a sliding_window value around even when the feature is off.
-    if getattr(config, "use_sliding_window", True) is False or not window:
-        return (None,) * layers
-    types = getattr(config, "layer_types", None)
-    if types is None:  # mistral: one window for every layer
-        return (int(window),) * layers
-    return tuple(int(window) if t == "sliding_attention" else None for t in types)
-
-
-def _estimate_params(config, head_dim: int, kv_heads: int) -> int:
-    hidden, heads = config.hidden_size, config.num_attention_heads
-    embed = config.vocab_size * hidden
-    lm_head = 0 if getattr(config, "tie_word_embeddings", False) else embed
-    q_out, kv_out = heads * head_dim, kv_heads * head_dim
-    attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
-    model_type = getattr(config, "model_type", "")
-    if model_type == "qwen2" or getattr(config, "attention_bias", False):
-        attn += q_out + 2 * kv_out  # q/k/v biases (qwen2 always has them)
-    if model_type in ("qwen3", "gemma3_text"):
-        attn += 2 * head_dim  # q_norm / k_norm
-    norms = (4 if model_type in ("gemma2", "gemma3_text") else 2) * hidden  # gemma adds post-norms
-    layer = attn + 3 * hidden * config.intermediate_size + norms
-    return embed + lm_head + config.num_hidden_layers * layer + hidden
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A resolved placement of weights and KV cache, and whether it fits the budgets."""
-
-    context_tokens: int
-    chunk_size: int
-    head_group_size: int
-    num_groups: int
-    resident_slots: int
-    total_slots: int
-    device_is_cuda: bool
-    gpu_breakdown: dict
-    gpu_bytes: int
-    host_bytes: int
-    gpu_budget: int | None
-    host_budget: int | None
-    fits: bool  # the memory budgets hold ``context_tokens``
-    reason: str  # why not, when they do not
-    max_context_tokens: int  # the most that fits in memory
-    context_limit: int = _MAX_CONTEXT  # min(memory, policy.max_context, the model's trained window)
-    limited_by: str = LIMIT_MEMORY  # which of the three binds: LIMIT_MEMORY, LIMIT_MAX_CONTEXT or LIMIT_MODEL
-    disk_bytes: int = 0  # the disk tier's share of the offloaded KV (policy.disk_dir)
-    disk_slots: int = 0  # offloaded slots whose homes are files
-    # Decode (``engine.host_split``): the share of offloaded KV bytes the host attends, and the predicted
-    # seconds per token of KV movement at ``context_tokens`` (None without measured rates).
-    host_attention: str = "off"
-    host_share: float = 0.0
-    decode_seconds: float | None = None
-    pcie_floor_seconds: float | None = None
-    host_attention_gbps: float | None = None
-    h2d_gbps: float | None = None
-
-    @property
-    def is_within_limit(self) -> bool:
-        """``context_tokens`` fits the memory budgets and is within the context limit."""
-        return self.fits and self.context_tokens <= self.context_limit
-
-    @property
-    def limit_reason(self) -> str:
-        """What binds the context limit, in words (for refusals and the plan panel)."""
-        if self.limited_by == LIMIT_MODEL:
-            return (f"this model reads at most {self.context_limit:,} tokens (its trained context window); "
-                    "longer texts need a long-context model")
-        if self.limited_by == LIMIT_MAX_CONTEXT:
-            return f"the context limit (--max-context) is {self.context_limit:,} tokens"
-        if not self.fits:
-            return self.reason
-        return f"at most {self.context_limit:,} tokens fit in memory"
-
-    def require_fit(self) -> None:
-        """Raises :class:`PlanError` explaining what does not fit."""
-        if not self.fits:
-            raise PlanError(self.reason)
-
-    def summary(self) -> str:
-        """A few human-readable lines with GiB figures."""
-        parts = ", ".join(f"{k} {v / _GIB:.2f}" for k, v in self.gpu_breakdown.items())
-        lines = [
-            f"context {self.context_tokens} tokens, chunk {self.chunk_size}, head group {self.head_group_size} "
-            f"({self.num_groups} groups/layer), resident slots {self.resident_slots}/{self.total_slots}",
-            f"device: {'CUDA' if self.device_is_cuda else 'none (CPU compute)'}; "
-            f"GPU {self.gpu_bytes / _GIB:.2f} GiB of {_gib(self.gpu_budget)} ({parts})",
-            f"host {self.host_bytes / _GIB:.2f} GiB of {_gib(self.host_budget)}",
-            f"max context with this configuration: {self.max_context_tokens} tokens",
-            self._decode_line(),
-            "fits" if self.fits else f"does not fit: {self.reason}",
-        ]
-        return "\n".join(lines)
-
-
-    def _decode_line(self) -> str:
-        line = f"decode: {self.host_share:.0%} of offloaded KV attended on the host ({self.host_attention})"
-        if self.decode_seconds is not None:
-            line += f", predicted {self.decode_seconds:.3f} s/token of KV movement"
-        if self.pcie_floor_seconds:
-            line += f" (PCIe floor {self.pcie_floor_seconds:.3f} s/token at {self.h2d_gbps:.1f} GB/s"
-            line += f", host {self.host_attention_gbps:.1f} GB/s)" if self.host_attention_gbps else ")"
-        return line
-
-
-def _gib(n: int | None) -> str:
-    return "unlimited" if n is None else f"{n / _GIB:.2f} GiB"
 
 
 def _size(n: int) -> str:
     """Precise enough that a need and a budget that differ never print the same."""
-    return f"{n / _GIB:.3f} GiB" if n >= _GIB else f"{n / 2**20:.1f} MiB"
+    return f"{n / GIB:.3f} GiB" if n >= GIB else f"{n / 2**20:.1f} MiB"
 
 
 def _within(used: int, budget: int | None) -> bool:
@@ -196,26 +46,6 @@ def _visible_tokens(shape: ModelShape, context: int, chunk: int) -> int:
         return context
     # A sliding layer sees its window plus the chunk being appended.
     return min(context, max(windows) + chunk)
-
-
-def stored_tokens(shape: ModelShape, context: int, chunk: int) -> int:
-    """Tokens of K/V the homes hold summed over layers: a sliding-window layer keeps a ring of its window
-    plus one chunk, a full-attention layer every token."""
-    return sum(context if w is None else min(context, w - 1 + chunk) for w in shape.sliding_windows)
-
-
-def host_element_bytes(shape: ModelShape, kv_dtype: str | None) -> float:
-    """Host bytes per K or V element: the model's dtype, or 1 byte plus a 4-byte scale per head for 8-bit KV."""
-    return float(shape.dtype_bytes) if kv_dtype is None else 1.0 + 4.0 / shape.head_dim
-
-
-def disk_stream_bytes(shape: ModelShape, chunk: int, kv_dtype: str | None) -> int:
-    """Pinned host memory the disk tier moves through on CUDA: the disk stream's pieces and write buffers
-    (``WRITES_PER_GROUP`` per head group of a layer, each one chunk of that group: per layer, every KV head)."""
-    from engine.kv.disk_stream import NUM_PIECES, PIECE_BYTES, WRITES_PER_GROUP  # here: the KV core imports PlanError
-
-    per_token = shape.num_kv_heads * shape.head_dim * 2 * math.ceil(host_element_bytes(shape, kv_dtype))
-    return NUM_PIECES * PIECE_BYTES + WRITES_PER_GROUP * chunk * per_token
 
 
 def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident: int,
@@ -322,8 +152,8 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     if not _within(gpu, gpu_budget):
         reasons.append(
             f"GPU memory: needs {_size(gpu)} but the budget is {_size(gpu_budget)} "
-            f"(weights {breakdown['weights'] / _GIB:.2f}, KV buffers {breakdown['kv_buffers'] / _GIB:.2f}, "
-            f"resident KV {breakdown['kv_resident'] / _GIB:.2f}, activations {breakdown['activations'] / _GIB:.2f}); "
+            f"(weights {breakdown['weights'] / GIB:.2f}, KV buffers {breakdown['kv_buffers'] / GIB:.2f}, "
+            f"resident KV {breakdown['kv_resident'] / GIB:.2f}, activations {breakdown['activations'] / GIB:.2f}); "
             "use a smaller head_group_size or chunk_size, or fewer resident_slots")
     if not _within(host, host_budget):
         what = "the offloaded KV cache" if device_is_cuda else "weights + KV cache + activations"
@@ -388,9 +218,9 @@ def _largest_fitting(fits_at) -> int:
     """Largest context in [0, 2**31] for which ``fits_at`` holds (memory grows with context)."""
     if not fits_at(1):
         return 0
-    if fits_at(_MAX_CONTEXT):
-        return _MAX_CONTEXT
-    lo, hi = 1, _MAX_CONTEXT  # fits_at(lo) and not fits_at(hi)
+    if fits_at(MAX_CONTEXT):
+        return MAX_CONTEXT
+    lo, hi = 1, MAX_CONTEXT  # fits_at(lo) and not fits_at(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits_at(mid) else (lo, mid)
@@ -418,8 +248,8 @@ def paper_memory_table(shape: ModelShape, context_tokens: int, chunk_size: int =
         "headinfer": (2 * head_layer, act_chunk, kv_full),  # ping-pong single heads
     }
     return {
-        name: {"weights": weights / _GIB, "kv_gpu": kv / _GIB, "activation": act / _GIB,
-               "total": (weights + kv + act) / _GIB, "kv_total": total_kv / _GIB}
+        name: {"weights": weights / GIB, "kv_gpu": kv / GIB, "activation": act / GIB,
+               "total": (weights + kv + act) / GIB, "kv_total": total_kv / GIB}
         for name, (kv, act, total_kv) in rows.items()
     }
 

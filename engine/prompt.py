@@ -87,6 +87,19 @@ class PromptBuilder:
         starts = array("q", (start - offset for start, _ in encoded["offset_mapping"]))
         return DocumentTokens(document, list(encoded["input_ids"]), starts)
 
+    def truncate_document(self, tokens: DocumentTokens, limit: int) -> DocumentTokens:
+        """Keeps the beginning of the document so that its prefix ids number at most ``limit``."""
+        markup = len(self.document_ids("")) + 8
+        keep = max(limit - markup, 1)
+        body = None if tokens.starts is not None else self._encode(tokens.text)
+        while True:
+            # Re-tokenizing a cut text can merge or split a few tokens: shrink until it fits.
+            head = tokens.head(keep) if body is None else self.tokenizer.decode(body[:keep])
+            cut = self.tokenize_document(head + "\n[... truncated to fit ...]")
+            if len(cut) <= limit or keep == 1:
+                return cut
+            keep = max(keep - (len(cut) - limit) - 1, 1)
+
     def conversation_ids(self, document: str, turns: list[Turn], question: str) -> list[int]:
         """Ids after the document prefix: earlier turns, the new question and the assistant header."""
         prefix = self._render(document, [], _QUESTION_MARKER)

@@ -14,25 +14,23 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from .answering import document_page_starts, retrieval_heads, stream_answer
 from .cache import HeadInferCache
+from .document_snapshots import restore_document
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
 from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
 from .policy import OffloadPolicy
+from .prefill_pacing import PrefillClock, prefill_step
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillCancelled, PrefillProgress, answer_rate
-from .sampling import IncrementalDecoder, RepetitionGuard, next_token, stop_token_ids
+from .sampling import RepetitionGuard
 from .rates import plan_rates
-from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
+from .snapshot import RestoreStats, SnapshotInfo, SnapshotStore
 from .snapshot_format import SnapshotIdentity
-from .sources import AnswerSources, page_starts, page_starts_from_offsets
+from .sources import AnswerSources
 from .telemetry import detect_budgets, measured_flop_rate
 
 logger = logging.getLogger(__name__)
-
-# CPU prefill forwards: at most ~this many (query, key) pairs per attention call, at least this many tokens.
-_CPU_ATTENTION_PAIRS = 2048 * 8192
-_CPU_STEP_FLOOR = 64
-_PROGRESS_EVERY = 1.0  # seconds between progress reports from inside a long forward
 
 
 class DocumentSession:
@@ -139,7 +137,7 @@ class DocumentSession:
         if len(tokens) > limit:
             if not truncate_to_fit or limit < 1:
                 raise PlanError(f"{plan.limit_reason} (the document takes {len(tokens):,} tokens; at most {limit:,} fit)")
-            tokens = self._truncate(tokens, limit)
+            tokens = self.prompts.truncate_document(tokens, limit)
             logger.info("document truncated to %d tokens to fit", len(tokens))
         # Built before the old document goes, so a refusal here loses nothing.
         policy = dataclasses.replace(self.policy, max_context=len(tokens) + self.answer_budget)
@@ -149,73 +147,29 @@ class DocumentSession:
         self._starts = tokens.starts
         return len(tokens)
 
-    def _truncate(self, tokens: DocumentTokens, limit: int) -> DocumentTokens:
-        """Keeps the beginning of the document so that its prefix ids number at most ``limit``."""
-        markup = self.prompt_tokens("") + 8
-        keep = max(limit - markup, 1)
-        body = None if tokens.starts is not None else self.tokenizer(tokens.text, add_special_tokens=False)["input_ids"]
-        while True:
-            # Re-tokenizing a cut text can merge or split a few tokens: shrink until it fits.
-            head = tokens.head(keep) if body is None else self.tokenizer.decode(body[:keep])
-            cut = self.tokenize(head + "\n[... truncated to fit ...]")
-            if len(cut) <= limit or keep == 1:
-                return cut
-            keep = max(keep - (len(cut) - limit) - 1, 1)
-
     def prefill(self, on_progress: Callable[[PrefillProgress], None] | None = None,
                 should_stop: Callable[[], bool] | None = None) -> PrefillProgress:
         """Reads the document in chunks; resumes where a cancelled prefill stopped."""
         if self.cache is None:
             raise ValueError("no document: call set_document first")
-        start_tokens, started = self.prefilled_tokens, time.perf_counter()
-        progress = PrefillProgress(start_tokens, self.document_tokens, 0.0, 0.0)
-        step = {"done": start_tokens, "size": 0, "reported": started}
-
-        def report(done: float) -> PrefillProgress:
-            elapsed = time.perf_counter() - started
-            # The rest at the rate so far, in units of work: later tokens attend to more keys than earlier ones.
-            work_done = self._work(start_tokens, done)
-            remaining = self._work(done, self.document_tokens) * elapsed / work_done if work_done > 0 else None
-            return PrefillProgress(int(done), self.document_tokens, (done - start_tokens) / max(elapsed, 1e-9),
-                                   elapsed, remaining)
-
-        def within_forward(layer: int, num_layers: int) -> None:
-            # A long chunk still reports every ~second, from between its layers.
-            if on_progress is not None and time.perf_counter() - step["reported"] >= _PROGRESS_EVERY:
-                step["reported"] = time.perf_counter()
-                on_progress(report(step["done"] + step["size"] * layer / num_layers))
-
+        clock = PrefillClock(self.shape, self.prefilled_tokens, self.document_tokens, on_progress)
+        progress = PrefillProgress(self.prefilled_tokens, self.document_tokens, 0.0, 0.0)
         # Checked between layers too, so a cancel lands within about a layer's time; the chunk that was
         # under way is cropped off by ``_forward``, leaving the cache at a chunk boundary.
-        with interruptible(self.model, should_stop), layer_callbacks(self.model, within_forward):
+        with interruptible(self.model, should_stop), layer_callbacks(self.model, clock.within_forward):
             while self.prefilled_tokens < self.document_tokens:
                 if should_stop is not None and should_stop():
                     raise self._cancelled()
                 done = self.prefilled_tokens
-                step.update(done=done, size=min(self._prefill_step(done), self.document_tokens - done))
+                size = min(prefill_step(self.policy.chunk_size, self.device.type, done), self.document_tokens - done)
+                clock.begin_forward(done, size)
                 try:
-                    self._forward(self._document_ids[done : done + step["size"]])
+                    self._forward(self._document_ids[done : done + size])
                 except ForwardInterrupted as interrupted:
                     raise self._cancelled() from interrupted
-                progress = report(self.prefilled_tokens)
-                step["reported"] = time.perf_counter()
-                if on_progress is not None:
-                    on_progress(progress)
+                progress = clock.end_forward(self.prefilled_tokens)
         self.cache.anchor(self.document_tokens)  # sliding-window rings can always come back to the document's end
         return progress
-
-    def _work(self, start: int, stop: int) -> float:
-        """Prefill work of tokens [start, stop) (the planner's FLOP model, in seconds at a unit rate)."""
-        return estimate_prefill_seconds(self.shape, stop, 1.0) - estimate_prefill_seconds(self.shape, start, 1.0)
-
-    def _prefill_step(self, done: int) -> int:
-        """Tokens per forward: the chunk size, but on a CPU no more than keeps one layer's attention (queries
-        x keys) short, so a cancel lands within about a second at any context length. Each forward streams
-        the offloaded K/V over the GPU link, so with CUDA the chunk stays whole."""
-        chunk = self.policy.chunk_size
-        if self.device.type == "cuda":
-            return chunk
-        return max(min(chunk, _CPU_STEP_FLOOR), min(chunk, _CPU_ATTENTION_PAIRS // (done + chunk)))
 
     def _cancelled(self) -> PrefillCancelled:
         return PrefillCancelled(f"stopped after {self.prefilled_tokens:,} of {self.document_tokens:,} tokens")
@@ -258,59 +212,28 @@ class DocumentSession:
         host_before = self.cache.host_attention_seconds
         try:
             logits = self._extend_to(wanted)
-            decoder = IncrementalDecoder(self.tokenizer)
-            stop_ids = stop_token_ids(self.model, self.tokenizer)
-            generator = torch.Generator(device="cpu").manual_seed(0)
-            first_at, num_tokens, stopped, looped, answer = None, 0, False, False, []
-            for _ in range(max_new_tokens):
-                if repetition_guard is not None:
-                    logits = repetition_guard.adjust(logits, answer)
-                token = next_token(logits, temperature, top_p, generator)
-                if token in stop_ids:
-                    break
-                num_tokens += 1
-                answer.append(token)
-                first_at = first_at or time.perf_counter()
-                new_text = decoder.push(token)
-                yield AnswerChunk(decoder.text, new_text, num_tokens, first_at - asked,
-                                  answer_rate(num_tokens, first_at), done=False)
-                if should_stop is not None and should_stop():
-                    stopped = True
-                    break
-                if repetition_guard is not None and repetition_guard.loop_span(answer):
-                    looped = True
-                    break
-                logits = self._forward([token])
+            end = yield from stream_answer(self.model, self.tokenizer, logits, self._forward, asked,
+                                           max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                           should_stop=should_stop, repetition_guard=repetition_guard)
             found = grounding.finish() if grounding is not None else []
         finally:
             if grounding is not None:
                 grounding.cancel()  # an abandoned answer stops recording (a no-op after finish)
-        self.turns.append(Turn(question, decoder.text))
-        self._host_ms_per_token = 1000 * (self.cache.host_attention_seconds - host_before) / max(num_tokens, 1)
-        yield AnswerChunk(decoder.text, "", num_tokens, None if first_at is None else first_at - asked,
-                          answer_rate(num_tokens, first_at), done=True, stopped=stopped, looped=looped,
-                          sources=tuple(found), sources_seconds=grounding.seconds if grounding else 0.0)
+        self.turns.append(Turn(question, end.text))
+        self._host_ms_per_token = 1000 * (self.cache.host_attention_seconds - host_before) / max(end.num_tokens, 1)
+        yield AnswerChunk(end.text, "", end.num_tokens, None if end.first_at is None else end.first_at - asked,
+                          answer_rate(end.num_tokens, end.first_at), done=True, stopped=end.stopped,
+                          looped=end.looped, sources=tuple(found),
+                          sources_seconds=grounding.seconds if grounding else 0.0)
 
     def _grounding(self) -> AnswerSources | None:
         """Sources of the next answer from the model's retrieval heads (calibrated once per model, cached)."""
-        from .loader import cache_dir
-        from .retrieval_heads import find_retrieval_heads
-
-        try:
-            heads = find_retrieval_heads(self.model, self.tokenizer, cache_dir=cache_dir())
-        except Exception:  # sources are an extra: an answer never fails over them
-            logger.warning("could not find retrieval heads; answering without sources", exc_info=True)
+        heads = retrieval_heads(self.model, self.tokenizer)
+        if heads is None:
             return None
         if self._pages is None:
-            self._pages = self._page_starts()
+            self._pages = document_page_starts(self.prompts, self.document, self._starts)
         return AnswerSources(self.cache, heads, (0, self.document_tokens), self._pages)
-
-    def _page_starts(self) -> list[tuple[int, int]]:
-        """(first token, page) of each ``[page N]`` marker of the document, from the token offsets kept at
-        tokenization (tokenizing again only where the tokenizer gave none)."""
-        if self._starts is None:
-            return page_starts(self.tokenizer, self.prompts.document_text(self.document))
-        return page_starts_from_offsets(self.document, self._starts)
 
     def _extend_to(self, wanted: list[int]) -> torch.Tensor:
         """Crops the cache to its longest common prefix with ``wanted`` and feeds the rest."""
@@ -347,7 +270,7 @@ class DocumentSession:
                 "max_context": self.max_context if self.document_tokens else 0,
                 "host_attention_ms": self._host_ms_per_token}
 
-    # -- snapshots: save / restore the document's KV cache (engine.snapshot) -----------------------
+    # -- snapshots: save / restore the document's KV cache (engine.snapshot, engine.document_snapshots) ---
     def snapshot_identity(self) -> SnapshotIdentity:
         """What a snapshot of this document must match (model, dtype, tokenizer, ids); computed once per document."""
         if not self._document_ids:
@@ -384,17 +307,11 @@ class DocumentSession:
         if info is None:
             return None
         try:
-            stats = store.restore(self.cache, self.snapshot_identity(), info.key)
-        except CorruptSnapshotError as error:
-            logger.warning("%s; deleting it and reading the document instead", error)
-            store.delete(info.key)
-        except (SnapshotError, OSError) as error:
-            logger.warning("%s; reading the document instead", error)
-        else:
-            self._cached_ids = list(self._document_ids)
-            self.cache.anchor(self.document_tokens)
+            stats = restore_document(store, self.cache, self.snapshot_identity(), info)
+            if stats is not None:
+                self._cached_ids = list(self._document_ids)
+                self.cache.anchor(self.document_tokens)
             return stats
         finally:
             # A failed read may have emptied the cache: the ids must never claim K/V it no longer holds.
             del self._cached_ids[self.cache.get_seq_length():]
-        return None

@@ -1,0 +1,84 @@
+"""One answer: decoding it token by token (a streamed chunk per token), and what its sources need.
+
+``DocumentSession.ask`` builds the prompt, brings the cache to it and records the answer's sources; the loop
+here only turns logits into tokens and text, feeding each token back through ``forward``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+
+import torch
+
+from .reports import AnswerChunk, answer_rate
+from .sampling import IncrementalDecoder, RepetitionGuard, next_token, stop_token_ids
+from .sources import page_starts, page_starts_from_offsets
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """How an answer's decoding ended."""
+
+    text: str
+    num_tokens: int
+    first_at: float | None  # perf_counter() of the first token; None when there was none
+    stopped: bool  # ``should_stop`` turned true
+    looped: bool  # the repetition guard stopped an answer that repeated itself
+
+
+def stream_answer(model, tokenizer, logits: torch.Tensor, forward: Callable[[list[int]], torch.Tensor],
+                  asked: float, *, max_new_tokens: int, temperature: float, top_p: float,
+                  should_stop: Callable[[], bool] | None,
+                  repetition_guard: RepetitionGuard | None) -> Generator[AnswerChunk, None, Decoded]:
+    """Yields a chunk per answer token, from ``logits`` (the last prompt position's) onward; ``forward``
+    appends a token and returns the next logits. ``asked`` is the question's perf_counter() (for the TTFT).
+    Returns how it ended: the final chunk is the caller's."""
+    decoder = IncrementalDecoder(tokenizer)
+    stop_ids = stop_token_ids(model, tokenizer)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    first_at, num_tokens, stopped, looped, answer = None, 0, False, False, []
+    for _ in range(max_new_tokens):
+        if repetition_guard is not None:
+            logits = repetition_guard.adjust(logits, answer)
+        token = next_token(logits, temperature, top_p, generator)
+        if token in stop_ids:
+            break
+        num_tokens += 1
+        answer.append(token)
+        first_at = first_at or time.perf_counter()
+        new_text = decoder.push(token)
+        yield AnswerChunk(decoder.text, new_text, num_tokens, first_at - asked,
+                          answer_rate(num_tokens, first_at), done=False)
+        if should_stop is not None and should_stop():
+            stopped = True
+            break
+        if repetition_guard is not None and repetition_guard.loop_span(answer):
+            looped = True
+            break
+        logits = forward([token])
+    return Decoded(decoder.text, num_tokens, first_at, stopped, looped)
+
+
+def retrieval_heads(model, tokenizer) -> dict[int, list[int]] | None:
+    """The model's retrieval heads (calibrated once per model, cached); None, logged, when they cannot be found."""
+    from .loader import cache_dir
+    from .retrieval_heads import find_retrieval_heads
+
+    try:
+        return find_retrieval_heads(model, tokenizer, cache_dir=cache_dir())
+    except Exception:  # sources are an extra: an answer never fails over them
+        logger.warning("could not find retrieval heads; answering without sources", exc_info=True)
+        return None
+
+
+def document_page_starts(prompts, document: str, starts) -> list[tuple[int, int]]:
+    """(first token, page) of each ``[page N]`` marker of the document, from the token offsets kept at
+    tokenization (``DocumentTokens.starts``; tokenizing again only where the tokenizer gave none)."""
+    if starts is None:
+        return page_starts(prompts.tokenizer, prompts.document_text(document))
+    return page_starts_from_offsets(document, starts)

@@ -1,0 +1,99 @@
+"""``ModelShape``: the dimensions of a model that drive its memory use, and the bytes its KV takes.
+
+The planner (``engine.planner``) turns these counts into a plan; the cache and the benchmarks use the
+same counts, so what is planned is what the homes hold.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine.context_window import trained_window
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions of a decoder-only transformer that drive its memory use."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int
+    num_params: int
+    sliding_windows: tuple[int | None, ...]
+    max_positions: int | None = None  # the trained context window (see ``trained_window``); None: unknown
+
+    @classmethod
+    def from_config(cls, config, dtype_bytes: int = 2, num_params: int | None = None) -> ModelShape:
+        """Builds a shape from a transformers config (llama, mistral, qwen2/3, gemma2/3).
+
+        ``num_params`` is estimated from the config when not given.
+        """
+        if hasattr(config, "get_text_config"):  # multimodal wrappers nest the LM config
+            config = config.get_text_config()
+        layers = int(config.num_hidden_layers)
+        heads = int(config.num_attention_heads)
+        kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+        windows = _sliding_windows(config, layers)
+        params = num_params if num_params is not None else _estimate_params(config, head_dim, kv_heads)
+        return cls(layers, heads, kv_heads, head_dim, int(config.hidden_size), int(config.intermediate_size),
+                   int(config.vocab_size), dtype_bytes, int(params), windows, trained_window(config))
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V bytes of one token across all layers and KV heads."""
+        return self.num_layers * self.num_kv_heads * self.head_dim * 2 * self.dtype_bytes
+
+
+def _sliding_windows(config, layers: int) -> tuple[int | None, ...]:
+    window = getattr(config, "sliding_window", None)
+    # Qwen2/3 keep a sliding_window value around even when the feature is off.
+    if getattr(config, "use_sliding_window", True) is False or not window:
+        return (None,) * layers
+    types = getattr(config, "layer_types", None)
+    if types is None:  # mistral: one window for every layer
+        return (int(window),) * layers
+    return tuple(int(window) if t == "sliding_attention" else None for t in types)
+
+
+def _estimate_params(config, head_dim: int, kv_heads: int) -> int:
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    embed = config.vocab_size * hidden
+    lm_head = 0 if getattr(config, "tie_word_embeddings", False) else embed
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
+    model_type = getattr(config, "model_type", "")
+    if model_type == "qwen2" or getattr(config, "attention_bias", False):
+        attn += q_out + 2 * kv_out  # q/k/v biases (qwen2 always has them)
+    if model_type in ("qwen3", "gemma3_text"):
+        attn += 2 * head_dim  # q_norm / k_norm
+    norms = (4 if model_type in ("gemma2", "gemma3_text") else 2) * hidden  # gemma adds post-norms
+    layer = attn + 3 * hidden * config.intermediate_size + norms
+    return embed + lm_head + config.num_hidden_layers * layer + hidden
+
+
+def stored_tokens(shape: ModelShape, context: int, chunk: int) -> int:
+    """Tokens of K/V the homes hold summed over layers: a sliding-window layer keeps a ring of its window
+    plus one chunk, a full-attention layer every token."""
+    return sum(context if w is None else min(context, w - 1 + chunk) for w in shape.sliding_windows)
+
+
+def host_element_bytes(shape: ModelShape, kv_dtype: str | None) -> float:
+    """Host bytes per K or V element: the model's dtype, or 1 byte plus a 4-byte scale per head for 8-bit KV."""
+    return float(shape.dtype_bytes) if kv_dtype is None else 1.0 + 4.0 / shape.head_dim
+
+
+def disk_stream_bytes(shape: ModelShape, chunk: int, kv_dtype: str | None) -> int:
+    """Pinned host memory the disk tier moves through on CUDA: the disk stream's pieces and write buffers
+    (``WRITES_PER_GROUP`` per head group of a layer, each one chunk of that group: per layer, every KV head)."""
+    # Imported here: the KV core imports PlanError from the planner, which imports this module.
+    from engine.kv.disk_stream import NUM_PIECES, PIECE_BYTES, WRITES_PER_GROUP
+
+    per_token = shape.num_kv_heads * shape.head_dim * 2 * math.ceil(host_element_bytes(shape, kv_dtype))
+    return NUM_PIECES * PIECE_BYTES + WRITES_PER_GROUP * chunk * per_token

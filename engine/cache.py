@@ -182,7 +182,7 @@ class HeadInferCache(Cache):
         self.transfer = Transfer(self.device, num_layers=len(self.layers), num_groups=num_groups,
                                  group_shape=(batch, g, head_dim), dtype=dtype,
                                  buffer_tokens=visible if any_offloaded else 1, stage_tokens=chunk, pinned=pin,
-                                 kv_dtype=self.policy.kv_dtype, disk=bool(on_disk))
+                                 kv_dtype=self.policy.kv_dtype, disk=self._disk)
         self._host = HostMemory(pin, self.transfer.fence)
         for layer in self.layers:
             slots = [layer.layer_idx * num_groups + i for i in range(num_groups)]

@@ -52,6 +52,7 @@ class _File:
     mapping: mmap.mmap
     path: Path
     row_bytes: int
+    fd: int  # kept open for ``read_into``: reads see the mapping's own pages (one page cache)
     crcs: dict[int, int] = field(default_factory=lambda: {0: 0})  # rows r -> CRC-32 of rows [0, r)
     links: list[tuple[Path, int, int]] = field(default_factory=list)  # (snapshot file, inode, bytes it keeps)
 
@@ -73,6 +74,7 @@ class DiskMemory:
         self._files: dict[int, _File] = {}  # data_ptr of a file's tensor -> the file
         self._bases: list[int] = []  # sorted keys of _files, to find the file a view points into
         self._count = 0
+        self.num_reads = 0  # read_into calls (preadv)
         self._finalizer = weakref.finalize(self, _remove, self._files, self.folder)
 
     @property
@@ -84,14 +86,14 @@ class DiskMemory:
         num_bytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
         path = self.folder / f"home-{self._count:05d}.kv"
         self._count += 1
+        fd = -1
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.posix_fallocate(fd, 0, max(num_bytes, 1))  # real blocks now: ENOSPC here, not SIGBUS later
-                mapping = mmap.mmap(fd, max(num_bytes, 1))
-            finally:
-                os.close(fd)
+            os.posix_fallocate(fd, 0, max(num_bytes, 1))  # real blocks now: ENOSPC here, not SIGBUS later
+            mapping = mmap.mmap(fd, max(num_bytes, 1))
         except OSError as error:
+            if fd >= 0:
+                os.close(fd)
             path.unlink(missing_ok=True)
             free = shutil.disk_usage(self.folder).free if self.folder.exists() else 0
             raise DiskTierError(f"cannot make a {num_bytes / 2**30:.2f} GiB KV file in {self.folder} "
@@ -99,7 +101,7 @@ class DiskMemory:
         with torch.inference_mode(False):
             tensor = torch.frombuffer(mapping, dtype=torch.uint8, count=num_bytes).view(dtype).view(shape)
         row_bytes = num_bytes // shape[0] if shape[0] else max(num_bytes, 1)
-        self._files[tensor.data_ptr()] = _File(mapping, path, row_bytes)
+        self._files[tensor.data_ptr()] = _File(mapping, path, row_bytes, fd)
         bisect.insort(self._bases, tensor.data_ptr())
         return tensor
 
@@ -124,6 +126,23 @@ class DiskMemory:
             file.mapping.madvise(mmap.MADV_WILLNEED, start, length)
         except (OSError, ValueError, AttributeError):  # advice only: never fail a fetch over it
             pass
+
+    def read_into(self, rows: torch.Tensor, target: torch.Tensor) -> bool:
+        """Reads ``rows`` (a contiguous view into a disk home) into ``target`` (contiguous host memory of the same
+        size) with ``preadv``: large sequential reads run at the disk's speed, where faulting the mapping's pages
+        in one by one does not. False if ``rows`` is not in a disk home (the caller copies instead)."""
+        found = self._find(rows)
+        if found is None or not target.is_contiguous() or target.nbytes != rows.nbytes:
+            return False
+        file, offset = found
+        self.num_reads += 1
+        view = memoryview(target.view(torch.uint8).reshape(-1).numpy()) if target.nbytes else memoryview(b"")
+        while len(view):
+            read = os.preadv(file.fd, [view], offset)
+            if read <= 0:
+                raise DiskTierError(f"{file.path} ended early (a KV file was truncated)")
+            view, offset = view[read:], offset + read
+        return True
 
     # -- the running checksum --------------------------------------------------------------------------
     def note_written(self, rows: torch.Tensor) -> None:
@@ -228,6 +247,10 @@ def _close(file: _File) -> None:
         file.mapping.close()
     except BufferError:  # a tensor still views it: the pages go when that tensor does
         logger.debug("KV file %s still in use; unlinking only", file.path)
+    try:
+        os.close(file.fd)
+    except OSError:
+        pass
     file.path.unlink(missing_ok=True)
     for snapshot_file, inode, num_bytes in file.links:
         try:

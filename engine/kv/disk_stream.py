@@ -31,8 +31,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .buffers import copy_parts
-
 if TYPE_CHECKING:
     from .homes import GroupHome
 
@@ -59,8 +57,9 @@ class _Pinned:
 class DiskStream:
     """The worker and the pinned buffers that disk homes move through (one per cache)."""
 
-    def __init__(self, device: torch.device, num_groups: int = 1):
+    def __init__(self, device: torch.device, num_groups: int = 1, memory=None):
         self.is_cuda = device.type == "cuda"
+        self.memory = memory  # the DiskMemory: rows are read from its files with preadv where it can
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk")
         self._jobs: list[Future] = []  # submitted and not yet seen finished (main thread only)
         self._error: BaseException | None = None  # the first failure not yet reported (sticky, see above)
@@ -69,6 +68,7 @@ class DiskStream:
         self._num_writes = WRITES_PER_GROUP * num_groups
         self._next_piece = self._next_write = 0
         self.num_fetches = 0  # disk homes' fetches handed to the worker
+        self.num_paged = 0  # reads that went through the mapping's page faults instead of preadv
         if self.is_cuda:
             # Blocking events: the worker sleeps in synchronize() instead of spinning a core host attention uses.
             self._pieces = [_Pinned(_pinned(PIECE_BYTES), torch.cuda.Event(blocking=True)) for _ in range(NUM_PIECES)]
@@ -81,7 +81,7 @@ class DiskStream:
         after them; the caller has already made ``h2d`` wait for whatever must precede the copies."""
         self.num_fetches += 1
         if not self.is_cuda:
-            return self._submit(_copy_rows, home, start, stop, targets)
+            return self._submit(self._copy_rows, home, start, stop, targets)
         return self._submit(self._fetch_pieces, home, start, stop, targets, h2d, ready)
 
     def _fetch_pieces(self, home: GroupHome, start: int, stop: int, targets: list[torch.Tensor],
@@ -95,7 +95,7 @@ class DiskStream:
                         part = rows[first : first + per_piece]
                         piece = self._next_free_piece(part.nbytes)
                         staged = piece.data[: part.nbytes].view(part.dtype).view(part.shape)
-                        staged.copy_(part)  # the page faults of a cold range: the disk read, off the main thread
+                        self._read(part, staged)  # the disk read, off the main thread
                         target[done : done + part.shape[0]].copy_(staged, non_blocking=True)
                         piece.event.record(h2d)
                         done += part.shape[0]
@@ -111,6 +111,18 @@ class DiskStream:
         if piece.data.numel() < num_bytes:  # one row larger than a piece (huge batch x head group)
             piece.data = _pinned(num_bytes)
         return piece
+
+    def _copy_rows(self, home: GroupHome, start: int, stop: int, targets: list[torch.Tensor]) -> None:
+        for plane, target in enumerate(targets):
+            done = 0
+            for rows in home.blocks(start, stop, plane):  # one view, two where a ring wraps
+                self._read(rows, target[done : done + rows.shape[0]])
+                done += rows.shape[0]
+
+    def _read(self, rows: torch.Tensor, target: torch.Tensor) -> None:
+        if rows.numel() and (self.memory is None or not self.memory.read_into(rows, target)):
+            self.num_paged += 1
+            target.copy_(rows)  # page faults: the kernel reads what is not cached
 
     # -- appends ---------------------------------------------------------------------------------------
     def append(self, home: GroupHome, position: int, parts: list[torch.Tensor]) -> Future | None:
@@ -178,9 +190,6 @@ class DiskStream:
             self._worker.shutdown(wait=True)
 
 
-def _copy_rows(home: GroupHome, start: int, stop: int, targets: list[torch.Tensor]) -> None:
-    for plane, target in enumerate(targets):
-        copy_parts(target, home.blocks(start, stop, plane))
 
 
 def _write_landed(home: GroupHome, position: int, staged: list[torch.Tensor], landed: torch.cuda.Event) -> None:

@@ -31,7 +31,7 @@ class Transfer:
 
     def __init__(self, device: torch.device, *, num_layers: int, num_groups: int, group_shape: tuple[int, int, int],
                  dtype: torch.dtype, buffer_tokens: int, stage_tokens: int, pinned: bool, kv_dtype: str | None = None,
-                 disk: bool = False):
+                 disk=None):
         self.device = device
         self.is_cuda = device.type == "cuda"
         self._non_blocking = self.is_cuda and pinned  # async only from/to page-locked memory
@@ -50,7 +50,8 @@ class Transfer:
         self._host_query: torch.Tensor | None = None  # page-locked landing place of queries sent to the host
         self._query_source: torch.Tensor | None = None  # the device queries the last such copy reads
         self._query_ready, self._query_landed = event(self.is_cuda), event(self.is_cuda)
-        self.disk = DiskStream(device, num_groups) if disk else None  # disk-tier homes move on its worker thread
+        # Disk-tier homes (``disk``: their DiskMemory) move on the disk stream's worker thread.
+        self.disk = DiskStream(device, num_groups, disk) if disk is not None else None
         self._disk_writes: dict[int, Future] = {}  # layer -> its newest append to a disk home (CUDA)
         self.num_fetches = 0  # every fetch into a ping-pong buffer ...
         self.num_on_demand = 0  # ... and those the compute stream had to wait for, not prefetched

@@ -144,12 +144,13 @@ def test_disk_homes_are_read_on_the_disk_worker_and_a_failed_read_loses_nothing(
     tier = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1,
                                  disk_dir=str(tmp_path), host_memory=quarter_budget(model))
     feed(model, ids[:, :128], tier)
-    assert tier.transfer.disk.num_fetches > 0  # every disk home's past went through the worker
+    assert tier.transfer.disk.num_fetches > 0  # every disk home's past went through the worker ...
+    assert tier.disk_tier.num_reads > 0 and tier.transfer.disk.num_paged == 0  # ... read with preadv
 
     def failing_read(*args):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(disk_stream, "_copy_rows", failing_read)
+    monkeypatch.setattr(disk_stream.DiskStream, "_copy_rows", failing_read)
     with pytest.raises(OSError, match="Input/output"):
         model(ids[:, 128:], past_key_values=tier)
     monkeypatch.undo()

@@ -2,12 +2,16 @@
 
     python -m benchmarks.niah                       # full grid (CPU: tens of minutes)
     python -m benchmarks.niah --lengths 1K,2K --depths 0,0.5,1
+    python -m benchmarks.niah --kv-dtype int8          # head-wise side on lossy 8-bit KV, compared to niah.json
 
 For every (length, depth) cell a paged haystack ("[page N]" markers) hides "The secret passphrase is X." on
 one page; the model is asked for it. Each cell records whether head-wise decoding gives the very tokens
 stock transformers gives (greedy), whether the answer contains the needle, the top attention-grounded
 source page against the needle's page, and the sources' cost against the answer's decode time.
-Writes docs/benchmarks/niah.{json,md} and a heatmap niah.png.
+Writes docs/benchmarks/niah.{json,md} and a heatmap niah.png. With ``--kv-dtype int8`` / ``fp8`` the head-wise
+side keeps its KV in 8 bits (``OffloadPolicy.kv_dtype``, lossy) and the files are niah-int8.* / niah-fp8.*; the
+report then compares every cell with the exact grid in niah.json ("identical" stays: greedy tokens identical to
+stock transformers on exact KV).
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ def paged_haystack(tokenizer, num_tokens: int, depth: float, seed: int) -> tuple
 
 
 @torch.inference_mode()
-def run_cell(model, tokenizer, heads, length: int, depth: float, *, max_new_tokens: int, chunk: int) -> dict:
+def run_cell(model, tokenizer, heads, length: int, depth: float, *, max_new_tokens: int, chunk: int,
+             kv_dtype: str | None = None) -> dict:
     import engine
     from engine.prompt import PromptBuilder
     from engine.sources import AnswerSources, page_starts
@@ -65,9 +70,9 @@ def run_cell(model, tokenizer, heads, length: int, depth: float, *, max_new_toke
     out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False)
     stock_tokens = [t for t in out[0, len(ids):].tolist()]
     stock_tokens = stock_tokens[: next((i for i, t in enumerate(stock_tokens) if t in stop), len(stock_tokens))]
-    # Head-wise: chunked prefill, greedy decode, sources from the calibrated heads.
+    # Head-wise: chunked prefill, greedy decode, sources from the calibrated heads (8-bit KV with kv_dtype).
     set_attention(model, "headinfer")
-    cache = engine.HeadInferCache(model.config, device="cpu", chunk_size=chunk)
+    cache = engine.HeadInferCache(model.config, device="cpu", chunk_size=chunk, kv_dtype=kv_dtype)
     cache.allocate(1, cache.shape.head_dim, next(model.parameters()).dtype, torch.device("cpu"))
     grounding = AnswerSources(cache, heads, (0, len(doc_ids)), page_starts(tokenizer, prompts.document_text(document)))
     grounding.start(len(ids) - 1)
@@ -86,7 +91,7 @@ def run_cell(model, tokenizer, heads, length: int, depth: float, *, max_new_toke
     sources = grounding.finish()
     cache.release()
     answer = tokenizer.decode(tokens, skip_special_tokens=True)
-    return {"length": len(ids), "target": length, "depth": depth, "needle_page": needle_page,
+    return {"length": len(ids), "target": length, "depth": depth, "needle_page": needle_page, "kv_dtype": kv_dtype,
             "answer": answer, "found": value.lower() in answer.lower(), "identical": tokens == stock_tokens,
             "top_source": sources[0].page if sources else None,
             "sources": [(s.page, round(s.share, 3)) for s in sources],
@@ -101,6 +106,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--chunk-size", type=int, default=2048)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--kv-dtype", choices=("int8", "fp8"), default=None,
+                   help="head-wise side on lossy 8-bit KV; writes niah-<dtype>.* compared to niah.json (exact)")
     p.add_argument("--out", default="docs/benchmarks")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -114,17 +121,24 @@ def main(argv=None) -> int:
     cells = []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    name = "niah" if args.kv_dtype is None else f"niah-{args.kv_dtype}"
+    exact = None
+    if args.kv_dtype is not None:
+        exact = json.loads((out / "niah.json").read_text())["cells"]  # the grid to compare with: run it first
+    started = time.perf_counter()
     for length in parse_tokens(args.lengths):
         for depth in (float(d) for d in args.depths.split(",")):
             cell = run_cell(model, tokenizer, heads, length, depth, max_new_tokens=args.max_new_tokens,
-                            chunk=args.chunk_size)
+                            chunk=args.chunk_size, kv_dtype=args.kv_dtype)
             logger.info("%s", cell)
             cells.append(cell)
-            (out / "niah.json").write_text(json.dumps({"run": run_stamp("cpu"), "heads": heads, "cells": cells},
-                                                      indent=1, default=str))
-    text = report(cells, heads)
-    (out / "niah.md").write_text(text)
-    heatmap(cells, out / "niah.png")
+            (out / f"{name}.json").write_text(json.dumps({"run": run_stamp("cpu"), "kv_dtype": args.kv_dtype,
+                                                          "heads": heads, "cells": cells,
+                                                          "seconds": time.perf_counter() - started},
+                                                         indent=1, default=str))
+    text = report(cells, heads) if exact is None else report_8bit(cells, heads, exact, args.kv_dtype)
+    (out / f"{name}.md").write_text(text)
+    heatmap(cells, out / f"{name}.png", args.kv_dtype)
     print(text)
     return 0
 
@@ -151,7 +165,60 @@ def report(cells: list[dict], heads: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def heatmap(cells: list[dict], path: Path) -> None:
+def same_cell(cell: dict, exact: list[dict]) -> dict | None:
+    """The exact run's cell with the same target length and depth (None when the exact grid lacks it)."""
+    return next((e for e in exact if e["target"] == cell["target"] and e["depth"] == cell["depth"]), None)
+
+
+def report_8bit(cells: list[dict], heads: dict, exact: list[dict], kv_dtype: str) -> str:
+    """The grid on 8-bit KV, cell by cell against the exact grid (niah.json)."""
+    pairs = [(c, same_cell(c, exact)) for c in cells]
+    compared = [(c, e) for c, e in pairs if e is not None]
+    same_found = [c for c, e in compared if c["found"] == e["found"]]
+    same_top = [c for c, e in compared if c["top_source"] == e["top_source"]]
+    same = [c for c, e in compared if c["found"] == e["found"] and c["top_source"] == e["top_source"]]
+    found = [c for c in cells if c["found"]]
+    top1 = [c for c in found if c["top_source"] == c["needle_page"]]
+    exact_found = [e for _, e in compared if e["found"]]
+    exact_top1 = [e for e in exact_found if e["top_source"] == e["needle_page"]]
+    same_answer = [c for c, e in compared if c["answer"] == e["answer"]]
+    at_8k = [c for c in cells if c["target"] >= 7000] or cells
+    lines = [
+        f"# Needle in a haystack — SmolLM2-135M-Instruct on CPU, head-wise on {kv_dtype} KV (LOSSY 8-bit)", "",
+        f"The head-wise side keeps K/V in {kv_dtype} with a scale per token and head "
+        f"(`OffloadPolicy(kv_dtype=\"{kv_dtype}\")`): lossy by design, answers may differ from the model's own. "
+        "Stock transformers (sdpa, exact KV) is the reference as in the exact grid (`niah.md`); every cell is "
+        "compared with that exact grid (`niah.json`). Same outcome: the same \"found\" and the same top source "
+        "as the exact run.", "",
+        f"Retrieval heads (needle calibration): {heads}", "",
+        f"- cells with the same outcome as exact KV: {len(same)}/{len(compared)} "
+        f"(found: {len(same_found)}/{len(compared)}, top source: {len(same_top)}/{len(compared)})",
+        f"- answers containing the needle: {len(found)}/{len(cells)} on {kv_dtype} vs "
+        f"{len(exact_found)}/{len(compared)} on exact KV",
+        f"- top source = the needle's page, where the answer has the needle: {len(top1)}/{len(found)} on {kv_dtype} "
+        f"vs {len(exact_top1)}/{len(exact_found)} on exact KV",
+        f"- greedy tokens identical to stock (exact KV): {sum(c['identical'] for c in cells)}/{len(cells)} "
+        f"(exact head-wise: {sum(e['identical'] for _, e in compared)}/{len(compared)}); answer text the same as "
+        f"on exact KV: {len(same_answer)}/{len(compared)}",
+        f"- sources cost at the longest length: {max(c['sources_cost'] for c in at_8k):.1%} of the answer's decode "
+        f"time (max), {sum(c['sources_s'] for c in at_8k) / len(at_8k):.3f} s mean", "",
+        f"| tokens | depth | needle page | found | = exact | identical to stock | top source | = exact | sources "
+        f"| answer |",
+        "|---:|---:|---:|:--:|:--:|:--:|---:|:--:|---|---|",
+    ]
+    for c, e in pairs:
+        found_same = "—" if e is None else _mark(c["found"] == e["found"])
+        top_same = "—" if e is None else _mark(c["top_source"] == e["top_source"])
+        lines.append(f"| {c['length']} | {c['depth']:.2f} | {c['needle_page']} | {_mark(c['found'])} | {found_same} | "
+                     f"{_mark(c['identical'])} | {c['top_source']} | {top_same} | {c['sources']} | {c['answer']!r} |")
+    return "\n".join(lines) + "\n"
+
+
+def _mark(ok: bool) -> str:
+    return "✓" if ok else "✗"
+
+
+def heatmap(cells: list[dict], path: Path, kv_dtype: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -167,7 +234,7 @@ def heatmap(cells: list[dict], path: Path) -> None:
     ax.set_yticks(range(len(depths)), [f"{d:.0%}" for d in depths])
     ax.set_xlabel("haystack tokens")
     ax.set_ylabel("needle depth")
-    ax.set_title("needle found (+ top source on its page)")
+    ax.set_title("needle found (+ top source on its page)" + (f", {kv_dtype} KV (lossy)" if kv_dtype else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "CPU; off: streamed (default: auto)")
     memory.add_argument("--kv-8bit", default=None, choices=["int8", "fp8"],
                         help="keep host-memory KV in 8 bits (a scale per token and head): half the RAM and link "
-                             "bytes of bf16, LOSSY — answers may differ from the model's own (default: exact)")
+                             "bytes of bf16, LOSSY — answers may differ from the model's own (default: exact). "
+                             "int8 is the better of the two (docs/benchmarks/kv8.md)")
     memory.add_argument("--kv-disk-dir", default=None, metavar="FOLDER",
                         help="a disk tier: KV beyond --host-memory lives in files here (exact, slower); "
                              "default: none")

@@ -207,3 +207,27 @@ def test_saved_and_delete_saved_endpoints(embedded_model, store, secret_pdf):
     finally:
         client.close()
         demo.close()
+
+
+def test_a_document_read_through_the_disk_tier_is_saved_by_linking_and_reopens(embedded_model, store, secret_pdf,
+                                                                                 tmp_path):
+    model, tokenizer = embedded_model
+    probe, _ = _read(Handlers(lambda: DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=32)), None),
+                     secret_pdf)
+    host, kv = probe.session.cache.plan.host_bytes, probe.session.cache.kv_bytes()["host"]
+    original = _answer(Handlers(lambda: None, None), probe)
+    # Three quarters of the KV beyond the RAM budget: those homes live in files under tier/.
+    policy = OffloadPolicy(chunk_size=32, disk_dir=str(tmp_path / "tier"), host_memory=host - kv * 3 // 4)
+    handlers = Handlers(lambda: CountingSession(model, tokenizer, policy), store)
+    first, views = _read(handlers, secret_pdf)
+    assert first.session.cache.kv_bytes()["disk"] > 0
+    assert "Saved for instant reopening" in _text(views[-1].status)
+    [info] = store.list()
+    home_files = list((store.root / info.key).glob("layer-*-group-*"))
+    assert home_files and all(f.stat().st_nlink == 2 for f in home_files)  # the tier's own files, linked
+    assert _answer(handlers, first) == original  # exact: the disk tier changes where K/V lives, not what it is
+
+    CountingSession.prefills = 0
+    second, views = _read(handlers, secret_pdf)  # another tab reopens it from the snapshot
+    assert CountingSession.prefills == 0 and "reopened from disk" in views[-1].progress
+    assert _answer(handlers, second) == original

@@ -17,7 +17,9 @@ The kernel, per head group (homes are token-major ``[capacity, B, 2, g, D]``, se
 - each tile yields a partial (row max ``m``, sum ``l``, unnormalised output ``acc``); the partials are merged
   with their log-sum-exp weights: ``out = sum(exp(m_i - M) acc_i) / sum(exp(m_i - M) l_i)``;
 - sliding windows and causality (for steps of several queries) mask only the tiles they cut; Gemma 2's softcap
-  is ``softcap * tanh(scores / softcap)``, exactly as transformers' eager attention computes it.
+  is ``softcap * tanh(scores / softcap)``, exactly as transformers' eager attention computes it;
+- 8-bit homes (``quant.py``) are read as codes and dequantized per tile (widened, times their scales) in the
+  tile's fp32 buffer: the torch tile, never a dequantized copy of the whole context.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class _Call:
     """What every tile of one job reads, and where it writes its partial."""
 
     query: torch.Tensor  # [Gh, B, g, R, D] fp32, pre-scaled; R = n_rep * Q rows, (repeat, query) order
-    kvs: tuple[torch.Tensor, ...]  # Gh homes [capacity, B, 2, g, D]
+    kvs: tuple[torch.Tensor, ...]  # Gh homes [capacity, B, 2, g, D] (8-bit homes: their codes)
+    scales: tuple[torch.Tensor, ...] | None  # 8-bit homes: Gh scale planes [capacity, B, 2, g, 1]; else None
     start: int  # first visible key position
     past: int  # position of the first query
     q_len: int
@@ -120,11 +123,13 @@ class HostAttention:
         self.tile_bytes = tile_bytes or TILE_BYTES["torch" if self.native is None else "native"]
 
     def start(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, *, scaling: float,
-              window: int | None = None, softcap: float | None = None, ready=None) -> HostJob:
+              window: int | None = None, softcap: float | None = None, ready=None,
+              scales: list[torch.Tensor] | None = None) -> HostJob:
         """Starts attention of ``query`` over tokens ``[start, stop)`` of each home in ``kvs``.
 
         query: [B, Gh * g * n_rep, Q, D] on the host; its Q tokens are the last Q of ``[start, stop)``, already in
         the homes. ``ready``: called by every task before it reads anything (on CUDA: waits for the copies).
+        ``scales``: for 8-bit homes (``kvs`` are then their codes), their scale planes.
         """
         batch, num_heads, q_len, head_dim = query.shape
         num_groups, (_, kv_batch, _, g, kv_dim) = len(kvs), kvs[0].shape
@@ -144,8 +149,9 @@ class HostAttention:
         tile = min(most, max(fewest, math.ceil((stop - start) * num_groups / runs)))  # every worker gets tiles
         num_tiles = math.ceil((stop - start) / tile)
         m = torch.empty(num_groups, num_tiles, batch, g, rows, 1)
-        is_native = str(kvs[0].dtype) in native.DTYPE_CODES and head_dim in native.HEAD_DIMS
-        call = _Call(folded.contiguous(), tuple(kvs), start, stop - q_len, q_len, window, softcap, tile, m,
+        is_native = str(kvs[0].dtype) in native.DTYPE_CODES and head_dim in native.HEAD_DIMS and scales is None
+        call = _Call(folded.contiguous(), tuple(kvs), tuple(scales) if scales else None, start, stop - q_len, q_len,
+                     window, softcap, tile, m,
                      torch.empty_like(m), torch.empty(num_groups, num_tiles, batch, g, rows, head_dim),
                      self.native if is_native else None)
         tasks = [(h, s) for h in range(num_groups) for s in range(num_tiles)]
@@ -170,8 +176,10 @@ def _tile(call: _Call, group: int, index: int) -> None:
     if call.native is not None:
         _native_tile(call, group, index, block, first)
         return
-    if block.dtype != torch.float32:
+    if block.dtype != torch.float32 or call.scales is not None:
         block = _fp32_copy(block)
+    if call.scales is not None:  # 8-bit codes: dequantized here, a tile at a time
+        block.mul_(call.scales[group][first:last])
     keys = block.select(2, 0).permute(1, 2, 3, 0)  # [B, g, D, T]
     values = block.select(2, 1).permute(1, 2, 0, 3)  # [B, g, T, D]
     scores = torch.matmul(call.query[group], keys)  # [B, g, R, T]

@@ -114,17 +114,18 @@ class Schedule:
         sent = queries[on_host[0]] if len(on_host) == 1 else torch.cat([queries[g] for g in on_host], dim=1)
         host_query, wait = self.transfer.to_host(layer_idx, sent)  # [B, Gh * g * n_rep, Q, D]
         homes = [self.layers[layer_idx][g] for g in on_host]
-        if homes[0].is_ring or homes[0].is_quantized:
-            # The kernel reads token positions straight from a home in the model's dtype. A window ring's rows
-            # wrap, and 8-bit homes hold codes: give it the visible tokens [start, stop) as one tensor instead
-            # (at most a window, or dequantized), with positions shifted by ``start`` (masks are relative).
+        if homes[0].is_ring:
+            # The kernel reads token positions straight from a home. A window ring's rows wrap: give it the
+            # visible tokens [start, stop) as one tensor instead (at most a window; 8-bit: dequantized), with
+            # positions shifted by ``start`` (masks are relative).
             if wait is not None:
                 wait()  # the chunk appended this step must have landed before it is read here
             kvs = [home.block(start, stop) for home in homes]
             return self.host.start(host_query, kvs, 0, stop - start, scaling=scaling, window=window,
                                    softcap=softcap, ready=None)
+        scales = [home.planes[1] for home in homes] if homes[0].is_quantized else None  # dequantized per tile
         return self.host.start(host_query, [home.kv for home in homes], start, stop, scaling=scaling,
-                               window=window, softcap=softcap, ready=wait)
+                               window=window, softcap=softcap, ready=wait, scales=scales)
 
     def _finish_host(self, job: HostJob, device: torch.device) -> torch.Tensor:
         out = job.result().to(device)  # [B, Gh * g * n_rep, Q, D]: a few KB back to the device

@@ -80,18 +80,38 @@ def test_kv_dtype_is_validated():
         engine.OffloadPolicy(kv_dtype="int4")
 
 
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+def test_the_host_kernel_reads_8bit_codes_and_dequantizes_them_per_tile(kv_dtype):
+    from engine.kv import HostAttention
+
+    torch.manual_seed(0)
+    home = torch.randn(300, 1, 2, 2, 64)  # [T, B, 2, g, D]
+    codes, scales = quant.quantize(home, kv_dtype)
+    dequantized = quant.dequantize(codes, scales, torch.empty(home.shape))
+    query = torch.randn(1, 4, 1, 64)
+    kernel = HostAttention(tile_bytes=4096)  # many tiles, so most see only part of the scales
+    from_codes = kernel.attend(query, [codes], 0, 300, scaling=0.125, scales=[scales])
+    from_copy = kernel.attend(query, [dequantized], 0, 300, scaling=0.125)
+    assert torch.allclose(from_codes, from_copy, atol=1e-6)
+
+
 @torch.inference_mode()
-def test_host_attention_over_8bit_homes_matches_the_streamed_path():
+def test_host_attention_over_8bit_homes_matches_the_streamed_path(monkeypatch):
+    from engine.kv.homes import GroupHome
+
     stock, model = _pair()
     ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(4))
     streamed = engine.HeadInferCache(model.config, device="cpu", kv_dtype="int8", max_context=64, head_group_size=1)
     on_host = engine.HeadInferCache(model.config, device="cpu", kv_dtype="int8", max_context=64, head_group_size=1,
                                     host_attention="all")
     model(ids[:, :36], past_key_values=streamed), model(ids[:, :36], past_key_values=on_host)
+    copies = []  # whole-context dequantized copies (GroupHome.block): the host path must not make them
+    block = GroupHome.block
+    monkeypatch.setattr(GroupHome, "block", lambda self, *a: copies.append(1) or block(self, *a))
     for t in range(36, 40):  # decode steps: the host kernel reads dequantized homes
         a = model(ids[:, t : t + 1], past_key_values=streamed).logits
         b = model(ids[:, t : t + 1], past_key_values=on_host).logits
         # The streamed path attends the step's own token unquantized (from staging), the host path reads it
         # back from the 8-bit home: both are within the 8-bit error of each other, not bit-identical.
         assert float((a - b).abs().max() / a.abs().max()) < 1e-2
-    assert on_host.schedule.host_slots and on_host.host_attention_seconds > 0
+    assert on_host.schedule.host_slots and on_host.host_attention_seconds > 0 and not copies

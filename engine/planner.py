@@ -170,7 +170,7 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
                             (LIMIT_MAX_CONTEXT, policy.max_context), (LIMIT_MEMORY, max_ctx)) if value is not None),
                             key=lambda item: item[1])
     host_gbps, h2d_gbps = (rates.host_attention_gbps, rates.h2d_gbps) if rates is not None else (None, None)
-    share = host_share(policy.host_attention, device_is_cuda, host_gbps, h2d_gbps)
+    share = host_share(policy.host_attention, device_is_cuda, host_gbps, h2d_gbps, quantized=policy.kv_dtype is not None)
     per_token = shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes  # one layer's K and V
     read = sum(per_token * (context_tokens if w is None else min(w, context_tokens)) for w in shape.sliding_windows)
     offloaded = 1 - resident / (shape.num_layers * groups)  # resident slots are spread evenly over the layers

@@ -174,6 +174,8 @@ def test_policy_validates_host_attention():
 def test_share_balances_the_two_halves_and_auto_is_off_without_cuda():
     assert host_share("auto", True, 75.0, 25.0) == 0.75
     assert host_share("auto", False, 75.0, 25.0) == 0.0
+    assert host_share("auto", False, None, None, quantized=True) == 1.0  # CPU, 8-bit homes: read codes in place
+    assert host_share("off", False, None, None, quantized=True) == 0.0
     assert host_share("all", False, None, None) == 1.0 and host_share("off", True, 75.0, 25.0) == 0.0
     forecast = forecast_decode(100 * 10**9, 0.75, 75.0, 25.0)
     assert forecast.pcie_floor_seconds == pytest.approx(4.0)

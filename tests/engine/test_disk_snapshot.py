@@ -158,3 +158,22 @@ def test_the_running_checksum_matches_the_bytes_through_appends_crops_and_gaps(t
     disk.note_written(plane[30:34])
     assert disk.prefix_crc(plane, 34) == crc_of(34) and disk.prefix_crc(plane, 7) == crc_of(7)
     disk.close()
+
+
+def test_a_version_2_snapshot_still_restores(tiny, tmp_path):
+    import dataclasses
+
+    from engine.snapshot_format import HEADER_FILE, SnapshotHeader
+
+    model, tokenizer = tiny
+    text = _document(16)
+    session = _session(model, tokenizer, text)
+    session.prefill()
+    store = SnapshotStore(tmp_path / "saved")
+    info = session.save_snapshot(store)
+    header_path = store.root / info.key / HEADER_FILE
+    old = dataclasses.replace(SnapshotHeader.from_json(header_path.read_text()), version=2)  # no home files: v2
+    header_path.write_text(old.to_json())
+    restored = _session(model, tokenizer, text)
+    assert restored.restore_snapshot(store) is not None
+    assert all(torch.equal(a, b) for a, b in zip(_kv_bytes(session), _kv_bytes(restored)))

@@ -3,7 +3,6 @@ page requests nothing from the image's host (inert Markdown, and the Content-Sec
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from make_files import make_pdf  # noqa: E402
+from studio import served  # noqa: E402
 from test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -22,9 +22,7 @@ EVIL = (f"The code is AMBER-7. ![pixel](https://{TRACKER}/md.png) <img src=\"htt
 
 @pytest.fixture(scope="module")
 def parrot_url():
-    from app.ui import build_ui, launch_options
-    from engine import AnswerChunk, DocumentSession, OffloadPolicy
-    from engine.loader import describe, load_model
+    from engine import AnswerChunk, DocumentSession
 
     class ParrotSession(DocumentSession):
         """Reads for real; answers with what a hostile document would have the model write."""
@@ -33,14 +31,8 @@ def parrot_url():
             yield AnswerChunk(EVIL, EVIL, 12, 0.1, 10.0, done=False)
             yield AnswerChunk(EVIL, "", 12, 0.1, 10.0, done=True)
 
-    model, tokenizer = load_model(None)
-    demo = build_ui(lambda: ParrotSession(model, tokenizer, OffloadPolicy(chunk_size=256)), model_info=describe(model))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
-    yield demo.local_url
-    demo.close()
+    with served(ParrotSession, chunk_size=256) as url:
+        yield url
 
 
 def test_an_answer_cannot_make_the_browser_fetch_remote_images(parrot_url, tmp_path):

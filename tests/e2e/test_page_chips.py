@@ -4,7 +4,6 @@ colours have a WCAG contrast ratio of at least 4.5:1, in the light theme and the
 from __future__ import annotations
 
 import re
-import socket
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from make_files import make_pdf  # noqa: E402
+from studio import served  # noqa: E402
 from test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -26,9 +26,7 @@ COLOURS = """label => ({color: getComputedStyle(label.querySelector('span') || l
 
 @pytest.fixture(scope="module")
 def citing_url():
-    from app.ui import build_ui, launch_options
-    from engine import AnswerChunk, DocumentSession, OffloadPolicy
-    from engine.loader import describe, load_model
+    from engine import AnswerChunk, DocumentSession
 
     class CitingSession(DocumentSession):
         """Reads for real; answers at once with an answer that cites two pages, so chips appear."""
@@ -36,14 +34,8 @@ def citing_url():
         def ask(self, question, **kwargs):
             yield AnswerChunk(ANSWER, ANSWER, 12, 0.1, 10.0, done=True)
 
-    model, tokenizer = load_model(None)
-    demo = build_ui(lambda: CitingSession(model, tokenizer, OffloadPolicy(chunk_size=256)), model_info=describe(model))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
-    yield demo.local_url
-    demo.close()
+    with served(CitingSession, chunk_size=256) as url:
+        yield url
 
 
 def _rgba(css: str) -> tuple[float, float, float, float]:

@@ -1,0 +1,27 @@
+"""The studio on the embedded SmolLM2, served in-process on a free port: what every browser test starts."""
+
+from __future__ import annotations
+
+import socket
+from contextlib import contextmanager
+
+
+@contextmanager
+def served(session_class=None, *, chunk_size: int):
+    """Yields the URL of the studio whose tabs get ``session_class`` sessions (default ``DocumentSession``)."""
+    from app.ui import build_ui, launch_options
+    from engine import DocumentSession, OffloadPolicy
+    from engine.loader import describe, load_model
+
+    model, tokenizer = load_model(None)
+    session_class = session_class or DocumentSession
+    policy = OffloadPolicy(chunk_size=chunk_size)
+    demo = build_ui(lambda: session_class(model, tokenizer, policy), model_info=describe(model))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
+    try:
+        yield demo.local_url
+    finally:
+        demo.close()

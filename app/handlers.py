@@ -350,9 +350,8 @@ def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> 
 
 
 def _truncated_plan(session: DocumentSession, num_chosen: int) -> str:
-    """The plan panel of the beginning that was read, out of ``num_chosen`` tokens. The session keeps no
-    public handle on the cut ids, so its text is tokenized again: a fraction of the cost of reading it."""
-    plan = session.plan(session.document)
+    """The plan panel of the beginning that was read, out of ``num_chosen`` tokens."""
+    plan = session.document_plan()
     seconds = session.estimate_prefill_seconds(session.document_tokens)
     return render.plan_panel(plan, session.document_tokens, seconds, session.policy.kv_dtype,
                              _options(session, plan), truncated_from=num_chosen)

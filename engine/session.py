@@ -90,6 +90,11 @@ class DocumentSession:
         """The memory plan for ``document`` (plus the answer budget); never allocates."""
         return self._plan_tokens(len(self._tokens(document)) + self.answer_budget)
 
+    def document_plan(self) -> Plan:
+        """The memory plan of the document taken by ``set_document`` (truncated, if it was), from its token count:
+        nothing is tokenized again."""
+        return self._plan_tokens(self.max_context)
+
     def _tokens(self, document: DocumentTokens | str) -> DocumentTokens:
         return document if isinstance(document, DocumentTokens) else self.tokenize(document)
 

@@ -35,9 +35,19 @@ def feed(model, ids, cache, chunk=CHUNK):
                       for s in range(0, ids.shape[1], chunk)], dim=1)
 
 
+def ram_cache(model):
+    return engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1)
+
+
+def tier_cache(model, folder):
+    """Three quarters of the KV homes on the disk tier, in ``folder``."""
+    return engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1,
+                                 disk_dir=str(folder), host_memory=quarter_budget(model))
+
+
 def quarter_budget(model) -> int:
     """A host budget that leaves a quarter of the KV in RAM (on a CPU machine it covers weights too)."""
-    ram = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1)
+    ram = ram_cache(model)
     kv = 4 * 2 * 256 * 2 * 16 * 4  # layers x KV heads x tokens x (K, V) x head_dim x fp32
     return ram.plan.host_bytes - kv + kv // 4
 
@@ -46,9 +56,8 @@ def quarter_budget(model) -> int:
 def test_quarter_of_the_kv_in_ram_gives_identical_logits_and_greedy_tokens(tmp_path):
     model = models()
     ids = ids_of(CONTEXT)
-    ram = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1)
-    tier = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1,
-                                 disk_dir=str(tmp_path), host_memory=quarter_budget(model))
+    ram = ram_cache(model)
+    tier = tier_cache(model, tmp_path)
     assert tier.plan.fits and tier.plan.disk_slots == 6  # 6 of 8 slots: three quarters of the KV
     expected, actual = feed(model, ids, ram), feed(model, ids, tier)
     assert torch.equal(actual, expected)
@@ -95,9 +104,8 @@ def test_a_full_disk_is_a_clear_error_and_leaves_no_half_made_cache(tmp_path, mo
 def test_deleted_folder_keeps_the_read_document_and_refuses_growth_clearly(tmp_path):
     model = models()
     ids = ids_of(CONTEXT)
-    ram = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1)
-    tier = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1,
-                                 disk_dir=str(tmp_path), host_memory=quarter_budget(model))
+    ram = ram_cache(model)
+    tier = tier_cache(model, tmp_path)
     feed(model, ids, ram), feed(model, ids, tier)
     shutil.rmtree(next(tmp_path.glob("kv-*")))  # a user cleans up the folder mid-session
     token = ids[:, :1]
@@ -114,8 +122,7 @@ def test_a_forward_that_fails_midway_leaves_the_document_usable_to_its_last_chun
 
     model = models()
     ids = ids_of(CONTEXT)
-    tier = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1,
-                                 disk_dir=str(tmp_path), host_memory=quarter_budget(model))
+    tier = tier_cache(model, tmp_path)
     feed(model, ids[:, :128], tier)
     real, calls = kernels.attend_block, []
 
@@ -130,7 +137,7 @@ def test_a_forward_that_fails_midway_leaves_the_document_usable_to_its_last_chun
         model(ids[:, 128:], past_key_values=tier)
     monkeypatch.setattr(kernels, "attend_block", real)
     tier.crop_to(128)  # the last complete chunk (what DocumentSession does after a failed forward)
-    ram = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1)
+    ram = ram_cache(model)
     feed(model, ids[:, :128], ram)
     assert torch.equal(model(ids[:, 128:], past_key_values=ram).logits, model(ids[:, 128:], past_key_values=tier).logits)
 
@@ -141,8 +148,7 @@ def test_disk_homes_are_read_on_the_disk_worker_and_a_failed_read_loses_nothing(
 
     model = models()
     ids = ids_of(CONTEXT)
-    tier = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1,
-                                 disk_dir=str(tmp_path), host_memory=quarter_budget(model))
+    tier = tier_cache(model, tmp_path)
     feed(model, ids[:, :128], tier)
     assert tier.transfer.disk.num_fetches > 0  # every disk home's past went through the worker ...
     assert tier.disk_tier.num_reads > 0 and tier.transfer.disk.num_paged == 0  # ... read with preadv
@@ -155,7 +161,7 @@ def test_disk_homes_are_read_on_the_disk_worker_and_a_failed_read_loses_nothing(
         model(ids[:, 128:], past_key_values=tier)
     monkeypatch.undo()
     tier.crop_to(128)
-    ram = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1)
+    ram = ram_cache(model)
     feed(model, ids[:, :128], ram)
     assert torch.equal(model(ids[:, 128:], past_key_values=ram).logits, model(ids[:, 128:], past_key_values=tier).logits)
 

@@ -96,6 +96,8 @@ def test_document_limits_truncation_and_refusal_keep_the_previous_document(model
     kept = session.set_document(text, truncate_to_fit=True)
     assert 700 < kept <= 800 and session.document.startswith(text[:200]) and "truncated" in session.document
     assert session.cache.plan.fits
+    plan = session.document_plan()  # the plan of what was kept, without tokenizing it again
+    assert plan.context_tokens == kept + 200 and plan == session.plan(session.document)
     with pytest.raises(ValueError, match="empty"):
         session.set_document("   \n ")
 

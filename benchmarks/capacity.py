@@ -22,6 +22,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -167,7 +168,7 @@ def save_linked_vs_copied(context: int, folder: Path) -> dict:
         cache.disk_tier.drop_cache()
         used = shutil.disk_usage(folder).used
         started = time.perf_counter()
-        with mock.patch.object(DiskMemory, "link", return_value=False) if mode == "copied" else _nothing():
+        with mock.patch.object(DiskMemory, "link", return_value=False) if mode == "copied" else nullcontext():
             info = store.save(cache, ids, identity)
         seconds = time.perf_counter() - started
         grown = shutil.disk_usage(folder).used - used
@@ -179,12 +180,6 @@ def save_linked_vs_copied(context: int, folder: Path) -> dict:
         store.delete(info.key)
     cache.release()
     return result
-
-
-def _nothing():
-    from contextlib import nullcontext
-
-    return nullcontext()
 
 
 def main(argv=None) -> int:

@@ -6,6 +6,16 @@ import socket
 from contextlib import contextmanager
 
 
+def read_and_ask(page, pdf, question: str) -> None:
+    """Drops ``pdf`` on the page, reads it once it fits, and asks ``question``."""
+    page.locator("#file-drop input[type=file]").set_input_files(str(pdf))
+    page.wait_for_selector("#plan .plan[data-fits=true]")
+    page.click("#read")
+    page.wait_for_selector("#prefill-progress .progress[data-state=done]")
+    page.fill("#question textarea", question)
+    page.click("#ask")
+
+
 @contextmanager
 def served(session_class=None, *, chunk_size: int):
     """Yields the URL of the studio whose tabs get ``session_class`` sessions (default ``DocumentSession``)."""

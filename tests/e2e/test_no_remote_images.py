@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from make_files import make_pdf  # noqa: E402
-from studio import served  # noqa: E402
+from studio import read_and_ask, served  # noqa: E402
 from test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -48,12 +48,7 @@ def test_an_answer_cannot_make_the_browser_fetch_remote_images(parrot_url, tmp_p
         requested = []
         page.on("request", lambda request: requested.append(request.url))
         page.goto(parrot_url)
-        page.locator("#file-drop input[type=file]").set_input_files(str(pdf))
-        page.wait_for_selector("#plan .plan[data-fits=true]")
-        page.click("#read")
-        page.wait_for_selector("#prefill-progress .progress[data-state=done]")
-        page.fill("#question textarea", "What is the code?")
-        page.click("#ask")
+        read_and_ask(page, pdf, "What is the code?")
         page.wait_for_function("() => document.querySelector('#status').innerText.includes('tok/s')")
         page.wait_for_timeout(1000)  # time for any image in the answer to be requested
         answer = page.locator("#chat .message.bot, #chat [data-testid=bot]").last

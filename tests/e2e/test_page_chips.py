@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from make_files import make_pdf  # noqa: E402
-from studio import served  # noqa: E402
+from studio import read_and_ask, served  # noqa: E402
 from test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -75,12 +75,7 @@ def test_the_chosen_page_chip_is_legible(citing_url, tmp_path, theme):
         page = browser.new_page(color_scheme=theme)
         page.set_default_timeout(120_000)
         page.goto(f"{citing_url}?__theme={theme}")
-        page.locator("#file-drop input[type=file]").set_input_files(str(pdf))
-        page.wait_for_selector("#plan .plan[data-fits=true]")
-        page.click("#read")
-        page.wait_for_selector("#prefill-progress .progress[data-state=done]")
-        page.fill("#question textarea", "Who keeps the lighthouse?")
-        page.click("#ask")
+        read_and_ask(page, pdf, "Who keeps the lighthouse?")
         page.locator("#page-chips label").first.click()
         page.wait_for_selector("#page-view .page-view[data-page='2']")
         chip = page.locator("#page-chips label.selected")

@@ -45,6 +45,16 @@ def tier_cache(model, folder):
                                  disk_dir=str(folder), host_memory=quarter_budget(model))
 
 
+def assert_usable_to(length: int, model, ids, tier) -> None:
+    """After a failed forward, the tier cropped to ``length`` (the last complete chunk, as DocumentSession does)
+    continues exactly as an all-in-RAM cache that read the same tokens."""
+    tier.crop_to(length)
+    ram = ram_cache(model)
+    feed(model, ids[:, :length], ram)
+    rest = ids[:, length:]
+    assert torch.equal(model(rest, past_key_values=ram).logits, model(rest, past_key_values=tier).logits)
+
+
 def quarter_budget(model) -> int:
     """A host budget that leaves a quarter of the KV in RAM (on a CPU machine it covers weights too)."""
     ram = ram_cache(model)
@@ -136,10 +146,7 @@ def test_a_forward_that_fails_midway_leaves_the_document_usable_to_its_last_chun
     with pytest.raises(RuntimeError, match="mid-chunk"):
         model(ids[:, 128:], past_key_values=tier)
     monkeypatch.setattr(kernels, "attend_block", real)
-    tier.crop_to(128)  # the last complete chunk (what DocumentSession does after a failed forward)
-    ram = ram_cache(model)
-    feed(model, ids[:, :128], ram)
-    assert torch.equal(model(ids[:, 128:], past_key_values=ram).logits, model(ids[:, 128:], past_key_values=tier).logits)
+    assert_usable_to(128, model, ids, tier)
 
 
 @torch.inference_mode()
@@ -160,10 +167,7 @@ def test_disk_homes_are_read_on_the_disk_worker_and_a_failed_read_loses_nothing(
     with pytest.raises(OSError, match="Input/output"):
         model(ids[:, 128:], past_key_values=tier)
     monkeypatch.undo()
-    tier.crop_to(128)
-    ram = ram_cache(model)
-    feed(model, ids[:, :128], ram)
-    assert torch.equal(model(ids[:, 128:], past_key_values=ram).logits, model(ids[:, 128:], past_key_values=tier).logits)
+    assert_usable_to(128, model, ids, tier)
 
 
 def test_disk_stream_drain_waits_in_every_thread_and_reports_a_failure_once():

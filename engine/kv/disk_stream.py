@@ -24,7 +24,6 @@ never written, until the failure has been reported to a caller (``result`` of it
 
 from __future__ import annotations
 
-import logging
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -33,8 +32,6 @@ import torch
 
 if TYPE_CHECKING:
     from .homes import GroupHome
-
-logger = logging.getLogger(__name__)
 
 PIECE_BYTES = 8 << 20  # one disk -> pinned -> device step: small enough to pipeline a fetch
 NUM_PIECES = 4

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from concurrent import futures
 from concurrent.futures import Future
 
 import torch
@@ -169,11 +168,11 @@ class Transfer:
             if appended is not None:
                 appended.synchronize()
             self._query_landed.synchronize()
-            if written is not None:  # (called by several host threads at once: each only waits)
-                futures.wait([written])
-                if written.exception() is not None:
-                    self.disk.acknowledge()  # reported here, through the host job
-                    raise written.exception()
+            # (Several host threads call this at once: exception() only waits for the write, raising nothing.)
+            error = written.exception() if written is not None else None
+            if error is not None:
+                self.disk.acknowledge()  # reported here, through the host job
+                raise error
 
         return target, wait
 

@@ -21,6 +21,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from .attention import ATTENTION_NAME
 from .host_split import choose_host_slots
 from .kv import HeadGroup, HostAttention, HostMemory, LayerHomes, Schedule, Transfer
+from .kv import streams as kv_streams
 from .kv.disk import DiskMemory
 from .kv import route
 from .planner import ModelShape, Plan, make_plan
@@ -162,6 +163,8 @@ class HeadInferCache(Cache):
         self.device, self.dtype = torch.device(device), dtype
         capacity = self.policy.max_context or _GROWTH_CAPACITY
         is_cuda = self.device.type == "cuda"
+        streams = kv_streams.make(self.policy.streams, self.device)
+        # Page-locked homes only where copies are asynchronous DMA (not on emulated streams: plain memory there).
         pin = (self.policy.pin_memory if self.policy.pin_memory is not None else is_cuda) and is_cuda
         g, num_kv_heads = self.plan.head_group_size, self.shape.num_kv_heads
         num_groups = num_kv_heads // g
@@ -181,8 +184,8 @@ class HeadInferCache(Cache):
         visible = max(capacity if w is None else min(capacity, w - 1 + chunk) for w in self.shape.sliding_windows)
         self.transfer = Transfer(self.device, num_layers=len(self.layers), num_groups=num_groups,
                                  group_shape=(batch, g, head_dim), dtype=dtype,
-                                 buffer_tokens=visible if any_offloaded else 1, stage_tokens=chunk, pinned=pin,
-                                 kv_dtype=self.policy.kv_dtype, disk=self._disk)
+                                 buffer_tokens=visible if any_offloaded else 1, stage_tokens=chunk,
+                                 kv_dtype=self.policy.kv_dtype, disk=self._disk, streams=streams)
         self._host = HostMemory(pin, self.transfer.fence)
         for layer in self.layers:
             slots = [layer.layer_idx * num_groups + i for i in range(num_groups)]
@@ -192,7 +195,8 @@ class HeadInferCache(Cache):
             layer.is_initialized = True
         host_slots = self._host_slots(num_groups, resident)
         self.schedule = Schedule([layer.homes for layer in self.layers], list(self.shape.sliding_windows),
-                                 self.transfer, self.policy.overlap, HostAttention() if host_slots else None,
+                                 self.transfer, self.policy.overlap,
+                                 HostAttention(streams=streams) if host_slots else None,
                                  host_slots, disk=self._disk)
         logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, %d on disk, %d attended "
                     "on the host in decode, capacity %d tokens, %s", len(self.layers), num_groups, g, len(resident),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HOST_ATTENTION_MODES = ("auto", "off", "all")
+STREAMS = ("auto", "cuda", "sync", "emulated", "cuda-lagged")  # engine/kv/streams.py
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,11 @@ class OffloadPolicy:
             machine's measured rates); on CPU compute nothing crosses a link, so it is off.
             ``"all"``: every offloaded group on the host. ``"off"``: every offloaded group streamed.
             Prefill always attends on the compute device.
+        streams: the streams backend every KV copy and event goes through (``engine/kv/streams.py``).
+            ``"auto"``: the environment variable ``HEADINFER_STREAMS`` if set, else CUDA streams on a GPU and
+            synchronous ones on a CPU. ``"emulated"``: CPU only, side streams as delayed worker threads with the
+            happens-before checker (proves the CUDA ordering without a GPU; slower). ``"cuda-lagged"``: CUDA
+            with injected lag (the self-check).
     """
 
     chunk_size: int = 4096
@@ -56,6 +62,7 @@ class OffloadPolicy:
     disk_memory: int | None = None
     exceed_trained_window: bool = False
     host_attention: str = "auto"
+    streams: str = "auto"
 
     def __post_init__(self) -> None:
         _check_positive("chunk_size", self.chunk_size)
@@ -77,6 +84,8 @@ class OffloadPolicy:
             raise ValueError(f"exceed_trained_window must be True or False, got {self.exceed_trained_window!r}")
         if self.overlap not in (True, False):
             raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
+        if self.streams not in STREAMS:
+            raise ValueError(f"streams must be one of {', '.join(map(repr, STREAMS))}, got {self.streams!r}")
         if self.host_attention not in HOST_ATTENTION_MODES:
             raise ValueError(f"host_attention must be one of {', '.join(map(repr, HOST_ATTENTION_MODES))}, "
                              f"got {self.host_attention!r}")

@@ -19,15 +19,11 @@ from . import quant
 Slot = tuple[int, int]  # (layer index, head-group index)
 
 
-def event(is_cuda: bool) -> torch.cuda.Event | None:
-    return torch.cuda.Event() if is_cuda else None
-
-
 @dataclass
 class PingPong:
     kv: torch.Tensor  # [capacity, B, 2, g, D] on the compute device
-    ready: torch.cuda.Event | None  # recorded on h2d when its fetch has landed
-    free: torch.cuda.Event | None  # recorded on compute when attention stopped reading it
+    ready: object  # event (``streams.py``): recorded on h2d when its fetch has landed
+    free: object  # event: recorded on compute when attention stopped reading it
     is_used: bool = False  # acquired and not yet released
     pending: Slot | None = None  # fetched (or being fetched) for this slot, not yet acquired
     start: int = 0
@@ -41,8 +37,8 @@ class PingPong:
 @dataclass
 class Staging:
     flat: torch.Tensor  # capacity * G * B * 2 * g * D elements on the compute device
-    produced: torch.cuda.Event | None  # recorded on compute after the chunk was written
-    free: torch.cuda.Event | None  # recorded on d2h after the appends read it
+    produced: object  # event: recorded on compute after the chunk was written
+    free: object  # event: recorded on d2h after the appends read it
     free_recorded: bool = False
     codes: list[torch.Tensor] | None = None  # the chunk quantized for 8-bit homes: [codes, scales] flat
 
@@ -91,12 +87,10 @@ class BufferFactory:
         return torch.empty(numel, dtype=self.dtype, device=self.device)
 
 
-def copy_parts(target: torch.Tensor, parts: list[torch.Tensor], non_blocking: bool = False) -> None:
-    """Copies consecutive parts (one, or two where a ring wraps) into the rows of ``target`` in order."""
-    if len(parts) == 1:
-        target.copy_(parts[0], non_blocking=non_blocking)
-        return
+def copy_parts(copy, target: torch.Tensor, parts: list[torch.Tensor], what: str = "") -> None:
+    """Copies consecutive parts (one, or two where a ring wraps) into the rows of ``target`` in order, with
+    ``copy(dst, src, what)`` (the streams seam's, on its current stream)."""
     done = 0
     for part in parts:
-        target[done : done + part.shape[0]].copy_(part, non_blocking=non_blocking)
+        copy(target[done : done + part.shape[0]], part, what)
         done += part.shape[0]

@@ -13,9 +13,10 @@ copy to pageable memory blocks the thread that issues it. So disk homes move on 
              which extends the file's running checksum)
 
 The worker runs jobs in submission order, so a fetch always sees every append submitted before it; callers
-join a fetch's job before waiting on its event (``Transfer.acquire``). Without CUDA the worker copies the
-rows straight into the host ping-pong buffer, which still overlaps the disk read with the main thread's
-attention of the group before. Pinned memory stays small and fixed: ``NUM_PIECES`` pieces of
+join a fetch's job before waiting on its event (``Transfer.acquire``). On synchronous streams (a CPU-only
+machine: no device copy to pipeline with) the worker copies the rows straight into the host ping-pong buffer,
+which still overlaps the disk read with the main thread's attention of the group before, and appends are
+written at once. Streams, events, copies and pinned memory come from the streams seam (``streams.py``). Pinned memory stays small and fixed: ``NUM_PIECES`` pieces of
 ``PIECE_BYTES`` plus ``WRITES_PER_GROUP`` buffers per head group of one chunk of one home.
 
 A failed job (a disk read or write error) is *sticky*: jobs after it fail too rather than read rows that were
@@ -46,7 +47,7 @@ class DiskStreamError(OSError):
 @dataclass
 class _Pinned:
     data: torch.Tensor  # uint8, page-locked
-    event: torch.cuda.Event  # fetch pieces: h2d finished reading it; write buffers: the d2h copy into it landed
+    event: object  # fetch pieces: h2d finished reading it; write buffers: the d2h copy into it landed
     recorded: bool = False
     job: Future | None = None  # write buffers: the worker job that empties it
 
@@ -54,8 +55,8 @@ class _Pinned:
 class DiskStream:
     """The worker and the pinned buffers that disk homes move through (one per cache)."""
 
-    def __init__(self, device: torch.device, num_groups: int = 1, memory=None):
-        self.is_cuda = device.type == "cuda"
+    def __init__(self, streams, num_groups: int = 1, memory=None):
+        self.streams = streams
         self.memory = memory  # the DiskMemory: rows are read from its files with preadv where it can
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk")
         self._jobs: list[Future] = []  # submitted and not yet seen finished (main thread only)
@@ -66,24 +67,25 @@ class DiskStream:
         self._next_piece = self._next_write = 0
         self.num_fetches = 0  # disk homes' fetches handed to the worker
         self.num_paged = 0  # reads that went through the mapping's page faults instead of preadv
-        if self.is_cuda:
+        if streams.is_async:
             # Blocking events: the worker sleeps in synchronize() instead of spinning a core host attention uses.
-            self._pieces = [_Pinned(_pinned(PIECE_BYTES), torch.cuda.Event(blocking=True)) for _ in range(NUM_PIECES)]
+            self._pieces = [_Pinned(self._pinned(PIECE_BYTES), streams.event(blocking=True))
+                            for _ in range(NUM_PIECES)]
 
     # -- fetches ---------------------------------------------------------------------------------------
-    def fetch(self, home: GroupHome, start: int, stop: int, targets: list[torch.Tensor],
-              h2d: torch.cuda.Stream | None = None, ready: torch.cuda.Event | None = None) -> Future:
+    def fetch(self, home: GroupHome, start: int, stop: int, targets: list[torch.Tensor], h2d, ready) -> Future:
         """Copies rows [start, stop) of each plane of a disk home into ``targets`` ([stop - start, ...] each, in
-        the buffer attention will read). On CUDA the copies run on ``h2d`` and ``ready`` is recorded there
-        after them; the caller has already made ``h2d`` wait for whatever must precede the copies."""
+        the buffer attention will read). The copies run on ``h2d`` and ``ready`` is recorded there after them;
+        the caller has already made ``h2d`` wait for whatever must precede the copies."""
         self.num_fetches += 1
-        if not self.is_cuda:
+        if not self.streams.is_async:
             return self._submit(self._copy_rows, home, start, stop, targets)
         return self._submit(self._fetch_pieces, home, start, stop, targets, h2d, ready)
 
-    def _fetch_pieces(self, home: GroupHome, start: int, stop: int, targets: list[torch.Tensor],
-                      h2d: torch.cuda.Stream, ready: torch.cuda.Event) -> None:
-        with torch.cuda.stream(h2d):  # this thread's current stream: the copies below are ordered on h2d
+    def _fetch_pieces(self, home: GroupHome, start: int, stop: int, targets: list[torch.Tensor], h2d,
+                      ready) -> None:
+        streams = self.streams
+        with streams.use(h2d):  # this thread's current stream: the copies below are ordered on h2d
             for plane, target in enumerate(targets):
                 done = 0
                 for rows in home.blocks(start, stop, plane):  # one view, two where a ring wraps
@@ -93,7 +95,7 @@ class DiskStream:
                         piece = self._next_free_piece(part.nbytes)
                         staged = piece.data[: part.nbytes].view(part.dtype).view(part.shape)
                         self._read(part, staged)  # the disk read, off the main thread
-                        target[done : done + part.shape[0]].copy_(staged, non_blocking=True)
+                        streams.copy(target[done : done + part.shape[0]], staged, "a disk fetch's piece")
                         piece.event.record(h2d)
                         done += part.shape[0]
             ready.record(h2d)
@@ -106,7 +108,8 @@ class DiskStream:
             piece.event.synchronize()
         piece.recorded = True  # (its event is recorded right after the copy out of it is enqueued)
         if piece.data.numel() < num_bytes:  # one row larger than a piece (huge batch x head group)
-            piece.data = _pinned(num_bytes)
+            self.streams.forget(piece.data)
+            piece.data = self._pinned(num_bytes)
         return piece
 
     def _copy_rows(self, home: GroupHome, start: int, stop: int, targets: list[torch.Tensor]) -> None:
@@ -117,6 +120,8 @@ class DiskStream:
                 done += rows.shape[0]
 
     def _read(self, rows: torch.Tensor, target: torch.Tensor) -> None:
+        self.streams.host_read(rows, "a disk home's rows")
+        self.streams.host_write(target, "the buffer a disk read fills")
         if rows.numel() and (self.memory is None or not self.memory.read_into(rows, target)):
             self.num_paged += 1
             target.copy_(rows)  # page faults: the kernel reads what is not cached
@@ -125,36 +130,48 @@ class DiskStream:
     def append(self, home: GroupHome, position: int, parts: list[torch.Tensor]) -> Future | None:
         """Stores ``parts`` (one block per plane, on the device) at rows [position, ...) of a disk home.
 
-        On CUDA the call runs with the d2h stream current: the chunk is copied into a pinned write buffer there,
-        and the worker writes it into the file once it has landed (the returned job). Without CUDA it is
+        The call runs with the d2h stream current: the chunk is copied into a pinned write buffer there, and
+        the worker writes it into the file once it has landed (the returned job). On synchronous streams it is
         written here (None)."""
-        if not self.is_cuda:
+        streams = self.streams
+        if not streams.is_async:
             home.write_planes(position, parts)
             return None
         if not self._writes:
-            self._writes = [_Pinned(_pinned(1), torch.cuda.Event(blocking=True)) for _ in range(self._num_writes)]
+            self._writes = [_Pinned(self._pinned(1), streams.event(blocking=True)) for _ in range(self._num_writes)]
         buffer = self._writes[self._next_write]
         self._next_write = (self._next_write + 1) % len(self._writes)
         if buffer.job is not None:
             # Its last chunk is in the file. (A failure there is sticky: the jobs that follow report it.)
             wait([buffer.job])
+            streams.joined(buffer.job)
         offsets, total = [], 0
         for part in parts:
             offsets.append(total)
             total += -(-part.nbytes // _ALIGN) * _ALIGN
         if buffer.data.numel() < total:
-            buffer.data = _pinned(total)
+            streams.forget(buffer.data)
+            buffer.data = self._pinned(total)
         staged = [buffer.data[o : o + p.nbytes].view(p.dtype).view(p.shape) for o, p in zip(offsets, parts)]
         for target, part in zip(staged, parts):
-            target.copy_(part, non_blocking=True)
-        buffer.event.record(torch.cuda.current_stream(part.device))
-        buffer.job = self._submit(_write_landed, home, position, staged, buffer.event)
+            streams.copy(target, part, "a disk append's write buffer")
+        buffer.event.record(streams.current())
+        buffer.job = self._submit(self._write_landed, home, position, staged, buffer.event)
         return buffer.job
+
+    def _write_landed(self, home: GroupHome, position: int, staged: list[torch.Tensor], landed) -> None:
+        landed.synchronize()  # the d2h copy into the pinned buffer has finished
+        for part in staged:
+            self.streams.host_read(part, "a disk append's write buffer")
+        home.write_planes(position, staged)
+
+    def _pinned(self, num_bytes: int) -> torch.Tensor:
+        return self.streams.pinned((max(num_bytes, 1),), torch.uint8)
 
     # -- bookkeeping -----------------------------------------------------------------------------------
     def _submit(self, fn, *args) -> Future:
         self._jobs = [job for job in self._jobs if not job.done()]
-        job = self._worker.submit(self._run, fn, *args)
+        job = self.streams.submit(self._worker, self._run, fn, *args)
         self._jobs.append(job)
         return job
 
@@ -175,6 +192,8 @@ class DiskStream:
     def drain(self) -> None:
         """Returns once every job submitted so far has finished; raises an unreported failure (once)."""
         wait(list(self._jobs))
+        for job in self._jobs:
+            self.streams.joined(job)
         self._jobs = [job for job in self._jobs if not job.done()]
         error, self._error = self._error, None
         if error is not None:
@@ -186,14 +205,3 @@ class DiskStream:
         finally:
             self._worker.shutdown(wait=True)
 
-
-
-
-def _write_landed(home: GroupHome, position: int, staged: list[torch.Tensor], landed: torch.cuda.Event) -> None:
-    landed.synchronize()  # the d2h copy into the pinned buffer has finished
-    home.write_planes(position, staged)
-
-
-def _pinned(num_bytes: int) -> torch.Tensor:
-    with torch.inference_mode(False):
-        return torch.empty(max(num_bytes, 1), dtype=torch.uint8, pin_memory=True)

@@ -111,21 +111,28 @@ class GroupHome:
         codes, scales = self.read(start, stop, 0), self.read(start, stop, 1)
         return dequantize(codes, scales, torch.empty(codes.shape, dtype=self.dtype, device=codes.device))
 
-    def write(self, position: int, block: torch.Tensor, non_blocking: bool = False) -> None:
+    def write(self, position: int, block: torch.Tensor, copy=None) -> None:
         """Stores block [n, B, 2, g, D] (the model's dtype) at tokens [position, position + n)."""
         if self.is_quantized:
             from .quant import quantize
 
-            self.write_planes(position, list(quantize(block, self.kv_dtype)), non_blocking)
+            self.write_planes(position, list(quantize(block, self.kv_dtype)), copy)
         else:
-            self.write_planes(position, [block], non_blocking)
+            self.write_planes(position, [block], copy)
 
-    def write_planes(self, position: int, parts: list[torch.Tensor], non_blocking: bool = False) -> None:
-        """Copies one block per plane to tokens [position, position + n), split where a ring wraps."""
+    def write_planes(self, position: int, parts: list[torch.Tensor], copy=None) -> None:
+        """Copies one block per plane to tokens [position, position + n), split where a ring wraps.
+
+        ``copy(dst, src, what)``: the streams seam's copy on its current stream (asynchronous there); default:
+        a synchronous copy on this thread (restores, growth and crops run with no copy in flight)."""
         for plane, block in enumerate(parts):
             done = 0
             for part in self.blocks(position, position + block.shape[0], plane):
-                part.copy_(block[done : done + part.shape[0]], non_blocking=non_blocking)
+                source = block[done : done + part.shape[0]]
+                if copy is None:
+                    part.copy_(source)
+                else:
+                    copy(part, source, "a KV home")
                 done += part.shape[0]
                 if self.disk is not None:  # a copy into a file's (pageable) mapping has landed on return
                     self.disk.note_written(part)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from . import native
+from .streams import SyncStreams
 from .workers import TorchWorkers, shared_workers
 
 #: Most home bytes per tile. Torch tile: small enough that the tile and its fp32 copy stay in one core's L2
@@ -49,7 +50,8 @@ _scratch = threading.local()  # per worker thread: the fp32 copy of the tile bei
 class _Call:
     """What every tile of one job reads, and where it writes its partial."""
 
-    query: torch.Tensor  # [Gh, B, g, R, D] fp32, pre-scaled; R = n_rep * Q rows, (repeat, query) order
+    query: torch.Tensor  # [Gh, B, g, R, D] fp32, pre-scaled (by the first task, once the queries landed);
+    #                      R = n_rep * Q rows, (repeat, query) order
     kvs: tuple[torch.Tensor, ...]  # Gh homes [capacity, B, 2, g, D] (8-bit homes: their codes)
     scales: tuple[torch.Tensor, ...] | None  # 8-bit homes: Gh scale planes [capacity, B, 2, g, 1]; else None
     start: int  # first visible key position
@@ -68,11 +70,13 @@ class HostJob:
     """One layer's host attention in flight. The worker finishing the last run merges the partials there: its
     torch ops run single-threaded, while on the caller's thread they would wake an OpenMP team per op."""
 
-    def __init__(self, call: _Call, num_runs: int, out_shape: tuple[int, ...], dtype: torch.dtype):
-        self._call, self._out_shape, self._dtype = call, out_shape, dtype
+    def __init__(self, call: _Call, num_runs: int, query: torch.Tensor, fold_scale: float, out: torch.Tensor,
+                 before_write, streams):
+        self._call, self._query, self._fold_scale = call, query, fold_scale
+        self._out, self._before_write, self._streams = out, before_write, streams
         self._runs_left, self._failed, self._lock = num_runs, False, threading.Lock()
+        self._is_folded, self._fold_lock = False, threading.Lock()
         self._futures: list[Future] = []
-        self._out: torch.Tensor | None = None
         self._started = time.perf_counter()
         self.seconds: float | None = None  # wall time from start to the merged result
 
@@ -80,11 +84,13 @@ class HostJob:
         """Returns once no worker touches this job's inputs any more (also when a tile raised)."""
         for future in self._futures:
             future.exception()
+            self._streams.joined(future)
 
     def result(self) -> torch.Tensor:
         """[B, Gh * g * n_rep, Q, D] on the host, in the query's dtype; re-raises a tile's exception."""
         for future in self._futures:
             future.result()
+            self._streams.joined(future)
         self.seconds = time.perf_counter() - self._started
         return self._out
 
@@ -95,8 +101,14 @@ class HostJob:
                 # On CUDA the home's newest tokens and the queries are still being copied on the d2h stream:
                 # this thread blocks until they have landed (see Transfer.to_host) before reading either.
                 ready()
+            self._fold()
+            call, streams = self._call, self._streams
+            for group, first, last in _tile_spans(call, tasks):
+                streams.host_read(call.kvs[group][first:last], "a host-attended home")
+                if call.scales is not None:
+                    streams.host_read(call.scales[group][first:last], "a host-attended home's scales")
             for group, index in tasks:
-                _tile(self._call, group, index)
+                _tile(call, group, index)
             is_done = True
         finally:
             with self._lock:
@@ -104,32 +116,55 @@ class HostJob:
                 self._failed |= not is_done
                 is_last = self._runs_left == 0 and not self._failed
             if is_last:
-                self._out = self._merge()
+                self._merge()
 
-    def _merge(self) -> torch.Tensor:
+    def _fold(self) -> None:
+        """[B, Gh*g*n_rep, Q, D] -> [Gh, B, g, n_rep*Q, D] fp32, scaled: the rows sharing a KV head become one
+        matrix; the scale (and Gemma 2's 1/softcap) is folded in, one multiply per job instead of per tile.
+        The first task does it, after ``ready``: only then have the queries landed in host memory."""
+        with self._fold_lock:
+            if self._is_folded:
+                return
+            query, folded = self._query, self._call.query
+            self._streams.host_read(query, "the queries sent to the host")
+            batch, _, _, head_dim = query.shape
+            num_groups, _, g, rows, _ = folded.shape
+            folded.copy_(query.reshape(batch, num_groups, g, rows, head_dim).permute(1, 0, 2, 3, 4))
+            folded.mul_(self._fold_scale)
+            self._is_folded = True
+
+    def _merge(self) -> None:
         call = self._call
         top = call.m.amax(dim=1, keepdim=True)  # [Gh, 1, B, g, R, 1]; finite: every query sees its own key
         weight = torch.exp(call.m - top)  # a tile a row cannot see has m = -inf: weight 0
         merged = (weight * call.acc).sum(dim=1) / (weight * call.l).sum(dim=1)  # [Gh, B, g, R, D]
-        return merged.permute(1, 0, 2, 3, 4).reshape(self._out_shape).to(self._dtype)  # heads: (group, kv, rep)
+        if self._before_write is not None:
+            self._before_write()  # the copy out of this buffer's last use must have run
+        self._streams.host_write(self._out, "host attention's output")
+        self._out.copy_(merged.permute(1, 0, 2, 3, 4).reshape(self._out.shape))  # heads: (group, kv, rep)
 
 
 class HostAttention:
     """Runs the kernel on a pool of single-core workers (default: the process's shared pool)."""
 
-    def __init__(self, workers: TorchWorkers | None = None, tile_bytes: int | None = None, use_native: bool = True):
+    def __init__(self, workers: TorchWorkers | None = None, tile_bytes: int | None = None, use_native: bool = True,
+                 streams=None):
         self.workers = workers or shared_workers()
+        self.streams = streams if streams is not None else SyncStreams()
         self.native = native.kernel() if use_native else None
         self.tile_bytes = tile_bytes or TILE_BYTES["torch" if self.native is None else "native"]
 
     def start(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, *, scaling: float,
               window: int | None = None, softcap: float | None = None, ready=None,
-              scales: list[torch.Tensor] | None = None) -> HostJob:
+              scales: list[torch.Tensor] | None = None, out: torch.Tensor | None = None,
+              before_write=None) -> HostJob:
         """Starts attention of ``query`` over tokens ``[start, stop)`` of each home in ``kvs``.
 
         query: [B, Gh * g * n_rep, Q, D] on the host; its Q tokens are the last Q of ``[start, stop)``, already in
-        the homes. ``ready``: called by every task before it reads anything (on CUDA: waits for the copies).
-        ``scales``: for 8-bit homes (``kvs`` are then their codes), their scale planes.
+        the homes. ``ready``: called by every task before it reads anything, the query included (asynchronous
+        streams: waits for the copies; this thread never reads the query). ``scales``: for 8-bit homes
+        (``kvs`` are then their codes), their scale planes. ``out``: where the result goes (default: a new
+        tensor), written after ``before_write()`` returns.
         """
         batch, num_heads, q_len, head_dim = query.shape
         num_groups, (_, kv_batch, _, g, kv_dim) = len(kvs), kvs[0].shape
@@ -138,10 +173,7 @@ class HostAttention:
         assert stop - start >= q_len, (start, stop, q_len)
         n_rep = num_heads // (num_groups * g)
         rows = n_rep * q_len
-        # [B, Gh*g*n_rep, Q, D] -> [Gh, B, g, n_rep*Q, D]: the rows sharing a KV head become one matrix.
-        # The scale (and Gemma 2's 1/softcap) is folded into the queries: one multiply per job, not per tile.
-        folded = query.reshape(batch, num_groups, g, rows, head_dim).permute(1, 0, 2, 3, 4)
-        folded = folded.float() * (scaling / softcap if softcap else scaling)
+        folded = torch.empty(num_groups, batch, g, rows, head_dim, dtype=torch.float32)  # filled by the job once the queries landed
         row_bytes = batch * 2 * g * head_dim * kvs[0].element_size()
         most = max(16, self.tile_bytes // row_bytes)
         fewest = min(most, max(16, _MIN_TILE_BYTES // row_bytes))
@@ -150,7 +182,7 @@ class HostAttention:
         num_tiles = math.ceil((stop - start) / tile)
         m = torch.empty(num_groups, num_tiles, batch, g, rows, 1)
         is_native = str(kvs[0].dtype) in native.DTYPE_CODES and head_dim in native.HEAD_DIMS and scales is None
-        call = _Call(folded.contiguous(), tuple(kvs), tuple(scales) if scales else None, start, stop - q_len, q_len,
+        call = _Call(folded, tuple(kvs), tuple(scales) if scales else None, start, stop - q_len, q_len,
                      window, softcap, tile, m,
                      torch.empty_like(m), torch.empty(num_groups, num_tiles, batch, g, rows, head_dim),
                      self.native if is_native else None)
@@ -159,13 +191,30 @@ class HostAttention:
         # that the OS pauses delays only a small share of the job.
         per_run = math.ceil(len(tasks) / runs)
         runs = [tasks[i : i + per_run] for i in range(0, len(tasks), per_run)]
-        job = HostJob(call, len(runs), (batch, num_heads, q_len, head_dim), query.dtype)
-        job._futures = [self.workers.submit(job._run, run, ready) for run in runs]
+        if out is None:
+            out = torch.empty(batch, num_heads, q_len, head_dim, dtype=query.dtype)
+        assert out.shape == query.shape and out.dtype == query.dtype, (out.shape, query.shape)
+        job = HostJob(call, len(runs), query, scaling / softcap if softcap else scaling, out, before_write,
+                      self.streams)
+        job._futures = [self.streams.submit(self.workers, job._run, run, ready) for run in runs]
         return job
 
     def attend(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, **kwargs) -> torch.Tensor:
         """``start(...).result()``: [B, Gh * g * n_rep, Q, D]."""
         return self.start(query, kvs, start, stop, **kwargs).result()
+
+
+def _tile_spans(call: _Call, tasks: list[tuple[int, int]]):
+    """(group, first, last) token ranges a run of tiles reads, one per contiguous stretch of a group."""
+    spans: list[list[int]] = []
+    for group, index in tasks:
+        first = call.start + index * call.tile
+        last = min(first + call.tile, call.past + call.q_len)
+        if spans and spans[-1][0] == group and spans[-1][2] == first:
+            spans[-1][2] = last
+        else:
+            spans.append([group, first, last])
+    return spans
 
 
 def _tile(call: _Call, group: int, index: int) -> None:

@@ -94,6 +94,7 @@ class Schedule:
                         block = self.transfer.with_chunk(buffer, num_past, staged[group_idx])
                     else:
                         block = home.block(start, past + q_len)  # the append above already put the chunk there
+                        self.transfer.streams.read(block, "a resident home")
                     if self.overlap:
                         self._prefetch_after((layer_idx, group_idx), past, q_len, is_host_step)
                     outs[group_idx] = kernels.attend_block(queries[group_idx], block, q_offset=num_past,
@@ -105,30 +106,37 @@ class Schedule:
             if job is not None:
                 job.wait()  # workers read the homes and the landed queries: never leave them running
         if job is not None:
-            outs.update(zip(on_host, self._finish_host(job, query.device).split(queries[0].shape[1], dim=1)))
+            outs.update(zip(on_host, self._finish_host(job).split(queries[0].shape[1], dim=1)))
         out = torch.cat([outs[g] for g in range(len(homes))], dim=1) if len(homes) > 1 else outs[0]  # [B, H, Q, D]
         return out.transpose(1, 2)
 
     def _start_host(self, layer_idx: int, on_host: list[int], queries, start: int, stop: int, scaling: float,
                     window: int | None, softcap: float | None) -> HostJob:
+        transfer = self.transfer
         sent = queries[on_host[0]] if len(on_host) == 1 else torch.cat([queries[g] for g in on_host], dim=1)
-        host_query, wait = self.transfer.to_host(layer_idx, sent)  # [B, Gh * g * n_rep, Q, D]
+        host_query, wait = transfer.to_host(layer_idx, sent)  # [B, Gh * g * n_rep, Q, D]
+        out, before_write = transfer.host_result(tuple(sent.shape), sent.dtype)
         homes = [self.layers[layer_idx][g] for g in on_host]
         if homes[0].is_ring:
             # The kernel reads token positions straight from a home. A window ring's rows wrap: give it the
             # visible tokens [start, stop) as one tensor instead (at most a window; 8-bit: dequantized), with
             # positions shifted by ``start`` (masks are relative).
-            if wait is not None:
-                wait()  # the chunk appended this step must have landed before it is read here
+            wait()  # the chunk appended this step must have landed before this thread reads it here
+            for home in homes:
+                for plane in range(len(home.planes)):
+                    for part in home.blocks(start, stop, plane):
+                        transfer.streams.host_read(part, "a ring home read for host attention")
             kvs = [home.block(start, stop) for home in homes]
             return self.host.start(host_query, kvs, 0, stop - start, scaling=scaling, window=window,
-                                   softcap=softcap, ready=None)
+                                   softcap=softcap, ready=None, out=out, before_write=before_write)
         scales = [home.planes[1] for home in homes] if homes[0].is_quantized else None  # dequantized per tile
         return self.host.start(host_query, [home.kv for home in homes], start, stop, scaling=scaling,
-                               window=window, softcap=softcap, ready=wait, scales=scales)
+                               window=window, softcap=softcap, ready=wait, scales=scales, out=out,
+                               before_write=before_write)
 
-    def _finish_host(self, job: HostJob, device: torch.device) -> torch.Tensor:
-        out = job.result().to(device)  # [B, Gh * g * n_rep, Q, D]: a few KB back to the device
+    def _finish_host(self, job: HostJob) -> torch.Tensor:
+        # [B, Gh * g * n_rep, Q, D]: a few KB back to the device, from page-locked memory without blocking
+        out = self.transfer.from_host(job.result())
         self.host_seconds += job.seconds
         return out
 

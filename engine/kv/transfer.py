@@ -1,9 +1,10 @@
 """Host <-> device movement of KV: the named streams, the staging and ping-pong buffers, and their events.
 
-Three CUDA streams take part: the compute stream (whatever is current), ``h2d`` (fetching a head group's past
+Three streams take part: the compute stream (whatever is current), ``h2d`` (fetching a head group's past
 into a free ping-pong buffer) and ``d2h`` (appending a chunk's new K/V to host homes). Every buffer and every
-event is allocated once; an event is re-recorded, never created, on the hot path. Without CUDA the same calls
-copy synchronously, so ``schedule.py`` is one loop either way.
+event is allocated once; an event is re-recorded, never created, on the hot path. Streams, events and copies
+come from the streams seam (``streams.py``): CUDA, synchronous (a CPU-only machine: every call completes at
+once) or emulated (worker threads + the happens-before checker), so this is one code path on all three.
 
 Two staging and two ping-pong buffers (``buffers.py``) serve every layer. Disk-tier homes move through the disk
 stream's worker and pinned pieces instead (``disk_stream.py``).
@@ -12,45 +13,59 @@ stream's worker and pinned pieces instead (``disk_stream.py``).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import torch
 
 from . import quant
-from .buffers import Appends, BufferFactory, PingPong, Slot, Staging, copy_parts, event
+from .buffers import Appends, BufferFactory, PingPong, Slot, Staging, copy_parts
 from .disk_stream import DiskStream
 from .homes import GroupHome, LayerHomes
+from .streams import SyncStreams
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Result:
+    data: torch.Tensor | None  # page-locked, flat
+    free: object  # event: recorded on compute after the copy out of ``data`` was issued
 
 
 class Transfer:
     """Owns the streams, the staging and ping-pong buffers and every event of one cache."""
 
     def __init__(self, device: torch.device, *, num_layers: int, num_groups: int, group_shape: tuple[int, int, int],
-                 dtype: torch.dtype, buffer_tokens: int, stage_tokens: int, pinned: bool, kv_dtype: str | None = None,
-                 disk=None):
+                 dtype: torch.dtype, buffer_tokens: int, stage_tokens: int, kv_dtype: str | None = None,
+                 disk=None, streams=None):
         self.device = device
-        self.is_cuda = device.type == "cuda"
-        self._non_blocking = self.is_cuda and pinned  # async only from/to page-locked memory
-        self.h2d = torch.cuda.Stream(device) if self.is_cuda else None
-        self.d2h = torch.cuda.Stream(device) if self.is_cuda else None
+        self.streams = streams if streams is not None else SyncStreams()
+        new_event = self.streams.event
+        self.h2d = self.streams.new_stream("h2d")
+        self.d2h = self.streams.new_stream("d2h")
         self._batch, self._group_size, self._head_dim = group_shape
         self._num_groups, self.kv_dtype = num_groups, kv_dtype
         self._alloc = BufferFactory(device, group_shape, num_groups, dtype, kv_dtype)
-        self._pingpong = [PingPong(self._alloc.pingpong(buffer_tokens), event(self.is_cuda), event(self.is_cuda),
+        self._pingpong = [PingPong(self._alloc.pingpong(buffer_tokens), new_event(), new_event(),
                                     codes=self._alloc.codes(buffer_tokens)) for _ in range(2)]
-        self._staging = [Staging(self._alloc.staging(stage_tokens), event(self.is_cuda), event(self.is_cuda),
+        self._staging = [Staging(self._alloc.staging(stage_tokens), new_event(), new_event(),
                                   codes=self._alloc.codes(stage_tokens * num_groups)) for _ in range(2)]
         self._staged_codes: dict[int, tuple] = {}
         self._next_staging = 0
-        self._appends = [Appends((event(self.is_cuda), event(self.is_cuda))) for _ in range(num_layers)]
+        # Host threads wait for append events (host attention reads the homes): blocking, so they sleep.
+        self._appends = [Appends((new_event(blocking=True), new_event(blocking=True))) for _ in range(num_layers)]
         self._host_query: torch.Tensor | None = None  # page-locked landing place of queries sent to the host
         self._query_source: torch.Tensor | None = None  # the device queries the last such copy reads
-        self._query_ready, self._query_landed = event(self.is_cuda), event(self.is_cuda)
+        self._query_ready, self._query_landed = new_event(), new_event(blocking=True)
+        # Host attention's outputs come back through two page-locked buffers, each reused once the compute
+        # stream's copy out of it has run (``free``: a host thread waits for it before writing again).
+        self._results = [_Result(None, new_event(blocking=True)) for _ in range(2)]
+        self._next_result = 0
         # Disk-tier homes (``disk``: their DiskMemory) move on the disk stream's worker thread.
-        self.disk = DiskStream(device, num_groups, disk) if disk is not None else None
+        self.disk = DiskStream(self.streams, num_groups, disk) if disk is not None else None
         self._disk_writes: dict[int, Future] = {}  # layer -> its newest append to a disk home (CUDA)
         self.num_fetches = 0  # every fetch into a ping-pong buffer ...
         self.num_on_demand = 0  # ... and those the compute stream had to wait for, not prefetched
@@ -64,24 +79,28 @@ class Transfer:
         index = self._next_staging
         self._next_staging ^= 1
         staging = self._staging[index]
+        streams = self.streams
         if staging.flat.numel() < q_len * batch * 2 * num_kv_heads * head_dim:
             self.synchronize()  # rare (a forward longer than the planned chunk): a safe point to swap buffers
             logger.info("growing staging buffer %d to %d tokens", index, q_len)
+            streams.forget(staging.flat)
             staging.flat, staging.free_recorded = self._alloc.staging(q_len), False
             staging.codes = self._alloc.codes(q_len * num_groups)
         if staging.free_recorded:
             # The appends of two layers ago may still be reading this buffer on the d2h stream.
-            torch.cuda.current_stream(self.device).wait_event(staging.free)
+            streams.current().wait_event(staging.free)
         out = staging.flat[: q_len * batch * 2 * num_kv_heads * head_dim].view(num_groups, q_len, batch, 2, g, head_dim)
+        streams.write(out, "the staging buffer")
         # [B, KVH, Q, D] -> [G, Q, B, g, D] per K and V, stacked on the K/V axis
         torch.stack([key.view(batch, num_groups, g, q_len, head_dim).permute(1, 3, 0, 2, 4),
                      value.view(batch, num_groups, g, q_len, head_dim).permute(1, 3, 0, 2, 4)], dim=3, out=out)
         if self.kv_dtype is not None:  # 8-bit host homes receive the chunk quantized (half the d2h bytes)
             codes = [c[: num_groups * q_len].view(num_groups, q_len, *c.shape[1:]) for c in staging.codes]
+            streams.write(codes[0], "the staged codes")
+            streams.write(codes[1], "the staged scales")
             quant.quantize(out, self.kv_dtype, out=(codes[0], codes[1]))
             self._staged_codes[index] = tuple(zip(codes[0].unbind(0), codes[1].unbind(0)))
-        if self.is_cuda:
-            staging.produced.record(torch.cuda.current_stream(self.device))
+        staging.produced.record(streams.current())
         return index, out.unbind(0)
 
     def append(self, layer_idx: int, homes: LayerHomes, staged: tuple[torch.Tensor, ...], index: int,
@@ -89,37 +108,36 @@ class Transfer:
         """Copies the staged chunk into every home of the layer at ``position`` (host homes on the d2h stream)."""
         coded = self._staged_codes.get(index)
         host = []  # (home, one block per plane)
+        copy = self.streams.copy
         for group_idx, (home, block) in enumerate(zip(homes, staged)):
             if not home.is_host:  # a resident home: a device copy, ordered on the compute stream
-                home.write(position, block)
+                home.write(position, block, copy)
             else:
                 host.append((home, list(coded[group_idx]) if home.is_quantized else [block]))
         if not host:
-            return
-        if not self.is_cuda:
-            for home, parts in host:
-                home.write_planes(position, parts)
             return
         disk = self.disk
         staging, appends = self._staging[index], self._appends[layer_idx]
         event = appends.events[appends.turn]
         appends.turn ^= 1
-        with torch.cuda.stream(self.d2h):
+        with self.streams.use(self.d2h):
             # The copies must not start before the compute stream has written the staging buffer.
             self.d2h.wait_event(staging.produced)
             try:
                 for home, parts in host:
                     if disk is not None and home.group.is_on_disk:  # through pinned memory, into the file later
-                        self._disk_writes[layer_idx] = disk.append(home, position, parts)
+                        written = disk.append(home, position, parts)
+                        if written is not None:
+                            self._disk_writes[layer_idx] = written
                     else:
-                        home.write_planes(position, parts, non_blocking=self._non_blocking)
+                        home.write_planes(position, parts, copy)
             finally:  # whatever was enqueued still reads the staging buffer: its reuse must wait for it
                 staging.free.record(self.d2h)
                 event.record(self.d2h)
         staging.free_recorded = True
         appends.entries = [*appends.entries[-1:], (position, event)]
 
-    def _landing(self, layer_idx: int, stop: int) -> torch.cuda.Event | None:
+    def _landing(self, layer_idx: int, stop: int):
         """The append event a fetch of tokens [.., stop) of this layer must wait for, if any.
 
         Appends are FIFO on the d2h stream, so waiting for the newest append that writes below ``stop`` covers
@@ -133,33 +151,37 @@ class Transfer:
                 return event
         return entries[0][1] if entries else None
 
-    # -- host attention: a step's queries to host memory -----------------------------------------------
-    def to_host(self, layer_idx: int, query: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None] | None]:
+    # -- host attention: a step's queries to host memory, and its outputs back ------------------------------
+    def to_host(self, layer_idx: int, query: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
         """Sends a step's queries ([B, H, Q, D], a few KB) to host memory, behind the layer's appends.
 
-        Returns (host tensor, wait): ``wait()`` returns once the queries and this layer's appended chunk are in
-        host memory (None without CUDA: the copies were synchronous). The returned tensor is valid until the
-        next call (one landing buffer serves every layer; a layer waits for its host job before the next starts).
+        Returns (host tensor, wait): a host thread calls ``wait()`` before it reads the host tensor or the
+        homes: it returns once the queries and this layer's appended chunk are in host memory. The returned
+        tensor is valid until the next call (one landing buffer serves every layer; a layer waits for its host
+        job before the next starts).
         """
-        if not self.is_cuda:
-            return query, None
+        streams = self.streams
         # The d2h copy reads ``query`` after this returns: held until the next call, by which time it has landed
         # (the caching allocator must not hand its memory to the compute stream while the copy may still read it).
         self._query_source = query
         landing = self._host_query
         if landing is None or landing.numel() < query.numel() or landing.dtype != query.dtype:
-            self._host_query = torch.empty(query.numel(), dtype=query.dtype, pin_memory=True)
-        target = self._host_query[: query.numel()].view(query.shape)
+            if landing is not None:
+                self.fence()  # (rare: a longer step) the last copy into the old buffer must have landed
+                streams.forget(landing)
+            self._host_query = landing = streams.pinned((query.numel(),), query.dtype)
+        target = landing[: query.numel()].view(query.shape)
         # The queries are written on the compute stream: the copy on d2h must not start before.
-        self._query_ready.record()
-        with torch.cuda.stream(self.d2h):
+        self._query_ready.record(streams.current())
+        with streams.use(self.d2h):
             self.d2h.wait_event(self._query_ready)
-            target.copy_(query, non_blocking=True)
+            streams.copy(target, query, "the queries sent to the host")
             self._query_landed.record(self.d2h)
         entries = self._appends[layer_idx].entries
         appended = entries[-1][1] if entries else None  # this step's chunk: the newest append of the layer
         # ... and, for disk homes, its write into the files (the worker runs jobs in order: the newest covers all)
         written = self._disk_writes.get(layer_idx)
+        landed = self._query_landed
 
         def wait() -> None:
             # Host threads read the home up to this step's tokens: the d2h append of this chunk must have landed
@@ -167,14 +189,39 @@ class Transfer:
             # it; the append's own event is waited too, so the rule holds even if the copies move streams).
             if appended is not None:
                 appended.synchronize()
-            self._query_landed.synchronize()
+            landed.synchronize()
+            if written is None:
+                return
             # (Several host threads call this at once: exception() only waits for the write, raising nothing.)
-            error = written.exception() if written is not None else None
+            error = written.exception()
+            streams.joined(written)
             if error is not None:
                 self.disk.acknowledge()  # reported here, through the host job
                 raise error
 
         return target, wait
+
+    def host_result(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, Callable[[], None]]:
+        """A page-locked buffer for a host job's output, and the wait a host thread calls before writing it
+        (the compute stream's copy out of its previous use must have run)."""
+        result = self._results[self._next_result]
+        self._next_result ^= 1
+        numel = math.prod(shape)
+        if result.data is None or result.data.numel() < numel or result.data.dtype != dtype:
+            if result.data is not None:
+                result.free.synchronize()
+                self.streams.forget(result.data)
+            result.data = self.streams.pinned((numel,), dtype)
+        return result.data[:numel].view(shape), result.free.synchronize
+
+    def from_host(self, out: torch.Tensor) -> torch.Tensor:
+        """Copies a host job's output (from ``host_result``, complete) to the device, without blocking."""
+        streams = self.streams
+        result = next(r for r in self._results if r.data is not None and r.data.data_ptr() == out.data_ptr())
+        device_out = torch.empty(out.shape, dtype=out.dtype, device=self.device)
+        streams.copy(device_out, out, "host attention's output")
+        result.free.record(streams.current())
+        return device_out
 
     # -- ping-pong fetches ---------------------------------------------------------------------------
     def prefetch(self, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> None:
@@ -206,12 +253,16 @@ class Transfer:
             self.num_on_demand += 1
         buffer = self._pingpong[index]
         self._join(buffer)  # a disk home's fetch has enqueued its copies (and recorded ``ready``) once joined
-        if self.is_cuda:
-            # Attention must not read the buffer before its copy has landed.
-            torch.cuda.current_stream(self.device).wait_event(buffer.ready)
+        streams = self.streams
+        # Attention must not read the buffer before its copy has landed.
+        streams.current().wait_event(buffer.ready)
         if buffer.is_coded:  # 8-bit codes landed: dequantize into the buffer attention reads
             num = buffer.stop - buffer.start
-            quant.dequantize(buffer.codes[0][:num], buffer.codes[1][:num], out=buffer.kv[:num])
+            codes, scales, kv = buffer.codes[0][:num], buffer.codes[1][:num], buffer.kv[:num]
+            streams.read(codes, "fetched codes")
+            streams.read(scales, "fetched scales")
+            streams.write(kv, "the dequantized ping-pong buffer")
+            quant.dequantize(codes, scales, out=kv)
             buffer.is_coded = False
         buffer.pending, buffer.is_used = None, True
         return index
@@ -219,16 +270,17 @@ class Transfer:
     def with_chunk(self, index: int, num_past: int, block: torch.Tensor) -> torch.Tensor:
         """Puts this chunk (block: [Q, B, 2, g, D]) after ``num_past`` fetched tokens; returns [num_past + Q, B, 2, g, D]."""
         kv = self._pingpong[index].kv
-        kv[num_past : num_past + block.shape[0]].copy_(block)
-        return kv[: num_past + block.shape[0]]
+        self.streams.copy(kv[num_past : num_past + block.shape[0]], block, "this chunk after the fetched past")
+        out = kv[: num_past + block.shape[0]]
+        self.streams.read(out, "the ping-pong buffer attention reads")
+        return out
 
     def release(self, index: int) -> None:
         """Marks the end of the compute stream's use of a buffer."""
         buffer = self._pingpong[index]
         buffer.is_used = False
-        if self.is_cuda:
-            buffer.free.record(torch.cuda.current_stream(self.device))
-            buffer.free_recorded = True
+        buffer.free.record(self.streams.current())
+        buffer.free_recorded = True
 
     def release_all(self) -> None:
         """Releases buffers an interrupted layer left acquired (a no-op after a normal layer)."""
@@ -239,10 +291,13 @@ class Transfer:
 
     def _fetch(self, buffer: PingPong, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> None:
         self._join(buffer)  # a dropped disk fetch into this buffer must not land after this one
+        streams = self.streams
         if buffer.kv.shape[0] < room:
             self.synchronize()  # rare (context beyond the plan): a safe point to drop the old buffer
             capacity = max(room, buffer.kv.shape[0] + buffer.kv.shape[0] // 2)
             logger.info("growing ping-pong buffers to %d tokens", capacity)
+            for old in [buffer.kv, *(buffer.codes or [])]:
+                streams.forget(old)
             buffer.kv, buffer.free_recorded = self._alloc.pingpong(capacity), False
             buffer.codes = self._alloc.codes(capacity)
         buffer.pending, buffer.start, buffer.stop = slot, start, stop
@@ -251,20 +306,14 @@ class Transfer:
         num = stop - start
         targets = [c[:num] for c in buffer.codes] if home.is_quantized else [buffer.kv[:num]]
         on_disk = self.disk is not None and home.group.is_on_disk
-        if not self.is_cuda:
-            if on_disk:  # read on the worker while this thread attends the group before
-                buffer.disk_job = self.disk.fetch(home, start, stop, targets)
-                return
-            for plane, target in enumerate(targets):
-                copy_parts(target, home.blocks(start, stop, plane), non_blocking=False)
-            return
-        with torch.cuda.stream(self.h2d):
+        with streams.use(self.h2d):
             if buffer.free_recorded:
                 # The compute stream may still be reading this buffer's previous group.
                 self.h2d.wait_event(buffer.free)
             if on_disk:
-                # The worker enqueues the copies on h2d behind the wait above, after the appends it was given
-                # earlier (it runs jobs in order): no append event to wait for.
+                # Read on the worker while this thread attends the group before. It enqueues the copies on h2d
+                # behind the wait above, after the appends it was given earlier (it runs jobs in order): no
+                # append event to wait for.
                 buffer.disk_job = self.disk.fetch(home, start, stop, targets, self.h2d, buffer.ready)
                 return
             landing = self._landing(slot[0], stop)
@@ -272,7 +321,7 @@ class Transfer:
                 # Earlier chunks of this layer may still be landing in the host home on the d2h stream.
                 self.h2d.wait_event(landing)
             for plane, target in enumerate(targets):
-                copy_parts(target, home.blocks(start, stop, plane), non_blocking=self._non_blocking)
+                copy_parts(streams.copy, target, home.blocks(start, stop, plane), "a fetch into a ping-pong buffer")
             buffer.ready.record(self.h2d)
 
     def _join(self, buffer: PingPong) -> None:
@@ -282,6 +331,7 @@ class Transfer:
         job, buffer.disk_job = buffer.disk_job, None
         try:
             job.result()
+            self.streams.joined(job)
         except BaseException:
             buffer.pending = None  # half filled: never to be acquired as this slot's fetch
             self.disk.acknowledge()
@@ -302,22 +352,23 @@ class Transfer:
             if self.disk is not None:
                 self.disk.drain()  # first: its jobs enqueue copies on h2d and wait on d2h
         finally:  # (even after a failed disk job, nothing may be in flight when this returns)
-            if self.is_cuda:
-                self.h2d.synchronize()
-                self.d2h.synchronize()
+            self.h2d.synchronize()
+            self.d2h.synchronize()
 
     def close(self) -> None:
-        """Stops the disk stream's worker (after its jobs); the transfer is not used afterwards."""
-        if self.disk is not None:
-            self.disk.close()
+        """Stops the disk stream's worker (after its jobs) and the streams; the transfer is not used afterwards."""
+        try:
+            if self.disk is not None:
+                self.disk.close()
+        finally:
+            self.streams.close()
 
     def synchronize(self) -> None:
-        """Waits for every copy and every kernel in flight (and every disk job, also without CUDA)."""
+        """Waits for every copy and every kernel in flight (and every disk job)."""
         try:
             self.fence()
         finally:
-            if self.is_cuda:
-                torch.cuda.current_stream(self.device).synchronize()
+            self.streams.current().synchronize()
 
     @property
     def is_idle(self) -> bool:

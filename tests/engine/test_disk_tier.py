@@ -175,8 +175,9 @@ def test_disk_stream_drain_waits_in_every_thread_and_reports_a_failure_once():
     import time
 
     from engine.kv.disk_stream import DiskStream, DiskStreamError
+    from engine.kv.streams import SyncStreams
 
-    stream = DiskStream(torch.device("cpu"))
+    stream = DiskStream(SyncStreams())
     gate = threading.Event()
     stream._submit(gate.wait)
     returned = {}

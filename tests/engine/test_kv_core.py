@@ -188,7 +188,7 @@ def test_padding_check_reads_the_mask_only_on_a_forwards_first_chunk():
 # -- 7. a fetch waits only for appends of tokens it reads ------------------------------------------
 def test_fetch_waits_for_earlier_appends_but_not_for_the_current_chunk():
     transfer = Transfer(torch.device("cpu"), num_layers=1, num_groups=1, group_shape=(1, 1, 4),
-                        dtype=torch.float32, buffer_tokens=8, stage_tokens=4, pinned=False)
+                        dtype=torch.float32, buffer_tokens=8, stage_tokens=4)
     transfer._appends[0].entries = [(10, "append@10"), (20, "append@20")]
     assert transfer._landing(0, 20) == "append@10"  # reads [.., 20): the chunk landing at 20 is not needed
     assert transfer._landing(0, 21) == "append@20"

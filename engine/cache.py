@@ -284,6 +284,10 @@ class HeadInferCache(Cache):
                 try:
                     self.transfer.synchronize()  # (raises a failed disk job, after waiting for everything)
                 finally:
+                    for layer in self.layers:  # freed below: the streams seam checks no copy still touches them
+                        for home in layer.homes or ():
+                            for plane in home.planes:
+                                self.transfer.streams.forget(plane)
                     self.transfer.close()
         finally:
             for layer in self.layers:

@@ -243,6 +243,8 @@ class EmulatedStreams:
         self.checker.access(self.checker.thread(), tensor, True, what)
 
     def forget(self, tensor: torch.Tensor) -> None:
+        """The tensor's memory is about to be freed or handed to another use: no copy may still touch it."""
+        self.checker.access(self.checker.thread(), tensor, True, "memory being freed")
         self.checker.forget(tensor)
 
     # -- worker threads ---------------------------------------------------------------------------------

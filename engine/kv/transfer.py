@@ -123,6 +123,12 @@ class Transfer:
         with self.streams.use(self.d2h):
             # The copies must not start before the compute stream has written the staging buffer.
             self.d2h.wait_event(staging.produced)
+            for buffer in self._pingpong:
+                # A window ring's append overwrites its oldest rows: a prefetch of this layer still in flight
+                # (made for a step that did not come, e.g. a decode step attended on the host) may be reading them.
+                if (buffer.pending is not None and buffer.pending[0] == layer_idx
+                        and _ring_overlap(homes[0], position, staged[0].shape[0], buffer.start, buffer.stop)):
+                    self.d2h.wait_event(buffer.ready)
             try:
                 for home, parts in host:
                     if disk is not None and home.group.is_on_disk:  # through pinned memory, into the file later
@@ -177,18 +183,14 @@ class Transfer:
             self.d2h.wait_event(self._query_ready)
             streams.copy(target, query, "the queries sent to the host")
             self._query_landed.record(self.d2h)
-        entries = self._appends[layer_idx].entries
-        appended = entries[-1][1] if entries else None  # this step's chunk: the newest append of the layer
-        # ... and, for disk homes, its write into the files (the worker runs jobs in order: the newest covers all)
+        # For disk homes, this step's chunk is written into the files by the worker (in order: the newest covers all)
         written = self._disk_writes.get(layer_idx)
         landed = self._query_landed
 
         def wait() -> None:
-            # Host threads read the home up to this step's tokens: the d2h append of this chunk must have landed
-            # (it was issued before the query copy on the same FIFO stream, so waiting for the queries covers
-            # it; the append's own event is waited too, so the rule holds even if the copies move streams).
-            if appended is not None:
-                appended.synchronize()
+            # Host threads read the home up to this step's tokens: the d2h append of this chunk must have landed.
+            # It was issued before the query copy on the same FIFO stream, so waiting for the queries covers it
+            # (the mutation test showed a separate wait for the append's event could never matter).
             landed.synchronize()
             if written is None:
                 return
@@ -356,11 +358,17 @@ class Transfer:
             self.d2h.synchronize()
 
     def close(self) -> None:
-        """Stops the disk stream's worker (after its jobs) and the streams; the transfer is not used afterwards."""
+        """Stops the disk stream's worker (after its jobs) and the streams; the transfer is not used afterwards.
+        Call after ``synchronize``: the buffers are freed."""
         try:
             if self.disk is not None:
                 self.disk.close()
         finally:
+            holders = [*self._pingpong, *self._staging]
+            for tensor in [self._host_query, *(r.data for r in self._results), *(b.kv for b in self._pingpong),
+                           *(s.flat for s in self._staging), *(c for h in holders for c in (h.codes or []))]:
+                if tensor is not None:
+                    self.streams.forget(tensor)
             self.streams.close()
 
     def synchronize(self) -> None:
@@ -379,3 +387,16 @@ class Transfer:
         coded = [c for holder in [*self._pingpong, *self._staging] for c in (holder.codes or [])]
         return (sum(b.kv.nbytes for b in self._pingpong) + sum(s.flat.nbytes for s in self._staging)
                 + sum(c.nbytes for c in coded))
+
+
+def _ring_overlap(home: GroupHome, position: int, num: int, start: int, stop: int) -> bool:
+    """Whether appending tokens [position, position + num) to a ring overwrites a row of tokens [start, stop).
+
+    Token t lives in row t % capacity: rows collide where p - t is a positive multiple of the capacity.
+    (A home that is not a ring never overwrites: a fetch reads tokens below the append.)"""
+    if not home.is_ring or stop <= start:
+        return False
+    capacity = home.capacity
+    low, high = position - stop + 1, position + num - 1 - start  # the range of p - t
+    first = max(capacity, -(-low // capacity) * capacity)
+    return first <= high

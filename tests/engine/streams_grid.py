@@ -1,0 +1,140 @@
+"""The CUDA path on a CPU: runs of the engine on emulated streams (with the happens-before checker) vs stock.
+
+One case = a cache configuration (head group, resident slots, host attention, 8-bit KV, disk tier) driven
+through a chunked prefill (optionally interrupted between layers and resumed, as a cancelled read is) and
+greedy decode steps, compared logit by logit with stock transformers on the same weights. Used by the parity
+grid (``test_streams_grid.py``) and by the mutation test (``test_stream_mutations.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+import engine
+from engine.interrupt import ForwardInterrupted, interruptible
+
+PROMPT_LEN, CHUNK, DECODE_STEPS, MAX_CONTEXT = 45, 16, 6, 64
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    group: str = "1"  # "1" or "all" (layer-wise)
+    resident: str = "0"  # "0" or "partial"
+    host: str = "off"  # "off", "all", or "split" (half the offloaded bytes on the host)
+    kv_dtype: str | None = None
+    disk: bool = False
+    cancel: bool = False  # interrupt the second chunk between layers, crop and resume
+    grow: bool = False  # a first chunk longer than planned, a context past max_context: buffers and homes grow
+
+
+CASES = [
+    Case("stream"),
+    Case("host-all", host="all", cancel=True),
+    Case("host-split", host="split"),
+    Case("layerwise-partial", group="all", resident="partial", cancel=True),
+    Case("int8-host", kv_dtype="int8", host="all"),
+    Case("fp8-stream", kv_dtype="fp8"),
+    Case("disk-host", disk=True, host="all", cancel=True),
+    Case("grow-host", host="all", grow=True),
+]
+
+
+@dataclass
+class Outcome:
+    max_rel_diff: float  # over every prefill and decode logit vs stock
+    same_tokens: bool  # greedy tokens identical
+    races: list[str]
+    num_checked: int  # accesses the checker saw
+    logits: list[torch.Tensor]  # the prefill's, then each decode step's (to compare lossy 8-bit runs)
+
+
+def _rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual - expected).abs().max() / expected.abs().max())
+
+
+def _stop_at_second_layer_once():
+    calls = {"n": 0}
+
+    def should_stop() -> bool:
+        calls["n"] += 1
+        return calls["n"] == 2  # checked before each decoder layer: stop before the second one, once
+
+    return should_stop
+
+
+def make_cache(model, case: Case, *, streams: str = "emulated", disk_dir: str | None = None):
+    text = model.config.get_text_config(decoder=True)
+    num_kv_heads = text.num_key_value_heads
+    policy = dict(head_group_size=1 if case.group == "1" else num_kv_heads, chunk_size=CHUNK,
+                  resident_slots=0 if case.resident == "0" else 1, kv_dtype=case.kv_dtype,
+                  host_attention="all" if case.host in ("all", "split") else "off", streams=streams,
+                  max_context=MAX_CONTEXT // 2 if case.grow else MAX_CONTEXT, device="cpu")
+    if case.disk:
+        probe = engine.HeadInferCache(model.config, **{**policy, "streams": "sync"})
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        rows = sum(MAX_CONTEXT if w is None else min(MAX_CONTEXT, w - 1 + CHUNK) for w in probe.shape.sliding_windows)
+        kv = rows * num_kv_heads * 2 * head_dim * 4  # fp32 K and V of every home
+        policy.update(disk_dir=disk_dir, host_memory=probe.plan.host_bytes - kv + kv // 4)
+    cache = engine.HeadInferCache(model.config, **policy)
+    assert not case.disk or cache.plan.disk_slots > 0, cache.plan
+    if case.host == "split":
+        cache.plan = dataclasses.replace(cache.plan, host_share=0.5)  # read when the homes are allocated
+    return cache
+
+
+@torch.inference_mode()
+def run(stock, headinfer, case: Case, *, streams: str = "emulated") -> Outcome:
+    """Runs ``case`` on ``headinfer`` (its cache on ``streams``) and stock side by side. A race the checker finds
+    on this thread raises ``RaceError``; one found on a worker thread is in ``Outcome.races``."""
+    with tempfile.TemporaryDirectory() as folder:
+        cache = make_cache(headinfer, case, streams=streams, disk_dir=folder)
+        try:
+            return _run(stock, headinfer, case, cache)
+        finally:
+            cache.release()  # (the checker sees the homes freed: no copy may still touch them)
+
+
+def _run(stock, headinfer, case: Case, cache) -> Outcome:
+    vocab = stock.config.get_text_config(decoder=True).vocab_size
+    ids = torch.randint(0, vocab, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(7))
+    stock_cache = DynamicCache(config=stock.config)
+    expected = stock(ids, past_key_values=stock_cache).logits
+    checker = None
+    logits = []
+    first = CHUNK + 6 if case.grow else CHUNK  # longer than planned: the staging buffers grow
+    for start in [0, *range(first, PROMPT_LEN, CHUNK)]:
+        chunk = ids[:, start : start + (first if start == 0 else CHUNK)]
+        if case.cancel and start == first:
+            try:
+                with interruptible(headinfer, _stop_at_second_layer_once()):
+                    headinfer(chunk, past_key_values=cache)
+                raise AssertionError("the forward was not interrupted")
+            except ForwardInterrupted:
+                cache.crop_to(start)  # layers that took the chunk give it back (as DocumentSession does)
+        logits.append(headinfer(chunk, past_key_values=cache).logits)
+        checker = checker or getattr(cache.transfer.streams, "checker", None)
+    logits = [torch.cat(logits, dim=1)]
+    diffs = [_rel(logits[0], expected)]
+    same = True
+    expected_last, actual_last = expected[:, -1], logits[-1][:, -1]
+    for _ in range(DECODE_STEPS):
+        token = expected_last.argmax(-1, keepdim=True)
+        same &= bool(torch.equal(token, actual_last.argmax(-1, keepdim=True)))
+        expected_last = stock(token, past_key_values=stock_cache).logits[:, -1]
+        actual_last = headinfer(token, past_key_values=cache).logits[:, -1]
+        logits.append(actual_last)
+        diffs.append(_rel(actual_last, expected_last))
+    same &= bool(torch.equal(expected_last.argmax(-1), actual_last.argmax(-1)))
+    cache.synchronize()
+    races = list(checker.races) if checker is not None else []
+    return Outcome(max(diffs), same, races, checker.num_checked if checker is not None else 0, logits)
+
+
+def max_rel_diff(a: Outcome, b: Outcome) -> float:
+    return max(_rel(x, y) for x, y in zip(a.logits, b.logits))

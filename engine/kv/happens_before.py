@@ -51,7 +51,7 @@ class _Access:
 def _site() -> str:
     """The first few frames outside the seam: enough to find both sides of a race."""
     frames = [f for f in traceback.extract_stack(limit=14)[:-1]
-              if not f.filename.endswith(("happens_before.py", "streams.py", "emulated.py"))]
+              if not f.filename.endswith(("kv/happens_before.py", "kv/streams.py", "kv/emulated.py"))]
     return " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in reversed(frames[-4:]))
 
 

@@ -89,6 +89,8 @@ class DiskStream:
             for plane, target in enumerate(targets):
                 done = 0
                 for rows in home.blocks(start, stop, plane):  # one view, two where a ring wraps
+                    if rows.shape[0] == 0:
+                        continue  # (an empty range: a chunk at the start of a window; found on emulated streams)
                     per_piece = max(1, PIECE_BYTES // (rows[0].nbytes or 1))
                     for first in range(0, rows.shape[0], per_piece):
                         part = rows[first : first + per_piece]
@@ -161,9 +163,13 @@ class DiskStream:
 
     def _write_landed(self, home: GroupHome, position: int, staged: list[torch.Tensor], landed) -> None:
         landed.synchronize()  # the d2h copy into the pinned buffer has finished
-        for part in staged:
-            self.streams.host_read(part, "a disk append's write buffer")
-        home.write_planes(position, staged)
+        home.write_planes(position, staged, self._host_copy)
+
+    def _host_copy(self, dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
+        """A copy on this (worker) thread, declared to the streams seam's checker."""
+        self.streams.host_read(src, "a disk append's write buffer")
+        self.streams.host_write(dst, what)
+        dst.copy_(src)
 
     def _pinned(self, num_bytes: int) -> torch.Tensor:
         return self.streams.pinned((max(num_bytes, 1),), torch.uint8)
@@ -200,8 +206,10 @@ class DiskStream:
             raise error
 
     def close(self) -> None:
-        try:
-            self.drain()
-        finally:
-            self._worker.shutdown(wait=True)
+        """Stops the worker once its jobs have run; raises a failure not yet reported. (Callers drained it
+        already: ``Transfer.synchronize`` runs first, so the jobs are not waited for twice.)"""
+        self._worker.shutdown(wait=True)
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
 

@@ -184,6 +184,7 @@ class EmulatedStreams:
     def __init__(self, seed: int = 0, checker: Checker | None = None):
         self.seed = seed
         self.checker = checker or Checker()
+        self._random = random.Random(f"{seed}:threads")
         self._compute = EmulatedStream(self, "compute", compute=True)
         self._local = threading.local()
         self._streams: list[EmulatedStream] = []
@@ -254,8 +255,12 @@ class EmulatedStreams:
         start = checker.snapshot(checker.thread())
         end: dict = {}
 
+        delay = self._random.random() < 0.3 and self._random.uniform(0.0, 0.002)
+
         def task():
             checker.join(checker.thread(), start)
+            if delay:
+                time.sleep(delay)  # a worker thread the OS starts late: a caller that did not wait sees it
             try:
                 return fn(*args)
             finally:
@@ -266,7 +271,11 @@ class EmulatedStreams:
         return future
 
     def joined(self, future: Future) -> None:
-        """The caller has waited for ``future``: it learns what the task knew at its end."""
+        """The caller has waited for ``future``: it learns what the task knew at its end. Claiming so for a task
+        that has not finished is a missing wait: reported as a race."""
+        if not future.done():
+            self.checker.report_missing_wait("a worker's job joined before it finished")
+            return
         self.checker.join(self.checker.thread(), getattr(future, "hb_end", {}).get("clock"))
 
     def close(self) -> None:

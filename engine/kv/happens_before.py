@@ -138,6 +138,13 @@ class Checker:
         with self._lock:
             self._storages.pop(tensor.untyped_storage().data_ptr(), None)
 
+    def report_missing_wait(self, what: str) -> None:
+        message = f"unordered: {what} at {_site()}"
+        self.races.append(message)
+        logger.error("race: %s", message)
+        if self.raise_on_race:
+            raise RaceError(message)
+
     def _report(self, old: _Access, new: _Access) -> None:
         kind = {(True, True): "write-write", (True, False): "write-read", (False, True): "read-write"}[
             (old.is_write, new.is_write)]

@@ -71,9 +71,10 @@ class HostJob:
     torch ops run single-threaded, while on the caller's thread they would wake an OpenMP team per op."""
 
     def __init__(self, call: _Call, num_runs: int, query: torch.Tensor, fold_scale: float, out: torch.Tensor,
-                 before_write, streams):
+                 streams):
         self._call, self._query, self._fold_scale = call, query, fold_scale
-        self._out, self._before_write, self._streams = out, before_write, streams
+        self._out, self._streams = out, streams
+        self._error: BaseException | None = None
         self._runs_left, self._failed, self._lock = num_runs, False, threading.Lock()
         self._is_folded, self._fold_lock = False, threading.Lock()
         self._futures: list[Future] = []
@@ -83,15 +84,15 @@ class HostJob:
     def wait(self) -> None:
         """Returns once no worker touches this job's inputs any more (also when a tile raised)."""
         for future in self._futures:
-            future.exception()
+            error = future.exception()
             self._streams.joined(future)
+            self._error = self._error or error
+        self.seconds = time.perf_counter() - self._started
 
     def result(self) -> torch.Tensor:
-        """[B, Gh * g * n_rep, Q, D] on the host, in the query's dtype; re-raises a tile's exception."""
-        for future in self._futures:
-            future.result()
-            self._streams.joined(future)
-        self.seconds = time.perf_counter() - self._started
+        """[B, Gh * g * n_rep, Q, D] on the host, in the query's dtype, after ``wait``; re-raises a tile's exception."""
+        if self._error is not None:
+            raise self._error
         return self._out
 
     def _run(self, tasks: list[tuple[int, int]], ready) -> None:
@@ -138,8 +139,6 @@ class HostJob:
         top = call.m.amax(dim=1, keepdim=True)  # [Gh, 1, B, g, R, 1]; finite: every query sees its own key
         weight = torch.exp(call.m - top)  # a tile a row cannot see has m = -inf: weight 0
         merged = (weight * call.acc).sum(dim=1) / (weight * call.l).sum(dim=1)  # [Gh, B, g, R, D]
-        if self._before_write is not None:
-            self._before_write()  # the copy out of this buffer's last use must have run
         self._streams.host_write(self._out, "host attention's output")
         self._out.copy_(merged.permute(1, 0, 2, 3, 4).reshape(self._out.shape))  # heads: (group, kv, rep)
 
@@ -156,15 +155,14 @@ class HostAttention:
 
     def start(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, *, scaling: float,
               window: int | None = None, softcap: float | None = None, ready=None,
-              scales: list[torch.Tensor] | None = None, out: torch.Tensor | None = None,
-              before_write=None) -> HostJob:
+              scales: list[torch.Tensor] | None = None, out: torch.Tensor | None = None) -> HostJob:
         """Starts attention of ``query`` over tokens ``[start, stop)`` of each home in ``kvs``.
 
         query: [B, Gh * g * n_rep, Q, D] on the host; its Q tokens are the last Q of ``[start, stop)``, already in
         the homes. ``ready``: called by every task before it reads anything, the query included (asynchronous
         streams: waits for the copies; this thread never reads the query). ``scales``: for 8-bit homes
         (``kvs`` are then their codes), their scale planes. ``out``: where the result goes (default: a new
-        tensor), written after ``before_write()`` returns.
+        tensor). Call ``wait()`` on the job, then ``result()``.
         """
         batch, num_heads, q_len, head_dim = query.shape
         num_groups, (_, kv_batch, _, g, kv_dim) = len(kvs), kvs[0].shape
@@ -194,14 +192,15 @@ class HostAttention:
         if out is None:
             out = torch.empty(batch, num_heads, q_len, head_dim, dtype=query.dtype)
         assert out.shape == query.shape and out.dtype == query.dtype, (out.shape, query.shape)
-        job = HostJob(call, len(runs), query, scaling / softcap if softcap else scaling, out, before_write,
-                      self.streams)
+        job = HostJob(call, len(runs), query, scaling / softcap if softcap else scaling, out, self.streams)
         job._futures = [self.streams.submit(self.workers, job._run, run, ready) for run in runs]
         return job
 
     def attend(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, **kwargs) -> torch.Tensor:
-        """``start(...).result()``: [B, Gh * g * n_rep, Q, D]."""
-        return self.start(query, kvs, start, stop, **kwargs).result()
+        """``start(...)``, waited: [B, Gh * g * n_rep, Q, D]."""
+        job = self.start(query, kvs, start, stop, **kwargs)
+        job.wait()
+        return job.result()
 
 
 def _tile_spans(call: _Call, tasks: list[tuple[int, int]]):

@@ -41,6 +41,8 @@ def quantize(block: torch.Tensor, kv_dtype: str, out: tuple[torch.Tensor, torch.
 
 
 def dequantize(codes: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """codes [..., D] and scales [..., 1] -> ``out`` (the model's dtype)."""
-    return torch.mul(codes.to(SCALE_DTYPE), scales, out=out) if out.dtype == SCALE_DTYPE else \
-        out.copy_(codes.to(SCALE_DTYPE) * scales)
+    """codes [..., D] and scales [..., 1] -> ``out`` (the model's dtype), in place: no temporary as large as the
+    fetched range. Codes (int8, e4m3) are exact in bf16/fp16/fp32, and ``mul_`` computes each product in fp32
+    (the promoted dtype) before rounding it into ``out``, so this equals ``(codes.float() * scales).to(dtype)``."""
+    out.copy_(codes)
+    return out.mul_(scales)

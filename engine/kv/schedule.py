@@ -115,7 +115,7 @@ class Schedule:
         transfer = self.transfer
         sent = queries[on_host[0]] if len(on_host) == 1 else torch.cat([queries[g] for g in on_host], dim=1)
         host_query, wait = transfer.to_host(layer_idx, sent)  # [B, Gh * g * n_rep, Q, D]
-        out, before_write = transfer.host_result(tuple(sent.shape), sent.dtype)
+        out = transfer.host_result(tuple(sent.shape), sent.dtype)
         homes = [self.layers[layer_idx][g] for g in on_host]
         if homes[0].is_ring:
             # The kernel reads token positions straight from a home. A window ring's rows wrap: give it the
@@ -128,11 +128,10 @@ class Schedule:
                         transfer.streams.host_read(part, "a ring home read for host attention")
             kvs = [home.block(start, stop) for home in homes]
             return self.host.start(host_query, kvs, 0, stop - start, scaling=scaling, window=window,
-                                   softcap=softcap, ready=None, out=out, before_write=before_write)
+                                   softcap=softcap, ready=None, out=out)
         scales = [home.planes[1] for home in homes] if homes[0].is_quantized else None  # dequantized per tile
         return self.host.start(host_query, [home.kv for home in homes], start, stop, scaling=scaling,
-                               window=window, softcap=softcap, ready=wait, scales=scales, out=out,
-                               before_write=before_write)
+                               window=window, softcap=softcap, ready=wait, scales=scales, out=out)
 
     def _finish_host(self, job: HostJob) -> torch.Tensor:
         # [B, Gh * g * n_rep, Q, D]: a few KB back to the device, from page-locked memory without blocking

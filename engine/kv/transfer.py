@@ -29,10 +29,6 @@ from .streams import SyncStreams
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class _Result:
-    data: torch.Tensor | None  # page-locked, flat
-    free: object  # event: recorded on compute after the copy out of ``data`` was issued
 
 
 class Transfer:
@@ -60,10 +56,10 @@ class Transfer:
         self._host_query: torch.Tensor | None = None  # page-locked landing place of queries sent to the host
         self._query_source: torch.Tensor | None = None  # the device queries the last such copy reads
         self._query_ready, self._query_landed = new_event(), new_event(blocking=True)
-        # Host attention's outputs come back through two page-locked buffers, each reused once the compute
-        # stream's copy out of it has run (``free``: a host thread waits for it before writing again).
-        self._results = [_Result(None, new_event(blocking=True)) for _ in range(2)]
-        self._next_result = 0
+        # Host attention's outputs come back through one page-locked buffer. A layer's host threads write it only
+        # after its queries landed, and those were sent after the compute stream issued the copy out of the last
+        # layer's output: no event of its own is needed (the mutation test showed one could never matter).
+        self._host_out: torch.Tensor | None = None
         # Disk-tier homes (``disk``: their DiskMemory) move on the disk stream's worker thread.
         self.disk = DiskStream(self.streams, num_groups, disk) if disk is not None else None
         self._disk_writes: dict[int, Future] = {}  # layer -> its newest append to a disk home (CUDA)
@@ -178,6 +174,7 @@ class Transfer:
             self._host_query = landing = streams.pinned((query.numel(),), query.dtype)
         target = landing[: query.numel()].view(query.shape)
         # The queries are written on the compute stream: the copy on d2h must not start before.
+        streams.write(query, "the queries (written by attention's projection)")
         self._query_ready.record(streams.current())
         with streams.use(self.d2h):
             self.d2h.wait_event(self._query_ready)
@@ -203,26 +200,21 @@ class Transfer:
 
         return target, wait
 
-    def host_result(self, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, Callable[[], None]]:
-        """A page-locked buffer for a host job's output, and the wait a host thread calls before writing it
-        (the compute stream's copy out of its previous use must have run)."""
-        result = self._results[self._next_result]
-        self._next_result ^= 1
+    def host_result(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """The page-locked buffer a host job writes its output into (after its ``to_host`` wait, see above)."""
         numel = math.prod(shape)
-        if result.data is None or result.data.numel() < numel or result.data.dtype != dtype:
-            if result.data is not None:
-                result.free.synchronize()
-                self.streams.forget(result.data)
-            result.data = self.streams.pinned((numel,), dtype)
-        return result.data[:numel].view(shape), result.free.synchronize
+        out = self._host_out
+        if out is None or out.numel() < numel or out.dtype != dtype:
+            if out is not None:
+                self.synchronize()  # (rare: a longer step) the copy out of the old buffer must have run
+                self.streams.forget(out)
+            self._host_out = out = self.streams.pinned((numel,), dtype)
+        return out[:numel].view(shape)
 
     def from_host(self, out: torch.Tensor) -> torch.Tensor:
         """Copies a host job's output (from ``host_result``, complete) to the device, without blocking."""
-        streams = self.streams
-        result = next(r for r in self._results if r.data is not None and r.data.data_ptr() == out.data_ptr())
         device_out = torch.empty(out.shape, dtype=out.dtype, device=self.device)
-        streams.copy(device_out, out, "host attention's output")
-        result.free.record(streams.current())
+        self.streams.copy(device_out, out, "host attention's output")
         return device_out
 
     # -- ping-pong fetches ---------------------------------------------------------------------------
@@ -365,7 +357,7 @@ class Transfer:
                 self.disk.close()
         finally:
             holders = [*self._pingpong, *self._staging]
-            for tensor in [self._host_query, *(r.data for r in self._results), *(b.kv for b in self._pingpong),
+            for tensor in [self._host_query, self._host_out, *(b.kv for b in self._pingpong),
                            *(s.flat for s in self._staging), *(c for h in holders for c in (h.codes or []))]:
                 if tensor is not None:
                     self.streams.forget(tensor)

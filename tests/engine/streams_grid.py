@@ -18,7 +18,9 @@ from transformers import DynamicCache
 import engine
 from engine.interrupt import ForwardInterrupted, interruptible
 
-PROMPT_LEN, CHUNK, DECODE_STEPS, MAX_CONTEXT = 45, 16, 6, 64
+# Chunks of 20 (> HOST_QUERY_LIMIT) attend on the device and fetch; the last chunk (5) and decode steps are
+# host steps where host attention is on.
+PROMPT_LEN, CHUNK, DECODE_STEPS, MAX_CONTEXT = 45, 20, 6, 64
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class Case:
     kv_dtype: str | None = None
     disk: bool = False
     cancel: bool = False  # interrupt the second chunk between layers, crop and resume
-    grow: bool = False  # a first chunk longer than planned, a context past max_context: buffers and homes grow
+    grow: bool = False  # a chunk longer than planned, a context past max_context: buffers and homes grow
 
 
 CASES = [
@@ -40,7 +42,8 @@ CASES = [
     Case("layerwise-partial", group="all", resident="partial", cancel=True),
     Case("int8-host", kv_dtype="int8", host="all"),
     Case("fp8-stream", kv_dtype="fp8"),
-    Case("disk-host", disk=True, host="all", cancel=True),
+    Case("disk-stream", disk=True, cancel=True),
+    Case("disk-host", disk=True, host="all"),
     Case("grow-host", host="all", grow=True),
 ]
 
@@ -107,10 +110,12 @@ def _run(stock, headinfer, case: Case, cache) -> Outcome:
     expected = stock(ids, past_key_values=stock_cache).logits
     checker = None
     logits = []
-    first = CHUNK + 6 if case.grow else CHUNK  # longer than planned: the staging buffers grow
-    for start in [0, *range(first, PROMPT_LEN, CHUNK)]:
-        chunk = ids[:, start : start + (first if start == 0 else CHUNK)]
-        if case.cancel and start == first:
+    # Grow: the second chunk is longer than planned (the staging buffers grow with the first one's appends in
+    # flight) and the context passes max_context (homes and ping-pong buffers grow).
+    starts = [0, CHUNK] if case.grow else list(range(0, PROMPT_LEN, CHUNK))
+    for start, stop in zip(starts, [*starts[1:], PROMPT_LEN]):
+        chunk = ids[:, start:stop]
+        if case.cancel and start == CHUNK:
             try:
                 with interruptible(headinfer, _stop_at_second_layer_once()):
                     headinfer(chunk, past_key_values=cache)

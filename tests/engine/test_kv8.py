@@ -115,3 +115,15 @@ def test_host_attention_over_8bit_homes_matches_the_streamed_path(monkeypatch):
         # back from the 8-bit home: both are within the 8-bit error of each other, not bit-identical.
         assert float((a - b).abs().max() / a.abs().max()) < 1e-2
     assert on_host.schedule.host_slots and on_host.host_attention_seconds > 0 and not copies
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_in_place_dequantization_equals_the_fp32_product_rounded_once(kv_dtype, dtype):
+    from engine.kv import quant
+
+    block = torch.randn(33, 1, 2, 3, 64, generator=torch.Generator().manual_seed(5)) * 3
+    codes, scales = quant.quantize(block, kv_dtype)
+    out = torch.empty(block.shape, dtype=dtype)
+    quant.dequantize(codes, scales, out=out)
+    assert torch.equal(out, (codes.to(torch.float32) * scales).to(dtype))

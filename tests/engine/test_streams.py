@@ -137,8 +137,12 @@ def test_worker_threads_are_ordered_only_through_submit_and_join():
     backend = EmulatedStreams(seed=0)
     data = torch.zeros(4)
     backend.host_write(data, "written before submit")
+    gate = threading.Event()
     with ThreadPoolExecutor(1) as pool:
-        future = backend.submit(pool, lambda: backend.host_write(data, "written by the worker"))
+        future = backend.submit(pool, lambda: gate.wait() and backend.host_write(data, "written by the worker"))
+        with pytest.raises(RaceError, match="joined before it finished"):  # claims a wait it did not do
+            backend.joined(future)
+        gate.set()
         future.result()
         with pytest.raises(RaceError):  # the caller waited, but never told the checker: not ordered
             backend.host_read(data, "read after the worker")
@@ -158,4 +162,5 @@ def test_host_attention_reads_its_queries_only_after_ready():
     landing = torch.full_like(query, float("nan"))  # what the landing buffer holds before the copy lands
     job = HostAttention(use_native=False).start(landing, [kv], 0, 40, scaling=0.25,
                                                 ready=lambda: landing.copy_(query))
+    job.wait()
     assert torch.allclose(job.result(), expected, atol=1e-6)

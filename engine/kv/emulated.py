@@ -255,7 +255,7 @@ class EmulatedStreams:
         start = checker.snapshot(checker.thread())
         end: dict = {}
 
-        delay = self._random.random() < 0.3 and self._random.uniform(0.0, 0.002)
+        delay = self._random.random() < 0.5 and self._random.uniform(0.0, 0.003)
 
         def task():
             checker.join(checker.thread(), start)

@@ -8,6 +8,7 @@ grid (``test_streams_grid.py``) and by the mutation test (``test_stream_mutation
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from transformers import DynamicCache
 
 import engine
 from engine.interrupt import ForwardInterrupted, interruptible
+from engine.kv import disk_stream
 
 # Chunks of 20 (> HOST_QUERY_LIMIT) attend on the device and fetch; the last chunk (5) and decode steps are
 # host steps where host attention is on.
@@ -33,6 +35,8 @@ class Case:
     disk: bool = False
     cancel: bool = False  # interrupt the second chunk between layers, crop and resume
     grow: bool = False  # a chunk longer than planned, a context past max_context: buffers and homes grow
+    overlap: bool = True
+    follow_ups: tuple[int, ...] = ()  # steps of several tokens after the decode steps (as follow-up questions)
 
 
 CASES = [
@@ -44,7 +48,11 @@ CASES = [
     Case("fp8-stream", kv_dtype="fp8"),
     Case("disk-stream", disk=True, cancel=True),
     Case("disk-host", disk=True, host="all"),
-    Case("grow-host", host="all", grow=True),
+    Case("disk-split-no-overlap", disk=True, host="split", overlap=False),
+    Case("disk-split", disk=True, host="split", follow_ups=(3, 20)),
+    # Host steps of several tokens wrap the rings past a prefetch made before them; the last one is longer
+    # than any before (host buffers grow), then a device chunk follows.
+    Case("grow-host", host="all", grow=True, follow_ups=(3, 8, 8, 8, 12, 20)),
 ]
 
 
@@ -77,7 +85,7 @@ def make_cache(model, case: Case, *, streams: str = "emulated", disk_dir: str | 
     policy = dict(head_group_size=1 if case.group == "1" else num_kv_heads, chunk_size=CHUNK,
                   resident_slots=0 if case.resident == "0" else 1, kv_dtype=case.kv_dtype,
                   host_attention="all" if case.host in ("all", "split") else "off", streams=streams,
-                  max_context=MAX_CONTEXT // 2 if case.grow else MAX_CONTEXT, device="cpu")
+                  max_context=MAX_CONTEXT // 2 if case.grow else MAX_CONTEXT, overlap=case.overlap, device="cpu")
     if case.disk:
         probe = engine.HeadInferCache(model.config, **{**policy, "streams": "sync"})
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -95,7 +103,9 @@ def make_cache(model, case: Case, *, streams: str = "emulated", disk_dir: str | 
 def run(stock, headinfer, case: Case, *, streams: str = "emulated") -> Outcome:
     """Runs ``case`` on ``headinfer`` (its cache on ``streams``) and stock side by side. A race the checker finds
     on this thread raises ``RaceError``; one found on a worker thread is in ``Outcome.races``."""
-    with tempfile.TemporaryDirectory() as folder:
+    # Disk fetches move through pieces of two rows: each fetch reuses the few pinned pieces many times.
+    pieces = contextlib.nullcontext() if not case.disk else _patched(disk_stream, "PIECE_BYTES", 256)
+    with tempfile.TemporaryDirectory() as folder, pieces:
         cache = make_cache(headinfer, case, streams=streams, disk_dir=folder)
         try:
             return _run(stock, headinfer, case, cache)
@@ -136,9 +146,26 @@ def _run(stock, headinfer, case: Case, cache) -> Outcome:
         logits.append(actual_last)
         diffs.append(_rel(actual_last, expected_last))
     same &= bool(torch.equal(expected_last.argmax(-1), actual_last.argmax(-1)))
+    for num, seed in zip(case.follow_ups, range(100, 200)):
+        step = torch.randint(0, vocab, (1, num), generator=torch.Generator().manual_seed(seed))
+        expected_step = stock(step, past_key_values=stock_cache).logits
+        actual_step = headinfer(step, past_key_values=cache).logits
+        logits.append(actual_step)
+        diffs.append(_rel(actual_step, expected_step))
+        same &= bool(torch.equal(expected_step.argmax(-1), actual_step.argmax(-1)))
     cache.synchronize()
     races = list(checker.races) if checker is not None else []
     return Outcome(max(diffs), same, races, checker.num_checked if checker is not None else 0, logits)
+
+
+@contextlib.contextmanager
+def _patched(owner, name: str, value):
+    saved = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, saved)
 
 
 def max_rel_diff(a: Outcome, b: Outcome) -> float:

@@ -1,0 +1,41 @@
+"""Every wait of the KV core matters: removing any one is caught on emulated streams (race, wrong answer or error).
+
+The table of what catches each: docs/streams-mutations.md (``python tests/engine/stream_mutations.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from archs import build_pair
+from stream_mutations import FAMILIES, MODULES, catches, mutated, sites
+from streams_grid import CASES, run
+
+SITES = sites()
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    return {name: build_pair(name, tmp_path_factory.mktemp(name)) for name in FAMILIES}
+
+
+def test_every_module_of_the_transfer_layer_has_its_waits_found():
+    assert {site.module for site in SITES} == set(MODULES)
+    assert len(SITES) >= 30
+
+
+def test_a_mutation_is_undone_afterwards(pairs):
+    """The harness itself: inside ``mutated`` the live code changes, outside it is the original again."""
+    site = next(s for s in SITES if s.code.startswith("streams.current().wait_event(buffer.ready)"))
+    stock, headinfer = pairs["llama-gqa"]
+    with mutated(site):
+        broken = run(stock, headinfer, CASES[0])
+    assert broken.races  # the compute stream read a buffer its fetch may still be writing
+    assert run(stock, headinfer, CASES[0]).races == []
+
+
+@pytest.mark.parametrize("site", SITES, ids=[f"{s.module.split('.')[-1]}:{s.line}:{s.code[:40]}" for s in SITES])
+def test_removing_a_wait_is_caught(site, pairs, monkeypatch):
+    monkeypatch.setenv("HEADINFER_STREAMS_SEED", "0")
+    caught = catches(site, pairs, CASES)
+    assert caught, f"nothing catches removing `{site.code}` ({site.module}:{site.line}, in {site.function})"

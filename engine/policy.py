@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HOST_ATTENTION_MODES = ("auto", "off", "all")
+STREAM_BACKENDS = ("auto", "cuda", "sync", "emulated", "cuda-lagged")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,11 @@ class OffloadPolicy:
             machine's measured rates); on CPU compute nothing crosses a link, so it is off.
             ``"all"``: every offloaded group on the host. ``"off"``: every offloaded group streamed.
             Prefill always attends on the compute device.
+        streams: the backend of every stream, event and asynchronous copy (``engine/kv/streams.py``):
+            ``"auto"`` (CUDA streams on a GPU, synchronous copies on the CPU; ``HEADINFER_STREAMS`` overrides),
+            ``"cuda"``, ``"sync"``, ``"emulated"`` (CPU worker threads with random delays: the CUDA path's
+            ordering checked on a CPU) or ``"cuda-lagged"`` (CUDA with lag injected on the compute and copy
+            streams: the self-check's way to expose a missing wait on a real GPU).
     """
 
     chunk_size: int = 4096
@@ -56,6 +62,7 @@ class OffloadPolicy:
     disk_memory: int | None = None
     exceed_trained_window: bool = False
     host_attention: str = "auto"
+    streams: str = "auto"
 
     def __post_init__(self) -> None:
         _check_positive("chunk_size", self.chunk_size)
@@ -80,6 +87,8 @@ class OffloadPolicy:
         if self.host_attention not in HOST_ATTENTION_MODES:
             raise ValueError(f"host_attention must be one of {', '.join(map(repr, HOST_ATTENTION_MODES))}, "
                              f"got {self.host_attention!r}")
+        if self.streams not in STREAM_BACKENDS:
+            raise ValueError(f"streams must be one of {', '.join(map(repr, STREAM_BACKENDS))}, got {self.streams!r}")
 
     def validate_for(self, num_kv_heads: int) -> None:
         """Checks the knobs that depend on the model shape."""

@@ -1,0 +1,42 @@
+"""The self-check as the app sees it: ``launch.py --self-check``, first use on a GPU only, the header's line."""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import launch
+from app import render
+
+
+def test_the_header_shows_the_self_check_line():
+    ok = render.model_header({"name_or_path": "m", "self_check": "exact on this GPU ✓ 2026-11-23"})
+    assert 'class="self-check" data-ok="True"' in ok and "exact on this GPU ✓ 2026-11-23" in ok
+    failed = render.model_header({"name_or_path": "m", "self_check": "self-check 2026-11-23: kv8 wrong, turned off"})
+    assert 'data-ok="False"' in failed
+    assert "self-check" not in render.model_header({"name_or_path": "m"})
+
+
+def test_a_cpu_start_up_runs_no_self_check_and_keeps_the_policy():
+    policy = launch.make_policy(launch.build_parser().parse_args(["--kv-8bit", "int8"]))
+    assert launch.apply_first_use_self_check(policy, "cpu") == (policy, None)
+
+
+def test_on_a_gpu_the_failed_features_of_the_report_are_turned_off(monkeypatch, caplog):
+    from engine import selfcheck
+
+    report = types.SimpleNamespace(failed=["kv8"], status_line=lambda: "self-check: kv8 wrong, turned off")
+    monkeypatch.setattr(selfcheck, "first_use", lambda policy, device: report)
+    policy = launch.make_policy(launch.build_parser().parse_args(["--kv-8bit", "int8"]))
+    with caplog.at_level(logging.WARNING, logger="engine.selfcheck"):
+        safe, line = launch.apply_first_use_self_check(policy, "cuda")
+    assert safe.kv_dtype is None and line == "self-check: kv8 wrong, turned off"
+    assert "8-bit KV" in caplog.text
+
+
+def test_self_check_flag_runs_the_check_and_returns_its_status(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path))
+    args = launch.build_parser().parse_args(["--self-check", "--host-attention", "off"])
+    assert args.self_check
+    assert launch.self_check(launch.make_policy(args), "cpu") == 0
+    assert len(list((tmp_path / "self-check").glob("*.json"))) == 1

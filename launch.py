@@ -316,6 +316,15 @@ def is_loopback(host: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.self_check:  # needs neither the model nor the port (the app may be serving on it meanwhile)
+        from engine.loader import resolve_device
+
+        try:
+            device = resolve_device(args.device)
+        except ValueError as exc:
+            parser.error(f"--device: {exc}")
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        sys.exit(self_check(make_policy(args), device))
     try:
         device = check_machine(args)
         from engine.loader import read_config
@@ -327,8 +336,6 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--model: {exc}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
-    if args.self_check:
-        sys.exit(self_check(make_policy(args), device))
     from app.ui import build_ui, launch_options
     from app.uploads import prepare_folder
     from engine import DocumentSession, ModelSourceError, UnsupportedModelError, describe, load_model

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import types
+
+import pytest
 
 import launch
 from app import render
@@ -34,9 +37,11 @@ def test_on_a_gpu_the_failed_features_of_the_report_are_turned_off(monkeypatch, 
     assert "8-bit KV" in caplog.text
 
 
-def test_self_check_flag_runs_the_check_and_returns_its_status(tmp_path, monkeypatch):
+def test_self_check_flag_runs_the_check_and_exits_with_its_status(tmp_path, monkeypatch):
     monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path))
-    args = launch.build_parser().parse_args(["--self-check", "--host-attention", "off"])
-    assert args.self_check
-    assert launch.self_check(launch.make_policy(args), "cpu") == 0
-    assert len(list((tmp_path / "self-check").glob("*.json"))) == 1
+    with pytest.raises(SystemExit) as exit_:
+        launch.main(["--self-check", "--host-attention", "off"])  # neither the model nor the port is needed
+    assert exit_.value.code == 0
+    report = json.loads(next((tmp_path / "self-check").glob("*.json")).read_text())
+    assert report["failed"] == [] and report["identity"]["features"] == ["overlap"]
+    assert launch.self_check.__doc__ and "--self-check" in launch.build_parser().format_help()

@@ -102,8 +102,9 @@ def run_case(feature: str, pair: TinyPair, policy: OffloadPolicy, workdir: Path)
         if feature == "disk_tier":
             policy = _with_disk_tier(pair, policy, workdir)
         if feature == "kv8":  # lossy: the reference is the same 8-bit cache, run without overlap on plain streams
+            plain = "cuda" if pair.device.type == "cuda" else "sync"
             reference = greedy(pair.headinfer, pair, _cache(pair, dataclasses.replace(policy, overlap=False,
-                                                                                        streams="sync")))
+                                                                                        streams=plain)))
         else:
             reference = greedy_stock(pair)
         actual = greedy(pair.headinfer, pair, _cache(pair, policy))

@@ -396,7 +396,12 @@ def apply_first_use_self_check(policy, device: str):
     Runs on the first use of a CUDA device only (then read from its report); a CPU start-up stays fast."""
     from engine import selfcheck
 
-    report = selfcheck.first_use(policy, device)
+    try:
+        report = selfcheck.first_use(policy, device)
+    except Exception:  # the check itself could not run (not a feature failing): say so, serve as configured
+        log.warning("the self-check could not run; this GPU is not verified (try launch.py --self-check)",
+                    exc_info=True)
+        return policy, "not self-checked on this GPU"
     if report is None:
         return policy, None
     return selfcheck.disable(policy, report.failed), report.status_line()

@@ -45,3 +45,16 @@ def test_self_check_flag_runs_the_check_and_exits_with_its_status(tmp_path, monk
     report = json.loads(next((tmp_path / "self-check").glob("*.json")).read_text())
     assert report["failed"] == [] and report["identity"]["features"] == ["overlap"]
     assert launch.self_check.__doc__ and "--self-check" in launch.build_parser().format_help()
+
+
+def test_a_self_check_that_cannot_run_is_said_in_the_header(monkeypatch, caplog):
+    from engine import selfcheck
+
+    def broken(policy, device):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(selfcheck, "first_use", broken)
+    policy = launch.make_policy(launch.build_parser().parse_args([]))
+    with caplog.at_level(logging.WARNING, logger="headinfer.launch"):
+        assert launch.apply_first_use_self_check(policy, "cuda") == (policy, "not self-checked on this GPU")
+    assert "could not run" in caplog.text

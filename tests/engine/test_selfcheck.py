@@ -104,3 +104,15 @@ def test_streams_is_validated():
     with pytest.raises(ValueError, match="streams must be one of"):
         OffloadPolicy(streams="fast")
     assert engine.HeadInferCache  # the public API is untouched
+
+
+@pytest.mark.gpu
+def test_on_cuda_every_feature_is_exact_in_fp32_and_bf16_with_lagged_streams_and_the_rates_are_measured(tmp_path):
+    policy = OffloadPolicy(kv_dtype="int8", disk_dir=str(tmp_path / "disk"))
+    report = selfcheck.first_use(policy, "cuda", tmp_path)
+    assert report.streams == "cuda-lagged" and {case.dtype for case in report.cases} == {"float32", "bfloat16"}
+    assert report.passed, [case for case in report.cases if not case.passed]
+    assert report.status_line().startswith("exact on this GPU ✓ ")
+    assert set(report.rates) == {"h2d_gbps", "d2h_gbps", "host_attention_gbps"}
+    assert all(rate > 0 for rate in report.rates.values())
+    assert selfcheck.first_use(policy, "cuda", tmp_path) == report  # stored: not run twice

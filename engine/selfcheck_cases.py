@@ -75,8 +75,8 @@ class TinyPair:
         return cls(arch, stock.to(device).eval(), headinfer.to(device).eval(), dtype, device)
 
     def prompt(self) -> torch.Tensor:
-        ids = torch.randint(0, self.stock.config.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(7))
-        return ids.to(self.device)  # [1, PROMPT_LEN]
+        seeded = torch.Generator().manual_seed(7)
+        return torch.randint(0, self.stock.config.vocab_size, (1, PROMPT_LEN), generator=seeded).to(self.device)
 
 
 def case_policy(feature: str, user: OffloadPolicy, streams: str, *, overlap: bool = True) -> OffloadPolicy:

@@ -7,7 +7,7 @@ on first use (``-O3 -march=native``: this CPU's vector units) into the studio's 
 hashing the source, the compiler, the flags and the CPU, and called through ``ctypes``, which releases the GIL
 for the call, so the worker threads run tiles at once. Without a compiler, or if every build fails, ``kernel()``
 returns None (logged once) and ``host_attention.py`` runs the same tile through torch ops. ``HEADINFER_NATIVE=0``
-forces that path.
+forces that path. Where the compiler has no ``_Float16`` (GCC < 12), fp16 is widened with bit operations.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ home takes; registering ordinary memory with ``cudaHostRegister`` locks exactly 
 
 - A refused registration is a planning error, never a silent fallback to the rounding allocator (which
   would ask for up to twice the memory that was just refused). The CUDA runtime records the failure as
-  its "last error", which the next unrelated kernel launch would report as its own; it is cleared here.
+  its "last error", which the next unrelated kernel launch would report as its own; it is cleared here, in
+  the libcudart torch itself uses (a process may map several).
 - Memory is unregistered and freed only after ``fence()`` has returned: the owner's copy streams are
   idle, so no asynchronous copy into or out of it can still be in flight.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 HOST_ATTENTION_MODES = ("auto", "off", "all")
-STREAM_BACKENDS = ("auto", "cuda", "sync", "emulated", "cuda-lagged")
+STREAMS = ("auto", "cuda", "sync", "emulated", "cuda-lagged")  # engine/kv/streams.py
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,11 @@ class OffloadPolicy:
             machine's measured rates); on CPU compute nothing crosses a link, so it is off.
             ``"all"``: every offloaded group on the host. ``"off"``: every offloaded group streamed.
             Prefill always attends on the compute device.
-        streams: the backend of every stream, event and asynchronous copy (``engine/kv/streams.py``):
-            ``"auto"`` (CUDA streams on a GPU, synchronous copies on the CPU; ``HEADINFER_STREAMS`` overrides),
-            ``"cuda"``, ``"sync"``, ``"emulated"`` (CPU worker threads with random delays: the CUDA path's
-            ordering checked on a CPU) or ``"cuda-lagged"`` (CUDA with lag injected on the compute and copy
-            streams: the self-check's way to expose a missing wait on a real GPU).
+        streams: the streams backend every KV copy and event goes through (``engine/kv/streams.py``).
+            ``"auto"``: the environment variable ``HEADINFER_STREAMS`` if set, else CUDA streams on a GPU and
+            synchronous ones on a CPU. ``"emulated"``: CPU only, side streams as delayed worker threads with the
+            happens-before checker (proves the CUDA ordering without a GPU; slower). ``"cuda-lagged"``: CUDA
+            with injected lag (the self-check).
     """
 
     chunk_size: int = 4096
@@ -84,11 +84,11 @@ class OffloadPolicy:
             raise ValueError(f"exceed_trained_window must be True or False, got {self.exceed_trained_window!r}")
         if self.overlap not in (True, False):
             raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
+        if self.streams not in STREAMS:
+            raise ValueError(f"streams must be one of {', '.join(map(repr, STREAMS))}, got {self.streams!r}")
         if self.host_attention not in HOST_ATTENTION_MODES:
             raise ValueError(f"host_attention must be one of {', '.join(map(repr, HOST_ATTENTION_MODES))}, "
                              f"got {self.host_attention!r}")
-        if self.streams not in STREAM_BACKENDS:
-            raise ValueError(f"streams must be one of {', '.join(map(repr, STREAM_BACKENDS))}, got {self.streams!r}")
 
     def validate_for(self, num_kv_heads: int) -> None:
         """Checks the knobs that depend on the model shape."""

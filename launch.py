@@ -3,6 +3,7 @@
     python launch.py                       # embedded SmolLM2-135M, http://127.0.0.1:7860
     python launch.py --model Qwen/Qwen2.5-7B-Instruct --gpu-memory 20GiB --share
     python launch.py --kv-cache-dir /mnt/nvme/kv --kv-cache-max 200GiB   # where read books are kept
+    python launch.py --self-check --kv-8bit int8   # is the engine exact here, with these features? (then exits)
 """
 
 from __future__ import annotations
@@ -132,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "default: none")
     memory.add_argument("--kv-disk-max", type=parse_size, default=None, metavar="SIZE",
                         help="most disk the tier may use (default: the folder's free space)")
+    model.add_argument("--self-check", action="store_true",
+                       help="check that the engine is exact on this machine with the chosen features (tiny "
+                            "models through the real streams vs stock transformers; on a CPU on emulated "
+                            "streams), write the report under the cache folder and exit, with status 1 if a "
+                            "feature failed. On a GPU it also runs by itself on first use (docs/self-check.md)")
     saved = parser.add_argument_group("saved documents (reopen a book read before in seconds)")
     saved.add_argument("--no-kv-cache", action="store_true",
                        help="do not save read documents' KV caches to disk, nor reopen them from there")
@@ -310,6 +316,15 @@ def is_loopback(host: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.self_check:  # needs neither the model nor the port (the app may be serving on it meanwhile)
+        from engine.loader import resolve_device
+
+        try:
+            device = resolve_device(args.device)
+        except ValueError as exc:
+            parser.error(f"--device: {exc}")
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        sys.exit(self_check(make_policy(args), device))
     try:
         device = check_machine(args)
         from engine.loader import read_config
@@ -331,7 +346,8 @@ def main(argv: list[str] | None = None) -> None:
     except (UnsupportedModelError, ModelSourceError, ValueError) as exc:
         log.error("%s", exc)
         sys.exit(1)
-    info = {**describe(model), "kv_dtype": policy.kv_dtype}
+    policy, checked = apply_first_use_self_check(policy, device)
+    info = {**describe(model), "kv_dtype": policy.kv_dtype, "self_check": checked}
     log.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))
     _find_retrieval_heads_in_background(model, tokenizer)
 
@@ -358,6 +374,37 @@ def main(argv: list[str] | None = None) -> None:
     elif share:
         log.info("public link: %s", demo.share_url)
     demo.block_thread()
+
+
+def self_check(policy, device: str) -> int:
+    """``--self-check``: runs the check now (replacing a stored report); the exit status."""
+    from engine import selfcheck
+
+    report = selfcheck.run_self_check(policy, device)
+    for case in report.cases:
+        log.info("%-15s %-14s %-9s %s", case.feature, case.arch, case.dtype, "ok" if case.passed else
+                 f"FAILED ({case.error or f'logit error {case.max_rel_error:.1e}'})")
+    for name, rate in report.rates.items():
+        log.info("%s: %.1f GB/s", name, rate)
+    log.info("%s (report: %s)", report.status_line(), selfcheck.report_path(report.identity))
+    return 0 if report.passed else 1
+
+
+def apply_first_use_self_check(policy, device: str):
+    """(the policy with the features the self-check found wrong turned off, the header's status line or None).
+
+    Runs on the first use of a CUDA device only (then read from its report); a CPU start-up stays fast."""
+    from engine import selfcheck
+
+    try:
+        report = selfcheck.first_use(policy, device)
+    except Exception:  # the check itself could not run (not a feature failing): say so, serve as configured
+        log.warning("the self-check could not run; this GPU is not verified (try launch.py --self-check)",
+                    exc_info=True)
+        return policy, "not self-checked on this GPU"
+    if report is None:
+        return policy, None
+    return selfcheck.disable(policy, report.failed), report.status_line()
 
 
 def _find_retrieval_heads_in_background(model, tokenizer) -> None:

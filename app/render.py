@@ -53,6 +53,9 @@ def model_header(info: dict) -> str:
             parts.append(html.escape(str(info[key])))
     if info.get("kv_dtype"):  # 8-bit host KV: said wherever it is on, as it is lossy
         parts.append(f'<span class="lossy">KV {html.escape(str(info["kv_dtype"]))} (lossy)</span>')
+    if info.get("self_check"):  # the engine's self-check on this GPU: "exact on this GPU ✓ <date>" or what failed
+        text = str(info["self_check"])
+        parts.append(f'<span class="self-check" data-ok="{"✓" in text}">{html.escape(text)}</span>')
     return f'<div class="model-line">{" · ".join(parts)}</div>'
 
 

@@ -59,6 +59,8 @@ def attention_mass(cache, probe: QueryProbe, *, per_head: bool = False) -> torch
 
     Returns [L] (or [num recorded heads, L] with ``per_head``), float64 on the CPU, L = the cache length.
     """
+    # Host homes are complete only once the asynchronous appends (device -> host copies) have landed.
+    cache.synchronize()
     length = cache.get_seq_length()
     softcap = getattr(cache.config.get_text_config(decoder=True), "attn_logit_softcapping", None)
     n_rep = cache.shape.num_heads // cache.shape.num_kv_heads
@@ -70,20 +72,37 @@ def attention_mass(cache, probe: QueryProbe, *, per_head: bool = False) -> torch
         if cache.shape.sliding_windows[layer_idx] is not None:
             continue  # a window ring holds only recent tokens; calibration picks full-attention heads anyway
         queries, positions = recorded  # [H_sel, N, D], N positions
-        keys = torch.stack([_head_keys(cache.layers[layer_idx], head // n_rep, length)
-                            for head in probe.heads[layer_idx]])  # [H_sel, L, D]
-        q = queries.to(keys.device, torch.float32)
-        rows.append(_mass(q, keys, positions, probe.scaling[layer_idx], None, softcap))
+        mass = torch.empty(len(probe.heads[layer_idx]), length, dtype=torch.float64)  # [H_sel, L]
+        for picked, keys in _keys_by_device(cache.layers[layer_idx], probe.heads[layer_idx], n_rep, length):
+            q = queries[picked].to(keys.device, torch.float32)
+            mass[picked] = _mass(q, keys, positions, probe.scaling[layer_idx], None, softcap)
+        rows.append(mass)
     if not rows:
         return torch.zeros((0, length) if per_head else (length,), dtype=torch.float64)
     stacked = torch.cat(rows)
     return stacked if per_head else stacked.sum(0)
 
 
-def _head_keys(layer, kv_head: int, length: int) -> torch.Tensor:
+def _keys_by_device(layer, heads: list[int], n_rep: int, length: int) -> list[tuple[list[int], torch.Tensor]]:
+    """The keys each of ``heads`` (query heads) attends, stacked per device of their homes.
+
+    Returns [(indices into ``heads``, keys [len(indices), L, D])]. A layer can keep some head groups resident on
+    the GPU and others in host memory: stacking across them would fail with a device mismatch (after the answer
+    has streamed), and moving one side over would copy a million tokens of keys; each device computes its own.
+    """
+    by_device: dict[torch.device, tuple[list[int], list[torch.Tensor]]] = {}
+    for index, head in enumerate(heads):
+        home = _home_of(layer, head // n_rep)
+        picked, keys = by_device.setdefault(home.device, ([], []))
+        picked.append(index)
+        keys.append(home.block(0, length)[:, 0, 0, head // n_rep - home.group.start])  # [L, D], batch row 0
+    return [(picked, torch.stack(keys)) for picked, keys in by_device.values()]
+
+
+def _home_of(layer, kv_head: int):
     for home in layer.homes:
         if home.group.start <= kv_head < home.group.stop:
-            return home.block(0, length)[:, 0, 0, kv_head - home.group.start]  # [L, D], batch row 0
+            return home
     raise ValueError(f"KV head {kv_head} is in no home of layer {layer.layer_idx}")
 
 

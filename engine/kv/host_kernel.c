@@ -27,6 +27,28 @@ float expf(float) __attribute__((__simd__("notinbranch")));
 
 enum { FP32 = 0, BF16 = 1, FP16 = 2 };
 
+/* _Float16 exists from GCC 12 (x86) and clang 15 on; where it is missing (Ubuntu 22.04's GCC 11) fp16 is widened
+ * with integer bit operations instead, exactly (normals, subnormals, infinities and NaNs).
+ * HEADINFER_NO_FLOAT16 forces that path (native.py's fallback variants, and the tests). */
+#if defined(__FLT16_MAX__) && !defined(HEADINFER_NO_FLOAT16)
+#define HEADINFER_HAS_FLOAT16 1
+#else
+static inline float half_bits_to_float(uint16_t half) {
+    union { uint32_t u; float f; } out = { (uint32_t)(half & 0x7fff) << 13 };  /* exponent and mantissa */
+    const uint32_t exponent = out.u & 0x0f800000u;
+    out.u += (uint32_t)(127 - 15) << 23;  /* rebias the exponent */
+    if (exponent == 0x0f800000u) {
+        out.u += (uint32_t)(128 - 16) << 23;  /* infinity or NaN: the largest exponent */
+    } else if (exponent == 0) {  /* zero or subnormal: renormalise through an fp32 subtraction (exact) */
+        const union { uint32_t u; float f; } magic = { (uint32_t)113 << 23 };
+        out.u += 1u << 23;
+        out.f -= magic.f;
+    }
+    out.u |= (uint32_t)(half & 0x8000) << 16;  /* the sign */
+    return out.f;
+}
+#endif
+
 static inline void widen(const char *src, int dtype, int dim, float *out) {
     if (dtype == FP32) {
         memcpy(out, src, (size_t)dim * sizeof(float));
@@ -38,9 +60,15 @@ static inline void widen(const char *src, int dtype, int dim, float *out) {
             out[d] = bits.f;
         }
     } else {
+#ifdef HEADINFER_HAS_FLOAT16
         const _Float16 *h = (const _Float16 *)src;
 #pragma omp simd
         for (int d = 0; d < dim; d++) out[d] = (float)h[d];
+#else
+        const uint16_t *h = (const uint16_t *)src;
+#pragma omp simd
+        for (int d = 0; d < dim; d++) out[d] = half_bits_to_float(h[d]);
+#endif
     }
 }
 

@@ -4,7 +4,8 @@ Two entry points: ``attend`` takes K/V in transformers' ``[B, Hk, K, D]`` layout
 a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong buffer. Both pick a route:
 
 - ``flash-attn`` when installed and the tensors are fp16/bf16 on CUDA (native bottom-right causal, window,
-  softcap, GQA without repeating K/V);
+  softcap, GQA without repeating K/V), if its version has what the call needs: 2.1+ at all (older ones align
+  the causal mask top-left), 2.3+ for a window, 2.6+ for softcap; otherwise the SDPA routes below;
 - ``sdpa-decode``: one query token and every key visible: GQA folded into the query axis, no mask (any SDPA
   backend may run it: its scores are [B, Hk, n_rep, K], a few KB per thousand keys);
 - ``sdpa-fused`` on CUDA: torch SDPA restricted to its fused kernels (flash, memory-efficient, cuDNN).
@@ -28,6 +29,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import re
 
 import torch
 import torch.nn.functional as F
@@ -45,14 +47,55 @@ _NO_KERNEL = ("No available kernel", "No viable backend")  # what SDPA raises on
 ROUTE_COUNTS: collections.Counter = collections.Counter()
 
 
+# The first flash-attn releases whose kernels do what we ask of them: a causal mask aligned bottom-right (a chunk
+# after the first sees the past; before 2.1 it was aligned top-left), ``window_size`` (2.3), ``softcap`` (2.6).
+_FLASH_BOTTOM_RIGHT, _FLASH_WINDOW, _FLASH_SOFTCAP = (2, 1), (2, 3), (2, 6)
+
+
 @functools.cache
-def _flash_attn_func():
+def _flash_attn() -> tuple | None:
+    """(flash_attn_func, its version as (major, minor)), or None when it is missing or too old to be exact."""
     try:
+        import flash_attn
         from flash_attn import flash_attn_func
     except ImportError:
         return None
-    logger.info("flash-attn found: using its kernels on CUDA")
-    return flash_attn_func
+    text = str(getattr(flash_attn, "__version__", "0"))
+    version = tuple(int(part) for part in re.findall(r"\d+", text)[:2]) or (0,)
+    if version < _FLASH_BOTTOM_RIGHT:
+        logger.warning("flash-attn %s aligns its causal mask top-left (every prefill chunk after the first would "
+                       "be wrong; fixed in 2.1): not used, attention runs through SDPA", text)
+        return None
+    logger.info("flash-attn %s found: using its kernels on CUDA", text)
+    return flash_attn_func, version
+
+
+def _flash_attn_func():
+    found = _flash_attn()
+    return found[0] if found is not None else None
+
+
+@functools.cache
+def _flash_skipped(feature: str, version: tuple) -> None:
+    logger.info("flash-attn %s has no %s: attention that needs it runs through SDPA instead",
+                ".".join(map(str, version)), feature)
+
+
+def _can_flash(query: torch.Tensor, k_len: int, window: int | None, softcap: float | None) -> bool:
+    """flash-attn only for fp16/bf16 on CUDA, and only where its version has what this call needs."""
+    if not (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)):
+        return False
+    found = _flash_attn()
+    if found is None:
+        return False
+    version = found[1]
+    if window is not None and k_len > window and version < _FLASH_WINDOW:
+        _flash_skipped("window_size (2.3+)", version)
+        return False
+    if softcap and version < _FLASH_SOFTCAP:
+        _flash_skipped("softcap (2.6+)", version)
+        return False
+    return True
 
 
 def flash_kwargs(k_len: int, scaling: float, window: int | None, softcap: float | None) -> dict:
@@ -75,17 +118,13 @@ def _route(name: str) -> None:
     ROUTE_COUNTS[name] += 1
 
 
-def _can_flash(query: torch.Tensor) -> bool:
-    return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and _flash_attn_func() is not None
-
-
 def attend_block(query: torch.Tensor, block: torch.Tensor, *, q_offset: int, scaling: float,
                  window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """query: [B, Hq, Q, D]; block: [K, B, 2, Hk, D] token-major keys (index 0) and values (index 1).
 
     Returns [B, Hq, Q, D].
     """
-    if _can_flash(query):
+    if _can_flash(query, block.shape[0], window, softcap):
         _route("flash-attn")
         keys, values = block.transpose(0, 1).unbind(2)  # [B, K, Hk, D] each, what flash-attn reads
         out = _flash_attn_func()(query.transpose(1, 2), keys, values,
@@ -102,7 +141,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, q_off
     query: [B, Hq, Q, D]; key/value: [B, Hk, K, D] with Hq a multiple of Hk and K = q_offset + Q.
     Returns [B, Q, Hq, D] (the layout transformers expects back from an attention function).
     """
-    if _can_flash(query):
+    if _can_flash(query, key.shape[2], window, softcap):
         _route("flash-attn")
         return _flash_attn_func()(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                                   **flash_kwargs(key.shape[2], scaling, window, softcap))

@@ -7,7 +7,7 @@ on first use (``-O3 -march=native``: this CPU's vector units) into the studio's 
 hashing the source, the compiler, the flags and the CPU, and called through ``ctypes``, which releases the GIL
 for the call, so the worker threads run tiles at once. Without a compiler, or if every build fails, ``kernel()``
 returns None (logged once) and ``host_attention.py`` runs the same tile through torch ops. ``HEADINFER_NATIVE=0``
-forces that path.
+forces that path. Where the compiler has no ``_Float16`` (GCC < 12), fp16 is widened with bit operations.
 """
 
 from __future__ import annotations
@@ -28,7 +28,11 @@ logger = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("host_kernel.c")
 _FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC"]
 # First choice links glibc's vector math library (a block's 16 exponentials in one call); the second does without.
-_VARIANTS = [["-lmvec", "-lm"], ["-DHEADINFER_NO_LIBMVEC", "-lm"]]
+# The source widens fp16 with _Float16 where the compiler announces it and with bit operations elsewhere (GCC < 12);
+# the last two variants force the bit operations, for a compiler that announces _Float16 but rejects it.
+_NO_FLOAT16 = "-DHEADINFER_NO_FLOAT16"
+_VARIANTS = [["-lmvec", "-lm"], ["-DHEADINFER_NO_LIBMVEC", "-lm"],
+             [_NO_FLOAT16, "-lmvec", "-lm"], [_NO_FLOAT16, "-DHEADINFER_NO_LIBMVEC", "-lm"]]
 DTYPE_CODES = {"torch.float32": 0, "torch.bfloat16": 1, "torch.float16": 2}
 HEAD_DIMS = (16, 32, 64, 128, 256)  # the specialisations in host_kernel.c
 
@@ -47,8 +51,13 @@ def kernel():
     if compiler is None:
         logger.info("host attention: no C compiler found, using the torch tile (slower)")
         return None
+    return build(compiler, _VARIANTS)
+
+
+def build(compiler: str, variants: list[list[str]]):
+    """The C tile function from the first of ``variants`` (extra compiler arguments) that builds, or None."""
     errors = []
-    for variant in _VARIANTS:
+    for variant in variants:
         try:
             library = ctypes.CDLL(str(_built(compiler, variant)))
         except (OSError, subprocess.SubprocessError) as error:

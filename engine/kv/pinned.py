@@ -5,7 +5,8 @@ home takes; registering ordinary memory with ``cudaHostRegister`` locks exactly 
 
 - A refused registration is a planning error, never a silent fallback to the rounding allocator (which
   would ask for up to twice the memory that was just refused). The CUDA runtime records the failure as
-  its "last error", which the next unrelated kernel launch would report as its own; it is cleared here.
+  its "last error", which the next unrelated kernel launch would report as its own; it is cleared here, in
+  the libcudart torch itself uses (a process may map several).
 - Memory is unregistered and freed only after ``fence()`` has returned: the owner's copy streams are
   idle, so no asynchronous copy into or out of it can still be in flight.
 """
@@ -16,6 +17,7 @@ import ctypes
 import functools
 import logging
 import mmap
+import os
 import weakref
 from collections.abc import Callable
 
@@ -73,18 +75,22 @@ def cuda_runtime() -> CudaRuntime:
     return CudaRuntime()
 
 
-def _loaded_cudart() -> ctypes.CDLL | None:
-    """The libcudart torch already loaded (same process state), found through the process's mappings."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "libcudart" in line}
-    except OSError:
-        return None
-    for path in sorted(paths):
+def _loaded_cudart(torch_library: str | None = None) -> ctypes.CDLL | None:
+    """A handle on the libcudart whose state torch's CUDA calls use (its per-thread "last error" is the one to clear).
+
+    Not the first libcudart in ``/proc/self/maps``: a process can map several (a system CUDA, another package's
+    wheel), and clearing another copy's last error leaves torch's set. torch's libraries bind cudart symbols the
+    way the dynamic linker does: the global scope first, then the dependencies of the library that loaded them
+    (``torch._C``, or ``torch_library``); the handle is the first of those through which the runtime resolves.
+    """
+    for path in (None, torch_library or getattr(torch._C, "__file__", None)):
         try:
-            return ctypes.CDLL(path)
-        except OSError:
+            # dlopen(NULL) searches the global scope; RTLD_NOLOAD only finds an already-loaded library's handle.
+            handle = ctypes.CDLL(None) if path is None else ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+            handle.cudaGetLastError  # noqa: B018 (raises AttributeError where the runtime is not in this scope)
+        except (OSError, AttributeError):
             continue
+        return handle
     return None
 
 

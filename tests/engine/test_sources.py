@@ -71,3 +71,79 @@ def test_probe_and_mass_through_a_real_forward_match_a_reference_from_stock_weig
     weights = captured[0][0, 3]  # eager attention's weights [Q, K] of layer 1, head 3
     assert probe.num_positions == 5
     assert torch.allclose(mass.float(), weights[25:].sum(0), atol=1e-5)
+
+
+def _mixed_pair():
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
+    torch.manual_seed(0)
+    stock = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="headinfer").eval()
+    model.load_state_dict(stock.state_dict())
+    return stock, model
+
+
+@torch.inference_mode()
+def test_mass_of_a_layer_with_resident_and_offloaded_homes_waits_for_the_copies_and_matches_stock(monkeypatch):
+    """Head group 1 < 2 KV heads, one resident slot: layer 0 keeps KV head 0 resident and KV head 1 offloaded.
+    The homes are read only after the cache has synchronised (the appends' copies have landed)."""
+    stock, model = _mixed_pair()
+    ids = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(1))
+    cache = engine.HeadInferCache(model.config, device="cpu", resident_slots=1, head_group_size=1)
+    cache.allocate(1, 16, torch.float32, torch.device("cpu"))
+    assert [home.group.is_resident for home in cache.layers[0].homes] == [True, False]
+    probe = QueryProbe({0: [0, 3]}, min_position=25)  # query head 0 -> KV head 0, query head 3 -> KV head 1
+    cache.schedule.probe = probe
+    model(ids, past_key_values=cache)
+    events = []
+    real_sync = cache.synchronize
+    monkeypatch.setattr(cache, "synchronize", lambda: (events.append("synchronize"), real_sync())[1])
+    for home in cache.layers[0].homes:
+        real_block = home.block
+        monkeypatch.setattr(home, "block", lambda a, b, real=real_block: (events.append("read"), real(a, b))[1])
+    mass = sources.attention_mass(cache, probe, per_head=True)
+    assert events[0] == "synchronize" and events.count("read") == 2
+    captured = []
+    hook = stock.model.layers[0].self_attn.register_forward_hook(lambda m, a, out: captured.append(out[1]))
+    stock(ids, output_attentions=True)
+    hook.remove()
+    weights = captured[0][0]  # [H, Q, K] of layer 0
+    assert torch.allclose(mass[0].float(), weights[0, 25:].sum(0), atol=1e-5)
+    assert torch.allclose(mass[1].float(), weights[3, 25:].sum(0), atol=1e-5)
+
+
+def test_keys_of_homes_on_different_devices_are_never_stacked_together():
+    """A resident (device) home and an offloaded (host) one: each device's keys are stacked on their own, rows
+    keep the order of the heads asked for. (The meta device stands in for the GPU on a CPU-only machine.)"""
+    from types import SimpleNamespace
+
+    def home(start, stop, device):
+        kv = torch.zeros(12, 1, 2, stop - start, 8, device=device)  # [capacity, B, 2, g, D]
+        return SimpleNamespace(group=SimpleNamespace(start=start, stop=stop), device=kv.device,
+                               block=lambda a, b: kv[a:b])
+
+    layer = SimpleNamespace(layer_idx=0, homes=[home(0, 1, "cpu"), home(1, 2, "meta"), home(2, 3, "cpu")])
+    groups = sources._keys_by_device(layer, [0, 2, 3, 5], n_rep=2, length=10)  # KV heads 0, 1, 1, 2
+    assert [(picked, keys.device.type, tuple(keys.shape)) for picked, keys in groups] == [
+        ([0, 3], "cpu", (2, 10, 8)), ([1, 2], "meta", (2, 10, 8))]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@torch.inference_mode()
+def test_mass_on_cuda_with_a_resident_and_an_offloaded_home_in_one_layer():
+    stock, model = _mixed_pair()
+    model = model.cuda()
+    ids = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(1))
+    cache = engine.HeadInferCache(model.config, device="cuda", resident_slots=1, head_group_size=1)
+    cache.allocate(1, 16, torch.float32, torch.device("cuda"))
+    assert [home.device.type for home in cache.layers[0].homes] == ["cuda", "cpu"]
+    probe = QueryProbe({0: [0, 3]}, min_position=25)
+    cache.schedule.probe = probe
+    model(ids.cuda(), past_key_values=cache)
+    mass = sources.attention_mass(cache, probe, per_head=True)
+    captured = []
+    hook = stock.model.layers[0].self_attn.register_forward_hook(lambda m, a, out: captured.append(out[1]))
+    stock(ids, output_attentions=True)
+    hook.remove()
+    assert torch.allclose(mass[1].float(), captured[0][0, 3, 25:].sum(0), atol=1e-4)

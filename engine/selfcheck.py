@@ -1,0 +1,225 @@
+"""The self-check: is the engine exact on this machine, with the features the user turned on?
+
+On the first use of a CUDA device (and on ``python launch.py --self-check``) tiny random models run through the
+real stream path — fp32 and bf16, lag injected on the compute and copy streams (``streams="cuda-lagged"``) —
+for every feature the policy enables (``selfcheck_cases``), compared with stock transformers; then the pinned
+H2D/D2H and host-attention rates are measured. On a CPU the same cases run on emulated streams. The report is a
+JSON file under the studio's cache folder, one per identity (GPU, driver, torch, transformers, engine sources,
+features): a new driver or a changed engine checks again. A feature that failed is turned off by ``disable``,
+with a logged message saying which and why — never wrong answers served in silence.
+
+See docs/self-check.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import transformers
+
+from .policy import OffloadPolicy
+from .selfcheck_cases import FEATURES, CaseResult, TinyPair, case_policy, run_case, tiny_configs
+
+logger = logging.getLogger(__name__)
+
+_FOLDER = "self-check"
+_ENGINE = Path(__file__).parent
+
+# What turning a failed feature off means, and what the user is told.
+_TURN_OFF = {
+    "overlap": ({"overlap": False}, "the overlapped transfer schedule (copies on side streams while attention "
+                                    "computes) gave wrong results: running without overlap (slower, exact)"),
+    "host_attention": ({"host_attention": "off"}, "host attention (decode attending offloaded KV on the CPU) "
+                                                  "gave wrong results: every offloaded head group is streamed"),
+    "kv8": ({"kv_dtype": None}, "8-bit KV did not reproduce itself across streams: host KV stays in the model's "
+                                "dtype (more host memory)"),
+    "disk_tier": ({"disk_dir": None, "disk_memory": None}, "the disk tier gave wrong results: it is off, the "
+                                                           "context is limited to what host memory holds"),
+}
+
+
+@dataclass(frozen=True)
+class SelfCheckReport:
+    identity: dict
+    date: str  # UTC, YYYY-MM-DD
+    device: str
+    streams: str
+    cases: list[CaseResult]
+    rates: dict = field(default_factory=dict)  # GB/s: h2d, d2h, host_attention (CUDA only)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[str]:
+        """The features to turn off, in ``FEATURES`` order."""
+        bad = {case.feature for case in self.cases if not case.passed}
+        return [feature for feature in FEATURES if feature in bad]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed
+
+    def status_line(self) -> str:
+        """A few words for the model header: ``exact on this GPU ✓ 2026-11-23`` or what failed."""
+        where = "GPU" if self.device.startswith("cuda") else "CPU (emulated streams)"
+        if self.passed:
+            return f"exact on this {where} ✓ {self.date}"
+        return f"self-check {self.date}: {', '.join(self.failed)} wrong on this {where}, turned off"
+
+    def to_json(self) -> str:
+        return json.dumps({**dataclasses.asdict(self), "failed": self.failed}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "SelfCheckReport":
+        data = json.loads(text)
+        data.pop("failed", None)
+        data["cases"] = [CaseResult(**case) for case in data["cases"]]
+        return cls(**data)
+
+
+def enabled_features(policy: OffloadPolicy) -> list[str]:
+    """The features the policy turns on (``overlap`` and host attention by default; 8-bit and disk when asked)."""
+    wanted = {"overlap": policy.overlap, "host_attention": policy.host_attention != "off",
+              "kv8": policy.kv_dtype is not None, "disk_tier": policy.disk_dir is not None}
+    return [feature for feature in FEATURES if wanted[feature]]
+
+
+def identity(policy: OffloadPolicy, device: torch.device) -> dict:
+    """What a report holds for: a new GPU, driver, torch, transformers or engine source checks again."""
+    digest = hashlib.sha256()
+    for path in sorted(_ENGINE.rglob("*")):
+        if path.suffix in (".py", ".c"):
+            digest.update(path.relative_to(_ENGINE).as_posix().encode() + b"\0" + path.read_bytes())
+    is_cuda = device.type == "cuda"
+    return {"gpu": torch.cuda.get_device_name(device) if is_cuda else f"cpu {platform.machine()}",
+            "driver": _driver_version() if is_cuda else None, "torch": torch.__version__,
+            "transformers": transformers.__version__, "engine": digest.hexdigest()[:16],
+            "features": enabled_features(policy), "kv_dtype": policy.kv_dtype}
+
+
+def report_path(ident: dict, folder: Path | None = None) -> Path:
+    if folder is None:
+        from .loader import cache_dir
+
+        folder = cache_dir()
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(folder) / _FOLDER / f"{key}.json"
+
+
+def cached_report(policy: OffloadPolicy, device: str | torch.device, folder: Path | None = None):
+    """The stored report for this machine and policy, or None."""
+    path = report_path(identity(policy, torch.device(device)), folder)
+    try:
+        return SelfCheckReport.from_json(path.read_text())
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def first_use(policy: OffloadPolicy, device: str | torch.device, folder: Path | None = None) -> SelfCheckReport | None:
+    """On CUDA: the stored report, or a fresh check (tens of seconds, once per identity). On a CPU: None — a CPU
+    start-up stays fast; CI and ``launch.py --self-check`` run it there."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return cached_report(policy, device, folder) or run_self_check(policy, device, folder=folder)
+
+
+def run_self_check(policy: OffloadPolicy, device: str | torch.device, *, folder: Path | None = None,
+                   dtypes: tuple[torch.dtype, ...] | None = None, archs: tuple[str, ...] | None = None
+                   ) -> SelfCheckReport:
+    """Runs every enabled feature's cases now and stores the report (replacing the one of the same identity)."""
+    device = torch.device(device)
+    is_cuda = device.type == "cuda"
+    streams = "cuda-lagged" if is_cuda else "emulated"
+    dtypes = dtypes or ((torch.float32, torch.bfloat16) if is_cuda else (torch.float32,))
+    ident = identity(policy, device)
+    started = time.perf_counter()
+    features = enabled_features(policy)
+    cases: list[CaseResult] = []
+    workdir = Path(tempfile.mkdtemp(prefix="headinfer-self-check-"))
+    try:
+        for dtype in dtypes:
+            for arch in archs or tuple(tiny_configs()):
+                pair = TinyPair.build(arch, dtype, device)
+                overlap_ok = True
+                for feature in features:
+                    # Once overlap failed, the other features are checked as they will run: without it.
+                    feature_policy = case_policy(feature, policy, streams, overlap=overlap_ok)
+                    result = run_case(feature, pair, feature_policy, workdir / f"{arch}-{feature}")
+                    overlap_ok = overlap_ok and (feature != "overlap" or result.passed)
+                    cases.append(result)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report = SelfCheckReport(ident, datetime.datetime.now(datetime.timezone.utc).date().isoformat(), str(device),
+                             streams, cases, _rates(device, "host_attention" in features) if is_cuda else {},
+                             time.perf_counter() - started)
+    _store(report, report_path(ident, folder))
+    logger.info("self-check on %s (%s streams) in %.1f s: %s", device, streams, report.seconds, report.status_line())
+    for case in cases:
+        if not case.passed:
+            logger.warning("self-check failed: %s on %s/%s (%s)", case.feature, case.arch, case.dtype,
+                           case.error or f"logit error {case.max_rel_error:.2e}, greedy tokens "
+                                         f"{'equal' if case.tokens_equal else 'differ'}")
+    return report
+
+
+def disable(policy: OffloadPolicy, failed: list[str]) -> OffloadPolicy:
+    """``policy`` with every failed feature turned off, each with a logged message saying which and why."""
+    for feature in failed:
+        knobs, message = _TURN_OFF[feature]
+        logger.warning("self-check: %s", message)
+        policy = dataclasses.replace(policy, **knobs)
+    return policy
+
+
+def _rates(device: torch.device, host_attention: bool) -> dict:
+    from .rates import measure_h2d_gbps, measure_host_attention_gbps
+
+    rates = {"h2d_gbps": measure_h2d_gbps(device, 64 << 20), "d2h_gbps": _measure_d2h_gbps(device, 64 << 20)}
+    if host_attention:
+        rates["host_attention_gbps"] = measure_host_attention_gbps(tokens=1 << 16, repeats=3)
+    return rates
+
+
+def _measure_d2h_gbps(device: torch.device, num_bytes: int, repeats: int = 5) -> float:
+    """Device-to-pinned-host copy rate (median), timed with CUDA events."""
+    source = torch.empty(num_bytes, dtype=torch.uint8, device=device).random_()
+    target = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True)
+    target.copy_(source, non_blocking=True)  # warm-up
+    samples = []
+    for _ in range(repeats):
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        target.copy_(source, non_blocking=True)
+        end.record()
+        end.synchronize()
+        samples.append(begin.elapsed_time(end) / 1e3)
+    return num_bytes / sorted(samples)[len(samples) // 2] / 1e9
+
+
+def _driver_version() -> str | None:
+    try:
+        return Path("/proc/driver/nvidia/version").read_text().splitlines()[0].strip()
+    except (OSError, IndexError):
+        query = getattr(torch._C, "_cuda_getDriverVersion", None)
+        return str(query()) if query is not None else None
+
+
+def _store(report: SelfCheckReport, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(report.to_json())
+        temporary.replace(path)  # atomic: a concurrent reader sees the old report or the new one
+    except OSError as error:  # a read-only home only costs a re-check next time
+        logger.warning("could not store the self-check report in %s: %s", path, error)

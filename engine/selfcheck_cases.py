@@ -1,0 +1,186 @@
+"""The self-check's cases: tiny random models through the real stream path, compared with stock transformers.
+
+A case is one feature (the overlapped transfer schedule, host attention, 8-bit KV, the disk tier) on one tiny
+architecture in one dtype: a chunked prefill then greedy decode through a ``HeadInferCache`` whose policy turns
+the feature on, against stock transformers with the same weights (8-bit KV, lossy by design, against the same
+policy run without overlap on synchronous streams, which must agree). Every home that can be offloaded is: head
+groups of one KV head with one resident slot, so a layer mixes a resident home and offloaded ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, Gemma3TextConfig, LlamaConfig
+
+from .cache import HeadInferCache
+from .policy import OffloadPolicy
+
+logger = logging.getLogger(__name__)
+
+PROMPT_LEN, DECODE_STEPS, CHUNK, CONTEXT = 45, 8, 16, 128  # the prompt spans 3 chunks, longer than the windows
+RTOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}  # max |a - b| / max |b| of the logits (as the GPU parity tests)
+_COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
+
+# What a self-check can test, and turn off where it fails.
+FEATURES = ("overlap", "host_attention", "kv8", "disk_tier")
+
+
+def tiny_configs() -> dict[str, object]:
+    """GQA without windows (every home kind), and Gemma 3's mix of sliding-window rings and full layers."""
+    return {
+        "llama-gqa": LlamaConfig(**_COMMON),
+        "gemma3-window": Gemma3TextConfig(**_COMMON, head_dim=16, sliding_window=8,
+                                          layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    }
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    feature: str
+    arch: str
+    dtype: str
+    passed: bool
+    max_rel_error: float | None = None  # of the logits, prefill and every decode step
+    tokens_equal: bool | None = None  # greedy tokens (up to a near-tie in the reference, which may flip)
+    error: str | None = None  # an exception the case raised
+    seconds: float = 0.0
+
+
+@dataclass
+class TinyPair:
+    """Stock transformers and the head-wise model, with identical random weights, on ``device`` in ``dtype``."""
+
+    arch: str
+    stock: torch.nn.Module
+    headinfer: torch.nn.Module
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def build(cls, arch: str, dtype: torch.dtype, device: torch.device) -> "TinyPair":
+        config = tiny_configs()[arch]
+        torch.manual_seed(1234)
+        stock = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa", dtype=dtype)
+        headinfer = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="headinfer",
+                                                     dtype=dtype)
+        headinfer.load_state_dict(stock.state_dict())
+        return cls(arch, stock.to(device).eval(), headinfer.to(device).eval(), dtype, device)
+
+    def prompt(self) -> torch.Tensor:
+        seeded = torch.Generator().manual_seed(7)
+        return torch.randint(0, self.stock.config.vocab_size, (1, PROMPT_LEN), generator=seeded).to(self.device)
+
+
+def case_policy(feature: str, user: OffloadPolicy, streams: str, *, overlap: bool = True) -> OffloadPolicy:
+    """The policy of one feature's case: everything offloadable offloaded, the feature on, the others off."""
+    base = OffloadPolicy(chunk_size=CHUNK, head_group_size=1, resident_slots=1, max_context=CONTEXT,
+                         host_attention="off", overlap=overlap, streams=streams)
+    if feature == "overlap":
+        return dataclasses.replace(base, overlap=True)
+    if feature == "host_attention":
+        return dataclasses.replace(base, host_attention="all", resident_slots=0)
+    if feature == "kv8":
+        return dataclasses.replace(base, kv_dtype=user.kv_dtype or "int8", host_attention=user.host_attention)
+    if feature == "disk_tier":
+        return dataclasses.replace(base, resident_slots=0)
+    raise ValueError(f"no self-check case for {feature!r}")
+
+
+def run_case(feature: str, pair: TinyPair, policy: OffloadPolicy, workdir: Path) -> CaseResult:
+    """Runs one case; any exception is a failure of the feature (reported with the case, never raised)."""
+    started = time.perf_counter()
+    common = dict(feature=feature, arch=pair.arch, dtype=str(pair.dtype).removeprefix("torch."))
+    try:
+        if feature == "disk_tier":
+            policy = _with_disk_tier(pair, policy, workdir)
+        if feature == "kv8":  # lossy: the reference is the same 8-bit cache, run without overlap on plain streams
+            plain = "cuda" if pair.device.type == "cuda" else "sync"
+            reference = greedy(pair.headinfer, pair, _cache(pair, dataclasses.replace(policy, overlap=False,
+                                                                                        streams=plain)))
+        else:
+            reference = greedy_stock(pair)
+        actual = greedy(pair.headinfer, pair, _cache(pair, policy))
+        error, tokens_equal = compare(actual, reference, RTOL[pair.dtype])
+        passed = error < RTOL[pair.dtype] and tokens_equal
+        return CaseResult(**common, passed=passed, max_rel_error=error, tokens_equal=tokens_equal,
+                          seconds=time.perf_counter() - started)
+    except Exception as exc:  # noqa: BLE001 (a crash of the feature is a failed check, reported, not raised)
+        logger.warning("self-check case %s / %s / %s raised", feature, pair.arch, pair.dtype, exc_info=True)
+        return CaseResult(**common, passed=False, error=f"{type(exc).__name__}: {exc}"[:300],
+                          seconds=time.perf_counter() - started)
+
+
+def _cache(pair: TinyPair, policy: OffloadPolicy) -> HeadInferCache:
+    return HeadInferCache(pair.headinfer.config, policy, device=pair.device, dtype=pair.dtype)
+
+
+def _with_disk_tier(pair: TinyPair, policy: OffloadPolicy, workdir: Path) -> OffloadPolicy:
+    """The policy with a host budget that leaves about half the KV homes to files in ``workdir``."""
+    probe = _cache(pair, policy)
+    probe.allocate(1, probe.shape.head_dim, pair.dtype, pair.device)  # tiny: the homes' real bytes, rings included
+    kv, in_ram = probe.kv_bytes()["host"], probe.plan.host_bytes
+    probe.release()
+    workdir.mkdir(parents=True, exist_ok=True)
+    tiered = dataclasses.replace(policy, disk_dir=str(workdir), host_memory=max(1, in_ram - kv // 2))
+    if _cache(pair, tiered).plan.disk_slots == 0:
+        raise RuntimeError("the disk tier case placed no home on disk")
+    return tiered
+
+
+@torch.inference_mode()
+def greedy_stock(pair: TinyPair) -> tuple[list[torch.Tensor], list[int]]:
+    """(logits [vocab] of the prompt's last token and of each decode step, the greedy tokens) of stock."""
+    cache = DynamicCache(config=pair.stock.config)
+    logits = [pair.stock(pair.prompt(), past_key_values=cache, use_cache=True).logits[0, -1]]
+    return _decode(pair.stock, pair, cache, logits)
+
+
+@torch.inference_mode()
+def greedy(model, pair: TinyPair, cache: HeadInferCache) -> tuple[list[torch.Tensor], list[int]]:
+    """The same through a head-wise cache: the prompt in chunks, then greedy decode; the cache is released."""
+    try:
+        ids = pair.prompt()
+        logits = None
+        for start in range(0, ids.shape[1], CHUNK):
+            logits = model(ids[:, start : start + CHUNK], past_key_values=cache, use_cache=True).logits[0, -1]
+        return _decode(model, pair, cache, [logits])
+    finally:
+        cache.release()
+
+
+def _decode(model, pair: TinyPair, cache, logits: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
+    tokens = []
+    for _ in range(DECODE_STEPS):
+        tokens.append(int(logits[-1].argmax()))
+        token = torch.tensor([[tokens[-1]]], device=pair.device)
+        logits.append(model(token, past_key_values=cache, use_cache=True).logits[0, -1])
+    return [step.float().cpu() for step in logits], tokens
+
+
+def compare(actual, reference, rtol: float) -> tuple[float, bool]:
+    """(worst relative logit error over the steps both took, whether the greedy tokens agree).
+
+    Tokens are compared up to the first step where the reference's best two logits are closer than the tolerance
+    allows: there a correct run may pick either, and the sequences diverge legitimately from then on.
+    """
+    (a_logits, a_tokens), (r_logits, r_tokens) = actual, reference
+    worst = 0.0
+    for step, (a, r) in enumerate(zip(a_logits, r_logits)):
+        scale = float(r.abs().max())
+        worst = max(worst, float((a - r).abs().max()) / max(scale, 1e-30))
+        if step == len(r_tokens):
+            break
+        top2 = r.topk(2).values
+        if float(top2[0] - top2[1]) <= 2 * rtol * scale:
+            break  # a near-tie: the next inputs may differ, nothing after it is comparable
+        if a_tokens[step] != r_tokens[step]:
+            return worst, False
+    return worst, True

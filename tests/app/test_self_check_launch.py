@@ -1,0 +1,60 @@
+"""The self-check as the app sees it: ``launch.py --self-check``, first use on a GPU only, the header's line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import types
+
+import pytest
+
+import launch
+from app import render
+
+
+def test_the_header_shows_the_self_check_line():
+    ok = render.model_header({"name_or_path": "m", "self_check": "exact on this GPU ✓ 2026-11-23"})
+    assert 'class="self-check" data-ok="True"' in ok and "exact on this GPU ✓ 2026-11-23" in ok
+    failed = render.model_header({"name_or_path": "m", "self_check": "self-check 2026-11-23: kv8 wrong, turned off"})
+    assert 'data-ok="False"' in failed
+    assert "self-check" not in render.model_header({"name_or_path": "m"})
+
+
+def test_a_cpu_start_up_runs_no_self_check_and_keeps_the_policy():
+    policy = launch.make_policy(launch.build_parser().parse_args(["--kv-8bit", "int8"]))
+    assert launch.apply_first_use_self_check(policy, "cpu") == (policy, None)
+
+
+def test_on_a_gpu_the_failed_features_of_the_report_are_turned_off(monkeypatch, caplog):
+    from engine import selfcheck
+
+    report = types.SimpleNamespace(failed=["kv8"], status_line=lambda: "self-check: kv8 wrong, turned off")
+    monkeypatch.setattr(selfcheck, "first_use", lambda policy, device: report)
+    policy = launch.make_policy(launch.build_parser().parse_args(["--kv-8bit", "int8"]))
+    with caplog.at_level(logging.WARNING, logger="engine.selfcheck"):
+        safe, line = launch.apply_first_use_self_check(policy, "cuda")
+    assert safe.kv_dtype is None and line == "self-check: kv8 wrong, turned off"
+    assert "8-bit KV" in caplog.text
+
+
+def test_self_check_flag_runs_the_check_and_exits_with_its_status(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path))
+    with pytest.raises(SystemExit) as exit_:
+        launch.main(["--self-check", "--host-attention", "off"])  # neither the model nor the port is needed
+    assert exit_.value.code == 0
+    report = json.loads(next((tmp_path / "self-check").glob("*.json")).read_text())
+    assert report["failed"] == [] and report["identity"]["features"] == ["overlap"]
+    assert launch.self_check.__doc__ and "--self-check" in launch.build_parser().format_help()
+
+
+def test_a_self_check_that_cannot_run_is_said_in_the_header(monkeypatch, caplog):
+    from engine import selfcheck
+
+    def broken(policy, device):
+        raise RuntimeError("CUDA out of memory")
+
+    monkeypatch.setattr(selfcheck, "first_use", broken)
+    policy = launch.make_policy(launch.build_parser().parse_args([]))
+    with caplog.at_level(logging.WARNING, logger="headinfer.launch"):
+        assert launch.apply_first_use_self_check(policy, "cuda") == (policy, "not self-checked on this GPU")
+    assert "could not run" in caplog.text

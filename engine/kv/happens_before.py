@@ -20,7 +20,6 @@ can assert there were none even where the error was raised on a worker thread an
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import traceback
@@ -31,6 +30,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 Clock = dict  # agent -> count
+_MAX_ACCESSES = 4096  # per storage: accesses not yet covered by a later ordered one (tiny runs never get near)
 
 
 class RaceError(RuntimeError):
@@ -65,7 +65,7 @@ class Checker:
         self._lock = threading.RLock()
         self._clocks: dict[object, Clock] = {}
         self._storages: dict[int, list[_Access]] = {}
-        self._ids = itertools.count()
+        self._warned = False
 
     # -- agents ------------------------------------------------------------------------------------
     @staticmethod
@@ -130,7 +130,13 @@ class Checker:
                 if not covered:
                     kept.append(old)
             kept.append(_Access(start, stop, is_write, agent, epoch, site, what))
-            self._storages[base] = kept[-64:]  # bounded: a storage's newest accesses are the ones that matter
+            if len(kept) > _MAX_ACCESSES:  # a bound for long runs; a dropped access can no longer be checked
+                if not self._warned:
+                    logger.warning("happens-before checker: over %d live accesses on one buffer, dropping the "
+                                   "oldest (races with them go unseen)", _MAX_ACCESSES)
+                    self._warned = True
+                kept = kept[-_MAX_ACCESSES:]
+            self._storages[base] = kept
             clock[agent] = epoch + 1
 
     def forget(self, tensor: torch.Tensor) -> None:

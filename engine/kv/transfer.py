@@ -166,13 +166,8 @@ class Transfer:
         # The d2h copy reads ``query`` after this returns: held until the next call, by which time it has landed
         # (the caching allocator must not hand its memory to the compute stream while the copy may still read it).
         self._query_source = query
-        landing = self._host_query
-        if landing is None or landing.numel() < query.numel() or landing.dtype != query.dtype:
-            if landing is not None:
-                self.fence()  # (rare: a longer step) the last copy into the old buffer must have landed
-                streams.forget(landing)
-            self._host_query = landing = streams.pinned((query.numel(),), query.dtype)
-        target = landing[: query.numel()].view(query.shape)
+        self._ensure_host_buffers(query.numel(), query.dtype)
+        target = self._host_query[: query.numel()].view(query.shape)
         # The queries are written on the compute stream: the copy on d2h must not start before.
         streams.write(query, "the queries (written by attention's projection)")
         self._query_ready.record(streams.current())
@@ -200,16 +195,23 @@ class Transfer:
 
         return target, wait
 
+    def _ensure_host_buffers(self, numel: int, dtype: torch.dtype) -> None:
+        """Page-locked landing (queries) and output buffers for host steps of ``numel`` query elements."""
+        if self._host_query is not None and self._host_query.numel() >= numel and self._host_query.dtype == dtype:
+            return
+        if self._host_query is not None:
+            # (Rare: a longer step than any before.) The last copies into the landing buffer and out of the
+            # output buffer must have run before they are dropped.
+            self.synchronize()
+            self.streams.forget(self._host_query)
+            self.streams.forget(self._host_out)
+        self._host_query = self.streams.pinned((numel,), dtype)
+        self._host_out = self.streams.pinned((numel,), dtype)  # (the output has the queries' shape)
+
     def host_result(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """The page-locked buffer a host job writes its output into (after its ``to_host`` wait, see above)."""
-        numel = math.prod(shape)
-        out = self._host_out
-        if out is None or out.numel() < numel or out.dtype != dtype:
-            if out is not None:
-                self.synchronize()  # (rare: a longer step) the copy out of the old buffer must have run
-                self.streams.forget(out)
-            self._host_out = out = self.streams.pinned((numel,), dtype)
-        return out[:numel].view(shape)
+        """The page-locked buffer a host job writes its output into (after its ``to_host`` wait, see above);
+        ``shape``/``dtype``: those of the queries just sent."""
+        return self._host_out[: math.prod(shape)].view(shape)
 
     def from_host(self, out: torch.Tensor) -> torch.Tensor:
         """Copies a host job's output (from ``host_result``, complete) to the device, without blocking."""

@@ -87,19 +87,28 @@ def mutated(site: Site):
     saved = []
     for key, value in namespace.items():
         live = getattr(module, key, None)
-        if isinstance(value, types.FunctionType) and isinstance(live, types.FunctionType):
+        if (isinstance(value, types.FunctionType) and isinstance(live, types.FunctionType)
+                and value.__module__ == module.__name__):  # (not the functions it imports)
             saved.append((module, key, live))
-            setattr(module, key, value)
+            setattr(module, key, _rebound(value, module))
         elif isinstance(value, type) and isinstance(live, type) and live.__module__ == module.__name__:
             for attr, member in vars(value).items():
-                if isinstance(member, (types.FunctionType, property, staticmethod, classmethod)):
+                if isinstance(member, types.FunctionType):
                     saved.append((live, attr, vars(live)[attr]))
-                    setattr(live, attr, member)
+                    setattr(live, attr, _rebound(member, module))
     try:
         yield
     finally:
         for owner, key, value in reversed(saved):
             setattr(owner, key, value)
+
+
+def _rebound(function: types.FunctionType, module) -> types.FunctionType:
+    """``function`` reading the live module's globals (constants a test patches, the other live functions)."""
+    rebound = types.FunctionType(function.__code__, vars(module), function.__name__, function.__defaults__,
+                                 function.__closure__)
+    rebound.__kwdefaults__ = function.__kwdefaults__
+    return rebound
 
 
 def catches(site: Site, pairs: dict, cases) -> str:

@@ -46,6 +46,8 @@ class _Access:
     epoch: int  # the agent's own count at the access
     site: str
     what: str
+    issuer: object = None  # a stream's access: the host thread that issued it, and that thread's count then
+    issuer_epoch: int = 0
 
 
 def _site() -> str:
@@ -116,20 +118,31 @@ class Checker:
             self.num_checked += 1
             clock = self._clock(agent)
             epoch = clock[agent]
+            # A stream runs its operations in issue order, but two threads issuing to one stream are ordered
+            # only if the second knew of the first's issue (a thread's clock counts its issues too).
+            issuer = None if isinstance(agent, tuple) else self.thread()
+            issuer_clock = self._clock(issuer) if issuer is not None else clock
+            new = _Access(start, stop, is_write, agent, epoch, site, what, issuer,
+                          issuer_clock[issuer] if issuer is not None else 0)
+            if issuer is not None:
+                issuer_clock[issuer] += 1
             accesses = self._storages.setdefault(base, [])
             kept = []
             for old in accesses:
                 overlaps = old.start < stop and start < old.stop
-                ordered = old.agent == agent or clock.get(old.agent, 0) >= old.epoch
+                if old.agent == agent:
+                    ordered = old.issuer == issuer or issuer_clock.get(old.issuer, 0) > old.issuer_epoch
+                else:
+                    ordered = clock.get(old.agent, 0) >= old.epoch
                 if overlaps and (is_write or old.is_write) and not ordered:
-                    self._report(old, _Access(start, stop, is_write, agent, epoch, site, what))
+                    self._report(old, new)
                 # An ordered access whose bytes this one covers can never race with a later one that this one
                 # does not race with (a write covers reads and writes; a read covers reads by its agent).
                 covered = overlaps and ordered and old.start >= start and old.stop <= stop and (
                     is_write or (not old.is_write and old.agent == agent))
                 if not covered:
                     kept.append(old)
-            kept.append(_Access(start, stop, is_write, agent, epoch, site, what))
+            kept.append(new)
             if len(kept) > _MAX_ACCESSES:  # a bound for long runs; a dropped access can no longer be checked
                 if not self._warned:
                     logger.warning("happens-before checker: over %d live accesses on one buffer, dropping the "

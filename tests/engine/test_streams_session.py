@@ -1,0 +1,85 @@
+"""A whole document session on emulated streams with the checker on: a cancelled read resumed, answers,
+sources read from the attention, a snapshot saved and restored into another session — all equal to the
+synchronous path's (a CPU-only machine's), and no race."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import DocumentSession, OffloadPolicy, PrefillCancelled, SnapshotStore
+from engine.kv.probe import QueryProbe
+from engine.sources import attention_mass
+from test_snapshot import _document, _tiny_model, _word_tokenizer
+
+POLICY = dict(chunk_size=40, resident_slots=0, head_group_size=1, host_attention="all")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return _tiny_model(tmp_path_factory.mktemp("tiny")), _word_tokenizer()
+
+
+def _session(model, tokenizer, streams: str, **policy) -> DocumentSession:
+    session = DocumentSession(model, tokenizer, OffloadPolicy(**{**POLICY, **policy}, streams=streams),
+                              answer_budget=32)
+    session.set_document(_document(4, words=150))
+    return session
+
+
+def _cancelled_then_resumed(session: DocumentSession) -> None:
+    def stop_in_the_second_chunk() -> bool:
+        # Between layers: the first layer already holds the second chunk, the others not yet.
+        lengths = [layer.length for layer in session.cache.layers]
+        return lengths[0] > POLICY["chunk_size"] and lengths[-1] <= POLICY["chunk_size"]
+
+    with pytest.raises(PrefillCancelled):
+        session.prefill(should_stop=stop_in_the_second_chunk)
+    assert 0 < session.prefilled_tokens < session.document_tokens
+    session.prefill()  # resumes where it stopped
+
+
+def _answers(session: DocumentSession) -> list[str]:
+    texts = []
+    for question in ("w3 w4 w5", "w9 w10"):  # the second is a follow-up: the conversation stays in the KV
+        *_, last = session.ask(question, max_new_tokens=8, sources=False, repetition_guard=None)
+        texts.append(last.text)
+    return texts
+
+
+def _mass(session: DocumentSession) -> torch.Tensor:
+    cache = session.cache
+    probe = QueryProbe({0: [0, 1, 2], 2: [3]}, min_position=session.document_tokens)
+    cache.schedule.probe = probe
+    try:
+        *_, last = session.ask("w7 w8", max_new_tokens=4, sources=False, repetition_guard=None)
+    finally:
+        cache.schedule.probe = None
+    return attention_mass(cache, probe)
+
+
+def _races(session: DocumentSession) -> list[str]:
+    return list(session.cache.transfer.streams.checker.races)
+
+
+@torch.inference_mode()
+def test_a_session_on_emulated_streams_equals_the_synchronous_one(tiny, tmp_path, monkeypatch):
+    model, tokenizer = tiny
+    monkeypatch.setenv("HEADINFER_STREAMS_SEED", "3")
+    expected = _session(model, tokenizer, "sync")
+    expected.prefill()
+    expected_answers, expected_mass = _answers(expected), _mass(expected)
+
+    emulated = _session(model, tokenizer, "emulated")
+    _cancelled_then_resumed(emulated)
+    assert _answers(emulated) == expected_answers
+    assert torch.allclose(_mass(emulated), expected_mass, rtol=1e-6, atol=1e-9)
+    assert _races(emulated) == []
+
+    store = SnapshotStore(tmp_path / "kv")
+    emulated.new_conversation()
+    assert emulated.save_snapshot(store) is not None
+    restored = _session(model, tokenizer, "emulated", head_group_size=2)
+    assert restored.restore_snapshot(store) is not None
+    assert _answers(restored) == expected_answers
+    assert _races(restored) == [] and _races(emulated) == []

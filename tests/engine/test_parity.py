@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 
 import engine
-from archs import build_pair, tiny_configs
+from archs import build_pair, longrope_past_original_config, tiny_configs
 
 PROMPT_LEN = 45  # longer than the sliding windows (8), not a multiple of the chunk sizes below
 RTOL = 1e-5
@@ -83,3 +83,18 @@ def test_headinfer_attention_without_headinfer_cache(pair):
     name, stock, headinfer = pair
     ids = prompt(stock.config.vocab_size)
     assert rel_diff(headinfer(ids).logits, stock(ids).logits) < RTOL
+
+
+@torch.inference_mode()
+def test_longrope_long_factors_match_stock(tmp_path):
+    """Phi-3 past its original window: the long factors apply, in prefill and every decode step."""
+    stock, headinfer = build_pair("phi3-long", tmp_path, config=longrope_past_original_config())
+    ids = prompt(stock.config.vocab_size)  # 45 tokens > the original window of 32
+    assert ids.shape[1] > stock.config.rope_parameters["original_max_position_embeddings"]
+    kwargs = dict(max_new_tokens=20, do_sample=False, min_new_tokens=20, output_logits=True,
+                  return_dict_in_generate=True)
+    expected = stock.generate(ids, **kwargs)
+    actual = headinfer.generate(ids, past_key_values=engine.HeadInferCache(headinfer.config, resident_slots=0), **kwargs)
+    assert torch.equal(actual.sequences, expected.sequences)
+    for step, (a, e) in enumerate(zip(actual.logits, expected.logits)):
+        assert rel_diff(a, e) < RTOL, step

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from .model_shape import unsupported_layers
+
 logger = logging.getLogger(__name__)
 
 #: transformers ``model_type`` -> display name. The attention engine is tested on each of these.
@@ -35,6 +37,9 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "cohere2": "Command R7B (Cohere 2)",
     "olmo2": "OLMo 2",
     "granite": "Granite 3",
+    "lfm2": "LFM2 (hybrid: convolution + attention layers)",
+    "qwen3_next": "Qwen3-Next (hybrid: linear + full attention layers)",
+    "qwen3_5_text": "Qwen3.5 text model (hybrid: linear + full attention layers)",
     "gemma2": "Gemma 2",
     "gemma3_text": "Gemma 3 (text)",
     "gemma3": "Gemma 3 (multimodal checkpoint; the text model is loaded)",
@@ -83,6 +88,8 @@ def check_supported(config: Any) -> None:
         text_type = getattr(config.get_text_config(), "model_type", None)
         if text_type != "gemma3_text":
             raise UnsupportedModelError(model_type, f" (its text model is {text_type!r}, expected 'gemma3_text')")
+    if (reason := unsupported_layers(config)) is not None:
+        raise UnsupportedModelError(model_type, f": {reason}")
 
 
 def cache_dir() -> Path:

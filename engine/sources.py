@@ -70,7 +70,7 @@ def attention_mass(cache, probe: QueryProbe, *, per_head: bool = False) -> torch
         if cache.shape.sliding_windows[layer_idx] is not None:
             continue  # a window ring holds only recent tokens; calibration picks full-attention heads anyway
         queries, positions = recorded  # [H_sel, N, D], N positions
-        keys = torch.stack([_head_keys(cache.layers[layer_idx], head // n_rep, length)
+        keys = torch.stack([_head_keys(cache.kv_layers[layer_idx], head // n_rep, length)
                             for head in probe.heads[layer_idx]])  # [H_sel, L, D]
         q = queries.to(keys.device, torch.float32)
         rows.append(_mass(q, keys, positions, probe.scaling[layer_idx], None, softcap))

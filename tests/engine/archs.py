@@ -10,6 +10,7 @@ from transformers import (
     Gemma3TextConfig,
     Glm4Config,
     GraniteConfig,
+    Lfm2Config,
     LlamaConfig,
     MistralConfig,
     Olmo2Config,
@@ -17,6 +18,8 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
+    Qwen3_5TextConfig,
 )
 
 from engine.loader import load_model
@@ -53,7 +56,16 @@ def tiny_configs() -> dict[str, object]:
         "olmo2": Olmo2Config(**_COMMON, pad_token_id=0, eos_token_id=2),
         "granite": GraniteConfig(**_COMMON, attention_multiplier=0.2, embedding_multiplier=2.0,
                                  residual_multiplier=0.5, logits_scaling=4.0),
+        # Hybrids: the state layers (convolution, gated delta-net linear attention) get no homes and no fetches.
+        "lfm2-hybrid": Lfm2Config(**_COMMON, layer_types=["conv", "full_attention", "conv"]),
+        "qwen3-next-hybrid": Qwen3NextConfig(**_COMMON, **_LINEAR, num_experts=4, num_experts_per_tok=2,
+                                             moe_intermediate_size=32, shared_expert_intermediate_size=32),
+        "qwen3.5-hybrid": Qwen3_5TextConfig(**_COMMON, **_LINEAR),
     }
+
+
+_LINEAR = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
+               linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4)
 
 
 def _phi3(original_max_position_embeddings: int) -> Phi3Config:

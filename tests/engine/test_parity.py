@@ -98,3 +98,35 @@ def test_longrope_long_factors_match_stock(tmp_path):
     assert torch.equal(actual.sequences, expected.sequences)
     for step, (a, e) in enumerate(zip(actual.logits, expected.logits)):
         assert rel_diff(a, e) < RTOL, step
+
+
+BF16_RTOL = 2e-2  # bf16 rounds to 8 bits of mantissa; stock's kernels and ours sum in different orders
+
+
+@pytest.fixture(scope="module", params=sorted(tiny_configs()))
+def bf16_pair(request, tmp_path_factory):
+    stock, headinfer = build_pair(request.param, tmp_path_factory.mktemp(f"{request.param}-bf16"), dtype=torch.bfloat16)
+    return request.param, stock, headinfer
+
+
+@torch.inference_mode()
+def test_bf16_weights_on_cpu_match_stock_bf16(bf16_pair):
+    """CPU weights in bf16 (``load_model(dtype="bfloat16")``): the same bf16 weights in stock transformers give
+    the same logits within bf16 rounding, prefill and decode, and the same greedy tokens."""
+    name, stock, headinfer = bf16_pair
+    assert next(headinfer.parameters()).dtype == torch.bfloat16 and next(headinfer.parameters()).device.type == "cpu"
+    ids = prompt(stock.config.vocab_size)
+    stock_cache = DynamicCache(config=stock.config)
+    expected = [stock(ids, past_key_values=stock_cache, use_cache=True).logits[:, -1]]
+    cache = engine.HeadInferCache(headinfer.config, resident_slots=0, chunk_size=16)
+    actual = [chunked_logits(headinfer, ids, cache, 16)[:, -1]]
+    for _ in range(12):
+        token = expected[-1].argmax(-1, keepdim=True)
+        expected.append(stock(token, past_key_values=stock_cache, use_cache=True).logits[:, -1])
+        actual.append(headinfer(token, past_key_values=cache, use_cache=True).logits[:, -1])
+    for step, (a, e) in enumerate(zip(actual, expected)):
+        assert rel_diff(a.float(), e.float()) < BF16_RTOL, (name, step)
+    kwargs = dict(max_new_tokens=20, do_sample=False, min_new_tokens=20)
+    generated = headinfer.generate(ids, past_key_values=engine.HeadInferCache(headinfer.config, resident_slots=0),
+                                   **kwargs)
+    assert torch.equal(generated, stock.generate(ids, **kwargs)), name

@@ -147,7 +147,7 @@ class HeadInferCache(Cache):
                           in enumerate(zip(self.shape.kv_layer_indices, self.shape.sliding_windows))]
         self._num_states = int(getattr(text_config, "number_of_conv_states", 1))
         super().__init__(layers=self._all_layers())
-        self._state_anchor: tuple[int, list[LinearAttentionLayer]] | None = None  # (tokens, states then)
+        self._state_anchor: tuple[int, dict[int, LinearAttentionLayer]] | None = None  # (tokens, states then)
         self.transfer: Transfer | None = None
         self.schedule: Schedule | None = None
         self._host: HostMemory | None = None

@@ -114,3 +114,46 @@ def test_layers_without_an_exact_path_are_refused_with_the_reason(tmp_path):
         load_model(str(tmp_path), with_tokenizer=False)
     with pytest.raises(ValueError, match="no attention layer"):
         engine.HeadInferCache(Lfm2Config(num_hidden_layers=2, layer_types=["conv", "conv"]))
+
+
+def word_tokenizer(vocab: int = 97):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="w0")
+
+
+@torch.inference_mode()
+def test_a_session_asks_follows_up_and_starts_over_exactly(pair):
+    """The studio's flow: read once, ask, follow up, new conversation, ask again: every answer is stock's."""
+    from engine import DocumentSession, OffloadPolicy
+
+    name, stock, headinfer = pair
+    tokenizer = word_tokenizer()
+    document = " ".join(f"w{(7 * i) % 90 + 5}" for i in range(40))
+    session = DocumentSession(headinfer, tokenizer, OffloadPolicy(chunk_size=16), answer_budget=64)
+    session.set_document(document)
+    session.prefill()
+
+    def stock_answer(turns, question: str) -> str:
+        ids = session.prompts.document_ids(document) + session.prompts.conversation_ids(document, turns, question)
+        out = stock.generate(torch.tensor([ids]), max_new_tokens=6, min_new_tokens=6, do_sample=False)
+        return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+
+    def ask(question: str) -> str:
+        return list(session.ask(question, max_new_tokens=6, repetition_guard=None, sources=False))[-1].text
+
+    first = ask("w9 w10")
+    assert first.strip() == stock_answer([], "w9 w10").strip(), name
+    follow_up = ask("w11")  # after the first turn: the cache goes back to the document's end, then on
+    assert follow_up.strip() == stock_answer(session.turns[:1], "w11").strip(), name
+    session.new_conversation()
+    assert ask("w9 w10") == first
+    # A history that parts from the cache within the last turn (past the document): the states cannot go
+    # back there, so the session re-reads from the document's end.
+    from engine.prompt import Turn
+
+    session.turns = [Turn("w9 w10", "w3 w4")]
+    assert ask("w12").strip() == stock_answer([Turn("w9 w10", "w3 w4")], "w12").strip(), name

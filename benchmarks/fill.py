@@ -34,7 +34,7 @@ def fill_random(cache, context: int, *, batch: int = 1, head_dim: int, num_kv_he
 def _fill_headinfer(cache, context: int, batch: int, head_dim: int, device: torch.device, dtype: torch.dtype):
     cache.allocate(batch, head_dim, dtype, device)
     cache.reserve(context)
-    for layer in cache.layers:
+    for layer in cache.kv_layers:  # a hybrid's state layers hold no K/V
         for home in layer.homes:
             _randomize(home.block(0, context), device)  # [context, B, 2, g, D], one contiguous run
         layer.length = context

@@ -12,11 +12,12 @@ appends the chunk and attends head group by head group.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
 
 from .attention import ATTENTION_NAME
 from .host_split import choose_host_slots
@@ -24,6 +25,7 @@ from .kv import HeadGroup, HostAttention, HostMemory, LayerHomes, Schedule, Tran
 from .kv import streams as kv_streams
 from .kv.disk import DiskMemory
 from .kv import route
+from .model_shape import unsupported_layers
 from .planner import ModelShape, Plan, make_plan
 from .policy import OffloadPolicy
 from .rates import plan_rates
@@ -35,14 +37,19 @@ _GROWTH_CAPACITY = 4096  # tokens allocated up front when no max_context was pla
 
 
 class HeadInferLayer(CacheLayerMixin):
-    """One decoder layer's view of the cache: its length, its window and its homes."""
+    """One attention layer's view of the cache: its length, its window and its homes.
+
+    ``layer_idx`` is the model's index of the layer; ``kv_index`` its place among the layers with K/V (the same
+    unless the model is hybrid), which indexes the schedule, the transfers and the plan's slots.
+    """
 
     is_croppable = True
 
-    def __init__(self, cache: "HeadInferCache", layer_idx: int, window: int | None):
+    def __init__(self, cache: "HeadInferCache", layer_idx: int, window: int | None, kv_index: int | None = None):
         super().__init__()
         self.cache = cache
         self.layer_idx = layer_idx
+        self.kv_index = layer_idx if kv_index is None else kv_index
         self.window = window
         self.is_sliding = window is not None
         self.homes: LayerHomes | None = None
@@ -57,12 +64,12 @@ class HeadInferLayer(CacheLayerMixin):
         """Appends this chunk's K/V ([B, KVH, Q, D], compute device) and hands it back for ``attend``."""
         if not self.is_initialized or self.homes is None:
             self.lazy_initialization(key_states, value_states)
-        self.cache.begin_layer(self.layer_idx)
+        self.cache.begin_layer(self.kv_index)
         keys, values = key_states.contiguous(), value_states.contiguous()
         q_len = keys.shape[2]
         if not self.homes.has_room(self.length, q_len):
             self.cache.reserve(self.length + q_len, q_len)
-        self._staged = self.cache.schedule.append(self.layer_idx, self.length, keys, values)
+        self._staged = self.cache.schedule.append(self.kv_index, self.length, keys, values)
         self.length += q_len
         route.publish(self.layer_idx, self, keys)
         return keys, values
@@ -72,7 +79,7 @@ class HeadInferLayer(CacheLayerMixin):
         """query: [B, H, Q, D]; key/value: this chunk as returned by ``update``. Returns [B, Q, H, D]."""
         past = self.length - key.shape[2]
         staged, self._staged = self._staged, None
-        return self.cache.schedule.attend(self.layer_idx, past, query, staged, scaling=scaling,
+        return self.cache.schedule.attend(self.kv_index, past, query, staged, scaling=scaling,
                                           window=window, softcap=softcap)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -133,8 +140,15 @@ class HeadInferCache(Cache):
         self.dtype = dtype or _config_dtype(text_config)
         self.shape = ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=self.dtype).element_size())
         self.policy.validate_for(self.shape.num_kv_heads)
-        layers = [HeadInferLayer(self, i, w) for i, w in enumerate(self.shape.sliding_windows)]
-        super().__init__(layers=layers)
+        if (reason := unsupported_layers(text_config)) is not None:
+            raise ValueError(f"HeadInferCache cannot serve this model exactly: {reason}")
+        #: The layers with K/V, in order; a hybrid model's other layers keep their fixed-size state on the compute
+        #: device in transformers' own ``LinearAttentionLayer`` (no homes, no fetches).
+        self.kv_layers = [HeadInferLayer(self, i, w, k) for k, (i, w)
+                          in enumerate(zip(self.shape.kv_layer_indices, self.shape.sliding_windows))]
+        self._num_states = int(getattr(text_config, "number_of_conv_states", 1))
+        super().__init__(layers=self._all_layers())
+        self._state_anchor: tuple[int, dict[int, LinearAttentionLayer]] | None = None  # (tokens, states then)
         self.transfer: Transfer | None = None
         self.schedule: Schedule | None = None
         self._host: HostMemory | None = None
@@ -143,6 +157,13 @@ class HeadInferCache(Cache):
         if self.policy.max_context is not None:
             # Refuse a context the machine cannot hold before a single byte is allocated.
             self.plan.require_fit()
+
+    def _all_layers(self, states: dict[int, LinearAttentionLayer] | None = None) -> list:
+        """Every decoder layer's cache object in model order: ``kv_layers`` and (hybrids) fresh or given states."""
+        if states is None:
+            states = {i: LinearAttentionLayer(number_of_states=self._num_states) for i in self.shape.state_layers}
+        by_index = {layer.layer_idx: layer for layer in self.kv_layers} | states
+        return [by_index[i] for i in range(len(by_index))]
 
     # -- allocation ------------------------------------------------------------------------------
     def _plan(self, context_tokens: int) -> Plan:
@@ -168,7 +189,7 @@ class HeadInferCache(Cache):
         pin = (self.policy.pin_memory if self.policy.pin_memory is not None else is_cuda) and is_cuda
         g, num_kv_heads = self.plan.head_group_size, self.shape.num_kv_heads
         num_groups = num_kv_heads // g
-        num_slots = len(self.layers) * num_groups
+        num_slots = len(self.kv_layers) * num_groups
         resident = _spread(min(self.plan.resident_slots, num_slots), num_slots)
         if self.policy.kv_dtype is not None and not is_cuda:
             resident = set()  # on a CPU-only machine every home is in RAM: 8-bit applies to all of them
@@ -182,30 +203,35 @@ class HeadInferCache(Cache):
         chunk = self.policy.chunk_size
         # A fetch holds a group's visible past plus one chunk: a sliding layer never needs more than its window.
         visible = max(capacity if w is None else min(capacity, w - 1 + chunk) for w in self.shape.sliding_windows)
-        self.transfer = Transfer(self.device, num_layers=len(self.layers), num_groups=num_groups,
+        self.transfer = Transfer(self.device, num_layers=len(self.kv_layers), num_groups=num_groups,
                                  group_shape=(batch, g, head_dim), dtype=dtype,
                                  buffer_tokens=visible if any_offloaded else 1, stage_tokens=chunk,
                                  kv_dtype=self.policy.kv_dtype, disk=self._disk, streams=streams)
         self._host = HostMemory(pin, self.transfer.fence)
-        for layer in self.layers:
-            slots = [layer.layer_idx * num_groups + i for i in range(num_groups)]
+        for layer in self.kv_layers:
+            slots = [layer.kv_index * num_groups + i for i in range(num_groups)]
             groups = [HeadGroup(i * g, (i + 1) * g, slot in resident, slot in on_disk) for i, slot in enumerate(slots)]
             layer.homes = LayerHomes(groups, batch, head_dim, capacity, dtype, self.device, self._host,
                                      window=layer.window, chunk=chunk, kv_dtype=self.policy.kv_dtype, disk=self._disk)
             layer.is_initialized = True
         host_slots = self._host_slots(num_groups, resident)
+<<<<<<< HEAD
         self.schedule = Schedule([layer.homes for layer in self.layers], list(self.shape.sliding_windows),
                                  self.transfer, self.policy.overlap,
                                  HostAttention(streams=streams) if host_slots else None,
+=======
+        self.schedule = Schedule([layer.homes for layer in self.kv_layers], list(self.shape.sliding_windows),
+                                 self.transfer, self.policy.overlap, HostAttention() if host_slots else None,
+>>>>>>> models20
                                  host_slots, disk=self._disk)
         logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, %d on disk, %d attended "
-                    "on the host in decode, capacity %d tokens, %s", len(self.layers), num_groups, g, len(resident),
+                    "on the host in decode, capacity %d tokens, %s", len(self.kv_layers), num_groups, g, len(resident),
                     len(on_disk), len(host_slots), capacity, self.device)
 
     def _host_slots(self, num_groups: int, resident: set[int]) -> frozenset[tuple[int, int]]:
         """The offloaded slots decode steps attend on the host: the plan's share of their bytes, spread evenly."""
         context = self.plan.context_tokens
-        slots = [(layer, group) for layer in range(len(self.layers)) for group in range(num_groups)
+        slots = [(layer, group) for layer in range(len(self.kv_layers)) for group in range(num_groups)
                  if layer * num_groups + group not in resident]
         weights = [context if (w := self.shape.sliding_windows[layer]) is None else min(w, context)
                    for layer, _ in slots]
@@ -214,7 +240,7 @@ class HeadInferCache(Cache):
     def reserve(self, num_tokens: int, chunk: int = 0) -> None:
         """Grows every home to hold ``num_tokens`` (window rings: a ``chunk``-token append), keeping what they hold."""
         self.transfer.synchronize()
-        for layer in self.layers:
+        for layer in self.kv_layers:
             layer.homes.reserve(num_tokens, layer.length, max(chunk, self.policy.chunk_size))
 
     def begin_layer(self, layer_idx: int) -> None:
@@ -228,7 +254,7 @@ class HeadInferCache(Cache):
         if layer_idx == 0:
             route.clear()
             self.transfer.release_all()
-            lengths = {layer.length for layer in self.layers}
+            lengths = {layer.length for layer in self.kv_layers}
             if len(lengths) > 1:
                 # A forward interrupted part-way (an exception, a cancel) left some layers a chunk ahead.
                 raise ValueError(f"the cache's layers hold different lengths {sorted(lengths)}: crop it to "
@@ -239,24 +265,55 @@ class HeadInferCache(Cache):
         """Keeps the first ``num_tokens`` tokens (e.g. drop a conversation, keep the document)."""
         if not 0 <= num_tokens <= self.get_seq_length():
             raise ValueError(f"cannot crop a cache of {self.get_seq_length()} tokens to {num_tokens}")
-        for layer in self.layers:
+        if self.restorable_length(num_tokens) != num_tokens:
+            raise ValueError(f"cannot crop back to {num_tokens} tokens: this hybrid model's linear-attention or "
+                             "convolution layers keep only their latest state, which can only go back to its anchor "
+                             f"({self._state_anchor[0] if self._state_anchor else 0} tokens) or to 0")
+        for layer in self.kv_layers:
             if layer.homes is not None and not layer.homes.can_crop_to(num_tokens, layer.length):
                 raise ValueError(f"cannot crop back to {num_tokens} tokens: sliding-window layers keep only their "
                                  "window plus a chunk (anchor the document end with HeadInferCache.anchor)")
         self.settle()
-        for layer in self.layers:
+        for layer in self.kv_layers:
             if layer.homes is not None:
                 layer.homes.crop_to(num_tokens, layer.length)
             layer.length = num_tokens
+        if self.shape.state_layers:
+            self._restore_states(num_tokens)
 
+    def restorable_length(self, num_tokens: int, *, states_advanced: bool = False) -> int:
+        """The longest prefix of at most ``num_tokens`` tokens that ``crop_to`` returns to exactly.
+
+        Any prefix, unless the model is hybrid: a fixed-size state holds no past, so it stays where it is (not
+        after a forward that raised part-way: ``states_advanced``), goes back to the anchor's copy, or starts over.
+        """
+        length = self.get_seq_length()
+        if not self.shape.state_layers or (num_tokens >= length and not states_advanced):
+            return min(num_tokens, length)
+        anchored = self._state_anchor[0] if self._state_anchor is not None else 0
+        return anchored if anchored <= num_tokens else 0
+
+    def _restore_states(self, num_tokens: int) -> None:
+        if self._state_anchor is not None and self._state_anchor[0] == num_tokens:
+            # A copy of the anchor's states: it serves every later crop back here. Restored even when nothing was
+            # appended since, since a forward that raised part-way may have advanced some states.
+            states = {i: copy.deepcopy(layer) for i, layer in self._state_anchor[1].items()}
+            self.layers = self._all_layers(states)
+        elif num_tokens == 0:
+            self.layers = self._all_layers()
     def anchor(self, num_tokens: int | None = None) -> None:
         """Keeps the sliding windows before ``num_tokens`` (default: now) so ``crop_to`` can return there later,
         however much is appended meanwhile (e.g. the end of the document, before conversations)."""
         num_tokens = self.get_seq_length() if num_tokens is None else num_tokens
-        if all(layer.window is None for layer in self.layers):
+        if self.shape.state_layers:
+            if num_tokens != self.get_seq_length():
+                raise ValueError(f"a hybrid model's cache can only be anchored where it is ({self.get_seq_length()} "
+                                 f"tokens, not {num_tokens}): its fixed-size states hold no past")
+            self._state_anchor = (num_tokens, {i: copy.deepcopy(self.layers[i]) for i in self.shape.state_layers})
+        if all(layer.window is None for layer in self.kv_layers):
             return  # no rings: every token stays, nothing to keep (and the prefetch in flight stays valid)
         self.synchronize()  # host homes are complete only once the appends have landed
-        for layer in self.layers:
+        for layer in self.kv_layers:
             if layer.homes is not None:
                 layer.homes.set_anchor(num_tokens)
 
@@ -284,14 +341,15 @@ class HeadInferCache(Cache):
                 try:
                     self.transfer.synchronize()  # (raises a failed disk job, after waiting for everything)
                 finally:
-                    for layer in self.layers:  # freed below: the streams seam checks no copy still touches them
+                    for layer in self.kv_layers:  # freed below: the streams seam checks no copy still touches them
                         for home in layer.homes or ():
                             for plane in home.planes:
                                 self.transfer.streams.forget(plane)
                     self.transfer.close()
         finally:
-            for layer in self.layers:
+            for layer in self.kv_layers:
                 layer.homes, layer.length, layer.is_initialized = None, 0, False
+            self.layers, self._state_anchor = self._all_layers(), None
             if self._host is not None:
                 self._host.free_all()  # unlocks host memory only now that no copy can touch it
             if self._disk is not None:
@@ -306,7 +364,7 @@ class HeadInferCache(Cache):
     def kv_bytes(self) -> dict[str, int]:
         """Bytes held: ``device`` (resident homes + staging and ping-pong buffers), ``host`` (homes in RAM) and
         ``disk`` (the disk tier's files)."""
-        homes = [layer.homes for layer in self.layers if layer.homes is not None]
+        homes = [layer.homes for layer in self.kv_layers if layer.homes is not None]
         on_device = sum(h.nbytes(on_device=True) for h in homes)
         buffers = self.transfer.buffer_bytes if self.transfer else 0
         return {"device": on_device + buffers, "host": sum(h.nbytes(on_device=False) for h in homes),

@@ -7,6 +7,7 @@ The architecture is checked from the config alone, so an unsupported model fails
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import os
@@ -21,6 +22,8 @@ from typing import Any
 
 import torch
 
+from .model_shape import unsupported_layers
+
 logger = logging.getLogger(__name__)
 
 #: transformers ``model_type`` -> display name. The attention engine is tested on each of these.
@@ -29,6 +32,15 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "mistral": "Mistral",
     "qwen2": "Qwen2/2.5",
     "qwen3": "Qwen3",
+    "qwen3_moe": "Qwen3 MoE",
+    "phi3": "Phi-3/Phi-4 (LongRoPE)",
+    "glm4": "GLM-4",
+    "cohere2": "Command R7B (Cohere 2)",
+    "olmo2": "OLMo 2",
+    "granite": "Granite 3",
+    "lfm2": "LFM2 (hybrid: convolution + attention layers)",
+    "qwen3_next": "Qwen3-Next (hybrid: linear + full attention layers)",
+    "qwen3_5_text": "Qwen3.5 text model (hybrid: linear + full attention layers)",
     "gemma2": "Gemma 2",
     "gemma3_text": "Gemma 3 (text)",
     "gemma3": "Gemma 3 (multimodal checkpoint; the text model is loaded)",
@@ -77,6 +89,8 @@ def check_supported(config: Any) -> None:
         text_type = getattr(config.get_text_config(), "model_type", None)
         if text_type != "gemma3_text":
             raise UnsupportedModelError(model_type, f" (its text model is {text_type!r}, expected 'gemma3_text')")
+    if (reason := unsupported_layers(config)) is not None:
+        raise UnsupportedModelError(model_type, f": {reason}")
 
 
 def cache_dir() -> Path:
@@ -93,6 +107,22 @@ def embedded_model_dir() -> Path:
     target = cache_dir() / "models" / EMBEDDED_MODEL
     if not target.is_dir():  # only a finished conversion is ever renamed to this name
         _convert_gguf(_embedded_gguf(), target)
+    return target
+
+
+def converted_gguf_dir(gguf: Path) -> Path:
+    """A safetensors folder (fp32 weights, config, tokenizer) converted from ``gguf`` once and kept in the cache.
+
+    Reading a GGUF parses the whole file for the config, the tokenizer and the weights each; the folder loads in
+    seconds. Keyed by the file's path, size and modification time, so an edited or replaced file converts again.
+    An unsupported architecture is refused from the GGUF's config before any weight is read.
+    """
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
+    if not target.is_dir():  # only a finished conversion is ever renamed to this name
+        check_supported(_read_config(str(gguf.parent), gguf.name, False))
+        _convert_gguf(gguf, target)
     return target
 
 
@@ -175,7 +205,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
         except OSError:
             if not target.is_dir():
                 raise
-            logger.info("Another process converted %s first; using its copy", EMBEDDED_MODEL)
+            logger.info("Another process converted %s first; using its copy", gguf.name)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -196,10 +226,11 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     """Loads ``(model, tokenizer)`` in eval mode.
 
     Args:
-        source: ``None`` for the embedded SmolLM2, a local folder, a ``.gguf`` file, or a Hub id.
+        source: ``None`` for the embedded SmolLM2, a local folder, a ``.gguf`` file (converted once to a folder in
+            the cache, see ``converted_gguf_dir``), or a Hub id.
         device: ``"auto"`` (CUDA when available, else CPU) or a torch device string.
         dtype: ``"auto"`` (bfloat16 on CUDA, float16 without bf16 support, float32 on CPU),
-            ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+            ``"float32"``, ``"bfloat16"`` (on CPU too: half the weight bytes per token) or ``"float16"``.
         attn_implementation: ``"headinfer"`` (registered by ``import engine``) or any transformers one.
         with_tokenizer: ``False`` returns ``(model, None)`` for folders that hold only weights.
 
@@ -212,6 +243,8 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     path, gguf_file, is_hub = _resolve_source(source)
     torch_device = resolve_device(device)
     torch_dtype = _resolve_dtype(dtype, torch_device)
+    if gguf_file is not None:
+        path, gguf_file = str(converted_gguf_dir(Path(path, gguf_file))), None
     config = _read_config(path, gguf_file, is_hub)
     check_supported(config)
     kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation, "device_map": {"": torch_device}}

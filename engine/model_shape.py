@@ -27,6 +27,9 @@ class ModelShape:
     num_params: int
     sliding_windows: tuple[int | None, ...]
     max_positions: int | None = None  # the trained context window (see ``trained_window``); None: unknown
+    # Hybrid models: the model's layers that keep a fixed-size state (linear attention, convolution) instead of
+    # per-token K/V. ``num_layers`` and ``sliding_windows`` count only the layers with K/V.
+    state_layers: tuple[int, ...] = ()
 
     @classmethod
     def from_config(cls, config, dtype_bytes: int = 2, num_params: int | None = None) -> ModelShape:
@@ -40,15 +43,50 @@ class ModelShape:
         heads = int(config.num_attention_heads)
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-        windows = _sliding_windows(config, layers)
+        types = layer_types(config)
+        state = tuple(i for i, t in enumerate(types) if t in STATE_LAYER_TYPES)
+        windows = tuple(w for i, w in enumerate(_sliding_windows(config, layers)) if i not in state)
         params = num_params if num_params is not None else _estimate_params(config, head_dim, kv_heads)
-        return cls(layers, heads, kv_heads, head_dim, int(config.hidden_size), int(config.intermediate_size),
-                   int(config.vocab_size), dtype_bytes, int(params), windows, trained_window(config))
+        return cls(len(windows), heads, kv_heads, head_dim, int(config.hidden_size), int(config.intermediate_size),
+                   int(config.vocab_size), dtype_bytes, int(params), windows, trained_window(config), state)
+
+    @property
+    def kv_layer_indices(self) -> tuple[int, ...]:
+        """The model's layer index of each layer with K/V, in order (all of them unless the model is hybrid)."""
+        state = set(self.state_layers)
+        return tuple(i for i in range(self.num_layers + len(state)) if i not in state)
 
     @property
     def kv_bytes_per_token(self) -> int:
         """K and V bytes of one token across all layers and KV heads."""
         return self.num_layers * self.num_kv_heads * self.head_dim * 2 * self.dtype_bytes
+
+
+#: transformers layer types the head-wise cache holds per-token K/V for.
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+#: Layer types with a fixed-size state that stays on the compute device (no homes, no fetches).
+STATE_LAYER_TYPES = frozenset({"linear_attention", "conv"})
+
+
+def layer_types(config) -> tuple[str, ...]:
+    """transformers' type of each decoder layer (``config.layer_types``; every layer full attention without it)."""
+    types = getattr(config, "layer_types", None)
+    return tuple(types) if types else ("full_attention",) * int(config.num_hidden_layers)
+
+
+def unsupported_layers(config) -> str | None:
+    """Why the engine cannot serve ``config``'s layers exactly, or None when it can."""
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    if getattr(config, "kv_sharing_modes", None) is not None:
+        return "its layers share K/V across layers (KV sharing), which the per-layer homes do not model"
+    odd = sorted(set(layer_types(config)) - ATTENTION_LAYER_TYPES - STATE_LAYER_TYPES)
+    if odd:
+        return (f"its layer types {odd} are not plain attention or a fixed-size state (e.g. one layer holding both "
+                "attention K/V and a recurrent state, or chunked/indexed attention)")
+    if all(t in STATE_LAYER_TYPES for t in layer_types(config)):
+        return "it has no attention layer at all: there is no K/V to keep"
+    return None
 
 
 def _sliding_windows(config, layers: int) -> tuple[int | None, ...]:

@@ -123,9 +123,11 @@ class PromptBuilder:
             messages.append({"role": "user", "content": question})
         if getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        # Base models without a template: a plain transcript.
+        # Base models without a template: a plain transcript, opened with the <bos> the tokenizer asks for
+        # (add_bos_token, e.g. Gemma's GGUF): ``_encode`` adds no special tokens, since templates write their own.
         lines = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-        return "\n\n".join(lines) + "\n\nAssistant:"
+        bos = self.tokenizer.bos_token if getattr(self.tokenizer, "add_bos_token", False) else None
+        return (bos or "") + "\n\n".join(lines) + "\n\nAssistant:"
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

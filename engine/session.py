@@ -187,14 +187,21 @@ class DocumentSession:
                 input_ids = torch.tensor([ids], device=self.device)
                 out = self.model(input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         except torch.OutOfMemoryError as error:
-            self.cache.crop_to(boundary)  # layers that took the chunk give it back
+            self._give_back(boundary)  # layers that took the chunk give it back
             raise MemoryError(f"out of memory while reading {len(ids)} tokens; try a smaller chunk size "
                               f"or a smaller head group ({error})") from error
         except BaseException:
-            self.cache.crop_to(min(boundary, self.cache.get_seq_length()))
+            self._give_back(boundary)
             raise
         self._cached_ids.extend(ids)
         return out.logits[0, -1]
+
+    def _give_back(self, boundary: int) -> None:
+        """After a failed forward: back to ``boundary`` tokens, or, for a hybrid model whose fixed-size states may
+        have advanced part-way, back to where they were kept (the document's end)."""
+        kept = self.cache.restorable_length(min(boundary, self.cache.get_seq_length()), states_advanced=True)
+        self.cache.crop_to(kept)
+        del self._cached_ids[kept:]
 
     # -- questions -------------------------------------------------------------------------------
     def ask(self, question: str, *, max_new_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0,
@@ -248,6 +255,7 @@ class DocumentSession:
                 break
             common += 1
         common = min(common, len(wanted) - 1)  # at least one token to produce logits from
+        common = self.cache.restorable_length(common)  # a hybrid model's states go back to their anchor only
         self.cache.crop_to(common)
         del self._cached_ids[common:]
         logits = None

@@ -78,6 +78,7 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
     write failure; either way nothing is left behind but what was there before.
     """
     num_tokens = identity.num_tokens
+    _refuse_states(cache)
     if any(layer.homes is None or layer.length < num_tokens for layer in cache.layers):
         raise ValueError(f"the cache does not hold the {num_tokens:,} tokens to save")
     home = cache.layers[0].homes[0]
@@ -172,6 +173,7 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
 
 def _prepare(cache: HeadInferCache, header: SnapshotHeader) -> None:
     """Empties the cache and makes sure its homes match the snapshot (dtype, batch, head_dim, capacity)."""
+    _refuse_states(cache)
     if header.kv_dtype != cache.policy.kv_dtype:
         stored = lambda kind: kind or "the model's dtype"  # noqa: E731
         raise SnapshotError(f"the snapshot holds K/V in {stored(header.kv_dtype)}, this session keeps "
@@ -217,6 +219,12 @@ def _restore_parts(homes: LayerHomes, header: SnapshotHeader, num_tokens: int) -
             home.write(start, by_head[:, :, :, home.group.start : home.group.stop])
 
     return [(g, 0, [run]) for g, run in enumerate(scratch.unbind(0))], regroup
+
+
+def _refuse_states(cache: HeadInferCache) -> None:
+    if cache.shape.state_layers:
+        raise SnapshotError("snapshots keep K/V only, and this hybrid model's linear-attention or convolution "
+                            "layers hold a state instead: read the document again")
 
 
 def _size(path: Path) -> int:

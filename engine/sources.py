@@ -73,7 +73,7 @@ def attention_mass(cache, probe: QueryProbe, *, per_head: bool = False) -> torch
             continue  # a window ring holds only recent tokens; calibration picks full-attention heads anyway
         queries, positions = recorded  # [H_sel, N, D], N positions
         mass = torch.empty(len(probe.heads[layer_idx]), length, dtype=torch.float64)  # [H_sel, L]
-        for picked, keys in _keys_by_device(cache.layers[layer_idx], probe.heads[layer_idx], n_rep, length):
+        for picked, keys in _keys_by_device(cache.kv_layers[layer_idx], probe.heads[layer_idx], n_rep, length):
             q = queries[picked].to(keys.device, torch.float32)
             mass[picked] = _mass(q, keys, positions, probe.scaling[layer_idx], None, softcap)
         rows.append(mass)

@@ -5,12 +5,21 @@ from __future__ import annotations
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    Cohere2Config,
     Gemma2Config,
     Gemma3TextConfig,
+    Glm4Config,
+    GraniteConfig,
+    Lfm2Config,
     LlamaConfig,
     MistralConfig,
+    Olmo2Config,
+    Phi3Config,
     Qwen2Config,
     Qwen3Config,
+    Qwen3MoeConfig,
+    Qwen3NextConfig,
+    Qwen3_5TextConfig,
 )
 
 from engine.loader import load_model
@@ -20,7 +29,8 @@ _COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_at
 
 
 def tiny_configs() -> dict[str, object]:
-    """name -> config; covers MHA, GQA, MQA, sliding windows shorter than the prompts, Gemma 2's softcap."""
+    """name -> config; covers MHA, GQA, MQA, sliding windows shorter than the prompts, Gemma 2's softcap,
+    partial rotary, LongRoPE, head_dim != hidden / heads, MoE feed-forwards and attention multipliers."""
     return {
         "llama-gqa": LlamaConfig(**_COMMON),
         "llama-mha": LlamaConfig(**{**_COMMON, "num_key_value_heads": 4}),
@@ -33,7 +43,44 @@ def tiny_configs() -> dict[str, object]:
                                        final_logit_softcapping=30.0, query_pre_attn_scalar=16),
         "gemma3-window": Gemma3TextConfig(**_COMMON, head_dim=16, sliding_window=8,
                                           layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+        # Phi-3/4: LongRoPE (short factors and the attention factor; the long factors are tested apart, see
+        # ``longrope_past_original_config``) on half of each head (partial rotary).
+        "phi3-longrope": _phi3(original_max_position_embeddings=128),
+        # Mistral-Nemo: head_dim 24 while hidden / heads = 16.
+        "mistral-nemo-head-dim": MistralConfig(**_COMMON, head_dim=24),
+        "glm4": Glm4Config(**_COMMON, head_dim=16, partial_rotary_factor=0.5, pad_token_id=0),
+        "qwen3-moe": Qwen3MoeConfig(**_COMMON, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                    moe_intermediate_size=32),
+        "cohere2-window": Cohere2Config(**_COMMON, sliding_window=8, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                        layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+        "olmo2": Olmo2Config(**_COMMON, pad_token_id=0, eos_token_id=2),
+        "granite": GraniteConfig(**_COMMON, attention_multiplier=0.2, embedding_multiplier=2.0,
+                                 residual_multiplier=0.5, logits_scaling=4.0),
+        # Hybrids: the state layers (convolution, gated delta-net linear attention) get no homes and no fetches.
+        "lfm2-hybrid": Lfm2Config(**_COMMON, layer_types=["conv", "full_attention", "conv"]),
+        "qwen3-next-hybrid": Qwen3NextConfig(**_COMMON, **_LINEAR, num_experts=4, num_experts_per_tok=2,
+                                             moe_intermediate_size=32, shared_expert_intermediate_size=32),
+        "qwen3.5-hybrid": Qwen3_5TextConfig(**_COMMON, **_LINEAR),
     }
+
+
+_LINEAR = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
+               linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4)
+
+
+def _phi3(original_max_position_embeddings: int) -> Phi3Config:
+    rope = {"rope_type": "longrope", "partial_rotary_factor": 0.5, "short_factor": [1.0, 1.1, 1.2, 1.3],
+            "long_factor": [2.0, 3.0, 4.0, 5.0]}  # rotary dims / 2 = 16 * 0.5 / 2 entries
+    return Phi3Config(**_COMMON, partial_rotary_factor=0.5, rope_parameters=rope, pad_token_id=0, eos_token_id=2,
+                      original_max_position_embeddings=original_max_position_embeddings)
+
+
+def longrope_past_original_config() -> Phi3Config:
+    """Phi-3 whose prompts run past the original window (32), so LongRoPE switches to its long factors.
+
+    transformers picks short or long factors per forward from its last position, so only a prompt read in one
+    forward sees the same rotary angles as stock's (chunked prefill differs in stock transformers too)."""
+    return _phi3(original_max_position_embeddings=32)
 
 
 def reference_attention(name: str) -> str:
@@ -41,10 +88,10 @@ def reference_attention(name: str) -> str:
     return "eager" if name.startswith("gemma2") else "sdpa"
 
 
-def build_pair(name: str, folder, dtype=torch.float32, device="cpu"):
+def build_pair(name: str, folder, dtype=torch.float32, device="cpu", config=None):
     """(stock model, headinfer model) with identical random weights, the latter via engine.loader."""
     torch.manual_seed(1234)
-    config = tiny_configs()[name]
+    config = config if config is not None else tiny_configs()[name]
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.save_pretrained(folder)
     stock = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=reference_attention(name))

@@ -299,7 +299,48 @@ def test_default_source_is_embedded_and_fast(smollm2_dir):
 
 
 @pytest.mark.slow
-def test_gguf_source_matches_converted_folder(smollm2, smollm2_dir):
-    model, _ = load_model(str(loader._embedded_gguf()), attn_implementation="sdpa")
+def test_gguf_source_converted_once_then_loaded_from_the_cache(smollm2, monkeypatch, tmp_path):
+    gguf = loader._embedded_gguf()
+    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path))
+    model, tokenizer = load_model(str(gguf), attn_implementation="sdpa")
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 314]])
     torch.testing.assert_close(_logits(model, ids), _logits(smollm2[0], ids))
+    assert tokenizer.chat_template and Path(model.config.name_or_path).parent == tmp_path / "models"
+
+    def no_gguf_parse(*args, **kwargs):
+        raise AssertionError("the GGUF was parsed again")
+
+    monkeypatch.setattr(loader, "_convert_gguf", no_gguf_parse)
+    monkeypatch.setattr(loader, "_read_config", lambda path, gguf_file, is_hub: (
+        no_gguf_parse() if gguf_file else AutoConfig.from_pretrained(path)))
+    start = time.perf_counter()
+    again, _ = load_model(str(gguf), attn_implementation="sdpa")
+    assert time.perf_counter() - start < 30  # ~1 s idle; the converting load took ~20 s here
+    torch.testing.assert_close(_logits(again, ids), _logits(model, ids), rtol=0, atol=0)
+    # The same converted weights in bf16 on the CPU: the dtype is chosen at load, not baked into the cache.
+    bf16, _ = load_model(str(gguf), device="cpu", dtype="bfloat16", attn_implementation="sdpa")
+    assert next(bf16.parameters()).dtype == torch.bfloat16
+
+
+def test_gguf_conversion_keyed_by_file_and_refused_before_weights(empty_cache, monkeypatch, tmp_path):
+    conversions = []
+
+    def fake_convert(gguf, target):
+        conversions.append(gguf.read_bytes())
+        target.mkdir(parents=True)
+
+    configs = {"llama": AutoConfig.for_model("llama"), "gpt2": AutoConfig.for_model("gpt2")}
+    monkeypatch.setattr(loader, "_convert_gguf", fake_convert)
+    monkeypatch.setattr(loader, "_read_config", lambda path, name, is_hub: configs[Path(path, name).read_text()[:5].strip()])
+    gguf = tmp_path / "tiny.Q4_0.gguf"
+    gguf.write_text("llama")
+    first = loader.converted_gguf_dir(gguf)
+    assert loader.converted_gguf_dir(gguf) == first and len(conversions) == 1  # once
+    assert first.parent == empty_cache / "models" and first.name.startswith("tiny.Q4_0-")
+    gguf.write_text("llama  ")  # another file under the same name converts again
+    assert loader.converted_gguf_dir(gguf) != first and len(conversions) == 2
+    other = tmp_path / "other.gguf"
+    other.write_text("gpt2")
+    with pytest.raises(UnsupportedModelError):
+        loader.converted_gguf_dir(other)
+    assert len(conversions) == 2

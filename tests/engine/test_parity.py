@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 
 import engine
-from archs import build_pair, tiny_configs
+from archs import build_pair, longrope_past_original_config, tiny_configs
 
 PROMPT_LEN = 45  # longer than the sliding windows (8), not a multiple of the chunk sizes below
 RTOL = 1e-5
@@ -83,3 +83,58 @@ def test_headinfer_attention_without_headinfer_cache(pair):
     name, stock, headinfer = pair
     ids = prompt(stock.config.vocab_size)
     assert rel_diff(headinfer(ids).logits, stock(ids).logits) < RTOL
+
+
+@torch.inference_mode()
+def test_longrope_long_factors_match_stock(tmp_path):
+    """Phi-3 past its original window: the long factors apply, in prefill and every decode step."""
+    stock, headinfer = build_pair("phi3-long", tmp_path, config=longrope_past_original_config())
+    ids = prompt(stock.config.vocab_size)  # 45 tokens > the original window of 32
+    assert ids.shape[1] > stock.config.rope_parameters["original_max_position_embeddings"]
+    kwargs = dict(max_new_tokens=20, do_sample=False, min_new_tokens=20, output_logits=True,
+                  return_dict_in_generate=True)
+    expected = stock.generate(ids, **kwargs)
+    actual = headinfer.generate(ids, past_key_values=engine.HeadInferCache(headinfer.config, resident_slots=0), **kwargs)
+    assert torch.equal(actual.sequences, expected.sequences)
+    for step, (a, e) in enumerate(zip(actual.logits, expected.logits)):
+        assert rel_diff(a, e) < RTOL, step
+
+
+BF16_RTOL = 2e-2  # bf16 rounds to 8 bits of mantissa; stock's kernels and ours sum in different orders
+
+
+@pytest.fixture(scope="module", params=sorted(tiny_configs()))
+def bf16_pair(request, tmp_path_factory):
+    stock, headinfer = build_pair(request.param, tmp_path_factory.mktemp(f"{request.param}-bf16"), dtype=torch.bfloat16)
+    return request.param, stock, headinfer
+
+
+@torch.inference_mode()
+def test_bf16_weights_on_cpu_match_stock_bf16(bf16_pair):
+    """CPU weights in bf16 (``load_model(dtype="bfloat16")``): the same bf16 weights in stock transformers give
+    the same logits within bf16 rounding, prefill and decode, and the same greedy tokens."""
+    name, stock, headinfer = bf16_pair
+    assert next(headinfer.parameters()).dtype == torch.bfloat16 and next(headinfer.parameters()).device.type == "cpu"
+    ids = prompt(stock.config.vocab_size)
+    stock_cache = DynamicCache(config=stock.config)
+    expected = [stock(ids, past_key_values=stock_cache, use_cache=True).logits[:, -1]]
+    cache = engine.HeadInferCache(headinfer.config, resident_slots=0, chunk_size=16)
+    actual = [chunked_logits(headinfer, ids, cache, 16)[:, -1]]
+    for _ in range(12):
+        token = expected[-1].argmax(-1, keepdim=True)
+        expected.append(stock(token, past_key_values=stock_cache, use_cache=True).logits[:, -1])
+        actual.append(headinfer(token, past_key_values=cache, use_cache=True).logits[:, -1])
+    for step, (a, e) in enumerate(zip(actual, expected)):
+        assert rel_diff(a.float(), e.float()) < BF16_RTOL, (name, step)
+    kwargs = dict(max_new_tokens=20, do_sample=False, min_new_tokens=20)
+    generated = headinfer.generate(ids, past_key_values=engine.HeadInferCache(headinfer.config, resident_slots=0),
+                                   **kwargs)
+    assert torch.equal(generated, stock.generate(ids, **kwargs)), name
+
+
+def test_every_supported_family_is_in_the_grid():
+    """A family listed as supported without a tiny config here would be served unproven."""
+    from engine.loader import SUPPORTED_ARCHITECTURES
+
+    covered = {config.model_type for config in tiny_configs().values()}
+    assert set(SUPPORTED_ARCHITECTURES) - {"gemma3"} <= covered  # gemma3: a wrapper loaded as gemma3_text

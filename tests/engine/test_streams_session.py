@@ -30,7 +30,7 @@ def _session(model, tokenizer, streams: str, **policy) -> DocumentSession:
 def _cancelled_then_resumed(session: DocumentSession) -> None:
     def stop_in_the_second_chunk() -> bool:
         # Between layers: the first layer already holds the second chunk, the others not yet.
-        lengths = [layer.length for layer in session.cache.layers]
+        lengths = [layer.length for layer in session.cache.kv_layers]
         return lengths[0] > POLICY["chunk_size"] and lengths[-1] <= POLICY["chunk_size"]
 
     with pytest.raises(PrefillCancelled):

@@ -323,7 +323,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     from app.ui import build_ui, launch_options
     from app.uploads import prepare_folder
-    from engine import DocumentSession, ModelSourceError, UnsupportedModelError, describe, load_model
+    from app.picker import ModelPicker
+    from engine import ModelSourceError, UnsupportedModelError, describe, load_model
+    from engine.model_switch import ModelHolder
 
     try:
         model, tokenizer = load_model(args.model, device=device, dtype=args.dtype)
@@ -344,8 +346,13 @@ def main(argv: list[str] | None = None) -> None:
     if store is not None:
         log.info("%s", where_saved(store, private=private, has_auth=args.auth is not None,
                                    session_shelves=session_shelves))
-    demo = build_ui(lambda: DocumentSession(model, tokenizer, policy), model_info=info, snapshot_store=store,
-                    private=private, upload_dir=prepare_folder(UPLOADS), session_shelves=session_shelves)
+    # Every tab's session comes from the holder, so the picker can switch the served model for all of them.
+    holder = ModelHolder(model, tokenizer, policy, str(args.model or info.get("name_or_path")),
+                         loader=lambda source: load_model(source, device=device, dtype=args.dtype))
+    del model, tokenizer  # the holder owns them: a switch must be able to free the old model
+    demo = build_ui(holder.new_session, model_info=info, snapshot_store=store,
+                    private=private, upload_dir=prepare_folder(UPLOADS), session_shelves=session_shelves,
+                    picker=ModelPicker(holder, device=device).build)
     share = args.share and can_reach_share_server()
     if args.share and not share:
         log.warning("Could not create a share link: %s:%d is unreachable (no internet?). "

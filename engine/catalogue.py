@@ -122,13 +122,13 @@ def plan_entry(entry: Entry, machine: Machine, *, chunk_size: int = 4096) -> Fit
     memory = max(ram, disk or 0)
     reads = min(memory, window) if window else memory
     notes = list(entry.caveats)
-    supported = entry.config.get("model_type") in SUPPORTED_ARCHITECTURES
-    if not supported:
-        notes.insert(0, f"The engine does not serve {entry.config.get('model_type')!r} yet.")
     if memory == 0:
         notes.insert(0, "Does not fit here: the weights alone exceed the memory budget.")
     elif window and memory < window:
         notes.append(f"Memory binds before the model's window ({window:,} tokens).")
+    supported = entry.config.get("model_type") in SUPPORTED_ARCHITECTURES
+    if not supported:  # named first: no memory makes it servable
+        notes.insert(0, f"The engine does not serve {entry.config.get('model_type')!r} yet.")
     return Fit(entry, supported, window, ram, int8, disk, reads,
                estimate_prefill_seconds(shape, READ_TOKENS, machine.flops),
                decode_seconds(shape, max(reads, 1), machine), tuple(notes))

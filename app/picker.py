@@ -42,7 +42,7 @@ def table_rows(fits: list[Fit], serving: str) -> list[list]:
 
 
 def where(entry: Entry, serving: str) -> str:
-    if entry.id == serving or (entry.location and entry.location == serving):
+    if serving in (entry.id, entry.location, f"pypi:{entry.pypi}"):
         return "serving now"
     if entry.location:
         return f"{entry.source}: {entry.location}"

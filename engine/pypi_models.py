@@ -54,6 +54,19 @@ PYPI_MODELS: dict[str, PypiModel] = {model.key: model for model in (
 )}
 
 
+#: the model a CPU-only machine serves when none is named: the best trade-off of docs/benchmarks/model-eval.md
+CPU_DEFAULT = "qwen2.5-coder-0.5b"
+CPU_MODEL_ENV = "HEADINFER_CPU_MODEL"  # "embedded": the small SmolLM2 (the tests' choice); or any model source
+
+
+def cpu_default_source() -> str | None:
+    """The source ``load_model`` gets on a CPU-only machine when the user names none (None: embedded SmolLM2)."""
+    chosen = os.environ.get(CPU_MODEL_ENV, "").strip()
+    if chosen == "embedded":
+        return None
+    return chosen or f"pypi:{CPU_DEFAULT}"
+
+
 def pypi_model_dir(key: str) -> Path:
     """A safetensors folder of ``PYPI_MODELS[key]``, converted once from its GGUF (later loads take seconds)."""
     from engine.loader import _convert_gguf

@@ -56,3 +56,23 @@ def test_a_checksum_mismatch_leaves_no_file(fake):
 def test_an_unknown_pypi_source_names_the_known_ones():
     with pytest.raises(ModelSourceError, match="qwen2.5-coder-0.5b"):
         _resolve_source("pypi:nothing")
+
+
+def test_the_cpu_default_is_the_evaluations_pick_unless_the_environment_says_otherwise(monkeypatch):
+    from engine.pypi_models import CPU_MODEL_ENV, cpu_default_source
+
+    monkeypatch.delenv(CPU_MODEL_ENV, raising=False)
+    assert cpu_default_source() == "pypi:qwen2.5-coder-0.5b"
+    monkeypatch.setenv(CPU_MODEL_ENV, "embedded")
+    assert cpu_default_source() is None
+    monkeypatch.setenv(CPU_MODEL_ENV, "/some/folder")
+    assert cpu_default_source() == "/some/folder"
+
+
+def test_launch_without_a_model_serves_the_cpu_default_on_a_cpu(monkeypatch, capsys):
+    import launch
+
+    monkeypatch.setenv("HEADINFER_CPU_MODEL", "/no/such/default-model")
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--device", "cpu"])
+    assert exit_info.value.code == 2 and "/no/such/default-model" in capsys.readouterr().err

@@ -102,7 +102,8 @@ def shape_of(entry: Entry, dtype_bytes: int = BF16) -> ModelShape:
         config["num_hidden_layers"] = layers // int(config.pop("attention_every"))
     if "sliding_every" in config:
         every = int(config.pop("sliding_every"))
-        config["layer_types"] = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
+        config["layer_types"] = ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                                 for i in range(layers)]
     if entry.trained_window is not None:
         config.pop("rope_scaling", None)
         config["max_position_embeddings"] = entry.trained_window

@@ -144,7 +144,8 @@ def _gguf_entry(file: str, size: int, mtime_ns: int, name: str, source: str) -> 
         config = {"model_type": GGUF_ARCHITECTURES.get(arch, arch), "num_hidden_layers": int(key("block_count")),
                   "num_attention_heads": heads, "num_key_value_heads": int(key("attention.head_count_kv") or heads),
                   "head_dim": int(key("attention.key_length") or hidden // heads), "hidden_size": hidden,
-                  "intermediate_size": int(key("feed_forward_length")), "max_position_embeddings": int(key("context_length")),
+                  "intermediate_size": int(key("feed_forward_length")),
+                  "max_position_embeddings": int(key("context_length")),
                   "vocab_size": len(reader.fields["tokenizer.ggml.tokens"].data)}
         window = key("attention.sliding_window")
         if window and arch in _SLIDING_EVERY:

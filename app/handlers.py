@@ -55,6 +55,8 @@ class Handlers:
         self._open: dict[str, BrowserState] = {}
 
     def _session(self, state: BrowserState, request: gr.Request | None) -> DocumentSession:
+        if state.session is not None and getattr(state.session, "retired", None):  # the served model was switched
+            state.session, state.tokens, state.read_text = None, None, None  # tokens were the old tokenizer's
         if state.session is None:
             state.session = self._factory()
         if request is not None and request.session_hash:

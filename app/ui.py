@@ -47,7 +47,8 @@ def launch_options() -> dict:
 
 def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
              title: str = "HeadInfer Studio", snapshot_store: SnapshotStore | None = None, private: bool = False,
-             session_shelves: Path | None = None, upload_dir: Path | None = None) -> gr.Blocks:
+             session_shelves: Path | None = None, upload_dir: Path | None = None,
+             picker: Callable[[], None] | None = None) -> gr.Blocks:
     """Builds the page; each browser tab gets its own session from ``engine_factory``.
 
     Args:
@@ -61,6 +62,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
             when the tab closes; without that folder such visitors save nothing).
         upload_dir: the folder Gradio keeps uploads in (``app.uploads.prepare_folder``); a tab's uploads
             are deleted when it closes. Set before any component exists, as Gradio reads it then.
+        picker: adds the model picker below the page (``app.picker.ModelPicker.build``); None leaves it out.
     """
     if upload_dir is not None:
         os.environ["GRADIO_TEMP_DIR"] = str(upload_dir)  # Gradio's only setting for it
@@ -127,6 +129,8 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                     show_sources = gr.Checkbox(True, label="Show sources", elem_id="show-sources",
                                                info="The pages each answer attended to most, read from the "
                                                     "model's attention (a small extra pass after the answer).")
+        if picker is not None:
+            picker()
 
         # One upload at a time: reading and tokenizing a large file takes memory, so visitors queue for it.
         files.change(handlers.choose_files, [files, state], [state, table, plan, truncate, read_button, status_box],

@@ -215,14 +215,9 @@ class HeadInferCache(Cache):
                                      window=layer.window, chunk=chunk, kv_dtype=self.policy.kv_dtype, disk=self._disk)
             layer.is_initialized = True
         host_slots = self._host_slots(num_groups, resident)
-<<<<<<< HEAD
-        self.schedule = Schedule([layer.homes for layer in self.layers], list(self.shape.sliding_windows),
+        self.schedule = Schedule([layer.homes for layer in self.kv_layers], list(self.shape.sliding_windows),
                                  self.transfer, self.policy.overlap,
                                  HostAttention(streams=streams) if host_slots else None,
-=======
-        self.schedule = Schedule([layer.homes for layer in self.kv_layers], list(self.shape.sliding_windows),
-                                 self.transfer, self.policy.overlap, HostAttention() if host_slots else None,
->>>>>>> models20
                                  host_slots, disk=self._disk)
         logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, %d on disk, %d attended "
                     "on the host in decode, capacity %d tokens, %s", len(self.kv_layers), num_groups, g, len(resident),

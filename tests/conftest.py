@@ -1,4 +1,9 @@
+import os
+
 import pytest
+
+# Tests and the apps they launch run the small embedded SmolLM2, not the CPU default (engine.pypi_models).
+os.environ.setdefault("HEADINFER_CPU_MODEL", "embedded")
 
 
 def pytest_collection_modifyitems(config, items):

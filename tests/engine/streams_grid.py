@@ -133,7 +133,13 @@ def _run(stock, headinfer, case: Case, cache) -> Outcome:
                     headinfer(chunk, past_key_values=cache)
                 raise AssertionError("the forward was not interrupted")
             except ForwardInterrupted:
-                cache.crop_to(start)  # layers that took the chunk give it back (as DocumentSession does)
+                # Layers that took the chunk give it back, as DocumentSession does; a hybrid model's fixed-size
+                # states cannot go back, so it reads again from the last point they can return to.
+                kept = cache.restorable_length(start, states_advanced=True)
+                cache.crop_to(kept)
+                if kept < start:
+                    assert kept == 0, kept
+                    logits = [headinfer(ids[:, :start], past_key_values=cache).logits]
         logits.append(headinfer(chunk, past_key_values=cache).logits)
         checker = checker or getattr(cache.transfer.streams, "checker", None)
     logits = [torch.cat(logits, dim=1)]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .answering import document_page_starts, retrieval_heads, stream_answer
+from .answering import ConversationFit, QuestionTooLong, document_page_starts, retrieval_heads, stream_answer
 from .cache import HeadInferCache
 from .document_snapshots import restore_document
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
@@ -60,6 +60,8 @@ class DocumentSession:
         self._pages: list[tuple[int, int]] | None = None  # (first token, page) of [page N] markers, when needed
         self._starts = None  # where each document token starts in the text (DocumentTokens.starts)
         self.turns: list[Turn] = []
+        self.dropped_turns = 0  # oldest turns the last question left out of its prompt (to fit the allowance)
+        self._context_limit, self._limit_reason = 0, ""  # the document's plan: the most its context may take, and why
         self._host_ms_per_token = 0.0  # the last answer's host-attention time per token (meters)
 
     @property
@@ -76,7 +78,41 @@ class DocumentSession:
 
     @property
     def max_context(self) -> int:
+        """The conversation allowance: the document plus the ``answer_budget`` its cache is planned for."""
         return self.document_tokens + self.answer_budget
+
+    @property
+    def context_limit(self) -> int:
+        """The most tokens the document's whole context (document, conversation, answer) may take: the smallest of
+        what memory holds, ``policy.max_context`` and the model's trained window (0 without a document)."""
+        return self._context_limit
+
+    def question_room(self, max_new_tokens: int) -> int:
+        """Tokens a question may take now (its chat markup included) beside the document and a ``max_new_tokens``
+        answer, with no earlier turn kept: the bar the app shows and checks before any work."""
+        return max(self._context_limit - self.document_tokens - max_new_tokens, 0)
+
+    def fit_question(self, question: str, max_new_tokens: int) -> ConversationFit:
+        """The ids ``question`` will be asked with, checked before any work.
+
+        Raises ``QuestionTooLong`` (with the numbers) when even alone, with every earlier turn left out, it does not
+        fit the context limit. Otherwise, while the conversation would pass its allowance (``max_context``), the
+        oldest turns are left out first; a question that passes the allowance alone but fits the limit is kept.
+        """
+        alone = self.prompts.conversation_ids(self.document, [], question)
+        need = self.document_tokens + len(alone) + max_new_tokens
+        if need > self._context_limit:
+            room = self.question_room(max_new_tokens)
+            raise QuestionTooLong(
+                f"the question takes {len(alone):,} tokens; with the document ({self.document_tokens:,}) and room for "
+                f"a {max_new_tokens:,}-token answer that is {need:,} tokens, past the {self._context_limit:,} this "
+                f"context may take ({self._limit_reason}). A question may take at most {room:,} tokens here",
+                question_tokens=len(alone), room=room)
+        for dropped in range(len(self.turns)):
+            ids = self.prompts.conversation_ids(self.document, self.turns[dropped:], question)
+            if self.document_tokens + len(ids) + max_new_tokens <= self.max_context:
+                return ConversationFit(dropped, ids)
+        return ConversationFit(len(self.turns), alone)
 
     # -- planning --------------------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
@@ -150,6 +186,7 @@ class DocumentSession:
         self.clear()
         self.document, self._document_ids, self.cache = tokens.text, tokens.ids, cache
         self._starts = tokens.starts
+        self._context_limit, self._limit_reason = plan.context_limit, plan.limit_reason
         return len(tokens)
 
     def prefill(self, on_progress: Callable[[PrefillProgress], None] | None = None,
@@ -199,32 +236,48 @@ class DocumentSession:
     # -- questions -------------------------------------------------------------------------------
     def ask(self, question: str, *, max_new_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0,
             should_stop: Callable[[], bool] | None = None, repetition_guard: RepetitionGuard | None = RepetitionGuard(),
-            sources: bool = True) -> Iterator[AnswerChunk]:
+            sources: bool = True,
+            on_question_progress: Callable[[int, int], None] | None = None) -> Iterator[AnswerChunk]:
         """Streams the answer to ``question``; the conversation so far is part of the prompt.
 
-        ``repetition_guard`` (a sampling choice) penalises and stops loops; ``None`` gives the exact greedy
-        continuation. ``sources``: the final chunk carries the pages the answer attended to.
+        The question is checked first (``fit_question``: refused with ``QuestionTooLong``, or the oldest turns left
+        out). Its own tokens are read in chunks, ``should_stop`` checked between layers as in ``prefill``
+        (``on_question_progress(done, total)`` after each chunk); a stop there ends the answer at once, empty and
+        ``stopped``. ``repetition_guard`` (a sampling choice) penalises and stops loops; ``None`` gives the exact
+        greedy continuation. ``sources``: the final chunk carries the pages the answer attended to.
         """
         if not self.is_prefilled:
             raise ValueError("read the document first (prefill)")
         if not question.strip():
             raise ValueError("the question is empty")
         asked = time.perf_counter()
-        wanted = self._document_ids + self.prompts.conversation_ids(self.document, self.turns, question)
+        fit = self.fit_question(question, max_new_tokens)
+        self.dropped_turns = fit.num_dropped
+        if fit.num_dropped:
+            logger.info("left the %d oldest turns out of the prompt to stay within the conversation allowance",
+                        fit.num_dropped)
+        kept = self.turns[fit.num_dropped:]
+        wanted = self._document_ids + fit.ids
         grounding = self._grounding() if sources else None
         if grounding is not None:
             grounding.start(len(wanted) - 1)  # from the query that writes the first answer token
         host_before = self.cache.host_attention_seconds
         try:
-            logits = self._extend_to(wanted)
-            end = yield from stream_answer(self.model, self.tokenizer, logits, self._forward, asked,
+            try:
+                logits = self._extend_to(wanted, should_stop, on_question_progress)
+            except ForwardInterrupted:
+                yield AnswerChunk("", "", 0, None, 0.0, done=True, stopped=True)
+                return
+            end = yield from stream_answer(self.model, self.tokenizer, logits,
+                                           lambda ids: self._forward_unless_stopped(ids, should_stop), asked,
                                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                            should_stop=should_stop, repetition_guard=repetition_guard)
-            found = grounding.finish() if grounding is not None else []
+            # A stopped answer ends now: its sources would cost one more pass over the whole context.
+            found = grounding.finish() if grounding is not None and not end.stopped else []
         finally:
             if grounding is not None:
                 grounding.cancel()  # an abandoned answer stops recording (a no-op after finish)
-        self.turns.append(Turn(question, end.text))
+        self.turns = [*kept, Turn(question, end.text)]
         self._host_ms_per_token = 1000 * (self.cache.host_attention_seconds - host_before) / max(end.num_tokens, 1)
         yield AnswerChunk(end.text, "", end.num_tokens, None if end.first_at is None else end.first_at - asked,
                           answer_rate(end.num_tokens, end.first_at), done=True, stopped=end.stopped,
@@ -240,8 +293,16 @@ class DocumentSession:
             self._pages = document_page_starts(self.prompts, self.document, self._starts)
         return AnswerSources(self.cache, heads, (0, self.document_tokens), self._pages)
 
-    def _extend_to(self, wanted: list[int]) -> torch.Tensor:
-        """Crops the cache to its longest common prefix with ``wanted`` and feeds the rest."""
+    def _forward_unless_stopped(self, ids: list[int], should_stop: Callable[[], bool] | None) -> torch.Tensor:
+        """``_forward``, raising ``ForwardInterrupted`` between layers once ``should_stop()``; the hooks live for
+        this forward only, so a paused answer never checks another tab's forwards run on the same thread."""
+        with interruptible(self.model, should_stop):
+            return self._forward(ids)
+
+    def _extend_to(self, wanted: list[int], should_stop: Callable[[], bool] | None = None,
+                   on_progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+        """Crops the cache to its longest common prefix with ``wanted`` and feeds the rest in prefill-sized chunks,
+        stoppable between layers (``ForwardInterrupted``; the cache then ends at a chunk boundary)."""
         common = 0
         for have, want in zip(self._cached_ids, wanted):
             if have != want:
@@ -250,9 +311,16 @@ class DocumentSession:
         common = min(common, len(wanted) - 1)  # at least one token to produce logits from
         self.cache.crop_to(common)
         del self._cached_ids[common:]
-        logits = None
-        for start in range(common, len(wanted), self.policy.chunk_size):
-            logits = self._forward(wanted[start : start + self.policy.chunk_size])
+        logits, start = None, common
+        with interruptible(self.model, should_stop):
+            while start < len(wanted):
+                if should_stop is not None and should_stop():
+                    raise ForwardInterrupted("stopped between chunks of the question")
+                size = prefill_step(self.policy.chunk_size, self.device.type, start)
+                logits = self._forward(wanted[start : start + size])
+                start += size
+                if on_progress is not None:
+                    on_progress(min(start, len(wanted)) - common, len(wanted) - common)
         return logits
 
     def new_conversation(self) -> None:

@@ -3,6 +3,7 @@ light event (Cancel, Stop, tab closed) reach the heavy one that is running."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,6 +36,14 @@ class BrowserState:
         if self.session is not None:
             self.session.clear()
         self.read_text = None
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Waits (a Stop or Cancel having been asked) for this tab's running read or answer to end; False if it
+        is still busy after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.is_busy and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self.is_busy
 
     @contextmanager
     def working(self) -> Iterator[None]:

@@ -18,6 +18,7 @@ import gradio as gr
 from app import render
 from app.background import iterate_reports
 from app.browser_state import BrowserState
+from app.compute_queue import ComputeQueue, Ticket
 from app.documents import combine
 from app.meters import meters_html
 from app.render import status
@@ -26,8 +27,8 @@ from app.sizing import read_sized, token_counts
 from app.uploads import delete_uploads
 from app.views import AskView, ClearView, DeleteView, FilesView, ReadView, SavedView
 from app.pages import cited_pages, split_pages
-from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, RepetitionGuard, RestoreStats,
-                    SnapshotStore, format_bytes, read_memory)
+from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, QuestionTooLong, RepetitionGuard,
+                    RestoreStats, SnapshotStore, format_bytes, read_memory)
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +44,16 @@ class Handlers:
     """The page's event functions, bound to the factory that builds a session per browser."""
 
     def __init__(self, engine_factory: Callable[[], DocumentSession], snapshot_store: SnapshotStore | None = None, *,
-                 private: bool = False, session_shelves: Path | None = None, upload_dir: Path | None = None):
+                 private: bool = False, session_shelves: Path | None = None, upload_dir: Path | None = None,
+                 max_question: int | None = None, compute_queue: ComputeQueue | None = None):
         """``private``: visitors are kept apart (saved documents per user or per tab, see ``app.shelves``);
         ``session_shelves``: the folder for per-tab shelves; ``upload_dir``: where Gradio keeps uploads
-        (a tab's are deleted when it closes)."""
+        (a tab's are deleted when it closes); ``max_question``: the longest question in tokens (None: what the
+        plan leaves beside the document and the answer); ``compute_queue``: the line for the compute device."""
         self._factory = engine_factory
+        self._max_question = max_question
+        self._queue = compute_queue or ComputeQueue()
+        self._decode_rate = 10.0  # tokens/s of the last answer: what a queued answer is expected to take
         self._shelves = Shelves(snapshot_store, private=private, session_root=session_shelves)
         self._upload_dir = upload_dir
         # Browser session id -> its state, only so ``unload`` can free a closed tab's memory at
@@ -117,14 +123,40 @@ class Handlers:
         disk instead, and a set read to the end is saved for next time.
         """
         with state.working():
-            yield from self._read(truncate, state, request)
+            state.cancel_requested = False
+            if not state.documents:
+                yield ReadView(state, NO_CHANGE, _warn("Drop one or more files first."), NO_CHANGE, *_IDLE)
+                return
+            session = self._session(state, request)
+            num_tokens = len(state.tokens) if state.tokens is not None else 0
+            ticket = self._queue.join(f"reading {num_tokens:,} tokens",
+                                      session.estimate_prefill_seconds(max(num_tokens - session.prefilled_tokens, 1)))
+            try:
+                waiting = lambda line: ReadView(state, NO_CHANGE, line, NO_CHANGE, gr.update(interactive=False),
+                                                gr.update(interactive=True))
+                if not (yield from self._in_line(ticket, lambda: state.cancel_requested or state.is_closed, waiting)):
+                    yield ReadView(state, NO_CHANGE, status("info", "You left the queue; nothing was read."),
+                                   NO_CHANGE, *_IDLE)
+                    return
+                yield from self._read(truncate, state, request, ticket)
+            finally:
+                self._queue.leave(ticket)
 
-    def _read(self, truncate: bool, state: BrowserState, request: gr.Request | None) -> Iterator[ReadView]:
-        idle = (gr.update(interactive=True), gr.update(interactive=False))
-        running = (gr.update(interactive=False), gr.update(interactive=True))
-        if not state.documents:
-            yield ReadView(state, NO_CHANGE, _warn("Drop one or more files first."), NO_CHANGE, *idle)
-            return
+    def _in_line(self, ticket: Ticket, should_leave: Callable[[], bool],
+                 view: Callable[[str], object]) -> Iterator:
+        """Waits for ``ticket``'s turn, yielding ``view(status line)`` with the place in line and the wait; returns
+        False when the visitor left the line (``should_leave``)."""
+        waiting = self._queue.wait_turn(ticket, should_leave)
+        while True:
+            try:
+                text = next(waiting)
+            except StopIteration as done:
+                return done.value
+            yield view(render.queue_status(self._queue.position(ticket), text))
+
+    def _read(self, truncate: bool, state: BrowserState, request: gr.Request | None,
+              ticket: Ticket) -> Iterator[ReadView]:
+        idle, running = _IDLE, (gr.update(interactive=False), gr.update(interactive=True))
         session = self._session(state, request)
         tokens = state.tokens if state.tokens is not None else session.tokenize(combine(state.documents))
         text = tokens.text
@@ -159,8 +191,7 @@ class Handlers:
                 yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *idle)
                 return
             note = "The saved copy could not be used (see the log), so the documents are read instead. "
-        state.cancel_requested = False
-        total = session.document_tokens
+        total, start = session.document_tokens, session.prefilled_tokens
         bar = render.progress_bar(session.prefilled_tokens, total, state="running")
         reading = status("info", f"{note}Reading {total:,} tokens (documents with the prompt)…")
         yield ReadView(state, bar, reading, chat, *running, plan=plan)
@@ -172,6 +203,8 @@ class Handlers:
             ):
                 bar = render.progress_bar(last.tokens_done, last.tokens_total, last.tokens_per_second,
                                           last.eta_seconds, state="running")
+                if last.eta_seconds is not None:
+                    self._queue.expect(ticket, last.eta_seconds)
                 yield ReadView(state, bar, NO_CHANGE, NO_CHANGE, *running)
         except PrefillCancelled:
             done = session.prefilled_tokens
@@ -187,7 +220,8 @@ class Handlers:
                            NO_CHANGE, *idle)
             return
         seconds = f" in {render.format_seconds(last.elapsed)} ({last.tokens_per_second:,.0f} tok/s)" if last else ""
-        finished = f"Read {total:,} tokens{seconds}."
+        # This run's own tokens: a read resumed after a cancel reads only the rest.
+        finished = f"Read {total - start:,} tokens{seconds}" + (f", the rest of {total:,}." if start else ".")
         kind = "ok"
         if remember:
             yield ReadView(state, _done_bar(session, last), status("info", f"{finished} Saving it for instant "
@@ -219,21 +253,75 @@ class Handlers:
             return
         session = state.session
         if session is None or not session.is_prefilled:
-            yield AskView(history, NO_CHANGE, _warn("Read documents first: drop files, then press “Read documents”."),
-                          NO_CHANGE)
+            yield AskView(history, NO_CHANGE, _warn(_not_read(session)), NO_CHANGE)
             return
         state.stop_requested = False
-        history += [{"role": "user", "content": question}, {"role": "assistant", "content": "…"}]
-        yield AskView(list(history), "", status("info", "Thinking…"), NO_CHANGE)
-        guard = RepetitionGuard() if avoid_repeats else None
+        max_new_tokens = int(max_new_tokens)
+        # Checked before any work and before the queue: a question that cannot fit is refused at once.
+        refusal = self._refusal(session, question, max_new_tokens)
+        if refusal:
+            history += [{"role": "user", "content": _preview(question)},
+                        {"role": "assistant", "content": f"*(not asked: {html.escape(refusal)})*"}]
+            yield AskView(history, NO_CHANGE, _warn(f"Not asked: {refusal}."), NO_CHANGE)
+            return
+        history += [{"role": "user", "content": _preview(question)}, {"role": "assistant", "content": "…"}]
+        ticket = self._queue.join("answering a question", max_new_tokens / max(self._decode_rate, 0.1))
         try:
-            for chunk in session.ask(question, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
-                                     should_stop=lambda: state.stop_requested, repetition_guard=guard,
-                                     sources=bool(show_sources)):
+            waiting = lambda line: AskView(list(history), "", line, NO_CHANGE)
+            if not (yield from self._in_line(ticket, lambda: state.stop_requested or state.is_closed, waiting)):
+                history[-1] = {"role": "assistant", "content": "*(left the queue before an answer)*"}
+                yield AskView(list(history), NO_CHANGE, status("info", "You left the queue; nothing was asked."),
+                              NO_CHANGE)
+                return
+            yield AskView(list(history), "", status("info", "Thinking…"), NO_CHANGE)
+            yield from self._answer(session, question, history, max_new_tokens, float(temperature), state,
+                                    RepetitionGuard() if avoid_repeats else None, bool(show_sources))
+        finally:
+            self._queue.leave(ticket)
+
+    def _refusal(self, session: DocumentSession, question: str, max_new_tokens: int) -> str:
+        """Why ``question`` cannot be asked (the numbers), or ""."""
+        if self._max_question is not None:
+            num_tokens = session.count_tokens(question)
+            if num_tokens > self._max_question:
+                return (f"the question takes {num_tokens:,} tokens and this app takes questions of at most "
+                        f"{self._max_question:,} (--max-question)")
+        try:
+            session.fit_question(question, max_new_tokens)
+        except QuestionTooLong as exc:
+            return str(exc)
+        return ""
+
+    def _answer(self, session: DocumentSession, question: str, history: list[dict], max_new_tokens: int,
+                temperature: float, state: BrowserState, guard, show_sources: bool) -> Iterator[AskView]:
+        """Streams the answer, computed on a thread of its own: its between-layer stop checks belong to that
+        thread, and a closed page (Gradio closing this generator) stops it and waits for it."""
+        def work(report) -> None:
+            for chunk in session.ask(question, max_new_tokens=max_new_tokens, temperature=temperature,
+                                     should_stop=lambda: state.stop_requested or state.is_closed,
+                                     repetition_guard=guard, sources=show_sources,
+                                     on_question_progress=lambda done, total: report((done, total))):
+                report(chunk)
+
+        try:
+            for item in iterate_reports(work, abandon=lambda: setattr(state, "stop_requested", True),
+                                        min_interval=0.1, name="answer"):
+                if isinstance(item, tuple):  # (done, total) tokens of the question read so far
+                    yield AskView(list(history), NO_CHANGE,
+                                  status("info", f"Reading the question: {item[0]:,} of {item[1]:,} tokens…"), NO_CHANGE)
+                    continue
+                chunk = item
                 stats = render.answer_stats(chunk.ttft, chunk.num_tokens, chunk.tokens_per_second,
                                             done=chunk.done, stopped=chunk.stopped)
                 if chunk.looped:
                     stats += " · stopped a repeating loop"
+                if chunk.done and chunk.stopped and chunk.num_tokens == 0:
+                    stats = "stopped before the answer began"
+                if chunk.done and session.dropped_turns:
+                    stats += (f" · the {session.dropped_turns} oldest question{'s' if session.dropped_turns > 1 else ''}"
+                              " and answers left out to make room")
+                if chunk.done and chunk.tokens_per_second > 0:
+                    self._decode_rate = chunk.tokens_per_second
                 history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats, chunk.sources)}
                 # A copy per update: each yielded view is a snapshot, not a list edited later.
                 chips = self._page_chips(session, chunk) if chunk.done else NO_CHANGE
@@ -242,6 +330,16 @@ class Handlers:
             log.warning("answer failed: %s", exc)
             history[-1] = {"role": "assistant", "content": f"*(no answer: {html.escape(str(exc))})*"}
             yield AskView(history, NO_CHANGE, _warn(str(exc)), NO_CHANGE)
+
+    def question_bar(self, max_new_tokens: float, state: BrowserState) -> str:
+        """The longest question this tab may ask now (shown under the question box)."""
+        session = state.session
+        if session is None or not session.is_prefilled:
+            return render.question_bar(None, int(max_new_tokens))
+        room = session.question_room(int(max_new_tokens))
+        if self._max_question is not None and self._max_question < room:
+            return render.question_bar(self._max_question, int(max_new_tokens), "--max-question")
+        return render.question_bar(room, int(max_new_tokens))
 
     @staticmethod
     def _page_chips(session, chunk) -> dict:
@@ -266,6 +364,8 @@ class Handlers:
 
     @staticmethod
     def new_chat(state: BrowserState) -> tuple[list, str]:
+        if not state.wait_idle():
+            return NO_CHANGE, _warn("Still stopping the answer; press “New chat” again in a moment.")
         if state.session is not None:
             state.session.new_conversation()
         return [], status("info", "New chat. The documents stay read.")
@@ -294,6 +394,9 @@ class Handlers:
     @staticmethod
     def clear(state: BrowserState) -> ClearView:
         """Drops the documents and frees their KV cache."""
+        if not state.wait_idle():
+            return ClearView(state, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE,
+                             _warn("Still stopping the running work; press “Clear documents” again in a moment."))
         state.close()
         state.documents, state.token_counts, state.tokens = [], [], None
         return ClearView(state, None, render.files_table([], []), render.empty_plan(),
@@ -323,6 +426,7 @@ class Handlers:
 
 
 _BUSY = (gr.update(interactive=False), gr.update(interactive=False))  # disk work: nothing to cancel
+_IDLE = (gr.update(interactive=True), gr.update(interactive=False))  # read button on, cancel off
 
 
 def _reopened(stats: RestoreStats) -> str:
@@ -336,6 +440,21 @@ def _label(state: BrowserState, session: DocumentSession, text: str) -> str:
     """The saved-documents name of a set: its file names, marked when only the beginning was read."""
     names = ", ".join(doc.name for doc in state.documents)
     return names + " (beginning)" if session.document != text else names
+
+
+def _not_read(session: DocumentSession | None) -> str:
+    """Why a question cannot be asked yet: nothing read, or a read cancelled part-way (which can continue)."""
+    if session is not None and session.document_tokens and session.prefilled_tokens < session.document_tokens:
+        return (f"Reading was cancelled after {session.prefilled_tokens:,} of {session.document_tokens:,} tokens — "
+                "continue? Press “Read documents” to read the rest, then ask.")
+    return "Read documents first: drop files, then press “Read documents”."
+
+
+def _preview(question: str, limit: int = 2000) -> str:
+    """The question as the chat shows it: a long one is cut (the model still reads all of it)."""
+    if len(question) <= limit:
+        return question
+    return f"{question[:limit]}… ({len(question):,} characters in all)"
 
 
 def _answer(text: str, stats: str, sources=()) -> str:

@@ -39,6 +39,22 @@ def status(kind: str, text: str) -> str:
     return f'<div class="status status-{kind}" data-kind="{kind}">{html.escape(text)}</div>'
 
 
+def queue_status(position: int, text: str) -> str:
+    """The status line of a visitor waiting for the compute device (``position``: 1 = next)."""
+    return (f'<div class="status status-wait" data-kind="wait" data-queue-position="{position}">'
+            f'{html.escape(text)} <span class="leave-hint">Press Cancel or Stop to leave the queue.</span></div>')
+
+
+def question_bar(max_tokens: int | None, answer_tokens: int, limit_note: str = "") -> str:
+    """The longest question this tab may ask now, shown under the question box."""
+    if max_tokens is None:
+        return '<div class="question-bar" data-max-question="0">Read documents to ask questions about them.</div>'
+    note = f" ({limit_note})" if limit_note else ""
+    return (f'<div class="question-bar" data-max-question="{max_tokens}">Questions up to {max_tokens:,} tokens '
+            f'(about {max_tokens * 4 // 1000:,} KB of text) beside these documents and a {answer_tokens:,}-token '
+            f'answer{html.escape(note)}.</div>')
+
+
 def model_header(info: dict) -> str:
     """One line under the title: which model runs where."""
     name = str(info.get("name_or_path") or info.get("model_class") or "model").rstrip("/")

@@ -1,12 +1,13 @@
 """The page: layout and event wiring. ``build_ui`` builds it; nothing happens at import time.
 
-Heavy events (reading documents, answering, and the new-chat / clear that touch the same cache)
-share one concurrency slot, ``"compute"``, so only one runs on the compute device at a time and
-other visitors wait in Gradio's queue, which shows them their position. Saving a read document to
-disk and reopening one from there happen inside the read event, so they hold that slot too. Choosing
-files (reading and tokenizing them) has a slot of its own, ``"ingest"``, so uploads take turns too.
-Light events (cancel, stop, meters, listing and deleting saved documents) run at once, even while a
-heavy one is busy.
+Heavy events (reading documents, answering) take turns on the compute device in the handlers' own line
+(``app.compute_queue``): a waiting visitor's status line shows their place and an estimated wait, and
+Cancel, Stop or closing the tab leaves the line. Gradio lets many of them in at once (``"compute"``, up
+to ``HEAVY_EVENTS``) so that they can wait there. Saving a read document to disk and reopening one from
+there happen inside the read event, so they hold the turn too. New chat and Clear touch only the tab's own
+session, after its own running work has stopped. Choosing files (reading and tokenizing them) has a slot
+of its own, ``"ingest"``, so uploads take turns. Light events (cancel, stop, meters, listing and deleting
+saved documents) run at once, even while a heavy one is busy.
 """
 
 from __future__ import annotations
@@ -29,25 +30,31 @@ from engine import DocumentSession, SnapshotStore
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 COMPUTE = "compute"
+HEAVY_EVENTS = 32  # heavy events Gradio runs at once: one computes, the rest wait in app.compute_queue's line
 METER_SECONDS = 1.0
 _LIGHT = {"concurrency_limit": None, "show_progress": "hidden"}
-_HEAVY = {"concurrency_id": COMPUTE, "concurrency_limit": 1}
+_HEAVY = {"concurrency_id": COMPUTE, "concurrency_limit": HEAVY_EVENTS}
+_OWN = {"concurrency_limit": None}  # new chat / clear: the tab's own session, once its own work has stopped
+_UPLOAD_CHECK = (Path(__file__).resolve().parent / "upload_check.js").read_text(encoding="utf-8")
 
 
-def launch_options() -> dict:
-    """Look-and-feel arguments for ``Blocks.launch`` (Gradio 6 takes theme and CSS there)."""
+def launch_options(max_upload: int | None = None) -> dict:
+    """Look-and-feel arguments for ``Blocks.launch`` (Gradio 6 takes theme and CSS there); ``max_upload``: the
+    largest upload in bytes, checked in the page before a byte is sent (the status line says why, in MiB)."""
     # System fonts only: the app must look right offline, without a request to Google Fonts.
     theme = gr.themes.Soft(primary_hue="teal", neutral_hue="slate",
                            font=["system-ui", "Segoe UI", "Roboto", "Helvetica", "Arial", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"])
     return {"theme": theme, "css_paths": [ASSETS / "style.css"], "favicon_path": str(ASSETS / "logo.svg"),
             # No image, media or frame from elsewhere: answers are model-written Markdown (see app.csp).
-            "app_kwargs": {"middleware": [Middleware(ContentSecurityPolicy)]}}
+            "app_kwargs": {"middleware": [Middleware(ContentSecurityPolicy)]},
+            "head": "" if max_upload is None else f"<script>{_UPLOAD_CHECK.replace('MAX_UPLOAD_BYTES', str(max_upload))}</script>"}
 
 
 def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
              title: str = "HeadInfer Studio", snapshot_store: SnapshotStore | None = None, private: bool = False,
-             session_shelves: Path | None = None, upload_dir: Path | None = None) -> gr.Blocks:
+             session_shelves: Path | None = None, upload_dir: Path | None = None,
+             max_question: int | None = None) -> gr.Blocks:
     """Builds the page; each browser tab gets its own session from ``engine_factory``.
 
     Args:
@@ -61,11 +68,12 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
             when the tab closes; without that folder such visitors save nothing).
         upload_dir: the folder Gradio keeps uploads in (``app.uploads.prepare_folder``); a tab's uploads
             are deleted when it closes. Set before any component exists, as Gradio reads it then.
+        max_question: the longest question in tokens (None: what the plan leaves beside the document and answer).
     """
     if upload_dir is not None:
         os.environ["GRADIO_TEMP_DIR"] = str(upload_dir)  # Gradio's only setting for it
     handlers = Handlers(engine_factory, snapshot_store, private=private, session_shelves=session_shelves,
-                        upload_dir=upload_dir)
+                        upload_dir=upload_dir, max_question=max_question)
     saving = snapshot_store is not None
     # analytics off: the studio makes no calls home (it is often run offline). delete_cache: uploads
     # older than a day go even from a tab left open (the tab's own are deleted when it closes).
@@ -111,6 +119,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                                           min_width=120, elem_id="question", lines=1, max_lines=4)
                     ask_button = gr.Button("Ask", variant="primary", scale=1, min_width=70, elem_id="ask")
                     stop_button = gr.Button("Stop", scale=1, min_width=70, elem_id="stop")
+                bar = gr.HTML(render.question_bar(None, 512), label="Longest question", elem_id="question-bar")
                 with gr.Row(elem_classes="button-row"):
                     new_chat_button = gr.Button("New chat", size="sm", elem_id="new-chat")
                     clear_button = gr.Button("Clear documents", size="sm", variant="stop", elem_id="clear")
@@ -137,7 +146,9 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
         read_button.click(handlers.read, [truncate, state],
                           [state, progress, status_box, chat, read_button, cancel_button, plan],
                           api_name="read", show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
-            handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)  # it may have saved one
+            handlers.saved, None, saved_view, api_visibility="private", **_LIGHT).then(  # it may have saved one
+            handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
+        max_tokens.change(handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
         remember.change(handlers.set_remember, [remember, state], None, api_name="remember", **_LIGHT)
         delete_button.click(handlers.delete_saved, [saved_choice], [*saved_view, status_box], api_name="delete_saved",
                             **_LIGHT)
@@ -151,10 +162,11 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
         # Stop the running answer first (light, immediate), then reset in the compute slot, so
         # the reset never races the answer that was using the cache.
         new_chat_button.click(handlers.stop, [state], None, api_visibility="private", **_LIGHT).then(
-            handlers.new_chat, [state], [chat, status_box], api_name="new_chat", show_progress="hidden", **_HEAVY)
+            handlers.new_chat, [state], [chat, status_box], api_name="new_chat", show_progress="hidden", **_OWN)
         clear_button.click(_stop_all, [state], None, api_visibility="private", **_LIGHT).then(
             handlers.clear, [state], [state, files, table, plan, truncate, progress, chat, status_box],
-            api_name="clear", show_progress="hidden", **_HEAVY)
+            api_name="clear", show_progress="hidden", **_OWN).then(
+            handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
         gr.Timer(METER_SECONDS).tick(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
         demo.load(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
         demo.load(handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)

@@ -25,6 +25,7 @@ class BrowserState:
     uploads: set[str] = field(default_factory=set)  # files this tab uploaded, deleted when it closes
     tokens: DocumentTokens | None = None  # the chosen documents tokenized once, for the plan and the read
     read_text: str | None = None  # the text given to the session (its KV may be partial)
+    saved_key: str | None = None  # the saved copy of the document read (reopened after a page reload)
     remember: bool = True  # save read documents to disk and reopen them from there (when the app has a store)
     cancel_requested: bool = False
     stop_requested: bool = False
@@ -35,7 +36,7 @@ class BrowserState:
         """Frees the document's memory; safe to call twice."""
         if self.session is not None:
             self.session.clear()
-        self.read_text = None
+        self.read_text = self.saved_key = None
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Waits (a Stop or Cancel having been asked) for this tab's running read or answer to end; False if it

@@ -21,6 +21,7 @@ from app.browser_state import BrowserState
 from app.compute_queue import ComputeQueue, Ticket
 from app.documents import combine
 from app.meters import meters_html
+from app.opening import OpenSaved
 from app.render import status
 from app.shelves import Shelves
 from app.sizing import read_sized, token_counts
@@ -40,7 +41,7 @@ def _warn(text: str) -> str:
     return status("error", text)
 
 
-class Handlers:
+class Handlers(OpenSaved):
     """The page's event functions, bound to the factory that builds a session per browser."""
 
     def __init__(self, engine_factory: Callable[[], DocumentSession], snapshot_store: SnapshotStore | None = None, *,
@@ -171,6 +172,7 @@ class Handlers:
                                NO_CHANGE, *idle)
                 return
             state.read_text, chat = text, []  # the session dropped the old document and its chat
+            state.saved_key = None
             if session.document != text:  # truncated to fit: the panel shows what is read, not the whole set
                 plan = _truncated_plan(session, len(tokens))
         elif session.is_prefilled:
@@ -187,6 +189,7 @@ class Handlers:
                            chat, *_BUSY, plan=plan)
             chat, stats = NO_CHANGE, shelf.restore(session)
             if stats is not None:
+                state.saved_key = saved.key
                 bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
                 yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *idle)
                 return
@@ -226,7 +229,9 @@ class Handlers:
         if remember:
             yield ReadView(state, _done_bar(session, last), status("info", f"{finished} Saving it for instant "
                                                                            "reopening…"), NO_CHANGE, *_BUSY)
-            kind, sentence = shelf.save(session, _label(state, session, text))
+            kind, sentence = shelf.save(session, _label(state, session, text), tuple(state.documents))
+            if kind == "ok":
+                state.saved_key = session.snapshot_identity().key
             if kind == "error":
                 gr.Warning(html.escape(sentence))
             finished += " " + sentence

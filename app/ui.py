@@ -80,6 +80,9 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
     with gr.Blocks(title=title, fill_width=True, analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
         # delete_callback: Gradio's own expiry of a session is the backstop to ``unload``.
         state = gr.State(BrowserState(), delete_callback=lambda s: s.close() if s else None)
+        # The tab's saved document and conversation, mirrored into its sessionStorage (that tab's only, kept across
+        # a reload) by _REMEMBER_JS and handed back on load by _RECALL_JS.
+        tab_memory = gr.Textbox(visible=False, elem_id="tab-memory")
         with gr.Row(equal_height=True, elem_id="topbar"):
             gr.HTML(_header(title, model_info), elem_id="header", scale=2, min_width=340)
             meters = gr.HTML(label="Meters", elem_id="meters", scale=3, min_width=340)
@@ -107,6 +110,8 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                         # allow_custom_value: the choices are per tab and refreshed often; the handler checks the key.
                         saved_choice = gr.Dropdown([], value=None, label="Saved document", scale=4,
                                                    allow_custom_value=True, elem_id="saved-choice")
+                        open_button = gr.Button("Open", variant="primary", size="sm", scale=1, min_width=70,
+                                                elem_id="open-saved")
                         delete_button = gr.Button("Delete", variant="stop", size="sm", scale=1, min_width=70,
                                                   elem_id="delete-saved")
             with gr.Column(scale=6, min_width=340, elem_id="chat-column"):
@@ -143,7 +148,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
         saved_view = [saved_list, saved_choice]
         # Wired before the private refreshes below, which would otherwise take the name "saved".
         shelf.expand(handlers.saved, None, saved_view, api_name="saved", **_LIGHT)
-        read_button.click(handlers.read, [truncate, state],
+        read_done = read_button.click(handlers.read, [truncate, state],
                           [state, progress, status_box, chat, read_button, cancel_button, plan],
                           api_name="read", show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
             handlers.saved, None, saved_view, api_visibility="private", **_LIGHT).then(  # it may have saved one
@@ -153,7 +158,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
         delete_button.click(handlers.delete_saved, [saved_choice], [*saved_view, status_box], api_name="delete_saved",
                             **_LIGHT)
         cancel_button.click(handlers.cancel, [state], None, api_name="cancel", **_LIGHT)
-        gr.on([ask_button.click, question.submit], handlers.ask,
+        asked = gr.on([ask_button.click, question.submit], handlers.ask,
               [question, chat, max_tokens, temperature, state, avoid_repeats, show_sources],
               [chat, question, status_box, page_chips], api_name="ask", show_progress="minimal",
               show_progress_on=[chat], **_HEAVY)
@@ -161,18 +166,34 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
         stop_button.click(handlers.stop, [state], None, api_name="stop", **_LIGHT)
         # Stop the running answer first (light, immediate), then reset in the compute slot, so
         # the reset never races the answer that was using the cache.
-        new_chat_button.click(handlers.stop, [state], None, api_visibility="private", **_LIGHT).then(
+        new_chat_done = new_chat_button.click(handlers.stop, [state], None, api_visibility="private", **_LIGHT).then(
             handlers.new_chat, [state], [chat, status_box], api_name="new_chat", show_progress="hidden", **_OWN)
-        clear_button.click(_stop_all, [state], None, api_visibility="private", **_LIGHT).then(
+        cleared = clear_button.click(_stop_all, [state], None, api_visibility="private", **_LIGHT).then(
             handlers.clear, [state], [state, files, table, plan, truncate, progress, chat, status_box],
             api_name="clear", show_progress="hidden", **_OWN).then(
             handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
         gr.Timer(METER_SECONDS).tick(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
         demo.load(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
         demo.load(handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)
+        opened = [state, table, plan, progress, chat, status_box, read_button, cancel_button]
+        open_button.click(handlers.open_saved, [saved_choice, state], opened, api_name="open_saved",
+                          show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
+            handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT).then(
+            handlers.tab_memory, [state], [tab_memory], api_visibility="private", **_LIGHT)
+        demo.load(handlers.resume, [tab_memory, state], opened, js=_RECALL_JS, api_visibility="private",
+                  show_progress="hidden", **_HEAVY).then(
+            handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
+        tab_memory.change(None, [tab_memory], None, js=_REMEMBER_JS)
+        for event in (read_done, asked, new_chat_done, cleared):
+            event.then(handlers.tab_memory, [state], [tab_memory], api_visibility="private", **_LIGHT)
         demo.unload(handlers.unload)
     demo.queue(default_concurrency_limit=1)
     return demo
+
+
+_TAB_KEY = "headinfer-studio-tab"
+_RECALL_JS = f"(memory, state) => [sessionStorage.getItem('{_TAB_KEY}') || '', state]"
+_REMEMBER_JS = f"(memory) => {{ sessionStorage.setItem('{_TAB_KEY}', memory || ''); }}"
 
 
 def _stop_all(state: BrowserState) -> None:

@@ -56,3 +56,14 @@ class ClearView(NamedTuple):
     progress: str
     chat: list
     status: str
+
+
+class OpenView(NamedTuple):
+    state: BrowserState
+    table: str
+    plan: str
+    progress: str
+    chat: Any
+    status: Any
+    read_button: dict
+    cancel_button: dict

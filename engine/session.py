@@ -323,6 +323,15 @@ class DocumentSession:
                     on_progress(min(start, len(wanted)) - common, len(wanted) - common)
         return logits
 
+    def resume_conversation(self, turns: list[tuple[str, str]]) -> None:
+        """Takes ``turns`` (question, answer) as the conversation so far, e.g. a reloaded page's; their tokens are
+        read with the next question."""
+        self.turns = [Turn(question, answer) for question, answer in turns]
+
+    def conversation(self) -> list[tuple[str, str]]:
+        """The conversation so far as (question, answer) pairs."""
+        return [(turn.question, turn.answer) for turn in self.turns]
+
     def new_conversation(self) -> None:
         """Forgets the questions and answers; the document's KV stays."""
         self.turns = []

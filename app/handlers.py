@@ -27,7 +27,7 @@ from app.shelves import Shelves
 from app.sizing import read_sized, token_counts
 from app.uploads import delete_uploads
 from app.views import AskView, ClearView, DeleteView, FilesView, ReadView, SavedView
-from app.pages import cited_pages, split_pages
+from app.pages import chip, cited_pages, split_pages
 from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, QuestionTooLong, RepetitionGuard,
                     RestoreStats, SnapshotStore, format_bytes, read_memory)
 
@@ -327,7 +327,8 @@ class Handlers(OpenSaved):
                               " and answers left out to make room")
                 if chunk.done and chunk.tokens_per_second > 0:
                     self._decode_rate = chunk.tokens_per_second
-                history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats, chunk.sources)}
+                pages = split_pages(session.document) if chunk.sources else None
+                history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats, chunk.sources, pages)}
                 # A copy per update: each yielded view is a snapshot, not a list edited later.
                 chips = self._page_chips(session, chunk) if chunk.done else NO_CHANGE
                 yield AskView(list(history), NO_CHANGE, status("ok", stats) if chunk.done else NO_CHANGE, chips)
@@ -351,17 +352,21 @@ class Handlers(OpenSaved):
         """Chips for the pages the answer cites, then those it attended to most."""
         known = split_pages(getattr(session, "document", "") or "")
         chosen = cited_pages(chunk.text, known)
-        chosen += [s.page for s in chunk.sources if s.page is not None and s.page in known and s.page not in chosen]
-        return gr.update(choices=[(f"p. {p}", p) for p in chosen], value=None, visible=bool(chosen))
+        chosen += [str(s.page) for s in chunk.sources
+                   if s.page is not None and str(s.page) in known and str(s.page) not in chosen]
+        return gr.update(choices=[(chip(label), label) for label in chosen], value=None, visible=bool(chosen))
 
     @staticmethod
-    def show_page(page: int | None, state: BrowserState) -> str:
-        """The page viewer: the text of the chosen page of the read documents."""
+    def show_page(page: str | None, state: BrowserState) -> str:
+        """The page viewer: the text of the chosen page of the read documents (its printed label, its PDF page
+        as a tooltip)."""
         session = state.session
         if page is None or session is None or not session.document:
             return render.page_view(None)
-        name, text = split_pages(session.document).get(int(page), ("", ""))
-        return render.page_view(int(page), name, text)
+        found = split_pages(session.document).get(str(page))
+        if found is None:
+            return render.page_view(str(page))
+        return render.page_view(str(page), found.name, found.text, found.sequence)
 
     @staticmethod
     def stop(state: BrowserState) -> None:
@@ -462,8 +467,8 @@ def _preview(question: str, limit: int = 2000) -> str:
     return f"{question[:limit]}… ({len(question):,} characters in all)"
 
 
-def _answer(text: str, stats: str, sources=()) -> str:
-    line = f'\n\n{render.sources_line(sources)}' if sources else ""
+def _answer(text: str, stats: str, sources=(), pages: dict | None = None) -> str:
+    line = f'\n\n{render.sources_line(sources, pages)}' if sources else ""
     return f'{render.model_markdown(text) or "…"}\n\n<span class="answer-stats">{html.escape(stats)}</span>{line}'
 
 

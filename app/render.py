@@ -243,18 +243,29 @@ def format_timestamp(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds)) if seconds else "–"
 
 
-def sources_line(sources) -> str:
-    """``"Sources: p. 13 (41%) · p. 9 (12%)"`` from the engine's attention-grounded sources."""
+def sources_line(sources, pages: dict | None = None) -> str:
+    """``"Sources: p. 13 (41%) · p. 9 (12%)"`` from the engine's attention-grounded sources; with ``pages``
+    (``app.pages.split_pages``), each page's PDF sequence is its tooltip."""
     if not sources:
         return ""
-    parts = " · ".join(html.escape(source.label()) for source in sources)
+
+    def part(source) -> str:
+        page = (pages or {}).get(str(source.page))
+        title = f' title="PDF page {page.sequence}"' if page is not None else ""
+        return f"<span{title}>{html.escape(source.label())}</span>"
+
+    parts = " · ".join(part(source) for source in sources)
     return f'<span class="answer-sources" title="Pages the answer attended to most, read from the model\'s attention">Sources: {parts}</span>'
 
 
-def page_view(page: int | None, name: str = "", text: str = "") -> str:
-    """The page viewer beside the chat: one page's text."""
+def page_view(page: str | None, name: str = "", text: str = "", sequence: int | None = None) -> str:
+    """The page viewer beside the chat: one page's text, titled with its printed label ("p. 37"), its PDF
+    sequence as the tooltip."""
     if page is None:
         return '<div class="page-view empty">Click a page chip under an answer to read that page here.</div>'
     where = f"{html.escape(name)} · " if name else ""
-    return (f'<div class="page-view" data-page="{page}"><div class="page-title">{where}page {page}</div>'
-            f"<pre>{html.escape(text) or '(no text on this page)'}</pre></div>")
+    label = f"PDF page {page[4:]}" if page.startswith("PDF ") else f"p. {page}"
+    title = f' title="PDF page {sequence}"' if sequence is not None else ""
+    seq = f' data-sequence="{sequence}"' if sequence is not None else ""
+    return (f'<div class="page-view" data-page="{html.escape(page)}"{seq}><div class="page-title"{title}>'
+            f'{where}{html.escape(label)}</div><pre>{html.escape(text) or "(no text on this page)"}</pre></div>')

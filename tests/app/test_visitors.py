@@ -32,6 +32,10 @@ class _ParrotSession:
     """Stands in for a read session whose model repeats what a hostile document told it to."""
 
     is_prefilled = True
+    document, dropped_turns = "", 0
+
+    def fit_question(self, question, max_new_tokens):
+        return None
 
     def ask(self, question, **kwargs):
         yield AnswerChunk(EVIL, EVIL, 9, 0.1, 10.0, done=False)

@@ -23,7 +23,10 @@ class BrowserState:
     documents: list[Document] = field(default_factory=list)  # chosen files, shown in the table
     token_counts: list[int] = field(default_factory=list)
     uploads: set[str] = field(default_factory=set)  # files this tab uploaded, deleted when it closes
-    tokens: DocumentTokens | None = None  # the chosen documents tokenized once, for the plan and the read
+    tokens: DocumentTokens | None = None  # what "Read documents" reads: the chosen documents (or a page range of them)
+    full_tokens: DocumentTokens | None = None  # the whole set, tokenized once (ranges are counted off it)
+    pieces: list = field(default_factory=list)  # the set's pages (app.page_range), when too large to read whole
+    range_label: str | None = None  # the page range chosen, "p. 1 – p. 30 of bash.pdf"; None: the whole set
     read_text: str | None = None  # the text given to the session (its KV may be partial)
     saved_key: str | None = None  # the saved copy of the document read (reopened after a page reload)
     remember: bool = True  # save read documents to disk and reopen them from there (when the app has a store)

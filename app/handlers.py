@@ -21,13 +21,14 @@ from app.browser_state import BrowserState
 from app.compute_queue import ComputeQueue, Ticket
 from app.documents import combine
 from app.meters import meters_html
+from app.choosing import PageRanges
 from app.opening import OpenSaved
 from app.render import status
 from app.shelves import Shelves
 from app.sizing import read_sized, token_counts
 from app.uploads import delete_uploads
 from app.views import AskView, ClearView, DeleteView, FilesView, ReadView, SavedView
-from app.pages import chip, cited_pages, split_pages
+from app.pages import chip, cited_pages, last_page, split_pages
 from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, QuestionTooLong, RepetitionGuard,
                     RestoreStats, SnapshotStore, format_bytes, read_memory)
 
@@ -41,7 +42,7 @@ def _warn(text: str) -> str:
     return status("error", text)
 
 
-class Handlers(OpenSaved):
+class Handlers(OpenSaved, PageRanges):
     """The page's event functions, bound to the factory that builds a session per browser."""
 
     def __init__(self, engine_factory: Callable[[], DocumentSession], snapshot_store: SnapshotStore | None = None, *,
@@ -72,7 +73,8 @@ class Handlers(OpenSaved):
     def choose_files(self, files: list[str] | None, state: BrowserState,
                      request: gr.Request = None) -> FilesView:
         """Reads the dropped files and shows their sizes and the memory plan; runs nothing."""
-        state.documents, state.token_counts, state.tokens = [], [], None
+        state.documents, state.token_counts, state.tokens, state.full_tokens = [], [], None, None
+        state.pieces, state.range_label = [], None
         if request is not None and request.session_hash:  # so that ``unload`` finds the uploads
             self._open[request.session_hash] = state
         state.uploads.update(files or [])
@@ -83,33 +85,34 @@ class Handlers(OpenSaved):
         limits = session.limits()  # sized before reading: a file far beyond it is refused unread
         documents, problems = read_sized(files, max(limits.context_limit - session.answer_budget, 1),
                                          limits.limit_reason)
-        if not documents:
-            return FilesView(state, render.files_table([], []), render.empty_plan(),
+        if not documents:  # the panel still says what was dropped and why nothing can be read
+            return FilesView(state, render.files_table([], []), render.refused_plan(problems),
                              gr.update(visible=False, value=False), gr.update(interactive=False),
                              _warn(" ".join(problems) + self._kept(state)))
         # Tokenized once: the counts, the plan, the read and the saved copy's key all use these ids.
         tokens = session.tokenize(combine(documents))
         counts = token_counts(tokens, documents, session.count_tokens)
-        state.documents, state.token_counts, state.tokens = documents, counts, tokens
+        state.documents, state.token_counts, state.tokens, state.full_tokens = documents, counts, tokens, tokens
         try:
             plan = session.plan(tokens)
         except PlanError as exc:
-            return FilesView(state, render.files_table(documents, counts), render.empty_plan(),
+            return FilesView(state, render.files_table(documents, counts), render.refused_plan([str(exc)]),
                              gr.update(visible=False), gr.update(interactive=False), _warn(str(exc)))
         seconds = session.estimate_prefill_seconds(min(len(tokens), plan.context_limit))
         if plan.is_within_limit:
             message = status("ok", f"Ready to read {sum(counts):,} tokens from {len(documents)} "
                                    f"file{'s' if len(documents) != 1 else ''}. Press “Read documents”.")
         else:
-            message = status("warn", f"Too large: {plan.limit_reason}. Tick “Truncate to fit” to read "
-                                     "the beginning only, or remove files.")
+            message = status("warn", f"Too large: {plan.limit_reason}. Choose a page range below (or “First part "
+                                     "that fits”), tick “Truncate to fit” to read the beginning only, or remove "
+                                     "files.")
         if problems:
             message = _warn("Skipped: " + " ".join(problems)) + message
-        return FilesView(state, render.files_table(documents, counts), render.plan_panel(plan, sum(counts), seconds,
-                                                                                     session.policy.kv_dtype,
-                                                                                     _options(session, plan)),
+        panel = render.plan_panel(plan, sum(counts), seconds, session.policy.kv_dtype, _options(session, plan))
+        view = FilesView(state, render.files_table(documents, counts), panel,
                          gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
                          message)
+        return view if plan.is_within_limit else self.offer_range(view, session, plan)
 
     def _kept(self, state: BrowserState) -> str:
         if state.session is not None and state.session.is_prefilled:
@@ -211,9 +214,12 @@ class Handlers(OpenSaved):
                 yield ReadView(state, bar, NO_CHANGE, NO_CHANGE, *running)
         except PrefillCancelled:
             done = session.prefilled_tokens
+            head = tokens.head(done) if tokens.text == session.document else None
+            where = last_page(head) if head else None
+            stopped = f" It stopped in {where}." if where else ""
             yield ReadView(state, render.progress_bar(done, total, state="cancelled", note="cancelled"),
-                           status("warn", f"Cancelled after {done:,} of {total:,} tokens. Press “Read documents” "
-                                          "to continue from there."), NO_CHANGE, *idle)
+                           status("warn", f"Cancelled after {done:,} of {total:,} tokens.{stopped} Press “Read "
+                                          "documents” to continue from there."), NO_CHANGE, *idle)
             return
         except MemoryError as exc:
             log.warning("prefill ran out of memory: %s", exc)
@@ -225,6 +231,10 @@ class Handlers(OpenSaved):
         seconds = f" in {render.format_seconds(last.elapsed)} ({last.tokens_per_second:,.0f} tok/s)" if last else ""
         # This run's own tokens: a read resumed after a cancel reads only the rest.
         finished = f"Read {total - start:,} tokens{seconds}" + (f", the rest of {total:,}." if start else ".")
+        if session.document != text and (where := last_page(session.document)):  # truncated to fit
+            finished += f" It stopped in {where}: the pages after it were not read."
+        elif state.range_label:
+            finished += f" Read {state.range_label}."
         kind = "ok"
         if remember:
             yield ReadView(state, _done_bar(session, last), status("info", f"{finished} Saving it for instant "
@@ -447,8 +457,9 @@ def _reopened(stats: RestoreStats) -> str:
 
 
 def _label(state: BrowserState, session: DocumentSession, text: str) -> str:
-    """The saved-documents name of a set: its file names, marked when only the beginning was read."""
-    names = ", ".join(doc.name for doc in state.documents)
+    """The saved-documents name of a set: its file names, or the page range read, marked when only the beginning
+    was read."""
+    names = state.range_label or ", ".join(doc.name for doc in state.documents)
     return names + " (beginning)" if session.document != text else names
 
 
@@ -483,7 +494,7 @@ def _truncated_plan(session: DocumentSession, num_chosen: int) -> str:
     plan = session.document_plan()
     seconds = session.estimate_prefill_seconds(session.document_tokens)
     return render.plan_panel(plan, session.document_tokens, seconds, session.policy.kv_dtype,
-                             _options(session, plan), truncated_from=num_chosen)
+                             _options(session, plan), truncated_from=num_chosen, stopped_in=last_page(session.document))
 
 
 def _options(session: DocumentSession, plan) -> list:

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 _MARKER = re.compile(r"^\[(pdf )?page ([^\]\n]{1,24})\]$", re.MULTILINE)
 _FILE = re.compile(r"^=== (.+) ===$", re.MULTILINE)
+_PART = re.compile(r"^(.*) · PDF pages (\d+)–(\d+)$")  # the file header of a page range (``file_header``)
 # "(p. 12)", "p. 12", "pp. 3", "[page 12]", "page 12", "p. xii" in an answer
 _CITATION = re.compile(r"(?:\bpp?\.\s*|\[page\s+|\bpage\s+)(\d{1,5}|[ivxlc]{1,8})\b", re.IGNORECASE)
 
@@ -22,6 +23,12 @@ class Page(NamedTuple):
     name: str  # the file it is in
     text: str
     sequence: int  # its place in the PDF (1 = the first page), whatever number it prints
+
+
+def file_header(name: str, first: int, last: int) -> str:
+    """The header line of a file read from PDF page ``first`` to ``last`` (a page range): the page sequence
+    restarts there."""
+    return f"=== {name} ===" if first == 1 else f"=== {name} · PDF pages {first}–{last} ==="
 
 
 def marker(label: str | int | None, sequence: int) -> str:
@@ -41,9 +48,11 @@ def split_pages(text: str) -> dict[str, Page]:
     for i, found in enumerate(markers):
         end = markers[i + 1].start() if i + 1 < len(markers) else len(text)
         following_file = next((start for start, _ in files if found.end() < start < end), end)
-        name = next((n for start, n in reversed(files) if start < found.start()), "")
-        sequence = sequence + 1 if name == current else 1
-        current = name
+        header = next((n for start, n in reversed(files) if start < found.start()), "")
+        part = _PART.match(header)
+        name = part.group(1) if part else header
+        sequence = sequence + 1 if header == current else (int(part.group(2)) if part else 1)
+        current = header
         label = f"PDF {found.group(2)}" if found.group(1) else found.group(2).strip()
         page = Page(name, text[found.end() : following_file].strip(), sequence)
         # A number printed twice in one file (a cover labelled "1" before the body's page 1): the later page is the
@@ -62,6 +71,17 @@ def cited_pages(answer: str, known: dict[str, Page]) -> list[str]:
         if label in known and label not in found:
             found.append(label)
     return found
+
+
+def last_page(text: str) -> str | None:
+    """Where ``text`` (a read that stopped part-way) ends: "p. 37 of bash.pdf"; None when it has no pages."""
+    markers = list(_MARKER.finditer(text))
+    if not markers:
+        return None
+    found = markers[-1]
+    label = f"PDF {found.group(2)}" if found.group(1) else found.group(2).strip()
+    names = [m.group(1) for m in _FILE.finditer(text, 0, found.start())]
+    return f"{chip(label)} of {names[-1]}" if names else chip(label)
 
 
 def chip(label: str) -> str:

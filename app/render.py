@@ -95,8 +95,27 @@ def empty_plan() -> str:
             "how much GPU and host memory reading them will take, before anything runs.</div>")
 
 
+def refused_plan(problems: Sequence[str]) -> str:
+    """The plan panel of a set none of whose files can be read: what was dropped and why, with the numbers."""
+    items = "".join(f"<li>{html.escape(problem)}</li>" for problem in problems)
+    return (f'<div class="plan plan-nofit plan-refused" data-fits="false"><div class="plan-verdict">Nothing can be '
+            f"read</div><ul>{items}</ul></div>")
+
+
+def range_info(label: str | None, num_tokens: int | None, limit: int) -> str:
+    """The chosen page range's token count and whether it fits."""
+    if label is None or num_tokens is None:
+        return (f'<div class="range-info" data-fits="">Choose pages from–to (at most {limit:,} tokens fit), or '
+                "press “First part that fits”.</div>")
+    fits = num_tokens <= limit
+    verdict = "fits" if fits else "does not fit"
+    return (f'<div class="range-info range-{"fits" if fits else "nofit"}" data-fits="{str(fits).lower()}" '
+            f'data-tokens="{num_tokens}">{html.escape(label)}: {num_tokens:,} tokens · {verdict} '
+            f"(at most {limit:,})</div>")
+
+
 def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dtype: str | None = None,
-               options: Sequence = (), *, truncated_from: int | None = None) -> str:
+               options: Sequence = (), *, truncated_from: int | None = None, stopped_in: str | None = None) -> str:
     """The memory plan of a document set: predicted memory, fit, chunk/head-group sizes, time.
 
     ``num_tokens`` counts the documents alone; ``plan.context_tokens`` adds the prompt around
@@ -104,7 +123,7 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
 
     ``truncated_from``: the set was truncated to fit; ``plan`` is then the plan of what is read, and
     ``num_tokens`` and ``truncated_from`` count the tokens read and the whole set's, both with the prompt
-    (as the reading progress does).
+    (as the reading progress does); ``stopped_in``: the page the truncated read ends in ("p. 37 of bash.pdf").
     """
     if not plan.fits:
         verdict = ("nofit", "Does not fit in memory")
@@ -115,7 +134,8 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
     counts = f"{num_tokens:,} document tokens, {plan.context_tokens:,} with the prompt and room for answers"
     truncated = ""
     if truncated_from is not None:
-        verdict = (verdict[0], f"Read the first {num_tokens:,} tokens of {truncated_from:,}")
+        up_to = f", up to {stopped_in}" if stopped_in else ""
+        verdict = (verdict[0], f"Read the first {num_tokens:,} tokens of {truncated_from:,}{up_to}")
         counts = f"truncated to fit; documents with the prompt, {plan.context_tokens:,} with room for answers"
         truncated = f' data-truncated-from="{truncated_from}"'
     groups = f"{plan.num_groups} group{'s' if plan.num_groups != 1 else ''}/layer"

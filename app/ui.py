@@ -94,6 +94,12 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                                 elem_id="file-drop", height=120)
                 table = gr.HTML(render.files_table([], []), label="Files", elem_id="files-table")
                 plan = gr.HTML(render.empty_plan(), label="Memory plan", elem_id="plan")
+                with gr.Group(visible=False, elem_id="page-range") as range_box:
+                    with gr.Row(equal_height=True):
+                        range_from = gr.Dropdown([], value=None, label="From page", elem_id="range-from", scale=2)
+                        range_to = gr.Dropdown([], value=None, label="To page", elem_id="range-to", scale=2)
+                        first_part = gr.Button("First part that fits", size="sm", elem_id="first-part", scale=1)
+                    range_info = gr.HTML("", elem_id="range-info")
                 truncate = gr.Checkbox(label="Truncate to fit (read the beginning that fits)", visible=False,
                                        elem_id="truncate")
                 with gr.Row(elem_classes="button-row"):
@@ -143,8 +149,15 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                                                     "model's attention (a small extra pass after the answer).")
 
         # One upload at a time: reading and tokenizing a large file takes memory, so visitors queue for it.
-        files.change(handlers.choose_files, [files, state], [state, table, plan, truncate, read_button, status_box],
+        files.change(handlers.choose_files, [files, state],
+                     [state, table, plan, truncate, read_button, status_box, range_box, range_from, range_to, range_info],
                      api_name="upload", concurrency_id="ingest", concurrency_limit=1, show_progress="minimal")
+        chosen_range = [state, range_info, plan, truncate, read_button, status_box]
+        for picker in (range_from, range_to):
+            picker.change(handlers.choose_range, [range_from, range_to, state], chosen_range,
+                          api_visibility="private", concurrency_id="ingest", concurrency_limit=1, show_progress="hidden")
+        first_part.click(handlers.first_part, [state], [range_from, range_to, status_box], api_name="first_part",
+                         **_LIGHT)
         saved_view = [saved_list, saved_choice]
         # Wired before the private refreshes below, which would otherwise take the name "saved".
         shelf.expand(handlers.saved, None, saved_view, api_name="saved", **_LIGHT)

@@ -17,6 +17,19 @@ class FilesView(NamedTuple):
     truncate: dict
     read_button: dict
     status: Any
+    range_box: Any = gr.update(visible=False)  # the page range, offered when the set is too large to read whole
+    range_from: Any = gr.update()
+    range_to: Any = gr.update()
+    range_info: Any = gr.update()
+
+
+class RangeView(NamedTuple):
+    state: BrowserState
+    range_info: str
+    plan: Any
+    truncate: Any
+    read_button: Any
+    status: Any
 
 
 class ReadView(NamedTuple):
@@ -56,6 +69,12 @@ class ClearView(NamedTuple):
     progress: str
     chat: list
     status: str
+
+
+class FirstPartView(NamedTuple):
+    range_from: Any
+    range_to: Any
+    status: Any
 
 
 class OpenView(NamedTuple):

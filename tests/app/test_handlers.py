@@ -379,7 +379,7 @@ def test_files_far_beyond_the_limit_together_are_refused(handlers, tmp_path):
     paths = []
     for i in range(6):
         path = tmp_path / f"part{i}.md"
-        path.write_text("The keeper climbed the stairs and trimmed the wick. " * 500)  # ~6.5K tokens each
+        path.write_text("The keeper climbed the stairs and trimmed the wick. " * 8_000)  # ~100K tokens each
         paths.append(str(path))
     with pytest.warns(UserWarning, match="These files together: about"):
         view = handlers.choose_files(paths, BrowserState())

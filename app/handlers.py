@@ -401,7 +401,8 @@ class Handlers(OpenSaved, PageRanges):
         shelf = self._shelves.for_request(request)
         infos, problem = shelf.list()
         choices = [(render.saved_choice_label(info), info.key) for info in infos]
-        return SavedView(render.saved_panel(infos, shelf.cap, enabled=shelf.enabled, problem=problem),
+        return SavedView(render.saved_panel(infos, shelf.cap, enabled=shelf.enabled, problem=problem,
+                                            leftover=shelf.leftover_bytes()),
                          gr.update(choices=choices, value=None))
 
     def delete_saved(self, key: str | None, request: gr.Request = None) -> DeleteView:

@@ -229,14 +229,16 @@ def answer_stats(ttft: float | None, num_tokens: int, tokens_per_second: float, 
 
 
 def saved_panel(infos: Sequence[SnapshotInfo], cap: int | None, *, enabled: bool = True,
-                problem: str | None = None) -> str:
+                problem: str | None = None, leftover: int = 0) -> str:
     """The "Saved documents" list: label, tokens, size and last use per snapshot, then the total and cap."""
     if not enabled:
         return '<div class="saved saved-off" data-count="0">Saving documents to disk is turned off.</div>'
     total = sum(info.num_bytes for info in infos)
     limit = "no size limit" if cap is None else f"limit {format_bytes(cap)}"
     attrs = f'data-count="{len(infos)}" data-total-bytes="{total}" data-cap-bytes="{"" if cap is None else cap}"'
-    summary = (f'<div class="saved-summary">{len(infos)} saved · {format_bytes(total)} on disk · {limit}</div>')
+    left = (f' · <span class="saved-leftover" data-bytes="{leftover}">+ {format_bytes(leftover)} of an interrupted '
+            "save, removed at the next start</span>") if leftover else ""
+    summary = f'<div class="saved-summary">{len(infos)} saved · {format_bytes(total)} on disk · {limit}{left}</div>'
     if problem:
         return f'<div class="saved" {attrs}><p class="saved-problem">{html.escape(problem)}</p>{summary}</div>'
     if not infos:

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from app import store_owner
 from app.documents import Document
 from engine import DocumentSession, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore, format_bytes
 
@@ -50,6 +51,8 @@ class SavedDocs:
 
     def __init__(self, store: SnapshotStore | None):
         self.store = store
+        if store is not None:
+            store_owner.claim(store.root)  # what a killed save left goes now, unless a live app still owns it
 
     @property
     def enabled(self) -> bool:
@@ -110,6 +113,10 @@ class SavedDocs:
             return None
 
     # -- the panel ---------------------------------------------------------------------------------
+    def leftover_bytes(self) -> int:
+        """Bytes interrupted saves left on disk (removed at the next start when no live app owns them)."""
+        return store_owner.leftover_bytes(self.store.root) if self.store is not None else 0
+
     def list(self) -> tuple[list[SnapshotInfo], str | None]:
         """The saved snapshots, most recently used first, and a problem to show instead, if any."""
         if self.store is None:

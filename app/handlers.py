@@ -98,7 +98,7 @@ class Handlers(OpenSaved, PageRanges):
         except PlanError as exc:
             return FilesView(state, render.files_table(documents, counts), render.refused_plan([str(exc)]),
                              gr.update(visible=False), gr.update(interactive=False), _warn(str(exc)))
-        seconds = session.estimate_prefill_seconds(min(len(tokens), plan.context_limit))
+        seconds = session.estimate_prefill_range(min(len(tokens), plan.context_limit))
         if plan.is_within_limit:
             message = status("ok", f"Ready to read {sum(counts):,} tokens from {len(documents)} "
                                    f"file{'s' if len(documents) != 1 else ''}. Press “Read documents”.")
@@ -133,8 +133,10 @@ class Handlers(OpenSaved, PageRanges):
                 return
             session = self._session(state, request)
             num_tokens = len(state.tokens) if state.tokens is not None else 0
+            resumed = state.tokens is not None and state.read_text == state.tokens.text  # a cancelled read goes on
+            start = min(session.prefilled_tokens, num_tokens) if resumed else 0
             ticket = self._queue.join(f"reading {num_tokens:,} tokens",
-                                      session.estimate_prefill_seconds(max(num_tokens - session.prefilled_tokens, 1)))
+                                      session.estimate_prefill_seconds(max(num_tokens, 1), start))
             try:
                 waiting = lambda line: ReadView(state, NO_CHANGE, line, NO_CHANGE, gr.update(interactive=False),
                                                 gr.update(interactive=True))
@@ -493,7 +495,7 @@ def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> 
 def _truncated_plan(session: DocumentSession, num_chosen: int) -> str:
     """The plan panel of the beginning that was read, out of ``num_chosen`` tokens."""
     plan = session.document_plan()
-    seconds = session.estimate_prefill_seconds(session.document_tokens)
+    seconds = session.estimate_prefill_range(session.document_tokens)
     return render.plan_panel(plan, session.document_tokens, seconds, session.policy.kv_dtype,
                              _options(session, plan), truncated_from=num_chosen, stopped_in=last_page(session.document))
 

@@ -95,6 +95,14 @@ def empty_plan() -> str:
             "how much GPU and host memory reading them will take, before anything runs.</div>")
 
 
+def reading_time(estimate) -> str:
+    """``"≈ 1 min 09 s (55 s – 1 min 20 s)"`` from (low, likely, high) seconds; a bare number as ``"≈ 12 s"``."""
+    if isinstance(estimate, tuple):
+        low, likely, high = estimate
+        return f"≈ {format_seconds(likely)} ({format_seconds(low)} – {format_seconds(high)})"
+    return f"≈ {format_seconds(estimate)}"
+
+
 def refused_plan(problems: Sequence[str]) -> str:
     """The plan panel of a set none of whose files can be read: what was dropped and why, with the numbers."""
     items = "".join(f"<li>{html.escape(problem)}</li>" for problem in problems)
@@ -146,7 +154,7 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
         ("Chunk size", f"{plan.chunk_size:,} tokens"),
         ("Head group", f"{plan.head_group_size} KV head{'s' if plan.head_group_size != 1 else ''} · {groups}"),
         ("Slots on device", f"{plan.resident_slots}/{plan.total_slots}"),
-        ("Reading time", f"≈ {format_seconds(prefill_seconds)}"),
+        ("Reading time", reading_time(prefill_seconds)),
         ("Context limit", f"{plan.context_limit:,} tokens · {_LIMITED_BY.get(plan.limited_by, plan.limited_by)}"),
     ]
     if kv_dtype:

@@ -18,9 +18,9 @@ from .answering import ConversationFit, QuestionTooLong, document_page_starts, r
 from .cache import HeadInferCache
 from .document_snapshots import restore_document
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
-from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
+from .planner import ModelShape, Plan, PlanError, make_plan
 from .policy import OffloadPolicy
-from .prefill_pacing import PrefillClock, prefill_step
+from .prefill_pacing import PrefillClock, ReadRates, estimate_range, prefill_step, prefill_work, shared_read_rates
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillCancelled, PrefillProgress, answer_rate
 from .sampling import RepetitionGuard
@@ -37,7 +37,9 @@ class DocumentSession:
     """Prefill a document once, then ask questions about it with streamed answers."""
 
     def __init__(self, model, tokenizer, policy: OffloadPolicy | None = None, *,
-                 system_prompt: str | None = None, answer_budget: int = 1024):
+                 system_prompt: str | None = None, answer_budget: int = 1024, read_rates: ReadRates | None = None):
+        """``read_rates``: where completed reads' speeds are kept and estimates learn from (default: the shared
+        record in the studio's cache folder)."""
         self.model = model
         self.tokenizer = tokenizer
         self.policy = policy or OffloadPolicy()
@@ -45,6 +47,13 @@ class DocumentSession:
         self.prompts = PromptBuilder(tokenizer, system_prompt)
         self.device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
+        if read_rates is None:
+            from .loader import cache_dir
+
+            read_rates = shared_read_rates(cache_dir() / "read-rates.json")
+        self.read_rates = read_rates
+        name = getattr(model.config, "_name_or_path", "") or model.config.model_type
+        self._rates_key = f"{name}|{self.device.type}|{dtype}|{self.policy.kv_dtype or 'exact'}"
         text_config = model.config.get_text_config(decoder=True)
         self.shape = ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
                                             num_params=sum(p.numel() for p in model.parameters()))
@@ -149,9 +158,17 @@ class DocumentSession:
                                 gpu_budget=self.policy.gpu_memory or gpu_budget,
                                 host_budget=self.policy.host_memory or host_budget)
 
-    def estimate_prefill_seconds(self, num_tokens: int) -> float:
-        """Seconds to prefill ``num_tokens``, from this machine's measured rate (measured once per model)."""
-        return estimate_prefill_seconds(self.shape, num_tokens, measured_flop_rate(self.model, self.shape))
+    def estimate_prefill_seconds(self, num_tokens: int, start: int = 0) -> float:
+        """Seconds to prefill tokens ``start..num_tokens``, likely (``estimate_prefill_range``'s middle)."""
+        return self.estimate_prefill_range(num_tokens, start)[1]
+
+    def estimate_prefill_range(self, num_tokens: int, start: int = 0) -> tuple[float, float, float]:
+        """(low, likely, high) seconds to prefill tokens ``start..num_tokens``: from the speeds of earlier reads
+        here of similar length (kept across starts), else from the model's measured rate (once per model)."""
+        work = prefill_work(self.shape, start, num_tokens)
+        learned = self.read_rates.rates(self._rates_key, num_tokens)
+        benchmark = measured_flop_rate(self.model, self.shape) if not learned else 1.0
+        return estimate_range(work, learned, benchmark)
 
     # -- the document ----------------------------------------------------------------------------
     def prompt_tokens(self, text: str) -> int:
@@ -210,6 +227,9 @@ class DocumentSession:
                 except ForwardInterrupted as interrupted:
                     raise self._cancelled() from interrupted
                 progress = clock.end_forward(self.prefilled_tokens)
+        if progress.elapsed >= 0.5 and progress.tokens_done > clock.start_tokens:  # a read long enough to learn from
+            self.read_rates.record(self._rates_key, progress.tokens_done,
+                                   prefill_work(self.shape, clock.start_tokens, progress.tokens_done), progress.elapsed)
         self.cache.anchor(self.document_tokens)  # sliding-window rings can always come back to the document's end
         return progress
 

@@ -97,13 +97,14 @@ class ReadRates:
         self._lock = threading.Lock()
         self._records: dict[str, list[list[float]]] | None = None
 
-    def record(self, key: str, num_tokens: int, work: float, seconds: float) -> None:
-        """A completed read of ``num_tokens`` tokens (``work`` units) that took ``seconds``."""
+    def record(self, key: str, num_tokens: int, work: float, seconds: float, share: float = 1.0) -> None:
+        """A completed read of ``num_tokens`` tokens (``work`` units) that took ``seconds`` while it got ``share`` of
+        the CPU time its threads asked for (``cpu_share``; 1 on a GPU): kept as the rate it would have had alone."""
         if seconds <= 0 or work <= 0:
             return
         with self._lock:
             records = self._load()
-            records.setdefault(key, []).append([float(num_tokens), work / seconds, time.time()])
+            records.setdefault(key, []).append([float(num_tokens), work / seconds / max(share, 0.05), time.time()])
             records[key] = records[key][-_KEEP:]
             self._save(records)
 
@@ -136,15 +137,33 @@ class ReadRates:
             logger.warning("could not keep the read's speed in %s: %s", self.path, error)
 
 
-def estimate_range(work: float, learned: list[float], benchmark_rate: float) -> tuple[float, float, float]:
-    """(low, likely, high) seconds for ``work`` units: from the learned rates (their median, and their spread,
-    at least ±15%), else from the micro-benchmark's rate with ±50%."""
+def estimate_range(work: float, learned: list[float], benchmark_rate: float,
+                   share: float = 1.0) -> tuple[float, float, float]:
+    """(low, likely, high) seconds for ``work`` units at ``share`` of the CPU (``expected_share``): from the learned
+    rates (their median, and their spread, at least ±15%), else from the micro-benchmark's rate with ±50%."""
     if not learned:
         likely = work / benchmark_rate
         return likely * (1 - _FIRST_READ_SPREAD), likely, likely * (1 + _FIRST_READ_SPREAD)
+    learned = [rate * max(share, 0.05) for rate in learned]
     likely = work / statistics.median(learned)
     low, high = work / max(learned), work / min(learned)
     return min(low, likely * (1 - _MIN_SPREAD)), likely, max(high, likely * (1 + _MIN_SPREAD))
+
+
+def cpu_share(cpu_seconds: float, seconds: float, num_threads: int) -> float:
+    """The share of the CPU time a read's ``num_threads`` threads asked for that they got (``cpu_seconds`` of
+    process time in ``seconds``): about 1 on an idle machine, 0.3 when others keep the cores busy."""
+    return min(max(cpu_seconds / max(seconds * num_threads, 1e-9), 0.05), 1.0)
+
+
+def expected_share(num_threads: int) -> float:
+    """The share a read starting now is likely to get: the cores over the runnable threads (the last minute's load,
+    other processes', plus the read's own threads)."""
+    try:
+        others = os.getloadavg()[0]
+    except OSError:
+        return 1.0
+    return min((os.cpu_count() or 1) / max(others + num_threads, 1e-9), 1.0)
 
 
 _SHARED: dict[Path, ReadRates] = {}

@@ -20,7 +20,8 @@ from .document_snapshots import restore_document
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
 from .planner import ModelShape, Plan, PlanError, make_plan
 from .policy import OffloadPolicy
-from .prefill_pacing import PrefillClock, ReadRates, estimate_range, prefill_step, prefill_work, shared_read_rates
+from .prefill_pacing import (PrefillClock, ReadRates, cpu_share, estimate_range, expected_share, prefill_step,
+                             prefill_work, shared_read_rates)
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillCancelled, PrefillProgress, answer_rate
 from .sampling import RepetitionGuard
@@ -168,7 +169,9 @@ class DocumentSession:
         work = prefill_work(self.shape, start, num_tokens)
         learned = self.read_rates.rates(self._rates_key, num_tokens)
         benchmark = measured_flop_rate(self.model, self.shape) if not learned else 1.0
-        return estimate_range(work, learned, benchmark)
+        # On a CPU the read competes for the cores: its speed scales with the share of them it will get.
+        share = expected_share(torch.get_num_threads()) if self.device.type == "cpu" else 1.0
+        return estimate_range(work, learned, benchmark, share)
 
     # -- the document ----------------------------------------------------------------------------
     def prompt_tokens(self, text: str) -> int:
@@ -212,6 +215,7 @@ class DocumentSession:
         if self.cache is None:
             raise ValueError("no document: call set_document first")
         clock = PrefillClock(self.shape, self.prefilled_tokens, self.document_tokens, on_progress)
+        cpu_started = time.process_time()
         progress = PrefillProgress(self.prefilled_tokens, self.document_tokens, 0.0, 0.0)
         # Checked between layers too, so a cancel lands within about a layer's time; the chunk that was
         # under way is cropped off by ``_forward``, leaving the cache at a chunk boundary.
@@ -228,8 +232,11 @@ class DocumentSession:
                     raise self._cancelled() from interrupted
                 progress = clock.end_forward(self.prefilled_tokens)
         if progress.elapsed >= 0.5 and progress.tokens_done > clock.start_tokens:  # a read long enough to learn from
+            share = (cpu_share(time.process_time() - cpu_started, progress.elapsed, torch.get_num_threads())
+                     if self.device.type == "cpu" else 1.0)
             self.read_rates.record(self._rates_key, progress.tokens_done,
-                                   prefill_work(self.shape, clock.start_tokens, progress.tokens_done), progress.elapsed)
+                                   prefill_work(self.shape, clock.start_tokens, progress.tokens_done), progress.elapsed,
+                                   share)
         self.cache.anchor(self.document_tokens)  # sliding-window rings can always come back to the document's end
         return progress
 

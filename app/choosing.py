@@ -9,7 +9,7 @@ from app import render
 from app.browser_state import BrowserState
 from app.page_range import choices, describe, first_part_that_fits, pieces_of, range_text, range_tokens
 from app.render import status
-from app.views import FilesView, FirstPartView, RangeView
+from app.views import FirstPartView, RangeOffer, RangeView
 from engine import DocumentSession, Plan, PlanError
 
 NO_CHANGE: dict = gr.update()
@@ -18,15 +18,22 @@ NO_CHANGE: dict = gr.update()
 class PageRanges:
     """Page ranges of the tab's chosen documents."""
 
-    def offer_range(self, view: FilesView, session: DocumentSession, plan: Plan) -> FilesView:
-        """``view`` with the page range offered (the set does not fit whole)."""
-        state = view.state
-        state.pieces = pieces_of(state.documents)
+    @staticmethod
+    def pages_to_choose(state: BrowserState) -> list:
+        """The chosen set's pages, to choose a range from (it does not fit whole)."""
+        return pieces_of(state.documents)
+
+    @staticmethod
+    def range_offer(state: BrowserState) -> RangeOffer:
+        """The page range picker: shown, with the set's pages, when the set does not fit whole; else hidden."""
+        session = state.session
+        if not state.pieces or session is None:
+            return RangeOffer(gr.update(visible=False), gr.update(choices=[], value=None),
+                              gr.update(choices=[], value=None), "")
         options = choices(state.pieces)
-        limit = _document_limit(session, plan)
-        info = render.range_info(None, None, limit)
-        return view._replace(range_box=gr.update(visible=True), range_from=gr.update(choices=options, value=None),
-                             range_to=gr.update(choices=options, value=None), range_info=info)
+        info = render.range_info(None, None, _document_limit(session, session.limits()))
+        return RangeOffer(gr.update(visible=True), gr.update(choices=options, value=None),
+                          gr.update(choices=options, value=None), info)
 
     def choose_range(self, first: int | None, last: int | None, state: BrowserState) -> RangeView:
         """The chosen pages: their token count and whether they fit, live; when they do, they are what

@@ -113,7 +113,9 @@ class Handlers(OpenSaved, PageRanges, Questions):
         view = FilesView(state, render.files_table(documents, counts), panel,
                          gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
                          message)
-        return view if plan.is_within_limit else self.offer_range(view, session, plan)
+        if not plan.is_within_limit:
+            state.pieces = self.pages_to_choose(state)
+        return view
 
     def _kept(self, state: BrowserState) -> str:
         if state.session is not None and state.session.is_prefilled:

@@ -149,9 +149,10 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                                                     "model's attention (a small extra pass after the answer).")
 
         # One upload at a time: reading and tokenizing a large file takes memory, so visitors queue for it.
-        files.change(handlers.choose_files, [files, state],
-                     [state, table, plan, truncate, read_button, status_box, range_box, range_from, range_to, range_info],
-                     api_name="upload", concurrency_id="ingest", concurrency_limit=1, show_progress="minimal")
+        files.change(handlers.choose_files, [files, state], [state, table, plan, truncate, read_button, status_box],
+                     api_name="upload", concurrency_id="ingest", concurrency_limit=1, show_progress="minimal").then(
+            handlers.range_offer, [state], [range_box, range_from, range_to, range_info], api_visibility="private",
+            **_LIGHT)
         chosen_range = [state, range_info, plan, truncate, read_button, status_box]
         for picker in (range_from, range_to):
             picker.change(handlers.choose_range, [range_from, range_to, state], chosen_range,

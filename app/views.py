@@ -17,10 +17,15 @@ class FilesView(NamedTuple):
     truncate: dict
     read_button: dict
     status: Any
-    range_box: Any = gr.update(visible=False)  # the page range, offered when the set is too large to read whole
-    range_from: Any = gr.update()
-    range_to: Any = gr.update()
-    range_info: Any = gr.update()
+
+
+class RangeOffer(NamedTuple):
+    """The page range, offered when the chosen set is too large to read whole (hidden otherwise)."""
+
+    range_box: Any
+    range_from: Any
+    range_to: Any
+    range_info: Any
 
 
 class RangeView(NamedTuple):

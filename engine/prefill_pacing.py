@@ -156,13 +156,28 @@ def cpu_share(cpu_seconds: float, seconds: float, num_threads: int) -> float:
     return min(max(cpu_seconds / max(seconds * num_threads, 1e-9), 0.05), 1.0)
 
 
+_LOAD_MINUTE = 60.0  # the 1-minute load average's time constant
+_own_reads: list[tuple[float, float, int]] = []  # (ended at, seconds, threads) of this process's recent reads
+
+
+def note_own_read(seconds: float, num_threads: int) -> None:
+    """A read of this process just ended: the load average still counts its threads for a while."""
+    _own_reads.append((time.monotonic(), seconds, num_threads))
+    del _own_reads[:-8]
+
+
 def expected_share(num_threads: int) -> float:
-    """The share a read starting now is likely to get: the cores over the runnable threads (the last minute's load,
-    other processes', plus the read's own threads)."""
+    """The share a read starting now is likely to get: the cores over the runnable threads, i.e. other processes'
+    (the last minute's load less what this process's own recent reads still add to it) plus the read's own."""
     try:
-        others = os.getloadavg()[0]
+        load = os.getloadavg()[0]
     except OSError:
         return 1.0
+    now = time.monotonic()
+    # The 1-minute average rises as 1 - e^(-t/60) while a read runs and decays as e^(-t/60) after it.
+    own = sum(threads * (1 - math.exp(-seconds / _LOAD_MINUTE)) * math.exp(-(now - ended) / _LOAD_MINUTE)
+              for ended, seconds, threads in _own_reads)
+    others = max(load - own, 0.0)
     return min((os.cpu_count() or 1) / max(others + num_threads, 1e-9), 1.0)
 
 

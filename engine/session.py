@@ -20,8 +20,8 @@ from .document_snapshots import restore_document
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
 from .planner import ModelShape, Plan, PlanError, make_plan
 from .policy import OffloadPolicy
-from .prefill_pacing import (PrefillClock, ReadRates, cpu_share, estimate_range, expected_share, prefill_step,
-                             prefill_work, shared_read_rates)
+from .prefill_pacing import (PrefillClock, ReadRates, cpu_share, estimate_range, expected_share, note_own_read,
+                             prefill_step, prefill_work, shared_read_rates)
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillCancelled, PrefillProgress, answer_rate
 from .sampling import RepetitionGuard
@@ -232,8 +232,10 @@ class DocumentSession:
                     raise self._cancelled() from interrupted
                 progress = clock.end_forward(self.prefilled_tokens)
         if progress.elapsed >= 0.5 and progress.tokens_done > clock.start_tokens:  # a read long enough to learn from
-            share = (cpu_share(time.process_time() - cpu_started, progress.elapsed, torch.get_num_threads())
-                     if self.device.type == "cpu" else 1.0)
+            share = 1.0
+            if self.device.type == "cpu":
+                share = cpu_share(time.process_time() - cpu_started, progress.elapsed, torch.get_num_threads())
+                note_own_read(progress.elapsed, torch.get_num_threads())
             self.read_rates.record(self._rates_key, progress.tokens_done,
                                    prefill_work(self.shape, clock.start_tokens, progress.tokens_done), progress.elapsed,
                                    share)

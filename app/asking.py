@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import html
 import logging
+import statistics
+import time
 from collections.abc import Iterator
 
 import gradio as gr
@@ -53,7 +55,10 @@ class Questions:
             yield AskView(history, NO_CHANGE, _warn(f"Not asked: {refusal}."), NO_CHANGE)
             return
         history += [{"role": "user", "content": _preview(question)}, {"role": "assistant", "content": "…"}]
-        ticket = self._queue.join("answering a question", max_new_tokens / max(self._decode_rate, 0.1))
+        # Expected: a usual answer here, plus reading the question's own tokens (long questions take long).
+        question_seconds = session.estimate_prefill_seconds(session.document_tokens + session.count_tokens(question),
+                                                            session.document_tokens)
+        ticket = self._queue.join("answering a question", statistics.median(self._answer_seconds) + question_seconds)
         try:
             waiting = lambda line: AskView(list(history), "", line, NO_CHANGE)
             if not (yield from self._in_line(ticket, lambda: state.stop_requested or state.is_closed, waiting)):
@@ -91,6 +96,7 @@ class Questions:
                                      on_question_progress=lambda done, total: report((done, total))):
                 report(chunk)
 
+        started = time.monotonic()
         try:
             for item in iterate_reports(work, abandon=lambda: setattr(state, "stop_requested", True),
                                         min_interval=0.1, name="answer"):
@@ -108,8 +114,8 @@ class Questions:
                 if chunk.done and session.dropped_turns:
                     stats += (f" · the {session.dropped_turns} oldest question{'s' if session.dropped_turns > 1 else ''}"
                               " and answers left out to make room")
-                if chunk.done and chunk.tokens_per_second > 0:
-                    self._decode_rate = chunk.tokens_per_second
+                if chunk.done and not chunk.stopped:
+                    self._answer_seconds.append(time.monotonic() - started)
                 pages = split_pages(session.document) if chunk.sources else None
                 history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats, chunk.sources, pages)}
                 # A copy per update: each yielded view is a snapshot, not a list edited later.

@@ -8,6 +8,7 @@ call the handlers directly and read ``view.plan`` instead of ``out[2]``.
 
 from __future__ import annotations
 
+import collections
 import html
 import logging
 from collections.abc import Callable, Iterator
@@ -56,7 +57,8 @@ class Handlers(OpenSaved, PageRanges, Questions):
         self._factory = engine_factory
         self._max_question = max_question
         self._queue = compute_queue or ComputeQueue()
-        self._decode_rate = 10.0  # tokens/s of the last answer: what a queued answer is expected to take
+        # Seconds the last answers took, whole (question read, answer written): what a queued one is expected to take.
+        self._answer_seconds: collections.deque[float] = collections.deque([20.0], maxlen=5)
         self._shelves = Shelves(snapshot_store, private=private, session_root=session_shelves)
         self._upload_dir = upload_dir
         # Browser session id -> its state, only so ``unload`` can free a closed tab's memory at

@@ -157,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--max-upload", type=parse_size, default=DEFAULT_MAX_UPLOAD, metavar="SIZE",
                         help="largest file a visitor may upload, e.g. 100MB; larger ones are refused before "
                              "they reach the app (default: 256MiB)")
+    server.add_argument("--max-question", type=_positive_int, default=None, metavar="TOKENS",
+                        help="longest question a visitor may ask, in tokens; longer ones are refused at once, with "
+                             "the numbers (default: what the memory plan and the model's window leave beside the "
+                             "document and the answer, shown under the question box)")
     server.add_argument("--share", action="store_true",
                         help="also create a temporary public gradio.live link (needs internet; without it "
                              "the app says so and keeps serving locally); visitors' saved documents are then "
@@ -218,6 +222,34 @@ def can_reach_share_server(timeout: float = 3.0) -> bool:
     except OSError as exc:
         log.debug("share server unreachable: %s", exc)
         return False
+
+
+def check_quickly(args: argparse.Namespace) -> None:
+    """What can be checked before torch and the model load (seconds): a ``--model`` path that is not there, and a
+    port something else listens on. Raises ``ValueError``."""
+    if args.model is not None and _looks_like_path(args.model) and not Path(args.model).expanduser().exists():
+        raise ValueError(f"--model {args.model}: no such file or folder (give a model folder, a .gguf file or a "
+                         "Hugging Face Hub id such as HuggingFaceTB/SmolLM2-360M-Instruct)")
+    _check_listen_address(args.host, args.port)
+
+
+def _looks_like_path(value: str) -> bool:
+    """A value meant as a local path, not a Hub id (``org/name``): absolute, relative with a dot, home, or a file."""
+    return value.startswith(("/", "./", "../", "~", ".\\")) or value in (".", "..") or value.lower().endswith(".gguf") \
+        or value.count("/") > 1
+
+
+def check_plan(session) -> None:
+    """The values the model itself needs: a minimal document and its answer must fit the memory budgets and the
+    context limit, or nothing could ever be read. Raises ``ValueError`` naming the option to change."""
+    limits = session.limits()
+    need = 1 + session.answer_budget
+    if not limits.fits:
+        raise ValueError(f"even a minimal document ({need:,} tokens with its answer) does not fit: {limits.reason}; "
+                         "raise --host-memory / --gpu-memory")
+    if limits.context_limit < need:
+        raise ValueError(f"{limits.limit_reason}, but a document and its answer need at least {need:,} tokens; "
+                         "raise --max-context or --host-memory")
 
 
 def check_machine(args: argparse.Namespace) -> str:
@@ -327,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         sys.exit(self_check(make_policy(args), device))
     try:
+        check_quickly(args)  # before torch loads: a typo in --model or a busy port fails in well under a second
         device = check_machine(args)
         if args.model is None and not device.startswith("cuda"):
             from engine.pypi_models import cpu_default_source
@@ -357,6 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     except (UnsupportedModelError, ModelSourceError, ValueError) as exc:
         log.error("%s", exc)
         sys.exit(1)
+    try:
+        check_plan(DocumentSession(model, tokenizer, policy))
+    except ValueError as exc:
+        parser.error(str(exc))
     policy, checked = apply_first_use_self_check(policy, device)
     info = {**describe(model), "kv_dtype": policy.kv_dtype, "self_check": checked}
     log.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))
@@ -377,13 +414,13 @@ def main(argv: list[str] | None = None) -> None:
     del model, tokenizer  # the holder owns them: a switch must be able to free the old model
     demo = build_ui(holder.new_session, model_info=info, snapshot_store=store,
                     private=private, upload_dir=prepare_folder(UPLOADS), session_shelves=session_shelves,
-                    picker=ModelPicker(holder, device=device).build)
+                    picker=ModelPicker(holder, device=device).build, max_question=args.max_question)
     share = args.share and can_reach_share_server()
     if args.share and not share:
         log.warning("Could not create a share link: %s:%d is unreachable (no internet?). "
                     "Serving locally only at http://%s:%d", *SHARE_SERVER, args.host, args.port)
     demo.launch(server_name=args.host, server_port=args.port, share=share, auth=args.auth,
-                max_file_size=args.max_upload, prevent_thread_lock=True, **launch_options())
+                max_file_size=args.max_upload, prevent_thread_lock=True, **launch_options(args.max_upload))
     if share and not demo.share_url:
         log.warning("Could not create a share link (see Gradio's message above). Serving locally only at %s",
                     demo.local_url)

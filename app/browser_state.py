@@ -3,6 +3,7 @@ light event (Cancel, Stop, tab closed) reach the heavy one that is running."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,8 +23,12 @@ class BrowserState:
     documents: list[Document] = field(default_factory=list)  # chosen files, shown in the table
     token_counts: list[int] = field(default_factory=list)
     uploads: set[str] = field(default_factory=set)  # files this tab uploaded, deleted when it closes
-    tokens: DocumentTokens | None = None  # the chosen documents tokenized once, for the plan and the read
+    tokens: DocumentTokens | None = None  # what "Read documents" reads: the chosen documents (or a page range of them)
+    full_tokens: DocumentTokens | None = None  # the whole set, tokenized once (ranges are counted off it)
+    pieces: list = field(default_factory=list)  # the set's pages (app.page_range), when too large to read whole
+    range_label: str | None = None  # the page range chosen, "p. 1 – p. 30 of bash.pdf"; None: the whole set
     read_text: str | None = None  # the text given to the session (its KV may be partial)
+    saved_key: str | None = None  # the saved copy of the document read (reopened after a page reload)
     remember: bool = True  # save read documents to disk and reopen them from there (when the app has a store)
     cancel_requested: bool = False
     stop_requested: bool = False
@@ -34,7 +39,15 @@ class BrowserState:
         """Frees the document's memory; safe to call twice."""
         if self.session is not None:
             self.session.clear()
-        self.read_text = None
+        self.read_text = self.saved_key = None
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Waits (a Stop or Cancel having been asked) for this tab's running read or answer to end; False if it
+        is still busy after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.is_busy and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self.is_busy
 
     @contextmanager
     def working(self) -> Iterator[None]:

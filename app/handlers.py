@@ -8,6 +8,7 @@ call the handlers directly and read ``view.plan`` instead of ``out[2]``.
 
 from __future__ import annotations
 
+import collections
 import html
 import logging
 from collections.abc import Callable, Iterator
@@ -16,18 +17,22 @@ from pathlib import Path
 import gradio as gr
 
 from app import render
+from app.asking import Questions
 from app.background import iterate_reports
 from app.browser_state import BrowserState
+from app.compute_queue import ComputeQueue, Ticket
 from app.documents import combine
+from app.choosing import PageRanges
 from app.meters import meters_html
+from app.opening import OpenSaved
 from app.render import status
 from app.shelves import Shelves
 from app.sizing import read_sized, token_counts
 from app.uploads import delete_uploads
-from app.views import AskView, ClearView, DeleteView, FilesView, ReadView, SavedView
-from app.pages import cited_pages, split_pages
-from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, RepetitionGuard, RestoreStats,
-                    SnapshotStore, format_bytes, read_memory)
+from app.views import ClearView, DeleteView, FilesView, ReadView, SavedView
+from app.pages import last_page, split_pages
+from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, RestoreStats, SnapshotStore,
+                    format_bytes, read_memory)
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +44,21 @@ def _warn(text: str) -> str:
     return status("error", text)
 
 
-class Handlers:
+class Handlers(OpenSaved, PageRanges, Questions):
     """The page's event functions, bound to the factory that builds a session per browser."""
 
     def __init__(self, engine_factory: Callable[[], DocumentSession], snapshot_store: SnapshotStore | None = None, *,
-                 private: bool = False, session_shelves: Path | None = None, upload_dir: Path | None = None):
+                 private: bool = False, session_shelves: Path | None = None, upload_dir: Path | None = None,
+                 max_question: int | None = None, compute_queue: ComputeQueue | None = None):
         """``private``: visitors are kept apart (saved documents per user or per tab, see ``app.shelves``);
         ``session_shelves``: the folder for per-tab shelves; ``upload_dir``: where Gradio keeps uploads
-        (a tab's are deleted when it closes)."""
+        (a tab's are deleted when it closes); ``max_question``: the longest question in tokens (None: what the
+        plan leaves beside the document and the answer); ``compute_queue``: the line for the compute device."""
         self._factory = engine_factory
+        self._max_question = max_question
+        self._queue = compute_queue or ComputeQueue()
+        # Seconds the last answers took, whole (question read, answer written): what a queued one is expected to take.
+        self._answer_seconds: collections.deque[float] = collections.deque([20.0], maxlen=5)
         self._shelves = Shelves(snapshot_store, private=private, session_root=session_shelves)
         self._upload_dir = upload_dir
         # Browser session id -> its state, only so ``unload`` can free a closed tab's memory at
@@ -67,7 +78,8 @@ class Handlers:
     def choose_files(self, files: list[str] | None, state: BrowserState,
                      request: gr.Request = None) -> FilesView:
         """Reads the dropped files and shows their sizes and the memory plan; runs nothing."""
-        state.documents, state.token_counts, state.tokens = [], [], None
+        state.documents, state.token_counts, state.tokens, state.full_tokens = [], [], None, None
+        state.pieces, state.range_label = [], None
         if request is not None and request.session_hash:  # so that ``unload`` finds the uploads
             self._open[request.session_hash] = state
         state.uploads.update(files or [])
@@ -78,33 +90,36 @@ class Handlers:
         limits = session.limits()  # sized before reading: a file far beyond it is refused unread
         documents, problems = read_sized(files, max(limits.context_limit - session.answer_budget, 1),
                                          limits.limit_reason)
-        if not documents:
-            return FilesView(state, render.files_table([], []), render.empty_plan(),
+        if not documents:  # the panel still says what was dropped and why nothing can be read
+            return FilesView(state, render.files_table([], []), render.refused_plan(problems),
                              gr.update(visible=False, value=False), gr.update(interactive=False),
                              _warn(" ".join(problems) + self._kept(state)))
         # Tokenized once: the counts, the plan, the read and the saved copy's key all use these ids.
         tokens = session.tokenize(combine(documents))
         counts = token_counts(tokens, documents, session.count_tokens)
-        state.documents, state.token_counts, state.tokens = documents, counts, tokens
+        state.documents, state.token_counts, state.tokens, state.full_tokens = documents, counts, tokens, tokens
         try:
             plan = session.plan(tokens)
         except PlanError as exc:
-            return FilesView(state, render.files_table(documents, counts), render.empty_plan(),
+            return FilesView(state, render.files_table(documents, counts), render.refused_plan([str(exc)]),
                              gr.update(visible=False), gr.update(interactive=False), _warn(str(exc)))
-        seconds = session.estimate_prefill_seconds(min(len(tokens), plan.context_limit))
+        seconds = session.estimate_prefill_range(min(len(tokens), plan.context_limit))
         if plan.is_within_limit:
             message = status("ok", f"Ready to read {sum(counts):,} tokens from {len(documents)} "
                                    f"file{'s' if len(documents) != 1 else ''}. Press “Read documents”.")
         else:
-            message = status("warn", f"Too large: {plan.limit_reason}. Tick “Truncate to fit” to read "
-                                     "the beginning only, or remove files.")
+            message = status("warn", f"Too large: {plan.limit_reason}. Choose a page range below (or “First part "
+                                     "that fits”), tick “Truncate to fit” to read the beginning only, or remove "
+                                     "files.")
         if problems:
             message = _warn("Skipped: " + " ".join(problems)) + message
-        return FilesView(state, render.files_table(documents, counts), render.plan_panel(plan, sum(counts), seconds,
-                                                                                     session.policy.kv_dtype,
-                                                                                     _options(session, plan)),
+        panel = render.plan_panel(plan, sum(counts), seconds, session.policy.kv_dtype, _options(session, plan))
+        view = FilesView(state, render.files_table(documents, counts), panel,
                          gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
                          message)
+        if not plan.is_within_limit:
+            state.pieces = self.pages_to_choose(state)
+        return view
 
     def _kept(self, state: BrowserState) -> str:
         if state.session is not None and state.session.is_prefilled:
@@ -119,14 +134,42 @@ class Handlers:
         disk instead, and a set read to the end is saved for next time.
         """
         with state.working():
-            yield from self._read(truncate, state, request)
+            state.cancel_requested = False
+            if not state.documents:
+                yield ReadView(state, NO_CHANGE, _warn("Drop one or more files first."), NO_CHANGE, *_IDLE)
+                return
+            session = self._session(state, request)
+            num_tokens = len(state.tokens) if state.tokens is not None else 0
+            resumed = state.tokens is not None and state.read_text == state.tokens.text  # a cancelled read goes on
+            start = min(session.prefilled_tokens, num_tokens) if resumed else 0
+            ticket = self._queue.join(f"reading {num_tokens:,} tokens",
+                                      session.estimate_prefill_seconds(max(num_tokens, 1), start))
+            try:
+                waiting = lambda line: ReadView(state, NO_CHANGE, line, NO_CHANGE, gr.update(interactive=False),
+                                                gr.update(interactive=True))
+                if not (yield from self._in_line(ticket, lambda: state.cancel_requested or state.is_closed, waiting)):
+                    yield ReadView(state, NO_CHANGE, status("info", "You left the queue; nothing was read."),
+                                   NO_CHANGE, *_IDLE)
+                    return
+                yield from self._read(truncate, state, request, ticket)
+            finally:
+                self._queue.leave(ticket)
 
-    def _read(self, truncate: bool, state: BrowserState, request: gr.Request | None) -> Iterator[ReadView]:
-        idle = (gr.update(interactive=True), gr.update(interactive=False))
-        running = (gr.update(interactive=False), gr.update(interactive=True))
-        if not state.documents:
-            yield ReadView(state, NO_CHANGE, _warn("Drop one or more files first."), NO_CHANGE, *idle)
-            return
+    def _in_line(self, ticket: Ticket, should_leave: Callable[[], bool],
+                 view: Callable[[str], object]) -> Iterator:
+        """Waits for ``ticket``'s turn, yielding ``view(status line)`` with the place in line and the wait; returns
+        False when the visitor left the line (``should_leave``)."""
+        waiting = self._queue.wait_turn(ticket, should_leave)
+        while True:
+            try:
+                text = next(waiting)
+            except StopIteration as done:
+                return done.value
+            yield view(render.queue_status(self._queue.position(ticket), text))
+
+    def _read(self, truncate: bool, state: BrowserState, request: gr.Request | None,
+              ticket: Ticket) -> Iterator[ReadView]:
+        idle, running = _IDLE, (gr.update(interactive=False), gr.update(interactive=True))
         session = self._session(state, request)
         tokens = state.tokens if state.tokens is not None else session.tokenize(combine(state.documents))
         text = tokens.text
@@ -141,6 +184,7 @@ class Handlers:
                                NO_CHANGE, *idle)
                 return
             state.read_text, chat = text, []  # the session dropped the old document and its chat
+            state.saved_key = None
             if session.document != text:  # truncated to fit: the panel shows what is read, not the whole set
                 plan = _truncated_plan(session, len(tokens))
         elif session.is_prefilled:
@@ -157,12 +201,12 @@ class Handlers:
                            chat, *_BUSY, plan=plan)
             chat, stats = NO_CHANGE, shelf.restore(session)
             if stats is not None:
+                state.saved_key = saved.key
                 bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
                 yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *idle)
                 return
             note = "The saved copy could not be used (see the log), so the documents are read instead. "
-        state.cancel_requested = False
-        total = session.document_tokens
+        total, start = session.document_tokens, session.prefilled_tokens
         bar = render.progress_bar(session.prefilled_tokens, total, state="running")
         reading = status("info", f"{note}Reading {total:,} tokens (documents with the prompt)…")
         yield ReadView(state, bar, reading, chat, *running, plan=plan)
@@ -174,12 +218,17 @@ class Handlers:
             ):
                 bar = render.progress_bar(last.tokens_done, last.tokens_total, last.tokens_per_second,
                                           last.eta_seconds, state="running")
+                if last.eta_seconds is not None:
+                    self._queue.expect(ticket, last.eta_seconds)
                 yield ReadView(state, bar, NO_CHANGE, NO_CHANGE, *running)
         except PrefillCancelled:
             done = session.prefilled_tokens
+            head = tokens.head(done) if tokens.text == session.document else None
+            where = last_page(head) if head else None
+            stopped = f" It stopped in {where}." if where else ""
             yield ReadView(state, render.progress_bar(done, total, state="cancelled", note="cancelled"),
-                           status("warn", f"Cancelled after {done:,} of {total:,} tokens. Press “Read documents” "
-                                          "to continue from there."), NO_CHANGE, *idle)
+                           status("warn", f"Cancelled after {done:,} of {total:,} tokens.{stopped} Press “Read "
+                                          "documents” to continue from there."), NO_CHANGE, *idle)
             return
         except MemoryError as exc:
             log.warning("prefill ran out of memory: %s", exc)
@@ -189,12 +238,19 @@ class Handlers:
                            NO_CHANGE, *idle)
             return
         seconds = f" in {render.format_seconds(last.elapsed)} ({last.tokens_per_second:,.0f} tok/s)" if last else ""
-        finished = f"Read {total:,} tokens{seconds}."
+        # This run's own tokens: a read resumed after a cancel reads only the rest.
+        finished = f"Read {total - start:,} tokens{seconds}" + (f", the rest of {total:,}." if start else ".")
+        if session.document != text and (where := last_page(session.document)):  # truncated to fit
+            finished += f" It stopped in {where}: the pages after it were not read."
+        elif state.range_label:
+            finished += f" Read {state.range_label}."
         kind = "ok"
         if remember:
             yield ReadView(state, _done_bar(session, last), status("info", f"{finished} Saving it for instant "
                                                                            "reopening…"), NO_CHANGE, *_BUSY)
-            kind, sentence = shelf.save(session, _label(state, session, text))
+            kind, sentence = shelf.save(session, _label(state, session, text), tuple(state.documents))
+            if kind == "ok":
+                state.saved_key = session.snapshot_identity().key
             if kind == "error":
                 gr.Warning(html.escape(sentence))
             finished += " " + sentence
@@ -205,62 +261,17 @@ class Handlers:
     def cancel(state: BrowserState) -> None:
         state.cancel_requested = True
 
-    # -- questions ---------------------------------------------------------------------------------
-    def ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,
-            state: BrowserState, avoid_repeats: bool = True, show_sources: bool = True) -> Iterator[AskView]:
-        """Streams the answer into the chat, followed by its TTFT / tokens / tok/s line and its sources."""
-        with state.working():
-            yield from self._ask(question, history, max_new_tokens, temperature, state, avoid_repeats, show_sources)
-
-    def _ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,
-             state: BrowserState, avoid_repeats: bool, show_sources: bool) -> Iterator[AskView]:
-        history = list(history or [])
-        question = (question or "").strip()
-        if not question:
-            yield AskView(history, NO_CHANGE, NO_CHANGE, NO_CHANGE)
-            return
-        session = state.session
-        if session is None or not session.is_prefilled:
-            yield AskView(history, NO_CHANGE, _warn("Read documents first: drop files, then press “Read documents”."),
-                          NO_CHANGE)
-            return
-        state.stop_requested = False
-        history += [{"role": "user", "content": question}, {"role": "assistant", "content": "…"}]
-        yield AskView(list(history), "", status("info", "Thinking…"), NO_CHANGE)
-        guard = RepetitionGuard() if avoid_repeats else None
-        try:
-            for chunk in session.ask(question, max_new_tokens=int(max_new_tokens), temperature=float(temperature),
-                                     should_stop=lambda: state.stop_requested, repetition_guard=guard,
-                                     sources=bool(show_sources)):
-                stats = render.answer_stats(chunk.ttft, chunk.num_tokens, chunk.tokens_per_second,
-                                            done=chunk.done, stopped=chunk.stopped)
-                if chunk.looped:
-                    stats += " · stopped a repeating loop"
-                history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats, chunk.sources)}
-                # A copy per update: each yielded view is a snapshot, not a list edited later.
-                chips = self._page_chips(session, chunk) if chunk.done else NO_CHANGE
-                yield AskView(list(history), NO_CHANGE, status("ok", stats) if chunk.done else NO_CHANGE, chips)
-        except (MemoryError, ValueError) as exc:
-            log.warning("answer failed: %s", exc)
-            history[-1] = {"role": "assistant", "content": f"*(no answer: {html.escape(str(exc))})*"}
-            yield AskView(history, NO_CHANGE, _warn(str(exc)), NO_CHANGE)
-
     @staticmethod
-    def _page_chips(session, chunk) -> dict:
-        """Chips for the pages the answer cites, then those it attended to most."""
-        known = split_pages(getattr(session, "document", "") or "")
-        chosen = cited_pages(chunk.text, known)
-        chosen += [s.page for s in chunk.sources if s.page is not None and s.page in known and s.page not in chosen]
-        return gr.update(choices=[(f"p. {p}", p) for p in chosen], value=None, visible=bool(chosen))
-
-    @staticmethod
-    def show_page(page: int | None, state: BrowserState) -> str:
-        """The page viewer: the text of the chosen page of the read documents."""
+    def show_page(page: str | None, state: BrowserState) -> str:
+        """The page viewer: the text of the chosen page of the read documents (its printed label, its PDF page
+        as a tooltip)."""
         session = state.session
         if page is None or session is None or not session.document:
             return render.page_view(None)
-        name, text = split_pages(session.document).get(int(page), ("", ""))
-        return render.page_view(int(page), name, text)
+        found = split_pages(session.document).get(str(page))
+        if found is None:
+            return render.page_view(str(page))
+        return render.page_view(str(page), found.name, found.text, found.sequence)
 
     @staticmethod
     def stop(state: BrowserState) -> None:
@@ -268,6 +279,8 @@ class Handlers:
 
     @staticmethod
     def new_chat(state: BrowserState) -> tuple[list, str]:
+        if not state.wait_idle():
+            return NO_CHANGE, _warn("Still stopping the answer; press “New chat” again in a moment.")
         if state.session is not None:
             state.session.new_conversation()
         return [], status("info", "New chat. The documents stay read.")
@@ -283,7 +296,8 @@ class Handlers:
         shelf = self._shelves.for_request(request)
         infos, problem = shelf.list()
         choices = [(render.saved_choice_label(info), info.key) for info in infos]
-        return SavedView(render.saved_panel(infos, shelf.cap, enabled=shelf.enabled, problem=problem),
+        return SavedView(render.saved_panel(infos, shelf.cap, enabled=shelf.enabled, problem=problem,
+                                            leftover=shelf.leftover_bytes()),
                          gr.update(choices=choices, value=None))
 
     def delete_saved(self, key: str | None, request: gr.Request = None) -> DeleteView:
@@ -296,6 +310,9 @@ class Handlers:
     @staticmethod
     def clear(state: BrowserState) -> ClearView:
         """Drops the documents and frees their KV cache."""
+        if not state.wait_idle():
+            return ClearView(state, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE,
+                             _warn("Still stopping the running work; press “Clear documents” again in a moment."))
         state.close()
         state.documents, state.token_counts, state.tokens = [], [], None
         return ClearView(state, None, render.files_table([], []), render.empty_plan(),
@@ -325,6 +342,7 @@ class Handlers:
 
 
 _BUSY = (gr.update(interactive=False), gr.update(interactive=False))  # disk work: nothing to cancel
+_IDLE = (gr.update(interactive=True), gr.update(interactive=False))  # read button on, cancel off
 
 
 def _reopened(stats: RestoreStats) -> str:
@@ -335,14 +353,10 @@ def _reopened(stats: RestoreStats) -> str:
 
 
 def _label(state: BrowserState, session: DocumentSession, text: str) -> str:
-    """The saved-documents name of a set: its file names, marked when only the beginning was read."""
-    names = ", ".join(doc.name for doc in state.documents)
+    """The saved-documents name of a set: its file names, or the page range read, marked when only the beginning
+    was read."""
+    names = state.range_label or ", ".join(doc.name for doc in state.documents)
     return names + " (beginning)" if session.document != text else names
-
-
-def _answer(text: str, stats: str, sources=()) -> str:
-    line = f'\n\n{render.sources_line(sources)}' if sources else ""
-    return f'{render.model_markdown(text) or "…"}\n\n<span class="answer-stats">{html.escape(stats)}</span>{line}'
 
 
 def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> str:
@@ -354,9 +368,9 @@ def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> 
 def _truncated_plan(session: DocumentSession, num_chosen: int) -> str:
     """The plan panel of the beginning that was read, out of ``num_chosen`` tokens."""
     plan = session.document_plan()
-    seconds = session.estimate_prefill_seconds(session.document_tokens)
+    seconds = session.estimate_prefill_range(session.document_tokens)
     return render.plan_panel(plan, session.document_tokens, seconds, session.policy.kv_dtype,
-                             _options(session, plan), truncated_from=num_chosen)
+                             _options(session, plan), truncated_from=num_chosen, stopped_in=last_page(session.document))
 
 
 def _options(session: DocumentSession, plan) -> list:

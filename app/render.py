@@ -39,6 +39,22 @@ def status(kind: str, text: str) -> str:
     return f'<div class="status status-{kind}" data-kind="{kind}">{html.escape(text)}</div>'
 
 
+def queue_status(position: int, text: str) -> str:
+    """The status line of a visitor waiting for the compute device (``position``: 1 = next)."""
+    return (f'<div class="status status-wait" data-kind="wait" data-queue-position="{position}">'
+            f'{html.escape(text)} <span class="leave-hint">Press Cancel or Stop to leave the queue.</span></div>')
+
+
+def question_bar(max_tokens: int | None, answer_tokens: int, limit_note: str = "") -> str:
+    """The longest question this tab may ask now, shown under the question box."""
+    if max_tokens is None:
+        return '<div class="question-bar" data-max-question="0">Read documents to ask questions about them.</div>'
+    note = f" ({limit_note})" if limit_note else ""
+    return (f'<div class="question-bar" data-max-question="{max_tokens}">Questions up to {max_tokens:,} tokens '
+            f'(about {max_tokens * 4 // 1000:,} KB of text) beside these documents and a {answer_tokens:,}-token '
+            f'answer{html.escape(note)}.</div>')
+
+
 def model_header(info: dict) -> str:
     """One line under the title: which model runs where."""
     name = str(info.get("name_or_path") or info.get("model_class") or "model").rstrip("/")
@@ -82,8 +98,35 @@ def empty_plan() -> str:
             "how much GPU and host memory reading them will take, before anything runs.</div>")
 
 
+def reading_time(estimate) -> str:
+    """``"≈ 1 min 09 s (55 s – 1 min 20 s)"`` from (low, likely, high) seconds; a bare number as ``"≈ 12 s"``."""
+    if isinstance(estimate, tuple):
+        low, likely, high = estimate
+        return f"≈ {format_seconds(likely)} ({format_seconds(low)} – {format_seconds(high)})"
+    return f"≈ {format_seconds(estimate)}"
+
+
+def refused_plan(problems: Sequence[str]) -> str:
+    """The plan panel of a set none of whose files can be read: what was dropped and why, with the numbers."""
+    items = "".join(f"<li>{html.escape(problem)}</li>" for problem in problems)
+    return (f'<div class="plan plan-nofit plan-refused" data-fits="false"><div class="plan-verdict">Nothing can be '
+            f"read</div><ul>{items}</ul></div>")
+
+
+def range_info(label: str | None, num_tokens: int | None, limit: int) -> str:
+    """The chosen page range's token count and whether it fits."""
+    if label is None or num_tokens is None:
+        return (f'<div class="range-info" data-fits="">Choose pages from–to (at most {limit:,} tokens fit), or '
+                "press “First part that fits”.</div>")
+    fits = num_tokens <= limit
+    verdict = "fits" if fits else "does not fit"
+    return (f'<div class="range-info range-{"fits" if fits else "nofit"}" data-fits="{str(fits).lower()}" '
+            f'data-tokens="{num_tokens}">{html.escape(label)}: {num_tokens:,} tokens · {verdict} '
+            f"(at most {limit:,})</div>")
+
+
 def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dtype: str | None = None,
-               options: Sequence = (), *, truncated_from: int | None = None) -> str:
+               options: Sequence = (), *, truncated_from: int | None = None, stopped_in: str | None = None) -> str:
     """The memory plan of a document set: predicted memory, fit, chunk/head-group sizes, time.
 
     ``num_tokens`` counts the documents alone; ``plan.context_tokens`` adds the prompt around
@@ -91,7 +134,7 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
 
     ``truncated_from``: the set was truncated to fit; ``plan`` is then the plan of what is read, and
     ``num_tokens`` and ``truncated_from`` count the tokens read and the whole set's, both with the prompt
-    (as the reading progress does).
+    (as the reading progress does); ``stopped_in``: the page the truncated read ends in ("p. 37 of bash.pdf").
     """
     if not plan.fits:
         verdict = ("nofit", "Does not fit in memory")
@@ -102,7 +145,8 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
     counts = f"{num_tokens:,} document tokens, {plan.context_tokens:,} with the prompt and room for answers"
     truncated = ""
     if truncated_from is not None:
-        verdict = (verdict[0], f"Read the first {num_tokens:,} tokens of {truncated_from:,}")
+        up_to = f", up to {stopped_in}" if stopped_in else ""
+        verdict = (verdict[0], f"Read the first {num_tokens:,} tokens of {truncated_from:,}{up_to}")
         counts = f"truncated to fit; documents with the prompt, {plan.context_tokens:,} with room for answers"
         truncated = f' data-truncated-from="{truncated_from}"'
     groups = f"{plan.num_groups} group{'s' if plan.num_groups != 1 else ''}/layer"
@@ -113,7 +157,7 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
         ("Chunk size", f"{plan.chunk_size:,} tokens"),
         ("Head group", f"{plan.head_group_size} KV head{'s' if plan.head_group_size != 1 else ''} · {groups}"),
         ("Slots on device", f"{plan.resident_slots}/{plan.total_slots}"),
-        ("Reading time", f"≈ {format_seconds(prefill_seconds)}"),
+        ("Reading time", reading_time(prefill_seconds)),
         ("Context limit", f"{plan.context_limit:,} tokens · {_LIMITED_BY.get(plan.limited_by, plan.limited_by)}"),
     ]
     if kv_dtype:
@@ -196,14 +240,16 @@ def answer_stats(ttft: float | None, num_tokens: int, tokens_per_second: float, 
 
 
 def saved_panel(infos: Sequence[SnapshotInfo], cap: int | None, *, enabled: bool = True,
-                problem: str | None = None) -> str:
+                problem: str | None = None, leftover: int = 0) -> str:
     """The "Saved documents" list: label, tokens, size and last use per snapshot, then the total and cap."""
     if not enabled:
         return '<div class="saved saved-off" data-count="0">Saving documents to disk is turned off.</div>'
     total = sum(info.num_bytes for info in infos)
     limit = "no size limit" if cap is None else f"limit {format_bytes(cap)}"
     attrs = f'data-count="{len(infos)}" data-total-bytes="{total}" data-cap-bytes="{"" if cap is None else cap}"'
-    summary = (f'<div class="saved-summary">{len(infos)} saved · {format_bytes(total)} on disk · {limit}</div>')
+    left = (f' · <span class="saved-leftover" data-bytes="{leftover}">+ {format_bytes(leftover)} of an interrupted '
+            "save, removed at the next start</span>") if leftover else ""
+    summary = f'<div class="saved-summary">{len(infos)} saved · {format_bytes(total)} on disk · {limit}{left}</div>'
     if problem:
         return f'<div class="saved" {attrs}><p class="saved-problem">{html.escape(problem)}</p>{summary}</div>'
     if not infos:
@@ -230,18 +276,29 @@ def format_timestamp(seconds: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds)) if seconds else "–"
 
 
-def sources_line(sources) -> str:
-    """``"Sources: p. 13 (41%) · p. 9 (12%)"`` from the engine's attention-grounded sources."""
+def sources_line(sources, pages: dict | None = None) -> str:
+    """``"Sources: p. 13 (41%) · p. 9 (12%)"`` from the engine's attention-grounded sources; with ``pages``
+    (``app.pages.split_pages``), each page's PDF sequence is its tooltip."""
     if not sources:
         return ""
-    parts = " · ".join(html.escape(source.label()) for source in sources)
+
+    def part(source) -> str:
+        page = (pages or {}).get(str(source.page))
+        title = f' title="PDF page {page.sequence}"' if page is not None else ""
+        return f"<span{title}>{html.escape(source.label())}</span>"
+
+    parts = " · ".join(part(source) for source in sources)
     return f'<span class="answer-sources" title="Pages the answer attended to most, read from the model\'s attention">Sources: {parts}</span>'
 
 
-def page_view(page: int | None, name: str = "", text: str = "") -> str:
-    """The page viewer beside the chat: one page's text."""
+def page_view(page: str | None, name: str = "", text: str = "", sequence: int | None = None) -> str:
+    """The page viewer beside the chat: one page's text, titled with its printed label ("p. 37"), its PDF
+    sequence as the tooltip."""
     if page is None:
         return '<div class="page-view empty">Click a page chip under an answer to read that page here.</div>'
     where = f"{html.escape(name)} · " if name else ""
-    return (f'<div class="page-view" data-page="{page}"><div class="page-title">{where}page {page}</div>'
-            f"<pre>{html.escape(text) or '(no text on this page)'}</pre></div>")
+    label = f"PDF page {page[4:]}" if page.startswith("PDF ") else f"p. {page}"
+    title = f' title="PDF page {sequence}"' if sequence is not None else ""
+    seq = f' data-sequence="{sequence}"' if sequence is not None else ""
+    return (f'<div class="page-view" data-page="{html.escape(page)}"{seq}><div class="page-title"{title}>'
+            f'{where}{html.escape(label)}</div><pre>{html.escape(text) or "(no text on this page)"}</pre></div>')

@@ -9,12 +9,41 @@ Every disk failure becomes a sentence for the status line; none of them unloads 
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import json
 import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
 
+from app import store_owner
+from app.documents import Document
 from engine import DocumentSession, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore, format_bytes
 
 log = logging.getLogger(__name__)
+
+SHELF_FILE = "studio-documents.json"  # beside the KV in the snapshot's folder: deleted with it
+
+
+@dataclass(frozen=True)
+class ShelfEntry:
+    """What reopening a saved document needs besides its KV: the exact text read (re-tokenized, it gives the
+    snapshot's ids) and the files it came from (the files table, the page map, the viewer)."""
+
+    text: str
+    documents: tuple[Document, ...]
+
+    def to_json(self) -> str:
+        return json.dumps({"version": 1, "text": self.text,
+                           "documents": [dataclasses.asdict(doc) for doc in self.documents]})
+
+    @classmethod
+    def from_json(cls, data: str) -> ShelfEntry:
+        raw = json.loads(data)
+        fields = {field.name for field in dataclasses.fields(Document)}
+        documents = tuple(Document(**{k: v for k, v in doc.items() if k in fields}) for doc in raw["documents"])
+        return cls(raw["text"], documents)
 
 
 class SavedDocs:
@@ -22,6 +51,8 @@ class SavedDocs:
 
     def __init__(self, store: SnapshotStore | None):
         self.store = store
+        if store is not None:
+            store_owner.claim(store.root)  # what a killed save left goes now, unless a live app still owns it
 
     @property
     def enabled(self) -> bool:
@@ -48,13 +79,16 @@ class SavedDocs:
             log.warning("could not reopen the saved copy: %s", exc)
             return None
 
-    def save(self, session: DocumentSession, label: str) -> tuple[str, str]:
-        """Saves the prefilled document; returns (``ok | warn | error``, a sentence for the status line).
+    def save(self, session: DocumentSession, label: str, documents: tuple[Document, ...] = ()) -> tuple[str, str]:
+        """Saves the prefilled document, with the text and ``documents`` it was read from (so that it reopens
+        from the list with no upload); returns (``ok | warn | error``, a sentence for the status line).
 
         ``warn``: larger than the store's cap, so not saved; ``error``: the disk failed (or is full).
         """
         try:
             info = session.save_snapshot(self.store, label)
+            if info is not None:
+                _write_atomically(info.path / SHELF_FILE, ShelfEntry(session.document, tuple(documents)).to_json())
         except (OSError, SnapshotError, ValueError) as exc:
             log.warning("could not save the document's KV cache: %s", exc)
             return "error", (f"Could not save it for instant reopening ({disk_reason(exc)}); "
@@ -64,7 +98,25 @@ class SavedDocs:
                             f"{format_bytes(self.cap)} allowed for saved documents.")
         return "ok", f"Saved for instant reopening ({format_bytes(info.num_bytes)})."
 
+    def entry(self, key: str) -> ShelfEntry | None:
+        """The text and files saved beside snapshot ``key``; None when there are none (saved before the shelf
+        kept them, or deleted meanwhile)."""
+        if self.store is None or not key:
+            return None
+        try:
+            folder = self.store.root / key
+            if not folder.resolve().is_relative_to(self.store.root.resolve()):
+                return None
+            return ShelfEntry.from_json((folder / SHELF_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.info("no reopenable text beside saved document %s: %s", key, exc)
+            return None
+
     # -- the panel ---------------------------------------------------------------------------------
+    def leftover_bytes(self) -> int:
+        """Bytes interrupted saves left on disk (removed at the next start when no live app owns them)."""
+        return store_owner.leftover_bytes(self.store.root) if self.store is not None else 0
+
     def list(self) -> tuple[list[SnapshotInfo], str | None]:
         """The saved snapshots, most recently used first, and a problem to show instead, if any."""
         if self.store is None:
@@ -89,6 +141,12 @@ class SavedDocs:
             log.warning("could not delete snapshot %s: %s", key, exc)
             return False, f"Could not delete “{info.label}”: {disk_reason(exc)}."
         return True, f"Deleted “{info.label}” ({format_bytes(info.num_bytes)}) from disk."
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    scratch = path.with_name(f".{path.name}.{os.getpid()}")
+    scratch.write_text(text, encoding="utf-8")
+    os.replace(scratch, path)
 
 
 def disk_reason(exc: BaseException) -> str:

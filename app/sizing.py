@@ -10,7 +10,8 @@ from app.documents import Document, DocumentError, read_document
 from engine import DocumentTokens, format_bytes
 
 CHARS_PER_TOKEN = 4  # English prose averages ~4 characters per token; denser scripts take more tokens
-FAR_BEYOND = 4  # refused unread when estimated at this many times the limit (up to it, truncation is offered)
+FAR_BEYOND = 4  # refused unread when estimated at this many times the limit (up to it, truncation is offered)...
+WHOLE_BOOK_TOKENS = 400_000  # ...and past this (a 1,600-page book): up to it a page range of the book can be read
 _PLAIN_TEXT_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm")  # a byte is about a character
 
 
@@ -22,10 +23,11 @@ def estimate_tokens(num_chars: int) -> int:
 def far_beyond(what: str, num_chars: int, limit: int, reason: str) -> str | None:
     """Why ``what`` (``num_chars`` characters) is refused unread, with the numbers; None when it may be read."""
     estimate = estimate_tokens(num_chars)
-    if estimate <= FAR_BEYOND * limit:
+    if estimate <= max(FAR_BEYOND * limit, WHOLE_BOOK_TOKENS):
         return None
     return (f"{what}: about {estimate:,} tokens, far beyond the {limit:,} tokens a document may take here "
-            f"({reason}). Split it, or use a long-context model.")
+            f"({reason}), and more than the {WHOLE_BOOK_TOKENS:,} a page range is chosen from. Split it, or use a "
+            "long-context model.")
 
 
 def file_far_beyond(path: str, name: str, limit: int, reason: str) -> str | None:

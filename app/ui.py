@@ -1,12 +1,13 @@
 """The page: layout and event wiring. ``build_ui`` builds it; nothing happens at import time.
 
-Heavy events (reading documents, answering, and the new-chat / clear that touch the same cache)
-share one concurrency slot, ``"compute"``, so only one runs on the compute device at a time and
-other visitors wait in Gradio's queue, which shows them their position. Saving a read document to
-disk and reopening one from there happen inside the read event, so they hold that slot too. Choosing
-files (reading and tokenizing them) has a slot of its own, ``"ingest"``, so uploads take turns too.
-Light events (cancel, stop, meters, listing and deleting saved documents) run at once, even while a
-heavy one is busy.
+Heavy events (reading documents, answering) take turns on the compute device in the handlers' own line
+(``app.compute_queue``): a waiting visitor's status line shows their place and an estimated wait, and
+Cancel, Stop or closing the tab leaves the line. Gradio lets many of them in at once (``"compute"``, up
+to ``HEAVY_EVENTS``) so that they can wait there. Saving a read document to disk and reopening one from
+there happen inside the read event, so they hold the turn too. New chat and Clear touch only the tab's own
+session, after its own running work has stopped. Choosing files (reading and tokenizing them) has a slot
+of its own, ``"ingest"``, so uploads take turns. Light events (cancel, stop, meters, listing and deleting
+saved documents) run at once, even while a heavy one is busy.
 """
 
 from __future__ import annotations
@@ -29,26 +30,31 @@ from engine import DocumentSession, SnapshotStore
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 COMPUTE = "compute"
+HEAVY_EVENTS = 32  # heavy events Gradio runs at once: one computes, the rest wait in app.compute_queue's line
 METER_SECONDS = 1.0
 _LIGHT = {"concurrency_limit": None, "show_progress": "hidden"}
-_HEAVY = {"concurrency_id": COMPUTE, "concurrency_limit": 1}
+_HEAVY = {"concurrency_id": COMPUTE, "concurrency_limit": HEAVY_EVENTS}
+_OWN = {"concurrency_limit": None}  # new chat / clear: the tab's own session, once its own work has stopped
+_UPLOAD_CHECK = (Path(__file__).resolve().parent / "upload_check.js").read_text(encoding="utf-8")
 
 
-def launch_options() -> dict:
-    """Look-and-feel arguments for ``Blocks.launch`` (Gradio 6 takes theme and CSS there)."""
+def launch_options(max_upload: int | None = None) -> dict:
+    """Look-and-feel arguments for ``Blocks.launch`` (Gradio 6 takes theme and CSS there); ``max_upload``: the
+    largest upload in bytes, checked in the page before a byte is sent (the status line says why, in MiB)."""
     # System fonts only: the app must look right offline, without a request to Google Fonts.
     theme = gr.themes.Soft(primary_hue="teal", neutral_hue="slate",
                            font=["system-ui", "Segoe UI", "Roboto", "Helvetica", "Arial", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"])
     return {"theme": theme, "css_paths": [ASSETS / "style.css"], "favicon_path": str(ASSETS / "logo.svg"),
             # No image, media or frame from elsewhere: answers are model-written Markdown (see app.csp).
-            "app_kwargs": {"middleware": [Middleware(ContentSecurityPolicy)]}}
+            "app_kwargs": {"middleware": [Middleware(ContentSecurityPolicy)]},
+            "head": "" if max_upload is None else f"<script>{_UPLOAD_CHECK.replace('MAX_UPLOAD_BYTES', str(max_upload))}</script>"}
 
 
 def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
              title: str = "HeadInfer Studio", snapshot_store: SnapshotStore | None = None, private: bool = False,
              session_shelves: Path | None = None, upload_dir: Path | None = None,
-             picker: Callable[[], None] | None = None) -> gr.Blocks:
+             picker: Callable[[], None] | None = None, max_question: int | None = None) -> gr.Blocks:
     """Builds the page; each browser tab gets its own session from ``engine_factory``.
 
     Args:
@@ -63,17 +69,21 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
         upload_dir: the folder Gradio keeps uploads in (``app.uploads.prepare_folder``); a tab's uploads
             are deleted when it closes. Set before any component exists, as Gradio reads it then.
         picker: adds the model picker below the page (``app.picker.ModelPicker.build``); None leaves it out.
+        max_question: the longest question in tokens (None: what the plan leaves beside the document and answer).
     """
     if upload_dir is not None:
         os.environ["GRADIO_TEMP_DIR"] = str(upload_dir)  # Gradio's only setting for it
     handlers = Handlers(engine_factory, snapshot_store, private=private, session_shelves=session_shelves,
-                        upload_dir=upload_dir)
+                        upload_dir=upload_dir, max_question=max_question)
     saving = snapshot_store is not None
     # analytics off: the studio makes no calls home (it is often run offline). delete_cache: uploads
     # older than a day go even from a tab left open (the tab's own are deleted when it closes).
     with gr.Blocks(title=title, fill_width=True, analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
         # delete_callback: Gradio's own expiry of a session is the backstop to ``unload``.
         state = gr.State(BrowserState(), delete_callback=lambda s: s.close() if s else None)
+        # The tab's saved document and conversation, mirrored into its sessionStorage (that tab's only, kept across
+        # a reload) by _REMEMBER_JS and handed back on load by _RECALL_JS.
+        tab_memory = gr.Textbox(visible=False, elem_id="tab-memory")
         with gr.Row(equal_height=True, elem_id="topbar"):
             gr.HTML(_header(title, model_info), elem_id="header", scale=2, min_width=340)
             meters = gr.HTML(label="Meters", elem_id="meters", scale=3, min_width=340)
@@ -85,6 +95,12 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                                 elem_id="file-drop", height=120)
                 table = gr.HTML(render.files_table([], []), label="Files", elem_id="files-table")
                 plan = gr.HTML(render.empty_plan(), label="Memory plan", elem_id="plan")
+                with gr.Group(visible=False, elem_id="page-range") as range_box:
+                    with gr.Row(equal_height=True):
+                        range_from = gr.Dropdown([], value=None, label="From page", elem_id="range-from", scale=2)
+                        range_to = gr.Dropdown([], value=None, label="To page", elem_id="range-to", scale=2)
+                        first_part = gr.Button("First part that fits", size="sm", elem_id="first-part", scale=1)
+                    range_info = gr.HTML("", elem_id="range-info")
                 truncate = gr.Checkbox(label="Truncate to fit (read the beginning that fits)", visible=False,
                                        elem_id="truncate")
                 with gr.Row(elem_classes="button-row"):
@@ -101,6 +117,8 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                         # allow_custom_value: the choices are per tab and refreshed often; the handler checks the key.
                         saved_choice = gr.Dropdown([], value=None, label="Saved document", scale=4,
                                                    allow_custom_value=True, elem_id="saved-choice")
+                        open_button = gr.Button("Open", variant="primary", size="sm", scale=1, min_width=70,
+                                                elem_id="open-saved")
                         delete_button = gr.Button("Delete", variant="stop", size="sm", scale=1, min_width=70,
                                                   elem_id="delete-saved")
             with gr.Column(scale=6, min_width=340, elem_id="chat-column"):
@@ -113,6 +131,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                                           min_width=120, elem_id="question", lines=1, max_lines=4)
                     ask_button = gr.Button("Ask", variant="primary", scale=1, min_width=70, elem_id="ask")
                     stop_button = gr.Button("Stop", scale=1, min_width=70, elem_id="stop")
+                bar = gr.HTML(render.question_bar(None, 512), label="Longest question", elem_id="question-bar")
                 with gr.Row(elem_classes="button-row"):
                     new_chat_button = gr.Button("New chat", size="sm", elem_id="new-chat")
                     clear_button = gr.Button("Clear documents", size="sm", variant="stop", elem_id="clear")
@@ -134,19 +153,29 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
 
         # One upload at a time: reading and tokenizing a large file takes memory, so visitors queue for it.
         files.change(handlers.choose_files, [files, state], [state, table, plan, truncate, read_button, status_box],
-                     api_name="upload", concurrency_id="ingest", concurrency_limit=1, show_progress="minimal")
+                     api_name="upload", concurrency_id="ingest", concurrency_limit=1, show_progress="minimal").then(
+            handlers.range_offer, [state], [range_box, range_from, range_to, range_info], api_visibility="private",
+            **_LIGHT)
+        chosen_range = [state, range_info, plan, truncate, read_button, status_box]
+        for picker in (range_from, range_to):
+            picker.change(handlers.choose_range, [range_from, range_to, state], chosen_range,
+                          api_visibility="private", concurrency_id="ingest", concurrency_limit=1, show_progress="hidden")
+        first_part.click(handlers.first_part, [state], [range_from, range_to, status_box], api_name="first_part",
+                         **_LIGHT)
         saved_view = [saved_list, saved_choice]
         # Wired before the private refreshes below, which would otherwise take the name "saved".
         shelf.expand(handlers.saved, None, saved_view, api_name="saved", **_LIGHT)
-        read_button.click(handlers.read, [truncate, state],
+        read_done = read_button.click(handlers.read, [truncate, state],
                           [state, progress, status_box, chat, read_button, cancel_button, plan],
                           api_name="read", show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
-            handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)  # it may have saved one
+            handlers.saved, None, saved_view, api_visibility="private", **_LIGHT).then(  # it may have saved one
+            handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
+        max_tokens.change(handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
         remember.change(handlers.set_remember, [remember, state], None, api_name="remember", **_LIGHT)
         delete_button.click(handlers.delete_saved, [saved_choice], [*saved_view, status_box], api_name="delete_saved",
                             **_LIGHT)
         cancel_button.click(handlers.cancel, [state], None, api_name="cancel", **_LIGHT)
-        gr.on([ask_button.click, question.submit], handlers.ask,
+        asked = gr.on([ask_button.click, question.submit], handlers.ask,
               [question, chat, max_tokens, temperature, state, avoid_repeats, show_sources],
               [chat, question, status_box, page_chips], api_name="ask", show_progress="minimal",
               show_progress_on=[chat], **_HEAVY)
@@ -154,17 +183,34 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
         stop_button.click(handlers.stop, [state], None, api_name="stop", **_LIGHT)
         # Stop the running answer first (light, immediate), then reset in the compute slot, so
         # the reset never races the answer that was using the cache.
-        new_chat_button.click(handlers.stop, [state], None, api_visibility="private", **_LIGHT).then(
-            handlers.new_chat, [state], [chat, status_box], api_name="new_chat", show_progress="hidden", **_HEAVY)
-        clear_button.click(_stop_all, [state], None, api_visibility="private", **_LIGHT).then(
+        new_chat_done = new_chat_button.click(handlers.stop, [state], None, api_visibility="private", **_LIGHT).then(
+            handlers.new_chat, [state], [chat, status_box], api_name="new_chat", show_progress="hidden", **_OWN)
+        cleared = clear_button.click(_stop_all, [state], None, api_visibility="private", **_LIGHT).then(
             handlers.clear, [state], [state, files, table, plan, truncate, progress, chat, status_box],
-            api_name="clear", show_progress="hidden", **_HEAVY)
+            api_name="clear", show_progress="hidden", **_OWN).then(
+            handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
         gr.Timer(METER_SECONDS).tick(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
         demo.load(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
         demo.load(handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)
+        opened = [state, table, plan, progress, chat, status_box, read_button, cancel_button]
+        open_button.click(handlers.open_saved, [saved_choice, state], opened, api_name="open_saved",
+                          show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
+            handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT).then(
+            handlers.tab_memory, [state], [tab_memory], api_visibility="private", **_LIGHT)
+        demo.load(handlers.resume, [tab_memory, state], opened, js=_RECALL_JS, api_visibility="private",
+                  show_progress="hidden", **_HEAVY).then(
+            handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
+        tab_memory.change(None, [tab_memory], None, js=_REMEMBER_JS)
+        for event in (read_done, asked, new_chat_done, cleared):
+            event.then(handlers.tab_memory, [state], [tab_memory], api_visibility="private", **_LIGHT)
         demo.unload(handlers.unload)
     demo.queue(default_concurrency_limit=1)
     return demo
+
+
+_TAB_KEY = "headinfer-studio-tab"
+_RECALL_JS = f"(memory, state) => [sessionStorage.getItem('{_TAB_KEY}') || '', state]"
+_REMEMBER_JS = f"(memory) => {{ sessionStorage.setItem('{_TAB_KEY}', memory || ''); }}"
 
 
 def _stop_all(state: BrowserState) -> None:

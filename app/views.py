@@ -19,6 +19,24 @@ class FilesView(NamedTuple):
     status: Any
 
 
+class RangeOffer(NamedTuple):
+    """The page range, offered when the chosen set is too large to read whole (hidden otherwise)."""
+
+    range_box: Any
+    range_from: Any
+    range_to: Any
+    range_info: Any
+
+
+class RangeView(NamedTuple):
+    state: BrowserState
+    range_info: str
+    plan: Any
+    truncate: Any
+    read_button: Any
+    status: Any
+
+
 class ReadView(NamedTuple):
     state: BrowserState
     progress: str
@@ -56,3 +74,20 @@ class ClearView(NamedTuple):
     progress: str
     chat: list
     status: str
+
+
+class FirstPartView(NamedTuple):
+    range_from: Any
+    range_to: Any
+    status: Any
+
+
+class OpenView(NamedTuple):
+    state: BrowserState
+    table: str
+    plan: str
+    progress: str
+    chat: Any
+    status: Any
+    read_button: dict
+    cancel_button: dict

@@ -77,8 +77,8 @@ def measure(files: dict[str, Path], rounds: int, baseline) -> list[dict]:
         path = files[document.key]
         if path.suffix == ".pdf":
             methods += [
-                (document.key, "PDF", "before: pypdf", lambda p=path: _joined(pypdf_pages(p, p.name))),
-                (document.key, "PDF", "PDFium raw text", lambda p=path: _joined(pdfium_pages(p, p.name))),
+                (document.key, "PDF", "before: pypdf", lambda p=path: _joined(pypdf_pages(p, p.name)[0])),
+                (document.key, "PDF", "PDFium raw text", lambda p=path: _joined(pdfium_pages(p, p.name)[0])),
                 (document.key, "PDF", "after: read_document", lambda p=path: _document(p)),
             ]
         else:
@@ -110,7 +110,7 @@ def measure(files: dict[str, Path], rounds: int, baseline) -> list[dict]:
                "chars_per_s": round(len(text) / median), "mb_per_s": round(files[key].stat().st_size / median / 1e6, 2),
                "run_together_per_10k": round(run_together_per_10k(text), 2)}
         if method == "PDFium raw text":
-            row["running_lines_removed"] = removed_lines(pdfium_pages(files[key], key))
+            row["running_lines_removed"] = removed_lines(pdfium_pages(files[key], key)[0])
         results.append(row)
     return results
 

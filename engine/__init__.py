@@ -4,6 +4,7 @@ Importing this package registers the attention implementation ``"headinfer"`` wi
 """
 
 from . import attention as _attention
+from .answering import QuestionTooLong
 from .cache import HeadInferCache
 from .loader import ModelSourceError, UnsupportedModelError, describe, load_model
 from .planner import ModelShape, Plan, PlanError, make_plan, paper_memory_table
@@ -42,6 +43,7 @@ __all__ = [
     "OffloadPolicy",
     "Plan",
     "PlanError",
+    "QuestionTooLong",
     "make_plan",
     "paper_memory_table",
     "read_memory",

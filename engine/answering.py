@@ -13,11 +13,31 @@ from dataclasses import dataclass
 
 import torch
 
+from .interrupt import ForwardInterrupted
+from .plan import PlanError
 from .reports import AnswerChunk, answer_rate
 from .sampling import IncrementalDecoder, RepetitionGuard, next_token, stop_token_ids
 from .sources import page_starts, page_starts_from_offsets
 
 logger = logging.getLogger(__name__)
+
+
+class QuestionTooLong(PlanError):
+    """A question that cannot fit the model's window (or the memory plan) next to the document and its answer;
+    refused before any work, its message carries the numbers."""
+
+    def __init__(self, message: str, *, question_tokens: int, room: int):
+        super().__init__(message)
+        self.question_tokens, self.room = question_tokens, room
+
+
+@dataclass(frozen=True)
+class ConversationFit:
+    """What a question will be asked with: the earlier turns kept (the oldest dropped first when the conversation
+    would pass its allowance) and the ids after the document."""
+
+    num_dropped: int  # oldest turns left out of the prompt
+    ids: list[int]  # after the document prefix: kept turns, the question, the assistant header
 
 
 @dataclass(frozen=True)
@@ -60,7 +80,11 @@ def stream_answer(model, tokenizer, logits: torch.Tensor, forward: Callable[[lis
         if repetition_guard is not None and repetition_guard.loop_span(answer):
             looped = True
             break
-        logits = forward([token])
+        try:
+            logits = forward([token])
+        except ForwardInterrupted:  # a stop between layers of a (large model's) decode step
+            stopped = True
+            break
     return Decoded(decoder.text, num_tokens, first_at, stopped, looped)
 
 

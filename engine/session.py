@@ -14,13 +14,14 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .answering import document_page_starts, retrieval_heads, stream_answer
+from .answering import ConversationFit, QuestionTooLong, document_page_starts, retrieval_heads, stream_answer
 from .cache import HeadInferCache
 from .document_snapshots import restore_document
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
-from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
+from .planner import ModelShape, Plan, PlanError, make_plan
 from .policy import OffloadPolicy
-from .prefill_pacing import PrefillClock, prefill_step
+from .prefill_pacing import (PrefillClock, ReadRates, cpu_share, estimate_range, expected_share, note_own_read,
+                             prefill_step, prefill_work, shared_read_rates)
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillCancelled, PrefillProgress, answer_rate
 from .sampling import RepetitionGuard
@@ -37,7 +38,9 @@ class DocumentSession:
     """Prefill a document once, then ask questions about it with streamed answers."""
 
     def __init__(self, model, tokenizer, policy: OffloadPolicy | None = None, *,
-                 system_prompt: str | None = None, answer_budget: int = 1024):
+                 system_prompt: str | None = None, answer_budget: int = 1024, read_rates: ReadRates | None = None):
+        """``read_rates``: where completed reads' speeds are kept and estimates learn from (default: the shared
+        record in the studio's cache folder)."""
         self.model = model
         self.tokenizer = tokenizer
         self.policy = policy or OffloadPolicy()
@@ -45,6 +48,13 @@ class DocumentSession:
         self.prompts = PromptBuilder(tokenizer, system_prompt)
         self.device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
+        if read_rates is None:
+            from .loader import cache_dir
+
+            read_rates = shared_read_rates(cache_dir() / "read-rates.json")
+        self.read_rates = read_rates
+        name = getattr(model.config, "_name_or_path", "") or model.config.model_type
+        self._rates_key = f"{name}|{self.device.type}|{dtype}|{self.policy.kv_dtype or 'exact'}"
         text_config = model.config.get_text_config(decoder=True)
         self.shape = ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
                                             num_params=sum(p.numel() for p in model.parameters()))
@@ -60,6 +70,8 @@ class DocumentSession:
         self._pages: list[tuple[int, int]] | None = None  # (first token, page) of [page N] markers, when needed
         self._starts = None  # where each document token starts in the text (DocumentTokens.starts)
         self.turns: list[Turn] = []
+        self.dropped_turns = 0  # oldest turns the last question left out of its prompt (to fit the allowance)
+        self._context_limit, self._limit_reason = 0, ""  # the document's plan: the most its context may take, and why
         self._host_ms_per_token = 0.0  # the last answer's host-attention time per token (meters)
 
     @property
@@ -76,7 +88,41 @@ class DocumentSession:
 
     @property
     def max_context(self) -> int:
+        """The conversation allowance: the document plus the ``answer_budget`` its cache is planned for."""
         return self.document_tokens + self.answer_budget
+
+    @property
+    def context_limit(self) -> int:
+        """The most tokens the document's whole context (document, conversation, answer) may take: the smallest of
+        what memory holds, ``policy.max_context`` and the model's trained window (0 without a document)."""
+        return self._context_limit
+
+    def question_room(self, max_new_tokens: int) -> int:
+        """Tokens a question may take now (its chat markup included) beside the document and a ``max_new_tokens``
+        answer, with no earlier turn kept: the bar the app shows and checks before any work."""
+        return max(self._context_limit - self.document_tokens - max_new_tokens, 0)
+
+    def fit_question(self, question: str, max_new_tokens: int) -> ConversationFit:
+        """The ids ``question`` will be asked with, checked before any work.
+
+        Raises ``QuestionTooLong`` (with the numbers) when even alone, with every earlier turn left out, it does not
+        fit the context limit. Otherwise, while the conversation would pass its allowance (``max_context``), the
+        oldest turns are left out first; a question that passes the allowance alone but fits the limit is kept.
+        """
+        alone = self.prompts.conversation_ids(self.document, [], question)
+        need = self.document_tokens + len(alone) + max_new_tokens
+        if need > self._context_limit:
+            room = self.question_room(max_new_tokens)
+            raise QuestionTooLong(
+                f"the question takes {len(alone):,} tokens; with the document ({self.document_tokens:,}) and room for "
+                f"a {max_new_tokens:,}-token answer that is {need:,} tokens, past the {self._context_limit:,} this "
+                f"context may take ({self._limit_reason}). A question may take at most {room:,} tokens here",
+                question_tokens=len(alone), room=room)
+        for dropped in range(len(self.turns)):
+            ids = self.prompts.conversation_ids(self.document, self.turns[dropped:], question)
+            if self.document_tokens + len(ids) + max_new_tokens <= self.max_context:
+                return ConversationFit(dropped, ids)
+        return ConversationFit(len(self.turns), alone)
 
     # -- planning --------------------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
@@ -113,9 +159,19 @@ class DocumentSession:
                                 gpu_budget=self.policy.gpu_memory or gpu_budget,
                                 host_budget=self.policy.host_memory or host_budget)
 
-    def estimate_prefill_seconds(self, num_tokens: int) -> float:
-        """Seconds to prefill ``num_tokens``, from this machine's measured rate (measured once per model)."""
-        return estimate_prefill_seconds(self.shape, num_tokens, measured_flop_rate(self.model, self.shape))
+    def estimate_prefill_seconds(self, num_tokens: int, start: int = 0) -> float:
+        """Seconds to prefill tokens ``start..num_tokens``, likely (``estimate_prefill_range``'s middle)."""
+        return self.estimate_prefill_range(num_tokens, start)[1]
+
+    def estimate_prefill_range(self, num_tokens: int, start: int = 0) -> tuple[float, float, float]:
+        """(low, likely, high) seconds to prefill tokens ``start..num_tokens``: from the speeds of earlier reads
+        here of similar length (kept across starts), else from the model's measured rate (once per model)."""
+        work = prefill_work(self.shape, start, num_tokens)
+        learned = self.read_rates.rates(self._rates_key, num_tokens)
+        benchmark = measured_flop_rate(self.model, self.shape) if not learned else 1.0
+        # On a CPU the read competes for the cores: its speed scales with the share of them it will get.
+        share = expected_share(torch.get_num_threads()) if self.device.type == "cpu" else 1.0
+        return estimate_range(work, learned, benchmark, share)
 
     # -- the document ----------------------------------------------------------------------------
     def prompt_tokens(self, text: str) -> int:
@@ -150,6 +206,7 @@ class DocumentSession:
         self.clear()
         self.document, self._document_ids, self.cache = tokens.text, tokens.ids, cache
         self._starts = tokens.starts
+        self._context_limit, self._limit_reason = plan.context_limit, plan.limit_reason
         return len(tokens)
 
     def prefill(self, on_progress: Callable[[PrefillProgress], None] | None = None,
@@ -158,6 +215,7 @@ class DocumentSession:
         if self.cache is None:
             raise ValueError("no document: call set_document first")
         clock = PrefillClock(self.shape, self.prefilled_tokens, self.document_tokens, on_progress)
+        cpu_started = time.process_time()
         progress = PrefillProgress(self.prefilled_tokens, self.document_tokens, 0.0, 0.0)
         # Checked between layers too, so a cancel lands within about a layer's time; the chunk that was
         # under way is cropped off by ``_forward``, leaving the cache at a chunk boundary.
@@ -173,6 +231,14 @@ class DocumentSession:
                 except ForwardInterrupted as interrupted:
                     raise self._cancelled() from interrupted
                 progress = clock.end_forward(self.prefilled_tokens)
+        if progress.elapsed >= 0.5 and progress.tokens_done > clock.start_tokens:  # a read long enough to learn from
+            share = 1.0
+            if self.device.type == "cpu":
+                share = cpu_share(time.process_time() - cpu_started, progress.elapsed, torch.get_num_threads())
+                note_own_read(progress.elapsed, torch.get_num_threads())
+            self.read_rates.record(self._rates_key, progress.tokens_done,
+                                   prefill_work(self.shape, clock.start_tokens, progress.tokens_done), progress.elapsed,
+                                   share)
         self.cache.anchor(self.document_tokens)  # sliding-window rings can always come back to the document's end
         return progress
 
@@ -206,32 +272,48 @@ class DocumentSession:
     # -- questions -------------------------------------------------------------------------------
     def ask(self, question: str, *, max_new_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0,
             should_stop: Callable[[], bool] | None = None, repetition_guard: RepetitionGuard | None = RepetitionGuard(),
-            sources: bool = True) -> Iterator[AnswerChunk]:
+            sources: bool = True,
+            on_question_progress: Callable[[int, int], None] | None = None) -> Iterator[AnswerChunk]:
         """Streams the answer to ``question``; the conversation so far is part of the prompt.
 
-        ``repetition_guard`` (a sampling choice) penalises and stops loops; ``None`` gives the exact greedy
-        continuation. ``sources``: the final chunk carries the pages the answer attended to.
+        The question is checked first (``fit_question``: refused with ``QuestionTooLong``, or the oldest turns left
+        out). Its own tokens are read in chunks, ``should_stop`` checked between layers as in ``prefill``
+        (``on_question_progress(done, total)`` after each chunk); a stop there ends the answer at once, empty and
+        ``stopped``. ``repetition_guard`` (a sampling choice) penalises and stops loops; ``None`` gives the exact
+        greedy continuation. ``sources``: the final chunk carries the pages the answer attended to.
         """
         if not self.is_prefilled:
             raise ValueError("read the document first (prefill)")
         if not question.strip():
             raise ValueError("the question is empty")
         asked = time.perf_counter()
-        wanted = self._document_ids + self.prompts.conversation_ids(self.document, self.turns, question)
+        fit = self.fit_question(question, max_new_tokens)
+        self.dropped_turns = fit.num_dropped
+        if fit.num_dropped:
+            logger.info("left the %d oldest turns out of the prompt to stay within the conversation allowance",
+                        fit.num_dropped)
+        kept = self.turns[fit.num_dropped:]
+        wanted = self._document_ids + fit.ids
         grounding = self._grounding() if sources else None
         if grounding is not None:
             grounding.start(len(wanted) - 1)  # from the query that writes the first answer token
         host_before = self.cache.host_attention_seconds
         try:
-            logits = self._extend_to(wanted)
-            end = yield from stream_answer(self.model, self.tokenizer, logits, self._forward, asked,
+            try:
+                logits = self._extend_to(wanted, should_stop, on_question_progress)
+            except ForwardInterrupted:
+                yield AnswerChunk("", "", 0, None, 0.0, done=True, stopped=True)
+                return
+            end = yield from stream_answer(self.model, self.tokenizer, logits,
+                                           lambda ids: self._forward_unless_stopped(ids, should_stop), asked,
                                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                            should_stop=should_stop, repetition_guard=repetition_guard)
-            found = grounding.finish() if grounding is not None else []
+            # A stopped answer ends now: its sources would cost one more pass over the whole context.
+            found = grounding.finish() if grounding is not None and not end.stopped else []
         finally:
             if grounding is not None:
                 grounding.cancel()  # an abandoned answer stops recording (a no-op after finish)
-        self.turns.append(Turn(question, end.text))
+        self.turns = [*kept, Turn(question, end.text)]
         self._host_ms_per_token = 1000 * (self.cache.host_attention_seconds - host_before) / max(end.num_tokens, 1)
         yield AnswerChunk(end.text, "", end.num_tokens, None if end.first_at is None else end.first_at - asked,
                           answer_rate(end.num_tokens, end.first_at), done=True, stopped=end.stopped,
@@ -247,8 +329,16 @@ class DocumentSession:
             self._pages = document_page_starts(self.prompts, self.document, self._starts)
         return AnswerSources(self.cache, heads, (0, self.document_tokens), self._pages)
 
-    def _extend_to(self, wanted: list[int]) -> torch.Tensor:
-        """Crops the cache to its longest common prefix with ``wanted`` and feeds the rest."""
+    def _forward_unless_stopped(self, ids: list[int], should_stop: Callable[[], bool] | None) -> torch.Tensor:
+        """``_forward``, raising ``ForwardInterrupted`` between layers once ``should_stop()``; the hooks live for
+        this forward only, so a paused answer never checks another tab's forwards run on the same thread."""
+        with interruptible(self.model, should_stop):
+            return self._forward(ids)
+
+    def _extend_to(self, wanted: list[int], should_stop: Callable[[], bool] | None = None,
+                   on_progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+        """Crops the cache to its longest common prefix with ``wanted`` and feeds the rest in prefill-sized chunks,
+        stoppable between layers (``ForwardInterrupted``; the cache then ends at a chunk boundary)."""
         common = 0
         for have, want in zip(self._cached_ids, wanted):
             if have != want:
@@ -258,10 +348,26 @@ class DocumentSession:
         common = self.cache.restorable_length(common)  # a hybrid model's states go back to their anchor only
         self.cache.crop_to(common)
         del self._cached_ids[common:]
-        logits = None
-        for start in range(common, len(wanted), self.policy.chunk_size):
-            logits = self._forward(wanted[start : start + self.policy.chunk_size])
+        logits, start = None, common
+        with interruptible(self.model, should_stop):
+            while start < len(wanted):
+                if should_stop is not None and should_stop():
+                    raise ForwardInterrupted("stopped between chunks of the question")
+                size = prefill_step(self.policy.chunk_size, self.device.type, start)
+                logits = self._forward(wanted[start : start + size])
+                start += size
+                if on_progress is not None:
+                    on_progress(min(start, len(wanted)) - common, len(wanted) - common)
         return logits
+
+    def resume_conversation(self, turns: list[tuple[str, str]]) -> None:
+        """Takes ``turns`` (question, answer) as the conversation so far, e.g. a reloaded page's; their tokens are
+        read with the next question."""
+        self.turns = [Turn(question, answer) for question, answer in turns]
+
+    def conversation(self) -> list[tuple[str, str]]:
+        """The conversation so far as (question, answer) pairs."""
+        return [(turn.question, turn.answer) for turn in self.turns]
 
     def new_conversation(self) -> None:
         """Forgets the questions and answers; the document's KV stays."""

@@ -16,7 +16,8 @@ from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
 
 from app.documents.base import DocumentError
-from app.documents.pdf_layout import clean_pages
+from app.documents.pdf_layout import clean_pages, printed_numbers
+from app.pages import marker
 
 try:
     import pypdfium2 as pdfium
@@ -31,10 +32,11 @@ _PDFIUM_LOCK = threading.Lock()
 
 
 def read_pdf(path: Path, name: str) -> tuple[str, int]:
-    """``(text, page count)``; the text has a ``[page N]`` line before each page's text."""
-    pages = pdfium_pages(path, name) if pdfium is not None else None
-    if pages is None:
-        pages = pypdf_pages(path, name)
+    """``(text, page count)``; the text has a marker line before each page's text (``app.pages.marker``): the
+    number the book prints on the page (its PDF page label, else the number its running header or footer
+    carried, which cleaning then strips), ``[page N]`` in PDF order for a PDF that prints none."""
+    found = pdfium_pages(path, name) if pdfium is not None else None
+    pages, labels = found if found is not None else pypdf_pages(path, name)
     if not pages:
         raise DocumentError(f"{name} is empty: the PDF has no pages.")
     if not any(page and page.strip() for page in pages):
@@ -44,13 +46,27 @@ def read_pdf(path: Path, name: str) -> tuple[str, int]:
             f"{name} has no text layer (it looks like a scanned document or images only). "
             "Run it through OCR (e.g. ocrmypdf) to add a text layer, then upload it again."
         )
-    cleaned = clean_pages([page or "" for page in pages])
-    text = "\n\n".join(f"[page {number}]\n{page}" for number, page in enumerate(cleaned, start=1))
+    raw = [page or "" for page in pages]
+    if not any(labels):
+        numbers = printed_numbers(raw)
+        labels = [None if number is None else str(number) for number in numbers]
+    if not any(labels):  # no printed numbers at all: the PDF's own order
+        labels = [str(number) for number in range(1, len(pages) + 1)]
+    cleaned = clean_pages(raw)
+    text = "\n\n".join(f"{marker(label, number)}\n{page}"
+                        for number, (label, page) in enumerate(zip(labels, cleaned), start=1))
     return text, len(pages)
 
 
-def pdfium_pages(path: Path, name: str) -> list[str | None] | None:
-    """Raw text of every page (``None`` for a page that failed), or ``None`` when PDFium cannot open the file.
+def _label(label: str | None) -> str | None:
+    """A page label as a marker holds it (one line, short); None for none."""
+    label = " ".join((label or "").split())[:24].replace("]", ")")
+    return label or None
+
+
+def pdfium_pages(path: Path, name: str) -> tuple[list[str | None], list[str | None]] | None:
+    """Raw text of every page (``None`` for a page that failed) and its page label (``None`` for none), or
+    ``None`` when PDFium cannot open the file.
 
     Raises:
         DocumentError: the file needs a password.
@@ -64,9 +80,17 @@ def pdfium_pages(path: Path, name: str) -> list[str | None] | None:
             log.info("PDFium could not open %s (%s); trying pypdf", name, exc)
             return None
         try:
-            return [_pdfium_page_text(document, index, name) for index in range(len(document))]
+            texts = [_pdfium_page_text(document, index, name) for index in range(len(document))]
+            return texts, [_label(_pdfium_label(document, index)) for index in range(len(document))]
         finally:
             document.close()
+
+
+def _pdfium_label(document, index: int) -> str | None:
+    try:
+        return document.get_page_label(index)
+    except (pdfium.PdfiumError, UnicodeDecodeError):
+        return None
 
 
 def _pdfium_page_text(document, index: int, name: str) -> str | None:
@@ -86,8 +110,8 @@ def _pdfium_page_text(document, index: int, name: str) -> str | None:
         return None
 
 
-def pypdf_pages(path: Path, name: str) -> list[str | None]:
-    """Raw text of every page with pypdf (``None`` for a page that failed).
+def pypdf_pages(path: Path, name: str) -> tuple[list[str | None], list[str | None]]:
+    """Raw text of every page with pypdf (``None`` for a page that failed), and the page labels the PDF sets.
 
     Raises:
         DocumentError: password-protected, encryption it cannot open, or not a readable PDF.
@@ -121,7 +145,11 @@ def pypdf_pages(path: Path, name: str) -> list[str | None]:
         except (PyPdfError, ValueError, KeyError, TypeError, AttributeError):
             log.warning("could not extract text of page %d of %s", number, name, exc_info=True)
             pages.append(None)
-    return pages
+    try:
+        labels = [_label(label) for label in reader.page_labels] if "/PageLabels" in reader.trailer["/Root"] else []
+    except (PyPdfError, ValueError, KeyError, TypeError, AttributeError):
+        labels = []
+    return pages, labels if len(labels) == len(pages) else [None] * len(pages)
 
 
 def _unreadable(name: str) -> DocumentError:

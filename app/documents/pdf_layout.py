@@ -104,6 +104,21 @@ def running_lines(pages: Sequence[Sequence[str]]) -> list[set[int]]:
     return running
 
 
+def printed_numbers(pages: Sequence[str]) -> list[int | None]:
+    """The number each page prints in its running header or footer (before ``clean_pages`` strips it), where the
+    document's numbering finds one: a number at the start or end of an edge line at the offset from the page index
+    that the most pages agree on (front matter in roman numerals gets None)."""
+    lines = [[line.strip() for line in _split_lines(page) if line.strip()] for page in pages]
+    edges = [_edge_indices(len(page)) for page in lines]
+    votes = _page_number_votes(lines, edges)
+    numbers: list[int | None] = []
+    for number, (page, (top, bottom)) in enumerate(zip(lines, edges)):
+        values = {value for index in (*top, *bottom) if len(page[index]) <= _MAX_HEADER_CHARS
+                  for value in _edge_numbers(page[index]) if number - value in votes}
+        numbers.append(max(values, key=lambda value: votes[number - value]) if values else None)
+    return numbers
+
+
 def dehyphenate(text: str, vocabulary: Counter[str] | None = None) -> str:
     """Join words broken across a line end ("exam-\\nple" -> "example"), keep real compounds.
 
@@ -195,9 +210,14 @@ def _edge_numbers(line: str) -> set[int]:
 
 def _page_number_offsets(pages: Sequence[Sequence[str]], edges: list[tuple[range, range]]) -> set[int]:
     """Offsets ``page index - printed number`` shared by enough pages to be the numbering."""
+    return set(_page_number_votes(pages, edges))
+
+
+def _page_number_votes(pages: Sequence[Sequence[str]], edges: list[tuple[range, range]]) -> Counter[int]:
+    """Those offsets, each with the number of pages that agree on it."""
     votes: Counter[int] = Counter()
     for number, (page, (top, bottom)) in enumerate(zip(pages, edges)):
         printed = set().union(*(_edge_numbers(page[index]) for index in (*top, *bottom)))
         votes.update(number - value for value in printed)
     needed = max(_MIN_REPEATS, len(pages) // 4)
-    return {offset for offset, count in votes.items() if count >= needed}
+    return Counter({offset: count for offset, count in votes.items() if count >= needed})

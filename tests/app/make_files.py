@@ -17,11 +17,12 @@ from pypdf import PdfReader, PdfWriter
 
 
 def make_pdf(path: str | Path, pages: Sequence[str], header: str | None = None,
-             footer: str | None = None) -> Path:
+             footer: str | None = None, first_number: int = 1) -> Path:
     """Write a PDF with one page per string (core Helvetica font, so latin-1 text only).
 
     ``header`` and ``footer`` are running lines printed on every page, with ``{page}`` and
     ``{pages}`` filled in ("My Book {page} / {pages}"); a ``\\n`` in a page's text ends its line.
+    ``first_number``: the number printed as ``{page}`` on the first page (a chapter printed from page 35).
     """
     path = Path(path)
 
@@ -29,7 +30,7 @@ def make_pdf(path: str | Path, pages: Sequence[str], header: str | None = None,
         def header(self):
             if header:
                 self.set_font("Helvetica", size=9)
-                self.cell(0, 8, header.format(page=self.page_no(), pages=len(pages)), align="C")
+                self.cell(0, 8, header.format(page=self.page_no() - 1 + first_number, pages=len(pages)), align="C")
                 self.ln(12)
                 self.set_font("Helvetica", size=12)
 
@@ -37,7 +38,7 @@ def make_pdf(path: str | Path, pages: Sequence[str], header: str | None = None,
             if footer:
                 self.set_y(-15)
                 self.set_font("Helvetica", size=9)
-                self.cell(0, 8, footer.format(page=self.page_no(), pages=len(pages)), align="C")
+                self.cell(0, 8, footer.format(page=self.page_no() - 1 + first_number, pages=len(pages)), align="C")
 
     pdf = Book()
     pdf.set_font("Helvetica", size=12)
@@ -45,6 +46,17 @@ def make_pdf(path: str | Path, pages: Sequence[str], header: str | None = None,
         pdf.add_page()
         pdf.multi_cell(0, 8, text)
     pdf.output(str(path))
+    return path
+
+
+def make_labelled_pdf(path: str | Path, pages: Sequence[str], *, roman_pages: int, first_number: int) -> Path:
+    """A PDF whose /PageLabels (written by pypdf) number its first ``roman_pages`` pages i, ii, ... and the rest
+    from ``first_number`` on, as a book's front matter and a chapter printed from page ``first_number``."""
+    path = make_pdf(path, pages)
+    writer = PdfWriter(clone_from=PdfReader(path))
+    writer.set_page_label(0, roman_pages - 1, style="/r", start=1)
+    writer.set_page_label(roman_pages, len(pages) - 1, style="/D", start=first_number)
+    writer.write(path)
     return path
 
 

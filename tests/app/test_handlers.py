@@ -106,9 +106,18 @@ def test_cancel_then_resume(handlers, tmp_path):
     stopped_at = session.prefilled_tokens
     assert 0 <= stopped_at < session.document_tokens
 
+    total = session.document_tokens
+    # Asking now says what happened and offers to go on, rather than "Read documents first".
+    asked = list(handlers.ask("Who climbed the stairs?", [], 8, 0.0, state))
+    assert f"Reading was cancelled after {stopped_at:,} of {total:,} tokens — continue?" in _text(asked[-1].status)
+
     views = list(handlers.read(False, state))
     assert f'data-done="{stopped_at}"' in views[0].progress  # resumed, not restarted
     assert session.is_prefilled
+    # The finish line counts this run's tokens, not the whole document's.
+    finished = _text(views[-1].status)
+    assert finished.startswith(f"Read {total - stopped_at:,} tokens in "), finished
+    assert (f"the rest of {total:,}" in finished) == (stopped_at > 0)
 
 
 def test_out_of_memory_is_reported_and_the_session_stays_usable(make_handlers, secret_pdf):
@@ -379,7 +388,7 @@ def test_files_far_beyond_the_limit_together_are_refused(handlers, tmp_path):
     paths = []
     for i in range(6):
         path = tmp_path / f"part{i}.md"
-        path.write_text("The keeper climbed the stairs and trimmed the wick. " * 500)  # ~6.5K tokens each
+        path.write_text("The keeper climbed the stairs and trimmed the wick. " * 8_000)  # ~100K tokens each
         paths.append(str(path))
     with pytest.warns(UserWarning, match="These files together: about"):
         view = handlers.choose_files(paths, BrowserState())

@@ -16,7 +16,8 @@ import launch
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ("--model", "--device", "--dtype", "--gpu-memory", "--host-memory", "--chunk-size", "--head-group",
          "--max-context", "--no-kv-cache", "--kv-cache-dir", "--kv-cache-max", "--host", "--port", "--share",
-         "--auth", "--max-upload", "--exceed-trained-window", "--kv-8bit", "--kv-disk-dir", "--kv-disk-max")
+         "--auth", "--max-upload", "--exceed-trained-window", "--kv-8bit", "--kv-disk-dir", "--kv-disk-max",
+         "--max-question")
 
 
 def test_help_lists_and_explains_every_flag():
@@ -60,7 +61,7 @@ def test_bad_flags_are_refused(flags, capsys):
     (["--max-upload", "lots"], "--max-upload"),
     (["--max-context", "100000"], "beyond the 8,192 tokens this model was trained"),
     (["--host", "name.invalid"], "--host name.invalid"),
-    (["--model", "/no/such/folder"], "--model: Model path not found"),
+    (["--model", "/no/such/folder"], "--model /no/such/folder: no such file or folder"),
     (["--kv-disk-max", "1GiB"], "--kv-disk-max needs --kv-disk-dir"),
     (["--kv-disk-dir", "/proc/no-such-place"], "--kv-disk-dir /proc/no-such-place: cannot write there"),
 ])
@@ -88,6 +89,42 @@ def test_a_port_in_use_is_refused_before_loading_the_model(capsys):
         with pytest.raises(SystemExit) as exit_info:
             launch.main(["--port", str(busy.getsockname()[1])])
     assert exit_info.value.code == 2 and "already listens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--model", "/nonexistent"], ["--model", "./no-such-model.gguf"], "busy port"])
+def test_a_bad_model_path_or_a_busy_port_fails_in_under_3_s_before_torch_loads(flags):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        if flags == "busy port":
+            flags = ["--port", str(busy.getsockname()[1])]
+        # -X importtime lists every module imported: torch must not be among them.
+        started = time.monotonic()
+        result = subprocess.run([sys.executable, "-X", "importtime", "launch.py", *flags], cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)
+        seconds = time.monotonic() - started
+    assert result.returncode == 2 and seconds < 3, (seconds, result.stderr[-500:])
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(lines) == 1 and lines[0].startswith("launch.py: error: ") and flags[0] in lines[0], lines
+    imported = {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch" not in imported and "gradio" not in imported
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--host-memory", "1KiB"], "--host-memory"),
+    (["--max-context", "100"], "--max-context"),
+])
+def test_start_up_values_below_what_the_model_needs_end_the_start_with_one_line(flags, words):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    result = subprocess.run([sys.executable, "launch.py", "--no-kv-cache", "--port", str(port), *flags], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("launch.py: error: ") and words in last and "Traceback" not in result.stderr, last
+    assert "Running on" not in result.stdout + result.stderr  # never served
 
 
 def test_the_trained_window_can_be_exceeded_only_on_purpose():

@@ -4,10 +4,10 @@ on plain strings and on PDFs written with fpdf2 (real books: test_documents_real
 from __future__ import annotations
 
 import pytest
-from make_files import make_encrypted_pdf, make_pdf
+from make_files import make_encrypted_pdf, make_labelled_pdf, make_pdf
 
 from app.documents import DocumentError, read_document
-from app.documents.pdf_layout import dehyphenate, running_lines
+from app.documents.pdf_layout import dehyphenate, printed_numbers, running_lines
 
 FACT = "The lighthouse keeper's cat was named Bartholomew Quince."
 WORDS = "river harbour lighthouse beacon tide reef gull cliff storm lantern wick oil".split()
@@ -104,3 +104,32 @@ def test_pdf_of_repeated_pages_keeps_every_line(tmp_path):
     text = "The keeper climbed the stairs and trimmed the wick. " * 12
     doc = read_document(make_pdf(tmp_path / "filler.pdf", [f"Chapter {n}. {text}" for n in range(4)]))
     assert " ".join(doc.text.split()).count("trimmed the wick") == 4 * 12
+
+
+def test_printed_numbers_come_from_the_running_lines_at_the_documents_offset():
+    pages = [f"Chapter 3. The Sea\nBody {n} of the {WORDS[n]}.\nMore {WORDS[n + 1]} text.\n{34 + n}" for n in range(6)]
+    pages[0] = "Title page\nNothing printed here."
+    assert printed_numbers(pages) == [None, 35, 36, 37, 38, 39]
+    assert printed_numbers(["No numbers.", "At all here.", "None."]) == [None, None, None]
+
+
+@pytest.mark.parametrize("reader", ["pdfium", "pypdf"])
+def test_pdf_page_labels_become_the_page_markers(tmp_path, monkeypatch, reader):
+    from app.documents import pdf
+    from app.pages import split_pages
+
+    if reader == "pypdf":
+        monkeypatch.setattr(pdf, "pdfium", None)
+    bodies = [f"Page body {n}: the {word}." for n, word in enumerate(WORDS[:6], start=1)]
+    doc = read_document(make_labelled_pdf(tmp_path / "book.pdf", bodies, roman_pages=2, first_number=37))
+    assert "[page i]\nPage body 1" in doc.text and "[page ii]\nPage body 2" in doc.text
+    assert "[page 37]\nPage body 3" in doc.text and "[page 40]\nPage body 6" in doc.text
+    assert split_pages(doc.text)["37"].sequence == 3
+
+
+def test_printed_footer_numbers_become_the_labels_before_the_footer_is_stripped(tmp_path):
+    bodies = [f"Body of page {n}: the {word} stays." for n, word in enumerate(WORDS[:6], start=1)]
+    doc = read_document(make_pdf(tmp_path / "chapter.pdf", bodies, header="Sea Stories", footer="{page}",
+                                 first_number=35))
+    assert "[page 35]\nBody of page 1" in doc.text and "[page 40]\nBody of page 6" in doc.text
+    assert "Sea Stories" not in doc.text and "\n36\n" not in doc.text

@@ -32,6 +32,16 @@ class _ParrotSession:
     """Stands in for a read session whose model repeats what a hostile document told it to."""
 
     is_prefilled = True
+    document, dropped_turns, document_tokens = "", 0, 0
+
+    def fit_question(self, question, max_new_tokens):
+        return None
+
+    def count_tokens(self, text):
+        return len(text.split())
+
+    def estimate_prefill_seconds(self, num_tokens, start=0):
+        return 0.0
 
     def ask(self, question, **kwargs):
         yield AnswerChunk(EVIL, EVIL, 9, 0.1, 10.0, done=False)

@@ -17,8 +17,9 @@ def read_and_ask(page, pdf, question: str) -> None:
 
 
 @contextmanager
-def served(session_class=None, *, chunk_size: int):
-    """Yields the URL of the studio whose tabs get ``session_class`` sessions (default ``DocumentSession``)."""
+def served(session_class=None, *, chunk_size: int, max_upload: int | None = None, **build_options):
+    """Yields the URL of the studio whose tabs get ``session_class`` sessions (default ``DocumentSession``);
+    ``build_options`` go to ``build_ui`` (e.g. ``snapshot_store``), ``max_upload`` to the launch as ``launch.py``'s."""
     from app.ui import build_ui, launch_options
     from engine import DocumentSession, OffloadPolicy
     from engine.loader import describe, load_model
@@ -26,11 +27,12 @@ def served(session_class=None, *, chunk_size: int):
     model, tokenizer = load_model(None)
     session_class = session_class or DocumentSession
     policy = OffloadPolicy(chunk_size=chunk_size)
-    demo = build_ui(lambda: session_class(model, tokenizer, policy), model_info=describe(model))
+    demo = build_ui(lambda: session_class(model, tokenizer, policy), model_info=describe(model), **build_options)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch_options())
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
+                max_file_size=max_upload, **launch_options(max_upload))
     try:
         yield demo.local_url
     finally:

@@ -1,0 +1,172 @@
+"""Questions: checked against the model's window and the plan before any work (refused at once with the numbers),
+then a turn in the device's line, then the answer streamed from a thread of its own, stoppable between layers for
+the question's own tokens too (the handlers, mixed into ``app.handlers.Handlers``)."""
+
+from __future__ import annotations
+
+import html
+import logging
+import statistics
+import time
+from collections.abc import Iterator
+
+import gradio as gr
+
+from app import render
+from app.background import iterate_reports
+from app.browser_state import BrowserState
+from app.pages import chip, cited_pages, split_pages
+from app.render import status
+from app.views import AskView
+from engine import DocumentSession, QuestionTooLong, RepetitionGuard
+
+log = logging.getLogger(__name__)
+
+NO_CHANGE: dict = gr.update()
+
+
+class Questions:
+    """Asking about the read documents."""
+
+    def ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,
+            state: BrowserState, avoid_repeats: bool = True, show_sources: bool = True) -> Iterator[AskView]:
+        """Streams the answer into the chat, followed by its TTFT / tokens / tok/s line and its sources."""
+        with state.working():
+            yield from self._ask(question, history, max_new_tokens, temperature, state, avoid_repeats, show_sources)
+
+    def _ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,
+             state: BrowserState, avoid_repeats: bool, show_sources: bool) -> Iterator[AskView]:
+        history = list(history or [])
+        question = (question or "").strip()
+        if not question:
+            yield AskView(history, NO_CHANGE, NO_CHANGE, NO_CHANGE)
+            return
+        session = state.session
+        if session is None or not session.is_prefilled:
+            yield AskView(history, NO_CHANGE, _warn(_not_read(session)), NO_CHANGE)
+            return
+        state.stop_requested = False
+        max_new_tokens = int(max_new_tokens)
+        # Checked before any work and before the queue: a question that cannot fit is refused at once.
+        refusal = self._refusal(session, question, max_new_tokens)
+        if refusal:
+            history += [{"role": "user", "content": _preview(question)},
+                        {"role": "assistant", "content": f"*(not asked: {html.escape(refusal)})*"}]
+            yield AskView(history, NO_CHANGE, _warn(f"Not asked: {refusal}."), NO_CHANGE)
+            return
+        history += [{"role": "user", "content": _preview(question)}, {"role": "assistant", "content": "…"}]
+        # Expected: a usual answer here, plus reading the question's own tokens (long questions take long).
+        question_seconds = session.estimate_prefill_seconds(session.document_tokens + session.count_tokens(question),
+                                                            session.document_tokens)
+        ticket = self._queue.join("answering a question", statistics.median(self._answer_seconds) + question_seconds)
+        try:
+            waiting = lambda line: AskView(list(history), "", line, NO_CHANGE)
+            if not (yield from self._in_line(ticket, lambda: state.stop_requested or state.is_closed, waiting)):
+                history[-1] = {"role": "assistant", "content": "*(left the queue before an answer)*"}
+                yield AskView(list(history), NO_CHANGE, status("info", "You left the queue; nothing was asked."),
+                              NO_CHANGE)
+                return
+            yield AskView(list(history), "", status("info", "Thinking…"), NO_CHANGE)
+            yield from self._answer(session, question, history, max_new_tokens, float(temperature), state,
+                                    RepetitionGuard() if avoid_repeats else None, bool(show_sources))
+        finally:
+            self._queue.leave(ticket)
+
+    def _refusal(self, session: DocumentSession, question: str, max_new_tokens: int) -> str:
+        """Why ``question`` cannot be asked (the numbers), or ""."""
+        if self._max_question is not None:
+            num_tokens = session.count_tokens(question)
+            if num_tokens > self._max_question:
+                return (f"the question takes {num_tokens:,} tokens and this app takes questions of at most "
+                        f"{self._max_question:,} (--max-question)")
+        try:
+            session.fit_question(question, max_new_tokens)
+        except QuestionTooLong as exc:
+            return str(exc)
+        return ""
+
+    def _answer(self, session: DocumentSession, question: str, history: list[dict], max_new_tokens: int,
+                temperature: float, state: BrowserState, guard, show_sources: bool) -> Iterator[AskView]:
+        """Streams the answer, computed on a thread of its own: its between-layer stop checks belong to that
+        thread, and a closed page (Gradio closing this generator) stops it and waits for it."""
+        def work(report) -> None:
+            for chunk in session.ask(question, max_new_tokens=max_new_tokens, temperature=temperature,
+                                     should_stop=lambda: state.stop_requested or state.is_closed,
+                                     repetition_guard=guard, sources=show_sources,
+                                     on_question_progress=lambda done, total: report((done, total))):
+                report(chunk)
+
+        started = time.monotonic()
+        try:
+            for item in iterate_reports(work, abandon=lambda: setattr(state, "stop_requested", True),
+                                        min_interval=0.1, name="answer"):
+                if isinstance(item, tuple):  # (done, total) tokens of the question read so far
+                    yield AskView(list(history), NO_CHANGE,
+                                  status("info", f"Reading the question: {item[0]:,} of {item[1]:,} tokens…"), NO_CHANGE)
+                    continue
+                chunk = item
+                stats = render.answer_stats(chunk.ttft, chunk.num_tokens, chunk.tokens_per_second,
+                                            done=chunk.done, stopped=chunk.stopped)
+                if chunk.looped:
+                    stats += " · stopped a repeating loop"
+                if chunk.done and chunk.stopped and chunk.num_tokens == 0:
+                    stats = "stopped before the answer began"
+                if chunk.done and session.dropped_turns:
+                    stats += (f" · the {session.dropped_turns} oldest question{'s' if session.dropped_turns > 1 else ''}"
+                              " and answers left out to make room")
+                if chunk.done and not chunk.stopped:
+                    self._answer_seconds.append(time.monotonic() - started)
+                pages = split_pages(session.document) if chunk.sources else None
+                history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats, chunk.sources, pages)}
+                # A copy per update: each yielded view is a snapshot, not a list edited later.
+                chips = self._page_chips(session, chunk) if chunk.done else NO_CHANGE
+                yield AskView(list(history), NO_CHANGE, status("ok", stats) if chunk.done else NO_CHANGE, chips)
+        except (MemoryError, ValueError) as exc:
+            log.warning("answer failed: %s", exc)
+            history[-1] = {"role": "assistant", "content": f"*(no answer: {html.escape(str(exc))})*"}
+            yield AskView(history, NO_CHANGE, _warn(str(exc)), NO_CHANGE)
+
+    def question_bar(self, max_new_tokens: float, state: BrowserState) -> str:
+        """The longest question this tab may ask now (shown under the question box)."""
+        session = state.session
+        if session is None or not session.is_prefilled:
+            return render.question_bar(None, int(max_new_tokens))
+        room = session.question_room(int(max_new_tokens))
+        if self._max_question is not None and self._max_question < room:
+            return render.question_bar(self._max_question, int(max_new_tokens), "--max-question")
+        return render.question_bar(room, int(max_new_tokens))
+
+    @staticmethod
+    def _page_chips(session, chunk) -> dict:
+        """Chips for the pages the answer cites, then those it attended to most."""
+        known = split_pages(getattr(session, "document", "") or "")
+        chosen = cited_pages(chunk.text, known)
+        chosen += [str(s.page) for s in chunk.sources
+                   if s.page is not None and str(s.page) in known and str(s.page) not in chosen]
+        return gr.update(choices=[(chip(label), label) for label in chosen], value=None, visible=bool(chosen))
+
+
+
+def _warn(text: str) -> str:
+    gr.Warning(html.escape(text))
+    return status("error", text)
+
+
+def _not_read(session: DocumentSession | None) -> str:
+    """Why a question cannot be asked yet: nothing read, or a read cancelled part-way (which can continue)."""
+    if session is not None and session.document_tokens and session.prefilled_tokens < session.document_tokens:
+        return (f"Reading was cancelled after {session.prefilled_tokens:,} of {session.document_tokens:,} tokens — "
+                "continue? Press “Read documents” to read the rest, then ask.")
+    return "Read documents first: drop files, then press “Read documents”."
+
+
+def _preview(question: str, limit: int = 2000) -> str:
+    """The question as the chat shows it: a long one is cut (the model still reads all of it)."""
+    if len(question) <= limit:
+        return question
+    return f"{question[:limit]}… ({len(question):,} characters in all)"
+
+
+def _answer(text: str, stats: str, sources=(), pages: dict | None = None) -> str:
+    line = f'\n\n{render.sources_line(sources, pages)}' if sources else ""
+    return f'{render.model_markdown(text) or "…"}\n\n<span class="answer-stats">{html.escape(stats)}</span>{line}'

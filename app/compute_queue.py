@@ -1,0 +1,113 @@
+"""Turns on the compute device: one heavy job (a read, an answer) at a time, first come first served.
+
+Gradio's own queue shows a waiting visitor only a faint "queue: 1/1" and cannot be left. This one is the
+handlers': while a visitor waits, their status line says their place in line and an estimated wait, and
+Cancel, Stop or closing the tab takes them out of the line at once. Each job states how long it expects to
+take (the plan's reading-time estimate, or an answer's tokens at the decode rate last seen), so those behind
+it can be told.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+
+from app.render import format_seconds
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One job's place in line."""
+
+    what: str  # "reading 2,400 tokens", "answering a question": said to those behind it
+    expected_seconds: float
+    number: int = 0
+    joined: float = field(default_factory=time.monotonic)
+    started: float | None = None  # when its turn came
+
+    def remaining_seconds(self, now: float) -> float:
+        """What is left of its expected time (a job past its estimate is taken to need a few seconds more)."""
+        if self.started is None:
+            return self.expected_seconds
+        return max(self.expected_seconds - (now - self.started), 2.0)
+
+
+class ComputeQueue:
+    """The line for the compute device. ``join`` then ``wait_turn`` (a generator of "waiting" sentences), work,
+    then ``leave`` (always, in a ``finally``)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._line: list[Ticket] = []  # the first holds the device
+        self._numbers = itertools.count(1)
+
+    def join(self, what: str, expected_seconds: float) -> Ticket:
+        ticket = Ticket(what, max(float(expected_seconds), 0.0), next(self._numbers))
+        with self._changed:
+            self._line.append(ticket)
+            if len(self._line) == 1:
+                ticket.started = time.monotonic()
+        return ticket
+
+    def leave(self, ticket: Ticket) -> None:
+        """Out of the line, running or waiting; safe to call twice."""
+        with self._changed:
+            if ticket in self._line:
+                self._line.remove(ticket)
+                if self._line and self._line[0].started is None:
+                    self._line[0].started = time.monotonic()
+                self._changed.notify_all()
+
+    def expect(self, ticket: Ticket, seconds: float) -> None:
+        """A running job's better estimate of the seconds still ahead of it."""
+        with self._changed:
+            if ticket.started is not None:
+                ticket.expected_seconds = time.monotonic() - ticket.started + max(seconds, 0.0)
+
+    def position(self, ticket: Ticket) -> int:
+        """0: its turn; 1: next; ... (-1: not in line)."""
+        with self._changed:
+            return self._line.index(ticket) if ticket in self._line else -1
+
+    def wait_seconds(self, ticket: Ticket) -> float:
+        """The estimated wait: what is left of every job ahead of it."""
+        now = time.monotonic()
+        with self._changed:
+            ahead = self._line[: self._line.index(ticket)] if ticket in self._line else []
+            return sum(job.remaining_seconds(now) for job in ahead)
+
+    def num_waiting(self) -> int:
+        with self._changed:
+            return max(len(self._line) - 1, 0)
+
+    def wait_turn(self, ticket: Ticket, should_leave: Callable[[], bool], *,
+                  every: float = 0.25) -> Generator[str, None, bool]:
+        """Waits for ``ticket``'s turn, yielding a sentence on the wait about every second; returns True when it is
+        its turn, False when ``should_leave()`` turned true first (then it has left the line)."""
+        last_said = float("-inf")
+        while True:
+            with self._changed:
+                if self._line and self._line[0] is ticket:
+                    return True
+                self._changed.wait(every)
+            if should_leave():
+                self.leave(ticket)
+                return False
+            if time.monotonic() - last_said >= 1.0:
+                last_said = time.monotonic()
+                yield self.describe(ticket)
+
+    def describe(self, ticket: Ticket) -> str:
+        position = self.position(ticket)
+        with self._changed:
+            running = self._line[0].what if self._line else ""
+        return (f"Waiting for the compute device: {_ordinal(position)} in line, about "
+                f"{format_seconds(self.wait_seconds(ticket))} (another visitor is {running}).")
+
+
+def _ordinal(number: int) -> str:
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"

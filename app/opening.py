@@ -1,0 +1,128 @@
+"""Opening a saved document from the shelf, with no upload: its text and files are kept beside its KV
+(``app.saved.ShelfEntry``), so the documents table, the plan, the page viewer and follow-up questions all
+come back. A page reload does the same for the tab's current document, with its conversation: the tab keeps
+the saved document's key and the turns in the browser's ``sessionStorage`` (that tab's only; see ``app.ui``).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+from collections.abc import Iterator
+
+import gradio as gr
+
+from app import render
+from app.browser_state import BrowserState
+from app.render import status
+from app.sizing import token_counts
+from app.views import OpenView
+from engine import PlanError, RestoreStats
+
+log = logging.getLogger(__name__)
+
+NO_CHANGE: dict = gr.update()
+_IDLE = (gr.update(interactive=True), gr.update(interactive=False))
+
+
+class OpenSaved:
+    """The handlers that reopen saved documents (mixed into ``app.handlers.Handlers``, whose queue, shelves and
+    sessions they use)."""
+
+    def open_saved(self, key: str | None, state: BrowserState, request: gr.Request = None) -> Iterator[OpenView]:
+        """Reopens the chosen saved document (plan, pages, viewer, follow-ups) with no upload."""
+        if not key:
+            yield self._open_view(state, status_line=_warn_line("Choose a saved document to open first."))
+            return
+        yield from self._reopen(key, [], state, request, quiet=False)
+
+    def resume(self, memory: str | None, state: BrowserState, request: gr.Request = None) -> Iterator[OpenView]:
+        """After a reload: reopens the tab's document and its conversation (``tab_memory``'s), when it is saved."""
+        try:
+            remembered = json.loads(memory) if memory else {}
+            key, turns = remembered.get("key"), [tuple(turn) for turn in remembered.get("turns", [])]
+        except (ValueError, AttributeError, TypeError):
+            key, turns = None, []
+        if not key or (state.session is not None and state.session.is_prefilled):
+            yield self._open_view(state)
+            return
+        yield from self._reopen(key, turns, state, request, quiet=True)
+
+    @staticmethod
+    def tab_memory(state: BrowserState) -> str:
+        """What the tab keeps across a reload: its saved document's key and the conversation (JSON)."""
+        session = state.session
+        if session is None or not session.is_prefilled or not state.saved_key:
+            return json.dumps({})
+        return json.dumps({"key": state.saved_key, "turns": session.conversation()})
+
+    def _reopen(self, key: str, turns: list, state: BrowserState, request, *, quiet: bool) -> Iterator[OpenView]:
+        shelf = self._shelves.for_request(request)
+        entry = shelf.entry(key)
+        if entry is None:
+            line = NO_CHANGE if quiet else _warn_line(
+                "This saved document cannot be opened from the list (it was saved without its text, or deleted "
+                "meanwhile); drop its files to reopen it.")
+            yield self._open_view(state, status_line=line)
+            return
+        with state.working():
+            state.cancel_requested = False
+            session = self._session(state, request)
+            ticket = self._queue.join("reopening a saved document", 2.0)
+            try:
+                waiting = lambda line: self._open_view(state, status_line=line)
+                if not (yield from self._in_line(ticket, lambda: state.cancel_requested or state.is_closed, waiting)):
+                    yield self._open_view(state, status_line=status("info", "You left the queue; nothing was opened."))
+                    return
+                yield self._open_view(state, progress=render.progress_bar(0, 1, state="reopening",
+                                                                          note="reopening from disk…"),
+                                      status_line=status("info", "Reopening the saved document from disk…"))
+                tokens = session.tokenize(entry.text)
+                try:
+                    session.set_document(tokens)
+                except (PlanError, ValueError) as exc:
+                    yield self._open_view(state, status_line=_warn_line(f"Cannot reopen it here: {exc}."))
+                    return
+                stats = shelf.restore(session)
+                if stats is None:
+                    session.clear()
+                    yield self._open_view(state, progress=render.progress_bar(),
+                                          status_line=_warn_line("The saved copy could not be used (see the log); "
+                                                                 "drop its files to read them again."))
+                    return
+                state.documents, state.tokens, state.read_text = list(entry.documents), tokens, entry.text
+                state.token_counts = token_counts(tokens, state.documents, session.count_tokens)
+                state.saved_key = key
+                session.resume_conversation(turns)
+                plan = session.document_plan()
+                panel = render.plan_panel(plan, session.document_tokens, None, session.policy.kv_dtype)
+                bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
+                names = ", ".join(doc.name for doc in state.documents)
+                yield OpenView(state, render.files_table(state.documents, state.token_counts), panel, bar,
+                               _chat(turns), _reopened_line(stats, names, len(turns)), *_IDLE)
+            finally:
+                self._queue.leave(ticket)
+
+    @staticmethod
+    def _open_view(state: BrowserState, *, progress=NO_CHANGE, status_line=NO_CHANGE) -> OpenView:
+        return OpenView(state, NO_CHANGE, NO_CHANGE, progress, NO_CHANGE, status_line, NO_CHANGE, NO_CHANGE)
+
+
+def _chat(turns: list) -> list[dict]:
+    chat = []
+    for question, answer in turns:
+        chat += [{"role": "user", "content": question},
+                 {"role": "assistant", "content": render.model_markdown(answer) or "…"}]
+    return chat
+
+
+def _reopened_line(stats: RestoreStats, names: str, num_turns: int) -> str:
+    seconds = f"{stats.seconds:.2f} s" if stats.seconds < 1 else render.format_seconds(stats.seconds)
+    chat = f" with its {num_turns} earlier question{'s' if num_turns != 1 else ''}" if num_turns else ""
+    return status("ok", f"Reopened {names}{chat} from disk in {seconds} — no upload, no reading. Ask a question.")
+
+
+def _warn_line(text: str) -> str:
+    gr.Warning(html.escape(text))
+    return status("error", text)

@@ -1,0 +1,86 @@
+"""A way into a whole book, in a real Chromium: a labelled PDF (its /PageLabels written by pypdf) too long for the
+model's window offers a page range with a live token count; the range read cites the book's printed page numbers,
+and the page viewer shows the PDF page as a tooltip."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
+from make_files import make_labelled_pdf  # noqa: E402
+from studio import served  # noqa: E402
+from test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+TIMEOUT_MS = 240_000
+ROMAN, FIRST = 4, 30  # four pages of front matter (i-iv), then the body printed from page 30
+FILLER = ("The keeper walked along the harbour wall, counted the boats and wrote the weather in her logbook. " * 9)
+
+
+def _pages() -> list[str]:
+    pages = [f"Front matter {n}. {FILLER}" for n in range(ROMAN)]
+    for printed in range(FIRST, FIRST + 36):
+        fact = " The secret launch code of the lighthouse is AMBER-7." if printed == 41 else ""
+        pages.append(f"Chapter page {printed}.{fact} {FILLER}")
+    return pages
+
+
+@pytest.fixture
+def page():
+    if not CHROMIUM.exists():
+        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with served(chunk_size=256) as url, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(url)
+        yield page
+        browser.close()
+
+
+def _pick(page, which: str, label: str) -> None:
+    page.click(f"#{which} input")
+    page.click(f"[role=option]:text-is('{label}')")
+
+
+def test_a_page_range_of_a_labelled_book_cites_printed_page_numbers(page, tmp_path):
+    pdf = make_labelled_pdf(tmp_path / "kerrow-book.pdf", _pages(), roman_pages=ROMAN, first_number=FIRST)
+    page.locator("#file-drop input[type=file]").set_input_files(str(pdf))
+    page.wait_for_selector("#plan .plan[data-fits=false]")
+    page.wait_for_selector("#page-range #range-from")
+    assert "page range" in page.inner_text("#status")
+
+    # "First part that fits" picks a range from the first page whose live count fits.
+    page.click("#first-part")
+    page.wait_for_selector("#range-info .range-info[data-fits=true]")
+    assert "p. i – p. " in page.inner_text("#range-info")
+
+    # A range in the body, by printed page numbers: counted live, then read.
+    _pick(page, "range-from", "p. 38")
+    _pick(page, "range-to", "p. 44")
+    page.wait_for_function("() => document.querySelector('#range-info').innerText.startsWith('p. 38 – p. 44')")
+    info = page.locator("#range-info .range-info")
+    assert info.get_attribute("data-fits") == "true" and int(info.get_attribute("data-tokens")) < 7168
+    page.wait_for_selector("#plan .plan[data-fits=true]")
+    page.click("#read")
+    page.wait_for_selector("#prefill-progress .progress[data-state=done]")
+    assert "Read p. 38 – p. 44 of kerrow-book.pdf" in page.inner_text("#status")
+
+    page.fill("#question textarea", "What is the secret launch code of the lighthouse?")
+    page.click("#ask")
+    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('tok/s')")
+    sources = page.locator("#chat .answer-sources").last
+    cited = [int(part.split()[1]) for part in sources.inner_text().removeprefix("Sources: ").split(" · ")]
+    assert all(38 <= number <= 44 for number in cited), cited  # printed numbers, not PDF pages 13-19
+    assert sources.locator("span[title^='PDF page']").count() == len(cited)
+    page.locator("#page-chips label").first.click()
+    page.wait_for_selector("#page-view .page-view[data-page]")
+    shown = int(page.get_attribute("#page-view .page-view", "data-page"))
+    assert page.get_attribute("#page-view .page-title", "title") == f"PDF page {shown - FIRST + ROMAN + 1}"  # its place in the whole PDF
+    assert f"p. {shown}" in page.inner_text("#page-view .page-title")

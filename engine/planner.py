@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 
+from engine.allocations import planned_allocations
 from engine.host_split import forecast_decode, host_share
 from engine.model_shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
 from engine.plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
@@ -179,7 +180,10 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
                 breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx,
                 limit, limited_by, disk_bytes=disk, disk_slots=disk_slots, host_attention=policy.host_attention,
                 host_share=share, decode_seconds=forecast.seconds, pcie_floor_seconds=forecast.pcie_floor_seconds,
-                host_attention_gbps=host_gbps, h2d_gbps=h2d_gbps)
+                host_attention_gbps=host_gbps, h2d_gbps=h2d_gbps,
+                allocations=planned_allocations(shape, capacity=context_tokens, chunk=chunk, group=group,
+                                                resident_slots=resident, disk_slots=disk_slots, cuda=device_is_cuda,
+                                                kv_dtype=policy.kv_dtype, host_attention=share > 0))
     logger.debug("plan: %s", plan.summary().replace("\n", " | "))
     return plan
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .kv.ledger import SOURCES
 from .kv.probe import QueryProbe
 
 _TILE = 16384  # keys per tile: bounds the score block to [heads, answer tokens, tile]
@@ -72,8 +73,9 @@ def attention_mass(cache, probe: QueryProbe, *, per_head: bool = False) -> torch
         if cache.shape.sliding_windows[layer_idx] is not None:
             continue  # a window ring holds only recent tokens; calibration picks full-attention heads anyway
         queries, positions = recorded  # [H_sel, N, D], N positions
-        mass = torch.empty(len(probe.heads[layer_idx]), length, dtype=torch.float64)  # [H_sel, L]
+        mass = _recorded(cache, torch.empty(len(probe.heads[layer_idx]), length, dtype=torch.float64))  # [H_sel, L]
         for picked, keys in _keys_by_device(cache.layers[layer_idx], probe.heads[layer_idx], n_rep, length):
+            _recorded(cache, keys)
             q = queries[picked].to(keys.device, torch.float32)
             mass[picked] = _mass(q, keys, positions, probe.scaling[layer_idx], None, softcap)
         rows.append(mass)
@@ -81,6 +83,12 @@ def attention_mass(cache, probe: QueryProbe, *, per_head: bool = False) -> torch
         return torch.zeros((0, length) if per_head else (length,), dtype=torch.float64)
     stacked = torch.cat(rows)
     return stacked if per_head else stacked.sum(0)
+
+
+def _recorded(cache, tensor: torch.Tensor) -> torch.Tensor:
+    """Counts a buffer of the sources pass in the cache's allocation ledger (the plan's ``sources``)."""
+    ledger = getattr(cache, "ledger", None)
+    return tensor if ledger is None else ledger.record(SOURCES, tensor)
 
 
 def _keys_by_device(layer, heads: list[int], n_rep: int, length: int) -> list[tuple[list[int], torch.Tensor]]:

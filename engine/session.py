@@ -18,6 +18,7 @@ from .answering import document_page_starts, retrieval_heads, stream_answer
 from .cache import HeadInferCache
 from .document_snapshots import restore_document
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
+from .out_of_memory import out_of_memory_message
 from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
 from .policy import OffloadPolicy
 from .prefill_pacing import PrefillClock, prefill_step
@@ -187,9 +188,9 @@ class DocumentSession:
                 input_ids = torch.tensor([ids], device=self.device)
                 out = self.model(input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         except torch.OutOfMemoryError as error:
-            self.cache.crop_to(boundary)  # layers that took the chunk give it back
-            raise MemoryError(f"out of memory while reading {len(ids)} tokens; try a smaller chunk size "
-                              f"or a smaller head group ({error})") from error
+            # Layers that took the chunk give it back: the document and the conversation stay as they were.
+            self.cache.crop_to(min(boundary, self.cache.get_seq_length()))
+            raise MemoryError(out_of_memory_message(len(ids), self.device.type, error)) from error
         except BaseException:
             self.cache.crop_to(min(boundary, self.cache.get_seq_length()))
             raise

@@ -10,6 +10,7 @@ document positions, bucketed by ``[page N]`` markers, gives ``Source(page, share
 from __future__ import annotations
 
 import bisect
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ import torch
 
 from .kv.ledger import SOURCES
 from .kv.probe import QueryProbe
+
+logger = logging.getLogger(__name__)
 
 _TILE = 16384  # keys per tile: bounds the score block to [heads, answer tokens, tile]
 _PAGE_MARKER = re.compile(r"\[page (\d+)\]")
@@ -203,6 +206,10 @@ class AnswerSources:
             if self.probe.num_positions == 0:
                 return []
             return rank_sources(attention_mass(self.cache, self.probe), self.document_range, self.pages)
+        except torch.OutOfMemoryError as error:
+            # The answer has streamed and stays; only its sources are lost (another program took the memory).
+            logger.warning("no sources for this answer: out of memory in the sources pass (%s)", error)
+            return []
         finally:
             self.seconds = time.perf_counter() - started
             self.probe = None

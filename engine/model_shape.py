@@ -27,6 +27,7 @@ class ModelShape:
     num_params: int
     sliding_windows: tuple[int | None, ...]
     max_positions: int | None = None  # the trained context window (see ``trained_window``); None: unknown
+    attn_softcap: bool = False  # attention logits are softcapped (Gemma 2): without flash-attn, the tiled path
 
     @classmethod
     def from_config(cls, config, dtype_bytes: int = 2, num_params: int | None = None) -> ModelShape:
@@ -43,7 +44,8 @@ class ModelShape:
         windows = _sliding_windows(config, layers)
         params = num_params if num_params is not None else _estimate_params(config, head_dim, kv_heads)
         return cls(layers, heads, kv_heads, head_dim, int(config.hidden_size), int(config.intermediate_size),
-                   int(config.vocab_size), dtype_bytes, int(params), windows, trained_window(config))
+                   int(config.vocab_size), dtype_bytes, int(params), windows, trained_window(config),
+                   bool(getattr(config, "attn_logit_softcapping", None)))
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -29,7 +29,7 @@ from .rates import plan_rates
 from .snapshot import RestoreStats, SnapshotInfo, SnapshotStore
 from .snapshot_format import SnapshotIdentity
 from .sources import AnswerSources
-from .telemetry import detect_budgets, measured_flop_rate
+from .telemetry import detect_budgets, measure_activation_peak, measured_flop_rate
 
 logger = logging.getLogger(__name__)
 
@@ -101,9 +101,12 @@ class DocumentSession:
 
     def _plan_tokens(self, context_tokens: int) -> Plan:
         gpu_budget, host_budget = detect_budgets(str(self.device))
+        # On CUDA one dry-run chunk measures the activation peak before the plan is final (once per model).
+        activations = measure_activation_peak(self.model, self.policy.chunk_size, self.shape.vocab_size)
         return make_plan(self.shape, self.policy, context_tokens, device_is_cuda=self.device.type == "cuda",
                          gpu_budget=self.policy.gpu_memory or gpu_budget,
-                         host_budget=self.policy.host_memory or host_budget, rates=plan_rates(self.policy, self.device))
+                         host_budget=self.policy.host_memory or host_budget, rates=plan_rates(self.policy, self.device),
+                         activation_bytes=activations)
 
     def capacity_options(self) -> list:
         """How far each capacity option reaches here (RAM, + 8-bit, + the disk tier when it has a folder)."""

@@ -48,3 +48,11 @@ def test_ledger_holds_against_max_memory_allocated(model, options):
         assert cache.ledger.peak(category) <= planned[category], category
     # The device's peak holds the ledger's device buffers plus one chunk's activations and attention scratch.
     assert on_device <= peak <= on_device + activations + cache.plan.gpu_breakdown["attention"] + (64 << 20)
+
+
+def test_host_attention_and_h2d_measured_together_on_cuda():
+    from engine.rates import measure_h2d_gbps, measure_together_gbps
+
+    host, link = measure_together_gbps(torch.device("cuda"), tokens=1 << 16, num_bytes=64 << 20)
+    assert host > 0 and link > 0
+    assert link <= 1.2 * measure_h2d_gbps(torch.device("cuda"), 64 << 20)  # sharing DRAM never speeds the link up

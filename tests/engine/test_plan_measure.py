@@ -60,3 +60,28 @@ def test_flop_probe_waits_for_the_device_around_the_timed_forward(monkeypatch):
     rate = telemetry.measured_flop_rate(model, shape, num_tokens=32)
     assert rate > 0
     assert events == [("sync", "cpu"), ("clock",), ("sync", "cpu"), ("clock",)]
+
+
+def test_host_and_link_rates_are_measured_at_once():
+    """The host steps run on a thread while the link steps run: a link step that waits for a host pass to be
+    under way proves they overlap, and each side's rate is its bytes over its own seconds."""
+    import threading
+    import time
+
+    from engine.rates import measure_together
+
+    host_running = threading.Event()
+
+    def host_step():
+        host_running.set()
+        time.sleep(0.01)
+        return 10_000_000  # 10 MB in ~10 ms: ~1 GB/s
+
+    def link_step():
+        assert host_running.wait(5)  # only ever measured beside host attention
+        begin = time.perf_counter()
+        time.sleep(0.02)
+        return 40_000_000, time.perf_counter() - begin  # 40 MB in ~20 ms: ~2 GB/s
+
+    host, link = measure_together(host_step, link_step, repeats=3)
+    assert 0.5 < host < 1.1 and 1.0 < link < 2.1

@@ -61,7 +61,14 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
     if not cuda:  # compute happens on the host, so everything is host memory
         breakdown = dict.fromkeys(("weights", "kv_buffers", "kv_resident", "kv_codes", "attention", "activations",
                                    "logits", "sources"), 0)
-        return breakdown, 0, weights + kv_stored + activations + logits
+        # The KV core's buffers are host memory too: two staging buffers of a chunk, and (some homes streamed)
+        # two ping-pong buffers and, for 8-bit homes, their code planes.
+        per_head = shape.head_dim * 2 * shape.dtype_bytes
+        buffers = 2 * chunk * shape.num_kv_heads * per_head
+        if resident < shape.num_layers * math.ceil(shape.num_kv_heads / group) or kv_dtype is not None:
+            buffers += 2 * group * _visible_tokens(shape, context, chunk) * per_head
+        buffers += _device_codes(shape, context, chunk, group, kv_dtype)
+        return breakdown, 0, weights + kv_stored + activations + logits + buffers
     per_head = shape.head_dim * 2 * shape.dtype_bytes  # K and V of one head, one layer, one token
     device_head = _visible_tokens(shape, context, chunk) * per_head
     groups = math.ceil(shape.num_kv_heads / group)

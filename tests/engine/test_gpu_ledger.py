@@ -56,3 +56,16 @@ def test_host_attention_and_h2d_measured_together_on_cuda():
     host, link = measure_together_gbps(torch.device("cuda"), tokens=1 << 16, num_bytes=64 << 20)
     assert host > 0 and link > 0
     assert link <= 1.2 * measure_h2d_gbps(torch.device("cuda"), 64 << 20)  # sharing DRAM never speeds the link up
+
+
+@torch.inference_mode()
+def test_gpu_resident_homes_never_grow_past_a_fixed_plan(model):
+    from engine.kv.homes import HomesFull
+
+    cache = engine.HeadInferCache(model.config, max_context=64, chunk_size=32)  # every slot resident
+    ids = torch.randint(0, CONFIG.vocab_size, (1, 64), device="cuda")
+    model(ids, past_key_values=cache, use_cache=True)
+    held = cache.ledger.held("homes")
+    with pytest.raises(HomesFull, match="max_context"):
+        model(ids[:, :1], past_key_values=cache, use_cache=True)
+    assert cache.ledger.held("homes") == held  # nothing was allocated

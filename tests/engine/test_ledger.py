@@ -181,3 +181,25 @@ def test_plan_categories_for_every_mode_are_what_the_cache_allocates_first(tmp_p
         assert cache.ledger.peak(category) == cache.plan.allocations[category]
     plan = make_plan(cache.shape, cache.policy, 64, device_is_cuda=False)
     assert plan.allocations == cache.plan.allocations
+
+
+def test_device_homes_of_a_fixed_plan_refuse_to_grow_before_anything_changes(monkeypatch):
+    """``LayerHomes.reserve(fixed_device=True)``: a home on a GPU never grows (checked on the CPU with a home that
+    reports a CUDA device)."""
+    from engine.kv.homes import GroupHome, HeadGroup, HomesFull, LayerHomes
+    from engine.kv.pinned import HostMemory
+
+    homes = LayerHomes([HeadGroup(0, 1, True), HeadGroup(1, 2, False)], 1, 4, 8, torch.float32,
+                       torch.device("cpu"), HostMemory(False, lambda: None))
+
+    class OnGpu:  # the resident home's tensor, as a GPU would report it
+        type = "cuda"
+
+    resident = homes[0]
+    planes = list(resident.planes)
+    monkeypatch.setattr(GroupHome, "device", property(lambda self: OnGpu() if self is resident else self.kv.device))
+    with pytest.raises(HomesFull):
+        homes.reserve(9, 8, 4, fixed_device=True)
+    assert all(a is b for a, b in zip(resident.planes, planes)) and homes[1].capacity == 8  # nothing changed
+    homes.reserve(9, 8, 4)  # not fixed (no max_context planned): grows by a chunk
+    assert homes[1].capacity == 8 + 4

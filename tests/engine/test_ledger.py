@@ -106,7 +106,11 @@ class Conversation:
         common = next((i for i, (a, b) in enumerate(zip(self.cached, wanted)) if a != b), min(len(self.cached),
                                                                                             len(wanted)))
         common = min(common, len(wanted) - 1)
-        self.cache.crop_to(common)
+        try:
+            self.cache.crop_to(common)
+        except ValueError:  # layers that keep only a state (hybrid models) return to the document's end only
+            common = len(self.document)
+            self.cache.crop_to(common)
         logits = feed(self.model, self.cache, wanted[common:])
         answer = []
         for _ in range(answer_tokens):
@@ -203,3 +207,23 @@ def test_device_homes_of_a_fixed_plan_refuse_to_grow_before_anything_changes(mon
     assert all(a is b for a, b in zip(resident.planes, planes)) and homes[1].capacity == 8  # nothing changed
     homes.reserve(9, 8, 4)  # not fixed (no max_context planned): grows by a chunk
     assert homes[1].capacity == 8 + 4
+
+
+@torch.inference_mode()
+def test_a_window_longer_than_the_planned_context_allocates_only_the_plan():
+    """A sliding window past ``max_context`` (Gemma's 4K window, a short document): plain homes of the planned
+    context, not rings grown to window + chunk at the first append; attention stays exact."""
+    from transformers import MistralConfig
+
+    config = MistralConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=97, max_position_embeddings=256, sliding_window=4096)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="headinfer").eval()
+    ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(1))
+    for options in ({}, {"resident_slots": 0}):
+        cache = engine.HeadInferCache(model.config, device="cpu", max_context=48, chunk_size=CHUNK, **options)
+        logits = feed(model, cache, ids[0].tolist())
+        assert cache.ledger.peak("homes") == cache.plan.allocations["homes"]  # nothing grew
+        assert_within_plan(cache)
+        full = model(ids, past_key_values=engine.HeadInferCache(model.config, device="cpu", chunk_size=64))
+        assert torch.allclose(logits, full.logits[0, -1], atol=1e-5)

@@ -19,11 +19,13 @@ import logging
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
 
+from .allocations import home_capacity, slot_placement
 from .attention import ATTENTION_NAME
 from .host_split import choose_host_slots
 from .kv import HeadGroup, HostAttention, HostMemory, LayerHomes, Schedule, Transfer
 from .kv import streams as kv_streams
 from .kv.disk import DiskMemory
+from .kv.ledger import Ledger
 from .kv import route
 from .model_shape import unsupported_layers
 from .planner import ModelShape, Plan, make_plan
@@ -153,6 +155,7 @@ class HeadInferCache(Cache):
         self.schedule: Schedule | None = None
         self._host: HostMemory | None = None
         self._disk: DiskMemory | None = None
+        self.ledger = Ledger()  # every buffer this cache allocates, by category and device (``kv/ledger.py``)
         self.plan: Plan = self._plan(self.policy.max_context or getattr(text_config, "max_position_embeddings", 8192))
         if self.policy.max_context is not None:
             # Refuse a context the machine cannot hold before a single byte is allocated.
@@ -190,24 +193,19 @@ class HeadInferCache(Cache):
         g, num_kv_heads = self.plan.head_group_size, self.shape.num_kv_heads
         num_groups = num_kv_heads // g
         num_slots = len(self.kv_layers) * num_groups
-        resident = _spread(min(self.plan.resident_slots, num_slots), num_slots)
-        if self.policy.kv_dtype is not None and not is_cuda:
-            resident = set()  # on a CPU-only machine every home is in RAM: 8-bit applies to all of them
-        # The disk tier: the plan's disk slots, spread among the homes in RAM (offloaded ones; on a CPU-only
-        # machine any), so that reading one from disk always has RAM slots' compute to hide behind.
-        in_ram = [i for i in range(num_slots) if i not in resident or not is_cuda]
-        on_disk = {in_ram[k] for k in _spread(min(self.plan.disk_slots, len(in_ram)), len(in_ram))}
-        resident -= on_disk
+        resident, on_disk = slot_placement(num_slots, self.plan.resident_slots, self.plan.disk_slots, cuda=is_cuda,
+                                           quantized=self.policy.kv_dtype is not None)
         self._disk = DiskMemory(self.policy.disk_dir) if on_disk else None
         any_offloaded = len(resident) < num_slots
         chunk = self.policy.chunk_size
         # A fetch holds a group's visible past plus one chunk: a sliding layer never needs more than its window.
-        visible = max(capacity if w is None else min(capacity, w - 1 + chunk) for w in self.shape.sliding_windows)
+        visible = max(home_capacity(w, capacity, chunk) for w in self.shape.sliding_windows)
         self.transfer = Transfer(self.device, num_layers=len(self.kv_layers), num_groups=num_groups,
                                  group_shape=(batch, g, head_dim), dtype=dtype,
                                  buffer_tokens=visible if any_offloaded else 1, stage_tokens=chunk,
-                                 kv_dtype=self.policy.kv_dtype, disk=self._disk, streams=streams)
-        self._host = HostMemory(pin, self.transfer.fence)
+                                 kv_dtype=self.policy.kv_dtype, disk=self._disk, streams=streams,
+                                 ledger=self.ledger)
+        self._host = HostMemory(pin, self.transfer.fence, ledger=self.ledger)
         for layer in self.kv_layers:
             slots = [layer.kv_index * num_groups + i for i in range(num_groups)]
             groups = [HeadGroup(i * g, (i + 1) * g, slot in resident, slot in on_disk) for i, slot in enumerate(slots)]
@@ -236,7 +234,8 @@ class HeadInferCache(Cache):
         """Grows every home to hold ``num_tokens`` (window rings: a ``chunk``-token append), keeping what they hold."""
         self.transfer.synchronize()
         for layer in self.kv_layers:
-            layer.homes.reserve(num_tokens, layer.length, max(chunk, self.policy.chunk_size))
+            layer.homes.reserve(num_tokens, layer.length, max(chunk, self.policy.chunk_size),
+                                fixed_device=self.policy.max_context is not None)
 
     def begin_layer(self, layer_idx: int) -> None:
         """Checks the model runs head-wise attention; a forward's first layer also clears what an interrupted one left."""
@@ -364,11 +363,6 @@ class HeadInferCache(Cache):
         buffers = self.transfer.buffer_bytes if self.transfer else 0
         return {"device": on_device + buffers, "host": sum(h.nbytes(on_device=False) for h in homes),
                 "disk": sum(h.disk_bytes for h in homes)}
-
-
-def _spread(count: int, total: int) -> set[int]:
-    """``count`` slot indices spread evenly over ``total``, so resident slots interleave with transfers."""
-    return {i * total // count for i in range(count)} if count else set()
 
 
 def _default_device() -> torch.device:

@@ -30,6 +30,7 @@ class ModelShape:
     # Hybrid models: the model's layers that keep a fixed-size state (linear attention, convolution) instead of
     # per-token K/V. ``num_layers`` and ``sliding_windows`` count only the layers with K/V.
     state_layers: tuple[int, ...] = ()
+    attn_softcap: bool = False  # attention logits are softcapped (Gemma 2): without flash-attn, the tiled path
 
     @classmethod
     def from_config(cls, config, dtype_bytes: int = 2, num_params: int | None = None) -> ModelShape:
@@ -48,7 +49,8 @@ class ModelShape:
         windows = tuple(w for i, w in enumerate(_sliding_windows(config, layers)) if i not in state)
         params = num_params if num_params is not None else _estimate_params(config, head_dim, kv_heads)
         return cls(len(windows), heads, kv_heads, head_dim, int(config.hidden_size), int(config.intermediate_size),
-                   int(config.vocab_size), dtype_bytes, int(params), windows, trained_window(config), state)
+                   int(config.vocab_size), dtype_bytes, int(params), windows, trained_window(config), state,
+                   bool(getattr(config, "attn_logit_softcapping", None)))
 
     @property
     def kv_layer_indices(self) -> tuple[int, ...]:

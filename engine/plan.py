@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 GIB = 1 << 30
 MAX_CONTEXT = 2**31  # the largest context any plan considers
@@ -48,6 +48,13 @@ class Plan:
     pcie_floor_seconds: float | None = None
     host_attention_gbps: float | None = None
     h2d_gbps: float | None = None
+    # What the KV core allocates at ``context_tokens`` (homes of that capacity), by the allocation ledger's
+    # categories (``engine.allocations``, ``engine.kv.ledger``): bytes, every device together.
+    allocations: dict = field(default_factory=dict)
+
+    @property
+    def allocations_total(self) -> int:
+        return sum(self.allocations.values())
 
     @property
     def is_within_limit(self) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 
+from engine.allocations import planned_allocations
 from engine.host_split import forecast_decode, host_share
 from engine.model_shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
 from engine.plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
@@ -49,15 +50,25 @@ def _visible_tokens(shape: ModelShape, context: int, chunk: int) -> int:
 
 
 def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident: int,
-               cuda: bool, kv_dtype: str | None = None) -> tuple[dict, int, int]:
-    """Returns (gpu breakdown, gpu bytes, host bytes) for a fully resolved configuration."""
+               cuda: bool, kv_dtype: str | None = None, activations: int | None = None) -> tuple[dict, int, int]:
+    """Returns (gpu breakdown, gpu bytes, host bytes) for a fully resolved configuration; ``activations``: the
+    peak a dry-run chunk measured (``telemetry.measure_activation_peak``), else the paper's estimate."""
     weights = shape.num_params * shape.dtype_bytes
-    activations = min(chunk, context) * (shape.hidden_size + 2 * shape.intermediate_size) * shape.dtype_bytes
+    if activations is None:
+        activations = min(chunk, context) * (shape.hidden_size + 2 * shape.intermediate_size) * shape.dtype_bytes
     logits = shape.vocab_size * _LOGIT_BYTES
     kv_stored = _kv_stored(shape, context, chunk, kv_dtype)  # every layer, as stored in RAM (8-bit: + scales)
     if not cuda:  # compute happens on the host, so everything is host memory
-        breakdown = dict.fromkeys(("weights", "kv_buffers", "kv_resident", "activations", "logits"), 0)
-        return breakdown, 0, weights + kv_stored + activations + logits
+        breakdown = dict.fromkeys(("weights", "kv_buffers", "kv_resident", "kv_codes", "attention", "activations",
+                                   "logits", "sources"), 0)
+        # The KV core's buffers are host memory too: two staging buffers of a chunk, and (some homes streamed)
+        # two ping-pong buffers and, for 8-bit homes, their code planes.
+        per_head = shape.head_dim * 2 * shape.dtype_bytes
+        buffers = 2 * chunk * shape.num_kv_heads * per_head
+        if resident < shape.num_layers * math.ceil(shape.num_kv_heads / group) or kv_dtype is not None:
+            buffers += 2 * group * _visible_tokens(shape, context, chunk) * per_head
+        buffers += _device_codes(shape, context, chunk, group, kv_dtype)
+        return breakdown, 0, weights + kv_stored + activations + logits + buffers
     per_head = shape.head_dim * 2 * shape.dtype_bytes  # K and V of one head, one layer, one token
     device_head = _visible_tokens(shape, context, chunk) * per_head
     groups = math.ceil(shape.num_kv_heads / group)
@@ -69,16 +80,49 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
         "weights": weights,
         "kv_buffers": 2 * group * device_head + staging,  # ping-pong: one computing, one loading
         "kv_resident": resident * group * device_head,
+        "kv_codes": _device_codes(shape, context, chunk, group, kv_dtype),
+        "attention": _attention_scratch(shape, context, chunk, group),
         "activations": activations,
         "logits": logits,
+        # The sources pass stacks the keys of its heads where their homes are: resident ones on the device.
+        "sources": _sources_bytes(shape, context, chunk, group) * resident_heads // (shape.num_layers * shape.num_kv_heads),
     }
     # Offloaded heads spread evenly over the layers: their share of what every layer stores.
     host = kv_stored * (shape.num_layers * shape.num_kv_heads - resident_heads) // (shape.num_layers * shape.num_kv_heads)
     return breakdown, sum(breakdown.values()), host
 
 
+def _sources_bytes(shape: ModelShape, context: int, chunk: int, group: int) -> int:
+    return planned_allocations(shape, capacity=context, chunk=chunk, group=group, resident_slots=0, disk_slots=0,
+                               cuda=True, kv_dtype=None, host_attention=False)["sources"]
+
+
+def _device_codes(shape: ModelShape, context: int, chunk: int, group: int, kv_dtype: str | None) -> int:
+    """8-bit KV on the device: code planes beside the ping-pong and staging buffers, and quantizing a staged chunk
+    (its absolute values and scaled copy, fp32). Dequantizing runs in place in the ping-pong buffer."""
+    if kv_dtype is None:
+        return 0
+    groups = shape.num_kv_heads // group
+    rows = 2 * group * (shape.head_dim + 4)  # one token of one group: codes + fp32 scales, K and V
+    staged = min(chunk, context)
+    quantize = 2 * staged * shape.num_kv_heads * 2 * shape.head_dim * 4
+    return 2 * (_visible_tokens(shape, context, chunk) + staged * groups) * rows + quantize
+
+
+def _attention_scratch(shape: ModelShape, context: int, chunk: int, group: int) -> int:
+    """The largest temporary of one group's attention without flash-attn: SDPA's contiguous K/V (repeated for the
+    query heads where a window mask or fp32 needs the memory-efficient kernel), or the softcap path's score tiles."""
+    from engine.kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES  # (constants: no loop at run time)
+
+    n_rep = shape.num_heads // shape.num_kv_heads
+    expand = n_rep if (any(w is not None for w in shape.sliding_windows) or shape.dtype_bytes == 4) else 1
+    copies = 2 * group * expand * _visible_tokens(shape, context, chunk) * shape.head_dim * shape.dtype_bytes
+    tiles = TILED_LIVE_TILES * SCORE_TILE_BYTES if shape.attn_softcap else 0
+    return max(copies, tiles)
+
+
 def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,
-             gpu_budget: int | None) -> tuple[int, int]:
+             gpu_budget: int | None, activations: int | None = None) -> tuple[int, int]:
     """Picks (head_group_size, resident_slots): policy values win, None means adaptive."""
     kv, chunk = shape.num_kv_heads, policy.chunk_size
     group = policy.head_group_size
@@ -88,7 +132,8 @@ def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,
         # Largest group first: fewer, bigger transfers and kernel launches per layer.
         divisors = [d for d in range(kv, 0, -1) if kv % d == 0]
         group = next((d for d in divisors
-                      if _within(_footprint(shape, context, chunk, d, 0, True)[1], gpu_budget)), 1)
+                      if _within(_footprint(shape, context, chunk, d, 0, True, policy.kv_dtype, activations)[1],
+                                  gpu_budget)), 1)
     total = shape.num_layers * math.ceil(kv / group)
     if policy.resident_slots is not None:
         if policy.resident_slots > total:
@@ -96,18 +141,21 @@ def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,
         return group, min(policy.resident_slots, total)
     if not cuda or gpu_budget is None:
         return group, total
-    _, base, _ = _footprint(shape, context, chunk, group, 0, True)
+    _, base, _ = _footprint(shape, context, chunk, group, 0, True, policy.kv_dtype, activations)
     slot = group * _visible_tokens(shape, context, chunk) * shape.head_dim * 2 * shape.dtype_bytes
+    slot += -(-_sources_bytes(shape, context, chunk, group) * group // (shape.num_layers * shape.num_kv_heads))
     return group, max(0, min(total, (gpu_budget - base) // slot))
 
 
 def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, device_is_cuda: bool,
-              gpu_budget: int | None = None, host_budget: int | None = None, rates=None) -> Plan:
+              gpu_budget: int | None = None, host_budget: int | None = None, rates=None,
+              activation_bytes: int | None = None) -> Plan:
     """Plans a run of ``context_tokens`` tokens; budgets of ``None`` are unlimited.
 
     ``rates`` (an ``engine.rates.MachineRates``) sets the decode split and its forecast; without them
     ``host_attention="auto"`` keeps every offloaded group streamed.
 
+    ``activation_bytes``: the activation peak a dry-run chunk measured on this device (CUDA), replacing the estimate.
     ``policy.gpu_memory`` / ``policy.host_memory`` override the budget arguments.
     The plan reports ``fits=False`` with a reason rather than raising; call
     :meth:`Plan.require_fit` to turn that into a :class:`PlanError`.
@@ -125,8 +173,9 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
             raise PlanError(f"{name} must be a positive number of bytes or None, got {budget!r}")
 
     chunk = policy.chunk_size
-    group, resident = _resolve(shape, policy, context_tokens, device_is_cuda, gpu_budget)
-    breakdown, gpu, host = _footprint(shape, context_tokens, chunk, group, resident, device_is_cuda, policy.kv_dtype)
+    group, resident = _resolve(shape, policy, context_tokens, device_is_cuda, gpu_budget, activation_bytes)
+    breakdown, gpu, host = _footprint(shape, context_tokens, chunk, group, resident, device_is_cuda, policy.kv_dtype,
+                                      activation_bytes)
     total_slots = shape.num_layers * (shape.num_kv_heads // group)
     disk_budget = _disk_budget(policy)
     candidates = total_slots - resident if device_is_cuda else total_slots  # CPU: every home is in RAM
@@ -143,7 +192,7 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     host, disk, disk_slots = split(context_tokens, host)
 
     def fits_at(ctx: int) -> bool:
-        _, g, h = _footprint(shape, ctx, chunk, group, resident, device_is_cuda, policy.kv_dtype)
+        _, g, h = _footprint(shape, ctx, chunk, group, resident, device_is_cuda, policy.kv_dtype, activation_bytes)
         h, d, _ = split(ctx, h)
         return _within(g, gpu_budget) and _within(h, host_budget) and _within(d, disk_budget)
 
@@ -179,7 +228,10 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
                 breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx,
                 limit, limited_by, disk_bytes=disk, disk_slots=disk_slots, host_attention=policy.host_attention,
                 host_share=share, decode_seconds=forecast.seconds, pcie_floor_seconds=forecast.pcie_floor_seconds,
-                host_attention_gbps=host_gbps, h2d_gbps=h2d_gbps)
+                host_attention_gbps=host_gbps, h2d_gbps=h2d_gbps,
+                allocations=planned_allocations(shape, capacity=context_tokens, chunk=chunk, group=group,
+                                                resident_slots=resident, disk_slots=disk_slots, cuda=device_is_cuda,
+                                                kv_dtype=policy.kv_dtype, host_attention=share > 0))
     logger.debug("plan: %s", plan.summary().replace("\n", " | "))
     return plan
 

@@ -2,7 +2,8 @@
 
 - host attention GB/s: ``kv.host_attention`` over a bf16 home larger than the CPU caches (Llama-3-8B's head
   dim, one KV head per group), on every core: bytes of home read per second;
-- H2D GB/s: a pinned host-to-device copy on CUDA. Without CUDA there is no link to measure, and
+- H2D GB/s: a pinned host-to-device copy on CUDA, measured while host attention runs (both read DRAM, as in a
+  decode step: ``measure_together``). Without CUDA there is no link to measure, and
   ``DEFAULT_H2D_GBPS`` stands in (PCIe 4.0 x16, as on the paper's RTX 4090) so that a plan can still be shown.
 
 The figures are cached in ``<studio cache>/machine-rates.json`` under a key naming the machine (host, CPU,
@@ -16,7 +17,9 @@ import logging
 import os
 import platform
 import statistics
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -57,8 +60,10 @@ def machine_rates(device: torch.device | str = "cpu", cache_path: Path | None = 
     if cached is not None:
         return MachineRates(**cached)
     is_cuda = device.type == "cuda"
-    rates = MachineRates(measure_host_attention_gbps(), measure_h2d_gbps(device) if is_cuda else DEFAULT_H2D_GBPS,
-                         is_cuda)
+    if is_cuda:  # both read DRAM: measured at once, as a decode step runs them
+        rates = MachineRates(*measure_together_gbps(device), True)
+    else:
+        rates = MachineRates(measure_host_attention_gbps(), DEFAULT_H2D_GBPS, False)
     logger.info("measured machine rates: host attention %.1f GB/s, H2D %.1f GB/s%s", rates.host_attention_gbps,
                 rates.h2d_gbps, "" if is_cuda else " (default: no CUDA)")
     _write(path, key, rates)
@@ -67,7 +72,68 @@ def machine_rates(device: torch.device | str = "cpu", cache_path: Path | None = 
 
 def machine_key(device: torch.device) -> str:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no-gpu"
-    return f"{platform.node()}|{_cpu_model()}|{os.cpu_count()} cpus|torch {torch.__version__}|{gpu}"
+    # "together": measured at once since rates v2 (figures measured apart are not reused)
+    return f"{platform.node()}|{_cpu_model()}|{os.cpu_count()} cpus|torch {torch.__version__}|{gpu}|together"
+
+
+def measure_together(host_step: Callable[[], int], link_step: Callable[[], tuple[int, float]],
+                     repeats: int = _PROBE_REPEATS) -> tuple[float, float]:
+    """(host GB/s, link GB/s) with both running at once: ``host_step()`` (one host-attention pass, returns the bytes
+    it read) loops on a thread for as long as ``repeats`` calls of ``link_step()`` (a timed batch of H2D copies,
+    returns (bytes, seconds)) run on this one. Medians; the host's first pass (a warm-up) is not counted."""
+    stop = threading.Event()
+    host: list[tuple[int, float]] = []
+
+    def loop() -> None:
+        while True:  # at least two passes: the warm-up and one measured beside the copies
+            begin = time.perf_counter()
+            num = host_step()
+            host.append((num, time.perf_counter() - begin))
+            if stop.is_set() and len(host) >= 2:
+                return
+
+    thread = threading.Thread(target=loop, name="rates-host", daemon=True)
+    thread.start()
+    try:
+        link = [link_step() for _ in range(repeats)]
+    finally:
+        stop.set()
+        thread.join()
+    host_rates = [num / max(seconds, 1e-9) for num, seconds in host[1:]]
+    link_rates = [num / max(seconds, 1e-9) for num, seconds in link]
+    return statistics.median(host_rates) / 1e9, statistics.median(link_rates) / 1e9
+
+
+def measure_together_gbps(device: torch.device, tokens: int = _PROBE_TOKENS, num_bytes: int = 256 << 20,
+                          copies_per_step: int = 4) -> tuple[float, float]:
+    """Host attention and pinned H2D copies measured at once on CUDA (``measure_together``)."""
+    from .kv.host_attention import HostAttention
+
+    home = torch.empty(tokens + 1, 1, 2, 1, 128, dtype=torch.bfloat16).normal_()
+    query = torch.randn(1, 4, 1, 128, dtype=torch.bfloat16)
+    kernel = HostAttention()
+    source = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True).random_()
+    target = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    stream = torch.cuda.Stream(device)
+
+    def host_step() -> int:
+        kernel.attend(query, [home], 0, tokens + 1, scaling=128**-0.5)
+        return home.nbytes
+
+    def link_step() -> tuple[int, float]:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            begin.record(stream)
+            for _ in range(copies_per_step):
+                target.copy_(source, non_blocking=True)
+            end.record(stream)
+        end.synchronize()
+        return num_bytes * copies_per_step, begin.elapsed_time(end) / 1e3
+
+    with torch.cuda.stream(stream):
+        target.copy_(source, non_blocking=True)  # warm-up
+    stream.synchronize()
+    return measure_together(host_step, link_step)
 
 
 def measure_host_attention_gbps(tokens: int = _PROBE_TOKENS, group_size: int = 1, head_dim: int = 128,

@@ -18,7 +18,8 @@ from .answering import ConversationFit, QuestionTooLong, document_page_starts, r
 from .cache import HeadInferCache
 from .document_snapshots import restore_document
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
-from .planner import ModelShape, Plan, PlanError, make_plan
+from .out_of_memory import out_of_memory_message
+from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
 from .policy import OffloadPolicy
 from .prefill_pacing import (PrefillClock, ReadRates, cpu_share, estimate_range, expected_share, note_own_read,
                              prefill_step, prefill_work, shared_read_rates)
@@ -29,16 +30,23 @@ from .rates import plan_rates
 from .snapshot import RestoreStats, SnapshotInfo, SnapshotStore
 from .snapshot_format import SnapshotIdentity
 from .sources import AnswerSources
-from .telemetry import detect_budgets, measured_flop_rate
+from .telemetry import detect_budgets, measure_activation_peak, measured_flop_rate
 
 logger = logging.getLogger(__name__)
+
+# The conversation allowance a document's plan reserves beside it (``answer_budget``): the longest answer the UI
+# allows plus a stated budget for earlier turns. Past it the oldest turns leave the KV (the document never), so the
+# homes are never grown mid-conversation.
+LONGEST_ANSWER = 2048  # app/ui.py's "Longest answer" slider maximum
+HISTORY_BUDGET = 2048  # tokens of earlier questions and answers kept
 
 
 class DocumentSession:
     """Prefill a document once, then ask questions about it with streamed answers."""
 
     def __init__(self, model, tokenizer, policy: OffloadPolicy | None = None, *,
-                 system_prompt: str | None = None, answer_budget: int = 1024, read_rates: ReadRates | None = None):
+                 system_prompt: str | None = None, answer_budget: int = LONGEST_ANSWER + HISTORY_BUDGET,
+                 read_rates: ReadRates | None = None):
         """``read_rates``: where completed reads' speeds are kept and estimates learn from (default: the shared
         record in the studio's cache folder)."""
         self.model = model
@@ -146,9 +154,12 @@ class DocumentSession:
 
     def _plan_tokens(self, context_tokens: int) -> Plan:
         gpu_budget, host_budget = detect_budgets(str(self.device))
+        # On CUDA one dry-run chunk measures the activation peak before the plan is final (once per model).
+        activations = measure_activation_peak(self.model, self.policy.chunk_size, self.shape.vocab_size)
         return make_plan(self.shape, self.policy, context_tokens, device_is_cuda=self.device.type == "cuda",
                          gpu_budget=self.policy.gpu_memory or gpu_budget,
-                         host_budget=self.policy.host_memory or host_budget, rates=plan_rates(self.policy, self.device))
+                         host_budget=self.policy.host_memory or host_budget, rates=plan_rates(self.policy, self.device),
+                         activation_bytes=activations)
 
     def capacity_options(self) -> list:
         """How far each capacity option reaches here (RAM, + 8-bit, + the disk tier when it has a folder)."""
@@ -253,9 +264,8 @@ class DocumentSession:
                 input_ids = torch.tensor([ids], device=self.device)
                 out = self.model(input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
         except torch.OutOfMemoryError as error:
-            self._give_back(boundary)  # layers that took the chunk give it back
-            raise MemoryError(f"out of memory while reading {len(ids)} tokens; try a smaller chunk size "
-                              f"or a smaller head group ({error})") from error
+            self._give_back(boundary)  # layers that took the chunk give it back: the document and conversation stay
+            raise MemoryError(out_of_memory_message(len(ids), self.device.type, error)) from error
         except BaseException:
             self._give_back(boundary)
             raise

@@ -10,13 +10,17 @@ document positions, bucketed by ``[page N]`` markers, gives ``Source(page, share
 from __future__ import annotations
 
 import bisect
+import logging
 import re
 import time
 from dataclasses import dataclass
 
 import torch
 
+from .kv.ledger import SOURCES
 from .kv.probe import QueryProbe
+
+logger = logging.getLogger(__name__)
 
 _TILE = 16384  # keys per tile: bounds the score block to [heads, answer tokens, tile]
 _PAGE_MARKER = re.compile(r"\[page (\d+)\]")
@@ -72,8 +76,9 @@ def attention_mass(cache, probe: QueryProbe, *, per_head: bool = False) -> torch
         if cache.shape.sliding_windows[layer_idx] is not None:
             continue  # a window ring holds only recent tokens; calibration picks full-attention heads anyway
         queries, positions = recorded  # [H_sel, N, D], N positions
-        mass = torch.empty(len(probe.heads[layer_idx]), length, dtype=torch.float64)  # [H_sel, L]
+        mass = _recorded(cache, torch.empty(len(probe.heads[layer_idx]), length, dtype=torch.float64))  # [H_sel, L]
         for picked, keys in _keys_by_device(cache.kv_layers[layer_idx], probe.heads[layer_idx], n_rep, length):
+            _recorded(cache, keys)
             q = queries[picked].to(keys.device, torch.float32)
             mass[picked] = _mass(q, keys, positions, probe.scaling[layer_idx], None, softcap)
         rows.append(mass)
@@ -81,6 +86,12 @@ def attention_mass(cache, probe: QueryProbe, *, per_head: bool = False) -> torch
         return torch.zeros((0, length) if per_head else (length,), dtype=torch.float64)
     stacked = torch.cat(rows)
     return stacked if per_head else stacked.sum(0)
+
+
+def _recorded(cache, tensor: torch.Tensor) -> torch.Tensor:
+    """Counts a buffer of the sources pass in the cache's allocation ledger (the plan's ``sources``)."""
+    ledger = getattr(cache, "ledger", None)
+    return tensor if ledger is None else ledger.record(SOURCES, tensor)
 
 
 def _keys_by_device(layer, heads: list[int], n_rep: int, length: int) -> list[tuple[list[int], torch.Tensor]]:
@@ -195,6 +206,10 @@ class AnswerSources:
             if self.probe.num_positions == 0:
                 return []
             return rank_sources(attention_mass(self.cache, self.probe), self.document_range, self.pages)
+        except torch.OutOfMemoryError as error:
+            # The answer has streamed and stays; only its sources are lost (another program took the memory).
+            logger.warning("no sources for this answer: out of memory in the sources pass (%s)", error)
+            return []
         finally:
             self.seconds = time.perf_counter() - started
             self.probe = None

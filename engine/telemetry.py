@@ -118,11 +118,50 @@ def measured_flop_rate(model, shape, num_tokens: int = 512) -> float:
         ids = torch.randint(0, shape.vocab_size, (1, num_tokens), device=device)
         with torch.inference_mode():
             model(ids[:, :8], use_cache=False)  # warm-up
+            synchronize(device)  # (on a GPU a forward only launches kernels: the clock must see them run)
             start = time.perf_counter()
             model(ids, use_cache=False)
+            synchronize(device)
             seconds = time.perf_counter() - start
         rate = _MEASURED_RATES[model] = estimate_prefill_seconds(shape, num_tokens, 1.0) / max(seconds, 1e-6)
     return rate
+
+
+def synchronize(device) -> None:
+    """Waits for the device's queued work (a no-op on the CPU, whose work has run when a call returns)."""
+    import torch
+
+    if getattr(device, "type", device) == "cuda":
+        torch.cuda.synchronize(device)
+
+
+_ACTIVATION_PEAKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {chunk: bytes}
+
+
+def measure_activation_peak(model, chunk: int, vocab_size: int, cuda=None) -> int | None:
+    """The activation peak of one chunk on this GPU (bytes above what was allocated before), from one dry-run
+    forward of ``chunk`` tokens; measured once per (model, chunk). None off CUDA (the plan keeps its estimate).
+
+    ``cuda``: torch.cuda, or a stand-in with its memory counters (tests)."""
+    import torch
+
+    device = next(model.parameters()).device
+    if cuda is None:
+        if device.type != "cuda":
+            return None
+        cuda = torch.cuda
+    peaks = _ACTIVATION_PEAKS.setdefault(model, {})
+    if chunk not in peaks:
+        ids = torch.randint(0, vocab_size, (1, chunk), device=device)
+        cuda.synchronize(device)
+        before = cuda.memory_allocated(device)
+        cuda.reset_peak_memory_stats(device)
+        with torch.inference_mode():
+            model(ids, use_cache=False, logits_to_keep=1)  # a first chunk: attention over the chunk itself
+        cuda.synchronize(device)
+        peaks[chunk] = max(0, cuda.max_memory_allocated(device) - before)
+        logger.info("dry-run chunk of %d tokens: activation peak %.0f MiB", chunk, peaks[chunk] / 2**20)
+    return peaks[chunk]
 
 
 def format_bytes(n: int | None) -> str:

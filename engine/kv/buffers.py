@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import quant
+from .ledger import CODES, PINGPONG, STAGING, Ledger
 
 Slot = tuple[int, int]  # (layer index, head-group index)
 
@@ -56,35 +57,33 @@ class Appends:
 class BufferFactory:
     """Makes the buffers of one cache's shapes: ``group_shape`` is (B, g, D) of one head group.
 
-    Buffers are created outside inference mode, so generate() (no_grad) may write them after an inference-mode
-    forward allocated them."""
+    Buffers are created outside inference mode (by the ledger), so generate() (no_grad) may write them after an
+    inference-mode forward allocated them."""
 
     device: torch.device
     group_shape: tuple[int, int, int]
     num_groups: int
     dtype: torch.dtype
     kv_dtype: str | None
+    ledger: Ledger = field(default_factory=Ledger)  # the cache's allocation point (``ledger.py``)
 
-    @torch.inference_mode(False)
     def pingpong(self, tokens: int) -> torch.Tensor:
         batch, g, head_dim = self.group_shape
-        return torch.empty((max(tokens, 1), batch, 2, g, head_dim), dtype=self.dtype, device=self.device)
+        return self.ledger.empty(PINGPONG, (max(tokens, 1), batch, 2, g, head_dim), self.dtype, self.device)
 
-    @torch.inference_mode(False)
     def codes(self, rows: int) -> list[torch.Tensor] | None:
         """[rows, B, 2, g, D] codes and [rows, B, 2, g, 1] scales for 8-bit homes; None without them."""
         if self.kv_dtype is None:
             return None
         batch, g, head_dim = self.group_shape
         shape = (max(rows, 1), batch, 2, g)
-        return [torch.empty((*shape, head_dim), dtype=quant.storage_dtype(self.kv_dtype), device=self.device),
-                torch.empty((*shape, 1), dtype=quant.SCALE_DTYPE, device=self.device)]
+        return [self.ledger.empty(CODES, (*shape, head_dim), quant.storage_dtype(self.kv_dtype), self.device),
+                self.ledger.empty(CODES, (*shape, 1), quant.SCALE_DTYPE, self.device)]
 
-    @torch.inference_mode(False)
     def staging(self, tokens: int) -> torch.Tensor:
         batch, g, head_dim = self.group_shape
         numel = max(tokens, 1) * batch * 2 * g * self.num_groups * head_dim
-        return torch.empty(numel, dtype=self.dtype, device=self.device)
+        return self.ledger.empty(STAGING, (numel,), self.dtype, self.device)
 
 
 def copy_parts(copy, target: torch.Tensor, parts: list[torch.Tensor], what: str = "") -> None:

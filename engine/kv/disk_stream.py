@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .ledger import DISK_STREAM, Ledger
+
 if TYPE_CHECKING:
     from .homes import GroupHome
 
@@ -55,8 +57,9 @@ class _Pinned:
 class DiskStream:
     """The worker and the pinned buffers that disk homes move through (one per cache)."""
 
-    def __init__(self, streams, num_groups: int = 1, memory=None):
+    def __init__(self, streams, num_groups: int = 1, memory=None, ledger: Ledger | None = None):
         self.streams = streams
+        self.ledger = ledger if ledger is not None else Ledger()  # the pieces' and write buffers' bytes
         self.memory = memory  # the DiskMemory: rows are read from its files with preadv where it can
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-disk")
         self._jobs: list[Future] = []  # submitted and not yet seen finished (main thread only)
@@ -172,7 +175,8 @@ class DiskStream:
         dst.copy_(src)
 
     def _pinned(self, num_bytes: int) -> torch.Tensor:
-        return self.streams.pinned((max(num_bytes, 1),), torch.uint8)
+        self.ledger.check(DISK_STREAM, max(num_bytes, 1), "cpu")
+        return self.ledger.record(DISK_STREAM, self.streams.pinned((max(num_bytes, 1),), torch.uint8))
 
     # -- bookkeeping -----------------------------------------------------------------------------------
     def _submit(self, fn, *args) -> Future:

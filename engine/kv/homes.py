@@ -14,9 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
+from .ledger import DISK, HOMES
 from .pinned import HostMemory
 
 logger = logging.getLogger(__name__)
+
+
+class HomesFull(MemoryError):
+    """A GPU-resident home would have to grow past the capacity the plan fixed for it."""
 
 
 @dataclass(frozen=True)
@@ -159,9 +164,14 @@ class LayerHomes:
                  chunk: int = 4096, kv_dtype: str | None = None, disk=None):
         self._host = host
         self._disk = disk  # DiskMemory for groups on the disk tier
-        self.window = window
+        self.window = window  # the layer's attention window (snapshots save the window before their end)
+        if window is not None and capacity < window - 1 + chunk:
+            # The planned context never reaches past the window plus a chunk: every token fits without wrapping,
+            # so the homes are plain (a ring this short would have to grow to window + chunk at the first append).
+            window = None
+        self.ring_window = window  # set when the homes are rings
         if window is not None:
-            capacity = min(capacity, window - 1 + chunk)
+            capacity = window - 1 + chunk
         self.homes = []
         for g in groups:
             quantized = kv_dtype if not g.is_resident else None  # 8-bit where RAM binds: host homes
@@ -174,25 +184,26 @@ class LayerHomes:
     @property
     def chunk_room(self) -> int:
         """The longest chunk a ring can take without overwriting what the chunk itself reads."""
-        return self.homes[0].capacity - (self.window - 1) if self.window is not None else 1 << 62
+        return self.homes[0].capacity - (self.ring_window - 1) if self.ring_window is not None else 1 << 62
 
     def has_room(self, length: int, q_len: int) -> bool:
         """Whether ``q_len`` more tokens fit (all homes of a layer share one capacity)."""
-        if self.window is not None:
+        if self.ring_window is not None:
             return q_len <= self.chunk_room
         return length + q_len <= self.homes[0].capacity
 
     def oldest(self, length: int) -> int:
         """The first token the homes still hold when ``length`` tokens were appended."""
-        return max(0, length - self.homes[0].capacity) if self.window is not None else 0
+        return max(0, length - self.homes[0].capacity) if self.ring_window is not None else 0
 
-    def _empty(self, group: HeadGroup, shape, dtype, device) -> torch.Tensor:
+    def _empty(self, group: HeadGroup, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
+        ledger = self._host.ledger  # (the cache's allocation point: every home's bytes are recorded there)
         if group.is_on_disk:
-            return self._disk.empty(shape, dtype)
+            ledger.check(HOMES, torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size(), DISK)
+            return ledger.record(HOMES, self._disk.empty(tuple(shape), dtype), DISK)
         if group.is_resident:
-            with torch.inference_mode(False):  # written in place later, also outside inference mode
-                return torch.empty(shape, dtype=dtype, device=device)
-        return self._host.empty(shape, dtype)
+            return ledger.empty(HOMES, shape, dtype, device)  # written in place later, also outside inference mode
+        return self._host.empty(tuple(shape), dtype)
 
     def __iter__(self):
         return iter(self.homes)
@@ -211,47 +222,56 @@ class LayerHomes:
     def disk_bytes(self) -> int:
         return sum(h.nbytes for h in self.homes if h.group.is_on_disk)
 
-    def reserve(self, num_tokens: int, num_valid: int, chunk: int) -> None:
+    def reserve(self, num_tokens: int, num_valid: int, chunk: int, *, fixed_device: bool = False) -> None:
         """Makes room for ``num_tokens`` keeping the first ``num_valid`` (rings: room for a ``chunk``-token
-        append); the caller has fenced the copy streams."""
-        for home in self.homes:
-            needed = self.window - 1 + chunk if home.is_ring else max(num_tokens, 2 * home.capacity)
-            if (home.is_ring and needed <= home.capacity) or (not home.is_ring and num_tokens <= home.capacity):
-                continue
+        append); the caller has fenced the copy streams.
+
+        A home grows by a chunk (or to ``num_tokens``), never doubles, one home at a time: its old and new planes
+        are the only copies alive (the kept rows are copied straight from the old planes). With ``fixed_device``
+        (the plan fixed the capacity) a home on a GPU never grows: the plan's device memory is spent elsewhere, so
+        ``HomesFull`` is raised before anything changes."""
+        growing = [home for home in self.homes
+                   if (home.is_ring and self.ring_window - 1 + chunk > home.capacity)
+                   or (not home.is_ring and num_tokens > home.capacity)]
+        if fixed_device and any(home.device.type == "cuda" and not home.is_ring for home in growing):
+            raise HomesFull(f"the context ({num_tokens:,} tokens) passed the {self.homes[0].capacity:,} tokens its GPU-"
+                            "resident KV homes were planned for; plan a larger max_context (or drop older turns)")
+        for home in growing:
+            needed = self.ring_window - 1 + chunk if home.is_ring else max(num_tokens, home.capacity + chunk)
             logger.info("growing KV home of heads %d-%d from %d to %d tokens (plan max_context / chunk_size to "
                         "avoid this)", home.group.start, home.group.stop, home.capacity, needed)
             first = max(0, num_valid - home.capacity) if home.is_ring else 0
-            kept = [home.read(first, num_valid, p) for p in range(len(home.planes))]  # in token order
-            if not home.group.is_on_disk:  # (a disk home's rows go file to file, not through RAM)
-                kept = [k.clone() for k in kept]
             old = home.planes
+            # Views of the old planes (a ring that wraps: a copy of its window), read before they are replaced.
+            kept = [home.read(first, num_valid, p) for p in range(len(old))]  # in token order
             home.planes = [self._empty(home.group, (needed, *p.shape[1:]), p.dtype, p.device) for p in old]
             home.write_planes(first, kept)
+            del kept
             if home.is_host:
                 for plane in old:
                     (self._disk if home.group.is_on_disk else self._host).free(plane)
 
     def set_anchor(self, position: int) -> None:
         """Keeps a copy of the window before ``position`` (rings only), so ``crop_to`` can return to it."""
-        if self.window is None:
+        if self.ring_window is None:
             return
-        first = max(0, position - (self.window - 1))
+        first = max(0, position - (self.ring_window - 1))
         for home in self.homes:
             home.anchor = (position, [home.read(first, position, p).clone() for p in range(len(home.planes))])
 
     def can_crop_to(self, position: int, length: int) -> bool:
-        if self.window is None or position == length or position == 0:
+        if self.ring_window is None or position == length or position == 0:
             return True
-        first = max(0, position - (self.window - 1))
+        first = max(0, position - (self.ring_window - 1))
         return first >= self.oldest(length) or self.homes[0].anchor is not None and self.homes[0].anchor[0] == position
 
     def crop_to(self, position: int, length: int) -> None:
         """Makes the rings hold the window before ``position`` again (from the anchor if it was overwritten),
         and moves disk homes a snapshot links to fresh files if rows it holds would be written again."""
         self._unseal(position)
-        if self.window is None or position >= length or position == 0:
+        if self.ring_window is None or position >= length or position == 0:
             return
-        first = max(0, position - (self.window - 1))
+        first = max(0, position - (self.ring_window - 1))
         if first >= self.oldest(length):
             return
         anchor = self.homes[0].anchor

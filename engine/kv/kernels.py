@@ -38,8 +38,12 @@ from torch.nn.attention.bias import causal_lower_right
 
 logger = logging.getLogger(__name__)
 
-# Keys per tile of the tiled path: bounds its score matrix to [B, Hq, Q, tile].
+# Keys per tile of the tiled path: bounds its score matrix to [B, Hq, Q, tile]; queries are blocked so that one
+# fp32 tile stays within SCORE_TILE_BYTES. A tile step holds at most TILED_LIVE_TILES such tiles at once (scores,
+# their softcapped and masked copies, the probabilities): what the planner counts for it.
 _TILE = 8192
+SCORE_TILE_BYTES = 64 << 20
+TILED_LIVE_TILES = 4
 _FUSED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
 _NO_KERNEL = ("No available kernel", "No viable backend")  # what SDPA raises on CUDA / elsewhere
 
@@ -222,7 +226,29 @@ def _visibility_mask(q_len, q_offset, window, k_start, k_stop, device):
     return mask
 
 
+def query_block(batch: int, num_q_heads: int, q_len: int, k_tile: int = _TILE) -> int:
+    """Query tokens per block of the tiled path: one fp32 score tile [B, Hq, block, k_tile] within
+    ``SCORE_TILE_BYTES`` (the planner counts ``TILED_LIVE_TILES`` of them)."""
+    return max(1, min(q_len, SCORE_TILE_BYTES // (4 * batch * num_q_heads * min(k_tile, _TILE))))
+
+
 def _tiled(query, key, value, q_offset, scaling, window, softcap):
+    """``_tiled_keys`` over blocks of queries: each block sees only its visible keys (causal: up to its last
+    query), and its score tile stays within ``SCORE_TILE_BYTES`` whatever the chunk size."""
+    batch, num_q_heads, q_len, _ = query.shape
+    block = query_block(batch, num_q_heads, q_len, key.shape[2])
+    if block >= q_len:
+        return _tiled_keys(query, key, value, q_offset, scaling, window, softcap)
+    outs = []
+    for first in range(0, q_len, block):
+        last = min(first + block, q_len)
+        visible = q_offset + last  # keys [0, visible): a sliding window reads fewer, masked inside
+        outs.append(_tiled_keys(query[:, :, first:last], key[:, :, :visible], value[:, :, :visible],
+                                q_offset + first, scaling, window, softcap))
+    return torch.cat(outs, dim=2)  # [B, Hq, Q, D]
+
+
+def _tiled_keys(query, key, value, q_offset, scaling, window, softcap):
     """softmax(cap(q k^T * scale)) v, tiled over keys with a running max and sum; cap = softcap * tanh(x / softcap).
 
     Mirrors transformers' eager attention (scores and softmax in fp32) so Gemma 2 stays exact, while the

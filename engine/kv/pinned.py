@@ -24,6 +24,7 @@ from collections.abc import Callable
 import torch
 
 from ..planner import PlanError
+from .ledger import HOMES, Ledger
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +101,10 @@ class HostMemory:
     ``fence`` must return only once no asynchronous copy can touch host memory (the copy streams are idle).
     """
 
-    def __init__(self, pin: bool, fence: Callable[[], None], runtime: CudaRuntime | None = None):
+    def __init__(self, pin: bool, fence: Callable[[], None], runtime: CudaRuntime | None = None,
+                 ledger: Ledger | None = None):
         self.pin = pin
+        self.ledger = ledger if ledger is not None else Ledger()  # every home's bytes are recorded there
         self._fence = fence
         self._runtime = runtime if runtime is not None or not pin else cuda_runtime()
         self._registered: dict[int, torch.Tensor] = {}  # data_ptr -> the tensor that owns the memory
@@ -115,12 +118,11 @@ class HostMemory:
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         # Created outside inference mode: homes are written in place by restores and by generate() (no_grad)
         # even when the first forward, which allocates them, ran under inference mode.
+        num_bytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        if not self.pin or num_bytes == 0:
+            return self.ledger.empty(HOMES, shape, dtype, "cpu")
+        self.ledger.check(HOMES, num_bytes, "cpu")
         with torch.inference_mode(False):
-            if not self.pin:
-                return torch.empty(shape, dtype=dtype)
-            num_bytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-            if num_bytes == 0:
-                return torch.empty(shape, dtype=dtype)
             # Whole pages of its own: the driver tracks registrations by page, so two homes sharing a page
             # (small heap allocations sit side by side) would make the second registration fail.
             rounded = -(-num_bytes // _PAGE) * _PAGE
@@ -135,7 +137,7 @@ class HostMemory:
                 f"({self._runtime.error_string(code)}); lower the host memory budget (--host-memory) or the "
                 "context, or close other programs")
         self._registered[tensor.data_ptr()] = tensor
-        return tensor
+        return self.ledger.record(HOMES, tensor)
 
     def free(self, tensor: torch.Tensor) -> None:
         """Unlocks and drops ``tensor`` once no copy can touch it; the caller holds no other reference."""

@@ -18,6 +18,10 @@ def storage_dtype(kv_dtype: str) -> torch.dtype:
     return KV_DTYPES[kv_dtype][0]
 
 
+def element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
 def bytes_per_element(kv_dtype: str | None, dtype_bytes: int, head_dim: int) -> float:
     """Host bytes per K or V element, scales included."""
     if kv_dtype is None:

@@ -24,6 +24,7 @@ from . import quant
 from .buffers import Appends, BufferFactory, PingPong, Slot, Staging, copy_parts
 from .disk_stream import DiskStream
 from .homes import GroupHome, LayerHomes
+from .ledger import HOST_IO, Ledger
 from .streams import SyncStreams
 
 logger = logging.getLogger(__name__)
@@ -36,15 +37,16 @@ class Transfer:
 
     def __init__(self, device: torch.device, *, num_layers: int, num_groups: int, group_shape: tuple[int, int, int],
                  dtype: torch.dtype, buffer_tokens: int, stage_tokens: int, kv_dtype: str | None = None,
-                 disk=None, streams=None):
+                 disk=None, streams=None, ledger: Ledger | None = None):
         self.device = device
+        self.ledger = ledger if ledger is not None else Ledger()  # every buffer's bytes (``ledger.py``)
         self.streams = streams if streams is not None else SyncStreams()
         new_event = self.streams.event
         self.h2d = self.streams.new_stream("h2d")
         self.d2h = self.streams.new_stream("d2h")
         self._batch, self._group_size, self._head_dim = group_shape
         self._num_groups, self.kv_dtype = num_groups, kv_dtype
-        self._alloc = BufferFactory(device, group_shape, num_groups, dtype, kv_dtype)
+        self._alloc = BufferFactory(device, group_shape, num_groups, dtype, kv_dtype, self.ledger)
         self._pingpong = [PingPong(self._alloc.pingpong(buffer_tokens), new_event(), new_event(),
                                     codes=self._alloc.codes(buffer_tokens)) for _ in range(2)]
         self._staging = [Staging(self._alloc.staging(stage_tokens), new_event(), new_event(),
@@ -61,7 +63,7 @@ class Transfer:
         # layer's output: no event of its own is needed (the mutation test showed one could never matter).
         self._host_out: torch.Tensor | None = None
         # Disk-tier homes (``disk``: their DiskMemory) move on the disk stream's worker thread.
-        self.disk = DiskStream(self.streams, num_groups, disk) if disk is not None else None
+        self.disk = DiskStream(self.streams, num_groups, disk, self.ledger) if disk is not None else None
         self._disk_writes: dict[int, Future] = {}  # layer -> its newest append to a disk home (CUDA)
         self.num_fetches = 0  # every fetch into a ping-pong buffer ...
         self.num_on_demand = 0  # ... and those the compute stream had to wait for, not prefetched
@@ -205,8 +207,12 @@ class Transfer:
             self.synchronize()
             self.streams.forget(self._host_query)
             self.streams.forget(self._host_out)
-        self._host_query = self.streams.pinned((numel,), dtype)
-        self._host_out = self.streams.pinned((numel,), dtype)  # (the output has the queries' shape)
+        self._host_query = self._pinned(numel, dtype)
+        self._host_out = self._pinned(numel, dtype)  # (the output has the queries' shape)
+
+    def _pinned(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        self.ledger.check(HOST_IO, numel * quant.element_size(dtype), "cpu")
+        return self.ledger.record(HOST_IO, self.streams.pinned((numel,), dtype))
 
     def host_result(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """The page-locked buffer a host job writes its output into (after its ``to_host`` wait, see above);
@@ -229,6 +235,8 @@ class Transfer:
         buffer = same_slot or next((b for b in self._pingpong if not b.is_used and b.pending is None), None)
         if buffer is None:
             return  # both busy: the slot is fetched on demand when acquired
+        if buffer.kv.shape[0] < room:
+            return  # past the plan (a next step that may never come): grown on demand only if it does
         self._fetch(buffer, slot, home, start, stop, room)
 
     def acquire(self, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> int:

@@ -47,7 +47,10 @@ def test_8bit_host_kv_is_close_to_exact_and_takes_about_a_quarter_of_fp32(kv_dty
     assert all(h.is_quantized for layer in coded.layers for h in layer.homes)
     assert float((actual - expected).abs().max() / expected.abs().max()) < 0.05
     assert coded.kv_bytes()["host"] == pytest.approx(exact.kv_bytes()["host"] * (1 + 4 / 16) / 4)
-    assert coded.plan.max_context_tokens > 3 * exact.plan.max_context_tokens  # the planner counts 8-bit homes
+    # The planner counts 8-bit homes (a quarter of fp32 here) and, since the allocation ledger, the ping-pong
+    # buffers both caches stream through (two fp32 copies of a layer's K/V at full context: large next to 3 layers).
+    assert coded.plan.allocations["homes"] == pytest.approx(exact.plan.allocations["homes"] * (1 + 4 / 16) / 4)
+    assert coded.plan.max_context_tokens > 1.3 * exact.plan.max_context_tokens
 
 
 @torch.inference_mode()

@@ -335,11 +335,13 @@ class HeadInferCache(Cache):
                 try:
                     self.transfer.synchronize()  # (raises a failed disk job, after waiting for everything)
                 finally:
-                    for layer in self.kv_layers:  # freed below: the streams seam checks no copy still touches them
-                        for home in layer.homes or ():
-                            for plane in home.planes:
-                                self.transfer.streams.forget(plane)
-                    self.transfer.close()
+                    try:
+                        for layer in self.kv_layers:  # freed below: the streams seam checks no copy touches them
+                            for home in layer.homes or ():
+                                for plane in home.planes:
+                                    self.transfer.streams.forget(plane)
+                    finally:  # (the disk worker must stop before the files it reads are unmapped below)
+                        self.transfer.close()
         finally:
             for layer in self.kv_layers:
                 layer.homes, layer.length, layer.is_initialized = None, 0, False

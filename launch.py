@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
     from app.ui import build_ui, launch_options
     from app.uploads import prepare_folder
     from app.picker import ModelPicker
-    from engine import ModelSourceError, UnsupportedModelError, describe, load_model
+    from engine import DocumentSession, ModelSourceError, UnsupportedModelError, describe, load_model
     from engine.model_switch import ModelHolder
 
     try:

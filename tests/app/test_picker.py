@@ -43,8 +43,8 @@ def test_rows_keep_numbers_as_numbers_and_mark_the_served_model():
 def test_serve_refuses_what_the_engine_cannot_serve_or_this_machine_cannot_hold(tmp_path):
     picker = _picker()
     picker.refresh()
-    moe = picker.serve("Qwen/Qwen3-30B-A3B-Instruct-2507")
-    assert "does not serve" in moe and not picker.holder.switched
+    unserved = picker.serve("THUDM/glm-4-9b-chat-1m-hf")
+    assert "does not serve" in unserved and not picker.holder.switched
     too_big = picker.serve("Qwen/Qwen2.5-14B-Instruct-1M")
     assert "Does not fit" in too_big and not picker.holder.switched
     missing = picker.serve("nobody/nothing")

@@ -196,6 +196,10 @@ UNCAUGHT = {
     ("host_attention", "attend", "job.wait()"):
         "HostAttention.attend is the kernel's stand-alone API (benchmarks, tests), not on the engine's path: "
         "without the wait tests/engine/test_host_attention.py's kernel parity fails",
+    ("transfer", "_fetch", "self.synchronize()"):
+        "ping-pong buffers grow only when a step acquires past the plan (prefetches never grow them), and every "
+        "such step grows the homes first, whose reserve synchronizes: the buffer is idle by then; kept for a "
+        "growth the homes do not precede",
     ("transfer", "_fetch", "self._join(buffer)"):
         "no grid schedule drops a disk home's prefetch before it lands; if one did, the checker would see two "
         "threads issuing to h2d without order (it tracks issuers); a hole in the grid's coverage, not in the "

@@ -52,7 +52,7 @@ CASES = [
     Case("disk-split", disk=True, host="split", follow_ups=(3, 20)),
     # Host steps of several tokens (the last longer than any before: host buffers grow), then a device chunk;
     # and host steps that wrap the window rings past a prefetch made before them.
-    Case("grow-host", host="all", grow=True, follow_ups=(3, 8, 8, 8, 17)),
+    Case("grow-host", host="all", grow=True, follow_ups=(3, 8, 8, 17)),
     Case("ring-host-steps", host="all", follow_ups=(5, 5, 5, 5)),  # (no longer than the last chunk: no growth)
 ]
 

@@ -155,7 +155,12 @@ def measure_host_attention_gbps(tokens: int = _PROBE_TOKENS, group_size: int = 1
 def measure_h2d_gbps(device: torch.device, num_bytes: int = 256 << 20, repeats: int = _PROBE_REPEATS) -> float:
     """Pinned host-to-device copy rate (median), timed with CUDA events."""
     source = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True).random_()
-    target = torch.empty(num_bytes, dtype=torch.uint8, device=device)
+    return measure_copy_gbps(torch.empty(num_bytes, dtype=torch.uint8, device=device), source, repeats)
+
+
+def measure_copy_gbps(target: torch.Tensor, source: torch.Tensor, repeats: int = _PROBE_REPEATS) -> float:
+    """Rate of ``target.copy_(source, non_blocking=True)`` (median), timed with CUDA events."""
+    num_bytes = source.nbytes
     target.copy_(source, non_blocking=True)  # warm-up
     samples = []
     for _ in range(repeats):

@@ -193,18 +193,10 @@ def _rates(device: torch.device, host_attention: bool) -> dict:
 
 def _measure_d2h_gbps(device: torch.device, num_bytes: int, repeats: int = 5) -> float:
     """Device-to-pinned-host copy rate (median), timed with CUDA events."""
+    from .rates import measure_copy_gbps  # (as in _rates: rates are measured only on a GPU)
+
     source = torch.empty(num_bytes, dtype=torch.uint8, device=device).random_()
-    target = torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True)
-    target.copy_(source, non_blocking=True)  # warm-up
-    samples = []
-    for _ in range(repeats):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        target.copy_(source, non_blocking=True)
-        end.record()
-        end.synchronize()
-        samples.append(begin.elapsed_time(end) / 1e3)
-    return num_bytes / sorted(samples)[len(samples) // 2] / 1e9
+    return measure_copy_gbps(torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True), source, repeats)
 
 
 def _driver_version() -> str | None:

@@ -66,6 +66,9 @@ class DocumentSession:
         text_config = model.config.get_text_config(decoder=True)
         self.shape = ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
                                             num_params=sum(p.numel() for p in model.parameters()))
+        if self.shape.max_positions:
+            # At most half the trained window: a small-window model must still read a document beside it.
+            self.answer_budget = min(self.answer_budget, self.shape.max_positions // 2)
         self._reset_document()
 
     # -- state -----------------------------------------------------------------------------------

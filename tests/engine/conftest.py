@@ -17,3 +17,12 @@ def smollm2(smollm2_dir):
     from engine.loader import load_model
 
     return load_model(str(smollm2_dir), device="cpu", attn_implementation="sdpa")
+
+
+@pytest.fixture(scope="module")
+def headinfer_smollm2(smollm2):
+    """``smollm2`` running head-wise attention for one test module (stock ``sdpa`` again afterwards)."""
+    model, tokenizer = smollm2
+    model.set_attn_implementation("headinfer")
+    yield model, tokenizer
+    model.set_attn_implementation("sdpa")

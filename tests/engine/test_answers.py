@@ -11,11 +11,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def model_and_tokenizer(smollm2):
-    model, tokenizer = smollm2
-    model.set_attn_implementation("headinfer")
-    yield model, tokenizer
-    model.set_attn_implementation("sdpa")
+def model_and_tokenizer(headinfer_smollm2):
+    return headinfer_smollm2
 
 
 @pytest.mark.parametrize("depth", [0.15, 0.85])

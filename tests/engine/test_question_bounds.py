@@ -17,11 +17,8 @@ DOCUMENT = "The lighthouse keeper of Kerrow Point is Mara Quill. She climbs 112 
 
 
 @pytest.fixture(scope="module")
-def model_and_tokenizer(smollm2):
-    model, tokenizer = smollm2
-    model.set_attn_implementation("headinfer")
-    yield model, tokenizer
-    model.set_attn_implementation("sdpa")
+def model_and_tokenizer(headinfer_smollm2):
+    return headinfer_smollm2
 
 
 @pytest.fixture

@@ -51,12 +51,7 @@ def test_pages_get_the_mass_of_their_tokens_and_shares_are_of_the_pages():
 def test_probe_and_mass_through_a_real_forward_match_a_reference_from_stock_weights():
     """The probe keeps the post-RoPE queries the schedule attends with: the mass computed from them and the
     homes equals the attention weights stock eager attention reports for the same head."""
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
-    torch.manual_seed(0)
-    stock = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
-    model = AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="headinfer").eval()
-    model.load_state_dict(stock.state_dict())
+    stock, model = _mixed_pair()
     ids = torch.randint(0, 97, (1, 30), generator=torch.Generator().manual_seed(1))
     cache = engine.HeadInferCache(model.config, device="cpu", resident_slots=0, head_group_size=1)
     cache.allocate(1, 16, torch.float32, torch.device("cpu"))

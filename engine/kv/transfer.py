@@ -16,7 +16,6 @@ import logging
 import math
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import torch
 

@@ -104,7 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: auto)")
     memory = parser.add_argument_group("memory and offload")
     memory.add_argument("--gpu-memory", type=parse_size, default=None, metavar="SIZE",
-                        help="GPU memory budget, e.g. 20GiB (default: ~92%% of the GPU)")
+                        help="GPU memory budget, e.g. 20GiB (default: what is free once the model is loaded, "
+                             "less --gpu-reserve)")
+    memory.add_argument("--gpu-reserve", type=parse_size, default=None, metavar="SIZE",
+                        help="GPU memory left to the display, the browser and other programs when the budget is "
+                             "read (default: 1.5GiB)")
     memory.add_argument("--host-memory", type=parse_size, default=None, metavar="SIZE",
                         help="host RAM budget for the offloaded KV cache, e.g. 64GB "
                              "(default: ~85%% of the available RAM)")
@@ -175,7 +179,7 @@ def make_policy(args: argparse.Namespace):
     from engine import OffloadPolicy
 
     knobs = {"chunk_size": args.chunk_size, "head_group_size": args.head_group, "max_context": args.max_context,
-             "gpu_memory": args.gpu_memory, "host_memory": args.host_memory,
+             "gpu_memory": args.gpu_memory, "gpu_reserve": args.gpu_reserve, "host_memory": args.host_memory,
              "exceed_trained_window": args.exceed_trained_window or None, "host_attention": args.host_attention,
              "kv_dtype": args.kv_8bit, "disk_dir": args.kv_disk_dir, "disk_memory": args.kv_disk_max}
     return OffloadPolicy(**{name: value for name, value in knobs.items() if value is not None})

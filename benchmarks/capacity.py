@@ -27,12 +27,13 @@ from pathlib import Path
 
 import torch
 
+from engine.host_split import DEFAULT_H2D_GBPS
+
 from .records import run_stamp
 from .run import parse_tokens
 
 logger = logging.getLogger(__name__)
 _GIB = 1 << 30
-PCIE4_GBPS = 25.0
 
 
 def architectures() -> dict:
@@ -73,7 +74,7 @@ def largest_contexts(host_gib: float, disk_dir: Path, disk_gbps: float) -> list[
 
     shape = ModelShape.from_config(llama3_8b_config(), dtype_bytes=2)
     options = capacity_options(shape, OffloadPolicy(), device_is_cuda=True, gpu_budget=24 * _GIB,
-                               host_budget=int(host_gib * _GIB), disk_dir=str(disk_dir), link_gbps=PCIE4_GBPS,
+                               host_budget=int(host_gib * _GIB), disk_dir=str(disk_dir), link_gbps=DEFAULT_H2D_GBPS,
                                disk_gbps=disk_gbps)
     return [{"option": o.name, "max_context": o.max_context, "host_gib": o.host_bytes / _GIB,
              "disk_gib": o.disk_bytes / _GIB, "predicted_decode_s": o.decode_seconds} for o in options]

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from engine.budgets import card_budget
+
 PHASES = ("ceilings", "decode", "prefill", "max-context", "peak", "profile")
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20}
 
@@ -147,7 +149,7 @@ def _run_gpu(args, store, out: Path, name: str) -> None:
     ceilings = store.latest("ceilings")
     model = _built_model(args.model, device)
     sweep.runner = Runner(model, device, chunk_size=args.chunk_size or 4096,
-                          gpu_budget=int(budget * _planner_fraction()) if budget else None,
+                          gpu_budget=card_budget(budget) if budget else None,
                           host_budget=_host_budget(ceilings) if is_cuda else None)
     runner = sweep.runner
     store.stamp["model"] = runner.describe(args.model)
@@ -186,12 +188,6 @@ def _built_model(name: str, device: torch.device):
     if (name, str(device)) not in _MODELS:
         _MODELS[(name, str(device))] = build_model(name, device)
     return _MODELS[(name, str(device))]
-
-
-def _planner_fraction() -> float:
-    from engine.telemetry import GPU_BUDGET_FRACTION
-
-    return GPU_BUDGET_FRACTION  # what the engine leaves for the CUDA context and fragmentation on a real card
 
 
 def _host_budget(ceilings: dict | None) -> int:

@@ -2,7 +2,7 @@
 
 Use it with a model loaded with ``attn_implementation="headinfer"``::
 
-    cache = HeadInferCache(model.config, chunk_size=4096)
+    cache = HeadInferCache(model.config, chunk_size=4096)  # or plan=: a plan made against this machine
     model.generate(ids, past_key_values=cache, prefill_chunk_size=4096)
 
 ``update`` hands a chunk's K/V back and publishes the layer on the KV route (``kv/route.py``); the registered
@@ -30,8 +30,6 @@ from .kv import route
 from .model_shape import unsupported_layers
 from .planner import ModelShape, Plan, make_plan
 from .policy import OffloadPolicy
-from .rates import plan_rates
-from .telemetry import detect_budgets
 
 logger = logging.getLogger(__name__)
 
@@ -130,11 +128,15 @@ class HeadInferCache(Cache):
     Args:
         config: the model config (``model.config``).
         policy: an ``OffloadPolicy``; keyword arguments override its fields (``chunk_size=...``).
+        plan: the placement to allocate (``make_plan`` against a ``MachineBudget``, as ``DocumentSession`` does);
+            without one the cache plans from the config and the policy alone: budgets are only the policy's
+            ``gpu_memory`` / ``host_memory``. The constructor reads the config and nothing else: no probing,
+            benchmarking or file I/O (as transformers' caches and gpt-fast's setup).
         device / dtype: where and in what the model computes; default: CUDA if available, the config dtype.
     """
 
-    def __init__(self, config, policy: OffloadPolicy | None = None, *, device: str | torch.device | None = None,
-                 dtype: torch.dtype | None = None, **policy_overrides):
+    def __init__(self, config, policy: OffloadPolicy | None = None, *, plan: Plan | None = None,
+                 device: str | torch.device | None = None, dtype: torch.dtype | None = None, **policy_overrides):
         self.config = config
         text_config = config.get_text_config(decoder=True)
         self.policy = dataclasses.replace(policy or OffloadPolicy(), **policy_overrides)
@@ -156,7 +158,13 @@ class HeadInferCache(Cache):
         self._host: HostMemory | None = None
         self._disk: DiskMemory | None = None
         self.ledger = Ledger()  # every buffer this cache allocates, by category and device (``kv/ledger.py``)
-        self.plan: Plan = self._plan(self.policy.max_context or getattr(text_config, "max_position_embeddings", 8192))
+        self.plan: Plan = plan or make_plan(
+            self.shape, self.policy, self.policy.max_context or getattr(text_config, "max_position_embeddings", 8192),
+            device_is_cuda=self.device.type == "cuda")
+        if plan is not None and (plan.chunk_size, plan.device_is_cuda) != (self.policy.chunk_size,
+                                                                             self.device.type == "cuda"):
+            raise ValueError(f"the plan (chunk {plan.chunk_size}, CUDA {plan.device_is_cuda}) was made for another "
+                             f"policy or device (chunk {self.policy.chunk_size}, {self.device})")
         if self.policy.max_context is not None:
             # Refuse a context the machine cannot hold before a single byte is allocated.
             self.plan.require_fit()
@@ -169,12 +177,6 @@ class HeadInferCache(Cache):
         return [by_index[i] for i in range(len(by_index))]
 
     # -- allocation ------------------------------------------------------------------------------
-    def _plan(self, context_tokens: int) -> Plan:
-        gpu_budget, host_budget = detect_budgets(str(self.device))
-        return make_plan(self.shape, self.policy, context_tokens, device_is_cuda=self.device.type == "cuda",
-                         gpu_budget=self.policy.gpu_memory or gpu_budget,
-                         host_budget=self.policy.host_memory or host_budget, rates=plan_rates(self.policy, self.device))
-
     def allocate(self, batch: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
         """Creates every layer's homes; called at the first update (shapes from the model) or before a restore."""
         try:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .host_split import DEFAULT_H2D_GBPS
 from .planner import ModelShape, make_plan
 from .policy import OffloadPolicy
-
-DEFAULT_LINK_GBPS = 25.0  # PCIe 4.0 x16, as on the paper's RTX 4090
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class CapacityOption:
 
 
 def capacity_options(shape: ModelShape, policy: OffloadPolicy, *, device_is_cuda: bool, gpu_budget: int | None,
-                     host_budget: int | None, disk_dir: str | None = None, link_gbps: float = DEFAULT_LINK_GBPS,
+                     host_budget: int | None, disk_dir: str | None = None, link_gbps: float = DEFAULT_H2D_GBPS,
                      disk_gbps: float | None = None) -> list[CapacityOption]:
     """The options this machine has; the disk tier only with a folder (``disk_dir`` or the policy's)."""
     options = {"RAM": dataclasses.replace(policy, kv_dtype=None, disk_dir=None),

@@ -162,11 +162,14 @@ def detect_machine(model=None, *, device: str = "cpu", disk_dir: str | None = No
     """
     import shutil
 
+    from engine.budgets import measure_budget
+    from engine.policy import OffloadPolicy
     from engine.rates import machine_rates
-    from engine.telemetry import detect_budgets, measured_flop_rate
+    from engine.telemetry import measured_flop_rate
 
     is_cuda = device.startswith("cuda")
-    gpu_budget, host_budget = detect_budgets(device)
+    budget = measure_budget(device, OffloadPolicy())  # as a read here would see the machine (reserve included)
+    gpu_budget, host_budget = budget.gpu_budget, budget.host_budget
     if model is not None:
         loaded = ModelShape.from_config(model.config.get_text_config(decoder=True),
                                         dtype_bytes=next(model.parameters()).element_size(),

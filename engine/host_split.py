@@ -13,6 +13,10 @@ from dataclasses import dataclass
 
 Slot = tuple[int, int]  # (layer index, head-group index)
 
+# The link speed a plan assumes where none was measured (no CUDA here, or a what-if plan): PCIe 4.0 x16 as
+# measured on an RTX 4090 in the HeadInfer paper. The one definition; rates, capacity and the benchmarks use it.
+DEFAULT_H2D_GBPS = 25.0
+
 
 @dataclass(frozen=True)
 class DecodeForecast:

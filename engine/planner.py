@@ -147,10 +147,13 @@ def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,
     return group, max(0, min(total, (gpu_budget - base) // slot))
 
 
-def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, device_is_cuda: bool,
-              gpu_budget: int | None = None, host_budget: int | None = None, rates=None,
-              activation_bytes: int | None = None) -> Plan:
+def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, machine=None,
+              device_is_cuda: bool | None = None, gpu_budget: int | None = None, host_budget: int | None = None,
+              rates=None, activation_bytes: int | None = None) -> Plan:
     """Plans a run of ``context_tokens`` tokens; budgets of ``None`` are unlimited.
+
+    ``machine`` (an ``engine.budgets.MachineBudget``, measured once per session) gives the device, budgets, rates
+    and activation peak at once; the separate keywords are for what-if plans (the picker, capacity tables).
 
     ``rates`` (an ``engine.rates.MachineRates``) sets the decode split and its forecast; without them
     ``host_attention="auto"`` keeps every offloaded group streamed.
@@ -166,6 +169,12 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
         policy.validate_for(shape.num_kv_heads)
     except ValueError as exc:
         raise PlanError(str(exc)) from exc
+    if machine is not None:
+        device_is_cuda, gpu_budget, host_budget = machine.device_is_cuda, machine.gpu_budget, machine.host_budget
+        rates, activation_bytes = machine.rates, machine.activation_bytes
+    if device_is_cuda is None:
+        raise PlanError("make_plan needs a machine or device_is_cuda")
+    # The one place a budget override applies: callers pass what they measured.
     gpu_budget = policy.gpu_memory if policy.gpu_memory is not None else gpu_budget
     host_budget = policy.host_memory if policy.host_memory is not None else host_budget
     for name, budget in (("gpu_budget", gpu_budget), ("host_budget", host_budget)):

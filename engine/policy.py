@@ -26,7 +26,9 @@ class OffloadPolicy:
         overlap: fetch the next head group on a side stream while the current one
             computes. ``False`` runs the same loop with synchronous copies.
         max_context: tokens to pre-allocate in the host store; ``None`` grows on demand.
-        gpu_memory: device memory budget in bytes; ``None`` reads the device.
+        gpu_memory: device memory budget in bytes; ``None`` reads the device (``engine.budgets``).
+        gpu_reserve: bytes of the device's free memory left to the display, the browser and other programs when
+            the budget is read (default 1.5 GiB); ignored with ``gpu_memory``.
         host_memory: host memory budget in bytes for the KV store; ``None`` reads the system.
         kv_dtype: ``None`` (exact: K/V in the model's dtype), or ``"int8"`` / ``"fp8"``: host-memory KV stored
             in 8 bits with a scale per token and head — half the RAM and link bytes of bf16, and LOSSY
@@ -56,6 +58,7 @@ class OffloadPolicy:
     overlap: bool = True
     max_context: int | None = None
     gpu_memory: int | None = None
+    gpu_reserve: int = 3 << 29  # 1.5 GiB
     host_memory: int | None = None
     kv_dtype: str | None = None
     disk_dir: str | None = None
@@ -76,6 +79,8 @@ class OffloadPolicy:
             value = getattr(self, name)
             if value is not None:
                 _check_positive(name, value)
+        if not _is_int(self.gpu_reserve) or self.gpu_reserve < 0:
+            raise ValueError(f"gpu_reserve must be an integer >= 0, got {self.gpu_reserve!r}")
         if self.kv_dtype not in (None, "int8", "fp8"):
             raise ValueError(f"kv_dtype must be None, 'int8' or 'fp8', got {self.kv_dtype!r}")
         if self.pin_memory not in (None, True, False):

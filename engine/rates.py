@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
+from .host_split import DEFAULT_H2D_GBPS
 from .policy import OffloadPolicy
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_H2D_GBPS = 25.0  # PCIe 4.0 x16 as measured on an RTX 4090 (the HeadInfer paper); used without CUDA
 _PROBE_TOKENS = 1 << 18  # 64 MiB of bf16 home at head dim 128: well beyond any L3 cache
 _PROBE_REPEATS = 5
 _FILE = "machine-rates.json"

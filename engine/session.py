@@ -8,6 +8,7 @@ so a follow-up or a new conversation never reads the document again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .answering import ConversationFit, QuestionTooLong, document_page_starts, retrieval_heads, stream_answer
+from .budgets import MachineBudget, measure_budget
 from .cache import HeadInferCache
 from .document_snapshots import restore_document
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
@@ -26,11 +28,10 @@ from .prefill_pacing import (PrefillClock, ReadRates, cpu_share, estimate_range,
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillCancelled, PrefillProgress, answer_rate
 from .sampling import RepetitionGuard
-from .rates import plan_rates
 from .snapshot import RestoreStats, SnapshotInfo, SnapshotStore
 from .snapshot_format import SnapshotIdentity
 from .sources import AnswerSources
-from .telemetry import detect_budgets, measure_activation_peak, measured_flop_rate
+from .telemetry import measured_flop_rate
 
 logger = logging.getLogger(__name__)
 
@@ -155,23 +156,21 @@ class DocumentSession:
     def _tokens(self, document: DocumentTokens | str) -> DocumentTokens:
         return document if isinstance(document, DocumentTokens) else self.tokenize(document)
 
+    @functools.cached_property
+    def machine(self) -> MachineBudget:
+        """This machine as every plan of this session sees it, measured once, after the model was loaded (free GPU
+        memory less the reserve, available RAM, decode rates; on CUDA one dry-run chunk's activation peak)."""
+        return measure_budget(self.device, self.policy, model=self.model, vocab_size=self.shape.vocab_size)
+
     def _plan_tokens(self, context_tokens: int) -> Plan:
-        gpu_budget, host_budget = detect_budgets(str(self.device))
-        # On CUDA one dry-run chunk measures the activation peak before the plan is final (once per model).
-        activations = measure_activation_peak(self.model, self.policy.chunk_size, self.shape.vocab_size)
-        return make_plan(self.shape, self.policy, context_tokens, device_is_cuda=self.device.type == "cuda",
-                         gpu_budget=self.policy.gpu_memory or gpu_budget,
-                         host_budget=self.policy.host_memory or host_budget, rates=plan_rates(self.policy, self.device),
-                         activation_bytes=activations)
+        return make_plan(self.shape, self.policy, context_tokens, machine=self.machine)
 
     def capacity_options(self) -> list:
         """How far each capacity option reaches here (RAM, + 8-bit, + the disk tier when it has a folder)."""
         from .capacity import capacity_options
 
-        gpu_budget, host_budget = detect_budgets(str(self.device))
-        return capacity_options(self.shape, self.policy, device_is_cuda=self.device.type == "cuda",
-                                gpu_budget=self.policy.gpu_memory or gpu_budget,
-                                host_budget=self.policy.host_memory or host_budget)
+        return capacity_options(self.shape, self.policy, device_is_cuda=self.machine.device_is_cuda,
+                                gpu_budget=self.machine.gpu_budget, host_budget=self.machine.host_budget)
 
     def estimate_prefill_seconds(self, num_tokens: int, start: int = 0) -> float:
         """Seconds to prefill tokens ``start..num_tokens``, likely (``estimate_prefill_range``'s middle)."""
@@ -214,9 +213,10 @@ class DocumentSession:
                 raise PlanError(f"{plan.limit_reason} (the document takes {len(tokens):,} tokens; at most {limit:,} fit)")
             tokens = self.prompts.truncate_document(tokens, limit)
             logger.info("document truncated to %d tokens to fit", len(tokens))
-        # Built before the old document goes, so a refusal here loses nothing.
-        policy = dataclasses.replace(self.policy, max_context=len(tokens) + self.answer_budget)
-        cache = HeadInferCache(self.model.config, policy, device=self.device)
+            plan = self._plan_tokens(len(tokens) + self.answer_budget)  # the plan of what is kept
+        # Built before the old document goes, so a refusal here loses nothing. The cache allocates this plan.
+        policy = dataclasses.replace(self.policy, max_context=plan.context_tokens)
+        cache = HeadInferCache(self.model.config, policy, plan=plan, device=self.device)
         self.clear()
         self.document, self._document_ids, self.cache = tokens.text, tokens.ids, cache
         self._starts = tokens.starts

@@ -18,7 +18,6 @@ import psutil
 
 logger = logging.getLogger(__name__)
 
-GPU_BUDGET_FRACTION = 0.92  # leave room for the CUDA context and allocator fragmentation
 HOST_BUDGET_FRACTION = 0.85  # leave room for the OS, the UI and page cache
 
 
@@ -80,26 +79,6 @@ def read_memory(gpu_index: int = 0) -> MemorySnapshot:
     )
 
 
-def detect_budgets(device: str) -> tuple[int | None, int | None]:
-    """Returns ``(gpu_budget, host_budget)`` in bytes for ``"cpu"`` or ``"cuda[:N]"``.
-
-    The GPU budget is a fraction of the device's total memory; the host budget a
-    fraction of currently available RAM. ``"cpu"`` has no GPU budget (``None``).
-    """
-    host = int(psutil.virtual_memory().available * HOST_BUDGET_FRACTION)
-    if device == "cpu":
-        return None, host
-    if not device.startswith("cuda"):
-        raise ValueError(f"unsupported device {device!r}; use 'cpu' or 'cuda[:N]'")
-    import torch  # deferred: telemetry is also used where torch is not needed
-
-    if not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but torch sees no CUDA GPU")
-    index = torch.device(device).index
-    total = torch.cuda.get_device_properties(index if index is not None else torch.cuda.current_device()).total_memory
-    return int(total * GPU_BUDGET_FRACTION), host
-
-
 # FLOP rate measured per loaded model, so each browser session does not re-measure it.
 _MEASURED_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -110,12 +89,13 @@ def measured_flop_rate(model, shape, num_tokens: int = 512) -> float:
     too small to run at a read's rate, and estimates came out 40-60% long on real manuals)."""
     rate = _MEASURED_RATES.get(model)
     if rate is None:
-        import torch  # deferred, as in detect_budgets
+        import torch  # deferred: telemetry is also used where torch is not needed
 
         from .planner import estimate_prefill_seconds
 
         device = next(model.parameters()).device
         ids = torch.randint(0, shape.vocab_size, (1, num_tokens), device=device)
+        _no_forward_in_flight()
         with torch.inference_mode():
             model(ids[:, :8], use_cache=False)  # warm-up
             synchronize(device)  # (on a GPU a forward only launches kernels: the clock must see them run)
@@ -156,12 +136,21 @@ def measure_activation_peak(model, chunk: int, vocab_size: int, cuda=None) -> in
         cuda.synchronize(device)
         before = cuda.memory_allocated(device)
         cuda.reset_peak_memory_stats(device)
+        _no_forward_in_flight()
         with torch.inference_mode():
             model(ids, use_cache=False, logits_to_keep=1)  # a first chunk: attention over the chunk itself
         cuda.synchronize(device)
         peaks[chunk] = max(0, cuda.max_memory_allocated(device) - before)
         logger.info("dry-run chunk of %d tokens: activation peak %.0f MiB", chunk, peaks[chunk] / 2**20)
     return peaks[chunk]
+
+
+def _no_forward_in_flight() -> None:
+    """A dry run is a forward without a HeadInferCache: a KV route an earlier, failed forward left on this thread
+    (an update whose attention never ran) must not be taken for its own (``kv/route.py``)."""
+    from .kv import route
+
+    route.clear()
 
 
 def format_bytes(n: int | None) -> str:

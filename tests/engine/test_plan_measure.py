@@ -85,3 +85,13 @@ def test_host_and_link_rates_are_measured_at_once():
 
     host, link = measure_together(host_step, link_step, repeats=3)
     assert 0.5 < host < 1.1 and 1.0 < link < 2.1
+
+
+def test_a_dry_run_after_a_failed_forward_ignores_the_route_it_left():
+    from engine.kv import route
+
+    route.publish(0, object(), torch.zeros(1))  # an update whose attention never ran (the forward raised)
+    assert telemetry.measure_activation_peak(tiny(), 8, 97, cuda=Counters()) == 300
+    model = tiny()
+    route.publish(0, object(), torch.zeros(1))
+    assert telemetry.measured_flop_rate(model, ModelShape.from_config(CONFIG, dtype_bytes=4), num_tokens=16) > 0

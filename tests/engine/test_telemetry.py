@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.telemetry import MemorySnapshot, Throughput, detect_budgets, format_bytes, read_memory
+from engine.telemetry import MemorySnapshot, Throughput, format_bytes, read_memory
 
 
 def _has_cuda() -> bool:
@@ -24,26 +24,6 @@ def test_read_memory_has_sane_host_numbers():
 def test_read_memory_bad_gpu_index_does_not_raise():
     snap = read_memory(gpu_index=99)
     assert snap.gpu_used is None and snap.gpu_total is None
-
-
-def test_detect_budgets_cpu():
-    gpu, host = detect_budgets("cpu")
-    assert gpu is None
-    assert 0 < host < read_memory().system_total
-
-
-def test_detect_budgets_rejects_unknown_or_missing_device():
-    with pytest.raises(ValueError):
-        detect_budgets("tpu")
-    if not _has_cuda():
-        with pytest.raises(ValueError, match="CUDA"):
-            detect_budgets("cuda:0")
-
-
-@pytest.mark.gpu
-def test_detect_budgets_cuda():
-    gpu, host = detect_budgets("cuda")
-    assert gpu > 0 and host > 0
 
 
 @pytest.mark.parametrize(

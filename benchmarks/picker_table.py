@@ -4,7 +4,7 @@
 
 Defaults: an RTX 4090 (24 GiB; bf16 prefill at 100 TFLOP/s, about 60% of its dense peak; 900 GB/s of GPU memory)
 in a PC with 64 GiB of RAM, 1 TB free for a disk tier and host memory read at 20 GB/s. Budgets are the app's:
-92% of the GPU, 85% of the RAM. Nothing is measured: these are the planner's numbers, as the app's picker shows
+the card less the CUDA context and the 1.5 GiB reserve (``engine.budgets.card_budget``), 85% of the RAM. Nothing is measured: these are the planner's numbers, as the app's picker shows
 them before any download. Writes docs/benchmarks/picker-4090.md.
 """
 
@@ -14,6 +14,7 @@ import argparse
 import datetime
 from pathlib import Path
 
+from engine.budgets import card_budget
 from engine.catalogue import Machine, load_catalogue, plan_entry, rank
 
 GIB = 2**30
@@ -42,7 +43,7 @@ def main(argv=None) -> int:
     p.add_argument("--tflops", type=float, default=100)
     p.add_argument("--out", default="docs/benchmarks/picker-4090.md")
     args = p.parse_args(argv)
-    machine = Machine(f"{args.gpu_gib:g} GiB GPU, {args.ram_gib:g} GiB RAM", True, int(args.gpu_gib * GIB * 0.92),
+    machine = Machine(f"{args.gpu_gib:g} GiB GPU, {args.ram_gib:g} GiB RAM", True, card_budget(int(args.gpu_gib * GIB)),
                       int(args.ram_gib * GIB * 0.85), int(args.disk_gib * GIB), args.tflops * 1e12, 20.0, 900.0)
     text = (f"# What each model reads on a {machine.name} machine (planned, not measured)\n\n"
             f"`python -m benchmarks.picker_table` ({datetime.date.today()}): the app's model picker for an RTX 4090 "

@@ -7,13 +7,16 @@ machine is measured here, once, after the model is loaded, so the plan a user is
 GPU: what is free now (``torch.cuda.mem_get_info``: the display, the browser, other programs and the CUDA context
 are already taken out) plus what this process's allocator holds (the loaded weights, which the plan counts itself),
 less a reserve for what the desktop will still take (``policy.gpu_reserve``, default 1.5 GiB). Host: a share of
-the RAM available now. ``policy.gpu_memory`` / ``policy.host_memory`` replace a reading (``make_plan`` applies them,
-in one place).
+the RAM available now, plus what the loaded weights hold (the plan counts them). ``policy.gpu_memory`` /
+``policy.host_memory`` replace a reading, here and nowhere else (``make_plan`` applies them only to what-if plans).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
+import weakref
 from dataclasses import dataclass
 
 import psutil
@@ -48,7 +51,12 @@ def measure_budget(device: torch.device | str, policy, *, model=None, vocab_size
     """Reads this machine once: free GPU memory (CUDA), available RAM, decode rates, and with ``model`` one dry-run
     chunk's activation peak. ``cuda``: ``torch.cuda`` or a stand-in with its memory calls (tests)."""
     device = torch.device(device)
-    host = int(psutil.virtual_memory().available * HOST_BUDGET_FRACTION)
+    if policy.host_memory is not None:  # the one place a budget override applies to a measured machine
+        host = policy.host_memory
+    else:
+        # The plan counts the weights itself: what the loaded model already holds of the RAM is given back.
+        held = sum(p.numel() * p.element_size() for p in model.parameters()) if model is not None else 0
+        host = int(psutil.virtual_memory().available * HOST_BUDGET_FRACTION) + held
     if device.type == "cpu":
         return MachineBudget(False, None, host)
     if device.type != "cuda":
@@ -59,7 +67,7 @@ def measure_budget(device: torch.device | str, policy, *, model=None, vocab_size
         cuda = torch.cuda
     free, _total = cuda.mem_get_info(device)
     held = cuda.memory_reserved(device)  # ours: the weights (counted by the plan) and the allocator's cache
-    gpu = max(0, free + held - policy.gpu_reserve)
+    gpu = policy.gpu_memory if policy.gpu_memory is not None else max(0, free + held - policy.gpu_reserve)
     activations = None
     if model is not None:
         activations = measure_activation_peak(model, policy.chunk_size, vocab_size, cuda=cuda)
@@ -73,3 +81,54 @@ def card_budget(total_bytes: int, reserve: int = 3 << 29) -> int:
     """What a card of ``total_bytes`` gives a plan on a quiet desktop, where nothing can be read (a what-if plan,
     a benchmark standing in for a 24 GiB card): the total less the CUDA context and the reserve."""
     return max(0, total_bytes - CUDA_CONTEXT_BYTES - reserve)
+
+
+class SharedBudget:
+    """One device, many tabs: the sessions serving one loaded model share one reading of the machine, and each
+    plans within what the others' documents leave (their KV, buffers and activations; the shared weights are counted
+    once, in every plan). So a second visitor's read plans within what is left and never runs the first out of
+    memory; where too little is left, its plan says so before anything is allocated.
+
+    ``of(model, policy, measure)`` gives the share of the sessions serving ``model`` under ``policy`` (the app's tabs
+    all run one policy), reading the machine (``measure()``) on first use only."""
+
+    _by_model: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+    _lock = threading.Lock()
+
+    def __init__(self, machine: MachineBudget):
+        self.machine = machine
+        self._claims: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # session -> (gpu, host) bytes
+
+    @classmethod
+    def of(cls, model, policy, measure) -> SharedBudget:
+        with cls._lock:
+            shares = cls._by_model.setdefault(model, {})
+            if policy not in shares:  # the policy's budgets, reserve and chunk shape the reading
+                shares[policy] = cls(measure())
+            return shares[policy]
+
+    def held_by_others(self, owner) -> tuple[int, int]:
+        """(GPU, host) bytes the other sessions' documents hold."""
+        with self._lock:
+            others = [claim for session, claim in self._claims.items() if session is not owner]
+        return sum(gpu for gpu, _ in others), sum(host for _, host in others)
+
+    def budget_for(self, owner) -> MachineBudget:
+        """The machine as ``owner`` may plan on it: the budgets less what the other sessions hold."""
+        gpu, host = self.held_by_others(owner)
+        if not gpu and not host:
+            return self.machine
+        less = lambda budget, held: None if budget is None else max(1, budget - held)  # noqa: E731
+        return dataclasses.replace(self.machine, gpu_budget=less(self.machine.gpu_budget, gpu),
+                                   host_budget=less(self.machine.host_budget, host))
+
+    def claim(self, owner, plan, weight_bytes: int) -> None:
+        """``owner``'s document now holds what ``plan`` places, except the weights every session shares."""
+        gpu = max(0, plan.gpu_bytes - weight_bytes) if plan.device_is_cuda else 0
+        host = plan.host_bytes if plan.device_is_cuda else max(0, plan.host_bytes - weight_bytes)
+        with self._lock:
+            self._claims[owner] = (gpu, host)
+
+    def release(self, owner) -> None:
+        with self._lock:
+            self._claims.pop(owner, None)

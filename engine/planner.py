@@ -159,7 +159,7 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     ``host_attention="auto"`` keeps every offloaded group streamed.
 
     ``activation_bytes``: the activation peak a dry-run chunk measured on this device (CUDA), replacing the estimate.
-    ``policy.gpu_memory`` / ``policy.host_memory`` override the budget arguments.
+    ``policy.gpu_memory`` / ``policy.host_memory`` override the budget arguments (a ``machine`` carries them already).
     The plan reports ``fits=False`` with a reason rather than raising; call
     :meth:`Plan.require_fit` to turn that into a :class:`PlanError`.
     """
@@ -169,14 +169,14 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
         policy.validate_for(shape.num_kv_heads)
     except ValueError as exc:
         raise PlanError(str(exc)) from exc
-    if machine is not None:
+    if machine is not None:  # its budgets already are the policy's where it sets them (``measure_budget``)
         device_is_cuda, gpu_budget, host_budget = machine.device_is_cuda, machine.gpu_budget, machine.host_budget
         rates, activation_bytes = machine.rates, machine.activation_bytes
-    if device_is_cuda is None:
+    elif device_is_cuda is None:
         raise PlanError("make_plan needs a machine or device_is_cuda")
-    # The one place a budget override applies: callers pass what they measured.
-    gpu_budget = policy.gpu_memory if policy.gpu_memory is not None else gpu_budget
-    host_budget = policy.host_memory if policy.host_memory is not None else host_budget
+    else:  # a what-if plan: the policy's budgets replace the ones given
+        gpu_budget = policy.gpu_memory if policy.gpu_memory is not None else gpu_budget
+        host_budget = policy.host_memory if policy.host_memory is not None else host_budget
     for name, budget in (("gpu_budget", gpu_budget), ("host_budget", host_budget)):
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise PlanError(f"{name} must be a positive number of bytes or None, got {budget!r}")

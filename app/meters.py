@@ -1,6 +1,6 @@
 """The live memory meters: GPU, process and system RAM, KV cache placement, context use.
 
-Formatting only: the numbers come from ``engine.telemetry.read_memory`` and
+Formatting only: the numbers come from ``engine.planning.machine.read_memory`` and
 ``DocumentSession.memory()``. The GPU row is left out entirely on machines without NVML,
 rather than shown as "n/a", because a CPU-only user has nothing to read there.
 """

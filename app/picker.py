@@ -1,8 +1,8 @@
 """The model picker: which model reads the most on this machine, fetching it, and serving it instead.
 
 A sortable table of the curated catalogue plus the models found on disk, each planned from its config alone
-(``engine.catalogue``); a download through ``huggingface_hub`` with progress and cancel (``engine.downloads``);
-and a switch of the served model (``engine.model_switch``) that gives the old model's memory back.
+(``engine.models.catalogue``); a download through ``huggingface_hub`` with progress and cancel (``engine.models.downloads``);
+and a switch of the served model (``engine.models.switch``) that gives the old model's memory back.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from collections.abc import Iterator
 import gradio as gr
 
 from app.render import status
-from engine.catalogue import READ_TOKENS, Entry, Fit, Machine, detect_machine, load_catalogue, plan_entry, rank
-from engine.discovery import discover
-from engine.downloads import DownloadJob, DownloadProgress
-from engine.model_switch import ModelHolder
+from engine.models.catalogue import READ_TOKENS, Entry, Fit, Machine, detect_machine, load_catalogue, plan_entry, rank
+from engine.models.discovery import discover
+from engine.models.downloads import DownloadJob, DownloadProgress
+from engine.models.switch import ModelHolder
 
 log = logging.getLogger(__name__)
 
@@ -145,10 +145,10 @@ class ModelPicker:
         if entry.pypi == "embedded":
             return None
         if entry.pypi:
-            from engine.pypi_models import pypi_model_gguf
+            from engine.models.pypi import pypi_model_gguf
 
             return str(pypi_model_gguf(entry.pypi))
-        from engine.downloads import cached_snapshot
+        from engine.models.downloads import cached_snapshot
 
         folder = cached_snapshot(entry.id)
         if folder is None:

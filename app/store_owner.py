@@ -19,7 +19,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 LOCK_PREFIX = ".owner-"
-LEFTOVER_PREFIXES = (".tmp-", ".trash-")  # engine.snapshot_files.TEMP_PREFIX and the store's trash
+LEFTOVER_PREFIXES = (".tmp-", ".trash-")  # engine.store.files.TEMP_PREFIX and the store's trash
 
 _held: dict[Path, object] = {}  # root -> this process's open, locked file (kept open for the process's life)
 

@@ -59,7 +59,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
 
     Args:
         engine_factory: returns a fresh ``DocumentSession`` (sharing one loaded model).
-        model_info: ``engine.loader.describe(model)``, shown under the title.
+        model_info: ``engine.models.loader.describe(model)``, shown under the title.
         title: page and header title.
         snapshot_store: where read documents' KV caches are saved and reopened from; None turns saving
             and reopening off (and hides their controls).

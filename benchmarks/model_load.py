@@ -26,7 +26,7 @@ OUT = Path("docs/benchmarks/model-load.json")
 #: kind -> the code timed in the child (``gguf``: the file's path); prints the seconds load took.
 _KINDS = {
     "gguf-direct": """
-from engine import loader
+from engine.models import loader
 folder, name = str(gguf.parent), gguf.name
 config = loader._read_config(folder, name, False)
 loader._load_tokenizer(folder, name)
@@ -43,7 +43,7 @@ from pathlib import Path
 start = time.perf_counter()
 import torch
 import engine
-from engine import loader
+from engine.models import loader
 gguf = Path(sys.argv[1])
 {code}
 print(time.perf_counter() - start)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report-only", action="store_true", help="rewrite the markdown from the JSON")
     args = parser.parse_args(argv)
     if not args.report_only:
-        from engine.loader import _embedded_gguf
+        from engine.models.loader import _embedded_gguf
 
         gguf = (args.gguf or _embedded_gguf()).resolve()
         measure(gguf, args.rounds, ResultStore(args.out, run_stamp("cpu")))

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from engine import OffloadPolicy, load_model
-from engine.model_switch import ModelHolder, _rss
+from engine.models.switch import ModelHolder, _rss
 
 
 def main() -> int:

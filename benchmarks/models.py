@@ -40,7 +40,7 @@ def build_random(config, *, device: str | torch.device, dtype: torch.dtype, attn
 def load_smollm2():
     """The embedded SmolLM2-135M on CPU in float32 (stock SDPA attention until a mode switches it)."""
     import engine  # noqa: F401  (registers "headinfer")
-    from engine.loader import load_model
+    from engine.models.loader import load_model
 
     model, _ = load_model(None, device="cpu", dtype="float32", attn_implementation="sdpa")
     return model

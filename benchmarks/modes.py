@@ -18,8 +18,8 @@ import torch
 from transformers import DynamicCache
 
 import engine
-from engine.planner import ModelShape, Plan, make_plan, paper_memory_table
-from engine.policy import OffloadPolicy
+from engine.planning.memory import ModelShape, Plan, make_plan, paper_memory_table
+from engine.planning.policy import OffloadPolicy
 
 from .models import set_attention
 

@@ -36,7 +36,7 @@ QUESTION = "What is the secret passphrase? Answer with the passphrase only."
 
 def paged_haystack(tokenizer, num_tokens: int, depth: float, seed: int) -> tuple[str, str, int]:
     """(document, needle value, needle page) of about ``num_tokens`` tokens."""
-    from engine.retrieval_heads import _FILLER, _WORDS
+    from engine.answer.retrieval_heads import _FILLER, _WORDS
 
     rng = random.Random(seed)
     value = f"{rng.choice(_WORDS)}-{rng.choice(_WORDS)}-{rng.randrange(100, 999)}"
@@ -55,7 +55,7 @@ def run_cell(model, tokenizer, heads, length: int, depth: float, *, max_new_toke
              kv_dtype: str | None = None) -> dict:
     import engine
     from engine.prompt import PromptBuilder
-    from engine.sources import AnswerSources, page_starts
+    from engine.answer.sources import AnswerSources, page_starts
 
     from .models import set_attention
 
@@ -113,8 +113,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine.loader import cache_dir, load_model
-    from engine.retrieval_heads import find_retrieval_heads
+    from engine.models.loader import cache_dir, load_model
+    from engine.answer.retrieval_heads import find_retrieval_heads
 
     model, tokenizer = load_model(None, device="cpu", dtype="float32")
     heads = find_retrieval_heads(model, tokenizer, cache_dir=cache_dir())

@@ -4,7 +4,7 @@
 
 Defaults: an RTX 4090 (24 GiB; bf16 prefill at 100 TFLOP/s, about 60% of its dense peak; 900 GB/s of GPU memory)
 in a PC with 64 GiB of RAM, 1 TB free for a disk tier and host memory read at 20 GB/s. Budgets are the app's:
-the card less the CUDA context and the 1.5 GiB reserve (``engine.budgets.card_budget``), 85% of the RAM. Nothing is measured: these are the planner's numbers, as the app's picker shows
+the card less the CUDA context and the 1.5 GiB reserve (``engine.planning.budgets.card_budget``), 85% of the RAM. Nothing is measured: these are the planner's numbers, as the app's picker shows
 them before any download. Writes docs/benchmarks/picker-4090.md.
 """
 
@@ -14,8 +14,8 @@ import argparse
 import datetime
 from pathlib import Path
 
-from engine.budgets import card_budget
-from engine.catalogue import Machine, load_catalogue, plan_entry, rank
+from engine.planning.budgets import card_budget
+from engine.models.catalogue import Machine, load_catalogue, plan_entry, rank
 
 GIB = 2**30
 
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
             f"disk tier; bf16 weights; prefill at {args.tflops:g} TFLOP/s, GPU memory at 900 GB/s, host memory at "
             f"20 GB/s. **Reads here**: the longest document read exactly (KV in RAM, or RAM plus the disk tier), "
             f"capped at the model's trained window. **Decode**: weights from GPU memory plus the whole KV read from "
-            f"RAM once per token, at the 'reads here' length. Caveats per model are in `engine/catalogue.json`.\n\n"
+            f"RAM once per token, at the 'reads here' length. Caveats per model are in `engine/models/catalogue.json`.\n\n"
             + markdown(machine) + "\n")
     Path(args.out).write_text(text)
     print(text)

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from engine.planner import PlanError, estimate_prefill_seconds
+from engine.planning.memory import PlanError, estimate_prefill_seconds
 
 from .fill import fill_random
 from .modes import Mode, Runner, headinfer_layout, offloaded_heads

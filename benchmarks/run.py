@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from engine.budgets import card_budget
+from engine.planning.budgets import card_budget
 
 PHASES = ("ceilings", "decode", "prefill", "max-context", "peak", "profile")
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20}

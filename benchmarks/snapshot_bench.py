@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.snapshot_bench            # ~3-4 minutes on a 2-core CPU machine
 
-Measured in one run, on the folder the snapshots go to (``engine.loader.cache_dir()`` unless ``--folder``):
+Measured in one run, on the folder the snapshots go to (``engine.models.loader.cache_dir()`` unless ``--folder``):
 
 1. the disk: a 2 GiB file written with fsync, then read cold (dropped from the page cache with
    ``posix_fadvise DONTNEED``, checked with ``mincore``) and warm;
@@ -34,11 +34,13 @@ from pathlib import Path
 
 import torch
 
-from engine import DocumentSession, HeadInferCache, OffloadPolicy, SnapshotStore, snapshot_io
-from engine.fingerprint import ModelFingerprint, token_ids_digest
-from engine.loader import cache_dir, load_model
-from engine.snapshot_files import read_snapshot, write_snapshot
-from engine.snapshot_format import SnapshotIdentity, read_header
+from engine import DocumentSession, HeadInferCache, OffloadPolicy, SnapshotStore
+
+from engine.store import streaming as snapshot_io
+from engine.store.fingerprint import ModelFingerprint, token_ids_digest
+from engine.models.loader import cache_dir, load_model
+from engine.store.files import read_snapshot, write_snapshot
+from engine.store.format import SnapshotIdentity, read_header
 
 from .disk_io import PIECE_BYTES, cpu_pressure, drop_folder, read_gbps, write_probe
 

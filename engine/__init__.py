@@ -4,18 +4,18 @@ Importing this package registers the attention implementation ``"headinfer"`` wi
 """
 
 from . import attention as _attention
-from .answering import QuestionTooLong
+from .answer.generate import QuestionTooLong
 from .cache import HeadInferCache
-from .loader import ModelSourceError, UnsupportedModelError, describe, load_model
-from .planner import ModelShape, Plan, PlanError, make_plan, paper_memory_table
-from .policy import OffloadPolicy
+from .models.loader import ModelSourceError, UnsupportedModelError, describe, load_model
+from .planning.memory import ModelShape, Plan, PlanError, make_plan, paper_memory_table
+from .planning.policy import OffloadPolicy
 from .prompt import DocumentTokens
 from .reports import AnswerChunk, PrefillCancelled, PrefillProgress
-from .sampling import RepetitionGuard
-from .sources import Source
+from .answer.sampling import RepetitionGuard
+from .answer.sources import Source
 from .session import DocumentSession
-from .telemetry import MemorySnapshot, format_bytes, read_memory
-from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
+from .planning.machine import MemorySnapshot, format_bytes, read_memory
+from .store.snapshots import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
 
 _attention.register()
 

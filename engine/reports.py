@@ -42,7 +42,7 @@ class AnswerChunk:
     done: bool
     stopped: bool = False
     looped: bool = False  # the repetition guard stopped an answer that repeated itself
-    sources: tuple = ()  # engine.sources.Source, largest share first (final chunk only)
+    sources: tuple = ()  # engine.answer.sources.Source, largest share first (final chunk only)
     sources_seconds: float = 0.0  # the extra attention pass that found them
 
 

@@ -15,23 +15,23 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .answering import ConversationFit, QuestionTooLong, document_page_starts, retrieval_heads, stream_answer
-from .budgets import MachineBudget, SharedBudget, measure_budget
+from .answer.generate import ConversationFit, QuestionTooLong, document_page_starts, retrieval_heads, stream_answer
+from .planning.budgets import MachineBudget, SharedBudget, measure_budget
 from .cache import HeadInferCache
-from .document_snapshots import restore_document
+from .store.restore import restore_document
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
-from .out_of_memory import out_of_memory_message
-from .planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
-from .policy import OffloadPolicy
-from .prefill_pacing import (PrefillClock, ReadRates, cpu_share, estimate_range, expected_share, note_own_read,
+from .planning.out_of_memory import out_of_memory_message
+from .planning.memory import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
+from .planning.policy import OffloadPolicy
+from .prefill import (PrefillClock, ReadRates, cpu_share, estimate_range, expected_share, note_own_read,
                              prefill_step, prefill_work, shared_read_rates)
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillCancelled, PrefillProgress, answer_rate
-from .sampling import RepetitionGuard
-from .snapshot import RestoreStats, SnapshotInfo, SnapshotStore
-from .snapshot_format import SnapshotIdentity
-from .sources import AnswerSources
-from .telemetry import measured_flop_rate
+from .answer.sampling import RepetitionGuard
+from .store.snapshots import RestoreStats, SnapshotInfo, SnapshotStore
+from .store.format import SnapshotIdentity
+from .answer.sources import AnswerSources
+from .planning.machine import measured_flop_rate
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class DocumentSession:
         self.device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
         if read_rates is None:
-            from .loader import cache_dir
+            from .models.loader import cache_dir
 
             read_rates = shared_read_rates(cache_dir() / "read-rates.json")
         self.read_rates = read_rates
@@ -173,7 +173,7 @@ class DocumentSession:
 
     def capacity_options(self) -> list:
         """How far each capacity option reaches here (RAM, + 8-bit, + the disk tier when it has a folder)."""
-        from .capacity import capacity_options
+        from .planning.capacity import capacity_options
 
         machine = self.machine  # its budgets are the policy's where it sets them, less what other tabs hold
         policy = dataclasses.replace(self.policy, gpu_memory=None, host_memory=None)
@@ -416,7 +416,7 @@ class DocumentSession:
                 "max_context": self.max_context if self.document_tokens else 0,
                 "host_attention_ms": self._host_ms_per_token}
 
-    # -- snapshots: save / restore the document's KV cache (engine.snapshot, engine.document_snapshots) ---
+    # -- snapshots: save / restore the document's KV cache (engine.store.snapshots, engine.store.restore) ---
     def snapshot_identity(self) -> SnapshotIdentity:
         """What a snapshot of this document must match (model, dtype, tokenizer, ids); computed once per document."""
         if not self._document_ids:

@@ -31,7 +31,7 @@ def main() -> int:
     from app.ui import build_ui, launch_options
     from benchmarks.corpus import fetch_corpus
     from engine import DocumentSession, OffloadPolicy, describe
-    from engine.loader import load_model
+    from engine.models.loader import load_model
 
     pdf = Path(args.pdf) if args.pdf else _first_pages(
         fetch_corpus(ROOT / ".pytest_cache" / "d" / "debian-documents")["faq-pdf"], args.pages)

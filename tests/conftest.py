@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-# Tests and the apps they launch run the small embedded SmolLM2, not the CPU default (engine.pypi_models).
+# Tests and the apps they launch run the small embedded SmolLM2, not the CPU default (engine.models.pypi).
 os.environ.setdefault("HEADINFER_CPU_MODEL", "embedded")
 
 

@@ -71,7 +71,7 @@ def build(compiler: str, variants: list[list[str]]):
 
 
 def _built(compiler: str, variant: list[str]) -> Path:
-    from ..loader import cache_dir
+    from ..models.loader import cache_dir
 
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     digest = hashlib.sha256(b"\0".join([_SOURCE.read_bytes(), version.encode(), " ".join(_FLAGS + variant).encode(),

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..planner import PlanError
+from ..planning.memory import PlanError
 from .ledger import HOMES, Ledger
 
 logger = logging.getLogger(__name__)

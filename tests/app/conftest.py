@@ -14,7 +14,7 @@ SECRET_PAGES = (
 @pytest.fixture(scope="session")
 def embedded_model():
     """``(model, tokenizer)``: the embedded SmolLM2-135M as the app runs it (CPU here)."""
-    from engine.loader import load_model
+    from engine.models.loader import load_model
 
     return load_model(None)
 

@@ -11,7 +11,7 @@ from gradio_client import Client, handle_file
 
 from app.ui import build_ui
 from engine import DocumentSession, OffloadPolicy
-from engine.loader import describe
+from engine.models.loader import describe
 
 pytestmark = pytest.mark.slow
 

@@ -331,7 +331,7 @@ class CountingTokenizer:
 
 def test_a_document_set_is_tokenized_once_and_identified_once(embedded_model, tmp_path, monkeypatch):
     from engine import SnapshotStore
-    from engine import snapshot_format
+    from engine.store import format as snapshot_format
 
     model, tokenizer = embedded_model
     counting = CountingTokenizer(tokenizer)

@@ -128,7 +128,7 @@ def test_start_up_values_below_what_the_model_needs_end_the_start_with_one_line(
 
 
 def test_the_trained_window_can_be_exceeded_only_on_purpose():
-    from engine.loader import read_config
+    from engine.models.loader import read_config
 
     config = read_config(None)
     args = launch.build_parser().parse_args(["--max-context", "100000", "--exceed-trained-window", "--head-group", "3"])

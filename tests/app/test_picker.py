@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from app.picker import COLUMNS, ModelPicker, table_rows
-from engine.catalogue import Machine, load_catalogue, plan_entry, rank
+from engine.models.catalogue import Machine, load_catalogue, plan_entry, rank
 
 GIB = 2**30
 RTX_4090 = Machine("RTX 4090 + 64 GiB", True, int(24 * GIB * 0.92), int(64 * GIB * 0.85), 500 * GIB, 1e14, 10.0, 900.0)
@@ -78,7 +78,7 @@ def test_a_tab_whose_model_was_switched_starts_afresh(embedded_model, secret_pdf
     from app.browser_state import BrowserState
     from app.handlers import Handlers
     from engine import OffloadPolicy
-    from engine.model_switch import ModelHolder
+    from engine.models.switch import ModelHolder
 
     model, tokenizer = embedded_model
     holder = ModelHolder(model, tokenizer, OffloadPolicy(chunk_size=64), "a", loader=lambda _: (model, tokenizer))

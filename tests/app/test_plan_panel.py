@@ -3,9 +3,9 @@
 from transformers import LlamaConfig
 
 from app import render
-from engine.capacity import capacity_options
-from engine.planner import ModelShape, make_plan
-from engine.policy import OffloadPolicy
+from engine.planning.capacity import capacity_options
+from engine.planning.memory import ModelShape, make_plan
+from engine.planning.policy import OffloadPolicy
 
 GIB = 1 << 30
 

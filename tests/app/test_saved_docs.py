@@ -17,7 +17,7 @@ from app.browser_state import BrowserState
 from app.handlers import Handlers
 from app.ui import build_ui
 from engine import DocumentSession, OffloadPolicy, SnapshotStore
-from engine.loader import describe
+from engine.models.loader import describe
 
 pytestmark = pytest.mark.slow
 

@@ -26,12 +26,12 @@ def test_a_cpu_start_up_runs_no_self_check_and_keeps_the_policy():
 
 
 def test_on_a_gpu_the_failed_features_of_the_report_are_turned_off(monkeypatch, caplog):
-    from engine import selfcheck
+    from engine.selfcheck import run as selfcheck
 
     report = types.SimpleNamespace(failed=["kv8"], status_line=lambda: "self-check: kv8 wrong, turned off")
     monkeypatch.setattr(selfcheck, "first_use", lambda policy, device: report)
     policy = launch.make_policy(launch.build_parser().parse_args(["--kv-8bit", "int8"]))
-    with caplog.at_level(logging.WARNING, logger="engine.selfcheck"):
+    with caplog.at_level(logging.WARNING, logger="engine.selfcheck.run"):
         safe, line = launch.apply_first_use_self_check(policy, "cuda")
     assert safe.kv_dtype is None and line == "self-check: kv8 wrong, turned off"
     assert "8-bit KV" in caplog.text
@@ -48,7 +48,7 @@ def test_self_check_flag_runs_the_check_and_exits_with_its_status(tmp_path, monk
 
 
 def test_a_self_check_that_cannot_run_is_said_in_the_header(monkeypatch, caplog):
-    from engine import selfcheck
+    from engine.selfcheck import run as selfcheck
 
     def broken(policy, device):
         raise RuntimeError("CUDA out of memory")

@@ -85,7 +85,7 @@ def serve(embedded_model, tmp_path):
     """Starts the app as ``launch.py`` would when others can reach it; returns (url, owner store, folders)."""
     from app.ui import build_ui, launch_options
     from engine import DocumentSession, OffloadPolicy, SnapshotStore
-    from engine.loader import describe
+    from engine.models.loader import describe
 
     model, tokenizer = embedded_model
     demos, previous = [], os.environ.get("GRADIO_TEMP_DIR")

@@ -16,7 +16,7 @@ from benchmarks.report import annotate
 from benchmarks.search import largest_fitting
 from benchmarks.sweeps import Sweep
 from benchmarks.trace import merge_intervals, overlap_fraction
-from engine.planner import ModelShape
+from engine.planning.memory import ModelShape
 
 LLAMA3 = ModelShape.from_config(llama3_8b_config())
 

@@ -22,7 +22,7 @@ def served(session_class=None, *, chunk_size: int, max_upload: int | None = None
     ``build_options`` go to ``build_ui`` (e.g. ``snapshot_store``), ``max_upload`` to the launch as ``launch.py``'s."""
     from app.ui import build_ui, launch_options
     from engine import DocumentSession, OffloadPolicy
-    from engine.loader import describe, load_model
+    from engine.models.loader import describe, load_model
 
     model, tokenizer = load_model(None)
     session_class = session_class or DocumentSession

@@ -22,7 +22,7 @@ from transformers import (
     Qwen3_5TextConfig,
 )
 
-from engine.loader import load_model
+from engine.models.loader import load_model
 
 _COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
@@ -89,7 +89,7 @@ def reference_attention(name: str) -> str:
 
 
 def build_pair(name: str, folder, dtype=torch.float32, device="cpu", config=None):
-    """(stock model, headinfer model) with identical random weights, the latter via engine.loader."""
+    """(stock model, headinfer model) with identical random weights, the latter via engine.models.loader."""
     torch.manual_seed(1234)
     config = config if config is not None else tiny_configs()[name]
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)

@@ -6,7 +6,7 @@ import pytest
 @pytest.fixture(scope="session")
 def smollm2_dir():
     """Folder of the embedded SmolLM2-135M-Instruct (safetensors + tokenizer); converted on first use."""
-    from engine.loader import embedded_model_dir
+    from engine.models.loader import embedded_model_dir
 
     return embedded_model_dir()
 
@@ -14,7 +14,7 @@ def smollm2_dir():
 @pytest.fixture(scope="session")
 def smollm2(smollm2_dir):
     """``(model, tokenizer)`` of the embedded model on CPU in float32, with stock ``sdpa`` attention."""
-    from engine.loader import load_model
+    from engine.models.loader import load_model
 
     return load_model(str(smollm2_dir), device="cpu", attn_implementation="sdpa")
 

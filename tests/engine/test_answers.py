@@ -37,7 +37,7 @@ def test_top_source_is_the_page_that_holds_the_needle(model_and_tokenizer, depth
 
 
 def test_repetition_guard_off_is_the_exact_greedy_continuation(model_and_tokenizer):
-    from engine.sampling import RepetitionGuard
+    from engine.answer.sampling import RepetitionGuard
 
     model, tokenizer = model_and_tokenizer
     session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=512), answer_budget=96)

@@ -9,9 +9,9 @@ import torch
 from transformers import Gemma2Config, LlamaConfig
 
 from engine.kv import kernels
-from engine.plan import GIB
-from engine.planner import ModelShape, make_plan
-from engine.policy import OffloadPolicy
+from engine.planning.plan import GIB
+from engine.planning.memory import ModelShape, make_plan
+from engine.planning.policy import OffloadPolicy
 
 
 def eager(query, key, value, q_offset, scaling, softcap):

@@ -11,9 +11,17 @@ import torch
 from test_snapshot import _document, _tiny_model, _word_tokenizer
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from engine import HeadInferCache, OffloadPolicy, budgets, planner, rates, telemetry
-from engine.budgets import MachineBudget, SharedBudget, card_budget, measure_budget
-from engine.planner import ModelShape, make_plan
+from engine import HeadInferCache, OffloadPolicy
+
+from engine.planning import budgets
+
+from engine.planning import memory as planner
+
+from engine.planning import rates
+
+from engine.planning import machine as telemetry
+from engine.planning.budgets import MachineBudget, SharedBudget, card_budget, measure_budget
+from engine.planning.memory import ModelShape, make_plan
 from engine.session import DocumentSession
 
 GIB = 1 << 30

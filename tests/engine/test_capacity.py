@@ -1,8 +1,8 @@
 """Capacity options: 8-bit KV and a disk tier reach further than RAM alone, with predicted decode costs."""
 
-from engine.capacity import capacity_options
-from engine.planner import ModelShape
-from engine.policy import OffloadPolicy
+from engine.planning.capacity import capacity_options
+from engine.planning.memory import ModelShape
+from engine.planning.policy import OffloadPolicy
 from transformers import LlamaConfig
 
 GIB = 1 << 30

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from engine.catalogue import Machine, decode_seconds, load_catalogue, plan_entry, rank, shape_of
-from engine.discovery import config_entry, discover, gguf_entry
-from engine.capacity import capacity_options
-from engine.policy import OffloadPolicy
+from engine.models.catalogue import Machine, decode_seconds, load_catalogue, plan_entry, rank, shape_of
+from engine.models.discovery import config_entry, discover, gguf_entry
+from engine.planning.capacity import capacity_options
+from engine.planning.policy import OffloadPolicy
 
 GIB = 2**30
 RTX_4090 = Machine("RTX 4090 + 64 GiB", True, int(24 * GIB * 0.92), int(64 * GIB * 0.85), 500 * GIB, 1e14, 10.0, 900.0)

@@ -17,7 +17,7 @@ import torch
 from engine import DocumentSession, OffloadPolicy, SnapshotStore
 from engine.kv import disk as disk_module
 from engine.kv.disk import DiskMemory
-from engine.snapshot_format import read_header
+from engine.store.format import read_header
 
 from test_snapshot import _answer, _document, _kv_bytes, _session, _tiny_model, _word_tokenizer
 
@@ -163,7 +163,7 @@ def test_the_running_checksum_matches_the_bytes_through_appends_crops_and_gaps(t
 def test_a_version_2_snapshot_still_restores(tiny, tmp_path):
     import dataclasses
 
-    from engine.snapshot_format import HEADER_FILE, SnapshotHeader
+    from engine.store.format import HEADER_FILE, SnapshotHeader
 
     model, tokenizer = tiny
     text = _document(16)

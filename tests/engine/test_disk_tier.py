@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 import engine
 from engine.kv import disk as disk_module
 from engine.kv.disk import DiskTierError
-from engine.planner import PlanError
+from engine.planning.memory import PlanError
 
 CONTEXT, CHUNK = 200, 64
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.downloads import CorruptDownload, DownloadCancelled, DownloadJob, GatedModelError, cached_snapshot
+from engine.models.downloads import CorruptDownload, DownloadCancelled, DownloadJob, GatedModelError, cached_snapshot
 from hub_server import HubServer
 
 REPO = "studio-tests/tiny-llama"
@@ -48,7 +48,7 @@ def test_download_reports_progress_resumes_a_broken_connection_and_loads(tiny_mo
     assert folder.parts[-3] == "models--studio-tests--tiny-llama"  # the standard cache layout
     assert cached_snapshot(REPO, tmp_path) == folder  # found again offline, as the picker's "Serve" does
     assert cached_snapshot("studio-tests/never-downloaded", tmp_path) is None
-    from engine.loader import load_model
+    from engine.models.loader import load_model
 
     model, _ = load_model(str(folder), device="cpu", dtype="float32", with_tokenizer=False)
     assert model.config.vocab_size == 16384
@@ -60,7 +60,7 @@ def test_a_killed_download_resumes_without_fetching_finished_files_again(tiny_mo
              "model-00002-of-00002.safetensors": os.urandom(4 << 20)}
     script = textwrap.dedent(f"""
         import sys
-        from engine.downloads import DownloadJob
+        from engine.models.downloads import DownloadJob
         DownloadJob({REPO!r}, cache_dir=sys.argv[1]).run()
     """)
     with HubServer(REPO, files) as hub:

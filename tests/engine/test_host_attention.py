@@ -12,11 +12,11 @@ from transformers import DynamicCache
 
 import engine
 from archs import build_pair, tiny_configs
-from engine import rates
-from engine.host_split import choose_host_slots, forecast_decode, host_share
+from engine.planning import rates
+from engine.planning.host_split import choose_host_slots, forecast_decode, host_share
 from engine.kv import HostAttention, native
 from engine.kv.workers import TorchWorkers
-from engine.planner import ModelShape, make_plan
+from engine.planning.memory import ModelShape, make_plan
 
 PROMPT_LEN = 45  # longer than the sliding windows (8)
 CHUNK = 16  # prefill chunks of 16 are host steps too: the kernel's causal and window masks run

@@ -15,9 +15,9 @@ from transformers.cache_utils import LinearAttentionLayer
 import engine
 from archs import build_pair
 from engine.kv.transfer import Transfer
-from engine.loader import UnsupportedModelError, check_supported, load_model
-from engine.model_shape import unsupported_layers
-from engine.snapshot_format import SnapshotError
+from engine.models.loader import UnsupportedModelError, check_supported, load_model
+from engine.planning.shape import unsupported_layers
+from engine.store.format import SnapshotError
 
 HYBRIDS = ["lfm2-hybrid", "qwen3-next-hybrid", "qwen3.5-hybrid"]
 RTOL = 1e-5
@@ -86,9 +86,9 @@ def test_crop_goes_back_to_the_anchor_exactly(pair):
 
 @torch.inference_mode()
 def test_a_hybrid_cache_is_not_saved_as_a_snapshot(pair, tmp_path):
-    from engine.fingerprint import ModelFingerprint, token_ids_digest
-    from engine.snapshot_files import write_snapshot
-    from engine.snapshot_format import SnapshotIdentity
+    from engine.store.fingerprint import ModelFingerprint, token_ids_digest
+    from engine.store.files import write_snapshot
+    from engine.store.format import SnapshotIdentity
 
     name, _, headinfer = pair
     ids = ids_of(20)

@@ -15,7 +15,7 @@ import engine
 from opcount import OpCounter
 from engine.attention import headinfer_attention, headinfer_mask
 from engine.kv import HostMemory, PinningError, RouteError, Transfer, kernels, route
-from engine.planner import PlanError
+from engine.planning.memory import PlanError
 
 
 class FakeRuntime:

@@ -9,10 +9,10 @@ from transformers import AutoModelForCausalLM
 
 import engine
 from archs import tiny_configs
-from engine.allocations import CATEGORIES as PLANNED_CATEGORIES
-from engine.allocations import SOURCES
+from engine.planning.allocations import CATEGORIES as PLANNED_CATEGORIES
+from engine.planning.allocations import SOURCES
 from engine.kv import ledger as kv_ledger
-from engine.planner import make_plan
+from engine.planning.memory import make_plan
 
 CHUNK = 16
 SIZES = (24, 64, 160)  # below, around and well past the sliding windows' rings (8 - 1 + 16 tokens)
@@ -156,7 +156,7 @@ def test_growth_of_host_homes_is_by_a_chunk_with_two_copies_alive(tmp_path):
 
 
 def test_sources_pass_within_the_plan():
-    from engine.sources import attention_mass
+    from engine.answer.sources import attention_mass
 
     model = model_of("llama-gqa")
     cache = engine.HeadInferCache(model.config, device="cpu", resident_slots=0, max_context=48, chunk_size=CHUNK)

@@ -1,4 +1,4 @@
-"""engine.loader: architecture checks, source resolution, the embedded model's cache, and round trips."""
+"""engine.models.loader: architecture checks, source resolution, the embedded model's cache, and round trips."""
 
 import importlib.util
 import subprocess
@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from engine import loader
-from engine.loader import (
+from engine.models import loader
+from engine.models.loader import (
     EMBEDDED_MODEL,
     SUPPORTED_ARCHITECTURES,
     ModelSourceError,

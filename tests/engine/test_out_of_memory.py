@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 import engine
 from archs import tiny_configs
 from engine.kv.ledger import AllocationRefused
-from engine.out_of_memory import out_of_memory_message
+from engine.planning.out_of_memory import out_of_memory_message
 
 
 def test_message_names_what_to_change_and_what_is_kept():

@@ -134,7 +134,7 @@ def test_bf16_weights_on_cpu_match_stock_bf16(bf16_pair):
 
 def test_every_supported_family_is_in_the_grid():
     """A family listed as supported without a tiny config here would be served unproven."""
-    from engine.loader import SUPPORTED_ARCHITECTURES
+    from engine.models.loader import SUPPORTED_ARCHITECTURES
 
     covered = {config.model_type for config in tiny_configs().values()}
     assert set(SUPPORTED_ARCHITECTURES) - {"gemma3"} <= covered  # gemma3: a wrapper loaded as gemma3_text

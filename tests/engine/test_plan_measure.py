@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from engine import telemetry
-from engine.planner import ModelShape
+from engine.planning import machine as telemetry
+from engine.planning.memory import ModelShape
 
 CONFIG = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
@@ -68,7 +68,7 @@ def test_host_and_link_rates_are_measured_at_once():
     import threading
     import time
 
-    from engine.rates import measure_together
+    from engine.planning.rates import measure_together
 
     host_running = threading.Event()
 

@@ -3,8 +3,8 @@
 import pytest
 from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from engine.planner import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan, paper_memory_table
-from engine.policy import OffloadPolicy
+from engine.planning.memory import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan, paper_memory_table
+from engine.planning.policy import OffloadPolicy
 
 GIB = 1 << 30
 MILLION = 2**20
@@ -264,7 +264,7 @@ def test_estimate_prefill_seconds(llama):
 
 
 def test_trained_window_reads_max_positions_and_rope_scaling():
-    from engine.context_window import trained_window
+    from engine.planning.window import trained_window
 
     assert trained_window(LlamaConfig(max_position_embeddings=8192)) == 8192
     llama31 = LlamaConfig(max_position_embeddings=131072, rope_scaling={

@@ -8,8 +8,8 @@ import zipfile
 
 import pytest
 
-from engine.loader import ModelSourceError, _resolve_source
-from engine.pypi_models import PYPI_MODELS, PypiModel, pypi_model_gguf
+from engine.models.loader import ModelSourceError, _resolve_source
+from engine.models.pypi import PYPI_MODELS, PypiModel, pypi_model_gguf
 
 
 def _wheels(folder, chunks: list[bytes]) -> tuple[str, ...]:
@@ -59,7 +59,7 @@ def test_an_unknown_pypi_source_names_the_known_ones():
 
 
 def test_the_cpu_default_is_the_evaluations_pick_unless_the_environment_says_otherwise(monkeypatch):
-    from engine.pypi_models import CPU_MODEL_ENV, cpu_default_source
+    from engine.models.pypi import CPU_MODEL_ENV, cpu_default_source
 
     monkeypatch.delenv(CPU_MODEL_ENV, raising=False)
     assert cpu_default_source(16 * 2**30) == "pypi:qwen2.5-coder-1.5b"

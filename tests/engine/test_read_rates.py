@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.prefill_pacing import ReadRates, estimate_range
+from engine.prefill import ReadRates, estimate_range
 
 
 def test_rates_are_kept_across_starts_and_the_nearest_lengths_count(tmp_path):
@@ -35,7 +35,7 @@ def test_the_estimate_is_a_range_from_what_reads_took():
 
 
 def test_the_cpu_share_a_read_got_and_will_get():
-    from engine.prefill_pacing import cpu_share, expected_share
+    from engine.prefill import cpu_share, expected_share
 
     assert cpu_share(cpu_seconds=20.0, seconds=10.0, num_threads=2) == 1.0
     assert cpu_share(cpu_seconds=6.0, seconds=10.0, num_threads=2) == pytest.approx(0.3)

@@ -87,9 +87,9 @@ def test_all_sliding_model_keeps_window_plus_chunk_of_host_kv_per_layer():
 
 @torch.inference_mode()
 def test_snapshot_of_rings_restores_and_continues_exactly(pair, tmp_path):
-    from engine.snapshot_files import read_snapshot, write_snapshot
-    from engine.snapshot_format import SnapshotIdentity, read_header
-    from engine.fingerprint import ModelFingerprint, token_ids_digest
+    from engine.store.files import read_snapshot, write_snapshot
+    from engine.store.format import SnapshotIdentity, read_header
+    from engine.store.fingerprint import ModelFingerprint, token_ids_digest
 
     name, stock, headinfer = pair
     ids = ids_of(45)

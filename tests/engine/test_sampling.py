@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.sampling import RepetitionGuard
+from engine.answer.sampling import RepetitionGuard
 
 
 def test_a_tail_repeated_three_times_is_a_loop():

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import engine
-from engine import OffloadPolicy, selfcheck
+from engine import OffloadPolicy
+from engine.selfcheck import run as selfcheck
 from engine.kv.host_attention import HostAttention
-from engine.selfcheck_cases import compare
+from engine.selfcheck.cases import compare
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def test_a_wrong_host_kernel_fails_host_attention_alone_which_is_turned_off(monk
     assert report.failed == ["host_attention"]
     assert "host_attention" in report.status_line() and "✓" not in report.status_line()
     assert json.loads(next((tmp_path / "self-check").glob("*.json")).read_text())["failed"] == ["host_attention"]
-    with caplog.at_level(logging.WARNING, logger="engine.selfcheck"):
+    with caplog.at_level(logging.WARNING, logger="engine.selfcheck.run"):
         safe = selfcheck.disable(policy, report.failed)
     assert safe.host_attention == "off" and safe.overlap
     assert "host attention" in caplog.text and "streamed" in caplog.text

@@ -20,8 +20,8 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from archs import tiny_configs
 from engine import CorruptSnapshotError, DocumentSession, OffloadPolicy, SnapshotError, SnapshotStore
-from engine import snapshot_io
-from engine.snapshot_format import HEADER_FILE, layer_file
+from engine.store import streaming as snapshot_io
+from engine.store.format import HEADER_FILE, layer_file
 
 VOCAB = tiny_configs()["llama-gqa"].vocab_size
 
@@ -338,7 +338,7 @@ def _answer_ids(session: DocumentSession) -> list[int]:
 @pytest.fixture(scope="module")
 def smollm2_book(tmp_path_factory):
     """SmolLM2 reads an ~8K-token document once: (model, tokenizer, text, prefill seconds, answer ids, store)."""
-    from engine.loader import load_model
+    from engine.models.loader import load_model
 
     model, tokenizer = load_model(None, device="cpu")
     text = long_document(tokenizer, 7800)

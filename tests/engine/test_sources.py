@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import engine
-from engine import sources
+from engine.answer import sources
 from engine.kv.probe import QueryProbe
-from engine.sources import Source, rank_sources
+from engine.answer.sources import Source, rank_sources
 
 
 @pytest.mark.parametrize("window, softcap", [(None, None), (5, None), (None, 2.0)])

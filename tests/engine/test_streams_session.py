@@ -9,7 +9,7 @@ import torch
 
 from engine import DocumentSession, OffloadPolicy, PrefillCancelled, SnapshotStore
 from engine.kv.probe import QueryProbe
-from engine.sources import attention_mass
+from engine.answer.sources import attention_mass
 from test_snapshot import _document, _tiny_model, _word_tokenizer
 
 POLICY = dict(chunk_size=40, resident_slots=0, head_group_size=1, host_attention="all")

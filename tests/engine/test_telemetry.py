@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.telemetry import MemorySnapshot, Throughput, format_bytes, read_memory
+from engine.planning.machine import MemorySnapshot, Throughput, format_bytes, read_memory
 
 
 def _has_cuda() -> bool:

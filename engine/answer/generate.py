@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .interrupt import ForwardInterrupted
-from .plan import PlanError
-from .reports import AnswerChunk, answer_rate
+from ..interrupt import ForwardInterrupted
+from ..planning.plan import PlanError
+from ..reports import AnswerChunk, answer_rate
 from .sampling import IncrementalDecoder, RepetitionGuard, next_token, stop_token_ids
 from .sources import page_starts, page_starts_from_offsets
 
@@ -90,7 +90,7 @@ def stream_answer(model, tokenizer, logits: torch.Tensor, forward: Callable[[lis
 
 def retrieval_heads(model, tokenizer) -> dict[int, list[int]] | None:
     """The model's retrieval heads (calibrated once per model, cached); None, logged, when they cannot be found."""
-    from .loader import cache_dir
+    from ..models.loader import cache_dir
     from .retrieval_heads import find_retrieval_heads
 
     try:

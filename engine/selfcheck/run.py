@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from .policy import OffloadPolicy
-from .selfcheck_cases import FEATURES, CaseResult, TinyPair, case_policy, run_case, tiny_configs
+from ..planning.policy import OffloadPolicy
+from .cases import FEATURES, CaseResult, TinyPair, case_policy, run_case, tiny_configs
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def identity(policy: OffloadPolicy, device: torch.device) -> dict:
 
 def report_path(ident: dict, folder: Path | None = None) -> Path:
     if folder is None:
-        from .loader import cache_dir
+        from ..models.loader import cache_dir
 
         folder = cache_dir()
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
@@ -183,7 +183,7 @@ def disable(policy: OffloadPolicy, failed: list[str]) -> OffloadPolicy:
 
 
 def _rates(device: torch.device, host_attention: bool) -> dict:
-    from .rates import measure_h2d_gbps, measure_host_attention_gbps
+    from ..planning.rates import measure_h2d_gbps, measure_host_attention_gbps
 
     rates = {"h2d_gbps": measure_h2d_gbps(device, 64 << 20), "d2h_gbps": _measure_d2h_gbps(device, 64 << 20)}
     if host_attention:
@@ -193,7 +193,7 @@ def _rates(device: torch.device, host_attention: bool) -> dict:
 
 def _measure_d2h_gbps(device: torch.device, num_bytes: int, repeats: int = 5) -> float:
     """Device-to-pinned-host copy rate (median), timed with CUDA events."""
-    from .rates import measure_copy_gbps  # (as in _rates: rates are measured only on a GPU)
+    from ..planning.rates import measure_copy_gbps  # (as in _rates: rates are measured only on a GPU)
 
     source = torch.empty(num_bytes, dtype=torch.uint8, device=device).random_()
     return measure_copy_gbps(torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True), source, repeats)

@@ -7,7 +7,7 @@ and the allocation cannot disagree on which slots are resident, in RAM or on dis
 
 from __future__ import annotations
 
-from engine.model_shape import ModelShape, disk_stream_bytes
+from engine.planning.shape import ModelShape, disk_stream_bytes
 
 HOMES, STAGING, PINGPONG, CODES, HOST_IO, DISK_STREAM, SOURCES = (
     "homes", "staging", "pingpong", "codes", "host_io", "disk_stream", "sources")

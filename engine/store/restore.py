@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import logging
 
-from .cache import HeadInferCache
-from .snapshot import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
-from .snapshot_format import SnapshotIdentity
+from ..cache import HeadInferCache
+from .snapshots import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
+from .format import SnapshotIdentity
 
 logger = logging.getLogger(__name__)
 

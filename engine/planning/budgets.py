@@ -23,7 +23,7 @@ import psutil
 import torch
 
 from .rates import MachineRates, plan_rates
-from .telemetry import HOST_BUDGET_FRACTION, measure_activation_peak
+from .machine import HOST_BUDGET_FRACTION, measure_activation_peak
 
 logger = logging.getLogger(__name__)
 

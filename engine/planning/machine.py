@@ -91,7 +91,7 @@ def measured_flop_rate(model, shape, num_tokens: int = 512) -> float:
     if rate is None:
         import torch  # deferred: telemetry is also used where torch is not needed
 
-        from .planner import estimate_prefill_seconds
+        from .memory import estimate_prefill_seconds
 
         device = next(model.parameters()).device
         ids = torch.randint(0, shape.vocab_size, (1, num_tokens), device=device)
@@ -148,7 +148,7 @@ def measure_activation_peak(model, chunk: int, vocab_size: int, cuda=None) -> in
 def _no_forward_in_flight() -> None:
     """A dry run is a forward without a HeadInferCache: a KV route an earlier, failed forward left on this thread
     (an update whose attention never ran) must not be taken for its own (``kv/route.py``)."""
-    from .kv import route
+    from ..kv import route
 
     route.clear()
 

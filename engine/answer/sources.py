@@ -1,7 +1,7 @@
 """Attention-grounded sources: which pages an answer's tokens attended to, read from the attention itself.
 
 Only an engine that keeps the whole document's exact KV can do this. During an answer a ``QueryProbe`` keeps
-the queries of a few retrieval-like heads (``engine.retrieval_heads``); afterwards ``attention_mass`` reads
+the queries of a few retrieval-like heads (``engine.answer.retrieval_heads``); afterwards ``attention_mass`` reads
 those heads' keys from the cache once and computes their exact attention weights (softmax over every key a
 query saw, tiled over keys with a log-sum-exp pass, so memory stays bounded at a million tokens). The mass on
 document positions, bucketed by ``[page N]`` markers, gives ``Source(page, share)``, largest share first.
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv.ledger import SOURCES
-from .kv.probe import QueryProbe
+from ..kv.ledger import SOURCES
+from ..kv.probe import QueryProbe
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ def rank_sources(mass: torch.Tensor, document_range: tuple[int, int], pages: lis
 class AnswerSources:
     """Sources of one answer: ``start`` before its first token is fed back, ``finish`` after the last.
 
-    ``heads``: {layer: [query head, ...]} (``engine.retrieval_heads``); ``document_range``: the document's token
+    ``heads``: {layer: [query head, ...]} (``engine.answer.retrieval_heads``); ``document_range``: the document's token
     positions [start, stop); ``pages``: ``page_starts`` of the document prefix.
     """
 

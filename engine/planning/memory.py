@@ -6,8 +6,8 @@ with the head-wise KV cache split into (layer, head group) *slots* that either s
 resident on the compute device or live in host memory and stream through two
 ping-pong buffers.
 
-The shape and its byte counts live in ``engine.model_shape``, what a plan says in ``engine.plan``; their
-public names are re-exported here, so ``engine.planner`` stays the one import for planning.
+The shape and its byte counts live in ``engine.planning.shape``, what a plan says in ``engine.planning.plan``; their
+public names are re-exported here, so ``engine.planning.memory`` stays the one import for planning.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from __future__ import annotations
 import logging
 import math
 
-from engine.allocations import planned_allocations
-from engine.host_split import forecast_decode, host_share
-from engine.model_shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
-from engine.plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
-from engine.policy import OffloadPolicy
+from engine.planning.allocations import planned_allocations
+from engine.planning.host_split import forecast_decode, host_share
+from engine.planning.shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
+from engine.planning.plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
+from engine.planning.policy import OffloadPolicy
 
 __all__ = [
     "LIMIT_MAX_CONTEXT", "LIMIT_MEMORY", "LIMIT_MODEL", "ModelShape", "Plan", "PlanError", "disk_stream_bytes",
@@ -152,10 +152,10 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
               rates=None, activation_bytes: int | None = None) -> Plan:
     """Plans a run of ``context_tokens`` tokens; budgets of ``None`` are unlimited.
 
-    ``machine`` (an ``engine.budgets.MachineBudget``, measured once per session) gives the device, budgets, rates
+    ``machine`` (an ``engine.planning.budgets.MachineBudget``, measured once per session) gives the device, budgets, rates
     and activation peak at once; the separate keywords are for what-if plans (the picker, capacity tables).
 
-    ``rates`` (an ``engine.rates.MachineRates``) sets the decode split and its forecast; without them
+    ``rates`` (an ``engine.planning.rates.MachineRates``) sets the decode split and its forecast; without them
     ``host_attention="auto"`` keeps every offloaded group streamed.
 
     ``activation_bytes``: the activation peak a dry-run chunk measured on this device (CUDA), replacing the estimate.

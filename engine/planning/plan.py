@@ -1,6 +1,6 @@
 """``Plan``: one run's resolved placement of weights and KV cache, and ``PlanError``.
 
-``engine.planner.make_plan`` builds plans; this module only holds what a plan says and how it reads.
+``engine.planning.memory.make_plan`` builds plans; this module only holds what a plan says and how it reads.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Plan:
     limited_by: str = LIMIT_MEMORY  # which of the three binds: LIMIT_MEMORY, LIMIT_MAX_CONTEXT or LIMIT_MODEL
     disk_bytes: int = 0  # the disk tier's share of the offloaded KV (policy.disk_dir)
     disk_slots: int = 0  # offloaded slots whose homes are files
-    # Decode (``engine.host_split``): the share of offloaded KV bytes the host attends, and the predicted
+    # Decode (``engine.planning.host_split``): the share of offloaded KV bytes the host attends, and the predicted
     # seconds per token of KV movement at ``context_tokens`` (None without measured rates).
     host_attention: str = "off"
     host_share: float = 0.0
@@ -49,7 +49,7 @@ class Plan:
     host_attention_gbps: float | None = None
     h2d_gbps: float | None = None
     # What the KV core allocates at ``context_tokens`` (homes of that capacity), by the allocation ledger's
-    # categories (``engine.allocations``, ``engine.kv.ledger``): bytes, every device together.
+    # categories (``engine.planning.allocations``, ``engine.kv.ledger``): bytes, every device together.
     allocations: dict = field(default_factory=dict)
 
     @property

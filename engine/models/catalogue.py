@@ -1,7 +1,7 @@
 """What each model can read on this machine, from its config alone, before any download.
 
 The curated entries (``catalogue.json`` beside this file) hold config.json facts; a model found on disk
-(``engine.discovery``) brings its own config. Either way the shape comes from ``ModelShape.from_config`` and the
+(``engine.models.discovery``) brings its own config. Either way the shape comes from ``ModelShape.from_config`` and the
 numbers from the planner's ``capacity_options`` / ``make_plan`` / ``estimate_prefill_seconds``: the picker shows
 what a read would plan, with no second memory model.
 """
@@ -15,10 +15,10 @@ from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 
-from engine.capacity import capacity_options
-from engine.loader import SUPPORTED_ARCHITECTURES
-from engine.planner import ModelShape, estimate_prefill_seconds
-from engine.policy import OffloadPolicy
+from engine.planning.capacity import capacity_options
+from engine.models.loader import SUPPORTED_ARCHITECTURES
+from engine.planning.memory import ModelShape, estimate_prefill_seconds
+from engine.planning.policy import OffloadPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def plan_entry(entry: Entry, machine: Machine, *, chunk_size: int = 4096) -> Fit
 
 def _disk_reach(shape: ModelShape, policy: OffloadPolicy, machine: Machine) -> int:
     """Context a disk tier of ``machine.disk_free`` bytes reaches (the planner's own split; no folder is touched)."""
-    from engine.planner import make_plan
+    from engine.planning.memory import make_plan
 
     probe = OffloadPolicy(chunk_size=policy.chunk_size, disk_dir="/", disk_memory=machine.disk_free)
     return make_plan(shape, probe, 1 << 20, device_is_cuda=machine.device_is_cuda, gpu_budget=machine.gpu_budget,
@@ -162,10 +162,10 @@ def detect_machine(model=None, *, device: str = "cpu", disk_dir: str | None = No
     """
     import shutil
 
-    from engine.budgets import measure_budget
-    from engine.policy import OffloadPolicy
-    from engine.rates import machine_rates
-    from engine.telemetry import measured_flop_rate
+    from engine.planning.budgets import measure_budget
+    from engine.planning.policy import OffloadPolicy
+    from engine.planning.rates import machine_rates
+    from engine.planning.machine import measured_flop_rate
 
     is_cuda = device.startswith("cuda")
     budget = measure_budget(device, OffloadPolicy())  # as a read here would see the machine (reserve included)

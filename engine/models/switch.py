@@ -3,7 +3,7 @@
 ``ModelHolder.new_session`` is the app's session factory. ``switch`` loads the new model first (a failed load
 leaves the old one serving), then retires every live session of the old one: its KV is freed, its model and
 tokenizer references are dropped and ``retired`` says why, so the app can tell the tab and start it afresh. Saved
-documents need nothing: a snapshot's identity includes the model that read it (``engine.fingerprint``), so each
+documents need nothing: a snapshot's identity includes the model that read it (``engine.store.fingerprint``), so each
 stays tied to its model and reopens only under it.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import torch
 
-from engine.policy import OffloadPolicy
+from engine.planning.policy import OffloadPolicy
 from engine.session import DocumentSession
 
 logger = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from .cache import HeadInferCache
+from ..cache import HeadInferCache
 from .fingerprint import dtype_name, token_ids_bytes
-from .kv import LayerHomes
-from .snapshot_format import (
+from ..kv import LayerHomes
+from .format import (
     HEADER_FILE,
     LAST_USED_FILE,
     TOKENS_FILE,
@@ -34,7 +34,7 @@ from .snapshot_format import (
     home_file,
     layer_file,
 )
-from .snapshot_io import ChecksumMismatch, RunStreamer, TruncatedFile, fsync_directory
+from .streaming import ChecksumMismatch, RunStreamer, TruncatedFile, fsync_directory
 
 logger = logging.getLogger(__name__)
 

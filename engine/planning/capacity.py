@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .host_split import DEFAULT_H2D_GBPS
-from .planner import ModelShape, make_plan
+from .memory import ModelShape, make_plan
 from .policy import OffloadPolicy
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, Gemma3TextConfig, LlamaConfig
 
-from .cache import HeadInferCache
-from .policy import OffloadPolicy
+from ..cache import HeadInferCache
+from ..planning.policy import OffloadPolicy
 
 logger = logging.getLogger(__name__)
 

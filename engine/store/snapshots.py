@@ -11,7 +11,7 @@ The store works on what it is given: a cache, the document's token ids and their
 the model, its K/V dtype, the tokenizer and the document's token ids, so ``find`` only ever returns one
 made for this exact identity. The store keeps its total size under
 ``max_bytes`` by evicting the least recently used snapshots. The format is described in
-``engine.snapshot_format``.
+``engine.store.format``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .snapshot_files import TEMP_PREFIX, read_snapshot, snapshot_bytes, write_snapshot
-from .snapshot_format import (
+from .files import TEMP_PREFIX, read_snapshot, snapshot_bytes, write_snapshot
+from .format import (
     LAST_USED_FILE,
     CorruptSnapshotError,
     SnapshotError,
@@ -37,10 +37,10 @@ from .snapshot_format import (
     check_compatible,
     read_header,
 )
-from .telemetry import format_bytes
+from ..planning.machine import format_bytes
 
 if TYPE_CHECKING:
-    from .cache import HeadInferCache
+    from ..cache import HeadInferCache
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class SnapshotStore:
     """A folder of KV-cache snapshots with a size cap and least-recently-used eviction.
 
     Args:
-        root: the folder; default ``engine.loader.cache_dir() / "kv"``. Created if missing.
+        root: the folder; default ``engine.models.loader.cache_dir() / "kv"``. Created if missing.
         max_bytes: the most the snapshots may take together; ``None`` for no cap. A snapshot larger
             than the cap on its own is not saved (a warning is logged).
     """
@@ -94,7 +94,7 @@ class SnapshotStore:
         if max_bytes is not None and max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
         if root is None:
-            from .loader import cache_dir
+            from ..models.loader import cache_dir
 
             root = cache_dir() / "kv"
         self.root = Path(root).expanduser()

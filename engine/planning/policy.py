@@ -12,7 +12,7 @@ STREAMS = ("auto", "cuda", "sync", "emulated", "cuda-lagged")  # engine/kv/strea
 class OffloadPolicy:
     """How the KV cache is split between the compute device and host memory.
 
-    Every ``None`` means "let the planner decide" (see ``engine.planner``).
+    Every ``None`` means "let the planner decide" (see ``engine.planning.memory``).
 
     Attributes:
         chunk_size: tokens per prefill chunk; bounds activation memory.
@@ -26,7 +26,7 @@ class OffloadPolicy:
         overlap: fetch the next head group on a side stream while the current one
             computes. ``False`` runs the same loop with synchronous copies.
         max_context: tokens to pre-allocate in the host store; ``None`` grows on demand.
-        gpu_memory: device memory budget in bytes; ``None`` reads the device (``engine.budgets``).
+        gpu_memory: device memory budget in bytes; ``None`` reads the device (``engine.planning.budgets``).
         gpu_reserve: bytes of the device's free memory left to the display, the browser and other programs when
             the budget is read (default 1.5 GiB); ignored with ``gpu_memory``.
         host_memory: host memory budget in bytes for the KV store; ``None`` reads the system.

@@ -18,7 +18,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.loader import ModelSourceError, cache_dir
+from engine.models.loader import ModelSourceError, cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def cpu_default_source(ram_bytes: int | None = None) -> str | None:
 
 def pypi_model_dir(key: str) -> Path:
     """A safetensors folder of ``PYPI_MODELS[key]``, converted once from its GGUF (later loads take seconds)."""
-    from engine.loader import _convert_gguf
+    from engine.models.loader import _convert_gguf
 
     if key not in PYPI_MODELS:
         raise ModelSourceError(f"No PyPI model {key!r}; known: {', '.join(PYPI_MODELS)}")

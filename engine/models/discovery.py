@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
-from engine.catalogue import Entry
+from engine.models.catalogue import Entry
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ def _field(reader, name: str):
 def _estimated_params(config: dict) -> int:
     from types import SimpleNamespace
 
-    from engine.model_shape import ModelShape
+    from engine.planning.shape import ModelShape
 
     try:
         return ModelShape.from_config(SimpleNamespace(**config)).num_params

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.loader import ModelSourceError
+from engine.models.loader import ModelSourceError
 
 logger = logging.getLogger(__name__)
 

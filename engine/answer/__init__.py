@@ -1,0 +1,1 @@
+"""Answering: the decode loop, sampling, sources and retrieval heads."""

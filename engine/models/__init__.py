@@ -1,0 +1,1 @@
+"""Models: loading, the catalogue, discovery on this machine, downloads and switching."""

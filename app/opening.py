@@ -18,7 +18,8 @@ from app.browser_state import BrowserState
 from app.render import status
 from app.sizing import token_counts
 from app.views import OpenView
-from engine import PlanError, RestoreStats
+from engine import HeadInferError
+from engine.types import RestoreStats
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ class OpenSaved:
                 tokens = session.tokenize(entry.text)
                 try:
                     session.set_document(tokens)
-                except (PlanError, ValueError) as exc:
+                except HeadInferError as exc:
                     yield self._open_view(state, status_line=_warn_line(f"Cannot reopen it here: {exc}."))
                     return
                 stats = shelf.restore(session)

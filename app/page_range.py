@@ -8,16 +8,14 @@ piece.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.documents import Document
 from app.pages import chip, file_header
 from app.sizing import document_spans
-from engine import DocumentTokens
+from engine.types import DocumentTokens, page_markers
 
-_MARKER = re.compile(r"^\[(pdf )?page ([^\]\n]{1,24})\]$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -40,15 +38,15 @@ def pieces_of(documents: Sequence[Document]) -> list[Piece]:
     """The set's pages in reading order."""
     pieces = []
     for index, (doc, (start, end)) in enumerate(zip(documents, document_spans(documents))):
-        markers = list(_MARKER.finditer(doc.text))
+        markers = page_markers(doc.text)
         if not markers:
             pieces.append(Piece(index, doc.name, "", start, end))
             continue
         for i, found in enumerate(markers):
-            stop = markers[i + 1].start() if i + 1 < len(markers) else len(doc.text)
-            label = f"PDF {found.group(2)}" if found.group(1) else found.group(2).strip()
+            stop = markers[i + 1].start if i + 1 < len(markers) else len(doc.text)
+            label = found.label
             # The text before the first marker (rare) goes with the first page.
-            first = 0 if i == 0 else found.start()
+            first = 0 if i == 0 else found.start
             pieces.append(Piece(index, doc.name, label, start + first, start + stop, i + 1))
     return pieces
 

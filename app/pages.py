@@ -1,6 +1,7 @@
 """Pages of the read documents and the pages an answer cites, for the citation chips and the page viewer.
 
-Texts carry a marker line before each PDF page (``documents.pdf`` writes them) and ``=== name ===`` headers per
+Texts carry a marker line before each PDF page (``documents.pdf`` writes them with the engine's
+``page_marker``; ``page_markers`` is the one parser, the answer's sources use it too) and ``=== name ===`` headers per
 file (``documents.combine``). A page's marker holds the number the book prints on it, ``[page 37]`` (its PDF page
 label, else the number its running header or footer carried), so the model, the sources and the chips all say
 "p. 37"; a page with no printed number in a book that has them is ``[pdf page 4]``; a PDF without printed numbers
@@ -12,7 +13,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-_MARKER = re.compile(r"^\[(pdf )?page ([^\]\n]{1,24})\]$", re.MULTILINE)
+from engine.types import page_markers
+
 _FILE = re.compile(r"^=== (.+) ===$", re.MULTILINE)
 _PART = re.compile(r"^(.*) · PDF pages (\d+)–(\d+)$")  # the file header of a page range (``file_header``)
 # "(p. 12)", "p. 12", "pp. 3", "[page 12]", "page 12", "p. xii" in an answer
@@ -31,30 +33,23 @@ def file_header(name: str, first: int, last: int) -> str:
     return f"=== {name} ===" if first == 1 else f"=== {name} · PDF pages {first}–{last} ==="
 
 
-def marker(label: str | int | None, sequence: int) -> str:
-    """The marker line before a page: its printed label, else its PDF sequence (the one writer of the format)."""
-    if label is None:
-        return f"[pdf page {sequence}]"
-    return f"[page {label}]"
-
-
 def split_pages(text: str) -> dict[str, Page]:
     """Page label -> its page; where two files share a label the first keeps it, where two pages of one file do
     the later does. A page without a printed label is keyed ``"PDF 4"``."""
     pages: dict[str, Page] = {}
     files = [(m.start(), m.group(1)) for m in _FILE.finditer(text)]
-    markers = list(_MARKER.finditer(text))
+    markers = page_markers(text)
     sequence, current = 0, None
     for i, found in enumerate(markers):
-        end = markers[i + 1].start() if i + 1 < len(markers) else len(text)
-        following_file = next((start for start, _ in files if found.end() < start < end), end)
-        header = next((n for start, n in reversed(files) if start < found.start()), "")
+        end = markers[i + 1].start if i + 1 < len(markers) else len(text)
+        following_file = next((start for start, _ in files if found.end < start < end), end)
+        header = next((n for start, n in reversed(files) if start < found.start), "")
         part = _PART.match(header)
         name = part.group(1) if part else header
         sequence = sequence + 1 if header == current else (int(part.group(2)) if part else 1)
         current = header
-        label = f"PDF {found.group(2)}" if found.group(1) else found.group(2).strip()
-        page = Page(name, text[found.end() : following_file].strip(), sequence)
+        label = found.label
+        page = Page(name, text[found.end : following_file].strip(), sequence)
         # A number printed twice in one file (a cover labelled "1" before the body's page 1): the later page is the
         # body's. Across files, the first file keeps it.
         if label not in pages or pages[label].name == name:
@@ -75,12 +70,12 @@ def cited_pages(answer: str, known: dict[str, Page]) -> list[str]:
 
 def last_page(text: str) -> str | None:
     """Where ``text`` (a read that stopped part-way) ends: "p. 37 of bash.pdf"; None when it has no pages."""
-    markers = list(_MARKER.finditer(text))
+    markers = page_markers(text)
     if not markers:
         return None
     found = markers[-1]
-    label = f"PDF {found.group(2)}" if found.group(1) else found.group(2).strip()
-    names = [m.group(1) for m in _FILE.finditer(text, 0, found.start())]
+    label = found.label
+    names = [m.group(1) for m in _FILE.finditer(text, 0, found.start)]
     return f"{chip(label)} of {names[-1]}" if names else chip(label)
 
 

@@ -16,10 +16,8 @@ from collections.abc import Iterator
 import gradio as gr
 
 from app.render import status
-from engine.models.catalogue import READ_TOKENS, Entry, Fit, Machine, detect_machine, load_catalogue, plan_entry, rank
-from engine.models.discovery import discover
-from engine.models.downloads import DownloadJob, DownloadProgress
-from engine.models.switch import ModelHolder
+from engine.models import (READ_TOKENS, DownloadJob, DownloadProgress, Entry, Fit, Machine, ModelHolder, cached_snapshot,
+                           detect_machine, discover, load_catalogue, plan_entry, pypi_model_gguf, rank)
 
 log = logging.getLogger(__name__)
 
@@ -145,11 +143,7 @@ class ModelPicker:
         if entry.pypi == "embedded":
             return None
         if entry.pypi:
-            from engine.models.pypi import pypi_model_gguf
-
             return str(pypi_model_gguf(entry.pypi))
-        from engine.models.downloads import cached_snapshot
-
         folder = cached_snapshot(entry.id)
         if folder is None:
             raise FileNotFoundError(f"{entry.id} is not downloaded yet: press “Download” first")

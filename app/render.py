@@ -14,7 +14,8 @@ import time
 from collections.abc import Sequence
 
 from app.documents import Document
-from engine import Plan, SnapshotInfo, format_bytes
+from engine import format_bytes
+from engine.types import Plan, SnapshotInfo
 
 FILE_TABLE_HEADERS = ["File", "Pages", "Characters", "Tokens"]
 

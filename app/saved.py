@@ -19,7 +19,8 @@ from pathlib import Path
 
 from app import store_owner
 from app.documents import Document
-from engine import DocumentSession, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore, format_bytes
+from engine import DocumentSession, HeadInferError, SnapshotStore, format_bytes
+from engine.types import RestoreStats, SnapshotInfo
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class SavedDocs:
         """Fills the session's cache from disk; None when nothing usable was there (the caller reads)."""
         try:
             return session.restore_snapshot(self.store)
-        except (OSError, SnapshotError, ValueError) as exc:  # restore_snapshot catches most; belt and braces
+        except (OSError, HeadInferError) as exc:  # restore_snapshot catches most; a refusal or the disk here
             log.warning("could not reopen the saved copy: %s", exc)
             return None
 
@@ -89,7 +90,7 @@ class SavedDocs:
             info = session.save_snapshot(self.store, label)
             if info is not None:
                 _write_atomically(info.path / SHELF_FILE, ShelfEntry(session.document, tuple(documents)).to_json())
-        except (OSError, SnapshotError, ValueError) as exc:
+        except (OSError, HeadInferError) as exc:
             log.warning("could not save the document's KV cache: %s", exc)
             return "error", (f"Could not save it for instant reopening ({disk_reason(exc)}); "
                              "the documents stay loaded.")

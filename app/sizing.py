@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from app.documents import Document, DocumentError, read_document
-from engine import DocumentTokens, format_bytes
+from engine import format_bytes
+from engine.types import DocumentTokens
 
 CHARS_PER_TOKEN = 4  # English prose averages ~4 characters per token; denser scripts take more tokens
 FAR_BEYOND = 4  # refused unread when estimated at this many times the limit (up to it, truncation is offered)...

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 import engine
+from engine.types import ModelShape
 from engine.models.loader import embedded_model_dir, load_model
 
 from .fill import fill_random
@@ -30,7 +31,7 @@ DTYPES = ("float32", "bfloat16")
 def decode_seconds(model, context: int, steps: int, warmup: int = 2) -> list[float]:
     """Seconds of each of ``steps`` decode steps after ``context`` cached tokens (random K/V)."""
     config = model.config
-    shape = engine.ModelShape.from_config(config)
+    shape = ModelShape.from_config(config)
     dtype = next(model.parameters()).dtype
     cache = engine.HeadInferCache(config, device="cpu", dtype=dtype, max_context=context + warmup + steps)
     fill_random(cache, context, head_dim=shape.head_dim, num_kv_heads=shape.num_kv_heads,

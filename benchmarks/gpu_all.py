@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .records import ResultStore, run_stamp
-    from .run import _report
+    from .run import _report, run_step
 
     started = time.monotonic()
     deadline = started + args.deadline_s
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
             if run_args is None:
                 _local_step(name, args, store, out, seconds)
             else:
-                _run_step(args, run_args, store, out, seconds)
+                run_step(args, run_args, store, out, seconds)
         except Exception as exc:  # an unattended run records the failure and goes on
             logger.exception("step %s failed", name)
             store.append("gpu_all", name, status="error", reason=str(exc)[:300])
@@ -139,30 +139,6 @@ def _local_step(name: str, args, store, out: Path, seconds: float) -> None:
         clean = done.returncode == 0 and "SANITIZER-CLEAN" in done.stdout and "CSAN" not in done.stderr
         store.append("sanitizer", None, status="ok" if clean else "failed", exit_code=done.returncode,
                      output_tail=(done.stdout + done.stderr)[-2000:])
-
-
-def _run_step(args, run_args: list[str], store, out: Path, seconds: float) -> None:
-    from .run import _run_gpu, parse_args as run_parse_args
-
-    scaled = _scale(run_args, args.scale)
-    step = run_parse_args([*scaled, "--out", str(out), "--device", args.device, "--model", args.model,
-                           "--budget-gib", str(args.budget_gib), "--budget-s", str(seconds),
-                           "--time-limit", str(seconds)])
-    _run_gpu(step, store, out, "gpu")
-
-
-def _scale(run_args: list[str], scale: float) -> list[str]:
-    """Scales the token lists (``--*-lengths``, ``--lengths``, ``--profile-context``) for a small smoke run."""
-    if scale == 1.0:
-        return run_args
-    from .run import parse_tokens
-
-    scaled = list(run_args)
-    for i, value in enumerate(scaled[:-1]):
-        if value in ("--lengths", "--decode-lengths", "--peak-lengths", "--profile-context"):
-            tokens = [max(16, int(t * scale)) for t in parse_tokens(scaled[i + 1])]
-            scaled[i + 1] = ",".join(str(t) for t in tokens)
-    return scaled
 
 
 def _record_routes(store, step: str, seconds: float) -> None:

@@ -160,7 +160,7 @@ def write_report(result: dict, out: Path) -> Path:
 
 def gpu_step(args, store, out: Path, seconds: float) -> None:
     """``benchmarks.gpu_all``'s ``host-attention`` step: host figures, then decode with three splits."""
-    from .gpu_all import _run_step
+    from .run import run_step  # deferred: the runner loads the benchmark models
 
     started = time.monotonic()
     read_bytes = 1 << 30 if args.scale >= 1 else 64 << 20  # the CPU smoke run (a tiny scale) keeps CI fast
@@ -169,7 +169,7 @@ def gpu_step(args, store, out: Path, seconds: float) -> None:
     for tokens in (1 << 15, 1 << 17):
         row = kernel_gbps(max(1024, int(tokens * args.scale)), repeats=3, read=read)
         store.append("host-attention", "kernel", context=row["tokens"], **row)
-    _run_step(args, GPU_DECODE_ARGS, store, out, max(10.0, seconds - (time.monotonic() - started)))
+    run_step(args, GPU_DECODE_ARGS, store, out, max(10.0, seconds - (time.monotonic() - started)))
 
 
 def main(argv=None) -> int:

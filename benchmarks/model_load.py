@@ -31,7 +31,7 @@ folder, name = str(gguf.parent), gguf.name
 config = loader._read_config(folder, name, False)
 loader._load_tokenizer(folder, name)
 from transformers import AutoModelForCausalLM
-loader._load_weights(AutoModelForCausalLM, folder, name, config=config, dtype=torch.float32)
+loader.load_weights(AutoModelForCausalLM, folder, name, config=config, dtype=torch.float32)
 """,
     "first-load-converts": "loader.load_model(str(gguf), device='cpu', dtype='float32')",
     "second-load-fp32": "loader.load_model(str(gguf), device='cpu', dtype='float32')",

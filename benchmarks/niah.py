@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from engine.types import page_marker
+
 from .records import run_stamp
 from .run import parse_tokens
 
@@ -34,7 +36,7 @@ SENTENCES_PER_PAGE = 12
 QUESTION = "What is the secret passphrase? Answer with the passphrase only."
 
 
-def paged_haystack(tokenizer, num_tokens: int, depth: float, seed: int) -> tuple[str, str, int]:
+def paged_haystack(tokenizer, num_tokens: int, depth: float, seed: int) -> tuple[str, str, str]:
     """(document, needle value, needle page) of about ``num_tokens`` tokens."""
     from engine.answer.retrieval_heads import _FILLER, _WORDS
 
@@ -46,8 +48,8 @@ def paged_haystack(tokenizer, num_tokens: int, depth: float, seed: int) -> tuple
     at = min(int(depth * num_sentences), num_sentences - 1)
     sentences.insert(at, f"The secret passphrase is {value}.")
     pages = [sentences[i : i + SENTENCES_PER_PAGE] for i in range(0, len(sentences), SENTENCES_PER_PAGE)]
-    document = "\n\n".join(f"[page {n}]\n" + " ".join(page) for n, page in enumerate(pages, start=1))
-    return document, value, at // SENTENCES_PER_PAGE + 1
+    document = "\n\n".join(f"{page_marker(n, n)}\n" + " ".join(page) for n, page in enumerate(pages, start=1))
+    return document, value, str(at // SENTENCES_PER_PAGE + 1)  # the page as its marker labels it
 
 
 @torch.inference_mode()
@@ -113,7 +115,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine.models.loader import cache_dir, load_model
+    from engine.models.loader import load_model  # deferred: --help answers before torch and the model load
+    from engine.paths import cache_dir
     from engine.answer.retrieval_heads import find_retrieval_heads
 
     model, tokenizer = load_model(None, device="cpu", dtype="float32")

@@ -218,5 +218,26 @@ def _cpu_smoke(args, out: Path) -> int:
     return 0
 
 
+def run_step(args, run_args: list[str], store, out: Path, seconds: float) -> None:
+    """One ``gpu_all`` step through this runner: ``run_args`` scaled by ``args.scale``, within ``seconds``."""
+    scaled = _scale(run_args, args.scale)
+    step = parse_args([*scaled, "--out", str(out), "--device", args.device, "--model", args.model,
+                           "--budget-gib", str(args.budget_gib), "--budget-s", str(seconds),
+                           "--time-limit", str(seconds)])
+    _run_gpu(step, store, out, "gpu")
+
+
+def _scale(run_args: list[str], scale: float) -> list[str]:
+    """Scales the token lists (``--*-lengths``, ``--lengths``, ``--profile-context``) for a small smoke run."""
+    if scale == 1.0:
+        return run_args
+    scaled = list(run_args)
+    for i, value in enumerate(scaled[:-1]):
+        if value in ("--lengths", "--decode-lengths", "--peak-lengths", "--profile-context"):
+            tokens = [max(16, int(t * scale)) for t in parse_tokens(scaled[i + 1])]
+            scaled[i + 1] = ",".join(str(t) for t in tokens)
+    return scaled
+
+
 if __name__ == "__main__":
     sys.exit(main())

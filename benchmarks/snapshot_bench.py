@@ -38,7 +38,8 @@ from engine import DocumentSession, HeadInferCache, OffloadPolicy, SnapshotStore
 
 from engine.store import streaming as snapshot_io
 from engine.store.fingerprint import ModelFingerprint, token_ids_digest
-from engine.models.loader import cache_dir, load_model
+from engine.models.loader import load_model
+from engine.paths import cache_dir
 from engine.store.files import read_snapshot, write_snapshot
 from engine.store.format import SnapshotIdentity, read_header
 

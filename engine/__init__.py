@@ -1,50 +1,36 @@
 """HeadInfer engine: exact head-wise KV-cache offload for stock transformers models.
 
+The public API is the thirteen names below; the data types its calls hand back are in ``engine.types``, and the model
+catalogue, discovery and downloads (the app's picker) in ``engine.models``. Everything else is internal.
+
 Importing this package registers the attention implementation ``"headinfer"`` with transformers.
 """
 
 from . import attention as _attention
-from .answer.generate import QuestionTooLong
+from .answer.generate import QuestionTooLong, warm_up
 from .cache import HeadInferCache
-from .models.loader import ModelSourceError, UnsupportedModelError, describe, load_model
-from .planning.memory import ModelShape, Plan, PlanError, make_plan, paper_memory_table
+from .errors import HeadInferError, PlanError, PrefillCancelled
+from .models.loader import load_model
+from .planning.machine import format_bytes, read_memory
+from .planning.memory import make_plan
 from .planning.policy import OffloadPolicy
-from .prompt import DocumentTokens
-from .reports import AnswerChunk, PrefillCancelled, PrefillProgress
-from .answer.sampling import RepetitionGuard
-from .answer.sources import Source
 from .session import DocumentSession
-from .planning.machine import MemorySnapshot, format_bytes, read_memory
-from .store.snapshots import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
+from .store.snapshots import SnapshotStore
 
 _attention.register()
 
 __all__ = [
-    "AnswerChunk",
-    "RepetitionGuard",
-    "Source",
     "DocumentSession",
-    "DocumentTokens",
+    "HeadInferCache",
+    "HeadInferError",
+    "OffloadPolicy",
+    "PlanError",
     "PrefillCancelled",
-    "PrefillProgress",
-    "UnsupportedModelError",
-    "describe",
+    "QuestionTooLong",
+    "SnapshotStore",
     "format_bytes",
     "load_model",
-    "CorruptSnapshotError",
-    "RestoreStats",
-    "SnapshotError",
-    "SnapshotInfo",
-    "SnapshotStore",
-    "HeadInferCache",
-    "MemorySnapshot",
-    "ModelSourceError",
-    "ModelShape",
-    "OffloadPolicy",
-    "Plan",
-    "PlanError",
-    "QuestionTooLong",
     "make_plan",
-    "paper_memory_table",
     "read_memory",
+    "warm_up",
 ]

@@ -26,6 +26,7 @@ from .kv import HeadGroup, HostAttention, HostMemory, LayerHomes, Schedule, Tran
 from .kv import streams as kv_streams
 from .kv.disk import DiskMemory
 from .kv.ledger import Ledger
+from .kv.probe import QueryProbe
 from .kv import route
 from .planning.shape import unsupported_layers
 from .planning.memory import ModelShape, Plan, make_plan
@@ -155,6 +156,7 @@ class HeadInferCache(Cache):
         self._state_anchor: tuple[int, dict[int, LinearAttentionLayer]] | None = None  # (tokens, states then)
         self.transfer: Transfer | None = None
         self.schedule: Schedule | None = None
+        self._probe: QueryProbe | None = None  # ``record_queries``'s, kept across a re-allocation
         self._host: HostMemory | None = None
         self._disk: DiskMemory | None = None
         self.ledger = Ledger()  # every buffer this cache allocates, by category and device (``kv/ledger.py``)
@@ -219,6 +221,7 @@ class HeadInferCache(Cache):
                                  self.transfer, self.policy.overlap,
                                  HostAttention(streams=streams) if host_slots else None,
                                  host_slots, disk=self._disk)
+        self.schedule.probe = self._probe
         logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, %d on disk, %d attended "
                     "on the host in decode, capacity %d tokens, %s", len(self.kv_layers), num_groups, g, len(resident),
                     len(on_disk), len(host_slots), capacity, self.device)
@@ -324,6 +327,13 @@ class HeadInferCache(Cache):
         if self.transfer is not None:
             self.transfer.synchronize()
             self.transfer.forget()
+
+    def record_queries(self, probe: QueryProbe | None) -> None:
+        """Hands every attention step's queries of ``probe``'s heads to ``probe`` from now on (an answer's sources, the
+        retrieval-head calibration), or stops recording (``None``)."""
+        self._probe = probe
+        if self.schedule is not None:
+            self.schedule.probe = probe
 
     def synchronize(self) -> None:
         """Waits for all copies in flight (host homes are complete afterwards)."""

@@ -13,10 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from torch import nn
-
-
-class ForwardInterrupted(Exception):
-    """``should_stop`` turned true during a forward pass guarded by :func:`interruptible`."""
+from .errors import ForwardInterrupted
 
 
 @contextmanager

@@ -8,14 +8,40 @@ with the model's own chat template and tokenized on their own.
 from __future__ import annotations
 
 import bisect
+import re
 from array import array
 from dataclasses import dataclass
+from typing import NamedTuple
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful reading assistant. Answer questions using only the documents provided by the user. "
     "Quote or cite page markers like [page 3] when they help. If the documents do not contain the answer, say so."
 )
 _QUESTION_MARKER = "\x00QUESTION\x00"  # never occurs in real text; marks where the prefix ends
+
+# The page marker: the line before each page of a document, ``[page 37]`` (the number the book prints on it) or
+# ``[pdf page 4]`` (a page with no printed number in a book that has them). One writer (``page_marker``, used by the
+# app's PDF reader) and one parser (``page_markers``, used by the app's viewer and chips and by the answer's sources),
+# so a "[page 3]" a book quotes mid-line is a boundary for neither.
+_PAGE_MARKER = re.compile(r"^\[(pdf )?page ([^\]\n]{1,24})\]$", re.MULTILINE)
+
+
+class PageMarker(NamedTuple):
+    start: int  # where the marker line starts in the text
+    end: int  # where it ends (the page's text follows)
+    label: str  # the page's key: its printed label ("37", "xii"), or "PDF 4" for a page without one
+
+
+def page_marker(label: str | int | None, sequence: int) -> str:
+    """The marker line before a page: its printed label, else its PDF sequence."""
+    return f"[pdf page {sequence}]" if label is None else f"[page {label}]"
+
+
+def page_markers(text: str) -> list[PageMarker]:
+    """Every page marker line of ``text``, in order."""
+    return [PageMarker(m.start(), m.end(), f"PDF {m.group(2)}" if m.group(1) else m.group(2).strip())
+            for m in _PAGE_MARKER.finditer(text)]
+
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-
-
-class PrefillCancelled(Exception):
-    """Raised by ``prefill`` when ``should_stop`` turned true; the cache ends at a chunk boundary."""
+from .errors import PrefillCancelled
 
 
 @dataclass(frozen=True)

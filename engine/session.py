@@ -18,6 +18,7 @@ import torch
 from .answer.generate import ConversationFit, QuestionTooLong, document_page_starts, retrieval_heads, stream_answer
 from .planning.budgets import MachineBudget, SharedBudget, measure_budget
 from .cache import HeadInferCache
+from .errors import InputError, StateError
 from .store.restore import restore_document
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
 from .planning.out_of_memory import out_of_memory_message
@@ -32,6 +33,7 @@ from .store.snapshots import RestoreStats, SnapshotInfo, SnapshotStore
 from .store.format import SnapshotIdentity
 from .answer.sources import AnswerSources
 from .planning.machine import measured_flop_rate
+from .paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +60,6 @@ class DocumentSession:
         self.device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
         if read_rates is None:
-            from .models.loader import cache_dir
-
             read_rates = shared_read_rates(cache_dir() / "read-rates.json")
         self.read_rates = read_rates
         name = getattr(model.config, "_name_or_path", "") or model.config.model_type
@@ -212,7 +212,7 @@ class DocumentSession:
         window) and ``truncate_to_fit`` is false; the previous document is kept in that case.
         """
         if not (document.text if isinstance(document, DocumentTokens) else document).strip():
-            raise ValueError("the document is empty: there is no text to read")
+            raise InputError("the document is empty: there is no text to read")
         tokens = self._tokens(document)
         plan = self._plan_tokens(len(tokens) + self.answer_budget)
         limit = max(plan.context_limit - self.answer_budget, 0)
@@ -240,7 +240,7 @@ class DocumentSession:
                 should_stop: Callable[[], bool] | None = None) -> PrefillProgress:
         """Reads the document in chunks; resumes where a cancelled prefill stopped."""
         if self.cache is None:
-            raise ValueError("no document: call set_document first")
+            raise StateError("no document: call set_document first")
         clock = PrefillClock(self.shape, self.prefilled_tokens, self.document_tokens, on_progress)
         cpu_started = time.process_time()
         progress = PrefillProgress(self.prefilled_tokens, self.document_tokens, 0.0, 0.0)
@@ -309,9 +309,9 @@ class DocumentSession:
         greedy continuation. ``sources``: the final chunk carries the pages the answer attended to.
         """
         if not self.is_prefilled:
-            raise ValueError("read the document first (prefill)")
+            raise StateError("read the document first (prefill)")
         if not question.strip():
-            raise ValueError("the question is empty")
+            raise InputError("the question is empty")
         asked = time.perf_counter()
         fit = self.fit_question(question, max_new_tokens)
         self.dropped_turns = fit.num_dropped
@@ -420,7 +420,7 @@ class DocumentSession:
     def snapshot_identity(self) -> SnapshotIdentity:
         """What a snapshot of this document must match (model, dtype, tokenizer, ids); computed once per document."""
         if not self._document_ids:
-            raise ValueError("no document: call set_document first")
+            raise StateError("no document: call set_document first")
         if self._identity is None:
             self._identity = SnapshotIdentity.of(self.model, self.tokenizer, self._document_ids)
         return self._identity
@@ -437,7 +437,7 @@ class DocumentSession:
         ``label`` names it in ``store.list()`` (default: the start of the document).
         """
         if not self.is_prefilled:
-            raise ValueError("prefill the document before saving a snapshot of it")
+            raise StateError("prefill the document before saving a snapshot of it")
         return store.save(self.cache, self._document_ids, self.snapshot_identity(),
                           label=self.document if label is None else label, policy=dataclasses.asdict(self.policy))
 
@@ -448,7 +448,7 @@ class DocumentSession:
         damaged one deleted), so the caller prefills as usual.
         """
         if self.cache is None:
-            raise ValueError("no document: call set_document first")
+            raise StateError("no document: call set_document first")
         info = self.find_snapshot(store)
         if info is None:
             return None

@@ -30,7 +30,8 @@ def main() -> int:
 
     from app.ui import build_ui, launch_options
     from benchmarks.corpus import fetch_corpus
-    from engine import DocumentSession, OffloadPolicy, describe
+    from engine import DocumentSession, OffloadPolicy
+    from engine.models import describe
     from engine.models.loader import load_model
 
     pdf = Path(args.pdf) if args.pdf else _first_pages(

@@ -17,7 +17,7 @@ from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
 
 from app.documents.base import DocumentError
 from app.documents.pdf_layout import clean_pages, printed_numbers
-from app.pages import marker
+from engine.types import page_marker
 
 try:
     import pypdfium2 as pdfium
@@ -32,7 +32,7 @@ _PDFIUM_LOCK = threading.Lock()
 
 
 def read_pdf(path: Path, name: str) -> tuple[str, int]:
-    """``(text, page count)``; the text has a marker line before each page's text (``app.pages.marker``): the
+    """``(text, page count)``; the text has a marker line before each page's text (``engine.types.page_marker``): the
     number the book prints on the page (its PDF page label, else the number its running header or footer
     carried, which cleaning then strips), ``[page N]`` in PDF order for a PDF that prints none."""
     found = pdfium_pages(path, name) if pdfium is not None else None
@@ -53,7 +53,7 @@ def read_pdf(path: Path, name: str) -> tuple[str, int]:
     if not any(labels):  # no printed numbers at all: the PDF's own order
         labels = [str(number) for number in range(1, len(pages) + 1)]
     cleaned = clean_pages(raw)
-    text = "\n\n".join(f"{marker(label, number)}\n{page}"
+    text = "\n\n".join(f"{page_marker(label, number)}\n{page}"
                         for number, (label, page) in enumerate(zip(labels, cleaned), start=1))
     return text, len(pages)
 

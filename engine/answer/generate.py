@@ -7,6 +7,7 @@ here only turns logits into tokens and text, feeding each token back through ``f
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -16,8 +17,10 @@ import torch
 from ..interrupt import ForwardInterrupted
 from ..planning.plan import PlanError
 from ..reports import AnswerChunk, answer_rate
+from .retrieval_heads import find_retrieval_heads
 from .sampling import IncrementalDecoder, RepetitionGuard, next_token, stop_token_ids
 from .sources import page_starts, page_starts_from_offsets
+from ..paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -90,9 +93,6 @@ def stream_answer(model, tokenizer, logits: torch.Tensor, forward: Callable[[lis
 
 def retrieval_heads(model, tokenizer) -> dict[int, list[int]] | None:
     """The model's retrieval heads (calibrated once per model, cached); None, logged, when they cannot be found."""
-    from ..models.loader import cache_dir
-    from .retrieval_heads import find_retrieval_heads
-
     try:
         return find_retrieval_heads(model, tokenizer, cache_dir=cache_dir())
     except Exception:  # sources are an extra: an answer never fails over them
@@ -100,8 +100,16 @@ def retrieval_heads(model, tokenizer) -> dict[int, list[int]] | None:
         return None
 
 
-def document_page_starts(prompts, document: str, starts) -> list[tuple[int, int]]:
-    """(first token, page) of each ``[page N]`` marker of the document, from the token offsets kept at
+def warm_up(model, tokenizer) -> threading.Thread:
+    """Finds the model's retrieval heads (a short needle calibration, cached on disk) on a background thread, so the
+    first answer's sources do not wait for it; the first answer calls ``retrieval_heads`` again and takes the cache."""
+    thread = threading.Thread(target=retrieval_heads, args=(model, tokenizer), name="retrieval-heads", daemon=True)
+    thread.start()
+    return thread
+
+
+def document_page_starts(prompts, document: str, starts) -> list[tuple[int, str]]:
+    """(first token, page label) of each page marker of the document, from the token offsets kept at
     tokenization (``DocumentTokens.starts``; tokenizing again only where the tokenizer gave none)."""
     if starts is None:
         return page_starts(prompts.tokenizer, prompts.document_text(document))

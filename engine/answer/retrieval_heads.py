@@ -124,8 +124,7 @@ def _needle_scores(model, tokenizer, num_sentences: int, depth: float, seed: int
     # Queries of the answer's copy of the value (after "The secret passphrase is"), one step before each token.
     first = len(doc_ids) + len(question_ids) + len(lead_ids) - 1
     probe = QueryProbe(all_heads, min_position=first)
-    cache.allocate(1, shape.head_dim, next(model.parameters()).dtype, device)
-    cache.schedule.probe = probe  # it keeps positions >= first only
+    cache.record_queries(probe)  # it keeps positions >= first only
     chunk = cache.policy.chunk_size
     try:
         for start in range(0, len(ids) - 1, chunk):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import re
 import time
 from dataclasses import dataclass
 
@@ -19,18 +18,18 @@ import torch
 
 from ..kv.ledger import SOURCES
 from ..kv.probe import QueryProbe
+from ..prompt import page_markers
 
 logger = logging.getLogger(__name__)
 
 _TILE = 16384  # keys per tile: bounds the score block to [heads, answer tokens, tile]
-_PAGE_MARKER = re.compile(r"\[page (\d+)\]")
 
 
 @dataclass(frozen=True)
 class Source:
     """A page of the document (``None`` for documents without pages) and its share of the attention."""
 
-    page: int | None
+    page: str | None  # the page's label as the marker holds it ("37", "xii", "PDF 4"; ``prompt.page_markers``)
     share: float
 
     def label(self) -> str:
@@ -38,23 +37,23 @@ class Source:
         return f"{where} ({self.share:.0%})"
 
 
-def page_starts(tokenizer, prefix_text: str) -> list[tuple[int, int]]:
-    """(first token index, page number) of every ``[page N]`` marker in the document prefix text.
+def page_starts(tokenizer, prefix_text: str) -> list[tuple[int, str]]:
+    """(first token index, page label) of every page marker in the document prefix text.
 
     ``prefix_text`` must be the exact text whose tokens form the cached prefix (``PromptBuilder.document_text``).
     """
-    markers = list(_PAGE_MARKER.finditer(prefix_text))
+    markers = page_markers(prefix_text)
     if not markers:
         return []
     encoded = tokenizer(prefix_text, add_special_tokens=False, return_offsets_mapping=True)
     starts = [start for start, _ in encoded["offset_mapping"]]
-    return [(bisect.bisect_right(starts, m.start()) - 1, int(m.group(1))) for m in markers]
+    return [(bisect.bisect_right(starts, m.start) - 1, m.label) for m in markers]
 
 
-def page_starts_from_offsets(text: str, starts) -> list[tuple[int, int]]:
-    """(first token index, page number) of every ``[page N]`` marker of ``text``, from where each token of the
+def page_starts_from_offsets(text: str, starts) -> list[tuple[int, str]]:
+    """(first token index, page label) of every page marker of ``text``, from where each token of the
     text starts in it (``DocumentTokens.starts``): no second tokenization."""
-    return [(bisect.bisect_left(starts, m.start()), int(m.group(1))) for m in _PAGE_MARKER.finditer(text)]
+    return [(bisect.bisect_left(starts, m.start), m.label) for m in page_markers(text)]
 
 
 @torch.inference_mode()
@@ -150,7 +149,7 @@ def _mass(q: torch.Tensor, keys: torch.Tensor, positions: list[int], scaling: fl
     return mass
 
 
-def rank_sources(mass: torch.Tensor, document_range: tuple[int, int], pages: list[tuple[int, int]],
+def rank_sources(mass: torch.Tensor, document_range: tuple[int, int], pages: list[tuple[int, str]],
                  top: int = 5, min_share: float = 0.02) -> list[Source]:
     """Buckets the mass on document positions [start, stop) by page; shares of the document's total mass."""
     start, stop = document_range
@@ -160,7 +159,7 @@ def rank_sources(mass: torch.Tensor, document_range: tuple[int, int], pages: lis
         return [Source(None, 1.0)]
     # Shares are of the mass on the pages themselves: the prompt's first tokens (an "attention sink" in most
     # models) and the chat markup would otherwise dilute every share.
-    by_page: dict[int, float] = {}
+    by_page: dict[str, float] = {}
     bounds = [(max(first, start), page) for first, page in pages if first < stop]
     for i, (first, page) in enumerate(bounds):
         last = bounds[i + 1][0] if i + 1 < len(bounds) else stop
@@ -188,19 +187,18 @@ class AnswerSources:
     def start(self, first_position: int) -> None:
         """Records queries from ``first_position`` on (the position the first answer token is fed at)."""
         self.probe = QueryProbe(self.heads, min_position=first_position)
-        self.cache.schedule.probe = self.probe
+        self.cache.record_queries(self.probe)
 
     def cancel(self) -> None:
         """Stops recording without computing anything."""
-        if self.probe is not None and self.cache.schedule is not None:
-            self.cache.schedule.probe = None
+        if self.probe is not None:
+            self.cache.record_queries(None)
         self.probe = None
 
     def finish(self) -> list[Source]:
         if self.probe is None:
             return []
-        if self.cache.schedule is not None:
-            self.cache.schedule.probe = None
+        self.cache.record_queries(None)
         started = time.perf_counter()
         try:
             if self.probe.num_positions == 0:

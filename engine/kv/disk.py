@@ -35,16 +35,13 @@ from pathlib import Path
 import torch
 
 from .checksum import crc32
+from ..errors import DiskTierError
 
 logger = logging.getLogger(__name__)
 
 _PIECE_BYTES = 16 << 20  # checksum step when a prefix's CRC is computed from the file
 # Errors of os.link that mean "not here" (another filesystem, no hard links): the caller copies instead.
 _CANNOT_LINK = {errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EACCES}
-
-
-class DiskTierError(OSError):
-    """The disk tier could not be set up or grown (no space, a missing or read-only folder)."""
 
 
 @dataclass

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .ledger import DISK_STREAM, Ledger
+from ..errors import DiskStreamError
 
 if TYPE_CHECKING:
     from .homes import GroupHome
@@ -40,10 +41,6 @@ PIECE_BYTES = 8 << 20  # one disk -> pinned -> device step: small enough to pipe
 NUM_PIECES = 4
 WRITES_PER_GROUP = 2  # write buffers per head group of a layer: one layer's appends never wait for each other
 _ALIGN = 64  # planes packed in one write buffer start at this alignment (any dtype may view them)
-
-
-class DiskStreamError(OSError):
-    """A disk-tier job was refused because an earlier one failed (its error is the cause)."""
 
 
 @dataclass

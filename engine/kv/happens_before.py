@@ -26,15 +26,12 @@ import traceback
 from dataclasses import dataclass
 
 import torch
+from ..errors import RaceError
 
 logger = logging.getLogger(__name__)
 
 Clock = dict  # agent -> count
 _MAX_ACCESSES = 4096  # per storage: accesses not yet covered by a later ordered one (tiny runs never get near)
-
-
-class RaceError(RuntimeError):
-    """Two conflicting accesses to the same bytes that no event, stream order or join orders."""
 
 
 @dataclass

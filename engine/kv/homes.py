@@ -16,12 +16,9 @@ import torch
 
 from .ledger import DISK, HOMES
 from .pinned import HostMemory
+from ..errors import HomesFull
 
 logger = logging.getLogger(__name__)
-
-
-class HomesFull(MemoryError):
-    """A GPU-resident home would have to grow past the capacity the plan fixed for it."""
 
 
 @dataclass(frozen=True)

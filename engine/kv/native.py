@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from ..paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,6 @@ def build(compiler: str, variants: list[list[str]]):
 
 
 def _built(compiler: str, variant: list[str]) -> Path:
-    from ..models.loader import cache_dir
-
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     digest = hashlib.sha256(b"\0".join([_SOURCE.read_bytes(), version.encode(), " ".join(_FLAGS + variant).encode(),
                                         _cpu_identity().encode()])).hexdigest()[:16]

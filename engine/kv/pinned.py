@@ -23,17 +23,13 @@ from collections.abc import Callable
 
 import torch
 
-from ..planning.memory import PlanError
+from ..errors import PinningError
 from .ledger import HOMES, Ledger
 
 logger = logging.getLogger(__name__)
 
 _HOST_REGISTER_PORTABLE = 1
 _PAGE = mmap.PAGESIZE
-
-
-class PinningError(PlanError):
-    """Page-locking host memory for the KV cache was refused."""
 
 
 class CudaRuntime:

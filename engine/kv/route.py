@@ -15,10 +15,7 @@ from __future__ import annotations
 import threading
 
 import torch
-
-
-class RouteError(RuntimeError):
-    """The attention function could not be matched with the cache layer that produced its key states."""
+from ..errors import RouteError
 
 
 _local = threading.local()

@@ -21,24 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.models.loader import ModelSourceError
+from ..errors import CorruptDownload, DownloadCancelled, GatedModelError
 
 logger = logging.getLogger(__name__)
 
 #: what a transformers model needs: configs, tokenizer files and safetensors weights (no .bin/.gguf duplicates)
 WANTED = ("*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "merges.txt", "vocab.txt")
 SKIPPED = ("original/*", "consolidated*", "*/*.gguf")
-
-
-class DownloadCancelled(Exception):
-    """``DownloadJob.cancel`` was called; the files finished so far stay in the cache."""
-
-
-class CorruptDownload(ModelSourceError):
-    """A downloaded file does not match the SHA-256 the Hub lists for it (it was removed from the cache)."""
-
-
-class GatedModelError(ModelSourceError):
-    """The repository is gated or private and this machine is not logged in with access to it."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,10 @@ from typing import Any
 import torch
 
 from ..planning.shape import unsupported_layers
+from ..errors import HeadInferError, ModelSourceError
+from ..paths import cache_dir
+from .gguf import convert_gguf, load_weights
+from .pypi import pypi_model_dir
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +69,7 @@ _GEMMA3_TEXT_KEYS = {
 }
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(HeadInferError, ValueError):
     """The model's architecture is not one the head-wise engine supports."""
 
     def __init__(self, model_type: str | None, detail: str = "") -> None:
@@ -75,10 +79,6 @@ class UnsupportedModelError(ValueError):
             f"Unsupported model architecture {model_type or 'unknown'!r}{detail}. "
             f"HeadInfer Studio supports: {supported}."
         )
-
-
-class ModelSourceError(OSError):
-    """The model source could not be found or read (missing path, unreachable Hub, bad file)."""
 
 
 def check_supported(config: Any) -> None:
@@ -94,12 +94,6 @@ def check_supported(config: Any) -> None:
         raise UnsupportedModelError(model_type, f": {reason}")
 
 
-def cache_dir() -> Path:
-    """Where the studio keeps downloads and converted models: ``$HEADINFER_CACHE`` or ``~/.cache/headinfer-studio``."""
-    override = os.environ.get("HEADINFER_CACHE")
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "headinfer-studio"
-
-
 def embedded_model_dir() -> Path:
     """A local folder holding the embedded SmolLM2-135M-Instruct as safetensors + tokenizer files.
 
@@ -107,7 +101,7 @@ def embedded_model_dir() -> Path:
     """
     target = cache_dir() / "models" / EMBEDDED_MODEL
     if not target.is_dir():  # only a finished conversion is ever renamed to this name
-        _convert_gguf(_embedded_gguf(), target)
+        convert_gguf(_embedded_gguf(), target)
     return target
 
 
@@ -123,7 +117,7 @@ def converted_gguf_dir(gguf: Path) -> Path:
     target = cache_dir() / "models" / f"{gguf.stem}-{key}"
     if not target.is_dir():  # only a finished conversion is ever renamed to this name
         check_supported(_read_config(str(gguf.parent), gguf.name, False))
-        _convert_gguf(gguf, target)
+        convert_gguf(gguf, target)
     return target
 
 
@@ -188,40 +182,6 @@ def _download_wheel(downloads: Path) -> Path:
     return wheel
 
 
-def _convert_gguf(gguf: Path, target: Path) -> None:
-    """Dequantizes ``gguf`` into a safetensors folder at ``target``, atomically."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
-    try:
-        logger.info("Converting %s to safetensors in %s (once)", gguf, target)
-        model = _load_weights(AutoModelForCausalLM, str(gguf.parent), gguf.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model.save_pretrained(scratch)
-        tokenizer.save_pretrained(scratch)
-        try:
-            # The folder only appears complete, under its final name, once everything is written.
-            os.rename(scratch, target)
-        except OSError:
-            if not target.is_dir():
-                raise
-            logger.info("Another process converted %s first; using its copy", gguf.name)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
-def _load_weights(cls: Any, source: str, gguf_file: str | None, **kwargs: Any) -> Any:
-    """``cls.from_pretrained`` that, for GGUF, unpacks to a plain dense model."""
-    if gguf_file is None:
-        return cls.from_pretrained(source, **kwargs)
-    from transformers import GgufConfig
-
-    # Packed GGUF layers would need the hub `kernels` package and swap in their own attention; dense
-    # weights keep the stock modules. dequantize=True also drops the quantizer, so save_pretrained works.
-    return cls.from_pretrained(source, gguf_file=gguf_file, quantization_config=GgufConfig(dequantize=True), **kwargs)
-
-
 def load_model(source: str | None = None, *, device: str = "auto", dtype: str = "auto",
                attn_implementation: str = "headinfer", with_tokenizer: bool = True) -> tuple[Any, Any]:
     """Loads ``(model, tokenizer)`` in eval mode.
@@ -257,7 +217,7 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
         text_config = config.get_text_config()
         model = _gemma3_text_class().from_pretrained(path, config=text_config, key_mapping=_GEMMA3_TEXT_KEYS, **kwargs)
     else:
-        model = _load_weights(AutoModelForCausalLM, path, gguf_file, config=config, **kwargs)
+        model = load_weights(AutoModelForCausalLM, path, gguf_file, config=config, **kwargs)
     model.eval()
     return model, tokenizer
 
@@ -267,8 +227,6 @@ def _resolve_source(source: str | None) -> tuple[str, str | None, bool]:
     if source is None:
         return str(embedded_model_dir()), None, False
     if source.startswith(PYPI_PREFIX):  # a model shipped in PyPI chunk wheels (engine.models.pypi)
-        from engine.models.pypi import pypi_model_dir
-
         return str(pypi_model_dir(source[len(PYPI_PREFIX):])), None, False
     path = Path(source).expanduser()
     if path.is_dir():

@@ -18,7 +18,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.models.loader import ModelSourceError, cache_dir
+from ..errors import ModelSourceError
+from .gguf import convert_gguf
+from ..paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +81,11 @@ def cpu_default_source(ram_bytes: int | None = None) -> str | None:
 
 def pypi_model_dir(key: str) -> Path:
     """A safetensors folder of ``PYPI_MODELS[key]``, converted once from its GGUF (later loads take seconds)."""
-    from engine.models.loader import _convert_gguf
-
     if key not in PYPI_MODELS:
         raise ModelSourceError(f"No PyPI model {key!r}; known: {', '.join(PYPI_MODELS)}")
     target = cache_dir() / "models" / key
     if not target.is_dir():  # only a finished conversion is ever renamed to this name
-        _convert_gguf(pypi_model_gguf(key), target)
+        convert_gguf(pypi_model_gguf(key), target)
     return target
 
 

@@ -6,15 +6,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from ..errors import PlanError
 
 GIB = 1 << 30
 MAX_CONTEXT = 2**31  # the largest context any plan considers
 
 LIMIT_MEMORY, LIMIT_MAX_CONTEXT, LIMIT_MODEL = "memory", "max_context", "model"
-
-
-class PlanError(ValueError):
-    """A run cannot be planned (bad input) or does not fit its memory budgets."""
 
 
 @dataclass(frozen=True)

@@ -95,20 +95,21 @@ class OffloadPolicy:
             raise ValueError(f"host_attention must be one of {', '.join(map(repr, HOST_ATTENTION_MODES))}, "
                              f"got {self.host_attention!r}")
 
-    def validate_for(self, num_kv_heads: int) -> None:
-        """Checks the knobs that depend on the model shape."""
-        if self.head_group_size is not None and self.head_group_size > num_kv_heads:
-            raise ValueError(
-                f"head_group_size={self.head_group_size} exceeds the model's {num_kv_heads} KV heads "
-                f"(use 1..{num_kv_heads}, or None for adaptive)"
-            )
-        if self.head_group_size is not None and num_kv_heads % self.head_group_size:
+    def validate_for(self, num_kv_heads: int, *, option: str | None = None) -> None:
+        """Checks the knobs that depend on the model shape; ``option`` names the head group as the caller's user
+        set it (``"--head-group"``). The one place this check lives."""
+        group = self.head_group_size
+        if group is None:
+            return
+        name = f"{option} {group}" if option else f"head_group_size={group}"
+        divisors = ", ".join(str(d) for d in range(1, num_kv_heads + 1) if num_kv_heads % d == 0)
+        if group > num_kv_heads:
+            raise ValueError(f"{name}: this model has {num_kv_heads} KV heads per layer, and {group} exceeds the "
+                             f"model's {num_kv_heads} KV heads; use one of {divisors} (or leave it to the planner)")
+        if num_kv_heads % group:
             # Equal groups keep every ping-pong buffer and staging block one shape (one copy, one kernel each).
-            divisors = ", ".join(str(d) for d in range(1, num_kv_heads + 1) if num_kv_heads % d == 0)
-            raise ValueError(
-                f"head_group_size={self.head_group_size} does not divide the model's {num_kv_heads} KV heads "
-                f"(use one of {divisors}, or None for adaptive)"
-            )
+            raise ValueError(f"{name}: this model has {num_kv_heads} KV heads per layer and a head group must "
+                             f"divide them; use one of {divisors} (or leave it to the planner)")
 
 
 def _is_int(value: object) -> bool:

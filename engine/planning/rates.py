@@ -27,6 +27,7 @@ import torch
 
 from .host_split import DEFAULT_H2D_GBPS
 from .policy import OffloadPolicy
+from ..paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -174,8 +175,6 @@ def measure_copy_gbps(target: torch.Tensor, source: torch.Tensor, repeats: int =
 
 
 def _default_path() -> Path:
-    from ..models.loader import cache_dir
-
     return cache_dir() / _FILE
 
 

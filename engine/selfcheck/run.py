@@ -30,6 +30,7 @@ import transformers
 
 from ..planning.policy import OffloadPolicy
 from .cases import FEATURES, CaseResult, TinyPair, case_policy, run_case, tiny_configs
+from ..paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +110,6 @@ def identity(policy: OffloadPolicy, device: torch.device) -> dict:
 
 def report_path(ident: dict, folder: Path | None = None) -> Path:
     if folder is None:
-        from ..models.loader import cache_dir
-
         folder = cache_dir()
     key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     return Path(folder) / _FOLDER / f"{key}.json"

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .fingerprint import ModelFingerprint, kv_dtype, dtype_name, model_fingerprint, token_ids_digest, tokenizer_fingerprint
+from ..errors import CorruptSnapshotError, SnapshotError
 
 FORMAT = "headinfer-kv-snapshot"
 FORMAT_VERSION = 3  # 2: token-major homes, one run per (layer, head group); 3: plus home files
@@ -32,14 +33,6 @@ HEADER_FILE = "header.json"
 TOKENS_FILE = "tokens.bin"
 LAST_USED_FILE = "last_used"
 KEY_CHARS = 32
-
-
-class SnapshotError(ValueError):
-    """A snapshot cannot be restored into this session; the message says why."""
-
-
-class CorruptSnapshotError(SnapshotError):
-    """A snapshot's files are damaged (truncated, altered, unreadable): it can never load and may be deleted."""
 
 
 def layer_file(layer_idx: int) -> str:

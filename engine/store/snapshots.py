@@ -38,6 +38,7 @@ from .format import (
     read_header,
 )
 from ..planning.machine import format_bytes
+from ..paths import cache_dir
 
 if TYPE_CHECKING:
     from ..cache import HeadInferCache
@@ -94,8 +95,6 @@ class SnapshotStore:
         if max_bytes is not None and max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
         if root is None:
-            from ..models.loader import cache_dir
-
             root = cache_dir() / "kv"
         self.root = Path(root).expanduser()
         self.max_bytes = max_bytes

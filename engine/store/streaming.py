@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..kv.checksum import crc32 as _crc32
+from ..errors import ChecksumMismatch, TruncatedFile
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +39,6 @@ def _libc():
 
 
 _LIBC = _libc()
-
-
-class ChecksumMismatch(Exception):
-    """A file's bytes do not hash to the expected CRC-32."""
-
-
-class TruncatedFile(Exception):
-    """A file ended before the bytes it should hold."""
 
 
 class _Checksum:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from app.documents import Document, combine
 from app.page_range import choices, describe, first_part_that_fits, pieces_of, range_text, range_tokens
-from app.pages import last_page, marker, split_pages
-from engine import DocumentTokens
+from app.pages import last_page, split_pages
+from engine.types import page_marker as marker
+from engine.types import DocumentTokens
 
 
 def _book(name: str, labels: list[str | None], first_sequence: int = 1) -> Document:

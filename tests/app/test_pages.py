@@ -1,6 +1,7 @@
 """Pages of combined documents, and the pages an answer cites."""
 
-from app.pages import Page, chip, cited_pages, marker, split_pages
+from app.pages import Page, chip, cited_pages, split_pages
+from engine.types import page_marker as marker
 
 TEXT = ("=== manual.pdf ===\n[page 1]\nIntro text.\n\n[page 2]\nThe code is AMBER-7.\n\n"
         "=== notes.pdf ===\n[page 1]\nOther first page.\n\n[page 3]\nLast words.")

@@ -16,7 +16,7 @@ from app.browser_state import BrowserState
 from app.handlers import Handlers
 from app.render import model_markdown
 from app.uploads import delete_uploads, prepare_folder
-from engine import AnswerChunk
+from engine.types import AnswerChunk
 
 EVIL = "The code is ![pixel](https://tracker.example/p.png) <img src=https://tracker.example/a.png>."
 

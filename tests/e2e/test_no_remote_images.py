@@ -22,7 +22,8 @@ EVIL = (f"The code is AMBER-7. ![pixel](https://{TRACKER}/md.png) <img src=\"htt
 
 @pytest.fixture(scope="module")
 def parrot_url():
-    from engine import AnswerChunk, DocumentSession
+    from engine import DocumentSession
+    from engine.types import AnswerChunk
 
     class ParrotSession(DocumentSession):
         """Reads for real; answers with what a hostile document would have the model write."""

@@ -26,7 +26,8 @@ COLOURS = """label => ({color: getComputedStyle(label.querySelector('span') || l
 
 @pytest.fixture(scope="module")
 def citing_url():
-    from engine import AnswerChunk, DocumentSession
+    from engine import DocumentSession
+    from engine.types import AnswerChunk
 
     class CitingSession(DocumentSession):
         """Reads for real; answers at once with an answer that cites two pages, so chips appear."""

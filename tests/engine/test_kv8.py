@@ -39,8 +39,11 @@ def _pair():
 def test_8bit_host_kv_is_close_to_exact_and_takes_about_a_quarter_of_fp32(kv_dtype):
     stock, model = _pair()
     ids = torch.randint(0, 97, (1, 60), generator=torch.Generator().manual_seed(1))
-    exact = engine.HeadInferCache(model.config, device="cpu", chunk_size=16, resident_slots=0, max_context=64)
-    coded = engine.HeadInferCache(model.config, device="cpu", chunk_size=16, kv_dtype=kv_dtype, max_context=64)
+    budget = 64 << 20  # a stated host budget: how far each reads within it (the constructor reads no machine)
+    exact = engine.HeadInferCache(model.config, device="cpu", chunk_size=16, resident_slots=0, max_context=64,
+                                  host_memory=budget)
+    coded = engine.HeadInferCache(model.config, device="cpu", chunk_size=16, kv_dtype=kv_dtype, max_context=64,
+                                  host_memory=budget)
     for s in range(0, 60, 16):
         expected = model(ids[:, s : s + 16], past_key_values=exact).logits
         actual = model(ids[:, s : s + 16], past_key_values=coded).logits

@@ -254,7 +254,7 @@ def test_crash_mid_conversion_leaves_no_complete_looking_folder(empty_cache, mon
     def crash(*args, **kwargs):
         raise RuntimeError("killed mid-conversion")
 
-    monkeypatch.setattr(loader, "_load_weights", crash)
+    monkeypatch.setattr(loader, "load_weights", crash)
     with pytest.raises(RuntimeError, match="killed"):
         embedded_model_dir()
     models = empty_cache / "models"
@@ -310,7 +310,7 @@ def test_gguf_source_converted_once_then_loaded_from_the_cache(smollm2, monkeypa
     def no_gguf_parse(*args, **kwargs):
         raise AssertionError("the GGUF was parsed again")
 
-    monkeypatch.setattr(loader, "_convert_gguf", no_gguf_parse)
+    monkeypatch.setattr(loader, "convert_gguf", no_gguf_parse)
     monkeypatch.setattr(loader, "_read_config", lambda path, gguf_file, is_hub: (
         no_gguf_parse() if gguf_file else AutoConfig.from_pretrained(path)))
     start = time.perf_counter()
@@ -330,7 +330,7 @@ def test_gguf_conversion_keyed_by_file_and_refused_before_weights(empty_cache, m
         target.mkdir(parents=True)
 
     configs = {"llama": AutoConfig.for_model("llama"), "gpt2": AutoConfig.for_model("gpt2")}
-    monkeypatch.setattr(loader, "_convert_gguf", fake_convert)
+    monkeypatch.setattr(loader, "convert_gguf", fake_convert)
     monkeypatch.setattr(loader, "_read_config", lambda path, name, is_hub: configs[Path(path, name).read_text()[:5].strip()])
     gguf = tmp_path / "tiny.Q4_0.gguf"
     gguf.write_text("llama")

@@ -19,7 +19,8 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from archs import tiny_configs
-from engine import CorruptSnapshotError, DocumentSession, OffloadPolicy, SnapshotError, SnapshotStore
+from engine import DocumentSession, OffloadPolicy, SnapshotStore
+from engine.errors import CorruptSnapshotError, SnapshotError
 from engine.store import streaming as snapshot_io
 from engine.store.format import HEADER_FILE, layer_file
 

@@ -56,7 +56,7 @@ def test_probe_and_mass_through_a_real_forward_match_a_reference_from_stock_weig
     cache = engine.HeadInferCache(model.config, device="cpu", resident_slots=0, head_group_size=1)
     cache.allocate(1, 16, torch.float32, torch.device("cpu"))
     probe = QueryProbe({1: [3]}, min_position=25)
-    cache.schedule.probe = probe
+    cache.record_queries(probe)
     model(ids, past_key_values=cache)
     mass = sources.attention_mass(cache, probe)
     captured = []
@@ -88,7 +88,7 @@ def test_mass_of_a_layer_with_resident_and_offloaded_homes_waits_for_the_copies_
     cache.allocate(1, 16, torch.float32, torch.device("cpu"))
     assert [home.group.is_resident for home in cache.layers[0].homes] == [True, False]
     probe = QueryProbe({0: [0, 3]}, min_position=25)  # query head 0 -> KV head 0, query head 3 -> KV head 1
-    cache.schedule.probe = probe
+    cache.record_queries(probe)
     model(ids, past_key_values=cache)
     events = []
     real_sync = cache.synchronize
@@ -134,7 +134,7 @@ def test_mass_on_cuda_with_a_resident_and_an_offloaded_home_in_one_layer():
     cache.allocate(1, 16, torch.float32, torch.device("cuda"))
     assert [home.device.type for home in cache.layers[0].homes] == ["cuda", "cpu"]
     probe = QueryProbe({0: [0, 3]}, min_position=25)
-    cache.schedule.probe = probe
+    cache.record_queries(probe)
     model(ids.cuda(), past_key_values=cache)
     mass = sources.attention_mass(cache, probe, per_head=True)
     captured = []

@@ -50,11 +50,11 @@ def _answers(session: DocumentSession) -> list[str]:
 def _mass(session: DocumentSession) -> torch.Tensor:
     cache = session.cache
     probe = QueryProbe({0: [0, 1, 2], 2: [3]}, min_position=session.document_tokens)
-    cache.schedule.probe = probe
+    cache.record_queries(probe)
     try:
         *_, last = session.ask("w7 w8", max_new_tokens=4, sources=False, repetition_guard=None)
     finally:
-        cache.schedule.probe = None
+        cache.record_queries(None)
     return attention_mass(cache, probe)
 
 

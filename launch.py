@@ -18,7 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-log = logging.getLogger("headinfer.launch")
+# The engine (and torch) is imported inside the functions that need it, on purpose: a bad flag, model path or busy
+# port fails in under 3 s, before torch loads. Every function-local import below is that one reason.
+logger = logging.getLogger("headinfer.launch")
 
 SHARE_SERVER = ("api.gradio.app", 443)  # where Gradio asks for a share tunnel
 UPLOADS = Path(tempfile.gettempdir()) / "headinfer-studio-uploads"  # one folder per running app inside
@@ -195,7 +197,7 @@ def make_snapshot_store(args: argparse.Namespace):
     try:
         store = SnapshotStore(args.kv_cache_dir, max_bytes=args.kv_cache_max)
     except OSError as exc:
-        log.warning("Documents will not be saved for reopening: cannot use %s as the KV-cache folder (%s)",
+        logger.warning("Documents will not be saved for reopening: cannot use %s as the KV-cache folder (%s)",
                     args.kv_cache_dir or "the default folder", exc)
         return None
     return store
@@ -224,7 +226,7 @@ def can_reach_share_server(timeout: float = 3.0) -> bool:
         with socket.create_connection(SHARE_SERVER, timeout=timeout):
             return True
     except OSError as exc:
-        log.debug("share server unreachable: %s", exc)
+        logger.debug("share server unreachable: %s", exc)
         return False
 
 
@@ -389,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
         model, tokenizer = load_model(args.model, device=device, dtype=args.dtype)
         policy = make_policy(args)
     except (UnsupportedModelError, ModelSourceError, ValueError) as exc:
-        log.error("%s", exc)
+        logger.error("%s", exc)
         sys.exit(1)
     try:
         check_plan(DocumentSession(model, tokenizer, policy))
@@ -397,17 +399,17 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     policy, checked = apply_first_use_self_check(policy, device)
     info = {**describe(model), "kv_dtype": policy.kv_dtype, "self_check": checked}
-    log.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))
+    logger.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))
     warm_up(model, tokenizer)  # the sources' retrieval heads, found in the background before the first question
 
     private = args.share or not is_loopback(args.host)
     if private:
-        log.info("others can reach this app: each visitor's saved documents are theirs alone (%s)",
+        logger.info("others can reach this app: each visitor's saved documents are theirs alone (%s)",
                  "per user" if args.auth else "per browser tab, deleted when it closes")
     store = make_snapshot_store(args)
     session_shelves = prepare_folder(VISITOR_SHELVES) if private and not args.auth else None
     if store is not None:
-        log.info("%s", where_saved(store, private=private, has_auth=args.auth is not None,
+        logger.info("%s", where_saved(store, private=private, has_auth=args.auth is not None,
                                    session_shelves=session_shelves))
     # Every tab's session comes from the holder, so the picker can switch the served model for all of them.
     holder = ModelHolder(model, tokenizer, policy, args.model or "HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -418,15 +420,15 @@ def main(argv: list[str] | None = None) -> None:
                     picker=ModelPicker(holder, device=device).build, max_question=args.max_question)
     share = args.share and can_reach_share_server()
     if args.share and not share:
-        log.warning("Could not create a share link: %s:%d is unreachable (no internet?). "
+        logger.warning("Could not create a share link: %s:%d is unreachable (no internet?). "
                     "Serving locally only at http://%s:%d", *SHARE_SERVER, args.host, args.port)
     demo.launch(server_name=args.host, server_port=args.port, share=share, auth=args.auth,
                 max_file_size=args.max_upload, prevent_thread_lock=True, **launch_options(args.max_upload))
     if share and not demo.share_url:
-        log.warning("Could not create a share link (see Gradio's message above). Serving locally only at %s",
+        logger.warning("Could not create a share link (see Gradio's message above). Serving locally only at %s",
                     demo.local_url)
     elif share:
-        log.info("public link: %s", demo.share_url)
+        logger.info("public link: %s", demo.share_url)
     demo.block_thread()
 
 
@@ -436,11 +438,11 @@ def self_check(policy, device: str) -> int:
 
     report = selfcheck.run_self_check(policy, device)
     for case in report.cases:
-        log.info("%-15s %-14s %-9s %s", case.feature, case.arch, case.dtype, "ok" if case.passed else
+        logger.info("%-15s %-14s %-9s %s", case.feature, case.arch, case.dtype, "ok" if case.passed else
                  f"FAILED ({case.error or f'logit error {case.max_rel_error:.1e}'})")
     for name, rate in report.rates.items():
-        log.info("%s: %.1f GB/s", name, rate)
-    log.info("%s (report: %s)", report.status_line(), selfcheck.report_path(report.identity))
+        logger.info("%s: %.1f GB/s", name, rate)
+    logger.info("%s (report: %s)", report.status_line(), selfcheck.report_path(report.identity))
     return 0 if report.passed else 1
 
 
@@ -453,7 +455,7 @@ def apply_first_use_self_check(policy, device: str):
     try:
         report = selfcheck.first_use(policy, device)
     except Exception:  # the check itself could not run (not a feature failing): say so, serve as configured
-        log.warning("the self-check could not run; this GPU is not verified (try launch.py --self-check)",
+        logger.warning("the self-check could not run; this GPU is not verified (try launch.py --self-check)",
                     exc_info=True)
         return policy, "not self-checked on this GPU"
     if report is None:

@@ -21,7 +21,7 @@ from app.views import AskView
 from engine import DocumentSession, HeadInferError, QuestionTooLong
 from engine.types import RepetitionGuard
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 NO_CHANGE: dict = gr.update()
 
@@ -123,7 +123,7 @@ class Questions:
                 chips = self._page_chips(session, chunk) if chunk.done else NO_CHANGE
                 yield AskView(list(history), NO_CHANGE, status("ok", stats) if chunk.done else NO_CHANGE, chips)
         except (HeadInferError, MemoryError) as exc:  # refused or out of memory; a bug surfaces
-            log.warning("answer failed: %s", exc)
+            logger.warning("answer failed: %s", exc)
             history[-1] = {"role": "assistant", "content": f"*(no answer: {html.escape(str(exc))})*"}
             yield AskView(history, NO_CHANGE, _warn(str(exc)), NO_CHANGE)
 

@@ -20,21 +20,29 @@ from app import render
 from app.asking import Questions
 from app.background import iterate_reports
 from app.browser_state import BrowserState
+from app.choosing import PageRanges
 from app.compute_queue import ComputeQueue, Ticket
 from app.documents import combine
-from app.choosing import PageRanges
 from app.meters import meters_html
 from app.opening import OpenSaved
+from app.pages import last_page, split_pages
 from app.render import status
 from app.shelves import Shelves
 from app.sizing import read_sized, token_counts
 from app.uploads import delete_uploads
 from app.views import ClearView, DeleteView, FilesView, ReadView, SavedView
-from app.pages import last_page, split_pages
-from engine import (DocumentSession, HeadInferError, PlanError, PrefillCancelled, SnapshotStore, format_bytes, read_memory)
+from engine import (
+    DocumentSession,
+    HeadInferError,
+    PlanError,
+    PrefillCancelled,
+    SnapshotStore,
+    format_bytes,
+    read_memory,
+)
 from engine.types import PrefillProgress, RestoreStats
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 NO_CHANGE: dict = gr.update()
 
@@ -231,7 +239,7 @@ class Handlers(OpenSaved, PageRanges, Questions):
                                           "documents” to continue from there."), NO_CHANGE, *idle)
             return
         except MemoryError as exc:
-            log.warning("prefill ran out of memory: %s", exc)
+            logger.warning("prefill ran out of memory: %s", exc)
             yield ReadView(state, render.progress_bar(session.prefilled_tokens, total, state="failed",
                                                       note="out of memory"),
                            _warn(f"{exc}. What was read so far is kept: “Read documents” continues from there."),
@@ -338,7 +346,7 @@ class Handlers(OpenSaved, PageRanges, Questions):
         state.is_closed = state.cancel_requested = state.stop_requested = True
         if not state.is_busy:  # otherwise ``working`` frees it when the running event ends
             state.close()
-        log.info("browser session closed; its document memory and uploads are freed")
+        logger.info("browser session closed; its document memory and uploads are freed")
 
 
 _BUSY = (gr.update(interactive=False), gr.update(interactive=False))  # disk work: nothing to cancel

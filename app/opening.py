@@ -21,7 +21,7 @@ from app.views import OpenView
 from engine import HeadInferError
 from engine.types import RestoreStats
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 NO_CHANGE: dict = gr.update()
 _IDLE = (gr.update(interactive=True), gr.update(interactive=False))

@@ -17,7 +17,6 @@ from app.sizing import document_spans
 from engine.types import DocumentTokens, page_markers
 
 
-
 @dataclass(frozen=True)
 class Piece:
     """One page (or a whole file without pages) of a document set."""

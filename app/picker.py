@@ -16,10 +16,24 @@ from collections.abc import Iterator
 import gradio as gr
 
 from app.render import status
-from engine.models import (READ_TOKENS, DownloadJob, DownloadProgress, Entry, Fit, Machine, ModelHolder, cached_snapshot,
-                           detect_machine, discover, load_catalogue, plan_entry, pypi_model_gguf, rank)
+from engine.models import (
+    READ_TOKENS,
+    DownloadJob,
+    DownloadProgress,
+    Entry,
+    Fit,
+    Machine,
+    ModelHolder,
+    cached_snapshot,
+    detect_machine,
+    discover,
+    load_catalogue,
+    plan_entry,
+    pypi_model_gguf,
+    rank,
+)
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 COLUMNS = ["Model", "Reads here (tokens)", "RAM (tokens)", "8-bit KV (tokens)", "Disk tier (tokens)",
            "Window (tokens)", f"Read {READ_TOKENS // 1000}K tokens (min)", "Decode (s/token)", "Params (B)",
@@ -128,7 +142,7 @@ class ModelPicker:
         try:
             report = self.holder.switch(self._source(entry), name=entry.id)
         except Exception as error:  # unsupported, missing, gated, not downloaded: the old model keeps serving
-            log.warning("switch to %s failed: %s", entry.id, error)
+            logger.warning("switch to %s failed: %s", entry.id, error)
             return status("warn", f"Still serving {self.holder.name}: {str(error)}")
         self._machine = None
         return status("ok", f"Now serving {report.new} (loaded in {report.load_seconds:.0f} s). "
@@ -183,5 +197,5 @@ def _run(job: DownloadJob, outcome: dict) -> None:
         outcome["folder"] = job.run()
     except Exception as error:  # shown to the user as it is: cancelled, gated, corrupt, offline
         outcome["error"] = error
-    log.info("download of %s ended after %.0f s: %s", job.repo_id, time.perf_counter() - started,
+    logger.info("download of %s ended after %.0f s: %s", job.repo_id, time.perf_counter() - started,
              outcome.get("error") or "done")

@@ -22,7 +22,7 @@ from app.documents import Document
 from engine import DocumentSession, HeadInferError, SnapshotStore, format_bytes
 from engine.types import RestoreStats, SnapshotInfo
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 SHELF_FILE = "studio-documents.json"  # beside the KV in the snapshot's folder: deleted with it
 
@@ -69,7 +69,7 @@ class SavedDocs:
         try:
             return session.find_snapshot(self.store)
         except OSError as exc:  # an unreadable cache folder only means reading the slow way
-            log.warning("could not look for a saved copy: %s", exc)
+            logger.warning("could not look for a saved copy: %s", exc)
             return None
 
     def restore(self, session: DocumentSession) -> RestoreStats | None:
@@ -77,7 +77,7 @@ class SavedDocs:
         try:
             return session.restore_snapshot(self.store)
         except (OSError, HeadInferError) as exc:  # restore_snapshot catches most; a refusal or the disk here
-            log.warning("could not reopen the saved copy: %s", exc)
+            logger.warning("could not reopen the saved copy: %s", exc)
             return None
 
     def save(self, session: DocumentSession, label: str, documents: tuple[Document, ...] = ()) -> tuple[str, str]:
@@ -91,7 +91,7 @@ class SavedDocs:
             if info is not None:
                 _write_atomically(info.path / SHELF_FILE, ShelfEntry(session.document, tuple(documents)).to_json())
         except (OSError, HeadInferError) as exc:
-            log.warning("could not save the document's KV cache: %s", exc)
+            logger.warning("could not save the document's KV cache: %s", exc)
             return "error", (f"Could not save it for instant reopening ({disk_reason(exc)}); "
                              "the documents stay loaded.")
         if info is None:
@@ -110,7 +110,7 @@ class SavedDocs:
                 return None
             return ShelfEntry.from_json((folder / SHELF_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.info("no reopenable text beside saved document %s: %s", key, exc)
+            logger.info("no reopenable text beside saved document %s: %s", key, exc)
             return None
 
     # -- the panel ---------------------------------------------------------------------------------
@@ -125,7 +125,7 @@ class SavedDocs:
         try:
             return self.store.list(), None
         except OSError as exc:  # e.g. the folder was removed, or a snapshot vanished while being listed
-            log.warning("could not list saved documents: %s", exc)
+            logger.warning("could not list saved documents: %s", exc)
             return [], f"Could not list saved documents: {disk_reason(exc)}."
 
     def delete(self, key: str | None) -> tuple[bool, str]:
@@ -139,7 +139,7 @@ class SavedDocs:
         try:
             self.store.delete(key)
         except OSError as exc:
-            log.warning("could not delete snapshot %s: %s", key, exc)
+            logger.warning("could not delete snapshot %s: %s", key, exc)
             return False, f"Could not delete “{info.label}”: {disk_reason(exc)}."
         return True, f"Deleted “{info.label}” ({format_bytes(info.num_bytes)}) from disk."
 

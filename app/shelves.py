@@ -16,7 +16,7 @@ from pathlib import Path
 from app.saved import SavedDocs
 from engine import SnapshotStore
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 USERS_FOLDER = "users"
 
@@ -53,7 +53,7 @@ class Shelves:
         shelf = self._by_owner.pop(f"session:{session_hash}", None)
         if shelf is not None and shelf.store is not None:
             shutil.rmtree(shelf.store.root, ignore_errors=True)
-            log.info("deleted a closed tab's saved documents")
+            logger.info("deleted a closed tab's saved documents")
 
     def _shelf(self, owner: str, root: Path) -> SavedDocs:
         shelf = self._by_owner.get(owner)
@@ -61,7 +61,7 @@ class Shelves:
             try:
                 shelf = SavedDocs(SnapshotStore(root, max_bytes=self.store.max_bytes))
             except OSError as exc:
-                log.warning("saved documents are off for a visitor: cannot use %s (%s)", root, exc)
+                logger.warning("saved documents are off for a visitor: cannot use %s (%s)", root, exc)
                 shelf = SavedDocs(None)
             self._by_owner[owner] = shelf
         return shelf

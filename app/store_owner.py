@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 LOCK_PREFIX = ".owner-"
 LEFTOVER_PREFIXES = (".tmp-", ".trash-")  # engine.store.files.TEMP_PREFIX and the store's trash
@@ -37,7 +37,7 @@ def claim(root: Path) -> int:
         handle.write(str(os.getpid()))
         handle.flush()
     except OSError as exc:  # a read-only folder: nothing to save there, nothing to own
-        log.info("could not mark %s as in use: %s", root, exc)
+        logger.info("could not mark %s as in use: %s", root, exc)
         return removed
     _held[root] = handle
     return removed
@@ -63,7 +63,7 @@ def sweep(root: Path) -> int:
     removed = 0
     for folder, size, mtime in _leftovers(root):
         if mtime < oldest_live:
-            log.info("removing %s (%.1f MB) left by an interrupted save", folder, size / 1e6)
+            logger.info("removing %s (%.1f MB) left by an interrupted save", folder, size / 1e6)
             shutil.rmtree(folder, ignore_errors=True)
             removed += size
     return removed

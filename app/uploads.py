@@ -9,7 +9,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _PREFIX = "pid-"
 
@@ -21,7 +21,7 @@ def prepare_folder(root: Path) -> Path:
     for child in root.iterdir():
         pid = _pid(child.name)
         if pid is not None and pid != os.getpid() and not _is_running(pid):
-            log.info("deleting %s, left by a run that stopped", child)
+            logger.info("deleting %s, left by a run that stopped", child)
             shutil.rmtree(child, ignore_errors=True)
     folder = root / f"{_PREFIX}{os.getpid()}"
     shutil.rmtree(folder, ignore_errors=True)  # a reused process id
@@ -43,7 +43,7 @@ def delete_uploads(paths: Iterable[str], folder: Path) -> int:
         except FileNotFoundError:
             pass
         except OSError as exc:
-            log.warning("could not delete the upload %s: %s", path, exc)
+            logger.warning("could not delete the upload %s: %s", path, exc)
             continue
         parent = path.parent
         while parent != folder and parent.is_relative_to(folder):

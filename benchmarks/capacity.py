@@ -82,8 +82,9 @@ def largest_contexts(host_gib: float, disk_dir: Path, disk_gbps: float) -> list[
 
 @torch.inference_mode()
 def disk_vs_ram(context: int, steps: int, folder: Path) -> dict:
-    import engine
     from transformers import AutoModelForCausalLM, LlamaConfig
+
+    import engine
 
     from .disk_io import cached_fraction, read_gbps, write_probe
 
@@ -138,11 +139,12 @@ def save_linked_vs_copied(context: int, folder: Path) -> dict:
     ``statvfs`` around each save; each snapshot is then restored into a RAM-only cache."""
     from unittest import mock
 
-    import engine
-    from engine.store.fingerprint import model_fingerprint, token_ids_digest
-    from engine.kv.disk import DiskMemory
-    from engine.store.format import SnapshotIdentity
     from transformers import AutoModelForCausalLM, LlamaConfig
+
+    import engine
+    from engine.kv.disk import DiskMemory
+    from engine.store.fingerprint import model_fingerprint, token_ids_digest
+    from engine.store.format import SnapshotIdentity
 
     from .fill import fill_random
 

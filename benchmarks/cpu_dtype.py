@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 import engine
-from engine.types import ModelShape
 from engine.models.loader import embedded_model_dir, load_model
+from engine.types import ModelShape
 
 from .fill import fill_random
 from .records import ResultStore, load_records, run_stamp

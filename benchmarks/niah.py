@@ -56,8 +56,8 @@ def paged_haystack(tokenizer, num_tokens: int, depth: float, seed: int) -> tuple
 def run_cell(model, tokenizer, heads, length: int, depth: float, *, max_new_tokens: int, chunk: int,
              kv_dtype: str | None = None) -> dict:
     import engine
-    from engine.prompt import PromptBuilder
     from engine.answer.sources import AnswerSources, page_starts
+    from engine.prompt import PromptBuilder
 
     from .models import set_attention
 
@@ -115,9 +115,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
+    from engine.answer.retrieval_heads import find_retrieval_heads
     from engine.models.loader import load_model  # deferred: --help answers before torch and the model load
     from engine.paths import cache_dir
-    from engine.answer.retrieval_heads import find_retrieval_heads
 
     model, tokenizer = load_model(None, device="cpu", dtype="float32")
     heads = find_retrieval_heads(model, tokenizer, cache_dir=cache_dir())

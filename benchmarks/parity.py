@@ -22,8 +22,9 @@ from transformers import DynamicCache
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "engine"))
 
-import engine  # noqa: E402
 from archs import build_pair, tiny_configs  # noqa: E402
+
+import engine  # noqa: E402
 
 PROMPT_LEN, DECODE_STEPS, CHUNKS = 45, 12, (1, 7, 16, 45)
 

@@ -14,8 +14,8 @@ import argparse
 import datetime
 from pathlib import Path
 
-from engine.planning.budgets import card_budget
 from engine.models.catalogue import Machine, load_catalogue, plan_entry, rank
+from engine.planning.budgets import card_budget
 
 GIB = 2**30
 

@@ -18,8 +18,8 @@ import torch
 from engine.planning.memory import PlanError, estimate_prefill_seconds
 
 from .fill import fill_random
-from .modes import Mode, Runner, headinfer_layout, offloaded_heads
 from .models import random_ids
+from .modes import Mode, Runner, headinfer_layout, offloaded_heads
 from .timing import release_memory, time_once, track_peaks
 
 logger = logging.getLogger(__name__)

@@ -35,12 +35,11 @@ from pathlib import Path
 import torch
 
 from engine import DocumentSession, HeadInferCache, OffloadPolicy, SnapshotStore
-
-from engine.store import streaming as snapshot_io
-from engine.store.fingerprint import ModelFingerprint, token_ids_digest
 from engine.models.loader import load_model
 from engine.paths import cache_dir
+from engine.store import streaming as snapshot_io
 from engine.store.files import read_snapshot, write_snapshot
+from engine.store.fingerprint import ModelFingerprint, token_ids_digest
 from engine.store.format import SnapshotIdentity, read_header
 
 from .disk_io import PIECE_BYTES, cpu_pressure, drop_folder, read_gbps, write_probe

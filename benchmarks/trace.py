@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from .fill import fill_random
-from .modes import Mode, Runner
 from .models import random_ids
+from .modes import Mode, Runner
 from .timing import release_memory
 
 logger = logging.getLogger(__name__)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 
 import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
 
 from .kv import kernels, route
 
@@ -67,8 +69,5 @@ def headinfer_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int
 
 def register() -> None:
     """Registers ``"headinfer"`` with transformers (idempotent)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
     AttentionInterface.register(ATTENTION_NAME, headinfer_attention)
     AttentionMaskInterface.register(ATTENTION_NAME, headinfer_mask)

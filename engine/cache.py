@@ -19,18 +19,17 @@ import logging
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
 
-from .planning.allocations import home_capacity, slot_placement
 from .attention import ATTENTION_NAME
-from .planning.host_split import choose_host_slots
-from .kv import HeadGroup, HostAttention, HostMemory, LayerHomes, Schedule, Transfer
+from .kv import HeadGroup, HostAttention, HostMemory, LayerHomes, Schedule, Transfer, route
 from .kv import streams as kv_streams
 from .kv.disk import DiskMemory
 from .kv.ledger import Ledger
 from .kv.probe import QueryProbe
-from .kv import route
-from .planning.shape import unsupported_layers
+from .planning.allocations import home_capacity, slot_placement
+from .planning.host_split import choose_host_slots
 from .planning.memory import ModelShape, Plan, make_plan
 from .planning.policy import OffloadPolicy
+from .planning.shape import unsupported_layers
 
 logger = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from torch import nn
+
 from .errors import ForwardInterrupted
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from .errors import PrefillCancelled
+
 
 
 @dataclass(frozen=True)

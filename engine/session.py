@@ -16,24 +16,34 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .answer.generate import ConversationFit, QuestionTooLong, document_page_starts, retrieval_heads, stream_answer
-from .planning.budgets import MachineBudget, SharedBudget, measure_budget
-from .cache import HeadInferCache
-from .errors import InputError, StateError
-from .store.restore import restore_document
-from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
-from .planning.out_of_memory import out_of_memory_message
-from .planning.memory import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan
-from .planning.policy import OffloadPolicy
-from .prefill import (PrefillClock, ReadRates, cpu_share, estimate_range, expected_share, note_own_read,
-                             prefill_step, prefill_work, shared_read_rates)
-from .prompt import DocumentTokens, PromptBuilder, Turn
-from .reports import AnswerChunk, PrefillCancelled, PrefillProgress, answer_rate
 from .answer.sampling import RepetitionGuard
-from .store.snapshots import RestoreStats, SnapshotInfo, SnapshotStore
-from .store.format import SnapshotIdentity
 from .answer.sources import AnswerSources
-from .planning.machine import measured_flop_rate
+from .cache import HeadInferCache
+from .errors import InputError, PrefillCancelled, StateError
+from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
 from .paths import cache_dir
+from .planning.budgets import MachineBudget, SharedBudget, measure_budget
+from .planning.capacity import capacity_options
+from .planning.machine import measured_flop_rate
+from .planning.memory import ModelShape, Plan, PlanError, make_plan
+from .planning.out_of_memory import out_of_memory_message
+from .planning.policy import OffloadPolicy
+from .prefill import (
+    PrefillClock,
+    ReadRates,
+    cpu_share,
+    estimate_range,
+    expected_share,
+    note_own_read,
+    prefill_step,
+    prefill_work,
+    shared_read_rates,
+)
+from .prompt import DocumentTokens, PromptBuilder, Turn
+from .reports import AnswerChunk, PrefillProgress, answer_rate
+from .store.format import SnapshotIdentity
+from .store.restore import restore_document
+from .store.snapshots import RestoreStats, SnapshotInfo, SnapshotStore
 
 logger = logging.getLogger(__name__)
 
@@ -173,8 +183,6 @@ class DocumentSession:
 
     def capacity_options(self) -> list:
         """How far each capacity option reaches here (RAM, + 8-bit, + the disk tier when it has a folder)."""
-        from .planning.capacity import capacity_options
-
         machine = self.machine  # its budgets are the policy's where it sets them, less what other tabs hold
         policy = dataclasses.replace(self.policy, gpu_memory=None, host_memory=None)
         return capacity_options(self.shape, policy, device_is_cuda=machine.device_is_cuda,

@@ -21,7 +21,7 @@ from app.documents.text import decode_text, normalise, refuse_binary
 
 __all__ = ["SUPPORTED_SUFFIXES", "Document", "DocumentError", "combine", "read_document"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 SUPPORTED_SUFFIXES = (".pdf", ".txt", ".md", ".markdown", ".html", ".htm", ".epub", ".docx")
 
@@ -80,7 +80,7 @@ def read_document(path: str | Path, name: str | None = None) -> Document:
     if not text:
         raise DocumentError(f"{name} is empty: it contains no text to ask questions about.")
     document = Document(name=name, kind=kind, text=text, pages=pages)
-    log.info(
+    logger.info(
         "read %s (%s): %d chars%s",
         name,
         kind,

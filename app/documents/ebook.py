@@ -17,7 +17,7 @@ from ebooklib import epub
 from app.documents.base import DocumentError
 from app.documents.markup import html_to_text
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def read_epub(path: Path, name: str) -> str:
@@ -28,7 +28,7 @@ def read_epub(path: Path, name: str) -> str:
             # The NCX is parsed only when the book has no EPUB 3 navigation page (EPUB 2 books).
             book = epub.read_epub(str(path), options={"ignore_ncx": True})
     except (epub.EpubException, zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
-        log.debug("ebooklib failed on %s", name, exc_info=True)
+        logger.debug("ebooklib failed on %s", name, exc_info=True)
         raise DocumentError(
             f"{name} could not be read as an EPUB: the file is damaged or not an e-book. "
             "Re-download or re-export it and try again."
@@ -91,7 +91,7 @@ def read_docx(path: Path, name: str) -> str:
     try:
         document = docx.Document(str(path))
     except (PackageNotFoundError, zipfile.BadZipFile, KeyError, ValueError) as exc:
-        log.debug("python-docx failed on %s", name, exc_info=True)
+        logger.debug("python-docx failed on %s", name, exc_info=True)
         raise DocumentError(
             f"{name} could not be read as a Word document (.docx). Old .doc files are not "
             "supported: save it as .docx or PDF and try again."

@@ -25,7 +25,7 @@ try:
 except ImportError:  # pragma: no cover - a requirement; pypdf alone still reads PDFs
     pdfium = None
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # PDFium is not thread-safe, and Gradio runs handlers of several visitors in threads.
 _PDFIUM_LOCK = threading.Lock()
@@ -77,7 +77,7 @@ def pdfium_pages(path: Path, name: str) -> tuple[list[str | None], list[str | No
         except pdfium.PdfiumError as exc:
             if exc.err_code == pdfium_raw.FPDF_ERR_PASSWORD:
                 raise _password_error(name) from exc
-            log.info("PDFium could not open %s (%s); trying pypdf", name, exc)
+            logger.info("PDFium could not open %s (%s); trying pypdf", name, exc)
             return None
         try:
             texts = [_pdfium_page_text(document, index, name) for index in range(len(document))]
@@ -106,7 +106,7 @@ def _pdfium_page_text(document, index: int, name: str) -> str | None:
             page.close()
     except pdfium.PdfiumError:
         # One broken page should not cost the user the rest of the book.
-        log.warning("could not extract text of page %d of %s", index + 1, name, exc_info=True)
+        logger.warning("could not extract text of page %d of %s", index + 1, name, exc_info=True)
         return None
 
 
@@ -135,7 +135,7 @@ def pypdf_pages(path: Path, name: str) -> tuple[list[str | None], list[str | Non
         ) from exc
     except (PyPdfError, OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         # pypdf raises assorted built-in errors on malformed files, not only PyPdfError.
-        log.debug("pypdf failed on %s", name, exc_info=True)
+        logger.debug("pypdf failed on %s", name, exc_info=True)
         raise _unreadable(name) from exc
 
     pages: list[str | None] = []
@@ -143,7 +143,7 @@ def pypdf_pages(path: Path, name: str) -> tuple[list[str | None], list[str | Non
         try:
             pages.append(page.extract_text() or "")
         except (PyPdfError, ValueError, KeyError, TypeError, AttributeError):
-            log.warning("could not extract text of page %d of %s", number, name, exc_info=True)
+            logger.warning("could not extract text of page %d of %s", number, name, exc_info=True)
             pages.append(None)
     try:
         labels = [_label(label) for label in reader.page_labels] if "/PageLabels" in reader.trailer["/Root"] else []

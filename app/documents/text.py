@@ -12,7 +12,7 @@ import re
 
 from app.documents.base import DocumentError
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # Legacy single-byte fallbacks, in order. cp1252 first because Western books saved on Windows
 # are by far the most common non-UTF-8 text; latin-1 decodes any byte so it always ends the chain.
@@ -109,7 +109,7 @@ def _decode_8bit(data: bytes) -> str:
             text = data.decode(encoding)
         except UnicodeDecodeError:
             continue
-        log.info("text is not UTF-8; decoded as %s", encoding)
+        logger.info("text is not UTF-8; decoded as %s", encoding)
         return text
     raise AssertionError("latin-1 decodes every byte string")  # pragma: no cover
 

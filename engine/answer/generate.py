@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 
 from ..interrupt import ForwardInterrupted
+from ..paths import cache_dir
 from ..planning.plan import PlanError
 from ..reports import AnswerChunk, answer_rate
 from .retrieval_heads import find_retrieval_heads
 from .sampling import IncrementalDecoder, RepetitionGuard, next_token, stop_token_ids
 from .sources import page_starts, page_starts_from_offsets
-from ..paths import cache_dir
 
 logger = logging.getLogger(__name__)
 

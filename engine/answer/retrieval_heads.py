@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from ..cache import HeadInferCache
-from ..store.fingerprint import model_fingerprint
 from ..kv.probe import QueryProbe
 from ..prompt import PromptBuilder
+from ..store.fingerprint import model_fingerprint
 from .sources import attention_mass
 
 logger = logging.getLogger(__name__)

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from .checksum import crc32
 from ..errors import DiskTierError
+from .checksum import crc32
 
 logger = logging.getLogger(__name__)
 

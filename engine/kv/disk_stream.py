@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .ledger import DISK_STREAM, Ledger
 from ..errors import DiskStreamError
+from .ledger import DISK_STREAM, Ledger
 
 if TYPE_CHECKING:
     from .homes import GroupHome

@@ -26,6 +26,7 @@ import traceback
 from dataclasses import dataclass
 
 import torch
+
 from ..errors import RaceError
 
 logger = logging.getLogger(__name__)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import HomesFull
 from .ledger import DISK, HOMES
 from .pinned import HostMemory
-from ..errors import HomesFull
+from .quant import SCALE_DTYPE, dequantize, quantize, storage_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,6 @@ class GroupHome:
         """Tokens [start, stop) as [stop-start, B, 2, g, D] in the model's dtype (8-bit homes: dequantized)."""
         if not self.is_quantized:
             return self.read(start, stop)
-        from .quant import dequantize
 
         codes, scales = self.read(start, stop, 0), self.read(start, stop, 1)
         return dequantize(codes, scales, torch.empty(codes.shape, dtype=self.dtype, device=codes.device))
@@ -116,8 +116,6 @@ class GroupHome:
     def write(self, position: int, block: torch.Tensor, copy=None) -> None:
         """Stores block [n, B, 2, g, D] (the model's dtype) at tokens [position, position + n)."""
         if self.is_quantized:
-            from .quant import quantize
-
             self.write_planes(position, list(quantize(block, self.kv_dtype)), copy)
         else:
             self.write_planes(position, [block], copy)
@@ -298,6 +296,5 @@ def _plane_specs(batch: int, group_size: int, head_dim: int, dtype: torch.dtype,
     """(shape after the token dimension, dtype) of each plane of a home."""
     if kv_dtype is None:
         return [((batch, 2, group_size, head_dim), dtype)]
-    from .quant import SCALE_DTYPE, storage_dtype
 
     return [((batch, 2, group_size, head_dim), storage_dtype(kv_dtype)), ((batch, 2, group_size, 1), SCALE_DTYPE)]

@@ -60,7 +60,7 @@ _FLASH_BOTTOM_RIGHT, _FLASH_WINDOW, _FLASH_SOFTCAP = (2, 1), (2, 3), (2, 6)
 def _flash_attn() -> tuple | None:
     """(flash_attn_func, its version as (major, minor)), or None when it is missing or too old to be exact."""
     try:
-        import flash_attn
+        import flash_attn  # optional dependency: flash-attn where installed, else SDPA
         from flash_attn import flash_attn_func
     except ImportError:
         return None

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
 from ..paths import cache_dir
 
 logger = logging.getLogger(__name__)

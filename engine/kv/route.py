@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 
 import torch
-from ..errors import RouteError
 
+from ..errors import RouteError
 
 _local = threading.local()
 

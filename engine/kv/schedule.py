@@ -24,8 +24,8 @@ import torch
 
 from . import kernels
 from .homes import LayerHomes
-from .probe import QueryProbe
 from .host_attention import HostAttention, HostJob
+from .probe import QueryProbe
 from .transfer import Slot, Transfer
 
 #: Steps with at most this many query tokens may attend offloaded groups on the host: their queries and

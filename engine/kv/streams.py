@@ -3,7 +3,6 @@
 The engine orders KV movement with CUDA streams and events (``transfer.py``, ``disk_stream.py``). On a CPU every
 copy is synchronous, so a missing or misplaced wait would be invisible there. So the engine never calls
 ``torch.cuda`` for these: it calls a backend, and the same code runs on three:
-
 - ``cuda``: torch's streams and events (``cuda-lagged``: the same, with ``torch.cuda._sleep`` injected before
   side-stream copies and compute-stream waits, so a missing wait shows up as a wrong answer on a real GPU);
 - ``sync``: a CPU-only machine's behaviour: streams run each operation at once on the calling thread, events
@@ -29,6 +28,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 
 import torch
+
+from .emulated import EmulatedStreams
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +59,6 @@ def make(choice: str, device: torch.device, seed: int | None = None):
     if name == "sync":
         return SyncStreams()
     if name == "emulated":
-        from .emulated import EmulatedStreams  # (its threads and checker exist only when asked for)
-
         if seed is None:
             seed = int(os.environ.get(ENV_SEED, "0") or 0)
         return EmulatedStreams(seed=seed)

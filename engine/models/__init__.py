@@ -2,14 +2,21 @@
 entry reads on this machine (from its config alone), models found on this machine, Hub downloads, and switching the
 served model. The app's picker and ``launch.py`` use these names; the rest of the folder is internal."""
 
+from ..planning.window import trained_window
 from .catalogue import READ_TOKENS, Entry, Fit, Machine, detect_machine, load_catalogue, plan_entry, rank
 from .discovery import discover
 from .downloads import DownloadJob, DownloadProgress, cached_snapshot
-from .loader import (ModelSourceError, UnsupportedModelError, check_supported, describe, load_model, read_config,
-                     resolve_device)
+from .loader import (
+                     ModelSourceError,
+                     UnsupportedModelError,
+                     check_supported,
+                     describe,
+                     load_model,
+                     read_config,
+                     resolve_device,
+)
 from .pypi import cpu_default_source, pypi_model_gguf
 from .switch import ModelHolder
-from ..planning.window import trained_window
 
 __all__ = ["READ_TOKENS", "DownloadJob", "DownloadProgress", "Entry", "Fit", "Machine", "ModelHolder",
            "ModelSourceError", "UnsupportedModelError", "cached_snapshot", "check_supported", "cpu_default_source",

@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 
-from engine.planning.capacity import capacity_options
+import torch
+
 from engine.models.loader import SUPPORTED_ARCHITECTURES
-from engine.planning.memory import ModelShape, estimate_prefill_seconds
+from engine.planning.budgets import measure_budget
+from engine.planning.capacity import capacity_options
+from engine.planning.machine import measured_flop_rate
+from engine.planning.memory import ModelShape, estimate_prefill_seconds, make_plan
 from engine.planning.policy import OffloadPolicy
+from engine.planning.rates import machine_rates
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +144,6 @@ def plan_entry(entry: Entry, machine: Machine, *, chunk_size: int = 4096) -> Fit
 
 def _disk_reach(shape: ModelShape, policy: OffloadPolicy, machine: Machine) -> int:
     """Context a disk tier of ``machine.disk_free`` bytes reaches (the planner's own split; no folder is touched)."""
-    from engine.planning.memory import make_plan
-
     probe = OffloadPolicy(chunk_size=policy.chunk_size, disk_dir="/", disk_memory=machine.disk_free)
     return make_plan(shape, probe, 1 << 20, device_is_cuda=machine.device_is_cuda, gpu_budget=machine.gpu_budget,
                      host_budget=machine.host_budget).max_context_tokens
@@ -160,12 +165,6 @@ def detect_machine(model=None, *, device: str = "cpu", disk_dir: str | None = No
 
     Without a loaded model the FLOP rate is a stated guess (``DEFAULT_FLOPS``), named so in ``Machine.name``.
     """
-    import shutil
-
-    from engine.planning.budgets import measure_budget
-    from engine.planning.policy import OffloadPolicy
-    from engine.planning.rates import machine_rates
-    from engine.planning.machine import measured_flop_rate
 
     is_cuda = device.startswith("cuda")
     budget = measure_budget(device, OffloadPolicy())  # as a read here would see the machine (reserve included)
@@ -190,10 +189,6 @@ def detect_machine(model=None, *, device: str = "cpu", disk_dir: str | None = No
 
 def _weights_gbps(model, shape: ModelShape) -> float:
     """GB/s of weights one decode step reads: a one-token forward of the loaded model (best of three)."""
-    import time
-
-    import torch
-
     device = next(model.parameters()).device
     ids = torch.zeros((1, 1), dtype=torch.long, device=device)
     best = float("inf")

@@ -13,8 +13,10 @@ import os
 from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
+from types import SimpleNamespace
 
 from engine.models.catalogue import Entry
+from engine.planning.shape import ModelShape
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +51,7 @@ def discover(user_folders: Iterable[str | Path] = (), *, hf_cache: Path | None =
 
 def _hub_cache(cache: Path | None) -> list[Entry]:
     try:
-        from huggingface_hub import scan_cache_dir
+        from huggingface_hub import scan_cache_dir  # start-up time: only the picker scans the Hub cache
 
         info = scan_cache_dir(cache)
     except Exception as error:  # no cache yet, or an unreadable one
@@ -134,7 +136,7 @@ def gguf_entry(path: Path, name: str, source: str) -> Entry | None:
 def _gguf_entry(file: str, size: int, mtime_ns: int, name: str, source: str) -> Entry | None:
     path = Path(file)
     try:
-        from gguf import GGUFReader
+        from gguf import GGUFReader  # optional dependency: reading a .gguf header
 
         reader = GGUFReader(str(path))
         arch = _field(reader, "general.architecture")
@@ -170,10 +172,6 @@ def _field(reader, name: str):
 
 
 def _estimated_params(config: dict) -> int:
-    from types import SimpleNamespace
-
-    from engine.planning.shape import ModelShape
-
     try:
         return ModelShape.from_config(SimpleNamespace(**config)).num_params
     except (AttributeError, TypeError, ValueError):

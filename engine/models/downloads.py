@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.models.loader import ModelSourceError
+
 from ..errors import CorruptDownload, DownloadCancelled, GatedModelError
 
 logger = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class DownloadJob:
 
     def run(self) -> Path:
         """Downloads what is missing and returns the snapshot folder (``load_model`` takes it as a source)."""
-        from huggingface_hub import HfApi, hf_hub_download
+        from huggingface_hub import HfApi, hf_hub_download  # start-up time: only the picker downloads
         from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
         api = HfApi(endpoint=self.endpoint, token=self.token)
@@ -108,7 +109,7 @@ class DownloadJob:
     def _write_ref(self, sha: str) -> None:
         """Points the cache's ``refs/<revision>`` at the downloaded commit, as ``snapshot_download`` does, once every
         file is in: an offline lookup by name (``cached_snapshot``) then finds only complete downloads."""
-        from huggingface_hub import constants
+        from huggingface_hub import constants  # start-up time: only the picker downloads
         from huggingface_hub.file_download import repo_folder_name
 
         cache = Path(self.cache_dir or constants.HF_HUB_CACHE)
@@ -199,7 +200,7 @@ def gated_message(repo_id: str) -> str:
 
 def cached_snapshot(repo_id: str, cache_dir: str | Path | None = None) -> Path | None:
     """The complete snapshot of ``repo_id`` in the Hugging Face cache, or None (nothing is fetched)."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # start-up time: only the picker downloads
 
     try:
         return Path(snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=list(WANTED),

@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 logger = logging.getLogger(__name__)
 
 
 def convert_gguf(gguf: Path, target: Path) -> None:
     """Dequantizes ``gguf`` into a safetensors folder at ``target``, atomically."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
     try:
@@ -42,7 +41,6 @@ def load_weights(cls: Any, source: str, gguf_file: str | None, **kwargs: Any) ->
     """``cls.from_pretrained`` that, for GGUF, unpacks to a plain dense model."""
     if gguf_file is None:
         return cls.from_pretrained(source, **kwargs)
-    from transformers import GgufConfig
 
     # Packed GGUF layers would need the hub `kernels` package and swap in their own attention; dense
     # weights keep the stock modules. dequantize=True also drops the quantizer, so save_pretrained works.

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gemma3ForCausalLM
 
-from ..planning.shape import unsupported_layers
 from ..errors import HeadInferError, ModelSourceError
 from ..paths import cache_dir
+from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
 from .pypi import pypi_model_dir
 
@@ -199,7 +200,6 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
         UnsupportedModelError: the architecture is not supported (raised before weights load).
         ModelSourceError: the source does not exist or cannot be read / fetched.
     """
-    from transformers import AutoModelForCausalLM
 
     path, gguf_file, is_hub = _resolve_source(source)
     torch_device = resolve_device(device)
@@ -244,8 +244,6 @@ def _resolve_source(source: str | None) -> tuple[str, str | None, bool]:
 
 def _read_config(path: str, gguf_file: str | None, is_hub: bool) -> Any:
     """The model config alone (no weights), with errors that say what to do about them."""
-    from transformers import AutoConfig
-
     try:
         return AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
     except Exception as err:
@@ -259,8 +257,6 @@ def _read_config(path: str, gguf_file: str | None, is_hub: bool) -> Any:
 
 
 def _load_tokenizer(path: str, gguf_file: str | None) -> Any:
-    from transformers import AutoTokenizer
-
     try:
         return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
     except Exception as err:
@@ -310,8 +306,6 @@ def _resolve_dtype(dtype: str, device: str) -> torch.dtype:
 
 def _gemma3_text_class() -> type:
     """``Gemma3ForCausalLM`` that silently skips a multimodal checkpoint's vision weights."""
-    from transformers import Gemma3ForCausalLM
-
     # Without this the load report lists every vision tensor as unexpected, hundreds of lines.
     ignore = {"_keys_to_ignore_on_load_unexpected": [r"vision_tower\.", r"multi_modal_projector\."]}
     return type("Gemma3ForCausalLM", (Gemma3ForCausalLM,), {**ignore, "__module__": Gemma3ForCausalLM.__module__})

@@ -18,9 +18,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from ..errors import ModelSourceError
-from .gguf import convert_gguf
 from ..paths import cache_dir
+from .gguf import convert_gguf
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +75,6 @@ def cpu_default_source(ram_bytes: int | None = None) -> str | None:
     if chosen:
         return chosen
     if ram_bytes is None:
-        import psutil
-
         ram_bytes = psutil.virtual_memory().total
     return f"pypi:{CPU_DEFAULT if ram_bytes >= CPU_DEFAULT_MIN_RAM else CPU_SMALL_DEFAULT}"
 

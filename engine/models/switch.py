@@ -9,9 +9,11 @@ stays tied to its model and reopens only under it.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,7 +64,6 @@ class ModelHolder:
 
         Raises whatever the loader raises (unsupported, missing, gated); the old model then keeps serving.
         """
-        import time
 
         if self._loader is None:
             raise RuntimeError("this holder was made without a loader")
@@ -103,8 +104,6 @@ def _release() -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     try:  # glibc keeps freed small blocks in its arenas; give the top of the heap back too
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass

@@ -7,6 +7,7 @@ and the allocation cannot disagree on which slots are resident, in RAM or on dis
 
 from __future__ import annotations
 
+from engine.kv.schedule import HOST_QUERY_LIMIT
 from engine.planning.shape import ModelShape, disk_stream_bytes
 
 HOMES, STAGING, PINGPONG, CODES, HOST_IO, DISK_STREAM, SOURCES = (
@@ -64,8 +65,6 @@ def planned_allocations(shape: ModelShape, *, capacity: int, chunk: int, group: 
     if kv_dtype is not None:  # code planes beside both ping-pong buffers and both staging buffers
         plan[CODES] = 2 * (max(visible, 1) + max(chunk * num_groups, 1)) * coded
     if host_attention and any_offloaded:
-        from engine.kv.schedule import HOST_QUERY_LIMIT  # (constants only: no loop, the KV core imports no planner)
-
         plan[HOST_IO] = 2 * batch * shape.num_heads * HOST_QUERY_LIMIT * shape.head_dim * shape.dtype_bytes
     if cuda and on_disk:
         plan[DISK_STREAM] = disk_stream_bytes(shape, chunk, kv_dtype)

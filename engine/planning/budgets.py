@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from .rates import MachineRates, plan_rates
 from .machine import HOST_BUDGET_FRACTION, measure_activation_peak
+from .rates import MachineRates, plan_rates
 
 logger = logging.getLogger(__name__)
 

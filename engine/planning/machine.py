@@ -15,6 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
+import torch
+
+from ..kv import route
+from .memory import estimate_prefill_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +42,7 @@ class MemorySnapshot:
 def _nvml():
     """Initialises NVML once; returns the module, or None when no driver/GPU is usable."""
     try:
-        import pynvml
+        import pynvml  # optional dependency: NVML (nvidia-ml-py) where a driver is
 
         pynvml.nvmlInit()
     except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver errors...
@@ -89,10 +93,6 @@ def measured_flop_rate(model, shape, num_tokens: int = 512) -> float:
     too small to run at a read's rate, and estimates came out 40-60% long on real manuals)."""
     rate = _MEASURED_RATES.get(model)
     if rate is None:
-        import torch  # deferred: telemetry is also used where torch is not needed
-
-        from .memory import estimate_prefill_seconds
-
         device = next(model.parameters()).device
         ids = torch.randint(0, shape.vocab_size, (1, num_tokens), device=device)
         _no_forward_in_flight()
@@ -109,8 +109,6 @@ def measured_flop_rate(model, shape, num_tokens: int = 512) -> float:
 
 def synchronize(device) -> None:
     """Waits for the device's queued work (a no-op on the CPU, whose work has run when a call returns)."""
-    import torch
-
     if getattr(device, "type", device) == "cuda":
         torch.cuda.synchronize(device)
 
@@ -123,7 +121,6 @@ def measure_activation_peak(model, chunk: int, vocab_size: int, cuda=None) -> in
     forward of ``chunk`` tokens; measured once per (model, chunk). None off CUDA (the plan keeps its estimate).
 
     ``cuda``: torch.cuda, or a stand-in with its memory counters (tests)."""
-    import torch
 
     device = next(model.parameters()).device
     if cuda is None:
@@ -148,7 +145,6 @@ def measure_activation_peak(model, chunk: int, vocab_size: int, cuda=None) -> in
 def _no_forward_in_flight() -> None:
     """A dry run is a forward without a HeadInferCache: a KV route an earlier, failed forward left on this thread
     (an update whose attention never ran) must not be taken for its own (``kv/route.py``)."""
-    from ..kv import route
 
     route.clear()
 

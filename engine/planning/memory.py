@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
+from pathlib import Path
 
+from engine.kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES
 from engine.planning.allocations import planned_allocations
 from engine.planning.host_split import forecast_decode, host_share
-from engine.planning.shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
 from engine.planning.plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
 from engine.planning.policy import OffloadPolicy
+from engine.planning.shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
 
 __all__ = [
     "LIMIT_MAX_CONTEXT", "LIMIT_MEMORY", "LIMIT_MODEL", "ModelShape", "Plan", "PlanError", "disk_stream_bytes",
@@ -112,7 +115,6 @@ def _device_codes(shape: ModelShape, context: int, chunk: int, group: int, kv_dt
 def _attention_scratch(shape: ModelShape, context: int, chunk: int, group: int) -> int:
     """The largest temporary of one group's attention without flash-attn: SDPA's contiguous K/V (repeated for the
     query heads where a window mask or fp32 needs the memory-efficient kernel), or the softcap path's score tiles."""
-    from engine.kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES  # (constants: no loop at run time)
 
     n_rep = shape.num_heads // shape.num_kv_heads
     expand = n_rep if (any(w is not None for w in shape.sliding_windows) or shape.dtype_bytes == 4) else 1
@@ -250,8 +252,6 @@ def _disk_budget(policy: OffloadPolicy) -> int | None:
         return None
     if policy.disk_memory is not None:
         return policy.disk_memory
-    import shutil
-    from pathlib import Path
 
     folder = Path(policy.disk_dir).expanduser()
     while not folder.exists() and folder != folder.parent:

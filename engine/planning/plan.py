@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from ..errors import PlanError
 
 GIB = 1 << 30

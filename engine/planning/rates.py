@@ -25,9 +25,10 @@ from pathlib import Path
 
 import torch
 
+from ..kv.host_attention import HostAttention
+from ..paths import cache_dir
 from .host_split import DEFAULT_H2D_GBPS
 from .policy import OffloadPolicy
-from ..paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +109,6 @@ def measure_together(host_step: Callable[[], int], link_step: Callable[[], tuple
 def measure_together_gbps(device: torch.device, tokens: int = _PROBE_TOKENS, num_bytes: int = 256 << 20,
                           copies_per_step: int = 4) -> tuple[float, float]:
     """Host attention and pinned H2D copies measured at once on CUDA (``measure_together``)."""
-    from ..kv.host_attention import HostAttention
-
     home = torch.empty(tokens + 1, 1, 2, 1, 128, dtype=torch.bfloat16).normal_()
     query = torch.randn(1, 4, 1, 128, dtype=torch.bfloat16)
     kernel = HostAttention()
@@ -140,8 +139,6 @@ def measure_together_gbps(device: torch.device, tokens: int = _PROBE_TOKENS, num
 def measure_host_attention_gbps(tokens: int = _PROBE_TOKENS, group_size: int = 1, head_dim: int = 128,
                                 n_rep: int = 4, repeats: int = _PROBE_REPEATS) -> float:
     """Home bytes per second the host kernel reads in a decode step (median of ``repeats``)."""
-    from ..kv.host_attention import HostAttention
-
     home = torch.empty(tokens + 1, 1, 2, group_size, head_dim, dtype=torch.bfloat16).normal_()
     query = torch.randn(1, group_size * n_rep, 1, head_dim, dtype=torch.bfloat16)
     kernel = HostAttention()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from engine.kv.disk_stream import NUM_PIECES, PIECE_BYTES, WRITES_PER_GROUP
 from engine.planning.window import trained_window
 
 
@@ -133,7 +134,6 @@ def disk_stream_bytes(shape: ModelShape, chunk: int, kv_dtype: str | None) -> in
     """Pinned host memory the disk tier moves through on CUDA: the disk stream's pieces and write buffers
     (``WRITES_PER_GROUP`` per head group of a layer, each one chunk of that group: per layer, every KV head)."""
     # Imported here: the KV core imports PlanError from the planner, which imports this module.
-    from engine.kv.disk_stream import NUM_PIECES, PIECE_BYTES, WRITES_PER_GROUP
 
     per_token = shape.num_kv_heads * shape.head_dim * 2 * math.ceil(host_element_bytes(shape, kv_dtype))
     return NUM_PIECES * PIECE_BYTES + WRITES_PER_GROUP * chunk * per_token

@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 import transformers
 
-from ..planning.policy import OffloadPolicy
-from .cases import FEATURES, CaseResult, TinyPair, case_policy, run_case, tiny_configs
 from ..paths import cache_dir
+from ..planning.policy import OffloadPolicy
+from ..planning.rates import measure_copy_gbps, measure_h2d_gbps, measure_host_attention_gbps
+from .cases import FEATURES, CaseResult, TinyPair, case_policy, run_case, tiny_configs
 
 logger = logging.getLogger(__name__)
 
@@ -182,8 +183,6 @@ def disable(policy: OffloadPolicy, failed: list[str]) -> OffloadPolicy:
 
 
 def _rates(device: torch.device, host_attention: bool) -> dict:
-    from ..planning.rates import measure_h2d_gbps, measure_host_attention_gbps
-
     rates = {"h2d_gbps": measure_h2d_gbps(device, 64 << 20), "d2h_gbps": _measure_d2h_gbps(device, 64 << 20)}
     if host_attention:
         rates["host_attention_gbps"] = measure_host_attention_gbps(tokens=1 << 16, repeats=3)
@@ -192,8 +191,6 @@ def _rates(device: torch.device, host_attention: bool) -> dict:
 
 def _measure_d2h_gbps(device: torch.device, num_bytes: int, repeats: int = 5) -> float:
     """Device-to-pinned-host copy rate (median), timed with CUDA events."""
-    from ..planning.rates import measure_copy_gbps  # (as in _rates: rates are measured only on a GPU)
-
     source = torch.empty(num_bytes, dtype=torch.uint8, device=device).random_()
     return measure_copy_gbps(torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True), source, repeats)
 

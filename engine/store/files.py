@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from ..cache import HeadInferCache
-from .fingerprint import dtype_name, token_ids_bytes
 from ..kv import LayerHomes
+from .fingerprint import dtype_name, token_ids_bytes
 from .format import (
     HEADER_FILE,
     LAST_USED_FILE,

@@ -23,8 +23,15 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .fingerprint import ModelFingerprint, kv_dtype, dtype_name, model_fingerprint, token_ids_digest, tokenizer_fingerprint
 from ..errors import CorruptSnapshotError, SnapshotError
+from .fingerprint import (
+    ModelFingerprint,
+    dtype_name,
+    kv_dtype,
+    model_fingerprint,
+    token_ids_digest,
+    tokenizer_fingerprint,
+)
 
 FORMAT = "headinfer-kv-snapshot"
 FORMAT_VERSION = 3  # 2: token-major homes, one run per (layer, head group); 3: plus home files

@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 
 from ..cache import HeadInferCache
-from .snapshots import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
 from .format import SnapshotIdentity
+from .snapshots import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
 
 logger = logging.getLogger(__name__)
 

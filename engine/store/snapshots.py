@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..paths import cache_dir
+from ..planning.machine import format_bytes
 from .files import TEMP_PREFIX, read_snapshot, snapshot_bytes, write_snapshot
 from .format import (
     LAST_USED_FILE,
@@ -37,8 +39,6 @@ from .format import (
     check_compatible,
     read_header,
 )
-from ..planning.machine import format_bytes
-from ..paths import cache_dir
 
 if TYPE_CHECKING:
     from ..cache import HeadInferCache

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from ..kv.checksum import crc32 as _crc32
 from ..errors import ChecksumMismatch, TruncatedFile
+from ..kv.checksum import crc32 as _crc32
 
 logger = logging.getLogger(__name__)
 

@@ -12,14 +12,9 @@ from test_snapshot import _document, _tiny_model, _word_tokenizer
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from engine import HeadInferCache, OffloadPolicy
-
-from engine.planning import budgets
-
-from engine.planning import memory as planner
-
-from engine.planning import rates
-
+from engine.planning import budgets, rates
 from engine.planning import machine as telemetry
+from engine.planning import memory as planner
 from engine.planning.budgets import MachineBudget, SharedBudget, card_budget, measure_budget
 from engine.planning.memory import ModelShape, make_plan
 from engine.session import DocumentSession

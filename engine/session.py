@@ -203,10 +203,6 @@ class DocumentSession:
         return estimate_range(work, learned, benchmark, share)
 
     # -- the document ----------------------------------------------------------------------------
-    def prompt_tokens(self, text: str) -> int:
-        """Tokens ``text`` takes as the document prefix (system prompt and chat markup included)."""
-        return len(self.prompts.document_ids(text))
-
     def limits(self) -> Plan:
         """The plan of a minimal document: its ``context_limit`` (answers included) and ``limit_reason`` say
         how much any document may take, before one is tokenized."""

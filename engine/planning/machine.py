@@ -11,7 +11,6 @@ import functools
 import logging
 import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
@@ -161,49 +160,3 @@ def format_bytes(n: int | None) -> str:
         if value < 1024 or unit == "TiB":
             return f"{sign}{value:.2f} {unit}"
     raise AssertionError("unreachable")
-
-
-class Throughput:
-    """Tracks tokens produced since :meth:`start` and their rate.
-
-    The clock is injectable so tests (and replays) do not depend on wall time.
-    """
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._clock = clock
-        self._start: float | None = None
-        self._tokens = 0
-
-    def start(self) -> None:
-        """Resets the token count and starts timing now."""
-        self._start = self._clock()
-        self._tokens = 0
-
-    def add(self, n: int = 1) -> None:
-        """Counts ``n`` more tokens (starts timing on first use if :meth:`start` was not called)."""
-        if n < 0:
-            raise ValueError(f"token count must be >= 0, got {n}")
-        if self._start is None:
-            self.start()
-        self._tokens += n
-
-    @property
-    def tokens(self) -> int:
-        """Tokens counted since the last :meth:`start`."""
-        return self._tokens
-
-    @property
-    def elapsed(self) -> float:
-        """Seconds since the last :meth:`start` (0 before it)."""
-        return 0.0 if self._start is None else max(0.0, self._clock() - self._start)
-
-    @property
-    def rate(self) -> float:
-        """Tokens per second since :meth:`start`; 0.0 before any time has passed."""
-        elapsed = self.elapsed
-        return self._tokens / elapsed if elapsed > 0 else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Alias of :attr:`rate`."""
-        return self.rate

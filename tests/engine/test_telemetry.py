@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.planning.machine import MemorySnapshot, Throughput, format_bytes, read_memory
+from engine.planning.machine import MemorySnapshot, format_bytes, read_memory
 
 
 def _has_cuda() -> bool:
@@ -34,36 +34,3 @@ def test_read_memory_bad_gpu_index_does_not_raise():
 )
 def test_format_bytes(n, text):
     assert format_bytes(n) == text
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_throughput_with_injected_clock():
-    clock = FakeClock()
-    meter = Throughput(clock=clock)
-    assert meter.rate == 0.0 and meter.elapsed == 0.0
-    meter.start()
-    assert meter.rate == 0.0  # no time has passed yet
-    meter.add(10)
-    clock.now += 2.0
-    meter.add(30)
-    assert meter.tokens == 40 and meter.elapsed == 2.0
-    assert meter.rate == 20.0 == meter.tokens_per_second
-    meter.start()  # restart resets the count
-    assert meter.tokens == 0
-
-
-def test_throughput_add_starts_timing_and_rejects_negative():
-    clock = FakeClock()
-    meter = Throughput(clock=clock)
-    meter.add(5)
-    clock.now += 0.5
-    assert meter.rate == 10.0
-    with pytest.raises(ValueError):
-        meter.add(-1)

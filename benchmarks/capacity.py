@@ -24,11 +24,23 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from unittest import mock
 
 import torch
+from transformers import AutoModelForCausalLM, Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config
 
+import engine
+from engine.kv.disk import DiskMemory
+from engine.planning.capacity import capacity_options
 from engine.planning.host_split import DEFAULT_H2D_GBPS
+from engine.planning.memory import ModelShape, stored_tokens
+from engine.planning.policy import OffloadPolicy
+from engine.store.fingerprint import model_fingerprint, token_ids_digest
+from engine.store.format import SnapshotIdentity
 
+from .disk_io import cached_fraction, read_gbps, write_probe
+from .fill import fill_random
+from .models import llama3_8b_config
 from .records import run_stamp
 from .run import parse_tokens
 
@@ -37,8 +49,6 @@ _GIB = 1 << 30
 
 
 def architectures() -> dict:
-    from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config
-
     return {
         "Llama-3-8B": LlamaConfig(num_hidden_layers=32, num_key_value_heads=8, head_dim=128, num_attention_heads=32,
                                   hidden_size=4096),
@@ -54,8 +64,6 @@ def architectures() -> dict:
 
 
 def bytes_per_token(context: int = 131072, chunk: int = 4096) -> list[dict]:
-    from engine.planning.memory import ModelShape, stored_tokens
-
     rows = []
     for name, config in architectures().items():
         shape = ModelShape.from_config(config, dtype_bytes=2, num_params=1)
@@ -66,12 +74,6 @@ def bytes_per_token(context: int = 131072, chunk: int = 4096) -> list[dict]:
 
 
 def largest_contexts(host_gib: float, disk_dir: Path, disk_gbps: float) -> list[dict]:
-    from engine.planning.capacity import capacity_options
-    from engine.planning.memory import ModelShape
-    from engine.planning.policy import OffloadPolicy
-
-    from .models import llama3_8b_config
-
     shape = ModelShape.from_config(llama3_8b_config(), dtype_bytes=2)
     options = capacity_options(shape, OffloadPolicy(), device_is_cuda=True, gpu_budget=24 * _GIB,
                                host_budget=int(host_gib * _GIB), disk_dir=str(disk_dir), link_gbps=DEFAULT_H2D_GBPS,
@@ -82,12 +84,6 @@ def largest_contexts(host_gib: float, disk_dir: Path, disk_gbps: float) -> list[
 
 @torch.inference_mode()
 def disk_vs_ram(context: int, steps: int, folder: Path) -> dict:
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    import engine
-
-    from .disk_io import cached_fraction, read_gbps, write_probe
-
     config = LlamaConfig(hidden_size=256, intermediate_size=256, num_hidden_layers=32, num_attention_heads=16,
                          num_key_value_heads=8, head_dim=128, vocab_size=256, max_position_embeddings=context + 64)
     torch.manual_seed(0)
@@ -105,7 +101,6 @@ def disk_vs_ram(context: int, steps: int, folder: Path) -> dict:
         extra = {"disk_dir": str(folder), "host_memory": ram_plan.host_bytes - kv_bytes + 1} if mode == "disk" else {}
         cache = engine.HeadInferCache(model.config, device="cpu", max_context=context + 16, head_group_size=8,
                                       dtype=torch.float32, **extra)
-        from .fill import fill_random
 
         fill_random(cache, context, head_dim=128, num_kv_heads=8, device=torch.device("cpu"), dtype=torch.float32)
         tier = next(folder.glob("kv-*"), None)
@@ -137,16 +132,6 @@ def save_linked_vs_copied(context: int, folder: Path) -> dict:
     Every home is on disk, its running checksum built chunk by chunk as a prefill builds it, and the page cache
     is dropped before each save (a book that needed the disk tier is not in RAM). Disk usage is measured with
     ``statvfs`` around each save; each snapshot is then restored into a RAM-only cache."""
-    from unittest import mock
-
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    import engine
-    from engine.kv.disk import DiskMemory
-    from engine.store.fingerprint import model_fingerprint, token_ids_digest
-    from engine.store.format import SnapshotIdentity
-
-    from .fill import fill_random
 
     config = LlamaConfig(hidden_size=256, intermediate_size=256, num_hidden_layers=32, num_attention_heads=16,
                          num_key_value_heads=8, head_dim=128, vocab_size=256, max_position_embeddings=context + 64)

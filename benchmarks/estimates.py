@@ -16,6 +16,10 @@ import logging
 import time
 from pathlib import Path
 
+from engine import DocumentSession, OffloadPolicy
+from engine.models.loader import load_model
+
+from .corpus import fetch_corpus
 from .records import run_stamp
 
 logger = logging.getLogger(__name__)
@@ -29,12 +33,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="docs/benchmarks")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from app.documents import read_document
-    from engine import DocumentSession, OffloadPolicy
-    from engine.models.loader import load_model
-
-    from .corpus import fetch_corpus
-
+    from app.documents import (
+        read_document,  # start-up time: the document readers (pypdf, pdfium) only where documents are read
+    )
     model, tokenizer = load_model(None, device="cpu", dtype="float32")
     paths = fetch_corpus(Path(args.corpus))
     rows = []

@@ -1,12 +1,10 @@
 """``python -m benchmarks.gpu_all``: every GPU measurement in one process, most valuable first, one deadline.
 
 Made for one device call of at most 10 minutes on a fresh machine that has only torch and transformers::
-
     TORCH_CUDNN_SDPA_DEPRIORITIZED=1 PYTHONUNBUFFERED=1 python -m benchmarks.gpu_all --out "$OUT" --deadline-s 540
 
 Each result is appended to ``<out>/gpu.json`` the moment it exists (a killed call keeps everything before it),
 and ``gpu.md`` plus plots are rewritten at the end. Steps, in order (each capped, all under the deadline):
-
 1. GPU parity tests (``pytest -m gpu``, in this process): every tiny family in fp32 and bf16, the KV-core checks
 2. a 32K-token filled-cache decode step against a reference attention; a short run under ``TORCH_CUDA_SANITIZER=1``
 3. ceilings: pinned H2D, D2H, both at once; bf16 matmul; the attention kernel; host pinning (at most 64 GiB)
@@ -33,6 +31,14 @@ from pathlib import Path
 os.environ.setdefault("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")  # an H100 then picks SDPA backends as a 4090 does
 
 import torch  # noqa: E402
+
+from engine.kv import kernels
+
+from .gpu_checks import filled_cache_check
+from .host_attention import gpu_step
+from .junit import summarize_junit
+from .records import ResultStore, run_stamp
+from .run import _report, run_step
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +75,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from .records import ResultStore, run_stamp
-    from .run import _report, run_step
 
     started = time.monotonic()
     deadline = started + args.deadline_s
@@ -107,9 +111,7 @@ def main(argv=None) -> int:
 def _local_step(name: str, args, store, out: Path, seconds: float) -> None:
     is_cuda = args.device == "cuda"
     if name == "parity":
-        import pytest
-
-        from .junit import summarize_junit
+        import pytest  # start-up time: only the parity step runs the test suite
 
         junit = out / "parity-junit.xml"
         code = pytest.main(["-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
@@ -118,16 +120,12 @@ def _local_step(name: str, args, store, out: Path, seconds: float) -> None:
         store.append("parity", "pytest -m gpu", status="ok" if int(code) in (0, 5) else "failed",
                      exit_code=int(code), **summarize_junit(junit))
     elif name == "filled-cache":
-        from .gpu_checks import filled_cache_check
-
         context = max(256, int(32768 * args.scale))
         for dtype in (torch.bfloat16, torch.float32):
             result = filled_cache_check(args.device, context=context, dtype=dtype)
             store.append("filled-cache", f"headinfer-g1-{result.pop('dtype')}", context=result.pop("context"),
                          status="ok" if result["ok"] else "failed", **result)
     elif name == "host-attention":
-        from .host_attention import gpu_step
-
         gpu_step(args, store, out, seconds)
     elif name == "sanitizer":
         if not is_cuda:
@@ -143,8 +141,6 @@ def _local_step(name: str, args, store, out: Path, seconds: float) -> None:
 
 def _record_routes(store, step: str, seconds: float) -> None:
     """Which attention routes ran in the step (``engine.kv.kernels``), e.g. to see SDPA never fell to math."""
-    from engine.kv import kernels
-
     store.append("gpu_all", step, status="done", seconds=seconds, routes=dict(kernels.ROUTE_COUNTS))
     kernels.ROUTE_COUNTS.clear()
 

@@ -15,6 +15,11 @@ import logging
 import sys
 
 import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+import engine
+
+from .fill import fill_random
 
 logger = logging.getLogger(__name__)
 
@@ -23,12 +28,6 @@ logger = logging.getLogger(__name__)
 def filled_cache_check(device: str = "cuda", context: int = 32768, dtype: torch.dtype = torch.bfloat16,
                        head_group_size: int = 1) -> dict:
     """Relative error of one decode step's attention over a filled cache vs a reference (fp32 math)."""
-    from transformers import LlamaConfig
-
-    import engine
-
-    from .fill import fill_random
-
     config = LlamaConfig(hidden_size=1024, intermediate_size=64, num_hidden_layers=2, num_attention_heads=8,
                          num_key_value_heads=4, head_dim=128, vocab_size=97, max_position_embeddings=1 << 20)
     config._attn_implementation = "headinfer"
@@ -62,10 +61,6 @@ def filled_cache_check(device: str = "cuda", context: int = 32768, dtype: torch.
 @torch.inference_mode()
 def sanitizer_run(device: str = "cuda") -> None:
     """A short chunked prefill and a few decode steps of a tiny model, head-wise, everything offloaded."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    import engine
-
     config = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=8,
                          num_key_value_heads=4, head_dim=16, vocab_size=97, max_position_embeddings=4096)
     torch.manual_seed(0)

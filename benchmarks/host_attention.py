@@ -3,7 +3,6 @@
 CPU table (issue 12): a decode step's host attention over one head group's bf16 home (head dim 128, GQA with 4
 query heads per KV head, as Llama-3-8B) at 8K-512K tokens per group, on every core, next to a STREAM-like read
 of a large buffer measured in the same run; written to ``docs/benchmarks/host-attention-cpu.{md,json}``::
-
     python -m benchmarks.host_attention                      # 8K,32K,128K,512K; groups of 1 and 8 KV heads
     python -m benchmarks.host_attention --tokens 8K,32K --groups 1 --out /tmp/bench
 
@@ -23,6 +22,12 @@ import time
 from pathlib import Path
 
 import torch
+
+from engine.kv import HostAttention
+from engine.kv.workers import shared_workers
+
+from .records import run_stamp
+from .run import parse_tokens, run_step
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +50,6 @@ class StreamRead:
     sum a slice (single-threaded, vectorised), and torch's multi-threaded sum; the faster of the two counts."""
 
     def __init__(self, num_bytes: int = 1 << 30):
-        from engine.kv.workers import shared_workers
-
         self.data = torch.empty(num_bytes // 4, dtype=torch.float32).normal_()
         self.workers = shared_workers()
         self.slices = self.data.chunk(self.workers.num_threads)
@@ -84,7 +87,6 @@ def kernel_gbps(tokens: int, group_size: int = 1, n_rep: int = 4, head_dim: int 
     With ``read``, each timed call alternates with a STREAM-like read, so both see the same load from other
     processes; the row then carries the read's GB/s and the ratio.
     """
-    from engine.kv import HostAttention
 
     home = torch.empty(tokens, 1, 2, group_size, head_dim, dtype=dtype).normal_()  # [S, B, 2, g, D]
     query = torch.randn(1, group_size * n_rep, 1, head_dim, dtype=dtype)
@@ -116,8 +118,6 @@ def kernel_gbps(tokens: int, group_size: int = 1, n_rep: int = 4, head_dim: int 
 
 
 def run_cpu(tokens: list[int], groups: list[int], repeats: int, read_bytes: int = 1 << 30) -> dict:
-    from .records import run_stamp
-
     stamp = run_stamp("cpu")
     read = StreamRead(read_bytes)
     read.seconds()
@@ -160,8 +160,6 @@ def write_report(result: dict, out: Path) -> Path:
 
 def gpu_step(args, store, out: Path, seconds: float) -> None:
     """``benchmarks.gpu_all``'s ``host-attention`` step: host figures, then decode with three splits."""
-    from .run import run_step  # deferred: the runner loads the benchmark models
-
     started = time.monotonic()
     read_bytes = 1 << 30 if args.scale >= 1 else 64 << 20  # the CPU smoke run (a tiny scale) keeps CI fast
     read = StreamRead(read_bytes)
@@ -173,8 +171,6 @@ def gpu_step(args, store, out: Path, seconds: float) -> None:
 
 
 def main(argv=None) -> int:
-    from .run import parse_tokens
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks.host_attention", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", default="8K,32K,128K,512K", help="tokens per head group")
     parser.add_argument("--groups", default="1,8", help="KV heads per group")

@@ -21,15 +21,20 @@ from pathlib import Path
 
 import torch
 
+import engine
+from engine.models.loader import load_model
+
+from .corpus import fetch_corpus
+from .niah import same_cell
 from .records import run_stamp
 
 logger = logging.getLogger(__name__)
 
 
 def real_text(folder: Path) -> str:
-    from app.documents import read_document
-
-    from .corpus import fetch_corpus
+    from app.documents import (
+        read_document,  # start-up time: the document readers (pypdf, pdfium) only where documents are read
+    )
 
     paths = fetch_corpus(folder)
     return read_document(paths["reference-pdf"]).text
@@ -37,8 +42,6 @@ def real_text(folder: Path) -> str:
 
 @torch.inference_mode()
 def measure(model, ids: list[int], context: int, steps: int, kv_dtype: str | None, chunk: int = 512):
-    import engine
-
     cache = engine.HeadInferCache(model.config, device="cpu", chunk_size=chunk, kv_dtype=kv_dtype,
                                   max_context=context + steps + 1)
     for s in range(0, context, chunk):
@@ -66,7 +69,6 @@ def main(argv=None) -> int:
         (out / "kv8.md").write_text(text)
         print(text, end="")
         return 0
-    from engine.models.loader import load_model
 
     model, tokenizer = load_model(None, device="cpu", dtype="float32")
     text = real_text(Path(args.corpus))
@@ -108,8 +110,6 @@ def report(data: dict, out: Path) -> str:
 
 def niah_lines(out: Path) -> list[str]:
     """One line per 8-bit NIAH run (niah-int8.json, niah-fp8.json) against the exact grid (niah.json)."""
-    from .niah import same_cell
-
     if not (out / "niah.json").is_file():
         return []
     exact = json.loads((out / "niah.json").read_text())["cells"]

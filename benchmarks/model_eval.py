@@ -22,6 +22,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import engine
+from engine import DocumentSession, OffloadPolicy
+from engine.models.loader import load_model
+from engine.models.pypi import PYPI_MODELS, pypi_model_gguf
+
 from .records import run_stamp
 
 logger = logging.getLogger(__name__)
@@ -52,7 +57,9 @@ def score(answer: str, regex: str) -> bool:
 
 def document_text(document: dict, cache: Path) -> str:
     """The document's text through the app's reader, cut to its page range for PDFs."""
-    from app.documents import read_document
+    from app.documents import (
+        read_document,  # start-up time: the document readers (pypdf, pdfium) only where documents are read
+    )
 
     source = _unpacked(document["package"], document["member"], cache)
     if source.suffix == ".gz":  # the reader picks by suffix: hand it the plain file
@@ -90,9 +97,6 @@ def _unpacked(package: str, member: str, cache: Path) -> Path:
 
 def load(key: str):
     """``(model, tokenizer, title, license, load seconds)`` on CPU in float32 (the engine's CPU default)."""
-    from engine.models.loader import load_model
-    from engine.models.pypi import PYPI_MODELS, pypi_model_gguf
-
     started = time.perf_counter()
     if key == "smollm2":
         model, tokenizer = load_model(None, device="cpu", dtype="float32")
@@ -106,8 +110,6 @@ def load(key: str):
 
 def evaluate(key: str, documents: list[dict], texts: dict[str, str], done: set, emit) -> None:
     """Reads each document once and asks its questions; ``emit(record)`` gets one record per answer."""
-    from engine import DocumentSession, OffloadPolicy
-
     model, tokenizer, title, license_, load_s = load(key)
     session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=1024))
     logger.info("%s loaded in %.0f s", key, load_s)
@@ -190,7 +192,6 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="docs/benchmarks")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import engine  # noqa: F401  (registers the headinfer attention)
 
     documents = load_questions()
     texts = {d["key"]: document_text(d, Path(args.cache)) for d in documents}

@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from engine.models.loader import _embedded_gguf
+
 from .records import ResultStore, load_records, run_stamp
 
 OUT = Path("docs/benchmarks/model-load.json")
@@ -113,8 +115,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--report-only", action="store_true", help="rewrite the markdown from the JSON")
     args = parser.parse_args(argv)
     if not args.report_only:
-        from engine.models.loader import _embedded_gguf
-
         gguf = (args.gguf or _embedded_gguf()).resolve()
         measure(gguf, args.rounds, ResultStore(args.out, run_stamp("cpu")))
     write_markdown(load_records(args.out), args.out)

@@ -7,6 +7,9 @@ import logging
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+import engine
+from engine.models.loader import load_model
+
 logger = logging.getLogger(__name__)
 
 #: Llama-3-8B's shape (shared/GPU.md): 15 GiB of bf16 weights, 128 KiB of KV per token
@@ -39,17 +42,12 @@ def build_random(config, *, device: str | torch.device, dtype: torch.dtype, attn
 
 def load_smollm2():
     """The embedded SmolLM2-135M on CPU in float32 (stock SDPA attention until a mode switches it)."""
-    import engine  # noqa: F401  (registers "headinfer")
-    from engine.models.loader import load_model
-
     model, _ = load_model(None, device="cpu", dtype="float32", attn_implementation="sdpa")
     return model
 
 
 def build_model(name: str, device: str | torch.device, dtype: torch.dtype | None = None):
     """``llama3-8b`` (bf16, on ``device``), ``tiny`` (random, fp32 on CPU / bf16 on CUDA) or ``smollm2`` (CPU)."""
-    import engine  # noqa: F401
-
     if name == "smollm2":
         return load_smollm2()
     is_cuda = torch.device(device).type == "cuda"

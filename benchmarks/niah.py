@@ -25,8 +25,15 @@ from pathlib import Path
 
 import torch
 
+import engine
+from engine.answer.retrieval_heads import _FILLER, _WORDS, find_retrieval_heads
+from engine.answer.sources import AnswerSources, page_starts
+from engine.models.loader import load_model
+from engine.paths import cache_dir
+from engine.prompt import PromptBuilder
 from engine.types import page_marker
 
+from .models import set_attention
 from .records import run_stamp
 from .run import parse_tokens
 
@@ -38,8 +45,6 @@ QUESTION = "What is the secret passphrase? Answer with the passphrase only."
 
 def paged_haystack(tokenizer, num_tokens: int, depth: float, seed: int) -> tuple[str, str, str]:
     """(document, needle value, needle page) of about ``num_tokens`` tokens."""
-    from engine.answer.retrieval_heads import _FILLER, _WORDS
-
     rng = random.Random(seed)
     value = f"{rng.choice(_WORDS)}-{rng.choice(_WORDS)}-{rng.randrange(100, 999)}"
     per_sentence = len(tokenizer(" ".join(_FILLER), add_special_tokens=False)["input_ids"]) / len(_FILLER)
@@ -55,12 +60,6 @@ def paged_haystack(tokenizer, num_tokens: int, depth: float, seed: int) -> tuple
 @torch.inference_mode()
 def run_cell(model, tokenizer, heads, length: int, depth: float, *, max_new_tokens: int, chunk: int,
              kv_dtype: str | None = None) -> dict:
-    import engine
-    from engine.answer.sources import AnswerSources, page_starts
-    from engine.prompt import PromptBuilder
-
-    from .models import set_attention
-
     document, value, needle_page = paged_haystack(tokenizer, length, depth, seed=int(length + 1000 * depth))
     prompts = PromptBuilder(tokenizer)
     doc_ids = prompts.document_ids(document)
@@ -115,10 +114,6 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine.answer.retrieval_heads import find_retrieval_heads
-    from engine.models.loader import load_model  # deferred: --help answers before torch and the model load
-    from engine.paths import cache_dir
-
     model, tokenizer = load_model(None, device="cpu", dtype="float32")
     heads = find_retrieval_heads(model, tokenizer, cache_dir=cache_dir())
     cells = []
@@ -222,7 +217,7 @@ def _mark(ok: bool) -> str:
 
 
 def heatmap(cells: list[dict], path: Path, kv_dtype: str | None = None) -> None:
-    import matplotlib
+    import matplotlib  # optional dependency: plots only where matplotlib is installed
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

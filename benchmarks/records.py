@@ -15,6 +15,10 @@ import platform
 import secrets
 from pathlib import Path
 
+import psutil
+import torch
+import transformers
+
 logger = logging.getLogger(__name__)
 
 #: statuses that are results (a retry would give the same answer); anything else is retried on resume
@@ -23,10 +27,6 @@ FINAL_STATUSES = frozenset({"ok", "oom", "host_oom", "refused"})
 
 def run_stamp(device: str = "cpu") -> dict:
     """Who measured: versions, GPU and driver, machine, date; one per process."""
-    import psutil
-    import torch
-    import transformers
-
     stamp = {
         "run_id": datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(2),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -50,7 +50,7 @@ def run_stamp(device: str = "cpu") -> dict:
 
 def _driver_version() -> str | None:
     try:
-        import pynvml
+        import pynvml  # optional dependency: NVML (nvidia-ml-py) where a driver is
 
         pynvml.nvmlInit()
         version = pynvml.nvmlSystemGetDriverVersion()

@@ -209,7 +209,7 @@ def _profile(records):
 # -- plots ---------------------------------------------------------------------------------------
 def write_plots(records: list[dict], out_dir: Path, prefix: str, reference: str = "standard") -> list[Path]:
     try:
-        import matplotlib
+        import matplotlib  # optional dependency: plots only where matplotlib is installed
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

@@ -1,14 +1,12 @@
 """``python -m benchmarks.run``: the benchmark entry point (see shared/GPU.md for the method).
 
 GPU (CUDA, Llama-3-8B-shaped random bf16 weights under an emulated budget), pieces chosen by flags::
-
     python -m benchmarks.run --phases ceilings
     python -m benchmarks.run --phases prefill --modes standard,headinfer-adaptive --lengths 1K,10K,20K,40K --resume
     python -m benchmarks.run --phases decode,max-context,peak,profile --time-limit 300 --resume
     python -m benchmarks.run --report-only
 
 CPU smoke (SmolLM2 on CPU, stock vs head-wise vs ping-pong, a few minutes)::
-
     python -m benchmarks.run --cpu-smoke
 """
 
@@ -20,9 +18,20 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import torch
 
 from engine.planning.budgets import card_budget
+
+from .ceilings import measure_all
+from .junit import summarize_junit
+from .models import build_model
+from .modes import GPU_MODES, SMOKE_MODES, Runner, parse_modes
+from .probes import warm_up
+from .records import ResultStore, load_records, run_stamp
+from .report import write_markdown, write_plots
+from .smoke import run_smoke, write_report
+from .sweeps import Sweep
 
 PHASES = ("ceilings", "decode", "prefill", "max-context", "peak", "profile")
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20}
@@ -79,15 +88,11 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = Path(args.out)
     if args.cpu_smoke and args.report_only:
-        from .records import load_records
-        from .smoke import write_report
-
         name = args.name or "cpu-smoke"
         write_report(load_records(out / f"{name}.json"), out, name)
         return 0
     if args.cpu_smoke:
         return _cpu_smoke(args, out)
-    from .records import ResultStore, load_records, run_stamp
 
     name = args.name or "gpu"
     results = out / f"{name}.json"
@@ -99,8 +104,6 @@ def main(argv=None) -> int:
     if args.is_done:
         return 0 if store.latest(args.is_done) is not None else 1
     if args.record_junit:
-        from .junit import summarize_junit
-
         store.append("parity", args.suite, status="ok", **summarize_junit(args.record_junit))
         _report(store.records, out, name)
         return 0
@@ -110,10 +113,6 @@ def main(argv=None) -> int:
 
 
 def _run_gpu(args, store, out: Path, name: str) -> None:
-    from .ceilings import measure_all
-    from .modes import GPU_MODES, Runner, parse_modes
-    from .sweeps import Sweep
-
     device = torch.device(args.device)
     deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
@@ -161,8 +160,6 @@ def _run_gpu(args, store, out: Path, name: str) -> None:
             break
         phase_modes, phase_lengths = work[phase]
         if phase in ("decode", "prefill"):
-            from .probes import warm_up
-
             for mode in phase_modes:  # kernels chosen and allocators warm before anything is timed
                 if sweep.pending(phase, [mode], phase_lengths):
                     warm_up(runner, mode)
@@ -183,8 +180,6 @@ _MODELS: dict = {}
 
 def _built_model(name: str, device: torch.device):
     """One model per (name, device) per process: the one-call GPU run (``gpu_all``) builds the 8B shape once."""
-    from .models import build_model
-
     if (name, str(device)) not in _MODELS:
         _MODELS[(name, str(device))] = build_model(name, device)
     return _MODELS[(name, str(device))]
@@ -194,22 +189,16 @@ def _host_budget(ceilings: dict | None) -> int:
     """Pinned bytes the KV store may use: what the ceilings probe could pin, else 85% of available RAM."""
     if ceilings and ceilings["metrics"].get("host_pinned_ok_bytes"):
         return int(ceilings["metrics"]["host_pinned_ok_bytes"])
-    import psutil
 
     return int(psutil.virtual_memory().available * 0.85)
 
 
 def _report(records: list[dict], out: Path, name: str) -> None:
-    from .report import write_markdown, write_plots
-
     write_markdown(records, out / f"{name}.md", title="HeadInfer Studio — GPU benchmarks")
     write_plots(records, out, name)
 
 
 def _cpu_smoke(args, out: Path) -> int:
-    from .modes import SMOKE_MODES, parse_modes
-    from .smoke import run_smoke
-
     modes = parse_modes("all" if args.modes == "all" else args.modes, SMOKE_MODES)
     path = run_smoke(out, model_name=args.smoke_model, modes=modes, lengths=parse_tokens(args.lengths or "512,2048"),
                      chunk_size=args.chunk_size or 512, decode_steps=args.decode_steps, repeats=args.repeats,

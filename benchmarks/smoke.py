@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .models import build_model
 from .modes import Mode, Runner
 from .probes import time_decode, time_prefill, warm_up
 from .records import ResultStore, run_stamp
@@ -32,7 +33,6 @@ def run_smoke(out_dir: Path, *, model_name: str = "smollm2", modes: list[Mode], 
     machine lands on all of them alike; rounds stop after ``repeats`` or once a length has used
     ``max_seconds`` per mode (at least one round). The figure is the median over the pooled samples.
     """
-    from .models import build_model
 
     started = time.monotonic()
     if threads:

@@ -3,7 +3,6 @@
     .venv/bin/python -m benchmarks.snapshot_bench            # ~3-4 minutes on a 2-core CPU machine
 
 Measured in one run, on the folder the snapshots go to (``engine.models.loader.cache_dir()`` unless ``--folder``):
-
 1. the disk: a 2 GiB file written with fsync, then read cold (dropped from the page cache with
    ``posix_fadvise DONTNEED``, checked with ``mincore``) and warm;
 2. a Llama-3-8B-shaped cache (32 layers x 8 KV heads x 128, bf16) of 16K tokens = 2 GiB of random K/V
@@ -33,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from transformers import LlamaConfig
 
 from engine import DocumentSession, HeadInferCache, OffloadPolicy, SnapshotStore
 from engine.models.loader import load_model
@@ -60,8 +60,6 @@ def checksum_gbps(crc32, num_bytes: int = 256 << 20) -> tuple[str, float]:
 
 # -- a Llama-3-8B-shaped cache --------------------------------------------------------------
 def llama3_8b_cache(num_tokens: int, fill: bool) -> HeadInferCache:
-    from transformers import LlamaConfig
-
     config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                          num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072)
     policy = OffloadPolicy(max_context=num_tokens, host_memory=1 << 40, gpu_memory=1 << 40)

@@ -92,7 +92,7 @@ def track_peaks(device: torch.device | str):
 def nvml_process_used(device: torch.device) -> int | None:
     """GPU memory NVML attributes to this process (falls back to the whole device's use in containers)."""
     try:
-        import pynvml
+        import pynvml  # optional dependency: NVML (nvidia-ml-py) where a driver is
 
         pynvml.nvmlInit()
         handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)

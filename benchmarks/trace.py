@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from .fill import fill_random
 from .models import random_ids
@@ -57,7 +58,6 @@ def _is_h2d(event: dict) -> bool:
 def profile_headinfer(runner: Runner, mode: Mode, capacity: int, table_path: Path | None = None) -> dict:
     """Profiles one decode step and one prefill chunk on a cache of ``capacity`` tokens filled to just below
     (room left for the chunk); returns overlap summaries. The key_averages tables go to ``table_path``."""
-    from torch.profiler import ProfilerActivity, profile
 
     runner.use(mode)
     shape = runner.shape

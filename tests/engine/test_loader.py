@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from engine.models import loader
+from engine.models import gguf, loader
 from engine.models.loader import (
     EMBEDDED_MODEL,
     SUPPORTED_ARCHITECTURES,
@@ -254,7 +254,7 @@ def test_crash_mid_conversion_leaves_no_complete_looking_folder(empty_cache, mon
     def crash(*args, **kwargs):
         raise RuntimeError("killed mid-conversion")
 
-    monkeypatch.setattr(loader, "load_weights", crash)
+    monkeypatch.setattr(gguf, "load_weights", crash)  # where the conversion calls it
     with pytest.raises(RuntimeError, match="killed"):
         embedded_model_dir()
     models = empty_cache / "models"

@@ -88,13 +88,14 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
     cache.synchronize()  # host homes are complete only once the asynchronous appends have landed
     scratch = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{target.name}-", dir=target.parent))
     try:
-        with RunStreamer() as streamer:
+        parts = [(layer, layer_parts(layer.homes, num_tokens)) for layer in cache.layers]
+        with _streamer(cache, [(layer.homes, p) for layer, p in parts]) as streamer:
             ids = torch.frombuffer(bytearray(token_ids_bytes(token_ids)), dtype=torch.uint8)
             files = [FileEntry(TOKENS_FILE, *streamer.write_file(scratch / TOKENS_FILE, [ids]))]
             linked = []  # (plane, file name) of the disk-tier homes linked into the snapshot
-            for layer in cache.layers:
+            for layer, layer_runs in parts:
                 in_layer_file = []
-                for group_idx, plane, runs in layer_parts(layer.homes, num_tokens):
+                for group_idx, plane, runs in layer_runs:
                     home = layer.homes[group_idx]
                     if home.disk is None:  # in RAM, on the device, or a ring: its tokens go into the layer file
                         in_layer_file += runs
@@ -146,8 +147,8 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
     entries = {f.name: f for f in header.files}
     home_files = {(f.layer, f.group, f.plane): f for f in header.files if f.is_home}
     try:
-        with RunStreamer() as streamer:
-            per_layer = [_restore_parts(layer.homes, header, num_tokens) for layer in cache.layers]
+        per_layer = [_restore_parts(layer.homes, header, num_tokens) for layer in cache.layers]
+        with _streamer(cache, [(layer.homes, parts) for layer, (parts, _) in zip(cache.layers, per_layer)]) as streamer:
             streamer.prefault([run for parts, _ in per_layer for _, _, runs in parts for run in runs])
             ids = torch.empty(entries[TOKENS_FILE].num_bytes, dtype=torch.uint8)
             total = streamer.read_file(folder / TOKENS_FILE, [ids], entries[TOKENS_FILE].crc32)
@@ -195,6 +196,23 @@ def _prepare(cache: HeadInferCache, header: SnapshotHeader) -> None:
         for home in layer.homes:
             for plane in home.planes if home.disk is not None else ():
                 home.disk.forget_written(plane, 0)
+
+
+def _streamer(cache: HeadInferCache, parts: list[tuple[LayerHomes, list[Part]]]) -> RunStreamer:
+    """A streamer on the cache's streams seam. With asynchronous streams on a CPU (emulated), the runs of resident
+    homes take the staged path a GPU's would, so the checker sees its copies and waits."""
+    streams = cache.transfer.streams if cache.transfer is not None else None
+    device = frozenset()
+    if streams is not None and streams.is_async:
+        def resident(homes: LayerHomes, g: int, plane: int, run: torch.Tensor) -> bool:
+            # (a run read into a scratch tensor for regrouping is host memory whatever its group)
+            home = homes[g] if g < len(homes) else None
+            return (home is not None and not home.is_host and plane < len(home.planes)
+                    and run.untyped_storage().data_ptr() == home.planes[plane].untyped_storage().data_ptr())
+
+        device = frozenset(id(run) for homes, layer_parts_ in parts for g, plane, runs in layer_parts_
+                           for run in runs if resident(homes, g, plane, run))
+    return RunStreamer(streams, device)
 
 
 def _restore_parts(homes: LayerHomes, header: SnapshotHeader, num_tokens: int) -> tuple[list[Part], Callable]:

@@ -23,6 +23,7 @@ import torch
 
 from ..errors import ChecksumMismatch, TruncatedFile
 from ..kv.checksum import crc32 as _crc32
+from ..kv.streams import SyncStreams
 
 logger = logging.getLogger(__name__)
 
@@ -64,10 +65,11 @@ class _Checksum:
 
 
 class _Staging:
-    """Two pinned host buffers that device runs pass through; a buffer is reused once its last use ended."""
+    """Two pinned host buffers that device runs pass through; a buffer is reused once its last use ended (its
+    checksum step and its copy on the compute stream, a blocking event of the cache's streams seam)."""
 
-    def __init__(self):
-        self._buffers = [torch.empty(PIECE_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+    def __init__(self, streams):
+        self._buffers = [streams.pinned((PIECE_BYTES,), torch.uint8) for _ in range(2)]
         self._busy: list[tuple] = [(), ()]
         self._next = 0
 
@@ -124,10 +126,18 @@ def _populate(run: torch.Tensor) -> bool:
 
 
 class RunStreamer:
-    """Writes and reads files made of runs; owns the checksum worker and the staging buffers."""
+    """Writes and reads files made of runs; owns the checksum worker and the staging buffers.
 
-    def __init__(self):
+    ``streams``: the cache's streams seam (``kv/streams.py``), through which every copy between a device run and
+    the staging buffers goes and every wait on one is ordered (default: synchronous). ``device_runs``: the ids of
+    the runs that live on the compute device although they are CPU tensors (resident homes under emulated
+    streams), so that they take the same staged path as on a GPU and the checker sees its waits.
+    """
+
+    def __init__(self, streams=None, device_runs: frozenset[int] = frozenset()):
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-checksum")
+        self._streams = streams or SyncStreams()
+        self._device_runs = device_runs
         self._staging: _Staging | None = None
         self._prefaulter: _Prefaulter | None = None
 
@@ -200,22 +210,31 @@ class RunStreamer:
         # run: [tokens, D] for one (head, batch row), contiguous
         assert run.is_contiguous(), "a run must be one contiguous tensor"
         flat = run.reshape(-1).view(torch.uint8)
-        if flat.device.type == "cpu":
+        if flat.device.type == "cpu" and id(run) not in self._device_runs:
             host = memoryview(flat.numpy())
             for start in range(0, len(host), PIECE_BYTES):
                 consume(host[start : start + PIECE_BYTES])
             return
-        staging = self._staging = self._staging or _Staging()
+        streams = self._streams
+        staging = self._staging = self._staging or _Staging(streams)
         for start in range(0, flat.numel(), PIECE_BYTES):
             device_piece = flat[start : start + PIECE_BYTES]
             index, buffer = staging.acquire()
             host_piece = buffer[: device_piece.numel()]
             if not into_run:
-                host_piece.copy_(device_piece)  # synchronous: the bytes are on the host when it returns
+                streams.copy(host_piece, device_piece, "a snapshot save's device -> staging copy")
+                landed = streams.event(blocking=True)
+                landed.record(streams.current())
+                landed.synchronize()  # the bytes are on the host before this thread writes and hashes them
+                streams.host_read(host_piece, "a snapshot save writing and hashing a staged piece")
+            else:
+                streams.host_write(host_piece, "a snapshot restore reading a piece into staging")
             pending = [consume(memoryview(host_piece.numpy()))]
             if into_run:
-                device_piece.copy_(host_piece, non_blocking=True)
-                pending.append(torch.cuda.current_stream(flat.device).record_event())
+                streams.copy(device_piece, host_piece, "a snapshot restore's staging -> device copy")
+                copied = streams.event(blocking=True)
+                copied.record(streams.current())
+                pending.append(copied)
             # The buffer is free again once its checksum and its device copy have finished.
             staging.release(index, *pending)
 
@@ -235,7 +254,7 @@ def _wait(pending) -> None:
         if isinstance(item, Future):
             item.result()
         else:
-            item.synchronize()  # a CUDA event
+            item.synchronize()  # an event of the streams seam (blocking: the thread sleeps)
 
 
 def _write_all(file, view: memoryview) -> None:

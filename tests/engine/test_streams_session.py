@@ -4,13 +4,17 @@ synchronous path's (a CPU-only machine's), and no race."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import pytest
 import torch
+from test_snapshot import _document, _tiny_model, _word_tokenizer
 
 from engine import DocumentSession, OffloadPolicy, PrefillCancelled, SnapshotStore
-from engine.kv.probe import QueryProbe
 from engine.answer.sources import attention_mass
-from test_snapshot import _document, _tiny_model, _word_tokenizer
+from engine.errors import RaceError
+from engine.kv.probe import QueryProbe
+from engine.store import streaming
 
 POLICY = dict(chunk_size=40, resident_slots=0, head_group_size=1, host_attention="all")
 
@@ -83,3 +87,50 @@ def test_a_session_on_emulated_streams_equals_the_synchronous_one(tiny, tmp_path
     assert restored.restore_snapshot(store) is not None
     assert _answers(restored) == expected_answers
     assert _races(restored) == [] and _races(emulated) == []
+
+
+def _resident_session(model, tokenizer, streams: str) -> DocumentSession:
+    session = _session(model, tokenizer, streams, resident_slots=3, host_attention="off")
+    session.prefill()
+    return session
+
+
+@torch.inference_mode()
+def test_snapshots_of_resident_homes_go_through_the_seam(tiny, tmp_path, monkeypatch):
+    """Resident (device) homes save and restore through the staging buffers as on a GPU, every copy and wait
+    through the streams seam, so the checker sees them: exact, and no race."""
+    model, tokenizer = tiny
+    monkeypatch.setenv("HEADINFER_STREAMS_SEED", "5")
+    monkeypatch.setattr(streaming, "PIECE_BYTES", 512)  # many pieces per run: the two buffers are reused
+    expected = _answers(_resident_session(model, tokenizer, "sync"))
+    staged = []
+    acquire = streaming._Staging.acquire
+    monkeypatch.setattr(streaming._Staging, "acquire", lambda self: staged.append(1) or acquire(self))
+    saver = _resident_session(model, tokenizer, "emulated")
+    store = SnapshotStore(tmp_path / "kv")
+    assert saver.save_snapshot(store) is not None
+    restored = _session(model, tokenizer, "emulated", resident_slots=3, host_attention="off")
+    assert restored.restore_snapshot(store) is not None
+    assert len(staged) > 4  # the resident homes' runs went through the staging buffers, both ways
+    assert _answers(restored) == expected
+    assert _races(saver) == [] and _races(restored) == []
+
+
+@pytest.mark.parametrize("wait", ["the saved piece's landing", "the staging buffer's reuse"])
+@torch.inference_mode()
+def test_the_checker_sees_a_missing_snapshot_wait(tiny, tmp_path, monkeypatch, wait):
+    """Each wait of the staged path matters: without it the host reads bytes still being copied (save) or
+    overwrites a buffer the compute stream is still copying from (restore), and the checker says so."""
+    model, tokenizer = tiny
+    monkeypatch.setattr(streaming, "PIECE_BYTES", 512)
+    session = _resident_session(model, tokenizer, "emulated")
+    store = SnapshotStore(tmp_path / "kv")
+    if wait == "the staging buffer's reuse":
+        session.save_snapshot(store)  # saved with every wait
+        session = _session(model, tokenizer, "emulated", resident_slots=3, host_attention="off")
+        monkeypatch.setattr(streaming, "_wait", lambda pending: [p.result() for p in pending if isinstance(p, Future)])
+    else:
+        event_type = type(session.cache.transfer.streams.event(blocking=True))
+        monkeypatch.setattr(event_type, "synchronize", lambda self: None)  # the landing is not waited for
+    with pytest.raises(RaceError):
+        session.restore_snapshot(store) if wait == "the staging buffer's reuse" else session.save_snapshot(store)

@@ -40,11 +40,6 @@ class MachineBudget:
     rates: MachineRates | None = None  # host attention and H2D rates (CUDA with host attention on)
     activation_bytes: int | None = None  # one chunk's measured activation peak (CUDA), else the planner's estimate
 
-    @classmethod
-    def unmeasured(cls, device: torch.device | str) -> MachineBudget:
-        """No reading at all: budgets only from the policy (``make_plan`` applies them), nothing probed."""
-        return cls(device_is_cuda=torch.device(device).type == "cuda")
-
 
 def measure_budget(device: torch.device | str, policy, *, model=None, vocab_size: int | None = None,
                    cuda=None) -> MachineBudget:

@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="weight and KV-cache precision; auto is bfloat16 on a GPU and float32 on the CPU "
                             "(default: auto)")
+    model.add_argument("--weights", default="dense", choices=["dense", "int8"],
+                       help="dense: the weights in --dtype; int8 (CPU only): linear layers hold int8 weights with "
+                            "one scale per output channel and compute in bfloat16, a quarter of fp32's bytes per "
+                            "token, lossy (docs/benchmarks/llamacpp.md) (default: dense)")
     memory = parser.add_argument_group("memory and offload")
     memory.add_argument("--gpu-memory", type=parse_size, default=None, metavar="SIZE",
                         help="GPU memory budget, e.g. 20GiB (default: what is free once the model is loaded, "
@@ -267,6 +271,10 @@ def check_machine(args: argparse.Namespace) -> str:
         device = resolve_device(args.device)
     except ValueError as exc:
         raise ValueError(f"--device: {exc}") from None
+    if args.weights == "int8" and not device.startswith("cpu"):
+        raise ValueError(f"--weights int8 runs on the CPU and this run computes on {device}; add --device cpu")
+    if args.weights == "int8" and args.dtype not in ("auto", "bfloat16"):
+        raise ValueError(f"--weights int8 computes in bfloat16, not --dtype {args.dtype}")
     memory = read_memory()
     if args.host_memory is not None and args.host_memory > memory.system_total:
         raise ValueError(f"--host-memory {_size(args.host_memory)} is more than this machine's "
@@ -388,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     from engine.models import ModelHolder, ModelSourceError, UnsupportedModelError, describe
 
     try:
-        model, tokenizer = load_model(args.model, device=device, dtype=args.dtype)
+        model, tokenizer = load_model(args.model, device=device, dtype=args.dtype, weights=args.weights)
         policy = make_policy(args)
     except (UnsupportedModelError, ModelSourceError, ValueError) as exc:
         logger.error("%s", exc)
@@ -413,7 +421,8 @@ def main(argv: list[str] | None = None) -> None:
                                    session_shelves=session_shelves))
     # Every tab's session comes from the holder, so the picker can switch the served model for all of them.
     holder = ModelHolder(model, tokenizer, policy, args.model or "HuggingFaceTB/SmolLM2-135M-Instruct",
-                         loader=lambda source: load_model(source, device=device, dtype=args.dtype))
+                         loader=lambda source: load_model(source, device=device, dtype=args.dtype,
+                                                           weights=args.weights))
     del model, tokenizer  # the holder owns them: a switch must be able to free the old model
     demo = build_ui(holder.new_session, model_info=info, snapshot_store=store,
                     private=private, upload_dir=prepare_folder(UPLOADS), session_shelves=session_shelves,

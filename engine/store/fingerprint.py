@@ -1,7 +1,7 @@
 """Fingerprints that say whether a saved KV cache belongs to a model, a tokenizer and a document.
 
 A KV cache is only valid for the exact weights, dtype and token ids that produced it, so a snapshot
-records all three. Each fingerprint is cheap (no pass over the weights): the model's config, the
+records all three, and the weights mode (dense, or the int8 codes of ``engine.models.int8``). Each fingerprint is cheap (no pass over the weights): the model's config, the
 identity of its weight files and a small sample of its parameters; the tokenizer's vocabulary size,
 chat template and the ids of a few probe strings; a SHA-256 of the document's token ids.
 """
@@ -45,9 +45,12 @@ class ModelFingerprint:
     name: str  # for messages only: the folder or Hub id it was loaded from
     config: str
     weights: str
+    weights_mode: str = "dense"  # "int8": linear layers hold int8 codes (headers saved before it existed: dense)
 
     def describe(self) -> str:
-        return f"{self.model_type} model {self.name or '(unnamed)'!r} (config {self.config[:8]}, weights {self.weights[:8]})"
+        mode = "" if self.weights_mode == "dense" else f"{self.weights_mode} "
+        return (f"{self.model_type} model {self.name or '(unnamed)'!r} (config {self.config[:8]}, "
+                f"{mode}weights {self.weights[:8]})")
 
     def difference(self, other: ModelFingerprint) -> str | None:
         """Why ``other`` is not this model, in words; None when it is."""
@@ -55,6 +58,8 @@ class ModelFingerprint:
             return f"a {self.model_type} model, not {other.model_type}"
         if self.config != other.config:
             return "a model with another configuration"
+        if self.weights_mode != other.weights_mode:
+            return f"{self.weights_mode} weights, not {other.weights_mode}"
         if self.weights != other.weights:
             return "a model with other weights"
         return None
@@ -68,7 +73,16 @@ def model_fingerprint(model) -> ModelFingerprint:
     weights.update(_weight_files_digest(name).encode())
     weights.update(_parameter_sample_digest(model).encode())
     return ModelFingerprint(str(getattr(config, "model_type", "")), name, _config_digest(config),
-                            weights.hexdigest()[:FINGERPRINT_CHARS])
+                            weights.hexdigest()[:FINGERPRINT_CHARS], weights_mode(model))
+
+
+def weights_mode(model) -> str:
+    """``"int8"`` when linear layers hold int8 ``codes`` buffers (``engine.models.int8.Int8Linear``), else
+    ``"dense"``. The K/V an int8 model produces differ from the dense model's, in whatever dtype."""
+    for name, buffer in model.named_buffers():
+        if name.rpartition(".")[2] == "codes" and buffer.dtype == torch.int8:
+            return "int8"
+    return "dense"
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -65,6 +65,8 @@ class SnapshotIdentity:
         """The snapshot's folder name: a hash of everything it must match."""
         parts = (self.model.model_type, self.model.config, self.model.weights, self.dtype, self.tokenizer,
                  self.token_ids_sha256)
+        if self.model.weights_mode != "dense":  # dense keys stay as they were before weights modes existed
+            parts += (self.model.weights_mode,)
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:KEY_CHARS]
 
     @classmethod

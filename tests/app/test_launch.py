@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ("--model", "--device", "--dtype", "--gpu-memory", "--host-memory", "--chunk-size", "--head-group",
          "--max-context", "--no-kv-cache", "--kv-cache-dir", "--kv-cache-max", "--host", "--port", "--share",
          "--auth", "--max-upload", "--exceed-trained-window", "--kv-8bit", "--kv-disk-dir", "--kv-disk-max",
-         "--max-question")
+         "--max-question", "--weights")
 
 
 def test_help_lists_and_explains_every_flag():
@@ -40,7 +40,7 @@ def test_parse_size(text, size):
 @pytest.mark.parametrize("flags", [
     ["--gpu-memory", "lots"], ["--host-memory", "12 parsecs"], ["--host-memory", "0"], ["--chunk-size", "0"],
     ["--head-group", "two"], ["--auth", "nopassword"], ["--dtype", "int3"], ["--kv-cache-max", "plenty"],
-    ["--kv-8bit", "int4"], ["--kv-disk-max", "roomy"],
+    ["--kv-8bit", "int4"], ["--kv-disk-max", "roomy"], ["--weights", "int4"],
 ])
 def test_bad_flags_are_refused(flags, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -64,6 +64,7 @@ def test_bad_flags_are_refused(flags, capsys):
     (["--model", "/no/such/folder"], "--model /no/such/folder: no such file or folder"),
     (["--kv-disk-max", "1GiB"], "--kv-disk-max needs --kv-disk-dir"),
     (["--kv-disk-dir", "/proc/no-such-place"], "--kv-disk-dir /proc/no-such-place: cannot write there"),
+    (["--weights", "int8", "--dtype", "float32"], "--weights int8 computes in bfloat16"),
 ])
 def test_each_bad_value_is_one_line_and_exit_code_2(flags, words, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -216,6 +216,24 @@ def test_other_dtype_is_refused(tiny, store):
                            "holds float32 K/V but this model runs in bfloat16")
 
 
+def test_other_weights_mode_is_refused(tiny, store):
+    """int8 weights (``engine.models.int8``) and dense bf16 weights give bf16 K/V alike, but not the same K/V."""
+    from engine.models.int8 import quantize_int8
+
+    model, tokenizer = tiny
+    dense = copy.deepcopy(model).to(torch.bfloat16)
+    int8 = copy.deepcopy(model)
+    quantize_int8(int8)
+    info = _prefilled(dense, tokenizer, _document(1)).save_snapshot(store)
+    _check_foreign_refused(store, info.key, _session(int8, tokenizer, _document(1)),
+                           "another model .*dense weights, not int8")
+    saved = _prefilled(int8, tokenizer, _document(1)).save_snapshot(store)
+    assert saved.key != info.key
+    again = copy.deepcopy(model)
+    quantize_int8(again)
+    assert _session(again, tokenizer, _document(1)).find_snapshot(store).key == saved.key, "int8 reopens int8"
+
+
 def test_other_tokenizer_is_refused(tiny, store):
     model, tokenizer = tiny
     info = _prefilled(model, tokenizer, _document(1)).save_snapshot(store)

@@ -1,0 +1,143 @@
+"""Weight-only int8 for the CPU: a loaded model's ``nn.Linear`` layers (and a tied plain embedding) hold int8 codes
+with one power-of-two scale per output channel, multiplied by torch's CPU kernel ``aten._weight_int8pack_mm``.
+
+Decode at short context reads every weight once per token, so int8 weights read a quarter of fp32's bytes. The
+kernel takes bf16 activations (its fp32 path is a scalar loop, ~7x slower than an fp32 matmul here), so an int8
+model computes in bf16 like ``load_model(dtype="bfloat16")``. The scales are powers of two so that every code times
+its scale is exactly a bf16 number: the int8 model runs the very weights that ``dequantized_state_dict`` gives a
+stock bf16 model, and the parity tests compare the two. Only the model instance is changed: its submodules are
+replaced, no class is patched.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_MODES = ("dense", "int8")
+_K_MULTIPLE = 8  # the kernel reads the input dimension in blocks of 8 (other widths give wrong results)
+_ROWS_PER_PASS = 4096  # rows quantized at a time: the fp32 copy of a 49K-row lm_head would be 113 MB at once
+
+
+class Int8Linear(nn.Module):
+    """``y = x @ (codes * scales[:, None]).T + bias`` with int8 ``codes`` [out, in] and ``scales`` [out] (bf16)."""
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        assert codes.dtype == torch.int8 and codes.dim() == 2 and scales.shape == codes.shape[:1]
+        self.out_features, self.in_features = codes.shape
+        self.register_buffer("codes", codes)  # the name engine.store.fingerprint.weights_mode looks for
+        self.register_buffer("scales", scales)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]; the kernel wants contiguous 2-D activations in the scales' dtype.
+        flat = x.reshape(-1, self.in_features).to(self.scales.dtype).contiguous()
+        out = torch._weight_int8pack_mm(flat, self.codes, self.scales)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight this layer multiplies by, [out, in] in the scales' dtype (exact: the scales are powers of 2)."""
+        return self.codes.to(self.scales.dtype) * self.scales[:, None]
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int8Embedding(nn.Module):
+    """A plain embedding whose rows are an ``Int8Linear``'s (a tied lm_head): ``row(i) = codes[i] * scales[i]``."""
+
+    def __init__(self, table: Int8Linear, padding_idx: int | None) -> None:
+        super().__init__()
+        # Held, not registered: the codes belong to the lm_head, and a second registration would list them twice
+        # (state dicts, named_modules) under another name.
+        self._table = (table,)
+        self.padding_idx = padding_idx
+
+    @property
+    def table(self) -> Int8Linear:
+        return self._table[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized table, for code that reads ``get_input_embeddings().weight`` (built on each access)."""
+        return self.table.dequantized()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # ids: [...] -> [..., hidden]
+        return self.table.codes[ids].to(self.table.scales.dtype) * self.table.scales[ids].unsqueeze(-1)
+
+
+def quantize_rows(weight: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(codes int8 [out, in], scales [out])``: per row the smallest power of two s with |w| <= 127 s, codes
+    round(w / s). A row of zeros gets scale 1."""
+    codes = torch.empty(weight.shape, dtype=torch.int8)
+    scales = torch.empty(weight.shape[0], dtype=dtype)
+    for start in range(0, weight.shape[0], _ROWS_PER_PASS):
+        rows = weight[start : start + _ROWS_PER_PASS].float()
+        peak = rows.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+        scale = torch.exp2(torch.ceil(torch.log2(peak / 127)))
+        scale = torch.where(rows.abs().amax(dim=1) > 0, scale, torch.ones_like(scale))
+        codes[start : start + rows.shape[0]] = torch.round(rows / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        scales[start : start + rows.shape[0]] = scale.to(dtype)
+    return codes, scales
+
+
+def quantize_int8(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Replaces ``model``'s ``nn.Linear`` layers on the CPU by ``Int8Linear`` (and a plain embedding tied to the
+    lm_head by an ``Int8Embedding`` over the same codes); the rest of the model is cast to ``dtype``.
+
+    A layer whose input width is not a multiple of 8 stays dense, and so does an lm_head tied to an embedding that
+    is not a plain ``nn.Embedding`` (Gemma scales its embedding: quantizing one side would untie the two).
+    Returns the number of layers replaced.
+    """
+    if dtype != torch.bfloat16:
+        raise ValueError("int8 weights compute in bfloat16 (torch's int8 CPU kernel takes bf16 activations)")
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise ValueError("int8 weights are for the CPU; load the model with device='cpu'")
+    embeddings = model.get_input_embeddings()
+    output = model.get_output_embeddings()
+    tied = output is not None and output.weight is embeddings.weight
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        if type(module) is not nn.Linear or module.in_features % _K_MULTIPLE:
+            continue
+        if module is output and tied and type(embeddings) is not nn.Embedding:
+            continue
+        codes, scales = quantize_rows(module.weight.detach(), dtype)
+        bias = None if module.bias is None else module.bias.detach().to(dtype)
+        layer = Int8Linear(codes, scales, bias)
+        model.set_submodule(name, layer)
+        if module is output and tied:
+            model.set_input_embeddings(Int8Embedding(layer, embeddings.padding_idx))
+        replaced += 1
+    model.to(dtype)  # Int8Linear keeps its int8 codes: .to(dtype) casts floating tensors only
+    logger.info("int8 weights: %d linear layers quantized (per-channel power-of-two scales)", replaced)
+    return replaced
+
+
+def dequantized_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The dense weights an int8 model runs, keyed as in the stock model: load them into a stock bf16 model of the
+    same config to run exactly these weights (the parity tests' reference)."""
+    state = {}
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if isinstance(module, Int8Linear):
+            state[f"{prefix}weight"] = module.dequantized()
+            if module.bias is not None:
+                state[f"{prefix}bias"] = module.bias.detach()
+        elif isinstance(module, Int8Embedding):
+            state[f"{prefix}weight"] = module.weight
+    return state
+
+
+def num_weights(model: nn.Module) -> int:
+    """Parameters plus int8 codes: the model's weight count whatever the mode."""
+    codes = sum(m.codes.numel() for m in model.modules() if isinstance(m, Int8Linear))
+    return sum(p.numel() for p in model.parameters()) + codes

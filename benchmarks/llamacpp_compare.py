@@ -263,8 +263,9 @@ def summarize(record: dict) -> dict:
     for run in record["runs"]:
         row = table.setdefault(str(run["context"]), {})
         if run["side"] == "ours":
-            entry = row.setdefault(run["what"], {"decode": [], "prefill": [], "rss": []})
+            entry = row.setdefault(run["what"], {"decode": [], "prefill": [], "rss": [], "held": []})
             entry["decode"].append(1 / statistics.median(run["decode_steps_s"]))
+            entry["held"].append(run["end_rss"])
             if run["prefill_s"]:
                 entry["prefill"].append(run["context"] / run["prefill_s"])
             entry["rss"].append(run["peak_rss"])
@@ -315,6 +316,12 @@ def write_markdown(record: dict, path: Path) -> None:
                 cells.append(_fmt(value, key) + ratio)
             goal = {"decode": f">= {target.get(context, '?')}x", "prefill": "> 1x", "rss": "<= 2x"}[key]
             lines.append(f"| {int(context):,} | " + " | ".join(cells) + f" | {goal} |")
+        if key == "rss":
+            lines += ["", "What our process still holds after decoding (VmRSS at its end; the peak above is reached "
+                      "while loading): " + "; ".join(
+                          f"{int(c):,} tokens: " + ", ".join(f"{m} {summary[c][m]['held'] / 2**20:,.0f} MiB"
+                                                             for m in modes if "held" in summary[c].get(m, {}))
+                          for c in sorted(summary, key=int)) + "."]
         lines.append("")
     floors = record["bare_rss"]
     lines += ["Peak RSS of processes that only import: " + ", ".join(f"`{k}` {v / 2**20:.0f} MiB"

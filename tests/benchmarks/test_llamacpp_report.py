@@ -10,7 +10,7 @@ from benchmarks import llamacpp_compare as compare
 
 def _ours(round_index, context, mode, step_s, prefill_s, rss):
     return {"round": round_index, "context": context, "side": "ours", "what": mode, "decode_steps_s": [step_s] * 3,
-            "prefill_s": prefill_s, "peak_rss": rss}
+            "prefill_s": prefill_s, "peak_rss": rss, "end_rss": rss // 2}
 
 
 def _theirs(round_index, context, what, tokens_per_s, rss):
@@ -39,6 +39,7 @@ def test_medians_ratios_and_verdicts(tmp_path):
     assert "decode at 8,192: 1.25x llama.cpp (int8); target >= 1.0x: **met**" in text
     assert "prefill at 2,048: 2.05x llama.cpp (int8); target >= 1.0x: **met**" in text
     assert "rss at 2,048: 3.00x llama.cpp (int8); target <= 2.0x: **not met**" in text
+    assert "2,048 tokens: int8 300 MiB; 8,192 tokens: int8 350 MiB." in text
 
 
 def test_peak_rss_is_the_childs_own():

@@ -31,6 +31,15 @@ MODES = {"fp32": ("float32", "dense"), "bf16": ("bfloat16", "dense"), "int8": ("
 CHUNK = 512
 QUALITY_TOKENS = 1024
 PREFILL_MAX = 2048  # longer contexts are filled with random K/V, not read (on 2 shared cores an 8K read takes minutes)
+BUILD_STEPS = """\
+    # llama.cpp from the sources vendored in the llama-cpp-python sdist (PyPI), CPU only, in /tmp (-j2: shared cores)
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/llama
+    tar xzf /tmp/llama/llama_cpp_python-0.3.36.tar.gz -C /tmp/llama
+    cmake -S /tmp/llama/llama_cpp_python-0.3.36/vendor/llama.cpp -B /tmp/llama.cpp-build -DCMAKE_BUILD_TYPE=Release \\
+          -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \\
+          -DLLAMA_BUILD_SERVER=OFF
+    cmake --build /tmp/llama.cpp-build -j2 --target llama-bench      # about an hour on 2 busy cores
+    .venv/bin/python -m benchmarks.llamacpp_compare --llama-bench /tmp/llama.cpp-build/bin/llama-bench"""
 TEXT_MODULES = ("argparse", "logging/__init__", "textwrap", "json/decoder", "unittest/case", "collections/__init__",
                 "pathlib", "subprocess", "typing", "email/message", "http/client", "tarfile")
 
@@ -332,6 +341,7 @@ def write_markdown(record: dict, path: Path) -> None:
         lines += [f"| {m} | {q['perplexity']:.3f} | {q['nll']:.4f} |" for m, q in record["quality"].items()]
         lines.append("")
     lines += _targets(summary, modes) + _profile_lines(record.get("profile", {}))
+    lines += ["## Building the baseline", "", BUILD_STEPS, ""]
     path.with_suffix(".md").write_text("\n".join(lines + record.get("notes", [])) + "\n")
 
 

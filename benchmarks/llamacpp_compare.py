@@ -287,6 +287,18 @@ def summarize(record: dict) -> dict:
             for context, row in table.items()}
 
 
+def per_round_ratios(record: dict, context: int) -> dict[str, list[float]]:
+    """mode -> decode tok/s ours / llama.cpp's, round by round (each pair measured minutes apart)."""
+    theirs = {r["round"]: r["tokens_per_s"] for r in record["runs"]
+              if r["side"] == "theirs" and r["what"] == "decode" and r["context"] == context}
+    ratios: dict[str, list[float]] = {}
+    for run in record["runs"]:
+        if run["side"] == "ours" and run["context"] == context and run["round"] in theirs:
+            ours = 1 / statistics.median(run["decode_steps_s"])
+            ratios.setdefault(run["what"], []).append(ours / theirs[run["round"]])
+    return ratios
+
+
 def write_markdown(record: dict, path: Path) -> None:
     summary = summarize(record)
     stamp = record["stamp"]
@@ -325,6 +337,11 @@ def write_markdown(record: dict, path: Path) -> None:
                 cells.append(_fmt(value, key) + ratio)
             goal = {"decode": f">= {target.get(context, '?')}x", "prefill": "> 1x", "rss": "<= 2x"}[key]
             lines.append(f"| {int(context):,} | " + " | ".join(cells) + f" | {goal} |")
+        if key == "decode":
+            lines += ["", "Per round (ours / llama.cpp in the same round, the pairs that ran minutes apart): " + "; ".join(
+                f"{int(c):,}: " + ", ".join(f"{m} " + " / ".join(f"{r:.2f}" for r in ratios)
+                                            for m, ratios in per_round_ratios(record, int(c)).items())
+                for c in sorted(summary, key=int)) + "."]
         if key == "rss":
             lines += ["", "What our process still holds after decoding (VmRSS at its end; the peak above is reached "
                       "while loading): " + "; ".join(
@@ -340,13 +357,14 @@ def write_markdown(record: dict, path: Path) -> None:
                   "| weights | perplexity | mean NLL |", "|---|---:|---:|"]
         lines += [f"| {m} | {q['perplexity']:.3f} | {q['nll']:.4f} |" for m, q in record["quality"].items()]
         lines.append("")
-    lines += _targets(summary, modes) + _profile_lines(record.get("profile", {}))
+    lines += _targets(summary, modes, record) + _profile_lines(record.get("profile", {}))
     lines += ["## Building the baseline", "", BUILD_STEPS, ""]
     path.with_suffix(".md").write_text("\n".join(lines + record.get("notes", [])) + "\n")
 
 
-def _targets(summary: dict, modes: list[str]) -> list[str]:
-    """Each target of issue 20 item 6 against the best of our modes, met or not, with the figures."""
+def _targets(summary: dict, modes: list[str], record: dict) -> list[str]:
+    """Each target of issue 20 item 6 against the best of our modes, met or not, with the figures; a decode target
+    whose rounds fall on both sides of it is "not shown", whatever the median says."""
     lines = ["## Targets (issue 20 item 6), best of our modes", ""]
     checks = (("decode", "2048", 0.8, max), ("decode", "8192", 1.0, max), ("prefill", "2048", 1.0, max),
               ("rss", "2048", 2.0, min), ("rss", "8192", 2.0, min))
@@ -358,9 +376,13 @@ def _targets(summary: dict, modes: list[str]) -> list[str]:
             continue
         mode = best(ratios, key=ratios.get)
         met = ratios[mode] >= goal if key != "rss" else ratios[mode] <= goal
+        verdict = "met" if met else "not met"
+        rounds = per_round_ratios(record, int(context)).get(mode, []) if key == "decode" else []
+        if met and min(rounds, default=goal) < goal:
+            verdict = "not shown (rounds: " + " / ".join(f"{r:.2f}x" for r in rounds) + ")"
         relation = ">=" if key != "rss" else "<="
         lines.append(f"- {key} at {int(context):,}: {ratios[mode]:.2f}x llama.cpp ({mode}); target {relation} {goal}x: "
-                     f"**{'met' if met else 'not met'}**")
+                     f"**{verdict}**")
     return lines + [""]
 
 

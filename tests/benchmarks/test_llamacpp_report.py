@@ -39,6 +39,8 @@ def test_medians_ratios_and_verdicts(tmp_path):
     assert "decode at 8,192: 1.25x llama.cpp (int8); target >= 1.0x: **met**" in text
     assert "prefill at 2,048: 2.05x llama.cpp (int8); target >= 1.0x: **met**" in text
     assert "rss at 2,048: 3.00x llama.cpp (int8); target <= 2.0x: **not met**" in text
+    assert "Per round (ours / llama.cpp in the same round, the pairs that ran minutes apart): 2,048: int8 0.50 / " \
+           "0.25 / 0.17; 8,192: int8 1.25." in text
     assert "2,048 tokens: int8 300 MiB; 8,192 tokens: int8 350 MiB." in text
 
 

@@ -50,3 +50,13 @@ def test_peak_rss_is_the_childs_own():
     _, big = compare._run([sys.executable, "-c", "import time; b = bytearray(200 << 20); time.sleep(0.3)"])
     _, small = compare._run([sys.executable, "-c", "import time; time.sleep(0.3)"])
     assert big >= 200 << 20 and small < 100 << 20
+
+
+def test_a_decode_target_whose_rounds_straddle_it_is_not_shown(tmp_path):
+    record = _record()
+    record["runs"] = [r for r in record["runs"] if r["context"] == 2048]
+    record["runs"] += [_ours(0, 8192, "int8", 0.05, None, 1), _theirs(0, 8192, "decode", 10.0, 1),  # 2.0x
+                       _ours(1, 8192, "int8", 0.2, None, 1), _theirs(1, 8192, "decode", 10.0, 1)]   # 0.5x
+    compare.write_markdown(record, tmp_path / "out.json")
+    assert "decode at 8,192: 1.25x llama.cpp (int8); target >= 1.0x: **not shown (rounds: 2.00x / 0.50x)**" in \
+        (tmp_path / "out.md").read_text()

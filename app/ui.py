@@ -139,7 +139,8 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                                       elem_id="page-chips", elem_classes="chips")
                 page_view = gr.HTML(render.page_view(None), label="Page", elem_id="page-view")
                 with gr.Accordion("Answer settings", open=False, elem_id="settings"):
-                    max_tokens = gr.Slider(8, 2048, value=512, step=8, label="Longest answer (tokens)")
+                    max_tokens = gr.Slider(8, DocumentSession.LONGEST_ANSWER, value=min(512, DocumentSession.LONGEST_ANSWER),
+                                           step=8, label="Longest answer (tokens)")
                     temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
                                             label="Temperature (0 = always the most likely word)")
                     avoid_repeats = gr.Checkbox(True, label="Avoid repetition", elem_id="avoid-repeats",

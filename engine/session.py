@@ -50,12 +50,14 @@ logger = logging.getLogger(__name__)
 # The conversation allowance a document's plan reserves beside it (``answer_budget``): the longest answer the UI
 # allows plus a stated budget for earlier turns. Past it the oldest turns leave the KV (the document never), so the
 # homes are never grown mid-conversation.
-LONGEST_ANSWER = 2048  # app/ui.py's "Longest answer" slider maximum
+LONGEST_ANSWER = 2048  # the longest answer the conversation allowance plans for (the app's slider maximum)
 HISTORY_BUDGET = 2048  # tokens of earlier questions and answers kept
 
 
 class DocumentSession:
     """Prefill a document once, then ask questions about it with streamed answers."""
+
+    LONGEST_ANSWER = LONGEST_ANSWER  # (for the app: the "Longest answer" slider's maximum)
 
     def __init__(self, model, tokenizer, policy: OffloadPolicy | None = None, *,
                  system_prompt: str | None = None, answer_budget: int = LONGEST_ANSWER + HISTORY_BUDGET,

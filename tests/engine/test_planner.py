@@ -271,6 +271,12 @@ def test_trained_window_reads_max_positions_and_rope_scaling():
         "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
         "low_freq_factor": 1.0, "high_freq_factor": 4.0})
     assert trained_window(llama31) == 131072
+    llama32 = LlamaConfig(max_position_embeddings=131072, rope_scaling={
+        "rope_type": "llama3", "factor": 32.0, "original_max_position_embeddings": 8192,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0})
+    assert trained_window(llama32) == 131072  # not 32 x 8,192: a llama3 entry's window is stated already
+    linear = LlamaConfig(max_position_embeddings=16384, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    assert trained_window(linear) == 16384
     yarn = Qwen2Config(max_position_embeddings=32768,
                        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
     assert trained_window(yarn) == 131072  # Qwen2.5 with YaRN turned on

@@ -11,18 +11,16 @@ the embedded SmolLM2's file and tiny ones written with the ``gguf`` package.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import engine.models.discovery as discovery
 from engine.models.catalogue import Machine, plan_entry
 from engine.models.discovery import default_folders, discover, gguf_entry
 from engine.models.gguf_header import GGUFHeaderError, read_header
+from model_stores import OllamaStore, link, write_gguf
 
 GIB = 2**30
 CPU_ONLY = Machine("CPU", False, None, 16 * GIB, None, 2e10, 5.0, None, 4)
@@ -37,82 +35,6 @@ def smollm2_gguf() -> Path:
     from engine.models.loader import _embedded_gguf
 
     return _embedded_gguf()
-
-
-def write_gguf(path: Path, *, arch: str = "llama", layers: int = 3, context: int = 8192, vocab: int = 50,
-               tensors: int = 1, license_: str | None = None) -> Path:
-    from gguf import GGUFWriter
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = GGUFWriter(str(path), arch)
-    if arch != "clip":
-        writer.add_block_count(layers)
-        writer.add_head_count(8)
-        writer.add_head_count_kv(2)
-        writer.add_embedding_length(256)
-        writer.add_feed_forward_length(512)
-        writer.add_context_length(context)
-        writer.add_token_list([f"t{i}" for i in range(vocab)])
-    if license_:
-        writer.add_license(license_)
-    for i in range(tensors):
-        writer.add_tensor(f"blk.{i}.weight", np.ones((vocab, 256), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
-def _link(source: Path, target: Path) -> Path:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(source, target)
-    except OSError:  # another filesystem
-        shutil.copyfile(source, target)
-    return target
-
-
-class OllamaStore:
-    """An Ollama models folder: blobs named by digest, manifests by host / namespace / model / tag."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        (root / "blobs").mkdir(parents=True, exist_ok=True)
-
-    def blob(self, data: bytes | Path) -> dict:
-        raw = data.read_bytes() if isinstance(data, Path) else data
-        digest = "sha256:" + hashlib.sha256(raw).hexdigest()
-        target = self.root / "blobs" / digest.replace(":", "-")
-        if target.exists():  # another tag of the same blob
-            pass
-        elif isinstance(data, Path):
-            _link(data, target)
-        else:
-            target.write_bytes(raw)
-        return {"digest": digest, "size": len(raw)}
-
-    def pull(self, name: str, model: Path | None, *, host: str = "registry.ollama.ai", namespace: str = "library",
-             model_size: int | None = None) -> Path:
-        """What ``ollama pull name:tag`` leaves: the model blob, license, template and params layers, a manifest."""
-        repo, tag = name.split(":")
-        layers = []
-        if model is not None:
-            layer = {"mediaType": "application/vnd.ollama.image.model", **self.blob(model)}
-            layer["size"] = model_size or layer["size"]
-            layers.append(layer)
-        layers += [{"mediaType": "application/vnd.ollama.image.license", **self.blob(b"Apache License 2.0\n")},
-                   {"mediaType": "application/vnd.ollama.image.template",
-                    **self.blob(b"{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>{{ end }}")},
-                   {"mediaType": "application/vnd.ollama.image.params", **self.blob(b'{"stop": ["<|im_end|>"]}')}]
-        config = {"mediaType": "application/vnd.docker.container.image.v1+json",
-                  **self.blob(b'{"model_format": "gguf", "model_family": "llama"}')}
-        manifest = self.root / "manifests" / host / namespace / repo / tag
-        manifest.parent.mkdir(parents=True, exist_ok=True)
-        manifest.write_text(json.dumps({"schemaVersion": 2, "mediaType":
-                                        "application/vnd.docker.distribution.manifest.v2+json",
-                                        "config": config, "layers": layers}))
-        return manifest
 
 
 def test_the_header_reader_agrees_with_gguf_reader_and_knows_a_file_cut_short(tmp_path):
@@ -150,7 +72,7 @@ def test_an_ollama_store_lists_its_models_as_ollama_names_them(tmp_path, monkeyp
     store.pull("embed-template:latest", None)
     pending = write_gguf(tmp_path / "src" / "pending.gguf", layers=5)
     digest = "sha256-" + hashlib.sha256(pending.read_bytes()).hexdigest()
-    _link(pending, store.root / "blobs" / f"{digest}-partial")
+    link(pending, store.root / "blobs" / f"{digest}-partial")
     (store.root / "blobs" / f"{digest}-partial-0").write_text('{"N": 0, "Offset": 0, "Size": 10, "Completed": 5}')
     manifest = store.pull("pending:latest", pending)
     (store.root / "blobs" / digest).unlink()  # as during a pull: the partial file exists, the blob does not yet
@@ -177,7 +99,7 @@ def test_an_ollama_store_lists_its_models_as_ollama_names_them(tmp_path, monkeyp
 
 def test_lm_studio_folders_old_and_new_with_quantizations_splits_projectors_and_downloads(tmp_path, smollm2_gguf):
     models, old = tmp_path / ".lmstudio" / "models", tmp_path / ".cache" / "lm-studio" / "models"
-    _link(smollm2_gguf, models / "lmstudio-community" / "SmolLM2-135M-Instruct-GGUF" / "SmolLM2-135M-Instruct-Q4_1.gguf")
+    link(smollm2_gguf, models / "lmstudio-community" / "SmolLM2-135M-Instruct-GGUF" / "SmolLM2-135M-Instruct-Q4_1.gguf")
     write_gguf(models / "lmstudio-community" / "SmolLM2-135M-Instruct-GGUF" / "mmproj-model-f16.gguf", arch="clip")
     quants = models / "bartowski" / "Tiny-GGUF"
     write_gguf(quants / "Tiny-Q4_K_M.gguf")

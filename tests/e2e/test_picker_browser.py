@@ -36,7 +36,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TIMEOUT_MS = int(os.environ.get("PICKER_TIMEOUT_MS", 240_000))  # a busy 2-core machine: measuring a model's FLOP rate alone can take 30 s there
 HUB_REPO = "Qwen/Qwen3-4B"  # a catalogue model, not gated; the stand-in Hub serves a tiny one under its name
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# Every row of the (virtualised) table: scrolls it through, collecting cells by their data row and column.
+# Every row of the (virtualised) table: scrolls it through, collecting cells by the row
+# they are shown in (a sorted view keeps each cell's data-row) and their column.
 ROWS_JS = """async () => {
   const view = document.querySelector('#picker-table .virtual-table-viewport');
   const rows = {};
@@ -44,13 +45,15 @@ ROWS_JS = """async () => {
     view.scrollTop = top;
     await new Promise(resolve => setTimeout(resolve, 60));
     for (const cell of document.querySelectorAll('#picker-table [role=gridcell]')) {
-      (rows[cell.dataset.row] ??= [])[Number(cell.dataset.col)] = cell.innerText.trim();
+      (rows[cell.closest('[role=row]').dataset.index] ??= [])[Number(cell.dataset.col)] = cell.innerText.trim();
     }
     if (top > view.scrollHeight) break;
   }
   view.scrollTop = 0;
   return Object.keys(rows).sort((a, b) => a - b).map(key => rows[key]);
 }"""
+FIRST_READS_JS = """(reads) => document.querySelector('#picker-table [role=row][data-index="0"] [data-col="1"]')
+  ?.innerText.trim() === reads"""
 
 
 def _tiny_llama(folder: Path, tokenizer_from: Path, vocab_size: int) -> Path:
@@ -180,12 +183,10 @@ def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio
     reads = _reads(page)
     assert reads == sorted(reads, reverse=True) and reads[0] > reads[-1]  # ranked by what reads the most here
     _sort(page, "ascending")
-    page.wait_for_function("() => document.querySelector('#picker-table [data-testid=cell-0-1]')?.innerText.trim() "
-                           f"=== '{min(reads)}'")
+    page.wait_for_function(FIRST_READS_JS, arg=str(min(reads)))
     assert _reads(page) == sorted(reads)
     _sort(page, "descending")
-    page.wait_for_function("() => document.querySelector('#picker-table [data-testid=cell-0-1]')?.innerText.trim() "
-                           f"=== '{max(reads)}'")
+    page.wait_for_function(FIRST_READS_JS, arg=str(max(reads)))
     assert _reads(page) == sorted(reads, reverse=True)
 
     # A folder the user adds: the tiny Llama in it is listed as a model on disk.

@@ -202,6 +202,7 @@ def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio
     _wait_text(page, "#picker-status", f"Downloaded {HUB_REPO}")
     snapshot = studio["home"] / ".cache" / "huggingface" / "hub" / "models--Qwen--Qwen3-4B" / "snapshots"
     assert len(list(snapshot.glob("*/model.safetensors"))) == 1
+    _wait_text(page, "#picker-table", "Hugging Face cache: ")  # the table lists it as on disk now
     assert studio["hub"].gets("model.safetensors") == [None]  # one GET, whole
 
     # Serve the tiny Llama: the header follows, the read document is closed with a note, and reads again.

@@ -33,7 +33,8 @@ from test_browser import CHROMIUM, CHROMIUM_ARGS, PAGES  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-TIMEOUT_MS = int(os.environ.get("PICKER_TIMEOUT_MS", 240_000))  # a busy 2-core machine: measuring a model's FLOP rate alone can take 30 s there
+# A busy 2-core machine: measuring a model's FLOP rate alone (the picker's first open) can take 30 s there.
+TIMEOUT_MS = int(os.environ.get("PICKER_TIMEOUT_MS", 240_000))
 HUB_REPO = "Qwen/Qwen3-4B"  # a catalogue model, not gated; the stand-in Hub serves a tiny one under its name
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Every row of the (virtualised) table: scrolls it through, collecting cells by the row
@@ -81,9 +82,9 @@ def studio(tmp_path_factory):
     tiny = _tiny_llama(root / "my-models" / "tiny-random-llama", embedded_model_dir(), 49152)
     hub_model = _tiny_llama(root / "hub-model", embedded_model_dir(), 2048)
     files = {p.name: p.read_bytes() for p in hub_model.iterdir() if p.is_file()}
-    files["model.safetensors"] += b"\0" * (6 << 20)  # 6 MiB more, served at 3 MiB/s: progress to watch
+    # 12 MiB more: huggingface_hub reads 10 MiB at a time, and a cancel lands at the end of such a read.
+    files["model.safetensors"] += b"\0" * (12 << 20)
     with HubServer(HUB_REPO, files) as hub:
-        hub.rate = 3 << 20
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
@@ -195,15 +196,24 @@ def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio
     _wait_text(page, "#picker-table", "tiny-random-llama")
     assert _rows(page)["tiny-random-llama"][12] == f"folder: {studio['tiny']}"
 
-    # Download from the stand-in Hub: progress, then done, into the standard cache.
+    # Download from the stand-in Hub: progress, cancel, and again to the end, into the standard cache.
+    hub = studio["hub"]
+    hub.rate = 1 << 20  # the first 10 MiB take 10 s: time to cancel
     _choose(page, HUB_REPO)
     page.click("#picker-download")
     _wait_text(page, "#picker-status", f"Downloading {HUB_REPO}", "%")
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while not hub.gets("model.safetensors") and time.monotonic() < deadline:  # cancel within the weights' file
+        time.sleep(0.1)
+    page.click("#picker-cancel")
+    _wait_text(page, "#picker-status", "download cancelled during model.safetensors")
+    hub.rate = 16 << 20
+    page.click("#picker-download")
     _wait_text(page, "#picker-status", f"Downloaded {HUB_REPO}")
     snapshot = studio["home"] / ".cache" / "huggingface" / "hub" / "models--Qwen--Qwen3-4B" / "snapshots"
     assert len(list(snapshot.glob("*/model.safetensors"))) == 1
+    assert hub.gets("model.safetensors") == [None, None]  # cancelled, then fetched whole
     _wait_text(page, "#picker-table", "Hugging Face cache: ")  # the table lists it as on disk now
-    assert studio["hub"].gets("model.safetensors") == [None]  # one GET, whole
 
     # Serve the tiny Llama: the header follows, the read document is closed with a note, and reads again.
     _choose(page, "tiny-random-llama")

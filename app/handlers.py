@@ -73,9 +73,17 @@ class Handlers(OpenSaved, PageRanges, Questions):
         # once; the handlers themselves always get their state from gr.State.
         self._open: dict[str, BrowserState] = {}
 
-    def _session(self, state: BrowserState, request: gr.Request | None) -> DocumentSession:
-        if state.session is not None and getattr(state.session, "retired", None):  # the served model was switched
+    @staticmethod
+    def forget_switched(state: BrowserState) -> str | None:
+        """The note of a session whose model was switched away (``engine.models.ModelHolder.switch``), which the
+        tab then lets go of: its chosen files stay, to be read again with the new model. None: nothing to forget."""
+        note = getattr(state.session, "retired", None) if state.session is not None else None
+        if note:
             state.session, state.tokens, state.read_text = None, None, None  # tokens were the old tokenizer's
+        return note
+
+    def _session(self, state: BrowserState, request: gr.Request | None) -> DocumentSession:
+        self.forget_switched(state)
         if state.session is None:
             state.session = self._factory()
         if request is not None and request.session_hash:

@@ -183,8 +183,9 @@ class ModelPicker:
         view = [table, machine, choice]
         section.expand(self.refresh, None, view, api_name="models", show_progress="minimal")
         scan.click(self.refresh, [folder], view, api_name="scan_models", show_progress="minimal")
+        # Then the table again: the model is now in the Hugging Face cache, ready to serve.
         download.click(self.download, [choice], [note], api_name="download_model", concurrency_id="download",
-                       concurrency_limit=1)
+                       concurrency_limit=1).then(self.refresh, None, view, api_visibility="private")
         cancel.click(self.cancel, None, None, api_name="cancel_download", concurrency_limit=None)
         # The compute slot: a switch never races a read or an answer on the model it replaces.
         serve.click(self.serve, [choice], [note], api_name="serve_model", concurrency_id="compute",

@@ -94,3 +94,28 @@ def test_a_tab_whose_model_was_switched_starts_afresh(embedded_model, secret_pdf
     assert "Read documents first" in str(asked[-1].status)  # the closed document is not answered from
     views = list(handlers.read(False, state))  # the chosen files are read again, with the new model
     assert state.session is not old and state.session.is_prefilled and 'data-state="done"' in views[-1].progress
+
+
+def test_every_tab_follows_a_switch_and_a_tab_whose_document_closed_says_so():
+    import gradio as gr
+
+    from app.browser_state import BrowserState
+    from app.ui import _model_changed
+
+    smol = {"name_or_path": "/cache/models/SmolLM2-135M-Instruct", "params": 134_515_008, "serial": 0}
+    tiny = {"name_or_path": "/tmp/tiny-llama", "params": 6_000_000, "serial": 1}
+    reading, idle = BrowserState(), BrowserState()
+    reading.documents = ["a chosen file"]
+    for tab in (reading, idle):  # the first tick of a tab: the header it loaded with, nothing said
+        header, *rest = _model_changed(tab, "Studio", smol)
+        assert "SmolLM2-135M-Instruct" in header and rest == [gr.skip()] * 4
+        assert _model_changed(tab, "Studio", smol) == (gr.skip(),) * 5  # no switch: nothing sent
+    reading.session = SimpleNamespace(retired="The model was switched from SmolLM2 to tiny-llama: open documents "
+                                              "were closed.")
+    header, note, progress, plan, read = _model_changed(reading, "Studio", tiny)
+    assert "tiny-llama" in header and "SmolLM2" not in header
+    assert "open documents were closed" in note and "Read documents" in note and 'data-state="idle"' in progress
+    assert "model changed" in plan and read["interactive"] is True
+    assert reading.session is None  # let go of: the next read starts a session on the new model
+    header, note, *rest = _model_changed(idle, "Studio", tiny)
+    assert "tiny-llama" in header and "Now serving tiny-llama" in note and rest == [gr.skip()] * 3

@@ -54,7 +54,7 @@ def launch_options(max_upload: int | None = None) -> dict:
 def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict | Callable[[], dict],
              title: str = "HeadInfer Studio", snapshot_store: SnapshotStore | None = None, private: bool = False,
              session_shelves: Path | None = None, upload_dir: Path | None = None,
-             picker: Callable[[], None] | None = None, max_question: int | None = None) -> gr.Blocks:
+             picker: Callable[[gr.State], None] | None = None, max_question: int | None = None) -> gr.Blocks:
     """Builds the page; each browser tab gets its own session from ``engine_factory``.
 
     Args:
@@ -154,7 +154,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
                                                info="The pages each answer attended to most, read from the "
                                                     "model's attention (a small extra pass after the answer).")
         if picker is not None:
-            picker()
+            picker(state)
 
         # One upload at a time: reading and tokenizing a large file takes memory, so visitors queue for it.
         files.change(handlers.choose_files, [files, state], [state, table, plan, truncate, read_button, status_box],

@@ -178,9 +178,17 @@ def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio
     assert "Reads here" in page.inner_text("#picker-machine")
     rows = _rows(page)
     assert {SMOLLM2, "Qwen/Qwen2.5-7B-Instruct-1M", "smollm2:135m"} <= set(rows)
-    assert rows[SMOLLM2][1] == "8192" and rows[SMOLLM2][12] == "serving now"  # capped by its 8,192-token window
+    assert rows[SMOLLM2][1] == "8192" and rows[SMOLLM2][14] == "serving now"  # capped by its 8,192-token window
     ollama = rows["smollm2:135m"]
-    assert ollama[1] == "8192" and ollama[12].startswith("Ollama: ") and "/blobs/sha256-" in ollama[12]
+    assert ollama[1] == "8192" and ollama[14].startswith("Ollama: ") and "/blobs/sha256-" in ollama[14]
+    # The tab's document in each model's tokens, before any download: the served model's own count (the plan's),
+    # Llama 3's exactly through tiktoken, the others estimated with that tokenizer.
+    assert "Your documents" in page.inner_text("#picker-machine")
+    served = int(rows[SMOLLM2][2].replace(",", ""))
+    assert served > 0 and rows[SMOLLM2][3] == "all of them; counted by the model itself"
+    llama3 = rows["meta-llama/Llama-3.1-8B-Instruct"]
+    assert int(llama3[2].replace(",", "")) > 0 and llama3[3].endswith("; exact (Llama 3 tokenizer)")
+    assert rows["Qwen/Qwen2.5-7B-Instruct-1M"][3].endswith("an estimate (Llama 3 tokenizer)")
     reads = _reads(page)
     assert reads == sorted(reads, reverse=True) and reads[0] > reads[-1]  # ranked by what reads the most here
     _sort(page, "ascending")
@@ -194,7 +202,7 @@ def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio
     page.fill("#picker-folder textarea, #picker-folder input", str(studio["tiny"].parent))
     page.click("#picker-scan")
     _wait_text(page, "#picker-table", "tiny-random-llama")
-    assert _rows(page)["tiny-random-llama"][12] == f"folder: {studio['tiny']}"
+    assert _rows(page)["tiny-random-llama"][14] == f"folder: {studio['tiny']}"
 
     # Download from the stand-in Hub: progress, cancel, and again to the end, into the standard cache.
     hub = studio["hub"]
@@ -230,7 +238,7 @@ def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio
     page.click("#read")
     page.wait_for_selector("#prefill-progress .progress[data-state=done]")
     _wait_text(page, "#picker-table", "serving now")
-    assert _rows(page)["tiny-random-llama"][12] == "serving now"
+    assert _rows(page)["tiny-random-llama"][14] == "serving now"
 
     # And back to the embedded SmolLM2, from the catalogue.
     _choose(page, SMOLLM2)

@@ -64,7 +64,7 @@ def test_counts_are_exact_for_llama3_and_labelled_estimates_otherwise():
     llama31 = {"model_type": "llama", "vocab_size": 128_256}
     qwen = {"model_type": "qwen2", "vocab_size": 152_064}
     assert is_llama3(llama31) and not is_llama3(qwen) and not is_llama3({"model_type": "llama", "vocab_size": 32_000})
-    exact, estimate = count_tokens(TRICKY, llama31), count_tokens(TRICKY, qwen)
+    exact, estimate = count_tokens(TRICKY, [llama31, qwen])
     assert exact.exact and not estimate.exact and "estimate" in estimate.tokenizer
     assert exact.tokens == estimate.tokens == len(llama3_encoding().encode_ordinary(TRICKY)) > 40
 

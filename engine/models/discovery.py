@@ -65,10 +65,13 @@ def _hub_cache(cache: Path | None) -> list[Entry]:
     for repo in info.repos:
         if repo.repo_type != "model" or not repo.revisions:
             continue
-        revision = max(repo.revisions, key=lambda r: r.last_modified)
-        entry = config_entry(Path(revision.snapshot_path), repo.repo_id, "Hugging Face cache")
+        snapshot = Path(max(repo.revisions, key=lambda r: r.last_modified).snapshot_path)
+        entry = config_entry(snapshot, repo.repo_id, "Hugging Face cache")
         if entry is not None:
             entries.append(entry)
+        else:  # a GGUF repository (one file per quantization), as llama.cpp and LM Studio users fetch them
+            entries += [e for path, name in _gguf_files(snapshot)
+                        if (e := gguf_entry(path, f"{repo.repo_id}/{name}", "Hugging Face cache"))]
     return entries
 
 

@@ -153,3 +153,18 @@ def test_missing_unreadable_and_looping_folders_are_skipped(tmp_path, monkeypatc
                       folders={"LM Studio": [tmp_path / "lms", tmp_path / "absent"], "Ollama": [ollama, tmp_path]})
     assert sorted((e.id, e.source) for e in listed) == [("good", "folder"), ("pub/Good-GGUF", "LM Studio")]
     assert "Permission denied" in caplog.text
+
+
+def test_a_gguf_repository_in_the_hugging_face_cache_is_listed_per_file(tmp_path, smollm2_gguf):
+    """``hf download bartowski/SmolLM2-135M-Instruct-GGUF`` leaves snapshot links to blobs, and no config.json."""
+    repo = tmp_path / "hub" / "models--bartowski--SmolLM2-135M-Instruct-GGUF"
+    blob = link(smollm2_gguf, repo / "blobs" / hashlib.sha256(b"q4_1").hexdigest())
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "SmolLM2-135M-Instruct-Q4_1.gguf").symlink_to(os.path.relpath(blob, snapshot))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    found = discover(hf_cache=tmp_path / "hub", folders={})
+    assert [(e.id, e.source) for e in found] == [
+        ("bartowski/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct-Q4_1", "Hugging Face cache")]
+    assert found[0].params == SMOLLM2_PARAMS and plan_entry(found[0], CPU_ONLY).window == 8192

@@ -127,7 +127,8 @@ def _ollama(models: Path) -> list[Entry]:
     ``application/vnd.ollama.image.model`` layer names a GGUF blob ``blobs/sha256-<digest>``. Named as ``ollama list``
     shows them (``llama3.1:8b``; ``user/model:tag`` outside the library; the host too outside Ollama's registry). Its
     other layers (license, template, params, system, projector) are not models; a blob still downloading is
-    ``sha256-<digest>-partial`` and has no manifest yet, and a blob whose size is not the manifest's is skipped."""
+    ``sha256-<digest>-partial`` and has no manifest yet; a blob whose size is not the manifest's, and a model with a
+    LoRA adapter layer (served without it, it would not be the model the user made), are skipped."""
     manifests = models / "manifests"
     entries = []
     for root, _, names in _walk(manifests, depth=4):
@@ -146,6 +147,7 @@ def _ollama(models: Path) -> list[Entry]:
 
 OLLAMA_REGISTRY = "registry.ollama.ai"
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+OLLAMA_ADAPTER_LAYER = "application/vnd.ollama.image.adapter"
 
 
 def _ollama_model(models: Path, manifest: Path, name: str) -> Entry | None:
@@ -154,11 +156,14 @@ def _ollama_model(models: Path, manifest: Path, name: str) -> Entry | None:
         layer = next(x for x in layers if x.get("mediaType") == OLLAMA_MODEL_LAYER)
         blob = models / "blobs" / str(layer["digest"]).replace(":", "-")
         size = blob.stat().st_size
-    except StopIteration:
+    except StopIteration:  # e.g. a model imported from safetensors, stored as tensor layers
         logger.info("skipping Ollama's %s: its manifest names no GGUF model layer", name)
         return None
     except (OSError, ValueError, AttributeError, KeyError, TypeError) as error:
         logger.info("skipping Ollama's %s (%s): %s", name, manifest, error)
+        return None
+    if any(x.get("mediaType") == OLLAMA_ADAPTER_LAYER for x in layers):
+        logger.info("skipping Ollama's %s: it applies a LoRA adapter, which the engine would leave out", name)
         return None
     if layer.get("size") not in (None, size):
         logger.info("skipping Ollama's %s: its blob has %d bytes, its manifest says %s", name, size, layer["size"])

@@ -68,7 +68,7 @@ def test_an_ollama_store_lists_its_models_as_ollama_names_them(tmp_path, monkeyp
     store.pull("tiny:q8_0", tiny, namespace="someone")
     store.pull("SmolLM2-GGUF:Q4_1", tiny, host="hf.co", namespace="bartowski")
     # Not models: a manifest with no model layer, one whose blob is still downloading (only ``-partial`` files),
-    # one whose blob has another size than its manifest says, and one that is not JSON.
+    # one whose blob has another size than its manifest says, one with a LoRA adapter, and one that is not JSON.
     store.pull("embed-template:latest", None)
     pending = write_gguf(tmp_path / "src" / "pending.gguf", layers=5)
     digest = "sha256-" + hashlib.sha256(pending.read_bytes()).hexdigest()
@@ -77,6 +77,7 @@ def test_an_ollama_store_lists_its_models_as_ollama_names_them(tmp_path, monkeyp
     manifest = store.pull("pending:latest", pending)
     (store.root / "blobs" / digest).unlink()  # as during a pull: the partial file exists, the blob does not yet
     store.pull("resized:latest", tiny, model_size=123)
+    store.pull("tuned:latest", tiny, adapter=b"GGUF a LoRA adapter")
     (store.root / "manifests" / "registry.ollama.ai" / "library" / "broken").mkdir()
     (store.root / "manifests" / "registry.ollama.ai" / "library" / "broken" / "latest").write_text("{not json")
     assert manifest.is_file()

@@ -65,10 +65,13 @@ def _hub_cache(cache: Path | None) -> list[Entry]:
     for repo in info.repos:
         if repo.repo_type != "model" or not repo.revisions:
             continue
-        revision = max(repo.revisions, key=lambda r: r.last_modified)
-        entry = config_entry(Path(revision.snapshot_path), repo.repo_id, "Hugging Face cache")
+        snapshot = Path(max(repo.revisions, key=lambda r: r.last_modified).snapshot_path)
+        entry = config_entry(snapshot, repo.repo_id, "Hugging Face cache")
         if entry is not None:
             entries.append(entry)
+        else:  # a GGUF repository (one file per quantization), as llama.cpp and LM Studio users fetch them
+            entries += [e for path, name in _gguf_files(snapshot)
+                        if (e := gguf_entry(path, f"{repo.repo_id}/{name}", "Hugging Face cache"))]
     return entries
 
 
@@ -124,7 +127,8 @@ def _ollama(models: Path) -> list[Entry]:
     ``application/vnd.ollama.image.model`` layer names a GGUF blob ``blobs/sha256-<digest>``. Named as ``ollama list``
     shows them (``llama3.1:8b``; ``user/model:tag`` outside the library; the host too outside Ollama's registry). Its
     other layers (license, template, params, system, projector) are not models; a blob still downloading is
-    ``sha256-<digest>-partial`` and has no manifest yet, and a blob whose size is not the manifest's is skipped."""
+    ``sha256-<digest>-partial`` and has no manifest yet; a blob whose size is not the manifest's, and a model with a
+    LoRA adapter layer (served without it, it would not be the model the user made), are skipped."""
     manifests = models / "manifests"
     entries = []
     for root, _, names in _walk(manifests, depth=4):
@@ -143,6 +147,7 @@ def _ollama(models: Path) -> list[Entry]:
 
 OLLAMA_REGISTRY = "registry.ollama.ai"
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
+OLLAMA_ADAPTER_LAYER = "application/vnd.ollama.image.adapter"
 
 
 def _ollama_model(models: Path, manifest: Path, name: str) -> Entry | None:
@@ -151,11 +156,14 @@ def _ollama_model(models: Path, manifest: Path, name: str) -> Entry | None:
         layer = next(x for x in layers if x.get("mediaType") == OLLAMA_MODEL_LAYER)
         blob = models / "blobs" / str(layer["digest"]).replace(":", "-")
         size = blob.stat().st_size
-    except StopIteration:
+    except StopIteration:  # e.g. a model imported from safetensors, stored as tensor layers
         logger.info("skipping Ollama's %s: its manifest names no GGUF model layer", name)
         return None
     except (OSError, ValueError, AttributeError, KeyError, TypeError) as error:
         logger.info("skipping Ollama's %s (%s): %s", name, manifest, error)
+        return None
+    if any(x.get("mediaType") == OLLAMA_ADAPTER_LAYER for x in layers):
+        logger.info("skipping Ollama's %s: it applies a LoRA adapter, which the engine would leave out", name)
         return None
     if layer.get("size") not in (None, size):
         logger.info("skipping Ollama's %s: its blob has %d bytes, its manifest says %s", name, size, layer["size"])

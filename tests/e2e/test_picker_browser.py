@@ -157,6 +157,13 @@ def _choose(page, label: str) -> None:
     page.click(f"[role=option]:has-text('{label}')")
 
 
+def _until(predicate) -> None:
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
+
+
 def _wait_text(page, selector: str, *texts: str) -> None:
     checks = " && ".join(f"t.includes({text!r})" for text in texts)
     page.wait_for_function(f"() => {{ const t = document.querySelector({selector!r})?.innerText || ''; "
@@ -202,7 +209,7 @@ def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio
     page.fill("#picker-folder textarea, #picker-folder input", str(studio["tiny"].parent))
     page.click("#picker-scan")
     _wait_text(page, "#picker-table", "tiny-random-llama")
-    assert _rows(page)["tiny-random-llama"][14] == f"folder: {studio['tiny']}"
+    _until(lambda: _rows(page).get("tiny-random-llama", [""] * 15)[14] == f"folder: {studio['tiny']}")
 
     # Download from the stand-in Hub: progress, cancel, and again to the end, into the standard cache.
     hub = studio["hub"]
@@ -210,9 +217,7 @@ def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio
     _choose(page, HUB_REPO)
     page.click("#picker-download")
     _wait_text(page, "#picker-status", f"Downloading {HUB_REPO}", "%")
-    deadline = time.monotonic() + TIMEOUT_MS / 1000
-    while not hub.gets("model.safetensors") and time.monotonic() < deadline:  # cancel within the weights' file
-        time.sleep(0.1)
+    _until(lambda: hub.gets("model.safetensors"))  # cancel within the weights' file
     page.click("#picker-cancel")
     _wait_text(page, "#picker-status", "download cancelled during model.safetensors")
     hub.rate = 16 << 20
@@ -237,8 +242,7 @@ def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio
     other.close()
     page.click("#read")
     page.wait_for_selector("#prefill-progress .progress[data-state=done]")
-    _wait_text(page, "#picker-table", "serving now")
-    assert _rows(page)["tiny-random-llama"][14] == "serving now"
+    _until(lambda: _rows(page).get("tiny-random-llama", [""] * 15)[14] == "serving now")  # the table follows too
 
     # And back to the embedded SmolLM2, from the catalogue.
     _choose(page, SMOLLM2)

@@ -71,7 +71,7 @@ class OllamaStore:
         return {"digest": digest, "size": len(raw)}
 
     def pull(self, name: str, model: Path | None, *, host: str = "registry.ollama.ai", namespace: str = "library",
-             model_size: int | None = None) -> Path:
+             model_size: int | None = None, adapter: bytes | None = None) -> Path:
         """What ``ollama pull name:tag`` leaves: the model blob, license, template and params layers, a manifest."""
         repo, tag = name.split(":")
         layers = []
@@ -79,6 +79,8 @@ class OllamaStore:
             layer = {"mediaType": "application/vnd.ollama.image.model", **self.blob(model)}
             layer["size"] = model_size or layer["size"]
             layers.append(layer)
+        if adapter is not None:  # what ``ADAPTER`` in a Modelfile adds
+            layers.append({"mediaType": "application/vnd.ollama.image.adapter", **self.blob(adapter)})
         layers += [{"mediaType": "application/vnd.ollama.image.license", **self.blob(b"Apache License 2.0\n")},
                    {"mediaType": "application/vnd.ollama.image.template",
                     **self.blob(b"{{ if .System }}<|im_start|>system\n{{ .System }}<|im_end|>{{ end }}")},

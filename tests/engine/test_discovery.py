@@ -68,7 +68,7 @@ def test_an_ollama_store_lists_its_models_as_ollama_names_them(tmp_path, monkeyp
     store.pull("tiny:q8_0", tiny, namespace="someone")
     store.pull("SmolLM2-GGUF:Q4_1", tiny, host="hf.co", namespace="bartowski")
     # Not models: a manifest with no model layer, one whose blob is still downloading (only ``-partial`` files),
-    # one whose blob has another size than its manifest says, and one that is not JSON.
+    # one whose blob has another size than its manifest says, one with a LoRA adapter, and one that is not JSON.
     store.pull("embed-template:latest", None)
     pending = write_gguf(tmp_path / "src" / "pending.gguf", layers=5)
     digest = "sha256-" + hashlib.sha256(pending.read_bytes()).hexdigest()
@@ -77,6 +77,7 @@ def test_an_ollama_store_lists_its_models_as_ollama_names_them(tmp_path, monkeyp
     manifest = store.pull("pending:latest", pending)
     (store.root / "blobs" / digest).unlink()  # as during a pull: the partial file exists, the blob does not yet
     store.pull("resized:latest", tiny, model_size=123)
+    store.pull("tuned:latest", tiny, adapter=b"GGUF a LoRA adapter")
     (store.root / "manifests" / "registry.ollama.ai" / "library" / "broken").mkdir()
     (store.root / "manifests" / "registry.ollama.ai" / "library" / "broken" / "latest").write_text("{not json")
     assert manifest.is_file()
@@ -153,3 +154,18 @@ def test_missing_unreadable_and_looping_folders_are_skipped(tmp_path, monkeypatc
                       folders={"LM Studio": [tmp_path / "lms", tmp_path / "absent"], "Ollama": [ollama, tmp_path]})
     assert sorted((e.id, e.source) for e in listed) == [("good", "folder"), ("pub/Good-GGUF", "LM Studio")]
     assert "Permission denied" in caplog.text
+
+
+def test_a_gguf_repository_in_the_hugging_face_cache_is_listed_per_file(tmp_path, smollm2_gguf):
+    """``hf download bartowski/SmolLM2-135M-Instruct-GGUF`` leaves snapshot links to blobs, and no config.json."""
+    repo = tmp_path / "hub" / "models--bartowski--SmolLM2-135M-Instruct-GGUF"
+    blob = link(smollm2_gguf, repo / "blobs" / hashlib.sha256(b"q4_1").hexdigest())
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "SmolLM2-135M-Instruct-Q4_1.gguf").symlink_to(os.path.relpath(blob, snapshot))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    found = discover(hf_cache=tmp_path / "hub", folders={})
+    assert [(e.id, e.source) for e in found] == [
+        ("bartowski/SmolLM2-135M-Instruct-GGUF/SmolLM2-135M-Instruct-Q4_1", "Hugging Face cache")]
+    assert found[0].params == SMOLLM2_PARAMS and plan_entry(found[0], CPU_ONLY).window == 8192

@@ -224,7 +224,7 @@ class Handlers(OpenSaved, PageRanges, Questions):
         try:
             for item in iterate_reports(
                 lambda report: session.prefill(report, lambda: state.cancel_requested,
-                                               between_chunks=self._giving_way(ticket, state, report)),
+                                               give_way=self._giving_way(ticket, state, report)),
                 abandon=lambda: setattr(state, "cancel_requested", True), name="prefill",
             ):
                 if isinstance(item, str):  # the read gave the device to another visitor between two chunks

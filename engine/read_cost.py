@@ -31,7 +31,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 _KEEP = 24  # reads kept per key
-_FORMAT = 1
+_FORMAT = 2
 _FIRST_READ_SPREAD = 0.5  # before any read, the launch micro-benchmark's estimate is shown as -50% / +50%
 _MIN_SPREAD = 0.15  # a range is never narrower than ±15%
 _ONE_READ_SPREAD = 0.25  # ... nor than ±25% when one read is all there is to judge the fit by
@@ -108,14 +108,16 @@ class LoadProbe:
 
     ``current()`` reuses a probe younger than ``max_age`` seconds, and while this process computes (``computing``:
     a read or an answer runs) the last one taken, so that our own work is not mistaken for other processes' load.
+    What it returns is the median of the probes of the last ``window`` seconds: a read of minutes meets the load of
+    minutes, not of the instant; their spread (and each probe's own) is the load's share of an estimate's range.
     """
 
     def __init__(self, device: torch.device | str = "cpu", *, size: int = 512, samples: int = 6,
-                 max_age: float = 10.0):
+                 max_age: float = 10.0, window: float = 300.0):
         self.device = torch.device(device)
-        self.size, self.samples, self.max_age = size, samples, max_age
+        self.size, self.samples, self.max_age, self.window = size, samples, max_age, window
         self._lock = threading.Lock()
-        self._last: Probe | None = None
+        self._history: list[Probe] = []
         self._computing = 0
 
     def begin_computing(self) -> None:
@@ -135,11 +137,18 @@ class LoadProbe:
             self.end_computing()
 
     def current(self) -> Probe:
+        """The load now: the recent probes' median (a new probe first unless the last is fresh or we compute)."""
         with self._lock:
-            last, busy = self._last, self._computing > 0
-        if last is not None and (busy or time.monotonic() - last.at < self.max_age):
-            return last
-        return self.measure()
+            last, busy = (self._history[-1] if self._history else None), self._computing > 0
+        if last is None or not (busy or time.monotonic() - last.at < self.max_age):
+            self.measure()
+        with self._lock:
+            now = time.monotonic()
+            recent = [p for p in self._history if now - p.at <= self.window] or self._history[-1:]
+        seconds = statistics.median(p.seconds for p in recent)
+        spread = max(max(p.spread for p in recent), (max(p.seconds for p in recent) - min(p.seconds for p in recent))
+                     / (2 * seconds))
+        return Probe(seconds, spread, recent[-1].at)
 
     def measure(self) -> Probe:
         """A new probe (about 0.1-0.3 s on a 2-core CPU, idle; proportionally longer on a busy one)."""
@@ -158,8 +167,40 @@ class LoadProbe:
         mean = statistics.fmean(times)
         probe = Probe(mean, statistics.pstdev(times) / mean, time.monotonic())
         with self._lock:
-            self._last = probe
+            self._history = [p for p in self._history if probe.at - p.at <= self.window][-63:] + [probe]
         return probe
+
+
+class ReadTiming:
+    """One read's chunk timings and the load probes around them: a probe before the read, another between chunks
+    once ``reprobe_every`` seconds were read since the last, and one after a long read; each chunk is kept with the
+    mean of the probes before and after its stretch."""
+
+    def __init__(self, probe: LoadProbe, reprobe_every: float = 20.0):
+        self.probe, self.reprobe_every = probe, reprobe_every
+        self.chunks: list[Chunk] = []
+        self.stretches: list[int] = []  # the probe before each chunk (an index into ``probes``)
+        self.probes = [probe.current().seconds]
+        self.since_probe = 0.0
+
+    def add(self, chunk: Chunk) -> None:
+        self.chunks.append(chunk)
+        self.stretches.append(len(self.probes) - 1)
+        self.since_probe += chunk.seconds
+
+    def between_chunks(self) -> None:
+        if self.since_probe >= self.reprobe_every:
+            self.probes.append(self.probe.measure().seconds)
+            self.since_probe = 0.0
+
+    def record(self, costs: ReadCosts, key: str) -> None:
+        """Keeps the read (a cancelled one's chunks too) when it read for at least half a second."""
+        if sum(c.seconds for c in self.chunks) < 0.5:
+            return
+        if self.since_probe >= self.reprobe_every / 2:
+            self.probes.append(self.probe.measure().seconds)
+        probes = [(self.probes[i] + self.probes[min(i + 1, len(self.probes) - 1)]) / 2 for i in self.stretches]
+        costs.record(key, self.chunks, probes)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -177,22 +218,24 @@ def load_probe(device: torch.device) -> LoadProbe:
 
 class ReadCosts:
     """The chunk timings of completed reads, per model, device, precision and KV policy, kept in a small JSON file
-    so later starts estimate from them. Each read: ``{"probe": seconds, "at": time, "chunks": [[p, q, s], ...]}``."""
+    so later starts estimate from them. Each read: ``{"at": time, "chunks": [[position, tokens, seconds, probe
+    seconds], ...]}``."""
 
     def __init__(self, path: Path | None):
         self.path = path
         self._lock = threading.Lock()
         self._records: dict[str, list[dict]] | None = None
 
-    def record(self, key: str, chunks: list[Chunk], probe_seconds: float) -> None:
-        """A read's chunks, timed while the load probe took ``probe_seconds``."""
-        chunks = [c for c in chunks if c.tokens > 0 and c.seconds > 0]
-        if not chunks or probe_seconds <= 0:
+    def record(self, key: str, chunks: list[Chunk], probe_seconds: float | list[float]) -> None:
+        """A read's chunks, timed while the load probe took ``probe_seconds`` (one for the read, or one per chunk)."""
+        probes = probe_seconds if isinstance(probe_seconds, list) else [probe_seconds] * len(chunks)
+        kept = [(c, p) for c, p in zip(chunks, probes, strict=True) if c.tokens > 0 and c.seconds > 0 and p > 0]
+        if not kept:
             return
         with self._lock:
             records = self._load()
-            records.setdefault(key, []).append({"probe": probe_seconds, "at": time.time(),
-                                                "chunks": [[c.position, c.tokens, c.seconds] for c in chunks]})
+            records.setdefault(key, []).append({"at": time.time(),
+                                                "chunks": [[c.position, c.tokens, c.seconds, p] for c, p in kept]})
             records[key] = records[key][-_KEEP:]
             self._save(records)
 
@@ -200,7 +243,7 @@ class ReadCosts:
         """Each kept read's points ``(tokens, pairs, seconds / probe seconds)``."""
         with self._lock:
             found = list(self._load().get(key, []))
-        return [[(*Chunk(int(p), int(q), s).features, s / read["probe"]) for p, q, s in read["chunks"]]
+        return [[(*Chunk(int(p), int(q), s).features, s / probe) for p, q, s, probe in read["chunks"]]
                 for read in found]
 
     def estimate(self, key: str, start: int, stop: int, probe: Probe) -> tuple[float, float, float] | None:

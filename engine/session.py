@@ -29,7 +29,7 @@ from .planning.memory import ModelShape, Plan, PlanError, make_plan
 from .planning.out_of_memory import out_of_memory_message
 from .planning.policy import OffloadPolicy
 from .prefill import PrefillClock, prefill_step, prefill_work
-from .read_cost import Chunk, ReadCosts, first_read_range, load_probe, shared_read_costs
+from .read_cost import Chunk, ReadCosts, ReadTiming, first_read_range, load_probe, shared_read_costs
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillProgress, answer_rate
 from .store.format import SnapshotIdentity
@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 # homes are never grown mid-conversation.
 LONGEST_ANSWER = 2048  # app/ui.py's "Longest answer" slider maximum
 HISTORY_BUDGET = 2048  # tokens of earlier questions and answers kept
-_REPROBE_AFTER = 10.0  # seconds of reading after which the load is probed again for the record
 
 
 class DocumentSession:
@@ -235,56 +234,60 @@ class DocumentSession:
 
     def prefill(self, on_progress: Callable[[PrefillProgress], None] | None = None,
                 should_stop: Callable[[], bool] | None = None,
-                between_chunks: Callable[[], None] | None = None) -> PrefillProgress:
+                give_way: Callable[[], None] | None = None) -> PrefillProgress:
         """Reads the document in chunks; resumes where a cancelled prefill stopped.
 
-        ``between_chunks()`` runs after each forward but the last, outside it: a caller sharing the device with other
-        visitors may block there to let them go first (that time is not counted as reading); ``should_stop`` is
-        asked again before the next forward. Each forward's timing is kept (``ReadCosts``) for later estimates.
+        ``give_way()`` runs between forwards and, on a CPU (where one forward of a long chunk takes minutes), between
+        decoder layers too: a caller sharing the device with other visitors may block there while they compute (the
+        model's weights are only read; each session has its own cache). That time is not counted as reading, and
+        ``should_stop`` is asked again right after. Each forward's timing is kept (``ReadCosts``) for later estimates.
         """
         if self.cache is None:
             raise StateError("no document: call set_document first")
         clock = PrefillClock(self.shape, self.prefilled_tokens, self.document_tokens, on_progress)
         progress = PrefillProgress(self.prefilled_tokens, self.document_tokens, 0.0, 0.0)
-        chunks: list[Chunk] = []
-        probe_before = self.load_probe.current()  # the load the chunks are timed under
+        timing = ReadTiming(self.load_probe)
+        paused = [0.0]
+
+        def pause() -> None:
+            started = time.perf_counter()
+            give_way()
+            seconds = time.perf_counter() - started
+            paused[0] += seconds
+            clock.paused(seconds)
+
+        def within_forward(layer: int, num_layers: int) -> None:
+            clock.within_forward(layer, num_layers)
+            if layer > 0:
+                pause()
+
+        inside = within_forward if give_way is not None and self.device.type == "cpu" else clock.within_forward
         try:
             # Checked between layers too, so a cancel lands within about a layer's time; the chunk that was
             # under way is cropped off by ``_forward``, leaving the cache at a chunk boundary.
             with self.load_probe.computing(), interruptible(self.model, should_stop), \
-                    layer_callbacks(self.model, clock.within_forward):
+                    layer_callbacks(self.model, inside):
                 while self.prefilled_tokens < self.document_tokens:
                     if should_stop is not None and should_stop():
                         raise self._cancelled()
                     done = self.prefilled_tokens
                     size = min(prefill_step(self.policy.chunk_size, self.device.type, done), self.document_tokens - done)
                     clock.begin_forward(done, size)
-                    started = time.perf_counter()
+                    started, paused_before = time.perf_counter(), paused[0]
                     try:
                         self._forward(self._document_ids[done : done + size])
                     except ForwardInterrupted as interrupted:
                         raise self._cancelled() from interrupted
-                    chunks.append(Chunk(done, size, time.perf_counter() - started))
+                    timing.add(Chunk(done, size, time.perf_counter() - started - (paused[0] - paused_before)))
                     progress = clock.end_forward(self.prefilled_tokens)
-                    if between_chunks is not None and self.prefilled_tokens < self.document_tokens:
-                        paused = time.perf_counter()
-                        between_chunks()
-                        clock.paused(time.perf_counter() - paused)
+                    if self.prefilled_tokens < self.document_tokens:
+                        timing.between_chunks()
+                        if give_way is not None:
+                            pause()
         finally:
-            self._record_costs(chunks, probe_before)
+            timing.record(self.read_costs, self._costs_key)
         self.cache.anchor(self.document_tokens)  # sliding-window rings can always come back to the document's end
         return progress
-
-    def _record_costs(self, chunks: list[Chunk], probe_before) -> None:
-        """Keeps a read's chunk timings (a cancelled one's too) with the load they ran under: the probe before the
-        read, averaged with one after it when the read was long enough for the load to change."""
-        seconds = sum(chunk.seconds for chunk in chunks)
-        if seconds < 0.5:
-            return
-        probe = probe_before.seconds
-        if seconds > _REPROBE_AFTER:
-            probe = (probe + self.load_probe.measure().seconds) / 2
-        self.read_costs.record(self._costs_key, chunks, probe)
 
     def _cancelled(self) -> PrefillCancelled:
         return PrefillCancelled(f"stopped after {self.prefilled_tokens:,} of {self.document_tokens:,} tokens")

@@ -4,6 +4,7 @@ shown as a range from how well the fit predicts held-out reads; the micro-benchm
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -124,11 +125,34 @@ def test_the_probe_is_short_reused_while_fresh_and_while_this_process_computes()
     load = LoadProbe("cpu", max_age=60.0)
     first = load.measure()
     assert 0 < first.seconds < 0.5 and first.spread >= 0
-    assert load.current() is first
+    assert load.current().seconds == first.seconds and len(load._history) == 1
     load.max_age = 0.0
     with load.computing():
-        assert load.current() is first  # our own read would be mistaken for others' load
-    assert load.current() is not first
+        load.current()
+        assert len(load._history) == 1  # our own read would be mistaken for others' load
+    load.current()
+    assert len(load._history) == 2
+
+
+def test_the_load_is_the_median_of_the_recent_probes_and_their_spread_widens_the_range():
+    load = LoadProbe("cpu", max_age=60.0, window=300.0)
+    load._history = [Probe(0.1, 0.02, at=-1e9), Probe(0.1, 0.02, 1e9 - 2), Probe(0.3, 0.02, 1e9 - 1),
+                     Probe(0.2, 0.02, 1e9)]  # the first is older than the window
+    import time as clock
+    real = clock.monotonic
+    try:
+        clock.monotonic = lambda: 1e9 + 1
+        now = load.current()
+    finally:
+        clock.monotonic = real
+    assert now.seconds == pytest.approx(0.2) and now.spread == pytest.approx(0.5)
+    costs = ReadCosts(None)
+    costs.record("m", timed_read(3000), probe_seconds=0.2)
+    costs.record("m", timed_read(4000), probe_seconds=0.2)
+    steady = costs.estimate("m", 0, 4000, probe(0.2, spread=0.02))
+    changing = costs.estimate("m", 0, 4000, now)
+    assert changing[1] == pytest.approx(steady[1])
+    assert changing[0] < steady[0] and changing[2] > steady[2]
 
 
 @pytest.mark.slow
@@ -142,10 +166,9 @@ def test_a_read_records_its_chunks_and_the_next_estimate_uses_them(smollm2, tmp_
         costs = ReadCosts(tmp_path / "read-costs.json")
         session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=128), answer_budget=64, read_costs=costs)
         session.set_document("The keeper of Kerrow Point climbs the steps every evening. " * 60)
-        pauses = []
-        progress = session.prefill(between_chunks=lambda: pauses.append(1))
+        progress = session.prefill()
         [read] = costs.reads(session._costs_key)
-        assert len(read) == len(pauses) + 1 == -(-session.document_tokens // 128)  # every chunk, paused between
+        assert len(read) == -(-session.document_tokens // 128)  # every chunk
         assert sum(x for x, _, _ in read) == session.document_tokens
         monkeypatch.setattr(session_module, "measured_flop_rate", lambda *a: pytest.fail("benchmark after a read"))
         low, likely, high = session.estimate_prefill_range(session.document_tokens)
@@ -156,7 +179,7 @@ def test_a_read_records_its_chunks_and_the_next_estimate_uses_them(smollm2, tmp_
 
 
 @pytest.mark.slow
-def test_a_read_paused_between_chunks_is_not_timed_while_paused_and_can_be_cancelled_there(smollm2, tmp_path):
+def test_a_read_gives_way_between_layers_on_a_cpu_untimed_and_a_cancel_there_lands_at_once(smollm2, tmp_path):
     import time
 
     from engine import DocumentSession, OffloadPolicy, PrefillCancelled
@@ -164,18 +187,30 @@ def test_a_read_paused_between_chunks_is_not_timed_while_paused_and_can_be_cance
     model, tokenizer = smollm2
     model.set_attn_implementation("headinfer")
     try:
+        path = tmp_path / "read-costs.json"
         session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=128), answer_budget=64,
-                                  read_costs=ReadCosts(None))
+                                  read_costs=ReadCosts(path))
         session.set_document("The keeper of Kerrow Point climbs the steps every evening. " * 30)
         cancel = []
-        started = time.perf_counter()
         with pytest.raises(PrefillCancelled):
-            session.prefill(should_stop=lambda: bool(cancel),
-                            between_chunks=lambda: (time.sleep(1.0), cancel.append(True)))
-        assert session.prefilled_tokens == 128  # one chunk read; cancelled while it waited, before the next
-        progress = session.prefill(between_chunks=lambda: time.sleep(0.5))  # resumes; the pauses are not reading
-        pauses = 0.5 * (-(-session.document_tokens // 128) - 2)
-        assert progress.elapsed < time.perf_counter() - started - 1.0 - pauses + 0.05
+            session.prefill(should_stop=lambda: bool(cancel), give_way=lambda: (time.sleep(0.5), cancel.append(True)))
+        assert session.prefilled_tokens == 0  # stopped inside the first forward, right after its first pause
+        pauses = []
+
+        def give_way():
+            started = time.perf_counter()
+            time.sleep(0.02)
+            pauses.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        progress = session.prefill(give_way=give_way)
+        wall = time.perf_counter() - started
+        num_chunks = -(-session.document_tokens // 128)
+        layers = model.config.num_hidden_layers
+        assert len(pauses) == num_chunks * (layers - 1) + num_chunks - 1  # between layers and between chunks
+        assert progress.elapsed < wall - sum(pauses) + 0.05  # the pauses are not reading
+        [read] = json.loads(path.read_text())["reads"][session._costs_key]
+        assert sum(seconds for _, _, seconds, _ in read["chunks"]) < wall - 0.9 * sum(pauses)  # chunks timed unpaused
         assert session.is_prefilled
     finally:
         model.set_attn_implementation("sdpa")

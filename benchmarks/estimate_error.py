@@ -66,7 +66,7 @@ def one_start(corpus: Path, rates_path: Path) -> list[dict]:
         started = time.perf_counter()
         session.prefill()
         actual = time.perf_counter() - started
-        rows.append({"document": key, "tokens": session.document_tokens, "from": f"{num_reads} reads" if num_reads else "benchmark",
+        rows.append({"document": key, "tokens": session.document_tokens, "from": f"{num_reads} read{'s' * (num_reads > 1)}" if num_reads else "benchmark",
                      "probe_s": probe, "load_avg": os.getloadavg()[0],
                      "low_s": low, "likely_s": likely, "high_s": high, "actual_s": actual,
                      "error": likely / actual - 1, "in_range": low <= actual <= high})

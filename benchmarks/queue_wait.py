@@ -77,6 +77,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.queue_wait")
     p.add_argument("--corpus", default=".pytest_cache/d/debian-documents")
     p.add_argument("--after", type=float, default=10.0, help="seconds into the long read the question is asked")
+    p.add_argument("--after-first", action="store_true", help="measure with giving way first, then without")
     p.add_argument("--out", default="docs/benchmarks")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         short = Path(folder) / "lighthouse.txt"
         short.write_text(FACT * 3)
-        for gives_way in (False, True):
+        for gives_way in (True, False) if args.after_first else (False, True):
             handlers = Handlers(lambda: DocumentSession(model, tokenizer, OffloadPolicy(), read_costs=ReadCosts(None)),
                                 compute_queue=ComputeQueue())
             if not gives_way:  # before: the read keeps the device to its end

@@ -124,11 +124,11 @@ def test_out_of_memory_is_reported_and_the_session_stays_usable(make_handlers, s
     class OutOfMemorySession(DocumentSession):
         fail_next = True
 
-        def prefill(self, on_progress=None, should_stop=None):
+        def prefill(self, on_progress=None, should_stop=None, **kwargs):
             if OutOfMemorySession.fail_next:
                 OutOfMemorySession.fail_next = False
                 raise MemoryError("out of memory while reading 16 tokens")
-            return super().prefill(on_progress, should_stop)
+            return super().prefill(on_progress, should_stop, **kwargs)
 
     handlers = make_handlers(session_class=OutOfMemorySession)
     state = BrowserState()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import html
 import logging
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -227,16 +228,27 @@ class Handlers(OpenSaved, PageRanges, Questions):
         reading = status("info", f"{note}Reading {total:,} tokens (documents with the prompt)…")
         yield ReadView(state, bar, reading, chat, *running, plan=plan)
         last: PrefillProgress | None = None
+        paused = False
         try:
-            for last in iterate_reports(
-                lambda report: session.prefill(report, lambda: state.cancel_requested),
+            for item in iterate_reports(
+                lambda report: session.prefill(report, lambda: state.cancel_requested,
+                                               give_way=self._giving_way(ticket, state, report)),
                 abandon=lambda: setattr(state, "cancel_requested", True), name="prefill",
             ):
+                if isinstance(item, str):  # the read gave the device to another visitor between two chunks
+                    paused = True
+                    done = session.prefilled_tokens
+                    yield ReadView(state, NO_CHANGE, render.queue_status(
+                        self._queue.position(ticket), f"Paused after {done:,} of {total:,} tokens so that another "
+                        f"visitor goes first; the read goes on from there. {item}"), NO_CHANGE, *running)
+                    continue
+                last = item
                 bar = render.progress_bar(last.tokens_done, last.tokens_total, last.tokens_per_second,
                                           last.eta_seconds, state="running")
                 if last.eta_seconds is not None:
                     self._queue.expect(ticket, last.eta_seconds)
-                yield ReadView(state, bar, NO_CHANGE, NO_CHANGE, *running)
+                yield ReadView(state, bar, reading if paused else NO_CHANGE, NO_CHANGE, *running)
+                paused = False
         except PrefillCancelled:
             done = session.prefilled_tokens
             head = tokens.head(done) if tokens.text == session.document else None
@@ -272,6 +284,19 @@ class Handlers(OpenSaved, PageRanges, Questions):
             finished += " " + sentence
         yield ReadView(state, _done_bar(session, last), status("ok" if kind == "ok" else "warn",
                                                                f"{finished} Ask a question."), NO_CHANGE, *idle)
+
+    def _giving_way(self, ticket: Ticket, state: BrowserState, report: Callable[[object], None]) -> Callable[[], None]:
+        """What a read does between its chunks: when other visitors wait, it gives them the device (the line's
+        ``give_way``) and tells its tab so (``report(sentence)``); leaving the line while paused cancels the read."""
+        piece_started = [time.monotonic()]
+
+        def give_way() -> None:
+            if not self._queue.give_way(ticket, lambda: state.cancel_requested or state.is_closed, report,
+                                        time.monotonic() - piece_started[0]):
+                state.cancel_requested = True  # out of the line: not one more chunk
+            piece_started[0] = time.monotonic()
+
+        return give_way
 
     @staticmethod
     def cancel(state: BrowserState) -> None:

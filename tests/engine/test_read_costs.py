@@ -124,7 +124,7 @@ def test_timings_are_kept_across_starts_and_an_unwritable_record_never_fails_a_r
 def test_the_probe_is_short_reused_while_fresh_and_while_this_process_computes():
     load = LoadProbe("cpu", max_age=60.0)
     first = load.measure()
-    assert 0 < first.seconds < 0.5 and first.spread >= 0
+    assert 0 < first.seconds < 2.0 and first.spread >= 0  # ~0.1-0.3 s here; a busy shared VM stretches it
     assert load.current().seconds == first.seconds and len(load._history) == 1
     load.max_age = 0.0
     with load.computing():

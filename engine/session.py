@@ -194,7 +194,17 @@ class DocumentSession:
         learned = self.read_costs.estimate(self._costs_key, start, num_tokens, self.load_probe.current())
         if learned is not None:
             return learned
-        return first_read_range(prefill_work(self.shape, start, num_tokens) / measured_flop_rate(self.model, self.shape))
+        rate = measured_flop_rate(self.model, self.shape, forward=self._read_forward)
+        return first_read_range(prefill_work(self.shape, start, num_tokens) / rate)
+
+    def _read_forward(self, ids: torch.Tensor) -> None:
+        """One forward of ``ids`` ([1, N]) as a read runs it: through a head-wise cache of its own, last logit only."""
+        cache = HeadInferCache(self.model.config, self.policy, device=self.device, chunk_size=ids.shape[1],
+                               max_context=ids.shape[1], disk_dir=None)
+        try:
+            self.model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        finally:
+            cache.release()
 
     # -- the document ----------------------------------------------------------------------------
     def limits(self) -> Plan:

@@ -214,3 +214,35 @@ def test_a_read_gives_way_between_layers_on_a_cpu_untimed_and_a_cancel_there_lan
         assert session.is_prefilled
     finally:
         model.set_attn_implementation("sdpa")
+
+
+def test_the_first_reads_benchmark_runs_a_forward_the_way_a_read_does(tmp_path, monkeypatch):
+    """Before any read, the estimate's benchmark forward goes through a head-wise cache of its own (released after)
+    and keeps the last logit only, as a read does: a cacheless forward computing every position's logits ran 2.4x
+    slower than a read here, and first estimates came out +130-180%."""
+    from archs import build_pair
+
+    from engine import DocumentSession, HeadInferCache, OffloadPolicy
+    from engine import session as session_module
+
+    _, model = build_pair("llama-gqa", tmp_path / "tiny")  # a fresh model: no rate measured for it yet
+    made, calls = [], []
+
+    class Counted(HeadInferCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    forward = model.forward
+
+    def recording(*args, **kwargs):
+        calls.append((type(kwargs.get("past_key_values")).__name__, kwargs.get("logits_to_keep")))
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(session_module, "HeadInferCache", Counted)
+    monkeypatch.setattr(model, "forward", recording)
+    session = DocumentSession(model, None, OffloadPolicy(), read_costs=ReadCosts(None))
+    low, likely, high = session.estimate_prefill_range(2000)
+    assert 0 < low < likely < high
+    assert calls and all(call == ("Counted", 1) for call in calls)  # warm-up and the timed forward
+    assert made and all(cache.get_seq_length() == 0 for cache in made)  # each released afterwards

@@ -424,7 +424,8 @@ def main(argv: list[str] | None = None) -> None:
                          loader=lambda source: load_model(source, device=device, dtype=args.dtype,
                                                            weights=args.weights))
     del model, tokenizer  # the holder owns them: a switch must be able to free the old model
-    demo = build_ui(holder.new_session, model_info=info, snapshot_store=store,
+    extra = {"kv_dtype": policy.kv_dtype, "self_check": checked}  # the header follows the served model
+    demo = build_ui(holder.new_session, model_info=lambda: {**holder.info(), **extra}, snapshot_store=store,
                     private=private, upload_dir=prepare_folder(UPLOADS), session_shelves=session_shelves,
                     picker=ModelPicker(holder, device=device).build, max_question=args.max_question)
     share = args.share and can_reach_share_server()

@@ -35,6 +35,7 @@ class BrowserState:
     stop_requested: bool = False
     is_busy: bool = False  # a prefill or an answer is using the session
     is_closed: bool = False  # the tab went away
+    model_seen: object = None  # the served model this tab's header shows (``model_info()["serial"]``)
 
     def close(self) -> None:
         """Frees the document's memory; safe to call twice."""

@@ -4,7 +4,9 @@ Gradio's own queue shows a waiting visitor only a faint "queue: 1/1" and cannot 
 handlers': while a visitor waits, their status line says their place in line and an estimated wait, and
 Cancel, Stop or closing the tab takes them out of the line at once. Each job states how long it expects to
 take (the plan's reading-time estimate, or an answer's tokens at the decode rate last seen), so those behind
-it can be told.
+it can be told. A long job made of pieces (a read, chunk by chunk) gives way between them (``give_way``): when
+someone waits, it goes to the back of the line and goes on when its turn comes again, so a question asked
+during a long read waits for one chunk, not for the whole read.
 """
 
 from __future__ import annotations
@@ -27,12 +29,21 @@ class Ticket:
     number: int = 0
     joined: float = field(default_factory=time.monotonic)
     started: float | None = None  # when its turn came
+    piece_seconds: float | None = None  # a job that gives way: how long its last piece took
+    piece_started: float = 0.0
 
     def remaining_seconds(self, now: float) -> float:
         """What is left of its expected time (a job past its estimate is taken to need a few seconds more)."""
         if self.started is None:
             return self.expected_seconds
         return max(self.expected_seconds - (now - self.started), 2.0)
+
+    def seconds_before_giving_way(self, now: float) -> float:
+        """How long those behind it wait for it: its current piece when it gives way between pieces, else the rest."""
+        if self.piece_seconds is None:
+            return self.remaining_seconds(now)
+        piece = self.piece_seconds if self.started is None else self.piece_seconds - (now - self.piece_started)
+        return min(max(piece, 0.5), self.remaining_seconds(now))
 
 
 class ComputeQueue:
@@ -77,7 +88,7 @@ class ComputeQueue:
         now = time.monotonic()
         with self._changed:
             ahead = self._line[: self._line.index(ticket)] if ticket in self._line else []
-            return sum(job.remaining_seconds(now) for job in ahead)
+            return sum(job.seconds_before_giving_way(now) for job in ahead)
 
     def num_waiting(self) -> int:
         with self._changed:
@@ -92,13 +103,39 @@ class ComputeQueue:
             with self._changed:
                 if self._line and self._line[0] is ticket:
                     return True
-                self._changed.wait(every)
             if should_leave():
                 self.leave(ticket)
                 return False
             if time.monotonic() - last_said >= 1.0:
                 last_said = time.monotonic()
                 yield self.describe(ticket)
+            with self._changed:
+                if not (self._line and self._line[0] is ticket):
+                    self._changed.wait(every)
+
+    def give_way(self, ticket: Ticket, should_leave: Callable[[], bool], on_wait: Callable[[str], None],
+                 piece_seconds: float, *, every: float = 0.25) -> bool:
+        """Between two pieces of ``ticket``'s job (it holds the device): when others wait, it goes to the back of the
+        line, behind all of them, and waits for its turn again, telling ``on_wait`` about the wait about every second.
+        Returns True when it may go on (at once when nobody waits), False when ``should_leave()`` turned true while
+        it waited (then it has left the line). ``piece_seconds``: how long its last piece took (those who join
+        later are told they wait about that long for it)."""
+        with self._changed:
+            ticket.piece_seconds = piece_seconds
+            if len(self._line) > 1 and self._line[0] is ticket:
+                now = time.monotonic()
+                ticket.expected_seconds, ticket.started = ticket.remaining_seconds(now), None
+                self._line.remove(ticket)
+                self._line.append(ticket)
+                self._line[0].started = now
+                self._changed.notify_all()
+        waiting = self.wait_turn(ticket, should_leave, every=every)
+        while True:
+            try:
+                on_wait(next(waiting))
+            except StopIteration as done:
+                ticket.piece_started = time.monotonic()
+                return done.value
 
     def describe(self, ticket: Ticket) -> str:
         position = self.position(ticket)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import html
 import logging
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -73,9 +74,17 @@ class Handlers(OpenSaved, PageRanges, Questions):
         # once; the handlers themselves always get their state from gr.State.
         self._open: dict[str, BrowserState] = {}
 
-    def _session(self, state: BrowserState, request: gr.Request | None) -> DocumentSession:
-        if state.session is not None and getattr(state.session, "retired", None):  # the served model was switched
+    @staticmethod
+    def forget_switched(state: BrowserState) -> str | None:
+        """The note of a session whose model was switched away (``engine.models.ModelHolder.switch``), which the
+        tab then lets go of: its chosen files stay, to be read again with the new model. None: nothing to forget."""
+        note = getattr(state.session, "retired", None) if state.session is not None else None
+        if note:
             state.session, state.tokens, state.read_text = None, None, None  # tokens were the old tokenizer's
+        return note
+
+    def _session(self, state: BrowserState, request: gr.Request | None) -> DocumentSession:
+        self.forget_switched(state)
         if state.session is None:
             state.session = self._factory()
         if request is not None and request.session_hash:
@@ -219,16 +228,27 @@ class Handlers(OpenSaved, PageRanges, Questions):
         reading = status("info", f"{note}Reading {total:,} tokens (documents with the prompt)…")
         yield ReadView(state, bar, reading, chat, *running, plan=plan)
         last: PrefillProgress | None = None
+        paused = False
         try:
-            for last in iterate_reports(
-                lambda report: session.prefill(report, lambda: state.cancel_requested),
+            for item in iterate_reports(
+                lambda report: session.prefill(report, lambda: state.cancel_requested,
+                                               give_way=self._giving_way(ticket, state, report)),
                 abandon=lambda: setattr(state, "cancel_requested", True), name="prefill",
             ):
+                if isinstance(item, str):  # the read gave the device to another visitor between two chunks
+                    paused = True
+                    done = session.prefilled_tokens
+                    yield ReadView(state, NO_CHANGE, render.queue_status(
+                        self._queue.position(ticket), f"Paused after {done:,} of {total:,} tokens so that another "
+                        f"visitor goes first; the read goes on from there. {item}"), NO_CHANGE, *running)
+                    continue
+                last = item
                 bar = render.progress_bar(last.tokens_done, last.tokens_total, last.tokens_per_second,
                                           last.eta_seconds, state="running")
                 if last.eta_seconds is not None:
                     self._queue.expect(ticket, last.eta_seconds)
-                yield ReadView(state, bar, NO_CHANGE, NO_CHANGE, *running)
+                yield ReadView(state, bar, reading if paused else NO_CHANGE, NO_CHANGE, *running)
+                paused = False
         except PrefillCancelled:
             done = session.prefilled_tokens
             head = tokens.head(done) if tokens.text == session.document else None
@@ -264,6 +284,19 @@ class Handlers(OpenSaved, PageRanges, Questions):
             finished += " " + sentence
         yield ReadView(state, _done_bar(session, last), status("ok" if kind == "ok" else "warn",
                                                                f"{finished} Ask a question."), NO_CHANGE, *idle)
+
+    def _giving_way(self, ticket: Ticket, state: BrowserState, report: Callable[[object], None]) -> Callable[[], None]:
+        """What a read does between its chunks: when other visitors wait, it gives them the device (the line's
+        ``give_way``) and tells its tab so (``report(sentence)``); leaving the line while paused cancels the read."""
+        piece_started = [time.monotonic()]
+
+        def give_way() -> None:
+            if not self._queue.give_way(ticket, lambda: state.cancel_requested or state.is_closed, report,
+                                        time.monotonic() - piece_started[0]):
+                state.cancel_requested = True  # out of the line: not one more chunk
+            piece_started[0] = time.monotonic()
+
+        return give_way
 
     @staticmethod
     def cancel(state: BrowserState) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import gradio as gr
 
+from app.browser_state import BrowserState
 from app.render import status
 from engine.models import (
     READ_TOKENS,
@@ -24,7 +25,9 @@ from engine.models import (
     Fit,
     Machine,
     ModelHolder,
+    ModelSourceError,
     cached_snapshot,
+    count_tokens,
     detect_machine,
     discover,
     load_catalogue,
@@ -35,22 +38,58 @@ from engine.models import (
 
 logger = logging.getLogger(__name__)
 
-COLUMNS = ["Model", "Reads here (tokens)", "RAM (tokens)", "8-bit KV (tokens)", "Disk tier (tokens)",
-           "Window (tokens)", f"Read {READ_TOKENS // 1000}K tokens (min)", "Decode (s/token)", "Params (B)",
-           "Download (GB)", "License", "Published long-context score", "Where", "Notes"]
+COLUMNS = ["Model", "Reads here (tokens)", "Your documents (tokens)", "Reads of your documents", "RAM (tokens)",
+           "8-bit KV (tokens)", "Disk tier (tokens)", "Window (tokens)", f"Read {READ_TOKENS // 1000}K tokens (min)",
+           "Decode (s/token)", "Params (B)", "Download (GB)", "License", "Published long-context score", "Where",
+           "Notes"]
 _POLL_SECONDS = 0.5
 
 
-def table_rows(fits: list[Fit], serving: str) -> list[list]:
-    """One row per model, numbers left as numbers so the table sorts them as such."""
+def table_rows(fits: list[Fit], serving: str, counts: dict[str, tuple[int, str]] | None = None) -> list[list]:
+    """One row per model, numbers left as numbers so the table sorts them as such. ``counts``: the tab's documents
+    in each model's tokens and how they were counted (``document_counts``), keyed like the table's choices."""
     rows = []
     for fit in fits:
         e = fit.entry
         score = "; ".join(f"{s['name']} {s['value']} ({s['source']})" for s in e.scores) or ""
-        rows.append([e.id, fit.reads_tokens, fit.ram_tokens, fit.int8_tokens, fit.disk_tokens or 0, fit.window or 0,
-                     round(fit.read_seconds / 60, 1), round(fit.decode_seconds, 3), round(e.params / 1e9, 2),
-                     e.download_gb or 0, e.license, score, where(e, serving), " ".join(fit.notes)])
+        tokens, counted = (counts or {}).get(e.location or e.id, (None, ""))
+        rows.append([e.id, fit.reads_tokens, tokens if tokens is not None else "",
+                     _share_read(fit.reads_tokens, tokens, counted), fit.ram_tokens, fit.int8_tokens,
+                     fit.disk_tokens or 0, fit.window or 0, round(fit.read_seconds / 60, 1),
+                     round(fit.decode_seconds, 3), round(e.params / 1e9, 2), e.download_gb or 0, e.license, score,
+                     where(e, serving), " ".join(fit.notes)])
     return rows
+
+
+def _share_read(reads: int, tokens: int | None, counted: str) -> str:
+    if tokens is None:
+        return counted  # (why there is no count, or nothing dropped yet)
+    if reads == 0:
+        share = "none (the model does not fit here)"
+    else:
+        share = "all of them" if tokens <= reads else f"{100 * reads / tokens:.0f}% (the first {reads:,} tokens)"
+    return f"{share}; {counted}"
+
+
+def document_counts(fits: list[Fit], serving: str, text: str, served_tokens: int) -> dict[str, tuple[int, str]]:
+    """The tab's documents in each listed model's tokens: the served model's own count (the session tokenized them);
+    any other model's through Llama 3's tokenizer, exact for Llama 3 models and an estimate for the others (their
+    tokenizers are not here before their download). A count that cannot be made names why instead."""
+    others = [fit.entry for fit in fits if where(fit.entry, serving) != "serving now"]
+    try:
+        counted = count_tokens(text, [e.config for e in others]) if others else []
+    except ModelSourceError as error:  # the tokenizer could not be fetched (offline): the table stays
+        logger.warning("no token counts for the picker: %s", error)
+        counted = [None] * len(others)
+    counts: dict[str, tuple[int | None, str]] = {}
+    for entry, count in zip(others, counted):
+        counts[entry.location or entry.id] = (
+            (None, "not counted: Llama 3's tokenizer could not be fetched from PyPI") if count is None else
+            (count.tokens, "exact (Llama 3 tokenizer)" if count.exact else "an estimate (Llama 3 tokenizer)"))
+    for fit in fits:
+        if where(fit.entry, serving) == "serving now":
+            counts[fit.entry.location or fit.entry.id] = (served_tokens, "counted by the model itself")
+    return counts
 
 
 def where(entry: Entry, serving: str) -> str:
@@ -80,8 +119,9 @@ class ModelPicker:
             self._machine = (self.holder.model, detect_machine(self.holder.model, device=self.device))
         return self._machine[1]
 
-    def refresh(self, folder: str | None = None) -> tuple[list[list], str, dict]:
-        """The table, the machine line and the model choices; ``folder``: one more folder to look in."""
+    def refresh(self, folder: str | None = None, state: BrowserState | None = None) -> tuple[list[list], str, dict]:
+        """The table, the machine line and the model choices; ``folder``: one more folder to look in; ``state``: the
+        tab, whose chosen documents are counted in each model's tokens."""
         if folder and folder.strip() and folder.strip() not in self.user_folders:
             self.user_folders.append(folder.strip())
         machine = self.machine()
@@ -92,7 +132,19 @@ class ModelPicker:
                 f"read exactly (RAM, or RAM plus a disk tier), capped at the model's trained window; 8-bit KV "
                 f"holds more, lossy. Planned from each config before any download.</p>")
         choices = [(f"{f.entry.id} — {f.reads_tokens:,} tokens", f.entry.location or f.entry.id) for f in fits]
-        return table_rows(fits, self.holder.name), line, gr.update(choices=choices)
+        counts = None
+        if state is not None and state.documents:
+            text = "\n\n".join(document.text for document in state.documents)
+            counts = document_counts(fits, self.holder.name, text, sum(state.token_counts))
+            line += ("<p class='picker-machine'><b>Your documents</b>: the files dropped in this tab, in each model's "
+                     "tokens, before any download: exact for the model serving now and for Llama 3 models (their "
+                     "tokenizer is counted here with tiktoken), an estimate with the same tokenizer for the others."
+                     "</p>")
+        return table_rows(fits, self.holder.name, counts), line, gr.update(choices=choices)
+
+    def refresh_for(self, state: BrowserState | None) -> tuple[list[list], str, dict]:
+        """``refresh`` with no folder added (the events that pass only the tab)."""
+        return self.refresh(None, state)
 
     # -- downloads -------------------------------------------------------------------------------
     def download(self, choice: str | None) -> Iterator[str]:
@@ -164,8 +216,9 @@ class ModelPicker:
         return str(folder)
 
     # -- the page --------------------------------------------------------------------------------
-    def build(self) -> None:
-        """Adds the picker to the page being built (call inside ``gr.Blocks``)."""
+    def build(self, state: gr.State | None = None) -> None:
+        """Adds the picker to the page being built (call inside ``gr.Blocks``); ``state``: the tab's ``BrowserState``,
+        whose documents the table counts in each model's tokens."""
         with gr.Accordion("Models: which reads the most on this machine", open=False, elem_id="picker") as section:
             machine = gr.HTML(elem_id="picker-machine")
             table = gr.Dataframe(headers=COLUMNS, interactive=False, wrap=True, elem_id="picker-table",
@@ -181,15 +234,18 @@ class ModelPicker:
                 scan = gr.Button("Scan this machine", size="sm", scale=1, elem_id="picker-scan")
             note = gr.HTML(elem_id="picker-status")
         view = [table, machine, choice]
-        section.expand(self.refresh, None, view, api_name="models", show_progress="minimal")
-        scan.click(self.refresh, [folder], view, api_name="scan_models", show_progress="minimal")
+        # The table again (opened, after a download or a switch), counting this tab's documents where it has some.
+        tab = [state] if state is not None else []
+        again = self.refresh_for if tab else self.refresh
+        section.expand(again, tab or None, view, api_name="models", show_progress="minimal")
+        scan.click(self.refresh, [folder, *tab], view, api_name="scan_models", show_progress="minimal")
+        # Then the table again: the model is now in the Hugging Face cache, ready to serve.
         download.click(self.download, [choice], [note], api_name="download_model", concurrency_id="download",
-                       concurrency_limit=1)
+                       concurrency_limit=1).then(again, tab or None, view, api_visibility="private")
         cancel.click(self.cancel, None, None, api_name="cancel_download", concurrency_limit=None)
         # The compute slot: a switch never races a read or an answer on the model it replaces.
         serve.click(self.serve, [choice], [note], api_name="serve_model", concurrency_id="compute",
-                    concurrency_limit=1).then(self.refresh, None, view, api_visibility="private")
-
+                    concurrency_limit=1).then(again, tab or None, view, api_visibility="private")
 
 def _run(job: DownloadJob, outcome: dict) -> None:
     started = time.perf_counter()

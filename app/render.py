@@ -56,11 +56,15 @@ def question_bar(max_tokens: int | None, answer_tokens: int, limit_note: str = "
             f'answer{html.escape(note)}.</div>')
 
 
+def model_name(info: dict) -> str:
+    """The served model's short name: the last part of its path or Hub id."""
+    name = str(info.get("name_or_path") or info.get("model_class") or "model").rstrip("/")
+    return name.rsplit("/", 1)[-1]
+
+
 def model_header(info: dict) -> str:
     """One line under the title: which model runs where."""
-    name = str(info.get("name_or_path") or info.get("model_class") or "model").rstrip("/")
-    name = name.rsplit("/", 1)[-1]
-    parts = [f"<strong>{html.escape(name)}</strong>"]
+    parts = [f"<strong>{html.escape(model_name(info))}</strong>"]
     if info.get("params"):
         parts.append(f"{info['params'] / 1e6:,.0f}M parameters")
     if info.get("num_layers") and info.get("num_kv_heads"):
@@ -92,6 +96,12 @@ def files_table(documents: Sequence[Document], token_counts: Sequence[int]) -> s
                  f"<td>{sum(doc.chars for doc in documents):,}</td><td>{sum(token_counts):,}</td></tr>")
     return (f'<div class="files-scroll" data-files="{len(documents)}"><table class="files">'
             f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>")
+
+
+def replan_notice() -> str:
+    """The plan panel once the served model changed under the chosen files: their plan was the old model's."""
+    return ('<div class="plan plan-empty" data-fits="">The served model changed: “Read documents” plans and reads '
+            "the chosen files again with it.</div>")
 
 
 def empty_plan() -> str:

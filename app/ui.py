@@ -51,15 +51,17 @@ def launch_options(max_upload: int | None = None) -> dict:
             "head": "" if max_upload is None else f"<script>{_UPLOAD_CHECK.replace('MAX_UPLOAD_BYTES', str(max_upload))}</script>"}
 
 
-def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
+def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict | Callable[[], dict],
              title: str = "HeadInfer Studio", snapshot_store: SnapshotStore | None = None, private: bool = False,
              session_shelves: Path | None = None, upload_dir: Path | None = None,
-             picker: Callable[[], None] | None = None, max_question: int | None = None) -> gr.Blocks:
+             picker: Callable[[gr.State], None] | None = None, max_question: int | None = None) -> gr.Blocks:
     """Builds the page; each browser tab gets its own session from ``engine_factory``.
 
     Args:
         engine_factory: returns a fresh ``DocumentSession`` (sharing one loaded model).
-        model_info: ``engine.models.loader.describe(model)``, shown under the title.
+        model_info: ``engine.models.loader.describe(model)``, shown under the title; or a function returning the
+            served model's (``ModelHolder.info``), whose ``serial`` changes when the picker switches models: every tab's
+            header then follows, and a tab whose document the switch closed says so.
         title: page and header title.
         snapshot_store: where read documents' KV caches are saved and reopened from; None turns saving
             and reopening off (and hides their controls).
@@ -85,7 +87,9 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
         # a reload) by _REMEMBER_JS and handed back on load by _RECALL_JS.
         tab_memory = gr.Textbox(visible=False, elem_id="tab-memory")
         with gr.Row(equal_height=True, elem_id="topbar"):
-            gr.HTML(_header(title, model_info), elem_id="header", scale=2, min_width=340)
+            current_info = model_info if callable(model_info) else lambda: model_info
+            # A function as the value: computed at each page load, so a tab opened after a switch shows the new model.
+            header = gr.HTML(lambda: _header(title, current_info()), elem_id="header", scale=2, min_width=340)
             meters = gr.HTML(label="Meters", elem_id="meters", scale=3, min_width=340)
         status_box = gr.HTML(status("info", "Drop a book or a stack of documents, read them once, then ask "
                                             "questions about the whole text."), label="Status", elem_id="status")
@@ -139,7 +143,8 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                                       elem_id="page-chips", elem_classes="chips")
                 page_view = gr.HTML(render.page_view(None), label="Page", elem_id="page-view")
                 with gr.Accordion("Answer settings", open=False, elem_id="settings"):
-                    max_tokens = gr.Slider(8, 2048, value=512, step=8, label="Longest answer (tokens)")
+                    max_tokens = gr.Slider(8, DocumentSession.LONGEST_ANSWER, value=min(512, DocumentSession.LONGEST_ANSWER),
+                                           step=8, label="Longest answer (tokens)")
                     temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
                                             label="Temperature (0 = always the most likely word)")
                     avoid_repeats = gr.Checkbox(True, label="Avoid repetition", elem_id="avoid-repeats",
@@ -149,7 +154,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
                                                info="The pages each answer attended to most, read from the "
                                                     "model's attention (a small extra pass after the answer).")
         if picker is not None:
-            picker()
+            picker(state)
 
         # One upload at a time: reading and tokenizing a large file takes memory, so visitors queue for it.
         files.change(handlers.choose_files, [files, state], [state, table, plan, truncate, read_button, status_box],
@@ -189,7 +194,14 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict,
             handlers.clear, [state], [state, files, table, plan, truncate, progress, chat, status_box],
             api_name="clear", show_progress="hidden", **_OWN).then(
             handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
-        gr.Timer(METER_SECONDS).tick(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
+        timer = gr.Timer(METER_SECONDS)
+        timer.tick(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
+        if callable(model_info):
+            def model_changed(state: BrowserState) -> tuple:
+                return _model_changed(state, title, current_info())
+
+            timer.tick(model_changed, [state], [header, status_box, progress, plan, read_button],
+                       api_visibility="private", **_LIGHT)
         demo.load(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
         demo.load(handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)
         opened = [state, table, plan, progress, chat, status_box, read_button, cancel_button]
@@ -216,6 +228,20 @@ _REMEMBER_JS = f"(memory) => {{ sessionStorage.setItem('{_TAB_KEY}', memory || '
 def _stop_all(state: BrowserState) -> None:
     Handlers.cancel(state)
     Handlers.stop(state)
+
+
+def _model_changed(state: BrowserState, title: str, info: dict) -> tuple:
+    """The tab's header, status, progress, plan and read button once the served model changed; skips otherwise."""
+    if state.model_seen == info.get("serial"):
+        return (gr.skip(),) * 5
+    first, state.model_seen = state.model_seen is None, info.get("serial")
+    header, note = _header(title, info), Handlers.forget_switched(state)
+    if note:  # this tab's document was closed by the switch: its files stay chosen, to be read again
+        return (header, status("warn", note + " Press “Read documents” to read them with the new model."),
+                render.progress_bar(), render.replan_notice(), gr.update(interactive=bool(state.documents)))
+    if first:
+        return header, *(gr.skip(),) * 4
+    return header, status("info", f"Now serving {render.model_name(info)}."), *(gr.skip(),) * 3
 
 
 def _header(title: str, model_info: dict) -> str:

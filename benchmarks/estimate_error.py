@@ -3,9 +3,9 @@
     python -m benchmarks.estimate_error
 
 Three real Debian manuals (read with the app's own reader) cut to about 2K, 4K and 7K tokens, read in two starts
-(two processes) that share one record of read speeds (``engine.prefill.ReadRates``), as two starts of
-the studio share ``~/.cache/headinfer-studio/read-rates.json``. The second start runs beside an extra busy
-process, so the machine's load changes between the runs. For each read: the range the plan panel shows before
+(two processes) that share one record of chunk timings (``engine.read_cost.ReadCosts``), as two starts of
+the studio share ``~/.cache/headinfer-studio/read-costs.json``. The second start runs beside an extra busy
+process, so the machine's load changes between the runs (and the other jobs on a shared VM change it too). For each read: the range the plan panel shows before
 it, the actual read, and the error of the likely value. Target: within ±35%.
 Writes docs/benchmarks/estimate-error.{json,md}.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
-from engine.prefill import ReadRates
+from engine.read_cost import ReadCosts
 
 from .corpus import fetch_corpus
 from .records import run_stamp
@@ -31,6 +32,17 @@ from .records import run_stamp
 logger = logging.getLogger(__name__)
 
 DOCUMENTS = (("faq-pdf", 2000), ("policy-pdf", 4000), ("reference-pdf", 7000))
+BEFORE = """## Before (2026-11-23): one tokens/s rate from the reads of nearest length, scaled by a load-average CPU share
+
+| start | extra load | document | tokens | from | range shown | likely (s) | actual (s) | error | in range |
+|---:|---|---|---:|---|---|---:|---:|---:|---|
+| 1 | no | faq-pdf | 2,059 | benchmark | 27.0–81.1 s | 54.1 | 22.0 | +145% | no |
+| 1 | no | policy-pdf | 4,058 | reads | 38.2–51.7 s | 44.9 | 43.1 | +4% | yes |
+| 1 | no | reference-pdf | 7,058 | reads | 72.1–102.4 s | 84.8 | 140.9 | -40% | no |
+| 2 | yes | faq-pdf | 2,059 | reads | 22.1–33.7 s | 29.3 | 39.5 | -26% | no |
+| 2 | yes | policy-pdf | 4,058 | reads | 50.2–75.5 s | 65.6 | 82.7 | -21% | no |
+| 2 | yes | reference-pdf | 7,058 | reads | 110.7–164.8 s | 143.3 | 216.7 | -34% | no |
+"""
 _BUSY = "import time\nend = time.time() + 900\nwhile time.time() < end: pass\n"
 
 
@@ -40,20 +52,22 @@ def one_start(corpus: Path, rates_path: Path) -> list[dict]:
         read_document,  # start-up time: the document readers (pypdf, pdfium) only where documents are read
     )
     model, tokenizer = load_model(None, device="cpu", dtype="float32")
-    rates = ReadRates(rates_path)
+    costs = ReadCosts(rates_path)
     paths = fetch_corpus(corpus)
     rows = []
     for key, tokens in DOCUMENTS:
         text = read_document(paths[key]).text
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
-        session = DocumentSession(model, tokenizer, OffloadPolicy(), answer_budget=256, read_rates=rates)
+        session = DocumentSession(model, tokenizer, OffloadPolicy(), answer_budget=256, read_costs=costs)
         session.set_document(session.tokenize(tokenizer.decode(ids)))
-        learned = bool(rates.rates(session._rates_key, session.document_tokens))
+        num_reads = len(costs.reads(session._costs_key))
         low, likely, high = session.estimate_prefill_range(session.document_tokens)
+        probe = session.load_probe.current().seconds  # the probe the estimate was scaled by
         started = time.perf_counter()
         session.prefill()
         actual = time.perf_counter() - started
-        rows.append({"document": key, "tokens": session.document_tokens, "from": "reads" if learned else "benchmark",
+        rows.append({"document": key, "tokens": session.document_tokens, "from": f"{num_reads} read{'s' * (num_reads > 1)}" if num_reads else "benchmark",
+                     "probe_s": probe, "load_avg": os.getloadavg()[0],
                      "low_s": low, "likely_s": likely, "high_s": high, "actual_s": actual,
                      "error": likely / actual - 1, "in_range": low <= actual <= high})
         logger.info("%s", rows[-1])
@@ -89,16 +103,21 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "estimate-error.json").write_text(json.dumps({"run": run_stamp("cpu"), "rows": rows}, indent=1))
     lines = ["# Reading-time estimates learned from real reads, two starts (SmolLM2-135M, CPU)", "",
-             "Three Debian manuals cut to ~2K/4K/7K tokens, read in two starts sharing one record of read speeds; "
-             "the second start runs beside an extra busy process (the load changes between the runs). *From*: "
-             "what the estimate came from (the launch-time benchmark before any read, else earlier reads). "
-             "Target: the likely value within ±35%.", "",
-             "| start | extra load | document | tokens | from | range shown | likely (s) | actual (s) | error | in range |",
-             "|---:|---|---|---:|---|---|---:|---:|---:|---|"]
+             "Three Debian manuals cut to ~2K/4K/7K tokens, read in two starts sharing one record of chunk timings; "
+             "the second start runs beside an extra busy process (the load changes between the runs; other jobs "
+             "share this VM too: *load* is the 1-minute load average after the read, on 2 cores). *From*: what the "
+             "estimate came from (the launch-time benchmark before any read, else the fit of that many earlier "
+             "reads' chunk timings, `a·tokens + b·(query, key) pairs`, scaled by the load probe now against the "
+             "probe when they were recorded). *Probe*: the load probe the estimate used (a fixed matmul; longer = "
+             "busier). Target: the likely value within ±35%.", "",
+             "| start | extra load | document | tokens | from | probe (ms) | load | range shown | likely (s) | "
+             "actual (s) | error | in range |",
+             "|---:|---|---|---:|---|---:|---:|---|---:|---:|---:|---|"]
     for r in rows:
         lines.append(f"| {r['start']} | {'yes' if r['extra_load'] else 'no'} | {r['document']} | {r['tokens']:,} | "
-                     f"{r['from']} | {r['low_s']:.1f}–{r['high_s']:.1f} s | {r['likely_s']:.1f} | {r['actual_s']:.1f} | "
-                     f"{r['error']:+.0%} | {'yes' if r['in_range'] else 'no'} |")
+                     f"{r['from']} | {1000 * r['probe_s']:.0f} | {r['load_avg']:.1f} | {r['low_s']:.1f}–{r['high_s']:.1f} s | "
+                     f"{r['likely_s']:.1f} | {r['actual_s']:.1f} | {r['error']:+.0%} | {'yes' if r['in_range'] else 'no'} |")
+    lines += ["", BEFORE]
     (out / "estimate-error.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

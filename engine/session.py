@@ -28,17 +28,8 @@ from .planning.machine import measured_flop_rate
 from .planning.memory import ModelShape, Plan, PlanError, make_plan
 from .planning.out_of_memory import out_of_memory_message
 from .planning.policy import OffloadPolicy
-from .prefill import (
-    PrefillClock,
-    ReadRates,
-    cpu_share,
-    estimate_range,
-    expected_share,
-    note_own_read,
-    prefill_step,
-    prefill_work,
-    shared_read_rates,
-)
+from .prefill import PrefillClock, prefill_step, prefill_work
+from .read_cost import Chunk, ReadCosts, ReadTiming, first_read_range, load_probe, shared_read_costs
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillProgress, answer_rate
 from .store.format import SnapshotIdentity
@@ -50,18 +41,20 @@ logger = logging.getLogger(__name__)
 # The conversation allowance a document's plan reserves beside it (``answer_budget``): the longest answer the UI
 # allows plus a stated budget for earlier turns. Past it the oldest turns leave the KV (the document never), so the
 # homes are never grown mid-conversation.
-LONGEST_ANSWER = 2048  # app/ui.py's "Longest answer" slider maximum
+LONGEST_ANSWER = 2048  # the longest answer the conversation allowance plans for (the app's slider maximum)
 HISTORY_BUDGET = 2048  # tokens of earlier questions and answers kept
 
 
 class DocumentSession:
     """Prefill a document once, then ask questions about it with streamed answers."""
 
+    LONGEST_ANSWER = LONGEST_ANSWER  # (for the app: the "Longest answer" slider's maximum)
+
     def __init__(self, model, tokenizer, policy: OffloadPolicy | None = None, *,
                  system_prompt: str | None = None, answer_budget: int = LONGEST_ANSWER + HISTORY_BUDGET,
-                 read_rates: ReadRates | None = None):
-        """``read_rates``: where completed reads' speeds are kept and estimates learn from (default: the shared
-        record in the studio's cache folder)."""
+                 read_costs: ReadCosts | None = None):
+        """``read_costs``: where completed reads' chunk timings are kept and estimates learn from (default: the
+        shared record in the studio's cache folder)."""
         self.model = model
         self.tokenizer = tokenizer
         self.policy = policy or OffloadPolicy()
@@ -69,11 +62,13 @@ class DocumentSession:
         self.prompts = PromptBuilder(tokenizer, system_prompt)
         self.device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
-        if read_rates is None:
-            read_rates = shared_read_rates(cache_dir() / "read-rates.json")
-        self.read_rates = read_rates
+        if read_costs is None:
+            read_costs = shared_read_costs(cache_dir() / "read-costs.json")
+        self.read_costs = read_costs
+        self.load_probe = load_probe(self.device)
         name = getattr(model.config, "_name_or_path", "") or model.config.model_type
-        self._rates_key = f"{name}|{self.device.type}|{dtype}|{self.policy.kv_dtype or 'exact'}"
+        kv = f"{self.policy.kv_dtype or 'exact'}{'+disk' if self.policy.disk_dir else ''}"
+        self._costs_key = f"{name}|{self.device.type}|{dtype}|{kv}"
         text_config = model.config.get_text_config(decoder=True)
         self.shape = ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
                                             num_params=sum(p.numel() for p in model.parameters()))
@@ -193,14 +188,23 @@ class DocumentSession:
         return self.estimate_prefill_range(num_tokens, start)[1]
 
     def estimate_prefill_range(self, num_tokens: int, start: int = 0) -> tuple[float, float, float]:
-        """(low, likely, high) seconds to prefill tokens ``start..num_tokens``: from the speeds of earlier reads
-        here of similar length (kept across starts), else from the model's measured rate (once per model)."""
-        work = prefill_work(self.shape, start, num_tokens)
-        learned = self.read_rates.rates(self._rates_key, num_tokens)
-        benchmark = measured_flop_rate(self.model, self.shape) if not learned else 1.0
-        # On a CPU the read competes for the cores: its speed scales with the share of them it will get.
-        share = expected_share(torch.get_num_threads()) if self.device.type == "cpu" else 1.0
-        return estimate_range(work, learned, benchmark, share)
+        """(low, likely, high) seconds to prefill tokens ``start..num_tokens``: from the chunk timings of earlier
+        reads here (kept across starts), scaled by how busy the machine is now (a load probe of a fraction of a
+        second); before any read, from the model's measured rate (once per model)."""
+        learned = self.read_costs.estimate(self._costs_key, start, num_tokens, self.load_probe.current())
+        if learned is not None:
+            return learned
+        rate = measured_flop_rate(self.model, self.shape, forward=self._read_forward)
+        return first_read_range(prefill_work(self.shape, start, num_tokens) / rate)
+
+    def _read_forward(self, ids: torch.Tensor) -> None:
+        """One forward of ``ids`` ([1, N]) as a read runs it: through a head-wise cache of its own, last logit only."""
+        cache = HeadInferCache(self.model.config, self.policy, device=self.device, chunk_size=ids.shape[1],
+                               max_context=ids.shape[1], disk_dir=None)
+        try:
+            self.model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        finally:
+            cache.release()
 
     # -- the document ----------------------------------------------------------------------------
     def limits(self) -> Plan:
@@ -241,35 +245,59 @@ class DocumentSession:
         return len(tokens)
 
     def prefill(self, on_progress: Callable[[PrefillProgress], None] | None = None,
-                should_stop: Callable[[], bool] | None = None) -> PrefillProgress:
-        """Reads the document in chunks; resumes where a cancelled prefill stopped."""
+                should_stop: Callable[[], bool] | None = None,
+                give_way: Callable[[], None] | None = None) -> PrefillProgress:
+        """Reads the document in chunks; resumes where a cancelled prefill stopped.
+
+        ``give_way()`` runs between forwards and, on a CPU (where one forward of a long chunk takes minutes), between
+        decoder layers too: a caller sharing the device with other visitors may block there while they compute (the
+        model's weights are only read; each session has its own cache). That time is not counted as reading, and
+        ``should_stop`` is asked again right after. Each forward's timing is kept (``ReadCosts``) for later estimates.
+        """
         if self.cache is None:
             raise StateError("no document: call set_document first")
         clock = PrefillClock(self.shape, self.prefilled_tokens, self.document_tokens, on_progress)
-        cpu_started = time.process_time()
         progress = PrefillProgress(self.prefilled_tokens, self.document_tokens, 0.0, 0.0)
-        # Checked between layers too, so a cancel lands within about a layer's time; the chunk that was
-        # under way is cropped off by ``_forward``, leaving the cache at a chunk boundary.
-        with interruptible(self.model, should_stop), layer_callbacks(self.model, clock.within_forward):
-            while self.prefilled_tokens < self.document_tokens:
-                if should_stop is not None and should_stop():
-                    raise self._cancelled()
-                done = self.prefilled_tokens
-                size = min(prefill_step(self.policy.chunk_size, self.device.type, done), self.document_tokens - done)
-                clock.begin_forward(done, size)
-                try:
-                    self._forward(self._document_ids[done : done + size])
-                except ForwardInterrupted as interrupted:
-                    raise self._cancelled() from interrupted
-                progress = clock.end_forward(self.prefilled_tokens)
-        if progress.elapsed >= 0.5 and progress.tokens_done > clock.start_tokens:  # a read long enough to learn from
-            share = 1.0
-            if self.device.type == "cpu":
-                share = cpu_share(time.process_time() - cpu_started, progress.elapsed, torch.get_num_threads())
-                note_own_read(progress.elapsed, torch.get_num_threads())
-            self.read_rates.record(self._rates_key, progress.tokens_done,
-                                   prefill_work(self.shape, clock.start_tokens, progress.tokens_done), progress.elapsed,
-                                   share)
+        timing = ReadTiming(self.load_probe)
+        paused = [0.0]
+
+        def pause() -> None:
+            started = time.perf_counter()
+            give_way()
+            seconds = time.perf_counter() - started
+            paused[0] += seconds
+            clock.paused(seconds)
+
+        def within_forward(layer: int, num_layers: int) -> None:
+            clock.within_forward(layer, num_layers)
+            if layer > 0:
+                pause()
+
+        inside = within_forward if give_way is not None and self.device.type == "cpu" else clock.within_forward
+        try:
+            # Checked between layers too, so a cancel lands within about a layer's time; the chunk that was
+            # under way is cropped off by ``_forward``, leaving the cache at a chunk boundary.
+            with self.load_probe.computing(), interruptible(self.model, should_stop), \
+                    layer_callbacks(self.model, inside):
+                while self.prefilled_tokens < self.document_tokens:
+                    if should_stop is not None and should_stop():
+                        raise self._cancelled()
+                    done = self.prefilled_tokens
+                    size = min(prefill_step(self.policy.chunk_size, self.device.type, done), self.document_tokens - done)
+                    clock.begin_forward(done, size)
+                    started, paused_before = time.perf_counter(), paused[0]
+                    try:
+                        self._forward(self._document_ids[done : done + size])
+                    except ForwardInterrupted as interrupted:
+                        raise self._cancelled() from interrupted
+                    timing.add(Chunk(done, size, time.perf_counter() - started - (paused[0] - paused_before)))
+                    progress = clock.end_forward(self.prefilled_tokens)
+                    if self.prefilled_tokens < self.document_tokens:
+                        timing.between_chunks()
+                        if give_way is not None:
+                            pause()
+        finally:
+            timing.record(self.read_costs, self._costs_key)
         self.cache.anchor(self.document_tokens)  # sliding-window rings can always come back to the document's end
         return progress
 
@@ -329,6 +357,7 @@ class DocumentSession:
             grounding.start(len(wanted) - 1)  # from the query that writes the first answer token
         host_before = self.cache.host_attention_seconds
         try:
+            self.load_probe.begin_computing()  # a load probe meanwhile would time our own work: it reuses the last one
             try:
                 logits = self._extend_to(wanted, should_stop, on_question_progress)
             except ForwardInterrupted:
@@ -341,6 +370,7 @@ class DocumentSession:
             # A stopped answer ends now: its sources would cost one more pass over the whole context.
             found = grounding.finish() if grounding is not None and not end.stopped else []
         finally:
+            self.load_probe.end_computing()
             if grounding is not None:
                 grounding.cancel()  # an abandoned answer stops recording (a no-op after finish)
         self.turns = [*kept, Turn(question, end.text)]

@@ -17,8 +17,9 @@ from .loader import (
 )
 from .pypi import cpu_default_source, pypi_model_gguf
 from .switch import ModelHolder
+from .token_count import TokenCount, count_tokens
 
 __all__ = ["READ_TOKENS", "DownloadJob", "DownloadProgress", "Entry", "Fit", "Machine", "ModelHolder",
            "ModelSourceError", "UnsupportedModelError", "cached_snapshot", "check_supported", "cpu_default_source",
            "describe", "detect_machine", "discover", "load_catalogue", "load_model", "plan_entry", "pypi_model_gguf",
-           "rank", "read_config", "resolve_device", "trained_window"]
+           "rank", "read_config", "resolve_device", "TokenCount", "count_tokens", "trained_window"]

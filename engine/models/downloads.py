@@ -93,7 +93,7 @@ class DownloadJob:
                 raise
             except Exception as error:
                 if self._cancel.is_set():
-                    raise DownloadCancelled(f"cancelled during {entry.path}") from error
+                    raise DownloadCancelled(f"{self.repo_id}: download cancelled during {entry.path}") from error
                 raise
             if entry.lfs is not None:
                 _verify(Path(path), entry.lfs.sha256, entry.path)
@@ -121,14 +121,14 @@ class DownloadJob:
         os.replace(partial, ref)
 
     # -- progress ------------------------------------------------------------------------------
-    def _check_cancel(self) -> None:
+    def _check_cancel(self, when: str = "before") -> None:
         if self._cancel.is_set():
-            raise DownloadCancelled(f"cancelled before {self._file}")
+            raise DownloadCancelled(f"{self.repo_id}: download cancelled {when} {self._file}")
 
     def _advance(self, n: int) -> None:
         self._done += n
         self._report()
-        self._check_cancel()
+        self._check_cancel("during")
 
     def _advance_to(self, done: int) -> None:
         self._done = done  # a cached file arrives without progress calls

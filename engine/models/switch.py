@@ -22,6 +22,7 @@ from typing import Any
 import psutil
 import torch
 
+from engine.models.loader import describe
 from engine.planning.policy import OffloadPolicy
 from engine.session import DocumentSession
 
@@ -49,6 +50,8 @@ class ModelHolder:
                  loader: Callable[[str | None], tuple[Any, Any]] | None = None):
         self.model, self.tokenizer, self.policy, self.name = model, tokenizer, policy, name
         self._loader = loader
+        self.serial = 0  # counts switches: what the app compares to notice one
+        self._info: tuple[int, dict] | None = None
         self._sessions: weakref.WeakSet[DocumentSession] = weakref.WeakSet()
         self._lock = threading.Lock()
 
@@ -58,6 +61,13 @@ class ModelHolder:
             session.retired = None  # set to a note when the model it reads with is switched away
             self._sessions.add(session)
             return session
+
+    def info(self) -> dict:
+        """``describe`` of the served model with its ``serial``, computed once per model."""
+        with self._lock:
+            if self._info is None or self._info[0] != self.serial:
+                self._info = (self.serial, {**describe(self.model), "serial": self.serial})
+            return self._info[1]
 
     def switch(self, source: str | None, name: str | None = None) -> SwitchReport:
         """Loads ``source`` (as ``load_model`` takes it) and makes it the served model.
@@ -81,6 +91,7 @@ class ModelHolder:
                 retire(session, note)
             self._sessions = weakref.WeakSet()
             self.model, self.tokenizer, self.name = model, tokenizer, new_name
+            self.serial += 1
         del model, tokenizer, retired
         _release()
         report = SwitchReport(old_name, new_name, closed, rss_before, _rss(), load_seconds)

@@ -7,6 +7,8 @@ A missing GPU or driver is normal (CPU-only machines) and never an error here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import functools
 import logging
 import time
@@ -86,20 +88,25 @@ def read_memory(gpu_index: int = 0) -> MemorySnapshot:
 _MEASURED_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def measured_flop_rate(model, shape, num_tokens: int = 512) -> float:
+def measured_flop_rate(model, shape, num_tokens: int = 512, forward: Callable | None = None) -> float:
     """The model's FLOP rate on this machine (one forward of ``num_tokens``, measured once per model), in the units
     of ``planner.estimate_prefill_seconds``. 512 tokens: the shape of a real prefill step (at 128 the matmuls are
-    too small to run at a read's rate, and estimates came out 40-60% long on real manuals)."""
+    too small to run at a read's rate, and estimates came out 40-60% long on real manuals).
+
+    ``forward(ids)``: runs one forward the way a read does (a session passes one through its cache, keeping the
+    last logit only); by default a plain cacheless forward, whose attention and all-position logits ran 2.4x
+    slower than a read's on SmolLM2 here (first-read estimates came out +130-180%)."""
     rate = _MEASURED_RATES.get(model)
     if rate is None:
         device = next(model.parameters()).device
         ids = torch.randint(0, shape.vocab_size, (1, num_tokens), device=device)
+        run = forward or (lambda chunk: model(chunk, use_cache=False))
         _no_forward_in_flight()
         with torch.inference_mode():
-            model(ids[:, :8], use_cache=False)  # warm-up
+            run(ids[:, :8])  # warm-up
             synchronize(device)  # (on a GPU a forward only launches kernels: the clock must see them run)
             start = time.perf_counter()
-            model(ids, use_cache=False)
+            run(ids)
             synchronize(device)
             seconds = time.perf_counter() - start
         rate = _MEASURED_RATES[model] = estimate_prefill_seconds(shape, num_tokens, 1.0) / max(seconds, 1e-6)

@@ -110,13 +110,33 @@ def _estimate_params(config, head_dim: int, kv_heads: int) -> int:
     q_out, kv_out = heads * head_dim, kv_heads * head_dim
     attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
     model_type = getattr(config, "model_type", "")
-    if model_type == "qwen2" or getattr(config, "attention_bias", False):
-        attn += q_out + 2 * kv_out  # q/k/v biases (qwen2 always has them)
-    if model_type in ("qwen3", "gemma3_text"):
+    if model_type in ("qwen2", "qwen2_moe") or getattr(config, "attention_bias", False):
+        attn += q_out + 2 * kv_out  # q/k/v biases (Qwen2 and Qwen2-MoE always have them)
+    if model_type in ("qwen3", "qwen3_moe", "gemma3_text"):
         attn += 2 * head_dim  # q_norm / k_norm
     norms = (4 if model_type in ("gemma2", "gemma3_text") else 2) * hidden  # gemma adds post-norms
-    layer = attn + 3 * hidden * config.intermediate_size + norms
-    return embed + lm_head + config.num_hidden_layers * layer + hidden
+    dense = 3 * hidden * config.intermediate_size
+    sparse = _experts_params(config, hidden)
+    layers = config.num_hidden_layers
+    if sparse is None:
+        return embed + lm_head + layers * (attn + dense + norms) + hidden
+    # Mixture of experts: every expert's weights are loaded (only a few run per token); Qwen-MoE may keep some
+    # layers dense (``mlp_only_layers``, or all but every ``decoder_sparse_step``-th).
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    dense_only = set(getattr(config, "mlp_only_layers", None) or ())
+    num_sparse = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+    return embed + lm_head + layers * (attn + norms) + num_sparse * sparse + (layers - num_sparse) * dense + hidden
+
+
+def _experts_params(config, hidden: int) -> int | None:
+    """A mixture-of-experts layer's feed-forward parameters (experts, router, shared expert), or None if dense."""
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if not experts:
+        return None
+    size = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    shared = getattr(config, "shared_expert_intermediate_size", 0) or 0
+    shared_gate = hidden if shared else 0  # (Qwen2-MoE gates its shared expert with one more projection)
+    return experts * 3 * hidden * size + experts * hidden + 3 * hidden * shared + shared_gate
 
 
 def stored_tokens(shape: ModelShape, context: int, chunk: int) -> int:

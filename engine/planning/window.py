@@ -9,9 +9,9 @@ def trained_window(config) -> int | None:
     """The most tokens the model was trained (or RoPE-scaled) to attend over; None when the config does not say.
 
     ``max_position_embeddings``, widened by a RoPE-scaling entry that extends it: ``factor`` times
-    ``original_max_position_embeddings`` (YaRN, Llama 3, LongRoPE), or times ``max_position_embeddings``
-    for YaRN and dynamic NTK without an original length. Linear scaling configs already state the scaled
-    length in ``max_position_embeddings``.
+    ``original_max_position_embeddings`` (YaRN, LongRoPE), or times ``max_position_embeddings`` for YaRN and
+    dynamic NTK without an original length. Linear and Llama 3 scaling configs already state the scaled length
+    in ``max_position_embeddings`` (Llama 3.2's factor 32 x 8,192 = 262,144 is not its 131,072-token window).
     """
     if hasattr(config, "get_text_config"):
         config = config.get_text_config()
@@ -21,12 +21,18 @@ def trained_window(config) -> int | None:
     for params in _rope_parameter_sets(config):
         factor, original = params.get("factor"), params.get("original_max_position_embeddings")
         kind = params.get("rope_type") or params.get("type")
+        if kind in _STATED:
+            continue
         if isinstance(factor, (int, float)) and factor > 1:
             if isinstance(original, int) and original > 0:
                 window = max(window, int(factor * original))
             elif kind in ("yarn", "dynamic"):
                 window = max(window, int(factor * config.max_position_embeddings))
     return window
+
+
+#: RoPE types whose configs state the scaled window in ``max_position_embeddings`` themselves.
+_STATED = ("linear", "llama3")
 
 
 def _rope_parameter_sets(config) -> list[dict]:

@@ -136,3 +136,15 @@ def test_visitors_take_turns_on_the_compute_device(app_url, client, secret_pdf, 
         assert 'data-state="done"' in second.outputs()[-1][0]
     finally:
         other.close()
+
+
+def test_the_longest_answer_slider_offers_what_the_conversation_allowance_plans_for(embedded_model):
+    """The slider's maximum is the engine's longest planned answer, and a question asking for it is not refused
+    for the answer's length (a slider wider than the allowance would offer answers the plan refuses)."""
+    model, tokenizer = embedded_model
+    demo = build_ui(lambda: DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=32)), model_info=describe(model))
+    sliders = [c["props"] for c in demo.config["components"]
+               if c.get("props", {}).get("label") == "Longest answer (tokens)"]
+    assert [s["maximum"] for s in sliders] == [DocumentSession.LONGEST_ANSWER]
+    session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=32))
+    assert session.answer_budget >= DocumentSession.LONGEST_ANSWER

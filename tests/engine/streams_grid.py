@@ -37,6 +37,8 @@ class Case:
     grow: bool = False  # a chunk longer than planned, a context past max_context: buffers and homes grow
     overlap: bool = True
     follow_ups: tuple[int, ...] = ()  # steps of several tokens after the decode steps (as follow-up questions)
+    context: int = MAX_CONTEXT  # the planned context (``max_context``); homes and buffers are sized for it
+    disk_share: float = 0.75  # with ``disk``: about this share of the KV bytes goes to the disk tier
 
 
 CASES = [
@@ -54,6 +56,12 @@ CASES = [
     # and host steps that wrap the window rings past a prefetch made before them.
     Case("grow-host", host="all", grow=True, follow_ups=(3, 8, 8, 17)),
     Case("ring-host-steps", host="all", follow_ups=(5, 5, 5, 5)),  # (no longer than the last chunk: no growth)
+    # A device chunk's prefetch of the next forward's first slot, a disk home, is never used by the host steps
+    # after it; the next device step finds it stale (another range), refetches it, and the buffer it held is
+    # taken over for a RAM home. (An odd number of offloaded slots makes that the other buffer; more context,
+    # so the follow-ups still prefetch.)
+    Case("disk-dropped-prefetch", group="all", disk=True, host="all", disk_share=0.15, context=128,
+         follow_ups=(20, 3, 20)),
 ]
 
 
@@ -86,13 +94,13 @@ def make_cache(model, case: Case, *, streams: str = "emulated", disk_dir: str | 
     policy = dict(head_group_size=1 if case.group == "1" else num_kv_heads, chunk_size=CHUNK,
                   resident_slots=0 if case.resident == "0" else 1, kv_dtype=case.kv_dtype,
                   host_attention="all" if case.host in ("all", "split") else "off", streams=streams,
-                  max_context=48 if case.grow else MAX_CONTEXT, overlap=case.overlap, device="cpu")
+                  max_context=48 if case.grow else case.context, overlap=case.overlap, device="cpu")
     if case.disk:
         probe = engine.HeadInferCache(model.config, **{**policy, "streams": "sync"})
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        rows = sum(MAX_CONTEXT if w is None else min(MAX_CONTEXT, w - 1 + CHUNK) for w in probe.shape.sliding_windows)
+        rows = sum(case.context if w is None else min(case.context, w - 1 + CHUNK) for w in probe.shape.sliding_windows)
         kv = rows * num_kv_heads * 2 * head_dim * 4  # fp32 K and V of every home
-        policy.update(disk_dir=disk_dir, host_memory=probe.plan.host_bytes - kv + kv // 4)
+        policy.update(disk_dir=disk_dir, host_memory=probe.plan.host_bytes - int(kv * case.disk_share))
     cache = engine.HeadInferCache(model.config, **policy)
     assert not case.disk or cache.plan.disk_slots > 0, cache.plan
     if case.host == "split":

@@ -106,5 +106,5 @@ def test_discovery_reads_hub_cache_configs_user_folders_and_gguf_headers(tmp_pat
     assert found.params == 50 * 256 and found.config["vocab_size"] == 50
 
     listed = discover([folder], hf_cache=tmp_path / "no-cache", folders={"LM Studio": [tmp_path / "lmstudio"]})
-    assert {(e.id, e.source) for e in listed} == {("my-model", "folder"), ("tiny", "LM Studio")}
-    assert plan_entry(next(e for e in listed if e.id == "tiny"), CPU_ONLY).window == 8192
+    assert {(e.id, e.source) for e in listed} == {("my-model", "folder"), ("org/tiny", "LM Studio")}
+    assert plan_entry(next(e for e in listed if e.id == "org/tiny"), CPU_ONLY).window == 8192

@@ -90,7 +90,7 @@ def test_cancel_stops_between_reads_and_keeps_no_partial_file(tiny_model_files, 
         job = DownloadJob(REPO, cache_dir=tmp_path, endpoint=hub.endpoint,
                           on_progress=lambda p: job.cancel() if p.file == "model.safetensors" else None)
         started = time.monotonic()
-        with pytest.raises(DownloadCancelled):
+        with pytest.raises(DownloadCancelled, match="download cancelled during model.safetensors"):
             job.run()
         assert time.monotonic() - started < 4.5  # well before the 6 s the whole file takes
     snapshot = next(tmp_path.glob("models--*/snapshots/*"))

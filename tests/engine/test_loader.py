@@ -141,6 +141,20 @@ def test_file_and_empty_folder_sources(tmp_path):
         load_model(str(bad))
 
 
+def test_a_gguf_file_without_the_suffix_is_a_gguf_source(tmp_path):
+    """Ollama keeps a model as ``blobs/sha256-<digest>``: the file's magic says GGUF, not its name."""
+    from engine.models.loader import _resolve_source
+
+    blob = tmp_path / "blobs" / ("sha256-" + "ab" * 32)
+    blob.parent.mkdir()
+    blob.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
+    assert _resolve_source(str(blob)) == (str(blob.parent), blob.name, False)
+    other = tmp_path / "blobs" / ("sha256-" + "cd" * 32)
+    other.write_text("Apache License 2.0")  # Ollama's license layer: not a model
+    with pytest.raises(ModelSourceError, match="is a file"):
+        load_model(str(other))
+
+
 def test_folder_without_tokenizer(tmp_path):
     AutoConfig.for_model("llama", **TINY).save_pretrained(tmp_path)
     with pytest.raises(ModelSourceError, match="tokenizer"):

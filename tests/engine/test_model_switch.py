@@ -43,6 +43,7 @@ def test_switch_returns_the_old_models_memory_and_closes_open_documents():
     reading.set_document(" ".join(f"w{i % 97 + 2}" for i in range(200)))
     reading.prefill()
     idle = holder.new_session()
+    before = holder.info()
 
     report = holder.switch("tiny", name="tiny")
 
@@ -53,6 +54,8 @@ def test_switch_returns_the_old_models_memory_and_closes_open_documents():
     for session in (reading, idle):
         assert "switched from big to tiny" in session.retired and session.model is None
     assert not reading.is_prefilled
+    after = holder.info()  # what the app's header shows: the new model, under a new serial
+    assert (before["serial"], after["serial"]) == (0, 1) and after["params"] < before["params"]
     fresh = holder.new_session()
     assert fresh.model is holder.model and fresh.retired is None
     fresh.set_document("w5 w6 w7")

@@ -1,6 +1,7 @@
 """Tests for the memory planner against the HeadInfer paper's memory model."""
 
 import pytest
+import torch
 from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 from engine.planning.memory import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan, paper_memory_table
@@ -271,6 +272,12 @@ def test_trained_window_reads_max_positions_and_rope_scaling():
         "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
         "low_freq_factor": 1.0, "high_freq_factor": 4.0})
     assert trained_window(llama31) == 131072
+    llama32 = LlamaConfig(max_position_embeddings=131072, rope_scaling={
+        "rope_type": "llama3", "factor": 32.0, "original_max_position_embeddings": 8192,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0})
+    assert trained_window(llama32) == 131072  # not 32 x 8,192: a llama3 entry's window is stated already
+    linear = LlamaConfig(max_position_embeddings=16384, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    assert trained_window(linear) == 16384
     yarn = Qwen2Config(max_position_embeddings=32768,
                        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768})
     assert trained_window(yarn) == 131072  # Qwen2.5 with YaRN turned on
@@ -297,3 +304,21 @@ def test_memory_binds_below_the_window():
     shape = ModelShape.from_config(LlamaConfig(num_hidden_layers=2, max_position_embeddings=1 << 20))
     plan = make_plan(shape, OffloadPolicy(), 1000, device_is_cuda=False, host_budget=600 << 20)
     assert plan.limited_by == "memory" and plan.context_limit == plan.max_context_tokens < 1 << 20
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe", "qwen2-moe", "mixtral"])
+def test_mixture_of_experts_params_count_every_expert(name):
+    """The estimate (used for models found on disk, before loading) equals the real count of the built model."""
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
+
+    common = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=97)
+    config = {"qwen3-moe": lambda: Qwen3MoeConfig(**common, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                                  moe_intermediate_size=32, mlp_only_layers=[1]),
+              "qwen2-moe": lambda: Qwen2MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
+                                                  moe_intermediate_size=32, shared_expert_intermediate_size=48,
+                                                  decoder_sparse_step=2),
+              "mixtral": lambda: MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)}[name]()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert ModelShape.from_config(config).num_params == sum(p.numel() for p in model.parameters())

@@ -1,0 +1,313 @@
+"""What a read costs here, learned from real reads on a machine whose load changes.
+
+Each read records its chunks' timings: (position in the context, tokens, seconds). A chunk of ``q`` tokens at
+position ``p`` does ``q`` tokens' worth of weight matmuls and attends ``q·p + q(q+1)/2`` (query, key) pairs, so its
+time is fitted as ``a·tokens + b·pairs`` (least squares, ``a, b ≥ 0``) per model, device, precision and KV policy:
+many points per read, and a per-token cost that grows with the context as attention's does.
+
+The load is calibrated by a probe: a fixed matmul micro-benchmark of a fraction of a second, run just before (and
+after a long) read and stored with its timings, and again when an estimate is made. Timings are kept in units of
+the probe's time, so an estimate is ``fit × probe now``: a machine twice as busy as when the reads were recorded
+gets estimates twice as long. The range comes from how well the fit predicted each recorded read from the others
+(leave one out) and from the probe's own spread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_KEEP = 24  # reads kept per key
+_FORMAT = 2
+_FIRST_READ_SPREAD = 0.5  # before any read, the launch micro-benchmark's estimate is shown as -50% / +50%
+_MIN_SPREAD = 0.15  # a range is never narrower than ±15%
+_ONE_READ_SPREAD = 0.25  # ... nor than ±25% when one read is all there is to judge the fit by
+
+
+def pairs(num_tokens: int) -> float:
+    """(query, key) pairs a causal read of the first ``num_tokens`` tokens attends."""
+    return num_tokens * (num_tokens + 1) / 2
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One forward of a read: ``tokens`` tokens from ``position``, in ``seconds``."""
+
+    position: int
+    tokens: int
+    seconds: float
+
+    @property
+    def features(self) -> tuple[float, float]:
+        return float(self.tokens), pairs(self.position + self.tokens) - pairs(self.position)
+
+
+@dataclass(frozen=True)
+class CostFit:
+    """Seconds (in probe units) = ``per_token · tokens + per_pair · pairs``."""
+
+    per_token: float
+    per_pair: float
+
+    def cost(self, start: int, stop: int) -> float:
+        """Reading tokens ``[start, stop)``: independent of how they are cut into chunks."""
+        return self.per_token * (stop - start) + self.per_pair * (pairs(stop) - pairs(start))
+
+    @classmethod
+    def of(cls, points: list[tuple[float, float, float]]) -> CostFit | None:
+        """Non-negative least squares of ``y ≈ a·x + b·z`` over ``(x, z, y)`` points (two unknowns: the best of the
+        unconstrained solution, when non-negative, and the two one-term fits). None without a point."""
+        if not points:
+            return None
+        sxx = sum(x * x for x, _, _ in points)
+        szz = sum(z * z for _, z, _ in points)
+        sxz = sum(x * z for x, z, _ in points)
+        sxy = sum(x * y for x, _, y in points)
+        szy = sum(z * y for _, z, y in points)
+        candidates = [(0.0, 0.0)]
+        if sxx > 0:
+            candidates.append((max(sxy / sxx, 0.0), 0.0))
+        if szz > 0:
+            candidates.append((0.0, max(szy / szz, 0.0)))
+        det = sxx * szz - sxz * sxz
+        if det > 1e-12 * sxx * szz:
+            a, b = (sxy * szz - szy * sxz) / det, (szy * sxx - sxy * sxz) / det
+            if a >= 0 and b >= 0:
+                candidates.append((a, b))
+
+        def sse(ab: tuple[float, float]) -> float:
+            return sum((ab[0] * x + ab[1] * z - y) ** 2 for x, z, y in points)
+
+        return cls(*min(candidates, key=sse))
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One load probe: the mean seconds of its samples, and their spread (standard deviation / mean)."""
+
+    seconds: float
+    spread: float
+    at: float  # time.monotonic() when taken
+
+
+class LoadProbe:
+    """A fixed matmul on the compute device, with torch's threads, timed: how busy the machine is right now.
+
+    ``current()`` reuses a probe younger than ``max_age`` seconds, and while this process computes (``computing``:
+    a read or an answer runs) the last one taken, so that our own work is not mistaken for other processes' load.
+    What it returns is the median of the probes of the last ``window`` seconds: a read of minutes meets the load of
+    minutes, not of the instant; their spread (and each probe's own) is the load's share of an estimate's range.
+    """
+
+    def __init__(self, device: torch.device | str = "cpu", *, size: int = 512, samples: int = 6,
+                 max_age: float = 10.0, window: float = 300.0):
+        self.device = torch.device(device)
+        self.size, self.samples, self.max_age, self.window = size, samples, max_age, window
+        self._lock = threading.Lock()
+        self._history: list[Probe] = []
+        self._computing = 0
+
+    def begin_computing(self) -> None:
+        with self._lock:
+            self._computing += 1
+
+    def end_computing(self) -> None:
+        with self._lock:
+            self._computing -= 1
+
+    @contextmanager
+    def computing(self) -> Iterator[None]:
+        self.begin_computing()
+        try:
+            yield
+        finally:
+            self.end_computing()
+
+    def current(self) -> Probe:
+        """The load now: the recent probes' median (a new probe first unless the last is fresh or we compute)."""
+        with self._lock:
+            last, busy = (self._history[-1] if self._history else None), self._computing > 0
+        if last is None or not (busy or time.monotonic() - last.at < self.max_age):
+            self.measure()
+        with self._lock:
+            now = time.monotonic()
+            recent = [p for p in self._history if now - p.at <= self.window] or self._history[-1:]
+        seconds = statistics.median(p.seconds for p in recent)
+        spread = max(max(p.spread for p in recent), (max(p.seconds for p in recent) - min(p.seconds for p in recent))
+                     / (2 * seconds))
+        return Probe(seconds, spread, recent[-1].at)
+
+    def measure(self) -> Probe:
+        """A new probe (about 0.1-0.3 s on a 2-core CPU, idle; proportionally longer on a busy one)."""
+        a = torch.randn(self.size, self.size, device=self.device)
+        b = torch.randn(self.size, self.size, device=self.device)
+        times = []
+        with torch.inference_mode():
+            torch.mm(a, b)  # warm-up
+            for _ in range(self.samples):
+                _synchronize(self.device)
+                started = time.perf_counter()
+                for _ in range(4):
+                    torch.mm(a, b)
+                _synchronize(self.device)
+                times.append(time.perf_counter() - started)
+        mean = statistics.fmean(times)
+        probe = Probe(mean, statistics.pstdev(times) / mean, time.monotonic())
+        with self._lock:
+            self._history = [p for p in self._history if probe.at - p.at <= self.window][-63:] + [probe]
+        return probe
+
+
+class ReadTiming:
+    """One read's chunk timings and the load probes around them: a probe before the read, another between chunks
+    once ``reprobe_every`` seconds were read since the last, and one after a long read; each chunk is kept with the
+    mean of the probes before and after its stretch."""
+
+    def __init__(self, probe: LoadProbe, reprobe_every: float = 20.0):
+        self.probe, self.reprobe_every = probe, reprobe_every
+        self.chunks: list[Chunk] = []
+        self.stretches: list[int] = []  # the probe before each chunk (an index into ``probes``)
+        self.probes = [probe.current().seconds]
+        self.since_probe = 0.0
+
+    def add(self, chunk: Chunk) -> None:
+        self.chunks.append(chunk)
+        self.stretches.append(len(self.probes) - 1)
+        self.since_probe += chunk.seconds
+
+    def between_chunks(self) -> None:
+        if self.since_probe >= self.reprobe_every:
+            self.probes.append(self.probe.measure().seconds)
+            self.since_probe = 0.0
+
+    def record(self, costs: ReadCosts, key: str) -> None:
+        """Keeps the read (a cancelled one's chunks too) when it read for at least half a second."""
+        if sum(c.seconds for c in self.chunks) < 0.5:
+            return
+        if self.since_probe >= self.reprobe_every / 2:
+            self.probes.append(self.probe.measure().seconds)
+        probes = [(self.probes[i] + self.probes[min(i + 1, len(self.probes) - 1)]) / 2 for i in self.stretches]
+        costs.record(key, self.chunks, probes)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+_PROBES: dict[str, LoadProbe] = {}
+
+
+def load_probe(device: torch.device) -> LoadProbe:
+    """One probe per device for the whole process (every tab's session shares it)."""
+    return _PROBES.setdefault(str(device), LoadProbe(device))
+
+
+class ReadCosts:
+    """The chunk timings of completed reads, per model, device, precision and KV policy, kept in a small JSON file
+    so later starts estimate from them. Each read: ``{"at": time, "chunks": [[position, tokens, seconds, probe
+    seconds], ...]}``."""
+
+    def __init__(self, path: Path | None):
+        self.path = path
+        self._lock = threading.Lock()
+        self._records: dict[str, list[dict]] | None = None
+
+    def record(self, key: str, chunks: list[Chunk], probe_seconds: float | list[float]) -> None:
+        """A read's chunks, timed while the load probe took ``probe_seconds`` (one for the read, or one per chunk)."""
+        probes = probe_seconds if isinstance(probe_seconds, list) else [probe_seconds] * len(chunks)
+        kept = [(c, p) for c, p in zip(chunks, probes, strict=True) if c.tokens > 0 and c.seconds > 0 and p > 0]
+        if not kept:
+            return
+        with self._lock:
+            records = self._load()
+            records.setdefault(key, []).append({"at": time.time(),
+                                                "chunks": [[c.position, c.tokens, c.seconds, p] for c, p in kept]})
+            records[key] = records[key][-_KEEP:]
+            self._save(records)
+
+    def reads(self, key: str) -> list[list[tuple[float, float, float]]]:
+        """Each kept read's points ``(tokens, pairs, seconds / probe seconds)``."""
+        with self._lock:
+            found = list(self._load().get(key, []))
+        return [[(*Chunk(int(p), int(q), s).features, s / probe) for p, q, s, probe in read["chunks"]]
+                for read in found]
+
+    def estimate(self, key: str, start: int, stop: int, probe: Probe) -> tuple[float, float, float] | None:
+        """(low, likely, high) seconds to read tokens ``[start, stop)`` at the load ``probe`` measured now; None
+        before any read."""
+        reads = self.reads(key)
+        fit = CostFit.of([point for read in reads for point in read])
+        if fit is None:
+            return None
+        likely = fit.cost(start, stop) * probe.seconds
+        ratios = _held_out_ratios(reads)  # actual / predicted of each read, from a fit of the others
+        floor = _MIN_SPREAD
+        if not ratios:  # one read: its chunks around its own fit
+            ratios = [y / p for x, z, y in reads[0] if (p := fit.per_token * x + fit.per_pair * z) > 0]
+            floor = _ONE_READ_SPREAD
+        low = likely * min(min(ratios), 1 - floor) * (1 - probe.spread)
+        high = likely * max(max(ratios), 1 + floor) * (1 + probe.spread)
+        return low, likely, high
+
+    def _load(self) -> dict:
+        if self._records is None:
+            self._records = {}
+            if self.path is not None:
+                try:
+                    loaded = json.loads(self.path.read_text())
+                    if loaded.get("format") == _FORMAT:
+                        self._records = loaded["reads"]
+                except (OSError, ValueError, AttributeError, KeyError):
+                    self._records = {}
+        return self._records
+
+    def _save(self, records: dict) -> None:
+        if self.path is None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            scratch = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+            scratch.write_text(json.dumps({"format": _FORMAT, "reads": records}))
+            os.replace(scratch, self.path)
+        except OSError as error:  # estimates only: never fail a read over them
+            logger.warning("could not keep the read's timings in %s: %s", self.path, error)
+
+
+def _held_out_ratios(reads: list[list[tuple[float, float, float]]]) -> list[float]:
+    """For each read, its actual time over what a fit of the other reads predicts for it (needs two reads)."""
+    ratios = []
+    for i, read in enumerate(reads):
+        others = CostFit.of([point for j, other in enumerate(reads) if j != i for point in other])
+        if others is None:
+            continue
+        predicted = sum(others.per_token * x + others.per_pair * z for x, z, _ in read)
+        if predicted > 0:
+            ratios.append(sum(y for _, _, y in read) / predicted)
+    return [r for r in ratios if math.isfinite(r)]
+
+
+def first_read_range(likely: float) -> tuple[float, float, float]:
+    """Before any read: the launch micro-benchmark's estimate, ±50%."""
+    return likely * (1 - _FIRST_READ_SPREAD), likely, likely * (1 + _FIRST_READ_SPREAD)
+
+
+_SHARED: dict[Path, ReadCosts] = {}
+
+
+def shared_read_costs(path: Path) -> ReadCosts:
+    """One ``ReadCosts`` per file for the whole process (every tab's session records into it)."""
+    return _SHARED.setdefault(path, ReadCosts(path))

@@ -1,0 +1,253 @@
+"""The model picker in a real Chromium, on the studio as ``launch.py`` starts it (the embedded SmolLM2): the panel
+lists the catalogue with what each model reads here, sorts by it, finds models on disk (an Ollama store holding the
+SmolLM2 GGUF, a folder the user adds holding a tiny random Llama), downloads a catalogue model from a local stand-in
+for the Hub (``HF_ENDPOINT``) with progress, and serves another model and back: the header follows, and the tab whose
+document the switch closed says so and reads it again with the new model.
+
+The studio runs as a process of its own with ``HOME`` in a temporary folder, so the Ollama and LM Studio folders it
+scans and the Hugging Face cache it downloads into are the test's; ``HEADINFER_CACHE`` keeps the converted embedded
+model of the real cache.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "app"))
+sys.path.insert(0, str(ROOT / "tests" / "engine"))
+from hub_server import HubServer  # noqa: E402
+from make_files import make_pdf  # noqa: E402
+from model_stores import OllamaStore  # noqa: E402
+from test_browser import CHROMIUM, CHROMIUM_ARGS, PAGES  # noqa: E402
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+# A busy 2-core machine: measuring a model's FLOP rate alone (the picker's first open) can take 30 s there.
+TIMEOUT_MS = int(os.environ.get("PICKER_TIMEOUT_MS", 240_000))
+HUB_REPO = "Qwen/Qwen3-4B"  # a catalogue model, not gated; the stand-in Hub serves a tiny one under its name
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# Every row of the (virtualised) table: scrolls it through, collecting cells by the row
+# they are shown in (a sorted view keeps each cell's data-row) and their column.
+ROWS_JS = """async () => {
+  const view = document.querySelector('#picker-table .virtual-table-viewport');
+  const rows = {};
+  for (let top = 0; ; top += 150) {
+    view.scrollTop = top;
+    await new Promise(resolve => setTimeout(resolve, 60));
+    for (const cell of document.querySelectorAll('#picker-table [role=gridcell]')) {
+      (rows[cell.closest('[role=row]').dataset.index] ??= [])[Number(cell.dataset.col)] = cell.innerText.trim();
+    }
+    if (top > view.scrollHeight) break;
+  }
+  view.scrollTop = 0;
+  return Object.keys(rows).sort((a, b) => a - b).map(key => rows[key]);
+}"""
+FIRST_READS_JS = """(reads) => document.querySelector('#picker-table [role=row][data-index="0"] [data-col="1"]')
+  ?.innerText.trim() === reads"""
+
+
+def _tiny_llama(folder: Path, tokenizer_from: Path, vocab_size: int) -> Path:
+    """A random two-layer Llama saved by transformers, with SmolLM2's tokenizer so the studio can serve it."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=vocab_size, max_position_embeddings=4096,
+                         bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    for file in tokenizer_from.iterdir():
+        if file.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(file, folder / file.name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def studio(tmp_path_factory):
+    from engine.models.loader import _embedded_gguf, embedded_model_dir
+    from engine.paths import cache_dir
+
+    root = tmp_path_factory.mktemp("picker")
+    home = root / "home"
+    OllamaStore(home / ".ollama" / "models").pull("smollm2:135m", _embedded_gguf())
+    tiny = _tiny_llama(root / "my-models" / "tiny-random-llama", embedded_model_dir(), 49152)
+    hub_model = _tiny_llama(root / "hub-model", embedded_model_dir(), 2048)
+    files = {p.name: p.read_bytes() for p in hub_model.iterdir() if p.is_file()}
+    # 12 MiB more: huggingface_hub reads 10 MiB at a time, and a cancel lands at the end of such a read.
+    files["model.safetensors"] += b"\0" * (12 << 20)
+    with HubServer(HUB_REPO, files) as hub:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        env = {**os.environ, "HOME": str(home), "HEADINFER_CACHE": str(cache_dir()), "HEADINFER_CPU_MODEL": "embedded",
+               "HF_ENDPOINT": hub.endpoint, "HF_HUB_CACHE": str(home / ".cache" / "huggingface" / "hub"),
+               "HF_HUB_OFFLINE": "0", "PYTHONUNBUFFERED": "1"}
+        env.pop("OLLAMA_MODELS", None)
+        env.pop("HF_HOME", None)
+        log = open(root / "studio.log", "w")
+        process = subprocess.Popen([sys.executable, "launch.py", "--port", str(port), "--no-kv-cache"], cwd=ROOT,
+                                   env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        url = f"http://127.0.0.1:{port}/"
+        try:
+            _wait_until_up(url, process, root / "studio.log")
+            yield {"url": url, "hub": hub, "home": home, "tiny": tiny, "log": root / "studio.log"}
+        finally:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            log.close()
+
+
+def _wait_until_up(url: str, process: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"the studio exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"the studio did not answer within 300 s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def page(studio):
+    if not CHROMIUM.exists():
+        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(studio["url"])
+        yield page
+        browser.close()
+
+
+def _rows(page) -> dict[str, list[str]]:
+    return {row[0]: row for row in page.evaluate(ROWS_JS) if row and row[0]}
+
+
+def _reads(page) -> list[int]:
+    return [int(row[1].replace(",", "")) for row in page.evaluate(ROWS_JS)]
+
+
+def _sort(page, direction: str) -> None:
+    page.hover("#picker-table th[data-heading='1']")  # the column's menu button shows on hover
+    page.click("#picker-table th[data-heading='1'] button.cell-menu-button")
+    page.click(f"button:has-text('Sort {direction}')")
+
+
+def _choose(page, label: str) -> None:
+    page.fill("#picker-choice input", label)
+    page.click(f"[role=option]:has-text('{label}')")
+
+
+def _until(predicate) -> None:
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
+
+
+def _wait_text(page, selector: str, *texts: str) -> None:
+    checks = " && ".join(f"t.includes({text!r})" for text in texts)
+    page.wait_for_function(f"() => {{ const t = document.querySelector({selector!r})?.innerText || ''; "
+                           f"return {checks}; }}")
+
+
+def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio, tmp_path):
+    started = time.monotonic()
+    _wait_text(page, "#header", "SmolLM2-135M-Instruct")
+    # A document read with SmolLM2, which the switch will close.
+    page.locator("#file-drop input[type=file]").set_input_files(str(make_pdf(tmp_path / "kerrow.pdf", PAGES)))
+    page.wait_for_selector("#plan .plan[data-fits=true]")
+    page.click("#read")
+    page.wait_for_selector("#prefill-progress .progress[data-state=done]")
+
+    # The panel: the catalogue and what was found on disk, each with what it reads here, most first.
+    page.click("#picker .label-wrap")
+    _wait_text(page, "#picker-table", "Qwen/Qwen2.5-7B-Instruct-1M")
+    assert "Reads here" in page.inner_text("#picker-machine")
+    rows = _rows(page)
+    assert {SMOLLM2, "Qwen/Qwen2.5-7B-Instruct-1M", "smollm2:135m"} <= set(rows)
+    assert rows[SMOLLM2][1] == "8192" and rows[SMOLLM2][14] == "serving now"  # capped by its 8,192-token window
+    ollama = rows["smollm2:135m"]
+    assert ollama[1] == "8192" and ollama[14].startswith("Ollama: ") and "/blobs/sha256-" in ollama[14]
+    # The tab's document in each model's tokens, before any download: the served model's own count (the plan's),
+    # Llama 3's exactly through tiktoken, the others estimated with that tokenizer.
+    assert "Your documents" in page.inner_text("#picker-machine")
+    served = int(rows[SMOLLM2][2].replace(",", ""))
+    assert served > 0 and rows[SMOLLM2][3] == "all of them; counted by the model itself"
+    llama3 = rows["meta-llama/Llama-3.1-8B-Instruct"]
+    assert int(llama3[2].replace(",", "")) > 0 and llama3[3].endswith("; exact (Llama 3 tokenizer)")
+    assert rows["Qwen/Qwen2.5-7B-Instruct-1M"][3].endswith("an estimate (Llama 3 tokenizer)")
+    reads = _reads(page)
+    assert reads == sorted(reads, reverse=True) and reads[0] > reads[-1]  # ranked by what reads the most here
+    _sort(page, "ascending")
+    page.wait_for_function(FIRST_READS_JS, arg=str(min(reads)))
+    assert _reads(page) == sorted(reads)
+    _sort(page, "descending")
+    page.wait_for_function(FIRST_READS_JS, arg=str(max(reads)))
+    assert _reads(page) == sorted(reads, reverse=True)
+
+    # A folder the user adds: the tiny Llama in it is listed as a model on disk.
+    page.fill("#picker-folder textarea, #picker-folder input", str(studio["tiny"].parent))
+    page.click("#picker-scan")
+    _wait_text(page, "#picker-table", "tiny-random-llama")
+    _until(lambda: _rows(page).get("tiny-random-llama", [""] * 15)[14] == f"folder: {studio['tiny']}")
+
+    # Download from the stand-in Hub: progress, cancel, and again to the end, into the standard cache.
+    hub = studio["hub"]
+    hub.rate = 1 << 20  # the first 10 MiB take 10 s: time to cancel
+    _choose(page, HUB_REPO)
+    page.click("#picker-download")
+    _wait_text(page, "#picker-status", f"Downloading {HUB_REPO}", "%")
+    _until(lambda: hub.gets("model.safetensors"))  # cancel within the weights' file
+    page.click("#picker-cancel")
+    _wait_text(page, "#picker-status", "download cancelled during model.safetensors")
+    hub.rate = 16 << 20
+    page.click("#picker-download")
+    _wait_text(page, "#picker-status", f"Downloaded {HUB_REPO}")
+    snapshot = studio["home"] / ".cache" / "huggingface" / "hub" / "models--Qwen--Qwen3-4B" / "snapshots"
+    assert len(list(snapshot.glob("*/model.safetensors"))) == 1
+    assert hub.gets("model.safetensors") == [None, None]  # cancelled, then fetched whole
+    _wait_text(page, "#picker-table", "Hugging Face cache: ")  # the table lists it as on disk now
+
+    # Serve the tiny Llama: the header follows, the read document is closed with a note, and reads again.
+    _choose(page, "tiny-random-llama")
+    page.click("#picker-serve")
+    _wait_text(page, "#picker-status", "Now serving tiny-random-llama", "1 open document set(s) closed")
+    _wait_text(page, "#header", "tiny-random-llama")
+    assert "SmolLM2" not in page.inner_text("#header")
+    _wait_text(page, "#status", "switched from", "open documents were closed")
+    assert page.get_attribute("#prefill-progress .progress", "data-state") == "idle"
+    other = page.context.new_page()  # a tab opened now shows the model served now, not the one the page was built with
+    other.goto(studio["url"])
+    _wait_text(other, "#header", "tiny-random-llama")
+    other.close()
+    page.click("#read")
+    page.wait_for_selector("#prefill-progress .progress[data-state=done]")
+    _until(lambda: _rows(page).get("tiny-random-llama", [""] * 15)[14] == "serving now")  # the table follows too
+
+    # And back to the embedded SmolLM2, from the catalogue.
+    _choose(page, SMOLLM2)
+    page.click("#picker-serve")
+    _wait_text(page, "#picker-status", "Now serving HuggingFaceTB/SmolLM2-135M-Instruct")
+    _wait_text(page, "#header", "SmolLM2-135M-Instruct")
+    assert "tiny-random-llama" not in page.inner_text("#header")
+    print(f"picker browser test: {time.monotonic() - started:.0f} s in the browser")

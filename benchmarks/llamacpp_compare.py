@@ -329,6 +329,8 @@ def write_markdown(record: dict, path: Path) -> None:
                   + (" | target |" if key != "prefill" else " | target |"), "|---:|---:|" + "---:|" * len(modes) + "---|"]
         for context in sorted(summary, key=int):
             row = summary[context]
+            if not any(key in entry for entry in row.values()):
+                continue  # e.g. no prefill at a context that was filled, not read
             base = row.get("llama.cpp", {}).get(key)
             cells = [_fmt(base, key)]
             for mode in modes:
@@ -343,8 +345,8 @@ def write_markdown(record: dict, path: Path) -> None:
                                             for m, ratios in per_round_ratios(record, int(c)).items())
                 for c in sorted(summary, key=int)) + "."]
         if key == "rss":
-            lines += ["", "What our process still holds after decoding (VmRSS at its end; the peak above is reached "
-                      "while loading): " + "; ".join(
+            lines += ["", "What our process still holds after decoding (VmRSS at its end; where it is below the peak "
+                      "above, the peak was reached while loading): " + "; ".join(
                           f"{int(c):,} tokens: " + ", ".join(f"{m} {summary[c][m]['held'] / 2**20:,.0f} MiB"
                                                              for m in modes if "held" in summary[c].get(m, {}))
                           for c in sorted(summary, key=int)) + "."]

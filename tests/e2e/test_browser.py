@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,19 +37,26 @@ QUESTION = "What is the secret launch code of the lighthouse?"
 TIMEOUT_MS = 120_000
 
 
-@pytest.fixture
-def page(studio_url):
+@contextmanager
+def chromium_page(url: str, *, height: int = 800, timeout_ms: int = TIMEOUT_MS):
+    """A page of Debian's Chromium (no browser download) at ``url``, 1280 x ``height``; skips without Chromium."""
     if not CHROMIUM.exists():
         pytest.skip("Debian chromium is not installed (.ci/run installs it)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.set_default_timeout(TIMEOUT_MS)
-        page.goto(studio_url)
+        page = browser.new_context(viewport={"width": 1280, "height": height}).new_page()
+        page.set_default_timeout(timeout_ms)
+        page.goto(url)
         yield page
         browser.close()
+
+
+@pytest.fixture
+def page(studio_url):
+    with chromium_page(studio_url) as page:
+        yield page
 
 
 def _meter(page, name: str) -> int:

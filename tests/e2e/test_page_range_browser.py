@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from make_files import make_labelled_pdf  # noqa: E402
 from studio import served  # noqa: E402
-from test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from test_browser import chromium_page  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -31,17 +31,8 @@ def _pages() -> list[str]:
 
 @pytest.fixture
 def page():
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with served(chunk_size=256) as url, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 1000})
-        page.set_default_timeout(TIMEOUT_MS)
-        page.goto(url)
+    with served(chunk_size=256) as url, chromium_page(url, height=1000, timeout_ms=TIMEOUT_MS) as page:
         yield page
-        browser.close()
 
 
 def _pick(page, which: str, label: str) -> None:

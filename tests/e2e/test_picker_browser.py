@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests" / "engine"))
 from hub_server import HubServer  # noqa: E402
 from make_files import make_pdf  # noqa: E402
 from model_stores import OllamaStore  # noqa: E402
-from test_browser import CHROMIUM, CHROMIUM_ARGS, PAGES  # noqa: E402
+from test_browser import PAGES, chromium_page  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -125,17 +125,8 @@ def _wait_until_up(url: str, process: subprocess.Popen, log: Path) -> None:
 
 @pytest.fixture
 def page(studio):
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-        page.set_default_timeout(TIMEOUT_MS)
-        page.goto(studio["url"])
+    with chromium_page(studio["url"], height=900, timeout_ms=TIMEOUT_MS) as page:
         yield page
-        browser.close()
 
 
 def _rows(page) -> dict[str, list[str]]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig
 
 import engine
 from archs import _COMMON, reference_attention, tiny_configs
 from engine.models.int8 import Int8Embedding, Int8Linear, dequantized_state_dict, quantize_int8, quantize_rows
 from engine.models.loader import describe, load_model
-from test_parity import BF16_RTOL, chunked_logits, prompt, rel_diff
+from test_parity import BF16_RTOL, prompt, rel_diff, stepwise_logits
 
 
 def test_codes_times_scales_are_bf16_numbers_within_half_a_step():
@@ -91,14 +91,7 @@ def test_int8_weights_match_stock_running_the_same_weights(int8_pair):
     assert any(isinstance(m, Int8Linear) for m in int8.modules()), name
     assert describe(int8)["weights"] == "int8" and describe(int8)["dtype"] == "bfloat16"
     ids = prompt(stock.config.vocab_size)
-    stock_cache = DynamicCache(config=stock.config)
-    expected = [stock(ids, past_key_values=stock_cache, use_cache=True).logits[:, -1]]
-    cache = engine.HeadInferCache(int8.config, resident_slots=0, chunk_size=16)
-    actual = [chunked_logits(int8, ids, cache, 16)[:, -1]]
-    for _ in range(12):
-        token = expected[-1].argmax(-1, keepdim=True)
-        expected.append(stock(token, past_key_values=stock_cache, use_cache=True).logits[:, -1])
-        actual.append(int8(token, past_key_values=cache, use_cache=True).logits[:, -1])
+    actual, expected = stepwise_logits(stock, int8, ids)
     for step, (a, e) in enumerate(zip(actual, expected)):
         assert rel_diff(a.float(), e.float()) < BF16_RTOL, (name, step)
     kwargs = dict(max_new_tokens=20, do_sample=False, min_new_tokens=20, output_logits=True,

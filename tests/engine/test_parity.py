@@ -27,6 +27,20 @@ def prompt(vocab_size: int, length: int = PROMPT_LEN) -> torch.Tensor:
     return torch.randint(0, vocab_size, (1, length), generator=torch.Generator().manual_seed(7))
 
 
+def stepwise_logits(stock, model, ids: torch.Tensor, steps: int = 12) -> tuple[list, list]:
+    """Last-position logits, ([model's], [stock's]): the prompt (``model`` in chunks of 16 through a head-wise cache
+    with every slot offloaded, stock in one forward), then ``steps`` greedy decode steps on stock's tokens."""
+    stock_cache = DynamicCache(config=stock.config)
+    expected = [stock(ids, past_key_values=stock_cache, use_cache=True).logits[:, -1]]
+    cache = engine.HeadInferCache(model.config, resident_slots=0, chunk_size=16)
+    actual = [chunked_logits(model, ids, cache, 16)[:, -1]]
+    for _ in range(steps):
+        token = expected[-1].argmax(-1, keepdim=True)
+        expected.append(stock(token, past_key_values=stock_cache, use_cache=True).logits[:, -1])
+        actual.append(model(token, past_key_values=cache, use_cache=True).logits[:, -1])
+    return actual, expected
+
+
 def chunked_logits(model, ids: torch.Tensor, cache, chunk: int) -> torch.Tensor:
     outs = [model(ids[:, s : s + chunk], past_key_values=cache, use_cache=True).logits
             for s in range(0, ids.shape[1], chunk)]
@@ -116,14 +130,7 @@ def test_bf16_weights_on_cpu_match_stock_bf16(bf16_pair):
     name, stock, headinfer = bf16_pair
     assert next(headinfer.parameters()).dtype == torch.bfloat16 and next(headinfer.parameters()).device.type == "cpu"
     ids = prompt(stock.config.vocab_size)
-    stock_cache = DynamicCache(config=stock.config)
-    expected = [stock(ids, past_key_values=stock_cache, use_cache=True).logits[:, -1]]
-    cache = engine.HeadInferCache(headinfer.config, resident_slots=0, chunk_size=16)
-    actual = [chunked_logits(headinfer, ids, cache, 16)[:, -1]]
-    for _ in range(12):
-        token = expected[-1].argmax(-1, keepdim=True)
-        expected.append(stock(token, past_key_values=stock_cache, use_cache=True).logits[:, -1])
-        actual.append(headinfer(token, past_key_values=cache, use_cache=True).logits[:, -1])
+    actual, expected = stepwise_logits(stock, headinfer, ids)
     for step, (a, e) in enumerate(zip(actual, expected)):
         assert rel_diff(a.float(), e.float()) < BF16_RTOL, (name, step)
     kwargs = dict(max_new_tokens=20, do_sample=False, min_new_tokens=20)

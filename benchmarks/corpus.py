@@ -7,6 +7,7 @@ book made by real tool chains: LaTeX (dblatex, Sphinx) PDFs, a Sphinx EPUB, DocB
 
 from __future__ import annotations
 
+import fcntl
 import gzip
 import logging
 import shutil
@@ -64,6 +65,15 @@ def fetch_corpus(folder: Path) -> dict[str, Path]:
     files = {document.key: folder / "files" / document.file_name for document in CORPUS}
     if all(path.is_file() for path in files.values()):
         return files
+    folder.mkdir(parents=True, exist_ok=True)
+    # Parallel test workers share the folder: one downloads and unpacks, the others wait and find the files.
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _fetch(folder, files)
+    return files
+
+
+def _fetch(folder: Path, files: dict[str, Path]) -> None:
     for tool in ("apt-get", "dpkg-deb"):
         if shutil.which(tool) is None:
             raise CorpusUnavailable(f"{tool} not found: the real documents come from Debian packages")
@@ -90,7 +100,6 @@ def fetch_corpus(folder: Path) -> dict[str, Path]:
         with (gzip.open(source) if document.member.endswith(".gz") else source.open("rb")) as reader:
             partial.write_bytes(reader.read())
         partial.replace(target)
-    return files
 
 
 def _run(command: list[str], cwd: Path) -> None:

@@ -32,6 +32,7 @@ from .records import ResultStore, load_records, run_stamp
 from .report import write_markdown, write_plots
 from .smoke import run_smoke, write_report
 from .sweeps import Sweep
+from .timing import quick_collections
 
 PHASES = ("ceilings", "decode", "prefill", "max-context", "peak", "profile")
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20}
@@ -86,6 +87,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with quick_collections():
+        return _main(args)
+
+
+def _main(args) -> int:
     out = Path(args.out)
     if args.cpu_smoke and args.report_only:
         name = args.name or "cpu-smoke"

@@ -7,7 +7,7 @@ import logging
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -113,6 +113,20 @@ def pinned_host_bytes() -> int | None:
         return None
     value = stats.get("allocated_bytes.current") or stats.get("reserved_bytes.current")
     return int(value) if value is not None else None
+
+
+@contextmanager
+def quick_collections() -> Iterator[None]:
+    """While a benchmark runs: the objects alive when it starts (imported modules, a test process's fixtures) are
+    left out of garbage collection (``gc.freeze``), so ``release_memory``'s collection between probes walks only what
+    the probes made: a full collection of a process with torch and transformers imported took 0.2 s, 43 of them most
+    of a tiny sweep's time. They are handed back to the collector afterwards (``gc.unfreeze``): nothing leaks."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def release_memory(device: torch.device | str) -> None:

@@ -19,3 +19,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_configure(config):
+    # Parallel workers (pytest-xdist) on a small machine: one torch thread each, so two workers don't oversubscribe
+    # the cores (OpenMP threads spinning against each other make every forward several times slower).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)

@@ -12,4 +12,10 @@ if [ ! -x /usr/bin/chromium ]; then
   (apt-get install -y -q chromium >/dev/null 2>&1 || (apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null)) \
     || sudo apt-get install -y -q chromium
 fi
-exec .venv/bin/python -m pytest -q "$@"
+# Two workers or more (pytest-xdist, one torch thread each: tests/conftest.py): most tests wait on one core, a browser
+# or a server; at most four, since each worker loads its own models. HEADINFER_TEST_WORKERS=0 runs in one process.
+workers="${HEADINFER_TEST_WORKERS:-$(( $(nproc) < 2 ? 2 : ($(nproc) > 4 ? 4 : $(nproc)) ))}"
+if [ "$workers" = "0" ]; then
+  exec .venv/bin/python -m pytest -q "$@"
+fi
+exec .venv/bin/python -m pytest -q -n "$workers" --dist worksteal "$@"

@@ -106,9 +106,10 @@ def main(argv=None) -> int:
              "Three Debian manuals cut to ~2K/4K/7K tokens, read in two starts sharing one record of chunk timings; "
              "the second start runs beside an extra busy process (the load changes between the runs; other jobs "
              "share this VM too: *load* is the 1-minute load average after the read, on 2 cores). *From*: what the "
-             "estimate came from (the launch-time benchmark before any read, else the fit of that many earlier "
-             "reads' chunk timings, `a·tokens + b·(query, key) pairs`, scaled by the load probe now against the "
-             "probe when they were recorded). *Probe*: the load probe the estimate used (a fixed matmul; longer = "
+             "estimate came from (the launch-time benchmark before any read, else that many earlier reads' chunk "
+             "timings fitted as `a·tokens + b·(query, key) pairs` (the planner's FLOP model scaled, or from three "
+             "reads the free fit where it predicts better), scaled by (probe now / probe then)^α, α learned once "
+             "the reads' probes differ). *Probe*: the load probe the estimate used (a fixed matmul; longer = "
              "busier). Target: the likely value within ±35%.", "",
              "| start | extra load | document | tokens | from | probe (ms) | load | range shown | likely (s) | "
              "actual (s) | error | in range |",

@@ -6,10 +6,16 @@ time is fitted as ``a·tokens + b·pairs`` (least squares, ``a, b ≥ 0``) per m
 many points per read, and a per-token cost that grows with the context as attention's does.
 
 The load is calibrated by a probe: a fixed matmul micro-benchmark of a fraction of a second, run just before (and
-after a long) read and stored with its timings, and again when an estimate is made. Timings are kept in units of
-the probe's time, so an estimate is ``fit × probe now``: a machine twice as busy as when the reads were recorded
-gets estimates twice as long. The range comes from how well the fit predicted each recorded read from the others
-(leave one out) and from the probe's own spread.
+after a long) read and stored with its timings, and again when an estimate is made. A read's time goes as the
+probe's to a power ``α``: learned from the recorded reads once their probes differ enough, else a default (on a
+2-core CPU a probe 2.8x and 4.8x slower went with reads 1.9x and 2.8x slower: α ≈ 0.65; α = 1 over-corrected by
+up to +100%). Timings are kept in units of ``probe^α``, so an estimate is ``fit × probe now^α``.
+
+Given the model's shape, the fit is first of one unknown, a scale of the planner's FLOP model (its split between
+the linear and the attention term), since a read or two cannot tell the two terms apart (one 2K-token read
+predicted the next 4K read +80% by the free two-term fit); from three reads on, whichever of that and the free fit
+predicted held-out reads better. The range comes from how well the fit predicted each recorded read from the
+others (leave one out) and from the probe's own spread.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ _KEEP = 24  # reads kept per key
 _FORMAT = 2
 _FIRST_READ_SPREAD = 0.5  # before any read, the launch micro-benchmark's estimate is shown as -50% / +50%
 _MIN_SPREAD = 0.15  # a range is never narrower than ±15%
+CPU_LOAD_EXPONENT = 0.65  # the default α on a CPU (measured here, see the module docstring); 1 on a GPU
+_LEARN_EXPONENT_SPAN = 1.3  # α is learned once the recorded reads' probes differ by this factor
+_EXPONENT_PRIOR = 1.0  # the default's weight: as much as two reads whose probes are 4x apart
 _ONE_READ_SPREAD = 0.25  # ... nor than ±25% when one read is all there is to judge the fit by
 
 
@@ -92,6 +101,15 @@ class CostFit:
             return sum((ab[0] * x + ab[1] * z - y) ** 2 for x, z, y in points)
 
         return cls(*min(candidates, key=sse))
+
+    def scaled_to(self, points: list[tuple[float, float, float]]) -> CostFit | None:
+        """This fit's shape times the one scale that fits ``points`` best (least squares); None without a point."""
+        work = [(self.per_token * x + self.per_pair * z, y) for x, z, y in points]
+        total = sum(w * w for w, _ in work)
+        if total <= 0:
+            return None
+        scale = sum(w * y for w, y in work) / total
+        return CostFit(self.per_token * scale, self.per_pair * scale)
 
 
 @dataclass(frozen=True)
@@ -239,28 +257,36 @@ class ReadCosts:
             records[key] = records[key][-_KEEP:]
             self._save(records)
 
-    def reads(self, key: str) -> list[list[tuple[float, float, float]]]:
-        """Each kept read's points ``(tokens, pairs, seconds / probe seconds)``."""
+    def reads(self, key: str, exponent: float = 1.0) -> list[list[tuple[float, float, float]]]:
+        """Each kept read's points ``(tokens, pairs, seconds / probe seconds ** exponent)``."""
+        return [[(*c.features, c.seconds / probe**exponent) for c, probe in read] for read in self._raw(key)]
+
+    def _raw(self, key: str) -> list[list[tuple[Chunk, float]]]:
         with self._lock:
             found = list(self._load().get(key, []))
-        return [[(*Chunk(int(p), int(q), s).features, s / probe) for p, q, s, probe in read["chunks"]]
-                for read in found]
+        return [[(Chunk(int(p), int(q), s), probe) for p, q, s, probe in read["chunks"]] for read in found]
 
-    def estimate(self, key: str, start: int, stop: int, probe: Probe) -> tuple[float, float, float] | None:
+    def estimate(self, key: str, start: int, stop: int, probe: Probe, shape: CostFit | None = None,
+                 exponent: float = 1.0) -> tuple[float, float, float] | None:
         """(low, likely, high) seconds to read tokens ``[start, stop)`` at the load ``probe`` measured now; None
-        before any read."""
-        reads = self.reads(key)
-        fit = CostFit.of([point for read in reads for point in read])
+        before any read. ``shape``: the planner's FLOP model as a ``CostFit`` (its split between the two terms);
+        ``exponent``: α until the reads' own probes tell it."""
+        raw = self._raw(key)
+        if not raw:
+            return None
+        exponent = load_exponent(raw, shape, exponent)
+        reads = [[(*c.features, c.seconds / p**exponent) for c, p in read] for read in raw]
+        fit, ratios = _fit(reads, shape)
         if fit is None:
             return None
-        likely = fit.cost(start, stop) * probe.seconds
-        ratios = _held_out_ratios(reads)  # actual / predicted of each read, from a fit of the others
+        likely = fit.cost(start, stop) * probe.seconds**exponent
         floor = _MIN_SPREAD
         if not ratios:  # one read: its chunks around its own fit
             ratios = [y / p for x, z, y in reads[0] if (p := fit.per_token * x + fit.per_pair * z) > 0]
             floor = _ONE_READ_SPREAD
-        low = likely * min(min(ratios), 1 - floor) * (1 - probe.spread)
-        high = likely * max(max(ratios), 1 + floor) * (1 + probe.spread)
+        spread = probe.spread * exponent
+        low = likely * min(min(ratios, default=1.0), 1 - floor) * (1 - spread)
+        high = likely * max(max(ratios, default=1.0), 1 + floor) * (1 + spread)
         return low, likely, high
 
     def _load(self) -> dict:
@@ -287,17 +313,63 @@ class ReadCosts:
             logger.warning("could not keep the read's timings in %s: %s", self.path, error)
 
 
-def _held_out_ratios(reads: list[list[tuple[float, float, float]]]) -> list[float]:
+def _fit(reads: list[list[tuple[float, float, float]]], shape: CostFit | None
+         ) -> tuple[CostFit | None, list[float]]:
+    """The fit of all ``reads`` and each read's held-out ratio (actual / predicted by a fit of the others): the FLOP
+    model scaled (with a ``shape``) until three reads, then whichever of it and the free fit predicted better."""
+    def free(points):
+        return CostFit.of(points)
+
+    def scaled(points):
+        return shape.scaled_to(points) if points else None
+
+    methods = [free] if shape is None else ([scaled, free] if len(reads) >= 3 else [scaled])
+    best = None
+    for method in methods:
+        ratios = _held_out_ratios(reads, method)
+        error = statistics.fmean(abs(math.log(r)) for r in ratios if r > 0) if ratios else math.inf
+        if best is None or error < best[0]:
+            best = (error, method, ratios)
+    _, method, ratios = best
+    return method([point for read in reads for point in read]), ratios
+
+
+def _held_out_ratios(reads: list[list[tuple[float, float, float]]], method=CostFit.of) -> list[float]:
     """For each read, its actual time over what a fit of the other reads predicts for it (needs two reads)."""
     ratios = []
     for i, read in enumerate(reads):
-        others = CostFit.of([point for j, other in enumerate(reads) if j != i for point in other])
+        others = method([point for j, other in enumerate(reads) if j != i for point in other])
         if others is None:
             continue
         predicted = sum(others.per_token * x + others.per_pair * z for x, z, _ in read)
         if predicted > 0:
             ratios.append(sum(y for _, _, y in read) / predicted)
-    return [r for r in ratios if math.isfinite(r)]
+    return [r for r in ratios if math.isfinite(r) and r > 0]
+
+
+def load_exponent(raw: list[list[tuple[Chunk, float]]], shape: CostFit | None, default: float) -> float:
+    """α of ``time ∝ probe^α``: learned from the reads once their probes differ by ``_LEARN_EXPONENT_SPAN`` (the
+    slope of each read's log misfit at α = 1 against its log probe, pulled toward ``default``), kept within
+    [0.2, 1.5]; else ``default``."""
+    probes = [sum(c.seconds * p for c, p in read) / sum(c.seconds for c, _ in read) for read in raw]
+    if len(raw) < 2 or max(probes) < _LEARN_EXPONENT_SPAN * min(probes):
+        return default
+    reads = [[(*c.features, c.seconds / p) for c, p in read] for read in raw]
+    fit, _ = _fit(reads, shape)
+    if fit is None:
+        return default
+    points = []
+    for read, probe in zip(reads, probes, strict=True):
+        predicted = sum(fit.per_token * x + fit.per_pair * z for x, z, _ in read)
+        if predicted > 0:
+            points.append((math.log(probe), math.log(sum(y for _, _, y in read) / predicted)))
+    mean_x = statistics.fmean(x for x, _ in points)
+    mean_y = statistics.fmean(y for _, y in points)
+    spread = sum((x - mean_x) ** 2 for x, _ in points)
+    # Pulled toward the default as much as two reads' probes 4x apart would weigh: a few noisy reads move it less.
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in points) + _EXPONENT_PRIOR * (default - 1.0)) / (
+        spread + _EXPONENT_PRIOR)
+    return min(max(1.0 + slope, 0.2), 1.5)
 
 
 def first_read_range(likely: float) -> tuple[float, float, float]:

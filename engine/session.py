@@ -29,7 +29,8 @@ from .planning.memory import ModelShape, Plan, PlanError, make_plan
 from .planning.out_of_memory import out_of_memory_message
 from .planning.policy import OffloadPolicy
 from .prefill import PrefillClock, prefill_step, prefill_work
-from .read_cost import Chunk, ReadCosts, ReadTiming, first_read_range, load_probe, shared_read_costs
+from .read_cost import (CPU_LOAD_EXPONENT, Chunk, CostFit, ReadCosts, ReadTiming, first_read_range, load_probe, pairs,
+                        shared_read_costs)
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillProgress, answer_rate
 from .store.format import SnapshotIdentity
@@ -191,11 +192,18 @@ class DocumentSession:
         """(low, likely, high) seconds to prefill tokens ``start..num_tokens``: from the chunk timings of earlier
         reads here (kept across starts), scaled by how busy the machine is now (a load probe of a fraction of a
         second); before any read, from the model's measured rate (once per model)."""
-        learned = self.read_costs.estimate(self._costs_key, start, num_tokens, self.load_probe.current())
+        learned = self.read_costs.estimate(self._costs_key, start, num_tokens, self.load_probe.current(),
+                                           shape=self._work_shape(),
+                                           exponent=CPU_LOAD_EXPONENT if self.device.type == "cpu" else 1.0)
         if learned is not None:
             return learned
         rate = measured_flop_rate(self.model, self.shape, forward=self._read_forward)
         return first_read_range(prefill_work(self.shape, start, num_tokens) / rate)
+
+    def _work_shape(self) -> CostFit:
+        """The planner's FLOP model of a read as ``per_token · tokens + per_pair · pairs`` (sliding-window layers'
+        attention, linear past the window, approximated over the contexts a read spans)."""
+        return CostFit.of([(float(n), pairs(n), prefill_work(self.shape, 0, n)) for n in (512, 2048, 8192, 32768)])
 
     def _read_forward(self, ids: torch.Tensor) -> None:
         """One forward of ``ids`` ([1, N]) as a read runs it: through a head-wise cache of its own, last logit only."""

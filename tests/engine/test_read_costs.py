@@ -246,3 +246,37 @@ def test_the_first_reads_benchmark_runs_a_forward_the_way_a_read_does(tmp_path, 
     assert 0 < low < likely < high
     assert calls and all(call == ("Counted", 1) for call in calls)  # warm-up and the timed forward
     assert made and all(cache.get_seq_length() == 0 for cache in made)  # each released afterwards
+
+
+def test_with_the_models_shape_one_read_in_one_chunk_predicts_a_longer_read():
+    """A read done in one forward is one point: the free two-term fit cannot split it and extrapolates wrongly;
+    scaling the planner's FLOP model (the shape) to it predicts the next, longer read."""
+    costs = ReadCosts(None)
+    costs.record("m", timed_read(2000, chunk=4096), probe_seconds=1.0)
+    free = costs.estimate("m", 0, 4000, probe(1.0))[1]
+    shaped = costs.estimate("m", 0, 4000, probe(1.0), shape=CostFit(A * 3.0, B * 3.0))[1]  # right split, wrong scale
+    assert shaped == pytest.approx(truth(4000), rel=1e-6)
+    assert abs(free / truth(4000) - 1) > 0.2
+
+
+def test_from_three_reads_the_free_fit_wins_where_the_shape_is_wrong():
+    costs = ReadCosts(None)
+    for num_tokens in (1500, 3000, 6000):
+        costs.record("m", timed_read(num_tokens), probe_seconds=1.0)
+    wrong = CostFit(A, 10 * B)  # attention ten times too dear
+    assert costs.estimate("m", 0, 8000, probe(1.0), shape=wrong)[1] == pytest.approx(truth(8000), rel=1e-6)
+
+
+def test_the_load_exponent_is_the_default_until_the_reads_probes_differ_then_learned():
+    """Reads under more load slow as the probe to the power 0.6 (as measured here: the probe over-states the load)."""
+    costs = ReadCosts(None)
+    costs.record("m", timed_read(3000), probe_seconds=0.01)
+    costs.record("m", timed_read(4000), probe_seconds=0.0105)
+    # Probes within 30% of each other: nothing to learn from; the default exponent is used.
+    busy = costs.estimate("m", 0, 4000, probe(0.04), exponent=0.65)[1]
+    assert busy == pytest.approx(truth(4000) * (0.04 / 0.0102) ** 0.65, rel=0.05)
+    for num_tokens, load in ((2000, 4.0), (5000, 4.0), (3000, 2.0)):
+        costs.record("m", timed_read(num_tokens, load=load ** 0.6), probe_seconds=0.01 * load)
+    learned = costs.estimate("m", 0, 4000, probe(0.03), exponent=1.0)[1]  # a default of 1 over-corrects
+    assert learned == pytest.approx(truth(4000) * 3 ** 0.6, rel=0.1)
+    assert learned < 0.8 * truth(4000) * 3

@@ -257,9 +257,9 @@ class ReadCosts:
             records[key] = records[key][-_KEEP:]
             self._save(records)
 
-    def reads(self, key: str, exponent: float = 1.0) -> list[list[tuple[float, float, float]]]:
-        """Each kept read's points ``(tokens, pairs, seconds / probe seconds ** exponent)``."""
-        return [[(*c.features, c.seconds / probe**exponent) for c, probe in read] for read in self._raw(key)]
+    def reads(self, key: str) -> list[list[tuple[float, float, float]]]:
+        """Each kept read's points ``(tokens, pairs, seconds / probe seconds)``."""
+        return [[(*c.features, c.seconds / probe) for c, probe in read] for read in self._raw(key)]
 
     def _raw(self, key: str) -> list[list[tuple[Chunk, float]]]:
         with self._lock:
@@ -317,13 +317,10 @@ def _fit(reads: list[list[tuple[float, float, float]]], shape: CostFit | None
          ) -> tuple[CostFit | None, list[float]]:
     """The fit of all ``reads`` and each read's held-out ratio (actual / predicted by a fit of the others): the FLOP
     model scaled (with a ``shape``) until three reads, then whichever of it and the free fit predicted better."""
-    def free(points):
-        return CostFit.of(points)
-
     def scaled(points):
         return shape.scaled_to(points) if points else None
 
-    methods = [free] if shape is None else ([scaled, free] if len(reads) >= 3 else [scaled])
+    methods = [CostFit.of] if shape is None else ([scaled, CostFit.of] if len(reads) >= 3 else [scaled])
     best = None
     for method in methods:
         ratios = _held_out_ratios(reads, method)

@@ -453,6 +453,7 @@ def main(argv: list[str] | None = None) -> None:
         record = measure(args)
         previous = json.loads(args.out.read_text()) if args.out.exists() else {}
         record["notes"] = previous.get("notes", [])  # the reading of the figures is kept across runs
+        args.out.parent.mkdir(parents=True, exist_ok=True)  # (a run of many minutes must not fail at its last line)
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     write_markdown(json.loads(args.out.read_text()), args.out)
 

@@ -317,17 +317,9 @@ def _fit(reads: list[list[tuple[float, float, float]]], shape: CostFit | None
          ) -> tuple[CostFit | None, list[float]]:
     """The fit of all ``reads`` and each read's held-out ratio (actual / predicted by a fit of the others): the FLOP
     model scaled (with a ``shape``) until three reads, then whichever of it and the free fit predicted better."""
-    def scaled(points):
-        return shape.scaled_to(points) if points else None
-
-    methods = [CostFit.of] if shape is None else ([scaled, CostFit.of] if len(reads) >= 3 else [scaled])
-    best = None
-    for method in methods:
-        ratios = _held_out_ratios(reads, method)
-        error = statistics.fmean(abs(math.log(r)) for r in ratios if r > 0) if ratios else math.inf
-        if best is None or error < best[0]:
-            best = (error, method, ratios)
-    _, method, ratios = best
+    methods = [CostFit.of] if shape is None else [shape.scaled_to, CostFit.of][: 2 if len(reads) >= 3 else 1]
+    tried = [(method, _held_out_ratios(reads, method)) for method in methods]
+    method, ratios = min(tried, key=lambda t: statistics.fmean(abs(math.log(r)) for r in t[1]) if t[1] else math.inf)
     return method([point for read in reads for point in read]), ratios
 
 

@@ -1,24 +1,23 @@
 /* One tile of host attention (see host_attention.py): the partial softmax of one head group's query rows over
  * tokens [first, first + n) of its token-major home [capacity, B, 2, g, D], read once in its stored dtype.
  *
- * Blocks of 16 tokens, in order (the block after next is prefetched); per (batch row, KV head) of a block: its
- * keys and values widened to fp32 into buffers that stay in L1; per query row, 16 dot products (lanes over
- * channels, then one transpose-and-add that turns 16 partial vectors into a vector of 16 scores), the masks,
- * softcap and an online softmax in fp32 (running max m, sum l, kept per head and row in the caller's buffers),
- * then the block's values accumulated into the row's unnormalised output. Rows are
+ * Blocks of 512 tokens, in order; per (batch row, KV head) of a block: its keys widened to fp32 a chunk of 64
+ * at a time in L1, one dot product per key and query row, the masks, softcap and an online softmax in fp32
+ * (running max m, sum l, kept per head and row in the caller's buffers, rescaled once per block), then its values,
+ * widened the same way, accumulated into each row's unnormalised output. Rows are
  * (repeat, query) pairs: row r is query r % q_len, at position past + r % q_len; it sees key j iff
  * j <= its position and, with a window W > 0, j > its position - W. With softcap C > 0 a score s becomes
  * C * tanh(s) (the queries arrive pre-scaled and pre-divided by C). Head dims 16, 32, 64, 128, 256.
+ *
+ * Plain C loops the compiler vectorizes for the machine's own width (-march=native): an earlier version held
+ * 16-float vectors, which on AVX2 (8 floats a register) spilled to the stack at every step and ran at a fifth
+ * of the memory speed.
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
-#define LANES 16
-#define PREFETCH_AHEAD 2  /* blocks */
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4)));  /* the caller's memory: any float alignment */
-typedef int32_t i16v __attribute__((vector_size(64)));
 #ifndef HEADINFER_NO_LIBMVEC
 /* glibc's libmvec has a vector expf (<= 4 ulp, like any libm): declaring it lets a block's 16 exponentials run
  * as one call. Where it is missing (not glibc x86-64) the build is retried without it (scalar expf). */
@@ -72,121 +71,151 @@ static inline void widen(const char *src, int dtype, int dim, float *out) {
     }
 }
 
-static inline v16 fold(v16 x, v16 y, i16v lo, i16v hi) {
+/* Tokens per chunk: a head's keys (or values) of one chunk, widened to fp32, fill 64 * DIM * 4 bytes of L1
+ * (16 KiB at head dim 64). Tokens per softmax block: 512, the key split of torch's CPU flash attention, so that a
+ * block's probabilities are taken against a running max over as many keys as there. */
+#define CHUNK 64
+#define BLOCK 512
+
+typedef float v8 __attribute__((vector_size(32)));  /* one AVX register; two SSE ones */
+typedef float v8u __attribute__((vector_size(32), aligned(4)));  /* the caller's memory: any float alignment */
+typedef int32_t i8v __attribute__((vector_size(32)));
+
+static inline v8 fold(v8 x, v8 y, i8v lo, i8v hi) {
     return __builtin_shuffle(x, y, lo) + __builtin_shuffle(x, y, hi);
 }
 
-/* part[0..15] -> one vector whose lane j is the sum of part[j]'s lanes (a transpose-and-add tree). */
-static inline v16 transpose_sum(const v16 *part) {
-    const i16v a_lo = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const i16v a_hi = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-    const i16v b_lo = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-    const i16v b_hi = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-    const i16v c_lo = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-    const i16v c_hi = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-    const i16v d_lo = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-    const i16v d_hi = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-    v16 z[8], w[4], u[2];
-    for (int i = 0; i < 8; i++) z[i] = fold(part[2 * i], part[2 * i + 1], a_lo, a_hi);
-    for (int i = 0; i < 4; i++) w[i] = fold(z[2 * i], z[2 * i + 1], b_lo, b_hi);
-    for (int i = 0; i < 2; i++) u[i] = fold(w[2 * i], w[2 * i + 1], c_lo, c_hi);
-    return fold(u[0], u[1], d_lo, d_hi);
+/* part[0..7] -> one vector whose lane j is the sum of part[j]'s lanes (a transpose-and-add tree). The tree leaves
+ * lanes in the order 0 2 1 3 4 6 5 7, so the parts are taken in that order (the permutation is its own inverse). */
+static inline v8 transpose_sum(const v8 *part) {
+    const i8v a_lo = {0, 1, 2, 3, 8, 9, 10, 11}, a_hi = {4, 5, 6, 7, 12, 13, 14, 15};
+    const i8v b_lo = {0, 1, 8, 9, 4, 5, 12, 13}, b_hi = {2, 3, 10, 11, 6, 7, 14, 15};
+    const i8v c_lo = {0, 2, 4, 6, 8, 10, 12, 14}, c_hi = {1, 3, 5, 7, 9, 11, 13, 15};
+    const v8 a0 = fold(part[0], part[1], a_lo, a_hi), a1 = fold(part[2], part[3], a_lo, a_hi);
+    const v8 a2 = fold(part[4], part[5], a_lo, a_hi), a3 = fold(part[6], part[7], a_lo, a_hi);
+    return fold(fold(a0, a1, b_lo, b_hi), fold(a2, a3, b_lo, b_hi), c_lo, c_hi);
 }
 
-/* Scores of one row over the block -> probabilities, updating the row's (m, l) and rescaling its output. */
-static inline v16 softmax_block(v16 scores, int is_plain, int count, long first, long q_pos, long window,
-                                float softcap, float *m, float *l, v16u *acc, int chunks) {
-    float s[LANES] __attribute__((aligned(64)));
-    *(v16 *)s = scores;
-    float top = *m;
-    if (is_plain) {  /* a full block every row sees, no softcap: the decode case */
+/* Scores of one query row over the chunk's widened keys [count][dim]: 8 keys at a time, lanes over channels,
+ * then one transpose-and-add per 8 keys (a horizontal sum per key would cost as much as its dot product). */
+static inline void chunk_scores(const float *q, const float *keys, int count, int dim, float *s) {
+    const int chunks = dim / 8;
+    int j = 0;
+    for (; j + 8 <= count; j += 8) {
+        v8 part[8];
+        for (int t = 0; t < 8; t++) {
+            const v8 *k = (const v8 *)(keys + (j + t) * dim);
+            v8 sum = ((const v8u *)q)[0] * k[0];
+            for (int c = 1; c < chunks; c++) sum += ((const v8u *)q)[c] * k[c];
+            part[t] = sum;
+        }
+        const v8 sorted[8] = {part[0], part[2], part[1], part[3], part[4], part[6], part[5], part[7]};
+        *(v8u *)(s + j) = transpose_sum(sorted);
+    }
+    for (; j < count; j++) {
+        float sum = 0.0f;
+        for (int d = 0; d < dim; d++) sum += q[d] * keys[j * dim + d];
+        s[j] = sum;
+    }
+}
+
+/* One row's scores over a block -> probabilities in place, updating the row's (m, l) and rescaling its output.
+ * Returns 0 when the row sees no key of the block (its probabilities are then not used). */
+static inline int softmax_block(float *s, int count, int is_plain, long first, long q_pos, long window,
+                                float softcap, float *m, float *l, float *acc, int dim) {
+    float top = -INFINITY;
+    if (is_plain) {  /* every key of the block visible, no softcap: the decode case */
 #pragma omp simd reduction(max : top)
-        for (int j = 0; j < LANES; j++) top = s[j] > top ? s[j] : top;
+        for (int j = 0; j < count; j++) top = s[j] > top ? s[j] : top;
     } else {
-        for (int j = 0; j < LANES; j++) {
+        for (int j = 0; j < count; j++) {
             const long pos = first + j;
-            if (j >= count || pos > q_pos || (window > 0 && pos <= q_pos - window)) s[j] = -INFINITY;
+            if (pos > q_pos || (window > 0 && pos <= q_pos - window)) s[j] = -INFINITY;
             else if (softcap > 0.0f) s[j] = softcap * tanhf(s[j]);
             top = s[j] > top ? s[j] : top;
         }
     }
-    if (top == -INFINITY) return (v16){0};  /* nothing visible yet: exp(-inf - -inf) would be NaN */
+    if (top == -INFINITY) return 0;  /* nothing visible in this block: exp(-inf - -inf) would be NaN */
     if (top > *m) {
         const float scale = expf(*m - top);  /* 0 while m is still -inf */
         *l *= scale;
-        for (int c = 0; c < chunks; c++) acc[c] *= scale;
+#pragma omp simd
+        for (int d = 0; d < dim; d++) acc[d] *= scale;
         *m = top;
     }
-    float p[LANES] __attribute__((aligned(64)));
+    const float mx = *m;
     float total = 0.0f;
 #pragma omp simd reduction(+ : total)
-    for (int j = 0; j < LANES; j++) {
-        p[j] = expf(s[j] - top);
-        total += p[j];
+    for (int j = 0; j < count; j++) {
+        s[j] = expf(s[j] - mx);
+        total += s[j];
     }
     *l += total;
-    return *(v16 *)p;
+    return 1;
 }
 
+/* Blocks of BLOCK tokens, in order; per (batch row, KV head) of a block, two passes over it in chunks of CHUNK:
+ * the first widens each chunk's keys to fp32 in L1 and takes every query row's scores (one dot product per key);
+ * then per row the masks, softcap and an online softmax in fp32 (running max m and sum l, kept per head and row in
+ * the caller's buffers, the output rescaled once per block); the second widens each chunk's values and adds them,
+ * weighted, into the rows' unnormalised outputs. A block's keys and values are read from memory once (the second
+ * pass finds them in L2), and the softmax bookkeeping is paid once per block, not once per key. */
 #define DEFINE_TILE(DIM)                                                                                        \
 static int tile_##DIM(const char *tile, int dtype, int elem_size, long n, int batch, int group,               \
                       const float *query, int rows, int q_len, long first, long past, long window,            \
                       float softcap, float *m_out, float *l_out, float *acc_out) {                            \
-    enum { CHUNKS = DIM / LANES };                                                                              \
     const long token_bytes = (long)batch * 2 * group * DIM * elem_size;                                         \
     const long heads = (long)batch * group;                                                                     \
-    v16 keys[LANES * CHUNKS], values[LANES * CHUNKS];                                                          \
-    v16 part[LANES];                                                                                            \
+    float chunk[CHUNK * DIM] __attribute__((aligned(64)));                                                      \
+    float *s = malloc(sizeof(float) * BLOCK * rows);  /* [rows][BLOCK] scores, then probabilities */           \
+    char *seen = malloc(rows);  /* per row: whether it sees a key of the block */                              \
+    if (s == NULL || seen == NULL) { free(s); free(seen); return -2; }                                          \
     for (long r = 0; r < heads * rows; r++) { m_out[r] = -INFINITY; l_out[r] = 0.0f; }                         \
     memset(acc_out, 0, sizeof(float) * heads * rows * DIM);                                                     \
-    for (long t0 = 0; t0 < n; t0 += LANES) {                                                                    \
-        const int count = n - t0 < LANES ? (int)(n - t0) : LANES;                                               \
+    for (long t0 = 0; t0 < n; t0 += BLOCK) {                                                                    \
+        const int count = n - t0 < BLOCK ? (int)(n - t0) : BLOCK;                                               \
         /* every row sees every key of the block: the newest key is at most the first query's position,       \
            and the oldest is inside the last query's window */                                                 \
-        const int is_plain = count == LANES && softcap <= 0.0f && first + t0 + LANES - 1 <= past &&              \
+        const int is_plain = softcap <= 0.0f && first + t0 + count - 1 <= past &&                                \
                              (window <= 0 || first + t0 > past + q_len - 1 - window);                            \
-        /* Ask for the block after next now: its cache lines arrive while this block computes. */              \
-        if (t0 + PREFETCH_AHEAD * LANES < n) {                                                                  \
-            const char *ahead = tile + (t0 + PREFETCH_AHEAD * LANES) * token_bytes;                             \
-            const long span = (n - t0 - PREFETCH_AHEAD * LANES < LANES ? n - t0 - PREFETCH_AHEAD * LANES : LANES) \
-                              * token_bytes;                                                                    \
-            for (long offset = 0; offset < span; offset += 64) __builtin_prefetch(ahead + offset, 0, 0);        \
-        }                                                                                                       \
         for (long head = 0; head < heads; head++) {                                                             \
-            const v16u *q = (const v16u *)(query + head * rows * DIM);                                          \
             const long b = head / group, h = head % group;                                                      \
             const char *first_key = tile + t0 * token_bytes + (b * 2 * group + h) * DIM * elem_size;            \
-            for (int j = 0; j < LANES; j++) { /* this head's 16 keys and values, widened into L1 */             \
-                v16 *k = keys + j * CHUNKS, *v = values + j * CHUNKS;                                           \
-                if (j >= count) {                                                                               \
-                    for (int c = 0; c < CHUNKS; c++) k[c] = v[c] = (v16){0};                                    \
-                    continue;                                                                                   \
-                }                                                                                               \
-                widen(first_key + j * token_bytes, dtype, DIM, (float *)k);                                     \
-                widen(first_key + j * token_bytes + (long)group * DIM * elem_size, dtype, DIM, (float *)v);     \
+            const char *first_value = first_key + (long)group * DIM * elem_size;                                \
+            for (int c0 = 0; c0 < count; c0 += CHUNK) {                                                         \
+                const int size = count - c0 < CHUNK ? count - c0 : CHUNK;                                       \
+                for (int j = 0; j < size; j++)                                                                  \
+                    widen(first_key + (c0 + j) * token_bytes, dtype, DIM, chunk + j * DIM);                     \
+                for (int r = 0; r < rows; r++)                                                                  \
+                    chunk_scores(query + (head * rows + r) * DIM, chunk, size, DIM, s + (long)r * BLOCK + c0);  \
             }                                                                                                   \
-            float *m = m_out + head * rows, *l = l_out + head * rows;                                           \
-            v16u *acc = (v16u *)(acc_out + head * rows * DIM);                                                  \
-            for (int r = 0; r < rows; r++) {                                                                    \
-                v16 qr[CHUNKS];                                                                                 \
-                for (int c = 0; c < CHUNKS; c++) qr[c] = q[r * CHUNKS + c];                                     \
-                for (int j = 0; j < LANES; j++) {                                                               \
-                    v16 sum = qr[0] * keys[j * CHUNKS];                                                         \
-                    for (int c = 1; c < CHUNKS; c++) sum += qr[c] * keys[j * CHUNKS + c];                       \
-                    part[j] = sum;                                                                              \
+            for (int r = 0; r < rows; r++)                                                                      \
+                seen[r] = (char)softmax_block(s + (long)r * BLOCK, count, is_plain, first + t0, past + r % q_len, \
+                                              window, softcap, m_out + head * rows + r,                         \
+                                              l_out + head * rows + r, acc_out + (head * rows + r) * DIM, DIM);  \
+            for (int c0 = 0; c0 < count; c0 += CHUNK) {                                                         \
+                const int size = count - c0 < CHUNK ? count - c0 : CHUNK;                                       \
+                for (int j = 0; j < size; j++)                                                                  \
+                    widen(first_value + (c0 + j) * token_bytes, dtype, DIM, chunk + j * DIM);                   \
+                for (int r = 0; r < rows; r++) {                                                                \
+                    if (!seen[r]) continue;                                                                     \
+                    const float *p = s + (long)r * BLOCK + c0;                                                  \
+                    float *acc = acc_out + (head * rows + r) * DIM;                                             \
+                    float o[DIM] __attribute__((aligned(64)));                                                  \
+                    memcpy(o, acc, sizeof o);                                                                   \
+                    for (int j = 0; j < size; j++) {                                                            \
+                        const float pj = p[j];                                                                  \
+                        const float *v = chunk + j * DIM;                                                       \
+                        _Pragma("omp simd")                                                                     \
+                        for (int d = 0; d < DIM; d++) o[d] += pj * v[d];                                        \
+                    }                                                                                           \
+                    memcpy(acc, o, sizeof o);                                                                   \
                 }                                                                                               \
-                v16u *out = acc + r * CHUNKS;                                                                   \
-                float p[LANES] __attribute__((aligned(64)));                                                    \
-                *(v16 *)p = softmax_block(transpose_sum(part), is_plain, count, first + t0, past + r % q_len,   \
-                                          window, softcap, m + r, l + r, out, CHUNKS);                          \
-                v16 o[CHUNKS];                                                                                  \
-                for (int c = 0; c < CHUNKS; c++) o[c] = out[c];                                                 \
-                for (int j = 0; j < count; j++)                                                                 \
-                    for (int c = 0; c < CHUNKS; c++) o[c] += p[j] * values[j * CHUNKS + c];                     \
-                for (int c = 0; c < CHUNKS; c++) out[c] = o[c];                                                 \
             }                                                                                                   \
         }                                                                                                       \
     }                                                                                                           \
+    free(s);                                                                                                    \
+    free(seen);                                                                                                 \
     return 0;                                                                                                   \
 }
 
@@ -196,7 +225,7 @@ DEFINE_TILE(64)
 DEFINE_TILE(128)
 DEFINE_TILE(256)
 
-/* Returns 0, or -1 for a head dim without a specialisation (the caller then uses its torch tile). */
+/* Returns 0; -1 for a head dim without a specialisation (the caller then uses its torch tile); -2 out of memory. */
 int host_attend_tile(const char *tile, int dtype, int elem_size, long n, int batch, int group, int dim,
                      const float *query, int rows, int q_len, long first, long past, long window, float softcap,
                      float *m_out, float *l_out, float *acc_out) {

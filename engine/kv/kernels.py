@@ -14,7 +14,14 @@ a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong 
   flash kernel does not take). If no fused kernel accepts the call, ``tiled-math`` runs instead;
 - ``tiled-math``: exact softmax over key tiles with a running max (plain torch), whose largest
   intermediate is ``[B, Hq, Q, tile]``: logit softcapping (Gemma 2), and the fallback above;
-- ``sdpa-cpu``: torch SDPA on the CPU, where the materialised masks are small.
+- ``sdpa-cpu``: torch SDPA on the CPU, where the materialised masks are small;
+- ``cpu-native``: a CPU step of at most ``native.CPU_QUERY_LIMIT`` fp32 queries over a token-major block (decode
+  on a CPU device): the C tile of ``host_kernel.c`` on this thread, which reads the block once in order (SDPA
+  reads its keys with a stride, 2-3x slower). Masks, windows and softcap are applied inside, in fp32 like SDPA.
+  Not for bf16/fp16 queries: torch's CPU SDPA multiplies the values by probabilities rounded to bf16, taken with
+  its own approximate exp, and greedy tokens of a bf16 model must stay those of stock transformers (an fp32 tile
+  differed from it in a fifth of a decode step's outputs, and two tiny bf16 models then chose other tokens). ``cpu-native-pool``: the same tile split over the host attention pool, for blocks of ``POOL_BYTES``
+  and more when torch runs several threads.
 
 SDPA's math kernel is never allowed on CUDA: it materialises ``[heads, chunk, keys]`` scores (4 GiB for
 Mistral-7B at chunk 4096) that the memory plan does not count.
@@ -35,6 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
+
+from . import native
+from .host_attention import HostAttention
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +144,10 @@ def attend_block(query: torch.Tensor, block: torch.Tensor, *, q_offset: int, sca
         out = _flash_attn_func()(query.transpose(1, 2), keys, values,
                                  **flash_kwargs(block.shape[0], scaling, window, softcap))
         return out.transpose(1, 2)
+    if query.device.type == "cpu" and query.dtype == torch.float32 and query.shape[2] <= native.CPU_QUERY_LIMIT:
+        out = _cpu_tile(query, block, q_offset, scaling, window, softcap)
+        if out is not None:
+            return out
     keys, values = block.permute(2, 1, 3, 0, 4).unbind(0)  # [B, Hk, K, D] each (views)
     return _attend(query, keys, values, q_offset, scaling, window, softcap)
 
@@ -150,6 +164,29 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, q_off
         return _flash_attn_func()(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                                   **flash_kwargs(key.shape[2], scaling, window, softcap))
     return _attend(query, key, value, q_offset, scaling, window, softcap).transpose(1, 2)
+
+
+def _cpu_tile(query, block, q_offset, scaling, window, softcap) -> torch.Tensor | None:
+    """A CPU decode step over a token-major block through the C tile: on this thread, or split over the host
+    attention pool's cores where the block is large and torch may use several threads; None: no C tile here."""
+    if torch.get_num_threads() > 1 and block.nbytes >= POOL_BYTES and native.kernel() is not None:
+        _route("cpu-native-pool")
+        pool = _host_pool()
+        return pool.attend(query, [block], 0, block.shape[0], scaling=scaling, window=window, softcap=softcap)
+    out = native.attend_block(query, block, q_offset=q_offset, scaling=scaling, window=window, softcap=softcap)
+    if out is not None:
+        _route("cpu-native")
+    return out
+
+
+#: Block bytes from which a CPU decode step splits its tile over the pool: below it the pool's hand-offs cost more
+#: than the second core saves (2 cores: 1.4 ms pooled vs 0.4 ms on one thread at 1 MiB, 7.6 vs 10.7 ms at 32 MiB).
+POOL_BYTES = 8 << 20
+
+
+@functools.cache
+def _host_pool() -> HostAttention:
+    return HostAttention()
 
 
 def _attend(query, key, value, q_offset, scaling, window, softcap) -> torch.Tensor:

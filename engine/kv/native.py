@@ -98,3 +98,46 @@ def _cpu_identity() -> str:
             return "".join(sorted({line for line in info if line.startswith(("model name", "flags"))}))
     except OSError:
         return platform.processor() or platform.machine()
+
+
+#: Query tokens up to which a CPU step attends through the C tile (decode, short follow-ups). A prefill chunk's
+#: rows (n_rep x Q) would each re-read the chunk's keys in L1: SDPA's blocked matmuls do that better.
+CPU_QUERY_LIMIT = 16
+
+
+def attend_block(query, block, *, q_offset: int, scaling: float, window: int | None, softcap: float | None):
+    """Exact attention of a few CPU queries over a token-major block through the C tile, on this thread; None
+    where it does not apply (no compiler, a head dim or dtype without a specialisation, a strided block).
+
+    query: [B, Hq, Q, D]; block: [K, B, 2, Hk, D] with K = q_offset + Q. Returns [B, Hq, Q, D] in the query's dtype.
+
+    Why: SDPA reads a token-major home's keys with a stride (keys and values of every head interleaved per token),
+    at a third of the memory speed on a decode step; the tile reads the block once, in order, widening each chunk
+    of keys and values in L1 (docs/benchmarks/llamacpp.md has the measurements).
+    """
+    import torch
+
+    function = kernel()
+    batch, num_heads, q_len, head_dim = query.shape
+    _, _, _, num_kv_heads, _ = block.shape
+    dtype = DTYPE_CODES.get(str(block.dtype))
+    if function is None or dtype is None or head_dim not in HEAD_DIMS or not block.is_contiguous():
+        return None
+    n_rep = num_heads // num_kv_heads
+    rows = n_rep * q_len
+    # [B, Hq, Q, D] -> [B, Hk, n_rep * Q, D] fp32: a KV head's query heads are rows of one matrix, in (repeat,
+    # query) order; the scale (and 1 / softcap, which the tile undoes inside tanh) is folded in once.
+    # (transformers' queries are transposed views: the copy lays them out as the tile reads them.)
+    folded = torch.empty(batch, num_kv_heads, rows, head_dim)
+    folded.copy_(query.reshape(batch, num_kv_heads, rows, head_dim)).mul_(scaling / softcap if softcap else scaling)
+    m = torch.empty(batch, num_kv_heads, rows, 1)
+    l = torch.empty_like(m)
+    acc = torch.empty(batch, num_kv_heads, rows, head_dim)
+    status = function(block.data_ptr(), dtype, block.element_size(), block.shape[0], batch, num_kv_heads,
+                      head_dim, folded.data_ptr(), rows, q_len, 0, q_offset, window or 0, softcap or 0.0,
+                      m.data_ptr(), l.data_ptr(), acc.data_ptr())
+    if status == -2:
+        raise MemoryError("host attention tile: no memory for its scores")
+    assert status == 0, f"no C tile for head dim {head_dim}"
+    # Every query sees at least its own key, so l > 0.
+    return acc.div_(l).to(query.dtype).reshape(batch, num_heads, q_len, head_dim)

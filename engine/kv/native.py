@@ -49,46 +49,59 @@ def kernel():
     """The C tile function, or None where it cannot be built (the torch tile then runs)."""
     if os.environ.get("HEADINFER_NATIVE", "1") == "0":
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    found = compiler()
+    if found is None:
         logger.info("host attention: no C compiler found, using the torch tile (slower)")
         return None
-    return build(compiler, _VARIANTS)
+    return build(found, _VARIANTS)
 
 
 def build(compiler: str, variants: list[list[str]]):
     """The C tile function from the first of ``variants`` (extra compiler arguments) that builds, or None."""
+    library = load_library(compiler, _SOURCE, variants)
+    if library is None:
+        logger.warning("host attention: building the C tile failed; using the torch tile (slower)")
+        return None
+    function = library.host_attend_tile
+    function.argtypes, function.restype = _ARGTYPES, ctypes.c_int
+    return function
+
+
+def load_library(compiler: str, source: Path, variants: list[list[str]]) -> ctypes.CDLL | None:
+    """``source`` compiled once per machine into the cache (``-O3 -march=native`` plus the first of ``variants``
+    that builds) and loaded; None if every variant fails (logged)."""
     errors = []
     for variant in variants:
         try:
-            library = ctypes.CDLL(str(_built(compiler, variant)))
+            return ctypes.CDLL(str(_built(compiler, variant, source)))
         except (OSError, subprocess.SubprocessError) as error:
             errors.append(str(error))
-            continue
-        function = library.host_attend_tile
-        function.argtypes, function.restype = _ARGTYPES, ctypes.c_int
-        return function
-    logger.warning("host attention: building the C tile failed (%s); using the torch tile (slower)", errors[-1])
+    logger.warning("building %s failed: %s", source.name, errors[-1] if errors else "no variants")
     return None
 
 
-def _built(compiler: str, variant: list[str]) -> Path:
+def _built(compiler: str, variant: list[str], source: Path = _SOURCE) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256(b"\0".join([_SOURCE.read_bytes(), version.encode(), " ".join(_FLAGS + variant).encode(),
+    digest = hashlib.sha256(b"\0".join([source.read_bytes(), version.encode(), " ".join(_FLAGS + variant).encode(),
                                         _cpu_identity().encode()])).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"host_kernel-{digest}.so"
+    target = cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as folder:
         built = Path(folder) / target.name
-        done = subprocess.run([compiler, *_FLAGS, "-o", str(built), str(_SOURCE), *variant], capture_output=True,
+        done = subprocess.run([compiler, *_FLAGS, "-o", str(built), str(source), *variant], capture_output=True,
                               text=True, timeout=120)
         if done.returncode != 0:
             raise OSError(done.stderr.strip()[-500:])
         os.replace(built, target)  # atomic: a concurrent process loads the old file or the complete new one
-    logger.info("host attention: built the C tile into %s", target)
+    logger.info("built %s into %s", source.name, target)
     return target
+
+
+def compiler() -> str | None:
+    """The C compiler the kernels are built with (``$CC``, else ``cc``/``gcc``), or None."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 def _cpu_identity() -> str:

@@ -1,0 +1,75 @@
+/* y[:, lo:hi] = x @ (codes * scales[:, None])[lo:hi].T (+ bias) for a few rows of x, in fp32: the int8 weight
+ * layers of a CPU decode step (see int8_matmul.py).
+ *
+ * A decode step multiplies one activation row by every weight, so it is bound by reading the int8 codes once.
+ * Each output row's codes are widened 8 at a time to fp32 and multiplied into fp32 sums: no activation is
+ * quantized, so the result is the sum an fp32 matmul of the dequantized weights computes (in another order).
+ * Four output rows at a time, so that an activation vector loaded once serves four rows. The scale (a power of
+ * two: exact) and the bias are applied to the finished sum. Callers split [lo, hi) across threads. */
+#include <stdint.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+
+static inline float hsum8(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+static inline __m256 widen8(const int8_t *codes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)codes)));
+}
+
+/* Four consecutive output rows (``stride`` codes apart) over ``n`` inputs, n a multiple of 8. */
+static inline void dot4(const int8_t *c, long stride, const float *x, long n, float *out) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (long i = 0; i < n; i += 8) {
+        const __m256 xi = _mm256_loadu_ps(x + i);
+        s0 = _mm256_fmadd_ps(widen8(c + i), xi, s0);
+        s1 = _mm256_fmadd_ps(widen8(c + stride + i), xi, s1);
+        s2 = _mm256_fmadd_ps(widen8(c + 2 * stride + i), xi, s2);
+        s3 = _mm256_fmadd_ps(widen8(c + 3 * stride + i), xi, s3);
+    }
+    out[0] = hsum8(s0);
+    out[1] = hsum8(s1);
+    out[2] = hsum8(s2);
+    out[3] = hsum8(s3);
+}
+#else
+static inline void dot4(const int8_t *c, long stride, const float *x, long n, float *out) {
+    for (int k = 0; k < 4; k++) {
+        float sum = 0.0f;
+        for (long i = 0; i < n; i++) sum += (float)c[k * stride + i] * x[i];
+        out[k] = sum;
+    }
+}
+#endif
+
+static inline float dot1(const int8_t *c, const float *x, long n) {
+    float sum = 0.0f;
+    for (long i = 0; i < n; i++) sum += (float)c[i] * x[i];
+    return sum;
+}
+
+/* x: [rows, in] fp32; codes: [out, in] int8; scales: [out] fp32; bias: [out] fp32 or NULL; y: [rows, out] fp32.
+ * Computes output columns [lo, hi) only. Returns 0, or -1 when ``in`` is not a multiple of 8. */
+int int8_gemv(const float *x, const int8_t *codes, const float *scales, const float *bias, float *y, long rows,
+              long in, long out, long lo, long hi) {
+    if (in % 8) return -1;
+    for (long o = lo; o < hi; o += 4) {
+        const int width = hi - o < 4 ? (int)(hi - o) : 4;
+        for (long r = 0; r < rows; r++) {
+            const float *xr = x + r * in;
+            float *yr = y + r * out;
+            float s[4];
+            if (width == 4) {
+                dot4(codes + o * in, in, xr, in, s);
+            } else {
+                for (int k = 0; k < width; k++) s[k] = dot1(codes + (o + k) * in, xr, in);
+            }
+            for (int k = 0; k < width; k++) yr[o + k] = s[k] * scales[o + k] + (bias ? bias[o + k] : 0.0f);
+        }
+    }
+    return 0;
+}

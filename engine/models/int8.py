@@ -101,25 +101,51 @@ def quantize_int8(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
         raise ValueError("int8 weights compute in bfloat16 (torch's int8 CPU kernel takes bf16 activations)")
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ValueError("int8 weights are for the CPU; load the model with device='cpu'")
+    targets = int8_targets(model)
+    for name, module, ties_embedding in targets:
+        codes, scales = quantize_rows(module.weight.detach(), dtype)
+        bias = None if module.bias is None else module.bias.detach().to(dtype)
+        _install(model, name, Int8Linear(codes, scales, bias), ties_embedding)
+    model.to(dtype)  # Int8Linear keeps its int8 codes: .to(dtype) casts floating tensors only
+    logger.info("int8 weights: %d linear layers quantized (per-channel power-of-two scales)", len(targets))
+    return len(targets)
+
+
+def int8_skeleton(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Swaps in, where ``quantize_int8`` would quantize, ``Int8Linear`` layers of the right shapes holding meta
+    tensors: the frame for a model built on the meta device whose saved int8 tensors are assigned afterwards
+    (``engine.models.weights_cache``), so no dense weight is ever allocated. Returns the number of layers swapped."""
+    targets = int8_targets(model)
+    for name, module, ties_embedding in targets:
+        codes = torch.empty(module.weight.shape, dtype=torch.int8, device="meta")
+        scales = torch.empty(module.out_features, dtype=dtype, device="meta")
+        bias = None if module.bias is None else torch.empty(module.out_features, dtype=dtype, device="meta")
+        _install(model, name, Int8Linear(codes, scales, bias), ties_embedding)
+    return len(targets)
+
+
+def int8_targets(model: nn.Module) -> list[tuple[str, nn.Linear, bool]]:
+    """``(name, layer, ties the embedding)`` of each linear layer int8 replaces; one list for quantizing and for
+    building the empty frame, so a cached int8 model has exactly the layers a freshly quantized one has."""
     embeddings = model.get_input_embeddings()
     output = model.get_output_embeddings()
     tied = output is not None and output.weight is embeddings.weight
-    replaced = 0
-    for name, module in list(model.named_modules()):
+    targets = []
+    for name, module in model.named_modules():
         if type(module) is not nn.Linear or module.in_features % _K_MULTIPLE:
             continue
         if module is output and tied and type(embeddings) is not nn.Embedding:
             continue
-        codes, scales = quantize_rows(module.weight.detach(), dtype)
-        bias = None if module.bias is None else module.bias.detach().to(dtype)
-        layer = Int8Linear(codes, scales, bias)
-        model.set_submodule(name, layer)
-        if module is output and tied:
-            model.set_input_embeddings(Int8Embedding(layer, embeddings.padding_idx))
-        replaced += 1
-    model.to(dtype)  # Int8Linear keeps its int8 codes: .to(dtype) casts floating tensors only
-    logger.info("int8 weights: %d linear layers quantized (per-channel power-of-two scales)", replaced)
-    return replaced
+        targets.append((name, module, module is output and tied))
+    return targets
+
+
+def _install(model: nn.Module, name: str, layer: Int8Linear, ties_embedding: bool) -> None:
+    """Puts ``layer`` at ``name``; a tied lm_head's embedding becomes an ``Int8Embedding`` over its codes."""
+    padding_idx = model.get_input_embeddings().padding_idx if ties_embedding else None
+    model.set_submodule(name, layer)
+    if ties_embedding:
+        model.set_input_embeddings(Int8Embedding(layer, padding_idx))
 
 
 def dequantized_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

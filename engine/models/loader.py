@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import try_to_load_from_cache
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gemma3ForCausalLM
 
 from ..errors import HeadInferError, ModelSourceError
@@ -28,8 +29,9 @@ from ..paths import cache_dir
 from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
 from ..store.fingerprint import weights_mode
-from .int8 import WEIGHT_MODES, num_weights, quantize_int8
+from .int8 import WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
 from .pypi import pypi_model_dir
+from .weights_cache import CacheEntry, cache_entry, load_cached, save_cached
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +192,11 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
                weights: str = "dense") -> tuple[Any, Any]:
     """Loads ``(model, tokenizer)`` in eval mode.
 
+    On the CPU, bf16 (or fp16) and int8 weights are converted from the source once and kept in the cache
+    (``engine.models.weights_cache``, keyed by the source folder's files): later loads build the model without
+    storage and map the saved bf16/int8 tensors, never reading the (fp32) source, for about half the peak memory.
+    fp32 loads and GPU loads read the source folder as it is.
+
     Args:
         source: ``None`` for the embedded SmolLM2, a local folder, a ``.gguf`` file or any file starting with the
             GGUF magic, as Ollama's blobs do (converted once to a folder in the cache, see ``converted_gguf_dir``),
@@ -222,20 +229,84 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
         path, gguf_file = str(converted_gguf_dir(Path(path, gguf_file))), None
     config = _read_config(path, gguf_file, is_hub)
     check_supported(config)
-    kwargs = {"dtype": torch_dtype, "attn_implementation": attn_implementation, "device_map": {"": torch_device}}
     logger.info("Loading %s (%s) on %s in %s", source or EMBEDDED_MODEL, config.model_type, torch_device, torch_dtype)
     # The tokenizer goes before the weights too: a folder without one fails in a second.
     tokenizer = _load_tokenizer(path, gguf_file) if with_tokenizer else None
-    if config.model_type == "gemma3" and gguf_file is None:
+    entry = _weights_cache_entry(path, is_hub, torch_device, torch_dtype, weights)
+    model = None
+    if entry is not None:
+        model = load_cached(entry, lambda: _skeleton(config, torch_dtype, attn_implementation, weights))
+        if model is not None:
+            _finish_like_from_pretrained(model, path)
+    if model is None:
+        model = _load_from_source(path, config, torch_dtype, attn_implementation, torch_device, weights)
+        # Keyed again: a Hub id's load may just have fetched its first snapshot, or a newer one than was looked up.
+        if (entry := _weights_cache_entry(path, is_hub, torch_device, torch_dtype, weights)) is not None:
+            save_cached(entry, model)
+    model.eval()
+    return model, tokenizer
+
+
+def _load_from_source(path: str, config: Any, dtype: torch.dtype, attn_implementation: str, device: str,
+                      weights: str) -> Any:
+    """The model read from the source folder (or Hub id) and converted to ``dtype`` / int8 in memory: the first
+    load in a mode, which passes through the stored (often fp32) weights."""
+    kwargs = {"dtype": dtype, "attn_implementation": attn_implementation, "device_map": {"": device}}
+    if config.model_type == "gemma3":
         # Text-only: the vision tower would cost memory and attention calls that chat never uses.
-        text_config = config.get_text_config()
-        model = _gemma3_text_class().from_pretrained(path, config=text_config, key_mapping=_GEMMA3_TEXT_KEYS, **kwargs)
+        model = _gemma3_text_class().from_pretrained(path, config=config.get_text_config(),
+                                                     key_mapping=_GEMMA3_TEXT_KEYS, **kwargs)
     else:
-        model = load_weights(AutoModelForCausalLM, path, gguf_file, config=config, **kwargs)
+        model = load_weights(AutoModelForCausalLM, path, None, config=config, **kwargs)
     model.eval()
     if weights == "int8":
         quantize_int8(model)
-    return model, tokenizer
+    return model
+
+
+def _weights_cache_entry(path: str, is_hub: bool, device: str, dtype: torch.dtype,
+                        weights: str) -> CacheEntry | None:
+    """The converted-weights cache entry of this load (``engine.models.weights_cache``), or None: only CPU loads in
+    bf16/fp16 or int8 convert anything (a GPU takes the stored weights as they are, fp32 is what the folder holds).
+    A Hub id is cached through its local snapshot folder, and not at all before it is downloaded."""
+    if torch.device(device).type != "cpu":
+        return None
+    folder = _local_snapshot(path) if is_hub else Path(path)
+    if folder is None or not folder.is_dir():
+        return None
+    name = path.rsplit("/", 1)[-1] if is_hub else folder.name
+    return cache_entry(cache_dir() / "models", folder, name, dtype, weights)
+
+
+def _local_snapshot(repo_id: str) -> Path | None:
+    """The Hub cache's snapshot folder of ``repo_id`` (its resolved revision), or None before any download."""
+    config = try_to_load_from_cache(repo_id, "config.json")
+    return Path(config).parent if isinstance(config, str) else None
+
+
+def _skeleton(config: Any, dtype: torch.dtype, attn_implementation: str, weights: str) -> Any:
+    """The model ``_load_from_source`` returns, built on the meta device (no storage): its tensors come from the
+    converted-weights cache. Same classes, same config handling, the int8 layers where quantizing puts them."""
+    with torch.device("meta"):
+        if config.model_type == "gemma3":
+            model = _gemma3_text_class()._from_config(config.get_text_config(), dtype=dtype,
+                                                      attn_implementation=attn_implementation)
+        else:
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    if weights == "int8":
+        int8_skeleton(model)
+    return model
+
+
+def _finish_like_from_pretrained(model: Any, path: str) -> None:
+    """What ``from_pretrained`` sets besides the tensors: the source's name, and the generation defaults (eos ids,
+    sampling settings) read from the source folder by transformers' own code."""
+    model.config.name_or_path = path
+    if model.can_generate():
+        model.adjust_generation_fn(generation_config=None, from_auto_class=False, from_pipeline=None,
+                                   pretrained_model_name_or_path=path, cache_dir=None, force_download=False,
+                                   proxies=None, local_files_only=False, token=None, revision=None, subfolder="",
+                                   trust_remote_code=False)
 
 
 def _resolve_source(source: str | None) -> tuple[str, str | None, bool]:

@@ -1,11 +1,13 @@
-"""Model load time from a GGUF: parsing it for config, tokenizer and weights (before) vs the converted folder.
+"""Model load time and memory: a GGUF parsed on every load (before) vs its converted folder, and CPU loads in
+fp32, bf16 and int8 before and after their converted weights are cached (``engine.models.weights_cache``).
 
 Each measurement runs in a fresh Python process (imports and file cache as a user's second start would see
 them; the first conversion writes into an empty ``HEADINFER_CACHE``), in rounds so load from other work on the
 machine lands on every kind alike. Results: ``docs/benchmarks/model-load.json`` (append-only) and ``.md``.
 
-    .venv/bin/python -m benchmarks.model_load                 # the embedded SmolLM2 GGUF, 2 rounds
-    .venv/bin/python -m benchmarks.model_load --gguf path/to/model.gguf --rounds 3
+    .venv/bin/python -m benchmarks.model_load                 # the embedded SmolLM2: GGUF kinds, then memory
+    .venv/bin/python -m benchmarks.model_load --gguf path/to/model.gguf --rounds 3 --part gguf
+    .venv/bin/python -m benchmarks.model_load --part memory   # peak RSS of the embedded SmolLM2's loads only
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine.models.loader import _embedded_gguf
+from engine.models.loader import EMBEDDED_MODEL, _embedded_gguf, embedded_model_dir
 
 from .records import ResultStore, load_records, run_stamp
 
@@ -62,6 +64,73 @@ def time_kind(kind: str, gguf: Path, cache: Path) -> float:
     return float(result.stdout.strip().splitlines()[-1])
 
 
+#: weights -> (load_model dtype, weights mode); each loaded twice per round: into an empty converted-weights cache
+#: ("first"), then from it ("second"). fp32 has no converted copy: its two loads read the same folder.
+_WEIGHTS = {"fp32": ("float32", "dense"), "bf16": ("bfloat16", "dense"), "int8": ("auto", "int8")}
+_MIB = 2**20
+# The child reports its own VmHWM right after the load: exact (a parent polling it may miss a spike between
+# polls), and per process (exec starts a new address space; rusage's ru_maxrss would carry the parent's).
+_MEMORY_CHILD = """
+import json, sys, time
+start = time.perf_counter()
+import torch, transformers, engine
+from engine.models.loader import load_model
+
+def status(field):
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(field + ":"))
+
+imported = time.perf_counter()
+model, tokenizer = load_model(None, device="cpu", dtype=sys.argv[1], weights=sys.argv[2])
+loaded = time.perf_counter()
+report = {"seconds": loaded - start, "load_seconds": loaded - imported, "load_peak": status("VmHWM"),
+          "rss_loaded": status("VmRSS")}
+with torch.inference_mode():
+    model(tokenizer("The capital of France is", return_tensors="pt").input_ids)
+report["rss_forward"], report["peak_forward"] = status("VmRSS"), status("VmHWM")
+print(json.dumps(report))
+"""
+_IMPORT_CHILD = """
+import json, torch, transformers, engine
+with open("/proc/self/status") as lines:
+    print(json.dumps({"import_peak": next(int(l.split()[1]) * 1024 for l in lines if l.startswith("VmHWM:"))}))
+"""
+
+
+def memory_run(code: str, args: list[str], cache: Path) -> dict:
+    """The JSON a child running ``code`` prints, with ``HEADINFER_CACHE=cache``."""
+    env = {**os.environ, "HEADINFER_CACHE": str(cache), "TOKENIZERS_PARALLELISM": "false"}
+    result = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{args} failed: {result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def measure_memory(rounds: int, records: ResultStore) -> None:
+    """Peak RSS and time of the embedded SmolLM2's first and second CPU load in each of ``_WEIGHTS``."""
+    source = embedded_model_dir()  # converted from the GGUF once, in the user's cache (the GGUF kinds time that)
+    for round_idx in range(rounds):
+        with tempfile.TemporaryDirectory(prefix="model-load-memory-") as scratch:
+            cache = Path(scratch)
+            # The fp32 folder is shared, not converted again; the converted weights land in this empty cache.
+            (cache / "models").mkdir()
+            (cache / "models" / EMBEDDED_MODEL).symlink_to(source)
+            floor = memory_run(_IMPORT_CHILD, [], cache)["import_peak"]
+            records.append("model-load-memory", "imports", import_peak_mib=round(floor / _MIB), model=EMBEDDED_MODEL)
+            for weights, (dtype, mode) in _WEIGHTS.items():
+                for load in ("first", "second"):
+                    report = memory_run(_MEMORY_CHILD, [dtype, mode], cache)
+                    metrics = {"load_peak_mib": round(report["load_peak"] / _MIB),
+                               "rss_loaded_mib": round(report["rss_loaded"] / _MIB),
+                               "rss_forward_mib": round(report["rss_forward"] / _MIB),
+                               "peak_forward_mib": round(report["peak_forward"] / _MIB),
+                               "seconds": round(report["seconds"], 2),
+                               "load_seconds": round(report["load_seconds"], 2)}
+                    print(f"round {round_idx + 1}: {weights} {load} load: {metrics}", flush=True)
+                    records.append("model-load-memory", f"{weights}-{load}", model=EMBEDDED_MODEL,
+                                   load_avg=[round(x, 2) for x in os.getloadavg()], **metrics)
+
+
 def measure(gguf: Path, rounds: int, records: ResultStore) -> None:
     for round_idx in range(rounds):
         with tempfile.TemporaryDirectory(prefix="model-load-") as scratch:
@@ -81,7 +150,8 @@ def write_markdown(records: list[dict], path: Path) -> None:
             metrics = record["metrics"]
             name = f"{metrics['gguf']} ({metrics['gguf_bytes'] / 1e6:.0f} MB)"
             by_file.setdefault(name, {}).setdefault(record["mode"], []).append(metrics["seconds"])
-    stamp = records[-1]["run"] if records else {}
+    gguf_records = [r for r in records if r.get("phase") == "model-load"]
+    stamp = gguf_records[-1]["run"] if gguf_records else {}
     lines = [
         "# Model load time from a GGUF",
         "",
@@ -89,7 +159,8 @@ def write_markdown(records: list[dict], path: Path) -> None:
         "a loaded model on the CPU, imports included, median of the rounds. Before: the GGUF was",
         "parsed for the config, the tokenizer and the weights on every load (`gguf-direct`). Now the first load",
         "converts it once into a safetensors folder in the cache (`first-load-converts`: the same parses plus a",
-        "write) and every later load reads that folder, in fp32 or bf16 (`second-load-*`).",
+        "write) and every later load reads that folder, in fp32 or bf16 (`second-load-*`; since the",
+        "converted-weights cache, a bf16 load after the first one reads its own bf16 copy instead: see below).",
         "",
         f"Machine: {stamp.get('machine', '?')}; torch {stamp.get('torch', '?')}, transformers "
         f"{stamp.get('transformers', '?')}; load average at the start {stamp.get('load_avg', '?')} (2 cores shared "
@@ -104,7 +175,51 @@ def write_markdown(records: list[dict], path: Path) -> None:
                 values = by_kind[kind]
                 lines.append(f"| {name} | {kind} | {statistics.median(values):.1f} | "
                              f"{', '.join(f'{v:.1f}' for v in values)} |")
+    lines += _memory_lines(records)
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def _memory_lines(records: list[dict]) -> list[str]:
+    """The memory section: medians per weights mode and load of the latest run that measured memory."""
+    memory = [r for r in records if r.get("phase") == "model-load-memory" and r.get("status") == "ok"]
+    if not memory:
+        return []
+    run_id = memory[-1]["run"]["run_id"]
+    latest = [r for r in memory if r["run"]["run_id"] == run_id]
+    stamp = latest[-1]["run"]
+    floors = [r["metrics"]["import_peak_mib"] for r in latest if r["mode"] == "imports"]
+    lines = [
+        "",
+        "## Peak memory of a CPU load: converted weights cached",
+        "",
+        f"`python -m benchmarks.model_load --part memory` (raw records: `model-load.json`), {EMBEDDED_MODEL}",
+        f"(the embedded model's fp32 folder), {len(floors)} round(s) of run {run_id}, medians. Each load is a fresh",
+        "process: `first` with an empty converted-weights cache (bf16/int8: reads the fp32 folder, converts, saves",
+        "the converted tensors), `second` from that cache (builds the model without storage and maps the saved",
+        "bf16/int8 tensors). fp32 has nothing to convert: both its loads read the folder. Peak at load: the",
+        "process's VmHWM right after `load_model` returns; then one forward pass over a 6-token prompt touches every",
+        "mapped weight page: the peak and the RSS after it are what the model takes to run. Seconds: process start",
+        "to loaded model, imports included (`load_model` alone in brackets). A process that only imports torch,",
+        f"transformers and the engine peaks at {statistics.median(floors):.0f} MiB.",
+        "",
+        f"Machine: {stamp.get('machine', '?')}; torch {stamp.get('torch', '?')}, transformers "
+        f"{stamp.get('transformers', '?')}; load average at the start {stamp.get('load_avg', '?')}.",
+        "",
+        "| weights | load | peak RSS at load MiB | peak RSS with a forward MiB | RSS after it MiB | seconds (load) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for weights in _WEIGHTS:
+        for load in ("first", "second"):
+            runs = [r["metrics"] for r in latest if r["mode"] == f"{weights}-{load}"]
+            if runs:
+                median = {key: statistics.median(m[key] for m in runs)
+                          for key in ("load_peak_mib", "peak_forward_mib", "rss_forward_mib", "seconds",
+                                      "load_seconds")}
+                lines.append(f"| {weights} | {load} | {median['load_peak_mib']:.0f} | "
+                             f"{median['peak_forward_mib']:.0f} | {median['rss_forward_mib']:.0f} | "
+                             f"{median['seconds']:.1f} "
+                             f"({median['load_seconds']:.1f}) |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,11 +227,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gguf", type=Path, default=None, help="a .gguf file (default: the embedded SmolLM2's)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--part", choices=("gguf", "memory", "all"), default="all",
+                        help="gguf: load time from a GGUF; memory: peak RSS of the embedded model's CPU loads")
     parser.add_argument("--report-only", action="store_true", help="rewrite the markdown from the JSON")
     args = parser.parse_args(argv)
     if not args.report_only:
-        gguf = (args.gguf or _embedded_gguf()).resolve()
-        measure(gguf, args.rounds, ResultStore(args.out, run_stamp("cpu")))
+        records = ResultStore(args.out, run_stamp("cpu"))
+        if args.part in ("gguf", "all"):
+            measure((args.gguf or _embedded_gguf()).resolve(), args.rounds, records)
+        if args.part in ("memory", "all"):
+            measure_memory(args.rounds, records)
     write_markdown(load_records(args.out), args.out)
     print(json.dumps({"markdown": str(args.out.with_suffix(".md"))}))
 

@@ -1,12 +1,17 @@
 """Weight-only int8 for the CPU: a loaded model's ``nn.Linear`` layers (and a tied plain embedding) hold int8 codes
-with one power-of-two scale per output channel, multiplied by torch's CPU kernel ``aten._weight_int8pack_mm``.
+with one power-of-two scale per output channel.
 
-Decode at short context reads every weight once per token, so int8 weights read a quarter of fp32's bytes. The
-kernel takes bf16 activations (its fp32 path is a scalar loop, ~7x slower than an fp32 matmul here), so an int8
-model computes in bf16 like ``load_model(dtype="bfloat16")``. The scales are powers of two so that every code times
-its scale is exactly a bf16 number: the int8 model runs the very weights that ``dequantized_state_dict`` gives a
-stock bf16 model, and the parity tests compare the two. Only the model instance is changed: its submodules are
-replaced, no class is patched.
+Decode at short context reads every weight once per token, so int8 weights read a quarter of fp32's bytes. The model
+computes in one of two dtypes:
+
+- fp32 (the default where a C compiler is found): ``int8_matmul`` widens the codes to fp32 in a C GEMV for decode
+  rows (dequantize-and-matmul for prefill chunks); the rest of the model, the KV cache and attention stay fp32, so
+  CPU decode attention takes the C tile (``engine.kv.kernels``, route ``cpu-native``);
+- bf16: torch's CPU kernel ``aten._weight_int8pack_mm`` (bf16 activations only: its fp32 path is a scalar loop).
+
+The scales are powers of two so that every code times its scale is exactly a bf16 (and fp32) number: the int8 model
+runs the very weights that ``dequantized_state_dict`` gives a stock model of its dtype, and the parity tests compare
+the two. Only the model instance is changed: its submodules are replaced, no class is patched.
 """
 
 from __future__ import annotations
@@ -16,9 +21,12 @@ import logging
 import torch
 from torch import nn
 
+from .int8_matmul import int8_linear
+
 logger = logging.getLogger(__name__)
 
 WEIGHT_MODES = ("dense", "int8")
+COMPUTE_DTYPES = (torch.float32, torch.bfloat16)  # what an int8 model computes in (see the module docstring)
 _K_MULTIPLE = 8  # the kernel reads the input dimension in blocks of 8 (other widths give wrong results)
 _ROWS_PER_PASS = 4096  # rows quantized at a time: the fp32 copy of a 49K-row lm_head would be 113 MB at once
 
@@ -35,7 +43,10 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., in] -> [..., out]; the kernel wants contiguous 2-D activations in the scales' dtype.
+        # x: [..., in] -> [..., out]
+        if self.scales.dtype == torch.float32:
+            return int8_linear(x.to(torch.float32), self.codes, self.scales, self.bias).to(x.dtype)
+        # torch's kernel wants contiguous 2-D activations in the scales' dtype (bf16).
         flat = x.reshape(-1, self.in_features).to(self.scales.dtype).contiguous()
         out = torch._weight_int8pack_mm(flat, self.codes, self.scales)
         if self.bias is not None:
@@ -97,8 +108,8 @@ def quantize_int8(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
     is not a plain ``nn.Embedding`` (Gemma scales its embedding: quantizing one side would untie the two).
     Returns the number of layers replaced.
     """
-    if dtype != torch.bfloat16:
-        raise ValueError("int8 weights compute in bfloat16 (torch's int8 CPU kernel takes bf16 activations)")
+    if dtype not in COMPUTE_DTYPES:
+        raise ValueError(f"int8 weights compute in float32 or bfloat16, not {dtype}")
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ValueError("int8 weights are for the CPU; load the model with device='cpu'")
     targets = int8_targets(model)

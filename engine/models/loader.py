@@ -29,7 +29,8 @@ from ..paths import cache_dir
 from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
 from ..store.fingerprint import weights_mode
-from .int8 import WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
+from . import int8_matmul
+from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
 from .pypi import pypi_model_dir
 from .weights_cache import CacheEntry, cache_entry, load_cached, save_cached
 
@@ -207,7 +208,8 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
         attn_implementation: ``"headinfer"`` (registered by ``import engine``) or any transformers one.
         with_tokenizer: ``False`` returns ``(model, None)`` for folders that hold only weights.
         weights: ``"dense"`` (the weights in ``dtype``) or ``"int8"`` (CPU only: linear layers hold int8 codes with a
-            power-of-two scale per output channel, the rest bf16; see ``engine.models.int8``; lossy).
+            power-of-two scale per output channel; lossy). An int8 model computes in fp32 with dtype ``"auto"``
+            where a C compiler is found (else bf16), or in ``"bfloat16"`` if asked; see ``engine.models.int8``.
 
     Raises:
         UnsupportedModelError: the architecture is not supported (raised before weights load).
@@ -222,9 +224,10 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     if weights == "int8":
         if torch.device(torch_device).type != "cpu":
             raise ValueError("int8 weights run on the CPU only; use --device cpu, or dense weights on a GPU")
-        if dtype not in ("auto", "bfloat16", "bf16"):
-            raise ValueError(f"int8 weights compute in bfloat16, not {dtype}; leave the dtype on auto")
-        torch_dtype = torch.bfloat16
+        if dtype == "auto":  # fp32 where the C GEMV can be built: int8 codes, fp32 sums, fp32 attention
+            torch_dtype = torch.float32 if int8_matmul.kernel() is not None else torch.bfloat16
+        elif torch_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"int8 weights compute in float32 or bfloat16, not {dtype}; leave the dtype on auto")
     if gguf_file is not None:
         path, gguf_file = str(converted_gguf_dir(Path(path, gguf_file))), None
     config = _read_config(path, gguf_file, is_hub)
@@ -260,7 +263,7 @@ def _load_from_source(path: str, config: Any, dtype: torch.dtype, attn_implement
         model = load_weights(AutoModelForCausalLM, path, None, config=config, **kwargs)
     model.eval()
     if weights == "int8":
-        quantize_int8(model)
+        quantize_int8(model, dtype)
     return model
 
 
@@ -294,7 +297,7 @@ def _skeleton(config: Any, dtype: torch.dtype, attn_implementation: str, weights
         else:
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     if weights == "int8":
-        int8_skeleton(model)
+        int8_skeleton(model, dtype)
     return model
 
 

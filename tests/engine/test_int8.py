@@ -1,5 +1,6 @@
 """int8 CPU weights (``load_model(weights="int8")``): the int8 model equals stock transformers running the very same
-(dequantized) weights in bf16, on every tiny family and on the real SmolLM2; quantization is exact where it says so."""
+(dequantized) weights in its compute dtype (fp32, the default with a C compiler, or bf16), on every tiny family and
+on the real SmolLM2; quantization is exact where it says so."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import engine
 from archs import _COMMON, reference_attention, tiny_configs
 from engine.models.int8 import Int8Embedding, Int8Linear, dequantized_state_dict, quantize_int8, quantize_rows
 from engine.models.loader import describe, load_model
-from test_parity import BF16_RTOL, prompt, rel_diff, stepwise_logits
+from engine.models import int8_matmul
+from test_parity import BF16_RTOL, RTOL, prompt, rel_diff, stepwise_logits
+
+#: compute dtype -> (load_model dtype, logits tolerance against stock on the same weights)
+COMPUTE = {"fp32": ("float32", RTOL), "bf16": ("bfloat16", BF16_RTOL)}
 
 
 def test_codes_times_scales_are_bf16_numbers_within_half_a_step():
@@ -64,41 +69,52 @@ def test_only_layers_the_kernel_can_run_are_replaced_and_a_tied_embedding_shares
     assert "model.embed_tokens.weight" in dequantized_state_dict(model)
 
 
-def _int8_pair(config, folder, attention: str):
-    """(stock bf16 model running the int8 model's dequantized weights, int8 model via the real loader)."""
+def _int8_pair(config, folder, attention: str, compute: str):
+    """(stock model in the compute dtype running the int8 model's dequantized weights, int8 model via the real
+    loader)."""
     torch.manual_seed(1234)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    int8, _ = load_model(str(folder), device="cpu", with_tokenizer=False, weights="int8")
-    stock = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation=attention).eval()
+    int8, _ = load_model(str(folder), device="cpu", dtype=COMPUTE[compute][0], with_tokenizer=False, weights="int8")
+    dtype = torch.float32 if compute == "fp32" else torch.bfloat16
+    stock = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attention).eval()
     dequantized = dequantized_state_dict(int8)
     assert dequantized and set(dequantized) <= set(stock.state_dict())
     stock.load_state_dict(dequantized, strict=False)
     return stock, int8
 
 
-@pytest.fixture(scope="module", params=sorted(tiny_configs()) + ["llama-tied"])
+@pytest.fixture(scope="module", params=[(name, compute) for compute in COMPUTE
+                                        for name in sorted(tiny_configs()) + ["llama-tied"]],
+                ids=lambda param: f"{param[0]}-{param[1]}")
 def int8_pair(request, tmp_path_factory):
-    config = _tied_llama() if request.param == "llama-tied" else tiny_configs()[request.param]
-    stock, int8 = _int8_pair(config, tmp_path_factory.mktemp(f"{request.param}-int8"),
-                             reference_attention(request.param))
-    return request.param, stock, int8
+    name, compute = request.param
+    config = _tied_llama() if name == "llama-tied" else tiny_configs()[name]
+    stock, int8 = _int8_pair(config, tmp_path_factory.mktemp(f"{name}-int8-{compute}"), reference_attention(name),
+                             compute)
+    return f"{name}-{compute}", stock, int8
 
 
 @torch.inference_mode()
 def test_int8_weights_match_stock_running_the_same_weights(int8_pair):
-    """Prefill and decode logits within bf16 rounding of stock's, and the same greedy tokens."""
+    """Prefill and decode logits within float (fp32) or bf16 rounding of stock's, and the same greedy tokens (bf16:
+    up to a tie within bf16 rounding)."""
     name, stock, int8 = int8_pair
+    compute = name.rsplit("-", 1)[1]
     assert any(isinstance(m, Int8Linear) for m in int8.modules()), name
-    assert describe(int8)["weights"] == "int8" and describe(int8)["dtype"] == "bfloat16"
+    assert describe(int8)["weights"] == "int8"
+    assert describe(int8)["dtype"] == {"fp32": "float32", "bf16": "bfloat16"}[compute]
     ids = prompt(stock.config.vocab_size)
     actual, expected = stepwise_logits(stock, int8, ids)
     for step, (a, e) in enumerate(zip(actual, expected)):
-        assert rel_diff(a.float(), e.float()) < BF16_RTOL, (name, step)
+        assert rel_diff(a.float(), e.float()) < COMPUTE[compute][1], (name, step)
     kwargs = dict(max_new_tokens=20, do_sample=False, min_new_tokens=20, output_logits=True,
                   return_dict_in_generate=True)
     generated = int8.generate(ids, past_key_values=engine.HeadInferCache(int8.config, resident_slots=0), **kwargs)
     reference = stock.generate(ids, **kwargs)
-    agreeing_steps(generated.sequences, reference, ids.shape[1], name)
+    if compute == "fp32":
+        assert torch.equal(generated.sequences, reference.sequences), name
+    else:
+        agreeing_steps(generated.sequences, reference, ids.shape[1], name)
 
 
 def agreeing_steps(sequences: torch.Tensor, reference, prompt_len: int, name: str) -> int:
@@ -120,10 +136,10 @@ def top_two_gap(logits: torch.Tensor) -> float:
     return float((top[0] - top[1]) / logits.float().abs().max())
 
 
-def test_int8_is_refused_off_the_cpu_and_outside_bf16(tmp_path):
+def test_int8_is_refused_off_the_cpu_and_outside_fp32_and_bf16(tmp_path):
     AutoModelForCausalLM.from_config(tiny_configs()["llama-gqa"]).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="bfloat16"):
-        load_model(str(tmp_path), device="cpu", dtype="float32", with_tokenizer=False, weights="int8")
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        load_model(str(tmp_path), device="cpu", dtype="float16", with_tokenizer=False, weights="int8")
     with pytest.raises(ValueError, match="weights mode"):
         load_model(str(tmp_path), device="cpu", with_tokenizer=False, weights="int4")
     if not torch.cuda.is_available():
@@ -131,23 +147,38 @@ def test_int8_is_refused_off_the_cpu_and_outside_bf16(tmp_path):
             load_model(str(tmp_path), device="cuda", with_tokenizer=False, weights="int8")
 
 
+def test_int8_computes_in_fp32_by_default_where_the_gemv_builds(tmp_path):
+    AutoModelForCausalLM.from_config(tiny_configs()["llama-gqa"]).save_pretrained(tmp_path)
+    model, _ = load_model(str(tmp_path), device="cpu", with_tokenizer=False, weights="int8")
+    expected = "float32" if int8_matmul.kernel() is not None else "bfloat16"
+    assert describe(model)["dtype"] == expected
+    assert {m.scales.dtype for m in model.modules() if isinstance(m, Int8Linear)} == {next(model.parameters()).dtype}
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("compute", sorted(COMPUTE))
 @torch.inference_mode()
-def test_real_smollm2_int8_matches_stock_on_the_same_weights(smollm2_dir):
+def test_real_smollm2_int8_matches_stock_on_the_same_weights(smollm2_dir, compute):
     from test_smollm2 import real_text
 
-    int8, tokenizer = load_model(str(smollm2_dir), device="cpu", weights="int8")
-    stock = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
+    load_dtype, tolerance = COMPUTE[compute]
+    int8, tokenizer = load_model(str(smollm2_dir), device="cpu", dtype=load_dtype, weights="int8")
+    dtype = torch.float32 if compute == "fp32" else torch.bfloat16
+    stock = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=dtype, attn_implementation="sdpa").eval()
     stock.load_state_dict(dequantized_state_dict(int8), strict=False)
     ids = torch.tensor([tokenizer(real_text(), add_special_tokens=False)["input_ids"][:1024]])
     kwargs = dict(max_new_tokens=24, do_sample=False, output_logits=True, return_dict_in_generate=True)
     expected = stock.generate(ids, **kwargs)
     cache = engine.HeadInferCache(int8.config, resident_slots=0, chunk_size=256)
     actual = int8.generate(ids, past_key_values=cache, prefill_chunk_size=256, **kwargs)
-    steps = agreeing_steps(actual.sequences, expected, ids.shape[1], "smollm2")
-    assert steps >= 8, steps  # a tie this early would leave little compared: pick another prompt
+    if compute == "fp32":  # float rounding apart: every token
+        steps = 24
+        assert torch.equal(actual.sequences, expected.sequences)
+    else:
+        steps = agreeing_steps(actual.sequences, expected, ids.shape[1], "smollm2")
+        assert steps >= 8, steps  # a tie this early would leave little compared: pick another prompt
     for step, (a, e) in enumerate(zip(actual.logits[:steps], expected.logits[:steps])):
-        assert rel_diff(a.float(), e.float()) < BF16_RTOL, step
+        assert rel_diff(a.float(), e.float()) < (10 * tolerance if compute == "fp32" else tolerance), step
     short = tokenizer("The capital of France is Paris. The capital of Germany is", return_tensors="pt").input_ids
     actual = int8.generate(short, past_key_values=engine.HeadInferCache(int8.config), **kwargs)
     assert torch.equal(actual.sequences, stock.generate(short, **kwargs).sequences)  # no tie here: every token

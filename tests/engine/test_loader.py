@@ -78,15 +78,22 @@ def test_round_trip_same_weights_and_logits(model_type, tmp_path):
     assert info["params"] == sum(p.numel() for p in original.parameters())
 
 
-def test_multimodal_gemma3_loads_text_model_only(tmp_path):
-    from transformers import Gemma3Config, Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+def tiny_gemma3_multimodal_config():
+    """A multimodal Gemma 3 checkpoint's config, tiny: a vision tower beside a text model of ``TINY``'s shape."""
+    from transformers import Gemma3Config
 
-    config = Gemma3Config(
+    return Gemma3Config(
         text_config={**TINY, "vocab_size": VOCAB + 4, "sliding_window": 8},
         vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                            image_size=28, patch_size=14),
         mm_tokens_per_image=4, boi_token_index=VOCAB + 1, eoi_token_index=VOCAB + 2, image_token_index=VOCAB + 3,
     )
+
+
+def test_multimodal_gemma3_loads_text_model_only(tmp_path):
+    from transformers import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+
+    config = tiny_gemma3_multimodal_config()
     torch.manual_seed(0)
     full = Gemma3ForConditionalGeneration(config).eval()
     full.save_pretrained(tmp_path)

@@ -198,15 +198,10 @@ def test_fp32_and_gpu_loads_need_no_cache(cache, tmp_path):
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_multimodal_gemma3_text_model_is_cached_too(cache, tmp_path, monkeypatch, mode):
-    from test_loader import TINY, VOCAB
-    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    from test_loader import VOCAB, tiny_gemma3_multimodal_config
+    from transformers import Gemma3ForConditionalGeneration
 
-    config = Gemma3Config(
-        text_config={**TINY, "vocab_size": VOCAB + 4, "sliding_window": 8},
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=28, patch_size=14),
-        mm_tokens_per_image=4, boi_token_index=VOCAB + 1, eoi_token_index=VOCAB + 2, image_token_index=VOCAB + 3,
-    )
+    config = tiny_gemma3_multimodal_config()
     torch.manual_seed(0)
     Gemma3ForConditionalGeneration(config).save_pretrained(tmp_path / "gemma3")
     fresh = _load(tmp_path / "gemma3", mode)

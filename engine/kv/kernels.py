@@ -20,8 +20,9 @@ a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong 
   reads its keys with a stride, 2-3x slower). Masks, windows and softcap are applied inside, in fp32 like SDPA.
   Not for bf16/fp16 queries: torch's CPU SDPA multiplies the values by probabilities rounded to bf16, taken with
   its own approximate exp, and greedy tokens of a bf16 model must stay those of stock transformers (an fp32 tile
-  differed from it in a fifth of a decode step's outputs, and two tiny bf16 models then chose other tokens). ``cpu-native-pool``: the same tile split over the host attention pool, for blocks of ``POOL_BYTES``
-  and more when torch runs several threads.
+  differed from it in a fifth of a decode step's outputs, and two tiny bf16 models then chose other tokens);
+- ``cpu-native-pool``: the same tile split over the host attention pool, for blocks of ``POOL_BYTES`` and more
+  when torch runs several threads.
 
 SDPA's math kernel is never allowed on CUDA: it materialises ``[heads, chunk, keys]`` scores (4 GiB for
 Mistral-7B at chunk 4096) that the memory plan does not count.

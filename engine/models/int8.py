@@ -43,9 +43,14 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [..., in] -> [..., out]
-        if self.scales.dtype == torch.float32:
-            return int8_linear(x.to(torch.float32), self.codes, self.scales, self.bias).to(x.dtype)
+        # x: [..., in] -> [..., out]. A decode step calls this ~200 times: the buffers are read from their dicts
+        # (nn.Module's attribute lookup for them costs more than the small layers' GEMV) and no no-op cast runs.
+        buffers = self._buffers
+        scales = buffers["scales"]
+        if scales.dtype == torch.float32:
+            out = int8_linear(x if x.dtype == torch.float32 else x.float(), buffers["codes"], scales,
+                              self._parameters.get("bias"))
+            return out if x.dtype == torch.float32 else out.to(x.dtype)
         # torch's kernel wants contiguous 2-D activations in the scales' dtype (bf16).
         flat = x.reshape(-1, self.in_features).to(self.scales.dtype).contiguous()
         out = torch._weight_int8pack_mm(flat, self.codes, self.scales)

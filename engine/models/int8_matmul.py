@@ -53,16 +53,16 @@ def kernel():
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x: [..., in] fp32; codes: [out, in] int8; scales: [out] fp32; bias: [out] fp32 or None. Returns [..., out]."""
     out_features, in_features = codes.shape
-    flat = x.reshape(-1, in_features)  # [M, in]
+    rows = x.numel() // in_features
     function = kernel()
-    if flat.shape[0] > GEMV_ROWS or function is None or in_features % 8:
+    if rows > GEMV_ROWS or function is None or in_features % 8:
         weight = codes.to(torch.float32).mul_(scales[:, None])  # exact: the scales are powers of two
         return F.linear(x, weight, bias)
-    flat = flat.contiguous()
-    y = torch.empty(flat.shape[0], out_features)
+    flat = x.contiguous()  # [..., in] read as [M, in]
+    y = torch.empty(*x.shape[:-1], out_features)  # [..., out] written as [M, out]
     args = (flat.data_ptr(), codes.data_ptr(), scales.data_ptr(), 0 if bias is None else bias.data_ptr(),
-            y.data_ptr(), flat.shape[0], in_features, out_features)
-    parts = min(torch.get_num_threads(), max(1, codes.numel() // _SPLIT_CODES))
+            y.data_ptr(), rows, in_features, out_features)
+    parts = 1 if codes.numel() < 2 * _SPLIT_CODES else min(torch.get_num_threads(), codes.numel() // _SPLIT_CODES)
     if parts == 1:
         _check(function(*args, 0, out_features))
     else:
@@ -72,7 +72,7 @@ def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias
                    for lo in range(0, out_features, step)]
         for future in futures:
             _check(future.result())
-    return y.reshape(*x.shape[:-1], out_features)
+    return y
 
 
 def _check(status: int) -> None:

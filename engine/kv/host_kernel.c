@@ -9,9 +9,9 @@
  * j <= its position and, with a window W > 0, j > its position - W. With softcap C > 0 a score s becomes
  * C * tanh(s) (the queries arrive pre-scaled and pre-divided by C). Head dims 16, 32, 64, 128, 256.
  *
- * Plain C loops the compiler vectorizes for the machine's own width (-march=native): an earlier version held
- * 16-float vectors, which on AVX2 (8 floats a register) spilled to the stack at every step and ran at a fifth
- * of the memory speed.
+ * Plain C loops and 8-float vectors that the compiler maps to the machine's registers (-march=native): an earlier
+ * version held 16-float vectors, which on AVX2 (8 floats a register) spilled to the stack at every step and ran at
+ * half this speed.
  */
 #include <math.h>
 #include <stdint.h>
@@ -72,8 +72,9 @@ static inline void widen(const char *src, int dtype, int dim, float *out) {
 }
 
 /* Tokens per chunk: a head's keys (or values) of one chunk, widened to fp32, fill 64 * DIM * 4 bytes of L1
- * (16 KiB at head dim 64). Tokens per softmax block: 512, the key split of torch's CPU flash attention, so that a
- * block's probabilities are taken against a running max over as many keys as there. */
+ * (16 KiB at head dim 64). Tokens per softmax block: 512, so that the rescaling of a row's output is paid once per
+ * 512 keys; a block of a head fits in L2 between the passes over its keys and its values (smaller blocks were no
+ * faster on the development VM). */
 #define CHUNK 64
 #define BLOCK 512
 

@@ -253,9 +253,7 @@ def _native_tile(call: _Call, group: int, index: int, block: torch.Tensor, first
                          block.shape[0], batch, g, dim, call.query[group].data_ptr(), rows, call.q_len, first,
                          call.past, call.window or 0, call.softcap or 0.0, call.m[group, index].data_ptr(),
                          call.l[group, index].data_ptr(), call.acc[group, index].data_ptr())
-    if status == -2:
-        raise MemoryError("host attention tile: no memory for its scores")
-    assert status == 0, f"no C tile for head dim {dim}"
+    native.check(status, dim)
 
 
 def _hidden(call: _Call, first: int, last: int) -> torch.Tensor | None:

@@ -59,8 +59,8 @@ def kernel():
 def build(compiler: str, variants: list[list[str]]):
     """The C tile function from the first of ``variants`` (extra compiler arguments) that builds, or None."""
     library = load_library(compiler, _SOURCE, variants)
-    if library is None:
-        logger.warning("host attention: building the C tile failed; using the torch tile (slower)")
+    if library is None:  # load_library logged why
+        logger.info("host attention: using the torch tile (slower)")
         return None
     function = library.host_attend_tile
     function.argtypes, function.restype = _ARGTYPES, ctypes.c_int
@@ -149,8 +149,13 @@ def attend_block(query, block, *, q_offset: int, scaling: float, window: int | N
     status = function(block.data_ptr(), dtype, block.element_size(), block.shape[0], batch, num_kv_heads,
                       head_dim, folded.data_ptr(), rows, q_len, 0, q_offset, window or 0, softcap or 0.0,
                       m.data_ptr(), l.data_ptr(), acc.data_ptr())
+    check(status, head_dim)
+    # Every query sees at least its own key, so l > 0.
+    return acc.div_(l).to(query.dtype).reshape(batch, num_heads, q_len, head_dim)
+
+
+def check(status: int, head_dim: int) -> None:
+    """Raises for a C tile's failure status: -2 its scores could not be allocated, -1 no such head dim."""
     if status == -2:
         raise MemoryError("host attention tile: no memory for its scores")
     assert status == 0, f"no C tile for head dim {head_dim}"
-    # Every query sees at least its own key, so l > 0.
-    return acc.div_(l).to(query.dtype).reshape(batch, num_heads, q_len, head_dim)

@@ -104,10 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="weight and KV-cache precision; auto is bfloat16 on a GPU and float32 on the CPU "
                             "(default: auto)")
-    model.add_argument("--weights", default="dense", choices=["dense", "int8"],
+    model.add_argument("--weights", default="dense", choices=["dense", "int8", "gguf"],
                        help="dense: the weights in --dtype; int8 (CPU only): linear layers hold int8 weights with "
-                            "one scale per output channel and compute in bfloat16, a quarter of fp32's bytes per "
-                            "token, lossy (docs/benchmarks/llamacpp.md) (default: dense)")
+                            "one scale per output channel, a quarter of fp32's bytes per token, lossy; gguf (CPU "
+                            "only, a .gguf model): linear layers keep the file's Q4_0/Q4_1/Q8_0 blocks, exactly "
+                            "the weights dense loading gives, in a sixth of fp32's bytes "
+                            "(docs/benchmarks/llamacpp.md) (default: dense)")
     memory = parser.add_argument_group("memory and offload")
     memory.add_argument("--gpu-memory", type=parse_size, default=None, metavar="SIZE",
                         help="GPU memory budget, e.g. 20GiB (default: what is free once the model is loaded, "
@@ -271,10 +273,12 @@ def check_machine(args: argparse.Namespace) -> str:
         device = resolve_device(args.device)
     except ValueError as exc:
         raise ValueError(f"--device: {exc}") from None
-    if args.weights == "int8" and not device.startswith("cpu"):
-        raise ValueError(f"--weights int8 runs on the CPU and this run computes on {device}; add --device cpu")
-    if args.weights == "int8" and args.dtype not in ("auto", "bfloat16"):
-        raise ValueError(f"--weights int8 computes in bfloat16, not --dtype {args.dtype}")
+    if args.weights != "dense" and not device.startswith("cpu"):
+        raise ValueError(f"--weights {args.weights} runs on the CPU and this run computes on {device}; "
+                         "add --device cpu")
+    allowed = {"int8": ("auto", "float32", "bfloat16"), "gguf": ("auto", "float32")}.get(args.weights)
+    if allowed is not None and args.dtype not in allowed:
+        raise ValueError(f"--weights {args.weights} computes in {' or '.join(allowed[1:])}, not --dtype {args.dtype}")
     memory = read_memory()
     if args.host_memory is not None and args.host_memory > memory.system_total:
         raise ValueError(f"--host-memory {_size(args.host_memory)} is more than this machine's "

@@ -25,7 +25,7 @@ from .int8_matmul import int8_linear
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_MODES = ("dense", "int8")
+WEIGHT_MODES = ("dense", "int8", "gguf")  # gguf: engine.models.gguf_blocks
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16)  # what an int8 model computes in (see the module docstring)
 _K_MULTIPLE = 8  # the kernel reads the input dimension in blocks of 8 (other widths give wrong results)
 _ROWS_PER_PASS = 4096  # rows quantized at a time: the fp32 copy of a 49K-row lm_head would be 113 MB at once
@@ -121,7 +121,7 @@ def quantize_int8(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
     for name, module, ties_embedding in targets:
         codes, scales = quantize_rows(module.weight.detach(), dtype)
         bias = None if module.bias is None else module.bias.detach().to(dtype)
-        _install(model, name, Int8Linear(codes, scales, bias), ties_embedding)
+        install(model, name, Int8Linear(codes, scales, bias), ties_embedding, Int8Embedding)
     model.to(dtype)  # Int8Linear keeps its int8 codes: .to(dtype) casts floating tensors only
     logger.info("int8 weights: %d linear layers quantized (per-channel power-of-two scales)", len(targets))
     return len(targets)
@@ -136,19 +136,26 @@ def int8_skeleton(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
         codes = torch.empty(module.weight.shape, dtype=torch.int8, device="meta")
         scales = torch.empty(module.out_features, dtype=dtype, device="meta")
         bias = None if module.bias is None else torch.empty(module.out_features, dtype=dtype, device="meta")
-        _install(model, name, Int8Linear(codes, scales, bias), ties_embedding)
+        install(model, name, Int8Linear(codes, scales, bias), ties_embedding, Int8Embedding)
     return len(targets)
 
 
 def int8_targets(model: nn.Module) -> list[tuple[str, nn.Linear, bool]]:
     """``(name, layer, ties the embedding)`` of each linear layer int8 replaces; one list for quantizing and for
     building the empty frame, so a cached int8 model has exactly the layers a freshly quantized one has."""
+    return linear_targets(model, _K_MULTIPLE)
+
+
+def linear_targets(model: nn.Module, multiple: int) -> list[tuple[str, nn.Linear, bool]]:
+    """``(name, layer, ties the embedding)`` of each ``nn.Linear`` whose input width is a multiple of ``multiple``;
+    a tied lm_head only when its embedding is a plain ``nn.Embedding`` (Gemma scales its embedding: replacing one
+    side would untie the two)."""
     embeddings = model.get_input_embeddings()
     output = model.get_output_embeddings()
     tied = output is not None and output.weight is embeddings.weight
     targets = []
     for name, module in model.named_modules():
-        if type(module) is not nn.Linear or module.in_features % _K_MULTIPLE:
+        if type(module) is not nn.Linear or module.in_features % multiple:
             continue
         if module is output and tied and type(embeddings) is not nn.Embedding:
             continue
@@ -156,12 +163,14 @@ def int8_targets(model: nn.Module) -> list[tuple[str, nn.Linear, bool]]:
     return targets
 
 
-def _install(model: nn.Module, name: str, layer: Int8Linear, ties_embedding: bool) -> None:
-    """Puts ``layer`` at ``name``; a tied lm_head's embedding becomes an ``Int8Embedding`` over its codes."""
+def install(model: nn.Module, name: str, layer: nn.Module, ties_embedding: bool,
+            embedding: type[nn.Module]) -> None:
+    """Puts ``layer`` at ``name``; a tied lm_head's embedding becomes ``embedding(layer, padding_idx)`` over the
+    same stored weights."""
     padding_idx = model.get_input_embeddings().padding_idx if ties_embedding else None
     model.set_submodule(name, layer)
     if ties_embedding:
-        model.set_input_embeddings(Int8Embedding(layer, padding_idx))
+        model.set_input_embeddings(embedding(layer, padding_idx))
 
 
 def dequantized_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -180,6 +189,8 @@ def dequantized_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def num_weights(model: nn.Module) -> int:
-    """Parameters plus int8 codes: the model's weight count whatever the mode."""
-    codes = sum(m.codes.numel() for m in model.modules() if isinstance(m, Int8Linear))
-    return sum(p.numel() for p in model.parameters()) + codes
+    """Parameters plus the weights of quantized layers (int8 codes, GGUF blocks): the model's weight count whatever
+    the mode."""
+    quantized = sum(m.in_features * m.out_features for m in model.modules()
+                    if isinstance(m, Int8Linear) or hasattr(m, "qtype"))
+    return sum(p.numel() for p in model.parameters()) + quantized

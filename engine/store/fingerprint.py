@@ -45,7 +45,7 @@ class ModelFingerprint:
     name: str  # for messages only: the folder or Hub id it was loaded from
     config: str
     weights: str
-    weights_mode: str = "dense"  # "int8": linear layers hold int8 codes (headers saved before it existed: dense)
+    weights_mode: str = "dense"  # "int8"/"gguf": quantized linear layers (headers saved before modes existed: dense)
 
     def describe(self) -> str:
         mode = "" if self.weights_mode == "dense" else f"{self.weights_mode} "
@@ -77,11 +77,16 @@ def model_fingerprint(model) -> ModelFingerprint:
 
 
 def weights_mode(model) -> str:
-    """``"int8"`` when linear layers hold int8 ``codes`` buffers (``engine.models.int8.Int8Linear``), else
-    ``"dense"``. The K/V an int8 model produces differ from the dense model's, in whatever dtype."""
+    """``"int8"`` when linear layers hold int8 ``codes`` buffers (``engine.models.int8.Int8Linear``), ``"gguf"``
+    when they hold a GGUF file's ``blocks`` (``engine.models.gguf_blocks.BlockLinear``), else ``"dense"``. The K/V
+    an int8 model produces differ from the dense model's, in whatever dtype; a gguf model's are the fp32 dense
+    model's up to summation order, but its K/V are kept apart all the same (they are not bitwise the same)."""
     for name, buffer in model.named_buffers():
-        if name.rpartition(".")[2] == "codes" and buffer.dtype == torch.int8:
+        attr = name.rpartition(".")[2]
+        if attr == "codes" and buffer.dtype == torch.int8:
             return "int8"
+        if attr == "blocks" and buffer.dtype == torch.uint8:
+            return "gguf"
     return "dense"
 
 

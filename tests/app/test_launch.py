@@ -64,7 +64,8 @@ def test_bad_flags_are_refused(flags, capsys):
     (["--model", "/no/such/folder"], "--model /no/such/folder: no such file or folder"),
     (["--kv-disk-max", "1GiB"], "--kv-disk-max needs --kv-disk-dir"),
     (["--kv-disk-dir", "/proc/no-such-place"], "--kv-disk-dir /proc/no-such-place: cannot write there"),
-    (["--weights", "int8", "--dtype", "float32"], "--weights int8 computes in bfloat16"),
+    (["--weights", "int8", "--dtype", "float16"], "--weights int8 computes in float32 or bfloat16, not --dtype"),
+    (["--weights", "gguf", "--dtype", "bfloat16"], "--weights gguf computes in float32, not --dtype bfloat16"),
 ])
 def test_each_bad_value_is_one_line_and_exit_code_2(flags, words, capsys):
     with pytest.raises(SystemExit) as exit_info:

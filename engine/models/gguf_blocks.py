@@ -1,0 +1,251 @@
+"""A GGUF file's own quantized weights on the CPU: ``load_model(weights="gguf")`` keeps the linear layers stored
+as Q4_0, Q4_1 or Q8_0 blocks in those very blocks, as llama.cpp does, instead of dequantizing them to fp32.
+
+Why: a CPU decode step reads every weight once, so its speed at short context is the weights' bytes. A Q4_1 layer
+is 0.63 bytes a weight (int8: 1, fp32: 4), and unlike ``int8`` nothing is requantized: the model runs exactly the
+weights stock transformers dequantizes from the same file (gguf-py's formulas), so the parity tests compare it with
+a stock model loading that GGUF, and its perplexity is the file's.
+
+How the blocks find their layers: transformers' GGUF loader renames tensors and, for some architectures, permutes
+rows (Llama's q/k projections, which llama.cpp stores in its own rotary order). Rather than re-implement that per
+architecture, each dense ``nn.Linear`` of a model loaded from the file (fp32) is matched to the file's tensor of its
+shape (same layer index) whose blocks dequantize to exactly that weight, row for row: bit-identical rows, taken in
+the weight's row order. A layer with no such tensor (another block type, a tensor the loader transformed) stays
+dense, and the log says how many.
+
+Compute is fp32: ``gguf_gemv.c`` sums decode rows straight from the blocks; prefill chunks dequantize the layer
+(exactly as gguf-py does) and take torch's fp32 matmul. Without a C compiler the same is done through torch ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kv import native
+from ..kv.workers import shared_workers
+from .int8 import install, linear_targets
+
+logger = logging.getLogger(__name__)
+
+#: ggml type number -> (name, bytes per block of 32 weights)
+BLOCK_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
+BLOCK = 32  # weights per block (the input width must be a multiple)
+GEMV_ROWS = 16  # rows from which dequantize-and-matmul is faster (prefill chunks)
+_SPLIT_BYTES = 1 << 20  # layers with fewer bytes run on the calling thread: a hand-off costs more than it saves
+_SOURCE = Path(__file__).with_name("gguf_gemv.c")
+# -ffp-contract=off: the dequantization's product and sum are rounded one by one, as numpy does (see the source).
+_VARIANTS = [["-ffp-contract=off"]]
+_P, _L, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
+_BLK = re.compile(r"^blk\.(\d+)\.")
+
+
+@functools.cache
+def kernel():
+    """``(gemv, dequantize)`` C functions, or None (no compiler, or the build failed: logged)."""
+    compiler = native.compiler()
+    if compiler is None:
+        logger.info("gguf weights: no C compiler found; blocks are dequantized through torch ops (slower)")
+        return None
+    library = native.load_library(compiler, _SOURCE, _VARIANTS)
+    if library is None:
+        return None
+    gemv, dequantize = library.gguf_gemv, library.gguf_dequantize
+    gemv.argtypes, gemv.restype = [_P, _P, _I, _P, _P, _L, _L, _L, _L, _L], ctypes.c_int
+    dequantize.argtypes, dequantize.restype = [_P, _I, _L, _L, _L, _P], ctypes.c_int
+    return gemv, dequantize
+
+
+def dequantize_torch(raw: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
+    """raw: [out, in / 32 * bytes] uint8 -> [out, in] fp32, exactly gguf-py's ``dequantize_blocks``."""
+    name, size = BLOCK_TYPES[qtype]
+    blocks = raw.reshape(raw.shape[0], in_features // BLOCK, size)  # [out, blocks, bytes]
+    d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [out, blocks, 1]
+    if name == "Q8_0":
+        q = blocks[..., 2:].contiguous().view(torch.int8).float()
+        return (q * d).reshape(raw.shape[0], in_features)
+    nibbles = blocks[..., 4:] if name == "Q4_1" else blocks[..., 2:]
+    q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).float()  # [out, blocks, 32]: low nibbles first
+    if name == "Q4_0":
+        return (d * (q - 8)).reshape(raw.shape[0], in_features)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).float()
+    return (d * q + m).reshape(raw.shape[0], in_features)
+
+
+def dequantize(raw: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
+    """raw: [out, in / 32 * bytes] uint8 -> [out, in] fp32, the weights gguf-py gives (through C where built)."""
+    functions = kernel()
+    if functions is None:
+        return dequantize_torch(raw, qtype, in_features)
+    raw = raw.contiguous()
+    weight = torch.empty(raw.shape[0], in_features)
+    _check(functions[1](raw.data_ptr(), qtype, in_features, 0, raw.shape[0], weight.data_ptr()))
+    return weight
+
+
+def block_linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x: [..., in] fp32; raw: [out, in / 32 * bytes] uint8 blocks; bias: [out] fp32 or None. Returns [..., out]."""
+    out_features = raw.shape[0]
+    in_features = x.shape[-1]
+    rows = x.numel() // in_features
+    functions = kernel()
+    if rows > GEMV_ROWS or functions is None:
+        return F.linear(x, dequantize(raw, qtype, in_features), bias)
+    gemv = functions[0]
+    flat = x.contiguous()  # [..., in] read as [M, in]
+    y = torch.empty(*x.shape[:-1], out_features)  # [..., out] written as [M, out]
+    args = (flat.data_ptr(), raw.data_ptr(), qtype, 0 if bias is None else bias.data_ptr(), y.data_ptr(), rows,
+            in_features, out_features)
+    parts = 1 if raw.numel() < 2 * _SPLIT_BYTES else min(torch.get_num_threads(), raw.numel() // _SPLIT_BYTES)
+    if parts == 1:
+        _check(gemv(*args, 0, out_features))
+    else:
+        # Output rows in ``parts`` ranges of whole groups of 4, one per worker, this thread waiting.
+        step = ((out_features + parts - 1) // parts + 3) // 4 * 4
+        futures = [shared_workers().submit(gemv, *args, lo, min(lo + step, out_features))
+                   for lo in range(0, out_features, step)]
+        for future in futures:
+            _check(future.result())
+    return y
+
+
+def _check(status: int) -> None:
+    if status == -2:
+        raise MemoryError("gguf_gemv: no memory for the activations' block sums")
+    assert status == 0, "gguf blocks: unknown block type, or an input width that is not a multiple of 32"
+
+
+class BlockLinear(nn.Module):
+    """``y = x @ W.T + bias`` with W held as a GGUF tensor's blocks: ``blocks`` [out, in / 32 * bytes] uint8."""
+
+    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        assert blocks.dtype == torch.uint8 and qtype in BLOCK_TYPES
+        assert blocks.shape[1] == in_features // BLOCK * BLOCK_TYPES[qtype][1] and in_features % BLOCK == 0
+        self.out_features, self.in_features, self.qtype = blocks.shape[0], in_features, qtype
+        self.register_buffer("blocks", blocks)  # the name engine.store.fingerprint.weights_mode looks for
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out], in x's dtype (the model computes in fp32). Buffers read from their dicts: a
+        # decode step makes ~200 of these calls, and nn.Module's attribute lookup costs more than a small GEMV.
+        out = block_linear(x if x.dtype == torch.float32 else x.float(), self._buffers["blocks"], self.qtype,
+                           self._parameters.get("bias"))
+        return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight this layer multiplies by, [out, in] fp32."""
+        return dequantize(self.blocks, self.qtype, self.in_features)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"blocks={BLOCK_TYPES[self.qtype][0]}, bias={self.bias is not None}")
+
+
+class BlockEmbedding(nn.Module):
+    """A plain embedding whose rows are a ``BlockLinear``'s (a tied lm_head): looked-up rows are dequantized."""
+
+    def __init__(self, table: BlockLinear, padding_idx: int | None) -> None:
+        super().__init__()
+        # Held, not registered: the blocks belong to the lm_head (a second registration would list them twice).
+        self._table = (table,)
+        self.padding_idx = padding_idx
+
+    @property
+    def table(self) -> BlockLinear:
+        return self._table[0]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized table, for code that reads ``get_input_embeddings().weight`` (built on each access)."""
+        return self.table.dequantized()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # ids: [...] -> [..., hidden] fp32
+        table = self.table
+        rows = dequantize(table.blocks[ids.reshape(-1)], table.qtype, table.in_features)
+        return rows.reshape(*ids.shape, table.in_features)
+
+
+def install_gguf_blocks(model: nn.Module, gguf: Path) -> dict[str, int]:
+    """Replaces each fp32 ``nn.Linear`` of ``model`` (loaded from ``gguf``) whose weight is, row for row, a tensor
+    of the file stored in a supported block type by a ``BlockLinear`` over those blocks (see the module docstring);
+    a tied lm_head's embedding becomes a ``BlockEmbedding``. Returns the layout: module name -> ggml type."""
+    from gguf import GGUFReader  # transformers' GGUF support needs the package anyway
+
+    reader = GGUFReader(str(gguf))
+    candidates: dict[tuple[int, int], list] = {}
+    for tensor in reader.tensors:
+        qtype = int(tensor.tensor_type)
+        if qtype in BLOCK_TYPES and len(tensor.shape) == 2:  # tensor.shape: [in, out] (ggml's order)
+            candidates.setdefault((int(tensor.shape[1]), int(tensor.shape[0])), []).append(tensor)
+    layout: dict[str, int] = {}
+    targets = block_targets(model)
+    for name, module, ties_embedding in targets:
+        weight = module.weight.detach()
+        if weight.dtype != torch.float32:
+            raise ValueError(f"gguf weights are matched against the fp32 model, and {name} is {weight.dtype}")
+        layer = _LAYER.search(name)
+        for tensor in candidates.get(tuple(weight.shape), []):
+            block_layer = _BLK.match(tensor.name)
+            if (layer is None) != (block_layer is None) or (layer and layer.group(1) != block_layer.group(1)):
+                continue
+            blocks = _rows_matching(weight, np.asarray(tensor.data), int(tensor.tensor_type))
+            if blocks is not None:
+                bias = None if module.bias is None else module.bias.detach()
+                install(model, name, BlockLinear(blocks, int(tensor.tensor_type), weight.shape[1], bias),
+                        ties_embedding, BlockEmbedding)
+                layout[name] = int(tensor.tensor_type)
+                break
+    kinds = sorted({BLOCK_TYPES[qtype][0] for qtype in layout.values()})
+    logger.info("gguf weights: %d of %d linear layers keep the file's blocks (%s); %d stay dense fp32",
+                len(layout), len(targets), ", ".join(kinds) or "none", len(targets) - len(layout))
+    return layout
+
+
+def _rows_matching(weight: torch.Tensor, raw: np.ndarray, qtype: int) -> torch.Tensor | None:
+    """``raw``'s block rows in ``weight``'s row order when each dequantizes to exactly that row, else None."""
+    raw_rows = torch.from_numpy(raw.copy())  # the reader's arrays are read-only maps of the file
+    dense = dequantize(raw_rows, qtype, weight.shape[1])
+    if torch.equal(dense, weight):
+        return raw_rows
+    index: dict[bytes, int] = {}
+    for i, row in enumerate(dense.numpy()):
+        index.setdefault(row.tobytes(), i)
+    order = [index.get(row.tobytes()) for row in weight.numpy()]
+    if any(i is None for i in order):
+        return None
+    return raw_rows[torch.tensor(order)].contiguous()
+
+
+def blocks_skeleton(model: nn.Module, layout: dict[str, int]) -> int:
+    """Swaps in, at each ``layout`` name, a ``BlockLinear`` of the right shapes holding meta tensors: the frame for
+    a model built on the meta device whose saved blocks are assigned afterwards (``engine.models.weights_cache``).
+    Returns the number of layers swapped."""
+    targets = {name: (module, tied) for name, module, tied in block_targets(model)}
+    for name, qtype in layout.items():
+        module, ties_embedding = targets[name]  # KeyError: the saved layout is not this model's
+        width = module.in_features // BLOCK * BLOCK_TYPES[qtype][1]
+        blocks = torch.empty(module.out_features, width, dtype=torch.uint8, device="meta")
+        bias = None if module.bias is None else torch.empty(module.out_features, device="meta")
+        install(model, name, BlockLinear(blocks, qtype, module.in_features, bias), ties_embedding, BlockEmbedding)
+    return len(layout)
+
+
+def block_targets(model: nn.Module) -> list[tuple[str, nn.Linear, bool]]:
+    """``(name, layer, ties the embedding)`` of each linear layer that could hold blocks (inputs a multiple of 32)."""
+    return linear_targets(model, BLOCK)
+
+
+def block_layout(model: nn.Module) -> dict[str, int]:
+    """Module name -> ggml type of each ``BlockLinear`` (what ``blocks_skeleton`` rebuilds)."""
+    return {name: module.qtype for name, module in model.named_modules() if isinstance(module, BlockLinear)}

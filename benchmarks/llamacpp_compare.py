@@ -1,8 +1,9 @@
 """Ours vs llama.cpp on the CPU, on the same GGUF file: decode tok/s at 2K and 8K tokens of context, prefill tok/s
-and peak RSS, for our fp32, bf16 and int8 weights (``load_model(dtype=..., weights=...)``).
+and peak RSS, for our fp32, bf16, int8 and gguf weights (``load_model(dtype=..., weights=...)``; gguf keeps the
+file's own Q4_1/Q8_0 blocks).
 
 Every measurement is a fresh process (peak RSS is the process's, from ``wait4``), at one thread; within each round
-and context the runs alternate ours and theirs (fp32, llama.cpp, bf16, llama.cpp-prefill, int8). Ours: the GGUF
+and context the runs alternate ours and theirs (the first mode, llama.cpp, the second, llama.cpp-prefill, the rest). Ours: the GGUF
 loaded through ``load_model`` (converted once into the cache, as the app does), the context read in 512-token
 chunks through ``HeadInferCache`` (past 2,048 tokens filled with random K/V instead), then greedy decode; theirs: ``llama-bench`` (decode: ``-p 0 -n N -d C``, which
 reads C tokens first; prefill: ``-p C -n 0``). Build llama.cpp as docs/benchmarks/llamacpp.md says, then
@@ -27,7 +28,8 @@ import time
 from pathlib import Path
 
 OUT = Path("docs/benchmarks/llamacpp.json")
-MODES = {"fp32": ("float32", "dense"), "bf16": ("bfloat16", "dense"), "int8": ("auto", "int8")}
+MODES = {"fp32": ("float32", "dense"), "bf16": ("bfloat16", "dense"), "int8": ("auto", "int8"),
+         "gguf": ("auto", "gguf")}
 CHUNK = 512
 QUALITY_TOKENS = 1024
 PREFILL_MAX = 2048  # longer contexts are filled with random K/V, not read (on 2 shared cores an 8K read takes minutes)
@@ -417,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--llama-bench", type=Path, default=None, help="llama.cpp's llama-bench binary")
     parser.add_argument("--gguf", type=Path, default=None, help="default: the embedded SmolLM2-135M Q4_1 GGUF")
     parser.add_argument("--contexts", default="2048,8192")
-    parser.add_argument("--modes", default="fp32,bf16,int8")
+    parser.add_argument("--modes", default="gguf,int8,fp32,bf16")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)

@@ -1,9 +1,10 @@
-"""Converted CPU weights kept on disk, so a bf16 or int8 model loads its own bytes and never an fp32 copy first.
+"""Converted CPU weights kept on disk, so a bf16, int8 or gguf model loads its own bytes and never an fp32 copy first.
 
 Loading a bf16 or int8 CPU model from fp32 safetensors (every converted GGUF is fp32) maps or materialises the
 fp32 weights while the bf16 copy or the int8 codes are built: about twice the memory the model finally holds, and
 for int8 a quantization pass on every start. The first load in a mode therefore saves the converted state (int8:
-codes, scales, biases and every other tensor in bf16; dense: the bf16 state) into
+codes, scales, biases and every other tensor in bf16; gguf: the file's blocks in the layers' row order, the rest
+in fp32, and the layout of block layers in the manifest; dense: the bf16 state) into
 ``cache_dir()/"models"/<name>-<mode>-<key>``; later loads build the model on the meta device (no storage), swap in
 the int8 layers, and assign the saved tensors memory-mapped, never allocating a dense weight.
 
@@ -59,7 +60,7 @@ class CacheEntry:
 
     folder: Path  # cache_dir()/models/<name>-<mode>-<key>: exists only once complete
     source: Path  # the resolved source folder the tensors were converted from
-    mode: str  # "int8", "bf16" or "fp16"
+    mode: str  # "int8", "gguf", "bf16" or "fp16"
 
 
 def cache_entry(models_dir: Path, source: Path, name: str, dtype: torch.dtype, weights: str) -> CacheEntry | None:

@@ -104,12 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="weight and KV-cache precision; auto is bfloat16 on a GPU and float32 on the CPU "
                             "(default: auto)")
-    model.add_argument("--weights", default="dense", choices=["dense", "int8", "gguf"],
+    model.add_argument("--weights", default="auto", choices=["auto", "dense", "int8", "gguf"],
                        help="dense: the weights in --dtype; int8 (CPU only): linear layers hold int8 weights with "
                             "one scale per output channel, a quarter of fp32's bytes per token, lossy; gguf (CPU "
-                            "only, a .gguf model): linear layers keep the file's Q4_0/Q4_1/Q8_0 blocks, exactly "
-                            "the weights dense loading gives, in a sixth of fp32's bytes "
-                            "(docs/benchmarks/llamacpp.md) (default: dense)")
+                            "only, a GGUF model): linear layers keep the file's quantized blocks (Q4_0 to Q8_0, "
+                            "Q4_K to Q6_K), exactly the weights dense loading gives, in a fifth to a seventh of "
+                            "fp32's bytes (docs/benchmarks/llamacpp.md); auto: gguf for a GGUF model on the CPU in "
+                            "float32, dense otherwise (default: auto)")
     memory = parser.add_argument_group("memory and offload")
     memory.add_argument("--gpu-memory", type=parse_size, default=None, metavar="SIZE",
                         help="GPU memory budget, e.g. 20GiB (default: what is free once the model is loaded, "
@@ -273,7 +274,7 @@ def check_machine(args: argparse.Namespace) -> str:
         device = resolve_device(args.device)
     except ValueError as exc:
         raise ValueError(f"--device: {exc}") from None
-    if args.weights != "dense" and not device.startswith("cpu"):
+    if args.weights not in ("auto", "dense") and not device.startswith("cpu"):
         raise ValueError(f"--weights {args.weights} runs on the CPU and this run computes on {device}; "
                          "add --device cpu")
     allowed = {"int8": ("auto", "float32", "bfloat16"), "gguf": ("auto", "float32")}.get(args.weights)

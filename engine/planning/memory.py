@@ -56,7 +56,7 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
                cuda: bool, kv_dtype: str | None = None, activations: int | None = None) -> tuple[dict, int, int]:
     """Returns (gpu breakdown, gpu bytes, host bytes) for a fully resolved configuration; ``activations``: the
     peak a dry-run chunk measured (``telemetry.measure_activation_peak``), else the paper's estimate."""
-    weights = shape.num_params * shape.dtype_bytes
+    weights = shape.weights_bytes
     if activations is None:
         activations = min(chunk, context) * (shape.hidden_size + 2 * shape.intermediate_size) * shape.dtype_bytes
     logits = shape.vocab_size * _LOGIT_BYTES
@@ -296,7 +296,7 @@ def paper_memory_table(shape: ModelShape, context_tokens: int, chunk_size: int =
     """
     if context_tokens < 1 or chunk_size < 1:
         raise PlanError("context_tokens and chunk_size must be positive")
-    weights = shape.num_params * shape.dtype_bytes
+    weights = shape.weights_bytes
     kv_full = context_tokens * shape.kv_bytes_per_token
     per_token_act = (shape.hidden_size + 2 * shape.intermediate_size) * shape.dtype_bytes
     act_full, act_chunk = context_tokens * per_token_act, min(chunk_size, context_tokens) * per_token_act

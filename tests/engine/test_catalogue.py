@@ -108,3 +108,24 @@ def test_discovery_reads_hub_cache_configs_user_folders_and_gguf_headers(tmp_pat
     listed = discover([folder], hf_cache=tmp_path / "no-cache", folders={"LM Studio": [tmp_path / "lmstudio"]})
     assert {(e.id, e.source) for e in listed} == {("my-model", "folder"), ("org/tiny", "LM Studio")}
     assert plan_entry(next(e for e in listed if e.id == "org/tiny"), CPU_ONLY).window == 8192
+
+
+def test_a_gguf_model_on_a_cpu_is_planned_with_its_files_bytes(tmp_path):
+    """What --weights auto keeps (the file's blocks) is what the plan counts: more context and faster decode than
+    the same model dense in fp32; a GPU, or a model that is not a GGUF file, plans dense."""
+    import dataclasses
+
+    from engine.models.catalogue import keeps_gguf_blocks
+
+    small = Machine("CPU", False, None, 3 * GIB, None, 2e10, 5.0, None, 4)
+    dense = dataclasses.replace(_entry("HuggingFaceTB/SmolLM2-135M-Instruct"), pypi=None, params=1_500_000_000,
+                                download_gb=1.1)  # a 1.5B model: 6 GB in fp32, 1.1 GB as a Q4_K file
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    local = dataclasses.replace(dense, source="lmstudio", location=str(tmp_path / "model.gguf"))
+    pypi = dataclasses.replace(dense, pypi="qwen2.5-coder-1.5b")
+    assert not keeps_gguf_blocks(dense, small) and keeps_gguf_blocks(local, small) and keeps_gguf_blocks(pypi, small)
+    assert not keeps_gguf_blocks(pypi, RTX_4090)
+    assert plan_entry(dense, small).ram_tokens == 0  # the fp32 weights alone exceed 3 GiB
+    fit = plan_entry(pypi, small)
+    assert fit.ram_tokens > 0 and fit.ram_tokens == plan_entry(local, small).ram_tokens
+    assert fit.decode_seconds < plan_entry(dense, small).decode_seconds / 4

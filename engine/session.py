@@ -22,8 +22,7 @@ from .cache import HeadInferCache
 from .errors import InputError, PrefillCancelled, StateError
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
 from .paths import cache_dir
-from .models.int8 import num_weights
-from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget
+from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget, num_weights
 from .planning.capacity import capacity_options
 from .planning.machine import measured_flop_rate
 from .planning.memory import ModelShape, Plan, PlanError, make_plan

@@ -21,6 +21,7 @@ import logging
 import torch
 from torch import nn
 
+from ..planning.budgets import num_weights  # noqa: F401 (the loader's and tests' name for it)
 from .int8_matmul import int8_linear
 
 logger = logging.getLogger(__name__)
@@ -186,11 +187,3 @@ def dequantized_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         elif isinstance(module, Int8Embedding):
             state[f"{prefix}weight"] = module.weight
     return state
-
-
-def num_weights(model: nn.Module) -> int:
-    """Parameters plus the weights of quantized layers (int8 codes, GGUF blocks): the model's weight count whatever
-    the mode."""
-    quantized = sum(m.in_features * m.out_features for m in model.modules()
-                    if isinstance(m, Int8Linear) or hasattr(m, "qtype"))
-    return sum(p.numel() for p in model.parameters()) + quantized

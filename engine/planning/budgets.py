@@ -42,6 +42,14 @@ class MachineBudget:
     activation_bytes: int | None = None  # one chunk's measured activation peak (CUDA), else the planner's estimate
 
 
+def num_weights(model) -> int:
+    """Parameters plus the weights of quantized layers (int8 ``codes``, a GGUF file's ``blocks``: buffers of
+    ``in_features x out_features`` weights): the model's weight count whatever its weights mode."""
+    quantized = sum(m.in_features * m.out_features for m in model.modules()
+                    if "codes" in m._buffers or "blocks" in m._buffers)
+    return sum(p.numel() for p in model.parameters()) + quantized
+
+
 def held_bytes(model) -> int:
     """The bytes a loaded model's tensors take: parameters and buffers (int8 codes and GGUF blocks are buffers)."""
     return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))

@@ -250,3 +250,26 @@ def test_auto_weights_keep_the_blocks_of_gguf_models_on_the_cpu_in_fp32(tmp_path
     AutoModelForCausalLM.from_config(_tiny_llama()).save_pretrained(tmp_path)
     model, _ = load_model(str(tmp_path), device="cpu", with_tokenizer=False, weights="auto")
     assert weights_mode(model) == "dense"
+
+
+@pytest.mark.slow
+@needs_kernel
+@torch.inference_mode()
+def test_a_document_session_on_gguf_weights_answers_as_stock_dense_does(smollm2):
+    """What the app serves on a CPU by default (--weights auto): the session reads a document and answers with
+    stock dense fp32's greedy tokens; its plan counts the blocks, not fp32 weights."""
+    from engine import DocumentSession, OffloadPolicy
+    from test_smollm2 import real_text, stock_greedy
+
+    dense, tokenizer = smollm2
+    model, _ = load_model(str(_embedded_gguf()), device="cpu", weights="auto", with_tokenizer=False)
+    assert weights_mode(model) == "gguf"
+    document, question = real_text()[:6000], "Which module wraps and fills text?"
+    session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=512), answer_budget=256)
+    session.set_document(document)
+    ids = session.prompts.document_ids(document) + session.prompts.conversation_ids(document, [], question)
+    expected = tokenizer.decode(stock_greedy(dense, ids), skip_special_tokens=True)
+    session.prefill()
+    answer = list(session.ask(question, max_new_tokens=32, repetition_guard=None))[-1].text
+    assert answer.strip() == expected.strip()
+    assert session.shape.weights_bytes < num_weights(model)  # under a byte a weight, where fp32 would hold 4

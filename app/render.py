@@ -72,6 +72,11 @@ def model_header(info: dict) -> str:
     for key in ("device", "dtype"):
         if info.get(key):
             parts.append(html.escape(str(info[key])))
+    weights = info.get("weights")
+    if weights == "gguf":  # the file's own quantized weights: what stock dense loading gives, in fewer bytes
+        parts.append('<span class="weights">GGUF blocks</span>')
+    elif weights == "int8":  # requantized: lossy, said so
+        parts.append('<span class="lossy">int8 weights (lossy)</span>')
     if info.get("kv_dtype"):  # 8-bit host KV: said wherever it is on, as it is lossy
         parts.append(f'<span class="lossy">KV {html.escape(str(info["kv_dtype"]))} (lossy)</span>')
     if info.get("self_check"):  # the engine's self-check on this GPU: "exact on this GPU ✓ <date>" or what failed

@@ -58,3 +58,10 @@ def test_a_self_check_that_cannot_run_is_said_in_the_header(monkeypatch, caplog)
     with caplog.at_level(logging.WARNING, logger="headinfer.launch"):
         assert launch.apply_first_use_self_check(policy, "cuda") == (policy, "not self-checked on this GPU")
     assert "could not run" in caplog.text
+
+
+def test_the_header_names_quantized_weights_and_says_when_they_are_lossy():
+    assert "GGUF blocks" in render.model_header({"name_or_path": "m", "weights": "gguf"})
+    assert 'class="lossy">int8 weights (lossy)' in render.model_header({"name_or_path": "m", "weights": "int8"})
+    dense = render.model_header({"name_or_path": "m", "weights": "dense"})
+    assert "GGUF" not in dense and "int8" not in dense

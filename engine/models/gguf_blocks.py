@@ -15,7 +15,8 @@ the weight's row order. A layer with no such tensor (another block type, a tenso
 dense, and the log says how many.
 
 Compute is fp32: ``gguf_gemv.c`` sums decode rows straight from the blocks; prefill chunks dequantize the layer
-(exactly as gguf-py does) and take torch's fp32 matmul. Without a C compiler the same is done through torch ops.
+(exactly as gguf-py does) and take torch's fp32 matmul. Without a C compiler gguf-py itself dequantizes every
+call (slow, but the same weights).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def kernel():
     """``(gemv, dequantize)`` C functions, or None (no compiler, or the build failed: logged)."""
     compiler = native.compiler()
     if compiler is None:
-        logger.info("gguf weights: no C compiler found; blocks are dequantized through torch ops (slower)")
+        logger.info("gguf weights: no C compiler found; blocks are dequantized by gguf-py at every call (slow)")
         return None
     library = native.load_library(compiler, _SOURCE, _VARIANTS)
     if library is None:
@@ -76,7 +77,7 @@ def dequantize_reference(raw: torch.Tensor, qtype: int) -> torch.Tensor:
 
 
 def dequantize(raw: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
-    """raw: [out, in / 32 * bytes] uint8 -> [out, in] fp32, the weights gguf-py gives (through C where built)."""
+    """raw: [out, in / block * bytes] uint8 -> [out, in] fp32, the weights gguf-py gives (through C where built)."""
     functions = kernel()
     if functions is None:
         return dequantize_reference(raw, qtype)
@@ -87,7 +88,8 @@ def dequantize(raw: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
 
 
 def block_linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """x: [..., in] fp32; raw: [out, in / 32 * bytes] uint8 blocks; bias: [out] fp32 or None. Returns [..., out]."""
+    """x: [..., in] fp32; raw: [out, in / block * bytes] uint8 blocks; bias: [out] fp32 or None. Returns
+    [..., out]."""
     out_features = raw.shape[0]
     in_features = x.shape[-1]
     rows = x.numel() // in_features
@@ -110,7 +112,7 @@ def _check(status: int) -> None:
 
 
 class BlockLinear(nn.Module):
-    """``y = x @ W.T + bias`` with W held as a GGUF tensor's blocks: ``blocks`` [out, in / 32 * bytes] uint8."""
+    """``y = x @ W.T + bias`` with W held as a GGUF tensor's blocks: ``blocks`` [out, in / block * bytes] uint8."""
 
     def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, bias: torch.Tensor | None) -> None:
         super().__init__()

@@ -148,7 +148,8 @@ static inline void block_weights(const uint8_t *block, int type, float *w) {
             for (int c = 0; c < 4; c++) {  /* elements 128 g + 32 c + k */
                 const uint8_t *low = ql + 64 * g + 32 * (c & 1), *high = qh + 32 * g;
                 const int shift = c < 2 ? 0 : 4;
-                const float lo_scale = d6 * (float)scales[8 * g + 2 * c], hi_scale = d6 * (float)scales[8 * g + 2 * c + 1];
+                const float lo_scale = d6 * (float)scales[8 * g + 2 * c];
+                const float hi_scale = d6 * (float)scales[8 * g + 2 * c + 1];
                 for (int k = 0; k < 32; k++) {
                     const int q = (((low[k] >> shift) & 0x0F) | ((high[k] >> (2 * c)) & 3) << 4) - 32;
                     w[128 * g + 32 * c + k] = (k < 16 ? lo_scale : hi_scale) * (float)q;
@@ -247,11 +248,12 @@ static inline __attribute__((always_inline)) __m256 block_dot(const uint8_t *blo
 }
 
 /* Four consecutive output rows (``stride`` bytes apart) against one activation row. */
-static inline __attribute__((always_inline)) void dot4(const uint8_t *row, long stride, int type, const float *x, const float *xsum, long blocks,
-                        float *out) {
+static inline __attribute__((always_inline)) void dot4(const uint8_t *row, long stride, int type, const float *x,
+                                                       const float *xsum, long blocks, float *out) {
     const long bb = block_bytes(type);
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    float offsets[4] = {0.0f, 0.0f, 0.0f, 0.0f};  /* sum over blocks of m * (the block's sum of x); Q4_0: m = -8d, Q5_0: -16d */
+    /* sum over blocks of m times the block's sum of x (Q4_0: m = -8d, Q5_0: -16d) */
+    float offsets[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (long b = 0; b < blocks; b++) {
         /* The next four rows' line at this offset, once per line: requested now, it arrives while these rows
          * compute (as in int8_gemv.c). */

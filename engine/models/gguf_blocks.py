@@ -43,6 +43,7 @@ BLOCK_TYPES = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7:
                8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210)}
 BLOCK = 32  # the smallest block: a layer's input width must be a multiple of its type's block
 GEMV_ROWS = 16  # rows from which dequantize-and-matmul is faster (prefill chunks)
+_DEQUANT_SLICE_BYTES = 64 << 20  # the most fp32 weight one dequantize-and-matmul call builds
 _SOURCE = Path(__file__).with_name("gguf_gemv.c")
 # -ffp-contract=off: the dequantization's product and sum are rounded one by one, as numpy does (see the source).
 _VARIANTS = [["-ffp-contract=off"]]
@@ -95,7 +96,17 @@ def block_linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Ten
     rows = x.numel() // in_features
     functions = kernel()
     if rows > GEMV_ROWS or functions is None:
-        return F.linear(x, dequantize(raw, qtype, in_features), bias)
+        # A slice of output rows dequantized at a time: a large-vocabulary lm_head would otherwise be a fp32 copy
+        # of GBs for one call (Qwen2.5-1.5B's: 0.9 GB).
+        step = max(4, _DEQUANT_SLICE_BYTES // (4 * in_features))
+        if out_features <= step:
+            return F.linear(x, dequantize(raw, qtype, in_features), bias)
+        y = torch.empty(*x.shape[:-1], out_features)  # [..., out]
+        for lo in range(0, out_features, step):
+            hi = min(lo + step, out_features)
+            part = None if bias is None else bias[lo:hi]
+            y[..., lo:hi] = F.linear(x, dequantize(raw[lo:hi], qtype, in_features), part)
+        return y
     gemv = functions[0]
     flat = x.contiguous()  # [..., in] read as [M, in]
     y = torch.empty(*x.shape[:-1], out_features)  # [..., out] written as [M, out]

@@ -83,6 +83,20 @@ def test_block_linear_is_the_dequantized_matmul(kind, rows, out_features, with_b
         assert ((actual.double() - expected).abs() / scale).max() < 1e-5
 
 
+def test_prefill_dequantizes_a_large_layer_a_slice_at_a_time(monkeypatch):
+    raw = random_blocks(70, 256, "Q4_K", seed=9)
+    x, bias = torch.randn(20, 256), torch.randn(70)
+    whole = block_linear(x, raw, TYPES["Q4_K"], bias)
+    monkeypatch.setattr(gguf_blocks, "_DEQUANT_SLICE_BYTES", 16 * 4 * 256)  # 16 rows a slice: 5 slices
+    built = []
+    real = gguf_blocks.dequantize
+    monkeypatch.setattr(gguf_blocks, "dequantize", lambda r, q, i: built.append(r.shape[0]) or real(r, q, i))
+    sliced = block_linear(x, raw, TYPES["Q4_K"], bias)
+    assert built == [16, 16, 16, 16, 6]
+    scale = x.abs() @ reference(raw, TYPES["Q4_K"]).abs().T  # another matmul shape sums in another order
+    assert ((sliced - whole).abs() / scale).max() < 1e-6
+
+
 @needs_kernel
 def test_block_linear_split_over_workers_equals_one_thread():
     raw = blocks_of(random_weight(4100, 512, seed=3), "Q4_1")  # 4100 rows x 320 bytes: more than 2 MiB

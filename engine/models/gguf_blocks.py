@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kv import native
+from .memory import trim_heap
 from .int8 import install, linear_targets
 from .int8_matmul import run_split
 
@@ -184,14 +185,12 @@ def install_gguf_blocks(model: nn.Module, gguf: Path) -> dict[str, int]:
     """Replaces each fp32 ``nn.Linear`` of ``model`` (loaded from ``gguf``) whose weight is, row for row, a tensor
     of the file stored in a supported block type by a ``BlockLinear`` over those blocks (see the module docstring);
     a tied lm_head's embedding becomes a ``BlockEmbedding``. Returns the layout: module name -> ggml type."""
-    from gguf import GGUFReader  # transformers' GGUF support needs the package anyway
+    from .gguf_header import read_header, tensor_arrays
 
-    reader = GGUFReader(str(gguf))
     candidates: dict[tuple[int, int], list] = {}
-    for tensor in reader.tensors:
-        qtype = int(tensor.tensor_type)
-        if qtype in BLOCK_TYPES and len(tensor.shape) == 2:  # tensor.shape: [in, out] (ggml's order)
-            candidates.setdefault((int(tensor.shape[1]), int(tensor.shape[0])), []).append(tensor)
+    for info, raw in tensor_arrays(gguf, read_header(gguf)):  # raw: copy-on-write maps of the file, no copies
+        if info.qtype in BLOCK_TYPES and len(info.shape) == 2:  # info.shape: [in, out] (ggml's order)
+            candidates.setdefault((info.shape[1], info.shape[0]), []).append((info, raw))
     layout: dict[str, int] = {}
     targets = block_targets(model)
     for name, module, ties_embedding in targets + _untied_embedding(model):
@@ -199,16 +198,17 @@ def install_gguf_blocks(model: nn.Module, gguf: Path) -> dict[str, int]:
         if weight.dtype != torch.float32:
             raise ValueError(f"gguf weights are matched against the fp32 model, and {name} is {weight.dtype}")
         layer = _LAYER.search(name)
-        for tensor in candidates.get(tuple(weight.shape), []):
-            block_layer = _BLK.match(tensor.name)
+        for info, raw in candidates.get(tuple(weight.shape), []):
+            block_layer = _BLK.match(info.name)
             if (layer is None) != (block_layer is None) or (layer and layer.group(1) != block_layer.group(1)):
                 continue
-            blocks = _rows_matching(weight, np.asarray(tensor.data), int(tensor.tensor_type))
+            blocks = _rows_matching(weight, raw, info.qtype)
             if blocks is not None:
-                layer = BlockLinear(blocks, int(tensor.tensor_type), weight.shape[1],
+                layer = BlockLinear(blocks, info.qtype, weight.shape[1],
                                     None if getattr(module, "bias", None) is None else module.bias.detach())
-                layout[_place(model, name, module, layer, ties_embedding)] = int(tensor.tensor_type)
+                layout[_place(model, name, module, layer, ties_embedding)] = info.qtype
                 break
+        trim_heap()  # the layer's dequantized scratch
     kinds = sorted({BLOCK_TYPES[qtype][0] for qtype in layout.values()})
     linear = sum(not name.endswith(_OWN_ROWS) for name in layout)
     logger.info("gguf weights: %d of %d linear layers keep the file's blocks (%s), %s; %d stay dense fp32",
@@ -239,8 +239,9 @@ def _place(model: nn.Module, name: str, module: nn.Module, layer: BlockLinear, t
 
 
 def _rows_matching(weight: torch.Tensor, raw: np.ndarray, qtype: int) -> torch.Tensor | None:
-    """``raw``'s block rows in ``weight``'s row order when each dequantizes to exactly that row, else None."""
-    raw_rows = torch.from_numpy(raw.copy())  # the reader's arrays are read-only maps of the file
+    """``raw``'s block rows in ``weight``'s row order when each dequantizes to exactly that row, else None. Rows in
+    the file's order stay a view of ``raw`` (a map of the file); permuted ones are a copy."""
+    raw_rows = torch.from_numpy(raw if raw.flags.writeable else raw.copy())
     dense = dequantize(raw_rows, qtype, weight.shape[1])
     if torch.equal(dense, weight):
         return raw_rows

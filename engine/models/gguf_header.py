@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 MAGIC = b"GGUF"
@@ -31,11 +32,28 @@ class GGUFHeader:
     data_bytes: int  # bytes the tensor table says the data section holds
     data_offset: int
     file_size: int
+    tensors: tuple[TensorInfo, ...] = ()  # the tensor table, in the file's order
+
 
     @property
     def is_complete(self) -> bool:
         """Every tensor's bytes are in the file (a download cut short is not)."""
         return self.data_offset + self.data_bytes <= self.file_size
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One entry of the tensor table."""
+
+    name: str
+    shape: tuple[int, ...]  # ggml's order: the innermost (row) dimension first
+    qtype: int  # a ``GGMLQuantizationType`` value
+    offset: int  # bytes from the start of the data section
+
+    @property
+    def row_bytes(self) -> int:
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(self.qtype)]
+        return self.shape[0] // block * block_bytes
 
 
 class ArrayLength(int):
@@ -69,8 +87,9 @@ class _Parser:
             key = self._string()
             fields[key] = self._value(self._scalar(4))
         num_params = data_bytes = 0
+        tensors = []
         for _ in range(num_tensors):
-            self._string()  # the tensor's name
+            name = self._string()
             dims = [self._scalar(10) for _ in range(self._scalar(4))]
             kind, offset = self._scalar(4), self._scalar(10)
             elements = 1
@@ -82,9 +101,10 @@ class _Parser:
                 raise GGUFHeaderError(f"{self.name}: unknown tensor type {kind}") from error
             num_params += elements
             data_bytes = max(data_bytes, offset + elements // block * block_bytes)
+            tensors.append(TensorInfo(name, tuple(dims), kind, offset))
         alignment = int(fields.get("general.alignment", 32)) or 32
         data_offset = -(-self.at // alignment) * alignment
-        return GGUFHeader(fields, num_params, data_bytes, data_offset, self.size)
+        return GGUFHeader(fields, num_params, data_bytes, data_offset, self.size, tuple(tensors))
 
     def _take(self, n: int) -> int:
         start = self.at
@@ -124,3 +144,20 @@ class _Parser:
         if count > 1024:  # scores, token types: only their count matters here (per-layer lists are kept)
             return ArrayLength(count)
         return list(struct.unpack_from(f"<{count}{fmt[1]}", self.data, start))
+
+
+def tensor_arrays(path: str | Path, header: GGUFHeader) -> list[tuple[TensorInfo, np.ndarray]]:
+    """Each tensor with its bytes as gguf-py's reader lays them out, mapped copy-on-write (writable for torch, the
+    file never written): uint8 ``[rows (numpy order, outer first)..., row_bytes]``, which gguf-py's ``dequantize``
+    takes for every type. Raises ``GGUFHeaderError`` for a file cut short."""
+    if not header.is_complete:
+        raise GGUFHeaderError(f"{path}: {header.file_size:,} bytes, the tensor table needs "
+                              f"{header.data_offset + header.data_bytes:,}")
+    data = np.memmap(path, dtype=np.uint8, mode="c", offset=header.data_offset,
+                     shape=(header.file_size - header.data_offset,))
+    arrays = []
+    for tensor in header.tensors:
+        rows = tuple(reversed(tensor.shape[1:]))
+        size = tensor.row_bytes * int(np.prod(rows, dtype=np.int64))
+        arrays.append((tensor, data[tensor.offset : tensor.offset + size].reshape(*rows, tensor.row_bytes)))
+    return arrays

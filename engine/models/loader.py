@@ -31,6 +31,7 @@ from .gguf import convert_gguf, load_weights
 from ..store.fingerprint import weights_mode
 from . import gguf_blocks, int8_matmul
 from .gguf_blocks import blocks_skeleton, install_gguf_blocks
+from .memory import release_memory
 from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
 from .pypi import pypi_model_dir, pypi_model_gguf
 from .weights_cache import CacheEntry, cache_entry, load_cached, save_cached
@@ -123,8 +124,9 @@ def converted_gguf_dir(gguf: Path) -> Path:
     key = hashlib.sha256(f"{gguf.resolve()}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()).hexdigest()[:12]
     target = cache_dir() / "models" / f"{gguf.stem}-{key}"
     if not target.is_dir():  # only a finished conversion is ever renamed to this name
-        check_supported(_read_config(str(gguf.parent), gguf.name, False))
-        convert_gguf(gguf, target)
+        config = _read_config(str(gguf.parent), gguf.name, False)
+        check_supported(config)
+        convert_gguf(gguf, target, config)
     return target
 
 
@@ -263,6 +265,14 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
         # Keyed again: a Hub id's load may just have fetched its first snapshot, or a newer one than was looked up.
         if (entry := _weights_cache_entry(path, is_hub, torch_device, torch_dtype, weights)) is not None:
             save_cached(entry, model)
+            # The model just converted still maps the source's fp32 file (its untouched tensors are views of it)
+            # and the heap holds the conversion's scratch: the saved entry is the same tensors, mapped alone.
+            cached = load_cached(entry, lambda layout: _skeleton(config, torch_dtype, attn_implementation, weights,
+                                                                  layout), just_saved=True)
+            if cached is not None:
+                _finish_like_from_pretrained(cached, path)
+                model = cached
+                release_memory()
     model.eval()
     return model, tokenizer
 

@@ -9,8 +9,6 @@ stays tied to its model and reopens only under it.
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import logging
 import threading
 import time
@@ -23,6 +21,7 @@ import psutil
 import torch
 
 from engine.models.loader import describe
+from engine.models.memory import release_memory
 from engine.planning.policy import OffloadPolicy
 from engine.session import DocumentSession
 
@@ -93,7 +92,7 @@ class ModelHolder:
             self.model, self.tokenizer, self.name = model, tokenizer, new_name
             self.serial += 1
         del model, tokenizer, retired
-        _release()
+        release_memory()
         report = SwitchReport(old_name, new_name, closed, rss_before, _rss(), load_seconds)
         logger.info("switched %s -> %s: %.2f GiB returned", old_name, new_name, report.returned_bytes / 2**30)
         return report
@@ -108,16 +107,6 @@ def retire(session: DocumentSession, note: str) -> None:
     session.retired = note
     session.model = session.tokenizer = None
     session.prompts = None
-
-
-def _release() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    try:  # glibc keeps freed small blocks in its arenas; give the top of the heap back too
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _rss() -> int:

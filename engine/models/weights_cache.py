@@ -87,8 +87,10 @@ def cache_entry(models_dir: Path, source: Path, name: str, dtype: torch.dtype, w
     return CacheEntry(models_dir / f"{name}-{mode}-{key}", resolved, mode)
 
 
-def load_cached(entry: CacheEntry, skeleton: Callable[[dict[str, int]], nn.Module]) -> nn.Module | None:
+def load_cached(entry: CacheEntry, skeleton: Callable[[dict[str, int]], nn.Module], *,
+                just_saved: bool = False) -> nn.Module | None:
     """The model saved in ``entry``, on the CPU, or None when there is none yet or it cannot be read.
+    ``just_saved``: the caller saved it a moment ago (no cache hit to report).
 
     ``skeleton(layout)`` builds the model's modules on the meta device (int8 layers swapped in, GGUF block layers
     where ``layout``, the saved ``gguf_blocks.block_layout``, says); the saved tensors are assigned to it
@@ -104,8 +106,11 @@ def load_cached(entry: CacheEntry, skeleton: Callable[[dict[str, int]], nn.Modul
                        entry.folder, type(err).__name__, err, entry.source)
         shutil.rmtree(entry.folder, ignore_errors=True)
         return None
-    logger.info("Loaded %s weights of %s from the converted-weights cache %s", entry.mode, entry.source,
-                entry.folder)
+    if just_saved:
+        logger.debug("Mapped the %s weights just saved to %s", entry.mode, entry.folder)
+    else:
+        logger.info("Loaded %s weights of %s from the converted-weights cache %s", entry.mode, entry.source,
+                    entry.folder)
     return model
 
 

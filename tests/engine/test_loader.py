@@ -272,10 +272,12 @@ def test_failed_download_is_a_clear_error(empty_cache, monkeypatch):
 def test_crash_mid_conversion_leaves_no_complete_looking_folder(empty_cache, monkeypatch):
     monkeypatch.setattr(loader, "_embedded_gguf", lambda: empty_cache / "fake.gguf")
 
-    def crash(*args, **kwargs):
+    def crash(gguf_path, config, folder):
+        (folder / "model.safetensors").write_bytes(b"half a file")
         raise RuntimeError("killed mid-conversion")
 
-    monkeypatch.setattr(gguf, "load_weights", crash)  # where the conversion calls it
+    monkeypatch.setattr(gguf.AutoConfig, "from_pretrained", lambda *args, **kwargs: object())
+    monkeypatch.setattr(gguf, "write_streamed", crash)  # where the conversion writes the weights
     with pytest.raises(RuntimeError, match="killed"):
         embedded_model_dir()
     models = empty_cache / "models"
@@ -346,7 +348,8 @@ def test_gguf_source_converted_once_then_loaded_from_the_cache(smollm2, monkeypa
 def test_gguf_conversion_keyed_by_file_and_refused_before_weights(empty_cache, monkeypatch, tmp_path):
     conversions = []
 
-    def fake_convert(gguf, target):
+    def fake_convert(gguf, target, config):
+        assert config.model_type == "llama"  # the config read for the check is handed on, not parsed again
         conversions.append(gguf.read_bytes())
         target.mkdir(parents=True)
 

@@ -1,0 +1,76 @@
+"""A GGUF converted one tensor at a time (``engine.models.gguf.write_streamed``) holds exactly the tensors stock
+transformers builds from the file, under the same names; files it cannot stream convert the stock way."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf import GGUFWriter
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from engine.models import gguf as gguf_module
+from engine.models.gguf import WEIGHTS_NAME, convert_gguf, gguf_names, load_weights, write_streamed
+from engine.models.loader import _embedded_gguf
+
+
+@pytest.mark.slow
+@torch.inference_mode()
+def test_streamed_conversion_equals_stock_loading_of_the_real_gguf(tmp_path):
+    gguf = _embedded_gguf()
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    assert write_streamed(gguf, config, tmp_path)
+    streamed = load_file(tmp_path / WEIGHTS_NAME)
+    stock = load_weights(AutoModelForCausalLM, str(gguf.parent), gguf.name, dtype=torch.float32)
+    expected = stock.state_dict()
+    assert set(expected) - set(streamed) == {"lm_head.weight"}  # tied to the embedding: stored once
+    assert set(streamed) <= set(expected)
+    for name, tensor in streamed.items():  # the q/k row permutation included: bit for bit
+        assert tensor.dtype == torch.float32 and torch.equal(tensor, expected[name]), name
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    assert type(reloaded) is type(stock)
+    assert reloaded.lm_head.weight.data_ptr() == reloaded.get_input_embeddings().weight.data_ptr()
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 314]])
+    assert torch.equal(reloaded(ids).logits, stock(ids).logits)
+
+
+def test_the_top_level_name_map_is_the_full_walks():
+    """``gguf_names`` asks transformers' map at the top level only (the full walk rebuilds gguf-py's table at every
+    submodule): the same names for a Llama-family model."""
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, get_gguf_hf_weights_map
+    from archs import tiny_configs
+
+    config = tiny_configs()["llama-gqa"]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    processor = LlamaTensorProcessor(config=config.to_dict())
+    names = gguf_names(model, processor)
+    assert names == get_gguf_hf_weights_map(model, processor)
+    assert names["blk.0.attn_q.weight"] == "model.layers.0.self_attn.q_proj.weight"
+
+
+def test_an_architecture_whose_processor_gathers_tensors_converts_the_stock_way(tmp_path, monkeypatch):
+    """The MoE processors merge experts over several tensors: no streamed file is written, and ``convert_gguf``
+    falls back to stock loading (here observed, not run: a real MoE GGUF is gigabytes)."""
+    path = tmp_path / "moe.gguf"
+    writer = GGUFWriter(str(path), "qwen2moe")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    folder = tmp_path / "out"
+    folder.mkdir()
+    assert write_streamed(path, config=None, folder=folder) is False
+    assert list(folder.iterdir()) == []
+
+    stock_loads = []
+
+    class Stock:
+        def save_pretrained(self, where):
+            (where / "stock").write_text("saved")
+
+    monkeypatch.setattr(gguf_module, "load_weights", lambda *args, **kwargs: stock_loads.append(args) or Stock())
+    monkeypatch.setattr(gguf_module.AutoTokenizer, "from_pretrained",
+                        lambda *args, **kwargs: type("T", (), {"save_pretrained": lambda self, where: None})())
+    convert_gguf(path, tmp_path / "converted", config=object())
+    assert len(stock_loads) == 1 and (tmp_path / "converted" / "stock").read_text() == "saved"

@@ -8,6 +8,8 @@ machine lands on every kind alike. Results: ``docs/benchmarks/model-load.json`` 
     .venv/bin/python -m benchmarks.model_load                 # the embedded SmolLM2: GGUF kinds, then memory
     .venv/bin/python -m benchmarks.model_load --gguf path/to/model.gguf --rounds 3 --part gguf
     .venv/bin/python -m benchmarks.model_load --part memory   # peak RSS of the embedded SmolLM2's loads only
+    .venv/bin/python -m benchmarks.model_load --part first-start --sources pypi:qwen2.5-coder-1.5b embedded
+                                                              # a user's first start: GGUF -> folder -> blocks
 """
 
 from __future__ import annotations
@@ -106,6 +108,58 @@ def memory_run(code: str, args: list[str], cache: Path) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+_FIRST_START_CHILD = """
+import json, sys, threading, time
+start = time.perf_counter()
+import torch, transformers, engine
+from engine.models.loader import load_model
+
+def status(field):
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(field + ":"))
+
+# VmHWM counts the pages of mapped files too (the fp32 folder is read through a map: clean pages the kernel may
+# drop under pressure); the anonymous peak, sampled, is the memory a first start really needs.
+anon_peak, loading = [0], True
+def sample():
+    while loading:
+        anon_peak[0] = max(anon_peak[0], status("RssAnon"))
+        time.sleep(0.02)
+sampler = threading.Thread(target=sample, daemon=True)
+sampler.start()
+imported = time.perf_counter()
+model, tokenizer = load_model(None if sys.argv[1] == "embedded" else sys.argv[1], device="cpu", weights="auto")
+loaded = time.perf_counter()
+loading = False
+sampler.join()
+print(json.dumps({"seconds": loaded - start, "load_seconds": loaded - imported, "load_peak": status("VmHWM"),
+                  "rss_loaded": status("VmRSS"), "anon_peak": max(anon_peak[0], status("RssAnon"))}))
+"""
+
+
+def measure_first_start(sources: list[str], rounds: int, records: ResultStore, label: str = "") -> None:
+    """A user's first start of each source on the CPU (``--weights auto``): an empty cache but for the downloaded
+    GGUF (linked in), so the conversion to a folder, the block matching and the cache save are all measured."""
+    from engine.paths import cache_dir
+
+    downloads = cache_dir() / "downloads"
+    for round_idx in range(rounds):
+        for source in sources:
+            with tempfile.TemporaryDirectory(prefix="model-first-start-") as scratch:
+                cache = Path(scratch)
+                if downloads.is_dir():
+                    (cache / "downloads").symlink_to(downloads)
+                for load in ("first", "second"):
+                    report = memory_run(_FIRST_START_CHILD, [source], cache)
+                    metrics = {"load_peak_mib": round(report["load_peak"] / _MIB),
+                               "anon_peak_mib": round(report["anon_peak"] / _MIB),
+                               "rss_loaded_mib": round(report["rss_loaded"] / _MIB),
+                               "seconds": round(report["seconds"], 1), "load_seconds": round(report["load_seconds"], 1)}
+                    print(f"round {round_idx + 1}: {source} {load} start: {metrics}", flush=True)
+                    records.append("model-first-start", f"{label}{source}-{load}", source=source, load=load, label=label,
+                                   load_avg=[round(x, 2) for x in os.getloadavg()], **metrics)
+
+
 def measure_memory(rounds: int, records: ResultStore) -> None:
     """Peak RSS and time of the embedded SmolLM2's first and second CPU load in each of ``_WEIGHTS``."""
     source = embedded_model_dir()  # converted from the GGUF once, in the user's cache (the GGUF kinds time that)
@@ -176,6 +230,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
                 lines.append(f"| {name} | {kind} | {statistics.median(values):.1f} | "
                              f"{', '.join(f'{v:.1f}' for v in values)} |")
     lines += _memory_lines(records)
+    lines += _first_start_lines(records)
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
@@ -222,13 +277,58 @@ def _memory_lines(records: list[dict]) -> list[str]:
     return lines
 
 
+def _first_start_lines(records: list[dict]) -> list[str]:
+    """The first-start section: each source's latest run, medians over its rounds."""
+    starts = [r for r in records if r.get("phase") == "model-first-start" and r.get("status") == "ok"]
+    if not starts:
+        return []
+    stamp = starts[-1]["run"]
+    lines = [
+        "",
+        "## A user's first start on the CPU (`--weights auto`)",
+        "",
+        "`python -m benchmarks.model_load --part first-start --sources ...` (raw records: `model-load.json`). A fresh",
+        "process with an empty cache but for the downloaded GGUF: `first` converts the GGUF into an fp32 folder",
+        "(one tensor at a time since 2026-11-25), loads it, keeps the file's own blocks for every layer that matches",
+        "and saves them; `second` maps the saved blocks. Peak: the process's VmHWM when `load_model` returns, which",
+        "counts the pages of mapped files (the fp32 folder is read through a map: clean pages the kernel can drop);",
+        "anonymous peak: the most RssAnon sampled every 20 ms, the memory a start really needs; RSS after: what it",
+        "holds then. Seconds: process start to loaded model (`load_model` alone in brackets).",
+        "",
+        f"Machine: {stamp.get('machine', '?')}; torch {stamp.get('torch', '?')}, transformers "
+        f"{stamp.get('transformers', '?')}; load average at the start {stamp.get('load_avg', '?')}.",
+        "",
+        "| code | source | start | peak RSS MiB | anonymous peak MiB | RSS after MiB | seconds (load) | rounds |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    latest: dict[str, list[dict]] = {}
+    for record in starts:  # the newest run of each source and start
+        runs = latest.setdefault(record["mode"], [])
+        if runs and runs[-1]["run"]["run_id"] != record["run"]["run_id"]:
+            runs.clear()
+        runs.append(record)
+    for mode, runs in latest.items():
+        metrics = [r["metrics"] for r in runs]
+        median = {key: statistics.median(m.get(key, float("nan")) for m in metrics)
+                  for key in ("load_peak_mib", "anon_peak_mib", "rss_loaded_mib", "seconds", "load_seconds")}
+        anon = "–" if median["anon_peak_mib"] != median["anon_peak_mib"] else f"{median['anon_peak_mib']:,.0f}"  # NaN: not sampled
+        lines.append(f"| {metrics[0].get('label') or 'this'} | `{metrics[0]['source']}` | {metrics[0]['load']} | "
+                     f"{median['load_peak_mib']:,.0f} | {anon} | {median['rss_loaded_mib']:,.0f} | "
+                     f"{median['seconds']:.1f} ({median['load_seconds']:.1f}) | {len(metrics)} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gguf", type=Path, default=None, help="a .gguf file (default: the embedded SmolLM2's)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--part", choices=("gguf", "memory", "all"), default="all",
-                        help="gguf: load time from a GGUF; memory: peak RSS of the embedded model's CPU loads")
+    parser.add_argument("--part", choices=("gguf", "memory", "first-start", "all"), default="all",
+                        help="gguf: load time from a GGUF; memory: peak RSS of the embedded model's CPU loads; "
+                             "first-start: a user's first and second start of --sources (not in all)")
+    parser.add_argument("--label", default="", help="first-start: names the code measured (e.g. an older commit)")
+    parser.add_argument("--sources", nargs="+", default=["embedded"],
+                        help="first-start: load_model sources ('embedded' for the embedded SmolLM2)")
     parser.add_argument("--report-only", action="store_true", help="rewrite the markdown from the JSON")
     args = parser.parse_args(argv)
     if not args.report_only:
@@ -237,6 +337,8 @@ def main(argv: list[str] | None = None) -> None:
             measure((args.gguf or _embedded_gguf()).resolve(), args.rounds, records)
         if args.part in ("memory", "all"):
             measure_memory(args.rounds, records)
+        if args.part == "first-start":
+            measure_first_start(args.sources, args.rounds, records, args.label)
     write_markdown(load_records(args.out), args.out)
     print(json.dumps({"markdown": str(args.out.with_suffix(".md"))}))
 

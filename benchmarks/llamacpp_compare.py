@@ -230,6 +230,34 @@ def bare_rss() -> dict:
     return floors
 
 
+_FLOOR_CHILD = """
+import sys
+import numpy as np
+import torch
+import transformers
+getattr(transformers, sys.argv[2])  # the model class: what any engine running transformers' model imports
+layers, heads, dim, tokens = map(int, sys.argv[3:7])
+weights = np.memmap(sys.argv[1], dtype=np.uint8, mode="r")
+int(weights[::4096].sum())  # every page of the file read, as a forward reads every weight
+torch.empty(layers, tokens, 2, heads, dim).fill_(0.0)  # float32 K/V: what equals stock's fp32 model, written
+"""
+
+
+def floor_rss(gguf: Path, contexts: list[int], decode_tokens: int) -> dict:
+    """The peak RSS no exact engine inside torch + transformers can go below, per context: a process that imports
+    them and the model's class, reads every byte of the GGUF (the blocks a forward reads) and writes float32 K/V
+    for the context (stock transformers' K/V for fp32 weights). Nothing else: no tokenizer, no activations."""
+    from engine.models.loader import converted_gguf_dir, read_config
+    from engine.types import ModelShape
+
+    config = read_config(str(converted_gguf_dir(gguf)))  # the folder's config names the class
+    shape = ModelShape.from_config(config)
+    return {str(context): _run([sys.executable, "-c", _FLOOR_CHILD, str(gguf), config.architectures[0],
+                                str(shape.num_layers), str(shape.num_kv_heads), str(shape.head_dim),
+                                str(context + decode_tokens + 1)])[1]
+            for context in contexts}
+
+
 def measure(args) -> dict:
     """The interleaved rounds; returns the raw record written to the .json."""
     record = {"stamp": _stamp(), "gguf": str(args.gguf), "gguf_bytes": args.gguf.stat().st_size,
@@ -346,6 +374,15 @@ def write_markdown(record: dict, path: Path) -> None:
                 f"{int(c):,}: " + ", ".join(f"{m} " + " / ".join(f"{r:.2f}" for r in ratios)
                                             for m, ratios in per_round_ratios(record, int(c)).items())
                 for c in sorted(summary, key=int)) + "."]
+        if key == "rss" and record.get("floor"):
+            floor = record["floor"]
+            lines += ["", "The floor of an exact engine in torch + transformers (`--floor`, measured "
+                      f"{floor['stamp'].get('date', '?')[:10]}): a process that imports them and the model's class, "
+                      "reads every byte of the GGUF and writes float32 K/V for the context, nothing else: " + "; ".join(
+                          f"{int(c):,} tokens {v / 2**20:,.0f} MiB"
+                          + (f" ({v / summary[c]['llama.cpp']['rss']:.2f}x llama.cpp)"
+                             if summary.get(c, {}).get("llama.cpp", {}).get("rss") else "")
+                          for c, v in floor["contexts"].items()) + "."]
         if key == "rss":
             lines += ["", "What our process still holds after decoding (VmRSS at its end; where it is below the peak "
                       "above, the peak was reached while loading): " + "; ".join(
@@ -385,8 +422,10 @@ def _targets(summary: dict, modes: list[str], record: dict) -> list[str]:
         if met and min(rounds, default=goal) < goal:
             verdict = "not shown (rounds: " + " / ".join(f"{r:.2f}x" for r in rounds) + ")"
         relation = ">=" if key != "rss" else "<="
+        floor = record.get("floor", {}).get("contexts", {}).get(context) if key == "rss" else None
+        below = f" (the floor of an exact in-torch engine: {floor / base:.2f}x)" if floor else ""
         lines.append(f"- {key} at {int(context):,}: {ratios[mode]:.2f}x llama.cpp ({mode}); target {relation} {goal}x: "
-                     f"**{verdict}**")
+                     f"**{verdict}**{below}")
     return lines + [""]
 
 
@@ -430,6 +469,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true",
                         help="only profile our decode (torch.profiler) per mode and context, into the same .json")
     parser.add_argument("--child-profile", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--floor", action="store_true",
+                        help="only measure the floor of an exact in-torch engine per context, into the same .json")
     args = parser.parse_args(argv)
     args.contexts = [int(c) for c in args.contexts.split(",")]
     args.modes = args.modes.split(",")
@@ -444,7 +485,11 @@ def main(argv: list[str] | None = None) -> None:
         from engine.models.loader import _embedded_gguf
 
         args.gguf = _embedded_gguf()
-    if args.profile:
+    if args.floor:
+        record = json.loads(args.out.read_text())
+        record["floor"] = {"stamp": _stamp(), "contexts": floor_rss(args.gguf, args.contexts, record["decode_tokens"])}
+        args.out.write_text(json.dumps(record, indent=1) + "\n")
+    elif args.profile:
         record = json.loads(args.out.read_text())
         record["profile"] = {f"{mode} {context}": json.loads(_run(
             [sys.executable, "-m", "benchmarks.llamacpp_compare", "--child", mode, "--child-profile", "--contexts",

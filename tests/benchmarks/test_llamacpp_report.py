@@ -60,3 +60,29 @@ def test_a_decode_target_whose_rounds_straddle_it_is_not_shown(tmp_path):
     compare.write_markdown(record, tmp_path / "out.json")
     assert "decode at 8,192: 1.25x llama.cpp (int8); target >= 1.0x: **not shown (rounds: 2.00x / 0.50x)**" in \
         (tmp_path / "out.md").read_text()
+
+
+def test_the_floor_is_reported_beside_the_memory_target(tmp_path):
+    record = _record()
+    record["floor"] = {"stamp": {"date": "2026-11-25T20:00:00"}, "contexts": {"2048": 500 << 20}}
+    compare.write_markdown(record, tmp_path / "out.json")
+    text = (tmp_path / "out.md").read_text()
+    assert "rss at 2,048: 3.00x llama.cpp (int8); target <= 2.0x: **not met** (the floor of an exact in-torch " \
+           "engine: 2.50x)" in text
+    assert "2,048 tokens 500 MiB (2.50x llama.cpp)." in text
+
+
+def test_the_floor_child_holds_the_file_and_the_kv_it_is_given(tmp_path):
+    """The floor process reads every page of the file and writes its K/V: its peak grows by both."""
+    weights = tmp_path / "w.bin"
+    weights.write_bytes(b"\1" * (64 << 20))
+    empty = tmp_path / "e.bin"
+    empty.write_bytes(b"\1" * 4096)
+
+    def peak(path, tokens):  # 4 layers x tokens x 2 x 8 heads x 256 floats = 64 KiB a token
+        return compare._run([sys.executable, "-c", compare._FLOOR_CHILD, str(path), "LlamaForCausalLM", "4", "8",
+                             "256", str(tokens)])[1]
+
+    base = peak(empty, 1)
+    assert peak(weights, 1) - base > 56 << 20
+    assert peak(empty, 1024) - base > 56 << 20  # 64 MiB of float32 K/V

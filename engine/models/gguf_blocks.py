@@ -154,15 +154,18 @@ class BlockLinear(nn.Module):
 class BlockEmbedding(nn.Module):
     """A plain embedding whose rows are a ``BlockLinear``'s: looked-up rows are dequantized. The table is a tied
     lm_head (held, not registered: the blocks belong to the lm_head, and a second registration would list them
-    twice), or the embedding's own (``owns_table``: registered as ``rows``, an untied embedding's blocks)."""
+    twice), or the embedding's own (``owns_table``: registered as ``rows``, an untied embedding's blocks). ``scale``:
+    the 0-d factor a scaled embedding (Gemma's ``embed_scale``) multiplies its rows by, as it does."""
 
-    def __init__(self, table: BlockLinear, padding_idx: int | None, owns_table: bool = False) -> None:
+    def __init__(self, table: BlockLinear, padding_idx: int | None, owns_table: bool = False,
+                 scale: torch.Tensor | None = None) -> None:
         super().__init__()
         if owns_table:
             self.rows = table
         else:
             self._table = (table,)
         self.padding_idx = padding_idx
+        self.scale = None if scale is None else nn.Buffer(scale.detach().clone())
 
     @property
     def table(self) -> BlockLinear:
@@ -178,7 +181,8 @@ class BlockEmbedding(nn.Module):
         # ids: [...] -> [..., hidden] fp32
         table = self.table
         rows = dequantize(table.blocks[ids.reshape(-1)], table.qtype, table.in_features)
-        return rows.reshape(*ids.shape, table.in_features)
+        rows = rows.reshape(*ids.shape, table.in_features)
+        return rows if self.scale is None else rows * self.scale.to(rows.dtype)
 
 
 def install_gguf_blocks(model: nn.Module, gguf: Path) -> dict[str, int]:
@@ -234,8 +238,17 @@ def _place(model: nn.Module, name: str, module: nn.Module, layer: BlockLinear, t
     if isinstance(module, nn.Embedding):
         model.set_submodule(name, BlockEmbedding(layer, module.padding_idx, owns_table=True))
         return f"{name}{_OWN_ROWS}"
-    install(model, name, layer, ties_embedding, BlockEmbedding)
+    scale = embedding_scale(model.get_input_embeddings()) if ties_embedding else None
+    install(model, name, layer, ties_embedding, functools.partial(BlockEmbedding, scale=scale))
     return name
+
+
+def embedding_scale(embeddings: nn.Module) -> torch.Tensor | None:
+    """The 0-d ``embed_scale`` of a scaled embedding (transformers' ``*ScaledWordEmbedding``: an ``nn.Embedding``
+    whose forward multiplies its rows by it, Gemma 3's among them), else None."""
+    scale = getattr(embeddings, "embed_scale", None)
+    is_scaled = isinstance(embeddings, nn.Embedding) and type(embeddings).__name__.endswith("ScaledWordEmbedding")
+    return scale if is_scaled and isinstance(scale, torch.Tensor) and scale.dim() == 0 else None
 
 
 def _rows_matching(weight: torch.Tensor, raw: np.ndarray, qtype: int) -> torch.Tensor | None:
@@ -272,7 +285,7 @@ def blocks_skeleton(model: nn.Module, layout: dict[str, int]) -> int:
 
 def block_targets(model: nn.Module) -> list[tuple[str, nn.Linear, bool]]:
     """``(name, layer, ties the embedding)`` of each linear layer that could hold blocks (inputs a multiple of 32)."""
-    return linear_targets(model, BLOCK)
+    return linear_targets(model, BLOCK, can_tie=lambda embeddings: embedding_scale(embeddings) is not None)
 
 
 def block_layout(model: nn.Module) -> dict[str, int]:

@@ -16,6 +16,8 @@ the two. Only the model instance is changed: its submodules are replaced, no cla
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import logging
 
 import torch
@@ -147,18 +149,20 @@ def int8_targets(model: nn.Module) -> list[tuple[str, nn.Linear, bool]]:
     return linear_targets(model, _K_MULTIPLE)
 
 
-def linear_targets(model: nn.Module, multiple: int) -> list[tuple[str, nn.Linear, bool]]:
+def linear_targets(model: nn.Module, multiple: int,
+                   can_tie: Callable[[nn.Module], bool] | None = None) -> list[tuple[str, nn.Linear, bool]]:
     """``(name, layer, ties the embedding)`` of each ``nn.Linear`` whose input width is a multiple of ``multiple``;
-    a tied lm_head only when its embedding is a plain ``nn.Embedding`` (Gemma scales its embedding: replacing one
-    side would untie the two)."""
+    a tied lm_head only when its embedding is a plain ``nn.Embedding``, or one ``can_tie`` accepts (Gemma scales its
+    embedding: replacing one side by a layer that cannot scale would untie the two)."""
     embeddings = model.get_input_embeddings()
     output = model.get_output_embeddings()
     tied = output is not None and output.weight is embeddings.weight
+    keeps_tie = type(embeddings) is nn.Embedding or (can_tie is not None and can_tie(embeddings))
     targets = []
     for name, module in model.named_modules():
         if type(module) is not nn.Linear or module.in_features % multiple:
             continue
-        if module is output and tied and type(embeddings) is not nn.Embedding:
+        if module is output and tied and not keeps_tie:
             continue
         targets.append((name, module, module is output and tied))
     return targets

@@ -287,3 +287,45 @@ def test_a_document_session_on_gguf_weights_answers_as_stock_dense_does(smollm2)
     answer = list(session.ask(question, max_new_tokens=32, repetition_guard=None))[-1].text
     assert answer.strip() == expected.strip()
     assert session.shape.weights_bytes < num_weights(model)  # under a byte a weight, where fp32 would hold 4
+
+
+@torch.inference_mode()
+def test_gemmas_scaled_tied_embedding_keeps_the_files_blocks(tmp_path):
+    """Gemma 3 scales its embedding's rows and ties its lm_head to it: both take the file's blocks (its largest
+    tensor: 262K rows), the embedding scaling as Gemma's does, bit for bit; the cache rebuilds it, scale included."""
+    from transformers import Gemma3ForCausalLM
+
+    from archs import tiny_configs
+    from engine.models.weights_cache import CacheEntry, load_cached, save_cached
+
+    config = tiny_configs()["gemma3-window"]
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    dense = Gemma3ForCausalLM(config).eval()
+    embedding = dense.get_input_embeddings()
+    assert type(embedding).__name__ == "Gemma3TextScaledWordEmbedding" and float(embedding.embed_scale) == 8.0
+    raw = blocks_of(embedding.weight.numpy(), "Q8_0")
+    embedding.weight.copy_(reference(raw, TYPES["Q8_0"]))  # the lm_head is the same tensor
+    _write_gguf(tmp_path / "gemma.gguf", {"token_embd.weight": (raw, TYPES["Q8_0"])})
+    model = Gemma3ForCausalLM(config).eval()
+    model.load_state_dict(dense.state_dict())
+    layout = gguf_blocks.install_gguf_blocks(model, tmp_path / "gemma.gguf")
+    assert layout == {"lm_head": TYPES["Q8_0"]}
+    embeddings = model.get_input_embeddings()
+    assert isinstance(embeddings, BlockEmbedding) and embeddings.table is model.lm_head
+    ids = torch.randint(0, config.vocab_size, (1, 20))
+    assert torch.equal(embeddings(ids), embedding(ids))  # scaled as Gemma scales: the same bits
+    assert torch.equal(model(ids).logits, dense(ids).logits)  # a prefill chunk: the lm_head dequantized
+    assert rel_diff(model(ids[:, :3]).logits, dense(ids[:, :3]).logits) < 10 * RTOL  # decode rows: the GEMV
+    entry = CacheEntry(tmp_path / "entry", tmp_path, "gguf")
+    save_cached(entry, model)
+
+    def skeleton(saved_layout):
+        with torch.device("meta"):
+            frame = Gemma3ForCausalLM(config).eval()
+        gguf_blocks.blocks_skeleton(frame, saved_layout)
+        return frame
+
+    cached = load_cached(entry, skeleton)
+    assert cached is not None and float(cached.get_input_embeddings().scale) == 8.0
+    assert torch.equal(cached(ids).logits, model(ids).logits)

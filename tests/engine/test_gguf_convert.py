@@ -74,3 +74,39 @@ def test_an_architecture_whose_processor_gathers_tensors_converts_the_stock_way(
                         lambda *args, **kwargs: type("T", (), {"save_pretrained": lambda self, where: None})())
     convert_gguf(path, tmp_path / "converted", config=object())
     assert len(stock_loads) == 1 and (tmp_path / "converted" / "stock").read_text() == "saved"
+
+
+def test_the_header_maps_every_tensor_as_gguf_pys_reader_does(tmp_path):
+    """``tensor_arrays`` (the streamed conversion's and the block matcher's view of a file) gives each tensor the
+    bytes gguf-py's reader gives: the same values dequantized, for float, half, bf16 and block types, any rank."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q, GGUFReader
+    from gguf.quants import dequantize, quantize
+
+    from engine.models.gguf_header import GGUFHeaderError, read_header, tensor_arrays
+
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((6, 64)).astype(np.float32)
+    path = tmp_path / "types.gguf"
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_tensor("f32", weight)
+    writer.add_tensor("f16", weight.astype(np.float16))
+    writer.add_tensor("bf16", quantize(weight, Q.BF16), raw_dtype=Q.BF16)
+    writer.add_tensor("q8_0", quantize(weight, Q.Q8_0), raw_dtype=Q.Q8_0)
+    writer.add_tensor("vector", weight[0])
+    writer.add_tensor("rank3", rng.standard_normal((2, 3, 64)).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ours = {info.name: (info, raw) for info, raw in tensor_arrays(path, read_header(path))}
+    reader = GGUFReader(str(path))
+    assert list(ours) == [t.name for t in reader.tensors]
+    for tensor in reader.tensors:
+        info, raw = ours[tensor.name]
+        assert info.qtype == int(tensor.tensor_type)
+        assert np.array_equal(dequantize(raw, info.qtype), dequantize(tensor.data, tensor.tensor_type)), tensor.name
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(GGUFHeaderError, match="cut.gguf"):
+        tensor_arrays(cut, read_header(cut))

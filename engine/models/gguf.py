@@ -27,6 +27,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufCo
 logger = logging.getLogger(__name__)
 
 WEIGHTS_NAME = "model.safetensors"
+#: GGUF architectures converted one tensor at a time: those whose stock conversion is per tensor (transformers'
+#: name map, then at most Llama's q/k row order or Gemma's norm offset), each shown bit-equal to stock in
+#: tests/engine/test_gguf_convert.py. Others (MoE experts merged across tensors, the architectures transformers
+#: converts through ``integrations.gguf`` such as Qwen3.5) convert the stock way.
+STREAMED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 
 
 def convert_gguf(gguf: Path, target: Path, config: Any = None) -> None:
@@ -68,25 +73,26 @@ def load_weights(cls: Any, source: str, gguf_file: str | None, **kwargs: Any) ->
 def write_streamed(gguf: Path, config: Any, folder: Path) -> bool:
     """Writes ``gguf``'s weights as fp32 safetensors (``folder/model.safetensors``) with its config and generation
     config, one tensor in memory at a time; the tensors stock ``from_pretrained(gguf_file=...)`` builds, under the
-    same names. Returns False, writing nothing, for an architecture whose tensor processor is not per tensor."""
+    same names. Returns False, writing nothing, for an architecture not in ``STREAMED_ARCHITECTURES``."""
     from gguf.quants import dequantize as gguf_dequantize
-    from transformers.modeling_gguf_pytorch_utils import (
-        TENSOR_PROCESSORS, Gemma2TensorProcessor, LlamaTensorProcessor, TensorProcessor)
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     from .gguf_blocks import BLOCK_TYPES, dequantize
     from .gguf_header import read_header, tensor_arrays
 
     header = read_header(gguf)  # gguf-py's reader takes ~10 s on a 150K vocabulary; this reads the table only
     architecture = header.fields.get("general.architecture")
-    processor_class = TENSOR_PROCESSORS.get(architecture, TensorProcessor)
-    # Processors that look at one tensor at a time; the MoE ones gather experts over several calls.
-    if processor_class not in (TensorProcessor, LlamaTensorProcessor, Gemma2TensorProcessor):
+    if architecture not in STREAMED_ARCHITECTURES:
         logger.info("%s (%s): converting the stock way, holding every tensor", gguf.name, architecture)
         return False
     with torch.device("meta"):  # the model transformers maps names against, without storage
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     settings = config.to_dict()
-    processor = processor_class(config=settings)
+    # Stock hands the processor the config parsed from the file alone, where a key the file lacks is absent (Llama's
+    # processor then leaves q/k rows as stored); AutoConfig has filled in a default.
+    if f"{architecture}.attention.head_count_kv" not in header.fields:
+        settings.pop("num_key_value_heads", None)
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=settings)
     names = gguf_names(model, processor)  # GGUF name -> transformers name
 
     tensors = [(info, raw) for info, raw in tensor_arrays(gguf, header) if info.name in names]

@@ -62,9 +62,10 @@ PYPI_MODELS: dict[str, PypiModel] = {model.key: model for model in (
 #: what a CPU-only machine serves when none is named (docs/benchmarks/model-eval.md): the 1.5B answered every
 #: question it was asked right, the 0.5B two in three at 2.5x its reading speed. The 1.5B needs ``CPU_DEFAULT_MIN_RAM``
 #: by how it holds its weights: its GGUF's own blocks take 1.6 GB (its first start peaks at 2.2 GB of anonymous
-#: memory, docs/benchmarks/model-load.md), dense float32 7 GB; below that a machine gets the 0.5B.
+#: memory, docs/benchmarks/model-load.md), dense float32 7 GB; a smaller machine gets the 0.5B.
 CPU_DEFAULT, CPU_SMALL_DEFAULT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
-CPU_DEFAULT_MIN_RAM = {"gguf": 8 * 2**30, "dense": 12 * 2**30}
+#: total RAM as the system reports it: an "8 GB" machine shows 7.6-7.8 GiB (firmware and kernel keep the rest)
+CPU_DEFAULT_MIN_RAM = {"gguf": 7 * 2**30, "dense": 12 * 2**30}
 CPU_MODEL_ENV = "HEADINFER_CPU_MODEL"  # "embedded": the small SmolLM2 (the tests' choice); or any model source
 
 

@@ -102,8 +102,9 @@ def load_cached(entry: CacheEntry, skeleton: Callable[[dict[str, int]], nn.Modul
         model = skeleton(json.loads((entry.folder / MANIFEST_FILE).read_text()).get("blocks", {}))
         _assign(model, entry.folder)
     except Exception as err:  # a truncated file, a layout that changed: the source can always be read again
-        logger.warning("Converted weights in %s cannot be loaded (%s: %s); deleting them and loading %s again",
-                       entry.folder, type(err).__name__, err, entry.source)
+        logger.warning("Converted weights in %s cannot be loaded (%s: %s); deleting them and %s", entry.folder,
+                       type(err).__name__, err, "keeping the model as converted" if just_saved
+                       else f"loading {entry.source} again")
         shutil.rmtree(entry.folder, ignore_errors=True)
         return None
     if just_saved:

@@ -14,6 +14,76 @@ from engine.models.gguf import WEIGHTS_NAME, convert_gguf, gguf_names, load_weig
 from engine.models.loader import _embedded_gguf
 
 
+def write_tiny_gguf(path, architecture: str, config, *, kv_heads_in_file: bool = True) -> None:
+    """A GGUF of ``config``'s shapes as llama.cpp names them (found by transformers' own full map), with the
+    metadata transformers reads a config from; random Q8_0 matrices and fp32 vectors (both conversions read the
+    same bytes, so the values need no meaning)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    names = {hf: gguf_name for gguf_name, hf in get_gguf_hf_weights_map(model, processor).items()}
+    writer = GGUFWriter(str(path), architecture)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_head_count(config.num_attention_heads)
+    if kv_heads_in_file:
+        writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(config.vocab_size)
+    if getattr(config, "head_dim", None):
+        writer.add_key_length(config.head_dim)
+        writer.add_value_length(config.head_dim)
+    if getattr(config, "sliding_window", None):
+        writer.add_sliding_window(config.sliding_window)
+    rng = np.random.default_rng(0)
+    for name, tensor in model.state_dict().items():
+        if name not in names:
+            continue  # a tied lm_head: the file holds the embedding once
+        data = (rng.standard_normal(tuple(tensor.shape)) * 0.1).astype(np.float32)
+        if data.ndim == 2 and data.shape[1] % 32 == 0:
+            writer.add_tensor(names[name], quantize(data, GGMLQuantizationType.Q8_0),
+                              raw_dtype=GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(names[name], data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("key, architecture, kv_heads_in_file", [
+    ("llama-gqa", "llama", True), ("llama-mha", "llama", False), ("qwen2-window", "qwen2", True),
+    ("qwen3", "qwen3", True), ("gemma2-softcap", "gemma2", True), ("gemma3-window", "gemma3", True)])
+@torch.inference_mode()
+def test_every_streamed_architecture_converts_as_stock_does(tmp_path, key, architecture, kv_heads_in_file):
+    """Each of ``STREAMED_ARCHITECTURES``: the same tensors as stock, bit for bit, under the same names (Llama's
+    q/k rows reordered, left as stored when the file gives no KV head count, as stock does; Gemma's norm offset)."""
+    from archs import tiny_configs
+
+    assert architecture in gguf_module.STREAMED_ARCHITECTURES
+    config = tiny_configs()[key]
+    if architecture == "qwen3":
+        config.head_dim = 128  # transformers reads no head_dim from a qwen3 GGUF: the default, as real files have
+    write_tiny_gguf(tmp_path / "tiny.gguf", architecture, config, kv_heads_in_file=kv_heads_in_file)
+    config = AutoConfig.from_pretrained(str(tmp_path), gguf_file="tiny.gguf")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert write_streamed(tmp_path / "tiny.gguf", config, out)
+    streamed = load_file(out / WEIGHTS_NAME)
+    stock = load_weights(AutoModelForCausalLM, str(tmp_path), "tiny.gguf", dtype=torch.float32).state_dict()
+    assert set(streamed) <= set(stock) and set(stock) - set(streamed) <= {"lm_head.weight"}
+    for name, tensor in streamed.items():
+        assert torch.equal(tensor, stock[name]), name
+
+
 @pytest.mark.slow
 @torch.inference_mode()
 def test_streamed_conversion_equals_stock_loading_of_the_real_gguf(tmp_path):
@@ -49,11 +119,13 @@ def test_the_top_level_name_map_is_the_full_walks():
     assert names["blk.0.attn_q.weight"] == "model.layers.0.self_attn.q_proj.weight"
 
 
-def test_an_architecture_whose_processor_gathers_tensors_converts_the_stock_way(tmp_path, monkeypatch):
-    """The MoE processors merge experts over several tensors: no streamed file is written, and ``convert_gguf``
-    falls back to stock loading (here observed, not run: a real MoE GGUF is gigabytes)."""
-    path = tmp_path / "moe.gguf"
-    writer = GGUFWriter(str(path), "qwen2moe")
+@pytest.mark.parametrize("architecture", ["qwen2moe", "qwen35", "phi3"])
+def test_an_architecture_not_shown_per_tensor_converts_the_stock_way(tmp_path, monkeypatch, architecture):
+    """The MoE processors merge experts over several tensors, Qwen3.5 converts through transformers' newer GGUF
+    path, Phi-3 is not shown here: no streamed file is written, and ``convert_gguf`` falls back to stock loading
+    (observed, not run: a real such GGUF is gigabytes)."""
+    path = tmp_path / "other.gguf"
+    writer = GGUFWriter(str(path), architecture)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

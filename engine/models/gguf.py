@@ -6,7 +6,7 @@ tensor processor (the q/k row permutation of Llama-family files, Gemma's norm of
 the safetensors file. Stock loading holds every dequantized tensor and then the model, about twice the fp32 model
 (11 GiB for a 1.5B model, where the file is 1.1 GB); streaming holds one tensor. The block types the C kernels
 know are dequantized by them, bit for bit gguf-py's numbers (``engine.models.gguf_blocks``), many times faster.
-Architectures whose processor merges tensors across calls (the MoE experts) convert the stock way.
+Architectures not shown bit-equal to stock this way (``STREAMED_ARCHITECTURES``) convert the stock way.
 """
 
 from __future__ import annotations

@@ -253,10 +253,13 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     # The tokenizer goes before the weights too: a folder without one fails in a second.
     tokenizer = _load_tokenizer(path, gguf_file) if with_tokenizer else None
     entry = _weights_cache_entry(path, is_hub, torch_device, torch_dtype, weights)
+
+    def skeleton(layout: dict[str, int]) -> Any:
+        return _skeleton(config, torch_dtype, attn_implementation, weights, layout)
+
     model = None
     if entry is not None:
-        model = load_cached(entry, lambda layout: _skeleton(config, torch_dtype, attn_implementation, weights,
-                                                             layout))
+        model = load_cached(entry, skeleton)
         if model is not None:
             _finish_like_from_pretrained(model, path)
     if model is None:
@@ -267,8 +270,7 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
             save_cached(entry, model)
             # The model just converted still maps the source's fp32 file (its untouched tensors are views of it)
             # and the heap holds the conversion's scratch: the saved entry is the same tensors, mapped alone.
-            cached = load_cached(entry, lambda layout: _skeleton(config, torch_dtype, attn_implementation, weights,
-                                                                  layout), just_saved=True)
+            cached = load_cached(entry, skeleton, just_saved=True)
             if cached is not None:
                 _finish_like_from_pretrained(cached, path)
                 model = cached

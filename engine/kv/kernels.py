@@ -8,13 +8,15 @@ a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong 
   the causal mask top-left), 2.3+ for a window, 2.6+ for softcap; otherwise the SDPA routes below;
 - ``sdpa-decode``: one query token and every key visible: GQA folded into the query axis, no mask (any SDPA
   backend may run it: its scores are [B, Hk, n_rep, K], a few KB per thousand keys);
-- ``sdpa-fused`` on CUDA: torch SDPA restricted to its fused kernels (flash, memory-efficient, cuDNN).
-  A sliding window becomes a ``[Q, K]`` boolean mask, which only the memory-efficient kernel takes and
-  only without GQA, so the group's K/V are expanded to the query heads first (fp32 likewise, which the
-  flash kernel does not take). If no fused kernel accepts the call, ``tiled-math`` runs instead;
+- ``window-blocks``: a sliding window shorter than the keys (``windowed.py``): blocks of queries against the
+  keys they can see, each with a small additive mask in the query dtype, query heads folded onto their KV head
+  (K/V never repeated); on CUDA through SDPA's fused kernels only, ``tiled-math`` if none takes the call;
+- ``sdpa-fused`` on CUDA: torch SDPA restricted to its fused kernels (flash, memory-efficient, cuDNN). fp32,
+  which the flash kernel does not take, needs the memory-efficient kernel, which has no GQA, so the group's
+  K/V are expanded to the query heads first. If no fused kernel accepts the call, ``tiled-math`` runs instead;
 - ``tiled-math``: exact softmax over key tiles with a running max (plain torch), whose largest
   intermediate is ``[B, Hq, Q, tile]``: logit softcapping (Gemma 2), and the fallback above;
-- ``sdpa-cpu``: torch SDPA on the CPU, where the materialised masks are small;
+- ``sdpa-cpu``: causal torch SDPA on the CPU (GQA without repeating K/V, no mask beyond a lower-right bias);
 - ``cpu-native``: a CPU step of at most ``native.CPU_QUERY_LIMIT`` fp32 queries over a token-major block (decode
   on a CPU device): the C tile of ``host_kernel.c`` on this thread, which reads the block once in order (SDPA
   reads its keys with a stride, 2-3x slower). Masks, windows and softcap are applied inside, in fp32 like SDPA.
@@ -44,7 +46,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from . import native
+from . import native, windowed
 from .host_attention import HostAttention
 
 logger = logging.getLogger(__name__)
@@ -201,7 +203,9 @@ def _attend(query, key, value, q_offset, scaling, window, softcap) -> torch.Tens
         _route("tiled-math")
         return _tiled(query, key, value, q_offset, scaling, window, softcap)
     needs_window_mask = window is not None and k_len > window
-    if q_len == 1 and not needs_window_mask:
+    if needs_window_mask:
+        return _windowed(query, key, value, q_offset, scaling, window)
+    if q_len == 1:
         # Decode: every key is visible, so no mask at all. Fold the query heads that share a KV head into
         # the query axis ([B, Hk, n_rep, D]) so K/V are read once per KV head, never repeated.
         _route("sdpa-decode")
@@ -214,24 +218,40 @@ def _attend(query, key, value, q_offset, scaling, window, softcap) -> torch.Tens
     return _sdpa_fused(query, key, value, q_offset, scaling, window, n_rep)
 
 
+def _windowed(query, key, value, q_offset, scaling, window):
+    """A sliding window shorter than the keys: query blocks against their visible keys (``windowed``), through
+    SDPA's fused kernels only on CUDA, ``tiled-math`` there if none takes the call."""
+    if not query.is_cuda:
+        _route("window-blocks")
+        return windowed.attend(query, key, value, q_offset, scaling, window)
+    try:
+        with sdpa_kernel(_FUSED):
+            out = windowed.attend(query, key, value, q_offset, scaling, window)
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as error:
+        if not any(text in str(error) for text in _NO_KERNEL):
+            raise
+        logger.debug("no fused SDPA kernel for windowed %s %s (%s)", tuple(query.shape), query.dtype, error)
+        _route("tiled-math")
+        return _tiled(query, key, value, q_offset, scaling, window, None)
+    _route("window-blocks")
+    return out
+
+
 def _sdpa(query, key, value, q_offset, scaling, window, n_rep):
+    """Causal SDPA over every key (a window, if any, reaches past none of them)."""
     q_len, k_len = query.shape[2], key.shape[2]
-    if window is not None and k_len > window:
-        mask = _visibility_mask(q_len, q_offset, window, 0, k_len, query.device)
-    elif q_len == k_len:
-        mask = None
-    else:
-        mask = causal_lower_right(q_len, k_len)
+    mask = None if q_len == k_len else causal_lower_right(q_len, k_len)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=mask is None,
                                           scale=scaling, enable_gqa=n_rep > 1)
 
 
 def _sdpa_fused(query, key, value, q_offset, scaling, window, n_rep):
     """CUDA prefill through SDPA's fused kernels only; ``tiled-math`` if none of them takes the call."""
-    needs_window_mask = window is not None and key.shape[2] > window
-    if n_rep > 1 and (needs_window_mask or query.dtype == torch.float32):
-        # The memory-efficient kernel (the only fused one for masks and fp32) has no GQA: repeat this
-        # group's K/V for its query heads. Bounded by one head group: [B, g * n_rep, K, D].
+    if n_rep > 1 and query.dtype == torch.float32:
+        # The memory-efficient kernel (the only fused one for fp32) has no GQA: repeat this group's K/V for
+        # its query heads. Bounded by one head group: [B, g * n_rep, K, D].
         key, value = key.repeat_interleave(n_rep, dim=1), value.repeat_interleave(n_rep, dim=1)
         n_rep = 1
     else:

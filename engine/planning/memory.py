@@ -17,6 +17,9 @@ import math
 import shutil
 from pathlib import Path
 
+import torch
+
+from engine.kv import windowed
 from engine.kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES
 from engine.planning.allocations import planned_allocations
 from engine.planning.host_split import forecast_decode, host_share
@@ -71,7 +74,8 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
         if resident < shape.num_layers * math.ceil(shape.num_kv_heads / group) or kv_dtype is not None:
             buffers += 2 * group * _visible_tokens(shape, context, chunk) * per_head
         buffers += _device_codes(shape, context, chunk, group, kv_dtype)
-        return breakdown, 0, weights + kv_stored + activations + logits + buffers
+        attention = _window_scratch(shape, context, chunk, group, cuda=False)  # CPU SDPA repeats no K/V
+        return breakdown, 0, weights + kv_stored + activations + logits + buffers + attention
     per_head = shape.head_dim * 2 * shape.dtype_bytes  # K and V of one head, one layer, one token
     device_head = _visible_tokens(shape, context, chunk) * per_head
     groups = math.ceil(shape.num_kv_heads / group)
@@ -114,13 +118,24 @@ def _device_codes(shape: ModelShape, context: int, chunk: int, group: int, kv_dt
 
 def _attention_scratch(shape: ModelShape, context: int, chunk: int, group: int) -> int:
     """The largest temporary of one group's attention without flash-attn: SDPA's contiguous K/V (repeated for the
-    query heads where a window mask or fp32 needs the memory-efficient kernel), or the softcap path's score tiles."""
+    query heads where fp32 needs the memory-efficient kernel), a windowed chunk's query blocks, or the softcap
+    path's score tiles."""
 
     n_rep = shape.num_heads // shape.num_kv_heads
-    expand = n_rep if (any(w is not None for w in shape.sliding_windows) or shape.dtype_bytes == 4) else 1
+    expand = n_rep if shape.dtype_bytes == 4 else 1
     copies = 2 * group * expand * _visible_tokens(shape, context, chunk) * shape.head_dim * shape.dtype_bytes
     tiles = TILED_LIVE_TILES * SCORE_TILE_BYTES if shape.attn_softcap else 0
-    return max(copies, tiles)
+    return max(copies, tiles, _window_scratch(shape, context, chunk, group, cuda=True))
+
+
+def _window_scratch(shape: ModelShape, context: int, chunk: int, group: int, cuda: bool) -> int:
+    """One group's windowed chunk (``kv.windowed``): a block's mask, folded queries and SDPA's buffers."""
+    windows = [w for w in shape.sliding_windows if w is not None]
+    if not windows:
+        return 0
+    n_rep = shape.num_heads // shape.num_kv_heads
+    return windowed.scratch_bytes(1, group * n_rep, group, shape.head_dim, max(windows), min(chunk, context),
+                                  shape.dtype_bytes, cuda, cpu_threads=torch.get_num_threads())
 
 
 def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,

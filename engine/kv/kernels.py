@@ -204,7 +204,7 @@ def _attend(query, key, value, q_offset, scaling, window, softcap) -> torch.Tens
         return _tiled(query, key, value, q_offset, scaling, window, softcap)
     needs_window_mask = window is not None and k_len > window
     if needs_window_mask:
-        return _windowed(query, key, value, q_offset, scaling, window)
+        return _windowed(query, key, value, q_offset, scaling, window, fused=query.is_cuda)
     if q_len == 1:
         # Decode: every key is visible, so no mask at all. Fold the query heads that share a KV head into
         # the query axis ([B, Hk, n_rep, D]) so K/V are read once per KV head, never repeated.
@@ -218,10 +218,10 @@ def _attend(query, key, value, q_offset, scaling, window, softcap) -> torch.Tens
     return _sdpa_fused(query, key, value, q_offset, scaling, window, n_rep)
 
 
-def _windowed(query, key, value, q_offset, scaling, window):
-    """A sliding window shorter than the keys: query blocks against their visible keys (``windowed``), through
-    SDPA's fused kernels only on CUDA, ``tiled-math`` there if none takes the call."""
-    if not query.is_cuda:
+def _windowed(query, key, value, q_offset, scaling, window, fused: bool):
+    """A sliding window shorter than the keys: query blocks against their visible keys (``windowed``); ``fused``
+    (CUDA): through SDPA's fused kernels only, ``tiled-math`` if none takes the call."""
+    if not fused:
         _route("window-blocks")
         return windowed.attend(query, key, value, q_offset, scaling, window)
     try:
@@ -240,8 +240,9 @@ def _windowed(query, key, value, q_offset, scaling, window):
 
 
 def _sdpa(query, key, value, q_offset, scaling, window, n_rep):
-    """Causal SDPA over every key (a window, if any, reaches past none of them)."""
+    """Causal SDPA over every key (a window, if any, reaches past none of them: ``_windowed`` takes those)."""
     q_len, k_len = query.shape[2], key.shape[2]
+    assert window is None or k_len <= window, (k_len, window)
     mask = None if q_len == k_len else causal_lower_right(q_len, k_len)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=mask is None,
                                           scale=scaling, enable_gqa=n_rep > 1)

@@ -1,14 +1,17 @@
 """Options within the plan: softcap attention without flash-attn is tiled over queries as well as keys (bounded),
+a sliding window's chunk attends query blocks with small masks (bounded, measured with torch's memory profiler),
 and the planner counts attention's scratch, 8-bit code planes and the sources pass on the device."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from transformers import Gemma2Config, LlamaConfig
 
-from engine.kv import kernels
+from benchmarks.windowed_attention import peak_extra_bytes
+from engine.kv import kernels, windowed
 from engine.planning.plan import GIB
 from engine.planning.memory import ModelShape, make_plan
 from engine.planning.policy import OffloadPolicy
@@ -65,3 +68,90 @@ def test_softcap_model_plans_its_score_tiles():
     assert gemma.attn_softcap
     plan = make_plan(gemma, OffloadPolicy(head_group_size=1, resident_slots=0), 2048, device_is_cuda=True)
     assert plan.gpu_breakdown["attention"] >= kernels.TILED_LIVE_TILES * kernels.SCORE_TILE_BYTES
+
+
+# --- sliding windows: query blocks against their visible keys (issue 30, finding 4) ---------------------------
+
+
+def windowed_eager(query, key, value, q_offset, scaling, window):
+    """fp64 reference: every key, a [Q, K] boolean mask (transformers' sliding_window_overlay rule)."""
+    n_rep = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(n_rep, 1).double(), value.repeat_interleave(n_rep, 1).double()
+    scores = query.double() @ key.transpose(2, 3) * scaling
+    q_pos = torch.arange(query.shape[2])[:, None] + q_offset
+    k_pos = torch.arange(key.shape[2])[None, :]
+    scores = scores.masked_fill((k_pos > q_pos) | (k_pos <= q_pos - window), float("-inf"))
+    return torch.softmax(scores, -1) @ value
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_windowed_chunk_peak_stays_within_its_planned_scratch(dtype):
+    """Mistral-7B's windowed shape for one group (4 query heads on 1 KV head), chunk 4096 after a full window:
+    torch's memory profiler sees at most ``windowed.scratch_bytes`` besides the output. The whole-chunk mask
+    alone (one byte per query and key, before its additive copy) was already larger than that."""
+    chunk, window, head_dim = 4096, 4096, 128
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 4, chunk, head_dim, generator=generator).to(dtype)
+    block = torch.randn(window - 1 + chunk, 1, 2, 1, head_dim, generator=generator).to(dtype)
+    kernels.ROUTE_COUNTS.clear()
+    peak, out = peak_extra_bytes(lambda: kernels.attend_block(query, block, q_offset=window - 1,
+                                                              scaling=head_dim**-0.5, window=window))
+    planned = windowed.scratch_bytes(1, 4, 1, head_dim, window, chunk, query.element_size(), cuda=False,
+                                     cpu_threads=torch.get_num_threads())
+    assert peak - out.nbytes <= planned, f"{(peak - out.nbytes) / 2**20:.1f} MiB > {planned / 2**20:.1f} MiB planned"
+    assert kernels.ROUTE_COUNTS["window-blocks"] == 1
+    assert planned < 16 << 20 < chunk * (window - 1 + chunk)  # smaller than the old route's boolean mask alone
+
+
+def test_windowed_blocks_read_only_visible_keys_with_small_masks_in_the_query_dtype(monkeypatch):
+    """Blocks of a few queries (a tiny mask budget): every SDPA call gets its KV head's keys unrepeated, starting
+    at the block's first visible key, and a [n_rep * block, keys] additive mask in the query dtype whose rows are
+    padded to 16 elements (so SDPA neither converts nor pads it); the result is exact."""
+    batch, num_q, num_k, q_len, q_offset, window, head_dim = 2, 8, 2, 37, 20, 8, 16
+    generator = torch.Generator().manual_seed(1)
+    query = torch.randn(batch, num_q, q_len, head_dim, generator=generator)
+    key, value = torch.randn(2, batch, num_k, q_offset + q_len, head_dim, generator=generator).unbind(0)
+    monkeypatch.setattr(windowed, "MASK_BYTES", 4 * 4 * 5 * 16)  # n_rep 4, fp32: 5 queries x 16 padded keys
+    block = windowed.query_block(4, window, 4, q_len)
+    assert block == 5
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        calls.append((q.shape, k.clone(), attn_mask))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(windowed.F, "scaled_dot_product_attention", spy)
+    out = kernels.attend(query, key, value, q_offset=q_offset, scaling=0.25, window=window)  # [B, Q, Hq, D]
+    assert torch.allclose(out.transpose(1, 2).double(), windowed_eager(query, key, value, q_offset, 0.25, window),
+                          atol=1e-6)
+    assert len(calls) == -(-q_len // block)
+    for index, (q_shape, keys, mask) in enumerate(calls):
+        first = index * block
+        rows = min(block, q_len - first)
+        start, stop = max(0, q_offset + first - window + 1), q_offset + first + rows
+        assert q_shape == (batch, num_k, 4 * rows, head_dim)  # query heads folded onto their KV head
+        assert torch.equal(keys, key[:, :, start:stop])  # this block's visible keys, not repeated
+        assert mask.dtype == query.dtype and mask.shape == (4 * rows, stop - start)
+        assert mask.stride() == (16, 1) and stop - start <= rows + window - 1
+
+
+def test_planner_counts_the_windowed_chunk_scratch():
+    """Mistral-7B in bf16 at chunk 4096: the CUDA plan's attention covers the window route's scratch (no longer
+    K/V repeated for the query heads), and a CPU plan's host memory adds it (the same model without a window,
+    at a context that stores the same tokens, plans exactly that much less)."""
+    from transformers import MistralConfig
+
+    def shape(window):
+        return ModelShape.from_config(MistralConfig(sliding_window=window), dtype_bytes=2, num_params=7 * 10**9)
+
+    policy = OffloadPolicy(chunk_size=4096, head_group_size=1, resident_slots=0)
+    plan = make_plan(shape(4096), policy, 2**20, device_is_cuda=True)
+    scratch = windowed.scratch_bytes(1, 4, 1, 128, 4096, 4096, 2, cuda=True)
+    contiguous = 2 * (4096 + 4096) * 128 * 2  # one KV head's keys and values, unrepeated
+    assert plan.gpu_breakdown["attention"] == max(scratch, contiguous)
+    cpu_policy = OffloadPolicy(chunk_size=4096)
+    windowed_plan, full_plan = (make_plan(shape(w), cpu_policy, 4096, device_is_cuda=False) for w in (4096, None))
+    group = windowed_plan.head_group_size
+    assert windowed_plan.host_bytes - full_plan.host_bytes == windowed.scratch_bytes(
+        1, 4 * group, group, 128, 4096, 4096, 2, cuda=False, cpu_threads=torch.get_num_threads())

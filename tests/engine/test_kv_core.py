@@ -157,20 +157,28 @@ def test_tiled_attention_is_exact_and_builds_masks_per_key_tile(monkeypatch, win
     assert torch.allclose(out, expected, atol=1e-6)  # the tiles accumulate in fp32, as eager attention does
 
 
-def test_fused_route_without_an_applicable_kernel_falls_back_to_tiles_not_math(monkeypatch):
+@pytest.mark.parametrize("window", [None, 12])
+def test_fused_route_without_an_applicable_kernel_falls_back_to_tiles_not_math(monkeypatch, window):
     """On CUDA, SDPA runs with its math kernel disabled; where no fused kernel takes the call (here: only cuDNN
-    allowed, which the CPU lacks) it falls back to the tiled path instead of materialising the scores."""
+    allowed, which the CPU lacks) it falls back to the tiled path instead of materialising the scores, with a
+    sliding window (the ``window-blocks`` route) or without."""
     from torch.nn.attention import SDPBackend
 
     assert SDPBackend.MATH not in kernels._FUSED
-    monkeypatch.setattr(kernels, "_FUSED", [SDPBackend.CUDNN_ATTENTION])
     torch.manual_seed(0)
     query = torch.randn(1, 4, 8, 16)
     key, value = (torch.randn(1, 2, 40, 16) for _ in range(2))
+    if window is None:
+        expected = kernels._sdpa(query, key, value, 32, 0.25, None, 2)
+    else:
+        expected = kernels._windowed(query, key, value, 32, 0.25, window, fused=False)
+    monkeypatch.setattr(kernels, "_FUSED", [SDPBackend.CUDNN_ATTENTION])
     before = kernels.ROUTE_COUNTS["tiled-math"]
-    out = kernels._sdpa_fused(query, key, value, 32, 0.25, 12, 2)
+    if window is None:
+        out = kernels._sdpa_fused(query, key, value, 32, 0.25, None, 2)
+    else:
+        out = kernels._windowed(query, key, value, 32, 0.25, window, fused=True)
     assert kernels.ROUTE_COUNTS["tiled-math"] == before + 1
-    expected = kernels._sdpa(query, key.repeat_interleave(2, 1), value.repeat_interleave(2, 1), 32, 0.25, 12, 1)
     assert torch.allclose(out, expected, atol=1e-5)
 
 

@@ -98,6 +98,8 @@ def measure(shape: GroupShape, dtype: torch.dtype, chunk: int) -> dict:
     scratch = windowed.scratch_bytes(1, shape.num_q_heads, 1, shape.head_dim, shape.window, chunk,
                                      query.element_size(), cuda=False, cpu_threads=torch.get_num_threads())
     row["planned"] = scratch + out.nbytes
+    row["planned_cuda"] = windowed.scratch_bytes(1, shape.num_q_heads, 1, shape.head_dim, shape.window, chunk,
+                                                 query.element_size(), cuda=True) + out.nbytes
     row["old_cuda"] = old_cuda_bytes(shape, chunk, query.element_size())
     return row
 
@@ -105,12 +107,13 @@ def measure(shape: GroupShape, dtype: torch.dtype, chunk: int) -> dict:
 def table(rows: list[dict], chunk: int) -> str:
     lines = [f"Chunk {chunk}, one head group (1 KV head), {torch.get_num_threads()} CPU threads, torch "
              f"{torch.__version__}. Peak bytes of one call above those allocated before it, output included.", "",
-             "| shape | dtype | before (CPU) | after (CPU) | planned | before, CUDA (model) | before s | after s | "
-             "max abs diff |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| shape | dtype | before (CPU) | after (CPU) | planned (CPU) | before, CUDA (model) | planned (CUDA) | "
+             "before s | after s | max abs diff |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         lines.append(f"| {row['shape']} | {row['dtype']} | {row['before'] / MIB:.1f} MiB | {row['after'] / MIB:.1f} MiB"
-                     f" | {row['planned'] / MIB:.1f} MiB | {row['old_cuda'] / MIB:.1f} MiB | {row['before_s']:.2f}"
-                     f" | {row['after_s']:.2f} | {row['max_diff']:.1e} |")
+                     f" | {row['planned'] / MIB:.1f} MiB | {row['old_cuda'] / MIB:.1f} MiB"
+                     f" | {row['planned_cuda'] / MIB:.1f} MiB | {row['before_s']:.2f} | {row['after_s']:.2f}"
+                     f" | {row['max_diff']:.1e} |")
     return "\n".join(lines)
 
 
@@ -138,7 +141,10 @@ KV head; the planner counts `windowed.scratch_bytes`.
 
 `python -m benchmarks.windowed_attention` (CPU, torch's memory profiler). "before, CUDA (model)" adds up the old
 CUDA route's four copies (repeated K/V, boolean mask, additive copy, padded copy), alive at once before the
-output is allocated: for Mistral it gives the H200's 320 / 176 MiB exactly. No GPU has run the new route yet.
+output is allocated: for Mistral it gives the H200's 320 / 176 MiB exactly. "planned (CUDA)" is what the plan
+counts for the new route on CUDA (it adds the block's K/V made contiguous and an fp32 output accumulator, and
+drops the CPU kernel's per-thread buffers), output included. No GPU has run the new route yet: the GPU test
+`test_windowed_gqa_prefill_chunk_runs_a_fused_kernel_without_a_score_tensor` now also checks the peak against it.
 
 """
 

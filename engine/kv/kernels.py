@@ -10,7 +10,7 @@ a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong 
   backend may run it: its scores are [B, Hk, n_rep, K], a few KB per thousand keys);
 - ``window-blocks``: a sliding window shorter than the keys (``windowed.py``): blocks of queries against the
   keys they can see, each with a small additive mask in the query dtype, query heads folded onto their KV head
-  (K/V never repeated); on CUDA through SDPA's fused kernels only, ``tiled-math`` if none takes the call;
+  (K/V never repeated); on CUDA through SDPA's memory-efficient kernel only, ``tiled-math`` if it refuses;
 - ``sdpa-fused`` on CUDA: torch SDPA restricted to its fused kernels (flash, memory-efficient, cuDNN). fp32,
   which the flash kernel does not take, needs the memory-efficient kernel, which has no GQA, so the group's
   K/V are expanded to the query heads first. If no fused kernel accepts the call, ``tiled-math`` runs instead;
@@ -58,6 +58,9 @@ _TILE = 8192
 SCORE_TILE_BYTES = 64 << 20
 TILED_LIVE_TILES = 4
 _FUSED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+# The windowed route's masks go to the memory-efficient kernel only: it takes them as they are (rows padded to
+# 16), fp32 included, where cuDNN's handling of a bias is not one we have measured (windowed.scratch_bytes).
+_WINDOW_FUSED = [SDPBackend.EFFICIENT_ATTENTION]
 _NO_KERNEL = ("No available kernel", "No viable backend")  # what SDPA raises on CUDA / elsewhere
 
 # How often each route ran in this process (benchmarks record it; the first use of each is logged).
@@ -220,12 +223,12 @@ def _attend(query, key, value, q_offset, scaling, window, softcap) -> torch.Tens
 
 def _windowed(query, key, value, q_offset, scaling, window, fused: bool):
     """A sliding window shorter than the keys: query blocks against their visible keys (``windowed``); ``fused``
-    (CUDA): through SDPA's fused kernels only, ``tiled-math`` if none takes the call."""
+    (CUDA): through SDPA's memory-efficient kernel only, ``tiled-math`` if it refuses the call."""
     if not fused:
         _route("window-blocks")
         return windowed.attend(query, key, value, q_offset, scaling, window)
     try:
-        with sdpa_kernel(_FUSED):
+        with sdpa_kernel(_WINDOW_FUSED):
             out = windowed.attend(query, key, value, q_offset, scaling, window)
     except torch.OutOfMemoryError:
         raise

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 import engine
 from opcount import OpCounter
-from engine.kv import HostMemory, PinningError, kernels
+from engine.kv import HostMemory, PinningError, kernels, windowed
 from engine.kv.pinned import CudaRuntime
 
 pytestmark = pytest.mark.gpu
@@ -105,6 +105,9 @@ def test_windowed_gqa_prefill_chunk_runs_a_fused_kernel_without_a_score_tensor(d
     assert out.shape == (1, 4, chunk, head_dim)
     assert extra < scores / 4, f"{extra / 2**20:.0f} MiB extra: a score tensor was materialised"
     assert "tiled-math" not in kernels.ROUTE_COUNTS, dict(kernels.ROUTE_COUNTS)
+    # What the plan counts for it (the old route's masks and repeated K/V took 320 / 176 MiB on an H200).
+    planned = windowed.scratch_bytes(1, 4, 1, head_dim, window, chunk, query.element_size(), cuda=True)
+    assert extra - out.nbytes <= planned, f"{(extra - out.nbytes) / 2**20:.1f} MiB > {planned / 2**20:.1f} planned"
 
 
 @pytest.mark.parametrize("kv_dtype", [None, "int8"])

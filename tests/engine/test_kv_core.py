@@ -164,7 +164,7 @@ def test_fused_route_without_an_applicable_kernel_falls_back_to_tiles_not_math(m
     sliding window (the ``window-blocks`` route) or without."""
     from torch.nn.attention import SDPBackend
 
-    assert SDPBackend.MATH not in kernels._FUSED
+    assert SDPBackend.MATH not in kernels._FUSED and SDPBackend.MATH not in kernels._WINDOW_FUSED
     torch.manual_seed(0)
     query = torch.randn(1, 4, 8, 16)
     key, value = (torch.randn(1, 2, 40, 16) for _ in range(2))
@@ -173,6 +173,7 @@ def test_fused_route_without_an_applicable_kernel_falls_back_to_tiles_not_math(m
     else:
         expected = kernels._windowed(query, key, value, 32, 0.25, window, fused=False)
     monkeypatch.setattr(kernels, "_FUSED", [SDPBackend.CUDNN_ATTENTION])
+    monkeypatch.setattr(kernels, "_WINDOW_FUSED", [SDPBackend.CUDNN_ATTENTION])
     before = kernels.ROUTE_COUNTS["tiled-math"]
     if window is None:
         out = kernels._sdpa_fused(query, key, value, 32, 0.25, None, 2)

@@ -145,6 +145,8 @@ output is allocated: for Mistral it gives the H200's 320 / 176 MiB exactly. "pla
 counts for the new route on CUDA (it adds the block's K/V made contiguous and an fp32 output accumulator, and
 drops the CPU kernel's per-thread buffers), output included. No GPU has run the new route yet: the GPU test
 `test_windowed_gqa_prefill_chunk_runs_a_fused_kernel_without_a_score_tensor` now also checks the peak against it.
+The seconds are one call each on a 2-core machine shared with other jobs: indicative only (a block computes the
+scores of at most `W + block - 1` keys per query, the whole chunk computed `W + Q - 1`).
 
 """
 

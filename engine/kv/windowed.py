@@ -38,9 +38,9 @@ def _padded(keys: int) -> int:
 
 def query_block(n_rep: int, window: int, dtype_bytes: int, q_len: int) -> int:
     """Queries per block: the most whose mask ``[n_rep * b, pad(b + W - 1)]`` stays within ``MASK_BYTES``."""
-    per_row = MASK_BYTES // (n_rep * dtype_bytes)  # elements of b rows of (b + W - 1) keys, padded
-    block = int((math.sqrt((window - 1) ** 2 + 4 * per_row) - (window - 1)) / 2)
-    while block > 1 and block * _padded(block + window - 1) > per_row:
+    elements = MASK_BYTES // (n_rep * dtype_bytes)  # of one query head's b rows: b * pad(b + W - 1) at most
+    block = int((math.sqrt((window - 1) ** 2 + 4 * elements) - (window - 1)) / 2)
+    while block > 1 and block * _padded(block + window - 1) > elements:
         block -= 1
     return max(1, min(q_len, block))
 
@@ -53,7 +53,7 @@ def scratch_bytes(batch: int, num_q_heads: int, num_k_heads: int, head_dim: int,
     per-thread buffers of torch's flash kernel for ``cpu_threads`` threads)."""
     n_rep = num_q_heads // num_k_heads
     block = query_block(n_rep, window, dtype_bytes, q_len)
-    keys = min(block + window - 1, q_len + window - 1)
+    keys = block + window - 1  # the most a block reads (fewer in the first window)
     rows = batch * num_q_heads * block  # folded query rows of one block
     mask = n_rep * block * _padded(keys) * dtype_bytes
     build = _BOOL_TEMPORARIES * block * keys + 8 * (keys + 2 * block)  # and the int64 positions compared

@@ -1,8 +1,8 @@
-"""The one-call GPU run's steps that run a program of their own: the self-check and the GPU tests.
+"""The one-call GPU run's steps (``STEPS``: order and caps), and the two that run a program of their own.
 
-Each runs in a child process under a hard time limit (a hung CUDA call cannot take the session with it) and
-leaves one record whatever happens: the child's exit status, its counts, and the tail of its output; the full
-output goes to ``<out>/<step>.log``. The parsers are pure, so they are tested on fixed text.
+The self-check and the GPU tests each run in a child process under a hard time limit (a hung CUDA call cannot
+take the session with it) and leave one record whatever happens: the child's exit status, its counts, and the
+tail of its output; the full output goes to ``<out>/<step>.log``. The parsers are pure, tested on fixed text.
 """
 
 from __future__ import annotations
@@ -14,9 +14,47 @@ import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from .junit import summarize_junit
+
+_DECODE = ["--phases", "decode", "--decode-steps", "4", "--repeats", "2", "--resume"]
+_MAX_CONTEXT_MODES = "headinfer-g1-int8,headinfer-adaptive,standard,chunked,headinfer-g1-int8-disk"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    cap_s: float
+    run_args: tuple[str, ...] | None = None  # ``benchmarks.run`` arguments, or None for a step run here
+
+
+STEPS = [
+    # Correctness first: is the engine exact on this GPU, with every feature a user can switch on?
+    Step("self-check", 35),  # launch.py --self-check --kv-8bit int8 --kv-disk-dir: every case, both dtypes
+    Step("gpu-tests", 75),  # pytest -m gpu over every file with the mark, 4 workers (102 s on one, H200)
+    Step("filled-cache", 10),  # one decode step over a 32K random cache vs a reference attention
+    Step("ceilings", 15),  # link, matmul, attention kernel; pins 4 GiB, the host budget from RAM
+    # The benchmarks, host attention first (issue 29: past the PCIe floor).
+    Step("host-attention", 50),  # read GB/s, kernel GB/s, g1 decode streamed / split / on the host at 32K-512K
+    Step("decode", 90, (*_DECODE, "--modes", "standard,headinfer-g1,headinfer-adaptive,headinfer-g1-split",
+                        "--decode-lengths", "1K,32K,128K,512K")),  # what host-attention measured is not redone
+    # bf16 KV of Llama-3-8B at 1M tokens is 128 GiB: past a 126 GiB machine; 8-bit codes and scales take 68.
+    Step("decode-1M-int8", 50, ("--phases", "decode", "--modes", "headinfer-g1-int8", "--decode-lengths", "1M",
+                                "--decode-steps", "3", "--repeats", "1", "--resume")),
+    # Largest context per mode: head-wise ones up to the RAM limit (8-bit KV) and past it (the disk tier).
+    Step("max-context", 75, ("--phases", "max-context", "--modes", _MAX_CONTEXT_MODES, "--resume")),
+    # The plan against the card: allocated, reserved and NVML peaks next to the planned bytes.
+    Step("peak", 20, ("--phases", "peak", "--peak-modes", "headinfer-g1,headinfer-adaptive",
+                      "--peak-lengths", "32K,128K", "--resume")),
+    Step("prefill", 25, ("--phases", "prefill", "--modes", "standard,headinfer-adaptive", "--lengths", "10K,100K",
+                         "--repeats", "1", "--resume")),
+    # Alone, and not resumed: a sweep projects each length from the last one measured (quadratically, 100K's
+    # 15 s -> 97 s), which would never start 256K (about 70 s: its attention FLOPs at the measured rate).
+    Step("prefill-256K", 80, ("--phases", "prefill", "--modes", "headinfer-adaptive", "--lengths", "256K",
+                              "--repeats", "1")),
+]
 
 #: ``launch.py --self-check`` prints one line per case: feature, architecture, dtype, then ``ok`` or why not
 _CASE = re.compile(r"headinfer\.launch: (?P<feature>[a-z0-9_]+)\s+(?P<arch>\S+)\s+(?P<dtype>float32|bfloat16|float16)"
@@ -66,7 +104,8 @@ def self_check(store, out: Path, seconds: float, device: str) -> None:
     with tempfile.TemporaryDirectory(prefix="headinfer-selfcheck-") as disk:
         command = [sys.executable, "launch.py", "--self-check", "--device", device, "--kv-8bit", "int8",
                    "--kv-disk-dir", disk]
-        code, output, timed_out = _run(command, seconds, out / "self-check.log")
+        # Its own cache folder: the report and the built host kernel of this check replace no user's.
+        code, output, timed_out = _run(command, seconds, out / "self-check.log", {"HEADINFER_CACHE": f"{disk}/cache"})
     parsed = parse_self_check(output)
     is_ok = code == 0 and parsed["num_cases"] > 0 and not parsed["not_ok"]
     store.append("self-check", "int8+disk", status="ok" if is_ok else "timeout" if timed_out else "failed",
@@ -92,12 +131,12 @@ def gpu_tests(store, out: Path, seconds: float, workers: int) -> None:
                  files=len(files), workers=workers, **counts, output_tail=output[-1500:])
 
 
-def _run(command: list[str], seconds: float, log: Path) -> tuple[int | None, str, bool]:
+def _run(command: list[str], seconds: float, log: Path, env: dict | None = None) -> tuple[int | None, str, bool]:
     """(exit status or None, output, timed out?) of ``command``, its output also written to ``log``.
 
     The child leads a process group of its own, so a timeout ends its workers too (pytest-xdist's would
     otherwise keep their GPU memory while the benchmarks run)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log, "w") as sink:
         child = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:

@@ -22,7 +22,6 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("TORCH_CUDNN_SDPA_DEPRIORITIZED", "1")  # an H100 then picks SDPA backends as a 4090 does
@@ -32,6 +31,7 @@ import torch  # noqa: E402
 from engine.kv import kernels
 
 from . import gpu_steps
+from .gpu_steps import STEPS, Step
 from .ceilings import measure_all
 from .gpu_checks import filled_cache_check
 from .gpu_summary import summary_table
@@ -43,44 +43,6 @@ from .run import _built_model, parse_tokens, run_step
 from .sweeps import Sweep
 
 logger = logging.getLogger(__name__)
-
-_DECODE = ["--phases", "decode", "--decode-steps", "4", "--repeats", "2", "--resume"]
-_MAX_CONTEXT_MODES = "headinfer-g1-int8,headinfer-adaptive,standard,chunked,headinfer-g1-int8-disk"
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    cap_s: float
-    run_args: tuple[str, ...] | None = None  # ``benchmarks.run`` arguments, or None for a step run here
-
-
-STEPS = [
-    # Correctness first: is the engine exact on this GPU, with every feature a user can switch on?
-    Step("self-check", 35),  # launch.py --self-check --kv-8bit int8 --kv-disk-dir: every case, both dtypes
-    Step("gpu-tests", 75),  # pytest -m gpu over every file with the mark, 4 workers (102 s on one, H200)
-    Step("filled-cache", 10),  # one decode step over a 32K random cache vs a reference attention
-    Step("ceilings", 15),  # link, matmul, attention kernel; pins 4 GiB, the host budget from RAM
-    # The benchmarks, host attention first (issue 29: past the PCIe floor).
-    Step("host-attention", 50),  # read GB/s, kernel GB/s, g1 decode streamed / split / on the host at 32K-512K
-    Step("decode", 90, (*_DECODE, "--modes", "standard,headinfer-g1,headinfer-adaptive,headinfer-g1-split",
-                        "--decode-lengths", "1K,32K,128K,512K")),  # what host-attention measured is not redone
-    # bf16 KV of Llama-3-8B at 1M tokens is 128 GiB: past a 126 GiB machine; 8-bit codes and scales take 68.
-    Step("decode-1M-int8", 50, ("--phases", "decode", "--modes", "headinfer-g1-int8", "--decode-lengths", "1M",
-                                "--decode-steps", "3", "--repeats", "1", "--resume")),
-    # Largest context per mode: head-wise ones up to the RAM limit (8-bit KV) and past it (the disk tier).
-    Step("max-context", 75, ("--phases", "max-context", "--modes", _MAX_CONTEXT_MODES, "--resume")),
-    # The plan against the card: allocated, reserved and NVML peaks next to the planned bytes.
-    Step("peak", 20, ("--phases", "peak", "--peak-modes", "headinfer-g1,headinfer-adaptive",
-                      "--peak-lengths", "32K,128K", "--resume")),
-    Step("prefill", 25, ("--phases", "prefill", "--modes", "standard,headinfer-adaptive", "--lengths", "10K,100K",
-                         "--repeats", "1", "--resume")),
-    # Alone, and not resumed: a sweep projects each length from the last one measured (quadratically, 100K's
-    # 15 s -> 97 s), which would never start 256K (about 70 s: its attention FLOPs at the measured rate).
-    Step("prefill-256K", 80, ("--phases", "prefill", "--modes", "headinfer-adaptive", "--lengths", "256K",
-                              "--repeats", "1")),
-]
-
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_all", description=__doc__.split("\n\n")[0])

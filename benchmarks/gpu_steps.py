@@ -45,14 +45,16 @@ STEPS = [
                                 "--decode-steps", "3", "--repeats", "1", "--resume")),
     # Largest context per mode: head-wise ones up to the RAM limit (8-bit KV) and past it (the disk tier).
     Step("max-context", 75, ("--phases", "max-context", "--modes", _MAX_CONTEXT_MODES, "--resume")),
-    # The plan against the card: allocated, reserved and NVML peaks next to the planned bytes.
-    Step("peak", 20, ("--phases", "peak", "--peak-modes", "headinfer-g1,headinfer-adaptive",
+    # The plan against the card: allocated, reserved and NVML peaks next to the planned bytes. Adaptive first: it
+    # fills the budget, where the first run saw the allocator reserve 2.2 GB past the plan.
+    Step("peak", 25, ("--phases", "peak", "--peak-modes", "headinfer-adaptive,headinfer-g1",
                       "--peak-lengths", "32K,128K", "--resume")),
-    Step("prefill", 25, ("--phases", "prefill", "--modes", "standard,headinfer-adaptive", "--lengths", "10K,100K",
-                         "--repeats", "1", "--resume")),
+    # 40K between: a sweep projects each length from the last, quadratically (10K's 0.9 s would forbid 100K).
+    Step("prefill", 30, ("--phases", "prefill", "--modes", "standard,headinfer-adaptive", "--lengths",
+                         "10K,40K,100K", "--repeats", "1", "--resume")),
     # Alone, and not resumed: a sweep projects each length from the last one measured (quadratically, 100K's
     # 15 s -> 97 s), which would never start 256K (about 70 s: its attention FLOPs at the measured rate).
-    Step("prefill-256K", 80, ("--phases", "prefill", "--modes", "headinfer-adaptive", "--lengths", "256K",
+    Step("prefill-256K", 70, ("--phases", "prefill", "--modes", "headinfer-adaptive", "--lengths", "256K",
                               "--repeats", "1")),
 ]
 

@@ -12,6 +12,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from .gpu_steps import STEPS
 from .records import load_records
 
 _GIB = 1 << 30
@@ -98,7 +99,7 @@ def _figure(record: dict) -> str:
     if phase == "ceilings":
         parts = [f"H2D {m['h2d_gbps']:.1f} GB/s, D2H {m['d2h_gbps']:.1f}" if m.get("h2d_gbps") else "",
                  f"matmul {m['matmul_tflops']:.3g} TFLOP/s" if m.get("matmul_tflops") else "",
-                 f"pinned {m.get('host_pinned_probe_bytes', 0) / _GIB:.1f} GiB in {m.get('host_pinned_seconds', 0):.1f} s",
+                 f"pinned {_size(m.get('host_pinned_probe_bytes', 0))} in {m.get('host_pinned_seconds', 0):.1f} s",
                  f"host KV budget {m.get('host_pinned_ok_bytes', 0) / _GIB:.0f} GiB"]
         return ", ".join(p for p in parts if p)
     if status != "ok":
@@ -137,6 +138,10 @@ def _gib(n) -> str:
     return "–" if n is None else f"{n / _GIB:.1f}"
 
 
+def _size(n: int) -> str:
+    return f"{n / _GIB:.1f} GiB" if n >= _GIB else f"{n >> 20} MiB"
+
+
 def _num(value) -> str:
     return "–" if value is None else f"{value:.0f}"
 
@@ -145,8 +150,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_summary", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/benchmarks", help="folder of gpu.json")
     args = parser.parse_args(argv)
-    from .gpu_all import STEPS  # the steps a killed run never reached still get their row
-
+    # The steps a killed run never reached still get their row (caps as on a GPU).
     text = summary_table(load_records(Path(args.out) / "gpu.json"), [(step.name, step.cap_s) for step in STEPS])
     (Path(args.out) / "summary.md").write_text(text)
     print(text)  # a benchmark script prints its table

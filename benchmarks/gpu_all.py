@@ -6,7 +6,7 @@ installs the rest from carried wheels)::
 
 Each result is appended to ``<out>/gpu.json`` the moment it exists (a killed call keeps everything before it);
 ``gpu.md`` and ``summary.md`` (one row per step) are written at the end, and the summary is printed. Each step
-has its own cap (seconds, on an H100/H200; ``STEPS``) and all of them share the deadline. The caps add up to
+has its own cap (seconds, on an H100/H200; ``STEPS`` in ``gpu_steps.py``) and all of them share the deadline. The caps add up to
 525 s. A step that runs a program (the self-check, the GPU tests) is stopped at its cap; a sweep stops starting
 measurements its cap would not cover (a measurement under way finishes).
 
@@ -31,9 +31,9 @@ import torch  # noqa: E402
 from engine.kv import kernels
 
 from . import gpu_steps
-from .gpu_steps import STEPS, Step
 from .ceilings import measure_all
 from .gpu_checks import filled_cache_check
+from .gpu_steps import STEPS, Step
 from .gpu_summary import summary_table
 from .host_attention import gpu_step as host_attention_step
 from .modes import GPU_MODES, Runner, parse_modes
@@ -43,6 +43,7 @@ from .run import _built_model, parse_tokens, run_step
 from .sweeps import Sweep
 
 logger = logging.getLogger(__name__)
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_all", description=__doc__.split("\n\n")[0])
@@ -102,7 +103,7 @@ def main(argv=None) -> int:
 def _run(step: Step, args, store, out: Path, seconds: float) -> None:
     if step.run_args is not None:
         run_args = _scaled_limit(list(step.run_args), args.scale)
-        if step.name == "max-context" and args.device != "cuda":
+        if step.name == "max-context" and torch.device(args.device).type != "cuda":
             _max_context_here(args, store, run_args, seconds)
         else:
             run_step(args, run_args, store, out, seconds)

@@ -14,10 +14,11 @@ PACKAGES=(
   gguf==0.19.0 pyyaml==6.0.3 tqdm==4.67.1   # GGUF weights (engine/gguf.py); its own needs but numpy
   isal==1.9.1                               # CRC-32 of KV snapshots (zlib's is the fallback)
   psutil==7.2.2 nvidia-ml-py==13.580.82     # host memory, NVML peaks by PCI bus id
+  safetensors==0.8.0                        # the converted-weights cache (engine/models/weights_cache.py)
   pytest==9.0.2 pluggy==1.6.0 iniconfig==2.3.0 packaging==25.0
   pytest-xdist==3.8.0 execnet==2.1.2 pytest-timeout==2.4.0
 )
-mkdir -p wheels
+rm -rf wheels && mkdir -p wheels  # one version of each, never an old one beside a new one
 python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux1_x86_64 -d wheels "${PACKAGES[@]}"

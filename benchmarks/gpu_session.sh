@@ -47,6 +47,7 @@ tqdm tqdm
 isal isal
 psutil psutil
 pynvml nvidia_ml_py
+safetensors safetensors
 pytest pytest
 pluggy pluggy
 iniconfig iniconfig

@@ -36,7 +36,10 @@ def _fill_headinfer(cache, context: int, batch: int, head_dim: int, device: torc
     cache.reserve(context)
     for layer in cache.kv_layers:  # a hybrid's state layers hold no K/V
         for home in layer.homes:
-            _randomize(home.block(0, context), device)  # [context, B, 2, g, D], one contiguous run
+            if home.is_quantized or home.disk is not None:
+                _write_random(home, context, device, dtype)
+            else:
+                _randomize(home.block(0, context), device)  # [context, B, 2, g, D], one contiguous run
         layer.length = context
 
 
@@ -67,6 +70,15 @@ def _randomize(target: torch.Tensor, device: torch.device) -> None:
             part.normal_()
         else:
             part.copy_(torch.randn(part.shape, dtype=part.dtype, device=device))
+
+
+def _write_random(home, context: int, device: torch.device, dtype: torch.dtype) -> None:
+    """Through the home's own write: 8-bit homes store codes and scales of N(0, 1) values (``block`` would be a
+    dequantized copy), and a disk home's checksum chain follows the rows written."""
+    _, batch, _, group, head_dim = home.kv.shape  # [capacity, B, 2, g, D]
+    for start in range(0, context, _FILL_TOKENS):
+        num = min(_FILL_TOKENS, context - start)
+        home.write(start, torch.randn(num, batch, 2, group, head_dim, dtype=dtype, device=device))
 
 
 def _same_device(a: torch.device, b: torch.device) -> bool:

@@ -1,21 +1,18 @@
 """``python -m benchmarks.gpu_all``: every GPU measurement in one process, most valuable first, one deadline.
 
-Made for one device call of at most 10 minutes on a fresh machine that has only torch and transformers::
-    TORCH_CUDNN_SDPA_DEPRIORITIZED=1 PYTHONUNBUFFERED=1 python -m benchmarks.gpu_all --out "$OUT" --deadline-s 540
+Made for one device call of at most 10 minutes on a bare machine (torch and transformers; ``gpu_session.sh``
+installs the rest from carried wheels)::
+    python -m benchmarks.gpu_all --out "$OUT" --deadline-s 520
 
-Each result is appended to ``<out>/gpu.json`` the moment it exists (a killed call keeps everything before it),
-and ``gpu.md`` plus plots are rewritten at the end. Steps, in order (each capped, all under the deadline):
-1. GPU parity tests (``pytest -m gpu``, in this process): every tiny family in fp32 and bf16, the KV-core checks
-2. a 32K-token filled-cache decode step against a reference attention; a short run under ``TORCH_CUDA_SANITIZER=1``
-3. ceilings: pinned H2D, D2H, both at once; bf16 matmul; the attention kernel; host pinning (at most 64 GiB)
-4. decode s/token: standard, layer-wise, head-wise g1, adaptive at 1K-512K (ratios to standard and the PCIe floor)
-5. host attention (issue 12): the host's read bandwidth and host-kernel GB/s, then g1 decode at 32K/128K/512K
-   with every group streamed, the planner's split, and every group on the host (ratios to the PCIe floor)
-6. a profiler summary of g1 decode at 8K and 128K (how busy the H2D engine is)
-7. prefill at 10K, 40K, 100K (ratios to standard and the FLOP floor)
-8. GPU peak vs context against the planner; the largest context per mode under the 24 GiB budget
+Each result is appended to ``<out>/gpu.json`` the moment it exists (a killed call keeps everything before it);
+``gpu.md`` and ``summary.md`` (one row per step) are written at the end, and the summary is printed. Each step
+has its own cap (seconds, on an H100/H200; ``STEPS`` in ``gpu_steps.py``) and all of them share the deadline. The caps add up to
+525 s. A step that runs a program (the self-check, the GPU tests) is stopped at its cap; a sweep stops starting
+measurements its cap would not cover (a measurement under way finishes).
 
-``--device cpu --model tiny`` runs the same plumbing on a tiny model (the CI smoke test).
+``--device cpu --model tiny --scale 0.002`` runs every step's plumbing on a CPU in a few minutes (the smoke run;
+``tests/benchmarks/test_gpu_session.py`` runs a subset of it in CI). A second run into the same folder resumes:
+what is recorded there for this device is not measured again.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,115 +30,119 @@ import torch  # noqa: E402
 
 from engine.kv import kernels
 
+from . import gpu_steps
+from .ceilings import measure_all
 from .gpu_checks import filled_cache_check
-from .host_attention import gpu_step
-from .junit import summarize_junit
+from .gpu_steps import STEPS, Step
+from .gpu_summary import summary_table
+from .host_attention import gpu_step as host_attention_step
+from .modes import GPU_MODES, Runner, parse_modes
 from .records import ResultStore, run_stamp
-from .run import _report, run_step
+from .report import write_markdown
+from .run import _built_model, parse_tokens, run_step
+from .sweeps import Sweep
 
 logger = logging.getLogger(__name__)
-
-# (step, seconds cap, run.py arguments or None for a step implemented here)
-STEPS = [
-    ("parity", 170, None),
-    ("filled-cache", 40, None),
-    ("sanitizer", 60, None),
-    ("ceilings", 60, ["--phases", "ceilings"]),
-    ("decode", 200, ["--phases", "decode", "--modes", "standard,layerwise,headinfer-g1,headinfer-adaptive",
-                     "--decode-lengths", "1K,8K,32K,128K,512K", "--decode-steps", "4", "--repeats", "2"]),
-    ("host-attention", 150, None),
-    ("profile-8K", 30, ["--phases", "profile", "--profile-mode", "headinfer-g1", "--profile-context", "8K"]),
-    ("profile-128K", 40, ["--phases", "profile", "--profile-mode", "headinfer-g1", "--profile-context", "128K"]),
-    ("prefill", 150, ["--phases", "prefill", "--modes", "standard,headinfer-adaptive,headinfer-g1",
-                      "--lengths", "10K,40K,100K", "--repeats", "1"]),
-    ("peak", 120, ["--phases", "peak", "--peak-lengths", "32K,128K,512K"]),
-    ("max-context", 150, ["--phases", "max-context", "--modes", "standard,chunked,layerwise,headinfer-adaptive"]),
-]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_all", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="docs/benchmarks", help="folder of gpu.json, gpu.md and plots")
-    p.add_argument("--deadline-s", type=float, default=540.0, help="seconds for everything, from start")
+    p.add_argument("--out", default="docs/benchmarks", help="folder of gpu.json, gpu.md, summary.md and logs")
+    p.add_argument("--deadline-s", type=float, default=520.0, help="seconds for everything, from start")
     p.add_argument("--device", default="cuda")
     p.add_argument("--model", default="llama3-8b", choices=("llama3-8b", "tiny"))
     p.add_argument("--budget-gib", type=float, default=24.0, help="emulated GPU memory")
-    p.add_argument("--steps", default="all", help="comma list of step names (default all)")
-    p.add_argument("--scale", type=float, default=1.0, help="multiplies every token count (CPU smoke: small)")
+    p.add_argument("--steps", default="all", help=f"comma list of {', '.join(s.name for s in STEPS)} (default all)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiplies every token count (CPU smoke: 0.002)")
+    p.add_argument("--test-workers", type=int, default=4, help="pytest-xdist workers of the GPU tests (0: one)")
+    p.add_argument("--cap-scale", type=float, default=1.0,
+                   help="multiplies every step's cap (the CPU smoke run: a slow shared CPU is not an H100)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
     started = time.monotonic()
     deadline = started + args.deadline_s
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     store = ResultStore(out / "gpu.json", run_stamp(args.device))
-    store.stamp["env"] = {k: os.environ.get(k) for k in ("TORCH_CUDNN_SDPA_DEPRIORITIZED",)}
-    wanted = None if args.steps == "all" else set(args.steps.split(","))
-    for name, cap, run_args in STEPS:
-        if wanted is not None and name not in wanted:
-            continue
+    store.stamp["env"] = {k: os.environ.get(k) for k in ("TORCH_CUDNN_SDPA_DEPRIORITIZED", "PYTORCH_CUDA_ALLOC_CONF")}
+    wanted = [s for s in STEPS if args.steps == "all" or s.name in args.steps.split(",")]
+    unknown = set(args.steps.split(",")) - {s.name for s in STEPS} if args.steps != "all" else set()
+    if unknown:
+        raise SystemExit(f"unknown steps {sorted(unknown)}; choose from {', '.join(s.name for s in STEPS)}")
+    for step in wanted:
         left = deadline - time.monotonic()
-        if left < 20:
-            logger.info("deadline: skipping %s and everything after it", name)
-            store.append("gpu_all", name, status="skipped-deadline")
-            break
-        seconds = min(cap, left - 10)
-        logger.info("step %s (%.0f s of %.0f s left)", name, seconds, left)
+        if left < 5:
+            store.append("gpu_all", step.name, status="skipped-deadline", cap_s=step.cap_s * args.cap_scale,
+                         seconds=0.0)
+            continue
+        seconds = min(step.cap_s * args.cap_scale, left)
+        logger.info("step %s (%.0f s of %.0f s left)", step.name, seconds, left)
         step_started = time.monotonic()
+        status = "done"
         try:
-            if run_args is None:
-                _local_step(name, args, store, out, seconds)
-            else:
-                run_step(args, run_args, store, out, seconds)
+            _run(step, args, store, out, seconds)
         except Exception as exc:  # an unattended run records the failure and goes on
-            logger.exception("step %s failed", name)
-            store.append("gpu_all", name, status="error", reason=str(exc)[:300])
-        _record_routes(store, name, time.monotonic() - step_started)
-    _report(store.records, out, "gpu")
-    logger.info("done in %.0f s", time.monotonic() - started)
+            logger.exception("step %s failed", step.name)
+            store.append(step.name, None, status="error", reason=str(exc)[:300])
+            status = "error"
+        store.append("gpu_all", step.name, status=status, cap_s=step.cap_s * args.cap_scale,
+                     seconds=time.monotonic() - step_started,
+                     routes=dict(kernels.ROUTE_COUNTS))  # which attention routes the step ran (never math)
+        kernels.ROUTE_COUNTS.clear()
+    write_markdown(store.records, out / "gpu.md", title="HeadInfer Studio — GPU benchmarks")
+    text = summary_table(store.records, [(s.name, s.cap_s * args.cap_scale) for s in wanted])
+    (out / "summary.md").write_text(text)
+    print(f"\n## Summary ({args.device}, {args.model}, {time.monotonic() - started:.0f} s)\n\n{text}")
     return 0
 
 
-def _local_step(name: str, args, store, out: Path, seconds: float) -> None:
-    is_cuda = args.device == "cuda"
-    if name == "parity":
-        import pytest  # start-up time: only the parity step runs the test suite
-
-        junit = out / "parity-junit.xml"
-        code = pytest.main(["-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                            "tests/engine/test_gpu_parity.py", "tests/engine/test_gpu_kv_core.py",
-                            "tests/engine/test_gpu_host_attention.py"])
-        store.append("parity", "pytest -m gpu", status="ok" if int(code) in (0, 5) else "failed",
-                     exit_code=int(code), **summarize_junit(junit))
-    elif name == "filled-cache":
+def _run(step: Step, args, store, out: Path, seconds: float) -> None:
+    if step.run_args is not None:
+        run_args = _scaled_limit(list(step.run_args), args.scale)
+        if step.name == "max-context" and torch.device(args.device).type != "cuda":
+            _max_context_here(args, store, run_args, seconds)
+        else:
+            run_step(args, run_args, store, out, seconds)
+    elif step.name == "self-check":
+        gpu_steps.self_check(store, out, seconds, args.device)
+    elif step.name == "gpu-tests":
+        gpu_steps.gpu_tests(store, out, seconds, args.test_workers)
+    elif step.name == "filled-cache":
         context = max(256, int(32768 * args.scale))
         for dtype in (torch.bfloat16, torch.float32):
             result = filled_cache_check(args.device, context=context, dtype=dtype)
             store.append("filled-cache", f"headinfer-g1-{result.pop('dtype')}", context=result.pop("context"),
                          status="ok" if result["ok"] else "failed", **result)
-    elif name == "host-attention":
-        gpu_step(args, store, out, seconds)
-    elif name == "sanitizer":
-        if not is_cuda:
-            store.append("sanitizer", None, status="skipped-no-cuda")
-            return
-        env = {**os.environ, "TORCH_CUDA_SANITIZER": "1"}
-        done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_checks", "--sanitizer"], env=env,
-                              capture_output=True, text=True, timeout=seconds)
-        clean = done.returncode == 0 and "SANITIZER-CLEAN" in done.stdout and "CSAN" not in done.stderr
-        store.append("sanitizer", None, status="ok" if clean else "failed", exit_code=done.returncode,
-                     output_tail=(done.stdout + done.stderr)[-2000:])
+    elif step.name == "ceilings":
+        store.append("ceilings", None, **measure_all(device=args.device, scale=args.scale))
+    elif step.name == "host-attention":
+        host_attention_step(args, store, out, seconds)
 
 
-def _record_routes(store, step: str, seconds: float) -> None:
-    """Which attention routes ran in the step (``engine.kv.kernels``), e.g. to see SDPA never fell to math."""
-    store.append("gpu_all", step, status="done", seconds=seconds, routes=dict(kernels.ROUTE_COUNTS))
-    kernels.ROUTE_COUNTS.clear()
+def _scaled_limit(run_args: list[str], scale: float) -> list[str]:
+    """A scaled run searches up to 1M x ``scale`` tokens (a GPU run: ``benchmarks.run``'s 4M)."""
+    if scale == 1.0 or "--phases" not in run_args or run_args[run_args.index("--phases") + 1] != "max-context":
+        return run_args
+    return [*run_args, "--max-context-limit", str(max(1024, int((1 << 20) * scale)))]
+
+
+def _max_context_here(args, store, run_args: list[str], seconds: float) -> None:
+    """The max-context search on a CPU (``benchmarks.run`` searches on CUDA only: a CPU has no budget to hit).
+
+    The same sweep and frontier probes, up to the scaled limit: the plumbing, not a figure."""
+    device = torch.device(args.device)
+    modes = parse_modes(run_args[run_args.index("--modes") + 1], GPU_MODES)
+    modes = [m for m in modes if m.kind != "layerwise"]  # transformers' offloading cache needs CUDA streams
+    limit = parse_tokens(run_args[run_args.index("--max-context-limit") + 1] if "--max-context-limit" in run_args
+                         else "4M")[0]
+    runner = Runner(_built_model(args.model, device), device, chunk_size=512)
+    sweep = Sweep(runner, store, time_limit=seconds, deadline=time.monotonic() + seconds, resume=True)
+    store.stamp["model"] = runner.describe(args.model)
+    sweep.max_context(modes, limit)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,81 @@
 #!/usr/bin/env bash
-# One device call: every GPU measurement in one process with a global deadline (benchmarks/gpu_all.py).
+# One device call, every GPU step (benchmarks/gpu_all.py), on a bare machine that has only torch and transformers.
 #
-#   bash benchmarks/gpu_session.sh        # on the GPU machine; results in $OUT (default docs/benchmarks)
+#   bash benchmarks/fetch_gpu_wheels.sh                    # here, once: fills wheels/ (git-ignored)
+#   device run, carry ["wheels"], timeout_s 600:
+#     bash benchmarks/gpu_session.sh                       # results in $OUT: gpu.json, gpu.md, summary.md, logs
+#   bash benchmarks/gpu_session.sh --device cpu --model tiny --out /tmp/smoke   # the plumbing on a CPU, minutes
 #
-# Each result lands in $OUT/gpu.json as soon as it is measured, so a killed call loses nothing; copy
-# $OUT/gpu.json, gpu.md and the plots into docs/benchmarks/ afterwards. At most 8 files come back from $OUT.
+# Installs from wheels/ only what fails to import there, then runs the steps in order of value, each with its
+# own cap, all within BENCH_DEADLINE_S (540 s on a GPU: 9 minutes, from this script's start). Each result lands
+# in gpu.json as it is measured, so a call cut short keeps every step that finished, and the summary table is
+# printed from gpu.json even then. At most 8 files come back from $OUT: this writes 6 (plots are made here
+# afterwards: python -m benchmarks.run --report-only --out DIR).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-docs/benchmarks}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TORCH_CUDNN_SDPA_DEPRIORITIZED=1
+started=$SECONDS
+device=cuda model=llama3-8b out=${OUT:-} extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) device=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    *) extra+=("$1"); shift ;;
+  esac
+done
+if [ "$device" = cpu ]; then  # the smoke run: tiny sizes, a slow shared CPU, no pytest workers
+  out=${out:-/tmp/headinfer-gpu-smoke}; deadline=${BENCH_DEADLINE_S:-1800}
+  extra=(--scale 0.002 --test-workers 0 --cap-scale 3 "${extra[@]}")
+else
+  out=${out:-docs/benchmarks/gpu-run}; deadline=${BENCH_DEADLINE_S:-540}
+fi
+mkdir -p "$out"
+python=python3
+[ -x .venv/bin/python ] && python=.venv/bin/python
+export PYTHONUNBUFFERED=1 TORCH_CUDNN_SDPA_DEPRIORITIZED=1 HEADINFER_BENCH_DISK_DIR=${HEADINFER_BENCH_DISK_DIR:-/tmp}
+
+# The wheels a bare machine may lack: "module wheel-name" pairs, each installed only where its import fails.
+missing=()
+while read -r module wheel; do
+  "$python" -c "import $module" </dev/null 2>/dev/null && continue
+  found=(wheels/"$wheel"-*.whl)
+  if [ -e "${found[0]}" ]; then missing+=("${found[@]}"); else echo "missing: $module (no wheels/$wheel-*.whl)"; fi
+done <<'EOF'
+gguf gguf
+yaml pyyaml
+tqdm tqdm
+isal isal
+psutil psutil
+pynvml nvidia_ml_py
+safetensors safetensors
+pytest pytest
+pluggy pluggy
+iniconfig iniconfig
+packaging packaging
+xdist pytest_xdist
+execnet execnet
+pytest_timeout pytest_timeout
+EOF
+if [ ${#missing[@]} -gt 0 ]; then
+  "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/headinfer-site \
+    "${missing[@]}" && export PYTHONPATH=/tmp/headinfer-site${PYTHONPATH:+:$PYTHONPATH}
+  echo "installed: ${missing[*]##*/}"
+fi
+
 {
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+  echo "[+$((SECONDS - started))s] env"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
   free -g | head -2
-  python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
-} 2>&1 | tee "$OUT/session.log"
-timeout -k 10 "${BENCH_DEADLINE_S:-560}" python3 -m benchmarks.gpu_all --out "$OUT" \
-  --deadline-s $(( ${BENCH_DEADLINE_S:-560} - 20 )) 2>&1 | tee -a "$OUT/session.log" | grep -v " DEBUG "
+  echo "$(nproc) cores, git $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+  "$python" -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
+} 2>&1 | tee "$out/session.log"
+
+left=$(( deadline - (SECONDS - started) - 10 ))  # 10 s kept for the summary after a kill
+timeout -k 5 "$left" "$python" -m benchmarks.gpu_all --out "$out" --device "$device" --model "$model" \
+  --deadline-s $(( left - 5 )) "${extra[@]}" 2>&1 | grep --line-buffered -v " DEBUG " | tee -a "$out/session.log"
+status=${PIPESTATUS[0]}
+if [ "$status" -ne 0 ]; then  # killed or crashed before its own summary: the table from what gpu.json holds
+  echo "[+$((SECONDS - started))s] gpu_all ended with status $status; the summary from $out/gpu.json:" | tee -a "$out/session.log"
+  "$python" -m benchmarks.gpu_summary --out "$out" 2>&1 | tee -a "$out/session.log"
+fi
+echo "[+$((SECONDS - started))s] done" | tee -a "$out/session.log"

@@ -5,6 +5,8 @@
 - ``layerwise``: chunked, with transformers' ``DynamicCache(offloading=True)`` (whole layers to host and back)
 - ``headinfer-gN``: the head-wise engine, groups of N KV heads, everything offloaded (the paper's HeadInfer)
 - ``headinfer-adaptive``: group size and resident slots chosen by the planner for the budget
+- ``...-int8``: host KV stored as 8-bit codes (lossy: half the host RAM and link bytes of bf16); ``...-disk``:
+  with a disk tier (``HEADINFER_BENCH_DISK_DIR``, else the temp folder) for the KV beyond the host budget
 - CPU smoke: ``stock`` (= chunked), ``headinfer`` (every home resident: zero-copy views),
   ``headinfer-pingpong`` (``resident_slots=0``: every group goes through the ping-pong buffers)
 """
@@ -12,6 +14,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +35,8 @@ class Mode:
     head_group_size: int | None = None
     resident_slots: int | None = None
     host_attention: str = "off"  # the paper's HeadInfer streams every offloaded group; see the -split/-host modes
+    kv_dtype: str | None = None  # "int8": 8-bit host KV (a 126 GiB machine holds 1M tokens of Llama-3-8B only so)
+    has_disk_tier: bool = False
 
     @property
     def attention(self) -> str:
@@ -57,6 +63,11 @@ GPU_MODES = {m.name: m for m in (
     # Issue 12: decode attends some (the planner's split) or all offloaded groups on the host.
     Mode("headinfer-g1-split", "headinfer", head_group_size=1, resident_slots=0, host_attention="auto"),
     Mode("headinfer-g1-host", "headinfer", head_group_size=1, resident_slots=0, host_attention="all"),
+    # Issue 30: past the RAM limit of bf16 KV: 8-bit host KV, and a disk tier beyond the host budget.
+    Mode("headinfer-g1-int8", "headinfer", head_group_size=1, resident_slots=0, kv_dtype="int8"),
+    Mode("headinfer-adaptive-int8", "headinfer", kv_dtype="int8"),
+    Mode("headinfer-g1-int8-disk", "headinfer", head_group_size=1, resident_slots=0, kv_dtype="int8",
+         has_disk_tier=True),
 )}
 
 SMOKE_MODES = {m.name: m for m in (
@@ -105,7 +116,8 @@ class Runner:
     def policy(self, mode: Mode, capacity: int) -> OffloadPolicy:
         return OffloadPolicy(chunk_size=self.chunk_size, head_group_size=mode.head_group_size,
                              resident_slots=mode.resident_slots, max_context=capacity, host_attention=mode.host_attention,
-                             gpu_memory=self.gpu_budget if self.is_cuda else None, host_memory=self.host_budget)
+                             gpu_memory=self.gpu_budget if self.is_cuda else None, host_memory=self.host_budget,
+                             kv_dtype=mode.kv_dtype, disk_dir=disk_dir() if mode.has_disk_tier else None)
 
     def plan(self, mode: Mode, context: int) -> Plan | None:
         """The planner's prediction for a head-wise mode (None for the baselines)."""
@@ -138,6 +150,11 @@ class Runner:
     def decode_step(self, cache, token: torch.Tensor) -> torch.Tensor:
         # token: [1, 1]
         return self.forward(token, cache)
+
+
+def disk_dir() -> str:
+    """The disk tier's folder for the ``-disk`` modes (the engine makes a fresh folder in it per cache)."""
+    return os.environ.get("HEADINFER_BENCH_DISK_DIR") or tempfile.gettempdir()
 
 
 def parse_modes(text: str, table: dict[str, Mode]) -> list[Mode]:

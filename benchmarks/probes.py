@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from engine.kv import quant
 from engine.planning.memory import PlanError, estimate_prefill_seconds
 
 from .fill import fill_random
@@ -80,9 +81,10 @@ def time_decode(runner: Runner, mode: Mode, capacity: int, *, steps: int = 8, wa
     layout = headinfer_layout(cache) if mode.is_headinfer else {}
     del cache
     release_memory(runner.device)
+    element = quant.bytes_per_element(mode.kv_dtype, shape.dtype_bytes, shape.head_dim)  # 8-bit: codes + scales
     return {"seconds_per_token": seconds, "tokens_per_s": 1.0 / seconds, "samples": samples, "kv_tokens": context,
             "host_attention_s_per_token": host_per_token,
-            "offloaded_kv_bytes": heads * context * shape.head_dim * 2 * shape.dtype_bytes,
+            "offloaded_kv_bytes": int(heads * context * shape.head_dim * 2 * element),
             **peaks.as_dict("decode_peak"), **layout, **_prediction(runner, mode, capacity)}
 
 
@@ -157,6 +159,8 @@ def host_bytes_needed(runner: Runner, mode: Mode, capacity: int) -> int:
         layer = _pow2(shape.num_kv_heads * per_head)
         return 2 * layer * (shape.num_layers + 2)  # every layer's K and V, plus the one being re-offloaded
     plan = runner.plan(mode, capacity)
+    if mode.kv_dtype is not None or mode.has_disk_tier:  # codes and scales; a disk tier's share is not pinned
+        return plan.host_bytes
     offloaded_homes = plan.total_slots - plan.resident_slots
     return 2 * offloaded_homes * plan.head_group_size * per_head
 

@@ -134,7 +134,7 @@ def _ceilings(records):
         return []
     return ["## Ceilings", ""] + _table(["H2D GB/s", "D2H GB/s", "both GB/s", "bf16 matmul TFLOP/s",
                                          "attention TFLOP/s g1", "attention TFLOP/s g8", "kernel",
-                                         "pinned host GiB"], rows)
+                                         "host KV budget GiB"], rows)
 
 
 def _parity(records):

@@ -1,0 +1,150 @@
+"""The one-call GPU run's steps (``STEPS``: order and caps), and the two that run a program of their own.
+
+The self-check and the GPU tests each run in a child process under a hard time limit (a hung CUDA call cannot
+take the session with it) and leave one record whatever happens: the child's exit status, its counts, and the
+tail of its output; the full output goes to ``<out>/<step>.log``. The parsers are pure, tested on fixed text.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .junit import summarize_junit
+
+_DECODE = ["--phases", "decode", "--decode-steps", "4", "--repeats", "2", "--resume"]
+_MAX_CONTEXT_MODES = "headinfer-g1-int8,headinfer-adaptive,standard,chunked,headinfer-g1-int8-disk"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    cap_s: float
+    run_args: tuple[str, ...] | None = None  # ``benchmarks.run`` arguments, or None for a step run here
+
+
+STEPS = [
+    # Correctness first: is the engine exact on this GPU, with every feature a user can switch on?
+    Step("self-check", 35),  # launch.py --self-check --kv-8bit int8 --kv-disk-dir: every case, both dtypes
+    Step("gpu-tests", 75),  # pytest -m gpu over every file with the mark, 4 workers (102 s on one, H200)
+    Step("filled-cache", 10),  # one decode step over a 32K random cache vs a reference attention
+    Step("ceilings", 15),  # link, matmul, attention kernel; pins 4 GiB, the host budget from RAM
+    # The benchmarks, host attention first (issue 29: past the PCIe floor).
+    Step("host-attention", 50),  # read GB/s, kernel GB/s, g1 decode streamed / split / on the host at 32K-512K
+    Step("decode", 90, (*_DECODE, "--modes", "standard,headinfer-g1,headinfer-adaptive,headinfer-g1-split",
+                        "--decode-lengths", "1K,32K,128K,512K")),  # what host-attention measured is not redone
+    # bf16 KV of Llama-3-8B at 1M tokens is 128 GiB: past a 126 GiB machine; 8-bit codes and scales take 68.
+    Step("decode-1M-int8", 50, ("--phases", "decode", "--modes", "headinfer-g1-int8", "--decode-lengths", "1M",
+                                "--decode-steps", "3", "--repeats", "1", "--resume")),
+    # Largest context per mode: head-wise ones up to the RAM limit (8-bit KV) and past it (the disk tier).
+    Step("max-context", 75, ("--phases", "max-context", "--modes", _MAX_CONTEXT_MODES, "--resume")),
+    # The plan against the card: allocated, reserved and NVML peaks next to the planned bytes. Adaptive first: it
+    # fills the budget, where the first run saw the allocator reserve 2.2 GB past the plan.
+    Step("peak", 25, ("--phases", "peak", "--peak-modes", "headinfer-adaptive,headinfer-g1",
+                      "--peak-lengths", "32K,128K", "--resume")),
+    # 40K between: a sweep projects each length from the last, quadratically (10K's 0.9 s would forbid 100K).
+    Step("prefill", 30, ("--phases", "prefill", "--modes", "standard,headinfer-adaptive", "--lengths",
+                         "10K,40K,100K", "--repeats", "1", "--resume")),
+    # Alone, and not resumed: a sweep projects each length from the last one measured (quadratically, 100K's
+    # 15 s -> 97 s), which would never start 256K (about 70 s: its attention FLOPs at the measured rate).
+    Step("prefill-256K", 70, ("--phases", "prefill", "--modes", "headinfer-adaptive", "--lengths", "256K",
+                              "--repeats", "1")),
+]
+
+#: ``launch.py --self-check`` prints one line per case: feature, architecture, dtype, then ``ok`` or why not
+_CASE = re.compile(r"headinfer\.launch: (?P<feature>[a-z0-9_]+)\s+(?P<arch>\S+)\s+(?P<dtype>float32|bfloat16|float16)"
+                   r"\s+(?P<outcome>.+)$")
+_RATE = re.compile(r"headinfer\.launch: (?P<name>[a-z0-9_]+_gbps): (?P<value>[0-9.]+) GB/s")
+_STATUS = re.compile(r"headinfer\.launch: (?P<line>.+?) \(report: (?P<path>[^)]+)\)\s*$")
+#: a verbose pytest line, plain (``file::test PASSED [ 3%]``) or from an xdist worker (``[gw1] [ 3%] PASSED file::test``)
+_OUTCOME = re.compile(r"\b(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)\b")
+
+
+def parse_self_check(output: str) -> dict:
+    """Cases, rates and the status line from ``launch.py --self-check`` output."""
+    cases, rates, status = [], {}, None
+    for line in output.splitlines():
+        if match := _STATUS.search(line):
+            status = match["line"]
+        elif match := _RATE.search(line):
+            rates[match["name"]] = float(match["value"])
+        elif match := _CASE.search(line):
+            outcome = match["outcome"].strip()
+            cases.append({"feature": match["feature"], "arch": match["arch"], "dtype": match["dtype"],
+                          "outcome": outcome})
+    passed = sum(case["outcome"] == "ok" for case in cases)
+    return {"cases": cases, "num_cases": len(cases), "num_ok": passed, "features": sorted({c["feature"] for c in cases}),
+            "not_ok": [f"{c['feature']}/{c['arch']}/{c['dtype']}: {c['outcome']}" for c in cases if c["outcome"] != "ok"],
+            "status_line": status, **rates}
+
+
+def parse_pytest_log(output: str) -> dict:
+    """Counts of a verbose pytest run's outcomes, also of one cut short (no JUnit file then)."""
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    failures = []
+    for line in output.splitlines():
+        match = _OUTCOME.search(line)
+        if match is None or "::" not in line or line.startswith(("FAILED ", "ERROR ", "SKIPPED ")):
+            continue  # the short summary at the end repeats the failures
+        word = match.group(1)
+        key = {"PASSED": "passed", "XPASS": "passed", "FAILED": "failed", "ERROR": "failed"}.get(word, "skipped")
+        counts[key] += 1
+        if key == "failed":
+            failures.append(next(token for token in line.split() if "::" in token))
+    return {**counts, "tests": sum(counts.values()), "failures": failures}
+
+
+def self_check(store, out: Path, seconds: float, device: str) -> None:
+    """``launch.py --self-check`` with every feature: 8-bit host KV (int8) and a disk tier."""
+    with tempfile.TemporaryDirectory(prefix="headinfer-selfcheck-") as disk:
+        command = [sys.executable, "launch.py", "--self-check", "--device", device, "--kv-8bit", "int8",
+                   "--kv-disk-dir", disk]
+        # Its own cache folder: the report and the built host kernel of this check replace no user's.
+        code, output, timed_out = _run(command, seconds, out / "self-check.log", {"HEADINFER_CACHE": f"{disk}/cache"})
+    parsed = parse_self_check(output)
+    is_ok = code == 0 and parsed["num_cases"] > 0 and not parsed["not_ok"]
+    store.append("self-check", "int8+disk", status="ok" if is_ok else "timeout" if timed_out else "failed",
+                 exit_code=code, timed_out=timed_out, **parsed, output_tail=output[-1500:])
+
+
+def gpu_tests(store, out: Path, seconds: float, workers: int) -> None:
+    """``pytest -m gpu`` over every test file with a ``gpu`` mark, in ``workers`` processes (0: this one)."""
+    files = sorted(str(path) for path in Path("tests").rglob("test_*.py") if "mark.gpu" in path.read_text())
+    junit = out / "gpu-tests-junit.xml"
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-rfE", "-p", "no:cacheprovider",
+               f"--junitxml={junit}", *files]
+    if workers and importlib.util.find_spec("xdist") is not None:
+        command += ["-n", str(workers)]
+    if importlib.util.find_spec("pytest_timeout") is not None:
+        command += ["--timeout", "120"]  # one hung test fails alone, the rest still report
+    code, output, timed_out = _run(command, seconds, out / "gpu-tests.log")
+    counts = summarize_junit(junit) if junit.is_file() and not timed_out else parse_pytest_log(output)
+    junit.unlink(missing_ok=True)  # its counts are in the record; the folder that comes back holds 8 files
+    # Exit status 5: nothing selected (no test has the mark here); 0: all passed (skips included).
+    status = "timeout" if timed_out else "ok" if code in (0, 5) and not counts["failed"] else "failed"
+    store.append("gpu-tests", "pytest -m gpu", status=status, exit_code=code, timed_out=timed_out,
+                 files=len(files), workers=workers, **counts, output_tail=output[-1500:])
+
+
+def _run(command: list[str], seconds: float, log: Path, env: dict | None = None) -> tuple[int | None, str, bool]:
+    """(exit status or None, output, timed out?) of ``command``, its output also written to ``log``.
+
+    The child leads a process group of its own, so a timeout ends its workers too (pytest-xdist's would
+    otherwise keep their GPU memory while the benchmarks run)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log, "w") as sink:
+        child = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            code, timed_out = child.wait(timeout=max(1.0, seconds)), False
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            code, timed_out = None, True
+    return code, log.read_text(errors="replace"), timed_out

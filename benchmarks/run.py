@@ -22,6 +22,7 @@ import psutil
 import torch
 
 from engine.planning.budgets import card_budget
+from engine.planning.gpu_ids import indexed
 
 from .ceilings import measure_all
 from .junit import summarize_junit
@@ -149,8 +150,9 @@ def _run_gpu(args, store, out: Path, name: str) -> None:
         logging.getLogger(__name__).info("nothing left to measure in this piece")
         return
     if budget:
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+        card = indexed(device)  # torch 2.11 refuses torch.device("cuda") here: every GPU step failed on the H200
+        total = torch.cuda.get_device_properties(card).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), card)
     ceilings = store.latest("ceilings")
     model = _built_model(args.model, device)
     sweep.runner = Runner(model, device, chunk_size=args.chunk_size or 4096,

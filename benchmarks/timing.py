@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.planning.gpu_ids import indexed, nvml_handle
+
 logger = logging.getLogger(__name__)
 
 
 def synchronize(device: torch.device | str) -> None:
     if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(indexed(device))
 
 
 def time_once(fn: Callable[[], object], device: torch.device | str) -> float:
@@ -72,7 +74,7 @@ class PhasePeaks:
 @contextmanager
 def track_peaks(device: torch.device | str):
     """Yields a ``PhasePeaks`` filled in when the block ends: allocator peaks since it began, NVML now."""
-    device = torch.device(device)
+    device = indexed(device)  # torch 2.11 refuses a bare "cuda" in some memory APIs
     peaks = PhasePeaks()
     is_cuda = device.type == "cuda"
     if is_cuda:
@@ -95,7 +97,7 @@ def nvml_process_used(device: torch.device) -> int | None:
         import pynvml  # optional dependency: NVML (nvidia-ml-py) where a driver is
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        handle = nvml_handle(pynvml, device)  # by PCI bus id: CUDA_VISIBLE_DEVICES may reorder the cards
         for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
             if process.pid == os.getpid() and process.usedGpuMemory:
                 return int(process.usedGpuMemory)
@@ -134,7 +136,7 @@ def release_memory(device: torch.device | str) -> None:
     gc.collect()
     if torch.device(device).type == "cuda":
         synchronize(device)
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # every device's cache (the API takes none)
         empty_host = getattr(torch._C, "_host_emptyCache", None)
         if empty_host is not None:
             empty_host()  # pinned blocks stay cached otherwise, and the next probe's host budget shrinks

@@ -454,8 +454,9 @@ def self_check(policy, device: str) -> int:
 
     report = selfcheck.run_self_check(policy, device)
     for case in report.cases:
-        logger.info("%-15s %-14s %-9s %s", case.feature, case.arch, case.dtype, "ok" if case.passed else
-                 f"FAILED ({case.error or f'logit error {case.max_rel_error:.1e}'})")
+        verdict = ("ok" if case.passed else f"not checked ({case.error})" if not case.checked else
+                   f"FAILED ({case.error or f'logit error {case.max_rel_error:.1e}'})")
+        logger.info("%-15s %-14s %-9s %s", case.feature, case.arch, case.dtype, verdict)
     for name, rate in report.rates.items():
         logger.info("%s: %.1f GB/s", name, rate)
     logger.info("%s (report: %s)", report.status_line(), selfcheck.report_path(report.identity))

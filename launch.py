@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cuda_alloc_env import use_expandable_segments
+
 # The engine (and torch) is imported inside the functions that need it, on purpose: a bad flag, model path or busy
 # port fails in under 3 s, before torch loads. Every function-local import below is that one reason.
 logger = logging.getLogger("headinfer.launch")
@@ -363,6 +365,7 @@ def is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    use_expandable_segments()  # before torch loads (every torch import is below, in functions)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.self_check:  # needs neither the model nor the port (the app may be serving on it meanwhile)

@@ -123,3 +123,23 @@ def _store(out):
     from benchmarks.records import ResultStore, run_stamp
 
     return ResultStore(out / "gpu.json", run_stamp("cuda"))
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="set on Linux only")
+def test_benchmark_entry_points_set_expandable_segments_before_torch_loads():
+    """``python -m benchmarks.run`` / ``benchmarks.gpu_all``: the package sets the allocator before its modules load
+    torch, so the peaks measured are those of the settings the app runs with."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    spy = ("import json, os, sys\nseen = {}\nclass Spy:\n    def find_spec(self, name, path=None, target=None):\n"
+           "        if name == 'torch' and not seen:\n"
+           "            seen['conf'] = os.environ.get('PYTORCH_CUDA_ALLOC_CONF')\n        return None\n"
+           "sys.meta_path.insert(0, Spy())\nimport benchmarks.run\nprint(json.dumps(seen))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    result = subprocess.run([sys.executable, "-c", spy], cwd=Path(__file__).resolve().parents[2], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"conf": "expandable_segments:True"}, result.stderr

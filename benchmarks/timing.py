@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.planning.budgets import CUDA_CONTEXT_BYTES
 from engine.planning.gpu_ids import indexed, nvml_handle
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,20 @@ def nvml_process_used(device: torch.device) -> int | None:
     except Exception as exc:  # no NVML: the allocator figures still stand
         logger.debug("NVML reading failed: %s", exc)
         return None
+
+
+def cuda_context_bytes(device: torch.device | str) -> int:
+    """What this process's CUDA context takes on its card: the card's used bytes less what the allocator reserved,
+    read before the model is built on a card the benchmark has to itself (784e6 bytes on the H200). Falls back to
+    the planner's ``CUDA_CONTEXT_BYTES`` where the reading is implausible (another process on the card)."""
+    card = indexed(device)
+    free, total = torch.cuda.mem_get_info(card)
+    used = total - free - torch.cuda.memory_reserved(card)
+    if not 0 < used < 4 << 30:
+        logger.warning("CUDA context reading %.2f GiB is implausible: assuming %.2f GiB", used / 2**30,
+                       CUDA_CONTEXT_BYTES / 2**30)
+        return CUDA_CONTEXT_BYTES
+    return used
 
 
 def pinned_host_bytes() -> int | None:

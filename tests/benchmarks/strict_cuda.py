@@ -15,6 +15,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 GIB = 1 << 30
+CONTEXT_BYTES = 784_000_000  # the H200's CUDA context (torch 2.11, CUDA 13.0)
 
 
 def _index(device, *, optional: bool = True) -> int:
@@ -107,12 +108,12 @@ class StrictCuda:
 
     def memory_reserved(self, device=None):
         self._seen("memory_reserved", device)
-        return 2 * GIB
+        return 0  # read before the model is built: nothing reserved yet
 
     def mem_get_info(self, device=None):
         index = self._seen("mem_get_info", device)
         total = self.properties[index].total_memory
-        return total - 4 * GIB, total
+        return total - CONTEXT_BYTES, total
 
     def empty_cache(self):
         self.calls.append(("empty_cache", None))
@@ -150,3 +151,29 @@ class CudaOnCpu(TorchFunctionMode):
         if func is torch.Tensor.to:
             args = tuple(torch.device("cpu") if _is_cuda(a) else a for a in args)
         return func(*args, **kwargs)
+
+
+class FakeNvml:
+    """``pynvml`` over cards in PCI order (``used``: bytes per card), found by bus id or by NVML index."""
+
+    def __init__(self, buses: list[int], used: list[int]):
+        self.by_bus = {f"00000000:{bus:02x}:00.0": i for i, bus in enumerate(buses)}
+        self.used = used
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id):
+        return self.by_bus[bus_id]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return []
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return type("Info", (), {"used": self.used[handle], "total": 10 * self.used[handle]})()
+
+    def nvmlDeviceGetName(self, handle):
+        return "AB"[handle]

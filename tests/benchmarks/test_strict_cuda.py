@@ -16,7 +16,7 @@ from benchmarks.models import build_model
 from benchmarks.modes import Runner
 from benchmarks.records import load_records
 
-from strict_cuda import CudaOnCpu, StrictCuda, _Properties
+from strict_cuda import CONTEXT_BYTES, GIB, CudaOnCpu, FakeNvml, StrictCuda, _Properties
 
 
 class CpuBackedRunner(Runner):
@@ -35,6 +35,7 @@ class CpuBackedRunner(Runner):
 @pytest.fixture
 def strict_cuda(monkeypatch):
     fake = StrictCuda().install(monkeypatch)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", FakeNvml([0x3B], [CONTEXT_BYTES + 4 * GIB]))
     monkeypatch.setattr(run, "Runner", CpuBackedRunner)
     monkeypatch.setattr(run, "build_model", lambda name, device: build_model(name, "cpu"))
     monkeypatch.setattr(run, "_MODELS", {})
@@ -76,6 +77,14 @@ def test_gpu_steps_run_on_a_cuda_device_through_the_strict_fake(strict_cuda, tmp
     assert strict_cuda.fraction == {0: pytest.approx(24 / 80)}  # the emulated budget, on card 0
     for record in by_phase["decode"]:
         assert record["metrics"]["decode_peak_reserved"] >= record["metrics"]["decode_peak_allocated"]
+    assert all(r["run"]["cuda_context_bytes"] == CONTEXT_BYTES for r in records)  # measured, not assumed
+    for record in by_phase["frontier"]:  # the peak checked against the plan three ways
+        metrics = record["metrics"]
+        planned = metrics["planned_gpu_bytes"]
+        assert metrics["over_plan_allocated"] == 3 * GIB - planned
+        assert metrics["over_plan_reserved"] == 3 * GIB + (256 << 20) - planned
+        assert metrics["over_plan_nvml"] == 4 * GIB - planned
+        assert metrics["holds_on_card"] is False  # the fake's peaks are far past a tiny model's plan
     called = {name for name, _ in strict_cuda.calls}
     assert {"synchronize", "reset_peak_memory_stats", "max_memory_reserved", "empty_cache"} <= called
 
@@ -89,29 +98,7 @@ def test_nvml_reads_the_card_cuda_names_when_cuda_visible_devices_reorders(monke
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     StrictCuda([cards[1], cards[0]]).install(monkeypatch)  # CUDA's order: the second physical card first
 
-    class FakeNvml:  # NVML's order: PCI order, whatever CUDA_VISIBLE_DEVICES says
-        by_bus = {"00000000:3b:00.0": 0, "00000000:86:00.0": 1}
-        used = [1_000, 2_000]
-
-        def nvmlInit(self):
-            pass
-
-        def nvmlDeviceGetHandleByIndex(self, index):
-            return index
-
-        def nvmlDeviceGetHandleByPciBusId(self, bus_id):
-            return self.by_bus[bus_id]
-
-        def nvmlDeviceGetComputeRunningProcesses(self, handle):
-            return []
-
-        def nvmlDeviceGetMemoryInfo(self, handle):
-            return type("Info", (), {"used": self.used[handle], "total": 10_000})()
-
-        def nvmlDeviceGetName(self, handle):
-            return "AB"[handle]
-
-    nvml = FakeNvml()
+    nvml = FakeNvml([0x3B, 0x86], [1_000, 2_000])
     monkeypatch.setitem(__import__("sys").modules, "pynvml", nvml)
     monkeypatch.setattr(machine, "_nvml", lambda: nvml)
     assert nvml_process_used(torch.device("cuda", 0)) == 2_000  # physical card 1 (B)

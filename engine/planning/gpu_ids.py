@@ -38,8 +38,10 @@ def nvml_handle(nvml, device: torch.device | str | int):
     """The NVML handle of the card torch calls ``device``: matched by PCI bus id, so a reordering
     ``CUDA_VISIBLE_DEVICES`` reads the right card. Without a bus id, the CUDA ordinal (right only unreordered)."""
     bus_id = pci_bus_id(device) if torch.cuda.is_available() else None
-    if bus_id is None:
-        logger.debug("no PCI bus id from torch: NVML index = CUDA ordinal")
-        index = device if isinstance(device, int) else torch.device(device).index or 0
-        return nvml.nvmlDeviceGetHandleByIndex(index)
-    return nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+    if bus_id is not None:
+        try:
+            return nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+        except Exception as exc:  # an old binding that wants bytes, a driver that spells the id otherwise
+            logger.debug("NVML found no card at %s (%s): NVML index = CUDA ordinal", bus_id, exc)
+    index = device if isinstance(device, int) else torch.device(device).index or 0
+    return nvml.nvmlDeviceGetHandleByIndex(index)

@@ -15,6 +15,7 @@ from benchmarks import run
 from benchmarks.models import build_model
 from benchmarks.modes import Runner
 from benchmarks.records import load_records
+from benchmarks.report import write_markdown
 
 from strict_cuda import CONTEXT_BYTES, GIB, CudaOnCpu, FakeNvml, StrictCuda, _Properties
 
@@ -85,6 +86,8 @@ def test_gpu_steps_run_on_a_cuda_device_through_the_strict_fake(strict_cuda, tmp
         assert metrics["over_plan_reserved"] == 3 * GIB + (256 << 20) - planned
         assert metrics["over_plan_nvml"] == 4 * GIB - planned
         assert metrics["holds_on_card"] is False  # the fake's peaks are far past a tiny model's plan
+    text = write_markdown(records, tmp_path / "gpu.md", title="t")
+    assert "within the plan on the card" in text and "| no: allocated +" in text
     called = {name for name, _ in strict_cuda.calls}
     assert {"synchronize", "reset_peak_memory_stats", "max_memory_reserved", "empty_cache"} <= called
 

@@ -116,13 +116,14 @@ def test_a_case_that_cannot_be_set_up_is_not_checked_and_its_feature_stays_on(mo
     assert stored["failed"] == [] and stored["unchecked"] == ["disk_tier"]
 
 
-def test_the_disk_tier_case_budgets_the_disk_streams_pinned_buffers_on_cuda(tmp_path):
+@pytest.mark.parametrize("arch", ["llama-gqa", "gemma3-window"])
+def test_the_disk_tier_case_budgets_the_disk_streams_pinned_buffers_on_cuda(tmp_path, arch):
     """Planned as on CUDA (where the disk stream's 32 MiB of pinned pieces and write buffers are host memory): the
     case's budget fits and leaves homes on disk; the hand-made budget of the first GPU run was refused."""
     from engine.planning.memory import ModelShape, make_plan
     from engine.selfcheck import cases
 
-    pair = cases.TinyPair.build("llama-gqa", torch.bfloat16, torch.device("cpu"))
+    pair = cases.TinyPair.build(arch, torch.bfloat16, torch.device("cpu"))
     policy = cases.case_policy("disk_tier", OffloadPolicy(), "emulated")
     probe = cases._cache(pair, policy)  # every home offloaded (resident_slots=0): on CUDA all are host homes
     probe.allocate(1, probe.shape.head_dim, pair.dtype, pair.device)

@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from cuda_alloc_env import use_expandable_segments
+
 # The engine (and torch) is imported inside the functions that need it, on purpose: a bad flag, model path or busy
 # port fails in under 3 s, before torch loads. Every function-local import below is that one reason.
 logger = logging.getLogger("headinfer.launch")
@@ -363,6 +365,7 @@ def is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
+    use_expandable_segments()  # before torch loads (every torch import is below, in functions)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.self_check:  # needs neither the model nor the port (the app may be serving on it meanwhile)
@@ -454,8 +457,9 @@ def self_check(policy, device: str) -> int:
 
     report = selfcheck.run_self_check(policy, device)
     for case in report.cases:
-        logger.info("%-15s %-14s %-9s %s", case.feature, case.arch, case.dtype, "ok" if case.passed else
-                 f"FAILED ({case.error or f'logit error {case.max_rel_error:.1e}'})")
+        verdict = ("ok" if case.passed else f"not checked ({case.error})" if not case.checked else
+                   f"FAILED ({case.error or f'logit error {case.max_rel_error:.1e}'})")
+        logger.info("%-15s %-14s %-9s %s", case.feature, case.arch, case.dtype, verdict)
     for name, rate in report.rates.items():
         logger.info("%s: %.1f GB/s", name, rate)
     logger.info("%s (report: %s)", report.status_line(), selfcheck.report_path(report.identity))

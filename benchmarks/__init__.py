@@ -22,3 +22,9 @@ of records, a markdown table and plots. Pieces:
 
 ``parity`` and ``snapshot_bench`` are separate scripts with their own entry points.
 """
+
+from cuda_alloc_env import use_expandable_segments
+
+# Every entry point (``python -m benchmarks.<name>``) imports this package before any of its modules imports torch:
+# the allocator settings the app runs with (``launch.py``) are the ones measured.
+use_expandable_segments()

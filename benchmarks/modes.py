@@ -89,6 +89,7 @@ class Runner:
     chunk_size: int = 4096
     gpu_budget: int | None = None  # bytes the planner may use on the device (None: unlimited / CPU)
     host_budget: int | None = None  # bytes of host memory the KV store may use
+    cuda_context_bytes: int | None = None  # measured before the model was built (CUDA): NVML counts it, plans don't
 
     @property
     def dtype(self) -> torch.dtype:

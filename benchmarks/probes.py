@@ -118,6 +118,7 @@ def frontier(runner: Runner, mode: Mode, capacity: int, *, real_run_seconds: flo
             with track_peaks(runner.device) as decode_peaks:
                 runner.decode_step(cache, prompt[:, -1:])
         metrics.update(status="ok", **prefill_peaks.as_dict("prefill_peak"), **decode_peaks.as_dict("decode_peak"))
+        metrics.update(against_plan(metrics, runner.cuda_context_bytes))
         if mode.is_headinfer:
             metrics.update(headinfer_layout(cache))
     except Exception as exc:
@@ -130,6 +131,30 @@ def frontier(runner: Runner, mode: Mode, capacity: int, *, real_run_seconds: flo
         metrics["seconds"] = time.monotonic() - started
         release_memory(runner.device)
     return metrics
+
+
+def against_plan(metrics: dict, context_bytes: int | None) -> dict:
+    """How far a probe's peaks went past the plan's GPU bytes (negative: under), counted three ways: allocated
+    bytes (what the plan models), the caching allocator's reserved bytes (what the card gives up), and NVML's
+    figure less the CUDA context (what the card shows). ``holds_on_card``: all three within the plan. The first
+    GPU run's 100K prefill held in allocated bytes (23.45e9 of 23.59e9) but not on the card: reserved 25.68e9,
+    NVML 25.78e9. Empty for baselines (no plan) and off CUDA (no peaks)."""
+    planned = metrics.get("planned_gpu_bytes")
+    peak = lambda kind: max((metrics.get(f"{phase}_peak_{kind}") for phase in ("prefill", "decode")  # noqa: E731
+                             if metrics.get(f"{phase}_peak_{kind}") is not None), default=None)
+    allocated, reserved, nvml = peak("allocated"), peak("reserved"), peak("nvml_used")
+    if planned is None or allocated is None:
+        return {}
+    over = {"over_plan_allocated": allocated - planned}
+    if reserved is not None:
+        over["over_plan_reserved"] = reserved - planned
+    if nvml is not None and context_bytes is not None:
+        over["over_plan_nvml"] = nvml - context_bytes - planned
+    holds = all(value <= 0 for value in over.values())
+    if not holds:
+        logger.warning("peak past the plan's %.2f GiB: %s", planned / 2**30,
+                       ", ".join(f"{k.removeprefix('over_plan_')} {v / 2**30:+.2f} GiB" for k, v in over.items()))
+    return {**over, "holds_on_card": holds}
 
 
 def failure_status(exc: BaseException) -> str | None:

@@ -164,13 +164,25 @@ def _frontier(records, phase, title):
         error = None if not (peak and planned) else (peak - planned) / planned * 100
         rows.append([r["mode"], r["context"], m.get("probe"), _gib(m.get("prefill_peak_allocated")),
                      _gib(m.get("decode_peak_allocated")), _gib(m.get("prefill_peak_reserved")),
-                     _gib(m.get("decode_peak_nvml_used")), _gib(planned), error])
+                     _gib(m.get("decode_peak_nvml_used")), _gib(planned), error, _on_card(m)])
     if not rows:
         return []
     return [f"## {title}", ""] + _table(
         ["mode", "context", "probe", "prefill peak", "decode peak", "reserved", "NVML (end of decode)", "planner",
-         "peak vs plan %"],
+         "peak vs plan %", "within the plan on the card"],
         rows)
+
+
+def _on_card(metrics: dict) -> str | None:
+    """``yes``, or by how much reserved / NVML (less the context) bytes passed the plan (``probes.against_plan``)."""
+    if "holds_on_card" not in metrics:
+        return None
+    if metrics["holds_on_card"]:
+        return "yes"
+    over = [f"{name} {metrics[key] / 2**30:+.2f} GiB" for name, key in
+            (("allocated", "over_plan_allocated"), ("reserved", "over_plan_reserved"), ("NVML", "over_plan_nvml"))
+            if (metrics.get(key) or 0) > 0]
+    return "no: " + ", ".join(over)
 
 
 def _timings(rows, phase, unit, reference):

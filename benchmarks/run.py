@@ -22,6 +22,7 @@ import psutil
 import torch
 
 from engine.planning.budgets import card_budget
+from engine.planning.gpu_ids import indexed
 
 from .ceilings import measure_all
 from .junit import summarize_junit
@@ -32,7 +33,7 @@ from .records import ResultStore, load_records, run_stamp
 from .report import write_markdown, write_plots
 from .smoke import run_smoke, write_report
 from .sweeps import Sweep
-from .timing import quick_collections
+from .timing import cuda_context_bytes, quick_collections
 
 PHASES = ("ceilings", "decode", "prefill", "max-context", "peak", "profile")
 _SUFFIX = {"K": 1 << 10, "M": 1 << 20}
@@ -148,14 +149,18 @@ def _run_gpu(args, store, out: Path, name: str) -> None:
     if not phases:
         logging.getLogger(__name__).info("nothing left to measure in this piece")
         return
+    context = None
+    if is_cuda:
+        context = store.stamp["cuda_context_bytes"] = cuda_context_bytes(device)  # before the model: ours alone
     if budget:
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+        card = indexed(device)  # torch 2.11 refuses torch.device("cuda") here: every GPU step failed on the H200
+        total = torch.cuda.get_device_properties(card).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), card)
     ceilings = store.latest("ceilings")
     model = _built_model(args.model, device)
     sweep.runner = Runner(model, device, chunk_size=args.chunk_size or 4096,
-                          gpu_budget=card_budget(budget) if budget else None,
-                          host_budget=_host_budget(ceilings) if is_cuda else None)
+                          gpu_budget=card_budget(budget, context_bytes=context) if budget else None,
+                          host_budget=_host_budget(ceilings) if is_cuda else None, cuda_context_bytes=context)
     runner = sweep.runner
     store.stamp["model"] = runner.describe(args.model)
     if ceilings and ceilings["metrics"].get("matmul_tflops"):

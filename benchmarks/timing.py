@@ -13,12 +13,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.planning.budgets import CUDA_CONTEXT_BYTES
+from engine.planning.gpu_ids import indexed, nvml_handle
+
 logger = logging.getLogger(__name__)
 
 
 def synchronize(device: torch.device | str) -> None:
     if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(indexed(device))
 
 
 def time_once(fn: Callable[[], object], device: torch.device | str) -> float:
@@ -72,7 +75,7 @@ class PhasePeaks:
 @contextmanager
 def track_peaks(device: torch.device | str):
     """Yields a ``PhasePeaks`` filled in when the block ends: allocator peaks since it began, NVML now."""
-    device = torch.device(device)
+    device = indexed(device)  # torch 2.11 refuses a bare "cuda" in some memory APIs
     peaks = PhasePeaks()
     is_cuda = device.type == "cuda"
     if is_cuda:
@@ -95,7 +98,7 @@ def nvml_process_used(device: torch.device) -> int | None:
         import pynvml  # optional dependency: NVML (nvidia-ml-py) where a driver is
 
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        handle = nvml_handle(pynvml, device)  # by PCI bus id: CUDA_VISIBLE_DEVICES may reorder the cards
         for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
             if process.pid == os.getpid() and process.usedGpuMemory:
                 return int(process.usedGpuMemory)
@@ -103,6 +106,20 @@ def nvml_process_used(device: torch.device) -> int | None:
     except Exception as exc:  # no NVML: the allocator figures still stand
         logger.debug("NVML reading failed: %s", exc)
         return None
+
+
+def cuda_context_bytes(device: torch.device | str) -> int:
+    """What this process's CUDA context takes on its card: the card's used bytes less what the allocator reserved,
+    read before the model is built on a card the benchmark has to itself (784e6 bytes on the H200). Falls back to
+    the planner's ``CUDA_CONTEXT_BYTES`` where the reading is implausible (another process on the card)."""
+    card = indexed(device)
+    free, total = torch.cuda.mem_get_info(card)
+    used = total - free - torch.cuda.memory_reserved(card)
+    if not 0 < used < 4 << 30:
+        logger.warning("CUDA context reading %.2f GiB is implausible: assuming %.2f GiB", used / 2**30,
+                       CUDA_CONTEXT_BYTES / 2**30)
+        return CUDA_CONTEXT_BYTES
+    return used
 
 
 def pinned_host_bytes() -> int | None:
@@ -134,7 +151,7 @@ def release_memory(device: torch.device | str) -> None:
     gc.collect()
     if torch.device(device).type == "cuda":
         synchronize(device)
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # every device's cache (the API takes none)
         empty_host = getattr(torch._C, "_host_emptyCache", None)
         if empty_host is not None:
             empty_host()  # pinned blocks stay cached otherwise, and the next probe's host budget shrinks

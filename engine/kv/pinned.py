@@ -9,6 +9,8 @@ home takes; registering ordinary memory with ``cudaHostRegister`` locks exactly 
   the libcudart torch itself uses (a process may map several).
 - Memory is unregistered and freed only after ``fence()`` has returned: the owner's copy streams are
   idle, so no asynchronous copy into or out of it can still be in flight.
+
+Pages are faulted in before they are registered (``prefault.py``, on a few threads), never by the registration.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from ..errors import PinningError
 from .ledger import HOMES, Ledger
+from .prefault import prefault
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +128,8 @@ class HostMemory:
             base = torch.empty(rounded + _PAGE, dtype=torch.uint8)
             offset = -base.data_ptr() % _PAGE
             tensor = base[offset : offset + num_bytes].view(dtype).view(shape)
+            # Faulted in on a few threads first: cudaHostRegister would fault every page on this one.
+            prefault(base[offset : offset + rounded])
         code = self._runtime.host_register(base.data_ptr() + offset, rounded)
         if code != 0:
             self._runtime.clear_last_error()

@@ -28,7 +28,10 @@ from .rates import MachineRates, plan_rates
 
 logger = logging.getLogger(__name__)
 
-CUDA_CONTEXT_BYTES = 450 << 20  # what creating a CUDA context takes on a 40-series card (what-if plans only)
+# What a CUDA context takes on the card, for what-if plans (a live session reads the card instead): measured
+# 784e6 bytes on the first GPU run (H200, torch 2.11 + CUDA 13.0, 2026-11-26); 450 MiB, the figure assumed for a
+# 40-series card before, left a 24 GiB card's plan short by a third of a GiB.
+CUDA_CONTEXT_BYTES = 800 << 20
 
 
 @dataclass(frozen=True)
@@ -86,10 +89,12 @@ def measure_budget(device: torch.device | str, policy, *, model=None, vocab_size
     return budget
 
 
-def card_budget(total_bytes: int, reserve: int = 3 << 29) -> int:
+def card_budget(total_bytes: int, reserve: int = 3 << 29, context_bytes: int | None = None) -> int:
     """What a card of ``total_bytes`` gives a plan on a quiet desktop, where nothing can be read (a what-if plan,
-    a benchmark standing in for a 24 GiB card): the total less the CUDA context and the reserve."""
-    return max(0, total_bytes - CUDA_CONTEXT_BYTES - reserve)
+    a benchmark standing in for a 24 GiB card): the total less the CUDA context (``context_bytes`` where it was
+    measured, else ``CUDA_CONTEXT_BYTES``) and the reserve."""
+    context = CUDA_CONTEXT_BYTES if context_bytes is None else context_bytes
+    return max(0, total_bytes - context - reserve)
 
 
 class SharedBudget:

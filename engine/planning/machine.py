@@ -19,6 +19,7 @@ import psutil
 import torch
 
 from ..kv import route
+from .gpu_ids import indexed, nvml_handle
 from .memory import estimate_prefill_seconds
 
 logger = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def _read_gpu(gpu_index: int) -> tuple[int | None, int | None, str | None]:
     if nvml is None:
         return None, None, None
     try:
-        handle = nvml.nvmlDeviceGetHandleByIndex(gpu_index)
+        handle = nvml_handle(nvml, gpu_index)  # the CUDA ordinal's card, found by PCI bus id
         info = nvml.nvmlDeviceGetMemoryInfo(handle)
         name = nvml.nvmlDeviceGetName(handle)
     except Exception as exc:  # bad index or a GPU that fell off the bus must not break the UI
@@ -70,7 +71,9 @@ def _read_gpu(gpu_index: int) -> tuple[int | None, int | None, str | None]:
 
 
 def read_memory(gpu_index: int = 0) -> MemorySnapshot:
-    """Reads GPU (via NVML, when present) and host memory; never raises for a missing GPU."""
+    """Reads GPU (via NVML, when present) and host memory; never raises for a missing GPU.
+
+    ``gpu_index``: the CUDA ordinal (``cuda:N``), not NVML's index."""
     gpu_used, gpu_total, gpu_name = _read_gpu(gpu_index)
     vm = psutil.virtual_memory()
     return MemorySnapshot(
@@ -116,7 +119,7 @@ def measured_flop_rate(model, shape, num_tokens: int = 512, forward: Callable | 
 def synchronize(device) -> None:
     """Waits for the device's queued work (a no-op on the CPU, whose work has run when a call returns)."""
     if getattr(device, "type", device) == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.synchronize(indexed(device))
 
 
 _ACTIVATION_PEAKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {chunk: bytes}

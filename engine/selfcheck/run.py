@@ -5,8 +5,10 @@ real stream path — fp32 and bf16, lag injected on the compute and copy streams
 for every feature the policy enables (``selfcheck_cases``), compared with stock transformers; then the pinned
 H2D/D2H and host-attention rates are measured. On a CPU the same cases run on emulated streams. The report is a
 JSON file under the studio's cache folder, one per identity (GPU, driver, torch, transformers, engine sources,
-features): a new driver or a changed engine checks again. A feature that failed is turned off by ``disable``,
-with a logged message saying which and why — never wrong answers served in silence.
+features): a new driver or a changed engine checks again. A feature that gave a wrong result is turned off by
+``disable``, with a logged message saying which and why — never wrong answers served in silence — and the stored
+report remembers it. A case the check could not set up on this machine is *not checked*: the feature stays on
+(a fault of the check says nothing about the feature) and the report says which.
 
 See docs/self-check.md.
 """
@@ -63,9 +65,15 @@ class SelfCheckReport:
 
     @property
     def failed(self) -> list[str]:
-        """The features to turn off, in ``FEATURES`` order."""
-        bad = {case.feature for case in self.cases if not case.passed}
+        """The features to turn off (a wrong result in a case that ran), in ``FEATURES`` order."""
+        bad = {case.feature for case in self.cases if case.checked and not case.passed}
         return [feature for feature in FEATURES if feature in bad]
+
+    @property
+    def unchecked(self) -> list[str]:
+        """Features with a case that could not be set up here (left on, not verified), in ``FEATURES`` order."""
+        missing = {case.feature for case in self.cases if not case.checked}
+        return [feature for feature in FEATURES if feature in missing]
 
     @property
     def passed(self) -> bool:
@@ -74,17 +82,19 @@ class SelfCheckReport:
     def status_line(self) -> str:
         """A few words for the model header: ``exact on this GPU ✓ 2026-11-23`` or what failed."""
         where = "GPU" if self.device.startswith("cuda") else "CPU (emulated streams)"
+        unchecked = f"; not checked: {', '.join(self.unchecked)}" if self.unchecked else ""
         if self.passed:
-            return f"exact on this {where} ✓ {self.date}"
-        return f"self-check {self.date}: {', '.join(self.failed)} wrong on this {where}, turned off"
+            return f"exact on this {where} ✓ {self.date}{unchecked}"
+        return f"self-check {self.date}: {', '.join(self.failed)} wrong on this {where}, turned off{unchecked}"
 
     def to_json(self) -> str:
-        return json.dumps({**dataclasses.asdict(self), "failed": self.failed}, indent=1)
+        return json.dumps({**dataclasses.asdict(self), "failed": self.failed, "unchecked": self.unchecked}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "SelfCheckReport":
         data = json.loads(text)
         data.pop("failed", None)
+        data.pop("unchecked", None)
         data["cases"] = [CaseResult(**case) for case in data["cases"]]
         return cls(**data)
 
@@ -156,7 +166,7 @@ def run_self_check(policy: OffloadPolicy, device: str | torch.device, *, folder:
                     # Once overlap failed, the other features are checked as they will run: without it.
                     feature_policy = case_policy(feature, policy, streams, overlap=overlap_ok)
                     result = run_case(feature, pair, feature_policy, workdir / f"{arch}-{feature}")
-                    overlap_ok = overlap_ok and (feature != "overlap" or result.passed)
+                    overlap_ok = overlap_ok and (feature != "overlap" or result.passed or not result.checked)
                     cases.append(result)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -166,7 +176,10 @@ def run_self_check(policy: OffloadPolicy, device: str | torch.device, *, folder:
     _store(report, report_path(ident, folder))
     logger.info("self-check on %s (%s streams) in %.1f s: %s", device, streams, report.seconds, report.status_line())
     for case in cases:
-        if not case.passed:
+        if not case.checked:
+            logger.warning("self-check could not set up %s on %s/%s, not checked (left on): %s", case.feature,
+                           case.arch, case.dtype, case.error)
+        elif not case.passed:
             logger.warning("self-check failed: %s on %s/%s (%s)", case.feature, case.arch, case.dtype,
                            case.error or f"logit error {case.max_rel_error:.2e}, greedy tokens "
                                          f"{'equal' if case.tokens_equal else 'differ'}")

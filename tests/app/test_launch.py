@@ -237,3 +237,53 @@ def test_8bit_and_disk_flags_reach_the_policy(tmp_path):
                                              "--kv-disk-max", "2GiB"])
     policy = launch.make_policy(args)
     assert (policy.kv_dtype, policy.disk_dir, policy.disk_memory) == ("int8", str(tmp_path), 2 * 2**30)
+
+
+_SPY = """
+import json, os, sys
+seen = {}
+class TorchImportSpy:  # records the allocator settings at the moment torch is first imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and "at_torch_import" not in seen:
+            seen["at_torch_import"] = {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+        return None
+sys.meta_path.insert(0, TorchImportSpy())
+import launch
+seen["torch_after_import_launch"] = "torch" in sys.modules
+try:
+    launch.main(["--self-check", "--device", "cuda:7"])  # loads torch (then refuses the device here)
+except SystemExit:
+    pass
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="expandable segments are set on Linux only")
+@pytest.mark.parametrize("user", [None, "max_split_size_mb:512"])
+def test_launch_sets_expandable_segments_before_torch_loads_keeping_the_users_settings(user):
+    """Issue 30: on the H200 the allocator reserved 25.68e9 bytes for a plan of 23.59e9 (allocated 23.45e9)."""
+    import json
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    if user:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = user
+    result = subprocess.run([sys.executable, "-c", _SPY], cwd=ROOT, capture_output=True, text=True, env=env,
+                            timeout=300)
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["torch_after_import_launch"] is False
+    expected = f"{user},expandable_segments:True" if user else "expandable_segments:True"
+    assert seen["at_torch_import"]["PYTORCH_CUDA_ALLOC_CONF"] == expected
+
+
+def test_a_users_own_expandable_segments_choice_is_kept_and_other_platforms_are_left_alone():
+    from cuda_alloc_env import use_expandable_segments
+
+    environ = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    assert use_expandable_segments(environ, "linux") is None and environ == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    environ = {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8"}  # the newer name, read first by torch
+    assert use_expandable_segments(environ, "linux") == "PYTORCH_ALLOC_CONF"
+    assert environ == {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8,expandable_segments:True"}
+    environ = {}
+    assert use_expandable_segments(environ, "win32") is None and environ == {}

@@ -207,3 +207,23 @@ def test_disk_stream_drain_waits_in_every_thread_and_reports_a_failure_once():
     stream.drain()  # reported once
     assert stream._submit(lambda: 7).result() is None and not stream._jobs[-1].exception()
     stream.close()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_disk_homes_are_prefetched_with_overlap_and_all_fetched_on_demand_without(tmp_path, overlap):
+    """What the CUDA disk-tier test counts, on emulated streams: with overlap the next group's fetch is issued
+    ahead (a miss or two), without it every fetch waits on demand (the GPU test once expected few there too)."""
+    model, ids = models(), ids_of(CONTEXT)
+    tier = engine.HeadInferCache(model.config, device="cpu", max_context=256, head_group_size=1, resident_slots=0,
+                                 disk_dir=str(tmp_path), host_memory=quarter_budget(model), overlap=overlap,
+                                 streams="emulated")
+    with torch.inference_mode():
+        feed(model, ids, tier)
+        for _ in range(4):
+            model(ids[:, :1], past_key_values=tier)
+    transfer = tier.transfer
+    assert tier.plan.disk_slots > 0 and transfer.disk.num_fetches > 0
+    if overlap:
+        assert transfer.num_on_demand <= 2 * len(tier.kv_layers) < transfer.num_fetches
+    else:
+        assert transfer.num_on_demand == transfer.num_fetches

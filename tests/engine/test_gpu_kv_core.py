@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 import engine
+from double_registering import DoubleRegistering
 from opcount import OpCounter
 from engine.kv import HostMemory, PinningError, kernels, windowed
 from engine.kv.pinned import CudaRuntime
@@ -18,16 +19,8 @@ from engine.kv.pinned import CudaRuntime
 pytestmark = pytest.mark.gpu
 
 
-class DoubleRegistering(CudaRuntime):
-    """Registers every range twice: the second call fails (already registered), as a refused one does."""
-
-    def host_register(self, pointer: int, num_bytes: int) -> int:
-        super().host_register(pointer, num_bytes)
-        return super().host_register(pointer, num_bytes)
-
-
 def test_refused_registration_leaves_no_sticky_error_for_the_next_launch():
-    runtime = DoubleRegistering()
+    runtime = DoubleRegistering(CudaRuntime())
     memory = HostMemory(True, fence=torch.cuda.synchronize, runtime=runtime)
     with pytest.raises(PinningError):
         memory.empty((1 << 20,), torch.uint8)
@@ -165,4 +158,9 @@ def test_disk_tier_streams_through_pinned_pieces_exactly_on_cuda(tmp_path, monke
             token = expected[:, -1:].argmax(-1)
             expected, actual = model(token, past_key_values=ram).logits, model(token, past_key_values=tier).logits
             assert torch.equal(actual, expected)
-    assert tier.transfer.disk.num_fetches > 0 and tier.transfer.num_on_demand <= 2 * 4
+    transfer = tier.transfer
+    assert transfer.disk.num_fetches > 0
+    if overlap:  # prefetched one step ahead: a few misses, at most two per layer
+        assert transfer.num_on_demand <= 2 * 4
+    else:  # nothing is prefetched without overlap: every fetch is on demand (the first GPU run: 80 of 80)
+        assert transfer.num_on_demand == transfer.num_fetches

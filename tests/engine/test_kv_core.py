@@ -75,6 +75,40 @@ def test_refused_registration_is_a_planning_error_and_clears_the_runtime_error(m
     assert not any(pinned_allocations), "no silent fallback to torch's rounding pinned allocator"
 
 
+class RegistrationTable(FakeRuntime):
+    """The runtime's registrations as the driver keeps them: a range registered twice is refused (712)."""
+
+    def __init__(self, log: list):
+        super().__init__(log)
+        self.registered: set[int] = set()
+
+    def host_register(self, pointer: int, num_bytes: int) -> int:
+        super().host_register(pointer, num_bytes)
+        if pointer in self.registered:
+            return 712  # cudaErrorHostMemoryAlreadyRegistered
+        self.registered.add(pointer)
+        return 0
+
+    def host_unregister(self, pointer: int) -> int:
+        super().host_unregister(pointer)
+        self.registered.discard(pointer)
+        return 0
+
+
+def test_the_double_registering_test_runtime_leaves_nothing_registered_when_it_refuses():
+    """The GPU test's refusal (``DoubleRegistering``) must leave the driver as a real refusal does: the first GPU
+    run's version kept the first registration of memory then freed, and broke the next test's ``model.cuda()``."""
+    from double_registering import DoubleRegistering
+
+    log = []
+    table = RegistrationTable(log)
+    memory = HostMemory(True, fence=lambda: None, runtime=DoubleRegistering(table))
+    with pytest.raises(PinningError):
+        memory.empty((1 << 12,), torch.uint8)
+    assert table.registered == set() and memory.num_registered == 0
+    assert log == ["register", "register", "unregister", "clear"]
+
+
 # -- shared tiny models ----------------------------------------------------------------------------
 def tiny_llama(num_layers=3, num_kv_heads=2, **extra):
     dims = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, **extra}

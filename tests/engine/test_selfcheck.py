@@ -3,6 +3,7 @@ feature off. On a CPU it runs on emulated streams (``OffloadPolicy(streams="emul
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -88,6 +89,53 @@ def test_a_crashing_feature_fails_with_its_error_and_the_rest_runs_without_overl
     assert report.failed == ["overlap"]
     assert "RuntimeError: injected" in report.cases[0].error
     assert not selfcheck.disable(OffloadPolicy(), report.failed).overlap
+
+
+def test_a_case_that_cannot_be_set_up_is_not_checked_and_its_feature_stays_on(monkeypatch, tmp_path, caplog):
+    """The first GPU: the disk-tier case's caches were refused by the planner (a fault of the check's sizing), the
+    tier was reported wrong, turned off and remembered. A set-up failure says "not checked", never "wrong"."""
+    from engine.errors import PlanError
+    from engine.selfcheck import cases
+
+    def refused(pair, policy, workdir):
+        raise PlanError("host memory: the offloaded KV cache needs 32.0 MiB but the budget is 0.0 MiB")
+
+    monkeypatch.setattr(cases, "_with_disk_tier", refused)
+    policy = OffloadPolicy(disk_dir=str(tmp_path / "disk"), host_attention="off")
+    report = selfcheck.run_self_check(policy, "cpu", folder=tmp_path, archs=("llama-gqa",))
+    assert report.failed == [] and report.passed  # not "wrong": nothing is turned off
+    disk = [case for case in report.cases if case.feature == "disk_tier"]
+    assert [(case.checked, case.passed) for case in disk] == [(False, False)] and "PlanError" in disk[0].error
+    assert [case.passed for case in report.cases if case.feature == "overlap"] == [True]
+    assert report.unchecked == ["disk_tier"]
+    assert "not checked: disk_tier" in report.status_line() and "wrong" not in report.status_line()
+    with caplog.at_level(logging.WARNING, logger="engine.selfcheck.run"):
+        kept = selfcheck.disable(policy, selfcheck.cached_report(policy, "cpu", tmp_path).failed)
+    assert kept == policy and "disk tier" not in caplog.text  # the tier stays on, on this start and the next
+    stored = json.loads(next((tmp_path / "self-check").glob("*.json")).read_text())
+    assert stored["failed"] == [] and stored["unchecked"] == ["disk_tier"]
+
+
+@pytest.mark.parametrize("arch", ["llama-gqa", "gemma3-window"])
+def test_the_disk_tier_case_budgets_the_disk_streams_pinned_buffers_on_cuda(tmp_path, arch):
+    """Planned as on CUDA (where the disk stream's 32 MiB of pinned pieces and write buffers are host memory): the
+    case's budget fits and leaves homes on disk; the hand-made budget of the first GPU run was refused."""
+    from engine.planning.memory import ModelShape, make_plan
+    from engine.selfcheck import cases
+
+    pair = cases.TinyPair.build(arch, torch.bfloat16, torch.device("cpu"))
+    policy = cases.case_policy("disk_tier", OffloadPolicy(), "emulated")
+    probe = cases._cache(pair, policy)  # every home offloaded (resident_slots=0): on CUDA all are host homes
+    probe.allocate(1, probe.shape.head_dim, pair.dtype, pair.device)
+    kv, shape = probe.kv_bytes()["host"], probe.shape
+    probe.release()
+    assert isinstance(shape, ModelShape)
+    tiered = cases.disk_tier_policy(shape, policy, kv, tmp_path, device_is_cuda=True)
+    plan = make_plan(shape, tiered, cases.CONTEXT, device_is_cuda=True)
+    assert plan.fits and 0 < plan.disk_slots < plan.total_slots, plan.reason
+    in_ram = make_plan(shape, policy, cases.CONTEXT, device_is_cuda=True).host_bytes
+    by_hand = dataclasses.replace(tiered, host_memory=max(1, in_ram - kv // 2))  # the old sizing
+    assert not make_plan(shape, by_hand, cases.CONTEXT, device_is_cuda=True).fits
 
 
 def test_greedy_tokens_are_compared_up_to_a_near_tie_of_the_reference():

@@ -220,11 +220,6 @@ class LayerHomes:
         tensor = self.stack[plane]
         return [tensor.narrow(1, row, num) for row, num in self.homes[self.stacked[0]].rows(start, stop)]
 
-    def is_stacked_run(self, first: int, num: int) -> bool:
-        """Whether groups [first, first + num) are adjacent in the stack (one view holds their rows)."""
-        return first in self.stacked and self.stacked.index(first) + num - 1 < len(self.stacked) and \
-            self.stacked[self.stacked.index(first) + num - 1] == first + num - 1
-
     def __iter__(self):
         return iter(self.homes)
 

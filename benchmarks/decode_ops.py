@@ -175,7 +175,35 @@ def main(argv: list[str] | None = None) -> None:
     runs = json.loads(path.read_text()) if path.exists() else {}
     runs[args.label] = rows
     path.write_text(json.dumps(runs, indent=1) + "\n")
+    (args.out / "decode-ops.md").write_text(HEADER + table(runs) + "\n" + FOOTER)
     print(table(runs))
+
+
+HEADER = """# Host work per decode token: head-wise vs stock (counted on the CPU)
+
+`python -m benchmarks.decode_ops` (issue 29, item 4). One decode step of a Llama-3-8B-shaped tiny model (32 layers
+x 8 KV heads, 32 query heads, tiny widths), every slot offloaded, planned for 1,024 tokens, after a prefill of
+*context* tokens: aten operators through the dispatcher (and the ratio to stock transformers with a
+`DynamicCache`), copies issued through the streams seam (calls, and in brackets the pieces they carry: a batched
+`copy_many` is one call), and event calls (`record`, `wait_event`). On a GPU each copy call and event call is a
+CUDA call. *before*: the same script on commit 0d62197 (`PYTHONPATH=<that checkout> python
+benchmarks/decode_ops.py --label before`).
+
+"""
+
+FOOTER = """
+What changed: a layer's offloaded homes in RAM are one tensor per plane (`LayerHomes.stack`, `[groups, capacity,
+B, 2, g, D]`); the layer's append is one batched copy (one `copy_many`: on CUDA one call whose pieces are
+asynchronous copies); adjacent streamed groups that fit one ping-pong buffer at the current length are one *run*:
+fetched with one batched copy, the new token put after their past with one device copy, attended in one call
+(groups of one head as the heads of one sequence, larger groups as a batch), with one set of events; the staged
+chunk's views are made once per length.
+
+The runs are as long as the planned buffers allow: a ping-pong buffer holds one group at the planned context, so
+at a context short next to the plan (here 16 of 1,024 tokens) a layer's eight groups are one run, at 200 tokens
+runs of five and three, and near the plan (900) one group per run again, where only the batched append and the
+staging views remain of the saving (each fetch is then large next to the host's work per group).
+"""
 
 
 if __name__ == "__main__":

@@ -2,15 +2,18 @@
 
 For a chunk of Q query tokens at positions [past, past + Q) of layer L:
 
-    append: stage the chunk's K/V in home layout; copy it into every home (host homes on the d2h stream)
-    attend: for each head group g of L:
-        K/V of g <- its resident home, or the ping-pong buffer fetched for it (+ this chunk copied after it)
-        start fetching the next offloaded slot (L, g+1), (L+1, first), ... or, after the forward's last one,
-            the first offloaded slot of the *next* forward, into the other buffer
-        attend(queries of g, K/V of g)
-        release g's buffer (even when attention raised)
+    append: stage the chunk's K/V in home layout; copy it into every home (host homes on the d2h stream, the
+            layer's stacked RAM homes with one batched copy)
+    attend: for each unit u of L (a run of adjacent streamed groups, or one resident / disk group):
+        K/V of u <- its resident home, or the ping-pong buffer fetched for it (+ this chunk copied after it)
+        start fetching the next run: (L, u+1), (L+1, first), ... or, after the forward's last one,
+            the first run of the *next* forward, into the other buffer
+        attend(queries of u, K/V of u)
+        release u's buffer (even when attention raised)
 
-A fetch reads only tokens below ``past``, so it never waits for this chunk's append: h2d and d2h run at once.
+A run holds as many adjacent groups as one ping-pong buffer fits at this length (``units``): a layer's eight
+groups at a short context, one group near the planned one. A fetch reads only tokens below ``past``, so it never
+waits for this chunk's append: h2d and d2h run at once.
 
 Host attention (``host_attention.py``): on a step of at most ``HOST_QUERY_LIMIT`` query tokens (decode, short
 follow-ups), the layer's groups in ``host_slots`` are not fetched: their queries go to the host, where a thread
@@ -52,9 +55,9 @@ class Schedule:
         assert all(layers[l][g].is_host for l, g in self.host_slots), "the host attends homes in host memory only"
         # The layers with a fetched group: on steps that fetch every offloaded slot (False), and on host steps (True),
         # which fetch the others only.
-        self._fetching = {is_host_step: [layer_idx for layer_idx, homes in enumerate(layers)
-                                         if any(home.is_host and not (is_host_step and (layer_idx, g) in self.host_slots)
-                                                for g, home in enumerate(homes))]
+        self._fetching = {is_host_step: [layer_idx for layer_idx, homes in enumerate(layers) if any(
+                              home.is_host and not (is_host_step and (layer_idx, g) in self.host_slots)
+                              for g, home in enumerate(homes))]
                           for is_host_step in (False, True)}
         self._units: dict[tuple[int, int, bool], list[Run]] = {}
         self.host_seconds = 0.0  # wall time of host jobs (the layer waits for both halves; meters show it)

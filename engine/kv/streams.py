@@ -13,10 +13,10 @@ copy is synchronous, so a missing or misplaced wait would be invisible there. So
   (``HEADINFER_STREAMS_SEED`` seeds the delays).
 
 Each backend offers: ``new_stream(name)``, ``event(blocking)``, ``current()``, ``use(stream)``,
-``copy(dst, src)`` and ``copy_many(dsts, srcs)`` (on the current stream), ``pinned(shape, dtype)``, the access declarations ``read(t, what)`` /
-``write(t, what)`` (by the current stream) and ``host_read`` / ``host_write`` (by this host thread), and the joins
-of worker threads ``submit(executor, fn, *args)`` / ``joined(future)``. Streams have ``wait_event``,
-``synchronize``; events have ``record(stream)``, ``synchronize()``.
+``copy(dst, src)`` and ``copy_many(dsts, srcs)`` (on the current stream), ``pinned(shape, dtype)``, the access
+declarations ``read(t, what)`` / ``write(t, what)`` (by the current stream) and ``host_read`` / ``host_write`` (by
+this host thread), and the joins of worker threads ``submit(executor, fn, *args)`` / ``joined(future)``. Streams
+have ``wait_event``, ``synchronize``; events have ``record(stream)``, ``synchronize()``.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ class HeadInferLayer(CacheLayerMixin):
         self.is_sliding = window is not None
         self.homes: LayerHomes | None = None
         self.length = 0
-        self._staged: tuple[torch.Tensor, ...] | None = None  # this chunk in home layout, from update to attend
+        self._staged: torch.Tensor | None = None  # this chunk in home layout ([G, Q, B, 2, g, D]), update to attend
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, _, _, head_dim = key_states.shape

@@ -3,14 +3,17 @@
 All token-major like the homes (see ``homes.py``):
 - *staging* buffers ``[G, Q, B, 2, g, D]``: a chunk's K/V in home layout, written once per layer on the compute
   stream, read by the appends (d2h) and by the copies into the ping-pong buffers (compute);
-- *ping-pong* buffers ``[capacity, B, 2, g, D]``: one being attended, one being filled;
+- *ping-pong* buffers ``[capacity, B, 2, g, D]``: one being attended, one being filled; at a short context one
+  holds a run of several adjacent groups (``PingPong.run_views``), fetched and attended together;
 - for 8-bit homes, code and scale planes beside each (``quant.py``).
 """
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -20,19 +23,48 @@ from .ledger import CODES, PINGPONG, STAGING, Ledger
 Slot = tuple[int, int]  # (layer index, head-group index)
 
 
+class Run(NamedTuple):
+    """Adjacent head groups ``[first, first + num)`` of one layer, fetched and attended together (``num`` 1: a slot)."""
+
+    layer: int
+    first: int
+    num: int = 1
+
+
 @dataclass
 class PingPong:
     kv: torch.Tensor  # [capacity, B, 2, g, D] on the compute device
     ready: object  # event (``streams.py``): recorded on h2d when its fetch has landed
     free: object  # event: recorded on compute when attention stopped reading it
     is_used: bool = False  # acquired and not yet released
-    pending: Slot | None = None  # fetched (or being fetched) for this slot, not yet acquired
+    pending: Run | None = None  # fetched (or being fetched) for this run, not yet acquired
     start: int = 0
     stop: int = 0
     free_recorded: bool = False
     codes: list[torch.Tensor] | None = None  # 8-bit homes land here ([codes, scales]), then dequantize into kv
     is_coded: bool = False  # the last fetch landed in ``codes`` and still needs dequantizing
     disk_job: Future | None = None  # a disk home's fetch on the disk stream's worker: joined before ``ready``
+    num: int = 1  # head groups of the run it holds (the last fetch's)
+    views: dict = field(default_factory=dict)  # groups in a run -> its views (``run_views``); reset when regrown
+
+    def run_views(self, num: int) -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor]:
+        """The buffer as ``num`` groups of ``rows // num`` tokens each: ``[num, rows // num, B, 2, g, D]`` (and the
+        code planes alike), and (batch 1) what attention reads: ``[rows // num, num, 2, g, D]``, the groups as the
+        batch, or for groups of one head ``[rows // num, 1, 2, num, D]``, the groups as the heads of one sequence.
+        Each group's rows are contiguous, so a fetch lands one copy per group, and the run is attended in one call.
+        Made once per size and kept (a decode step reuses them in every layer)."""
+        views = self.views.get(num)
+        if views is None:
+            rows = self.kv.shape[0] // num
+            kv = self.kv[: num * rows].view(num, rows, *self.kv.shape[1:])
+            codes = [c[: num * rows].view(num, rows, *c.shape[1:]) for c in self.codes] if self.codes else None
+            if kv.shape[4] == 1:  # [n, rows, 1, 2, 1, D] -> [rows, 1, 2, n, D] (a strided view: no copy)
+                attended = kv.permute(1, 2, 3, 4, 0, 5).flatten(3, 4)
+            else:  # [n, rows, 1, 2, g, D] -> [rows, n, 2, g, D]
+                attended = kv.select(2, 0).transpose(0, 1)
+            assert attended.data_ptr() == kv.data_ptr(), "a run's attention view must not be a copy"
+            views = self.views[num] = (kv, codes, attended)
+        return views
 
 
 @dataclass
@@ -42,6 +74,21 @@ class Staging:
     free: object  # event: recorded on d2h after the appends read it
     free_recorded: bool = False
     codes: list[torch.Tensor] | None = None  # the chunk quantized for 8-bit homes: [codes, scales] flat
+    views: dict = field(default_factory=dict)  # chunk length -> its views (``chunk_views``); reset when regrown
+
+    def chunk_views(self, num_groups: int, q_len: int, row: tuple[int, ...]):
+        """A chunk of ``q_len`` tokens in home layout, ``[G, Q, *row]`` (row: B, 2, g, D), the same memory seen as
+        ``[2, B, G, g, Q, D]`` (what stacking K and V writes) and the code planes ``[G, Q, ...]`` (8-bit homes).
+        Made once per length and kept: a decode step reuses them in every layer."""
+        views = self.views.get(q_len)
+        if views is None:
+            if len(self.views) >= 8:  # (prefill chunks of many lengths: keep the few in use)
+                self.views.clear()
+            out = self.flat[: q_len * num_groups * math.prod(row)].view(num_groups, q_len, *row)
+            codes = [c[: num_groups * q_len].view(num_groups, q_len, *c.shape[1:]) for c in self.codes] \
+                if self.codes else None
+            views = self.views[q_len] = (out, out.permute(3, 2, 0, 4, 1, 5), codes)
+        return views
 
 
 @dataclass

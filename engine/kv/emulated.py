@@ -222,6 +222,20 @@ class EmulatedStreams:
 
         stream.enqueue(run)
 
+    def copy_many(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], what: str = "") -> None:
+        stream = self.current()
+        self.checker.issue(stream)
+        for dst, src in zip(dsts, srcs, strict=True):
+            self.checker.access(stream, src, False, f"{what or 'a copy'}'s source")
+            self.checker.access(stream, dst, True, f"{what or 'a copy'}'s target")
+
+        def run():
+            with torch.inference_mode():
+                for dst, src in zip(dsts, srcs):
+                    dst.copy_(src)
+
+        stream.enqueue(run)
+
     def pinned(self, shape, dtype: torch.dtype) -> torch.Tensor:
         with torch.inference_mode(False):
             return torch.empty(shape, dtype=dtype)

@@ -91,14 +91,18 @@ class GroupHome:
     def blocks(self, start: int, stop: int, plane: int = 0) -> list[torch.Tensor]:
         """Tokens [start, stop) of a plane as one or (a ring wrapping around) two contiguous views, in order."""
         tensor = self.planes[plane]
+        return [tensor[row : row + num] for row, num in self.rows(start, stop)]
+
+    def rows(self, start: int, stop: int) -> list[tuple[int, int]]:
+        """Where tokens [start, stop) are: one or (a ring wrapping around) two (first row, rows), in token order."""
         if not self.is_ring:
-            return [tensor[start:stop]]
+            return [(start, stop - start)]
         num, capacity = stop - start, self.capacity
         assert 0 <= num <= capacity, (start, stop, capacity)
         first = start % capacity
         if first + num <= capacity:
-            return [tensor[first : first + num]]
-        return [tensor[first:], tensor[: first + num - capacity]]
+            return [(first, num)]
+        return [(first, capacity - first), (0, first + num - capacity)]
 
     def read(self, start: int, stop: int, plane: int = 0) -> torch.Tensor:
         """Tokens [start, stop) of a plane as one tensor (a view, or a copy where a ring wraps)."""
@@ -167,11 +171,22 @@ class LayerHomes:
         self.ring_window = window  # set when the homes are rings
         if window is not None:
             capacity = window - 1 + chunk
+        # The layer's homes in RAM share one tensor per plane, ``[num stacked, capacity, B, 2, g, D]``: rows
+        # [a, b) of adjacent groups are one view, so a layer's append and a fetch of adjacent groups are one
+        # batched copy (``Transfer``), and one registration of page-locked memory serves the layer.
+        self.stacked = [i for i, g in enumerate(groups) if not g.is_resident and not g.is_on_disk]
+        self.stack: list[torch.Tensor] = []
+        if self.stacked:
+            self.stack = [self._host.empty((len(self.stacked), capacity, *shape), plane_dtype)
+                          for shape, plane_dtype in _plane_specs(batch, groups[0].size, head_dim, dtype, kv_dtype)]
         self.homes = []
-        for g in groups:
+        for i, g in enumerate(groups):
             quantized = kv_dtype if not g.is_resident else None  # 8-bit where RAM binds: host homes
-            planes = [self._empty(g, (capacity, *shape), plane_dtype, device)
-                      for shape, plane_dtype in _plane_specs(batch, g.size, head_dim, dtype, quantized)]
+            if i in self.stacked:
+                planes = [plane[self.stacked.index(i)] for plane in self.stack]  # contiguous views
+            else:
+                planes = [self._empty(g, (capacity, *shape), plane_dtype, device)
+                          for shape, plane_dtype in _plane_specs(batch, g.size, head_dim, dtype, quantized)]
             self.homes.append(GroupHome(g, planes, window, dtype, quantized))
             if g.is_on_disk and window is None:
                 self.homes[-1].disk = disk
@@ -200,6 +215,11 @@ class LayerHomes:
             return ledger.empty(HOMES, shape, dtype, device)  # written in place later, also outside inference mode
         return self._host.empty(tuple(shape), dtype)
 
+    def stacked_rows(self, start: int, stop: int, plane: int = 0) -> list[torch.Tensor]:
+        """Tokens [start, stop) of every stacked home: one or (a ring wrapping) two ``[num stacked, n, ...]`` views."""
+        tensor = self.stack[plane]
+        return [tensor.narrow(1, row, num) for row, num in self.homes[self.stacked[0]].rows(start, stop)]
+
     def __iter__(self):
         return iter(self.homes)
 
@@ -221,8 +241,9 @@ class LayerHomes:
         """Makes room for ``num_tokens`` keeping the first ``num_valid`` (rings: room for a ``chunk``-token
         append); the caller has fenced the copy streams.
 
-        A home grows by a chunk (or to ``num_tokens``), never doubles, one home at a time: its old and new planes
-        are the only copies alive (the kept rows are copied straight from the old planes). With ``fixed_device``
+        A home grows by a chunk (or to ``num_tokens``), never doubles, one home at a time (the stacked homes of the
+        layer together, as they share their planes): its old and new planes are the only copies alive (the kept rows
+        are copied straight from the old planes). With ``fixed_device``
         (the plan fixed the capacity) a home on a GPU never grows: the plan's device memory is spent elsewhere, so
         ``HomesFull`` is raised before anything changes."""
         growing = [home for home in self.homes
@@ -231,7 +252,26 @@ class LayerHomes:
         if fixed_device and any(home.device.type == "cuda" and not home.is_ring for home in growing):
             raise HomesFull(f"the context ({num_tokens:,} tokens) passed the {self.homes[0].capacity:,} tokens its GPU-"
                             "resident KV homes were planned for; plan a larger max_context (or drop older turns)")
+        stacked = {id(self.homes[i]) for i in self.stacked}
+        if any(id(home) in stacked for home in growing):  # they share a capacity: they grow together
+            home = self.homes[self.stacked[0]]
+            needed = self.ring_window - 1 + chunk if home.is_ring else max(num_tokens, home.capacity + chunk)
+            logger.info("growing the KV homes of %d head groups from %d to %d tokens (plan max_context / chunk_size "
+                        "to avoid this)", len(self.stacked), home.capacity, needed)
+            first = max(0, num_valid - home.capacity) if home.is_ring else 0
+            homes = [self.homes[i] for i in self.stacked]
+            old = self.stack
+            kept = [[h.read(first, num_valid, p) for p in range(len(old))] for h in homes]  # in token order
+            self.stack = [self._host.empty((len(homes), needed, *p.shape[2:]), p.dtype) for p in old]
+            for index, h in enumerate(homes):
+                h.planes = [plane[index] for plane in self.stack]
+                h.write_planes(first, kept[index])
+            del kept
+            for plane in old:
+                self._host.free(plane)
         for home in growing:
+            if id(home) in stacked:
+                continue  # grown with the stack above
             needed = self.ring_window - 1 + chunk if home.is_ring else max(num_tokens, home.capacity + chunk)
             logger.info("growing KV home of heads %d-%d from %d to %d tokens (plan max_context / chunk_size to "
                         "avoid this)", home.group.start, home.group.stop, home.capacity, needed)

@@ -2,15 +2,18 @@
 
 For a chunk of Q query tokens at positions [past, past + Q) of layer L:
 
-    append: stage the chunk's K/V in home layout; copy it into every home (host homes on the d2h stream)
-    attend: for each head group g of L:
-        K/V of g <- its resident home, or the ping-pong buffer fetched for it (+ this chunk copied after it)
-        start fetching the next offloaded slot (L, g+1), (L+1, first), ... or, after the forward's last one,
-            the first offloaded slot of the *next* forward, into the other buffer
-        attend(queries of g, K/V of g)
-        release g's buffer (even when attention raised)
+    append: stage the chunk's K/V in home layout; copy it into every home (host homes on the d2h stream, the
+            layer's stacked RAM homes with one batched copy)
+    attend: for each unit u of L (a run of adjacent streamed groups, or one resident / disk group):
+        K/V of u <- its resident home, or the ping-pong buffer fetched for it (+ this chunk copied after it)
+        start fetching the next run: (L, u+1), (L+1, first), ... or, after the forward's last one,
+            the first run of the *next* forward, into the other buffer
+        attend(queries of u, K/V of u)
+        release u's buffer (even when attention raised)
 
-A fetch reads only tokens below ``past``, so it never waits for this chunk's append: h2d and d2h run at once.
+A run holds as many adjacent groups as one ping-pong buffer fits at this length (``units``): a layer's eight
+groups at a short context, one group near the planned one. A fetch reads only tokens below ``past``, so it never
+waits for this chunk's append: h2d and d2h run at once.
 
 Host attention (``host_attention.py``): on a step of at most ``HOST_QUERY_LIMIT`` query tokens (decode, short
 follow-ups), the layer's groups in ``host_slots`` are not fetched: their queries go to the host, where a thread
@@ -20,13 +23,15 @@ follows the streamed slots only on such steps. Prefill chunks attend every group
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from . import kernels
 from .homes import LayerHomes
 from .host_attention import HostAttention, HostJob
 from .probe import QueryProbe
-from .transfer import Slot, Transfer
+from .transfer import Run, Slot, Transfer
 
 #: Steps with at most this many query tokens may attend offloaded groups on the host: their queries and
 #: outputs are a few KB, while a prefill chunk's attention is compute-bound and belongs on the device.
@@ -48,57 +53,68 @@ class Schedule:
         self.probe: QueryProbe | None = None  # set while an answer's sources are being recorded
         self.host, self.host_slots = host, host_slots if host is not None else frozenset()
         assert all(layers[l][g].is_host for l, g in self.host_slots), "the host attends homes in host memory only"
-        offloaded = [(layer_idx, group_idx) for layer_idx, homes in enumerate(layers)
-                     for group_idx, home in enumerate(homes) if home.is_host]
-        # Successors on steps that fetch every offloaded slot, and on host steps, which fetch the others only.
-        self._successor = _successors(layers, offloaded)
-        self._streamed_successor = _successors(layers, [s for s in offloaded if s not in self.host_slots])
+        # The layers with a fetched group: on steps that fetch every offloaded slot (False), and on host steps (True),
+        # which fetch the others only.
+        self._fetching = {is_host_step: [layer_idx for layer_idx, homes in enumerate(layers) if any(
+                              home.is_host and not (is_host_step and (layer_idx, g) in self.host_slots)
+                              for g, home in enumerate(homes))]
+                          for is_host_step in (False, True)}
+        self._units: dict[tuple[int, int, bool], list[Run]] = {}
         self.host_seconds = 0.0  # wall time of host jobs (the layer waits for both halves; meters show it)
 
-    def append(self, layer_idx: int, past: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def append(self, layer_idx: int, past: int, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """Stores this chunk (key/value: [B, KVH, Q, D]) at [past, past + Q) of every home of the layer.
 
-        Returns the staged chunk, G x [Q, B, 2, g, D], valid until the next layer's append but one.
+        Returns the staged chunk, [G, Q, B, 2, g, D], valid until the next layer's append but one.
         """
         index, staged = self.transfer.stage(key, value)
         self.transfer.append(layer_idx, self.layers[layer_idx], staged, index, past)
         return staged
 
-    def attend(self, layer_idx: int, past: int, query: torch.Tensor, staged: tuple[torch.Tensor, ...], *,
+    def attend(self, layer_idx: int, past: int, query: torch.Tensor, staged: torch.Tensor, *,
                scaling: float, window: int | None, softcap: float | None) -> torch.Tensor:
         """One layer of head-wise attention; the chunk at [past, past + Q) was appended (``staged``).
 
         query: [B, H, Q, D]. Returns [B, Q, H, D].
         """
         homes = self.layers[layer_idx]
-        q_len = query.shape[2]
+        batch, num_heads, q_len, head_dim = query.shape
+        heads = num_heads // len(homes)  # query heads per group
         if self.probe is not None:
             self.probe.record(layer_idx, past, query, scaling)
         start = visible_start(past, window)
         num_past = past - start
-        queries = query.split(query.shape[1] // len(homes), dim=1)  # G x [B, g * n_rep, Q, D]
         is_host_step = bool(self.host_slots) and q_len <= HOST_QUERY_LIMIT
         on_host = [g for g in range(len(homes)) if is_host_step and (layer_idx, g) in self.host_slots]
         # Started first, so the host computes while the loop below streams the other groups.
-        job = self._start_host(layer_idx, on_host, queries, start, past + q_len, scaling, window,
+        job = self._start_host(layer_idx, on_host, query.split(heads, dim=1), start, past + q_len, scaling, window,
                                softcap) if on_host else None
-        outs: dict[int, torch.Tensor] = {}
+        units = self.units(layer_idx, num_past + q_len, is_host_step, batch)
+        outs: list[tuple[int, torch.Tensor]] = []  # (first group, [B, n * heads, Q, D])
         try:
-            for group_idx, home in enumerate(homes):
-                if group_idx in on_host:
-                    continue
+            for index, run in enumerate(units):
                 buffer = None
+                queries = query if run.num == len(homes) else query.narrow(1, run.first * heads, run.num * heads)
                 try:
-                    if home.is_host:
-                        buffer = self.transfer.acquire((layer_idx, group_idx), home, start, past, num_past + q_len)
-                        block = self.transfer.with_chunk(buffer, num_past, staged[group_idx])
+                    if homes[run.first].is_host:
+                        buffer = self.transfer.acquire(run, homes, start, past, num_past + q_len)
+                        if run.num == 1:
+                            chunk = staged[run.first]
+                        else:
+                            chunk = staged if run.num == len(homes) else staged.narrow(0, run.first, run.num)
+                        block = self.transfer.with_chunk(buffer, num_past, chunk)
+                        if block.shape[1] != batch:  # the run's groups as the batch: [n, heads, Q, D] queries
+                            queries = queries.view(run.num, heads, q_len, head_dim)
                     else:
-                        block = home.block(start, past + q_len)  # the append above already put the chunk there
+                        block = homes[run.first].block(start, past + q_len)  # the append put the chunk there
                         self.transfer.streams.read(block, "a resident home")
                     if self.overlap:
-                        self._prefetch_after((layer_idx, group_idx), past, q_len, is_host_step)
-                    outs[group_idx] = kernels.attend_block(queries[group_idx], block, q_offset=num_past,
-                                                           scaling=scaling, window=window, softcap=softcap)
+                        self._prefetch_after(run, index, past, q_len, is_host_step, batch)
+                    out = kernels.attend_block(queries, block, q_offset=num_past, scaling=scaling, window=window,
+                                               softcap=softcap)
+                    if out.shape[0] != batch:  # [n, heads, Q, D] -> [B, n * heads, Q, D] (a view)
+                        out = out.view(batch, run.num * heads, q_len, head_dim)
+                    outs.append((run.first, out))
                 finally:
                     if buffer is not None:
                         self.transfer.release(buffer)
@@ -106,9 +122,32 @@ class Schedule:
             if job is not None:
                 job.wait()  # workers read the homes and the landed queries: never leave them running
         if job is not None:
-            outs.update(zip(on_host, self._finish_host(job).split(queries[0].shape[1], dim=1)))
-        out = torch.cat([outs[g] for g in range(len(homes))], dim=1) if len(homes) > 1 else outs[0]  # [B, H, Q, D]
+            outs.extend(zip(on_host, self._finish_host(job).split(heads, dim=1)))
+            outs.sort(key=lambda item: item[0])
+        out = torch.cat([o for _, o in outs], dim=1) if len(outs) > 1 else outs[0][1]  # [B, H, Q, D]
         return out.transpose(1, 2)
+
+    def units(self, layer_idx: int, room: int, is_host_step: bool, batch: int = 1) -> list[Run]:
+        """What the loop attends in turn, in group order: runs of adjacent groups streamed from the layer's stack
+        (as many as one ping-pong buffer holds at ``room`` tokens each; batch 1 only), and single groups (resident,
+        on disk); groups attended on the host this step are left out."""
+        per_run = min(len(self.layers[layer_idx]), max(1, self.transfer.buffer_rows // room)) if batch == 1 else 1
+        key = (layer_idx, per_run, is_host_step)
+        units = self._units.get(key)
+        if units is None:
+            homes = self.layers[layer_idx]
+            units = []
+            for g, home in enumerate(homes):
+                if is_host_step and (layer_idx, g) in self.host_slots:
+                    continue
+                last = units[-1] if units else None
+                if (last is not None and last.first + last.num == g and last.num < per_run
+                        and g in homes.stacked and last.first in homes.stacked):
+                    units[-1] = Run(layer_idx, last.first, last.num + 1)
+                else:
+                    units.append(Run(layer_idx, g, 1))
+            self._units[key] = units
+        return units
 
     def _start_host(self, layer_idx: int, on_host: list[int], queries, start: int, stop: int, scaling: float,
                     window: int | None, softcap: float | None) -> HostJob:
@@ -139,35 +178,38 @@ class Schedule:
         self.host_seconds += job.seconds
         return out
 
-    def _prefetch_after(self, slot: Slot, past: int, q_len: int, is_host_step: bool) -> None:
-        successor = (self._streamed_successor if is_host_step else self._successor).get(slot)
-        if successor is None:
+    def _prefetch_after(self, run: Run, index: int, past: int, q_len: int, is_host_step: bool, batch: int) -> None:
+        following = self._next_fetched(run.layer, index, past, q_len, is_host_step, batch)
+        if following is None:
             return  # nothing is fetched on such steps
-        (layer_idx, group_idx), is_next_forward = successor
-        if is_next_forward:
-            past += q_len  # the next forward starts where this one ends; its length is not known yet
-            q_len = 1
-        start = visible_start(past, self.windows[layer_idx])
-        home = self.layers[layer_idx][group_idx]
-        self.transfer.prefetch((layer_idx, group_idx), home, start, past, past - start + q_len)
+        run, index, past, q_len, is_next_forward = following
+        start = visible_start(past, self.windows[run.layer])
+        self.transfer.prefetch(run, self.layers[run.layer], start, past, past - start + q_len)
         if self.disk is not None:
-            # One slot further: the kernel reads a disk home's pages while the next slot's copy and compute run.
-            (layer_after, group_after), wraps = self._successor[(layer_idx, group_idx)]
-            home_after = self.layers[layer_after][group_after]
-            if home_after.group.is_on_disk and not (wraps and is_next_forward):
-                start_after = visible_start(past, self.windows[layer_after])
-                for plane in range(len(home_after.planes)):
-                    for part in home_after.blocks(start_after, past, plane):
-                        self.disk.read_ahead(part)
+            # One run further: the kernel reads a disk home's pages while the next run's copy and compute run.
+            after = self._next_fetched(run.layer, index, past, q_len, is_host_step, batch)
+            if after is not None and not (after[4] and is_next_forward):  # (not two forwards ahead)
+                run_after, _, past_after, _, _ = after
+                home_after = self.layers[run_after.layer][run_after.first]
+                if home_after.group.is_on_disk:
+                    start_after = visible_start(past_after, self.windows[run_after.layer])
+                    for plane in range(len(home_after.planes)):
+                        for part in home_after.blocks(start_after, past_after, plane):
+                            self.disk.read_ahead(part)
 
-
-def _successors(layers: list[LayerHomes], order: list[Slot]) -> dict[Slot, tuple[Slot, bool]]:
-    """Successor of every slot (fetched or not) in forward order: the next slot of ``order``, and whether it
-    belongs to the next forward (after the last one, the schedule wraps around)."""
-    if not order:
-        return {}
-    successor = {}
-    for slot in [(l, g) for l, homes in enumerate(layers) for g in range(len(homes))]:
-        later = next((s for s in order if s > slot), None)
-        successor[slot] = (later, False) if later is not None else (order[0], True)
-    return successor
+    def _next_fetched(self, layer_idx: int, index: int, past: int, q_len: int, is_host_step: bool, batch: int):
+        """The fetched run after unit ``index`` of ``layer_idx`` in forward order: (run, its index, past, Q, whether
+        it belongs to the next forward). After the forward's last one it wraps around to the *next* forward (decode
+        step or chunk): it starts at past + Q, with one query token assumed (its length is not known yet). None
+        when such steps fetch nothing."""
+        layers = self._fetching[is_host_step]
+        candidates = itertools.chain([(layer_idx, index + 1, past, q_len, False)],
+                                     ((l, 0, past, q_len, False) for l in layers if l > layer_idx),
+                                     ((l, 0, past + q_len, 1, True) for l in layers if l <= layer_idx))
+        for layer, first, past_then, q_then, is_next_forward in candidates:
+            start = visible_start(past_then, self.windows[layer])
+            units = self.units(layer, past_then - start + q_then, is_host_step, batch)
+            for i in range(first, len(units)):
+                if self.layers[layer][units[i].first].is_host:
+                    return units[i], i, past_then, q_then, is_next_forward
+        return None

@@ -13,10 +13,10 @@ copy is synchronous, so a missing or misplaced wait would be invisible there. So
   (``HEADINFER_STREAMS_SEED`` seeds the delays).
 
 Each backend offers: ``new_stream(name)``, ``event(blocking)``, ``current()``, ``use(stream)``,
-``copy(dst, src)`` (on the current stream), ``pinned(shape, dtype)``, the access declarations ``read(t, what)`` /
-``write(t, what)`` (by the current stream) and ``host_read`` / ``host_write`` (by this host thread), and the joins
-of worker threads ``submit(executor, fn, *args)`` / ``joined(future)``. Streams have ``wait_event``,
-``synchronize``; events have ``record(stream)``, ``synchronize()``.
+``copy(dst, src)`` and ``copy_many(dsts, srcs)`` (on the current stream), ``pinned(shape, dtype)``, the access
+declarations ``read(t, what)`` / ``write(t, what)`` (by the current stream) and ``host_read`` / ``host_write`` (by
+this host thread), and the joins of worker threads ``submit(executor, fn, *args)`` / ``joined(future)``. Streams
+have ``wait_event``, ``synchronize``; events have ``record(stream)``, ``synchronize()``.
 """
 
 from __future__ import annotations
@@ -109,6 +109,10 @@ class SyncStreams:
     def copy(self, dst: torch.Tensor, src: torch.Tensor, what: str = "") -> None:
         dst.copy_(src)
 
+    def copy_many(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], what: str = "") -> None:
+        """``copy`` of each pair, issued as one call (one dispatch: a layer's append, a run's fetch)."""
+        torch._foreach_copy_(dsts, srcs)
+
     def pinned(self, shape, dtype: torch.dtype) -> torch.Tensor:
         with torch.inference_mode(False):
             return torch.empty(shape, dtype=dtype)
@@ -163,6 +167,13 @@ class CudaStreams(SyncStreams):
             torch.cuda._sleep(self._LAG_CYCLES // 4)  # the copy runs late: a reader that did not wait sees it
         # Asynchronous from and to page-locked memory; from pageable memory CUDA stages it (still correct).
         dst.copy_(src, non_blocking=True)
+
+    def copy_many(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor], what: str = "") -> None:
+        if self.lagged and torch.cuda.current_stream(self.device) != torch.cuda.default_stream(self.device):
+            torch.cuda._sleep(self._LAG_CYCLES // 4)
+        # Between host and device torch takes each pair through copy_(non_blocking=True) in C++ (its foreach
+        # fast path is for same-device tensors): the same asynchronous copies as ``copy``, one Python call.
+        torch._foreach_copy_(dsts, srcs, non_blocking=True)
 
     def pinned(self, shape, dtype: torch.dtype) -> torch.Tensor:
         with torch.inference_mode(False):  # written in place later, also outside inference mode

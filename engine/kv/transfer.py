@@ -20,7 +20,7 @@ from concurrent.futures import Future
 import torch
 
 from . import quant
-from .buffers import Appends, BufferFactory, PingPong, Slot, Staging, copy_parts
+from .buffers import Appends, BufferFactory, PingPong, Run, Slot, Staging, copy_parts  # noqa: F401 (Slot)
 from .disk_stream import DiskStream
 from .homes import GroupHome, LayerHomes
 from .ledger import HOST_IO, Ledger
@@ -68,8 +68,8 @@ class Transfer:
         self.num_on_demand = 0  # ... and those the compute stream had to wait for, not prefetched
 
     # -- staging and appends -----------------------------------------------------------------------
-    def stage(self, key: torch.Tensor, value: torch.Tensor) -> tuple[int, tuple[torch.Tensor, ...]]:
-        """Writes a layer's chunk in home layout. key/value: [B, KVH, Q, D]. Returns (index, G blocks [Q, B, 2, g, D])."""
+    def stage(self, key: torch.Tensor, value: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """Writes a layer's chunk in home layout. key/value: [B, KVH, Q, D]. Returns (index, [G, Q, B, 2, g, D])."""
         batch, num_kv_heads, q_len, head_dim = key.shape
         g, num_groups = self._group_size, self._num_groups
         assert (batch, num_kv_heads, head_dim) == (self._batch, g * num_groups, self._head_dim), tuple(key.shape)
@@ -83,35 +83,38 @@ class Transfer:
             streams.forget(staging.flat)
             staging.flat, staging.free_recorded = self._alloc.staging(q_len), False
             staging.codes = self._alloc.codes(q_len * num_groups)
+            staging.views = {}
         if staging.free_recorded:
             # The appends of two layers ago may still be reading this buffer on the d2h stream.
             streams.current().wait_event(staging.free)
-        out = staging.flat[: q_len * batch * 2 * num_kv_heads * head_dim].view(num_groups, q_len, batch, 2, g, head_dim)
+        out, stacked, codes = staging.chunk_views(num_groups, q_len, (batch, 2, g, head_dim))
         streams.write(out, "the staging buffer")
-        # [B, KVH, Q, D] -> [G, Q, B, g, D] per K and V, stacked on the K/V axis
-        torch.stack([key.view(batch, num_groups, g, q_len, head_dim).permute(1, 3, 0, 2, 4),
-                     value.view(batch, num_groups, g, q_len, head_dim).permute(1, 3, 0, 2, 4)], dim=3, out=out)
+        # [B, KVH, Q, D] -> [G, Q, B, 2, g, D]: K and V stacked into ``out`` seen as [2, B, G, g, Q, D]
+        torch.stack([key.view(batch, num_groups, g, q_len, head_dim),
+                     value.view(batch, num_groups, g, q_len, head_dim)], dim=0, out=stacked)
         if self.kv_dtype is not None:  # 8-bit host homes receive the chunk quantized (half the d2h bytes)
-            codes = [c[: num_groups * q_len].view(num_groups, q_len, *c.shape[1:]) for c in staging.codes]
             streams.write(codes[0], "the staged codes")
             streams.write(codes[1], "the staged scales")
             quant.quantize(out, self.kv_dtype, out=(codes[0], codes[1]))
-            self._staged_codes[index] = tuple(zip(codes[0].unbind(0), codes[1].unbind(0)))
+            self._staged_codes[index] = (codes[0], codes[1])
         staging.produced.record(streams.current())
-        return index, out.unbind(0)
+        return index, out
 
-    def append(self, layer_idx: int, homes: LayerHomes, staged: tuple[torch.Tensor, ...], index: int,
-               position: int) -> None:
-        """Copies the staged chunk into every home of the layer at ``position`` (host homes on the d2h stream)."""
+    def append(self, layer_idx: int, homes: LayerHomes, staged: torch.Tensor, index: int, position: int) -> None:
+        """Copies the staged chunk ([G, Q, B, 2, g, D]) into every home of the layer at ``position`` (host homes on
+        the d2h stream: the stacked ones in RAM with one batched copy, ``LayerHomes.stack``)."""
         coded = self._staged_codes.get(index)
-        host = []  # (home, one block per plane)
+        sources = coded if coded is not None else (staged,)  # per plane of a host home: [G, Q, ...]
+        host = []  # (home, one block per plane): homes outside the stack (the disk tier's)
         copy = self.streams.copy
-        for group_idx, (home, block) in enumerate(zip(homes, staged)):
+        blocks = None
+        for group_idx, home in enumerate(homes):
             if not home.is_host:  # a resident home: a device copy, ordered on the compute stream
-                home.write(position, block, copy)
-            else:
-                host.append((home, list(coded[group_idx]) if home.is_quantized else [block]))
-        if not host:
+                home.write(position, staged[group_idx], copy)
+            elif group_idx not in homes.stacked:
+                blocks = blocks if blocks is not None else [s.unbind(0) for s in sources]
+                host.append((home, [b[group_idx] for b in blocks]))
+        if not host and not homes.stacked:
             return
         disk = self.disk
         staging, appends = self._staging[index], self._appends[layer_idx]
@@ -124,9 +127,11 @@ class Transfer:
                 # A window ring's append overwrites its oldest rows: a prefetch of this layer still in flight
                 # (made for a step that did not come, e.g. a decode step attended on the host) may be reading them.
                 if (buffer.pending is not None and buffer.pending[0] == layer_idx
-                        and _ring_overlap(homes[0], position, staged[0].shape[0], buffer.start, buffer.stop)):
+                        and _ring_overlap(homes[0], position, staged.shape[1], buffer.start, buffer.stop)):
                     self.d2h.wait_event(buffer.ready)
             try:
+                if homes.stacked:
+                    self._append_stacked(homes, sources, position, staged.shape[1])
                 for home, parts in host:
                     if disk is not None and home.group.is_on_disk:  # through pinned memory, into the file later
                         written = disk.append(home, position, parts)
@@ -139,6 +144,20 @@ class Transfer:
                 event.record(self.d2h)
         staging.free_recorded = True
         appends.entries = [*appends.entries[-1:], (position, event)]
+
+    def _append_stacked(self, homes: LayerHomes, sources: tuple[torch.Tensor, ...], position: int, q_len: int) -> None:
+        """The chunk's rows of every stacked home, all planes, as one batched copy (on the current stream)."""
+        targets, blocks = [], []
+        for plane, source in enumerate(sources):
+            picked = source.unbind(0)
+            picked = [picked[g] for g in homes.stacked]  # [Q, B, 2, g, D] each
+            done = 0
+            for part in homes.stacked_rows(position, position + q_len, plane):  # [num stacked, n, ...]
+                num = part.shape[1]
+                targets.extend(part.unbind(0))
+                blocks.extend(picked if num == q_len else [p.narrow(0, done, num) for p in picked])
+                done += num
+        self.streams.copy_many(targets, blocks, "a KV home")
 
     def _landing(self, layer_idx: int, stop: int):
         """The append event a fetch of tokens [.., stop) of this layer must wait for, if any.
@@ -225,34 +244,41 @@ class Transfer:
         return device_out
 
     # -- ping-pong fetches ---------------------------------------------------------------------------
-    def prefetch(self, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> None:
-        """Starts copying home tokens [start, stop) into a free ping-pong buffer with ``room`` tokens."""
-        same_slot = next((b for b in self._pingpong if b.pending == slot), None)
-        if same_slot is not None and (same_slot.start, same_slot.stop) == (start, stop):
-            return
-        # A stale fetch of this slot (another range) is replaced in its own buffer, never duplicated.
-        buffer = same_slot or next((b for b in self._pingpong if not b.is_used and b.pending is None), None)
-        if buffer is None:
-            return  # both busy: the slot is fetched on demand when acquired
-        if buffer.kv.shape[0] < room:
-            return  # past the plan (a next step that may never come): grown on demand only if it does
-        self._fetch(buffer, slot, home, start, stop, room)
+    @property
+    def buffer_rows(self) -> int:
+        """Token rows of the smaller ping-pong buffer: a run of n groups of ``room`` tokens fits if n * room <= it."""
+        return min(b.kv.shape[0] for b in self._pingpong)
 
-    def acquire(self, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> int:
-        """Returns the index of the buffer holding home tokens [start, stop), fetching now if not prefetched."""
-        index = next((i for i, b in enumerate(self._pingpong) if b.pending == slot), None)
+    def prefetch(self, run: Run, homes: LayerHomes, start: int, stop: int, room: int) -> None:
+        """Starts copying tokens [start, stop) of the run's homes into a free ping-pong buffer with ``room`` tokens
+        per group."""
+        same_run = next((b for b in self._pingpong if b.pending == run), None)
+        if same_run is not None and (same_run.start, same_run.stop) == (start, stop):
+            return
+        # A stale fetch of this run (another range) is replaced in its own buffer, never duplicated.
+        buffer = same_run or next((b for b in self._pingpong if not b.is_used and b.pending is None), None)
+        if buffer is None:
+            return  # both busy: the run is fetched on demand when acquired
+        if buffer.kv.shape[0] < room * run.num:
+            return  # past the plan (a next step that may never come): grown on demand only if it does
+        self._fetch(buffer, run, homes, start, stop, room)
+
+    def acquire(self, run: Run, homes: LayerHomes, start: int, stop: int, room: int) -> int:
+        """Returns the index of the buffer holding tokens [start, stop) of the run's homes, fetching now if not
+        prefetched."""
+        index = next((i for i, b in enumerate(self._pingpong) if b.pending == run), None)
         if index is not None:
             buffer = self._pingpong[index]
-            if (buffer.start, buffer.stop) != (start, stop) or buffer.kv.shape[0] < room:
-                logger.debug("prefetched %s held %s, needed %s: refetching", slot, (buffer.start, buffer.stop),
+            if (buffer.start, buffer.stop) != (start, stop) or buffer.kv.shape[0] < room * run.num:
+                logger.debug("prefetched %s held %s, needed %s: refetching", run, (buffer.start, buffer.stop),
                              (start, stop))
                 buffer.pending = None
                 index = None
         if index is None:
             index = next((i for i, b in enumerate(self._pingpong) if not b.is_used and b.pending is None), None)
-            if index is None:  # the free one holds a prefetch for another slot: drop it
+            if index is None:  # the free one holds a prefetch for another run: drop it
                 index = next(i for i, b in enumerate(self._pingpong) if not b.is_used)
-            self._fetch(self._pingpong[index], slot, home, start, stop, room)
+            self._fetch(self._pingpong[index], run, homes, start, stop, room)
             self.num_on_demand += 1
         buffer = self._pingpong[index]
         self._join(buffer)  # a disk home's fetch has enqueued its copies (and recorded ``ready``) once joined
@@ -260,21 +286,31 @@ class Transfer:
         # Attention must not read the buffer before its copy has landed.
         streams.current().wait_event(buffer.ready)
         if buffer.is_coded:  # 8-bit codes landed: dequantize into the buffer attention reads
-            num = buffer.stop - buffer.start
-            codes, scales, kv = buffer.codes[0][:num], buffer.codes[1][:num], buffer.kv[:num]
-            streams.read(codes, "fetched codes")
-            streams.read(scales, "fetched scales")
+            kv, codes = self._targets(buffer, buffer.stop - buffer.start)
+            streams.read(codes[0], "fetched codes")
+            streams.read(codes[1], "fetched scales")
             streams.write(kv, "the dequantized ping-pong buffer")
-            quant.dequantize(codes, scales, out=kv)
+            quant.dequantize(codes[0], codes[1], out=kv)
             buffer.is_coded = False
         buffer.pending, buffer.is_used = None, True
         return index
 
-    def with_chunk(self, index: int, num_past: int, block: torch.Tensor) -> torch.Tensor:
-        """Puts this chunk (block: [Q, B, 2, g, D]) after ``num_past`` fetched tokens; returns [num_past + Q, B, 2, g, D]."""
-        kv = self._pingpong[index].kv
-        self.streams.copy(kv[num_past : num_past + block.shape[0]], block, "this chunk after the fetched past")
-        out = kv[: num_past + block.shape[0]]
+    def with_chunk(self, index: int, num_past: int, chunk: torch.Tensor) -> torch.Tensor:
+        """Puts this chunk after ``num_past`` fetched tokens of each group of the buffer's run.
+
+        chunk: [Q, B, 2, g, D] (a run of one group), or [n, Q, 1, 2, g, D] (a run of n groups, batch 1).
+        Returns [num_past + Q, B, 2, g, D], or [num_past + Q, n, 2, g, D]: the run's groups as the batch."""
+        buffer = self._pingpong[index]
+        if buffer.num == 1:
+            kv = buffer.kv
+            self.streams.copy(kv[num_past : num_past + chunk.shape[0]], chunk, "this chunk after the fetched past")
+            out = kv[: num_past + chunk.shape[0]]
+        else:
+            kv, _, attended = buffer.run_views(buffer.num)  # [n, rows, 1, 2, g, D], [rows, n, 2, g, D]
+            q_len = chunk.shape[1]
+            # (one copy for the run: its groups' rows are strided in the buffer, a device copy takes them so)
+            self.streams.copy(kv.narrow(1, num_past, q_len), chunk, "this chunk after the fetched past")
+            out = attended.narrow(0, 0, num_past + q_len)
         self.streams.read(out, "the ping-pong buffer attention reads")
         return out
 
@@ -292,23 +328,26 @@ class Transfer:
                 logger.debug("releasing ping-pong buffer %d left in use by an interrupted forward", index)
                 self.release(index)
 
-    def _fetch(self, buffer: PingPong, slot: Slot, home: GroupHome, start: int, stop: int, room: int) -> None:
+    def _fetch(self, buffer: PingPong, run: Run, homes: LayerHomes, start: int, stop: int, room: int) -> None:
         self._join(buffer)  # a dropped disk fetch into this buffer must not land after this one
         streams = self.streams
-        if buffer.kv.shape[0] < room:
+        home = homes[run.first]
+        if buffer.kv.shape[0] < room * run.num:
             self.synchronize()  # rare (context beyond the plan): a safe point to drop the old buffer
-            capacity = max(room, buffer.kv.shape[0] + buffer.kv.shape[0] // 2)
+            capacity = max(room * run.num, buffer.kv.shape[0] + buffer.kv.shape[0] // 2)
             logger.info("growing ping-pong buffers to %d tokens", capacity)
             for old in [buffer.kv, *(buffer.codes or [])]:
                 streams.forget(old)
             buffer.kv, buffer.free_recorded = self._alloc.pingpong(capacity), False
             buffer.codes = self._alloc.codes(capacity)
-        buffer.pending, buffer.start, buffer.stop = slot, start, stop
+            buffer.views = {}
+        buffer.pending, buffer.start, buffer.stop, buffer.num = run, start, stop, run.num
         buffer.is_coded = home.is_quantized
         self.num_fetches += 1
-        num = stop - start
-        targets = [c[:num] for c in buffer.codes] if home.is_quantized else [buffer.kv[:num]]
+        kv, codes = self._targets(buffer, stop - start) if run.num == 1 else buffer.run_views(run.num)[:2]
+        targets = codes if home.is_quantized else [kv]  # (a run's: [n, rows, ...] views, filled up to stop - start)
         on_disk = self.disk is not None and home.group.is_on_disk
+        assert run.num == 1 or not on_disk, "disk homes are fetched one group at a time"
         with streams.use(self.h2d):
             if buffer.free_recorded:
                 # The compute stream may still be reading this buffer's previous group.
@@ -319,13 +358,39 @@ class Transfer:
                 # append event to wait for.
                 buffer.disk_job = self.disk.fetch(home, start, stop, targets, self.h2d, buffer.ready)
                 return
-            landing = self._landing(slot[0], stop)
+            landing = self._landing(run.layer, stop)
             if landing is not None:
                 # Earlier chunks of this layer may still be landing in the host home on the d2h stream.
                 self.h2d.wait_event(landing)
-            for plane, target in enumerate(targets):
-                copy_parts(streams.copy, target, home.blocks(start, stop, plane), "a fetch into a ping-pong buffer")
+            if run.num == 1:
+                for plane, target in enumerate(targets):
+                    copy_parts(streams.copy, target, home.blocks(start, stop, plane), "a fetch into a ping-pong buffer")
+            else:
+                self._fetch_stacked(run, homes, start, stop, targets)
             buffer.ready.record(self.h2d)
+
+    def _fetch_stacked(self, run: Run, homes: LayerHomes, start: int, stop: int, targets: list[torch.Tensor]) -> None:
+        """A run of stacked homes into its buffer views ([n, tokens, ...] per plane): one batched copy, one piece
+        per group and contiguous part (on the current stream)."""
+        first = homes.stacked.index(run.first)
+        pieces, sources = [], []
+        for plane, target in enumerate(targets):
+            done = 0
+            for part in homes.stacked_rows(start, stop, plane):  # [num stacked, n, ...]
+                num = part.shape[1]
+                sources.extend(part.unbind(0)[first : first + run.num])
+                pieces.extend(target.narrow(1, done, num).unbind(0))
+                done += num
+        self.streams.copy_many(pieces, sources, "a fetch into a ping-pong buffer")
+
+    @staticmethod
+    def _targets(buffer: PingPong, num: int) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Where the buffer's run keeps ``num`` tokens per group: (kv, [codes, scales] or None); a run of one group:
+        [num, B, 2, g, D], of n groups: [n, num, B, 2, g, D] (strided views)."""
+        if buffer.num == 1:
+            return buffer.kv[:num], [c[:num] for c in buffer.codes] if buffer.codes else None
+        kv, codes, _ = buffer.run_views(buffer.num)
+        return kv.narrow(1, 0, num), [c.narrow(1, 0, num) for c in codes] if codes else None
 
     def _join(self, buffer: PingPong) -> None:
         """Waits for the buffer's disk fetch, if any; its failure is raised here (and so reported)."""

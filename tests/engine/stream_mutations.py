@@ -199,6 +199,7 @@ def dropped_disk_prefetch_alone() -> str:
     from streams_grid import Case, make_cache
 
     from engine.attention import ATTENTION_NAME
+    from engine.kv.buffers import Run
 
     config = tiny_configs()["llama-gqa"]
     config._attn_implementation = ATTENTION_NAME
@@ -212,15 +213,16 @@ def dropped_disk_prefetch_alone() -> str:
                 layer.update(*(torch.randn(1, config.num_key_value_heads, 12, head_dim, generator=generator)
                                for _ in range(2)))
             transfer = cache.transfer
-            slots = [((l, g), home) for l, layer in enumerate(cache.kv_layers) for g, home in enumerate(layer.homes)
-                     if home.is_host]
-            on_disk = [s for s in slots if s[1].group.is_on_disk]
-            in_ram = [s for s in slots if not s[1].group.is_on_disk]
+            slots = [(Run(l, g), layer.homes) for l, layer in enumerate(cache.kv_layers)
+                     for g, home in enumerate(layer.homes) if home.is_host]
+            on_disk = [s for s in slots if s[1][s[0].first].group.is_on_disk]
+            in_ram = [s for s in slots if not s[1][s[0].first].group.is_on_disk]
             assert on_disk and len(in_ram) >= 2, "the check needs a disk home and two RAM homes"
-            (slot_a, home_a), (slot_b, home_b), (slot_c, home_c) = on_disk[0], in_ram[0], in_ram[1]
-            transfer.prefetch(slot_a, home_a, 0, 12, 13)  # on the disk worker, into buffer 0
-            transfer.prefetch(slot_b, home_b, 0, 12, 13)  # on this thread, into buffer 1
-            index = transfer.acquire(slot_c, home_c, 0, 12, 13)  # neither holds it: buffer 0 is taken over
+            (run_a, homes_a), (run_b, homes_b), (run_c, homes_c) = on_disk[0], in_ram[0], in_ram[1]
+            home_c = homes_c[run_c.first]
+            transfer.prefetch(run_a, homes_a, 0, 12, 13)  # on the disk worker, into buffer 0
+            transfer.prefetch(run_b, homes_b, 0, 12, 13)  # on this thread, into buffer 1
+            index = transfer.acquire(run_c, homes_c, 0, 12, 13)  # neither holds it: buffer 0 is taken over
             fetched = transfer.with_chunk(index, 12, torch.zeros(0, *home_c.kv.shape[1:]))
             right = torch.equal(fetched, home_c.block(0, 12))
             transfer.release(index)

@@ -62,6 +62,10 @@ CASES = [
     # so the follow-ups still prefetch.)
     Case("disk-dropped-prefetch", group="all", disk=True, host="all", disk_share=0.15, context=128,
          follow_ups=(20, 3, 20)),
+    # A plan four times the context: a ping-pong buffer holds several groups, so a layer's adjacent streamed groups
+    # are fetched (one batched copy) and attended as one run, in decode steps too; exact and 8-bit homes.
+    Case("stream-runs", context=256),
+    Case("fp8-runs", kv_dtype="fp8", context=256),
 ]
 
 

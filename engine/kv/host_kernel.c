@@ -83,18 +83,19 @@ INLINE int element_size(const int dtype) {
     return dtype == HA_FP32 ? 4 : (dtype == HA_BF16 || dtype == HA_FP16) ? 2 : 1;
 }
 
-/* W consecutive elements at p, widened to fp32 (int8: times the scale). Intrinsics where GCC's generic
+/* W consecutive elements at p, widened to fp32 (int8: the codes; their scale is applied to the score, and folded
+ * into the probability, once per token instead of once per element). Intrinsics where GCC's generic
  * conversions split a 512-bit widening into 256-bit halves (measured 3x slower). */
-INLINE vf load(const char *p, const int dtype, float scale) {
+INLINE vf load(const char *p, const int dtype) {
     if (dtype == HA_FP32) return *(const vfu *)p;
 #if defined(HA_VARIANT_AVX512)
     if (dtype == HA_BF16) return (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
     if (dtype == HA_FP16) return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))) * scale;
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
 #elif defined(HA_VARIANT_AVX2)
     if (dtype == HA_BF16) return (vf)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
     if (dtype == HA_FP16) return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p))) * scale;
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 #else
     if (dtype == HA_BF16) { /* bf16 is the top half of an fp32: exact */
         const vu bits = __builtin_convertvector(*(const vhu *)p, vu) << 16;
@@ -109,7 +110,7 @@ INLINE vf load(const char *p, const int dtype, float scale) {
         return out;
 #endif
     }
-    return __builtin_convertvector(*(const vbu *)p, vf) * scale; /* HA_INT8 */
+    return __builtin_convertvector(*(const vbu *)p, vf); /* HA_INT8 */
 #endif
 }
 
@@ -205,9 +206,9 @@ INLINE void value_slice(const head_view *hv, float s[][CH], int r0, const int NR
     for (int j = 0; j < n; j++) {
         const float scale = dtype == HA_INT8 ? hv->value_scales[j * hv->scale_stride] : 1.0f;
         vf value[ACC_VECTORS];
-        for (int v = 0; v < DV; v++) value[v] = load(hv->values + j * hv->token_bytes + (d0 + v * W) * es, dtype, scale);
+        for (int v = 0; v < DV; v++) value[v] = load(hv->values + j * hv->token_bytes + (d0 + v * W) * es, dtype);
         for (int r = 0; r < NR; r++) {
-            const float p = s[r][j];
+            const float p = s[r][j] * scale;
             for (int v = 0; v < DV; v++) o[r][v] += p * value[v];
         }
     }
@@ -222,7 +223,7 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
     const int es = element_size(dtype);
     float s[RB][CH] __attribute__((aligned(64)));
     /* scores: TB keys x NR rows at a time; past n the last token is read again and masked below */
-    for (int t0 = 0; t0 < CH; t0 += TB) {
+    for (int t0 = 0; t0 < n; t0 += TB) { /* scores past n are masked below */
         vf part[W];
         for (int i = 0; i < W; i++) part[i] = (vf){0};
         long token[TB];
@@ -233,7 +234,7 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
         }
         for (int d = 0; d < D; d += W) {
             vf k[TB];
-            for (int t = 0; t < TB; t++) k[t] = load(hv->keys + token[t] * hv->token_bytes + d * es, dtype, scale[t]);
+            for (int t = 0; t < TB; t++) k[t] = load(hv->keys + token[t] * hv->token_bytes + d * es, dtype);
             for (int r = 0; r < NR; r++) {
                 const vf q = *(const vfu *)(hv->query + (r0 + r) * D + d);
                 for (int t = 0; t < TB; t++) part[r * TB + t] += q * k[t];
@@ -241,7 +242,7 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
         }
         const vf sums = transpose_sum(part);
         for (int r = 0; r < NR; r++)
-            for (int t = 0; t < TB; t++) s[r][t0 + t] = sums[r * TB + t];
+            for (int t = 0; t < TB; t++) s[r][t0 + t] = sums[r * TB + t] * scale[t];
     }
     /* masks, softcap, online softmax: s becomes the probabilities (0 where hidden) */
     const long past = c->stop - c->q_len;

@@ -110,8 +110,16 @@ def build(compiler: str, extra: list[str] | None = None):
     function.argtypes, function.restype = [ctypes.POINTER(LayerCall)], ctypes.c_int
     variant = library.host_attend_variant
     variant.argtypes, variant.restype = [ctypes.c_int], ctypes.c_int
-    function.variant = variant
+    read = library.host_read
+    read.argtypes, read.restype = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int], ctypes.c_double
+    function.variant, function.read = variant, read
     return function
+
+
+def read(buffer, num_threads: int = 0) -> float:
+    """A plain read of ``buffer`` (contiguous floats) on ``num_threads`` threads of the kernel's pool (0: every core)
+    at the kernel's vector width: the yardstick of ``benchmarks.host_attention``. Returns the sum."""
+    return kernel().read(buffer.data_ptr(), buffer.nbytes, num_threads, PATHS[forced_path()])
 
 
 def _built_host(compiler: str, extra: list[str]) -> Path:

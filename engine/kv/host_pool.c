@@ -20,6 +20,7 @@
 #define DEFAULT_TILE_BYTES (2L << 20) /* 2 MiB: the streamed home of a tile; calls of less use smaller tiles */
 #define MIN_TILE_BYTES (64L << 10)    /* below this a task's fixed cost dominates */
 #define TASKS_PER_THREAD 4            /* enough tasks that threads the OS pauses delay only a share of a call */
+#define BYTES_PER_THREAD (256L << 10) /* a call of less wakes fewer workers: waking one costs ~10-20 us */
 
 typedef int (*task_fn)(const ha_job *, long);
 typedef float (*read_fn)(const char *, long);
@@ -288,8 +289,9 @@ int host_attend_layer(const ha_call *c) {
     job.call = c;
     job.rows = c->n_rep * c->q_len;
     job.token_bytes = (long)c->batch * 2 * c->group * c->dim * element_bytes(c->kv_dtype);
-    const int threads = c->num_threads > 0 ? c->num_threads : cores();
     const long tokens = c->stop - c->start, total_bytes = tokens * job.token_bytes * c->num_groups;
+    int threads = c->num_threads > 0 ? c->num_threads : cores();
+    if (total_bytes / BYTES_PER_THREAD + 1 < threads) threads = (int)(total_bytes / BYTES_PER_THREAD + 1);
     long tile_bytes = c->tile_bytes > 0 ? c->tile_bytes : DEFAULT_TILE_BYTES;
     const long spread = total_bytes / ((long)threads * TASKS_PER_THREAD); /* every thread gets tasks */
     if (spread < tile_bytes) tile_bytes = spread > MIN_TILE_BYTES ? spread : MIN_TILE_BYTES;

@@ -1,14 +1,16 @@
-"""``python -m benchmarks.host_attention``: the host attention kernel's GB/s against this machine's read bandwidth.
+"""``python -m benchmarks.host_attention``: one layer's host attention call against this machine's read bandwidth.
 
-CPU table (issue 12): a decode step's host attention over one head group's bf16 home (head dim 128, GQA with 4
-query heads per KV head, as Llama-3-8B) at 8K-512K tokens per group, on every core, next to a STREAM-like read
-of a large buffer measured in the same run; written to ``docs/benchmarks/host-attention-cpu.{md,json}``::
-    python -m benchmarks.host_attention                      # 8K,32K,128K,512K; groups of 1 and 8 KV heads
-    python -m benchmarks.host_attention --tokens 8K,32K --groups 1 --out /tmp/bench
+CPU table (issue 29): one decode step's host attention over a whole Llama-3-8B layer (8 KV heads, one per group,
+4 query heads each, head dim 128) at 1K-512K tokens, bf16 and int8 homes, on 1 thread and on every core, each call
+timed alternately with a plain read of a large buffer on the same threads of the kernel's pool (so that both see
+the same load from other processes); then the fixed cost of a call. Written to
+``docs/benchmarks/host-attention-cpu.{md,json}``::
+    python -m benchmarks.host_attention                      # 1K,8K,32K,128K,512K; bf16,int8; 1 thread, every core
+    python -m benchmarks.host_attention --tokens 8K,32K --dtypes bf16 --threads 1 --out /tmp/bench
 
-GPU (``gpu_step``, run by ``benchmarks.gpu_all`` as its ``host-attention`` step): the same two CPU figures, then
-decode s/token of Llama-3-8B at 32K, 128K, 512K with every group streamed, with the planner's split, and with
-every group on the host, each as a ratio to the PCIe floor (the report computes the ratios).
+GPU (``gpu_step``, run by ``benchmarks.gpu_all`` as its ``host-attention`` step): the kernel's ratio to the read
+on the machine's cores, then decode s/token of Llama-3-8B at 32K, 128K, 512K with every group streamed, with the
+planner's split, and with every group on the host, each as a ratio to the PCIe floor (the report computes them).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import torch
 
-from engine.kv import HostAttention
-from engine.kv.workers import shared_workers
+from engine.kv import HostAttention, native, quant
+from engine.kv.workers import usable_cores
 
 from .records import run_stamp
 from .run import parse_tokens, run_step
@@ -33,154 +36,191 @@ logger = logging.getLogger(__name__)
 
 GPU_DECODE_ARGS = ["--phases", "decode", "--modes", "headinfer-g1,headinfer-g1-split,headinfer-g1-host",
                    "--decode-lengths", "32K,128K,512K", "--decode-steps", "4", "--repeats", "2"]
+LLAMA3_8B = {"num_groups": 8, "n_rep": 4, "head_dim": 128}  # one KV head per group: head_group_size=1
+TARGET_X_READ, TARGET_1K_MS = 0.7, 0.3
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm: workers started, their buffers allocated, pages touched
-    samples = []
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - begin)
-    return statistics.median(samples)
-
-
-class StreamRead:
-    """A STREAM-like read of a buffer far larger than the caches, on every core: the kernel's own workers each
-    sum a slice (single-threaded, vectorised), and torch's multi-threaded sum; the faster of the two counts."""
-
-    def __init__(self, num_bytes: int = 1 << 30):
-        self.data = torch.empty(num_bytes // 4, dtype=torch.float32).normal_()
-        self.workers = shared_workers()
-        self.slices = self.data.chunk(self.workers.num_threads)
-
-    def pooled(self) -> None:
-        for future in [self.workers.submit(torch.sum, part) for part in self.slices]:
-            future.result()
-
-    def seconds(self) -> float:
-        return min(_timed(self.pooled), _timed(self.data.sum))
-
-    def cpu_seconds(self) -> float:
-        """CPU time (all threads) of the workers' read: no OpenMP team spinning, like the kernel."""
-        return _timed(self.pooled, clock=time.process_time)
-
-
-def _timed(fn, clock=time.perf_counter) -> float:
-    begin = clock()
+def _timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of every thread of this process) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
     fn()
-    return clock() - begin
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def read_bandwidth(num_bytes: int = 1 << 30, repeats: int = 5) -> dict:
-    """GB/s of the STREAM-like read (median of ``repeats``)."""
-    read = StreamRead(num_bytes)
-    read.seconds()
-    seconds = statistics.median(read.seconds() for _ in range(repeats))
-    return {"read_gbps": num_bytes / seconds / 1e9, "read_bytes": num_bytes, "threads": read.workers.num_threads}
+class Layer:
+    """One layer's homes (bf16, or int8 codes with their scales) and a decode step's queries."""
+
+    def __init__(self, tokens: int, dtype: str, num_groups: int = 8, n_rep: int = 4, head_dim: int = 128):
+        # A random 16 MiB block repeated: filling gigabytes with random numbers would take longer than the run.
+        torch.manual_seed(0)
+        seed = torch.randn(min(tokens, 1 << 15), 1, 2, 1, head_dim).to(torch.bfloat16)  # [S, B, 2, g, D]
+        codes, scales = quant.quantize(seed, "int8") if dtype == "int8" else (seed, None)
+        self.kvs, self.scales = [], [] if scales is not None else None
+        for _ in range(num_groups):
+            self.kvs.append(_repeated(codes, tokens))
+            if scales is not None:
+                self.scales.append(_repeated(scales, tokens))
+        self.query = torch.randn(1, num_groups * n_rep, 1, head_dim).to(torch.bfloat16)  # [B, H, Q, D]
+        self.out = torch.empty_like(self.query)
+        self.tokens = tokens
+        self.home_bytes = sum(kv.nbytes for kv in self.kvs) + sum(s.nbytes for s in self.scales or [])
+
+    def call(self, num_threads: int) -> None:
+        native.attend_layer(self.query, self.kvs, 0, self.tokens, self.out, scaling=self.query.shape[-1] ** -0.5,
+                            scales=self.scales, num_threads=num_threads)
 
 
-def kernel_gbps(tokens: int, group_size: int = 1, n_rep: int = 4, head_dim: int = 128,
-                dtype: torch.dtype = torch.bfloat16, repeats: int = 5, read: StreamRead | None = None) -> dict:
-    """One decode query row per query head over a home of ``tokens`` tokens: home bytes read per second.
+def _repeated(block: torch.Tensor, tokens: int) -> torch.Tensor:
+    out = torch.empty(tokens, *block.shape[1:], dtype=block.dtype)
+    for first in range(0, tokens, block.shape[0]):
+        last = min(tokens, first + block.shape[0])
+        out[first:last] = block[: last - first]
+    return out
 
-    With ``read``, each timed call alternates with a STREAM-like read, so both see the same load from other
-    processes; the row then carries the read's GB/s and the ratio.
-    """
 
-    home = torch.empty(tokens, 1, 2, group_size, head_dim, dtype=dtype).normal_()  # [S, B, 2, g, D]
-    query = torch.randn(1, group_size * n_rep, 1, head_dim, dtype=dtype)
-    kernel = HostAttention()
+class Read:
+    """A plain read of a buffer far larger than the caches, on the kernel's pool (``native.read``)."""
 
-    def step():
-        kernel.attend(query, [home], 0, tokens, scaling=head_dim**-0.5)
+    def __init__(self, num_bytes: int):
+        self.data = torch.ones(num_bytes // 4, dtype=torch.float32)
 
-    step()  # warm: workers started, their buffers allocated, pages touched
-    kernel_samples, kernel_cpu, read_samples, read_cpu = [], [], [], []
+    def call(self, num_threads: int) -> None:
+        native.read(self.data, num_threads)
+
+
+def layer_row(tokens: int, dtype: str, num_threads: int, read: Read, repeats: int) -> dict:
+    """One layer call of ``tokens`` tokens per group, alternating with the read: medians, wall and per CPU-second."""
+    layer = Layer(tokens, dtype, **LLAMA3_8B)
+    layer.call(num_threads), read.call(num_threads)  # warm: the pool started, pages touched
+    kernel, reads = [], []
     for _ in range(repeats):
-        kernel_samples.append(_timed(step))
-        kernel_cpu.append(_timed(step, clock=time.process_time))
-        if read is not None:
-            read_samples.append(read.seconds())
-            read_cpu.append(read.cpu_seconds())
-    seconds = statistics.median(kernel_samples)
-    row = {"tokens": tokens, "group_size": group_size, "n_rep": n_rep, "home_bytes": home.nbytes,
-           "seconds": seconds, "gbps": home.nbytes / seconds / 1e9,
-           "gb_per_cpu_s": home.nbytes / statistics.median(kernel_cpu) / 1e9}
-    if read is not None:
-        row["read_gbps"] = read.data.nbytes / statistics.median(read_samples) / 1e9
-        row["x_read"] = row["gbps"] / row["read_gbps"]
-        # Per CPU-second, both on the same workers: what the wall ratio becomes when no other process competes
-        # for the cores (on a loaded machine the wall figures measure the scheduler as much as the kernel).
-        row["read_gb_per_cpu_s"] = read.data.nbytes / statistics.median(read_cpu) / 1e9
-        row["x_read_cpu"] = row["gb_per_cpu_s"] / row["read_gb_per_cpu_s"]
+        kernel.append(_timed(lambda: layer.call(num_threads)))
+        reads.append(_timed(lambda: read.call(num_threads)))
+    seconds, cpu = (statistics.median(k[i] for k in kernel) for i in (0, 1))
+    read_seconds, read_cpu = (statistics.median(r[i] for r in reads) for i in (0, 1))
+    row = {"tokens": tokens, "dtype": dtype, "threads": num_threads, "home_bytes": layer.home_bytes,
+           "seconds": seconds, "gbps": layer.home_bytes / seconds / 1e9,
+           "read_gbps": read.data.nbytes / read_seconds / 1e9,
+           "gb_per_cpu_s": layer.home_bytes / cpu / 1e9, "read_gb_per_cpu_s": read.data.nbytes / read_cpu / 1e9}
+    row["x_read"] = row["gbps"] / row["read_gbps"]
+    # What the wall ratio becomes when no other process competes for the cores (on a loaded machine the wall
+    # figures measure the scheduler as much as the kernel).
+    row["x_read_cpu"] = row["gb_per_cpu_s"] / row["read_gb_per_cpu_s"]
     return row
 
 
-def run_cpu(tokens: list[int], groups: list[int], repeats: int, read_bytes: int = 1 << 30) -> dict:
+def fixed_cost(repeats: int = 200) -> dict:
+    """Microseconds per layer call at 16 tokens per group (8 groups): the C call alone on 1 thread and on every
+    core, and through ``HostAttention.attend`` (the Python around it). Medians and minima."""
+    layer = Layer(16, "bf16", **LLAMA3_8B)
+    host = HostAttention()
+    cases = {"c_call_1_thread": lambda: layer.call(1), "c_call_every_core": lambda: layer.call(0),
+             "host_attention_attend": lambda: host.attend(layer.query, layer.kvs, 0, 16, scaling=0.088)}
+    result = {}
+    for name, fn in cases.items():
+        fn()
+        samples = [_timed(fn)[0] * 1e6 for _ in range(repeats)]
+        result[name] = {"median_us": statistics.median(samples), "min_us": min(samples)}
+    return result
+
+
+def fits(tokens: int, dtype: str, read_bytes: int) -> bool:
+    """Whether the layer (and the read buffer) fit in half the memory available now."""
+    per_token = LLAMA3_8B["num_groups"] * 2 * LLAMA3_8B["head_dim"] * (2 if dtype == "bf16" else 1)
+    return tokens * per_token + read_bytes < psutil.virtual_memory().available // 2
+
+
+def run_cpu(tokens: list[int], dtypes: list[str], threads: list[int], repeats: int, read_bytes: int = 1 << 30) -> dict:
     stamp = run_stamp("cpu")
-    read = StreamRead(read_bytes)
-    read.seconds()
-    rows = [kernel_gbps(t, g, repeats=repeats, read=read) for g in groups for t in tokens]
-    return {"run": stamp, "read": {"read_bytes": read_bytes, "threads": read.workers.num_threads,
-                                   "read_gbps": max(row["read_gbps"] for row in rows)},
-            "rows": rows, "target_x_read": 0.6}
+    stamp["path"] = {code: name for name, code in native.PATHS.items()}[native.kernel().variant(
+        native.PATHS[native.forced_path()])]
+    read = Read(read_bytes)
+    rows, skipped = [], []
+    for dtype in dtypes:
+        for count in tokens:
+            if not fits(count, dtype, read_bytes):
+                skipped.append({"tokens": count, "dtype": dtype, "why": "not enough free memory"})
+                continue
+            for num_threads in threads:
+                rows.append(layer_row(count, dtype, num_threads, read, repeats))
+                logger.info("%s", rows[-1])
+    return {"run": stamp, "shape": LLAMA3_8B, "read_bytes": read_bytes, "cores": usable_cores(), "rows": rows,
+            "skipped": skipped, "fixed_cost": fixed_cost(), "target_x_read": TARGET_X_READ,
+            "target_1k_ms": TARGET_1K_MS}
 
 
 def write_report(result: dict, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     (out / "host-attention-cpu.json").write_text(json.dumps(result, indent=1))
-    run, read = result["run"], result["read"]
+    run, shape = result["run"], result["shape"]
     lines = [
         "# Host attention kernel vs read bandwidth (CPU)",
         "",
-        f"{run['date']} · {run['machine']} · torch {run['torch']} · load average {run['load_avg']}",
+        f"{run['date']} · {run['machine']} · torch {run['torch']} · load average {run['load_avg']} · "
+        f"vector path {run['path']}",
         "",
-        f"Kernel: one decode step of `engine.kv.HostAttention` over a bf16 home `[S, 1, 2, g, 128]`, 4 query heads",
-        f"per KV head, on the shared pool ({read['threads']} workers, one per core). GB/s = home bytes read per second.",
-        f"Read: a STREAM-like read of {read['read_bytes'] >> 20} MiB fp32 on every core (the workers each summing a",
-        "slice, or torch's multi-threaded sum, whichever is faster), timed alternately with the kernel so that",
-        "both see the same load from other processes. Medians. Per CPU-second: bytes over the CPU time all",
-        "threads spent (the kernel's workers, and the same workers reading): the ratio the wall figures reach",
-        "when no other process competes for the cores.",
+        f"Kernel: one decode step's host attention over a whole Llama-3-8B layer in one C call (`native.attend_layer`:"
+        f" {shape['num_groups']} head groups of one KV head, {shape['n_rep']} query heads each, head dim "
+        f"{shape['head_dim']}), bf16 homes or int8 codes with their fp32 scales, on 1 thread or every core "
+        f"({result['cores']}) of the kernel's pool. GB/s = home bytes (scales included) read per second.",
+        f"Read: a plain read of {result['read_bytes'] >> 20} MiB of floats on the same threads of the same pool, timed "
+        "alternately with the kernel so that both see the same load from other processes. Medians. Per CPU-second: "
+        "bytes over the CPU time of every thread: the ratio the wall figures reach when no other process competes "
+        "for the cores.",
         "",
-        "| KV heads per group | tokens | home MiB | ms | GB/s | read GB/s | × read | GB per CPU-s | read GB per CPU-s"
-        " | × read per CPU-s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| home | tokens | threads | home MiB | ms | GB/s | read GB/s | × read | GB per CPU-s | read GB per CPU-s "
+        "| × read per CPU-s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
-        lines.append(f"| {row['group_size']} | {row['tokens'] // 1024}K | {row['home_bytes'] / 2**20:.0f} | "
-                     f"{row['seconds'] * 1e3:.1f} | {row['gbps']:.2f} | {row['read_gbps']:.1f} | {row['x_read']:.2f} | "
+        tokens = f"{row['tokens'] // 1024}K" if row["tokens"] >= 1024 else str(row["tokens"])
+        threads = "all" if row["threads"] == 0 else str(row["threads"])
+        lines.append(f"| {row['dtype']} | {tokens} | {threads} | {row['home_bytes'] / 2**20:.0f} | "
+                     f"{row['seconds'] * 1e3:.2f} | {row['gbps']:.2f} | {row['read_gbps']:.2f} | {row['x_read']:.2f} | "
                      f"{row['gb_per_cpu_s']:.2f} | {row['read_gb_per_cpu_s']:.2f} | {row['x_read_cpu']:.2f} |")
-    lines += ["", f"Target: ≥ {result['target_x_read']:.0%} of the read bandwidth on all cores.", ""]
+    for skip in result["skipped"]:
+        lines.append(f"| {skip['dtype']} | {skip['tokens'] // 1024}K | — | — | skipped: {skip['why']} | | | | | | |")
+    cost = result["fixed_cost"]
+    lines += ["", "Fixed cost of a call (16 tokens per group, 8 groups; µs, median / min):", ""]
+    lines += [f"- {name.replace('_', ' ')}: {v['median_us']:.0f} / {v['min_us']:.0f}" for name, v in cost.items()]
+    lines += ["", "Below 32K tokens a layer (4 MiB at 1K bf16) stays in the L3 cache between the timed calls: there the "
+              "× read compares a cached kernel with an uncached read, and the ms is the figure that counts.", ""]
+    lines += [f"Targets: ≥ {result['target_x_read']} × the read at ≥ 32K tokens (1 thread and every core); "
+              f"≤ {result['target_1k_ms']} ms for a 1K-token layer call; ≤ 50 µs fixed cost.", ""]
     path = out / "host-attention-cpu.md"
     path.write_text("\n".join(lines))
     return path
 
 
 def gpu_step(args, store, out: Path, seconds: float) -> None:
-    """``benchmarks.gpu_all``'s ``host-attention`` step: host figures, then decode with three splits."""
+    """``benchmarks.gpu_all``'s ``host-attention`` step: the kernel's ratio to the read on this machine's cores,
+    then decode with three splits."""
     started = time.monotonic()
     read_bytes = 1 << 30 if args.scale >= 1 else 64 << 20  # the CPU smoke run (a tiny scale) keeps CI fast
-    read = StreamRead(read_bytes)
-    store.append("host-attention", "read", **read_bandwidth(num_bytes=read_bytes, repeats=3))
+    read = Read(read_bytes)
     for tokens in (1 << 15, 1 << 17):
-        row = kernel_gbps(max(1024, int(tokens * args.scale)), repeats=3, read=read)
-        store.append("host-attention", "kernel", context=row["tokens"], **row)
+        for num_threads in (1, 0):
+            row = layer_row(max(1024, int(tokens * args.scale)), "bf16", num_threads, read, repeats=3)
+            store.append("host-attention", "kernel", context=row["tokens"], **row)
+    store.append("host-attention", "read", read_gbps=row["read_gbps"], read_bytes=read_bytes,
+                 threads=usable_cores())
     run_step(args, GPU_DECODE_ARGS, store, out, max(10.0, seconds - (time.monotonic() - started)))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.host_attention", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", default="8K,32K,128K,512K", help="tokens per head group")
-    parser.add_argument("--groups", default="1,8", help="KV heads per group")
+    parser.add_argument("--tokens", default="1K,8K,32K,128K,512K", help="tokens per head group")
+    parser.add_argument("--dtypes", default="bf16,int8", help="home dtypes: bf16, int8")
+    parser.add_argument("--threads", default="1,all", help="threads per call: numbers, or all (every core)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--read-mib", type=int, default=1024, help="size of the STREAM-like read buffer")
+    parser.add_argument("--read-mib", type=int, default=1024, help="size of the read buffer")
     parser.add_argument("--out", default="docs/benchmarks")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    result = run_cpu(parse_tokens(args.tokens), [int(g) for g in args.groups.split(",")], args.repeats,
-                     args.read_mib << 20)
+    if native.kernel() is None:
+        parser.error("no C kernel here (no compiler, or HEADINFER_NATIVE=0): nothing to measure")
+    threads = [0 if t.strip() == "all" else int(t) for t in args.threads.split(",")]
+    result = run_cpu(parse_tokens(args.tokens), args.dtypes.split(","), threads, args.repeats, args.read_mib << 20)
     print(write_report(result, Path(args.out)).read_text())  # a benchmark script prints its table
     return 0
 

@@ -5,41 +5,43 @@ the PCIe link (~25 GB/s); the host reads the same bytes from RAM faster. So duri
 offloaded groups (a few KB) go to the host, attention runs over their homes here, and the output heads (a few
 KB) go back, while the device streams the other groups. The result is the same softmax, not an approximation.
 
-The kernel, per head group (homes are token-major ``[capacity, B, 2, g, D]``, see ``homes.py``):
+One layer's host-attended groups are one job (homes are token-major ``[capacity, B, 2, g, D]``, see ``homes.py``):
 
-- split-K: the visible tokens ``[start, stop)`` are cut into tiles (enough for every worker, at most
-  ``tile_bytes`` of home each), run on ``workers.TorchWorkers`` (one core each) in contiguous runs;
-- a tile is read once in its stored dtype (bf16/fp16/fp32) and widened to fp32; scores, softmax sums and the
-  value product accumulate in fp32. The tile runs in C (``native.py``: blocks of 16 keys widened in L1, an
-  online softmax) where a C compiler is available, else through torch ops (the tile widened into a per-thread
-  buffer that stays in cache, then two matmuls); both compute the same partial;
+- where a C compiler exists, one call of the C kernel (``native.py``): its own thread pool cuts the visible tokens
+  ``[start, stop)`` of every group into tiles, reads each once in its stored dtype (bf16/fp16/fp32, 8-bit codes
+  with their scales), keeps scores, softmax sums and outputs in fp32, merges the tiles' partials by their
+  log-sum-exp weights and writes the output in the queries' dtype. On asynchronous streams (CUDA) the call runs
+  on one dispatching thread, after ``ready`` (the copies landed), while the device streams the other groups;
+  on synchronous ones (CPU compute) it runs at once on the caller's thread;
+- elsewhere the torch tile: the same split-K on ``workers.TorchWorkers`` (one core each), each tile widened into a
+  per-thread fp32 buffer, then two matmuls, merged the same way;
 - GQA is folded: the ``n_rep`` query heads that share a KV head are rows of one matrix, so K/V are read once;
-- each tile yields a partial (row max ``m``, sum ``l``, unnormalised output ``acc``); the partials are merged
-  with their log-sum-exp weights: ``out = sum(exp(m_i - M) acc_i) / sum(exp(m_i - M) l_i)``;
 - sliding windows and causality (for steps of several queries) mask only the tiles they cut; Gemma 2's softcap
   is ``softcap * tanh(scores / softcap)``, exactly as transformers' eager attention computes it;
-- 8-bit homes (``quant.py``) are read as codes and dequantized per tile (widened, times their scales) in the
-  tile's fp32 buffer: the torch tile, never a dequantized copy of the whole context.
+- 8-bit homes (``quant.py``) are read as codes and dequantized as they are read (``code * scale`` in fp32), never
+  as a dequantized copy of the whole context.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 
 from . import native
 from .streams import SyncStreams
-from .workers import TorchWorkers, shared_workers
+from .workers import TorchWorkers, shared_workers, usable_cores
 
 #: Most home bytes per tile. Torch tile: small enough that the tile and its fp32 copy stay in one core's L2
-#: cache, large enough that its ~8 torch calls cost little next to reading it. C tile: it streams, so larger
-#: tiles only save calls (each holds the GIL for a few microseconds).
-TILE_BYTES = {"torch": 1 << 20, "native": 4 << 20}
+#: cache, large enough that its ~8 torch calls cost little next to reading it. The C kernel sizes its own tiles
+#: (host_pool.c: at most 2 MiB, smaller where a call would otherwise leave threads idle); a ``tile_bytes`` given
+#: to ``HostAttention`` caps them (tests: many tiles, so that the merge merges).
+TILE_BYTES = {"torch": 1 << 20, "native": 2 << 20}
 _MIN_TILE_BYTES = 64 << 10  # below this a tile's fixed cost dominates, even if some workers stay idle
 
 _RUNS_PER_WORKER = 4
@@ -63,7 +65,6 @@ class _Call:
     m: torch.Tensor  # [Gh, S, B, g, R, 1] row max of each tile's scores
     l: torch.Tensor  # [Gh, S, B, g, R, 1] sum of exp(scores - m)
     acc: torch.Tensor  # [Gh, S, B, g, R, D] exp(scores - m) @ values
-    native: object  # the C tile function, or None: the torch tile
 
 
 class HostJob:
@@ -143,32 +144,113 @@ class HostJob:
         self._out.copy_(merged.permute(1, 0, 2, 3, 4).reshape(self._out.shape))  # heads: (group, kv, rep)
 
 
+class NativeJob:
+    """One layer's host attention through one C call, in flight on the dispatching thread or already done."""
+
+    def __init__(self, run, streams, is_async: bool):
+        self._streams, self._error, self._future = streams, None, None
+        self._started = time.perf_counter()
+        self.seconds: float | None = None  # wall time from start to the merged result
+        if is_async:
+            self._future = streams.submit(_dispatcher(), run)
+        else:
+            try:
+                run()
+            except BaseException as error:  # raised by result(), as from a worker
+                self._error = error
+            self.seconds = time.perf_counter() - self._started
+
+    def wait(self) -> None:
+        """Returns once the call no longer touches this job's inputs (also when it raised)."""
+        if self._future is not None:
+            self._error = self._future.exception()
+            self._streams.joined(self._future)
+            self.seconds = time.perf_counter() - self._started
+
+    def result(self) -> torch.Tensor:
+        """[B, Gh * g * n_rep, Q, D] on the host, in the query's dtype, after ``wait``; re-raises the call's error."""
+        if self._error is not None:
+            raise self._error
+        return self._out
+
+
+@functools.cache
+def _dispatcher() -> ThreadPoolExecutor:
+    """The one thread that makes asynchronous C calls (it blocks in ``ready``, then in the call, GIL released)."""
+    return ThreadPoolExecutor(1, thread_name_prefix="headinfer-host-call")
+
+
 class HostAttention:
-    """Runs the kernel on a pool of single-core workers (default: the process's shared pool)."""
+    """Runs the kernel: the C kernel on ``num_threads`` threads (default: every usable core), or the torch tile on
+    a pool of single-core workers (default: the process's shared pool)."""
 
     def __init__(self, workers: TorchWorkers | None = None, tile_bytes: int | None = None, use_native: bool = True,
-                 streams=None):
-        self.workers = workers or shared_workers()
+                 streams=None, num_threads: int | None = None):
+        self._workers = workers
         self.streams = streams if streams is not None else SyncStreams()
         self.native = native.kernel() if use_native else None
+        self.num_threads = num_threads or (workers.num_threads if workers is not None else usable_cores())
         self.tile_bytes = tile_bytes or TILE_BYTES["torch" if self.native is None else "native"]
+        self._tile_bytes_given = tile_bytes is not None
+
+    @property
+    def workers(self) -> TorchWorkers:
+        """The torch tile's pool (started on first use: the C kernel has its own)."""
+        if self._workers is None:
+            self._workers = shared_workers()
+        return self._workers
 
     def start(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, *, scaling: float,
               window: int | None = None, softcap: float | None = None, ready=None,
-              scales: list[torch.Tensor] | None = None, out: torch.Tensor | None = None) -> HostJob:
+              scales: list[torch.Tensor] | None = None, out: torch.Tensor | None = None):
         """Starts attention of ``query`` over tokens ``[start, stop)`` of each home in ``kvs``.
 
         query: [B, Gh * g * n_rep, Q, D] on the host; its Q tokens are the last Q of ``[start, stop)``, already in
-        the homes. ``ready``: called by every task before it reads anything, the query included (asynchronous
-        streams: waits for the copies; this thread never reads the query). ``scales``: for 8-bit homes
-        (``kvs`` are then their codes), their scale planes. ``out``: where the result goes (default: a new
-        tensor). Call ``wait()`` on the job, then ``result()``.
+        the homes. ``ready``: called before anything is read, the query included (asynchronous streams: waits for
+        the copies; this thread never reads the query). ``scales``: for 8-bit homes (``kvs`` are then their
+        codes), their scale planes. ``out``: where the result goes (default: a new tensor). Call ``wait()`` on
+        the job, then ``result()``.
         """
         batch, num_heads, q_len, head_dim = query.shape
         num_groups, (_, kv_batch, _, g, kv_dim) = len(kvs), kvs[0].shape
         assert (kv_batch, kv_dim) == (batch, head_dim), (query.shape, kvs[0].shape)
         assert num_heads % (num_groups * g) == 0, (query.shape, kvs[0].shape)
         assert stop - start >= q_len, (start, stop, q_len)
+        if out is None:
+            out = torch.empty(batch, num_heads, q_len, head_dim, dtype=query.dtype)
+        assert out.shape == query.shape and out.dtype == query.dtype and out.is_contiguous(), (out.shape, query.shape)
+        if self.native is not None and native.can_attend(query, kvs, scales):
+            return self._start_native(query, kvs, start, stop, scaling, window, softcap, ready, scales, out)
+        return self._start_torch(query, kvs, start, stop, scaling, window, softcap, ready, scales, out)
+
+    def _start_native(self, query, kvs, start, stop, scaling, window, softcap, ready, scales, out) -> NativeJob:
+        streams = self.streams
+        checked = getattr(streams, "checker", None) is not None  # declarations cost a slice per home: only
+        #                                                           where a happens-before checker reads them
+        tile_bytes = self.tile_bytes if self._tile_bytes_given else 0
+
+        def run() -> None:
+            if ready is not None:
+                # On CUDA the home's newest tokens and the queries are still being copied on the d2h stream:
+                # this thread blocks until they have landed (see Transfer.to_host) before reading either.
+                ready()
+            if checked:
+                streams.host_read(query, "the queries sent to the host")
+                for group, kv in enumerate(kvs):
+                    streams.host_read(kv[start:stop], "a host-attended home")
+                    if scales is not None:
+                        streams.host_read(scales[group][start:stop], "a host-attended home's scales")
+                streams.host_write(out, "host attention's output")
+            native.attend_layer(query, kvs, start, stop, out, scaling=scaling, window=window, softcap=softcap,
+                                scales=scales, num_threads=self.num_threads, tile_bytes=tile_bytes)
+
+        job = NativeJob(run, streams, is_async=streams.is_async)
+        job._out = out
+        return job
+
+    def _start_torch(self, query, kvs, start, stop, scaling, window, softcap, ready, scales, out) -> HostJob:
+        batch, num_heads, q_len, head_dim = query.shape
+        num_groups, (_, _, _, g, _) = len(kvs), kvs[0].shape
         n_rep = num_heads // (num_groups * g)
         rows = n_rep * q_len
         folded = torch.empty(num_groups, batch, g, rows, head_dim, dtype=torch.float32)  # filled by the job once the queries landed
@@ -179,19 +261,14 @@ class HostAttention:
         tile = min(most, max(fewest, math.ceil((stop - start) * num_groups / runs)))  # every worker gets tiles
         num_tiles = math.ceil((stop - start) / tile)
         m = torch.empty(num_groups, num_tiles, batch, g, rows, 1)
-        is_native = str(kvs[0].dtype) in native.DTYPE_CODES and head_dim in native.HEAD_DIMS and scales is None
         call = _Call(folded, tuple(kvs), tuple(scales) if scales else None, start, stop - q_len, q_len,
                      window, softcap, tile, m,
-                     torch.empty_like(m), torch.empty(num_groups, num_tiles, batch, g, rows, head_dim),
-                     self.native if is_native else None)
+                     torch.empty_like(m), torch.empty(num_groups, num_tiles, batch, g, rows, head_dim))
         tasks = [(h, s) for h in range(num_groups) for s in range(num_tiles)]
         # Contiguous runs of tiles (each walks memory forward), a few per worker: few futures, and a worker
         # that the OS pauses delays only a small share of the job.
         per_run = math.ceil(len(tasks) / runs)
         runs = [tasks[i : i + per_run] for i in range(0, len(tasks), per_run)]
-        if out is None:
-            out = torch.empty(batch, num_heads, q_len, head_dim, dtype=query.dtype)
-        assert out.shape == query.shape and out.dtype == query.dtype, (out.shape, query.shape)
         job = HostJob(call, len(runs), query, scaling / softcap if softcap else scaling, out, self.streams)
         job._futures = [self.streams.submit(self.workers, job._run, run, ready) for run in runs]
         return job
@@ -221,9 +298,6 @@ def _tile(call: _Call, group: int, index: int) -> None:
     first = call.start + index * call.tile
     last = min(first + call.tile, call.past + call.q_len)
     block = call.kvs[group][first:last]  # [T, B, 2, g, D] in the home's dtype, contiguous
-    if call.native is not None:
-        _native_tile(call, group, index, block, first)
-        return
     if block.dtype != torch.float32 or call.scales is not None:
         block = _fp32_copy(block)
     if call.scales is not None:  # 8-bit codes: dequantized here, a tile at a time
@@ -244,16 +318,6 @@ def _tile(call: _Call, group: int, index: int) -> None:
     scores.exp_()
     torch.sum(scores, dim=-1, keepdim=True, out=call.l[group, index])
     torch.matmul(scores, values, out=call.acc[group, index])
-
-
-def _native_tile(call: _Call, group: int, index: int, block: torch.Tensor, first: int) -> None:
-    assert block.is_contiguous()  # a home is allocated whole: a token range is one contiguous run
-    _, batch, g, rows, dim = call.query.shape
-    status = call.native(block.data_ptr(), native.DTYPE_CODES[str(block.dtype)], block.element_size(),
-                         block.shape[0], batch, g, dim, call.query[group].data_ptr(), rows, call.q_len, first,
-                         call.past, call.window or 0, call.softcap or 0.0, call.m[group, index].data_ptr(),
-                         call.l[group, index].data_ptr(), call.acc[group, index].data_ptr())
-    native.check(status, dim)
 
 
 def _hidden(call: _Call, first: int, last: int) -> torch.Tensor | None:

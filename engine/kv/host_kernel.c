@@ -1,285 +1,406 @@
-/* One tile of host attention (see host_attention.py): the partial softmax of one head group's query rows over
- * tokens [first, first + n) of its token-major home [capacity, B, 2, g, D], read once in its stored dtype.
+/* One compute task of a layer's host attention (host_kernel.h): the partial softmax of one head group's query rows
+ * over one tile of its home, read once in its stored dtype (bf16/fp16/fp32 widened in registers, int8 codes times
+ * their scales, fp8 codes through a table into a small fp32 chunk). Compiled once per vector path (native.py):
+ * -DHA_VARIANT_AVX512 (16-float vectors), -DHA_VARIANT_AVX2 (8), none (4: SSE2 on x86-64, NEON on arm64); the
+ * same source, so the paths compute the same thing in the same order but for the lanes of a sum.
  *
- * Blocks of 512 tokens, in order; per (batch row, KV head) of a block: its keys widened to fp32 a chunk of 64
- * at a time in L1, one dot product per key and query row, the masks, softcap and an online softmax in fp32
- * (running max m, sum l, kept per head and row in the caller's buffers, rescaled once per block), then its values,
- * widened the same way, accumulated into each row's unnormalised output. Rows are
- * (repeat, query) pairs: row r is query r % q_len, at position past + r % q_len; it sees key j iff
- * j <= its position and, with a window W > 0, j > its position - W. With softcap C > 0 a score s becomes
- * C * tanh(s) (the queries arrive pre-scaled and pre-divided by C). Head dims 16, 32, 64, 128, 256.
- *
- * Plain C loops and 8-float vectors that the compiler maps to the machine's registers (-march=native): an earlier
- * version held 16-float vectors, which on AVX2 (8 floats a register) spilled to the stack at every step and ran at
- * half this speed.
+ * Chunks of 16 tokens, in order, every head of a chunk in turn (a token's heads lie together: reading a chunk reads
+ * memory as it lies). Per head and block of up to 4 query rows:
+ * - scores: 4 rows x (W / 4) keys of dot products at once, each summed over the head dim in one vector, the
+ *   W vectors then reduced into one vector of W scores by a transpose-and-add tree (a horizontal sum per key would
+ *   cost as much as its dot product);
+ * - the masks and softcap where the chunk needs them, then an online softmax in fp32 (running max m and sum l per
+ *   row; the row's output rescaled only when its max grows); exp by a Cephes polynomial (about 1 ulp), 0 below
+ *   e^-87 (a weight under 1e-38 next to the max's 1);
+ * - values: the rows' outputs held in registers a slice of the head dim at a time, each value vector widened once
+ *   per row block.
  */
+#include "host_kernel.h"
+
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
+#if defined(HA_VARIANT_AVX512) || defined(HA_VARIANT_AVX2)
+#include <immintrin.h>
+#endif
 #include <string.h>
 
-#ifndef HEADINFER_NO_LIBMVEC
-/* glibc's libmvec has a vector expf (<= 4 ulp, like any libm): declaring it lets a block's 16 exponentials run
- * as one call. Where it is missing (not glibc x86-64) the build is retried without it (scalar expf). */
-float expf(float) __attribute__((__simd__("notinbranch")));
+#if defined(HA_VARIANT_AVX512)
+#define W 16
+#define ACC_VECTORS 16 /* the value pass's accumulators: half of the 32 registers */
+#define TASK ha_task_avx512
+#define TASK_READ ha_read_avx512
+#elif defined(HA_VARIANT_AVX2)
+#define W 8
+#define ACC_VECTORS 8 /* half of the 16 registers */
+#define TASK ha_task_avx2
+#define TASK_READ ha_read_avx2
+#else
+#define W 4
+#define ACC_VECTORS 8
+#define TASK ha_task_portable
+#define TASK_READ ha_read_portable
 #endif
 
-enum { FP32 = 0, BF16 = 1, FP16 = 2 };
+#define CH 64          /* tokens per chunk: the softmax bookkeeping paid once per 64 keys */
+#define RB 4           /* query rows per block */
+#define TB (W / RB)    /* keys per score step: RB * TB dot products reduce into one vector */
+#ifndef HA_PREFETCH_TOKENS
+#define HA_PREFETCH_TOKENS 64 /* tokens ahead whose bytes are requested as a chunk starts (hint T0: into L1) */
+#endif
 
-/* _Float16 exists from GCC 12 (x86) and clang 15 on; where it is missing (Ubuntu 22.04's GCC 11) fp16 is widened
- * with integer bit operations instead, exactly (normals, subnormals, infinities and NaNs).
- * HEADINFER_NO_FLOAT16 forces that path (native.py's fallback variants, and the tests). */
 #if defined(__FLT16_MAX__) && !defined(HEADINFER_NO_FLOAT16)
-#define HEADINFER_HAS_FLOAT16 1
-#else
+#define HA_HAS_FLOAT16 1
+typedef _Float16 vhf __attribute__((vector_size(W * 2), aligned(2)));
+#endif
+
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef float vfu __attribute__((vector_size(W * 4), aligned(4))); /* any float alignment */
+typedef int32_t vi __attribute__((vector_size(W * 4)));
+typedef uint32_t vu __attribute__((vector_size(W * 4)));
+typedef uint16_t vhu __attribute__((vector_size(W * 2), aligned(2)));
+typedef int8_t vbu __attribute__((vector_size(W), aligned(1)));
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* fp16 bits -> fp32 exactly with integer operations (normals, subnormals, infinities, NaNs): compilers without
+ * _Float16 (GCC < 12). */
 static inline float half_bits_to_float(uint16_t half) {
-    union { uint32_t u; float f; } out = { (uint32_t)(half & 0x7fff) << 13 };  /* exponent and mantissa */
+    union { uint32_t u; float f; } out = { (uint32_t)(half & 0x7fff) << 13 };
     const uint32_t exponent = out.u & 0x0f800000u;
-    out.u += (uint32_t)(127 - 15) << 23;  /* rebias the exponent */
+    out.u += (uint32_t)(127 - 15) << 23;
     if (exponent == 0x0f800000u) {
-        out.u += (uint32_t)(128 - 16) << 23;  /* infinity or NaN: the largest exponent */
-    } else if (exponent == 0) {  /* zero or subnormal: renormalise through an fp32 subtraction (exact) */
+        out.u += (uint32_t)(128 - 16) << 23; /* infinity or NaN */
+    } else if (exponent == 0) {               /* zero or subnormal: renormalised by an exact fp32 subtraction */
         const union { uint32_t u; float f; } magic = { (uint32_t)113 << 23 };
         out.u += 1u << 23;
         out.f -= magic.f;
     }
-    out.u |= (uint32_t)(half & 0x8000) << 16;  /* the sign */
+    out.u |= (uint32_t)(half & 0x8000) << 16;
     return out.f;
 }
-#endif
 
-static inline void widen(const char *src, int dtype, int dim, float *out) {
-    if (dtype == FP32) {
-        memcpy(out, src, (size_t)dim * sizeof(float));
-    } else if (dtype == BF16) {  /* bf16 is the top half of an fp32: exact */
-        const uint16_t *s = (const uint16_t *)src;
-#pragma omp simd
-        for (int d = 0; d < dim; d++) {
-            union { uint32_t u; float f; } bits = { (uint32_t)s[d] << 16 };
-            out[d] = bits.f;
-        }
-    } else {
-#ifdef HEADINFER_HAS_FLOAT16
-        const _Float16 *h = (const _Float16 *)src;
-#pragma omp simd
-        for (int d = 0; d < dim; d++) out[d] = (float)h[d];
+INLINE int element_size(const int dtype) {
+    return dtype == HA_FP32 ? 4 : (dtype == HA_BF16 || dtype == HA_FP16) ? 2 : 1;
+}
+
+/* W consecutive elements at p, widened to fp32 (int8: the codes; their scale is applied to the score, and folded
+ * into the probability, once per token instead of once per element). Intrinsics where GCC's generic
+ * conversions split a 512-bit widening into 256-bit halves (measured 3x slower). */
+INLINE vf load(const char *p, const int dtype) {
+    if (dtype == HA_FP32) return *(const vfu *)p;
+#if defined(HA_VARIANT_AVX512)
+    if (dtype == HA_BF16) return (vf)_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16);
+    if (dtype == HA_FP16) return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    return (vf)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+#elif defined(HA_VARIANT_AVX2)
+    if (dtype == HA_BF16) return (vf)_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16);
+    if (dtype == HA_FP16) return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return (vf)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 #else
-        const uint16_t *h = (const uint16_t *)src;
-#pragma omp simd
-        for (int d = 0; d < dim; d++) out[d] = half_bits_to_float(h[d]);
+    if (dtype == HA_BF16) { /* bf16 is the top half of an fp32: exact */
+        const vu bits = __builtin_convertvector(*(const vhu *)p, vu) << 16;
+        return (vf)bits;
+    }
+    if (dtype == HA_FP16) {
+#ifdef HA_HAS_FLOAT16
+        return __builtin_convertvector(*(const vhf *)p, vf);
+#else
+        vf out;
+        for (int i = 0; i < W; i++) out[i] = half_bits_to_float(((const uint16_t *)p)[i]);
+        return out;
 #endif
     }
+    return __builtin_convertvector(*(const vbu *)p, vf); /* HA_INT8 */
+#endif
 }
 
-/* Tokens per chunk: a head's keys (or values) of one chunk, widened to fp32, fill 64 * DIM * 4 bytes of L1
- * (16 KiB at head dim 64). Tokens per softmax block: 512, so that the rescaling of a row's output is paid once per
- * 512 keys; a block of a head fits in L2 between the passes over its keys and its values (smaller blocks were no
- * faster on the development VM). */
-#define CHUNK 64
-#define BLOCK 512
-
-/* Tokens ahead whose rows (one head's keys or values) are requested while the current one is widened: a head's rows
- * are a stride apart (every head's keys and values of a token lie together), which the hardware prefetcher follows
- * late; asking explicitly doubled the GEMV of int8_gemv.c and helps here the same way. */
-#define AHEAD 8
-
-static inline void prefetch_row(const char *row, long bytes, int is_inside) {
-    if (!is_inside) return;  /* never ask for lines past the tile: another thread may be writing them */
-    for (long offset = 0; offset < bytes; offset += 64) __builtin_prefetch(row + offset, 0, 0);
+/* x[i] = sum of part[i]'s lanes, for W parts: log2(W) levels of pairwise folds. */
+INLINE vf fold(vf x, vf y) {
+#if W == 16
+    const vi even = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+    const vi odd = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+#elif W == 8
+    const vi even = {0, 2, 4, 6, 8, 10, 12, 14}, odd = {1, 3, 5, 7, 9, 11, 13, 15};
+#else
+    const vi even = {0, 2, 4, 6}, odd = {1, 3, 5, 7};
+#endif
+    return __builtin_shuffle(x, y, even) + __builtin_shuffle(x, y, odd);
 }
 
-typedef float v8 __attribute__((vector_size(32)));  /* one AVX register; two SSE ones */
-typedef float v8u __attribute__((vector_size(32), aligned(4)));  /* the caller's memory: any float alignment */
-typedef int32_t i8v __attribute__((vector_size(32)));
-
-static inline v8 fold(v8 x, v8 y, i8v lo, i8v hi) {
-    return __builtin_shuffle(x, y, lo) + __builtin_shuffle(x, y, hi);
+INLINE vf transpose_sum(vf *part) {
+    for (int n = W; n > 1; n /= 2)
+        for (int i = 0; i < n / 2; i++) part[i] = fold(part[2 * i], part[2 * i + 1]);
+    return part[0];
 }
 
-/* part[0..7] -> one vector whose lane j is the sum of part[j]'s lanes (a transpose-and-add tree). The tree leaves
- * lanes in the order 0 2 1 3 4 6 5 7, so the parts are taken in that order (the permutation is its own inverse). */
-static inline v8 transpose_sum(const v8 *part) {
-    const i8v a_lo = {0, 1, 2, 3, 8, 9, 10, 11}, a_hi = {4, 5, 6, 7, 12, 13, 14, 15};
-    const i8v b_lo = {0, 1, 8, 9, 4, 5, 12, 13}, b_hi = {2, 3, 10, 11, 6, 7, 14, 15};
-    const i8v c_lo = {0, 2, 4, 6, 8, 10, 12, 14}, c_hi = {1, 3, 5, 7, 9, 11, 13, 15};
-    const v8 a0 = fold(part[0], part[1], a_lo, a_hi), a1 = fold(part[2], part[3], a_lo, a_hi);
-    const v8 a2 = fold(part[4], part[5], a_lo, a_hi), a3 = fold(part[6], part[7], a_lo, a_hi);
-    return fold(fold(a0, a1, b_lo, b_hi), fold(a2, a3, b_lo, b_hi), c_lo, c_hi);
+/* The max and the sum of a vector's lanes, by halving swaps (a scalar loop over the lanes is a chain of W
+ * dependent operations: it cost as much as a chunk's dot products). */
+#if W == 16
+#define SWAPS {8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7}, {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11}, \
+              {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13}, {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}
+#elif W == 8
+#define SWAPS {4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6}
+#else
+#define SWAPS {2, 3, 0, 1}, {1, 0, 3, 2}
+#endif
+
+INLINE vf vmax(vf x, vf y) {
+#if defined(HA_VARIANT_AVX512)
+    return (vf)_mm512_max_ps((__m512)x, (__m512)y);
+#elif defined(HA_VARIANT_AVX2)
+    return (vf)_mm256_max_ps((__m256)x, (__m256)y);
+#else
+    const vi greater = x > y;
+    return (vf)(((vi)x & greater) | ((vi)y & ~greater));
+#endif
 }
 
-/* Scores of one query row over the chunk's widened keys [count][dim]: 8 keys at a time, lanes over channels,
- * then one transpose-and-add per 8 keys (a horizontal sum per key would cost as much as its dot product). */
-static inline void chunk_scores(const float *q, const float *keys, long stride, int count, int dim, float *s) {
-    const int chunks = dim / 8;
-    int j = 0;
-    for (; j + 8 <= count; j += 8) {
-        v8 part[8];
-        for (int t = 0; t < 8; t++) {
-            const v8u *k = (const v8u *)(keys + (j + t) * stride);
-            v8 sum = ((const v8u *)q)[0] * k[0];
-            for (int c = 1; c < chunks; c++) sum += ((const v8u *)q)[c] * k[c];
-            part[t] = sum;
+INLINE float hmax(vf x) {
+    const vi swaps[] = {SWAPS};
+    for (unsigned i = 0; i < sizeof(swaps) / sizeof(swaps[0]); i++) x = vmax(x, __builtin_shuffle(x, swaps[i]));
+    return x[0];
+}
+
+INLINE float hsum(vf x) {
+    const vi swaps[] = {SWAPS};
+    for (unsigned i = 0; i < sizeof(swaps) / sizeof(swaps[0]); i++) x += __builtin_shuffle(x, swaps[i]);
+    return x[0];
+}
+
+/* e^x for x <= 0 (Cephes expf: range reduction by ln 2, a degree-6 polynomial); 0 below -87. */
+INLINE vf vexp(vf x) {
+    const vi under = x < -87.0f;
+    x = (vf)(((vi)x & ~under) | ((vi)((vf){0} - 87.0f) & under));
+    const vf t = x * 1.44269504088896341f + 12582912.0f; /* + 1.5 * 2^23: rounds to the nearest integer */
+    const vf n = t - 12582912.0f;
+    vf r = x - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    vf p = r * 1.9875691500e-4f + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const vf y = p * (r * r) + r + 1.0f;
+    const vi two_n = (__builtin_convertvector(n, vi) + 127) << 23;
+    return (vf)((vi)(y * (vf)two_n) & ~under);
+}
+
+/* Where one head's rows of a chunk read and write. */
+typedef struct {
+    const char *keys, *values;          /* this head's key (value) of the chunk's first token */
+    const float *key_scales, *value_scales; /* int8: this head's scales of the chunk's first token */
+    long token_bytes, scale_stride;     /* from one token to the next */
+    const float *query;                 /* [R, D] this head's folded rows */
+    float *m, *l, *acc;                 /* [R], [R], [R, D] this head's running state */
+    int dim;
+} head_view;
+
+/* Rows [r0, r0 + NR) of one head: outputs [d0, d0 + DV * W) += probabilities s times the chunk's values. */
+INLINE void value_slice(const head_view *hv, float s[][CH], int r0, const int NR, const int DV, int d0, int n,
+                        const int dtype) {
+    const int es = element_size(dtype);
+    const int D = hv->dim;
+    vf o[RB][ACC_VECTORS];
+    for (int r = 0; r < NR; r++)
+        for (int v = 0; v < DV; v++) o[r][v] = *(const vfu *)(hv->acc + (long)(r0 + r) * D + d0 + v * W);
+    for (int j = 0; j < n; j++) {
+        const float scale = dtype == HA_INT8 ? hv->value_scales[j * hv->scale_stride] : 1.0f;
+        vf value[ACC_VECTORS];
+        for (int v = 0; v < DV; v++) value[v] = load(hv->values + j * hv->token_bytes + (d0 + v * W) * es, dtype);
+        for (int r = 0; r < NR; r++) {
+            const float p = s[r][j] * scale;
+            for (int v = 0; v < DV; v++) o[r][v] += p * value[v];
         }
-        const v8 sorted[8] = {part[0], part[2], part[1], part[3], part[4], part[6], part[5], part[7]};
-        *(v8u *)(s + j) = transpose_sum(sorted);
     }
-    for (; j < count; j++) {
-        float sum = 0.0f;
-        for (int d = 0; d < dim; d++) sum += q[d] * keys[j * stride + d];
-        s[j] = sum;
-    }
+    for (int r = 0; r < NR; r++)
+        for (int v = 0; v < DV; v++) *(vfu *)(hv->acc + (long)(r0 + r) * D + d0 + v * W) = o[r][v];
 }
 
-/* One row's scores over a block -> probabilities in place, updating the row's (m, l) and rescaling its output.
- * Returns 0 when the row sees no key of the block (its probabilities are then not used). */
-static inline int softmax_block(float *s, int count, int is_plain, long first, long q_pos, long window,
-                                float softcap, float *m, float *l, float *acc, int dim) {
-    float top = -INFINITY;
-    if (is_plain) {  /* every key of the block visible, no softcap: the decode case */
-#pragma omp simd reduction(max : top)
-        for (int j = 0; j < count; j++) top = s[j] > top ? s[j] : top;
-    } else {
-        for (int j = 0; j < count; j++) {
-            const long pos = first + j;
-            if (pos > q_pos || (window > 0 && pos <= q_pos - window)) s[j] = -INFINITY;
-            else if (softcap > 0.0f) s[j] = softcap * tanhf(s[j]);
-            top = s[j] > top ? s[j] : top;
+/* Rows [r0, r0 + NR) of one head over the chunk's n tokens (first at position ``first``). */
+INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int NR, int n, long first,
+                      int is_plain, const int dtype) {
+    const int D = c->dim;
+    const int es = element_size(dtype);
+    float s[RB][CH] __attribute__((aligned(64)));
+    /* scores: TB keys x NR rows at a time; past n the last token is read again and masked below */
+    for (int t0 = 0; t0 < n; t0 += TB) { /* scores past n are masked below */
+        vf part[W];
+        for (int i = 0; i < W; i++) part[i] = (vf){0};
+        long token[TB];
+        float scale[TB];
+        for (int t = 0; t < TB; t++) {
+            token[t] = t0 + t < n ? t0 + t : n - 1;
+            scale[t] = dtype == HA_INT8 ? hv->key_scales[token[t] * hv->scale_stride] : 1.0f;
         }
+        for (int d = 0; d < D; d += W) {
+            vf k[TB];
+            for (int t = 0; t < TB; t++) k[t] = load(hv->keys + token[t] * hv->token_bytes + d * es, dtype);
+            for (int r = 0; r < NR; r++) {
+                const vf q = *(const vfu *)(hv->query + (r0 + r) * D + d);
+                for (int t = 0; t < TB; t++) part[r * TB + t] += q * k[t];
+            }
+        }
+        const vf sums = transpose_sum(part);
+        for (int r = 0; r < NR; r++)
+            for (int t = 0; t < TB; t++) s[r][t0 + t] = sums[r * TB + t] * scale[t];
     }
-    if (top == -INFINITY) return 0;  /* nothing visible in this block: exp(-inf - -inf) would be NaN */
-    if (top > *m) {
-        const float scale = expf(*m - top);  /* 0 while m is still -inf */
-        *l *= scale;
-#pragma omp simd
-        for (int d = 0; d < dim; d++) acc[d] *= scale;
-        *m = top;
-    }
-    const float mx = *m;
-    float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-    for (int j = 0; j < count; j++) {
-        s[j] = expf(s[j] - mx);
-        total += s[j];
-    }
-    *l += total;
-    return 1;
-}
-
-/* One head's rows over one chunk of ``size`` tokens (keys or values ``stride`` floats apart): pass 0 takes each
- * row's scores into s[r * BLOCK ...]; pass 1 adds the values, weighted by those probabilities, into each row's
- * output acc[r * dim ...] (rows that see no key of the block skipped). */
-static inline void chunk_rows(int pass, const float *src, long stride, int size, int dim, int rows,
-                              const float *query, float *s, const char *seen, float *acc_out) {
-    for (int r = 0; r < rows; r++) {
-        if (pass == 0) {
-            chunk_scores(query + r * dim, src, stride, size, dim, s + (long)r * BLOCK);
+    /* masks, softcap, online softmax: s becomes the probabilities (0 where hidden) */
+    const long past = c->stop - c->q_len;
+    for (int r = 0; r < NR; r++) {
+        float *row = s[r];
+        if (is_plain) {
+            for (int j = n; j < CH; j++) row[j] = -INFINITY;
+        } else {
+            const long q_pos = past + (r0 + r) % c->q_len;
+            for (int j = 0; j < CH; j++) {
+                const long pos = first + j;
+                if (j >= n || pos > q_pos || (c->window > 0 && pos <= q_pos - c->window)) row[j] = -INFINITY;
+                else if (c->softcap > 0.0f) row[j] = c->softcap * tanhf(row[j]);
+            }
+        }
+        vf most = *(const vfu *)row;
+        for (int j = W; j < CH; j += W) most = vmax(most, *(const vfu *)(row + j));
+        const float top = hmax(most);
+        float *m = hv->m + r0 + r, *l = hv->l + r0 + r, *acc = hv->acc + (long)(r0 + r) * D;
+        if (top == -INFINITY) { /* nothing visible: its probabilities are 0 (exp(-inf - -inf) would be NaN) */
+            memset(row, 0, sizeof(float) * CH);
             continue;
         }
-        if (!seen[r]) continue;
-        const float *p = s + (long)r * BLOCK;
-        float *acc = acc_out + r * dim;
-        float o[256] __attribute__((aligned(64)));
-        memcpy(o, acc, sizeof(float) * dim);
-        for (int j = 0; j < size; j++) {
-            const float pj = p[j];
-            const float *v = src + j * stride;
-#pragma omp simd
-            for (int d = 0; d < dim; d++) o[d] += pj * v[d];
+        if (top > *m) {
+            const float rescale = expf(*m - top); /* 0 while m is still -inf */
+            *l *= rescale;
+            for (int d = 0; d < D; d += W) *(vfu *)(acc + d) *= rescale;
+            *m = top;
         }
-        memcpy(acc, o, sizeof(float) * dim);
+        vf total = {0};
+        for (int j = 0; j < CH; j += W) {
+            const vf p = vexp(*(vfu *)(row + j) - *m);
+            *(vfu *)(row + j) = p;
+            total += p;
+        }
+        *l += hsum(total);
+    }
+    /* values: the rows' outputs in registers, DV vectors of the head dim at a time */
+    const int DV = ACC_VECTORS / NR; /* NR is 4, 2 or 1 */
+    int d0 = 0;
+    for (; d0 + DV * W <= D; d0 += DV * W) value_slice(hv, s, r0, NR, DV, d0, n, dtype);
+    for (; d0 < D; d0 += W) value_slice(hv, s, r0, NR, 1, d0, n, dtype); /* small head dims */
+}
+
+/* Every head and row block of one chunk of n tokens at ``chunk`` (token_bytes apart; int8: scales per token
+ * ``scale_stride`` floats apart from ``scales``). */
+INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, const float *scales, long scale_stride,
+                      int n, long first, int is_plain, const float *query, float *m, float *l, float *acc,
+                      const int dtype) {
+    const ha_call *c = job->call;
+    const int g = c->group, rows = job->rows, es = element_size(dtype), D = c->dim;
+    for (int b = 0; b < c->batch; b++)
+        for (int h = 0; h < g; h++) {
+            const long head = (long)b * g + h;
+            head_view hv = {chunk + ((long)(b * 2) * g + h) * D * es, chunk + ((long)(b * 2 + 1) * g + h) * D * es,
+                            scales ? scales + (long)(b * 2) * g + h : NULL,
+                            scales ? scales + (long)(b * 2 + 1) * g + h : NULL,
+                            token_bytes, scale_stride, query + head * rows * D, m + head * rows, l + head * rows,
+                            acc + head * rows * D, D};
+            int r0 = 0;
+            for (; r0 + RB <= rows; r0 += RB) row_block(&hv, c, r0, RB, n, first, is_plain, dtype);
+            if (rows - r0 >= 2) {
+                row_block(&hv, c, r0, 2, n, first, is_plain, dtype);
+                r0 += 2;
+            }
+            if (rows - r0 == 1) row_block(&hv, c, r0, 1, n, first, is_plain, dtype);
+        }
+}
+
+/* One instantiation per stored dtype (fp8 chunks are widened into fp32 ones and go through the fp32 one). */
+#define DEFINE_CHUNK(NAME, DTYPE)                                                                              \
+    __attribute__((noinline)) static void NAME(const ha_job *job, const char *chunk, long token_bytes,         \
+                                               const float *scales, long scale_stride, int n, long first,      \
+                                               int is_plain, const float *query, float *m, float *l,           \
+                                               float *acc) {                                                   \
+        run_chunk(job, chunk, token_bytes, scales, scale_stride, n, first, is_plain, query, m, l, acc, DTYPE); \
+    }
+DEFINE_CHUNK(chunk_fp32, HA_FP32)
+DEFINE_CHUNK(chunk_bf16, HA_BF16)
+DEFINE_CHUNK(chunk_fp16, HA_FP16)
+DEFINE_CHUNK(chunk_int8, HA_INT8)
+
+typedef void (*chunk_fn)(const ha_job *, const char *, long, const float *, long, int, long, int, const float *,
+                         float *, float *, float *);
+
+/* fp8 e4m3fn codes -> fp32 (exact): a table of the 256 codes. */
+static float fp8_table[256];
+__attribute__((constructor)) static void fill_fp8_table(void) {
+    for (int code = 0; code < 256; code++) {
+        const int exponent = (code >> 3) & 15, mantissa = code & 7;
+        float value = exponent == 0 ? ldexpf((float)mantissa, -9) : ldexpf(1.0f + mantissa / 8.0f, exponent - 7);
+        if (exponent == 15 && mantissa == 7) value = NAN;
+        fp8_table[code] = code & 128 ? -value : value;
     }
 }
 
-/* Blocks of BLOCK tokens, in order; two passes over each block in chunks of CHUNK tokens: the first takes every
- * (KV head, query row)'s scores over a chunk's keys, then per row the masks, softcap and an online softmax in fp32
- * (running max m and sum l, kept per head and row in the caller's buffers, the output rescaled once per block); the
- * second adds the chunk's values, weighted, into the rows' unnormalised outputs. A block's keys and values are read
- * from memory once (the second pass mostly finds them in L2), and the softmax bookkeeping is paid once per block.
- *
- * How many heads go through a block together depends on the dtype (measured on SmolLM2's shape, 30 layers, 1 thread):
- * - fp32 keys and values are read where they lie, all heads together: chunk by chunk, every head of a chunk in
- *   turn, the next chunk's rows requested as one starts, so memory is read as it lies, a token's keys of every
- *   head at once (2K: 0.55 -> 0.36 ms a layer; head by head, each token's row was read in pieces a stride apart,
- *   at 5 GB/s where the int8 GEMV reads 8);
- * - bf16 and fp16 ones go head by head, widened into an L1 chunk, each row requested AHEAD tokens before it is
- *   widened: there the widening sets the pace, and all heads together ran 1.2x slower at 2K. */
-#define DEFINE_TILE(DIM)                                                                                        \
-static int tile_##DIM(const char *tile, int dtype, int elem_size, long n, int batch, int group,               \
-                      const float *query, int rows, int q_len, long first, long past, long window,            \
-                      float softcap, float *m_out, float *l_out, float *acc_out) {                            \
-    const long token_bytes = (long)batch * 2 * group * DIM * elem_size;                                         \
-    const long heads = (long)batch * group;                                                                     \
-    const long head_bytes = (long)DIM * elem_size;                                                              \
-    const long kv_bytes = (long)group * head_bytes;  /* one batch row's keys (or values) of a token */          \
-    const long stride = token_bytes / elem_size;  /* elements from a token's row to the next one's */            \
-    const int in_place = dtype == FP32;                                                                         \
-    const long together = in_place ? heads : 1;  /* heads whose chunks are taken in turn */                    \
-    float chunk[CHUNK * DIM] __attribute__((aligned(64)));                                                      \
-    float *s = malloc(sizeof(float) * BLOCK * rows * heads);  /* [heads][rows][BLOCK] scores, probabilities */ \
-    char *seen = malloc(rows * heads);  /* per head and row: whether it sees a key of the block */            \
-    if (s == NULL || seen == NULL) { free(s); free(seen); return -2; }                                          \
-    for (long r = 0; r < heads * rows; r++) { m_out[r] = -INFINITY; l_out[r] = 0.0f; }                         \
-    memset(acc_out, 0, sizeof(float) * heads * rows * DIM);                                                     \
-    for (long t0 = 0; t0 < n; t0 += BLOCK) {                                                                    \
-        const int count = n - t0 < BLOCK ? (int)(n - t0) : BLOCK;                                               \
-        const long chunks = (count + CHUNK - 1) / CHUNK;                                                        \
-        /* every row sees every key of the block: the newest key is at most the first query's position,       \
-           and the oldest is inside the last query's window */                                                 \
-        const int is_plain = softcap <= 0.0f && first + t0 + count - 1 <= past &&                                \
-                             (window <= 0 || first + t0 > past + q_len - 1 - window);                            \
-        const char *block = tile + t0 * token_bytes;                                                            \
-        for (long g0 = 0; g0 < heads; g0 += together)                                                           \
-        for (int pass = 0; pass < 2; pass++) {  /* 0: keys and scores; 1: values */                           \
-            if (pass == 1)                                                                                      \
-                for (long hr = g0 * rows; hr < (g0 + together) * rows; hr++)                                    \
-                    seen[hr] = (char)softmax_block(s + hr * BLOCK, count, is_plain, first + t0,                 \
-                                                   past + (hr % rows) % q_len, window, softcap, m_out + hr,     \
-                                                   l_out + hr, acc_out + hr * DIM, DIM);                        \
-            for (long step = 0; step < chunks * together; step++) {                                             \
-                const long c = step / together, head = g0 + step % together;                                    \
-                const long b = head / group, h = head % group;                                                  \
-                const int c0 = (int)c * CHUNK, size = count - c0 < CHUNK ? count - c0 : CHUNK;                  \
-                const long half = (b * 2 + pass) * kv_bytes;  /* this batch row's keys or values */            \
-                const char *rows0 = block + c0 * token_bytes + half + h * head_bytes;                           \
-                const float *src = (const float *)rows0;                                                        \
-                if (in_place) {                                                                                 \
-                    if (head == g0)  /* the next chunk's rows, every batch row's keys or values of a token */    \
-                        for (int j = c0 + CHUNK; j < c0 + 2 * CHUNK && t0 + j < n; j++)                          \
-                            for (long bb = 0; bb < batch; bb++)                                                 \
-                                prefetch_row(block + j * token_bytes + (bb * 2 + pass) * kv_bytes, kv_bytes, 1); \
-                } else {                                                                                        \
-                    for (int j = 0; j < size; j++) {                                                            \
-                        prefetch_row(rows0 + (j + AHEAD) * token_bytes, head_bytes, t0 + c0 + j + AHEAD < n);   \
-                        widen(rows0 + j * token_bytes, dtype, DIM, chunk + j * DIM);                            \
-                    }                                                                                           \
-                }                                                                                               \
-                /* the widened chunk's stride is a constant: the inlined loops then address it directly */          \
-                if (in_place)                                                                                   \
-                    chunk_rows(pass, src, stride, size, DIM, rows, query + head * rows * DIM,                   \
-                               s + head * rows * BLOCK + c0, seen + head * rows, acc_out + head * rows * DIM);  \
-                else                                                                                            \
-                    chunk_rows(pass, chunk, DIM, size, DIM, rows, query + head * rows * DIM,                    \
-                               s + head * rows * BLOCK + c0, seen + head * rows, acc_out + head * rows * DIM);  \
-            }                                                                                                   \
-        }                                                                                                       \
-    }                                                                                                           \
-    free(s);                                                                                                    \
-    free(seen);                                                                                                 \
-    return 0;                                                                                                   \
+int TASK(const ha_job *job, long index) {
+    const ha_call *c = job->call;
+    const int D = c->dim, dtype = c->kv_dtype;
+    const int group_index = (int)(index / job->tiles_per_group);
+    const long first = c->start + (index % job->tiles_per_group) * job->tile_tokens;
+    const long last = first + job->tile_tokens < c->stop ? first + job->tile_tokens : c->stop;
+    const long heads_rows = (long)c->batch * c->group * job->rows;
+    float *m = job->m + index * heads_rows, *l = job->l + index * heads_rows;
+    float *acc = job->acc + index * heads_rows * D;
+    for (long i = 0; i < heads_rows; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+    memset(acc, 0, sizeof(float) * heads_rows * D);
+    const char *home = c->kv[group_index];
+    const float *scales = c->scales ? c->scales[group_index] : NULL;
+    const float *query = job->folded + group_index * heads_rows * D;
+    const chunk_fn chunk_of[] = {chunk_fp32, chunk_bf16, chunk_fp16, chunk_int8, chunk_fp32};
+    if (dtype < 0 || dtype > HA_FP8 || D % W != 0) return -1;
+    const chunk_fn run = chunk_of[dtype];
+    const long token_bytes = job->token_bytes, scale_stride = (long)c->batch * 2 * c->group;
+    const long past = c->stop - c->q_len;
+    static __thread float *widened = NULL; /* fp8: this thread's fp32 chunk, reused */
+    static __thread long widened_floats = 0;
+    if (dtype == HA_FP8 && widened_floats < CH * scale_stride * D) {
+        free(widened);
+        widened = malloc(sizeof(float) * CH * scale_stride * D);
+        widened_floats = widened == NULL ? 0 : CH * scale_stride * D;
+        if (widened == NULL) return -2;
+    }
+    for (long t = first; t < last; t += CH) {
+        const int n = last - t < CH ? (int)(last - t) : CH;
+        /* every row sees every key of the chunk: the newest is at most the first query's position, the oldest
+           inside the last query's window */
+        const int is_plain = c->softcap <= 0.0f && t + n - 1 <= past &&
+                             (c->window <= 0 || t > past + c->q_len - 1 - c->window);
+        const char *chunk = home + t * token_bytes;
+        const long ahead = t + HA_PREFETCH_TOKENS;
+        if (ahead < last) { /* lines of the tile only: past it another thread may be writing */
+            const long end = (ahead + CH < last ? ahead + CH : last) * token_bytes;
+            for (long offset = ahead * token_bytes; offset < end; offset += 64)
+                __builtin_prefetch(home + offset, 0, 3);
+        }
+        if (dtype == HA_FP8) {
+            const uint8_t *codes = (const uint8_t *)chunk;
+            const float *scale = scales + t * scale_stride;
+            for (long i = 0; i < n * scale_stride; i++)
+                for (int d = 0; d < D; d++) widened[i * D + d] = fp8_table[codes[i * D + d]] * scale[i];
+            run(job, (const char *)widened, scale_stride * D * 4, NULL, 0, n, t, is_plain, query, m, l, acc);
+        } else {
+            run(job, chunk, token_bytes, dtype == HA_INT8 ? scales + t * scale_stride : NULL, scale_stride, n, t,
+                is_plain, query, m, l, acc);
+        }
+    }
+    return 0;
 }
 
-DEFINE_TILE(16)
-DEFINE_TILE(32)
-DEFINE_TILE(64)
-DEFINE_TILE(128)
-DEFINE_TILE(256)
-
-/* Returns 0; -1 for a head dim without a specialisation (the caller then uses its torch tile); -2 out of memory. */
-int host_attend_tile(const char *tile, int dtype, int elem_size, long n, int batch, int group, int dim,
-                     const float *query, int rows, int q_len, long first, long past, long window, float softcap,
-                     float *m_out, float *l_out, float *acc_out) {
-#define CASE(DIM) case DIM: return tile_##DIM(tile, dtype, elem_size, n, batch, group, query, rows, q_len, first, \
-                                              past, window, softcap, m_out, l_out, acc_out);
-    switch (dim) { CASE(16) CASE(32) CASE(64) CASE(128) CASE(256) default: return -1; }
-#undef CASE
+/* The plain read the benchmark compares the kernel with: the sum of ``bytes`` of floats (a multiple of 4 * W * 4),
+ * four vectors at a time, on this thread. */
+float TASK_READ(const char *data, long bytes) {
+    vf sum[4] = {{0}, {0}, {0}, {0}};
+    for (long offset = 0; offset + 4 * W * 4 <= bytes; offset += 4 * W * 4)
+        for (int i = 0; i < 4; i++) sum[i] += *(const vfu *)(data + offset + i * W * 4);
+    const vf total = (sum[0] + sum[1]) + (sum[2] + sum[3]);
+    float out = 0.0f;
+    for (int i = 0; i < W; i++) out += total[i];
+    return out;
 }

@@ -23,8 +23,8 @@ a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong 
   Not for bf16/fp16 queries: torch's CPU SDPA multiplies the values by probabilities rounded to bf16, taken with
   its own approximate exp, and greedy tokens of a bf16 model must stay those of stock transformers (an fp32 tile
   differed from it in a fifth of a decode step's outputs, and two tiny bf16 models then chose other tokens);
-- ``cpu-native-pool``: the same tile split over the host attention pool, for blocks of ``POOL_BYTES`` and more
-  when torch runs several threads.
+- ``cpu-native-pool``: the same kernel on its own thread pool, for blocks of ``POOL_BYTES`` and more when torch
+  runs several threads.
 
 SDPA's math kernel is never allowed on CUDA: it materialises ``[heads, chunk, keys]`` scores (4 GiB for
 Mistral-7B at chunk 4096) that the memory plan does not count.
@@ -47,7 +47,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from . import native, windowed
-from .host_attention import HostAttention
+from .workers import usable_cores
 
 logger = logging.getLogger(__name__)
 
@@ -173,26 +173,19 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, q_off
 
 
 def _cpu_tile(query, block, q_offset, scaling, window, softcap) -> torch.Tensor | None:
-    """A CPU decode step over a token-major block through the C tile: on this thread, or split over the host
-    attention pool's cores where the block is large and torch may use several threads; None: no C tile here."""
-    if torch.get_num_threads() > 1 and block.nbytes >= POOL_BYTES and native.kernel() is not None:
-        _route("cpu-native-pool")
-        pool = _host_pool()
-        return pool.attend(query, [block], 0, block.shape[0], scaling=scaling, window=window, softcap=softcap)
-    out = native.attend_block(query, block, q_offset=q_offset, scaling=scaling, window=window, softcap=softcap)
+    """A CPU decode step over a token-major block through the C kernel: on this thread, or on the kernel's pool
+    where the block is large and torch may use several threads; None: no C kernel for it here."""
+    is_pooled = torch.get_num_threads() > 1 and block.nbytes >= POOL_BYTES
+    out = native.attend_block(query, block, q_offset=q_offset, scaling=scaling, window=window, softcap=softcap,
+                              num_threads=min(torch.get_num_threads(), usable_cores()) if is_pooled else 1)
     if out is not None:
-        _route("cpu-native")
+        _route("cpu-native-pool" if is_pooled else "cpu-native")
     return out
 
 
-#: Block bytes from which a CPU decode step splits its tile over the pool: below it the pool's hand-offs cost more
-#: than the second core saves (2 cores: 1.4 ms pooled vs 0.4 ms on one thread at 1 MiB, 7.6 vs 10.7 ms at 32 MiB).
+#: Block bytes from which a CPU decode step runs on the kernel's pool: below it waking the pool costs more than the
+#: other cores save (2 cores: a 1 MiB block took 0.4 ms on one thread, 32 MiB 10.7 ms against 7.6 split).
 POOL_BYTES = 8 << 20
-
-
-@functools.cache
-def _host_pool() -> HostAttention:
-    return HostAttention()
 
 
 def _attend(query, key, value, q_offset, scaling, window, softcap) -> torch.Tensor:

@@ -1,13 +1,17 @@
-"""The host attention tile in C (``host_kernel.c``), built once per machine with the system's C compiler.
+"""The host attention kernel in C (``host_pool.c`` + ``host_kernel.c``), built once per machine with the system's C
+compiler, and the compile-and-load helper the other C kernels use (``models/int8_matmul.py``, ``gguf_blocks.py``).
 
-Through torch ops a tile costs a widening copy and two small-M matmuls: a few GB/s per core, a fraction of what
-a core reads. The C tile widens each block of keys and values in L1, keeps the online softmax in fp32 and sums
-16 dot products with one transpose-and-add: 2-3x the torch tile per core on the development VM. It is compiled
-on first use (``-O3 -march=native``: this CPU's vector units) into the studio's cache folder, under a name
-hashing the source, the compiler, the flags and the CPU, and called through ``ctypes``, which releases the GIL
-for the call, so the worker threads run tiles at once. Without a compiler, or if every build fails, ``kernel()``
-returns None (logged once) and ``host_attention.py`` runs the same tile through torch ops. ``HEADINFER_NATIVE=0``
-forces that path. Where the compiler has no ``_Float16`` (GCC < 12), fp16 is widened with bit operations.
+Through torch ops a tile costs a widening copy and two small-M matmuls: a few GB/s per core, a fraction of what a
+core reads. The C kernel takes one layer's host-attended head groups in one call (``attend_layer``): its own
+pthread pool, the homes read once in their stored dtype (bf16/fp16/fp32, 8-bit codes with their scales), the
+log-sum-exp merge and the output's rounding done in C; ``ctypes`` releases the GIL for the call.
+
+``host_kernel.c`` is compiled once per vector path into its own object (on x86-64: portable SSE2, AVX2+FMA,
+AVX-512; elsewhere the portable one, which is NEON on arm64), linked with ``host_pool.c`` into one library under
+the studio's cache folder (named by a hash of the sources, the compiler and the flags); the pool picks the widest
+path the CPU has (cpuid) at run time. ``HEADINFER_HOST_KERNEL=portable|avx2|avx512`` forces one (tests, and a
+user whose CPU misreports); ``HEADINFER_NATIVE=0`` forces the torch tile. Without a compiler, or if the build
+fails, ``kernel()`` returns None (logged) and ``host_attention.py`` runs its torch tile.
 """
 
 from __future__ import annotations
@@ -28,43 +32,136 @@ from ..paths import cache_dir
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("host_kernel.c")
-_FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC"]
-# First choice links glibc's vector math library (a block's 16 exponentials in one call); the second does without.
-# The source widens fp16 with _Float16 where the compiler announces it and with bit operations elsewhere (GCC < 12);
-# the last two variants force the bit operations, for a compiler that announces _Float16 but rejects it.
+_POOL = Path(__file__).with_name("host_pool.c")
+_HEADER = Path(__file__).with_name("host_kernel.h")
+_FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC"]  # load_library's
+_HOST_FLAGS = ["-O3", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-pthread"]
+# Vector paths (x86-64): each compiles host_kernel.c once more; one that fails to build is left out (logged).
+_X86_PATHS = {"avx2": ["-DHA_VARIANT_AVX2", "-mavx2", "-mfma", "-mf16c"],
+              "avx512": ["-DHA_VARIANT_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2",
+                         "-mfma", "-mf16c", "-mprefer-vector-width=512"]}
+PATHS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3}
+ENV_PATH = "HEADINFER_HOST_KERNEL"
+# The source uses _Float16 where the compiler announces it (GCC 12+, clang 15+) and bit operations elsewhere; a
+# compiler that announces it but rejects it gets a second build with the bit operations forced.
 _NO_FLOAT16 = "-DHEADINFER_NO_FLOAT16"
-_VARIANTS = [["-lmvec", "-lm"], ["-DHEADINFER_NO_LIBMVEC", "-lm"],
-             [_NO_FLOAT16, "-lmvec", "-lm"], [_NO_FLOAT16, "-DHEADINFER_NO_LIBMVEC", "-lm"]]
 DTYPE_CODES = {"torch.float32": 0, "torch.bfloat16": 1, "torch.float16": 2}
-HEAD_DIMS = (16, 32, 64, 128, 256)  # the specialisations in host_kernel.c
+CODE_DTYPES = {"torch.int8": 3, "torch.float8_e4m3fn": 4}  # 8-bit homes: codes, read with their scale planes
+HEAD_DIMS = (16, 32, 64, 128, 256)  # what host_kernel.c computes
 
-_long, _int, _float, _ptr = ctypes.c_long, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
-# int host_attend_tile(tile, dtype, elem_size, n, batch, group, dim, query, rows, q_len, first, past, window,
-#                      softcap, m_out, l_out, acc_out)
-_ARGTYPES = [_ptr, _int, _int, _long, _int, _int, _int, _ptr, _int, _int, _long, _long, _long, _float, _ptr, _ptr, _ptr]
+
+class LayerCall(ctypes.Structure):
+    """``ha_call`` of host_kernel.h, field for field."""
+
+    _fields_ = [("kv", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("query", ctypes.c_void_p),
+                ("out", ctypes.c_void_p), ("q_strides", ctypes.c_long * 4), ("start", ctypes.c_long),
+                ("stop", ctypes.c_long), ("window", ctypes.c_long), ("tile_bytes", ctypes.c_long),
+                ("scaling", ctypes.c_float), ("softcap", ctypes.c_float), ("num_groups", ctypes.c_int),
+                ("batch", ctypes.c_int), ("group", ctypes.c_int), ("dim", ctypes.c_int), ("n_rep", ctypes.c_int),
+                ("q_len", ctypes.c_int), ("kv_dtype", ctypes.c_int), ("query_dtype", ctypes.c_int),
+                ("out_dtype", ctypes.c_int), ("num_threads", ctypes.c_int), ("variant", ctypes.c_int)]
 
 
 @functools.cache
 def kernel():
-    """The C tile function, or None where it cannot be built (the torch tile then runs)."""
+    """The C layer function ``host_attend_layer``, or None where it cannot be built (the torch tile then runs)."""
     if os.environ.get("HEADINFER_NATIVE", "1") == "0":
         return None
     found = compiler()
     if found is None:
         logger.info("host attention: no C compiler found, using the torch tile (slower)")
         return None
-    return build(found, _VARIANTS)
-
-
-def build(compiler: str, variants: list[list[str]]):
-    """The C tile function from the first of ``variants`` (extra compiler arguments) that builds, or None."""
-    library = load_library(compiler, _SOURCE, variants)
-    if library is None:  # load_library logged why
-        logger.info("host attention: using the torch tile (slower)")
-        return None
-    function = library.host_attend_tile
-    function.argtypes, function.restype = _ARGTYPES, ctypes.c_int
+    function = build(found)
+    if function is not None:
+        requested = forced_path()
+        chosen = function.variant(PATHS[requested])
+        names = {code: name for name, code in PATHS.items()}
+        logger.info("host attention kernel: the %s path%s", names.get(chosen, "no"),
+                    f" ({ENV_PATH}={requested})" if requested != "auto" else " (the widest this CPU runs)")
+        if chosen == 0:
+            logger.warning("host attention: the %s path is not available here: using the torch tile", requested)
+            return None
     return function
+
+
+def forced_path() -> str:
+    """``HEADINFER_HOST_KERNEL`` (``auto`` unless set): the vector path every call asks for."""
+    requested = os.environ.get(ENV_PATH, "auto").strip().lower() or "auto"
+    if requested not in PATHS:
+        logger.warning("%s=%s is none of %s: ignored", ENV_PATH, requested, ", ".join(PATHS))
+        return "auto"
+    return requested
+
+
+def build(compiler: str, extra: list[str] | None = None):
+    """``host_attend_layer`` from the library built with ``extra`` compiler arguments (first without, then with
+    ``_NO_FLOAT16`` if that fails), or None; its ``variant(requested)`` gives the path a call would run."""
+    errors = []
+    for attempt in ([*(extra or [])], [*(extra or []), _NO_FLOAT16]):
+        try:
+            library = ctypes.CDLL(str(_built_host(compiler, attempt)))
+            break
+        except (OSError, subprocess.SubprocessError) as error:
+            errors.append(str(error))
+    else:
+        logger.warning("building the host attention kernel failed: %s; using the torch tile (slower)", errors[-1])
+        return None
+    function = library.host_attend_layer
+    function.argtypes, function.restype = [ctypes.POINTER(LayerCall)], ctypes.c_int
+    variant = library.host_attend_variant
+    variant.argtypes, variant.restype = [ctypes.c_int], ctypes.c_int
+    read = library.host_read
+    read.argtypes, read.restype = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int], ctypes.c_double
+    function.variant, function.read = variant, read
+    return function
+
+
+def read(buffer, num_threads: int = 0) -> float:
+    """A plain read of ``buffer`` (contiguous floats) on ``num_threads`` threads of the kernel's pool (0: every core)
+    at the kernel's vector width: the yardstick of ``benchmarks.host_attention``. Returns the sum."""
+    return kernel().read(buffer.data_ptr(), buffer.nbytes, num_threads, PATHS[forced_path()])
+
+
+def _built_host(compiler: str, extra: list[str]) -> Path:
+    """The kernel library: host_kernel.c once per vector path, host_pool.c told which paths built."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    is_x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+    paths = {"portable": [], **(_X86_PATHS if is_x86 else {})}
+    sources = b"\0".join(path.read_bytes() for path in (_SOURCE, _POOL, _HEADER))
+    digest = hashlib.sha256(b"\0".join([sources, version.encode(), platform.machine().encode(),
+                                        repr((_HOST_FLAGS, extra, paths)).encode()])).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"host_attention-{digest}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as folder:
+        base = [compiler, *_HOST_FLAGS, *extra, "-c"]
+        running = {name: subprocess.Popen([*base, *flags, "-o", f"{folder}/{name}.o", str(_SOURCE)],
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                   for name, flags in paths.items()}  # at once: each takes seconds
+        built = []
+        for name, process in running.items():
+            _, stderr = process.communicate(timeout=300)
+            if process.returncode == 0:
+                built.append(name)
+            elif name == "portable":
+                raise OSError(stderr.strip()[-500:])
+            else:
+                logger.info("host attention: the %s path did not build (%s)", name, stderr.strip()[-200:])
+        has = [f"-DHA_HAS_{name.upper()}" for name in built if name != "portable"]
+        pool = subprocess.run([*base, *has, "-o", f"{folder}/pool.o", str(_POOL)], capture_output=True, text=True,
+                              timeout=120)
+        if pool.returncode != 0:
+            raise OSError(pool.stderr.strip()[-500:])
+        library = Path(folder) / target.name
+        linked = subprocess.run([compiler, "-shared", "-pthread", "-o", str(library),
+                                 *[f"{folder}/{name}.o" for name in [*built, "pool"]], "-lm"],
+                                capture_output=True, text=True, timeout=120)
+        if linked.returncode != 0:
+            raise OSError(linked.stderr.strip()[-500:])
+        os.replace(library, target)  # atomic: a concurrent process loads the old file or the complete new one
+    logger.info("built the host attention kernel (%s) into %s", ", ".join(built), target)
+    return target
 
 
 def load_library(compiler: str, source: Path, variants: list[list[str]]) -> ctypes.CDLL | None:
@@ -113,49 +210,80 @@ def _cpu_identity() -> str:
         return platform.processor() or platform.machine()
 
 
-#: Query tokens up to which a CPU step attends through the C tile (decode, short follow-ups). A prefill chunk's
+#: Query tokens up to which a CPU step attends through the C kernel (decode, short follow-ups). A prefill chunk's
 #: rows (n_rep x Q) would each re-read the chunk's keys in L1: SDPA's blocked matmuls do that better.
 CPU_QUERY_LIMIT = 16
 
 
-def attend_block(query, block, *, q_offset: int, scaling: float, window: int | None, softcap: float | None):
-    """Exact attention of a few CPU queries over a token-major block through the C tile, on this thread; None
-    where it does not apply (no compiler, a head dim or dtype without a specialisation, a strided block).
+def kv_code(kv_dtype, has_scales: bool) -> int | None:
+    """The kernel's code for homes of ``kv_dtype`` (8-bit: only with their scale planes), or None."""
+    name = str(kv_dtype)
+    return CODE_DTYPES.get(name) if has_scales else DTYPE_CODES.get(name)
+
+
+def can_attend(query, kvs, scales=None) -> bool:
+    """Whether the C kernel takes this call (a compiler, its head dims and dtypes, contiguous homes)."""
+    return (kernel() is not None and query.shape[-1] in HEAD_DIMS and str(query.dtype) in DTYPE_CODES
+            and kv_code(kvs[0].dtype, scales is not None) is not None and all(kv.is_contiguous() for kv in kvs))
+
+
+def attend_layer(query, kvs, start: int, stop: int, out, *, scaling: float, window: int | None = None,
+                 softcap: float | None = None, scales=None, num_threads: int = 0, tile_bytes: int = 0,
+                 function=None) -> None:
+    """One layer's host attention in one C call, on this thread and the kernel's pool (``can_attend`` first).
+
+    query: [B, Gh * g * n_rep, Q, D] (any strides), its Q tokens the last Q of ``[start, stop)``; kvs: Gh homes
+    [capacity, B, 2, g, D] (8-bit: codes, with ``scales`` their [capacity, B, 2, g, 1] fp32 planes); out:
+    [B, Gh * g * n_rep, Q, D] contiguous, written in its dtype. ``num_threads``: 0 for every core. ``function``:
+    a library from ``build`` (tests) instead of ``kernel()``'s.
+    """
+    batch, num_heads, q_len, head_dim = query.shape
+    _, _, _, group, _ = kvs[0].shape
+    num_groups = len(kvs)
+    call = LayerCall()
+    pointers = (ctypes.c_void_p * num_groups)(*[kv.data_ptr() for kv in kvs])
+    call.kv = ctypes.cast(pointers, ctypes.c_void_p)
+    if scales is not None:
+        scale_pointers = (ctypes.c_void_p * num_groups)(*[plane.data_ptr() for plane in scales])
+        call.scales = ctypes.cast(scale_pointers, ctypes.c_void_p)
+    call.query, call.out = query.data_ptr(), out.data_ptr()
+    call.q_strides[:] = query.stride()
+    call.start, call.stop, call.window, call.tile_bytes = start, stop, window or 0, tile_bytes
+    call.scaling, call.softcap = scaling, softcap or 0.0
+    call.num_groups, call.batch, call.group, call.dim = num_groups, batch, group, head_dim
+    call.n_rep, call.q_len = num_heads // (num_groups * group), q_len
+    call.kv_dtype = kv_code(kvs[0].dtype, scales is not None)
+    call.query_dtype, call.out_dtype = DTYPE_CODES[str(query.dtype)], DTYPE_CODES[str(out.dtype)]
+    call.num_threads, call.variant = num_threads, PATHS[forced_path()]
+    check((function or kernel())(ctypes.byref(call)), head_dim)
+
+
+def attend_block(query, block, *, q_offset: int, scaling: float, window: int | None, softcap: float | None,
+                 num_threads: int = 1):
+    """Exact attention of a few CPU queries over a token-major block through the C kernel; None where it does
+    not apply (no compiler, a head dim or dtype it does not compute, a strided block).
 
     query: [B, Hq, Q, D]; block: [K, B, 2, Hk, D] with K = q_offset + Q. Returns [B, Hq, Q, D] in the query's dtype.
 
     Why: SDPA reads a token-major home's keys with a stride (keys and values of every head interleaved per token),
-    at a third of the memory speed on a decode step; the tile reads the block once, in order, widening each chunk
-    of keys and values in L1 (docs/benchmarks/llamacpp.md has the measurements).
+    at a third of the memory speed on a decode step; the kernel reads the block once, in order
+    (docs/benchmarks/llamacpp.md has the measurements).
     """
     import torch
 
-    function = kernel()
-    batch, num_heads, q_len, head_dim = query.shape
-    _, _, _, num_kv_heads, _ = block.shape
-    dtype = DTYPE_CODES.get(str(block.dtype))
-    if function is None or dtype is None or head_dim not in HEAD_DIMS or not block.is_contiguous():
+    if not can_attend(query, [block]):
         return None
-    n_rep = num_heads // num_kv_heads
-    rows = n_rep * q_len
-    # [B, Hq, Q, D] -> [B, Hk, n_rep * Q, D] fp32: a KV head's query heads are rows of one matrix, in (repeat,
-    # query) order; the scale (and 1 / softcap, which the tile undoes inside tanh) is folded in once.
-    # (transformers' queries are transposed views: the copy lays them out as the tile reads them.)
-    folded = torch.empty(batch, num_kv_heads, rows, head_dim)
-    folded.copy_(query.reshape(batch, num_kv_heads, rows, head_dim)).mul_(scaling / softcap if softcap else scaling)
-    m = torch.empty(batch, num_kv_heads, rows, 1)
-    l = torch.empty_like(m)
-    acc = torch.empty(batch, num_kv_heads, rows, head_dim)
-    status = function(block.data_ptr(), dtype, block.element_size(), block.shape[0], batch, num_kv_heads,
-                      head_dim, folded.data_ptr(), rows, q_len, 0, q_offset, window or 0, softcap or 0.0,
-                      m.data_ptr(), l.data_ptr(), acc.data_ptr())
-    check(status, head_dim)
-    # Every query sees at least its own key, so l > 0.
-    return acc.div_(l).to(query.dtype).reshape(batch, num_heads, q_len, head_dim)
+    assert block.shape[0] == q_offset + query.shape[2], (block.shape, q_offset, query.shape)
+    out = torch.empty(query.shape, dtype=query.dtype)
+    attend_layer(query, [block], 0, block.shape[0], out, scaling=scaling, window=window, softcap=softcap,
+                 num_threads=num_threads)
+    return out
 
 
 def check(status: int, head_dim: int) -> None:
-    """Raises for a C tile's failure status: -2 its scores could not be allocated, -1 no such head dim."""
+    """Raises for a failure status of the C kernel."""
     if status == -2:
-        raise MemoryError("host attention tile: no memory for its scores")
-    assert status == 0, f"no C tile for head dim {head_dim}"
+        raise MemoryError("host attention: no memory for the kernel's scratch")
+    if status == -3:
+        raise RuntimeError(f"host attention: the {forced_path()} path is not available on this CPU")
+    assert status == 0, f"host attention kernel: status {status} (head dim {head_dim})"

@@ -1,4 +1,4 @@
-"""The host attention benchmark (issue 12): the CPU table and the one-call GPU run's step, on tiny sizes."""
+"""The host attention benchmark (issues 12, 29): the CPU table and the one-call GPU run's step, on tiny sizes."""
 
 from __future__ import annotations
 
@@ -8,14 +8,19 @@ from benchmarks import gpu_all, host_attention
 from benchmarks.records import load_records
 
 
-def test_cpu_table_puts_the_kernel_next_to_the_read_bandwidth(tmp_path, capsys):
-    host_attention.main(["--tokens", "1K,2K", "--groups", "1", "--repeats", "1", "--read-mib", "16",
-                         "--out", str(tmp_path)])
+def test_cpu_table_puts_each_layer_call_next_to_the_read_on_the_same_threads(tmp_path, capsys):
+    host_attention.main(["--tokens", "1K,2K", "--dtypes", "bf16,int8", "--threads", "1,all", "--repeats", "1",
+                         "--read-mib", "16", "--out", str(tmp_path)])
     result = json.loads((tmp_path / "host-attention-cpu.json").read_text())
-    assert [row["tokens"] for row in result["rows"]] == [1024, 2048]
-    assert result["read"]["read_gbps"] > 0 and all(row["gbps"] > 0 and row["x_read"] > 0 for row in result["rows"])
-    assert result["run"]["machine"] and result["run"]["date"]
-    assert "| KV heads per group | tokens |" in capsys.readouterr().out
+    assert [(r["dtype"], r["tokens"], r["threads"]) for r in result["rows"]] == [
+        (dtype, tokens, threads) for dtype in ("bf16", "int8") for tokens in (1024, 2048) for threads in (1, 0)]
+    # A whole Llama-3-8B layer: 8 groups of one KV head at head dim 128; int8 homes carry a 4-byte scale per head
+    bf16, int8 = result["rows"][0], result["rows"][4]
+    assert bf16["home_bytes"] == 8 * 1024 * 2 * 128 * 2 and int8["home_bytes"] == 8 * 1024 * 2 * (128 + 4)
+    assert all(r["gbps"] > 0 and r["read_gbps"] > 0 and r["x_read"] > 0 for r in result["rows"])
+    assert set(result["fixed_cost"]) == {"c_call_1_thread", "c_call_every_core", "host_attention_attend"}
+    assert result["run"]["machine"] and result["run"]["date"] and result["run"]["path"]
+    assert "| home | tokens | threads |" in capsys.readouterr().out
 
 
 def test_gpu_run_step_records_host_figures_and_three_decode_splits_on_cpu(tmp_path, monkeypatch):

@@ -143,6 +143,42 @@ def host_attention_alone() -> str:
     return "" if float((out.double() - expected).abs().max()) < 1e-5 else "wrong answer"
 
 
+def host_attention_torch_tile_landing() -> str:
+    """The torch tile (the path without a C compiler; the engine's grid runs the C kernel) with its queries landing
+    on a copy stream, as on CUDA: '' when its output equals a float64 reference and no race was seen."""
+    import torch
+
+    from engine.kv import streams as kv_streams
+    from engine.kv.host_attention import HostAttention
+    from engine.kv.workers import TorchWorkers
+
+    backend = kv_streams.make("emulated", torch.device("cpu"), seed=0)
+    kernel = HostAttention(TorchWorkers(2), tile_bytes=2048, use_native=False, streams=backend)
+    generator = torch.Generator().manual_seed(1)
+    kv = torch.randn(128, 1, 2, 2, 16, generator=generator)  # [T, B, 2, g, D]
+    query = torch.randn(1, 4, 1, 16, generator=generator)  # [B, g * n_rep, Q, D]
+    landing = torch.full_like(query, float("nan"))
+    try:
+        stream = backend.new_stream("d2h")
+        with backend.use(stream):
+            backend.copy(landing, query, "the queries sent to the host")
+        landed = backend.event(blocking=True)
+        landed.record(stream)
+        job = kernel.start(landing, [kv], 0, 100, scaling=0.25, ready=landed.synchronize)
+        job.wait()
+        out = job.result()
+        backend.host_read(out, "the caller reads host attention's output")
+        out = out.clone()
+        races = list(backend.checker.races)
+    finally:
+        backend.close()
+    keys, values = (kv[:100, :, i].permute(1, 2, 0, 3).double().repeat_interleave(2, 1) for i in (0, 1))
+    expected = torch.softmax(query.double() @ keys.transpose(2, 3) * 0.25, dim=-1) @ values
+    if races:
+        return "race"
+    return "" if float((out.double() - expected).abs().max()) < 1e-5 else "wrong answer"
+
+
 class _Rows:
     """A home's rows, as the disk stream writes them (``GroupHome.write_planes``' contract): one plane here."""
 
@@ -237,6 +273,7 @@ def dropped_disk_prefetch_alone() -> str:
 #: exercises, the functions among them or None for all, check returning '' or a kind). Each runs only for those
 #: sites (the dropped prefetch's only for ``_fetch``'s, so the table still names a grid case for the others).
 EXTRA = (("host-attention-alone", "engine.kv.host_attention", None, host_attention_alone),
+         ("host-attention-torch-tile-landing", "engine.kv.host_attention", None, host_attention_torch_tile_landing),
          ("disk-appends-alone", "engine.kv.disk_stream", None, disk_appends_alone),
          ("dropped-disk-prefetch-alone", "engine.kv.transfer", {"_fetch"}, dropped_disk_prefetch_alone))
 

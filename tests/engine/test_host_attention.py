@@ -84,6 +84,93 @@ def test_a_failing_tile_is_raised_after_every_worker_stopped(kernel):
         job.result()
 
 
+def test_a_layers_groups_go_to_the_c_kernel_in_one_call(monkeypatch):
+    if native.kernel() is None:
+        pytest.skip("no C compiler here")
+    calls = []
+    attend_layer = native.attend_layer
+    monkeypatch.setattr(native, "attend_layer", lambda *a, **k: calls.append(len(a[1])) or attend_layer(*a, **k))
+    kvs = [torch.randn(300, 1, 2, 1, 64).to(torch.bfloat16) for _ in range(8)]
+    query = torch.randn(1, 32, 1, 64).to(torch.bfloat16)
+    out = HostAttention().attend(query, kvs, 0, 300, scaling=0.125)
+    assert calls == [8]  # every group of the layer, one call
+    expected = reference(query, kvs, 0, 300, 0.125, None, None)
+    assert float((out.double() - expected).abs().max() / expected.abs().max()) <= torch.finfo(torch.bfloat16).eps
+
+
+def _available_paths() -> list[str]:
+    function = native.kernel()
+    if function is None:
+        return []
+    return [name for name in ("portable", "avx2", "avx512") if function.variant(native.PATHS[name])]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_every_vector_path_forced_by_the_environment_computes_the_same(monkeypatch, dtype):
+    paths = _available_paths()
+    if len(paths) < 2:
+        pytest.skip("one vector path here")
+    assert "portable" in paths  # always built: the path of a CPU without AVX2
+    torch.manual_seed(0)
+    kvs = [torch.randn(700, 1, 2, 2, 128).to(dtype) for _ in range(3)]
+    query = torch.randn(1, 3 * 2 * 4, 3, 128).to(dtype)
+    expected = reference(query, kvs, 0, 700, 0.1, 300, None)
+    outs = {}
+    for path in paths:
+        monkeypatch.setenv(native.ENV_PATH, path)
+        assert native.kernel().variant(native.PATHS[native.forced_path()]) == native.PATHS[path]
+        outs[path] = HostAttention(tile_bytes=64 << 10).attend(query, kvs, 0, 700, scaling=0.1, window=300)
+    for path, out in outs.items():  # each within its dtype's rounding of float64, and of the portable path
+        scale = expected.abs().max()
+        assert (out.double() - expected).abs().max() <= (torch.finfo(dtype).eps + 1e-6) * scale, path
+        # the paths sum the same products in different lane orders: fp32 rounding (1e-5 relative, the parity
+        # tolerance), and at most a unit in the last place of bf16/fp16 outputs rounded on either side of a tie
+        tolerance = 1e-5 if dtype == torch.float32 else torch.finfo(dtype).eps
+        assert (out.double() - outs["portable"].double()).abs().max() <= tolerance * scale, path
+
+
+def test_a_path_the_cpu_lacks_is_refused(monkeypatch):
+    function = native.kernel()
+    if function is None:
+        pytest.skip("no C compiler here")
+    missing = [name for name in ("avx2", "avx512") if not function.variant(native.PATHS[name])]
+    if not missing:
+        pytest.skip("this CPU runs every path")
+    monkeypatch.setenv(native.ENV_PATH, missing[0])
+    with pytest.raises(RuntimeError, match="not available"):
+        native.attend_layer(torch.randn(1, 1, 1, 16), [torch.randn(4, 1, 2, 1, 16)], 0, 4,
+                            torch.empty(1, 1, 1, 16), scaling=1.0)
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_8bit_homes_give_what_dequantize_then_attend_gives(kv_dtype, dtype):
+    from engine.kv import quant
+
+    if native.kernel() is None:
+        pytest.skip("no C compiler here")
+    torch.manual_seed(0)
+    homes = [torch.randn(500, 1, 2, 2, 64) for _ in range(2)]  # [T, B, 2, g, D]
+    coded = [quant.quantize(home, kv_dtype) for home in homes]
+    dequantized = [quant.dequantize(codes, scales, torch.empty(codes.shape)) for codes, scales in coded]
+    query = torch.randn(1, 2 * 2 * 3, 4, 64).to(dtype)
+    kernel = HostAttention(tile_bytes=16 << 10)
+    from_codes = kernel.attend(query, [c for c, _ in coded], 0, 500, scaling=0.125, window=200,
+                               scales=[s for _, s in coded])
+    from_copy = kernel.attend(query, dequantized, 0, 500, scaling=0.125, window=200)
+    # codes * scale is the fp32 dequantized value: only the order of the fp32 sums differs (and the output's
+    # rounding to bf16, at most one unit in its last place)
+    scale = from_copy.abs().max().double()
+    assert (from_codes.double() - from_copy.double()).abs().max() <= (torch.finfo(dtype).eps + 1e-6) * scale
+
+
+def test_without_a_compiler_the_torch_tile_runs_and_the_log_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(native, "compiler", lambda: None)
+    with caplog.at_level("INFO", logger="engine.kv.native"):
+        assert native.kernel.__wrapped__() is None
+    assert "no C compiler found, using the torch tile" in caplog.text
+
+
 # -- parity on every architecture ------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=sorted(tiny_configs()))
 def pair(request, tmp_path_factory):
@@ -180,6 +267,24 @@ def test_share_balances_the_two_halves_and_auto_is_off_without_cuda():
     forecast = forecast_decode(100 * 10**9, 0.75, 75.0, 25.0)
     assert forecast.pcie_floor_seconds == pytest.approx(4.0)
     assert forecast.seconds == pytest.approx(1.0)  # both halves: 25 GB over the link, 75 GB on the host
+
+
+def test_the_split_puts_groups_on_a_fast_enough_host_and_none_on_a_slow_one():
+    llama = ModelShape(32, 32, 8, 128, 4096, 14336, 128256, 2, 8_030_000_000, (None,) * 32)
+    policy = engine.OffloadPolicy(head_group_size=1, resident_slots=0)
+    kv_bytes = (1 << 17) * llama.kv_bytes_per_token
+    # A 4090 PC: 24 GB/s link, the host kernel at 60 GB/s: both halves finish together with ~70% on the host.
+    desktop = rates.MachineRates(host_attention_gbps=60.0, h2d_gbps=24.0, is_h2d_measured=True)
+    plan = make_plan(llama, policy, 1 << 17, device_is_cuda=True, rates=desktop)
+    assert plan.host_share == pytest.approx(60 / 84) and 0.69 < plan.host_share < 0.73
+    assert plan.decode_seconds == pytest.approx(kv_bytes / 84e9)  # vs kv_bytes / 24e9 all streamed
+    slots = [(layer, group) for layer in range(32) for group in range(8)]
+    on_host = choose_host_slots(slots, [1] * len(slots), plan.host_share)
+    assert len(on_host) == round(0.714 * 256) and {layer for layer, _ in on_host} == set(range(32))
+    # The old kernel's rate on the GPU machine (0.85 GB/s at 32K): a share so small that no group goes to the host.
+    slow = rates.MachineRates(host_attention_gbps=0.85, h2d_gbps=55.0, is_h2d_measured=True)
+    slow_share = make_plan(llama, policy, 1 << 17, device_is_cuda=True, rates=slow).host_share
+    assert slow_share < 0.02 and choose_host_slots(slots[:32], [1] * 32, slow_share) == frozenset()
 
 
 def test_host_slots_carry_the_share_of_bytes_spread_over_layers():

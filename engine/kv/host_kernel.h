@@ -1,0 +1,54 @@
+/* One layer's host attention, as host_pool.c hands it to the compute tasks of host_kernel.c (see native.py).
+ *
+ * A call: the step's queries [B, H, Q, D] over tokens [start, stop) of every host-attended head group's home
+ * ([capacity, B, 2, g, D] token-major, in its stored dtype; 8-bit homes: codes plus fp32 scale planes
+ * [capacity, B, 2, g, 1]); H = num_groups * g * n_rep; row r of a KV head is query head rep = r / Q at query
+ * r % Q. Output [B, H, Q, D] contiguous, in out_dtype.
+ */
+#ifndef HEADINFER_HOST_KERNEL_H
+#define HEADINFER_HOST_KERNEL_H
+
+#include <stdint.h>
+
+enum { HA_FP32 = 0, HA_BF16 = 1, HA_FP16 = 2, HA_INT8 = 3, HA_FP8 = 4 };
+enum { HA_AUTO = 0, HA_PORTABLE = 1, HA_AVX2 = 2, HA_AVX512 = 3 };
+
+/* Mirrored field for field by native.py's ctypes Structure: keep the two in step. */
+typedef struct {
+    const char *const *kv;      /* [num_groups] home base pointers (8-bit homes: their codes) */
+    const float *const *scales; /* [num_groups] scale planes, or NULL (not 8-bit) */
+    const void *query;          /* [B, H, Q, D] with q_strides (elements) */
+    void *out;                  /* [B, H, Q, D] contiguous */
+    long q_strides[4];
+    long start, stop;           /* visible tokens of every home */
+    long window;                /* > 0: a query at p sees keys > p - window */
+    long tile_bytes;            /* most home bytes per task (0: the default) */
+    float scaling, softcap;     /* scores = q.k * scaling; softcap > 0: softcap * tanh(scores / softcap) */
+    int num_groups, batch, group, dim, n_rep, q_len;
+    int kv_dtype, query_dtype, out_dtype;
+    int num_threads;            /* threads of the call, the caller's included (<= 0: every core) */
+    int variant;                /* HA_AUTO or a forced vector path */
+} ha_call;
+
+/* What a compute task reads: the call, its folded queries and where its partial goes. */
+typedef struct {
+    const ha_call *call;
+    const float *folded;        /* [num_groups, B, g, R, D] fp32, pre-scaled (and divided by softcap) */
+    long tile_tokens;           /* tokens per task */
+    int tiles_per_group, rows;  /* rows R = n_rep * Q */
+    long token_bytes;           /* bytes of one token of a home: B * 2 * g * D * element size */
+    float *m, *l, *acc;         /* per task: [B * g * R] running max, sum; [B * g * R, D] unnormalised output */
+} ha_job;
+
+/* Computes task ``index`` (group index / tiles_per_group, tile index % tiles_per_group) into its partial slot.
+ * Returns 0, or -2 when a scratch buffer could not be allocated. One per compiled vector path. */
+int ha_task_portable(const ha_job *job, long index);
+int ha_task_avx2(const ha_job *job, long index);
+int ha_task_avx512(const ha_job *job, long index);
+
+/* The sum of ``bytes`` of floats at ``data``: a plain read at the same vector width (the benchmark's yardstick). */
+float ha_read_portable(const char *data, long bytes);
+float ha_read_avx2(const char *data, long bytes);
+float ha_read_avx512(const char *data, long bytes);
+
+#endif

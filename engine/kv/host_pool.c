@@ -1,0 +1,370 @@
+/* One layer's host attention in one call (host_kernel.h): the queries folded, the tasks run on this library's own
+ * thread pool, the partials merged by their log-sum-exp weights, the output written in the queries' dtype.
+ *
+ * Tasks are (head group, tile of at most tile_bytes of its home), taken in order from one atomic counter by the
+ * caller and the pool's workers, so a worker the OS starts late only takes fewer tasks. Workers sleep on a
+ * condition variable between calls; the caller never waits for one that has not started (it only waits for tasks
+ * in progress), so the fixed cost of a call is its wake-up broadcast, the fold and the merge.
+ *
+ * The vector path (host_kernel.c compiled per path) is chosen once from cpuid, or forced by the call.
+ */
+#include "host_kernel.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MAX_WORKERS 255
+#define DEFAULT_TILE_BYTES (2L << 20) /* 2 MiB: the streamed home of a tile; calls of less use smaller tiles */
+#define MIN_TILE_BYTES (64L << 10)    /* below this a task's fixed cost dominates */
+#define TASKS_PER_THREAD 4            /* enough tasks that threads the OS pauses delay only a share of a call */
+#define BYTES_PER_THREAD (256L << 10) /* a call of less wakes fewer workers: waking one costs ~10-20 us */
+
+typedef int (*task_fn)(const ha_job *, long);
+typedef float (*read_fn)(const char *, long);
+
+typedef struct {
+    const void *context;
+    int (*run)(const void *context, long index);
+    long num_tasks;
+    long next;    /* atomic: the next task to take */
+    int status;   /* atomic: the first nonzero task status */
+    int threads;  /* workers of this call (the caller excluded) */
+} call_state;
+
+static struct {
+    pthread_mutex_t call_lock; /* one call at a time uses the pool and the scratch */
+    pthread_mutex_t lock;
+    pthread_cond_t wake, idle;
+    call_state *current;       /* NULL between calls */
+    unsigned long generation;
+    int num_workers, busy;
+    float *scratch;
+    long scratch_floats;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+          PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, NULL, 0};
+
+static void run_tasks(call_state *state) {
+    for (;;) {
+        const long index = __atomic_fetch_add(&state->next, 1, __ATOMIC_RELAXED);
+        if (index >= state->num_tasks) return;
+        const int status = state->run(state->context, index);
+        if (status != 0) __atomic_store_n(&state->status, status, __ATOMIC_RELAXED);
+    }
+}
+
+static void *worker(void *arg) {
+    const int id = (int)(long)arg;
+    unsigned long seen = 0;
+    pthread_mutex_lock(&pool.lock);
+    for (;;) {
+        while (pool.generation == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+        seen = pool.generation;
+        call_state *state = pool.current;
+        if (state == NULL || id >= state->threads) continue; /* a call already done, or not one of its workers */
+        pool.busy++;
+        pthread_mutex_unlock(&pool.lock);
+        run_tasks(state);
+        pthread_mutex_lock(&pool.lock);
+        if (--pool.busy == 0) pthread_cond_signal(&pool.idle);
+    }
+    return NULL;
+}
+
+/* Starts workers up to ``wanted`` (under call_lock); returns how many there are. */
+static int ensure_workers(int wanted) {
+    if (wanted > MAX_WORKERS) wanted = MAX_WORKERS;
+    while (pool.num_workers < wanted) {
+        pthread_t thread;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int failed = pthread_create(&thread, &attr, worker, (void *)(long)pool.num_workers);
+        pthread_attr_destroy(&attr);
+        if (failed) break;
+        pool.num_workers++;
+    }
+    return pool.num_workers;
+}
+
+static int cores(void) {
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (int)n;
+}
+
+/* ---- the vector path ---- */
+static int cpu_has(int variant) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (variant == HA_AVX512)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+    if (variant == HA_AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    return variant == HA_PORTABLE;
+}
+
+static task_fn variant_function(int variant) {
+    switch (variant) {
+#ifdef HA_HAS_AVX512
+        case HA_AVX512: return cpu_has(HA_AVX512) ? ha_task_avx512 : NULL;
+#endif
+#ifdef HA_HAS_AVX2
+        case HA_AVX2: return cpu_has(HA_AVX2) ? ha_task_avx2 : NULL;
+#endif
+        case HA_PORTABLE: return ha_task_portable;
+        default: return NULL;
+    }
+}
+
+/* The path HA_AUTO runs (the widest this CPU has and this library was built with), or the one asked for if it
+ * is available; 0 if it is not. */
+int host_attend_variant(int requested) {
+    if (requested != HA_AUTO) return variant_function(requested) ? requested : 0;
+    for (int variant = HA_AVX512; variant >= HA_PORTABLE; variant--)
+        if (variant_function(variant)) return variant;
+    return 0;
+}
+
+/* ---- fold, merge ---- */
+static float bf16_to_float(uint16_t bits) {
+    union { uint32_t u; float f; } out = {(uint32_t)bits << 16};
+    return out.f;
+}
+
+static uint16_t float_to_bf16(float value) { /* round to nearest even, as torch's .to(bfloat16) */
+    union { float f; uint32_t u; } in = {value};
+    if ((in.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((in.u >> 16) | 0x40); /* NaN stays NaN */
+    return (uint16_t)((in.u + 0x7fffu + ((in.u >> 16) & 1)) >> 16);
+}
+
+#if defined(__FLT16_MAX__) && !defined(HEADINFER_NO_FLOAT16)
+static float half_to_float(uint16_t bits) {
+    _Float16 h;
+    memcpy(&h, &bits, 2);
+    return (float)h;
+}
+static uint16_t float_to_half(float value) {
+    const _Float16 h = (_Float16)value;
+    uint16_t bits;
+    memcpy(&bits, &h, 2);
+    return bits;
+}
+#else
+/* Without _Float16 (GCC < 12): exact widening and round-to-nearest-even narrowing with bit operations
+ * (after Maratyszcza's FP16 library). */
+static float half_to_float(uint16_t half) {
+    union { uint32_t u; float f; } out = {(uint32_t)(half & 0x7fff) << 13};
+    const uint32_t exponent = out.u & 0x0f800000u;
+    out.u += (uint32_t)(127 - 15) << 23;
+    if (exponent == 0x0f800000u) {
+        out.u += (uint32_t)(128 - 16) << 23;
+    } else if (exponent == 0) {
+        const union { uint32_t u; float f; } magic = {(uint32_t)113 << 23};
+        out.u += 1u << 23;
+        out.f -= magic.f;
+    }
+    out.u |= (uint32_t)(half & 0x8000) << 16;
+    return out.f;
+}
+static uint16_t float_to_half(float value) {
+    union { float f; uint32_t u; } in = {value}, base;
+    const union { uint32_t u; float f; } to_inf = {0x77800000u}, to_zero = {0x08800000u}; /* 2^112, 2^-110 */
+    base.f = (fabsf(value) * to_inf.f) * to_zero.f;
+    const uint32_t shl1 = in.u + in.u, sign = in.u & 0x80000000u;
+    uint32_t bias = shl1 & 0xff000000u;
+    if (bias < 0x71000000u) bias = 0x71000000u;
+    union { uint32_t u; float f; } rebias = {(bias >> 1) + 0x07800000u};
+    base.f = rebias.f + base.f;
+    const uint32_t exp_bits = (base.u >> 13) & 0x00007c00u, mantissa_bits = base.u & 0x00000fffu;
+    return (uint16_t)((sign >> 16) | (shl1 > 0xff000000u ? 0x7e00u : exp_bits + mantissa_bits));
+}
+#endif
+
+static float read_element(const void *base, long index, int dtype) {
+    if (dtype == HA_FP32) return ((const float *)base)[index];
+    if (dtype == HA_BF16) return bf16_to_float(((const uint16_t *)base)[index]);
+    return half_to_float(((const uint16_t *)base)[index]);
+}
+
+static void write_element(void *base, long index, int dtype, float value) {
+    if (dtype == HA_FP32) ((float *)base)[index] = value;
+    else if (dtype == HA_BF16) ((uint16_t *)base)[index] = float_to_bf16(value);
+    else ((uint16_t *)base)[index] = float_to_half(value);
+}
+
+/* Query head of (group, KV head h, row r) and its query index: heads are (group, KV head, repeat), rows
+ * (repeat, query). */
+#define HEAD_OF(c, grp, h, r) ((((long)(grp) * (c)->group + (h)) * (c)->n_rep) + (r) / (c)->q_len)
+
+static void fold_queries(const ha_call *c, int rows, float *folded) {
+    const float scale = c->softcap > 0.0f ? c->scaling / c->softcap : c->scaling; /* the tile undoes 1/softcap */
+    for (int grp = 0; grp < c->num_groups; grp++)
+        for (int b = 0; b < c->batch; b++)
+            for (int h = 0; h < c->group; h++)
+                for (int r = 0; r < rows; r++) {
+                    const long head = HEAD_OF(c, grp, h, r), q = r % c->q_len;
+                    const long at = b * c->q_strides[0] + head * c->q_strides[1] + q * c->q_strides[2];
+                    float *out = folded + ((((long)grp * c->batch + b) * c->group + h) * rows + r) * c->dim;
+                    for (int d = 0; d < c->dim; d++)
+                        out[d] = read_element(c->query, at + d * c->q_strides[3], c->query_dtype) * scale;
+                }
+}
+
+/* out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over a group's tiles (M: the largest m; a tile a row
+ * cannot see has m = -inf, weight 0). */
+static void merge(const ha_call *c, const ha_job *job) {
+    const long heads_rows = (long)c->batch * c->group * job->rows, num_heads = (long)c->num_groups * c->group * c->n_rep;
+    const int tiles = job->tiles_per_group, dim = c->dim;
+    float row[256];
+    for (int grp = 0; grp < c->num_groups; grp++)
+        for (long hr = 0; hr < heads_rows; hr++) {
+            const long b = hr / (c->group * job->rows), h = hr / job->rows % c->group, r = hr % job->rows;
+            const long first = (long)grp * tiles;
+            float top = -INFINITY, total = 0.0f;
+            for (int t = 0; t < tiles; t++) top = fmaxf(top, job->m[(first + t) * heads_rows + hr]);
+            memset(row, 0, sizeof(float) * dim);
+            for (int t = 0; t < tiles; t++) {
+                const long slot = (first + t) * heads_rows + hr;
+                if (job->m[slot] == -INFINITY) continue;
+                const float weight = expf(job->m[slot] - top);
+                total += weight * job->l[slot];
+                const float *acc = job->acc + slot * dim;
+                for (int d = 0; d < dim; d++) row[d] += weight * acc[d];
+            }
+            const long head = HEAD_OF(c, grp, h, r), q = r % c->q_len;
+            const long at = ((b * num_heads + head) * c->q_len + q) * dim;
+            const float inverse = 1.0f / total;  /* > 0: every query sees its own key */
+            for (int d = 0; d < dim; d++) write_element(c->out, at + d, c->out_dtype, row[d] * inverse);
+        }
+}
+
+static int element_bytes(int dtype) {
+    return dtype == HA_FP32 ? 4 : (dtype == HA_BF16 || dtype == HA_FP16) ? 2 : 1;
+}
+
+/* Runs tasks [0, num_tasks) on the caller and up to threads - 1 workers (under call_lock); the first nonzero
+ * status. */
+static int run_on_pool(int (*run)(const void *, long), const void *context, long num_tasks, int threads) {
+    call_state state = {context, run, num_tasks, 0, 0, 0};
+    const long helpers = (num_tasks < threads ? num_tasks : threads) - 1;
+    if (helpers > 0) {
+        state.threads = ensure_workers((int)helpers);
+        if (state.threads > helpers) state.threads = (int)helpers;
+        pthread_mutex_lock(&pool.lock);
+        pool.current = &state;
+        pool.generation++;
+        pthread_cond_broadcast(&pool.wake);
+        pthread_mutex_unlock(&pool.lock);
+    }
+    run_tasks(&state);
+    if (helpers > 0) { /* every task is taken: wait for those still running, never for a worker not yet awake */
+        pthread_mutex_lock(&pool.lock);
+        pool.current = NULL;
+        while (pool.busy > 0) pthread_cond_wait(&pool.idle, &pool.lock);
+        pthread_mutex_unlock(&pool.lock);
+    }
+    return __atomic_load_n(&state.status, __ATOMIC_RELAXED);
+}
+
+typedef struct {
+    const ha_job *job;
+    task_fn run;
+} attention_context;
+
+static int attention_task(const void *context, long index) {
+    const attention_context *a = context;
+    return a->run(a->job, index);
+}
+
+/* Returns 0; -1 a head dim without a specialisation; -2 out of memory; -3 the vector path is not available. */
+int host_attend_layer(const ha_call *c) {
+    if (c->dim != 16 && c->dim != 32 && c->dim != 64 && c->dim != 128 && c->dim != 256) return -1;
+    const task_fn run = variant_function(host_attend_variant(c->variant));
+    if (run == NULL) return -3;
+    ha_job job = {0};
+    job.call = c;
+    job.rows = c->n_rep * c->q_len;
+    job.token_bytes = (long)c->batch * 2 * c->group * c->dim * element_bytes(c->kv_dtype);
+    const long tokens = c->stop - c->start, total_bytes = tokens * job.token_bytes * c->num_groups;
+    int threads = c->num_threads > 0 ? c->num_threads : cores();
+    if (total_bytes / BYTES_PER_THREAD + 1 < threads) threads = (int)(total_bytes / BYTES_PER_THREAD + 1);
+    long tile_bytes = c->tile_bytes > 0 ? c->tile_bytes : DEFAULT_TILE_BYTES;
+    const long spread = total_bytes / ((long)threads * TASKS_PER_THREAD); /* every thread gets tasks */
+    if (spread < tile_bytes) tile_bytes = spread > MIN_TILE_BYTES ? spread : MIN_TILE_BYTES;
+    if (c->tile_bytes > 0 && c->tile_bytes < tile_bytes) tile_bytes = c->tile_bytes; /* tests: many tiles */
+    job.tile_tokens = tile_bytes / job.token_bytes;
+    if (job.tile_tokens < 16) job.tile_tokens = 16;
+    job.tiles_per_group = (int)((tokens + job.tile_tokens - 1) / job.tile_tokens);
+    const long num_tasks = (long)job.tiles_per_group * c->num_groups;
+    const long heads_rows = (long)c->batch * c->group * job.rows;
+    const long folded_floats = heads_rows * c->dim * c->num_groups;
+    const long needed = folded_floats + num_tasks * heads_rows * (c->dim + 2);
+
+    pthread_mutex_lock(&pool.call_lock);
+    if (pool.scratch_floats < needed) {
+        free(pool.scratch);
+        pool.scratch = malloc(sizeof(float) * needed);
+        pool.scratch_floats = pool.scratch == NULL ? 0 : needed;
+        if (pool.scratch == NULL) {
+            pthread_mutex_unlock(&pool.call_lock);
+            return -2;
+        }
+    }
+    float *folded = pool.scratch;
+    job.folded = folded;
+    job.m = folded + folded_floats;
+    job.l = job.m + num_tasks * heads_rows;
+    job.acc = job.l + num_tasks * heads_rows;
+    fold_queries(c, job.rows, folded);
+
+    const attention_context context = {&job, run};
+    int status = run_on_pool(attention_task, &context, num_tasks, threads);
+    if (status == 0) merge(c, &job);
+    pthread_mutex_unlock(&pool.call_lock);
+    return status;
+}
+
+typedef struct {
+    const char *data;
+    long bytes, slice;
+    read_fn read;
+    float *sums;
+} read_context;
+
+static int read_task(const void *context, long index) {
+    const read_context *r = context;
+    const long first = index * r->slice, size = first + r->slice < r->bytes ? r->slice : r->bytes - first;
+    r->sums[index] = r->read(r->data + first, size);
+    return 0;
+}
+
+/* The benchmark's yardstick: ``bytes`` of floats at ``data`` summed on ``num_threads`` threads of this pool, in
+ * slices of 1 MiB, at the vector width of ``variant``; returns the sum (so that nothing is optimised away), NaN
+ * if the path is not available. */
+double host_read(const char *data, long bytes, int num_threads, int variant) {
+    const int chosen = host_attend_variant(variant);
+    const read_fn read = chosen == HA_PORTABLE ? ha_read_portable
+#ifdef HA_HAS_AVX2
+                         : chosen == HA_AVX2 ? ha_read_avx2
+#endif
+#ifdef HA_HAS_AVX512
+                         : chosen == HA_AVX512 ? ha_read_avx512
+#endif
+                         : NULL;
+    if (read == NULL) return NAN;
+    const long slice = 1L << 20, num_tasks = (bytes + slice - 1) / slice;
+    float *sums = malloc(sizeof(float) * num_tasks);
+    if (sums == NULL) return NAN;
+    const read_context context = {data, bytes, slice, read, sums};
+    pthread_mutex_lock(&pool.call_lock);
+    run_on_pool(read_task, &context, num_tasks, num_threads > 0 ? num_threads : cores());
+    pthread_mutex_unlock(&pool.call_lock);
+    double total = 0.0;
+    for (long i = 0; i < num_tasks; i++) total += sums[i];
+    free(sums);
+    return total;
+}

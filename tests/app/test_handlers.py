@@ -412,7 +412,7 @@ def test_a_text_far_beyond_the_limit_is_refused_unread_with_the_numbers(embedded
         view = handlers.choose_files([str(huge), secret_pdf], state)
     message = _text(view.status)
     # The limit: the window less the conversation allowance the plan keeps beside the document.
-    assert "huge.txt (1.98 MiB of text): about 520,000 tokens, far beyond the 4,096 tokens" in message
+    assert "huge.txt (1.98 MiB of text): about 520,000 tokens, far beyond the 6,144 tokens" in message
     assert "reads at most 8,192 tokens" in message and "long-context model" in message
     assert [doc.name for doc in state.documents] == ["lighthouse.pdf"]  # the rest is still read
     assert counting.long_calls == 0  # refused before tokenizing

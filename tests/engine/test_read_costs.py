@@ -170,7 +170,7 @@ def test_a_read_records_its_chunks_and_the_next_estimate_uses_them(smollm2, tmp_
         [read] = costs.reads(session._costs_key)
         assert len(read) == -(-session.document_tokens // 128)  # every chunk
         assert sum(x for x, _, _ in read) == session.document_tokens
-        monkeypatch.setattr(session_module, "measured_flop_rate", lambda *a: pytest.fail("benchmark after a read"))
+        monkeypatch.setattr(session_module, "measured_read_rate", lambda *a: pytest.fail("benchmark after a read"))
         low, likely, high = session.estimate_prefill_range(session.document_tokens)
         assert low < likely < high
         assert likely == pytest.approx(progress.elapsed, rel=0.6)  # the same read, at about the same load

@@ -7,7 +7,8 @@ Three real Debian manuals (read with the app's own reader) cut to about 2K, 4K a
 the studio share ``~/.cache/headinfer-studio/read-costs.json``. The second start runs beside an extra busy
 process, so the machine's load changes between the runs (and the other jobs on a shared VM change it too). For each read: the range the plan panel shows before
 it, the actual read, and the error of the likely value. Target: within ±35%.
-Writes docs/benchmarks/estimate-error.{json,md}.
+Writes docs/benchmarks/estimate-error.{json,md}. ``--first-reads``: each document's first read on a clean cache, twice,
+each in a new process with an empty ``HEADINFER_CACHE`` (a section of estimate-error.md, and estimate-error-first-reads.json).
 """
 
 from __future__ import annotations
@@ -134,6 +135,24 @@ def first_reads_section(rows: list[dict], when: str) -> list[str]:
     return lines
 
 
+def write_section(path: Path, section: list[str]) -> None:
+    """Puts ``section`` into the markdown file before its first ``## `` heading, replacing an earlier section of the
+    same heading (the rest of the file, and the notes under the section's table, stay)."""
+    text = path.read_text() if path.exists() else ""
+    lines = text.splitlines()
+    heading = section[0]
+    if heading in lines:
+        start = lines.index(heading)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        table_end = next((i for i in range(start + 1, end) if lines[i - 1].startswith("|") and not lines[i].strip()),
+                         end)
+        lines[start:table_end] = section
+    else:
+        at = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+        lines[at:at] = [*section, ""]
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.estimate_error")
     p.add_argument("--corpus", default=".pytest_cache/d/debian-documents")
@@ -159,6 +178,7 @@ def main(argv=None) -> int:
         (out / "estimate-error-first-reads.json").write_text(
             json.dumps({"run": run_stamp("cpu"), "label": args.label, "rows": rows}, indent=1))
         section = first_reads_section(rows, args.label or time.strftime("%Y-%m-%d %H:%M"))
+        write_section(out / "estimate-error.md", section)
         print("\n".join(section))
         return 0
 
@@ -195,6 +215,11 @@ def main(argv=None) -> int:
                      f"{r['from']} | {1000 * r['probe_s']:.0f} | {r['load_avg']:.1f} | {r['low_s']:.1f}–{r['high_s']:.1f} s | "
                      f"{r['likely_s']:.1f} | {r['actual_s']:.1f} | {r['error']:+.0%} | {'yes' if r['in_range'] else 'no'} |")
     lines += ["", BEFORE]
+    old = (out / "estimate-error.md").read_text().splitlines() if (out / "estimate-error.md").exists() else []
+    start = next((i for i, line in enumerate(old) if line.startswith("## First reads on a clean cache")), None)
+    if start is not None:  # the --first-reads section and its notes stay
+        end = next((i for i in range(start + 1, len(old)) if old[i].startswith("## ")), len(old))
+        lines += ["", *old[start:end]]
     (out / "estimate-error.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -421,10 +421,15 @@ def main(argv: list[str] | None = None) -> None:
     except (UnsupportedModelError, ModelSourceError, ValueError) as exc:
         logger.error("%s", exc)
         sys.exit(1)
+    first = DocumentSession(model, tokenizer, policy)
     try:
-        check_plan(DocumentSession(model, tokenizer, policy))
+        check_plan(first)
     except ValueError as exc:
         parser.error(str(exc))
+    # The first read's estimate is measured here (two forwards), not at the first upload's plan, and before the
+    # background retrieval-head search below would share the cores with it (estimates then came out 2-8x long).
+    first.estimate_prefill_range(1)
+    del first
     policy, checked = apply_first_use_self_check(policy, device)
     info = {**describe(model), "kv_dtype": policy.kv_dtype, "self_check": checked}
     logger.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from cuda_alloc_env import use_expandable_segments
 
-# The engine (and torch) is imported inside the functions that need it, on purpose: a bad flag, model path or busy
-# port fails in under 3 s, before torch loads. Every function-local import below is that one reason.
+# The engine (and torch) is imported inside the functions that need it, on purpose: a bad flag or model path fails
+# in under 3 s, before torch loads. Every function-local import below is that one reason.
 logger = logging.getLogger("headinfer.launch")
 
 SHARE_SERVER = ("api.gradio.app", 443)  # where Gradio asks for a share tunnel
@@ -240,12 +240,13 @@ def can_reach_share_server(timeout: float = 3.0) -> bool:
 
 
 def check_quickly(args: argparse.Namespace) -> None:
-    """What can be checked before torch and the model load (seconds): a ``--model`` path that is not there, and a
-    port something else listens on. Raises ``ValueError``."""
+    """What can be checked before torch and the model load (seconds): a ``--model`` path that is not there and a
+    ``--host`` that is no address. The port is looked at last (``check_port``): a bad value is reported as itself
+    even while another app serves on the port. Raises ``ValueError``."""
     if args.model is not None and _looks_like_path(args.model) and not Path(args.model).expanduser().exists():
         raise ValueError(f"--model {args.model}: no such file or folder (give a model folder, a .gguf file or a "
                          "Hugging Face Hub id such as HuggingFaceTB/SmolLM2-360M-Instruct)")
-    _check_listen_address(args.host, args.port)
+    _listen_address(args.host, args.port)
 
 
 def _looks_like_path(value: str) -> bool:
@@ -297,7 +298,6 @@ def check_machine(args: argparse.Namespace) -> str:
         raise ValueError("--kv-disk-max needs --kv-disk-dir (the folder of the disk tier)")
     if args.kv_disk_dir is not None:
         _check_disk_dir(args.kv_disk_dir)
-    _check_listen_address(args.host, args.port)
     return device
 
 
@@ -332,11 +332,18 @@ def check_model(args: argparse.Namespace, config) -> None:
                          "--exceed-trained-window to allow it anyway")
 
 
-def _check_listen_address(host: str, port: int) -> None:
+def _listen_address(host: str, port: int) -> tuple:
+    """``getaddrinfo``'s first stream entry for ``host:port``; raises ``ValueError`` for a host that is no address."""
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except (OSError, UnicodeError) as exc:
         raise ValueError(f"--host {host}: not an address this machine can listen on ({exc})") from None
+
+
+def check_port(host: str, port: int) -> None:
+    """The last check before the model loads: ``host:port`` can be listened on (free, and an address of this
+    machine). Raises ``ValueError``."""
+    family, kind, proto, _, address = _listen_address(host, port)
     with socket.socket(family, kind, proto) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will
         try:
@@ -378,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         sys.exit(self_check(make_policy(args), device))
     try:
-        check_quickly(args)  # before torch loads: a typo in --model or a busy port fails in well under a second
+        check_quickly(args)  # before torch loads: a typo in --model fails in well under a second
         device = check_machine(args)
         if args.model is None and not device.startswith("cuda"):
             from engine.models import cpu_default_source
@@ -391,7 +398,14 @@ def main(argv: list[str] | None = None) -> None:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from engine.models import read_config
 
+        # The port last, so a bad value is reported as itself while another app serves on the port; but before a
+        # config that must be fetched first (a download of minutes should not end in "port in use").
+        is_local = args.model is None or Path(args.model).expanduser().exists()
+        if not is_local:
+            check_port(args.host, args.port)
         check_model(args, read_config(args.model))
+        if is_local:
+            check_port(args.host, args.port)
     except ValueError as exc:
         parser.error(str(exc))
     except OSError as exc:  # the model source: missing folder, unreachable Hub, unreadable file
@@ -410,10 +424,15 @@ def main(argv: list[str] | None = None) -> None:
     except (UnsupportedModelError, ModelSourceError, ValueError) as exc:
         logger.error("%s", exc)
         sys.exit(1)
+    first = DocumentSession(model, tokenizer, policy)
     try:
-        check_plan(DocumentSession(model, tokenizer, policy))
+        check_plan(first)
     except ValueError as exc:
         parser.error(str(exc))
+    # The first read's estimate is measured here (two forwards), not at the first upload's plan, and before the
+    # background retrieval-head search below would share the cores with it (estimates then came out 2-8x long).
+    first.estimate_prefill_range(1)
+    del first
     policy, checked = apply_first_use_self_check(policy, device)
     info = {**describe(model), "kv_dtype": policy.kv_dtype, "self_check": checked}
     logger.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))

@@ -69,7 +69,7 @@ class Questions:
                 return
             yield AskView(list(history), "", status("info", "Thinking…"), NO_CHANGE)
             yield from self._answer(session, question, history, max_new_tokens, float(temperature), state,
-                                    RepetitionGuard() if avoid_repeats else None, bool(show_sources))
+                                    RepetitionGuard() if avoid_repeats else None, bool(show_sources), ticket)
         finally:
             self._queue.leave(ticket)
 
@@ -87,7 +87,7 @@ class Questions:
         return ""
 
     def _answer(self, session: DocumentSession, question: str, history: list[dict], max_new_tokens: int,
-                temperature: float, state: BrowserState, guard, show_sources: bool) -> Iterator[AskView]:
+                temperature: float, state: BrowserState, guard, show_sources: bool, ticket) -> Iterator[AskView]:
         """Streams the answer, computed on a thread of its own: its between-layer stop checks belong to that
         thread, and a closed page (Gradio closing this generator) stops it and waits for it."""
         def work(report) -> None:
@@ -97,7 +97,7 @@ class Questions:
                                      on_question_progress=lambda done, total: report((done, total))):
                 report(chunk)
 
-        started = time.monotonic()
+        started, writing = time.monotonic(), status("info", "Writing the answer…")
         try:
             for item in iterate_reports(work, abandon=lambda: setattr(state, "stop_requested", True),
                                         min_interval=0.1, name="answer"):
@@ -106,6 +106,8 @@ class Questions:
                                   status("info", f"Reading the question: {item[0]:,} of {item[1]:,} tokens…"), NO_CHANGE)
                     continue
                 chunk = item
+                if not chunk.done:  # those waiting behind it: the rest of the answer at the rate it writes now
+                    self._queue.expect(ticket, self._answer_left(chunk, max_new_tokens))
                 stats = render.answer_stats(chunk.ttft, chunk.num_tokens, chunk.tokens_per_second,
                                             done=chunk.done, stopped=chunk.stopped)
                 if chunk.looped:
@@ -117,15 +119,28 @@ class Questions:
                               " and answers left out to make room")
                 if chunk.done and not chunk.stopped:
                     self._answer_seconds.append(time.monotonic() - started)
+                    self._answer_tokens.append(chunk.num_tokens)
                 pages = split_pages(session.document) if chunk.sources else None
                 history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats, chunk.sources, pages)}
                 # A copy per update: each yielded view is a snapshot, not a list edited later.
                 chips = self._page_chips(session, chunk) if chunk.done else NO_CHANGE
-                yield AskView(list(history), NO_CHANGE, status("ok", stats) if chunk.done else NO_CHANGE, chips)
+                # Once the answer is being written the question's "Reading the question: 12 of 12" is over.
+                line = status("ok", stats) if chunk.done else writing
+                writing = NO_CHANGE
+                yield AskView(list(history), NO_CHANGE, line, chips)
         except (HeadInferError, MemoryError) as exc:  # refused or out of memory; a bug surfaces
             logger.warning("answer failed: %s", exc)
             history[-1] = {"role": "assistant", "content": f"*(no answer: {html.escape(str(exc))})*"}
             yield AskView(history, NO_CHANGE, _warn(str(exc)), NO_CHANGE)
+
+    def _answer_left(self, chunk, max_new_tokens: int) -> float:
+        """Seconds a running answer likely has left: the tokens the last answers took (or its limit) less those it
+        wrote, at its rate so far; never more than its limit allows."""
+        if chunk.tokens_per_second <= 0:
+            return statistics.median(self._answer_seconds)
+        usual = statistics.median(self._answer_tokens) if self._answer_tokens else max_new_tokens
+        left = min(max(usual - chunk.num_tokens, 1), max_new_tokens - chunk.num_tokens)
+        return max(left, 0) / chunk.tokens_per_second
 
     def question_bar(self, max_new_tokens: float, state: BrowserState) -> str:
         """The longest question this tab may ask now (shown under the question box)."""

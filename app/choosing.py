@@ -65,7 +65,8 @@ class PageRanges:
             return RangeView(state, render.range_info(label, len(tokens), limit), NO_CHANGE, NO_CHANGE, NO_CHANGE,
                              status("error", str(exc)))
         seconds = session.estimate_prefill_range(len(tokens))
-        panel = render.plan_panel(plan, len(tokens), seconds, session.policy.kv_dtype)
+        panel = render.plan_panel(plan, len(tokens), seconds, session.policy.kv_dtype,
+                                 conversation_tokens=session.answer_budget)
         return RangeView(state, render.range_info(label, len(tokens), limit), panel, gr.update(value=False),
                          gr.update(interactive=True),
                          status("ok", f"Ready to read {label} ({len(tokens):,} tokens). Press “Read documents”."))

@@ -33,10 +33,11 @@ class Ticket:
     piece_started: float = 0.0
 
     def remaining_seconds(self, now: float) -> float:
-        """What is left of its expected time (a job past its estimate is taken to need a few seconds more)."""
+        """What is left of its expected time, counting down as it runs (a job past its estimate is taken to need a
+        second more; a running job's ``ComputeQueue.expect`` keeps the estimate current)."""
         if self.started is None:
             return self.expected_seconds
-        return max(self.expected_seconds - (now - self.started), 2.0)
+        return max(self.expected_seconds - (now - self.started), 1.0)
 
     def seconds_before_giving_way(self, now: float) -> float:
         """How long those behind it wait for it: its current piece when it gives way between pieces, else the rest."""

@@ -68,6 +68,8 @@ class Handlers(OpenSaved, PageRanges, Questions):
         self._queue = compute_queue or ComputeQueue()
         # Seconds the last answers took, whole (question read, answer written): what a queued one is expected to take.
         self._answer_seconds: collections.deque[float] = collections.deque([20.0], maxlen=5)
+        # Tokens the last answers took: how many a running answer likely has left, for those waiting behind it.
+        self._answer_tokens: collections.deque[int] = collections.deque(maxlen=5)
         self._shelves = Shelves(snapshot_store, private=private, session_root=session_shelves)
         self._upload_dir = upload_dir
         # Browser session id -> its state, only so ``unload`` can free a closed tab's memory at
@@ -130,7 +132,8 @@ class Handlers(OpenSaved, PageRanges, Questions):
                                      "files.")
         if problems:
             message = _warn("Skipped: " + " ".join(problems)) + message
-        panel = render.plan_panel(plan, sum(counts), seconds, session.policy.kv_dtype, _options(session, plan))
+        panel = render.plan_panel(plan, sum(counts), seconds, session.policy.kv_dtype, _options(session, plan),
+                                 conversation_tokens=session.answer_budget)
         view = FilesView(state, render.files_table(documents, counts), panel,
                          gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
                          message)
@@ -190,7 +193,7 @@ class Handlers(OpenSaved, PageRanges, Questions):
         session = self._session(state, request)
         tokens = state.tokens if state.tokens is not None else session.tokenize(combine(state.documents))
         text = tokens.text
-        chat = plan = NO_CHANGE
+        chat = plan = chips = page = NO_CHANGE
         if text != state.read_text or session.document_tokens == 0:
             try:
                 session.set_document(tokens, truncate_to_fit=truncate)
@@ -201,6 +204,7 @@ class Handlers(OpenSaved, PageRanges, Questions):
                                NO_CHANGE, *idle)
                 return
             state.read_text, chat = text, []  # the session dropped the old document and its chat
+            chips, page = _NO_CHIPS, render.page_view(None)  # ... and the old document's page chips
             state.saved_key = None
             if session.document != text:  # truncated to fit: the panel shows what is read, not the whole set
                 plan = _truncated_plan(session, len(tokens))
@@ -215,7 +219,7 @@ class Handlers(OpenSaved, PageRanges, Questions):
             yield ReadView(state, render.progress_bar(0, session.document_tokens, state="reopening",
                                                       note="reopening from disk…"),
                            status("info", f"Reopening the saved copy ({format_bytes(saved.num_bytes)}) from disk…"),
-                           chat, *_BUSY, plan=plan)
+                           chat, *_BUSY, plan=plan, pages=chips, page=page)
             chat, stats = NO_CHANGE, shelf.restore(session)
             if stats is not None:
                 state.saved_key = saved.key
@@ -226,7 +230,7 @@ class Handlers(OpenSaved, PageRanges, Questions):
         total, start = session.document_tokens, session.prefilled_tokens
         bar = render.progress_bar(session.prefilled_tokens, total, state="running")
         reading = status("info", f"{note}Reading {total:,} tokens (documents with the prompt)…")
-        yield ReadView(state, bar, reading, chat, *running, plan=plan)
+        yield ReadView(state, bar, reading, chat, *running, plan=plan, pages=chips, page=page)
         last: PrefillProgress | None = None
         paused = False
         try:
@@ -237,7 +241,9 @@ class Handlers(OpenSaved, PageRanges, Questions):
             ):
                 if isinstance(item, str):  # the read gave the device to another visitor between two chunks
                     paused = True
-                    done = session.prefilled_tokens
+                    # The count the bar shows: a read that gives way between layers is inside a forward, whose
+                    # tokens the cache holds only once it ends (``prefilled_tokens`` said 0 beside a bar at 868).
+                    done = last.tokens_done if last is not None else session.prefilled_tokens
                     yield ReadView(state, NO_CHANGE, render.queue_status(
                         self._queue.position(ticket), f"Paused after {done:,} of {total:,} tokens so that another "
                         f"visitor goes first; the read goes on from there. {item}"), NO_CHANGE, *running)
@@ -337,9 +343,10 @@ class Handlers(OpenSaved, PageRanges, Questions):
         shelf = self._shelves.for_request(request)
         infos, problem = shelf.list()
         choices = [(render.saved_choice_label(info), info.key) for info in infos]
+        chosen = infos[0].key if len(infos) == 1 else None  # one saved document: Open opens it, no choosing
         return SavedView(render.saved_panel(infos, shelf.cap, enabled=shelf.enabled, problem=problem,
                                             leftover=shelf.leftover_bytes()),
-                         gr.update(choices=choices, value=None))
+                         gr.update(choices=choices, value=chosen))
 
     def delete_saved(self, key: str | None, request: gr.Request = None) -> DeleteView:
         """Deletes the chosen snapshot from the visitor's shelf; documents already loaded in any tab stay loaded."""
@@ -384,6 +391,7 @@ class Handlers(OpenSaved, PageRanges, Questions):
 
 _BUSY = (gr.update(interactive=False), gr.update(interactive=False))  # disk work: nothing to cancel
 _IDLE = (gr.update(interactive=True), gr.update(interactive=False))  # read button on, cancel off
+_NO_CHIPS = gr.update(choices=[], value=None, visible=False)  # a new document: the old one's page chips go
 
 
 def _reopened(stats: RestoreStats) -> str:
@@ -411,7 +419,8 @@ def _truncated_plan(session: DocumentSession, num_chosen: int) -> str:
     plan = session.document_plan()
     seconds = session.estimate_prefill_range(session.document_tokens)
     return render.plan_panel(plan, session.document_tokens, seconds, session.policy.kv_dtype,
-                             _options(session, plan), truncated_from=num_chosen, stopped_in=last_page(session.document))
+                             _options(session, plan), truncated_from=num_chosen, stopped_in=last_page(session.document),
+                             conversation_tokens=session.answer_budget)
 
 
 def _options(session: DocumentSession, plan) -> list:

@@ -16,6 +16,8 @@ import gradio as gr
 from app import render
 from app.browser_state import BrowserState
 from app.render import status
+from app.documents import combine
+from app.page_range import parts_read
 from app.sizing import token_counts
 from app.views import OpenView
 from engine import HeadInferError
@@ -33,9 +35,12 @@ class OpenSaved:
 
     def open_saved(self, key: str | None, state: BrowserState, request: gr.Request = None) -> Iterator[OpenView]:
         """Reopens the chosen saved document (plan, pages, viewer, follow-ups) with no upload."""
-        if not key:
-            yield self._open_view(state, status_line=_warn_line("Choose a saved document to open first."))
-            return
+        if not key:  # one saved document is the one meant; among several, the visitor chooses
+            infos, _ = self._shelves.for_request(request).list()
+            if len(infos) != 1:
+                yield self._open_view(state, status_line=_warn_line("Choose a saved document to open first."))
+                return
+            key = infos[0].key
         yield from self._reopen(key, [], state, request, quiet=False)
 
     def resume(self, memory: str | None, state: BrowserState, request: gr.Request = None) -> Iterator[OpenView]:
@@ -93,21 +98,34 @@ class OpenSaved:
                                                                  "drop its files to read them again."))
                     return
                 state.documents, state.tokens, state.read_text = list(entry.documents), tokens, entry.text
-                state.token_counts = token_counts(tokens, state.documents, session.count_tokens)
+                if entry.text != combine(entry.documents):  # a page range (or a beginning): its pages, not the book's
+                    parts = parts_read(entry.text, entry.documents)
+                    state.documents = [doc for doc, _, _ in parts] or state.documents
+                    state.token_counts = [_count(tokens, start, end, doc, session) for doc, start, end in parts]
+                if len(state.token_counts) != len(state.documents):
+                    state.token_counts = token_counts(tokens, state.documents, session.count_tokens)
                 state.saved_key = key
                 session.resume_conversation(turns)
                 plan = session.document_plan()
-                panel = render.plan_panel(plan, session.document_tokens, None, session.policy.kv_dtype)
+                panel = render.plan_panel(plan, session.document_tokens, None, session.policy.kv_dtype,
+                                                         conversation_tokens=session.answer_budget)
                 bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
                 names = ", ".join(doc.name for doc in state.documents)
                 yield OpenView(state, render.files_table(state.documents, state.token_counts), panel, bar,
-                               _chat(turns), _reopened_line(stats, names, len(turns)), *_IDLE)
+                               _chat(turns), _reopened_line(stats, names, len(turns)), *_IDLE,
+                               pages=gr.update(choices=[], value=None, visible=False), page=render.page_view(None))
             finally:
                 self._queue.leave(ticket)
 
     @staticmethod
     def _open_view(state: BrowserState, *, progress=NO_CHANGE, status_line=NO_CHANGE) -> OpenView:
         return OpenView(state, NO_CHANGE, NO_CHANGE, progress, NO_CHANGE, status_line, NO_CHANGE, NO_CHANGE)
+
+
+def _count(tokens, start: int, end: int, doc, session) -> int:
+    """Tokens of ``tokens.text[start:end]``, read off the one tokenization (counted again only without offsets)."""
+    counted = tokens.count_between(start, end)
+    return session.count_tokens(doc.text) if counted is None else counted
 
 
 def _chat(turns: list) -> list[dict]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.documents import Document
-from app.pages import chip, file_header
+from app.pages import FILE_HEADER, PART_HEADER, chip, file_header
 from app.sizing import document_spans
 from engine.types import DocumentTokens, page_markers
 
@@ -92,3 +92,24 @@ def describe(pieces: Sequence[Piece], first: int, last: int) -> str:
     span = start.title if first == last else f"{start.title} – {end.title}"
     names = list(dict.fromkeys(piece.name for piece in pieces[first : last + 1]))
     return f"{span} of {', '.join(names)}" if start.label else span
+
+
+def parts_read(text: str, documents: Sequence[Document]) -> list[tuple[Document, int, int]]:
+    """The files of a read ``text`` as it holds them (a page range holds some pages of each): per file, a
+    ``Document`` of its part (its characters, its pages) and where that part lies in ``text``, so the files table
+    of a reopened range shows what was read, not the whole book."""
+    known = {doc.name: doc for doc in documents}
+    headers = []
+    for found in FILE_HEADER.finditer(text):
+        part = PART_HEADER.match(found.group(1))
+        name = part.group(1) if part else found.group(1)
+        if name in known:
+            headers.append((found, known[name]))
+    parts = []
+    for i, (found, doc) in enumerate(headers):
+        start = min(found.end() + 1, len(text))
+        end = headers[i + 1][0].start() if i + 1 < len(headers) else len(text)
+        own = text[start:end].rstrip("\n")
+        pages = None if doc.pages is None else len(page_markers(own))
+        parts.append((Document(doc.name, doc.kind, own, pages), start, start + len(own)))
+    return parts

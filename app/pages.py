@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 from engine.types import page_markers
 
-_FILE = re.compile(r"^=== (.+) ===$", re.MULTILINE)
-_PART = re.compile(r"^(.*) · PDF pages (\d+)–(\d+)$")  # the file header of a page range (``file_header``)
+FILE_HEADER = re.compile(r"^=== (.+) ===$", re.MULTILINE)
+PART_HEADER = re.compile(r"^(.*) · PDF pages (\d+)–(\d+)$")  # the file header of a page range (``file_header``)
 # "(p. 12)", "p. 12", "pp. 3", "[page 12]", "page 12", "p. xii" in an answer
 _CITATION = re.compile(r"(?:\bpp?\.\s*|\[page\s+|\bpage\s+)(\d{1,5}|[ivxlc]{1,8})\b", re.IGNORECASE)
 
@@ -37,14 +37,14 @@ def split_pages(text: str) -> dict[str, Page]:
     """Page label -> its page; where two files share a label the first keeps it, where two pages of one file do
     the later does. A page without a printed label is keyed ``"PDF 4"``."""
     pages: dict[str, Page] = {}
-    files = [(m.start(), m.group(1)) for m in _FILE.finditer(text)]
+    files = [(m.start(), m.group(1)) for m in FILE_HEADER.finditer(text)]
     markers = page_markers(text)
     sequence, current = 0, None
     for i, found in enumerate(markers):
         end = markers[i + 1].start if i + 1 < len(markers) else len(text)
         following_file = next((start for start, _ in files if found.end < start < end), end)
         header = next((n for start, n in reversed(files) if start < found.start), "")
-        part = _PART.match(header)
+        part = PART_HEADER.match(header)
         name = part.group(1) if part else header
         sequence = sequence + 1 if header == current else (int(part.group(2)) if part else 1)
         current = header
@@ -75,7 +75,7 @@ def last_page(text: str) -> str | None:
         return None
     found = markers[-1]
     label = found.label
-    names = [m.group(1) for m in _FILE.finditer(text, 0, found.start)]
+    names = [m.group(1) for m in FILE_HEADER.finditer(text, 0, found.start)]
     return f"{chip(label)} of {names[-1]}" if names else chip(label)
 
 

@@ -142,7 +142,8 @@ def range_info(label: str | None, num_tokens: int | None, limit: int) -> str:
 
 
 def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dtype: str | None = None,
-               options: Sequence = (), *, truncated_from: int | None = None, stopped_in: str | None = None) -> str:
+               options: Sequence = (), *, truncated_from: int | None = None, stopped_in: str | None = None,
+               conversation_tokens: int = 0) -> str:
     """The memory plan of a document set: predicted memory, fit, chunk/head-group sizes, time.
 
     ``num_tokens`` counts the documents alone; ``plan.context_tokens`` adds the prompt around
@@ -151,6 +152,8 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
     ``truncated_from``: the set was truncated to fit; ``plan`` is then the plan of what is read, and
     ``num_tokens`` and ``truncated_from`` count the tokens read and the whole set's, both with the prompt
     (as the reading progress does); ``stopped_in``: the page the truncated read ends in ("p. 37 of bash.pdf").
+    ``conversation_tokens``: the session's conversation allowance (``answer_budget``), shown beside the documents'
+    share of the context limit.
     """
     if not plan.fits:
         verdict = ("nofit", "Does not fit in memory")
@@ -176,6 +179,9 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
         ("Reading time", reading_time(prefill_seconds)),
         ("Context limit", f"{plan.context_limit:,} tokens · {_LIMITED_BY.get(plan.limited_by, plan.limited_by)}"),
     ]
+    share = max(plan.context_limit - conversation_tokens, 0)
+    if conversation_tokens:
+        tiles.append(("Documents' share", f"{share:,} tokens · {conversation_tokens:,} kept for the conversation"))
     if kv_dtype:
         tiles.append(("KV storage", f"{kv_dtype}, lossy (answers may differ from the model's own)"))
     if plan.disk_bytes:
@@ -186,12 +192,18 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
         split = f" · {plan.host_share:.0%} of offloaded KV attended on the CPU" if plan.host_share else ""
         tiles.append(("Decode (predicted)", f"≈ {plan.decode_seconds:.3f} s/token{split}"))
     grid = "".join(f"<div><span>{label}</span><b>{html.escape(value)}</b></div>" for label, value in tiles)
-    kind = "plan-limit" if plan.is_within_limit else "plan-reason"  # what binds, named either way
-    reason = f'<p class="{kind}">{html.escape(plan.limit_reason)}</p>'
+    if plan.is_within_limit:  # what binds, in words that agree with "Fits" (no "longer texts need ...")
+        where = _LIMITED_BY.get(plan.limited_by, plan.limited_by)
+        line = f"Documents may take up to {share:,} tokens here ({where}: {plan.context_limit:,} tokens" + (
+            f", less {conversation_tokens:,} kept for the answer and earlier turns)" if conversation_tokens else ")")
+        reason = f'<p class="plan-limit">{html.escape(line)}</p>'
+    else:
+        reason = f'<p class="plan-reason">{html.escape(plan.limit_reason)}</p>'
     return (
         f'<div class="plan plan-{verdict[0]}" data-fits="{str(plan.is_within_limit).lower()}" '
         f'data-tokens="{num_tokens}" data-gpu-bytes="{plan.gpu_bytes}" data-host-bytes="{plan.host_bytes}" '
-        f'data-limit="{plan.context_limit}" data-limited-by="{html.escape(plan.limited_by)}"{truncated}>'
+        f'data-limit="{plan.context_limit}" data-limited-by="{html.escape(plan.limited_by)}" '
+        f'data-documents-share="{share}"{truncated}>'
         f'<div class="plan-verdict">{verdict[1]} <small>· {counts}</small></div>'
         f'{reason}<div class="plan-grid">{grid}</div></div>'
     )

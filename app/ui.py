@@ -171,7 +171,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
         # Wired before the private refreshes below, which would otherwise take the name "saved".
         shelf.expand(handlers.saved, None, saved_view, api_name="saved", **_LIGHT)
         read_done = read_button.click(handlers.read, [truncate, state],
-                          [state, progress, status_box, chat, read_button, cancel_button, plan],
+                          [state, progress, status_box, chat, read_button, cancel_button, plan, page_chips, page_view],
                           api_name="read", show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
             handlers.saved, None, saved_view, api_visibility="private", **_LIGHT).then(  # it may have saved one
             handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
@@ -204,7 +204,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
                        api_visibility="private", **_LIGHT)
         demo.load(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
         demo.load(handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)
-        opened = [state, table, plan, progress, chat, status_box, read_button, cancel_button]
+        opened = [state, table, plan, progress, chat, status_box, read_button, cancel_button, page_chips, page_view]
         open_button.click(handlers.open_saved, [saved_choice, state], opened, api_name="open_saved",
                           show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
             handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT).then(

@@ -45,6 +45,8 @@ class ReadView(NamedTuple):
     read_button: dict
     cancel_button: dict
     plan: Any = gr.update()  # the plan of what is read when the set was truncated to fit; else unchanged
+    pages: Any = gr.update()  # the page chips: emptied when a new document is read
+    page: Any = gr.update()  # the page viewer: emptied with them
 
 
 class AskView(NamedTuple):
@@ -91,3 +93,5 @@ class OpenView(NamedTuple):
     status: Any
     read_button: dict
     cancel_button: dict
+    pages: Any = gr.update()  # the page chips: emptied when another document is opened
+    page: Any = gr.update()  # the page viewer: emptied with them

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 _KEEP = 24  # reads kept per key
 _FORMAT = 2
-_FIRST_READ_SPREAD = 0.5  # before any read, the launch micro-benchmark's estimate is shown as -50% / +50%
+_FIRST_READ_SPREAD = 0.5  # before any read, the launch measurement's estimate is shown as /1.5 to x1.5
 _MIN_SPREAD = 0.15  # a range is never narrower than ±15%
 CPU_LOAD_EXPONENT = 0.65  # the default α on a CPU (measured here, see the module docstring); 1 on a GPU
 _LEARN_EXPONENT_SPAN = 1.3  # α is learned once the recorded reads' probes differ by this factor
@@ -284,9 +284,11 @@ class ReadCosts:
         if not ratios:  # one read: its chunks around its own fit
             ratios = [y / p for x, z, y in reads[0] if (p := fit.per_token * x + fit.per_pair * z) > 0]
             floor = _ONE_READ_SPREAD
-        spread = probe.spread * exponent
-        low = likely * min(min(ratios, default=1.0), 1 - floor) * (1 - spread)
-        high = likely * max(max(ratios, default=1.0), 1 + floor) * (1 + spread)
+        # The load's spread as a factor either way: ``1 - spread`` went below zero when the probes swung more than
+        # 2x ("≈ 36 s (-0.8 s – 2 min 22 s)"); a time is never negative.
+        spread = 1 + max(probe.spread * exponent, 0.0)
+        low = likely * max(min(min(ratios, default=1.0), 1 - floor), 0.0) / spread
+        high = likely * max(max(ratios, default=1.0), 1 + floor) * spread
         return low, likely, high
 
     def _load(self) -> dict:
@@ -361,9 +363,11 @@ def load_exponent(raw: list[list[tuple[Chunk, float]]], shape: CostFit | None, d
     return min(max(1.0 + slope, 0.2), 1.5)
 
 
-def first_read_range(likely: float) -> tuple[float, float, float]:
-    """Before any read: the launch micro-benchmark's estimate, ±50%."""
-    return likely * (1 - _FIRST_READ_SPREAD), likely, likely * (1 + _FIRST_READ_SPREAD)
+def first_read_range(likely: float, load_spread: float = 0.0) -> tuple[float, float, float]:
+    """Before any read: the launch measurement's estimate, within a factor ``1 + 50%`` either way, widened by the
+    load's spread (``load_spread``: the probes' relative spread); the low bound is never below zero."""
+    factor = (1 + _FIRST_READ_SPREAD) * (1 + max(load_spread, 0.0))
+    return likely / factor, likely, likely * factor
 
 
 _SHARED: dict[Path, ReadCosts] = {}

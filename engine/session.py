@@ -24,10 +24,11 @@ from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
 from .paths import cache_dir
 from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget, num_weights
 from .planning.capacity import capacity_options
-from .planning.machine import measured_flop_rate
+from .planning.machine import measured_read_rate
 from .planning.memory import ModelShape, Plan, PlanError, make_plan
 from .planning.out_of_memory import out_of_memory_message
 from .planning.policy import OffloadPolicy
+from .planning.window import conversation_allowance
 from .prefill import PrefillClock, prefill_step, prefill_work
 from .read_cost import (CPU_LOAD_EXPONENT, Chunk, CostFit, ReadCosts, ReadTiming, first_read_range, load_probe, pairs,
                         shared_read_costs)
@@ -39,11 +40,10 @@ from .store.snapshots import RestoreStats, SnapshotInfo, SnapshotStore
 
 logger = logging.getLogger(__name__)
 
-# The conversation allowance a document's plan reserves beside it (``answer_budget``): the longest answer the UI
-# allows plus a stated budget for earlier turns. Past it the oldest turns leave the KV (the document never), so the
-# homes are never grown mid-conversation.
-LONGEST_ANSWER = 2048  # the longest answer the conversation allowance plans for (the app's slider maximum)
-HISTORY_BUDGET = 2048  # tokens of earlier questions and answers kept
+# The conversation allowance a document's plan reserves beside it (``answer_budget``): a quarter of the model's
+# window, at most 4,096 tokens (``planning.window.conversation_allowance``), for the answer and earlier turns. Past it
+# the oldest turns leave the KV (the document never), so the homes are never grown mid-conversation.
+LONGEST_ANSWER = 2048  # the longest answer the UI offers (the app's slider maximum)
 
 
 class DocumentSession:
@@ -52,9 +52,10 @@ class DocumentSession:
     LONGEST_ANSWER = LONGEST_ANSWER  # (for the app: the "Longest answer" slider's maximum)
 
     def __init__(self, model, tokenizer, policy: OffloadPolicy | None = None, *,
-                 system_prompt: str | None = None, answer_budget: int = LONGEST_ANSWER + HISTORY_BUDGET,
+                 system_prompt: str | None = None, answer_budget: int | None = None,
                  read_costs: ReadCosts | None = None):
-        """``read_costs``: where completed reads' chunk timings are kept and estimates learn from (default: the
+        """``answer_budget``: the conversation allowance (default: ``conversation_allowance`` of the model's window);
+        ``read_costs``: where completed reads' chunk timings are kept and estimates learn from (default: the
         shared record in the studio's cache folder)."""
         self.model = model
         self.tokenizer = tokenizer
@@ -76,7 +77,9 @@ class DocumentSession:
             ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
                                    num_params=num_weights(model)),
             weight_bytes=held_bytes(model))
-        if self.shape.max_positions:
+        if self.answer_budget is None:
+            self.answer_budget = conversation_allowance(self.shape.max_positions or None)
+        elif self.shape.max_positions:
             # At most half the trained window: a small-window model must still read a document beside it.
             self.answer_budget = min(self.answer_budget, self.shape.max_positions // 2)
         self._reset_document()
@@ -195,13 +198,24 @@ class DocumentSession:
         """(low, likely, high) seconds to prefill tokens ``start..num_tokens``: from the chunk timings of earlier
         reads here (kept across starts), scaled by how busy the machine is now (a load probe of a fraction of a
         second); before any read, from the model's measured rate (once per model)."""
-        learned = self.read_costs.estimate(self._costs_key, start, num_tokens, self.load_probe.current(),
-                                           shape=self._work_shape(),
-                                           exponent=CPU_LOAD_EXPONENT if self.device.type == "cpu" else 1.0)
+        exponent = CPU_LOAD_EXPONENT if self.device.type == "cpu" else 1.0
+        probe = self.load_probe.current()
+        learned = self.read_costs.estimate(self._costs_key, start, num_tokens, probe, shape=self._work_shape(),
+                                           exponent=exponent)
         if learned is not None:
             return learned
-        rate = measured_flop_rate(self.model, self.shape, forward=self._read_forward)
-        return first_read_range(prefill_work(self.shape, start, num_tokens) / rate)
+        rate = measured_read_rate(self.model, self.shape, self._read_forward, lambda: self.load_probe.measure().seconds)
+        seconds = rate.seconds(self._num_forwards(start, num_tokens), prefill_work(self.shape, start, num_tokens))
+        # As a learned estimate is: scaled from the load the measurement met to the load now.
+        return first_read_range(seconds * (probe.seconds / rate.probe_seconds) ** exponent, probe.spread * exponent)
+
+    def _num_forwards(self, start: int, stop: int) -> int:
+        """Forwards a read of tokens ``[start, stop)`` takes (``prefill``'s steps)."""
+        count, done = 0, start
+        while done < stop:
+            done += min(prefill_step(self.policy.chunk_size, self.device.type, done), stop - done)
+            count += 1
+        return count
 
     def _work_shape(self) -> CostFit:
         """The planner's FLOP model of a read as ``per_token · tokens + per_pair · pairs`` (sliding-window layers'

@@ -1,9 +1,14 @@
 import os
+import tempfile
 
 import pytest
 
 # Tests and the apps they launch run the small embedded SmolLM2, not the CPU default (engine.models.pypi).
 os.environ.setdefault("HEADINFER_CPU_MODEL", "embedded")
+# ... and keep their files (converted models, read timings, retrieval heads, saved KV) in a folder of the run's, never
+# the user's ~/.cache/headinfer-studio: what a test sees does not depend on what this machine ran before.
+_CACHE = tempfile.TemporaryDirectory(prefix="headinfer-test-cache-")
+os.environ["HEADINFER_CACHE"] = _CACHE.name
 
 
 def pytest_collection_modifyitems(config, items):

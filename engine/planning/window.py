@@ -4,6 +4,9 @@ lifts the cap)."""
 
 from __future__ import annotations
 
+MAX_CONVERSATION = 4096  # tokens of answer and earlier turns a document's plan keeps beside it, at most
+CONVERSATION_SHARE = 4  # ... and at most a quarter of the window: an 8K model still reads a 6K-token document
+
 
 def trained_window(config) -> int | None:
     """The most tokens the model was trained (or RoPE-scaled) to attend over; None when the config does not say.
@@ -42,3 +45,11 @@ def _rope_parameter_sets(config) -> list[dict]:
         return []
     nested = [value for value in params.values() if isinstance(value, dict)]
     return nested or [params]
+
+
+def conversation_allowance(window: int | None) -> int:
+    """Tokens of the window a document's plan keeps for the conversation (the answer and earlier turns): a quarter
+    of ``window``, at most ``MAX_CONVERSATION`` (all of it without a stated window)."""
+    if window is None:
+        return MAX_CONVERSATION
+    return max(min(MAX_CONVERSATION, window // CONVERSATION_SHARE), 1)

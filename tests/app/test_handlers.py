@@ -253,6 +253,13 @@ def test_a_question_from_another_tab_is_answered_during_a_long_read(handlers, re
     paused = [v for v in read_views if "Paused after" in _text(v.status)]
     assert paused and "another visitor goes first" in _text(paused[0].status)
     assert "answering a question" in _text(paused[0].status)
+    # The count it paused after is the one its bar shows (a pause between layers is inside a forward, whose tokens
+    # the cache holds only once it ends: "Paused after 0 of 3,041 tokens" beside a bar at 868).
+    for i, view in enumerate(read_views):
+        if "Paused after" in _text(view.status):
+            bar = next(v.progress for v in reversed(read_views[:i]) if "data-done" in str(v.progress))
+            shown = int(re.search(r'data-done="(\d+)"', bar).group(1))
+            assert f"Paused after {shown:,} of {total:,} tokens" in _text(view.status)
 
 
 # -- errors ---------------------------------------------------------------------------------------
@@ -412,7 +419,7 @@ def test_a_text_far_beyond_the_limit_is_refused_unread_with_the_numbers(embedded
         view = handlers.choose_files([str(huge), secret_pdf], state)
     message = _text(view.status)
     # The limit: the window less the conversation allowance the plan keeps beside the document.
-    assert "huge.txt (1.98 MiB of text): about 520,000 tokens, far beyond the 4,096 tokens" in message
+    assert "huge.txt (1.98 MiB of text): about 520,000 tokens, far beyond the 6,144 tokens" in message
     assert "reads at most 8,192 tokens" in message and "long-context model" in message
     assert [doc.name for doc in state.documents] == ["lighthouse.pdf"]  # the rest is still read
     assert counting.long_calls == 0  # refused before tokenizing

@@ -67,7 +67,8 @@ def test_bad_flags_are_refused(flags, capsys):
     (["--weights", "int8", "--dtype", "float16"], "--weights int8 computes in float32 or bfloat16, not --dtype"),
     (["--weights", "gguf", "--dtype", "bfloat16"], "--weights gguf computes in float32, not --dtype bfloat16"),
 ])
-def test_each_bad_value_is_one_line_and_exit_code_2(flags, words, capsys):
+def test_each_bad_value_is_one_line_and_exit_code_2(flags, words, capsys, busy_ports):
+    busy_ports(7860)  # the default port: another app may serve there; the value is still the error reported
     with pytest.raises(SystemExit) as exit_info:
         launch.main(flags)
     err = capsys.readouterr().err
@@ -84,27 +85,58 @@ def test_gpu_memory_needs_a_gpu_that_has_it(capsys):
     assert exit_info.value.code == 2 and "--gpu-memory" in capsys.readouterr().err
 
 
-def test_a_port_in_use_is_refused_before_loading_the_model(capsys):
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
+@pytest.fixture
+def busy_ports():
+    """``busy(port)`` listens on ``port`` for the test (where something else already does, it stays busy)."""
+    sockets = []
+
+    def busy(port: int) -> int:
+        sock = socket.socket()
+        try:
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+        except OSError:  # already taken: busy, as wanted
+            sock.close()
+            return port
+        sockets.append(sock)
+        return sock.getsockname()[1]
+
+    yield busy
+    for sock in sockets:
+        sock.close()
+
+
+def test_a_port_in_use_is_refused_before_loading_the_model(capsys, busy_ports, caplog):
+    port = busy_ports(0)
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--port", str(port)])
+    assert exit_info.value.code == 2 and f"--port {port}: something else already listens" in capsys.readouterr().err
+    assert "model ready" not in caplog.text
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--device", "tpu"], "'tpu' is not a device"), (["--head-group", "99"], "--head-group 99"),
+    (["--host-memory", "1000TiB"], "--host-memory"), (["--max-context", "100000"], "beyond the 8,192 tokens"),
+])
+def test_a_bad_value_is_reported_before_the_port_is_looked_at(flags, words, capsys, busy_ports):
+    port = busy_ports(0)
+    busy_ports(7860)
+    for argv in ([*flags, "--port", str(port)], flags):  # the test's own busy port, and the default one
         with pytest.raises(SystemExit) as exit_info:
-            launch.main(["--port", str(busy.getsockname()[1])])
-    assert exit_info.value.code == 2 and "already listens" in capsys.readouterr().err
+            launch.main(argv)
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and words in err and "already listens" not in err, err
 
 
-@pytest.mark.parametrize("flags", [["--model", "/nonexistent"], ["--model", "./no-such-model.gguf"], "busy port"])
-def test_a_bad_model_path_or_a_busy_port_fails_in_under_3_s_before_torch_loads(flags):
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        if flags == "busy port":
-            flags = ["--port", str(busy.getsockname()[1])]
-        # -X importtime lists every module imported: torch must not be among them.
-        started = time.monotonic()
-        result = subprocess.run([sys.executable, "-X", "importtime", "launch.py", *flags], cwd=ROOT,
-                                capture_output=True, text=True, timeout=60)
-        seconds = time.monotonic() - started
+@pytest.mark.parametrize("flags", [["--model", "/nonexistent"], ["--model", "./no-such-model.gguf"]])
+def test_a_bad_model_path_fails_in_under_3_s_before_torch_loads_even_on_a_busy_port(flags, busy_ports):
+    port = busy_ports(0)
+    busy_ports(7860)
+    # -X importtime lists every module imported: torch must not be among them.
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-X", "importtime", "launch.py", *flags, "--port", str(port)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    seconds = time.monotonic() - started
     assert result.returncode == 2 and seconds < 3, (seconds, result.stderr[-500:])
     lines = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
     assert len(lines) == 1 and lines[0].startswith("launch.py: error: ") and flags[0] in lines[0], lines

@@ -34,3 +34,38 @@ def test_a_truncated_read_shows_the_plan_of_what_was_read():
     assert 'data-fits="true"' in html and 'data-tokens="7000"' in html and 'data-truncated-from="20000"' in html
     assert "Read the first 7,000 tokens of 20,000" in html and "truncated to fit" in html
     assert "Too long" not in html and "truncated" not in render.plan_panel(plan, 7_000, 30.0).lower()
+
+
+def test_a_5k_token_document_fits_smollm2s_8k_window_beside_a_quarter_for_the_conversation(embedded_model):
+    from engine import DocumentSession
+
+    model, tokenizer = embedded_model
+    session = DocumentSession(model, tokenizer, OffloadPolicy())
+    assert session.answer_budget == 8192 // 4  # a quarter of the window (4,096 only from a 16K window on)
+    tokens = session.tokenize("The keeper trimmed the wick and climbed the stairs again. " * 460)
+    assert 5_000 <= len(tokens) <= 5_600
+    plan = session.plan(tokens)
+    assert plan.is_within_limit and plan.context_limit == 8192
+    html = render.plan_panel(plan, len(tokens), 10.0, conversation_tokens=session.answer_budget)
+    assert 'data-fits="true"' in html and 'data-documents-share="6144"' in html
+    assert "Documents' share" in html and "6,144 tokens · 2,048 kept for the conversation" in html
+
+
+def test_the_conversation_allowance_is_a_quarter_of_the_window_at_most_4096():
+    from engine.planning.window import conversation_allowance
+
+    assert [conversation_allowance(w) for w in (2048, 8192, 16384, 131072, None)] == [512, 2048, 4096, 4096, 4096]
+
+
+def test_a_plan_that_fits_never_says_longer_texts_need_another_model():
+    shape = ModelShape.from_config(LlamaConfig(num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
+                                               num_attention_heads=4, hidden_size=64,
+                                               max_position_embeddings=8192), dtype_bytes=4)
+    fits = make_plan(shape, OffloadPolicy(), 3_000, device_is_cuda=False, gpu_budget=None, host_budget=32 * GIB)
+    assert fits.limited_by == "model" and "long-context model" in fits.limit_reason  # the engine's refusal words
+    html = render.plan_panel(fits, 1_000, 10.0, conversation_tokens=2048)
+    assert ">Fits" in html and "long-context model" not in html
+    assert "Documents may take up to 6,144 tokens here (the model&#x27;s window: 8,192 tokens, less 2,048" in html
+    too_long = make_plan(shape, OffloadPolicy(), 9_000, device_is_cuda=False, gpu_budget=None, host_budget=32 * GIB)
+    html = render.plan_panel(too_long, 7_000, 10.0, conversation_tokens=2048)
+    assert "Too long for this model" in html and "long-context model" in html  # said where it is the verdict

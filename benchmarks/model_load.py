@@ -336,13 +336,20 @@ def _first_start_lines(records: list[dict]) -> list[str]:
         "and saves them; `second` maps the saved blocks. Peak: the process's VmHWM when `load_model` returns, which",
         "counts the pages of mapped files (the fp32 folder is read through a map: clean pages the kernel can drop);",
         "anonymous peak: the most RssAnon sampled every 20 ms, the memory a start really needs; RSS after: what it",
-        "holds then. Seconds: process start to loaded model (`load_model` alone in brackets).",
+        "holds then. Seconds: process start to loaded model (`load_model` alone in brackets). Since 2026-11-26 also:",
+        "whether the start saved the blocks (a second start should not); what the model keeps on disk after it",
+        "(`models/` plus the GGUF in `downloads/`) and its ratio to the GGUF; and, the app's start done as `launch.py`",
+        "does it (limits checked,",
+        "the retrieval heads' warm-up started), the seconds to a first upload's memory plan (limits, tokenizing a",
+        "3K-token text, the plan) and to its whole panel (plus the reading estimate, which times one 512-token",
+        "forward the first time).",
         "",
         f"Machine: {stamp.get('machine', '?')}; torch {stamp.get('torch', '?')}, transformers "
         f"{stamp.get('transformers', '?')}; load average at the start {stamp.get('load_avg', '?')}.",
         "",
-        "| code | source | start | peak RSS MiB | anonymous peak MiB | RSS after MiB | seconds (load) | rounds |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| code | source | start | peak RSS MiB | anonymous peak MiB | RSS after MiB | seconds (load) | saved blocks "
+        "| kept on disk MB (× GGUF) | plan s | panel s | rounds |",
+        "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     latest: dict[str, list[dict]] = {}
     for record in starts:  # the newest run of each source and start
@@ -356,9 +363,17 @@ def _first_start_lines(records: list[dict]) -> list[str]:
                   for key in ("load_peak_mib", "anon_peak_mib", "rss_loaded_mib", "seconds", "load_seconds")}
         anon = median["anon_peak_mib"]  # NaN where a run did not sample it
         anon = "–" if anon != anon else f"{anon:,.0f}"
+        extra = ["–"] * 4
+        if "cache_mb" in metrics[-1]:
+            last = metrics[-1]
+            held = last["cache_mb"] + last["gguf_mb"]
+            ratio = f" ({held / last['gguf_mb']:.1f}×)" if last.get("gguf_mb") else ""
+            extra = ["yes" if last["saved"] else "no", f"{held:,}{ratio}", f"{last['plan_seconds']:.1f}",
+                     f"{last['panel_seconds']:.1f}"]
         lines.append(f"| {metrics[0].get('label') or 'this'} | `{metrics[0]['source']}` | {metrics[0]['load']} | "
                      f"{median['load_peak_mib']:,.0f} | {anon} | {median['rss_loaded_mib']:,.0f} | "
-                     f"{median['seconds']:.1f} ({median['load_seconds']:.1f}) | {len(metrics)} |")
+                     f"{median['seconds']:.1f} ({median['load_seconds']:.1f}) | {' | '.join(extra)} | "
+                     f"{len(metrics)} |")
     return lines
 
 

@@ -156,7 +156,9 @@ report["plan_seconds"] = time.perf_counter() - ready
 upload.estimate_prefill_range(len(tokens))
 report["panel_seconds"] = time.perf_counter() - ready
 report["document_tokens"] = len(tokens)
-print(json.dumps(report))
+print(json.dumps(report), flush=True)
+import os
+os._exit(0)  # a warm-up thread still inside a forward would abort the interpreter's exit (std::terminate)
 """
 
 

@@ -19,9 +19,9 @@ deleted and rebuilt. Multimodal Gemma 3 checkpoints are cached as the text model
 A GGUF file's blocks (``gguf_entry``) are keyed by the file itself, not by the fp32 folder converted from it, and
 the entry holds the folder's config and tokenizer files too: it is all a later load reads, so the fp32 folder (4
 bytes a weight, 7 GB for a 1.5B model) is not kept once the blocks are saved, and the entry is found before any
-conversion. Its key names the file (resolved path, size, modification time), transformers and torch (they produce
-the tensors kept dense) and ``GGUF_FORMAT``; not the kernels' source: the blocks are the file's bytes, whatever
-code multiplies them, so an edit of the C kernels does not save 1.6 GB again.
+conversion. Its key names the file (resolved path, size, modification time), transformers and torch's version (they
+produce the tensors kept dense; not torch's CPU or CUDA build) and ``GGUF_FORMAT``; not the kernels' source: the
+blocks are the file's bytes, whatever code multiplies them, so an edit of the C kernels does not save 1.6 GB again.
 """
 
 from __future__ import annotations
@@ -99,8 +99,10 @@ def gguf_entry(models_dir: Path, gguf: Path, name: str) -> CacheEntry:
     """The entry of ``gguf``'s blocks (``weights="gguf"``), keyed by the file itself: see the module docstring."""
     resolved = gguf.resolve()
     stat = resolved.stat()
+    # torch's build (+cpu, +cu128) is left out: the CPU-only install the README gives and a CUDA one convert alike,
+    # and switching between them must not save 1.6 GB again.
     lines = [f"format {CACHE_FORMAT}", f"gguf {GGUF_FORMAT}", f"transformers {transformers.__version__}",
-             f"torch {torch.__version__}", str(resolved), f"{stat.st_size}:{stat.st_mtime_ns}"]
+             f"torch {torch.__version__.split('+')[0]}", str(resolved), f"{stat.st_size}:{stat.st_mtime_ns}"]
     key = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
     return CacheEntry(models_dir / f"{name}-gguf-{key}", resolved, "gguf")
 

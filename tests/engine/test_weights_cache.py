@@ -300,7 +300,8 @@ def test_a_gguf_model_keeps_its_blocks_config_and_tokenizer_and_no_fp32_copy(cac
 
 
 def test_a_gguf_entry_is_keyed_by_the_file_not_by_the_kernels(tmp_path, monkeypatch):
-    """A replaced file misses; an edit of the C kernels (their blocks are the file's bytes) does not."""
+    """A replaced file misses; an edit of the C kernels (their blocks are the file's bytes) or another build of torch
+    (the tests' CPU-only venv after a CUDA install) does not."""
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + bytes(64))
     entry = weights_cache.gguf_entry(tmp_path / "models", gguf, "m")
@@ -309,6 +310,10 @@ def test_a_gguf_entry_is_keyed_by_the_file_not_by_the_kernels(tmp_path, monkeypa
     real_read_bytes = Path.read_bytes
     monkeypatch.setattr(Path, "read_bytes", lambda self: b"edited" if self == kernel_source else real_read_bytes(self))
     assert weights_cache.gguf_entry(tmp_path / "models", gguf, "m") == entry
+    build = torch.__version__.split("+")[0]
+    for version in (build, f"{build}+cpu", f"{build}+cu128"):  # the CPU-only install and a CUDA one
+        monkeypatch.setattr(torch, "__version__", version)
+        assert weights_cache.gguf_entry(tmp_path / "models", gguf, "m") == entry
     os.utime(gguf, ns=(1, 1))
     assert weights_cache.gguf_entry(tmp_path / "models", gguf, "m") != entry
 

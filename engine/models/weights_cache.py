@@ -168,6 +168,19 @@ def save_cached(entry: CacheEntry, model: nn.Module, files_from: Path | None = N
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def entries_from(models_dir: Path, source: Path, mode: str) -> list[Path]:
+    """The entries of ``mode`` converted from ``source`` (a folder), by their manifests."""
+    found = []
+    for folder in models_dir.iterdir() if models_dir.is_dir() else ():
+        try:
+            manifest = json.loads((folder / MANIFEST_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if manifest.get("mode") == mode and Path(manifest.get("source", "")) == source.resolve():
+            found.append(folder)
+    return found
+
+
 def _companion_files(folder: Path | None) -> list[Path]:
     """``folder``'s files other than weights: what ``from_pretrained`` reads beside them."""
     if folder is None:

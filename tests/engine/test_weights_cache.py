@@ -331,3 +331,21 @@ def test_saving_an_entry_keeps_the_entries_of_gguf_files(cache, tmp_path):
     gguf.unlink()
     assert weights_cache.save_cached(weights_cache.CacheEntry(cache / "x-bf16-1", tmp_path, "bf16"), model)
     assert not other.folder.exists()
+
+
+def test_a_pypi_models_fp32_folder_of_the_old_layout_goes_with_its_entries(cache):
+    """Upgraded caches: the CPU default's first start used to keep its fp32 folder (7 GB) and key the blocks by it;
+    once the GGUF's own entry is saved, both go. A folder no GGUF entry points at (a dense load's) stays."""
+    import json
+
+    old_folder, dense_folder = cache / "qwen", cache / "other"
+    for folder in (old_folder, dense_folder):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"fp32")
+    old_entry = cache / "qwen-gguf-0123456789ab"
+    old_entry.mkdir()
+    (old_entry / MANIFEST_FILE).write_text(json.dumps({"source": str(old_folder.resolve()), "mode": "gguf"}))
+    assert weights_cache.entries_from(cache, old_folder, "gguf") == [old_entry]
+    loader._drop_old_gguf_layout(dense_folder)
+    loader._drop_old_gguf_layout(old_folder)
+    assert sorted(p.name for p in cache.iterdir()) == ["other"]

@@ -251,8 +251,9 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
             where a C compiler is found (else bf16), or in ``"bfloat16"`` if asked; see ``engine.models.int8``) or
             ``"gguf"`` (CPU only, GGUF sources: linear layers and an untied embedding keep the file's blocks
             (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K), exactly the weights dense loading gives, at 0.56-1.06
-            bytes a weight; computes in fp32; see ``engine.models.gguf_blocks``), or ``"auto"``: ``"gguf"`` for
-            a GGUF source on the CPU in fp32 where the C kernels build, ``"dense"`` otherwise.
+            bytes a weight; computes in fp32; see ``engine.models.gguf_blocks``; kept with the config and tokenizer,
+            keyed by the GGUF file, and no fp32 folder is kept for them: ``_load_gguf_blocks``), or ``"auto"``:
+            ``"gguf"`` for a GGUF source on the CPU in fp32 where the C kernels build, ``"dense"`` otherwise.
 
     Raises:
         UnsupportedModelError: the architecture is not supported (raised before weights load).
@@ -319,7 +320,6 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     remember_load(model, source=source, device=torch_device, dtype=dtype, weights=weights,
                   attn_implementation=attn_implementation)
     return model, tokenizer
-
 
 
 def _load_gguf_blocks(source: str | None, gguf: Path, attn_implementation: str,

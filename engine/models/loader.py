@@ -150,10 +150,10 @@ def _dense_folder(source: str | None, gguf: Path, convert: bool = True) -> Path:
     return converted_gguf_dir(gguf) if convert else _gguf_folder_name(gguf)
 
 
-def _entry_name(source: str | None, gguf: Path) -> str:
-    if source is None:
-        return EMBEDDED_MODEL
-    return source[len(PYPI_PREFIX):] if source.startswith(PYPI_PREFIX) else gguf.stem
+def _entry_name(gguf: Path) -> str:
+    # The file's name, however the source named it: the picker serves a ``pypi:`` model by its file's path, and
+    # must find the entry launch.py's ``pypi:<key>`` made.
+    return gguf.stem
 
 
 def gguf_cache_entry(source: str | None) -> CacheEntry:
@@ -163,7 +163,7 @@ def gguf_cache_entry(source: str | None) -> CacheEntry:
     if gguf_file is None:
         raise ValueError(f"{source} is not a GGUF model")
     gguf = Path(path, gguf_file)
-    return gguf_entry(cache_dir() / "models", gguf, _entry_name(source, gguf))
+    return gguf_entry(cache_dir() / "models", gguf, _entry_name(gguf))
 
 
 def _embedded_gguf() -> Path:
@@ -328,7 +328,7 @@ def _load_gguf_blocks(source: str | None, gguf: Path, attn_implementation: str,
     tokenizer), which the first load builds. That load needs the fp32 folder to match the blocks against: an
     existing one (a dense load's) is read and kept; otherwise the GGUF is converted into a scratch folder that is
     deleted once the blocks are saved (a 1.5B model's is 7 GB, four times its blocks)."""
-    entry = gguf_entry(cache_dir() / "models", gguf, _entry_name(source, gguf))
+    entry = gguf_entry(cache_dir() / "models", gguf, _entry_name(gguf))
 
     def skeleton(layout: dict[str, int]) -> Any:
         return _skeleton(config, torch.float32, attn_implementation, "gguf", layout)
@@ -533,7 +533,7 @@ def read_config(source: str | None = None) -> Any:
     path, gguf_file, is_hub = _resolve_source(source)
     if gguf_file is not None:
         gguf = Path(path, gguf_file)
-        for folder in (gguf_entry(cache_dir() / "models", gguf, _entry_name(source, gguf)).folder,
+        for folder in (gguf_entry(cache_dir() / "models", gguf, _entry_name(gguf)).folder,
                        _dense_folder(source, gguf, convert=False)):
             if (folder / "config.json").is_file():
                 return _read_config(str(folder), None, False)

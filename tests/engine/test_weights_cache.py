@@ -275,7 +275,8 @@ def test_a_gguf_model_keeps_its_blocks_config_and_tokenizer_and_no_fp32_copy(cac
     first, tokenizer = load_model(None, device="cpu", weights="auto")
     assert weights_mode(first) == "gguf"
     (entry,) = list(cache.iterdir())  # no fp32 folder, no scratch left behind
-    assert entry.name.startswith(f"{loader.EMBEDDED_MODEL}-gguf-")
+    assert entry.name.startswith(f"{gguf.stem}-gguf-")
+    assert loader.gguf_cache_entry(str(gguf)).folder == entry  # the same entry, the file named by its path
     safetensors = list(cache.rglob("*.safetensors"))
     assert safetensors == [entry / WEIGHTS_FILE] and "F32" in _safetensors_dtypes(safetensors[0])  # norms: fp32
     assert sum(p.stat().st_size for p in entry.iterdir()) <= 1.1 * gguf.stat().st_size  # the blocks, not 4 B/weight

@@ -63,8 +63,12 @@ def model_name(info: dict) -> str:
 
 
 def model_header(info: dict) -> str:
-    """One line under the title: which model runs where."""
-    parts = [f"<strong>{html.escape(model_name(info))}</strong>"]
+    """One line under the title: which model runs where (and, for a model the studio chose, whose and under which
+    license: the publisher's Hub repository, which the PyPI parts mirror)."""
+    parts = [f"<strong>{html.escape(str(info.get('model_name') or model_name(info)))}</strong>"]
+    if info.get("origin") or info.get("license"):
+        origin = " · ".join(html.escape(str(info[key])) for key in ("origin", "license") if info.get(key))
+        parts.append(f'<span class="origin">{origin}</span>')
     if info.get("params"):
         parts.append(f"{info['params'] / 1e6:,.0f}M parameters")
     if info.get("num_layers") and info.get("num_kv_heads"):

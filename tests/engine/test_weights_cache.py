@@ -248,3 +248,105 @@ def test_a_hub_id_is_cached_through_its_local_snapshot(cache, tmp_path, monkeypa
     cached = load_model("org/tiny", device="cpu", with_tokenizer=False, weights="int8", attn_implementation="sdpa")[0]
     assert_same_model(cached, fresh, _COMMON["vocab_size"])
     assert not loader._weights_cache_entry("org/other", True, "cpu", torch.bfloat16, "int8"), "not downloaded"
+
+
+# --- a GGUF model's blocks: the entry is all a later load reads -------------------------------------------------
+
+
+def _safetensors_dtypes(path: Path) -> set[str]:
+    import json
+    import struct
+
+    with open(path, "rb") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+        header = json.loads(file.read(length))
+    return {spec["dtype"] for name, spec in header.items() if name != "__metadata__"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(loader.gguf_blocks.kernel() is None, reason="no C compiler: auto loads dense weights")
+@torch.inference_mode()
+def test_a_gguf_model_keeps_its_blocks_config_and_tokenizer_and_no_fp32_copy(cache, monkeypatch):
+    """The CPU default's way (weights auto, fp32, a GGUF source): the fp32 folder the blocks are matched against is
+    a scratch conversion, gone once the blocks are saved; the entry alone serves the next load (config, tokenizer,
+    generation defaults, the very same logits), with no conversion, no fp32 read, no GGUF parse."""
+    gguf = loader._embedded_gguf()  # found before HEADINFER_CACHE moved: the user's copy
+    monkeypatch.setattr(loader, "_embedded_gguf", lambda: gguf)
+    first, tokenizer = load_model(None, device="cpu", weights="auto")
+    assert weights_mode(first) == "gguf"
+    (entry,) = list(cache.iterdir())  # no fp32 folder, no scratch left behind
+    assert entry.name.startswith(f"{gguf.stem}-gguf-")
+    assert loader.gguf_cache_entry(str(gguf)).folder == entry  # the same entry, the file named by its path
+    safetensors = list(cache.rglob("*.safetensors"))
+    assert safetensors == [entry / WEIGHTS_FILE] and "F32" in _safetensors_dtypes(safetensors[0])  # norms: fp32
+    assert sum(p.stat().st_size for p in entry.iterdir()) <= 1.1 * gguf.stat().st_size  # the blocks, not 4 B/weight
+    assert {"config.json", "generation_config.json", "tokenizer.json"} <= {p.name for p in entry.iterdir()}
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a second load converted, read the fp32 weights or parsed the GGUF")
+
+    monkeypatch.setattr(loader, "convert_gguf", forbidden)
+    monkeypatch.setattr(loader, "_load_from_source", forbidden)
+    loader._GGUF_CONFIGS.clear()
+    real = loader.AutoConfig.from_pretrained
+    monkeypatch.setattr(loader.AutoConfig, "from_pretrained",
+                        lambda *a, **k: forbidden() if "gguf_file" in k else real(*a, **k))
+    assert loader.read_config(None).model_type == "llama"  # what launch.py checks before the load
+    second, again = load_model(None, device="cpu", weights="auto")
+    assert weights_mode(second) == "gguf" and second.config.name_or_path == str(entry)
+    assert second.generation_config.eos_token_id == first.generation_config.eos_token_id
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    assert again("The capital of France is", return_tensors="pt").input_ids.tolist() == ids.tolist()
+    assert torch.equal(second(ids).logits, first(ids).logits)
+
+
+def test_a_gguf_entry_is_keyed_by_the_file_not_by_the_kernels(tmp_path, monkeypatch):
+    """A replaced file misses; an edit of the C kernels (their blocks are the file's bytes) or another build of torch
+    (the tests' CPU-only venv after a CUDA install) does not."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(64))
+    entry = weights_cache.gguf_entry(tmp_path / "models", gguf, "m")
+    assert entry.folder.name.startswith("m-gguf-") and entry.source == gguf.resolve()
+    kernel_source = Path(loader.gguf_blocks.__file__).with_name("gguf_gemv.c")
+    real_read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: b"edited" if self == kernel_source else real_read_bytes(self))
+    assert weights_cache.gguf_entry(tmp_path / "models", gguf, "m") == entry
+    build = torch.__version__.split("+")[0]
+    for version in (build, f"{build}+cpu", f"{build}+cu128"):  # the CPU-only install and a CUDA one
+        monkeypatch.setattr(torch, "__version__", version)
+        assert weights_cache.gguf_entry(tmp_path / "models", gguf, "m") == entry
+    os.utime(gguf, ns=(1, 1))
+    assert weights_cache.gguf_entry(tmp_path / "models", gguf, "m") != entry
+
+
+def test_saving_an_entry_keeps_the_entries_of_gguf_files(cache, tmp_path):
+    """Pruning drops entries whose source is gone; a GGUF entry's source is a file, not a folder."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    other = weights_cache.gguf_entry(cache, gguf, "m")
+    other.folder.mkdir(parents=True)
+    (other.folder / MANIFEST_FILE).write_text(f'{{"source": "{gguf}", "mode": "gguf"}}')
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**_COMMON))
+    assert weights_cache.save_cached(weights_cache.CacheEntry(cache / "x-bf16-1", tmp_path, "bf16"), model)
+    assert other.folder.is_dir()
+    gguf.unlink()
+    assert weights_cache.save_cached(weights_cache.CacheEntry(cache / "x-bf16-1", tmp_path, "bf16"), model)
+    assert not other.folder.exists()
+
+
+def test_a_pypi_models_fp32_folder_of_the_old_layout_goes_with_its_entries(cache):
+    """Upgraded caches: the CPU default's first start used to keep its fp32 folder (7 GB) and key the blocks by it;
+    once the GGUF's own entry is saved, both go. A folder no GGUF entry points at (a dense load's) stays."""
+    import json
+
+    old_folder, dense_folder = cache / "qwen", cache / "other"
+    for folder in (old_folder, dense_folder):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"fp32")
+    old_entry = cache / "qwen-gguf-0123456789ab"
+    old_entry.mkdir()
+    (old_entry / MANIFEST_FILE).write_text(json.dumps({"source": str(old_folder.resolve()), "mode": "gguf"}))
+    assert weights_cache.entries_from(cache, old_folder, "gguf") == [old_entry]
+    loader._drop_old_gguf_layout(dense_folder)
+    loader._drop_old_gguf_layout(old_folder)
+    assert sorted(p.name for p in cache.iterdir()) == ["other"]

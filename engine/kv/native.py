@@ -7,7 +7,8 @@ on first use (``-O3 -march=native``: this CPU's vector units) into the studio's 
 hashing the source, the compiler, the flags and the CPU, and called through ``ctypes``, which releases the GIL
 for the call, so the worker threads run tiles at once. Without a compiler, or if every build fails, ``kernel()``
 returns None (logged once) and ``host_attention.py`` runs the same tile through torch ops. ``HEADINFER_NATIVE=0``
-forces that path. Where the compiler has no ``_Float16`` (GCC < 12), fp16 is widened with bit operations.
+forces that path. ``HEADINFER_NATIVE_ARCH`` builds every C kernel for another ``-march`` than ``native`` (e.g.
+``x86-64-v3``: an AVX2 CPU's vector paths; ``x86-64``: the portable C), to test what other CPUs run. Where the compiler has no ``_Float16`` (GCC < 12), fp16 is widened with bit operations.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..paths import cache_dir
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("host_kernel.c")
-_FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC"]
+_FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC"]
 # First choice links glibc's vector math library (a block's 16 exponentials in one call); the second does without.
 # The source widens fp16 with _Float16 where the compiler announces it and with bit operations elsewhere (GCC < 12);
 # the last two variants force the bit operations, for a compiler that announces _Float16 but rejects it.
@@ -81,9 +82,10 @@ def load_library(compiler: str, source: Path, variants: list[list[str]]) -> ctyp
 
 
 def _built(compiler: str, variant: list[str], source: Path = _SOURCE) -> Path:
+    variant = [f"-march={target_arch()}", *variant]
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     digest = hashlib.sha256(b"\0".join([source.read_bytes(), version.encode(), " ".join(_FLAGS + variant).encode(),
-                                        _cpu_identity().encode()])).hexdigest()[:16]
+                                        cpu_identity().encode()])).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
     if target.exists():
         return target
@@ -104,7 +106,12 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def _cpu_identity() -> str:
+def target_arch() -> str:
+    """The ``-march`` the kernels are built for: this CPU's, unless ``HEADINFER_NATIVE_ARCH`` names another."""
+    return os.environ.get("HEADINFER_NATIVE_ARCH") or "native"
+
+
+def cpu_identity() -> str:
     """``-march=native`` code runs only on this CPU family: its model and flags name what it was built for."""
     try:
         with open("/proc/cpuinfo") as info:

@@ -7,7 +7,8 @@ computes in one of two dtypes:
 - fp32 (the default where a C compiler is found): ``int8_matmul`` widens the codes to fp32 in a C GEMV for decode
   rows (dequantize-and-matmul for prefill chunks); the rest of the model, the KV cache and attention stay fp32, so
   CPU decode attention takes the C tile (``engine.kv.kernels``, route ``cpu-native``);
-- bf16: torch's CPU kernel ``aten._weight_int8pack_mm`` (bf16 activations only: its fp32 path is a scalar loop).
+- bf16: torch's CPU kernel ``aten._weight_int8pack_mm`` (bf16 activations only: its fp32 path is a scalar loop)
+  where it passed its probe on this CPU, else the C GEMV on the fp32 widening (``int8_matmul.int8_linear_bf16``).
 
 The scales are powers of two so that every code times its scale is exactly a bf16 (and fp32) number: the int8 model
 runs the very weights that ``dequantized_state_dict`` gives a stock model of its dtype, and the parity tests compare
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 from ..planning.budgets import num_weights  # noqa: F401 (the loader's and tests' name for it)
-from .int8_matmul import int8_linear
+from .int8_matmul import int8_linear, int8_linear_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +55,8 @@ class Int8Linear(nn.Module):
             out = int8_linear(x if x.dtype == torch.float32 else x.float(), buffers["codes"], scales,
                               self._parameters.get("bias"))
             return out if x.dtype == torch.float32 else out.to(x.dtype)
-        # torch's kernel wants contiguous 2-D activations in the scales' dtype (bf16).
-        flat = x.reshape(-1, self.in_features).to(self.scales.dtype).contiguous()
-        out = torch._weight_int8pack_mm(flat, self.codes, self.scales)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        out = int8_linear_bf16(x.to(scales.dtype), buffers["codes"], scales, self._parameters.get("bias"))
+        return out.to(x.dtype)
 
     def dequantized(self) -> torch.Tensor:
         """The weight this layer multiplies by, [out, in] in the scales' dtype (exact: the scales are powers of 2)."""

@@ -8,7 +8,7 @@
  * rows. The scale (a power of
  * two: exact) and the bias are applied to the finished sum. Callers split [lo, hi) across threads. */
 #include <stdint.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__FMA__) /* -march=x86-64-v3 and up; else the portable loop below */
 #include <immintrin.h>
 
 static inline float hsum8(__m256 v) {

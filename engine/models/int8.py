@@ -122,7 +122,11 @@ def quantize_int8(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
         codes, scales = quantize_rows(module.weight.detach(), dtype)
         bias = None if module.bias is None else module.bias.detach().to(dtype)
         install(model, name, Int8Linear(codes, scales, bias), ties_embedding, Int8Embedding)
-    model.to(dtype)  # Int8Linear keeps its int8 codes: .to(dtype) casts floating tensors only
+    # Parameters only, as loading in ``dtype`` does: stock keeps computed buffers (rotary ``inv_freq``) in fp32,
+    # and a bf16 ``inv_freq`` moves every rotary angle (logits a few bf16 steps from stock's).
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            parameter.data = parameter.data.to(dtype)
     logger.info("int8 weights: %d linear layers quantized (per-channel power-of-two scales)", len(targets))
     return len(targets)
 

@@ -141,6 +141,7 @@ def rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 # --- an AVX2-only CPU: torch's kernels and ours as such a CPU runs them --------------------------------------------
 
+@pytest.mark.slow  # a child pytest per variant: minutes each
 @pytest.mark.parametrize("arch", ["x86-64-v3", "x86-64"], ids=["avx2", "portable"])
 def test_int8_bf16_and_fp32_on_an_avx2_cpu(arch, tmp_path):
     """This file's tests and the bf16 parity of one tiny family in a child whose torch runs its AVX2 kernels

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("host_kernel.c")
 _POOL = Path(__file__).with_name("host_pool.c")
 _HEADER = Path(__file__).with_name("host_kernel.h")
-_FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC"]  # load_library's
+_FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC"]  # load_library's (plus -march)
 _HOST_FLAGS = ["-O3", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-pthread"]
 # Vector paths (x86-64): each compiles host_kernel.c once more; one that fails to build is left out (logged).
 _X86_PATHS = {"avx2": ["-DHA_VARIANT_AVX2", "-mavx2", "-mfma", "-mf16c"],
@@ -178,9 +178,10 @@ def load_library(compiler: str, source: Path, variants: list[list[str]]) -> ctyp
 
 
 def _built(compiler: str, variant: list[str], source: Path = _SOURCE) -> Path:
+    variant = [f"-march={target_arch()}", *variant]
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     digest = hashlib.sha256(b"\0".join([source.read_bytes(), version.encode(), " ".join(_FLAGS + variant).encode(),
-                                        _cpu_identity().encode()])).hexdigest()[:16]
+                                        cpu_identity().encode()])).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
     if target.exists():
         return target
@@ -201,7 +202,13 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def _cpu_identity() -> str:
+def target_arch() -> str:
+    """The ``-march`` ``load_library`` builds for: this CPU's, unless ``HEADINFER_NATIVE_ARCH`` names another
+    (``x86-64-v3``: an AVX2 CPU's vector paths; ``x86-64``: the portable C), to test what other CPUs run."""
+    return os.environ.get("HEADINFER_NATIVE_ARCH") or "native"
+
+
+def cpu_identity() -> str:
     """``-march=native`` code runs only on this CPU family: its model and flags name what it was built for."""
     try:
         with open("/proc/cpuinfo") as info:

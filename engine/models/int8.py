@@ -7,7 +7,8 @@ computes in one of two dtypes:
 - fp32 (the default where a C compiler is found): ``int8_matmul`` widens the codes to fp32 in a C GEMV for decode
   rows (dequantize-and-matmul for prefill chunks); the rest of the model, the KV cache and attention stay fp32, so
   CPU decode attention takes the C tile (``engine.kv.kernels``, route ``cpu-native``);
-- bf16: torch's CPU kernel ``aten._weight_int8pack_mm`` (bf16 activations only: its fp32 path is a scalar loop).
+- bf16: torch's CPU kernel ``aten._weight_int8pack_mm`` (bf16 activations only: its fp32 path is a scalar loop)
+  where it passed its probe on this CPU, else the C GEMV on the fp32 widening (``int8_matmul.int8_linear_bf16``).
 
 The scales are powers of two so that every code times its scale is exactly a bf16 (and fp32) number: the int8 model
 runs the very weights that ``dequantized_state_dict`` gives a stock model of its dtype, and the parity tests compare
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 from ..planning.budgets import num_weights  # noqa: F401 (the loader's and tests' name for it)
-from .int8_matmul import int8_linear
+from .int8_matmul import int8_linear, int8_linear_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -54,12 +55,8 @@ class Int8Linear(nn.Module):
             out = int8_linear(x if x.dtype == torch.float32 else x.float(), buffers["codes"], scales,
                               self._parameters.get("bias"))
             return out if x.dtype == torch.float32 else out.to(x.dtype)
-        # torch's kernel wants contiguous 2-D activations in the scales' dtype (bf16).
-        flat = x.reshape(-1, self.in_features).to(self.scales.dtype).contiguous()
-        out = torch._weight_int8pack_mm(flat, self.codes, self.scales)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        out = int8_linear_bf16(x.to(scales.dtype), buffers["codes"], scales, self._parameters.get("bias"))
+        return out.to(x.dtype)
 
     def dequantized(self) -> torch.Tensor:
         """The weight this layer multiplies by, [out, in] in the scales' dtype (exact: the scales are powers of 2)."""
@@ -125,7 +122,11 @@ def quantize_int8(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
         codes, scales = quantize_rows(module.weight.detach(), dtype)
         bias = None if module.bias is None else module.bias.detach().to(dtype)
         install(model, name, Int8Linear(codes, scales, bias), ties_embedding, Int8Embedding)
-    model.to(dtype)  # Int8Linear keeps its int8 codes: .to(dtype) casts floating tensors only
+    # Parameters only, as loading in ``dtype`` does: stock keeps computed buffers (rotary ``inv_freq``) in fp32,
+    # and a bf16 ``inv_freq`` moves every rotary angle (logits a few bf16 steps from stock's).
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            parameter.data = parameter.data.to(dtype)
     logger.info("int8 weights: %d linear layers quantized (per-channel power-of-two scales)", len(targets))
     return len(targets)
 

@@ -8,7 +8,7 @@
  * rows. The scale (a power of
  * two: exact) and the bias are applied to the finished sum. Callers split [lo, hi) across threads. */
 #include <stdint.h>
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__FMA__) /* -march=x86-64-v3 and up; else the portable loop below */
 #include <immintrin.h>
 
 static inline float hsum8(__m256 v) {
@@ -42,21 +42,21 @@ static inline void dot4(const int8_t *c, long stride, const float *x, long n, fl
     out[2] = hsum8(s2);
     out[3] = hsum8(s3);
 }
-#else
-static inline void dot4(const int8_t *c, long stride, const float *x, long n, float *out) {
-    for (int k = 0; k < 4; k++) {
-        float sum = 0.0f;
-        for (long i = 0; i < n; i++) sum += (float)c[k * stride + i] * x[i];
-        out[k] = sum;
-    }
-}
 #endif
 
+/* One row, portably: the sum in double, since one fp32 running sum over a row of hundreds drifts from the product of
+ * the dequantized weight by far more than the 8 fp32 lanes above do (each code times x is exact in double). */
 static inline float dot1(const int8_t *c, const float *x, long n) {
-    float sum = 0.0f;
-    for (long i = 0; i < n; i++) sum += (float)c[i] * x[i];
-    return sum;
+    double sum = 0.0;
+    for (long i = 0; i < n; i++) sum += (double)c[i] * x[i];
+    return (float)sum;
 }
+
+#if !(defined(__AVX2__) && defined(__FMA__))
+static inline void dot4(const int8_t *c, long stride, const float *x, long n, float *out) {
+    for (int k = 0; k < 4; k++) out[k] = dot1(c + k * stride, x, n);
+}
+#endif
 
 /* x: [rows, in] fp32; codes: [out, in] int8; scales: [out] fp32; bias: [out] fp32 or NULL; y: [rows, out] fp32.
  * Computes output columns [lo, hi) only. Returns 0, or -1 when ``in`` is not a multiple of 8. */

@@ -324,7 +324,7 @@ class DocumentSession:
                     timing.add(Chunk(done, size, time.perf_counter() - started - (paused[0] - paused_before)))
                     progress = clock.end_forward(self.prefilled_tokens)
                     if writer is not None and self.prefilled_tokens < self.document_tokens and pace.after_forward() \
-                            and writer.checkpoint(self.prefilled_tokens):
+                            and writer.checkpoint(self.prefilled_tokens, progress.elapsed):
                         pace.started()
                     if self.prefilled_tokens < self.document_tokens:
                         timing.between_chunks()
@@ -340,6 +340,7 @@ class DocumentSession:
     def _checkpoints(self, plan: CheckpointPlan | None) -> tuple[ReadCheckpoints | None, CheckpointPace | None]:
         if plan is None or self.is_prefilled or self.cache.shape.state_layers:  # (hybrid states: K/V-only snapshots)
             return None, None
+        plan = plan if plan.label else dataclasses.replace(plan, label=self.document)
         writer = ReadCheckpoints(plan, self.cache, self._document_ids, self.snapshot_identity(), self.prefilled_tokens,
                                  dataclasses.asdict(self.policy))
         return writer, CheckpointPace(plan.every_seconds, plan.every_chunks)

@@ -64,6 +64,7 @@ class CheckpointPlan:
             raise ValueError(f"checkpoint every {self.every_seconds} s / {self.every_chunks} chunks: both must be > 0")
 
 
+_LABEL_CHARS = 80  # as a saved snapshot's (``snapshots.py``)
 _Job = list[tuple[int, int, int, list[torch.Tensor]]]  # per layer: (layer index, start, stop, its runs in file order)
 
 
@@ -84,6 +85,7 @@ class ReadCheckpoints:
         self.num_written = 0  # checkpoints that landed
         self._header = self._continued(num_read)
         self._done = self._header.num_read if self._header is not None else 0
+        self._seconds_before = self._header.read_seconds if self._header is not None else 0.0  # earlier runs' reading
         if self._header is None and self.folder.exists():
             plan.store.delete(identity.key)  # a complete snapshot is never checkpointed over; an unusable one goes
 
@@ -103,16 +105,16 @@ class ReadCheckpoints:
         return None
 
     # -- the reader's thread -----------------------------------------------------------------------
-    def checkpoint(self, num_read: int) -> bool:
-        """Starts a checkpoint of the cache's first ``num_read`` tokens; False when skipped (the previous one
-        still writing, nothing new, or checkpoints stopped)."""
+    def checkpoint(self, num_read: int, seconds: float = 0.0) -> bool:
+        """Starts a checkpoint of the cache's first ``num_read`` tokens, read in ``seconds`` by this ``prefill``;
+        False when skipped (the previous one still writing, nothing new, or checkpoints stopped)."""
         if self.is_stopped or num_read <= self._done or (self._pending is not None and not self._pending.done()):
             return False
         self._collect()
         self.cache.synchronize()  # the rows below num_read have landed in their homes
         job = [(layer.layer_idx, *self._range(layer.window, num_read), self._runs(layer.homes, layer.window, num_read))
                for layer in self.cache.layers]
-        self._pending = self._worker.submit(self._write, job, num_read)
+        self._pending = self._worker.submit(self._write, job, num_read, self._seconds_before + seconds)
         self._done = num_read
         return True
 
@@ -146,7 +148,7 @@ class ReadCheckpoints:
         return runs
 
     # -- the worker thread -------------------------------------------------------------------------
-    def _write(self, job: _Job, num_read: int) -> None:
+    def _write(self, job: _Job, num_read: int, read_seconds: float) -> None:
         store = self.plan.store
         new_bytes = sum(run.nbytes for _, _, _, runs in job for run in runs)
         if store.max_bytes is not None:
@@ -172,7 +174,7 @@ class ReadCheckpoints:
                     _remove(folder / name)  # a part a kill cut short, never listed
                     files.append(FileEntry(name, *streamer.write_file(folder / name, runs), layer=layer_idx,
                                            start=start, stop=stop))
-            header = self._new_header(files, num_read)
+            header = self._new_header(files, num_read, read_seconds)
             if fresh:
                 _write_atomically(folder / HEADER_FILE, header.to_json().encode())
                 (folder / LAST_USED_FILE).touch()
@@ -192,15 +194,17 @@ class ReadCheckpoints:
         logger.info("checkpointed the read at %d of %d tokens (%.1f MB new) in %.2f s", num_read,
                     self.identity.num_tokens, new_bytes / 1e6, time.perf_counter() - started)
 
-    def _new_header(self, files: list[FileEntry], num_read: int) -> SnapshotHeader:
+    def _new_header(self, files: list[FileEntry], num_read: int, read_seconds: float) -> SnapshotHeader:
         home = self.cache.layers[0].homes[0]
         kv = home.kv  # [capacity, B, 2, g, D]
         files = sorted(files, key=lambda f: (not f.is_part, f.layer or 0, f.start or 0))
         created = self._header.created if self._header is not None else time.time()
-        return SnapshotHeader(self.identity, self.plan.label, created, len(self.cache.layers),
+        label = " ".join(self.plan.label.split())
+        label = label if len(label) <= _LABEL_CHARS else label[: _LABEL_CHARS - 1] + "…"
+        return SnapshotHeader(self.identity, label, created, len(self.cache.layers),
                               self.cache.shape.num_kv_heads, kv.shape[4], kv.shape[1], tuple(files), self.policy,
                               version=PARTIAL_VERSION, head_group_size=kv.shape[3],
-                              kv_dtype=self.cache.policy.kv_dtype, num_read=num_read)
+                              kv_dtype=self.cache.policy.kv_dtype, num_read=num_read, read_seconds=read_seconds)
 
     def _remove_unlisted(self, header: SnapshotHeader) -> None:
         """Deletes the part files neither the newest nor the previous header lists (replaced windows, cut-short

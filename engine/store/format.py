@@ -127,6 +127,7 @@ class SnapshotHeader:
     head_group_size: int = 1  # the layer files hold one [tokens, B, 2, g, D] run per group of this many heads
     kv_dtype: str | None = None  # 8-bit host KV ("int8" / "fp8"): each group's codes then its scales
     num_read: int | None = None  # a partial snapshot: the document's first tokens it holds (None: all of them)
+    read_seconds: float = 0.0  # a partial snapshot: the reading time those tokens took (for an estimate of the rest)
 
     @property
     def key(self) -> str:
@@ -143,6 +144,10 @@ class SnapshotHeader:
 
     def to_json(self) -> str:
         body = asdict(self)
+        if self.num_read is None:  # a complete snapshot's header stays what engines of version 3 read
+            del body["num_read"], body["read_seconds"]
+            for entry in body["files"]:
+                del entry["start"], entry["stop"]
         body["format"] = FORMAT
         body["header_crc32"] = _crc_of(body)
         return json.dumps(body, indent=1, sort_keys=True)

@@ -69,10 +69,22 @@ class SnapshotInfo:
     path: Path
     is_readable: bool = True  # False: the header is damaged; the snapshot can only be deleted
     num_read: int | None = None  # a read in progress, checkpointed: the first tokens it holds (None: complete)
+    read_seconds: float = 0.0  # the reading time those tokens took
 
     @property
     def is_partial(self) -> bool:
         return self.num_read is not None
+
+    @property
+    def fraction_read(self) -> float:
+        return 1.0 if self.num_read is None else self.num_read / max(self.num_tokens, 1)
+
+    @property
+    def remaining_seconds(self) -> float | None:
+        """A partial read's rest at its rate so far (later tokens cost a little more: a floor); None when unknown."""
+        if self.num_read is None or self.read_seconds <= 0 or not self.num_read:
+            return None
+        return (self.num_tokens - self.num_read) * self.read_seconds / self.num_read
 
 
 @dataclass(frozen=True)
@@ -239,7 +251,7 @@ class SnapshotStore:
                                     last_used, "", "", folder, is_readable=False)
         return SnapshotInfo(folder.name, header.label, header.identity.num_tokens, _folder_bytes(folder),
                             header.created, last_used, header.identity.model.name, header.identity.dtype, folder,
-                            num_read=header.num_read)
+                            num_read=header.num_read, read_seconds=header.read_seconds)
 
     def _touch(self, key: str) -> None:
         try:

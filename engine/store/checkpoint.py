@@ -87,7 +87,12 @@ class ReadCheckpoints:
         self._done = self._header.num_read if self._header is not None else 0
         self._seconds_before = self._header.read_seconds if self._header is not None else 0.0  # earlier runs' reading
         if self._header is None and self.folder.exists():
-            plan.store.delete(identity.key)  # a complete snapshot is never checkpointed over; an unusable one goes
+            try:
+                self.is_stopped = read_header(self.folder).num_read is None  # a complete one is kept as it is
+            except SnapshotError:
+                pass
+            if not self.is_stopped:  # another partial read of this document, or a damaged one: this read replaces it
+                plan.store.delete(identity.key)
 
     def _continued(self, num_read: int) -> SnapshotHeader | None:
         """The partial snapshot this read continues (the header that restored ``num_read`` tokens), if any."""

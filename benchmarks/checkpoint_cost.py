@@ -95,7 +95,7 @@ def markdown(result: dict) -> str:
         median = statistics.median(r["seconds"] for r in runs)
         each = ", ".join(f"{r['seconds']:.1f}" for r in runs)
         lines.append(f"| {mode} | {median:.1f} ({each}) | "
-                     f"{100 * (median - off) / off:+.1f}% | {max(r['checkpoint_calls'] for r in runs)} | "
+                     f"{'–' if off != off else f'{100 * (median - off) / off:+.1f}%'} | {max(r['checkpoint_calls'] for r in runs)} | "
                      f"{max(r['longest_hold_seconds'] for r in runs) * 1000:.0f} ms | "
                      f"{max(r['total_hold_seconds'] for r in runs):.2f} s | "
                      f"{max(r['on_disk_bytes'] for r in runs) / 1e6:.0f} MB at "

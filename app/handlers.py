@@ -221,12 +221,17 @@ class Handlers(OpenSaved, PageRanges, Questions):
                            status("info", f"Reopening the saved copy ({format_bytes(saved.num_bytes)}) from disk…"),
                            chat, *_BUSY, plan=plan, pages=chips, page=page)
             chat, stats = NO_CHANGE, shelf.restore(session)
-            if stats is not None:
+            if stats is not None and not session.is_prefilled:  # a read cut short: it goes on from there
+                note = f"Continuing the read saved at {stats.num_tokens:,} tokens. "
+            elif stats is not None:
                 state.saved_key = saved.key
                 bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
                 yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *idle)
                 return
-            note = "The saved copy could not be used (see the log), so the documents are read instead. "
+            else:
+                note = "The saved copy could not be used (see the log), so the documents are read instead. "
+        checkpoints = shelf.checkpoints(session, _label(state, session, text), tuple(state.documents)) \
+            if remember else None  # a crash or a restart mid-read loses little: the shelf continues it
         total, start = session.document_tokens, session.prefilled_tokens
         bar = render.progress_bar(session.prefilled_tokens, total, state="running")
         reading = status("info", f"{note}Reading {total:,} tokens (documents with the prompt)…")
@@ -236,7 +241,8 @@ class Handlers(OpenSaved, PageRanges, Questions):
         try:
             for item in iterate_reports(
                 lambda report: session.prefill(report, lambda: state.cancel_requested,
-                                               give_way=self._giving_way(ticket, state, report)),
+                                               give_way=self._giving_way(ticket, state, report),
+                                               checkpoints=checkpoints),
                 abandon=lambda: setattr(state, "cancel_requested", True), name="prefill",
             ):
                 if isinstance(item, str):  # the read gave the device to another visitor between two chunks

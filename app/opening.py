@@ -19,7 +19,7 @@ from app.render import status
 from app.documents import combine
 from app.page_range import parts_read
 from app.sizing import token_counts
-from app.views import OpenView
+from app.views import OpenView, ReadView
 from engine import HeadInferError
 from engine.types import RestoreStats
 
@@ -104,6 +104,9 @@ class OpenSaved:
                     state.token_counts = [_count(tokens, start, end, doc, session) for doc, start, end in parts]
                 if len(state.token_counts) != len(state.documents):
                     state.token_counts = token_counts(tokens, state.documents, session.count_tokens)
+                if not session.is_prefilled:  # a read cut short by a crash or a restart: ``continue_reading`` next
+                    yield self._continuing_view(state, session, stats)
+                    return
                 state.saved_key = key
                 session.resume_conversation(turns)
                 plan = session.document_plan()
@@ -116,6 +119,34 @@ class OpenSaved:
                                pages=gr.update(choices=[], value=None, visible=False), page=render.page_view(None))
             finally:
                 self._queue.leave(ticket)
+
+    def open_label(self, key: str | None, request: gr.Request = None) -> dict:
+        """The open button's words for the chosen saved document: "Continue reading (62%)" for a read cut short."""
+        infos, _ = self._shelves.for_request(request).list()
+        info = next((info for info in infos if info.key == key), None)
+        return gr.update(value=render.continue_label(info) if info is not None and info.is_partial else "Open")
+
+    def continue_reading(self, state: BrowserState, request: gr.Request = None) -> Iterator:
+        """After ``open_saved`` restored a partial read: reads the rest (``Handlers.read``, checkpointing on)."""
+        session = state.session
+        if session is None or session.is_prefilled or not session.prefilled_tokens or not state.read_text:
+            yield ReadView(state, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE)
+            return
+        yield from self.read(False, state, request)
+
+    @staticmethod
+    def _continuing_view(state: BrowserState, session, stats: RestoreStats) -> OpenView:
+        total = session.document_tokens
+        left = total - stats.num_tokens
+        estimate = render.format_seconds(session.estimate_prefill_seconds(total, stats.num_tokens))
+        bar = render.progress_bar(stats.num_tokens, total, state="running", note="continuing…")
+        line = status("info", f"Restored {stats.num_tokens:,} of {total:,} tokens read before from disk; reading the "
+                              f"{left:,} left (about {estimate})…")
+        plan = render.plan_panel(session.document_plan(), total, None, session.policy.kv_dtype,
+                                 conversation_tokens=session.answer_budget)
+        return OpenView(state, render.files_table(state.documents, state.token_counts), plan, bar, [], line,
+                        gr.update(interactive=False), gr.update(interactive=True),
+                        pages=gr.update(choices=[], value=None, visible=False), page=render.page_view(None))
 
     @staticmethod
     def _open_view(state: BrowserState, *, progress=NO_CHANGE, status_line=NO_CHANGE) -> OpenView:

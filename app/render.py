@@ -288,7 +288,7 @@ def saved_panel(infos: Sequence[SnapshotInfo], cap: int | None, *, enabled: bool
         return (f'<div class="saved saved-empty" {attrs}>Nothing saved yet: documents you read are saved here '
                 f"so that reading them again is instant.{summary}</div>")
     rows = "".join(
-        f'<tr data-key="{info.key}"><td class="file-name">{html.escape(info.label)}</td>'
+        f'<tr data-key="{info.key}"><td class="file-name">{html.escape(info.label)}{_partial_note(info)}</td>'
         f"<td>{info.num_tokens:,}</td><td>{format_bytes(info.num_bytes)}</td>"
         f"<td>{format_timestamp(info.last_used)}</td></tr>"
         for info in infos
@@ -298,9 +298,25 @@ def saved_panel(infos: Sequence[SnapshotInfo], cap: int | None, *, enabled: bool
             f"{summary}</div>")
 
 
+def continue_label(info: SnapshotInfo) -> str:
+    """``"Continue reading (62%)"``: what the shelf offers for a read cut short by a crash or a restart."""
+    return f"Continue reading ({int(100 * info.fraction_read)}%)"
+
+
+def _partial_note(info: SnapshotInfo) -> str:
+    """Under a partial read's name: the offer, what is left to read and its estimate at the read's rate so far."""
+    if not info.is_partial:
+        return ""
+    rest = info.remaining_seconds
+    estimate = f" · about {format_seconds(rest)}" if rest is not None else ""
+    return (f'<div class="saved-partial" data-num-read="{info.num_read}">{continue_label(info)} · '
+            f"{info.num_tokens - info.num_read:,} tokens left{estimate}</div>")
+
+
 def saved_choice_label(info: SnapshotInfo) -> str:
     """How a snapshot reads in the delete drop-down."""
-    return f"{info.label} · {info.num_tokens:,} tokens · {format_bytes(info.num_bytes)}"
+    partial = f" · {continue_label(info)}" if info.is_partial else ""
+    return f"{info.label} · {info.num_tokens:,} tokens · {format_bytes(info.num_bytes)}{partial}"
 
 
 def format_timestamp(seconds: float) -> str:

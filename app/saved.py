@@ -20,11 +20,12 @@ from pathlib import Path
 from app import store_owner
 from app.documents import Document
 from engine import DocumentSession, HeadInferError, SnapshotStore, format_bytes
-from engine.types import RestoreStats, SnapshotInfo
+from engine.types import CheckpointPlan, RestoreStats, SnapshotInfo
 
 logger = logging.getLogger(__name__)
 
 SHELF_FILE = "studio-documents.json"  # beside the KV in the snapshot's folder: deleted with it
+CHECKPOINT_EVERY_CHUNKS = 16  # a read in progress is checkpointed this often (or every 2 minutes) onto the shelf
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,15 @@ class SavedDocs:
             return "warn", (f"Not saved for instant reopening: it would take more than the "
                             f"{format_bytes(self.cap)} allowed for saved documents.")
         return "ok", f"Saved for instant reopening ({format_bytes(info.num_bytes)})."
+
+    def checkpoints(self, session: DocumentSession, label: str,
+                    documents: tuple[Document, ...] = ()) -> CheckpointPlan | None:
+        """How a read checkpoints onto this shelf as it goes (None when saving is off), with its text and files
+        beside the K/V so that a read cut short by a crash or a restart shows up here and continues."""
+        if self.store is None:
+            return None
+        return CheckpointPlan(self.store, every_chunks=CHECKPOINT_EVERY_CHUNKS, label=label,
+                              sidecar=((SHELF_FILE, ShelfEntry(session.document, tuple(documents)).to_json()),))
 
     def entry(self, key: str) -> ShelfEntry | None:
         """The text and files saved beside snapshot ``key``; None when there are none (saved before the shelf

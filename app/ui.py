@@ -205,8 +205,12 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
         demo.load(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
         demo.load(handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)
         opened = [state, table, plan, progress, chat, status_box, read_button, cancel_button, page_chips, page_view]
+        saved_choice.change(handlers.open_label, [saved_choice], [open_button], api_visibility="private", **_LIGHT)
         open_button.click(handlers.open_saved, [saved_choice, state], opened, api_name="open_saved",
                           show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
+            handlers.continue_reading, [state], [state, progress, status_box, chat, read_button, cancel_button, plan],
+            api_visibility="private", show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
+            handlers.saved, None, saved_view, api_visibility="private", **_LIGHT).then(
             handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT).then(
             handlers.tab_memory, [state], [tab_memory], api_visibility="private", **_LIGHT)
         demo.load(handlers.resume, [tab_memory, state], opened, js=_RECALL_JS, api_visibility="private",

@@ -70,3 +70,20 @@ class PrefillClock:
         if self.on_progress is not None:
             self.on_progress(progress)
         return progress
+
+
+class CheckpointPace:
+    """When a read checkpoints (``store/checkpoint.py``): every ``every_seconds`` or ``every_chunks`` forwards,
+    whichever comes first, counted from the last checkpoint that started."""
+
+    def __init__(self, every_seconds: float, every_chunks: int):
+        self.every_seconds, self.every_chunks = every_seconds, every_chunks
+        self._since, self._chunks = time.perf_counter(), 0
+
+    def after_forward(self) -> bool:
+        """Counts a forward; True when a checkpoint is due."""
+        self._chunks += 1
+        return self._chunks >= self.every_chunks or time.perf_counter() - self._since >= self.every_seconds
+
+    def started(self) -> None:
+        self._since, self._chunks = time.perf_counter(), 0

@@ -29,11 +29,12 @@ from .planning.memory import ModelShape, Plan, PlanError, make_plan
 from .planning.out_of_memory import out_of_memory_message
 from .planning.policy import OffloadPolicy
 from .planning.window import conversation_allowance
-from .prefill import PrefillClock, prefill_step, prefill_work
+from .prefill import CheckpointPace, PrefillClock, prefill_step, prefill_work
 from .read_cost import (CPU_LOAD_EXPONENT, Chunk, CostFit, ReadCosts, ReadTiming, first_read_range, load_probe, pairs,
                         shared_read_costs)
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillProgress, answer_rate
+from .store.checkpoint import CheckpointPlan, ReadCheckpoints
 from .store.format import SnapshotIdentity
 from .store.restore import restore_document
 from .store.snapshots import RestoreStats, SnapshotInfo, SnapshotStore
@@ -271,8 +272,12 @@ class DocumentSession:
 
     def prefill(self, on_progress: Callable[[PrefillProgress], None] | None = None,
                 should_stop: Callable[[], bool] | None = None,
-                give_way: Callable[[], None] | None = None) -> PrefillProgress:
-        """Reads the document in chunks; resumes where a cancelled prefill stopped.
+                give_way: Callable[[], None] | None = None,
+                checkpoints: CheckpointPlan | None = None) -> PrefillProgress:
+        """Reads the document in chunks; resumes where a cancelled prefill stopped (or a partial snapshot restored).
+
+        ``checkpoints``: the read is checkpointed into that store as it goes (``store/checkpoint.py``), so that after
+        a crash ``restore_snapshot`` brings back what was read and ``prefill`` continues from there.
 
         ``give_way()`` runs between forwards and, on a CPU (where one forward of a long chunk takes minutes), between
         decoder layers too: a caller sharing the device with other visitors may block there while they compute (the
@@ -299,6 +304,7 @@ class DocumentSession:
                 pause()
 
         inside = within_forward if give_way is not None and self.device.type == "cpu" else clock.within_forward
+        writer, pace = self._checkpoints(checkpoints)
         try:
             # Checked between layers too, so a cancel lands within about a layer's time; the chunk that was
             # under way is cropped off by ``_forward``, leaving the cache at a chunk boundary.
@@ -317,14 +323,27 @@ class DocumentSession:
                         raise self._cancelled() from interrupted
                     timing.add(Chunk(done, size, time.perf_counter() - started - (paused[0] - paused_before)))
                     progress = clock.end_forward(self.prefilled_tokens)
+                    if writer is not None and self.prefilled_tokens < self.document_tokens and pace.after_forward() \
+                            and writer.checkpoint(self.prefilled_tokens, progress.elapsed):
+                        pace.started()
                     if self.prefilled_tokens < self.document_tokens:
                         timing.between_chunks()
                         if give_way is not None:
                             pause()
         finally:
+            if writer is not None:
+                writer.close()  # the homes stay as they are until the checkpoint being written has landed
             timing.record(self.read_costs, self._costs_key)
         self.cache.anchor(self.document_tokens)  # sliding-window rings can always come back to the document's end
         return progress
+
+    def _checkpoints(self, plan: CheckpointPlan | None) -> tuple[ReadCheckpoints | None, CheckpointPace | None]:
+        if plan is None or self.is_prefilled or self.cache.shape.state_layers:  # (hybrid states: K/V-only snapshots)
+            return None, None
+        plan = plan if plan.label else dataclasses.replace(plan, label=self.document)
+        writer = ReadCheckpoints(plan, self.cache, self._document_ids, self.snapshot_identity(), self.prefilled_tokens,
+                                 dataclasses.asdict(self.policy))
+        return writer, CheckpointPace(plan.every_seconds, plan.every_chunks)
 
     def _cancelled(self) -> PrefillCancelled:
         return PrefillCancelled(f"stopped after {self.prefilled_tokens:,} of {self.document_tokens:,} tokens")
@@ -501,7 +520,8 @@ class DocumentSession:
                           label=self.document if label is None else label, policy=dataclasses.asdict(self.policy))
 
     def restore_snapshot(self, store: SnapshotStore) -> RestoreStats | None:
-        """Restores the document's K/V from ``store`` instead of prefilling; afterwards it is prefilled.
+        """Restores the document's K/V from ``store`` instead of prefilling; afterwards it is prefilled, or for a
+        partial read (``stats.num_tokens`` short of the document) ``prefill`` continues it.
 
         Returns None when there is nothing usable (none saved, or one that cannot load: logged, and a
         damaged one deleted), so the caller prefills as usual.
@@ -513,9 +533,10 @@ class DocumentSession:
             return None
         try:
             stats = restore_document(store, self.cache, self.snapshot_identity(), info)
-            if stats is not None:
-                self._cached_ids = list(self._document_ids)
-                self.cache.anchor(self.document_tokens)
+            if stats is not None:  # a partial read restores its first tokens: ``prefill`` continues from there
+                self._cached_ids = list(self._document_ids[: stats.num_tokens])
+                if self.is_prefilled:
+                    self.cache.anchor(self.document_tokens)
             return stats
         finally:
             # A failed read may have emptied the cache: the ids must never claim K/V it no longer holds.

@@ -8,7 +8,8 @@ from .planning.plan import Plan
 from .planning.shape import ModelShape
 from .prompt import DocumentTokens, PageMarker, page_marker, page_markers
 from .reports import AnswerChunk, PrefillProgress
+from .store.checkpoint import CheckpointPlan
 from .store.snapshots import RestoreStats, SnapshotInfo
 
-__all__ = ["AnswerChunk", "DocumentTokens", "MemorySnapshot", "ModelShape", "PageMarker", "Plan", "PrefillProgress",
+__all__ = ["AnswerChunk", "CheckpointPlan", "DocumentTokens", "MemorySnapshot", "ModelShape", "PageMarker", "Plan", "PrefillProgress",
            "RepetitionGuard", "RestoreStats", "SnapshotInfo", "Source", "page_marker", "page_markers"]

@@ -33,6 +33,7 @@ from .format import (
     SnapshotIdentity,
     home_file,
     layer_file,
+    part_file,
 )
 from .streaming import ChecksumMismatch, RunStreamer, TruncatedFile, fsync_directory
 
@@ -142,6 +143,8 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
         if size < entry.num_bytes or (size > entry.num_bytes and not entry.is_home):
             what = "truncated" if size < entry.num_bytes else "longer than its header says"
             raise CorruptSnapshotError(f"{entry.name} is {what} ({size:,} of {entry.num_bytes:,} bytes)")
+    if header.num_read is not None:
+        return _read_partial(folder, header, cache)
     num_tokens = header.identity.num_tokens
     _prepare(cache, header)
     entries = {f.name: f for f in header.files}
@@ -169,6 +172,49 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
         raise CorruptSnapshotError(f"a snapshot file is missing ({error.filename})") from error
     for layer in cache.layers:
         layer.length = num_tokens
+    return total
+
+
+def _read_partial(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -> int:
+    """``read_snapshot`` of a partial read (``checkpoint.py``): each layer's part files, in token order, into its
+    homes; the cache then holds the document's first ``header.num_read`` tokens."""
+    num_read = header.num_read
+    parts: dict[int, list[FileEntry]] = {}
+    for entry in header.files:
+        if entry.is_part:
+            parts.setdefault(entry.layer, []).append(entry)
+    _prepare(cache, header)
+    if any(home.group.size != header.head_group_size for layer in cache.layers for home in layer.homes):
+        raise SnapshotError(f"this partial read was saved with head groups of {header.head_group_size}: "
+                            "continue it with the same, or read the document again")
+    plan = []  # (part, its runs in file order)
+    for layer in cache.layers:
+        layer_parts_ = sorted(parts.get(layer.layer_idx, []), key=lambda f: f.start)
+        wanted = [saved_range(layer.window, num_read)] if layer.window is not None else None
+        covered = [(f.start, f.stop) for f in layer_parts_]
+        chain = covered and covered[0][0] == 0 and covered[-1][1] == num_read and all(
+            a[1] == b[0] for a, b in zip(covered, covered[1:]))
+        if (covered != wanted) if wanted is not None else not chain:
+            raise CorruptSnapshotError(f"layer {layer.layer_idx}'s parts do not hold its tokens before {num_read:,}")
+        for part in layer_parts_:
+            plan.append((part, layer.homes, [(g, plane, home.blocks(part.start, part.stop, plane))
+                                             for g, home in enumerate(layer.homes) for plane in range(len(home.planes))]))
+    entries = {f.name: f for f in header.files}
+    try:
+        with _streamer(cache, [(homes, groups) for _, homes, groups in plan]) as streamer:
+            ids = torch.empty(entries[TOKENS_FILE].num_bytes, dtype=torch.uint8)
+            total = streamer.read_file(folder / TOKENS_FILE, [ids], entries[TOKENS_FILE].crc32)
+            if hashlib.sha256(ids.numpy()).hexdigest() != header.identity.token_ids_sha256:
+                raise ChecksumMismatch(f"{TOKENS_FILE} holds other token ids than the header says")
+            for part, _, groups in plan:
+                assert part.name == part_file(part.layer, part.start, part.stop)
+                total += streamer.read_file(folder / part.name, [r for _, _, runs in groups for r in runs], part.crc32)
+    except (TruncatedFile, ChecksumMismatch) as error:
+        raise CorruptSnapshotError(f"{error}: the partial read is damaged") from error
+    except FileNotFoundError as error:
+        raise CorruptSnapshotError(f"a snapshot file is missing ({error.filename})") from error
+    for layer in cache.layers:
+        layer.length = num_read
     return total
 
 

@@ -10,6 +10,13 @@
                            still in use by the session that saved it may be longer (rows past the document)
     <key>/last_used        empty; its mtime is the last save or restore (least-recently-used eviction)
 
+A *partial* snapshot (version 4, ``num_read`` set) holds the first ``num_read`` tokens of a read still under way,
+checkpointed as it goes (``checkpoint.py``): instead of one layer file, each layer has part files
+``layer-NNN-part-AAAAAAAAA-BBBBBBBBB.bin``, each laid out as a layer file restricted to tokens ``[A, B)``; a
+sliding-window layer lists only its newest part, the window before ``num_read``. Its header is rewritten
+atomically at each checkpoint, the one before kept as ``header-previous.json`` (used when a part the newest
+lists fails its size or checksum: a checkpoint cut short by a kill). Its identity is the whole document's.
+
 Runs are per KV head, so a snapshot restores under any head-group size or resident placement. No
 pickle anywhere: a damaged or hostile file can fail a check, never run code.
 """
@@ -34,9 +41,12 @@ from .fingerprint import (
 )
 
 FORMAT = "headinfer-kv-snapshot"
-FORMAT_VERSION = 3  # 2: token-major homes, one run per (layer, head group); 3: plus home files
+FORMAT_VERSION = 4  # 2: token-major homes, one run per (layer, head group); 3: plus home files; 4: partial reads
+COMPLETE_VERSION = 3  # what a complete snapshot is still written as, so an engine of version 3 reads it
+PARTIAL_VERSION = 4
 OLDEST_READABLE = 2  # version 2 is version 3 without home files
 HEADER_FILE = "header.json"
+PREVIOUS_HEADER_FILE = "header-previous.json"  # a partial snapshot's checkpoint before the newest
 TOKENS_FILE = "tokens.bin"
 LAST_USED_FILE = "last_used"
 KEY_CHARS = 32
@@ -44,6 +54,10 @@ KEY_CHARS = 32
 
 def layer_file(layer_idx: int) -> str:
     return f"layer-{layer_idx:03d}.bin"
+
+
+def part_file(layer_idx: int, start: int, stop: int) -> str:
+    return f"layer-{layer_idx:03d}-part-{start:09d}-{stop:09d}.bin"
 
 
 def home_file(layer_idx: int, group_idx: int, plane: int) -> str:
@@ -83,10 +97,16 @@ class FileEntry:
     layer: int | None = None  # set for a home file: the (layer, head group, plane) whose run it holds
     group: int | None = None
     plane: int | None = None
+    start: int | None = None  # set for a part file of a partial snapshot: its layer's tokens [start, stop)
+    stop: int | None = None
 
     @property
     def is_home(self) -> bool:
-        return self.layer is not None
+        return self.layer is not None and self.start is None
+
+    @property
+    def is_part(self) -> bool:
+        return self.start is not None
 
 
 @dataclass(frozen=True)
@@ -103,13 +123,20 @@ class SnapshotHeader:
     files: tuple[FileEntry, ...]
     policy: dict = field(default_factory=dict)  # informational: the policy of the session that saved it
     byteorder: str = sys.byteorder
-    version: int = FORMAT_VERSION
+    version: int = COMPLETE_VERSION
     head_group_size: int = 1  # the layer files hold one [tokens, B, 2, g, D] run per group of this many heads
     kv_dtype: str | None = None  # 8-bit host KV ("int8" / "fp8"): each group's codes then its scales
+    num_read: int | None = None  # a partial snapshot: the document's first tokens it holds (None: all of them)
+    read_seconds: float = 0.0  # a partial snapshot: the reading time those tokens took (for an estimate of the rest)
 
     @property
     def key(self) -> str:
         return self.identity.key
+
+    @property
+    def num_saved(self) -> int:
+        """Tokens the snapshot restores: the whole document, or a partial read's first ``num_read``."""
+        return self.identity.num_tokens if self.num_read is None else self.num_read
 
     @property
     def num_bytes(self) -> int:
@@ -117,6 +144,10 @@ class SnapshotHeader:
 
     def to_json(self) -> str:
         body = asdict(self)
+        if self.num_read is None:  # a complete snapshot's header stays what engines of version 3 read
+            del body["num_read"], body["read_seconds"]
+            for entry in body["files"]:
+                del entry["start"], entry["stop"]
         body["format"] = FORMAT
         body["header_crc32"] = _crc_of(body)
         return json.dumps(body, indent=1, sort_keys=True)
@@ -145,14 +176,14 @@ class SnapshotHeader:
             raise CorruptSnapshotError(f"unreadable snapshot header ({error})") from error
 
 
-def read_header(folder: Path) -> SnapshotHeader:
+def read_header(folder: Path, name: str = HEADER_FILE) -> SnapshotHeader:
     """The header of the snapshot in ``folder``; ``CorruptSnapshotError`` when missing or damaged."""
     try:
-        text = (folder / HEADER_FILE).read_text(encoding="utf-8")
+        text = (folder / name).read_text(encoding="utf-8")
     except FileNotFoundError as error:
-        raise CorruptSnapshotError(f"{folder.name} has no {HEADER_FILE}") from error
+        raise CorruptSnapshotError(f"{folder.name} has no {name}") from error
     except (OSError, UnicodeDecodeError) as error:
-        raise CorruptSnapshotError(f"cannot read {folder / HEADER_FILE}: {error}") from error
+        raise CorruptSnapshotError(f"cannot read {folder / name}: {error}") from error
     return SnapshotHeader.from_json(text)
 
 
@@ -181,6 +212,9 @@ def check_compatible(header: SnapshotHeader, wanted: SnapshotIdentity, shape) ->
         raise CorruptSnapshotError(
             f"the snapshot's cache shape ({header.num_layers} layers x {header.num_kv_heads} KV heads x "
             f"{header.head_dim}) differs from the model's ({shape.num_layers} x {shape.num_kv_heads} x {shape.head_dim})")
+    if header.num_read is not None:
+        _check_parts(header)
+        return
     homes = [f for f in header.files if f.is_home]
     num_groups, num_planes = header.num_kv_heads // header.head_group_size, 1 if header.kv_dtype is None else 2
     expected = {TOKENS_FILE, *(layer_file(i) for i in range(header.num_layers)),
@@ -189,6 +223,18 @@ def check_compatible(header: SnapshotHeader, wanted: SnapshotIdentity, shape) ->
             or not all(0 <= f.layer < header.num_layers and 0 <= f.group < num_groups and 0 <= f.plane < num_planes
                        for f in homes)):
         raise CorruptSnapshotError("the snapshot's header lists the wrong files")
+
+
+def _check_parts(header: SnapshotHeader) -> None:
+    """A partial snapshot lists its tokens file and well-named parts inside the document (coverage is checked
+    against each layer's window when it is read)."""
+    parts = [f for f in header.files if f.is_part]
+    names = [f.name for f in header.files]
+    if (not 0 < header.num_read <= header.identity.num_tokens or TOKENS_FILE not in names
+            or len(names) != len(set(names)) or len(parts) != len(names) - 1
+            or not all(0 <= f.layer < header.num_layers and 0 <= f.start < f.stop <= header.num_read
+                       and f.name == part_file(f.layer, f.start, f.stop) for f in parts)):
+        raise CorruptSnapshotError("the partial snapshot's header lists the wrong files")
 
 
 def _crc_of(body: dict) -> int:

@@ -32,6 +32,7 @@ from ..planning.machine import format_bytes
 from .files import TEMP_PREFIX, read_snapshot, snapshot_bytes, write_snapshot
 from .format import (
     LAST_USED_FILE,
+    PREVIOUS_HEADER_FILE,
     CorruptSnapshotError,
     SnapshotError,
     SnapshotHeader,
@@ -67,6 +68,23 @@ class SnapshotInfo:
     dtype: str
     path: Path
     is_readable: bool = True  # False: the header is damaged; the snapshot can only be deleted
+    num_read: int | None = None  # a read in progress, checkpointed: the first tokens it holds (None: complete)
+    read_seconds: float = 0.0  # the reading time those tokens took
+
+    @property
+    def is_partial(self) -> bool:
+        return self.num_read is not None
+
+    @property
+    def fraction_read(self) -> float:
+        return 1.0 if self.num_read is None else self.num_read / max(self.num_tokens, 1)
+
+    @property
+    def remaining_seconds(self) -> float | None:
+        """A partial read's rest at its rate so far (later tokens cost a little more: a floor); None when unknown."""
+        if self.num_read is None or self.read_seconds <= 0 or not self.num_read:
+            return None
+        return (self.num_tokens - self.num_read) * self.read_seconds / self.num_read
 
 
 @dataclass(frozen=True)
@@ -114,7 +132,7 @@ class SnapshotStore:
         if len(token_ids) != identity.num_tokens:
             raise ValueError(f"{len(token_ids):,} token ids for an identity of {identity.num_tokens:,} tokens")
         existing = self._readable_info(identity.key)
-        if existing is not None:
+        if existing is not None and not existing.is_partial:  # a partial read is replaced by the whole
             self._touch(identity.key)
             return dataclasses.replace(existing, last_used=time.time())
         size, linked = snapshot_bytes(cache, identity.num_tokens)
@@ -157,16 +175,25 @@ class SnapshotStore:
         folder = self._folder(key)
         if not folder.is_dir():
             raise SnapshotError(f"no snapshot {key} in {self.root}")
+        started = time.perf_counter()
         try:
-            header = read_header(folder)
-            check_compatible(header, identity, cache.shape)
-            started = time.perf_counter()
-            num_bytes = read_snapshot(folder, header, cache)
+            try:
+                header = read_header(folder)
+                check_compatible(header, identity, cache.shape)
+                num_bytes = read_snapshot(folder, header, cache)
+            except CorruptSnapshotError as error:
+                # A partial read whose newest checkpoint is damaged (cut short by a kill): the one before.
+                if not (folder / PREVIOUS_HEADER_FILE).exists():
+                    raise
+                logger.warning("snapshot %s: %s; using the checkpoint before it", key, error)
+                header = read_header(folder, PREVIOUS_HEADER_FILE)
+                check_compatible(header, identity, cache.shape)
+                num_bytes = read_snapshot(folder, header, cache)
             seconds = time.perf_counter() - started
         except SnapshotError as error:
             raise type(error)(f"cannot restore snapshot {key}: {error}") from error
         self._touch(key)
-        stats = RestoreStats(identity.num_tokens, num_bytes, seconds)
+        stats = RestoreStats(header.num_saved, num_bytes, seconds)
         logger.info("restored snapshot %s: %d tokens, %.1f MB in %.2f s (%.2f GB/s)", key, stats.num_tokens,
                     num_bytes / 1e6, seconds, stats.gb_per_second)
         return stats
@@ -186,6 +213,11 @@ class SnapshotStore:
             return
         shutil.rmtree(trash, ignore_errors=True)
         logger.info("deleted snapshot %s", key)
+
+    def evict_for(self, num_bytes: int, protect: str | None = None) -> None:
+        """Makes room for ``num_bytes`` more under the cap by evicting least recently used snapshots, never
+        ``protect`` (a read checkpointing into the store)."""
+        self._evict(keep_room=num_bytes, protect=protect)
 
     def total_bytes(self) -> int:
         """Bytes the snapshots take together."""
@@ -212,10 +244,14 @@ class SnapshotStore:
         try:
             header: SnapshotHeader = read_header(folder)
         except SnapshotError:
-            return SnapshotInfo(folder.name, "(damaged snapshot)", 0, _folder_bytes(folder), _mtime(folder),
-                                last_used, "", "", folder, is_readable=False)
+            try:  # a partial read's newest header is never missing, but may be damaged: its previous one
+                header = read_header(folder, PREVIOUS_HEADER_FILE)
+            except SnapshotError:
+                return SnapshotInfo(folder.name, "(damaged snapshot)", 0, _folder_bytes(folder), _mtime(folder),
+                                    last_used, "", "", folder, is_readable=False)
         return SnapshotInfo(folder.name, header.label, header.identity.num_tokens, _folder_bytes(folder),
-                            header.created, last_used, header.identity.model.name, header.identity.dtype, folder)
+                            header.created, last_used, header.identity.model.name, header.identity.dtype, folder,
+                            num_read=header.num_read, read_seconds=header.read_seconds)
 
     def _touch(self, key: str) -> None:
         try:

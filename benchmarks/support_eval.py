@@ -196,11 +196,11 @@ def main(argv=None) -> int:
     p.add_argument("--weights", default="auto", choices=["dense", "auto", "gguf", "int8"])
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "headinfer-studio" / "eval-docs"))
     p.add_argument("--out", default="docs/benchmarks")
+    p.add_argument("--tables-only", action="store_true", help="rewrite support.md from support.jsonl, no model")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     documents = load_questions()
-    texts = {d["key"]: document_text(d, Path(args.cache)) for d in documents}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "support.jsonl"
@@ -213,6 +213,10 @@ def main(argv=None) -> int:
         with jsonl.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
+    if args.tables_only:
+        write_markdown(records, stamp, out / "support.md")
+        return 0
+    texts = {d["key"]: document_text(d, Path(args.cache)) for d in documents}
     for key in args.models.split(","):
         evaluate(key, args.weights, args.layouts.split(","), args.chats.split(","), documents, texts, done, emit)
         write_markdown(records, stamp, out / "support.md")

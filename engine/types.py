@@ -3,6 +3,7 @@ plans, snapshots, memory readings. A caller reads these; it never builds the eng
 
 from .answer.sampling import RepetitionGuard
 from .answer.sources import Source
+from .answer.support import Support
 from .planning.machine import MemorySnapshot
 from .planning.plan import Plan
 from .planning.shape import ModelShape
@@ -11,4 +12,5 @@ from .reports import AnswerChunk, PrefillProgress
 from .store.snapshots import RestoreStats, SnapshotInfo
 
 __all__ = ["AnswerChunk", "DocumentTokens", "MemorySnapshot", "ModelShape", "PageMarker", "Plan", "PrefillProgress",
-           "RepetitionGuard", "RestoreStats", "SnapshotInfo", "Source", "page_marker", "page_markers"]
+           "RepetitionGuard", "RestoreStats", "SnapshotInfo", "Source", "Support", "page_marker",
+           "page_markers"]

@@ -196,11 +196,14 @@ def main(argv=None) -> int:
     p.add_argument("--weights", default="auto", choices=["dense", "auto", "gguf", "int8"])
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "headinfer-studio" / "eval-docs"))
     p.add_argument("--out", default="docs/benchmarks")
+    p.add_argument("--documents", default="", help="only these document keys (comma-separated; default all)")
     p.add_argument("--tables-only", action="store_true", help="rewrite support.md from support.jsonl, no model")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     documents = load_questions()
+    if args.documents:
+        documents = [d for d in documents if d["key"] in args.documents.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jsonl = out / "support.jsonl"

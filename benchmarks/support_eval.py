@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 QUESTIONS = Path(__file__).parent / "data" / "support_eval.json"
 MAX_NEW_TOKENS = 48
+READING = "## Reading"  # the hand-written part of support.md starts at this heading, kept when the tables are rewritten
 MAX_SUPPORTED_FLAGGED = 0.10  # the target: at most this share of supported answers flagged
 
 
@@ -161,17 +162,19 @@ def write_markdown(records: list[dict], stamp: dict, path: Path) -> None:
                 lines.append(f"| {model} | {kind} | {sum(shares) / max(len(shares), 1):.3f} | "
                              f"{sum(logprobs) / max(len(logprobs), 1):.2f} | {sum(r['correct'] for r in rows)}/{len(rows)} |")
     lines += ["", "## A fresh chat against a later one", "",
-              "Right answers over all 32 questions (a supported one: its regex; an unsupported one: the answer says "
+              "Right answers over the questions asked both ways (all 32 in a full run; a supported one: its regex; an unsupported one: the answer says "
               "the document does not say). `glued`: the first question inside the document's message (before); "
               "`turn`: every question its own user message after the document's (after). After turns: one earlier "
               "turn (the document's warm-up question and its answer) before the question.", "",
               "| model | layout | fresh chat | after turns |", "| --- | --- | --- | --- |"]
     for model in models:
         for layout in ("glued", "turn"):
-            cells = []
-            for chat in ("fresh", "turns"):
-                rows = [r for r in records if r["model"] == model and r["layout"] == layout and r["chat"] == chat]
-                cells.append(f"{sum(r['correct'] for r in rows)}/{len(rows)}" if rows else "–")
+            # Paired: only questions asked both ways (a run cut short compares like with like).
+            by_chat = {chat: {r["question"]: r["correct"] for r in records
+                              if r["model"] == model and r["layout"] == layout and r["chat"] == chat}
+                       for chat in ("fresh", "turns")}
+            both = by_chat["fresh"].keys() & by_chat["turns"].keys()
+            cells = [f"{sum(by_chat[chat][q] for q in both)}/{len(both)}" if both else "–" for chat in by_chat]
             lines.append(f"| {model} | {layout} | {cells[0]} | {cells[1]} |")
     lines += ["", "## Cost per answer", "",
               "The sources pass runs for every answer anyway (its time below); the support signal adds a sum over "
@@ -185,7 +188,9 @@ def write_markdown(records: list[dict], stamp: dict, path: Path) -> None:
                      f"{sum(r['sources_s'] for r in rows) / n:.3f} | "
                      f"{sum(r['logprob_ms_per_token'] for r in rows) / n:.2f} | "
                      f"{sum(r['answer_tokens'] for r in rows) / n:.1f} |")
-    path.write_text("\n".join(lines) + "\n")
+    previous = path.read_text() if path.is_file() else ""
+    reading = previous[previous.index(READING):] if READING in previous else ""
+    path.write_text("\n".join(lines) + "\n" + ("\n" + reading if reading else ""))
 
 
 def main(argv=None) -> int:

@@ -8,8 +8,9 @@ Two signals the engine already holds after an answer, so the check costs a few r
 - ``mean_logprob``: the mean log-probability the model gave the tokens it wrote (from the logits the decode
   computed anyway). An invented default or version number is written with less confidence than a copied one.
 
-The answer is flagged when either is under its threshold (``SupportThresholds``; the defaults were fitted on half
-of ``benchmarks/data/support_eval.json`` and reported on the other half, ``docs/benchmarks/support.md``).
+The answer is flagged when either is under its threshold (``SupportThresholds``). The defaults are a starting
+point, not yet fitted on the CPU default model: ``benchmarks/support_eval.py`` fits them per model on half of
+``benchmarks/data/support_eval.json`` and reports the other half (``docs/benchmarks/support.md``).
 """
 
 from __future__ import annotations

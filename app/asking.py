@@ -121,7 +121,8 @@ class Questions:
                     self._answer_seconds.append(time.monotonic() - started)
                     self._answer_tokens.append(chunk.num_tokens)
                 pages = split_pages(session.document) if chunk.sources else None
-                history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats, chunk.sources, pages)}
+                history[-1] = {"role": "assistant",
+                               "content": _answer(chunk.text, stats, chunk.sources, pages, chunk.support)}
                 # A copy per update: each yielded view is a snapshot, not a list edited later.
                 chips = self._page_chips(session, chunk) if chunk.done else NO_CHANGE
                 # Once the answer is being written the question's "Reading the question: 12 of 12" is over.
@@ -183,6 +184,9 @@ def _preview(question: str, limit: int = 2000) -> str:
     return f"{question[:limit]}… ({len(question):,} characters in all)"
 
 
-def _answer(text: str, stats: str, sources=(), pages: dict | None = None) -> str:
-    line = f'\n\n{render.sources_line(sources, pages)}' if sources else ""
+def _answer(text: str, stats: str, sources=(), pages: dict | None = None, support=None) -> str:
+    # The warning first, then where the answer looked: the reader checks those pages.
+    note = render.support_note(support)
+    line = f'\n\n{note}' if note else ""
+    line += f'\n\n{render.sources_line(sources, pages)}' if sources else ""
     return f'{render.model_markdown(text) or "…"}\n\n<span class="answer-stats">{html.escape(stats)}</span>{line}'

@@ -339,6 +339,18 @@ def sources_line(sources, pages: dict | None = None) -> str:
     return f'<span class="answer-sources" title="Pages the answer attended to most, read from the model\'s attention">Sources: {parts}</span>'
 
 
+MAY_NOT_SAY = "The document may not say this — check the pages it looked at"
+
+
+def support_note(support) -> str:
+    """The plain warning beside an answer the document may not support (``engine.answer.support.Support``);
+    empty for a supported answer or one without the signal."""
+    if support is None or support.is_supported:
+        return ""
+    return (f'<span class="answer-unsupported" title="Little of the answer\'s attention was on the document\'s pages, '
+            f'or the model wrote it unsure">⚠ {html.escape(MAY_NOT_SAY)}</span>')
+
+
 def page_view(page: str | None, name: str = "", text: str = "", sequence: int | None = None) -> str:
     """The page viewer beside the chat: one page's text, titled with its printed label ("p. 37"), its PDF
     sequence as the tooltip."""

@@ -3,6 +3,12 @@
 The document goes in the first user message; everything before the first question is the prefix, and it
 is the same for every conversation, so its KV cache is computed once. The turns after it are rendered
 with the model's own chat template and tokenized on their own.
+
+Every question is a user message of its own, the first one included. The first question used to be glued
+after the document inside the document's message ("...document\n\nQuestion: q") while later ones were their
+own messages: the same question then met two different prompts, and a fresh chat answered worse than a later
+one (``docs/benchmarks/support.md``). Templates that refuse two user messages in a row (roles must alternate)
+keep the glued layout.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are a careful reading assistant. Answer questions using only the documents provided by the user. "
     "Quote or cite page markers like [page 3] when they help. If the documents do not contain the answer, say so."
 )
+#: closes the document's message: the instruction said where the questions come, as every question then reads it
+DOCUMENT_END = "(End of the documents. Answer each question below from them only; if they do not say, say so.)"
 _QUESTION_MARKER = "\x00QUESTION\x00"  # never occurs in real text; marks where the prefix ends
 
 # The page marker: the line before each page of a document, ``[page 37]`` (the number the book prints on it) or
@@ -86,9 +94,11 @@ class DocumentTokens:
 class PromptBuilder:
     """Renders [system + document] | [questions and answers] with a tokenizer's chat template."""
 
-    def __init__(self, tokenizer, system_prompt: str | None = None):
+    def __init__(self, tokenizer, system_prompt: str | None = None, *, question_turn: bool = True):
         self.tokenizer = tokenizer
         self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
+        # Each question its own user message (``False``: the first glued after the document, the old layout).
+        self.question_turn = question_turn and self._accepts_question_turn()
 
     def document_ids(self, document: str) -> list[int]:
         """The prefix shared by every conversation about ``document``."""
@@ -135,17 +145,33 @@ class PromptBuilder:
             raise ValueError("the chat template does not render the document as a stable prefix")
         return self._encode(full[len(prefix):])
 
-    def _render(self, document: str, turns: list[Turn], question: str) -> str:
-        first_question = turns[0].question if turns else question
+    def _accepts_question_turn(self) -> bool:
+        """Whether the chat template renders a question as a user message right after the document's."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            return True
+        try:
+            self._render("d", [], _QUESTION_MARKER, question_turn=True)
+        except Exception:  # jinja's TemplateError ("roles must alternate"), raised by the template itself
+            return False
+        return True
+
+    def _render(self, document: str, turns: list[Turn], question: str, *, question_turn: bool | None = None) -> str:
+        question_turn = self.question_turn if question_turn is None else question_turn
         messages = []
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": f"{document}\n\nQuestion: {first_question}"})
-        for i, turn in enumerate(turns):
-            if i > 0:
-                messages.append({"role": "user", "content": turn.question})
-            messages.append({"role": "assistant", "content": turn.answer})
-        if turns:
+        if question_turn:
+            messages.append({"role": "user", "content": f"{document}\n\n{DOCUMENT_END}"})
+            for turn in turns:
+                messages += [{"role": "user", "content": turn.question}, {"role": "assistant", "content": turn.answer}]
+        else:
+            first_question = turns[0].question if turns else question
+            messages.append({"role": "user", "content": f"{document}\n\nQuestion: {first_question}"})
+            for i, turn in enumerate(turns):
+                if i > 0:
+                    messages.append({"role": "user", "content": turn.question})
+                messages.append({"role": "assistant", "content": turn.answer})
+        if turns or question_turn:
             messages.append({"role": "user", "content": question})
         if getattr(self.tokenizer, "chat_template", None):
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

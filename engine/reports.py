@@ -41,6 +41,7 @@ class AnswerChunk:
     looped: bool = False  # the repetition guard stopped an answer that repeated itself
     sources: tuple = ()  # engine.answer.sources.Source, largest share first (final chunk only)
     sources_seconds: float = 0.0  # the extra attention pass that found them
+    support: object = None  # engine.answer.support.Support: does the document support it (final chunk only)
 
 
 def answer_rate(num_tokens: int, first_at: float | None) -> float:

@@ -18,6 +18,7 @@ import torch
 from .answer.generate import ConversationFit, QuestionTooLong, document_page_starts, retrieval_heads, stream_answer
 from .answer.sampling import RepetitionGuard
 from .answer.sources import AnswerSources
+from .answer.support import SupportThresholds, decide, mean_logprob
 from .cache import HeadInferCache
 from .errors import InputError, PrefillCancelled, StateError
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
@@ -96,6 +97,7 @@ class DocumentSession:
         self._starts = None  # where each document token starts in the text (DocumentTokens.starts)
         self.turns: list[Turn] = []
         self.dropped_turns = 0  # oldest turns the last question left out of its prompt (to fit the allowance)
+        self.support_thresholds = SupportThresholds()  # when an answer reads "the document may not say this"
         self._context_limit, self._limit_reason = 0, ""  # the document's plan: the most its context may take, and why
         self._host_ms_per_token = 0.0  # the last answer's host-attention time per token (meters)
 
@@ -422,7 +424,9 @@ class DocumentSession:
         yield AnswerChunk(end.text, "", end.num_tokens, None if end.first_at is None else end.first_at - asked,
                           answer_rate(end.num_tokens, end.first_at), done=True, stopped=end.stopped,
                           looped=end.looped, sources=tuple(found),
-                          sources_seconds=grounding.seconds if grounding else 0.0)
+                          sources_seconds=grounding.seconds if grounding else 0.0,
+                          support=decide(grounding.document_share if grounding else None,
+                                         mean_logprob(end.logprobs), self.support_thresholds))
 
     def _grounding(self) -> AnswerSources | None:
         """Sources of the next answer from the model's retrieval heads (calibrated once per model, cached)."""

@@ -3,6 +3,7 @@ plans, snapshots, memory readings. A caller reads these; it never builds the eng
 
 from .answer.sampling import RepetitionGuard
 from .answer.sources import Source
+from .answer.support import Support
 from .planning.machine import MemorySnapshot
 from .planning.plan import Plan
 from .planning.shape import ModelShape
@@ -11,5 +12,6 @@ from .reports import AnswerChunk, PrefillProgress
 from .store.checkpoint import CheckpointPlan
 from .store.snapshots import RestoreStats, SnapshotInfo
 
-__all__ = ["AnswerChunk", "CheckpointPlan", "DocumentTokens", "MemorySnapshot", "ModelShape", "PageMarker", "Plan", "PrefillProgress",
-           "RepetitionGuard", "RestoreStats", "SnapshotInfo", "Source", "page_marker", "page_markers"]
+__all__ = ["AnswerChunk", "CheckpointPlan", "DocumentTokens", "MemorySnapshot", "ModelShape", "PageMarker", "Plan",
+           "PrefillProgress", "RepetitionGuard", "RestoreStats", "SnapshotInfo", "Source", "Support", "page_marker",
+           "page_markers"]

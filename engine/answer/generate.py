@@ -21,6 +21,7 @@ from ..reports import AnswerChunk, answer_rate
 from .retrieval_heads import find_retrieval_heads
 from .sampling import IncrementalDecoder, RepetitionGuard, next_token, stop_token_ids
 from .sources import page_starts, page_starts_from_offsets
+from .support import token_logprob
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class Decoded:
     first_at: float | None  # perf_counter() of the first token; None when there was none
     stopped: bool  # ``should_stop`` turned true
     looped: bool  # the repetition guard stopped an answer that repeated itself
+    logprobs: tuple[float, ...] = ()  # log p of each answer token under the model's own (unguarded) logits
 
 
 def stream_answer(model, tokenizer, logits: torch.Tensor, forward: Callable[[list[int]], torch.Tensor],
@@ -64,13 +66,15 @@ def stream_answer(model, tokenizer, logits: torch.Tensor, forward: Callable[[lis
     decoder = IncrementalDecoder(tokenizer)
     stop_ids = stop_token_ids(model, tokenizer)
     generator = torch.Generator(device="cpu").manual_seed(0)
-    first_at, num_tokens, stopped, looped, answer = None, 0, False, False, []
+    first_at, num_tokens, stopped, looped, answer, logprobs = None, 0, False, False, [], []
     for _ in range(max_new_tokens):
+        raw = logits  # the support signal wants the model's confidence, not the guard's penalties
         if repetition_guard is not None:
             logits = repetition_guard.adjust(logits, answer)
         token = next_token(logits, temperature, top_p, generator)
         if token in stop_ids:
             break
+        logprobs.append(token_logprob(raw, token))
         num_tokens += 1
         answer.append(token)
         first_at = first_at or time.perf_counter()
@@ -88,7 +92,7 @@ def stream_answer(model, tokenizer, logits: torch.Tensor, forward: Callable[[lis
         except ForwardInterrupted:  # a stop between layers of a (large model's) decode step
             stopped = True
             break
-    return Decoded(decoder.text, num_tokens, first_at, stopped, looped)
+    return Decoded(decoder.text, num_tokens, first_at, stopped, looped, tuple(logprobs))
 
 
 def retrieval_heads(model, tokenizer) -> dict[int, list[int]] | None:

@@ -19,6 +19,7 @@ import torch
 from ..kv.ledger import SOURCES
 from ..kv.probe import QueryProbe
 from ..prompt import page_markers
+from .support import document_share
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ class AnswerSources:
         self.cache, self.heads, self.document_range, self.pages = cache, heads, document_range, pages
         self.probe: QueryProbe | None = None
         self.seconds = 0.0  # time spent computing the sources (the extra attention pass)
+        self.document_share: float | None = None  # share of the answer's attention on the pages (``support``)
 
     def start(self, first_position: int) -> None:
         """Records queries from ``first_position`` on (the position the first answer token is fed at)."""
@@ -203,7 +205,9 @@ class AnswerSources:
         try:
             if self.probe.num_positions == 0:
                 return []
-            return rank_sources(attention_mass(self.cache, self.probe), self.document_range, self.pages)
+            mass = attention_mass(self.cache, self.probe)
+            self.document_share = document_share(mass, self.document_range, self.pages)
+            return rank_sources(mass, self.document_range, self.pages)
         except torch.OutOfMemoryError as error:
             # The answer has streamed and stays; only its sources are lost (another program took the memory).
             logger.warning("no sources for this answer: out of memory in the sources pass (%s)", error)

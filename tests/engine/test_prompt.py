@@ -1,4 +1,5 @@
-"""The prompt builder's ids for a model without a chat template (a base model's plain transcript)."""
+"""The prompt builder's ids: a base model's plain transcript, and the layout where every question is a user
+message of its own (a fresh chat's question reads as a later one's)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from engine.prompt import PromptBuilder, Turn
+from engine.prompt import DOCUMENT_END, PromptBuilder, Turn
 
 WORDS = ["<bos>", "<unk>", "System:", "User:", "Assistant:", "Question:", "the", "manual", "says", "what", "yes"]
 
@@ -23,7 +24,7 @@ def base_tokenizer(add_bos_token: bool) -> PreTrainedTokenizerFast:
 @pytest.mark.parametrize("add_bos_token", [True, False])
 def test_a_transcript_starts_with_bos_when_the_tokenizer_adds_one(add_bos_token):
     tokenizer = base_tokenizer(add_bos_token)
-    prompts = PromptBuilder(tokenizer, system_prompt="")
+    prompts = PromptBuilder(tokenizer, system_prompt="", question_turn=False)
     document = "the manual says"
     # What the tokenizer itself makes of the whole transcript, as stock transformers would feed it.
     transcript = f"User: {document}\n\nQuestion: what\n\nAssistant:"
@@ -37,3 +38,52 @@ def test_a_transcript_starts_with_bos_when_the_tokenizer_adds_one(add_bos_token)
     # Later turns continue the transcript: no second <bos>.
     follow_up = prompts.conversation_ids(document, [Turn("what", "yes")], "what")
     assert tokenizer.bos_token_id not in follow_up
+
+
+def test_in_a_transcript_the_question_is_its_own_turn_after_the_document():
+    tokenizer = base_tokenizer(True)
+    prompts = PromptBuilder(tokenizer, system_prompt="")
+    document = "the manual says"
+    transcript = f"User: {document}\n\n{DOCUMENT_END}\n\nUser: what\n\nAssistant:"
+    assert prompts.document_ids(document) + prompts.conversation_ids(document, [], "what") == \
+        tokenizer(transcript)["input_ids"]
+
+
+ALTERNATING = ("{% for m in messages %}{% if m['role'] == 'user' and loop.index0 > 0 and "
+               "messages[loop.index0 - 1]['role'] == 'user' %}{{ raise_exception('roles must alternate') }}"
+               "{% endif %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+               "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_a_template_that_needs_alternating_roles_keeps_the_question_in_the_document_message():
+    tokenizer = base_tokenizer(False)
+    tokenizer.chat_template = ALTERNATING
+    prompts = PromptBuilder(tokenizer, system_prompt="")
+    assert not prompts.question_turn
+    ids = prompts.conversation_ids("the manual says", [Turn("what", "yes")], "what")  # renders, no raise
+    assert ids
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def test_a_fresh_question_reads_as_the_same_turn_a_later_question_does(chat_tokenizer):
+    prompts = PromptBuilder(chat_tokenizer)
+    assert prompts.question_turn
+    document = "[page 1]\nThe default port is 8080."
+    prefix = prompts.document_text(document)
+    assert "Which port?" not in prefix and prefix.rstrip().endswith(chat_tokenizer.decode(
+        chat_tokenizer("<|im_start|>user", add_special_tokens=False)["input_ids"]))
+    fresh = prompts.conversation_ids(document, [], "Which port?")
+    later = prompts.conversation_ids(document, [Turn("What is it?", "A server.")], "Which port?")
+    # The same question turn ends both: a fresh chat differs only by not having the earlier turn before it.
+    assert later[-len(fresh):] == fresh and len(later) > len(fresh)
+    # The prefix holds for every conversation, and a glued builder's prefix differs (old snapshots do not match).
+    assert prompts.document_ids(document) == PromptBuilder(chat_tokenizer).document_ids(document)
+    assert PromptBuilder(chat_tokenizer, question_turn=False).document_ids(document) != prompts.document_ids(document)
+    tokens = prompts.tokenize_document(document)
+    assert tokens.ids == prompts.document_ids(document) and tokens.count_between(0, len(document)) > 0

@@ -1,0 +1,76 @@
+"""The support decision ("the document may not say this") on synthetic attention masses and probabilities, and
+the signal on a real SmolLM2 answer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.answer.support import Support, SupportThresholds, decide, document_share, mean_logprob, token_logprob
+
+
+def test_share_counts_the_pages_and_leaves_out_the_sink_and_the_markup_before_them():
+    mass = torch.zeros(100, dtype=torch.float64)
+    mass[0] = 50.0  # the attention sink: on no page
+    mass[6] = 2.0  # the system prompt, before the first page marker
+    mass[20:30] = 0.5  # a page: 5.0
+    mass[90:] = 0.3  # the question and the answer after the document: 3.0
+    share = document_share(mass, (0, 80), [(10, "1"), (40, "2")])
+    assert share == pytest.approx(5.0 / 10.0)
+    # Without page markers the whole document range (after the sink) counts.
+    assert document_share(mass, (0, 80), []) == pytest.approx(7.0 / 10.0)
+    assert document_share(torch.zeros(100, dtype=torch.float64), (0, 80), []) is None
+
+
+@pytest.mark.parametrize("share, logprob, supported", [
+    (0.8, -0.1, True),  # looked at the pages, wrote surely
+    (0.1, -0.1, False),  # looked at the question and its own words
+    (0.8, -2.0, False),  # looked at the pages but wrote unsure (an invented number)
+    (0.1, -2.0, False),
+    (None, -0.1, True),  # no sources pass: judged on the probabilities alone
+    (None, -2.0, False),
+    (0.8, None, True),  # an empty answer has no probabilities
+])
+def test_an_answer_is_flagged_when_either_signal_is_under_its_threshold(share, logprob, supported):
+    thresholds = SupportThresholds(min_document_share=0.3, min_mean_logprob=-0.6)
+    assert decide(share, logprob, thresholds) == Support(share, logprob, supported)
+
+
+def test_thresholds_are_checked():
+    with pytest.raises(ValueError):
+        SupportThresholds(min_document_share=1.5)
+    with pytest.raises(ValueError):
+        SupportThresholds(min_mean_logprob=0.5)
+
+
+def test_token_logprob_is_the_log_softmax_of_the_chosen_token():
+    logits = torch.tensor([2.0, 1.0, 0.0, float("-inf")])
+    assert token_logprob(logits, 0) == pytest.approx(2.0 - math.log(math.exp(2) + math.exp(1) + 1))
+    assert token_logprob(logits, 3) == -100.0  # a masked token stays finite
+    assert mean_logprob([-1.0, -3.0]) == -2.0 and mean_logprob([]) is None
+
+
+@pytest.mark.slow
+def test_a_real_answer_carries_its_support_signal(headinfer_smollm2):
+    from benchmarks.niah import paged_haystack
+    from engine import DocumentSession, OffloadPolicy
+
+    model, tokenizer = headinfer_smollm2
+    document, value, _ = paged_haystack(tokenizer, 800, 0.5, seed=3)
+    session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=512), answer_budget=64)
+    session.set_document(document)
+    session.prefill()
+    *streamed, last = session.ask("What is the secret passphrase?", max_new_tokens=16)
+    assert all(chunk.support is None for chunk in streamed)  # the final chunk carries it
+    support = last.support
+    assert support is not None and 0.0 < support.document_share <= 1.0
+    assert support.mean_logprob is not None and support.mean_logprob <= 0.0
+    assert support.is_supported == decide(support.document_share, support.mean_logprob,
+                                          session.support_thresholds).is_supported
+    # Without sources the probabilities are the same (the same greedy tokens) and the share is absent.
+    session.new_conversation()
+    *_, plain = session.ask("What is the secret passphrase?", max_new_tokens=16, sources=False)
+    assert plain.support.document_share is None
+    assert plain.support.mean_logprob == pytest.approx(support.mean_logprob, abs=1e-5)

@@ -23,8 +23,6 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are a careful reading assistant. Answer questions using only the documents provided by the user. "
     "Quote or cite page markers like [page 3] when they help. If the documents do not contain the answer, say so."
 )
-#: closes the document's message: the instruction said where the questions come, as every question then reads it
-DOCUMENT_END = "(End of the documents. Answer each question below from them only; if they do not say, say so.)"
 _QUESTION_MARKER = "\x00QUESTION\x00"  # never occurs in real text; marks where the prefix ends
 
 # The page marker: the line before each page of a document, ``[page 37]`` (the number the book prints on it) or
@@ -161,7 +159,9 @@ class PromptBuilder:
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
         if question_turn:
-            messages.append({"role": "user", "content": f"{document}\n\n{DOCUMENT_END}"})
+            # The document's message is the document alone: the system prompt already says to answer from it only, and
+            # every added token would come out of a small model's window.
+            messages.append({"role": "user", "content": document})
             for turn in turns:
                 messages += [{"role": "user", "content": turn.question}, {"role": "assistant", "content": turn.answer}]
         else:

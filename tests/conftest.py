@@ -8,7 +8,8 @@ os.environ.setdefault("HEADINFER_CPU_MODEL", "embedded")
 # ... and keep their files (converted models, read timings, retrieval heads, saved KV) in a folder of the run's, never
 # the user's ~/.cache/headinfer-studio: what a test sees does not depend on what this machine ran before.
 _CACHE = tempfile.TemporaryDirectory(prefix="headinfer-test-cache-")
-os.environ["HEADINFER_CACHE"] = _CACHE.name
+# A child pytest that a test starts on purpose with a cache of its own (HEADINFER_TEST_CACHE) keeps it.
+os.environ["HEADINFER_CACHE"] = os.environ.get("HEADINFER_TEST_CACHE") or _CACHE.name
 
 
 def pytest_collection_modifyitems(config, items):

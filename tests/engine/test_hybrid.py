@@ -56,7 +56,7 @@ def test_state_layers_get_no_homes_and_no_fetches(pair, monkeypatch):
     assert kinds == [LinearAttentionLayer, engine.cache.HeadInferLayer, LinearAttentionLayer], name
     assert cache.shape.state_layers == (0, 2) and cache.shape.num_layers == 1
     assert [layer.layer_idx for layer in cache.kv_layers] == [1]
-    assert fetched and {layer for layer, _ in fetched} == {0}  # KV index 0: the model's layer 1, only
+    assert fetched and {run.layer for run in fetched} == {0}  # KV index 0: the model's layer 1, only
     # The homes hold one layer's K/V: the KV bytes per token count the attention layer alone.
     assert cache.kv_bytes()["host"] == 64 * cache.shape.kv_bytes_per_token
     assert cache.shape.kv_bytes_per_token == 2 * 16 * 2 * 4  # 2 KV heads x 16 dims x (K, V) x fp32

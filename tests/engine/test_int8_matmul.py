@@ -148,7 +148,8 @@ def test_int8_bf16_and_fp32_on_an_avx2_cpu(arch, tmp_path):
     (``ATEN_CPU_CAPABILITY``) and whose C kernels are built for AVX2 (or the portable C), with fresh probes."""
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the AVX2 emulation is for x86 CPUs")
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2", HEADINFER_NATIVE_ARCH=arch, HEADINFER_CACHE=str(tmp_path))
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="avx2", HEADINFER_NATIVE_ARCH=arch, HEADINFER_CACHE=str(tmp_path),
+               HEADINFER_TEST_CACHE=str(tmp_path))
     tests = Path(__file__).parent
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not avx2_cpu",
                            str(tests / "test_int8_matmul.py"),

@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from engine.prompt import DOCUMENT_END, PromptBuilder, Turn
+from engine.prompt import PromptBuilder, Turn
 
 WORDS = ["<bos>", "<unk>", "System:", "User:", "Assistant:", "Question:", "the", "manual", "says", "what", "yes"]
 
@@ -44,7 +44,7 @@ def test_in_a_transcript_the_question_is_its_own_turn_after_the_document():
     tokenizer = base_tokenizer(True)
     prompts = PromptBuilder(tokenizer, system_prompt="")
     document = "the manual says"
-    transcript = f"User: {document}\n\n{DOCUMENT_END}\n\nUser: what\n\nAssistant:"
+    transcript = f"User: {document}\n\nUser: what\n\nAssistant:"
     assert prompts.document_ids(document) + prompts.conversation_ids(document, [], "what") == \
         tokenizer(transcript)["input_ids"]
 

@@ -42,7 +42,7 @@ def test_a_transcript_starts_with_bos_when_the_tokenizer_adds_one(add_bos_token)
 
 def test_in_a_transcript_the_question_is_its_own_turn_after_the_document():
     tokenizer = base_tokenizer(True)
-    prompts = PromptBuilder(tokenizer, system_prompt="")
+    prompts = PromptBuilder(tokenizer, system_prompt="", question_turn=True)
     document = "the manual says"
     transcript = f"User: {document}\n\nUser: what\n\nAssistant:"
     assert prompts.document_ids(document) + prompts.conversation_ids(document, [], "what") == \
@@ -58,7 +58,7 @@ ALTERNATING = ("{% for m in messages %}{% if m['role'] == 'user' and loop.index0
 def test_a_template_that_needs_alternating_roles_keeps_the_question_in_the_document_message():
     tokenizer = base_tokenizer(False)
     tokenizer.chat_template = ALTERNATING
-    prompts = PromptBuilder(tokenizer, system_prompt="")
+    prompts = PromptBuilder(tokenizer, system_prompt="", question_turn=True)
     assert not prompts.question_turn
     ids = prompts.conversation_ids("the manual says", [Turn("what", "yes")], "what")  # renders, no raise
     assert ids
@@ -72,7 +72,7 @@ def chat_tokenizer(smollm2_dir):
 
 
 def test_a_fresh_question_reads_as_the_same_turn_a_later_question_does(chat_tokenizer):
-    prompts = PromptBuilder(chat_tokenizer)
+    prompts = PromptBuilder(chat_tokenizer, question_turn=True)
     assert prompts.question_turn
     document = "[page 1]\nThe default port is 8080."
     prefix = prompts.document_text(document)
@@ -83,7 +83,7 @@ def test_a_fresh_question_reads_as_the_same_turn_a_later_question_does(chat_toke
     # The same question turn ends both: a fresh chat differs only by not having the earlier turn before it.
     assert later[-len(fresh):] == fresh and len(later) > len(fresh)
     # The prefix holds for every conversation, and a glued builder's prefix differs (old snapshots do not match).
-    assert prompts.document_ids(document) == PromptBuilder(chat_tokenizer).document_ids(document)
+    assert prompts.document_ids(document) == PromptBuilder(chat_tokenizer, question_turn=True).document_ids(document)
     assert PromptBuilder(chat_tokenizer, question_turn=False).document_ids(document) != prompts.document_ids(document)
     tokens = prompts.tokenize_document(document)
     assert tokens.ids == prompts.document_ids(document) and tokens.count_between(0, len(document)) > 0

@@ -25,7 +25,7 @@ from .kv import streams as kv_streams
 from .kv.disk import DiskMemory
 from .kv.ledger import Ledger
 from .kv.probe import QueryProbe
-from .planning.allocations import home_capacity, slot_placement
+from .planning.allocations import home_capacity, scratch_elements, slot_placement
 from .planning.host_split import choose_host_slots
 from .planning.memory import ModelShape, Plan, make_plan
 from .planning.policy import OffloadPolicy
@@ -207,7 +207,10 @@ class HeadInferCache(Cache):
                                  group_shape=(batch, g, head_dim), dtype=dtype,
                                  buffer_tokens=visible if any_offloaded else 1, stage_tokens=chunk,
                                  kv_dtype=self.policy.kv_dtype, disk=self._disk, streams=streams,
-                                 ledger=self.ledger)
+                                 ledger=self.ledger,
+                                 scratch_elements=scratch_elements(self.shape, capacity=capacity, chunk=chunk, group=g,
+                                                                   cuda=is_cuda, batch=batch,
+                                                                   dtype_bytes=dtype.itemsize))
         self._host = HostMemory(pin, self.transfer.fence, ledger=self.ledger)
         for layer in self.kv_layers:
             slots = [layer.kv_index * num_groups + i for i in range(num_groups)]
@@ -369,7 +372,7 @@ class HeadInferCache(Cache):
         return self.schedule.host_seconds if self.schedule is not None else 0.0
 
     def kv_bytes(self) -> dict[str, int]:
-        """Bytes held: ``device`` (resident homes + staging and ping-pong buffers), ``host`` (homes in RAM) and
+        """Bytes held: ``device`` (resident homes + staging, ping-pong and scratch buffers), ``host`` (homes in RAM) and
         ``disk`` (the disk tier's files)."""
         homes = [layer.homes for layer in self.kv_layers if layer.homes is not None]
         on_device = sum(h.nbytes(on_device=True) for h in homes)

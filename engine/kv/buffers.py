@@ -5,12 +5,18 @@ All token-major like the homes (see ``homes.py``):
   stream, read by the appends (d2h) and by the copies into the ping-pong buffers (compute);
 - *ping-pong* buffers ``[capacity, B, 2, g, D]``: one being attended, one being filled; at a short context one
   holds a run of several adjacent groups (``PingPong.run_views``), fetched and attended together;
-- for 8-bit homes, code and scale planes beside each (``quant.py``).
+- for 8-bit homes, code and scale planes beside each (``quant.py``);
+- the attention *scratch* (CUDA): one flat buffer that SDPA's fused kernels read a block's K/V from, copied
+  contiguous (``Scratch``). Allocated once at its planned size: a fresh copy per call grew with the context
+  chunk by chunk, and the caching allocator kept every size it had handed out (the first GPU run reserved
+  25.68e9 bytes for a 23.59e9-byte plan).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -18,7 +24,9 @@ from typing import NamedTuple
 import torch
 
 from . import quant
-from .ledger import CODES, PINGPONG, STAGING, Ledger
+from .ledger import CODES, PINGPONG, SCRATCH, STAGING, Ledger
+
+logger = logging.getLogger(__name__)
 
 Slot = tuple[int, int]  # (layer index, head-group index)
 
@@ -91,6 +99,45 @@ class Staging:
         return views
 
 
+class Scratch:
+    """The one owner of a cache's attention scratch: ``flat`` holds at most ``[2, B, H, K, D]`` (K and V of the
+    block being attended, contiguous). Every call writes views of it from the start, so it is never re-allocated
+    while the calls stay within the plan; a larger call (a forward longer than the planned chunk, homes grown
+    past an unplanned context) replaces it by one of that size, logged. Written and read on the compute stream
+    only, one attention call at a time: no event guards it."""
+
+    def __init__(self, make: Callable[[int], torch.Tensor], elements: int):
+        self._make = make  # elements -> a flat buffer, recorded by the ledger (``BufferFactory.scratch``)
+        self.flat = make(elements)
+
+    def kv(self, key: torch.Tensor, value: torch.Tensor, expand: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """key/value: [B, Hk, K, D] (any strides) -> contiguous views [B, Hk * expand, K, D] of this buffer, every KV
+        head repeated ``expand`` times in a row (what ``repeat_interleave(expand, dim=1)`` gives)."""
+        batch, num_heads, keys, head_dim = key.shape
+        assert key.dtype == self.flat.dtype and key.device == self.flat.device, (key.dtype, key.device)
+        numel = 2 * batch * num_heads * expand * keys * head_dim
+        if numel > self.flat.numel():
+            logger.info("growing the attention scratch from %d to %d elements", self.flat.numel(), numel)
+            self.flat = None  # the old one goes first (nothing else reads it between calls)
+            self.flat = self._make(numel)
+        out = self.flat[:numel].view(2, batch, num_heads, expand, keys, head_dim)
+        out[0].copy_(key.unsqueeze(2))  # [B, Hk, 1, K, D] broadcast over the expand axis
+        out[1].copy_(value.unsqueeze(2))
+        kv = out.view(2, batch, num_heads * expand, keys, head_dim)
+        return kv[0], kv[1]
+
+
+def contiguous_kv(key: torch.Tensor, value: torch.Tensor, expand: int = 1,
+                  scratch: Scratch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, Hk, K, D] (strided views) -> contiguous [B, Hk * expand, K, D] each, every KV head repeated ``expand``
+    times in a row: views of ``scratch`` when given, else newly allocated (attention outside a cache)."""
+    if scratch is not None:
+        return scratch.kv(key, value, expand)
+    if expand > 1:
+        return key.repeat_interleave(expand, dim=1), value.repeat_interleave(expand, dim=1)
+    return key.contiguous(), value.contiguous()
+
+
 @dataclass
 class Appends:
     """The last two d2h appends of one layer: (first token position, event), oldest first."""
@@ -126,6 +173,10 @@ class BufferFactory:
         shape = (max(rows, 1), batch, 2, g)
         return [self.ledger.empty(CODES, (*shape, head_dim), quant.storage_dtype(self.kv_dtype), self.device),
                 self.ledger.empty(CODES, (*shape, 1), quant.SCALE_DTYPE, self.device)]
+
+    def scratch(self, elements: int) -> torch.Tensor:
+        """The attention scratch's flat buffer (``Scratch``), in the compute dtype."""
+        return self.ledger.empty(SCRATCH, (max(elements, 1),), self.dtype, self.device)
 
     def staging(self, tokens: int) -> torch.Tensor:
         batch, g, head_dim = self.group_shape

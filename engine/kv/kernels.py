@@ -11,9 +11,12 @@ a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong 
 - ``window-blocks``: a sliding window shorter than the keys (``windowed.py``): blocks of queries against the
   keys they can see, each with a small additive mask in the query dtype, query heads folded onto their KV head
   (K/V never repeated); on CUDA through SDPA's memory-efficient kernel only, ``tiled-math`` if it refuses;
-- ``sdpa-fused`` on CUDA: torch SDPA restricted to its fused kernels (flash, memory-efficient, cuDNN). fp32,
-  which the flash kernel does not take, needs the memory-efficient kernel, which has no GQA, so the group's
-  K/V are expanded to the query heads first. If no fused kernel accepts the call, ``tiled-math`` runs instead;
+- ``sdpa-fused`` on CUDA: torch SDPA restricted to its fused kernels (flash, memory-efficient, cuDNN), on a
+  contiguous copy of the group's K/V. fp32, which the flash kernel does not take, needs the memory-efficient
+  kernel, which has no GQA, so the group's K/V are expanded to the query heads first. A cache hands its
+  ``scratch`` (``buffers.Scratch``: one buffer allocated at its planned size) and the copies are views of it;
+  without one (attention outside a ``HeadInferCache``) each call allocates them. If no fused kernel accepts
+  the call, ``tiled-math`` runs instead;
 - ``tiled-math``: exact softmax over key tiles with a running max (plain torch), whose largest
   intermediate is ``[B, Hq, Q, tile]``: logit softcapping (Gemma 2), and the fallback above;
 - ``sdpa-cpu``: causal torch SDPA on the CPU (GQA without repeating K/V, no mask beyond a lower-right bias);
@@ -47,6 +50,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from . import native, windowed
+from .buffers import contiguous_kv
 from .workers import usable_cores
 
 logger = logging.getLogger(__name__)
@@ -62,6 +66,15 @@ _FUSED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend
 # 16), fp32 included, where cuDNN's handling of a bias is not one we have measured (windowed.scratch_bytes).
 _WINDOW_FUSED = [SDPBackend.EFFICIENT_ATTENTION]
 _NO_KERNEL = ("No available kernel", "No viable backend")  # what SDPA raises on CUDA / elsewhere
+#: Device types whose prefill attention runs the fused routes on contiguous K/V copies (``sdpa-fused``, and
+#: ``window-blocks`` through the memory-efficient kernel): where a cache allocates its scratch and the planner
+#: counts it. A seam: tests add "cpu" to run these routes and their scratch on a CPU (CPU SDPA takes them).
+FUSED_DEVICES = frozenset({"cuda"})
+
+
+def copies_kv(device_type: str) -> bool:
+    """Whether attention on ``device_type`` copies K/V contiguous (into a cache's scratch): the plan's question."""
+    return device_type in FUSED_DEVICES
 
 # How often each route ran in this process (benchmarks record it; the first use of each is logged).
 ROUTE_COUNTS: collections.Counter = collections.Counter()
@@ -139,8 +152,9 @@ def _route(name: str) -> None:
 
 
 def attend_block(query: torch.Tensor, block: torch.Tensor, *, q_offset: int, scaling: float,
-                 window: int | None = None, softcap: float | None = None) -> torch.Tensor:
-    """query: [B, Hq, Q, D]; block: [K, B, 2, Hk, D] token-major keys (index 0) and values (index 1).
+                 window: int | None = None, softcap: float | None = None, scratch=None) -> torch.Tensor:
+    """query: [B, Hq, Q, D]; block: [K, B, 2, Hk, D] token-major keys (index 0) and values (index 1);
+    ``scratch``: the cache's ``buffers.Scratch``, where the fused routes copy K/V (None: they allocate).
 
     Returns [B, Hq, Q, D].
     """
@@ -155,7 +169,7 @@ def attend_block(query: torch.Tensor, block: torch.Tensor, *, q_offset: int, sca
         if out is not None:
             return out
     keys, values = block.permute(2, 1, 3, 0, 4).unbind(0)  # [B, Hk, K, D] each (views)
-    return _attend(query, keys, values, q_offset, scaling, window, softcap)
+    return _attend(query, keys, values, q_offset, scaling, window, softcap, scratch)
 
 
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, q_offset: int, scaling: float,
@@ -188,7 +202,7 @@ def _cpu_tile(query, block, q_offset, scaling, window, softcap) -> torch.Tensor 
 POOL_BYTES = 8 << 20
 
 
-def _attend(query, key, value, q_offset, scaling, window, softcap) -> torch.Tensor:
+def _attend(query, key, value, q_offset, scaling, window, softcap, scratch=None) -> torch.Tensor:
     """[B, Hq, Q, D] x [B, Hk, K, D] -> [B, Hq, Q, D], without flash-attn."""
     batch, num_q_heads, q_len, head_dim = query.shape
     num_k_heads, k_len = key.shape[1], key.shape[2]
@@ -198,9 +212,10 @@ def _attend(query, key, value, q_offset, scaling, window, softcap) -> torch.Tens
     if softcap:
         _route("tiled-math")
         return _tiled(query, key, value, q_offset, scaling, window, softcap)
+    fused = copies_kv(query.device.type)
     needs_window_mask = window is not None and k_len > window
     if needs_window_mask:
-        return _windowed(query, key, value, q_offset, scaling, window, fused=query.is_cuda)
+        return _windowed(query, key, value, q_offset, scaling, window, fused, scratch)
     if q_len == 1:
         # Decode: every key is visible, so no mask at all. Fold the query heads that share a KV head into
         # the query axis ([B, Hk, n_rep, D]) so K/V are read once per KV head, never repeated.
@@ -208,21 +223,22 @@ def _attend(query, key, value, q_offset, scaling, window, softcap) -> torch.Tens
         folded = query.reshape(batch, num_k_heads, n_rep, head_dim)
         out = F.scaled_dot_product_attention(folded, key, value, scale=scaling)
         return out.reshape(batch, num_q_heads, 1, head_dim)
-    if not query.is_cuda:
+    if not fused:
         _route("sdpa-cpu")
         return _sdpa(query, key, value, q_offset, scaling, window, n_rep)
-    return _sdpa_fused(query, key, value, q_offset, scaling, window, n_rep)
+    return _sdpa_fused(query, key, value, q_offset, scaling, window, n_rep, scratch)
 
 
-def _windowed(query, key, value, q_offset, scaling, window, fused: bool):
+def _windowed(query, key, value, q_offset, scaling, window, fused: bool, scratch=None):
     """A sliding window shorter than the keys: query blocks against their visible keys (``windowed``); ``fused``
-    (CUDA): through SDPA's memory-efficient kernel only, ``tiled-math`` if it refuses the call."""
+    (CUDA): through SDPA's memory-efficient kernel only, on contiguous K/V (in ``scratch`` when given),
+    ``tiled-math`` if it refuses the call."""
     if not fused:
         _route("window-blocks")
         return windowed.attend(query, key, value, q_offset, scaling, window)
     try:
         with sdpa_kernel(_WINDOW_FUSED):
-            out = windowed.attend(query, key, value, q_offset, scaling, window)
+            out = windowed.attend(query, key, value, q_offset, scaling, window, contiguous=True, scratch=scratch)
     except torch.OutOfMemoryError:
         raise
     except RuntimeError as error:
@@ -244,17 +260,14 @@ def _sdpa(query, key, value, q_offset, scaling, window, n_rep):
                                           scale=scaling, enable_gqa=n_rep > 1)
 
 
-def _sdpa_fused(query, key, value, q_offset, scaling, window, n_rep):
+def _sdpa_fused(query, key, value, q_offset, scaling, window, n_rep, scratch=None):
     """CUDA prefill through SDPA's fused kernels only; ``tiled-math`` if none of them takes the call."""
-    if n_rep > 1 and query.dtype == torch.float32:
-        # The memory-efficient kernel (the only fused one for fp32) has no GQA: repeat this group's K/V for
-        # its query heads. Bounded by one head group: [B, g * n_rep, K, D].
-        key, value = key.repeat_interleave(n_rep, dim=1), value.repeat_interleave(n_rep, dim=1)
-        n_rep = 1
-    else:
-        # Token-major views have strides the memory-efficient kernel is not known to handle (pytorch#112577):
-        # a contiguous copy of one group's K/V is cheap next to the attention itself.
-        key, value = key.contiguous(), value.contiguous()
+    # Token-major views have strides the memory-efficient kernel is not known to handle (pytorch#112577): a
+    # contiguous copy of one group's K/V is cheap next to the attention itself. The memory-efficient kernel (the
+    # only fused one for fp32) has no GQA: there the copy repeats the group's K/V for its query heads.
+    expand = n_rep if n_rep > 1 and query.dtype == torch.float32 else 1
+    key, value = contiguous_kv(key, value, expand, scratch)  # [B, Hk * expand, K, D] each
+    n_rep //= expand
     try:
         with sdpa_kernel(_FUSED):
             out = _sdpa(query, key, value, q_offset, scaling, window, n_rep)

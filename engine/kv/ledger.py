@@ -34,7 +34,8 @@ CODES = "codes"  # 8-bit code and scale planes beside the staging and ping-pong 
 HOST_IO = "host_io"  # page-locked landing (queries) and output buffers of host attention
 DISK_STREAM = "disk_stream"  # the disk tier's pinned pieces and write buffers
 SOURCES = "sources"  # the sources pass: the keys of the retrieval heads and their attention mass
-CATEGORIES = (HOMES, STAGING, PINGPONG, CODES, HOST_IO, DISK_STREAM, SOURCES)
+SCRATCH = "scratch"  # contiguous K/V that SDPA's fused kernels read, one buffer the kernels write views of
+CATEGORIES = (HOMES, STAGING, PINGPONG, CODES, HOST_IO, DISK_STREAM, SOURCES, SCRATCH)
 
 DISK = "disk"  # the device name of a disk-tier home (a file mapping: no RAM is committed for it)
 

@@ -111,7 +111,7 @@ class Schedule:
                     if self.overlap:
                         self._prefetch_after(run, index, past, q_len, is_host_step, batch)
                     out = kernels.attend_block(queries, block, q_offset=num_past, scaling=scaling, window=window,
-                                               softcap=softcap)
+                                               softcap=softcap, scratch=self.transfer.scratch)
                     if out.shape[0] != batch:  # [n, heads, Q, D] -> [B, n * heads, Q, D] (a view)
                         out = out.view(batch, run.num * heads, q_len, head_dim)
                     outs.append((run.first, out))

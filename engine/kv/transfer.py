@@ -6,7 +6,7 @@ event is allocated once; an event is re-recorded, never created, on the hot path
 come from the streams seam (``streams.py``): CUDA, synchronous (a CPU-only machine: every call completes at
 once) or emulated (worker threads + the happens-before checker), so this is one code path on all three.
 
-Two staging and two ping-pong buffers (``buffers.py``) serve every layer. Disk-tier homes move through the disk
+Two staging and two ping-pong buffers (``buffers.py``) serve every layer, and (CUDA) one attention scratch. Disk-tier homes move through the disk
 stream's worker and pinned pieces instead (``disk_stream.py``).
 """
 
@@ -20,7 +20,7 @@ from concurrent.futures import Future
 import torch
 
 from . import quant
-from .buffers import Appends, BufferFactory, PingPong, Run, Slot, Staging, copy_parts  # noqa: F401 (Slot)
+from .buffers import Appends, BufferFactory, PingPong, Run, Scratch, Slot, Staging, copy_parts  # noqa: F401 (Slot)
 from .disk_stream import DiskStream
 from .homes import GroupHome, LayerHomes
 from .ledger import HOST_IO, Ledger
@@ -36,7 +36,7 @@ class Transfer:
 
     def __init__(self, device: torch.device, *, num_layers: int, num_groups: int, group_shape: tuple[int, int, int],
                  dtype: torch.dtype, buffer_tokens: int, stage_tokens: int, kv_dtype: str | None = None,
-                 disk=None, streams=None, ledger: Ledger | None = None):
+                 disk=None, streams=None, ledger: Ledger | None = None, scratch_elements: int = 0):
         self.device = device
         self.ledger = ledger if ledger is not None else Ledger()  # every buffer's bytes (``ledger.py``)
         self.streams = streams if streams is not None else SyncStreams()
@@ -51,6 +51,8 @@ class Transfer:
         self._staging = [Staging(self._alloc.staging(stage_tokens), new_event(), new_event(),
                                   codes=self._alloc.codes(stage_tokens * num_groups)) for _ in range(2)]
         self._staged_codes: dict[int, tuple] = {}
+        # Where the fused attention routes copy a block's K/V (``Scratch``); None where attention copies nothing.
+        self.scratch = Scratch(self._alloc.scratch, scratch_elements) if scratch_elements else None
         self._next_staging = 0
         # Host threads wait for append events (host attention reads the homes): blocking, so they sleep.
         self._appends = [Appends((new_event(blocking=True), new_event(blocking=True))) for _ in range(num_layers)]
@@ -451,8 +453,9 @@ class Transfer:
     @property
     def buffer_bytes(self) -> int:
         coded = [c for holder in [*self._pingpong, *self._staging] for c in (holder.codes or [])]
+        scratch = self.scratch.flat.nbytes if self.scratch is not None else 0
         return (sum(b.kv.nbytes for b in self._pingpong) + sum(s.flat.nbytes for s in self._staging)
-                + sum(c.nbytes for c in coded))
+                + sum(c.nbytes for c in coded) + scratch)
 
 
 def _ring_overlap(home: GroupHome, position: int, num: int, start: int, stop: int) -> bool:

@@ -9,8 +9,9 @@ Here the chunk's queries go in blocks of ``query_block`` tokens. A block at posi
 the keys its queries can see, ``[max(0, p - W + 1), p + b)``, with an additive mask of
 ``[n_rep * b, keys]`` in the query dtype (0 or -inf: the band of the window), built once per block shape with its
 rows padded to 16 elements, so SDPA neither converts nor pads it. The query heads that share a KV head are folded
-into the query axis (``[B, Hk, n_rep * b, D]``), so K/V are never repeated. ``scratch_bytes`` is what one call
-holds besides its output; the planner counts it. A block also computes fewer scores than the whole chunk did
+into the query axis (``[B, Hk, n_rep * b, D]``), so K/V are never repeated. On CUDA a block's K/V are copied
+contiguous, into the cache's scratch buffer where there is one (``buffers.Scratch``, counted by the ledger).
+``scratch_bytes`` is what one call holds besides its output and that buffer; the planner counts it. A block also computes fewer scores than the whole chunk did
 (its keys are at most ``W + b - 1``, not ``W + Q - 1``).
 
 Exact: each query row's softmax runs over the same visible keys as transformers' ``sliding_window_overlay``.
@@ -22,6 +23,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from .buffers import contiguous_kv
 
 #: One block's additive mask, [n_rep * block, keys] in the query dtype: what bounds the block size.
 MASK_BYTES = 8 << 20
@@ -46,11 +49,12 @@ def query_block(n_rep: int, window: int, dtype_bytes: int, q_len: int) -> int:
 
 
 def scratch_bytes(batch: int, num_q_heads: int, num_k_heads: int, head_dim: int, window: int, q_len: int,
-                  dtype_bytes: int, cuda: bool, cpu_threads: int = 1) -> int:
+                  dtype_bytes: int, cuda: bool, cpu_threads: int = 1, kv_in_scratch: bool = False) -> int:
     """The most bytes one ``attend`` call holds besides its output: the block's mask, plus the larger of what
     builds it (two booleans) and what attends with it (the folded query block, SDPA's output and log-sum-exp for
-    it, and on CUDA the block's K/V made contiguous and the kernel's fp32 output accumulator, on the CPU the
-    per-thread buffers of torch's flash kernel for ``cpu_threads`` threads)."""
+    it, and on CUDA the block's K/V made contiguous (unless ``kv_in_scratch``: a cache's scratch buffer holds
+    them) and the kernel's fp32 output accumulator, on the CPU the per-thread buffers of torch's flash kernel for
+    ``cpu_threads`` threads)."""
     n_rep = num_q_heads // num_k_heads
     block = query_block(n_rep, window, dtype_bytes, q_len)
     keys = block + window - 1  # the most a block reads (fewer in the first window)
@@ -59,7 +63,9 @@ def scratch_bytes(batch: int, num_q_heads: int, num_k_heads: int, head_dim: int,
     build = _BOOL_TEMPORARIES * block * keys + 8 * (keys + 2 * block)  # and the int64 positions compared
     attend = 2 * rows * head_dim * dtype_bytes + rows * 4  # folded queries, their output, fp32 log-sum-exp
     if cuda:
-        attend += 2 * batch * num_k_heads * keys * head_dim * dtype_bytes + rows * head_dim * 4
+        attend += rows * head_dim * 4
+        if not kv_in_scratch:
+            attend += 2 * batch * num_k_heads * keys * head_dim * dtype_bytes
     else:
         attend += cpu_threads * _cpu_flash_thread_bytes(n_rep * block, keys, head_dim, dtype_bytes)
     return mask + max(build, attend)
@@ -86,10 +92,12 @@ def _band(n_rep: int, block: int, first_key: int, num_keys: int, window: int, dt
 
 
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_offset: int, scaling: float,
-           window: int) -> torch.Tensor:
+           window: int, *, contiguous: bool = False, scratch=None) -> torch.Tensor:
     """[B, Hq, Q, D] x [B, Hk, K, D] (K = q_offset + Q) -> [B, Hq, Q, D] under a sliding window of ``window``.
 
     Runs SDPA with whatever backends the caller allows (``kernels`` keeps CUDA to the fused ones).
+    ``contiguous``: each block's K/V are copied contiguous first (the fused kernels' need, see
+    ``kernels._sdpa_fused``), into views of ``scratch`` when given.
     """
     batch, num_q_heads, q_len, head_dim = query.shape
     num_k_heads = key.shape[1]
@@ -105,8 +113,8 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_offset
         position = q_offset + first
         start = max(0, position - window + 1)
         k, v = key[:, :, start : q_offset + last], value[:, :, start : q_offset + last]  # [B, Hk, keys, D]
-        if query.is_cuda:
-            k, v = k.contiguous(), v.contiguous()  # token-major views: see kernels._sdpa_fused
+        if contiguous:
+            k, v = contiguous_kv(k, v, 1, scratch)
         # Every full block past the first window has the same band: built once, reused.
         shape = (rows, position - start, k.shape[2])
         if shape != bias_key:

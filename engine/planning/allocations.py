@@ -7,12 +7,13 @@ and the allocation cannot disagree on which slots are resident, in RAM or on dis
 
 from __future__ import annotations
 
+from engine.kv import kernels
 from engine.kv.schedule import HOST_QUERY_LIMIT
 from engine.planning.shape import ModelShape, disk_stream_bytes
 
-HOMES, STAGING, PINGPONG, CODES, HOST_IO, DISK_STREAM, SOURCES = (
-    "homes", "staging", "pingpong", "codes", "host_io", "disk_stream", "sources")
-CATEGORIES = (HOMES, STAGING, PINGPONG, CODES, HOST_IO, DISK_STREAM, SOURCES)
+HOMES, STAGING, PINGPONG, CODES, HOST_IO, DISK_STREAM, SOURCES, SCRATCH = (
+    "homes", "staging", "pingpong", "codes", "host_io", "disk_stream", "sources", "scratch")
+CATEGORIES = (HOMES, STAGING, PINGPONG, CODES, HOST_IO, DISK_STREAM, SOURCES, SCRATCH)
 
 SOURCE_HEADS = 8  # retrieval heads the sources pass reads (``retrieval_heads.find_retrieval_heads``' default)
 _SCALE_BYTES = 4  # one fp32 scale per (token, K or V, head) of an 8-bit plane
@@ -39,6 +40,22 @@ def slot_placement(num_slots: int, resident_slots: int, disk_slots: int, *, cuda
 def home_capacity(window: int | None, capacity: int, chunk: int) -> int:
     """Tokens a layer's homes hold: every token, or a window ring of its window plus one chunk."""
     return capacity if window is None else min(capacity, window - 1 + chunk)
+
+
+def scratch_elements(shape: ModelShape, *, capacity: int, chunk: int, group: int, cuda: bool, batch: int = 1,
+                     dtype_bytes: int | None = None) -> int:
+    """Elements of a cache's attention scratch (``buffers.Scratch``): the contiguous K and V that SDPA's fused
+    kernels read, ``[2, B, g * expand, visible, D]``; 0 where attention runs on strided views (the CPU).
+
+    ``visible`` is what a ping-pong buffer holds (a group's past plus one chunk, a window ring's at most): every
+    attended block fits, a run of ``n`` groups having ``visible / n`` tokens each. fp32 GQA expands K/V to the
+    query heads (``expand = n_rep``: the memory-efficient kernel, the only fused one for fp32, has no GQA)."""
+    if not kernels.copies_kv("cuda" if cuda else "cpu"):
+        return 0
+    dtype_bytes = shape.dtype_bytes if dtype_bytes is None else dtype_bytes
+    expand = shape.num_heads // shape.num_kv_heads if dtype_bytes == 4 else 1
+    visible = max(home_capacity(w, capacity, chunk) for w in shape.sliding_windows)
+    return 2 * batch * group * expand * max(visible, 1) * shape.head_dim
 
 
 def planned_allocations(shape: ModelShape, *, capacity: int, chunk: int, group: int, resident_slots: int,
@@ -68,6 +85,8 @@ def planned_allocations(shape: ModelShape, *, capacity: int, chunk: int, group: 
         plan[HOST_IO] = 2 * batch * shape.num_heads * HOST_QUERY_LIMIT * shape.head_dim * shape.dtype_bytes
     if cuda and on_disk:
         plan[DISK_STREAM] = disk_stream_bytes(shape, chunk, kv_dtype)
+    plan[SCRATCH] = scratch_elements(shape, capacity=capacity, chunk=chunk, group=group, cuda=cuda,
+                                     batch=batch) * shape.dtype_bytes
     if sources and any(w is None for w in shape.sliding_windows):
         # One layer's retrieval heads at a time: their keys [H, L, D] stacked, and the mass [H, L] in float64.
         plan[SOURCES] = SOURCE_HEADS * capacity * (shape.head_dim * shape.dtype_bytes + 8)

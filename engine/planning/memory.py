@@ -21,7 +21,7 @@ import torch
 
 from engine.kv import windowed
 from engine.kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES
-from engine.planning.allocations import planned_allocations
+from engine.planning.allocations import planned_allocations, scratch_elements
 from engine.planning.host_split import forecast_decode, host_share
 from engine.planning.plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
 from engine.planning.policy import OffloadPolicy
@@ -74,7 +74,9 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
         if resident < shape.num_layers * math.ceil(shape.num_kv_heads / group) or kv_dtype is not None:
             buffers += 2 * group * _visible_tokens(shape, context, chunk) * per_head
         buffers += _device_codes(shape, context, chunk, group, kv_dtype)
-        attention = _window_scratch(shape, context, chunk, group, cuda=False)  # CPU SDPA repeats no K/V
+        # CPU SDPA reads strided K/V: no scratch copies (none planned unless ``kernels.FUSED_DEVICES`` says so).
+        attention = _scratch_buffer(shape, context, chunk, group, cuda=False) + _window_scratch(
+            shape, context, chunk, group, cuda=False)
         return breakdown, 0, weights + kv_stored + activations + logits + buffers + attention
     per_head = shape.head_dim * 2 * shape.dtype_bytes  # K and V of one head, one layer, one token
     device_head = _visible_tokens(shape, context, chunk) * per_head
@@ -117,25 +119,28 @@ def _device_codes(shape: ModelShape, context: int, chunk: int, group: int, kv_dt
 
 
 def _attention_scratch(shape: ModelShape, context: int, chunk: int, group: int) -> int:
-    """The largest temporary of one group's attention without flash-attn: SDPA's contiguous K/V (repeated for the
-    query heads where fp32 needs the memory-efficient kernel), a windowed chunk's query blocks, or the softcap
-    path's score tiles."""
-
-    n_rep = shape.num_heads // shape.num_kv_heads
-    expand = n_rep if shape.dtype_bytes == 4 else 1
-    copies = 2 * group * expand * _visible_tokens(shape, context, chunk) * shape.head_dim * shape.dtype_bytes
+    """Attention's memory without flash-attn: the cache's scratch buffer (SDPA's contiguous K/V, repeated for the
+    query heads where fp32 needs the memory-efficient kernel; allocated once, held throughout) plus the larger
+    temporary of a windowed chunk's query blocks (their K/V in that buffer) or the softcap path's score tiles."""
     tiles = TILED_LIVE_TILES * SCORE_TILE_BYTES if shape.attn_softcap else 0
-    return max(copies, tiles, _window_scratch(shape, context, chunk, group, cuda=True))
+    return _scratch_buffer(shape, context, chunk, group, cuda=True) + max(
+        tiles, _window_scratch(shape, context, chunk, group, cuda=True))
+
+
+def _scratch_buffer(shape: ModelShape, context: int, chunk: int, group: int, cuda: bool) -> int:
+    """The attention scratch of a cache whose homes hold ``context`` tokens (``allocations.scratch_elements``)."""
+    return scratch_elements(shape, capacity=context, chunk=chunk, group=group, cuda=cuda) * shape.dtype_bytes
 
 
 def _window_scratch(shape: ModelShape, context: int, chunk: int, group: int, cuda: bool) -> int:
-    """One group's windowed chunk (``kv.windowed``): a block's mask, folded queries and SDPA's buffers."""
+    """One group's windowed chunk (``kv.windowed``) besides the scratch buffer: a block's mask, folded queries and
+    SDPA's buffers."""
     windows = [w for w in shape.sliding_windows if w is not None]
     if not windows:
         return 0
     n_rep = shape.num_heads // shape.num_kv_heads
     return windowed.scratch_bytes(1, group * n_rep, group, shape.head_dim, max(windows), min(chunk, context),
-                                  shape.dtype_bytes, cuda, cpu_threads=torch.get_num_threads())
+                                  shape.dtype_bytes, cuda, cpu_threads=torch.get_num_threads(), kv_in_scratch=True)
 
 
 def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,

@@ -137,9 +137,10 @@ def test_windowed_blocks_read_only_visible_keys_with_small_masks_in_the_query_dt
 
 
 def test_planner_counts_the_windowed_chunk_scratch():
-    """Mistral-7B in bf16 at chunk 4096: the CUDA plan's attention covers the window route's scratch (no longer
-    K/V repeated for the query heads), and a CPU plan's host memory adds it (the same model without a window,
-    at a context that stores the same tokens, plans exactly that much less)."""
+    """Mistral-7B in bf16 at chunk 4096: the CUDA plan's attention covers the window route's temporaries (no
+    longer K/V repeated for the query heads) beside the cache's scratch buffer (a group's visible K/V, which holds
+    the blocks' contiguous copies), and a CPU plan's host memory adds them (the same model without a window, at
+    a context that stores the same tokens, plans exactly that much less)."""
     from transformers import MistralConfig
 
     def shape(window):
@@ -147,9 +148,11 @@ def test_planner_counts_the_windowed_chunk_scratch():
 
     policy = OffloadPolicy(chunk_size=4096, head_group_size=1, resident_slots=0)
     plan = make_plan(shape(4096), policy, 2**20, device_is_cuda=True)
-    scratch = windowed.scratch_bytes(1, 4, 1, 128, 4096, 4096, 2, cuda=True)
-    contiguous = 2 * (4096 + 4096) * 128 * 2  # one KV head's keys and values, unrepeated
-    assert plan.gpu_breakdown["attention"] == max(scratch, contiguous)
+    temporaries = windowed.scratch_bytes(1, 4, 1, 128, 4096, 4096, 2, cuda=True, kv_in_scratch=True)
+    contiguous = 2 * (4095 + 4096) * 128 * 2  # one KV head's keys and values over its window ring, unrepeated
+    assert plan.allocations["scratch"] == contiguous
+    assert plan.gpu_breakdown["attention"] == contiguous + temporaries
+    assert temporaries < windowed.scratch_bytes(1, 4, 1, 128, 4096, 4096, 2, cuda=True)  # no block copies of its own
     cpu_policy = OffloadPolicy(chunk_size=4096)
     windowed_plan, full_plan = (make_plan(shape(w), cpu_policy, 4096, device_is_cuda=False) for w in (4096, None))
     group = windowed_plan.head_group_size

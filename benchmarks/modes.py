@@ -204,4 +204,6 @@ def headinfer_layout(cache) -> dict:
             "host_slots": len(cache.schedule.host_slots) if cache.schedule is not None else 0,
             "predicted_decode_s": plan.decode_seconds, "predicted_pcie_floor_s": plan.pcie_floor_seconds,
             "total_slots": plan.total_slots, "kv_device_bytes": cache.kv_bytes()["device"],
-            "kv_host_bytes": cache.kv_bytes()["host"]}
+            "kv_host_bytes": cache.kv_bytes()["host"],
+            # the attention scratch (one buffer at its planned size): a peak past the plan shows whether it grew
+            "scratch_planned": plan.allocations.get("scratch", 0), "scratch_allocated": cache.ledger.peak("scratch")}

@@ -182,6 +182,9 @@ def _on_card(metrics: dict) -> str | None:
     over = [f"{name} {metrics[key] / 2**30:+.2f} GiB" for name, key in
             (("allocated", "over_plan_allocated"), ("reserved", "over_plan_reserved"), ("NVML", "over_plan_nvml"))
             if (metrics.get(key) or 0) > 0]
+    grown = (metrics.get("scratch_allocated") or 0) - (metrics.get("scratch_planned") or 0)
+    if grown > 0:  # the attention scratch is allocated once at its planned size: past it, a call outgrew the plan
+        over.append(f"scratch grew {grown / 2**30:+.2f} GiB")
     return "no: " + ", ".join(over)
 
 

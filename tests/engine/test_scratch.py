@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, MistralConfig
 
 import engine
-from archs import build_pair
+from archs import build_pair, tiny_configs
 from engine.kv import buffers, kernels
 from engine.kv.ledger import SCRATCH, Ledger
 from engine.planning.allocations import planned_allocations, scratch_elements
@@ -83,6 +83,28 @@ def test_chunked_prefill_attends_from_one_scratch_allocated_once_and_matches_sto
     assert float((logits - expected).abs().max() / expected.abs().max()) < 1e-5
     cache.release()
     assert cache.ledger.held(SCRATCH) == 0
+
+
+@pytest.mark.parametrize("name", sorted(tiny_configs()))
+@torch.inference_mode()
+def test_every_family_holds_its_scratch_to_the_plan(fused_on_cpu, name):
+    """Every family, homes offloaded and resident, a prefill past the windows then decode steps: the ledger's
+    scratch is exactly the planned bytes (allocated once, never grown), and every category stays within the plan."""
+    from test_ledger import assert_within_plan, model_of
+
+    model = model_of(name)
+    for resident_slots in (0, None):
+        cache = engine.HeadInferCache(model.config, device="cpu", max_context=64, chunk_size=CHUNK,
+                                      resident_slots=resident_slots)
+        ids = torch.randint(0, model.config.vocab_size, (60,), generator=torch.Generator().manual_seed(3)).tolist()
+        for start in range(0, 60, CHUNK):
+            logits = model(torch.tensor([ids[start : start + CHUNK]]), past_key_values=cache, use_cache=True).logits
+        for _ in range(4):
+            token = torch.tensor([[int(logits[0, -1].argmax())]])
+            logits = model(token, past_key_values=cache, use_cache=True).logits
+        assert cache.ledger.peak(SCRATCH) == cache.plan.allocations[SCRATCH] > 0
+        assert_within_plan(cache)
+        cache.release()
 
 
 @torch.inference_mode()

@@ -117,8 +117,8 @@ def main() -> None:
                      f"{row['copy_distinct_sizes']} | {row['copy_bytes'] / MIB:,.1f} | "
                      f"{row['scratch_planned'] / MIB:,.2f} / {row['scratch_allocated'] / MIB:,.2f} | "
                      f"{row['seconds']} |")
-    lines += ["", "The allocated peak does not change, by design: the scratch is the largest copy, now held from the first "
-              "chunk on. What changes is how the copies are allocated: one buffer at the planned size instead of two "
+    lines += ["", "The allocated peak does not change, by design: the scratch is the largest copy, now held from the "
+              "first chunk on. What changes is how the copies are allocated: one buffer at the planned size instead of two "
               "tensors per attention call in a size that grows with the context. On CUDA that is the difference "
               "between allocated and reserved bytes, which a CPU cannot show: it stays unmeasured until a GPU runs "
               "`benchmarks/gpu_steps.py`'s peak step (reserved and NVML against the plan, with `scratch_planned` / "

@@ -6,8 +6,8 @@ event is allocated once; an event is re-recorded, never created, on the hot path
 come from the streams seam (``streams.py``): CUDA, synchronous (a CPU-only machine: every call completes at
 once) or emulated (worker threads + the happens-before checker), so this is one code path on all three.
 
-Two staging and two ping-pong buffers (``buffers.py``) serve every layer, and (CUDA) one attention scratch. Disk-tier homes move through the disk
-stream's worker and pinned pieces instead (``disk_stream.py``).
+Two staging and two ping-pong buffers (``buffers.py``) serve every layer, and (CUDA) one attention scratch.
+Disk-tier homes move through the disk stream's worker and pinned pieces instead (``disk_stream.py``).
 """
 
 from __future__ import annotations

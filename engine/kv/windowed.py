@@ -11,8 +11,8 @@ the keys its queries can see, ``[max(0, p - W + 1), p + b)``, with an additive m
 rows padded to 16 elements, so SDPA neither converts nor pads it. The query heads that share a KV head are folded
 into the query axis (``[B, Hk, n_rep * b, D]``), so K/V are never repeated. On CUDA a block's K/V are copied
 contiguous, into the cache's scratch buffer where there is one (``buffers.Scratch``, counted by the ledger).
-``scratch_bytes`` is what one call holds besides its output and that buffer; the planner counts it. A block also computes fewer scores than the whole chunk did
-(its keys are at most ``W + b - 1``, not ``W + Q - 1``).
+``scratch_bytes`` is what one call holds besides its output and that buffer; the planner counts it. A block also
+computes fewer scores than the whole chunk did (its keys are at most ``W + b - 1``, not ``W + Q - 1``).
 
 Exact: each query row's softmax runs over the same visible keys as transformers' ``sliding_window_overlay``.
 """

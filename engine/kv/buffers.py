@@ -114,7 +114,6 @@ class Scratch:
         """key/value: [B, Hk, K, D] (any strides) -> contiguous views [B, Hk * expand, K, D] of this buffer, every KV
         head repeated ``expand`` times in a row (what ``repeat_interleave(expand, dim=1)`` gives)."""
         batch, num_heads, keys, head_dim = key.shape
-        assert key.dtype == self.flat.dtype and key.device == self.flat.device, (key.dtype, key.device)
         numel = 2 * batch * num_heads * expand * keys * head_dim
         if numel > self.flat.numel():
             logger.info("growing the attention scratch from %d to %d elements", self.flat.numel(), numel)
@@ -132,7 +131,11 @@ def contiguous_kv(key: torch.Tensor, value: torch.Tensor, expand: int = 1,
     """[B, Hk, K, D] (strided views) -> contiguous [B, Hk * expand, K, D] each, every KV head repeated ``expand``
     times in a row: views of ``scratch`` when given, else newly allocated (attention outside a cache)."""
     if scratch is not None:
-        return scratch.kv(key, value, expand)
+        if (key.dtype, key.device) == (scratch.flat.dtype, scratch.flat.device):
+            return scratch.kv(key, value, expand)
+        # (not expected: the cache allocates it in the dtype and on the device its K/V come in; exact either way)
+        logger.warning("attention scratch is %s on %s, the keys %s on %s: copying outside it", scratch.flat.dtype,
+                       scratch.flat.device, key.dtype, key.device)
     if expand > 1:
         return key.repeat_interleave(expand, dim=1), value.repeat_interleave(expand, dim=1)
     return key.contiguous(), value.contiguous()

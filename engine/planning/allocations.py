@@ -36,6 +36,25 @@ def slot_placement(num_slots: int, resident_slots: int, disk_slots: int, *, cuda
     return resident - on_disk, on_disk
 
 
+def streamed_runs(num_groups: int, resident: set[int], on_disk: set[int], num_slots: int) -> list[int]:
+    """The lengths of every layer's runs of adjacent head groups whose homes are stacked in RAM (streamed: neither
+    resident nor on disk): what ``Schedule.units`` may fetch with one copy each."""
+    runs = []
+    for slot in range(num_slots):
+        if slot in resident or slot in on_disk:
+            continue
+        if runs and slot % num_groups and slot - 1 not in resident and slot - 1 not in on_disk:
+            runs[-1] += 1  # (runs never cross a layer)
+        else:
+            runs.append(1)
+    return runs
+
+
+def longest_streamed_run(num_groups: int, resident: set[int], on_disk: set[int], num_slots: int) -> int:
+    """The longest run a ping-pong buffer could ever be asked to hold (0: nothing is streamed)."""
+    return max(streamed_runs(num_groups, resident, on_disk, num_slots), default=0)
+
+
 def home_capacity(window: int | None, capacity: int, chunk: int) -> int:
     """Tokens a layer's homes hold: every token, or a window ring of its window plus one chunk."""
     return capacity if window is None else min(capacity, window - 1 + chunk)
@@ -43,8 +62,10 @@ def home_capacity(window: int | None, capacity: int, chunk: int) -> int:
 
 def planned_allocations(shape: ModelShape, *, capacity: int, chunk: int, group: int, resident_slots: int,
                         disk_slots: int, cuda: bool, kv_dtype: str | None, host_attention: bool,
-                        sources: bool = True, batch: int = 1) -> dict[str, int]:
-    """Bytes the KV core allocates by category for homes of ``capacity`` tokens (``policy.max_context``)."""
+                        sources: bool = True, batch: int = 1, groups_per_buffer: int = 1) -> dict[str, int]:
+    """Bytes the KV core allocates by category for homes of ``capacity`` tokens (``policy.max_context``), with
+    ping-pong buffers of ``groups_per_buffer`` groups' visible context each (batch 1: a run's groups share one
+    buffer; larger batches fetch one group at a time, so their buffers hold one)."""
     num_groups = shape.num_kv_heads // group
     num_slots = shape.num_layers * num_groups
     resident, on_disk = slot_placement(num_slots, resident_slots, disk_slots, cuda=cuda,
@@ -60,10 +81,11 @@ def planned_allocations(shape: ModelShape, *, capacity: int, chunk: int, group: 
     visible = max(home_capacity(w, capacity, chunk) for w in shape.sliding_windows) if any_offloaded else 1
     plan = dict.fromkeys(CATEGORIES, 0)
     plan[HOMES] = homes
-    plan[PINGPONG] = 2 * max(visible, 1) * exact
+    rows = max(visible, 1) * (groups_per_buffer if batch == 1 and any_offloaded else 1)  # of one ping-pong buffer
+    plan[PINGPONG] = 2 * rows * exact
     plan[STAGING] = 2 * max(chunk, 1) * num_groups * exact
     if kv_dtype is not None:  # code planes beside both ping-pong buffers and both staging buffers
-        plan[CODES] = 2 * (max(visible, 1) + max(chunk * num_groups, 1)) * coded
+        plan[CODES] = 2 * (rows + max(chunk * num_groups, 1)) * coded
     if host_attention and any_offloaded:
         plan[HOST_IO] = 2 * batch * shape.num_heads * HOST_QUERY_LIMIT * shape.head_dim * shape.dtype_bytes
     if cuda and on_disk:

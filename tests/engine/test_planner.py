@@ -93,7 +93,8 @@ def test_paper_table_reproduces_appendix_at_1m(llama):
 
 
 def test_plan_matches_paper_headinfer_row(llama):
-    policy = OffloadPolicy(chunk_size=10240, head_group_size=1, resident_slots=0)
+    # The paper's buffers hold one head group each (without a budget the planner would give them a layer's eight).
+    policy = OffloadPolicy(chunk_size=10240, head_group_size=1, resident_slots=0, groups_per_buffer=1)
     plan = make_plan(llama, policy, MILLION, device_is_cuda=True)
     # The paper counts weights, KV buffers and activations; the plan adds what the engine really allocates besides:
     # SDPA's contiguous copy of one group's K/V (no flash-attn), here 2 x 1M tokens x 128 x bf16 = 0.5 GiB.
@@ -118,7 +119,7 @@ def test_monotonic_in_context(llama):
 
 
 def test_smaller_group_uses_less_gpu(llama):
-    gpu = [make_plan(llama, OffloadPolicy(head_group_size=g, resident_slots=0), MILLION,
+    gpu = [make_plan(llama, OffloadPolicy(head_group_size=g, resident_slots=0, groups_per_buffer=1), MILLION,
                      device_is_cuda=True).gpu_bytes for g in (1, 2, 4, 8)]
     assert gpu == sorted(gpu) and len(set(gpu)) == 4
 

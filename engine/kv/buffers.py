@@ -3,8 +3,9 @@
 All token-major like the homes (see ``homes.py``):
 - *staging* buffers ``[G, Q, B, 2, g, D]``: a chunk's K/V in home layout, written once per layer on the compute
   stream, read by the appends (d2h) and by the copies into the ping-pong buffers (compute);
-- *ping-pong* buffers ``[capacity, B, 2, g, D]``: one being attended, one being filled; at a short context one
-  holds a run of several adjacent groups (``PingPong.run_views``), fetched and attended together;
+- *ping-pong* buffers ``[capacity, B, 2, g, D]``: one being attended, one being filled; ``capacity`` is the plan's
+  ``groups_per_buffer`` times a group's visible context, so one holds a run of that many adjacent groups
+  (``PingPong.run_views``; more at a shorter context), fetched and attended together;
 - for 8-bit homes, code and scale planes beside each (``quant.py``).
 """
 

@@ -81,7 +81,7 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
         if resident < shape.num_layers * math.ceil(shape.num_kv_heads / group) or kv_dtype is not None:
             buffers += 2 * per_buffer * group * _visible_tokens(shape, context, chunk) * per_head
         buffers += _device_codes(shape, context, chunk, group, kv_dtype, per_buffer)
-        attention = _window_scratch(shape, context, chunk, group, cuda=False)  # CPU SDPA repeats no K/V
+        attention = _window_scratch(shape, context, chunk, group, cuda=False, batch=per_buffer)  # (no K/V repeated)
         return breakdown, 0, weights + kv_stored + activations + logits + buffers + attention
     per_head = shape.head_dim * 2 * shape.dtype_bytes  # K and V of one head, one layer, one token
     device_head = _visible_tokens(shape, context, chunk) * per_head
@@ -133,16 +133,17 @@ def _attention_scratch(shape: ModelShape, context: int, chunk: int, group: int, 
     expand = n_rep if shape.dtype_bytes == 4 else 1
     copies = 2 * per_buffer * group * expand * _visible_tokens(shape, context, chunk) * shape.head_dim * shape.dtype_bytes
     tiles = TILED_LIVE_TILES * SCORE_TILE_BYTES if shape.attn_softcap else 0
-    return max(copies, tiles, _window_scratch(shape, context, chunk, group, cuda=True))
+    return max(copies, tiles, _window_scratch(shape, context, chunk, group, cuda=True, batch=per_buffer))
 
 
-def _window_scratch(shape: ModelShape, context: int, chunk: int, group: int, cuda: bool) -> int:
-    """One group's windowed chunk (``kv.windowed``): a block's mask, folded queries and SDPA's buffers."""
+def _window_scratch(shape: ModelShape, context: int, chunk: int, group: int, cuda: bool, batch: int = 1) -> int:
+    """One group's windowed chunk (``kv.windowed``): a block's mask, folded queries and SDPA's buffers; ``batch``:
+    the groups of a run attended in one call."""
     windows = [w for w in shape.sliding_windows if w is not None]
     if not windows:
         return 0
     n_rep = shape.num_heads // shape.num_kv_heads
-    return windowed.scratch_bytes(1, group * n_rep, group, shape.head_dim, max(windows), min(chunk, context),
+    return windowed.scratch_bytes(batch, group * n_rep, group, shape.head_dim, max(windows), min(chunk, context),
                                   shape.dtype_bytes, cuda, cpu_threads=torch.get_num_threads())
 
 

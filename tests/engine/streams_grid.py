@@ -105,7 +105,9 @@ def make_cache(model, case: Case, *, streams: str = "emulated", disk_dir: str | 
                   max_context=48 if case.grow else case.context, overlap=case.overlap, device="cpu",
                   groups_per_buffer=case.per_buffer)
     if case.disk:
-        probe = engine.HeadInferCache(model.config, **{**policy, "streams": "sync"})
+        # (Buffers of one group: the least the plan needs besides the homes. Bigger buffers would be the first to
+        # give way to a host budget, before any home went to disk.)
+        probe = engine.HeadInferCache(model.config, **{**policy, "streams": "sync", "groups_per_buffer": 1})
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         rows = sum(case.context if w is None else min(case.context, w - 1 + CHUNK) for w in probe.shape.sliding_windows)
         kv = rows * num_kv_heads * 2 * head_dim * 4  # fp32 K and V of every home

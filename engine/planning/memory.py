@@ -131,7 +131,8 @@ def _attention_scratch(shape: ModelShape, context: int, chunk: int, group: int, 
 
     n_rep = shape.num_heads // shape.num_kv_heads
     expand = n_rep if shape.dtype_bytes == 4 else 1
-    copies = 2 * per_buffer * group * expand * _visible_tokens(shape, context, chunk) * shape.head_dim * shape.dtype_bytes
+    visible = _visible_tokens(shape, context, chunk)
+    copies = 2 * per_buffer * group * expand * visible * shape.head_dim * shape.dtype_bytes
     tiles = TILED_LIVE_TILES * SCORE_TILE_BYTES if shape.attn_softcap else 0
     return max(copies, tiles, _window_scratch(shape, context, chunk, group, cuda=True, batch=per_buffer))
 

@@ -57,7 +57,8 @@ CASES = [
     Case("disk-split", disk=True, host="split", follow_ups=(3, 20)),
     # Host steps of several tokens (the last longer than any before: host buffers grow), then a device chunk;
     # and host steps that wrap the window rings past a prefetch made before them.
-    Case("grow-host", host="all", grow=True, follow_ups=(3, 8, 8, 17)),
+    # (Buffers of one group: the follow-ups outgrow them, so they grow with fetches in flight.)
+    Case("grow-host", host="all", grow=True, follow_ups=(3, 8, 8, 17), per_buffer=1),
     Case("ring-host-steps", host="all", follow_ups=(5, 5, 5, 5)),  # (no longer than the last chunk: no growth)
     # A device chunk's prefetch of the next forward's first slot, a disk home, is never used by the host steps
     # after it; the next device step finds it stale (another range), refetches it, and the buffer it held is

@@ -203,14 +203,18 @@ class HeadInferCache(Cache):
         chunk = self.policy.chunk_size
         # A fetch holds a group's visible past plus one chunk: a sliding layer never needs more than its window.
         visible = max(home_capacity(w, capacity, chunk) for w in self.shape.sliding_windows)
+        # Each ping-pong buffer holds the plan's number of groups' worth, so a run of that many is one fetch even
+        # at the planned context (batch 1 only: larger batches fetch one group at a time, ``Schedule.units``).
+        per_buffer = self.plan.groups_per_buffer if batch == 1 else 1
         self.transfer = Transfer(self.device, num_layers=len(self.kv_layers), num_groups=num_groups,
                                  group_shape=(batch, g, head_dim), dtype=dtype,
-                                 buffer_tokens=visible if any_offloaded else 1, stage_tokens=chunk,
+                                 buffer_tokens=visible * per_buffer if any_offloaded else 1, stage_tokens=chunk,
                                  kv_dtype=self.policy.kv_dtype, disk=self._disk, streams=streams,
                                  ledger=self.ledger,
                                  scratch_elements=scratch_elements(self.shape, capacity=capacity, chunk=chunk, group=g,
                                                                    cuda=is_cuda, batch=batch,
-                                                                   dtype_bytes=dtype.itemsize))
+                                                                   dtype_bytes=dtype.itemsize,
+                                                                   groups_per_buffer=per_buffer))
         self._host = HostMemory(pin, self.transfer.fence, ledger=self.ledger)
         for layer in self.kv_layers:
             slots = [layer.kv_index * num_groups + i for i in range(num_groups)]
@@ -225,8 +229,8 @@ class HeadInferCache(Cache):
                                  host_slots, disk=self._disk)
         self.schedule.probe = self._probe
         logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, %d on disk, %d attended "
-                    "on the host in decode, capacity %d tokens, %s", len(self.kv_layers), num_groups, g, len(resident),
-                    len(on_disk), len(host_slots), capacity, self.device)
+                    "on the host in decode, capacity %d tokens, %d group(s) per fetch buffer, %s", len(self.kv_layers),
+                    num_groups, g, len(resident), len(on_disk), len(host_slots), capacity, per_buffer, self.device)
 
     def _host_slots(self, num_groups: int, resident: set[int]) -> frozenset[tuple[int, int]]:
         """The offloaded slots decode steps attend on the host: the plan's share of their bytes, spread evenly."""

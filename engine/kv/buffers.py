@@ -3,13 +3,14 @@
 All token-major like the homes (see ``homes.py``):
 - *staging* buffers ``[G, Q, B, 2, g, D]``: a chunk's K/V in home layout, written once per layer on the compute
   stream, read by the appends (d2h) and by the copies into the ping-pong buffers (compute);
-- *ping-pong* buffers ``[capacity, B, 2, g, D]``: one being attended, one being filled; at a short context one
-  holds a run of several adjacent groups (``PingPong.run_views``), fetched and attended together;
+- *ping-pong* buffers ``[capacity, B, 2, g, D]``: one being attended, one being filled; ``capacity`` is the plan's
+  ``groups_per_buffer`` times a group's visible context, so one holds a run of that many adjacent groups
+  (``PingPong.run_views``; more at a shorter context), fetched and attended together;
 - for 8-bit homes, code and scale planes beside each (``quant.py``);
 - the attention *scratch* (CUDA): one flat buffer that SDPA's fused kernels read a block's K/V from, copied
-  contiguous (``Scratch``). Allocated once at its planned size: a fresh copy per call grew with the context
-  chunk by chunk, and the caching allocator kept every size it had handed out (the first GPU run reserved
-  25.68e9 bytes for a 23.59e9-byte plan).
+  contiguous (``Scratch``), sized for a whole ping-pong buffer's run. Allocated once at its planned size: a fresh
+  copy per call grew with the context chunk by chunk, and the caching allocator kept every size it had handed out
+  (the first GPU run reserved 25.68e9 bytes for a 23.59e9-byte plan).
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ For a chunk of Q query tokens at positions [past, past + Q) of layer L:
         attend(queries of u, K/V of u)
         release u's buffer (even when attention raised)
 
-A run holds as many adjacent groups as one ping-pong buffer fits at this length (``units``): a layer's eight
-groups at a short context, one group near the planned one. A fetch reads only tokens below ``past``, so it never
+A run holds as many adjacent groups as one ping-pong buffer fits at this length (``units``): each buffer holds the
+plan's ``groups_per_buffer`` groups' visible context (``Plan.groups_per_buffer``), so up to the planned context a
+run is that many groups, and more at a shorter one (with buffers of one group, one group near the plan). A fetch reads only tokens below ``past``, so it never
 waits for this chunk's append: h2d and d2h run at once.
 
 Host attention (``host_attention.py``): on a step of at most ``HOST_QUERY_LIMIT`` query tokens (decode, short

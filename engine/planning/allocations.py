@@ -37,31 +37,53 @@ def slot_placement(num_slots: int, resident_slots: int, disk_slots: int, *, cuda
     return resident - on_disk, on_disk
 
 
+def streamed_runs(num_groups: int, resident: set[int], on_disk: set[int], num_slots: int) -> list[int]:
+    """The lengths of every layer's runs of adjacent head groups whose homes are stacked in RAM (streamed: neither
+    resident nor on disk): what ``Schedule.units`` may fetch with one copy each."""
+    runs = []
+    for slot in range(num_slots):
+        if slot in resident or slot in on_disk:
+            continue
+        if runs and slot % num_groups and slot - 1 not in resident and slot - 1 not in on_disk:
+            runs[-1] += 1  # (runs never cross a layer)
+        else:
+            runs.append(1)
+    return runs
+
+
+def longest_streamed_run(num_groups: int, resident: set[int], on_disk: set[int], num_slots: int) -> int:
+    """The longest run a ping-pong buffer could ever be asked to hold (0: nothing is streamed)."""
+    return max(streamed_runs(num_groups, resident, on_disk, num_slots), default=0)
+
+
 def home_capacity(window: int | None, capacity: int, chunk: int) -> int:
     """Tokens a layer's homes hold: every token, or a window ring of its window plus one chunk."""
     return capacity if window is None else min(capacity, window - 1 + chunk)
 
 
 def scratch_elements(shape: ModelShape, *, capacity: int, chunk: int, group: int, cuda: bool, batch: int = 1,
-                     dtype_bytes: int | None = None) -> int:
+                     dtype_bytes: int | None = None, groups_per_buffer: int = 1) -> int:
     """Elements of a cache's attention scratch (``buffers.Scratch``): the contiguous K and V that SDPA's fused
     kernels read, ``[2, B, g * expand, visible, D]``; 0 where attention runs on strided views (the CPU).
 
     ``visible`` is what a ping-pong buffer holds (a group's past plus one chunk, a window ring's at most): every
-    attended block fits, a run of ``n`` groups having ``visible / n`` tokens each. fp32 GQA expands K/V to the
+    attended block fits, a run of ``n`` groups having ``groups_per_buffer * visible / n`` tokens each (batch 1; larger
+    batches fetch one group at a time, as the ping-pong buffers do). fp32 GQA expands K/V to the
     query heads (``expand = n_rep``: the memory-efficient kernel, the only fused one for fp32, has no GQA)."""
     if not kernels.copies_kv("cuda" if cuda else "cpu"):
         return 0
     dtype_bytes = shape.dtype_bytes if dtype_bytes is None else dtype_bytes
     expand = shape.num_heads // shape.num_kv_heads if dtype_bytes == 4 else 1
     visible = max(home_capacity(w, capacity, chunk) for w in shape.sliding_windows)
-    return 2 * batch * group * expand * max(visible, 1) * shape.head_dim
+    return 2 * batch * group * groups_per_buffer * expand * max(visible, 1) * shape.head_dim
 
 
 def planned_allocations(shape: ModelShape, *, capacity: int, chunk: int, group: int, resident_slots: int,
                         disk_slots: int, cuda: bool, kv_dtype: str | None, host_attention: bool,
-                        sources: bool = True, batch: int = 1) -> dict[str, int]:
-    """Bytes the KV core allocates by category for homes of ``capacity`` tokens (``policy.max_context``)."""
+                        sources: bool = True, batch: int = 1, groups_per_buffer: int = 1) -> dict[str, int]:
+    """Bytes the KV core allocates by category for homes of ``capacity`` tokens (``policy.max_context``), with
+    ping-pong buffers of ``groups_per_buffer`` groups' visible context each (batch 1: a run's groups share one
+    buffer; larger batches fetch one group at a time, so their buffers hold one)."""
     num_groups = shape.num_kv_heads // group
     num_slots = shape.num_layers * num_groups
     resident, on_disk = slot_placement(num_slots, resident_slots, disk_slots, cuda=cuda,
@@ -77,16 +99,17 @@ def planned_allocations(shape: ModelShape, *, capacity: int, chunk: int, group: 
     visible = max(home_capacity(w, capacity, chunk) for w in shape.sliding_windows) if any_offloaded else 1
     plan = dict.fromkeys(CATEGORIES, 0)
     plan[HOMES] = homes
-    plan[PINGPONG] = 2 * max(visible, 1) * exact
+    rows = max(visible, 1) * (groups_per_buffer if batch == 1 and any_offloaded else 1)  # of one ping-pong buffer
+    plan[PINGPONG] = 2 * rows * exact
     plan[STAGING] = 2 * max(chunk, 1) * num_groups * exact
     if kv_dtype is not None:  # code planes beside both ping-pong buffers and both staging buffers
-        plan[CODES] = 2 * (max(visible, 1) + max(chunk * num_groups, 1)) * coded
+        plan[CODES] = 2 * (rows + max(chunk * num_groups, 1)) * coded
     if host_attention and any_offloaded:
         plan[HOST_IO] = 2 * batch * shape.num_heads * HOST_QUERY_LIMIT * shape.head_dim * shape.dtype_bytes
     if cuda and on_disk:
         plan[DISK_STREAM] = disk_stream_bytes(shape, chunk, kv_dtype)
-    plan[SCRATCH] = scratch_elements(shape, capacity=capacity, chunk=chunk, group=group, cuda=cuda,
-                                     batch=batch) * shape.dtype_bytes
+    plan[SCRATCH] = scratch_elements(shape, capacity=capacity, chunk=chunk, group=group, cuda=cuda, batch=batch,
+                                     groups_per_buffer=groups_per_buffer if batch == 1 else 1) * shape.dtype_bytes
     if sources and any(w is None for w in shape.sliding_windows):
         # One layer's retrieval heads at a time: their keys [H, L, D] stacked, and the mass [H, L] in float64.
         plan[SOURCES] = SOURCE_HEADS * capacity * (shape.head_dim * shape.dtype_bytes + 8)

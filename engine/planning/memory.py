@@ -21,7 +21,8 @@ import torch
 
 from engine.kv import windowed
 from engine.kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES
-from engine.planning.allocations import planned_allocations, scratch_elements
+from engine.planning.allocations import (longest_streamed_run, planned_allocations, scratch_elements, slot_placement,
+                                        streamed_runs)
 from engine.planning.host_split import forecast_decode, host_share
 from engine.planning.plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
 from engine.planning.policy import OffloadPolicy
@@ -35,6 +36,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _LOGIT_BYTES = 4  # logits are materialised in fp32 for the last token only
+#: Host time one fetch costs a decode step whatever its size (its copy, events and attention call): about 260 us
+#: per group on the first H200 run (issue 29), what bigger ping-pong buffers save by fetching runs at once.
+FETCH_SECONDS = 250e-6
+#: The upload rate a plan assumes where the machine's is not measured: a desktop's PCIe 4 x16 (a 4090 PC).
+DESKTOP_LINK_GBPS = 24.0
 
 
 def _size(n: int) -> str:
@@ -56,9 +62,11 @@ def _visible_tokens(shape: ModelShape, context: int, chunk: int) -> int:
 
 
 def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident: int,
-               cuda: bool, kv_dtype: str | None = None, activations: int | None = None) -> tuple[dict, int, int]:
+               cuda: bool, kv_dtype: str | None = None, activations: int | None = None,
+               per_buffer: int = 1) -> tuple[dict, int, int]:
     """Returns (gpu breakdown, gpu bytes, host bytes) for a fully resolved configuration; ``activations``: the
-    peak a dry-run chunk measured (``telemetry.measure_activation_peak``), else the paper's estimate."""
+    peak a dry-run chunk measured (``telemetry.measure_activation_peak``), else the paper's estimate;
+    ``per_buffer``: head groups' visible context each ping-pong buffer holds (``Plan.groups_per_buffer``)."""
     weights = shape.weights_bytes
     if activations is None:
         activations = min(chunk, context) * (shape.hidden_size + 2 * shape.intermediate_size) * shape.dtype_bytes
@@ -72,11 +80,11 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
         per_head = shape.head_dim * 2 * shape.dtype_bytes
         buffers = 2 * chunk * shape.num_kv_heads * per_head
         if resident < shape.num_layers * math.ceil(shape.num_kv_heads / group) or kv_dtype is not None:
-            buffers += 2 * group * _visible_tokens(shape, context, chunk) * per_head
-        buffers += _device_codes(shape, context, chunk, group, kv_dtype)
+            buffers += 2 * per_buffer * group * _visible_tokens(shape, context, chunk) * per_head
+        buffers += _device_codes(shape, context, chunk, group, kv_dtype, per_buffer)
         # CPU SDPA reads strided K/V: no scratch copies (none planned unless ``kernels.FUSED_DEVICES`` says so).
-        attention = _scratch_buffer(shape, context, chunk, group, cuda=False) + _window_scratch(
-            shape, context, chunk, group, cuda=False)
+        attention = _scratch_buffer(shape, context, chunk, group, cuda=False, per_buffer=per_buffer) + _window_scratch(
+            shape, context, chunk, group, cuda=False, batch=per_buffer)
         return breakdown, 0, weights + kv_stored + activations + logits + buffers + attention
     per_head = shape.head_dim * 2 * shape.dtype_bytes  # K and V of one head, one layer, one token
     device_head = _visible_tokens(shape, context, chunk) * per_head
@@ -87,10 +95,10 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
     staging = 2 * min(chunk, context) * shape.num_kv_heads * per_head
     breakdown = {
         "weights": weights,
-        "kv_buffers": 2 * group * device_head + staging,  # ping-pong: one computing, one loading
+        "kv_buffers": 2 * per_buffer * group * device_head + staging,  # ping-pong: one computing, one loading
         "kv_resident": resident * group * device_head,
-        "kv_codes": _device_codes(shape, context, chunk, group, kv_dtype),
-        "attention": _attention_scratch(shape, context, chunk, group),
+        "kv_codes": _device_codes(shape, context, chunk, group, kv_dtype, per_buffer),
+        "attention": _attention_scratch(shape, context, chunk, group, per_buffer),
         "activations": activations,
         "logits": logits,
         # The sources pass stacks the keys of its heads where their homes are: resident ones on the device.
@@ -106,7 +114,8 @@ def _sources_bytes(shape: ModelShape, context: int, chunk: int, group: int) -> i
                                cuda=True, kv_dtype=None, host_attention=False)["sources"]
 
 
-def _device_codes(shape: ModelShape, context: int, chunk: int, group: int, kv_dtype: str | None) -> int:
+def _device_codes(shape: ModelShape, context: int, chunk: int, group: int, kv_dtype: str | None,
+                  per_buffer: int = 1) -> int:
     """8-bit KV on the device: code planes beside the ping-pong and staging buffers, and quantizing a staged chunk
     (its absolute values and scaled copy, fp32). Dequantizing runs in place in the ping-pong buffer."""
     if kv_dtype is None:
@@ -115,37 +124,100 @@ def _device_codes(shape: ModelShape, context: int, chunk: int, group: int, kv_dt
     rows = 2 * group * (shape.head_dim + 4)  # one token of one group: codes + fp32 scales, K and V
     staged = min(chunk, context)
     quantize = 2 * staged * shape.num_kv_heads * 2 * shape.head_dim * 4
-    return 2 * (_visible_tokens(shape, context, chunk) + staged * groups) * rows + quantize
+    return 2 * (per_buffer * _visible_tokens(shape, context, chunk) + staged * groups) * rows + quantize
 
 
-def _attention_scratch(shape: ModelShape, context: int, chunk: int, group: int) -> int:
-    """Attention's memory without flash-attn: the cache's scratch buffer (SDPA's contiguous K/V, repeated for the
-    query heads where fp32 needs the memory-efficient kernel; allocated once, held throughout) plus the larger
-    temporary of a windowed chunk's query blocks (their K/V in that buffer) or the softcap path's score tiles."""
+def _attention_scratch(shape: ModelShape, context: int, chunk: int, group: int, per_buffer: int = 1) -> int:
+    """Attention's memory without flash-attn: the cache's scratch buffer (SDPA's contiguous K/V of a run of
+    ``per_buffer`` groups, repeated for the query heads where fp32 needs the memory-efficient kernel; allocated once,
+    held throughout) plus the larger temporary of a windowed chunk's query blocks (their K/V in that buffer) or the
+    softcap path's score tiles."""
     tiles = TILED_LIVE_TILES * SCORE_TILE_BYTES if shape.attn_softcap else 0
-    return _scratch_buffer(shape, context, chunk, group, cuda=True) + max(
-        tiles, _window_scratch(shape, context, chunk, group, cuda=True))
+    return _scratch_buffer(shape, context, chunk, group, cuda=True, per_buffer=per_buffer) + max(
+        tiles, _window_scratch(shape, context, chunk, group, cuda=True, batch=per_buffer))
 
 
-def _scratch_buffer(shape: ModelShape, context: int, chunk: int, group: int, cuda: bool) -> int:
+def _scratch_buffer(shape: ModelShape, context: int, chunk: int, group: int, cuda: bool, per_buffer: int = 1) -> int:
     """The attention scratch of a cache whose homes hold ``context`` tokens (``allocations.scratch_elements``)."""
-    return scratch_elements(shape, capacity=context, chunk=chunk, group=group, cuda=cuda) * shape.dtype_bytes
+    return scratch_elements(shape, capacity=context, chunk=chunk, group=group, cuda=cuda,
+                            groups_per_buffer=per_buffer) * shape.dtype_bytes
 
 
-def _window_scratch(shape: ModelShape, context: int, chunk: int, group: int, cuda: bool) -> int:
+def _window_scratch(shape: ModelShape, context: int, chunk: int, group: int, cuda: bool, batch: int = 1) -> int:
     """One group's windowed chunk (``kv.windowed``) besides the scratch buffer: a block's mask, folded queries and
-    SDPA's buffers."""
+    SDPA's buffers; ``batch``: the groups of a run attended in one call."""
     windows = [w for w in shape.sliding_windows if w is not None]
     if not windows:
         return 0
     n_rep = shape.num_heads // shape.num_kv_heads
-    return windowed.scratch_bytes(1, group * n_rep, group, shape.head_dim, max(windows), min(chunk, context),
+    return windowed.scratch_bytes(batch, group * n_rep, group, shape.head_dim, max(windows), min(chunk, context),
                                   shape.dtype_bytes, cuda, cpu_threads=torch.get_num_threads(), kv_in_scratch=True)
 
 
-def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,
-             gpu_budget: int | None, activations: int | None = None) -> tuple[int, int]:
-    """Picks (head_group_size, resident_slots): policy values win, None means adaptive."""
+def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool, gpu_budget: int | None,
+             host_budget: int | None = None, activations: int | None = None,
+             link_gbps: float | None = None) -> tuple[int, int, int]:
+    """Picks (head_group_size, resident_slots, groups_per_buffer): policy values win, None means adaptive.
+
+    The group first (with buffers of one group, as the paper plans them). Then each ping-pong buffer holds as many
+    groups' worth of context as the budget allows, at most a layer's longest run of streamed groups: a run is then
+    one copy, one set of events and one attention call (the host's fixed cost per fetch was most of a decode token
+    at short contexts). Where resident slots are adaptive too, a bigger buffer costs resident slots (two per group
+    it grows by), so the size whose decode step is predicted shortest wins: streamed bytes over the link
+    (``link_gbps``, measured or a desktop's) plus ``FETCH_SECONDS`` per fetch. Long contexts keep the slots (a
+    fetch is then large next to its fixed cost); where the memory is not contested the buffers take a whole run."""
+    group, resident = _resolve_slots(shape, policy, context, cuda, gpu_budget, activations, per_buffer=1)
+    num_groups = shape.num_kv_heads // group
+    if policy.groups_per_buffer is not None:
+        return group, resident, max(1, min(policy.groups_per_buffer, _longest_run(shape, group, resident, cuda,
+                                                                                  policy.kv_dtype)))
+    if policy.resident_slots is not None or not cuda or gpu_budget is None:  # the buffers contest nothing else
+        return group, resident, _groups_that_fit(shape, policy, context, group, resident, cuda, gpu_budget,
+                                                 host_budget, activations,
+                                                 _longest_run(shape, group, resident, cuda, policy.kv_dtype))
+    slot_seconds = (group * _visible_tokens(shape, context, policy.chunk_size) * shape.head_dim * 2
+                    * host_element_bytes(shape, policy.kv_dtype)) / ((link_gbps or DESKTOP_LINK_GBPS) * 1e9)
+    most = _groups_that_fit(shape, policy, context, group, 0, cuda, gpu_budget, host_budget, activations, num_groups)
+    best = (math.inf, 1, resident)
+    for per_buffer in range(1, most + 1):
+        if per_buffer > 1:
+            _, resident = _resolve_slots(shape, policy, context, cuda, gpu_budget, activations, per_buffer)
+        runs = _runs(shape, group, resident, cuda, policy.kv_dtype)
+        if per_buffer > max(runs, default=0):
+            continue  # a buffer larger than any run: its memory buys nothing
+        seconds = sum(runs) * slot_seconds + sum(-(-run // per_buffer) for run in runs) * FETCH_SECONDS
+        if seconds < best[0]:
+            best = (seconds, per_buffer, resident)
+    return group, best[2], best[1]
+
+
+def _runs(shape: ModelShape, group: int, resident: int, cuda: bool, kv_dtype: str | None) -> list[int]:
+    """Every layer's runs of streamed groups with ``resident`` slots placed as the cache places them."""
+    num_groups = shape.num_kv_heads // group
+    num_slots = shape.num_layers * num_groups
+    on_device, _ = slot_placement(num_slots, resident, 0, cuda=cuda, quantized=kv_dtype is not None)
+    return streamed_runs(num_groups, on_device, set(), num_slots)
+
+
+def _longest_run(shape: ModelShape, group: int, resident: int, cuda: bool, kv_dtype: str | None) -> int:
+    return max(_runs(shape, group, resident, cuda, kv_dtype), default=0)
+
+
+def _groups_that_fit(shape: ModelShape, policy: OffloadPolicy, context: int, group: int, resident: int, cuda: bool,
+                     gpu_budget: int | None, host_budget: int | None, activations: int | None, most: int) -> int:
+    """The most groups (1 to ``most``) a ping-pong buffer may hold with the budget that holds the buffers (the
+    GPU's; on a CPU-only machine the host's) still met; 1 where even that does not fit (the plan says why)."""
+    for per_buffer in range(most, 1, -1):
+        _, gpu, host = _footprint(shape, context, policy.chunk_size, group, resident, cuda, policy.kv_dtype,
+                                  activations, per_buffer)
+        if _within(gpu, gpu_budget) if cuda else _within(host, host_budget):
+            return per_buffer
+    return 1
+
+
+def _resolve_slots(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool, gpu_budget: int | None,
+                   activations: int | None, per_buffer: int) -> tuple[int, int]:
+    """Picks (head_group_size, resident_slots) with ping-pong buffers of ``per_buffer`` groups' context."""
     kv, chunk = shape.num_kv_heads, policy.chunk_size
     group = policy.head_group_size
     if group is None and not cuda:
@@ -163,7 +235,7 @@ def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,
         return group, min(policy.resident_slots, total)
     if not cuda or gpu_budget is None:
         return group, total
-    _, base, _ = _footprint(shape, context, chunk, group, 0, True, policy.kv_dtype, activations)
+    _, base, _ = _footprint(shape, context, chunk, group, 0, True, policy.kv_dtype, activations, per_buffer)
     slot = group * _visible_tokens(shape, context, chunk) * shape.head_dim * 2 * shape.dtype_bytes
     slot += -(-_sources_bytes(shape, context, chunk, group) * group // (shape.num_layers * shape.num_kv_heads))
     return group, max(0, min(total, (gpu_budget - base) // slot))
@@ -204,9 +276,10 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
             raise PlanError(f"{name} must be a positive number of bytes or None, got {budget!r}")
 
     chunk = policy.chunk_size
-    group, resident = _resolve(shape, policy, context_tokens, device_is_cuda, gpu_budget, activation_bytes)
+    group, resident, per_buffer = _resolve(shape, policy, context_tokens, device_is_cuda, gpu_budget, host_budget,
+                                           activation_bytes, rates.h2d_gbps if rates is not None else None)
     breakdown, gpu, host = _footprint(shape, context_tokens, chunk, group, resident, device_is_cuda, policy.kv_dtype,
-                                      activation_bytes)
+                                      activation_bytes, per_buffer)
     total_slots = shape.num_layers * (shape.num_kv_heads // group)
     disk_budget = _disk_budget(policy)
     candidates = total_slots - resident if device_is_cuda else total_slots  # CPU: every home is in RAM
@@ -221,8 +294,15 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
         return (h, d, slots) if slots else (h - stream, d, slots)
 
     host, disk, disk_slots = split(context_tokens, host)
+    if disk_slots:  # disk homes are fetched one at a time: runs end at them (the buffers were counted before)
+        num_groups = shape.num_kv_heads // group
+        num_slots = shape.num_layers * num_groups
+        on_device, on_disk = slot_placement(num_slots, resident, disk_slots, cuda=device_is_cuda,
+                                            quantized=policy.kv_dtype is not None)
+        per_buffer = max(1, min(per_buffer, longest_streamed_run(num_groups, on_device, on_disk, num_slots)))
 
     def fits_at(ctx: int) -> bool:
+        # Buffers of one group: the most context this configuration holds (a plan there makes them that small).
         _, g, h = _footprint(shape, ctx, chunk, group, resident, device_is_cuda, policy.kv_dtype, activation_bytes)
         h, d, _ = split(ctx, h)
         return _within(g, gpu_budget) and _within(h, host_budget) and _within(d, disk_budget)
@@ -262,7 +342,9 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
                 host_attention_gbps=host_gbps, h2d_gbps=h2d_gbps,
                 allocations=planned_allocations(shape, capacity=context_tokens, chunk=chunk, group=group,
                                                 resident_slots=resident, disk_slots=disk_slots, cuda=device_is_cuda,
-                                                kv_dtype=policy.kv_dtype, host_attention=share > 0))
+                                                kv_dtype=policy.kv_dtype, host_attention=share > 0,
+                                                groups_per_buffer=per_buffer),
+                groups_per_buffer=per_buffer)
     logger.debug("plan: %s", plan.summary().replace("\n", " | "))
     return plan
 

@@ -38,6 +38,9 @@ class Plan:
     limited_by: str = LIMIT_MEMORY  # which of the three binds: LIMIT_MEMORY, LIMIT_MAX_CONTEXT or LIMIT_MODEL
     disk_bytes: int = 0  # the disk tier's share of the offloaded KV (policy.disk_dir)
     disk_slots: int = 0  # offloaded slots whose homes are files
+    # Head groups' worth of visible context each of the two ping-pong buffers holds: a run of that many adjacent
+    # streamed groups of a layer is fetched with one copy and attended in one call (``engine.kv.schedule``).
+    groups_per_buffer: int = 1
     # Decode (``engine.planning.host_split``): the share of offloaded KV bytes the host attends, and the predicted
     # seconds per token of KV movement at ``context_tokens`` (None without measured rates).
     host_attention: str = "off"
@@ -81,7 +84,8 @@ class Plan:
         parts = ", ".join(f"{k} {v / GIB:.2f}" for k, v in self.gpu_breakdown.items())
         lines = [
             f"context {self.context_tokens} tokens, chunk {self.chunk_size}, head group {self.head_group_size} "
-            f"({self.num_groups} groups/layer), resident slots {self.resident_slots}/{self.total_slots}",
+            f"({self.num_groups} groups/layer), resident slots {self.resident_slots}/{self.total_slots}, "
+            f"{self.groups_per_buffer} group(s) per fetch buffer",
             f"device: {'CUDA' if self.device_is_cuda else 'none (CPU compute)'}; "
             f"GPU {self.gpu_bytes / GIB:.2f} GiB of {_gib(self.gpu_budget)} ({parts})",
             f"host {self.host_bytes / GIB:.2f} GiB of {_gib(self.host_budget)}",

@@ -21,6 +21,10 @@ class OffloadPolicy:
         resident_slots: number of (layer, head group) slots whose KV stays on the
             compute device, using spare memory instead of crossing the link.
             ``None``: as many as the budget allows (all of them on a CPU-only machine).
+        groups_per_buffer: head groups' worth of visible context each of the two ping-pong buffers holds, so that
+            a run of that many adjacent streamed groups is fetched with one copy and attended in one call.
+            ``None``: as many as the budget allows, at most a layer's longest run of streamed groups
+            (``engine.planning.memory``); 1 is the paper's one group per buffer.
         pin_memory: page-locked host storage (needed for async copies on CUDA).
             ``None``: on when CUDA is the compute device.
         overlap: fetch the next head group on a side stream while the current one
@@ -54,6 +58,7 @@ class OffloadPolicy:
     chunk_size: int = 4096
     head_group_size: int | None = None
     resident_slots: int | None = None
+    groups_per_buffer: int | None = None
     pin_memory: bool | None = None
     overlap: bool = True
     max_context: int | None = None
@@ -73,6 +78,8 @@ class OffloadPolicy:
             _check_positive("head_group_size", self.head_group_size)
         if self.resident_slots is not None and (not _is_int(self.resident_slots) or self.resident_slots < 0):
             raise ValueError(f"resident_slots must be an integer >= 0 or None, got {self.resident_slots!r}")
+        if self.groups_per_buffer is not None:
+            _check_positive("groups_per_buffer", self.groups_per_buffer)
         if self.max_context is not None:
             _check_positive("max_context", self.max_context)
         for name in ("gpu_memory", "host_memory", "disk_memory"):

@@ -39,10 +39,13 @@ class Case:
     follow_ups: tuple[int, ...] = ()  # steps of several tokens after the decode steps (as follow-up questions)
     context: int = MAX_CONTEXT  # the planned context (``max_context``); homes and buffers are sized for it
     disk_share: float = 0.75  # with ``disk``: about this share of the KV bytes goes to the disk tier
+    per_buffer: int | None = None  # groups per ping-pong buffer (None: the plan's, a layer's run without a budget)
 
 
 CASES = [
     Case("stream"),
+    # Buffers of one group each (the paper's plan): near the planned context every group is fetched alone.
+    Case("stream-single", per_buffer=1),
     Case("host-all", host="all", cancel=True),
     Case("host-split", host="split"),
     Case("layerwise-partial", group="all", resident="partial", cancel=True),
@@ -54,7 +57,8 @@ CASES = [
     Case("disk-split", disk=True, host="split", follow_ups=(3, 20)),
     # Host steps of several tokens (the last longer than any before: host buffers grow), then a device chunk;
     # and host steps that wrap the window rings past a prefetch made before them.
-    Case("grow-host", host="all", grow=True, follow_ups=(3, 8, 8, 17)),
+    # (Buffers of one group: the follow-ups outgrow them, so they grow with fetches in flight.)
+    Case("grow-host", host="all", grow=True, follow_ups=(3, 8, 8, 17), per_buffer=1),
     Case("ring-host-steps", host="all", follow_ups=(5, 5, 5, 5)),  # (no longer than the last chunk: no growth)
     # A device chunk's prefetch of the next forward's first slot, a disk home, is never used by the host steps
     # after it; the next device step finds it stale (another range), refetches it, and the buffer it held is
@@ -62,10 +66,11 @@ CASES = [
     # so the follow-ups still prefetch.)
     Case("disk-dropped-prefetch", group="all", disk=True, host="all", disk_share=0.15, context=128,
          follow_ups=(20, 3, 20)),
-    # A plan four times the context: a ping-pong buffer holds several groups, so a layer's adjacent streamed groups
-    # are fetched (one batched copy) and attended as one run, in decode steps too; exact and 8-bit homes.
-    Case("stream-runs", context=256),
-    Case("fp8-runs", kv_dtype="fp8", context=256),
+    # A plan four times the context with buffers of one group: at this short context a buffer still holds several,
+    # so a layer's adjacent streamed groups are fetched (one batched copy) and attended as one run, in decode steps
+    # too; exact and 8-bit homes. (With the plan's buffers, "stream" runs whole layers at any context.)
+    Case("stream-runs", context=256, per_buffer=1),
+    Case("fp8-runs", kv_dtype="fp8", context=256, per_buffer=1),
 ]
 
 
@@ -98,9 +103,12 @@ def make_cache(model, case: Case, *, streams: str = "emulated", disk_dir: str | 
     policy = dict(head_group_size=1 if case.group == "1" else num_kv_heads, chunk_size=CHUNK,
                   resident_slots=0 if case.resident == "0" else 1, kv_dtype=case.kv_dtype,
                   host_attention="all" if case.host in ("all", "split") else "off", streams=streams,
-                  max_context=48 if case.grow else case.context, overlap=case.overlap, device="cpu")
+                  max_context=48 if case.grow else case.context, overlap=case.overlap, device="cpu",
+                  groups_per_buffer=case.per_buffer)
     if case.disk:
-        probe = engine.HeadInferCache(model.config, **{**policy, "streams": "sync"})
+        # (Buffers of one group: the least the plan needs besides the homes. Bigger buffers would be the first to
+        # give way to a host budget, before any home went to disk.)
+        probe = engine.HeadInferCache(model.config, **{**policy, "streams": "sync", "groups_per_buffer": 1})
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         rows = sum(case.context if w is None else min(case.context, w - 1 + CHUNK) for w in probe.shape.sliding_windows)
         kv = rows * num_kv_heads * 2 * head_dim * 4  # fp32 K and V of every home

@@ -146,7 +146,8 @@ def test_planner_counts_the_windowed_chunk_scratch():
     def shape(window):
         return ModelShape.from_config(MistralConfig(sliding_window=window), dtype_bytes=2, num_params=7 * 10**9)
 
-    policy = OffloadPolicy(chunk_size=4096, head_group_size=1, resident_slots=0)
+    # (Buffers of one group: a run of several is attended in one call, its contiguous copy as many groups large.)
+    policy = OffloadPolicy(chunk_size=4096, head_group_size=1, resident_slots=0, groups_per_buffer=1)
     plan = make_plan(shape(4096), policy, 2**20, device_is_cuda=True)
     temporaries = windowed.scratch_bytes(1, 4, 1, 128, 4096, 4096, 2, cuda=True, kv_in_scratch=True)
     contiguous = 2 * (4095 + 4096) * 128 * 2  # one KV head's keys and values over its window ring, unrepeated

@@ -285,8 +285,8 @@ def test_attention_without_a_matching_layer_raises_while_a_headwise_forward_is_i
 # -- the lean hot loop: dispatcher ops per decode step vs stock ---------------------------------------
 
 @torch.inference_mode()
-def _decode_ops(model, cache) -> tuple[int, torch.Tensor]:
-    model(ids_of(16), past_key_values=cache)
+def _decode_ops(model, cache, context: int = 16) -> tuple[int, torch.Tensor]:
+    model(ids_of(context), past_key_values=cache)
     model(torch.tensor([[5]]), past_key_values=cache)  # warm: buffers allocated, prefetches in flight
     counter = OpCounter()
     with counter:
@@ -294,19 +294,23 @@ def _decode_ops(model, cache) -> tuple[int, torch.Tensor]:
     return sum(counter.ops.values()), logits
 
 
-@pytest.mark.parametrize("group, limit", [(8, 1.3), (1, 1.3)])
-def test_decode_step_dispatches_at_most_a_few_times_the_ops_of_stock(group, limit):
+@pytest.mark.parametrize("group, context, max_context", [(8, 16, None), (1, 16, None), (1, 56, 64), (2, 56, 64)])
+def test_decode_step_dispatches_at_most_a_few_times_the_ops_of_stock(group, context, max_context):
     """Llama-3-8B's layout (32 layers x 8 KV heads, 32 query heads), every slot offloaded; tiny widths.
 
     Group 1 (eight groups a layer) stays within 1.3x too: a layer's adjacent groups are one run, fetched with one
-    batched copy and attended in one call (it was 3.2x with a fetch, a device copy and an attention per group)."""
+    batched copy and attended in one call (it was 3.2x with a fetch, a device copy and an attention per group).
+    Also near the planned context (58 of 64 tokens): each ping-pong buffer holds the plan's groups per buffer (here
+    a layer's eight), so the run stays whole (with buffers of one group it was one group per run again, 3.1x)."""
     cfg = dict(hidden_size=256, intermediate_size=64, num_attention_heads=32, head_dim=8)
     stock, headinfer = tiny_llama(num_layers=32, num_kv_heads=8, **cfg)
-    stock_ops, expected = _decode_ops(stock, DynamicCache(config=stock.config))
-    cache = engine.HeadInferCache(headinfer.config, head_group_size=group, resident_slots=0, device="cpu")
-    ops, actual = _decode_ops(headinfer, cache)
+    stock_ops, expected = _decode_ops(stock, DynamicCache(config=stock.config), context)
+    cache = engine.HeadInferCache(headinfer.config, head_group_size=group, resident_slots=0, device="cpu",
+                                  max_context=max_context)
+    ops, actual = _decode_ops(headinfer, cache, context)
     assert cache.kv_bytes()["host"] > 0 and cache.plan.resident_slots == 0
-    assert ops <= limit * stock_ops, f"{ops} ops vs stock {stock_ops} ({ops / stock_ops:.2f}x)"
+    assert ops <= 1.3 * stock_ops, f"{ops} ops vs stock {stock_ops} ({ops / stock_ops:.2f}x)"
+    assert cache.plan.groups_per_buffer == 8 // group  # no budget: a layer's whole run
     assert torch.equal(actual.argmax(-1), expected.argmax(-1))
     assert torch.allclose(actual, expected, rtol=1e-5, atol=1e-5)
 
@@ -370,6 +374,33 @@ def test_a_decode_step_issues_copies_and_events_per_layer_not_per_group(monkeypa
     assert copies == 3 * 4 and events == 10 * 4, calls
 
 
+@torch.inference_mode()
+def test_the_budget_sets_the_groups_per_buffer_and_the_copies_per_token(monkeypatch):
+    """A host budget (a CPU-only machine: the ping-pong buffers are host memory) that holds buffers of three groups'
+    context and not four: the plan picks 3 groups per buffer, and a decode step near the planned context fetches
+    each layer's eight streamed groups in ceil(8 / 3) = 3 copies, where buffers of one group took 8."""
+    monkeypatch.setattr(kv_streams, "make", lambda *args, **kwargs: CountingStreams())
+    stock, headinfer = tiny_llama(num_layers=4, num_kv_heads=8, hidden_size=64, num_attention_heads=8, head_dim=8)
+    options = dict(head_group_size=1, resident_slots=0, device="cpu", max_context=64, chunk_size=16)
+    budget = engine.HeadInferCache(headinfer.config, groups_per_buffer=3, **options).plan.host_bytes
+    ids = ids_of(56)
+    expected = stock(torch.cat([ids, torch.tensor([[5, 7]])], dim=1)).logits[:, -1]
+    calls = {}
+    for per_buffer in (1, None):  # the paper's one group per buffer, and the planner's choice within the budget
+        cache = engine.HeadInferCache(headinfer.config, groups_per_buffer=per_buffer, host_memory=budget, **options)
+        headinfer(ids, past_key_values=cache)
+        headinfer(torch.tensor([[5]]), past_key_values=cache)
+        streams = cache.transfer.streams
+        before = streams.copies
+        logits = headinfer(torch.tensor([[7]]), past_key_values=cache).logits[:, -1]
+        calls[cache.plan.groups_per_buffer] = streams.copies - before
+        assert cache.plan.fits and cache.ledger.peak("pingpong") == cache.plan.allocations["pingpong"]
+        assert torch.allclose(logits, expected, rtol=1e-5, atol=1e-5)
+        cache.release()
+    # Per layer: the append, then per run its fetch and this token after the fetched past.
+    assert calls == {1: 4 * (1 + 2 * 8), 3: 4 * (1 + 2 * 3)}, calls
+
+
 # -- windows: prefill chunks much longer than the window, through the fetch buffers ---------------------
 @torch.inference_mode()
 def test_sliding_window_chunks_longer_than_the_window_match_stock():
@@ -384,5 +415,6 @@ def test_sliding_window_chunks_longer_than_the_window_match_stock():
     cache = engine.HeadInferCache(headinfer.config, head_group_size=1, resident_slots=0, device="cpu")
     actual = torch.cat([headinfer(ids[:, s : s + 25], past_key_values=cache).logits for s in range(0, 70, 25)], 1)
     assert torch.allclose(actual, expected, rtol=1e-5, atol=1e-5)
-    # The fetch buffers hold a window plus a chunk, not the whole context.
-    assert cache.transfer._pingpong[0].kv.shape[0] <= 6 - 1 + cache.policy.chunk_size
+    # The fetch buffers hold a window plus a chunk per group of a run, not the whole context.
+    assert cache.plan.groups_per_buffer == 2  # the layer's two groups: one run
+    assert cache.transfer._pingpong[0].kv.shape[0] <= 2 * (6 - 1 + cache.policy.chunk_size)

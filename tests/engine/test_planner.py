@@ -93,7 +93,8 @@ def test_paper_table_reproduces_appendix_at_1m(llama):
 
 
 def test_plan_matches_paper_headinfer_row(llama):
-    policy = OffloadPolicy(chunk_size=10240, head_group_size=1, resident_slots=0)
+    # The paper's buffers hold one head group each (without a budget the planner would give them a layer's eight).
+    policy = OffloadPolicy(chunk_size=10240, head_group_size=1, resident_slots=0, groups_per_buffer=1)
     plan = make_plan(llama, policy, MILLION, device_is_cuda=True)
     # The paper counts weights, KV buffers and activations; the plan adds what the engine really allocates besides:
     # SDPA's contiguous copy of one group's K/V (no flash-attn), here 2 x 1M tokens x 128 x bf16 = 0.5 GiB.
@@ -118,7 +119,7 @@ def test_monotonic_in_context(llama):
 
 
 def test_smaller_group_uses_less_gpu(llama):
-    gpu = [make_plan(llama, OffloadPolicy(head_group_size=g, resident_slots=0), MILLION,
+    gpu = [make_plan(llama, OffloadPolicy(head_group_size=g, resident_slots=0, groups_per_buffer=1), MILLION,
                      device_is_cuda=True).gpu_bytes for g in (1, 2, 4, 8)]
     assert gpu == sorted(gpu) and len(set(gpu)) == 4
 
@@ -173,6 +174,50 @@ def test_adaptive_adds_resident_slots_with_spare_memory(llama):
     assert not make_plan(llama, one_more, 262144, device_is_cuda=True, gpu_budget=20 * GIB).fits
     tight = make_plan(llama, OffloadPolicy(), 4 * MILLION, device_is_cuda=True, gpu_budget=24 * GIB)
     assert tight.head_group_size == 1 and tight.resident_slots <= 1 and tight.fits  # one slot of 1 KV head at most
+
+
+# --- groups per ping-pong buffer ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("per_buffer", [1, 3, 8])
+def test_buffers_hold_as_many_groups_as_the_budget_allows(llama, per_buffer):
+    """Every slot streamed (group 1: eight a layer): a budget that holds buffers of ``per_buffer`` groups' context
+    and not one more gets exactly that many, and the plan's allocations count them at that size."""
+    fixed = OffloadPolicy(head_group_size=1, resident_slots=0, groups_per_buffer=per_buffer)
+    budget = make_plan(llama, fixed, 131072, device_is_cuda=True).gpu_bytes
+    policy = OffloadPolicy(head_group_size=1, resident_slots=0)
+    plan = make_plan(llama, policy, 131072, device_is_cuda=True, gpu_budget=budget)
+    assert (plan.groups_per_buffer, plan.fits) == (per_buffer, True)
+    one_group = 131072 * 2 * 128 * 2  # K and V of one head at 128K tokens, bf16
+    assert plan.allocations["pingpong"] == 2 * per_buffer * one_group
+    assert plan.gpu_breakdown["kv_buffers"] - plan.allocations["staging"] == 2 * per_buffer * one_group
+    if per_buffer > 1:  # a byte less: one group fewer
+        assert make_plan(llama, policy, 131072, device_is_cuda=True,
+                         gpu_budget=budget - 1).groups_per_buffer == per_buffer - 1
+
+
+def test_buffers_never_outgrow_a_layers_longest_streamed_run(llama):
+    assert make_plan(llama, OffloadPolicy(head_group_size=1, resident_slots=0), 4096,
+                     device_is_cuda=True).groups_per_buffer == 8  # no budget: the whole layer
+    # Every other slot resident: no two streamed groups are adjacent, so a buffer of two would buy nothing.
+    alternate = make_plan(llama, OffloadPolicy(head_group_size=1, resident_slots=128), 4096, device_is_cuda=True)
+    assert alternate.groups_per_buffer == 1
+    assert make_plan(llama, OffloadPolicy(head_group_size=1, resident_slots=128, groups_per_buffer=4), 4096,
+                     device_is_cuda=True).groups_per_buffer == 1
+
+
+def test_long_contexts_keep_resident_slots_rather_than_grow_the_buffers(llama):
+    """With resident slots adaptive, a buffer one group larger costs two slots: at 1M tokens a fetch of one group
+    (0.5 GiB) is long next to its fixed cost, so the slots stay; where fetches are small, the buffers grow."""
+    policy = OffloadPolicy(head_group_size=1)
+    one = OffloadPolicy(head_group_size=1, groups_per_buffer=1)
+    long = make_plan(llama, policy, MILLION, device_is_cuda=True, gpu_budget=24 * GIB)
+    assert long.groups_per_buffer == 1
+    assert long.resident_slots == make_plan(llama, one, MILLION, device_is_cuda=True,
+                                            gpu_budget=24 * GIB).resident_slots > 0
+    short = make_plan(llama, policy, 131072, device_is_cuda=True, gpu_budget=17 * GIB)
+    assert short.groups_per_buffer > 1 and short.fits
+    assert short.resident_slots < make_plan(llama, one, 131072, device_is_cuda=True, gpu_budget=17 * GIB).resident_slots
 
 
 def test_policy_values_override(llama):

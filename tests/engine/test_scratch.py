@@ -131,8 +131,14 @@ def test_planned_scratch_is_one_group_of_visible_keys():
     mistral = ModelShape.from_config(MistralConfig(sliding_window=4096), dtype_bytes=2, num_params=7 * 10**9)
     assert scratch_elements(mistral, capacity=100_000, chunk=4096, group=1, cuda=True) == 2 * (4095 + 4096) * 128
     # The CUDA plan's attention holds the scratch buffer for the whole run, beside one call's temporaries.
-    plan = make_plan(bf16, OffloadPolicy(head_group_size=2, resident_slots=0), 100_000, device_is_cuda=True)
+    plan = make_plan(bf16, OffloadPolicy(head_group_size=2, resident_slots=0, groups_per_buffer=1), 100_000,
+                     device_is_cuda=True)
     assert plan.gpu_breakdown["attention"] == plan.allocations[SCRATCH] == 2 * 2 * 100_000 * 128 * 2
+    # Ping-pong buffers of several groups (``Plan.groups_per_buffer``) attend a run at once: the scratch holds it.
+    plan = make_plan(bf16, OffloadPolicy(head_group_size=2, resident_slots=0, groups_per_buffer=3), 100_000,
+                     device_is_cuda=True)
+    assert plan.groups_per_buffer == 3
+    assert plan.gpu_breakdown["attention"] == plan.allocations[SCRATCH] == 3 * 2 * 2 * 100_000 * 128 * 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -98,6 +98,22 @@ def test_a_layers_groups_go_to_the_c_kernel_in_one_call(monkeypatch):
     assert float((out.double() - expected).abs().max() / expected.abs().max()) <= torch.finfo(torch.bfloat16).eps
 
 
+def test_a_layers_call_struct_is_built_once_and_never_reused_for_other_homes():
+    """native.attend_layer keeps the ctypes struct of a layer's homes (a decode step calls each layer with the same
+    homes): the same homes get the same struct back, other homes of the same shapes their own, each result exact."""
+    if native.kernel() is None:
+        pytest.skip("no C compiler here")
+    torch.manual_seed(0)
+    layers = [[torch.randn(40, 1, 2, 1, 32).to(torch.bfloat16) for _ in range(2)] for _ in range(2)]
+    query, out = torch.randn(1, 8, 1, 32).to(torch.bfloat16), torch.empty(1, 8, 1, 32, dtype=torch.bfloat16)
+    for kvs in [*layers, *layers]:
+        native.attend_layer(query, kvs, 0, 40, out, scaling=0.2)
+        expected = reference(query, kvs, 0, 40, 0.2, None, None)
+        assert float((out.double() - expected).abs().max() / expected.abs().max()) <= torch.finfo(torch.bfloat16).eps
+    first, second = (native._prepared(query, kvs, None, out) for kvs in layers)
+    assert first is native._prepared(query, layers[0], None, out) and first is not second
+
+
 def _available_paths() -> list[str]:
     function = native.kernel()
     if function is None:

@@ -103,6 +103,12 @@ def layer_row(tokens: int, dtype: str, num_threads: int, read: Read, repeats: in
            "read_gbps": read.data.nbytes / read_seconds / 1e9,
            "gb_per_cpu_s": layer.home_bytes / cpu / 1e9, "read_gb_per_cpu_s": read.data.nbytes / read_cpu / 1e9}
     row["x_read"] = row["gbps"] / row["read_gbps"]
+    # Best of the repeats (least CPU time): on a machine shared with other processes the median CPU time also
+    # counts the caches and memory bandwidth they take; the fastest repeat is the nearest to a quiet machine's.
+    row["best_ms"] = min(k[0] for k in kernel) * 1e3
+    row["best_gb_per_cpu_s"] = layer.home_bytes / min(k[1] for k in kernel) / 1e9
+    row["best_read_gb_per_cpu_s"] = read.data.nbytes / min(r[1] for r in reads) / 1e9
+    row["x_read_cpu_best"] = row["best_gb_per_cpu_s"] / row["best_read_gb_per_cpu_s"]
     # What the wall ratio becomes when no other process competes for the cores (on a loaded machine the wall
     # figures measure the scheduler as much as the kernel).
     row["x_read_cpu"] = row["gb_per_cpu_s"] / row["read_gb_per_cpu_s"]
@@ -166,25 +172,28 @@ def write_report(result: dict, out: Path) -> Path:
         f"Read: a plain read of {result['read_bytes'] >> 20} MiB of floats on the same threads of the same pool, timed "
         "alternately with the kernel so that both see the same load from other processes. Medians. Per CPU-second: "
         "bytes over the CPU time of every thread: the ratio the wall figures reach when no other process competes "
-        "for the cores.",
+        "for the cores. Best: the repeat with the least CPU time, kernel and read each (the nearest to a quiet "
+        "machine where other processes also take caches and memory bandwidth).",
         "",
         "| home | tokens | threads | home MiB | ms | GB/s | read GB/s | × read | GB per CPU-s | read GB per CPU-s "
-        "| × read per CPU-s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| × read per CPU-s | best ms | best × read per CPU-s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
         tokens = f"{row['tokens'] // 1024}K" if row["tokens"] >= 1024 else str(row["tokens"])
         threads = "all" if row["threads"] == 0 else str(row["threads"])
         lines.append(f"| {row['dtype']} | {tokens} | {threads} | {row['home_bytes'] / 2**20:.0f} | "
                      f"{row['seconds'] * 1e3:.2f} | {row['gbps']:.2f} | {row['read_gbps']:.2f} | {row['x_read']:.2f} | "
-                     f"{row['gb_per_cpu_s']:.2f} | {row['read_gb_per_cpu_s']:.2f} | {row['x_read_cpu']:.2f} |")
+                     f"{row['gb_per_cpu_s']:.2f} | {row['read_gb_per_cpu_s']:.2f} | {row['x_read_cpu']:.2f} | "
+                     f"{row['best_ms']:.2f} | {row['x_read_cpu_best']:.2f} |")
     for skip in result["skipped"]:
-        lines.append(f"| {skip['dtype']} | {skip['tokens'] // 1024}K | — | — | skipped: {skip['why']} | | | | | | |")
+        lines.append(f"| {skip['dtype']} | {skip['tokens'] // 1024}K | — | — | skipped: {skip['why']} | | | | | | | | |")
     cost = result["fixed_cost"]
     lines += ["", "Fixed cost of a call (16 tokens per group, 8 groups; µs, median / min):", ""]
     lines += [f"- {name.replace('_', ' ')}: {v['median_us']:.0f} / {v['min_us']:.0f}" for name, v in cost.items()]
-    lines += ["", "Below 32K tokens a layer (4 MiB at 1K bf16) stays in the L3 cache between the timed calls: there the "
-              "× read compares a cached kernel with an uncached read, and the ms is the figure that counts.", ""]
+    lines += ["", "Each call follows a read of the whole read buffer, which evicts the layer from the caches: every "
+              "call reads its home from DRAM, as a decode step does (the other layers' KV and the weights pass "
+              "through the caches between two calls of one layer).", ""]
     lines += [f"Targets: ≥ {result['target_x_read']} × the read at ≥ 32K tokens (1 thread and every core); "
               f"≤ {result['target_1k_ms']} ms for a 1K-token layer call; ≤ 50 µs fixed cost.", ""]
     path = out / "host-attention-cpu.md"

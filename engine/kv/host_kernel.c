@@ -4,8 +4,11 @@
  * -DHA_VARIANT_AVX512 (16-float vectors), -DHA_VARIANT_AVX2 (8), none (4: SSE2 on x86-64, NEON on arm64); the
  * same source, so the paths compute the same thing in the same order but for the lanes of a sum.
  *
- * Chunks of 16 tokens, in order, every head of a chunk in turn (a token's heads lie together: reading a chunk reads
+ * Chunks of 64 tokens, in order, every head of a chunk in turn (a token's heads lie together: reading a chunk reads
  * memory as it lies). Per head and block of up to 4 query rows:
+ * - reads: bf16 in paired lane order where the head dim allows (see HA_BF16_PAIRED: one integer operation widens
+ *   a vector); the lines of the key 32 tokens ahead requested as each key is scored, a few at a time (the
+ *   hardware prefetcher alone left a 32K-token layer read from DRAM 1.6x slower);
  * - scores: 4 rows x (W / 4) keys of dot products at once, each summed over the head dim in one vector, the
  *   W vectors then reduced into one vector of W scores by a transpose-and-add tree (a horizontal sum per key would
  *   cost as much as its dot product);
@@ -13,7 +16,9 @@
  *   row; the row's output rescaled only when its max grows); exp by a Cephes polynomial (about 1 ulp), 0 below
  *   e^-87 (a weight under 1e-38 next to the max's 1);
  * - values: the rows' outputs held in registers a slice of the head dim at a time, each value vector widened once
- *   per row block.
+ *   per row block;
+ * - int8: the chunk's key and value scales gathered into two vectors per head, the keys' applied to the scores
+ *   and the values' folded into the probabilities a vector at a time (not a scalar multiply per token and row).
  */
 #include "host_kernel.h"
 
@@ -41,11 +46,15 @@
 #define TASK_READ ha_read_portable
 #endif
 
-#define CH 64          /* tokens per chunk: the softmax bookkeeping paid once per 64 keys */
+#define CH 64          /* tokens per chunk: the softmax bookkeeping paid once per 64 keys (32: 5% slower, 16: 18%) */
 #define RB 4           /* query rows per block */
 #define TB (W / RB)    /* keys per score step: RB * TB dot products reduce into one vector */
 #ifndef HA_PREFETCH_TOKENS
-#define HA_PREFETCH_TOKENS 64 /* tokens ahead whose bytes are requested as a chunk starts (hint T0: into L1) */
+#define HA_PREFETCH_TOKENS 32 /* tokens ahead whose lines a key's score step requests (16-128 measured alike;
+                                 none: a 32K-token layer from DRAM 1.6x slower) */
+#endif
+#ifndef HA_PREFETCH_HINT
+#define HA_PREFETCH_HINT 3 /* T0: into L1 */
 #endif
 
 #if defined(__FLT16_MAX__) && !defined(HEADINFER_NO_FLOAT16)
@@ -61,6 +70,14 @@ typedef uint16_t vhu __attribute__((vector_size(W * 2), aligned(2)));
 typedef int8_t vbu __attribute__((vector_size(W), aligned(1)));
 
 #define INLINE static inline __attribute__((always_inline))
+
+/* bf16 read in "paired" lane order (head dims a multiple of 2W): one load of 2W elements is W 32-bit lanes, each
+ * holding elements 2i (low half) and 2i+1 (high half); ``bits << 16`` is the even elements, ``bits & 0xffff0000``
+ * the odd ones, each exactly as fp32: one integer operation per W elements, where widening in order costs a
+ * shuffle and a shift. The task permutes its queries into that order and its outputs back (dot products and
+ * the value sums are per element: only where each element sits in the registers changes). */
+#define HA_BF16_PAIRED 5
+typedef uint32_t vuu __attribute__((vector_size(W * 4), aligned(4)));
 
 /* fp16 bits -> fp32 exactly with integer operations (normals, subnormals, infinities, NaNs): compilers without
  * _Float16 (GCC < 12). */
@@ -80,7 +97,7 @@ static inline float half_bits_to_float(uint16_t half) {
 }
 
 INLINE int element_size(const int dtype) {
-    return dtype == HA_FP32 ? 4 : (dtype == HA_BF16 || dtype == HA_FP16) ? 2 : 1;
+    return dtype == HA_FP32 ? 4 : (dtype == HA_BF16 || dtype == HA_FP16 || dtype == HA_BF16_PAIRED) ? 2 : 1;
 }
 
 /* W consecutive elements at p, widened to fp32 (int8: the codes; their scale is applied to the score, and folded
@@ -112,6 +129,18 @@ INLINE vf load(const char *p, const int dtype) {
     }
     return __builtin_convertvector(*(const vbu *)p, vf); /* HA_INT8 */
 #endif
+}
+
+/* Elements [d, d + 2W) of a head's row at ``base`` in the kernel's lane order (d a multiple of 2W): two vectors. */
+INLINE void load_pair(const char *base, const int d, const int dtype, vf *low, vf *high) {
+    if (dtype == HA_BF16_PAIRED) {
+        const vu bits = *(const vuu *)(base + d * 2);
+        *low = (vf)(bits << 16);
+        *high = (vf)(bits & 0xffff0000u);
+    } else {
+        *low = load(base + d * element_size(dtype), dtype);
+        *high = load(base + (d + W) * element_size(dtype), dtype);
+    }
 }
 
 /* x[i] = sum of part[i]'s lanes, for W parts: log2(W) levels of pairwise folds. */
@@ -188,27 +217,32 @@ INLINE vf vexp(vf x) {
 /* Where one head's rows of a chunk read and write. */
 typedef struct {
     const char *keys, *values;          /* this head's key (value) of the chunk's first token */
-    const float *key_scales, *value_scales; /* int8: this head's scales of the chunk's first token */
-    long token_bytes, scale_stride;     /* from one token to the next */
-    const float *query;                 /* [R, D] this head's folded rows */
+    const float *key_scales, *value_scales; /* int8: [CH] this head's scales of the chunk's tokens, in order */
+    long token_bytes;                   /* from one token to the next */
+    long ahead;                         /* tokens of the task's tile from the chunk's first on: what may be
+                                           prefetched (past the tile another thread may be writing) */
+    const float *query;                 /* [R, D] this head's folded rows, in the kernel's lane order */
     float *m, *l, *acc;                 /* [R], [R], [R, D] this head's running state */
     int dim;
 } head_view;
 
-/* Rows [r0, r0 + NR) of one head: outputs [d0, d0 + DV * W) += probabilities s times the chunk's values. */
+/* Rows [r0, r0 + NR) of one head: outputs [d0, d0 + DV * W) += probabilities s times the chunk's values (int8:
+ * s already holds probability times the value's scale). */
 INLINE void value_slice(const head_view *hv, float s[][CH], int r0, const int NR, const int DV, int d0, int n,
                         const int dtype) {
-    const int es = element_size(dtype);
     const int D = hv->dim;
     vf o[RB][ACC_VECTORS];
     for (int r = 0; r < NR; r++)
         for (int v = 0; v < DV; v++) o[r][v] = *(const vfu *)(hv->acc + (long)(r0 + r) * D + d0 + v * W);
     for (int j = 0; j < n; j++) {
-        const float scale = dtype == HA_INT8 ? hv->value_scales[j * hv->scale_stride] : 1.0f;
         vf value[ACC_VECTORS];
-        for (int v = 0; v < DV; v++) value[v] = load(hv->values + j * hv->token_bytes + (d0 + v * W) * es, dtype);
+        const char *row = hv->values + j * hv->token_bytes;
+        if (DV % 2 == 0)
+            for (int v = 0; v < DV; v += 2) load_pair(row, d0 + v * W, dtype, &value[v], &value[v + 1]);
+        else
+            for (int v = 0; v < DV; v++) value[v] = load(row + (d0 + v * W) * element_size(dtype), dtype);
         for (int r = 0; r < NR; r++) {
-            const float p = s[r][j] * scale;
+            const float p = s[r][j];
             for (int v = 0; v < DV; v++) o[r][v] += p * value[v];
         }
     }
@@ -216,25 +250,48 @@ INLINE void value_slice(const head_view *hv, float s[][CH], int r0, const int NR
         for (int v = 0; v < DV; v++) *(vfu *)(hv->acc + (long)(r0 + r) * D + d0 + v * W) = o[r][v];
 }
 
+/* Requests the lines of this head's key and value of ``token`` (chunk-relative) if it lies in the tile. Spread
+ * over the score loop, a few lines per key, instead of a chunk's lines at once: a burst of hundreds of requests
+ * fills the core's line-fill buffers and stalls the loads the arithmetic waits for (measured: a 1K-token layer
+ * held in L3 ran 30% slower with the burst). */
+INLINE void prefetch_token(const head_view *hv, long token, const int dtype) {
+    if (token >= hv->ahead) return;
+    const long bytes = (long)hv->dim * element_size(dtype);
+    for (long offset = 0; offset < bytes; offset += 64) {
+        __builtin_prefetch(hv->keys + token * hv->token_bytes + offset, 0, HA_PREFETCH_HINT);
+        __builtin_prefetch(hv->values + token * hv->token_bytes + offset, 0, HA_PREFETCH_HINT);
+    }
+}
+
 /* Rows [r0, r0 + NR) of one head over the chunk's n tokens (first at position ``first``). */
 INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int NR, int n, long first,
                       int is_plain, const int dtype) {
     const int D = c->dim;
-    const int es = element_size(dtype);
     float s[RB][CH] __attribute__((aligned(64)));
     /* scores: TB keys x NR rows at a time; past n the last token is read again and masked below */
-    for (int t0 = 0; t0 < n; t0 += TB) { /* scores past n are masked below */
+    for (int t0 = 0; t0 < n; t0 += TB) {
+        if (r0 == 0)
+            for (int t = 0; t < TB; t++) prefetch_token(hv, t0 + t + HA_PREFETCH_TOKENS, dtype);
         vf part[W];
         for (int i = 0; i < W; i++) part[i] = (vf){0};
-        long token[TB];
-        float scale[TB];
-        for (int t = 0; t < TB; t++) {
-            token[t] = t0 + t < n ? t0 + t : n - 1;
-            scale[t] = dtype == HA_INT8 ? hv->key_scales[token[t] * hv->scale_stride] : 1.0f;
+        const char *key[TB];
+        for (int t = 0; t < TB; t++) key[t] = hv->keys + (t0 + t < n ? t0 + t : n - 1) * hv->token_bytes;
+        int d = 0;
+        for (; d + 2 * W <= D; d += 2 * W) { /* two vectors of the head dim per step: bf16 pairs share a load */
+            vf k[TB], k2[TB];
+            for (int t = 0; t < TB; t++) load_pair(key[t], d, dtype, &k[t], &k2[t]);
+            for (int r = 0; r < NR; r++) {
+                const vf q = *(const vfu *)(hv->query + (r0 + r) * D + d);
+                const vf q2 = *(const vfu *)(hv->query + (r0 + r) * D + d + W);
+                for (int t = 0; t < TB; t++) { /* two statements: two fused multiply-adds, not mul, fma, add */
+                    part[r * TB + t] += q * k[t];
+                    part[r * TB + t] += q2 * k2[t];
+                }
+            }
         }
-        for (int d = 0; d < D; d += W) {
+        for (; d < D; d += W) { /* a head dim of an odd number of vectors (never in paired order) */
             vf k[TB];
-            for (int t = 0; t < TB; t++) k[t] = load(hv->keys + token[t] * hv->token_bytes + d * es, dtype);
+            for (int t = 0; t < TB; t++) k[t] = load(key[t] + d * element_size(dtype), dtype);
             for (int r = 0; r < NR; r++) {
                 const vf q = *(const vfu *)(hv->query + (r0 + r) * D + d);
                 for (int t = 0; t < TB; t++) part[r * TB + t] += q * k[t];
@@ -242,12 +299,14 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
         }
         const vf sums = transpose_sum(part);
         for (int r = 0; r < NR; r++)
-            for (int t = 0; t < TB; t++) s[r][t0 + t] = sums[r * TB + t] * scale[t];
+            for (int t = 0; t < TB; t++) s[r][t0 + t] = sums[r * TB + t];
     }
     /* masks, softcap, online softmax: s becomes the probabilities (0 where hidden) */
     const long past = c->stop - c->q_len;
     for (int r = 0; r < NR; r++) {
         float *row = s[r];
+        if (dtype == HA_INT8) /* the keys' scales, a vector at a time (past n: masked below) */
+            for (int j = 0; j < CH; j += W) *(vf *)(row + j) *= *(const vfu *)(hv->key_scales + j);
         if (is_plain) {
             for (int j = n; j < CH; j++) row[j] = -INFINITY;
         } else {
@@ -274,9 +333,10 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
         }
         vf total = {0};
         for (int j = 0; j < CH; j += W) {
-            const vf p = vexp(*(vfu *)(row + j) - *m);
-            *(vfu *)(row + j) = p;
+            vf p = vexp(*(vfu *)(row + j) - *m);
             total += p;
+            if (dtype == HA_INT8) p *= *(const vfu *)(hv->value_scales + j); /* folded into the value pass */
+            *(vfu *)(row + j) = p;
         }
         *l += hsum(total);
     }
@@ -284,24 +344,32 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
     const int DV = ACC_VECTORS / NR; /* NR is 4, 2 or 1 */
     int d0 = 0;
     for (; d0 + DV * W <= D; d0 += DV * W) value_slice(hv, s, r0, NR, DV, d0, n, dtype);
-    for (; d0 < D; d0 += W) value_slice(hv, s, r0, NR, 1, d0, n, dtype); /* small head dims */
+    for (; d0 + 2 * W <= D; d0 += 2 * W) value_slice(hv, s, r0, NR, 2, d0, n, dtype); /* small head dims */
+    for (; d0 < D; d0 += W) value_slice(hv, s, r0, NR, 1, d0, n, dtype);
 }
 
 /* Every head and row block of one chunk of n tokens at ``chunk`` (token_bytes apart; int8: scales per token
- * ``scale_stride`` floats apart from ``scales``). */
+ * ``scale_stride`` floats apart from ``scales``); ``ahead``: tokens of the tile from the chunk's first on. */
 INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, const float *scales, long scale_stride,
-                      int n, long first, int is_plain, const float *query, float *m, float *l, float *acc,
-                      const int dtype) {
+                      int n, long first, long ahead, int is_plain, const float *query, float *m, float *l,
+                      float *acc, const int dtype) {
     const ha_call *c = job->call;
     const int g = c->group, rows = job->rows, es = element_size(dtype), D = c->dim;
+    float key_scales[CH] __attribute__((aligned(64))), value_scales[CH] __attribute__((aligned(64)));
     for (int b = 0; b < c->batch; b++)
         for (int h = 0; h < g; h++) {
             const long head = (long)b * g + h;
+            if (dtype == HA_INT8) { /* this head's scales in order, so that the tile applies a vector at a time */
+                const float *ks = scales + (long)(b * 2) * g + h, *vs = scales + (long)(b * 2 + 1) * g + h;
+                for (int j = 0; j < n; j++) {
+                    key_scales[j] = ks[j * scale_stride];
+                    value_scales[j] = vs[j * scale_stride];
+                }
+                for (int j = n; j < CH; j++) key_scales[j] = value_scales[j] = 0.0f;
+            }
             head_view hv = {chunk + ((long)(b * 2) * g + h) * D * es, chunk + ((long)(b * 2 + 1) * g + h) * D * es,
-                            scales ? scales + (long)(b * 2) * g + h : NULL,
-                            scales ? scales + (long)(b * 2 + 1) * g + h : NULL,
-                            token_bytes, scale_stride, query + head * rows * D, m + head * rows, l + head * rows,
-                            acc + head * rows * D, D};
+                            key_scales, value_scales, token_bytes, ahead, query + head * rows * D, m + head * rows,
+                            l + head * rows, acc + head * rows * D, D};
             int r0 = 0;
             for (; r0 + RB <= rows; r0 += RB) row_block(&hv, c, r0, RB, n, first, is_plain, dtype);
             if (rows - r0 >= 2) {
@@ -316,17 +384,19 @@ INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, co
 #define DEFINE_CHUNK(NAME, DTYPE)                                                                              \
     __attribute__((noinline)) static void NAME(const ha_job *job, const char *chunk, long token_bytes,         \
                                                const float *scales, long scale_stride, int n, long first,      \
-                                               int is_plain, const float *query, float *m, float *l,           \
-                                               float *acc) {                                                   \
-        run_chunk(job, chunk, token_bytes, scales, scale_stride, n, first, is_plain, query, m, l, acc, DTYPE); \
+                                               long ahead, int is_plain, const float *query, float *m,         \
+                                               float *l, float *acc) {                                         \
+        run_chunk(job, chunk, token_bytes, scales, scale_stride, n, first, ahead, is_plain, query, m, l, acc,  \
+                  DTYPE);                                                                                      \
     }
 DEFINE_CHUNK(chunk_fp32, HA_FP32)
 DEFINE_CHUNK(chunk_bf16, HA_BF16)
 DEFINE_CHUNK(chunk_fp16, HA_FP16)
 DEFINE_CHUNK(chunk_int8, HA_INT8)
+DEFINE_CHUNK(chunk_bf16_paired, HA_BF16_PAIRED)
 
-typedef void (*chunk_fn)(const ha_job *, const char *, long, const float *, long, int, long, int, const float *,
-                         float *, float *, float *);
+typedef void (*chunk_fn)(const ha_job *, const char *, long, const float *, long, int, long, long, int,
+                         const float *, float *, float *, float *);
 
 /* fp8 e4m3fn codes -> fp32 (exact): a table of the 256 codes. */
 static float fp8_table[256];
@@ -339,9 +409,46 @@ __attribute__((constructor)) static void fill_fp8_table(void) {
     }
 }
 
+/* Paired lane order (HA_BF16_PAIRED) of rows of D floats: within each block of 2W, the even elements, then the
+ * odd ones (``to_pairs``), and back. */
+static void to_pairs(const float *in, float *out, long rows, int D) {
+    for (long r = 0; r < rows; r++)
+        for (int block = 0; block < D; block += 2 * W)
+            for (int i = 0; i < W; i++) {
+                out[r * D + block + i] = in[r * D + block + 2 * i];
+                out[r * D + block + W + i] = in[r * D + block + 2 * i + 1];
+            }
+}
+
+static void from_pairs(float *rows_data, long rows, int D) {
+    float row[256];
+    for (long r = 0; r < rows; r++) {
+        float *data = rows_data + r * D;
+        for (int block = 0; block < D; block += 2 * W)
+            for (int i = 0; i < W; i++) {
+                row[block + 2 * i] = data[block + i];
+                row[block + 2 * i + 1] = data[block + W + i];
+            }
+        memcpy(data, row, sizeof(float) * D);
+    }
+}
+
+/* This thread's scratch of at least ``floats`` (fp8 chunks, queries in paired order), reused across calls. */
+static float *scratch(float **buffer, long *size, long floats) {
+    if (*size < floats) {
+        free(*buffer);
+        *buffer = malloc(sizeof(float) * floats);
+        *size = *buffer == NULL ? 0 : floats;
+    }
+    return *buffer;
+}
+
 int TASK(const ha_job *job, long index) {
     const ha_call *c = job->call;
-    const int D = c->dim, dtype = c->kv_dtype;
+    const int D = c->dim;
+    if (c->kv_dtype < 0 || c->kv_dtype > HA_FP8 || D % W != 0 || D > 256) return -1;
+    /* bf16 in paired order where the head dim holds whole pairs of vectors (D = 16 on AVX-512 does not) */
+    const int dtype = c->kv_dtype == HA_BF16 && D % (2 * W) == 0 ? HA_BF16_PAIRED : c->kv_dtype;
     const int group_index = (int)(index / job->tiles_per_group);
     const long first = c->start + (index % job->tiles_per_group) * job->tile_tokens;
     const long last = first + job->tile_tokens < c->stop ? first + job->tile_tokens : c->stop;
@@ -353,18 +460,17 @@ int TASK(const ha_job *job, long index) {
     const char *home = c->kv[group_index];
     const float *scales = c->scales ? c->scales[group_index] : NULL;
     const float *query = job->folded + group_index * heads_rows * D;
-    const chunk_fn chunk_of[] = {chunk_fp32, chunk_bf16, chunk_fp16, chunk_int8, chunk_fp32};
-    if (dtype < 0 || dtype > HA_FP8 || D % W != 0) return -1;
+    const chunk_fn chunk_of[] = {chunk_fp32, chunk_bf16, chunk_fp16, chunk_int8, chunk_fp32, chunk_bf16_paired};
     const chunk_fn run = chunk_of[dtype];
     const long token_bytes = job->token_bytes, scale_stride = (long)c->batch * 2 * c->group;
     const long past = c->stop - c->q_len;
-    static __thread float *widened = NULL; /* fp8: this thread's fp32 chunk, reused */
-    static __thread long widened_floats = 0;
-    if (dtype == HA_FP8 && widened_floats < CH * scale_stride * D) {
-        free(widened);
-        widened = malloc(sizeof(float) * CH * scale_stride * D);
-        widened_floats = widened == NULL ? 0 : CH * scale_stride * D;
-        if (widened == NULL) return -2;
+    static __thread float *widened = NULL, *paired = NULL; /* this thread's fp8 chunk, paired queries */
+    static __thread long widened_floats = 0, paired_floats = 0;
+    if (dtype == HA_FP8 && scratch(&widened, &widened_floats, CH * scale_stride * D) == NULL) return -2;
+    if (dtype == HA_BF16_PAIRED) {
+        if (scratch(&paired, &paired_floats, heads_rows * D) == NULL) return -2;
+        to_pairs(query, paired, heads_rows, D);
+        query = paired;
     }
     for (long t = first; t < last; t += CH) {
         const int n = last - t < CH ? (int)(last - t) : CH;
@@ -373,23 +479,18 @@ int TASK(const ha_job *job, long index) {
         const int is_plain = c->softcap <= 0.0f && t + n - 1 <= past &&
                              (c->window <= 0 || t > past + c->q_len - 1 - c->window);
         const char *chunk = home + t * token_bytes;
-        const long ahead = t + HA_PREFETCH_TOKENS;
-        if (ahead < last) { /* lines of the tile only: past it another thread may be writing */
-            const long end = (ahead + CH < last ? ahead + CH : last) * token_bytes;
-            for (long offset = ahead * token_bytes; offset < end; offset += 64)
-                __builtin_prefetch(home + offset, 0, 3);
-        }
         if (dtype == HA_FP8) {
             const uint8_t *codes = (const uint8_t *)chunk;
             const float *scale = scales + t * scale_stride;
             for (long i = 0; i < n * scale_stride; i++)
                 for (int d = 0; d < D; d++) widened[i * D + d] = fp8_table[codes[i * D + d]] * scale[i];
-            run(job, (const char *)widened, scale_stride * D * 4, NULL, 0, n, t, is_plain, query, m, l, acc);
+            run(job, (const char *)widened, scale_stride * D * 4, NULL, 0, n, t, 0, is_plain, query, m, l, acc);
         } else {
             run(job, chunk, token_bytes, dtype == HA_INT8 ? scales + t * scale_stride : NULL, scale_stride, n, t,
-                is_plain, query, m, l, acc);
+                last - t, is_plain, query, m, l, acc);
         }
     }
+    if (dtype == HA_BF16_PAIRED) from_pairs(acc, heads_rows, D);
     return 0;
 }
 

@@ -25,6 +25,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 from ..paths import cache_dir
@@ -86,7 +87,12 @@ def kernel():
 
 def forced_path() -> str:
     """``HEADINFER_HOST_KERNEL`` (``auto`` unless set): the vector path every call asks for."""
-    requested = os.environ.get(ENV_PATH, "auto").strip().lower() or "auto"
+    return _parsed_path(os.environ.get(ENV_PATH))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_path(value: str | None) -> str:
+    requested = (value or "auto").strip().lower() or "auto"
     if requested not in PATHS:
         logger.warning("%s=%s is none of %s: ignored", ENV_PATH, requested, ", ".join(PATHS))
         return "auto"
@@ -244,25 +250,49 @@ def attend_layer(query, kvs, start: int, stop: int, out, *, scaling: float, wind
     [B, Gh * g * n_rep, Q, D] contiguous, written in its dtype. ``num_threads``: 0 for every core. ``function``:
     a library from ``build`` (tests) instead of ``kernel()``'s.
     """
-    batch, num_heads, q_len, head_dim = query.shape
-    _, _, _, group, _ = kvs[0].shape
-    num_groups = len(kvs)
-    call = LayerCall()
-    pointers = (ctypes.c_void_p * num_groups)(*[kv.data_ptr() for kv in kvs])
-    call.kv = ctypes.cast(pointers, ctypes.c_void_p)
-    if scales is not None:
-        scale_pointers = (ctypes.c_void_p * num_groups)(*[plane.data_ptr() for plane in scales])
-        call.scales = ctypes.cast(scale_pointers, ctypes.c_void_p)
+    call = _prepared(query, kvs, scales, out)
     call.query, call.out = query.data_ptr(), out.data_ptr()
     call.q_strides[:] = query.stride()
     call.start, call.stop, call.window, call.tile_bytes = start, stop, window or 0, tile_bytes
     call.scaling, call.softcap = scaling, softcap or 0.0
+    call.num_threads, call.variant = num_threads, PATHS[forced_path()]
+    check((function or kernel())(call._ref), query.shape[-1])
+
+
+_calls = threading.local()  # per thread (a call's struct is filled, then read by C while the GIL is released)
+_MAX_PREPARED = 64  # layers x (streamed, host) variants of a model's decode step, with room to spare
+
+
+def _prepared(query, kvs, scales, out) -> LayerCall:
+    """The call's struct with its homes' pointer arrays and shapes filled, cached per thread by the homes'
+    addresses and the shapes: a decode step calls every layer with the same homes, and building the struct and
+    its ctypes arrays cost more than the kernel's own fixed cost (about 10 us of Python per call)."""
+    cache = getattr(_calls, "cache", None)
+    if cache is None:
+        cache = _calls.cache = {}
+    key = (tuple(kv.data_ptr() for kv in kvs), None if scales is None else tuple(s.data_ptr() for s in scales),
+           kvs[0].shape[1:], kvs[0].dtype, query.shape, query.dtype, out.dtype)
+    call = cache.get(key)
+    if call is not None:
+        return call
+    batch, num_heads, q_len, head_dim = query.shape
+    _, _, _, group, _ = kvs[0].shape
+    num_groups = len(kvs)
+    call = LayerCall()
+    call._pointers = (ctypes.c_void_p * num_groups)(*key[0])  # kept alive with the struct
+    call.kv = ctypes.cast(call._pointers, ctypes.c_void_p)
+    if scales is not None:
+        call._scale_pointers = (ctypes.c_void_p * num_groups)(*key[1])
+        call.scales = ctypes.cast(call._scale_pointers, ctypes.c_void_p)
     call.num_groups, call.batch, call.group, call.dim = num_groups, batch, group, head_dim
     call.n_rep, call.q_len = num_heads // (num_groups * group), q_len
     call.kv_dtype = kv_code(kvs[0].dtype, scales is not None)
     call.query_dtype, call.out_dtype = DTYPE_CODES[str(query.dtype)], DTYPE_CODES[str(out.dtype)]
-    call.num_threads, call.variant = num_threads, PATHS[forced_path()]
-    check((function or kernel())(ctypes.byref(call)), head_dim)
+    call._ref = ctypes.byref(call)
+    if len(cache) >= _MAX_PREPARED:  # homes reallocated (a new session): start over
+        cache.clear()
+    cache[key] = call
+    return call
 
 
 def attend_block(query, block, *, q_offset: int, scaling: float, window: int | None, softcap: float | None,

@@ -98,6 +98,22 @@ def test_a_layers_groups_go_to_the_c_kernel_in_one_call(monkeypatch):
     assert float((out.double() - expected).abs().max() / expected.abs().max()) <= torch.finfo(torch.bfloat16).eps
 
 
+def test_a_layers_call_struct_is_built_once_and_never_reused_for_other_homes():
+    """native.attend_layer keeps the ctypes struct of a layer's homes (a decode step calls each layer with the same
+    homes): the same homes get the same struct back, other homes of the same shapes their own, each result exact."""
+    if native.kernel() is None:
+        pytest.skip("no C compiler here")
+    torch.manual_seed(0)
+    layers = [[torch.randn(40, 1, 2, 1, 32).to(torch.bfloat16) for _ in range(2)] for _ in range(2)]
+    query, out = torch.randn(1, 8, 1, 32).to(torch.bfloat16), torch.empty(1, 8, 1, 32, dtype=torch.bfloat16)
+    for kvs in [*layers, *layers]:
+        native.attend_layer(query, kvs, 0, 40, out, scaling=0.2)
+        expected = reference(query, kvs, 0, 40, 0.2, None, None)
+        assert float((out.double() - expected).abs().max() / expected.abs().max()) <= torch.finfo(torch.bfloat16).eps
+    first, second = (native._prepared(query, kvs, None, out) for kvs in layers)
+    assert first is native._prepared(query, layers[0], None, out) and first is not second
+
+
 def _available_paths() -> list[str]:
     function = native.kernel()
     if function is None:
@@ -127,6 +143,36 @@ def test_every_vector_path_forced_by_the_environment_computes_the_same(monkeypat
         # tolerance), and at most a unit in the last place of bf16/fp16 outputs rounded on either side of a tie
         tolerance = 1e-5 if dtype == torch.float32 else torch.finfo(dtype).eps
         assert (out.double() - outs["portable"].double()).abs().max() <= tolerance * scale, path
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "int8"])
+@pytest.mark.parametrize("dim", [16, 32, 128])  # AVX-512 reads bf16 in paired order from 32 on, AVX2 from 16
+def test_every_path_is_exact_for_one_key_and_lengths_off_the_chunk_and_tile_grid(monkeypatch, kv_dtype, dim):
+    """1 key, and lengths around the 4-key score steps, the 16-key vectors and the 64-key chunks, in tiles of 16
+    keys with remainders: every vector path against float64 over the stored values (int8: over the dequantized
+    codes, what dequantize-then-attend reads)."""
+    from engine.kv import quant
+
+    paths = _available_paths()
+    if not paths:
+        pytest.skip("no C compiler here")
+    torch.manual_seed(0)
+    homes = [torch.randn(200, 1, 2, 1, dim) for _ in range(2)]  # [T, B, 2, g, D]
+    if kv_dtype == "int8":
+        coded = [quant.quantize(home, "int8") for home in homes]
+        kvs, scales = [c for c, _ in coded], [s for _, s in coded]
+        exact = [quant.dequantize(codes, plane, torch.empty(codes.shape)) for codes, plane in coded]
+    else:
+        kvs, scales = [home.to(torch.bfloat16) for home in homes], None
+        exact = kvs
+    query = torch.randn(1, 2 * 4, 1, dim).to(torch.bfloat16)  # Llama-3's 4 query heads per KV head
+    for stop in (1, 3, 15, 17, 63, 65, 130):
+        expected = reference(query, exact, 0, stop, dim ** -0.5, None, None)
+        for path in paths:
+            monkeypatch.setenv(native.ENV_PATH, path)
+            out = HostAttention(tile_bytes=1).attend(query, kvs, 0, stop, scaling=dim ** -0.5, scales=scales)
+            error = float((out.double() - expected).abs().max() / expected.abs().max())
+            assert error <= torch.finfo(torch.bfloat16).eps + 1e-6, (path, stop, error)
 
 
 def test_a_path_the_cpu_lacks_is_refused(monkeypatch):

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from engine import DocumentSession, OffloadPolicy
-from engine.answer.support import SupportThresholds, grounded_share, page_texts, token_logprob
+from engine.answer.support import SupportThresholds, declines, grounded_share, page_texts, token_logprob
 from engine.prompt import PromptBuilder
 from engine.store.fingerprint import weights_mode
 
@@ -55,7 +55,8 @@ def _key(r: dict) -> tuple:
 
 
 def evaluate(key: str, weights: str, layouts: list[str], chats: list[str], documents: list[dict],
-             texts: dict[str, str], done: set, emit, turns_kinds: tuple[str, ...] = ("supported", "unsupported")) -> None:
+             texts: dict[str, str], done: set, emit, turns_kinds: tuple[str, ...] = ("supported", "unsupported"),
+             kinds: tuple[str, ...] = ("supported", "unsupported")) -> None:
     model, tokenizer, title, _, load_s = load(key, weights)
     logger.info("%s loaded in %.0f s", key, load_s)
     weights = weights_mode(model)
@@ -65,7 +66,7 @@ def evaluate(key: str, weights: str, layouts: list[str], chats: list[str], docum
         for document in documents:
             todo = [(q, chat) for q in document["questions"] for chat in chats
                     if (key, weights, layout, chat, document["key"], q["q"]) not in done
-                    and (chat == "fresh" or q["kind"] in turns_kinds)]
+                    and q["kind"] in kinds and (chat == "fresh" or q["kind"] in turns_kinds)]
             if not todo:
                 continue
             session.set_document(session.tokenize(texts[document["key"]]))
@@ -141,7 +142,10 @@ CANDIDATES = {
     "grounded words": ("min_grounded_share",),
     "share + grounded": ("min_document_share", "min_grounded_share"),
     "log-prob + grounded": ("min_mean_logprob", "min_grounded_share"),
-    "share + log-prob + grounded (engine)": ENGINE_SIGNALS,
+    "share + log-prob + grounded": ENGINE_SIGNALS,
+    "declines": ("min_answers",),
+    "grounded + declines": ("min_grounded_share", "min_answers"),
+    "share + log-prob + grounded + declines": ENGINE_SIGNALS + ("min_answers",),
 }
 
 
@@ -154,7 +158,9 @@ def signals(record: dict, pages: dict[str, str]) -> dict[str, float | None]:
             "min_grounded_share": grounded_share(record["answer"], record["question"], cited) if sources else None,
             "min_token_logprob": min(logprobs) if logprobs else None,
             "min_first_logprob": sum(logprobs[:4]) / len(logprobs[:4]) if logprobs else None,
-            "min_top_page_share": sources[0][1] if sources else None}
+            "min_top_page_share": sources[0][1] if sources else None,
+            # 0 when the answer itself says the document does not say (then the flag agrees with it), else 1.
+            "min_answers": 0.0 if declines(record["answer"]) else 1.0}
 
 
 def _matrix(rows: list[dict], names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -333,6 +339,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", default="smollm2,qwen2.5-coder-1.5b")
     p.add_argument("--layouts", default="turn,glued")
     p.add_argument("--chats", default="fresh,turns")
+    p.add_argument("--kinds", default="supported,unsupported", help="which kinds of question are asked at all")
     p.add_argument("--turns-kinds", default="supported,unsupported",
                    help="which kinds of question are also asked after turns (the fresh-vs-later comparison)")
     p.add_argument("--weights", default="auto", choices=["dense", "auto", "gguf", "int8"])
@@ -365,7 +372,7 @@ def main(argv=None) -> int:
         return 0
     for key in args.models.split(","):
         evaluate(key, args.weights, args.layouts.split(","), args.chats.split(","), documents, texts, done, emit,
-                 tuple(args.turns_kinds.split(",")))
+                 tuple(args.turns_kinds.split(",")), tuple(args.kinds.split(",")))
         write_markdown(records, pages, stamp, out / "support.md")
     return 0
 

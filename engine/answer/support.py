@@ -17,6 +17,7 @@ question out) in ``docs/benchmarks/support.md``; ``thresholds_for`` picks a mode
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -104,10 +105,22 @@ following follows value default option options command commands file files name 
 _WORD = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./+-]*[A-Za-z0-9_]|[A-Za-z0-9]|[<>&|]+")
 
 
-def content_words(text: str) -> set[str]:
+@functools.lru_cache(maxsize=256)  # a document's pages are split into words once, not once per answer
+def content_words(text: str) -> frozenset[str]:
     """The words of ``text`` that carry a claim: lowercased, stopwords and bare punctuation left out, operators
     such as ``<>`` and ``>&`` kept (they are answers here)."""
-    return {w.lower().strip("./-") or w for w in _WORD.findall(text)} - _STOPWORDS - {""}
+    return frozenset({w.lower().strip("./-") or w for w in _WORD.findall(text)} - _STOPWORDS - {""})
+
+
+# An answer that itself says the pages do not give it ("The text does not mention...", "No information about...").
+_DECLINES = re.compile(r"\bnot (mention|specif|say|provide|contain|describe|cover|list|include|state|give)|"
+                       r"\bno (information|mention|details?)\b|\b(does|do)(n't| not) (mention|specify|say|provide|"
+                       r"contain|describe|cover|list|include|state|give)", re.IGNORECASE)
+
+
+def declines(answer: str) -> bool:
+    """Whether the answer itself says the document does not give what was asked."""
+    return _DECLINES.search(answer) is not None
 
 
 def page_texts(document: str) -> dict[str, str]:

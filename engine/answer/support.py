@@ -112,17 +112,6 @@ def content_words(text: str) -> frozenset[str]:
     return frozenset({w.lower().strip("./-") or w for w in _WORD.findall(text)} - _STOPWORDS - {""})
 
 
-# An answer that itself says the pages do not give it ("The text does not mention...", "No information about...").
-_DECLINES = re.compile(r"\bnot (mention|specif|say|provide|contain|describe|cover|list|include|state|give)|"
-                       r"\bno (information|mention|details?)\b|\b(does|do)(n't| not) (mention|specify|say|provide|"
-                       r"contain|describe|cover|list|include|state|give)", re.IGNORECASE)
-
-
-def declines(answer: str) -> bool:
-    """Whether the answer itself says the document does not give what was asked."""
-    return _DECLINES.search(answer) is not None
-
-
 def page_texts(document: str) -> dict[str, str]:
     """{page label: its text} from the document's page marker lines; one page "" for a document without them."""
     markers = page_markers(document)

@@ -119,9 +119,10 @@ def test_a_real_answer_carries_its_support_signal(headinfer_smollm2):
     assert support is not None and 0.0 < support.document_share <= 1.0
     assert support.mean_logprob is not None and support.mean_logprob <= 0.0
     assert support.is_supported == decide(support.document_share, support.mean_logprob,
-                                          session.support_thresholds).is_supported
+                                          session.support_thresholds, support.grounded_share).is_supported
+    assert session.support_thresholds == thresholds_for("smollm2")  # the model's own fitted thresholds
     # Without sources the probabilities are the same (the same greedy tokens) and the share is absent.
     session.new_conversation()
     *_, plain = session.ask("What is the secret passphrase?", max_new_tokens=16, sources=False)
-    assert plain.support.document_share is None
+    assert plain.support.document_share is None and plain.support.grounded_share is None  # both need sources
     assert plain.support.mean_logprob == pytest.approx(support.mean_logprob, abs=1e-5)

@@ -4,11 +4,11 @@ The document goes in the first user message; everything before the first questio
 is the same for every conversation, so its KV cache is computed once. The turns after it are rendered
 with the model's own chat template and tokenized on their own.
 
-Every question is a user message of its own, the first one included. The first question used to be glued
-after the document inside the document's message ("...document\n\nQuestion: q") while later ones were their
-own messages: the same question then met two different prompts, and a fresh chat answered worse than a later
-one (``docs/benchmarks/support.md``). Templates that refuse two user messages in a row (roles must alternate)
-keep the glued layout.
+By default the first question is glued after the document inside the document's message ("...document\n\nQuestion:
+q") and later ones are their own messages. ``question_turn=True`` makes every question a user message of its own, so
+a fresh and a later question meet the same prompt; it stays opt-in because it lost SmolLM2's needle answers and
+changed nothing on the CPU default model (``docs/benchmarks/support.md``). Templates that refuse two user messages in
+a row (roles must alternate) keep the glued layout.
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         self.system_prompt = DEFAULT_SYSTEM_PROMPT if system_prompt is None else system_prompt
         # Each question its own user message (``False``, the default: the first glued after the document). The
-        # question-turn layout is not the default yet: on SmolLM2 it lost the needle answers the tests check, and its
-        # benefit is unmeasured on the CPU default model (docs/benchmarks/support.md).
+        # question-turn layout is not the default: on SmolLM2 it lost the needle answers the tests check, and on the CPU
+        # default model it changed nothing (fresh 6/8, after turns 7/8 in both layouts; docs/benchmarks/support.md).
         self.question_turn = question_turn and self._accepts_question_turn()
 
     def document_ids(self, document: str) -> list[int]:

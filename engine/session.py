@@ -18,7 +18,7 @@ import torch
 from .answer.generate import ConversationFit, QuestionTooLong, document_page_starts, retrieval_heads, stream_answer
 from .answer.sampling import RepetitionGuard
 from .answer.sources import AnswerSources
-from .answer.support import SupportThresholds, decide, mean_logprob
+from .answer.support import decide, grounded_share, mean_logprob, page_texts, thresholds_for
 from .cache import HeadInferCache
 from .errors import InputError, PrefillCancelled, StateError
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
@@ -97,7 +97,9 @@ class DocumentSession:
         self._starts = None  # where each document token starts in the text (DocumentTokens.starts)
         self.turns: list[Turn] = []
         self.dropped_turns = 0  # oldest turns the last question left out of its prompt (to fit the allowance)
-        self.support_thresholds = SupportThresholds()  # when an answer reads "the document may not say this"
+        # When an answer reads "the document may not say this": fitted per model (engine.answer.support).
+        self.support_thresholds = thresholds_for(getattr(self.model.config, "_name_or_path", "") or "")
+        self._page_texts: dict[str, str] | None = None  # {page label: text}, for the support check, when needed
         self._context_limit, self._limit_reason = 0, ""  # the document's plan: the most its context may take, and why
         self._host_ms_per_token = 0.0  # the last answer's host-attention time per token (meters)
 
@@ -426,7 +428,16 @@ class DocumentSession:
                           looped=end.looped, sources=tuple(found),
                           sources_seconds=grounding.seconds if grounding else 0.0,
                           support=decide(grounding.document_share if grounding else None,
-                                         mean_logprob(end.logprobs), self.support_thresholds))
+                                         mean_logprob(end.logprobs), self.support_thresholds,
+                                         self._grounded(question, end.text, found)))
+
+    def _grounded(self, question: str, answer: str, found: list) -> float | None:
+        """``grounded_share`` of the answer on the pages it attended to (its sources); None without sources."""
+        if not found:
+            return None
+        if self._page_texts is None:
+            self._page_texts = page_texts(self.document)
+        return grounded_share(answer, question, [self._page_texts.get(source.page or "", "") for source in found])
 
     def _grounding(self) -> AnswerSources | None:
         """Sources of the next answer from the model's retrieval heads (calibrated once per model, cached)."""

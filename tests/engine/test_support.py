@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from engine.answer.support import Support, SupportThresholds, decide, document_share, mean_logprob, token_logprob
+from engine.answer.support import (Support, SupportThresholds, content_words, decide, document_share, grounded_share,
+                                   mean_logprob, page_texts, thresholds_for, token_logprob)
 
 
 def test_share_counts_the_pages_and_leaves_out_the_sink_and_the_markup_before_them():
@@ -38,11 +39,69 @@ def test_an_answer_is_flagged_when_either_signal_is_under_its_threshold(share, l
     assert decide(share, logprob, thresholds) == Support(share, logprob, supported)
 
 
+@pytest.mark.parametrize("grounded, supported", [
+    (1.0, True),  # every word of its own is on the pages it looked at
+    (0.2, False),  # an invented option or number: on none of them
+    (None, True),  # no sources, or no word of its own: not judged on it
+])
+def test_an_answer_whose_own_words_are_not_on_its_pages_is_flagged(grounded, supported):
+    thresholds = SupportThresholds(min_document_share=0.3, min_mean_logprob=-0.6, min_grounded_share=0.5)
+    assert decide(0.8, -0.1, thresholds, grounded) == Support(0.8, -0.1, supported, grounded)
+    assert decide(0.8, -0.1, SupportThresholds(0.3, -0.6, 0.0), grounded).is_supported  # 0 switches it off
+
+
+PAGES = """[page 38]
+The redirection operator [n]<>word causes the file whose name is the expansion of word to be opened for both
+reading and writing on file descriptor n.
+[page 39]
+Bash handles /dev/udp/host/port: it attempts to open the corresponding UDP socket.
+"""
+
+
+def test_pages_are_split_at_their_markers():
+    pages = page_texts(PAGES)
+    assert list(pages) == ["38", "39"]
+    assert "<>word" in pages["38"] and "/dev/udp" in pages["39"] and "/dev/udp" not in pages["38"]
+    assert page_texts("no markers here") == {"": "no markers here"}
+
+
+def test_grounded_share_counts_the_answers_own_words_found_on_its_pages():
+    pages = page_texts(PAGES)
+    question = "Which operator opens a file for both reading and writing?"
+    # Its own words (not the question's, not stopwords): "<>" and "word", both on page 38.
+    assert grounded_share("The operator `<>word` opens it.", question, [pages["38"]]) == 1.0
+    # An invented operator is on no page; the same answer judged against the wrong page is not grounded either.
+    assert grounded_share("Use the `>|` operator.", question, [pages["38"]]) == 0.0
+    assert grounded_share("The operator is <>word.", question, [pages["39"]]) == 0.0
+    # An invented number among real words: half grounded.
+    assert grounded_share("Bash uses a UDP socket on port 7.", "Which port does Bash open?",
+                          [pages["39"]]) == pytest.approx(2 / 3)  # udp, socket on the page; 7 not
+    # Nothing of its own (it repeats the question) or nothing cited: no signal.
+    assert grounded_share("Both reading and writing.", question, [pages["38"]]) is None
+    assert content_words("The file is <> and /dev/udp.") == {"<>", "dev/udp"}
+
+
+def test_each_model_gets_its_fitted_thresholds_and_others_the_default_models():
+    qwen = thresholds_for("/cache/downloads/qwen2.5-coder-1.5b-instruct.gguf")
+    smollm2 = thresholds_for("HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert smollm2 == thresholds_for("smollm2-135m.Q4_1.gguf") != qwen
+    assert thresholds_for("some/other-model") == qwen  # the CPU default model's
+    # Values from the eval set (docs/benchmarks/support.md): the 1.5B writes its copied answers surely (mean log-prob
+    # -0.12 on supported answers, -0.20 on invented ones), so a mildly unsure answer is flagged on it...
+    assert decide(0.7, -0.12, qwen).is_supported and not decide(0.7, -0.25, qwen).is_supported
+    # ...while SmolLM2 writes everything unsure (-0.73 supported): only its attention-free words and a much lower
+    # log-prob flag it.
+    assert decide(0.7, -0.25, smollm2, 1.0).is_supported
+    assert not decide(0.7, -1.5, smollm2, 1.0).is_supported and not decide(0.7, -0.25, smollm2, 0.2).is_supported
+
+
 def test_thresholds_are_checked():
     with pytest.raises(ValueError):
         SupportThresholds(min_document_share=1.5)
     with pytest.raises(ValueError):
         SupportThresholds(min_mean_logprob=0.5)
+    with pytest.raises(ValueError):
+        SupportThresholds(min_grounded_share=-0.1)
 
 
 def test_token_logprob_is_the_log_softmax_of_the_chosen_token():
@@ -68,9 +127,10 @@ def test_a_real_answer_carries_its_support_signal(headinfer_smollm2):
     assert support is not None and 0.0 < support.document_share <= 1.0
     assert support.mean_logprob is not None and support.mean_logprob <= 0.0
     assert support.is_supported == decide(support.document_share, support.mean_logprob,
-                                          session.support_thresholds).is_supported
+                                          session.support_thresholds, support.grounded_share).is_supported
+    assert session.support_thresholds == thresholds_for("smollm2")  # the model's own fitted thresholds
     # Without sources the probabilities are the same (the same greedy tokens) and the share is absent.
     session.new_conversation()
     *_, plain = session.ask("What is the secret passphrase?", max_new_tokens=16, sources=False)
-    assert plain.support.document_share is None
+    assert plain.support.document_share is None and plain.support.grounded_share is None  # both need sources
     assert plain.support.mean_logprob == pytest.approx(support.mean_logprob, abs=1e-5)

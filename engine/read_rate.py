@@ -16,11 +16,13 @@ kernel set-up), which the 128-token forward, run first, did not pay in proportio
 grew with the document. A forward of 1,536 tokens (attention a fifth of its FLOPs) sees the quadratic term, and
 the faster of two runs of each size drops the first-use costs and the worst of a busy machine's spikes.
 
-On a first start the measurement runs on a background thread at a lower CPU priority, after the app is ready;
-until it lands the plan shows a provisional estimate (``ReadEstimate.provisional``). A read or an answer that
-starts meanwhile stops it between layers (their own chunk timings then teach the estimate, ``read_cost``); a later
-plan starts it again while no read has been recorded. What it measured is kept in the read-cost record's file, so
-a second start measures nothing.
+On a first start the measurement runs on a background thread after the app is ready; until it lands the plan
+shows a provisional estimate (``ReadEstimate.provisional``). It gives way to reads by stopping, not by a lower CPU
+priority: a read or an answer that starts meanwhile stops it between layers (within about a layer's time; their
+own chunk timings then teach the estimate, ``read_cost``), and a later plan starts it again while no read has been
+recorded. A niced thread would time a busy machine's forwards slower than a read at the app's priority runs them
+(on 2 cores shared with other jobs, a nice-10 thread gets a fraction of a core), and the estimate with them.
+What it measured is kept in the read-cost record's file, so a second start measures nothing.
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ logger = logging.getLogger(__name__)
 
 READ_RATE_TOKENS = (128, 512, 1536)  # three sizes for three unknowns; the largest sees attention's quadratic term
 _RUNS_PER_SIZE = 2  # the faster of two: a size's first forward pays first-use costs, a busy machine spikes
-_BACKGROUND_NICENESS = 10  # the measuring thread's extra niceness: a read's threads come first
 _PROVISIONAL_SPREAD = 3.0  # before the measurement lands: the probe's FLOP rate's estimate, /3 to x3
 _PROBE_EFFICIENCY = 0.75  # a read ran at about 3/4 of the load probe's matmul FLOP rate here (quiet and busy)
 
@@ -220,7 +221,7 @@ def known_rate(model, key: str, costs: ReadCosts) -> ReadRate | None:
 
 def measure_in_background(model, key: str, costs: ReadCosts, probe: LoadProbe, measure: Callable[..., ReadRate | None],
                           then: Callable[[], object] | None = None) -> threading.Thread | None:
-    """Starts measuring ``key``'s rate on a background thread at a lower CPU priority unless it is known or being
+    """Starts measuring ``key``'s rate on a background thread unless it is known or being
     measured; returns the thread measuring it (None when it is known: ``then`` has run already).
 
     ``measure(should_stop)`` measures (``measure_read_rate`` with the model's forward); it is stopped as soon as a
@@ -248,7 +249,6 @@ def measure_in_background(model, key: str, costs: ReadCosts, probe: LoadProbe, m
 
 def _measure(state: _Measurement, key: str, costs: ReadCosts, probe: LoadProbe, measure) -> None:
     try:
-        _lower_priority()
         rate = None
         if not probe.busy:
             with probe.background():
@@ -267,15 +267,6 @@ def _measure(state: _Measurement, key: str, costs: ReadCosts, probe: LoadProbe, 
             then, state.then = state.then, []
         for run in then:
             run()
-
-
-def _lower_priority() -> None:
-    """This thread (and the torch worker threads it starts) at a higher niceness: Linux keeps niceness per thread."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(os.getpriority(os.PRIO_PROCESS, 0)
-                                                                       + _BACKGROUND_NICENESS, 19))
-    except (AttributeError, OSError):  # not on Linux, or not allowed: it runs at the usual priority
-        pass
 
 
 def provisional_estimate(work_flops: float, probe_seconds: float, probe_flops: float) -> ReadEstimate:

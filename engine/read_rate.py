@@ -243,6 +243,8 @@ def measure_in_background(model, key: str, costs: ReadCosts, probe: LoadProbe, m
     if then is not None:  # nothing to measure
         then()
     elif thread is not None and not thread.is_alive() and thread.ident is None:
+        logger.info("measuring this machine's reading cost in the background (plans show a provisional estimate "
+                    "until it lands; a read stops it)")
         thread.start()
     return thread
 

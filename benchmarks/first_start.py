@@ -13,6 +13,7 @@ the reading-cost measurement ran (``read rate:``) and when it landed. Writes doc
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import os
 import re
@@ -62,7 +63,7 @@ def one_start(cache: Path, document: Path, log: Path) -> dict:
         asked = time.perf_counter()
         _, plan, _, _ = client.predict([handle_file(str(document))], api_name="/upload")
         plan_s = time.perf_counter() - asked
-        estimate = re.search(r"Reading time.*?</", plan, re.S)
+        estimate = re.search(r"<span>Reading time</span><b>(.*?)</b>", plan, re.S)
         measured = None
         deadline = time.monotonic() + 900
         while time.monotonic() < deadline:  # a measurement under way (a first start): until it lands or stops
@@ -74,16 +75,12 @@ def one_start(cache: Path, document: Path, log: Path) -> dict:
         text = log.read_text()
         if "read rate:" in text:
             measured = time.perf_counter() - started
-        return {"ready_s": ready, "plan_after_ready_s": plan_s, "plan_estimate": _strip(estimate.group(0)) if estimate
+        return {"ready_s": ready, "plan_after_ready_s": plan_s, "plan_estimate": html.unescape(estimate.group(1)) if estimate
                 else None, "measured": "measuring this machine's reading cost" in text, "measurement_landed_s": measured,
                 "load_at_ready": load_at_ready, "load_avg": os.getloadavg()[0]}
     finally:
         process.terminate()
         process.wait(timeout=60)
-
-
-def _strip(html: str) -> str:
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html)).strip().removesuffix("</").strip()
 
 
 def main(argv=None) -> int:

@@ -138,6 +138,7 @@ class LoadProbe:
         self._history: list[Probe] = []
         self._computing = 0
         self._background = 0  # background work of ours (the reading-cost measurement): not a read, not others' load
+        self._foreground = 0  # a visitor's plan being made (an upload): background work pauses meanwhile
 
     @property
     def flops(self) -> float:
@@ -149,6 +150,24 @@ class LoadProbe:
         """A read or an answer computes now (what background work gives way to)."""
         with self._lock:
             return self._computing > 0
+
+    @property
+    def planning(self) -> bool:
+        """A visitor's plan is being made now (``foreground``): background work pauses until it is shown."""
+        with self._lock:
+            return self._foreground > 0
+
+    @contextmanager
+    def foreground(self) -> Iterator[None]:
+        """Within the block a visitor waits for a plan (an upload being read, tokenized, planned): background work
+        pauses between layers, so the plan does not share the cores with it."""
+        with self._lock:
+            self._foreground += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._foreground -= 1
 
     @contextmanager
     def background(self) -> Iterator[None]:

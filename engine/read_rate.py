@@ -42,7 +42,7 @@ from itertools import combinations
 import torch
 
 from .errors import ForwardInterrupted
-from .interrupt import interruptible
+from .interrupt import interruptible, layer_callbacks
 from .planning.machine import synchronize
 from .read_cost import LoadProbe, ReadCosts, pairs
 
@@ -135,16 +135,25 @@ def _least_squares(a: list[list[float]], y: list[float]) -> list[float] | None:
 
 
 def measure_read_rate(model, vocab_size: int, forward: Callable[[torch.Tensor], None], probe: Callable[[], float],
-                      should_stop: Callable[[], bool] = lambda: False) -> ReadRate | None:
+                      should_stop: Callable[[], bool] = lambda: False,
+                      give_way: Callable[[], None] | None = None) -> ReadRate | None:
     """Times forwards of ``READ_RATE_TOKENS`` as ``forward(ids)`` runs them (a read's), each ``_RUNS_PER_SIZE``
     times, the faster kept, after a short warm-up, with ``probe()`` (the load probe's seconds) before and after; fits
-    them (``fit_forwards``). None when ``should_stop()`` turned true (checked between forwards and between layers)."""
+    them (``fit_forwards``). None when ``should_stop()`` turned true (checked between forwards and between layers).
+    ``give_way()`` runs between layers and may block (a plan being made): that time is not counted."""
     device = next(model.parameters()).device
     ids = torch.randint(0, vocab_size, (1, max(READ_RATE_TOKENS)), device=device)  # [1, N]
     before = probe()
-    points = []
+    points, paused = [], [0.0]
+
+    def between_layers(layer: int, num_layers: int) -> None:
+        if give_way is not None:
+            started = time.perf_counter()
+            give_way()
+            paused[0] += time.perf_counter() - started
+
     try:
-        with torch.inference_mode(), interruptible(model, should_stop):
+        with torch.inference_mode(), interruptible(model, should_stop), layer_callbacks(model, between_layers):
             forward(ids[:, :8])  # warm-up: first-use costs of the model (a native kernel compiles on a clean cache)
             for n in READ_RATE_TOKENS:
                 best = math.inf
@@ -152,10 +161,10 @@ def measure_read_rate(model, vocab_size: int, forward: Callable[[torch.Tensor], 
                     if should_stop():
                         return None
                     synchronize(device)  # (on a GPU a forward only launches kernels: the clock must see them run)
-                    started = time.perf_counter()
+                    started, paused[0] = time.perf_counter(), 0.0
                     forward(ids[:, :n])
                     synchronize(device)
-                    best = min(best, time.perf_counter() - started)
+                    best = min(best, time.perf_counter() - started - paused[0])
                 points.append((n, best))
     except ForwardInterrupted:
         return None
@@ -224,8 +233,9 @@ def measure_in_background(model, key: str, costs: ReadCosts, probe: LoadProbe, m
     """Starts measuring ``key``'s rate on a background thread unless it is known or being
     measured; returns the thread measuring it (None when it is known: ``then`` has run already).
 
-    ``measure(should_stop)`` measures (``measure_read_rate`` with the model's forward); it is stopped as soon as a
-    read or an answer computes (``probe.busy``), and not kept then. ``then()`` runs after it, whatever the outcome
+    ``measure(should_stop, give_way)`` measures (``measure_read_rate`` with the model's forward); it is stopped as
+    soon as a read or an answer computes (``probe.busy``), and not kept then, and pauses between layers while a
+    visitor's plan is being made (``probe.foreground``: the first upload's plan does not share the cores with it). ``then()`` runs after it, whatever the outcome
     (the app finds the retrieval heads next, so the two do not share the cores); with one under way, after that one."""
     state = _measurement(model, key)
     with state.lock:
@@ -255,7 +265,7 @@ def _measure(state: _Measurement, key: str, costs: ReadCosts, probe: LoadProbe, 
         if not probe.busy:
             with probe.background():
                 try:
-                    rate = measure(lambda: probe.busy)
+                    rate = measure(lambda: probe.busy, lambda: _wait_while_planning(probe))
                 except Exception:  # an estimate is an extra: the app serves without it
                     logger.warning("could not measure the reading cost; the plan's estimate stays provisional",
                                    exc_info=True)
@@ -269,6 +279,12 @@ def _measure(state: _Measurement, key: str, costs: ReadCosts, probe: LoadProbe, 
             then, state.then = state.then, []
         for run in then:
             run()
+
+
+def _wait_while_planning(probe: LoadProbe, poll: float = 0.02) -> None:
+    """Blocks while a visitor's plan is being made (``LoadProbe.foreground``), unless a read starts meanwhile."""
+    while probe.planning and not probe.busy:
+        time.sleep(poll)
 
 
 def provisional_estimate(work_flops: float, probe_seconds: float, probe_flops: float) -> ReadEstimate:

@@ -227,9 +227,15 @@ class DocumentSession:
             if then is not None:
                 then()
             return None
-        measure = lambda should_stop: measure_read_rate(self.model, self.shape.vocab_size, self._read_forward,
-                                                        lambda: self.load_probe.measure().seconds, should_stop)
+        measure = lambda should_stop, give_way: measure_read_rate(
+            self.model, self.shape.vocab_size, self._read_forward, lambda: self.load_probe.measure().seconds,
+            should_stop, give_way)
         return measure_in_background(self.model, self._rate_key, self.read_costs, self.load_probe, measure, then)
+
+    def making_a_plan(self):
+        """A context manager for the app's upload handler: while a visitor waits for a plan, the background
+        reading-cost measurement pauses between layers (the plan does not share the cores with it)."""
+        return self.load_probe.foreground()
 
     @functools.cached_property
     def _rate_key(self) -> str:

@@ -100,7 +100,7 @@ def test_ready_and_the_plan_never_wait_for_the_measurement_then_a_second_start_m
     release, measuring = threading.Event(), threading.Event()
     calls = []
 
-    def slow_measurement(model, vocab_size, forward, probe, should_stop):  # minutes on a busy CPU: here, until told
+    def slow_measurement(model, vocab_size, forward, probe, should_stop, give_way=None):  # minutes on a busy CPU: here, until told
         calls.append(model)
         measuring.set()
         release.wait(30)
@@ -179,3 +179,27 @@ def test_a_read_that_starts_stops_the_measurement_and_its_own_chunks_are_what_es
     session.read_costs.record(session._costs_key, [Chunk(0, 256, 0.6), Chunk(256, 244, 0.7)], probe_seconds=0.01)
     assert not session.estimate_prefill_range(500).provisional  # the read's chunks price the next
     assert session.measure_read_rate_in_background() is None  # nothing left to measure
+
+
+def test_the_measurement_pauses_while_a_visitors_plan_is_made_and_the_pause_is_not_timed(tiny, monkeypatch):
+    """The first upload's plan does not share the cores with the measurement: it waits between layers while a plan is
+    made (``making_a_plan``, around the app's upload handler), and that wait is not a forward's time."""
+    session = session_of(tiny, ReadCosts(None))
+    real, offset, pauses = time.perf_counter, [0.0], []
+    monkeypatch.setattr(read_rate.time, "perf_counter", lambda: real() + offset[0])
+
+    def give_way():  # a plan takes 1,000 s (on the clock the measurement reads)
+        pauses.append(True)
+        offset[0] += 1000.0
+
+    rate = measure_read_rate(tiny, session.shape.vocab_size, session._read_forward, probe=lambda: 0.01,
+                             give_way=give_way)
+    assert pauses and rate.seconds(1, 0, 1536) < 100
+
+    with session.making_a_plan():
+        waiting = threading.Thread(target=read_rate._wait_while_planning, args=(session.load_probe,))
+        waiting.start()
+        time.sleep(0.2)
+        assert waiting.is_alive()  # the measurement waits while the plan is made
+    waiting.join(5)
+    assert not waiting.is_alive()

@@ -429,14 +429,15 @@ def main(argv: list[str] | None = None) -> None:
         check_plan(first)
     except ValueError as exc:
         parser.error(str(exc))
-    # The first read's estimate is measured here (two forwards), not at the first upload's plan, and before the
-    # background retrieval-head search below would share the cores with it (estimates then came out 2-8x long).
-    first.estimate_prefill_range(1)
-    del first
     policy, checked = apply_first_use_self_check(policy, device)
     info = {**describe(model), "kv_dtype": policy.kv_dtype, "self_check": checked}
     logger.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))
-    warm_up(model, tokenizer)  # the sources' retrieval heads, found in the background before the first question
+    # In the background, never before ready nor before a plan: this machine's reading cost, measured once per model,
+    # machine, torch and weights mode and kept (a second start measures nothing; plans say "estimating…" until it
+    # lands), then the sources' retrieval heads, after it so the two do not share the cores (estimates came out
+    # 2-8x long when they did). A read that starts meanwhile stops the measurement: its own chunks teach estimates.
+    first.measure_read_rate_in_background(then=lambda m=model, t=tokenizer: warm_up(m, t))  # (bound: deleted below)
+    del first
 
     private = args.share or not is_loopback(args.host)
     if private:

@@ -9,6 +9,7 @@ call the handlers directly and read ``view.plan`` instead of ``out[2]``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import html
 import logging
 import time
@@ -106,40 +107,42 @@ class Handlers(OpenSaved, PageRanges, Questions):
             return FilesView(state, render.files_table([], []), render.empty_plan(),
                              gr.update(visible=False, value=False), gr.update(interactive=False), NO_CHANGE)
         session = self._session(state, request)
-        limits = session.limits()  # sized before reading: a file far beyond it is refused unread
-        documents, problems = read_sized(files, max(limits.context_limit - session.answer_budget, 1),
-                                         limits.limit_reason)
-        if not documents:  # the panel still says what was dropped and why nothing can be read
-            return FilesView(state, render.files_table([], []), render.refused_plan(problems),
-                             gr.update(visible=False, value=False), gr.update(interactive=False),
-                             _warn(" ".join(problems) + self._kept(state)))
-        # Tokenized once: the counts, the plan, the read and the saved copy's key all use these ids.
-        tokens = session.tokenize(combine(documents))
-        counts = token_counts(tokens, documents, session.count_tokens)
-        state.documents, state.token_counts, state.tokens, state.full_tokens = documents, counts, tokens, tokens
-        try:
-            plan = session.plan(tokens)
-        except PlanError as exc:
-            return FilesView(state, render.files_table(documents, counts), render.refused_plan([str(exc)]),
-                             gr.update(visible=False), gr.update(interactive=False), _warn(str(exc)))
-        seconds = session.estimate_prefill_range(min(len(tokens), plan.context_limit))
-        if plan.is_within_limit:
-            message = status("ok", f"Ready to read {sum(counts):,} tokens from {len(documents)} "
-                                   f"file{'s' if len(documents) != 1 else ''}. Press “Read documents”.")
-        else:
-            message = status("warn", f"Too large: {plan.limit_reason}. Choose a page range below (or “First part "
-                                     "that fits”), tick “Truncate to fit” to read the beginning only, or remove "
-                                     "files.")
-        if problems:
-            message = _warn("Skipped: " + " ".join(problems)) + message
-        panel = render.plan_panel(plan, sum(counts), seconds, session.policy.kv_dtype, _options(session, plan),
-                                 conversation_tokens=session.answer_budget)
-        view = FilesView(state, render.files_table(documents, counts), panel,
-                         gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
-                         message)
-        if not plan.is_within_limit:
-            state.pieces = self.pages_to_choose(state)
-        return view
+        # The first start's reading-cost measurement pauses meanwhile: the plan does not share the cores with it.
+        with (session.making_a_plan() if hasattr(session, "making_a_plan") else contextlib.nullcontext()):
+            limits = session.limits()  # sized before reading: a file far beyond it is refused unread
+            documents, problems = read_sized(files, max(limits.context_limit - session.answer_budget, 1),
+                                             limits.limit_reason)
+            if not documents:  # the panel still says what was dropped and why nothing can be read
+                return FilesView(state, render.files_table([], []), render.refused_plan(problems),
+                                 gr.update(visible=False, value=False), gr.update(interactive=False),
+                                 _warn(" ".join(problems) + self._kept(state)))
+            # Tokenized once: the counts, the plan, the read and the saved copy's key all use these ids.
+            tokens = session.tokenize(combine(documents))
+            counts = token_counts(tokens, documents, session.count_tokens)
+            state.documents, state.token_counts, state.tokens, state.full_tokens = documents, counts, tokens, tokens
+            try:
+                plan = session.plan(tokens)
+            except PlanError as exc:
+                return FilesView(state, render.files_table(documents, counts), render.refused_plan([str(exc)]),
+                                 gr.update(visible=False), gr.update(interactive=False), _warn(str(exc)))
+            seconds = session.estimate_prefill_range(min(len(tokens), plan.context_limit))
+            if plan.is_within_limit:
+                message = status("ok", f"Ready to read {sum(counts):,} tokens from {len(documents)} "
+                                       f"file{'s' if len(documents) != 1 else ''}. Press “Read documents”.")
+            else:
+                message = status("warn", f"Too large: {plan.limit_reason}. Choose a page range below (or “First part "
+                                         "that fits”), tick “Truncate to fit” to read the beginning only, or remove "
+                                         "files.")
+            if problems:
+                message = _warn("Skipped: " + " ".join(problems)) + message
+            panel = render.plan_panel(plan, sum(counts), seconds, session.policy.kv_dtype, _options(session, plan),
+                                     conversation_tokens=session.answer_budget)
+            view = FilesView(state, render.files_table(documents, counts), panel,
+                             gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
+                             message)
+            if not plan.is_within_limit:
+                state.pieces = self.pages_to_choose(state)
+            return view
 
     def _kept(self, state: BrowserState) -> str:
         if state.session is not None and state.session.is_prefilled:

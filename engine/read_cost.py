@@ -137,6 +137,49 @@ class LoadProbe:
         self._lock = threading.Lock()
         self._history: list[Probe] = []
         self._computing = 0
+        self._background = 0  # background work of ours (the reading-cost measurement): not a read, not others' load
+        self._foreground = 0  # a visitor's plan being made (an upload): background work pauses meanwhile
+
+    @property
+    def flops(self) -> float:
+        """FLOPs of one probe sample (four ``size``-square matmuls): over a probe's seconds, the matmul rate now."""
+        return 4 * 2.0 * self.size**3
+
+    @property
+    def busy(self) -> bool:
+        """A read or an answer computes now (what background work gives way to)."""
+        with self._lock:
+            return self._computing > 0
+
+    @property
+    def planning(self) -> bool:
+        """A visitor's plan is being made now (``foreground``): background work pauses until it is shown."""
+        with self._lock:
+            return self._foreground > 0
+
+    @contextmanager
+    def foreground(self) -> Iterator[None]:
+        """Within the block a visitor waits for a plan (an upload being read, tokenized, planned): background work
+        pauses between layers, so the plan does not share the cores with it."""
+        with self._lock:
+            self._foreground += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._foreground -= 1
+
+    @contextmanager
+    def background(self) -> Iterator[None]:
+        """Within the block our own background work computes: ``current()`` reuses the last probe, as while a read
+        computes, but ``busy`` stays false."""
+        with self._lock:
+            self._background += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._background -= 1
 
     def begin_computing(self) -> None:
         with self._lock:
@@ -157,7 +200,8 @@ class LoadProbe:
     def current(self) -> Probe:
         """The load now: the recent probes' median (a new probe first unless the last is fresh or we compute)."""
         with self._lock:
-            last, busy = (self._history[-1] if self._history else None), self._computing > 0
+            last = self._history[-1] if self._history else None
+            busy = self._computing > 0 or self._background > 0
         if last is None or not (busy or time.monotonic() - last.at < self.max_age):
             self.measure()
         with self._lock:
@@ -243,6 +287,7 @@ class ReadCosts:
         self.path = path
         self._lock = threading.Lock()
         self._records: dict[str, list[dict]] | None = None
+        self._rates: dict[str, dict] = {}  # measured first-read rates (``engine.read_rate``), per rate key
 
     def record(self, key: str, chunks: list[Chunk], probe_seconds: float | list[float]) -> None:
         """A read's chunks, timed while the load probe took ``probe_seconds`` (one for the read, or one per chunk)."""
@@ -255,6 +300,18 @@ class ReadCosts:
             records.setdefault(key, []).append({"at": time.time(),
                                                 "chunks": [[c.position, c.tokens, c.seconds, p] for c, p in kept]})
             records[key] = records[key][-_KEEP:]
+            self._save(records)
+
+    def rate(self, key: str) -> dict | None:
+        """The first-read rate an earlier start measured for ``key`` (``engine.read_rate.ReadRate`` as a dict)."""
+        with self._lock:
+            self._load()
+            return self._rates.get(key)
+
+    def keep_rate(self, key: str, rate: dict) -> None:
+        with self._lock:
+            records = self._load()
+            self._rates[key] = rate
             self._save(records)
 
     def reads(self, key: str) -> list[list[tuple[float, float, float]]]:
@@ -299,6 +356,7 @@ class ReadCosts:
                     loaded = json.loads(self.path.read_text())
                     if loaded.get("format") == _FORMAT:
                         self._records = loaded["reads"]
+                        self._rates = dict(loaded.get("rates") or {})
                 except (OSError, ValueError, AttributeError, KeyError):
                     self._records = {}
         return self._records
@@ -309,7 +367,7 @@ class ReadCosts:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             scratch = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            scratch.write_text(json.dumps({"format": _FORMAT, "reads": records}))
+            scratch.write_text(json.dumps({"format": _FORMAT, "reads": records, "rates": self._rates}))
             os.replace(scratch, self.path)
         except OSError as error:  # estimates only: never fail a read over them
             logger.warning("could not keep the read's timings in %s: %s", self.path, error)

@@ -25,7 +25,6 @@ from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
 from .paths import cache_dir
 from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget, num_weights
 from .planning.capacity import capacity_options
-from .planning.machine import measured_read_rate
 from .planning.memory import ModelShape, Plan, PlanError, make_plan
 from .planning.out_of_memory import out_of_memory_message
 from .planning.policy import OffloadPolicy
@@ -33,6 +32,7 @@ from .planning.window import conversation_allowance
 from .prefill import CheckpointPace, PrefillClock, prefill_step, prefill_work
 from .read_cost import (CPU_LOAD_EXPONENT, Chunk, CostFit, ReadCosts, ReadTiming, first_read_range, load_probe, pairs,
                         shared_read_costs)
+from .read_rate import ReadEstimate, known_rate, measure_in_background, measure_read_rate, provisional_estimate, rate_key
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillProgress, answer_rate
 from .store.checkpoint import CheckpointPlan, ReadCheckpoints
@@ -199,20 +199,49 @@ class DocumentSession:
         """Seconds to prefill tokens ``start..num_tokens``, likely (``estimate_prefill_range``'s middle)."""
         return self.estimate_prefill_range(num_tokens, start)[1]
 
-    def estimate_prefill_range(self, num_tokens: int, start: int = 0) -> tuple[float, float, float]:
+    def estimate_prefill_range(self, num_tokens: int, start: int = 0) -> ReadEstimate:
         """(low, likely, high) seconds to prefill tokens ``start..num_tokens``: from the chunk timings of earlier
         reads here (kept across starts), scaled by how busy the machine is now (a load probe of a fraction of a
-        second); before any read, from the model's measured rate (once per model)."""
+        second); before any read, from this machine's reading cost (``engine.read_rate``: measured once per model,
+        machine, torch version and weights mode, and kept). Never waits for that measurement: while it runs (it is
+        started here if it was not) the estimate is the load probe's, wide and ``provisional``."""
         exponent = CPU_LOAD_EXPONENT if self.device.type == "cpu" else 1.0
         probe = self.load_probe.current()
         learned = self.read_costs.estimate(self._costs_key, start, num_tokens, probe, shape=self._work_shape(),
                                            exponent=exponent)
         if learned is not None:
-            return learned
-        rate = measured_read_rate(self.model, self.shape, self._read_forward, lambda: self.load_probe.measure().seconds)
-        seconds = rate.seconds(self._num_forwards(start, num_tokens), prefill_work(self.shape, start, num_tokens))
+            return ReadEstimate(*learned)
+        rate = known_rate(self.model, self._rate_key, self.read_costs)
+        if rate is None:
+            self.measure_read_rate_in_background()
+            return provisional_estimate(prefill_work(self.shape, start, num_tokens), probe.seconds,
+                                        self.load_probe.flops)
+        seconds = rate.seconds(self._num_forwards(start, num_tokens), start, num_tokens)
         # As a learned estimate is: scaled from the load the measurement met to the load now.
-        return first_read_range(seconds * (probe.seconds / rate.probe_seconds) ** exponent, probe.spread * exponent)
+        return ReadEstimate(*first_read_range(seconds * (probe.seconds / rate.probe_seconds) ** exponent,
+                                              probe.spread * exponent))
+
+    def measure_read_rate_in_background(self, then: Callable[[], object] | None = None):
+        """Starts measuring this machine's reading cost on a background thread (``engine.read_rate``) unless a read
+        was recorded, the cost is known (kept by an earlier start) or it is being measured; returns the thread or
+        None. ``then()`` runs after it (at once when nothing starts)."""
+        if self.read_costs.reads(self._costs_key):
+            if then is not None:
+                then()
+            return None
+        measure = lambda should_stop, give_way: measure_read_rate(
+            self.model, self.shape.vocab_size, self._read_forward, lambda: self.load_probe.measure().seconds,
+            should_stop, give_way)
+        return measure_in_background(self.model, self._rate_key, self.read_costs, self.load_probe, measure, then)
+
+    def making_a_plan(self):
+        """A context manager for the app's upload handler: while a visitor waits for a plan, the background
+        reading-cost measurement pauses between layers (the plan does not share the cores with it)."""
+        return self.load_probe.foreground()
+
+    @functools.cached_property
+    def _rate_key(self) -> str:
+        return rate_key(self.model, self._costs_key)
 
     def _num_forwards(self, start: int, stop: int) -> int:
         """Forwards a read of tokens ``[start, stop)`` takes (``prefill``'s steps)."""

@@ -116,61 +116,6 @@ def measured_flop_rate(model, shape, num_tokens: int = 512, forward: Callable | 
     return rate
 
 
-@dataclass(frozen=True)
-class ReadRate:
-    """A read's cost on this machine before any read: ``seconds_per_forward + seconds_per_work · work`` per forward
-    (``work``: ``estimate_prefill_seconds`` at a unit rate), measured while the load probe took ``probe_seconds``."""
-
-    seconds_per_forward: float
-    seconds_per_work: float
-    probe_seconds: float
-
-    def seconds(self, num_forwards: int, work: float) -> float:
-        return num_forwards * self.seconds_per_forward + work * self.seconds_per_work
-
-
-_READ_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-READ_RATE_TOKENS = (128, 512)  # two forwards: a fixed cost per forward apart from the per-token work
-
-
-def measured_read_rate(model, shape, forward: Callable, probe: Callable[[], float]) -> ReadRate:
-    """The first read's cost model, once per model: two forwards of ``READ_RATE_TOKENS`` as ``forward(ids)`` runs
-    them (a read's), after a warm-up, and ``probe()`` (the load probe's seconds) around them.
-
-    One forward of 512 tokens priced a read by its work alone, as if a forward had no cost of its own: a read's
-    forwards are longer (up to the chunk size) and each pays the per-layer, per-operation overheads once, which on a
-    busy CPU (threads waiting for each other) were most of a 512-token forward; first reads came out 1.5-3x long.
-    Two sizes split the two; a negative split (noise) falls back to the work alone."""
-    rate = _READ_RATES.get(model)
-    if rate is not None:
-        return rate
-    device = next(model.parameters()).device
-    small, large = READ_RATE_TOKENS
-    ids = torch.randint(0, shape.vocab_size, (1, large), device=device)
-    _no_forward_in_flight()
-    before = probe()
-    seconds = {}
-    with torch.inference_mode():
-        forward(ids[:, :8])  # warm-up (first-use costs: kernels, allocator)
-        for n in (small, large):
-            synchronize(device)
-            start = time.perf_counter()
-            forward(ids[:, :n])
-            synchronize(device)
-            seconds[n] = time.perf_counter() - start
-    after = probe()
-    work = {n: estimate_prefill_seconds(shape, n, 1.0) for n in (small, large)}
-    per_work = (seconds[large] - seconds[small]) / (work[large] - work[small])
-    per_forward = seconds[small] - per_work * work[small]
-    if per_work <= 0 or per_forward < 0:
-        per_forward, per_work = 0.0, seconds[large] / work[large]
-    rate = _READ_RATES[model] = ReadRate(per_forward, per_work, (before + after) / 2)
-    logger.info("read rate: %.3f s per forward + %.3g s per unit of work (forwards of %d and %d tokens: %.2f s, "
-                "%.2f s; probe %.0f ms)", per_forward, per_work, small, large, seconds[small], seconds[large],
-                1000 * rate.probe_seconds)
-    return rate
-
-
 def synchronize(device) -> None:
     """Waits for the device's queued work (a no-op on the CPU, whose work has run when a call returns)."""
     if getattr(device, "type", device) == "cuda":

@@ -1,0 +1,205 @@
+"""The first read's estimate before any read: this machine's reading cost (a cost per forward, per token and per
+causal (query, key) pair) measured in the background, never in the way of ready or a plan, kept per model, machine,
+torch version and weights mode so that a second start measures nothing; a read that starts meanwhile stops it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from engine import read_rate
+from engine.read_cost import Chunk, Probe, ReadCosts, pairs
+from engine.read_rate import READ_RATE_TOKENS, ReadEstimate, ReadRate, fit_forwards, measure_read_rate
+
+C, A, B = 0.5, 2e-3, 4e-7  # seconds per forward, per token, per (query, key) pair
+
+
+def truth(num_forwards: int, start: int, stop: int) -> float:
+    return C * num_forwards + A * (stop - start) + B * (pairs(stop) - pairs(start))
+
+
+def test_the_cost_model_has_a_cost_per_forward_a_linear_and_a_quadratic_term():
+    rate = fit_forwards([(n, truth(1, 0, n)) for n in READ_RATE_TOKENS], probe_seconds=0.01)
+    assert (rate.per_forward, rate.per_token, rate.per_pair) == pytest.approx((C, A, B), rel=1e-6)
+    # A 6K read in two forwards (4,096 and 1,963 tokens): the second attends to the first's keys too.
+    assert rate.seconds(2, 0, 6059) == pytest.approx(truth(1, 0, 4096) + truth(1, 4096, 6059), rel=1e-9)
+    # Quadratic: twice the tokens, in as many forwards, more than twice the tokens' and pairs' time.
+    work = lambda n: rate.seconds(1, 0, n) - rate.per_forward
+    assert work(6000) / work(3000) > 2.3
+    assert rate.seconds(1, 3000, 6000) > rate.seconds(1, 0, 3000)  # later tokens attend to more keys
+
+
+def test_the_fit_is_never_negative():
+    # Times that fall with size would need a negative term: that term is dropped.
+    rate = fit_forwards([(128, 3.0), (512, 2.0), (1536, 2.5)], probe_seconds=0.01)
+    assert min(rate.per_forward, rate.per_token, rate.per_pair) >= 0
+    assert rate.seconds(1, 0, 6000) > 0
+    assert fit_forwards([], 0.01) is None
+    assert ReadRate.from_json({"per_forward": -1, "per_token": 0, "per_pair": 0, "probe_seconds": 1}) is None
+    assert ReadRate.from_json("nonsense") is None
+
+
+class FakeModel:
+    """What ``measure_read_rate`` needs of a model (its device), with no layers to interrupt."""
+
+    def parameters(self):
+        import torch
+
+        yield torch.zeros(1)
+
+
+def test_a_sizes_first_forward_pays_first_use_costs_the_measurement_does_not_price_them_as_work(monkeypatch):
+    """The bias of the two-forward measurement: a size's first forward ran 10-25% slower than its second here, the
+    larger size's more; priced as work, that surplus grew with the document (first reads of 3K-6K tokens came out
+    1.3-1.9x long). Each size runs twice, the faster kept: the steady cost is recovered."""
+    clock = [0.0]
+    monkeypatch.setattr(read_rate.time, "perf_counter", lambda: clock[0])
+    seen = set()
+
+    def forward(ids):
+        n = ids.shape[1]
+        first_use = 0.25 * truth(1, 0, n) if n not in seen else 0.0  # allocator, kernel set-up: once per size
+        seen.add(n)
+        clock[0] += truth(1, 0, n) + first_use
+
+    rate = measure_read_rate(FakeModel(), 100, forward, probe=lambda: 0.01)
+    assert (rate.per_forward, rate.per_token, rate.per_pair) == pytest.approx((C, A, B), rel=1e-6)
+    assert rate.seconds(2, 0, 6059) == pytest.approx(truth(2, 0, 6059), rel=1e-6)
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    from archs import build_pair
+
+    _, model = build_pair("llama-gqa", tmp_path / "tiny")  # a fresh model: no rate measured for it in this process
+    return model
+
+
+def session_of(model, costs):
+    from engine import DocumentSession, OffloadPolicy
+
+    session = DocumentSession(model, None, OffloadPolicy(chunk_size=1024), read_costs=costs)
+    session.load_probe = type(session.load_probe)(session.device)  # a probe of its own: no other test's "computing"
+    return session
+
+
+def steady(monkeypatch, session):
+    """The load probe of a quiet machine: always 10 ms."""
+    for name in ("measure", "current"):
+        monkeypatch.setattr(session.load_probe, name, lambda: Probe(0.01, 0.0, time.monotonic()))
+
+
+def test_ready_and_the_plan_never_wait_for_the_measurement_then_a_second_start_measures_nothing(
+        tiny, tmp_path, monkeypatch):
+    from app.render import reading_time
+    from engine import session as session_module
+
+    release, measuring = threading.Event(), threading.Event()
+    calls = []
+
+    def slow_measurement(model, vocab_size, forward, probe, should_stop, give_way=None):  # minutes on a busy CPU: here, until told
+        calls.append(model)
+        measuring.set()
+        release.wait(30)
+        return ReadRate(C, A, B, probe())
+
+    monkeypatch.setattr(session_module, "measure_read_rate", slow_measurement)
+    path = tmp_path / "read-costs.json"
+    session = session_of(tiny, ReadCosts(path))
+    steady(monkeypatch, session)
+    after = threading.Event()
+    started = time.perf_counter()
+    thread = session.measure_read_rate_in_background(then=after.set)  # what launch.py does once the model is ready
+    estimate = session.estimate_prefill_range(3000)  # the first upload's plan, meanwhile
+    assert time.perf_counter() - started < 1.0
+    assert measuring.wait(10) and thread.is_alive() and not after.is_set()
+    assert isinstance(estimate, ReadEstimate) and estimate.provisional
+    low, likely, high = estimate
+    assert 0 < low < likely < high and high / low >= 8  # wide: nothing measured yet
+    assert reading_time(estimate).startswith("estimating…")
+    assert session.measure_read_rate_in_background() is thread  # one measurement at a time
+    release.set()
+    thread.join(10)
+    assert after.is_set() and len(calls) == 1
+    measured = session.estimate_prefill_range(3000)
+    assert not measured.provisional and "estimating" not in reading_time(measured)
+    assert measured[1] == pytest.approx(truth(session._num_forwards(0, 3000), 0, 3000), rel=1e-6)
+    kept = json.loads(path.read_text())["rates"]
+    assert list(kept) == [session._rate_key]
+
+    # A second start: a new process (nothing in memory), the same cache folder.
+    monkeypatch.setattr(read_rate, "_MEASUREMENTS", type(read_rate._MEASUREMENTS)())
+    monkeypatch.setattr(session_module, "measure_read_rate", lambda *a, **k: pytest.fail("measured again"))
+    second = session_of(tiny, ReadCosts(path))
+    steady(monkeypatch, second)
+    ran = []
+    assert second.measure_read_rate_in_background(then=lambda: ran.append(True)) is None and ran
+    again = second.estimate_prefill_range(3000)
+    assert not again.provisional and again[1] == pytest.approx(measured[1], rel=1e-6)
+
+
+def test_the_kept_rate_is_for_this_model_machine_torch_and_weights_mode(tiny):
+    import torch
+
+    from engine.store.fingerprint import weights_mode
+
+    key = session_of(tiny, ReadCosts(None))._rate_key
+    assert torch.__version__ in key and weights_mode(tiny) in key and read_rate.machine_name(torch.device("cpu")) in key
+
+
+def test_a_read_that_starts_stops_the_measurement_and_its_own_chunks_are_what_estimates_learn_from(tiny, tmp_path):
+    path = tmp_path / "read-costs.json"
+    session = session_of(tiny, ReadCosts(path))
+    forward, entered, layers_run = session._read_forward, threading.Event(), []
+
+    def read_starts_meanwhile(ids):  # the measurement's first forward: a visitor presses "Read" during it
+        entered.set()
+        deadline = time.monotonic() + 10
+        while not session.load_probe.busy and time.monotonic() < deadline:
+            time.sleep(0.01)
+        layers_run.append(ids.shape[1])
+        forward(ids)
+
+    session._read_forward = read_starts_meanwhile
+    thread = session.measure_read_rate_in_background()
+    assert entered.wait(30)
+    with session.load_probe.computing():  # the read computes
+        thread.join(30)
+        assert not thread.is_alive()  # stopped between layers, not after its forwards
+    assert layers_run == [8] and "rates" not in json.loads(path.read_text() if path.exists() else "{}")
+    session._read_forward = forward
+    assert session.estimate_prefill_range(500).provisional  # not measured: still provisional, measuring again
+    again = session.measure_read_rate_in_background()
+    if again is not None:
+        again.join(60)
+    # The read records its chunk timings (``DocumentSession.prefill``, tested in test_read_costs.py).
+    session.read_costs.record(session._costs_key, [Chunk(0, 256, 0.6), Chunk(256, 244, 0.7)], probe_seconds=0.01)
+    assert not session.estimate_prefill_range(500).provisional  # the read's chunks price the next
+    assert session.measure_read_rate_in_background() is None  # nothing left to measure
+
+
+def test_the_measurement_pauses_while_a_visitors_plan_is_made_and_the_pause_is_not_timed(tiny, monkeypatch):
+    """The first upload's plan does not share the cores with the measurement: it waits between layers while a plan is
+    made (``making_a_plan``, around the app's upload handler), and that wait is not a forward's time."""
+    session = session_of(tiny, ReadCosts(None))
+    real, offset, pauses = time.perf_counter, [0.0], []
+    monkeypatch.setattr(read_rate.time, "perf_counter", lambda: real() + offset[0])
+
+    def give_way():  # a plan takes 1,000 s (on the clock the measurement reads)
+        pauses.append(True)
+        offset[0] += 1000.0
+
+    rate = measure_read_rate(tiny, session.shape.vocab_size, session._read_forward, probe=lambda: 0.01,
+                             give_way=give_way)
+    assert pauses and rate.seconds(1, 0, 1536) < 100
+
+    with session.making_a_plan():
+        waiting = threading.Thread(target=read_rate._wait_while_planning, args=(session.load_probe,))
+        waiting.start()
+        time.sleep(0.2)
+        assert waiting.is_alive()  # the measurement waits while the plan is made
+    waiting.join(5)
+    assert not waiting.is_alive()

@@ -8,7 +8,7 @@ the same load from other processes); then the fixed cost of a call. Written to
     python -m benchmarks.host_attention                      # 1K,8K,32K,128K,512K; bf16,int8; 1 thread, every core
     python -m benchmarks.host_attention --tokens 8K,32K --dtypes bf16 --threads 1 --out /tmp/bench
 
-GPU (``gpu_step``, run by ``benchmarks.gpu_all`` as its ``host-attention`` step): the kernel's ratio to the read
+GPU (``gpu_step``, run by ``benchmarks.harness.gpu_all`` as its ``host-attention`` step): the kernel's ratio to the read
 on the machine's cores, then decode s/token of Llama-3-8B at 32K, 128K, 512K with every group streamed, with the
 planner's split, and with every group on the host, each as a ratio to the PCIe floor (the report computes them).
 """
@@ -30,7 +30,7 @@ from engine.kv import HostAttention, native, quant
 from engine.kv.workers import usable_cores
 
 from .records import run_stamp
-from .run import parse_tokens, run_step
+from .harness.run import parse_tokens, run_step
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def write_report(result: dict, out: Path) -> Path:
 
 
 def gpu_step(args, store, out: Path, seconds: float) -> None:
-    """``benchmarks.gpu_all``'s ``host-attention`` step: the kernel's ratio to the read on this machine's cores,
+    """``benchmarks.harness.gpu_all``'s ``host-attention`` step: the kernel's ratio to the read on this machine's cores,
     then decode with three splits."""
     started = time.monotonic()
     read_bytes = 1 << 30 if args.scale >= 1 else 64 << 20  # the CPU smoke run (a tiny scale) keeps CI fast

@@ -33,9 +33,9 @@ from engine.paths import cache_dir
 from engine.prompt import PromptBuilder
 from engine.types import page_marker
 
-from .models import set_attention
+from .harness.models import set_attention
 from .records import run_stamp
-from .run import parse_tokens
+from .harness.run import parse_tokens
 
 logger = logging.getLogger(__name__)
 

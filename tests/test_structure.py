@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import structure
-from benchmarks.structure import loops
+import structure  # tests/structure.py: the rules, read from imports
+from structure import loops
 
 ROOT = Path(__file__).resolve().parents[1]
 # Public modules and the names they offer: the top API, the data it exchanges, the models wing (the picker), the
@@ -62,3 +62,21 @@ def test_the_top_api_is_about_a_dozen_names():
     import engine
 
     assert len(engine.__all__) <= 14
+
+
+def test_benchmarks_are_grouped_with_at_most_twenty_modules_at_the_top():
+    # The harness, the weights and disk studies and the table scripts live in their own folders (issue 33): a
+    # newcomer reads a short top list of one-file studies plus the two modules every study uses.
+    top = sorted(path.name for path in (ROOT / "benchmarks").glob("*.py"))
+    assert len(top) <= 20, top
+    assert {"records.py", "corpus.py"} <= set(top)
+    for group in ("harness", "weights", "disk", "tables"):
+        assert (ROOT / "benchmarks" / group / "__init__.py").exists(), group
+
+
+def test_the_harness_imports_no_study_folder():
+    # The study folders use the harness's pieces (models, fill, timing); the harness never reaches back into them.
+    for path in (ROOT / "benchmarks" / "harness").glob("*.py"):
+        for module, _, _ in imports(path):
+            assert not module.startswith(("benchmarks.weights", "benchmarks.disk", "benchmarks.tables")), \
+                f"{path.name} imports {module}"

@@ -200,8 +200,8 @@ def report_8bit(cells: list[dict], heads: dict, exact: list[dict], kv_dtype: str
         f"on exact KV: {len(same_answer)}/{len(compared)}",
         f"- sources cost at the longest length: {max(c['sources_cost'] for c in at_8k):.1%} of the answer's decode "
         f"time (max), {sum(c['sources_s'] for c in at_8k) / len(at_8k):.3f} s mean", "",
-        f"| tokens | depth | needle page | found | = exact | identical to stock | top source | = exact | sources "
-        f"| answer |",
+        "| tokens | depth | needle page | found | = exact | identical to stock | top source | = exact | sources "
+        "| answer |",
         "|---:|---:|---:|:--:|:--:|:--:|---:|:--:|---|---|",
     ]
     for c, e in pairs:

@@ -80,3 +80,33 @@ def test_the_harness_imports_no_study_folder():
         for module, _, _ in imports(path):
             assert not module.startswith(("benchmarks.weights", "benchmarks.disk", "benchmarks.tables")), \
                 f"{path.name} imports {module}"
+
+
+def test_every_engine_exception_lives_in_errors_under_the_root():
+    # One home per error class (issue 33): a caller catching ``HeadInferError`` sees every refusal. The ledger's
+    # ``AllocationRefused`` is the exception: it stands in for torch's own OOM, which callers already catch.
+    found = structure.exceptions(ROOT, "engine")
+    outside = [name for name in found if not name.startswith("engine.errors.") and
+               name != "engine.kv.ledger.AllocationRefused"]
+    assert outside == []
+
+    def rooted(name: str) -> bool:
+        bases = found.get(f"engine.errors.{name}", [])
+        return name == "HeadInferError" or any(rooted(base) for base in bases if f"engine.errors.{base}" in found)
+    assert [name for name in found if name.startswith("engine.errors.") and not rooted(name.rsplit(".")[-1])] == []
+
+
+def test_few_bare_value_errors_and_no_absolute_imports_inside_the_engine():
+    # User-facing refusals raise ``InputError`` (still a ``ValueError``); a bare one marks a programming error.
+    import ast
+
+    bare, absolute = [], []
+    for path in (ROOT / "engine").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and \
+                    getattr(node.exc.func, "id", None) == "ValueError":
+                bare.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "engine":
+                absolute.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert len(bare) <= 10, bare
+    assert absolute == []

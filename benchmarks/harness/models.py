@@ -7,7 +7,7 @@ import logging
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-import engine
+import engine  # noqa: F401  (registers the "headinfer" attention the modes load models with)
 from engine.models.loader import load_model
 
 logger = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ GIB = 2**30
 
 def markdown(machine: Machine) -> str:
     fits = rank([plan_entry(e, machine) for e in load_catalogue()])
-    lines = [f"| model | reads here | RAM only | 8-bit KV | window | read 100K tokens | decode at that length | "
-             f"bf16 download | license | published score |", "|" + " --- |" * 10]
+    lines = ["| model | reads here | RAM only | 8-bit KV | window | read 100K tokens | decode at that length | "
+             "bf16 download | license | published score |", "|" + " --- |" * 10]
     for f in fits:
         score = "; ".join(f"{s['name']} {s['value']}" for s in f.entry.scores) or "–"
         reads = f"{f.reads_tokens:,}" if f.reads_tokens else "weights do not fit"

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import torch
 
-from engine.kv import windowed
-from engine.kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES
-from engine.planning.allocations import (longest_streamed_run, planned_allocations, scratch_elements, slot_placement,
+from ..kv import windowed
+from ..kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES
+from .allocations import (longest_streamed_run, planned_allocations, scratch_elements, slot_placement,
                                         streamed_runs)
-from engine.planning.host_split import forecast_decode, host_share
-from engine.planning.plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
-from engine.planning.policy import OffloadPolicy
-from engine.planning.shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
+from .host_split import forecast_decode, host_share
+from .plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
+from .policy import OffloadPolicy
+from .shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
 
 __all__ = [
     "LIMIT_MAX_CONTEXT", "LIMIT_MEMORY", "LIMIT_MODEL", "ModelShape", "Plan", "PlanError", "disk_stream_bytes",

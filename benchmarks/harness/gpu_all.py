@@ -35,7 +35,7 @@ from .ceilings import measure_all
 from .gpu_checks import filled_cache_check
 from .gpu_steps import STEPS, Step
 from .gpu_summary import summary_table
-from ..host_attention import gpu_step as host_attention_step
+from .host_attention import gpu_step as host_attention_step
 from .modes import GPU_MODES, Runner, parse_modes
 from ..records import ResultStore, run_stamp
 from .report import write_markdown

@@ -256,23 +256,8 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     path, gguf_file, is_hub = _resolve_source(source)
     torch_device = resolve_device(device)
     torch_dtype = _resolve_dtype(dtype, torch_device)
-    if weights == "auto":
-        weights = auto_weights(source, gguf_file, torch_device, torch_dtype)
-    if weights == "int8":
-        if torch.device(torch_device).type != "cpu":
-            raise InputError("int8 weights run on the CPU only; use --device cpu, or dense weights on a GPU")
-        if dtype == "auto":  # fp32 where the C GEMV can be built: int8 codes, fp32 sums, fp32 attention
-            torch_dtype = torch.float32 if int8_matmul.kernel() is not None else torch.bfloat16
-        elif torch_dtype not in COMPUTE_DTYPES:
-            raise InputError(f"int8 weights compute in float32 or bfloat16, not {dtype}; leave the dtype on auto")
+    weights, torch_dtype = _weights_and_dtype(source, gguf_file, torch_device, dtype, torch_dtype, weights)
     if weights == "gguf":
-        if torch.device(torch_device).type != "cpu":
-            raise InputError("gguf weights run on the CPU only; use --device cpu, or dense weights on a GPU")
-        if dtype not in ("auto", "float32", "fp32"):
-            raise InputError(f"gguf weights compute in float32, not {dtype}; leave the dtype on auto")
-        if gguf_file is None:
-            raise InputError(f"gguf weights keep a GGUF file's quantized blocks, and {source} is not a GGUF model; "
-                             "use dense or int8 weights")
         model, tokenizer = _load_gguf_blocks(source, Path(path, gguf_file), attn_implementation, with_tokenizer)
         model.eval()
         remember_load(model, source=source, device=torch_device, dtype=dtype, weights=weights,
@@ -430,6 +415,30 @@ def _skeleton(config: Any, dtype: torch.dtype, attn_implementation: str, weights
     elif weights == "gguf":
         blocks_skeleton(model, layout)
     return model
+
+
+def _weights_and_dtype(source: str | None, gguf_file: str | None, torch_device: str, dtype: str,
+                       torch_dtype: torch.dtype, weights: str) -> tuple[str, torch.dtype]:
+    """``load_model``'s weights mode (``"auto"`` resolved) and compute dtype, or ``InputError`` for a combination
+    that cannot run (int8 or GGUF blocks off the CPU, a dtype they do not compute in, blocks of a non-GGUF model)."""
+    if weights == "auto":
+        weights = auto_weights(source, gguf_file, torch_device, torch_dtype)
+    if weights == "int8":
+        if torch.device(torch_device).type != "cpu":
+            raise InputError("int8 weights run on the CPU only; use --device cpu, or dense weights on a GPU")
+        if dtype == "auto":  # fp32 where the C GEMV can be built: int8 codes, fp32 sums, fp32 attention
+            torch_dtype = torch.float32 if int8_matmul.kernel() is not None else torch.bfloat16
+        elif torch_dtype not in COMPUTE_DTYPES:
+            raise InputError(f"int8 weights compute in float32 or bfloat16, not {dtype}; leave the dtype on auto")
+    if weights == "gguf":
+        if torch.device(torch_device).type != "cpu":
+            raise InputError("gguf weights run on the CPU only; use --device cpu, or dense weights on a GPU")
+        if dtype not in ("auto", "float32", "fp32"):
+            raise InputError(f"gguf weights compute in float32, not {dtype}; leave the dtype on auto")
+        if gguf_file is None:
+            raise InputError(f"gguf weights keep a GGUF file's quantized blocks, and {source} is not a GGUF model; "
+                             "use dense or int8 weights")
+    return weights, torch_dtype
 
 
 def auto_weights(source: str | None, gguf_file: str | None, device: str, dtype: torch.dtype) -> str:

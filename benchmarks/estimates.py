@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     from app.documents import (
         read_document,  # start-up time: the document readers (pypdf, pdfium) only where documents are read
     )
-    model, tokenizer = load_model(None, device="cpu", dtype="float32")
+    model, tokenizer = load_model(None, device="cpu", dtype="float32", weights="dense")
     paths = fetch_corpus(Path(args.corpus))
     rows = []
     for key, tokens in DOCUMENTS:

@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         print(text, end="")
         return 0
 
-    model, tokenizer = load_model(None, device="cpu", dtype="float32")
+    model, tokenizer = load_model(None, device="cpu", dtype="float32", weights="dense")
     text = real_text(Path(args.corpus))
     ids = tokenizer(text[200_000:], add_special_tokens=False)["input_ids"][: args.context + args.steps]
     exact, exact_bytes, _ = measure(model, ids, args.context, args.steps, None)

@@ -24,7 +24,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import engine
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
 from engine.models.pypi import PYPI_MODELS, pypi_model_gguf

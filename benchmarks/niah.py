@@ -33,9 +33,9 @@ from engine.paths import cache_dir
 from engine.prompt import PromptBuilder
 from engine.types import page_marker
 
-from .models import set_attention
+from .harness.models import set_attention
 from .records import run_stamp
-from .run import parse_tokens
+from .harness.run import parse_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(None, device="cpu", dtype="float32")
+    model, tokenizer = load_model(None, device="cpu", dtype="float32", weights="dense")
     heads = find_retrieval_heads(model, tokenizer, cache_dir=cache_dir())
     cells = []
     out = Path(args.out)
@@ -200,8 +200,8 @@ def report_8bit(cells: list[dict], heads: dict, exact: list[dict], kv_dtype: str
         f"on exact KV: {len(same_answer)}/{len(compared)}",
         f"- sources cost at the longest length: {max(c['sources_cost'] for c in at_8k):.1%} of the answer's decode "
         f"time (max), {sum(c['sources_s'] for c in at_8k) / len(at_8k):.3f} s mean", "",
-        f"| tokens | depth | needle page | found | = exact | identical to stock | top source | = exact | sources "
-        f"| answer |",
+        "| tokens | depth | needle page | found | = exact | identical to stock | top source | = exact | sources "
+        "| answer |",
         "|---:|---:|---:|:--:|:--:|:--:|---:|:--:|---|---|",
     ]
     for c, e in pairs:

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="docs/benchmarks")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    model, tokenizer = load_model(None, device="cpu", dtype="float32")
+    model, tokenizer = load_model(None, device="cpu", dtype="float32", weights="dense")
     manual = str(fetch_corpus(Path(args.corpus))["policy-pdf"])
     rows = []
     with tempfile.TemporaryDirectory() as folder:

@@ -121,7 +121,7 @@ def main() -> None:
               "first chunk on. What changes is how the copies are allocated: one buffer at the planned size instead of two "
               "tensors per attention call in a size that grows with the context. On CUDA that is the difference "
               "between allocated and reserved bytes, which a CPU cannot show: it stays unmeasured until a GPU runs "
-              "`benchmarks/gpu_steps.py`'s peak step (reserved and NVML against the plan, with `scratch_planned` / "
+              "`benchmarks/harness/gpu_steps.py`'s peak step (reserved and NVML against the plan, with `scratch_planned` / "
               "`scratch_allocated`). Seconds are wall time on a shared machine (load average in the commit), not a "
               "speed comparison."]
     OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -7,9 +7,9 @@ Importing this package registers the attention implementation ``"headinfer"`` wi
 """
 
 from . import attention as _attention
-from .answer.generate import QuestionTooLong, warm_up
+from .answer.generate import warm_up
 from .cache import HeadInferCache
-from .errors import HeadInferError, PlanError, PrefillCancelled
+from .errors import HeadInferError, PlanError, PrefillCancelled, QuestionTooLong
 from .models.loader import load_model
 from .planning.machine import format_bytes, read_memory
 from .planning.memory import make_plan

@@ -14,6 +14,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from .errors import InputError
 from .kv import kernels, route
 
 logger = logging.getLogger(__name__)
@@ -37,9 +38,9 @@ def headinfer_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers attention function. query: [B, H, Q, D]; key/value: [B, KVH, K, D]. Returns ([B, Q, H, D], None)."""
     if attention_mask is not None:
-        raise ValueError(_PADDED)
+        raise InputError(_PADDED)
     if dropout:
-        raise ValueError("headinfer attention is for inference: dropout must be 0 (call model.eval())")
+        raise InputError("headinfer attention is for inference: dropout must be 0 (call model.eval())")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
     layer = route.take(getattr(module, "layer_idx", None), key)
@@ -63,7 +64,7 @@ def headinfer_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int
         return None
     if attention_mask.device.type == "cpu" or kv_length == q_length:
         if not bool(attention_mask[:, -kv_length:].all()):
-            raise ValueError(_PADDED)
+            raise InputError(_PADDED)
     return None
 
 

@@ -20,6 +20,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
 
 from .attention import ATTENTION_NAME
+from .errors import InputError, StateError
 from .kv import HeadGroup, HostAttention, HostMemory, LayerHomes, Schedule, Transfer, route
 from .kv import streams as kv_streams
 from .kv.disk import DiskMemory
@@ -93,7 +94,7 @@ class HeadInferLayer(CacheLayerMixin):
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
-            raise ValueError("crop takes a negative number of tokens to remove; use HeadInferCache.crop_to(length)")
+            raise InputError("crop takes a negative number of tokens to remove; use HeadInferCache.crop_to(length)")
         self.cache.settle()
         target = max(0, self.length + tokens_to_remove)
         if self.homes is not None:
@@ -113,13 +114,13 @@ class HeadInferLayer(CacheLayerMixin):
         pass
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        raise ValueError("HeadInferCache does not support beam search; use greedy or sampling")
+        raise InputError("HeadInferCache does not support beam search; use greedy or sampling")
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        raise ValueError("HeadInferCache does not support expanding the batch (num_return_sequences / beams)")
+        raise InputError("HeadInferCache does not support expanding the batch (num_return_sequences / beams)")
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise ValueError("HeadInferCache does not support selecting batch rows")
+        raise InputError("HeadInferCache does not support selecting batch rows")
 
 
 class HeadInferCache(Cache):
@@ -145,7 +146,7 @@ class HeadInferCache(Cache):
         self.shape = ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=self.dtype).element_size())
         self.policy.validate_for(self.shape.num_kv_heads)
         if (reason := unsupported_layers(text_config)) is not None:
-            raise ValueError(f"HeadInferCache cannot serve this model exactly: {reason}")
+            raise InputError(f"HeadInferCache cannot serve this model exactly: {reason}")
         #: The layers with K/V, in order; a hybrid model's other layers keep their fixed-size state on the compute
         #: device in transformers' own ``LinearAttentionLayer`` (no homes, no fetches).
         self.kv_layers = [HeadInferLayer(self, i, w, k) for k, (i, w)
@@ -164,7 +165,7 @@ class HeadInferCache(Cache):
             device_is_cuda=self.device.type == "cuda")
         if plan is not None and (plan.chunk_size, plan.device_is_cuda) != (self.policy.chunk_size,
                                                                              self.device.type == "cuda"):
-            raise ValueError(f"the plan (chunk {plan.chunk_size}, CUDA {plan.device_is_cuda}) was made for another "
+            raise InputError(f"the plan (chunk {plan.chunk_size}, CUDA {plan.device_is_cuda}) was made for another "
                              f"policy or device (chunk {self.policy.chunk_size}, {self.device})")
         if self.policy.max_context is not None:
             # Refuse a context the machine cannot hold before a single byte is allocated.
@@ -252,7 +253,7 @@ class HeadInferCache(Cache):
         """Checks the model runs head-wise attention; a forward's first layer also clears what an interrupted one left."""
         impl = getattr(self.config, "_attn_implementation", None)
         if impl is not None and impl != ATTENTION_NAME:
-            raise ValueError(
+            raise InputError(
                 f"HeadInferCache needs the model loaded with attn_implementation='headinfer' (it has {impl!r}); "
                 "`import engine` registers it"
             )
@@ -262,21 +263,21 @@ class HeadInferCache(Cache):
             lengths = {layer.length for layer in self.kv_layers}
             if len(lengths) > 1:
                 # A forward interrupted part-way (an exception, a cancel) left some layers a chunk ahead.
-                raise ValueError(f"the cache's layers hold different lengths {sorted(lengths)}: crop it to "
+                raise StateError(f"the cache's layers hold different lengths {sorted(lengths)}: crop it to "
                                  f"{min(lengths)} tokens (crop_to) after an interrupted forward")
 
     # -- bookkeeping -----------------------------------------------------------------------------
     def crop_to(self, num_tokens: int) -> None:
         """Keeps the first ``num_tokens`` tokens (e.g. drop a conversation, keep the document)."""
         if not 0 <= num_tokens <= self.get_seq_length():
-            raise ValueError(f"cannot crop a cache of {self.get_seq_length()} tokens to {num_tokens}")
+            raise InputError(f"cannot crop a cache of {self.get_seq_length()} tokens to {num_tokens}")
         if self.restorable_length(num_tokens) != num_tokens:
-            raise ValueError(f"cannot crop back to {num_tokens} tokens: this hybrid model's linear-attention or "
+            raise InputError(f"cannot crop back to {num_tokens} tokens: this hybrid model's linear-attention or "
                              "convolution layers keep only their latest state, which can only go back to its anchor "
                              f"({self._state_anchor[0] if self._state_anchor else 0} tokens) or to 0")
         for layer in self.kv_layers:
             if layer.homes is not None and not layer.homes.can_crop_to(num_tokens, layer.length):
-                raise ValueError(f"cannot crop back to {num_tokens} tokens: sliding-window layers keep only their "
+                raise InputError(f"cannot crop back to {num_tokens} tokens: sliding-window layers keep only their "
                                  "window plus a chunk (anchor the document end with HeadInferCache.anchor)")
         self.settle()
         for layer in self.kv_layers:
@@ -312,7 +313,7 @@ class HeadInferCache(Cache):
         num_tokens = self.get_seq_length() if num_tokens is None else num_tokens
         if self.shape.state_layers:
             if num_tokens != self.get_seq_length():
-                raise ValueError(f"a hybrid model's cache can only be anchored where it is ({self.get_seq_length()} "
+                raise InputError(f"a hybrid model's cache can only be anchored where it is ({self.get_seq_length()} "
                                  f"tokens, not {num_tokens}): its fixed-size states hold no past")
             self._state_anchor = (num_tokens, {i: copy.deepcopy(self.layers[i]) for i in self.shape.state_layers})
         if all(layer.window is None for layer in self.kv_layers):

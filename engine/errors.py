@@ -32,6 +32,15 @@ class PinningError(PlanError):
     """Page-locking host memory for the KV cache was refused."""
 
 
+class QuestionTooLong(PlanError):
+    """A question that cannot fit the model's window (or the memory plan) next to the document and its answer;
+    refused before any work, its message carries the numbers."""
+
+    def __init__(self, message: str, *, question_tokens: int, room: int):
+        super().__init__(message)
+        self.question_tokens, self.room = question_tokens, room
+
+
 # -- reading and answering ---------------------------------------------------------------------------------------
 class PrefillCancelled(HeadInferError):
     """Raised by ``prefill`` when ``should_stop`` turned true; the cache ends at a chunk boundary."""
@@ -85,6 +94,27 @@ class CorruptDownload(ModelSourceError):
 
 class GatedModelError(ModelSourceError):
     """The repository is gated or private and this machine is not logged in with access to it."""
+
+
+class UnsupportedModelError(HeadInferError, ValueError):
+    """The model's architecture is not one the head-wise engine supports. ``supported`` maps each supported
+    ``model_type`` to its display name (``engine.models.loader.SUPPORTED_ARCHITECTURES``; passed in, since this
+    module imports nothing)."""
+
+    def __init__(self, model_type: str | None, detail: str = "", *, supported: dict[str, str] | None = None) -> None:
+        self.model_type = model_type
+        names = "; ".join(f"{key} ({name})" for key, name in (supported or {}).items())
+        super().__init__(f"Unsupported model architecture {model_type or 'unknown'!r}{detail}. "
+                         f"HeadInfer Studio supports: {names}.")
+
+
+class GGUFHeaderError(HeadInferError, ValueError):
+    """Not a GGUF file, or one whose header is cut short or malformed."""
+
+
+class StaleWeightsCache(HeadInferError, ValueError):
+    """A saved weights-cache entry does not match the model it is loaded into (another layout or cache format);
+    the loader reads the source again instead."""
 
 
 class DownloadCancelled(HeadInferError):

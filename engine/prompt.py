@@ -19,6 +19,8 @@ from array import array
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .errors import InputError
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful reading assistant. Answer questions using only the documents provided by the user. "
     "Quote or cite page markers like [page 3] when they help. If the documents do not contain the answer, say so."
@@ -142,7 +144,7 @@ class PromptBuilder:
         prefix = prefix[: prefix.index(_QUESTION_MARKER)]
         full = self._render(document, turns, question)
         if not full.startswith(prefix):
-            raise ValueError("the chat template does not render the document as a stable prefix")
+            raise InputError("the chat template does not render the document as a stable prefix")
         return self._encode(full[len(prefix):])
 
     def _accepts_question_turn(self) -> bool:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import structure
-from benchmarks.structure import loops
+import structure  # tests/structure.py: the rules, read from imports
+from structure import loops
 
 ROOT = Path(__file__).resolve().parents[1]
 # Public modules and the names they offer: the top API, the data it exchanges, the models wing (the picker), the
@@ -62,3 +62,51 @@ def test_the_top_api_is_about_a_dozen_names():
     import engine
 
     assert len(engine.__all__) <= 14
+
+
+def test_benchmarks_are_grouped_with_at_most_twenty_modules_at_the_top():
+    # The harness, the weights and disk studies and the table scripts live in their own folders (issue 33): a
+    # newcomer reads a short top list of one-file studies plus the two modules every study uses.
+    top = sorted(path.name for path in (ROOT / "benchmarks").glob("*.py"))
+    assert len(top) <= 20, top
+    assert {"records.py", "corpus.py"} <= set(top)
+    for group in ("harness", "weights", "disk", "tables"):
+        assert (ROOT / "benchmarks" / group / "__init__.py").exists(), group
+
+
+def test_the_harness_imports_no_study_folder():
+    # The study folders use the harness's pieces (models, fill, timing); the harness never reaches back into them.
+    for path in (ROOT / "benchmarks" / "harness").glob("*.py"):
+        for module, _, _ in imports(path):
+            assert not module.startswith(("benchmarks.weights", "benchmarks.disk", "benchmarks.tables")), \
+                f"{path.name} imports {module}"
+
+
+def test_every_engine_exception_lives_in_errors_under_the_root():
+    # One home per error class (issue 33): a caller catching ``HeadInferError`` sees every refusal. The ledger's
+    # ``AllocationRefused`` is the exception: it stands in for torch's own OOM, which callers already catch.
+    found = structure.exceptions(ROOT, "engine")
+    outside = [name for name in found if not name.startswith("engine.errors.") and
+               name != "engine.kv.ledger.AllocationRefused"]
+    assert outside == []
+
+    def rooted(name: str) -> bool:
+        bases = found.get(f"engine.errors.{name}", [])
+        return name == "HeadInferError" or any(rooted(base) for base in bases if f"engine.errors.{base}" in found)
+    assert [name for name in found if name.startswith("engine.errors.") and not rooted(name.rsplit(".")[-1])] == []
+
+
+def test_few_bare_value_errors_and_no_absolute_imports_inside_the_engine():
+    # User-facing refusals raise ``InputError`` (still a ``ValueError``); a bare one marks a programming error.
+    import ast
+
+    bare, absolute = [], []
+    for path in (ROOT / "engine").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and \
+                    getattr(node.exc.func, "id", None) == "ValueError":
+                bare.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == "engine":
+                absolute.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert len(bare) <= 10, bare
+    assert absolute == []

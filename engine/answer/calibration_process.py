@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import engine  # noqa: F401  (registers the "headinfer" attention the calibration's cache needs)
-from engine.models.loader import load_model
+from ..models.loader import load_model
 
 from .retrieval_heads import _find, _write_cached, cached_heads_path
 

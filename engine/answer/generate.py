@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import QuestionTooLong  # noqa: F401  (engine/session.py imports it from here; its home is errors)
 from ..interrupt import ForwardInterrupted
 from ..paths import cache_dir
-from ..planning.plan import PlanError
 from ..reports import AnswerChunk, answer_rate
 from .retrieval_heads import find_retrieval_heads
 from .sampling import IncrementalDecoder, RepetitionGuard, next_token, stop_token_ids
@@ -24,15 +24,6 @@ from .sources import page_starts, page_starts_from_offsets
 from .support import token_logprob
 
 logger = logging.getLogger(__name__)
-
-
-class QuestionTooLong(PlanError):
-    """A question that cannot fit the model's window (or the memory plan) next to the document and its answer;
-    refused before any work, its message carries the numbers."""
-
-    def __init__(self, message: str, *, question_tokens: int, room: int):
-        super().__init__(message)
-        self.question_tokens, self.room = question_tokens, room
 
 
 @dataclass(frozen=True)

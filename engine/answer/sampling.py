@@ -6,11 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import InputError
+
 
 def next_token(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
     """Greedy when ``temperature`` is 0, else temperature + nucleus (top-p) sampling. logits: [vocab]."""
     if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature}, {top_p}")
+        raise InputError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature}, {top_p}")
     if temperature == 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.float().cpu() / temperature, dim=-1)

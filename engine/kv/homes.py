@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import HomesFull
+from ..errors import HomesFull, InputError
 from .ledger import DISK, HOMES
 from .pinned import HostMemory
 from .quant import SCALE_DTYPE, dequantize, quantize, storage_dtype
@@ -311,7 +311,7 @@ class LayerHomes:
             return
         anchor = self.homes[0].anchor
         if anchor is None or anchor[0] != position:
-            raise ValueError(f"cannot crop a sliding-window layer back from {length} to {position} tokens: the ring "
+            raise InputError(f"cannot crop a sliding-window layer back from {length} to {position} tokens: the ring "
                              "no longer holds the window before it (anchor that position first)")
         for home in self.homes:
             home.write_planes(first, home.anchor[1])

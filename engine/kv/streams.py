@@ -29,6 +29,7 @@ from concurrent.futures import Executor, Future
 
 import torch
 
+from ..errors import InputError
 from .emulated import EmulatedStreams
 
 logger = logging.getLogger(__name__)
@@ -43,13 +44,13 @@ def resolve(choice: str, device: torch.device) -> str:
     if choice == "auto":
         choice = os.environ.get(ENV_BACKEND, "").strip().lower() or "auto"
     if choice not in BACKENDS:
-        raise ValueError(f"{ENV_BACKEND} / streams must be one of {', '.join(BACKENDS)}, got {choice!r}")
+        raise InputError(f"{ENV_BACKEND} / streams must be one of {', '.join(BACKENDS)}, got {choice!r}")
     if choice == "auto":
         return "cuda" if device.type == "cuda" else "sync"
     if choice in ("cuda", "cuda-lagged") and device.type != "cuda":
-        raise ValueError(f"streams={choice!r} needs a CUDA device, the cache computes on {device}")
+        raise InputError(f"streams={choice!r} needs a CUDA device, the cache computes on {device}")
     if choice == "emulated" and device.type != "cpu":
-        raise ValueError("emulated streams run on the CPU: use device='cpu' (they prove the CUDA ordering there)")
+        raise InputError("emulated streams run on the CPU: use device='cpu' (they prove the CUDA ordering there)")
     return choice
 
 

@@ -23,6 +23,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from ..errors import InputError
+
 logger = logging.getLogger(__name__)
 
 
@@ -39,7 +41,7 @@ class TorchWorkers:
 
     def __init__(self, num_threads: int):
         if num_threads < 1:
-            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+            raise InputError(f"num_threads must be >= 1, got {num_threads}")
         self.num_threads = num_threads
         caller_threads = torch.get_num_threads()
         started = threading.Barrier(num_threads + 1)

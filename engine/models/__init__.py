@@ -6,9 +6,8 @@ from ..planning.window import trained_window
 from .catalogue import READ_TOKENS, Entry, Fit, Machine, detect_machine, load_catalogue, plan_entry, rank
 from .discovery import discover
 from .downloads import DownloadJob, DownloadProgress, cached_snapshot
+from ..errors import ModelSourceError, UnsupportedModelError
 from .loader import (
-                     ModelSourceError,
-                     UnsupportedModelError,
                      check_supported,
                      describe,
                      load_model,

@@ -20,14 +20,15 @@ from types import SimpleNamespace
 
 import torch
 
-from engine.models.loader import SUPPORTED_ARCHITECTURES
-from engine.models.int8 import num_weights
-from engine.planning.budgets import held_bytes, measure_budget
-from engine.planning.capacity import capacity_options
-from engine.planning.machine import measured_flop_rate
-from engine.planning.memory import ModelShape, estimate_prefill_seconds, make_plan
-from engine.planning.policy import OffloadPolicy
-from engine.planning.rates import machine_rates
+from .loader import SUPPORTED_ARCHITECTURES
+from .int8 import num_weights
+from ..planning.budgets import held_bytes, measure_budget
+from ..planning.capacity import capacity_options
+from ..planning.machine import measured_flop_rate
+from ..planning.memory import estimate_prefill_seconds, make_plan
+from ..planning.shape import ModelShape
+from ..planning.policy import OffloadPolicy
+from ..planning.rates import machine_rates
 
 logger = logging.getLogger(__name__)
 

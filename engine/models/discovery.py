@@ -17,9 +17,10 @@ from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 
-from engine.models.catalogue import Entry
-from engine.models.gguf_header import GGUFHeaderError, read_header
-from engine.planning.shape import ModelShape
+from .catalogue import Entry
+from ..errors import GGUFHeaderError
+from .gguf_header import read_header
+from ..planning.shape import ModelShape
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.models.loader import ModelSourceError
+from ..errors import ModelSourceError
 
 from ..errors import CorruptDownload, DownloadCancelled, GatedModelError
 

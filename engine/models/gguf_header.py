@@ -16,13 +16,11 @@ from pathlib import Path
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from ..errors import GGUFHeaderError
+
 MAGIC = b"GGUF"
 _STRING, _ARRAY = 8, 9
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
-
-class GGUFHeaderError(ValueError):
-    """Not a GGUF file, or one whose header is cut short or malformed."""
 
 
 @dataclass(frozen=True)

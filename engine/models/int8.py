@@ -24,6 +24,7 @@ import logging
 import torch
 from torch import nn
 
+from ..errors import InputError
 from ..planning.budgets import num_weights  # noqa: F401 (the loader's and tests' name for it)
 from .int8_matmul import int8_linear, int8_linear_bf16
 
@@ -114,9 +115,9 @@ def quantize_int8(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> int:
     Returns the number of layers replaced.
     """
     if dtype not in COMPUTE_DTYPES:
-        raise ValueError(f"int8 weights compute in float32 or bfloat16, not {dtype}")
+        raise InputError(f"int8 weights compute in float32 or bfloat16, not {dtype}")
     if any(p.device.type != "cpu" for p in model.parameters()):
-        raise ValueError("int8 weights are for the CPU; load the model with device='cpu'")
+        raise InputError("int8 weights are for the CPU; load the model with device='cpu'")
     targets = int8_targets(model)
     for name, module, ties_embedding in targets:
         codes, scales = quantize_rows(module.weight.detach(), dtype)

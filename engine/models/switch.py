@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import psutil
-import torch
 
-from engine.models.loader import describe
-from engine.models.memory import release_memory
-from engine.planning.policy import OffloadPolicy
-from engine.session import DocumentSession
+from .loader import describe
+from .memory import release_memory
+from ..planning.policy import OffloadPolicy
+from ..session import DocumentSession
 
 logger = logging.getLogger(__name__)
 

@@ -42,6 +42,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..errors import StaleWeightsCache
 from . import gguf_blocks, int8
 
 logger = logging.getLogger(__name__)
@@ -241,7 +242,7 @@ def _assign(model: nn.Module, folder: Path) -> None:
     """Replaces every (meta) tensor of ``model`` by the saved one, tied names by the very same object."""
     manifest = json.loads((folder / MANIFEST_FILE).read_text())
     if manifest.get("format") != CACHE_FORMAT:
-        raise ValueError(f"cache format {manifest.get('format')}, expected {CACHE_FORMAT}")
+        raise StaleWeightsCache(f"cache format {manifest.get('format')}, expected {CACHE_FORMAT}")
     ties: dict[str, str] = manifest["ties"]
     saved = load_file(str(folder / WEIGHTS_FILE))  # memory-mapped: pages are read as the tensors are used
     loaded: dict[str, torch.Tensor] = {}
@@ -251,13 +252,13 @@ def _assign(model: nn.Module, folder: Path) -> None:
             continue
         tensor = saved.pop(name)  # KeyError: the model has a tensor the entry lacks
         if tensor.shape != old.shape:
-            raise ValueError(f"{name} is {tuple(tensor.shape)} in the cache, {tuple(old.shape)} in the model")
+            raise StaleWeightsCache(f"{name} is {tuple(tensor.shape)} in the cache, {tuple(old.shape)} in the model")
         if is_parameter:
             tensor = nn.Parameter(tensor, requires_grad=old.requires_grad)
         (module._parameters if is_parameter else module._buffers)[attr] = tensor
         loaded[name] = tensor
     if saved:
-        raise ValueError(f"{len(saved)} cached tensors the model does not have, e.g. {next(iter(saved))}")
+        raise StaleWeightsCache(f"{len(saved)} cached tensors the model does not have, e.g. {next(iter(saved))}")
     for name, module, attr, _, is_parameter in slots:
         if name in ties:
             (module._parameters if is_parameter else module._buffers)[attr] = loaded[ties[name]]
@@ -270,10 +271,10 @@ def _check_no_meta(model: nn.Module) -> None:
     for module_name, module in model.named_modules():
         for attr, value in vars(module).items():
             if isinstance(value, torch.Tensor) and value.device.type == "meta":
-                raise ValueError(f"{module_name or 'model'}.{attr} is not in the cache")
+                raise StaleWeightsCache(f"{module_name or 'model'}.{attr} is not in the cache")
     for name, _, _, tensor, _ in _named_tensors(model):
         if tensor.device.type == "meta":
-            raise ValueError(f"{name} is not in the cache")
+            raise StaleWeightsCache(f"{name} is not in the cache")
 
 
 def _prune(entry: CacheEntry) -> None:

@@ -7,9 +7,9 @@ and the allocation cannot disagree on which slots are resident, in RAM or on dis
 
 from __future__ import annotations
 
-from engine.kv import kernels
-from engine.kv.schedule import HOST_QUERY_LIMIT
-from engine.planning.shape import ModelShape, disk_stream_bytes
+from ..kv import kernels
+from ..kv.schedule import HOST_QUERY_LIMIT
+from .shape import ModelShape, disk_stream_bytes
 
 HOMES, STAGING, PINGPONG, CODES, HOST_IO, DISK_STREAM, SOURCES, SCRATCH = (
     "homes", "staging", "pingpong", "codes", "host_io", "disk_stream", "sources", "scratch")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import psutil
 import torch
 
+from ..errors import InputError
 from .machine import HOST_BUDGET_FRACTION, measure_activation_peak
 from .rates import MachineRates, plan_rates
 
@@ -72,10 +73,10 @@ def measure_budget(device: torch.device | str, policy, *, model=None, vocab_size
     if device.type == "cpu":
         return MachineBudget(False, None, host)
     if device.type != "cuda":
-        raise ValueError(f"unsupported device {str(device)!r}; use 'cpu' or 'cuda[:N]'")
+        raise InputError(f"unsupported device {str(device)!r}; use 'cpu' or 'cuda[:N]'")
     if cuda is None:
         if not torch.cuda.is_available():
-            raise ValueError(f"device {str(device)!r} requested but torch sees no CUDA GPU")
+            raise InputError(f"device {str(device)!r} requested but torch sees no CUDA GPU")
         cuda = torch.cuda
     free, _total = cuda.mem_get_info(device)
     held = cuda.memory_reserved(device)  # ours: the weights (counted by the plan) and the allocator's cache

@@ -2,7 +2,7 @@
 
 For each option, the largest context the planner admits and the predicted decode seconds per token of KV
 movement at that context: offloaded RAM bytes over the host-to-device link, and disk-tier bytes over the
-disk's read rate as well (both read every token). Shown on the plan panel; ``benchmarks/capacity.py`` records it.
+disk's read rate as well (both read every token). Shown on the plan panel; ``benchmarks/disk/capacity.py`` records it.
 """
 
 from __future__ import annotations

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import torch
 
-from engine.kv import windowed
-from engine.kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES
-from engine.planning.allocations import (longest_streamed_run, planned_allocations, scratch_elements, slot_placement,
+from ..kv import windowed
+from ..kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES
+from .allocations import (longest_streamed_run, planned_allocations, scratch_elements, slot_placement,
                                         streamed_runs)
-from engine.planning.host_split import forecast_decode, host_share
-from engine.planning.plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
-from engine.planning.policy import OffloadPolicy
-from engine.planning.shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
+from .host_split import forecast_decode, host_share
+from .plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
+from .policy import OffloadPolicy
+from .shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
 
 __all__ = [
     "LIMIT_MAX_CONTEXT", "LIMIT_MEMORY", "LIMIT_MODEL", "ModelShape", "Plan", "PlanError", "disk_stream_bytes",
@@ -241,22 +241,12 @@ def _resolve_slots(shape: ModelShape, policy: OffloadPolicy, context: int, cuda:
     return group, max(0, min(total, (gpu_budget - base) // slot))
 
 
-def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, machine=None,
-              device_is_cuda: bool | None = None, gpu_budget: int | None = None, host_budget: int | None = None,
-              rates=None, activation_bytes: int | None = None) -> Plan:
-    """Plans a run of ``context_tokens`` tokens; budgets of ``None`` are unlimited.
-
-    ``machine`` (an ``engine.planning.budgets.MachineBudget``, measured once per session) gives the device, budgets, rates
-    and activation peak at once; the separate keywords are for what-if plans (the picker, capacity tables).
-
-    ``rates`` (an ``engine.planning.rates.MachineRates``) sets the decode split and its forecast; without them
-    ``host_attention="auto"`` keeps every offloaded group streamed.
-
-    ``activation_bytes``: the activation peak a dry-run chunk measured on this device (CUDA), replacing the estimate.
-    ``policy.gpu_memory`` / ``policy.host_memory`` override the budget arguments (a ``machine`` carries them already).
-    The plan reports ``fits=False`` with a reason rather than raising; call
-    :meth:`Plan.require_fit` to turn that into a :class:`PlanError`.
-    """
+def _checked_inputs(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, machine,
+                    device_is_cuda: bool | None, gpu_budget: int | None, host_budget: int | None, rates,
+                    activation_bytes: int | None):
+    """``make_plan``'s arguments checked (``PlanError`` for a context, policy or budget it cannot plan), and its
+    device, budgets, rates and activation peak: a measured ``machine``'s, or a what-if plan's (the policy's budgets
+    replacing the ones given)."""
     if isinstance(context_tokens, bool) or not isinstance(context_tokens, int) or context_tokens < 1:
         raise PlanError(f"context_tokens must be a positive integer, got {context_tokens!r}")
     try:
@@ -274,6 +264,50 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     for name, budget in (("gpu_budget", gpu_budget), ("host_budget", host_budget)):
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise PlanError(f"{name} must be a positive number of bytes or None, got {budget!r}")
+    return device_is_cuda, gpu_budget, host_budget, rates, activation_bytes
+
+
+def _refusals(policy: OffloadPolicy, device_is_cuda: bool, breakdown: dict, max_ctx: int, gpu_need: tuple,
+              host_need: tuple, disk_need: tuple) -> list[str]:
+    """Why a plan does not fit, one reason per tier over its budget (each ``(needed, budget)``), closed by the
+    context that does fit; empty when it fits."""
+    (gpu, gpu_budget), (host, host_budget), (disk, disk_budget) = gpu_need, host_need, disk_need
+    reasons = []
+    if not _within(gpu, gpu_budget):
+        reasons.append(
+            f"GPU memory: needs {_size(gpu)} but the budget is {_size(gpu_budget)} "
+            f"(weights {breakdown['weights'] / GIB:.2f}, KV buffers {breakdown['kv_buffers'] / GIB:.2f}, "
+            f"resident KV {breakdown['kv_resident'] / GIB:.2f}, activations {breakdown['activations'] / GIB:.2f}); "
+            "use a smaller head_group_size or chunk_size, or fewer resident_slots")
+    if not _within(host, host_budget):
+        what = "the offloaded KV cache" if device_is_cuda else "weights + KV cache + activations"
+        reasons.append(f"host memory: {what} needs {_size(host)} but the budget is {_size(host_budget)}"
+                       + ("" if policy.disk_dir else "; a disk tier (--kv-disk-dir) or 8-bit KV would hold more"))
+    if not _within(disk, disk_budget):
+        reasons.append(f"disk tier: needs {_size(disk)} in {policy.disk_dir} but {_size(disk_budget)} is free")
+    if reasons:
+        reasons.append(f"at most {max_ctx:,} context tokens fit with this configuration")
+    return reasons
+
+
+def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, machine=None,
+              device_is_cuda: bool | None = None, gpu_budget: int | None = None, host_budget: int | None = None,
+              rates=None, activation_bytes: int | None = None) -> Plan:
+    """Plans a run of ``context_tokens`` tokens; budgets of ``None`` are unlimited.
+
+    ``machine`` (an ``engine.planning.budgets.MachineBudget``, measured once per session) gives the device, budgets, rates
+    and activation peak at once; the separate keywords are for what-if plans (the picker, capacity tables).
+
+    ``rates`` (an ``engine.planning.rates.MachineRates``) sets the decode split and its forecast; without them
+    ``host_attention="auto"`` keeps every offloaded group streamed.
+
+    ``activation_bytes``: the activation peak a dry-run chunk measured on this device (CUDA), replacing the estimate.
+    ``policy.gpu_memory`` / ``policy.host_memory`` override the budget arguments (a ``machine`` carries them already).
+    The plan reports ``fits=False`` with a reason rather than raising; call
+    :meth:`Plan.require_fit` to turn that into a :class:`PlanError`.
+    """
+    device_is_cuda, gpu_budget, host_budget, rates, activation_bytes = _checked_inputs(
+        shape, policy, context_tokens, machine, device_is_cuda, gpu_budget, host_budget, rates, activation_bytes)
 
     chunk = policy.chunk_size
     group, resident, per_buffer = _resolve(shape, policy, context_tokens, device_is_cuda, gpu_budget, host_budget,
@@ -308,21 +342,8 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
         return _within(g, gpu_budget) and _within(h, host_budget) and _within(d, disk_budget)
 
     max_ctx = _largest_fitting(fits_at)
-    reasons = []
-    if not _within(gpu, gpu_budget):
-        reasons.append(
-            f"GPU memory: needs {_size(gpu)} but the budget is {_size(gpu_budget)} "
-            f"(weights {breakdown['weights'] / GIB:.2f}, KV buffers {breakdown['kv_buffers'] / GIB:.2f}, "
-            f"resident KV {breakdown['kv_resident'] / GIB:.2f}, activations {breakdown['activations'] / GIB:.2f}); "
-            "use a smaller head_group_size or chunk_size, or fewer resident_slots")
-    if not _within(host, host_budget):
-        what = "the offloaded KV cache" if device_is_cuda else "weights + KV cache + activations"
-        reasons.append(f"host memory: {what} needs {_size(host)} but the budget is {_size(host_budget)}"
-                       + ("" if policy.disk_dir else "; a disk tier (--kv-disk-dir) or 8-bit KV would hold more"))
-    if not _within(disk, disk_budget):
-        reasons.append(f"disk tier: needs {_size(disk)} in {policy.disk_dir} but {_size(disk_budget)} is free")
-    if reasons:
-        reasons.append(f"at most {max_ctx:,} context tokens fit with this configuration")
+    reasons = _refusals(policy, device_is_cuda, breakdown, max_ctx, (gpu, gpu_budget), (host, host_budget),
+                        (disk, disk_budget))
     groups = math.ceil(shape.num_kv_heads / group)
     window = None if policy.exceed_trained_window else shape.max_positions
     # The first of equal limits is named: the model's window is the one no setting can lift.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import InputError
+
 HOST_ATTENTION_MODES = ("auto", "off", "all")
 STREAMS = ("auto", "cuda", "sync", "emulated", "cuda-lagged")  # engine/kv/streams.py
 
@@ -77,7 +79,7 @@ class OffloadPolicy:
         if self.head_group_size is not None:
             _check_positive("head_group_size", self.head_group_size)
         if self.resident_slots is not None and (not _is_int(self.resident_slots) or self.resident_slots < 0):
-            raise ValueError(f"resident_slots must be an integer >= 0 or None, got {self.resident_slots!r}")
+            raise InputError(f"resident_slots must be an integer >= 0 or None, got {self.resident_slots!r}")
         if self.groups_per_buffer is not None:
             _check_positive("groups_per_buffer", self.groups_per_buffer)
         if self.max_context is not None:
@@ -87,19 +89,19 @@ class OffloadPolicy:
             if value is not None:
                 _check_positive(name, value)
         if not _is_int(self.gpu_reserve) or self.gpu_reserve < 0:
-            raise ValueError(f"gpu_reserve must be an integer >= 0, got {self.gpu_reserve!r}")
+            raise InputError(f"gpu_reserve must be an integer >= 0, got {self.gpu_reserve!r}")
         if self.kv_dtype not in (None, "int8", "fp8"):
-            raise ValueError(f"kv_dtype must be None, 'int8' or 'fp8', got {self.kv_dtype!r}")
+            raise InputError(f"kv_dtype must be None, 'int8' or 'fp8', got {self.kv_dtype!r}")
         if self.pin_memory not in (None, True, False):
-            raise ValueError(f"pin_memory must be True, False or None, got {self.pin_memory!r}")
+            raise InputError(f"pin_memory must be True, False or None, got {self.pin_memory!r}")
         if self.exceed_trained_window not in (True, False):
-            raise ValueError(f"exceed_trained_window must be True or False, got {self.exceed_trained_window!r}")
+            raise InputError(f"exceed_trained_window must be True or False, got {self.exceed_trained_window!r}")
         if self.overlap not in (True, False):
-            raise ValueError(f"overlap must be True or False, got {self.overlap!r}")
+            raise InputError(f"overlap must be True or False, got {self.overlap!r}")
         if self.streams not in STREAMS:
-            raise ValueError(f"streams must be one of {', '.join(map(repr, STREAMS))}, got {self.streams!r}")
+            raise InputError(f"streams must be one of {', '.join(map(repr, STREAMS))}, got {self.streams!r}")
         if self.host_attention not in HOST_ATTENTION_MODES:
-            raise ValueError(f"host_attention must be one of {', '.join(map(repr, HOST_ATTENTION_MODES))}, "
+            raise InputError(f"host_attention must be one of {', '.join(map(repr, HOST_ATTENTION_MODES))}, "
                              f"got {self.host_attention!r}")
 
     def validate_for(self, num_kv_heads: int, *, option: str | None = None) -> None:
@@ -111,11 +113,11 @@ class OffloadPolicy:
         name = f"{option} {group}" if option else f"head_group_size={group}"
         divisors = ", ".join(str(d) for d in range(1, num_kv_heads + 1) if num_kv_heads % d == 0)
         if group > num_kv_heads:
-            raise ValueError(f"{name}: this model has {num_kv_heads} KV heads per layer, and {group} exceeds the "
+            raise InputError(f"{name}: this model has {num_kv_heads} KV heads per layer, and {group} exceeds the "
                              f"model's {num_kv_heads} KV heads; use one of {divisors} (or leave it to the planner)")
         if num_kv_heads % group:
             # Equal groups keep every ping-pong buffer and staging block one shape (one copy, one kernel each).
-            raise ValueError(f"{name}: this model has {num_kv_heads} KV heads per layer and a head group must "
+            raise InputError(f"{name}: this model has {num_kv_heads} KV heads per layer and a head group must "
                              f"divide them; use one of {divisors} (or leave it to the planner)")
 
 
@@ -125,4 +127,4 @@ def _is_int(value: object) -> bool:
 
 def _check_positive(name: str, value: object) -> None:
     if not _is_int(value) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise InputError(f"{name} must be a positive integer, got {value!r}")

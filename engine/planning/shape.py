@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from engine.kv.disk_stream import NUM_PIECES, PIECE_BYTES, WRITES_PER_GROUP
-from engine.planning.window import trained_window
+from ..kv.disk_stream import NUM_PIECES, PIECE_BYTES, WRITES_PER_GROUP
+from .window import trained_window
 
 
 @dataclass(frozen=True)

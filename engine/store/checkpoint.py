@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..errors import InputError
 from ..cache import HeadInferCache
 from .fingerprint import token_ids_bytes
 from .files import TEMP_PREFIX, saved_range
@@ -61,7 +62,7 @@ class CheckpointPlan:
 
     def __post_init__(self):
         if self.every_seconds <= 0 or self.every_chunks < 1:
-            raise ValueError(f"checkpoint every {self.every_seconds} s / {self.every_chunks} chunks: both must be > 0")
+            raise InputError(f"checkpoint every {self.every_seconds} s / {self.every_chunks} chunks: both must be > 0")
 
 
 _LABEL_CHARS = 80  # as a saved snapshot's (``snapshots.py``)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import InputError
 from ..cache import HeadInferCache
 from ..kv import LayerHomes
 from .fingerprint import dtype_name, token_ids_bytes
@@ -81,11 +82,11 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
     num_tokens = identity.num_tokens
     _refuse_states(cache)
     if any(layer.homes is None or layer.length < num_tokens for layer in cache.layers):
-        raise ValueError(f"the cache does not hold the {num_tokens:,} tokens to save")
+        raise InputError(f"the cache does not hold the {num_tokens:,} tokens to save")
     home = cache.layers[0].homes[0]
     batch, group_size, head_dim = home.kv.shape[1], home.kv.shape[3], home.kv.shape[4]
     if dtype_name(home.dtype) != identity.dtype:
-        raise ValueError(f"the cache holds {home.dtype} K/V but the model runs in {identity.dtype}")
+        raise InputError(f"the cache holds {home.dtype} K/V but the model runs in {identity.dtype}")
     cache.synchronize()  # host homes are complete only once the asynchronous appends have landed
     scratch = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{target.name}-", dir=target.parent))
     try:

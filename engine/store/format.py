@@ -159,9 +159,9 @@ class SnapshotHeader:
             body = json.loads(text)
             stored_crc = body.pop("header_crc32")
             if body.pop("format") != FORMAT:
-                raise ValueError("not a HeadInfer KV snapshot")
+                raise CorruptSnapshotError("unreadable snapshot header (not a HeadInfer KV snapshot)")
             if stored_crc != _crc_of({**body, "format": FORMAT}):
-                raise ValueError("the header does not match its checksum")
+                raise CorruptSnapshotError("unreadable snapshot header (the header does not match its checksum)")
             if body["version"] < OLDEST_READABLE:
                 raise CorruptSnapshotError(f"snapshot format version {body['version']} is from an older engine "
                                            "layout; read the document again to replace it")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..errors import InputError
 from ..paths import cache_dir
 from ..planning.machine import format_bytes
 from .files import TEMP_PREFIX, read_snapshot, snapshot_bytes, write_snapshot
@@ -111,7 +112,7 @@ class SnapshotStore:
 
     def __init__(self, root: Path | str | None = None, max_bytes: int | None = None):
         if max_bytes is not None and max_bytes < 0:
-            raise ValueError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
+            raise InputError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
         if root is None:
             root = cache_dir() / "kv"
         self.root = Path(root).expanduser()
@@ -130,7 +131,7 @@ class SnapshotStore:
         full (nothing partial is left behind).
         """
         if len(token_ids) != identity.num_tokens:
-            raise ValueError(f"{len(token_ids):,} token ids for an identity of {identity.num_tokens:,} tokens")
+            raise InputError(f"{len(token_ids):,} token ids for an identity of {identity.num_tokens:,} tokens")
         existing = self._readable_info(identity.key)
         if existing is not None and not existing.is_partial:  # a partial read is replaced by the whole
             self._touch(identity.key)
@@ -226,7 +227,7 @@ class SnapshotStore:
     # -- helpers ---------------------------------------------------------------------------------
     def _folder(self, key: str) -> Path:
         if not _KEY.match(key):
-            raise ValueError(f"not a snapshot key: {key!r}")
+            raise InputError(f"not a snapshot key: {key!r}")
         return self.root / key
 
     def _snapshot_folders(self) -> list[Path]:

@@ -16,7 +16,7 @@ def embedded_model():
     """``(model, tokenizer)``: the embedded SmolLM2-135M as the app runs it (CPU here)."""
     from engine.models.loader import load_model
 
-    return load_model(None)
+    return load_model(None, weights="dense")
 
 
 @pytest.fixture

@@ -319,3 +319,16 @@ def test_a_users_own_expandable_segments_choice_is_kept_and_other_platforms_are_
     assert environ == {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.8,expandable_segments:True"}
     environ = {}
     assert use_expandable_segments(environ, "win32") is None and environ == {}
+
+
+def test_the_library_loads_a_model_as_the_app_does_by_default():
+    # A script calling ``engine.load_model(source)`` gets what ``python launch.py`` serves (issue 33): the same
+    # weights mode (GGUF blocks on the CPU, not 7 GB of dense fp32), dtype and device choice.
+    import inspect
+
+    from engine import load_model
+
+    defaults = {name: p.default for name, p in inspect.signature(load_model).parameters.items()}
+    args = launch.build_parser().parse_args([])
+    assert (defaults["source"], defaults["device"], defaults["dtype"], defaults["weights"]) == \
+        (args.model, args.device, args.dtype, args.weights)

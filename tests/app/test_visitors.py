@@ -7,7 +7,6 @@ import re
 import socket
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from gradio_client import Client, handle_file

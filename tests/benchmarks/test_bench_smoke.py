@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks import run
+from benchmarks.harness import run
 from benchmarks.records import load_records
 
 SMOKE_MODES = ("stock", "headinfer", "headinfer-pingpong")
@@ -74,7 +74,7 @@ def test_gpu_pieces_run_on_cpu_with_a_tiny_model(tmp_path, caplog):
     run.main(["--out", str(tmp_path), "--report-only"])  # the report is rebuilt from the JSON alone
     assert (tmp_path / "gpu.md").read_text() == text
 
-    with caplog.at_level("INFO", logger="benchmarks.run"):
+    with caplog.at_level("INFO", logger="benchmarks.harness.run"):
         run.main(args + ["--resume"])  # everything recorded: no model is even built
     assert load_records(tmp_path / "gpu.json") == records
     assert "nothing left to measure" in caplog.text

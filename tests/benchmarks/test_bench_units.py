@@ -7,15 +7,15 @@ import types
 import pytest
 import torch
 
-from benchmarks.floors import (Rates, attention_flops, decode_floor_s, linear_params, offloaded_kv_bytes,
+from benchmarks.harness.floors import (Rates, attention_flops, decode_floor_s, linear_params, offloaded_kv_bytes,
                                prefill_flops, prefill_floor_s, ratio)
-from benchmarks.models import llama3_8b_config
-from benchmarks.modes import GPU_MODES
+from benchmarks.harness.models import llama3_8b_config
+from benchmarks.harness.modes import GPU_MODES
 from benchmarks.records import ResultStore, latest_by_key
-from benchmarks.report import annotate
-from benchmarks.search import largest_fitting
-from benchmarks.sweeps import Sweep
-from benchmarks.trace import merge_intervals, overlap_fraction
+from benchmarks.harness.report import annotate
+from benchmarks.harness.search import largest_fitting
+from benchmarks.harness.sweeps import Sweep
+from benchmarks.harness.trace import merge_intervals, overlap_fraction
 from engine.planning.memory import ModelShape
 
 LLAMA3 = ModelShape.from_config(llama3_8b_config())
@@ -117,7 +117,7 @@ def test_sweep_stops_when_the_projected_time_passes_the_piece_limit(tmp_path):
     clock = types.SimpleNamespace(now=0.0)
     store = ResultStore(tmp_path / "r.json", {"gpu": "GPU-A", "run_id": "1"})
     sweep = Sweep(_FakeRunner(), store, time_limit=100.0)
-    import benchmarks.sweeps as sweeps
+    import benchmarks.harness.sweeps as sweeps
 
     def measure(n):
         clock.now += n / 100  # 1024 tokens: 10 s
@@ -178,7 +178,7 @@ def test_overlap_without_copies_and_merge():
 
 # -- model load: the first-start table -------------------------------------------------------------
 def test_first_start_table_keeps_each_codes_newest_run_and_marks_unsampled_peaks():
-    from benchmarks.model_load import _first_start_lines
+    from benchmarks.weights.model_load import _first_start_lines
 
     def record(run_id, label, load, peak, anon=None):
         metrics = {"source": "pypi:m", "load": load, "label": label, "load_peak_mib": peak, "rss_loaded_mib": 1.0,

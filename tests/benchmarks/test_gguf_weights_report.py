@@ -1,9 +1,9 @@
-"""benchmarks/gguf_weights.py: the table from raw runs (no model): medians, ratios to dense, and whether the
+"""benchmarks/weights/gguf_weights.py: the table from raw runs (no model): medians, ratios to dense, and whether the
 greedy tokens matched dense fp32's in every run."""
 
 from __future__ import annotations
 
-from benchmarks import gguf_weights
+from benchmarks.weights import gguf_weights
 
 
 def _run(round_index, source, mode, step_s, peak_mib, tokens):

@@ -1,4 +1,4 @@
-"""The one-call GPU run (``benchmarks/gpu_session.sh`` -> ``benchmarks.gpu_all``) on a CPU: plumbing, not numbers."""
+"""The one-call GPU run (``benchmarks/gpu_session.sh`` -> ``benchmarks.harness.gpu_all``) on a CPU: plumbing, not numbers."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benchmarks import ceilings, gpu_all, gpu_steps
-from benchmarks.fill import fill_random
-from benchmarks.gpu_summary import summary_table
-from benchmarks.modes import GPU_MODES
-from benchmarks.probes import host_bytes_needed
+from benchmarks.harness import ceilings, gpu_all, gpu_steps
+from benchmarks.harness.fill import fill_random
+from benchmarks.harness.gpu_summary import summary_table
+from benchmarks.harness.modes import GPU_MODES
+from benchmarks.harness.probes import host_bytes_needed
 from benchmarks.records import load_records
 
 # A fast subset of the smoke run's steps: one of each kind (a check, the ceilings, a sweep, a frontier sweep).
@@ -111,7 +111,7 @@ def test_host_budget_comes_from_ram_after_a_small_probe_and_from_the_probe_when_
 
 
 def test_a_filled_int8_cache_holds_random_codes_not_zeros():
-    from benchmarks.models import tiny_llama_config
+    from benchmarks.harness.models import tiny_llama_config
     from engine import HeadInferCache
 
     config = tiny_llama_config()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks import gpu_all, host_attention
+from benchmarks.harness import host_attention
+from benchmarks.harness import gpu_all
 from benchmarks.records import load_records
 
 

@@ -1,11 +1,11 @@
-"""benchmarks/llamacpp_compare.py: medians per side and mode, ratios and target verdicts from raw runs (no model,
+"""benchmarks/weights/llamacpp_compare.py: medians per side and mode, ratios and target verdicts from raw runs (no model,
 no llama.cpp), and the peak RSS read from a child's own high-water mark."""
 
 from __future__ import annotations
 
 import sys
 
-from benchmarks import llamacpp_compare as compare
+from benchmarks.weights import llamacpp_compare as compare
 
 
 def _ours(round_index, context, mode, step_s, prefill_s, rss):

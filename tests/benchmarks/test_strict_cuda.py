@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import engine
-from benchmarks import run
-from benchmarks.models import build_model
-from benchmarks.modes import Runner
+from benchmarks.harness import run
+from benchmarks.harness.models import build_model
+from benchmarks.harness.modes import Runner
 from benchmarks.records import load_records
-from benchmarks.report import write_markdown
+from benchmarks.harness.report import write_markdown
 
 from strict_cuda import CONTEXT_BYTES, GIB, CudaOnCpu, FakeNvml, StrictCuda, _Properties
 
@@ -94,7 +94,7 @@ def test_gpu_steps_run_on_a_cuda_device_through_the_strict_fake(strict_cuda, tmp
 
 def test_nvml_reads_the_card_cuda_names_when_cuda_visible_devices_reorders(monkeypatch):
     """CUDA_VISIBLE_DEVICES=1,0: CUDA's card 0 is NVML's card 1. The handle comes by PCI bus id, not ordinal."""
-    from benchmarks.timing import nvml_process_used
+    from benchmarks.harness.timing import nvml_process_used
     from engine.planning import machine
 
     cards = [_Properties(name="A", pci_bus_id=0x3B), _Properties(name="B", pci_bus_id=0x86)]
@@ -117,7 +117,7 @@ def _store(out):
 
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="set on Linux only")
 def test_benchmark_entry_points_set_expandable_segments_before_torch_loads():
-    """``python -m benchmarks.run`` / ``benchmarks.gpu_all``: the package sets the allocator before its modules load
+    """``python -m benchmarks.harness.run`` / ``benchmarks.harness.gpu_all``: the package sets the allocator before its modules load
     torch, so the peaks measured are those of the settings the app runs with."""
     import json
     import os
@@ -128,7 +128,7 @@ def test_benchmark_entry_points_set_expandable_segments_before_torch_loads():
     spy = ("import json, os, sys\nseen = {}\nclass Spy:\n    def find_spec(self, name, path=None, target=None):\n"
            "        if name == 'torch' and not seen:\n"
            "            seen['conf'] = os.environ.get('PYTORCH_CUDA_ALLOC_CONF')\n        return None\n"
-           "sys.meta_path.insert(0, Spy())\nimport benchmarks.run\nprint(json.dumps(seen))\n")
+           "sys.meta_path.insert(0, Spy())\nimport benchmarks.harness.run\nprint(json.dumps(seen))\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
     result = subprocess.run([sys.executable, "-c", spy], cwd=Path(__file__).resolve().parents[2], env=env,
                             capture_output=True, text=True, timeout=300)

@@ -15,7 +15,7 @@ from engine import HeadInferCache, OffloadPolicy
 from engine.planning import budgets, rates
 from engine.planning import machine as telemetry
 from engine.planning import memory as planner
-from engine.planning.budgets import MachineBudget, SharedBudget, card_budget, measure_budget
+from engine.planning.budgets import MachineBudget, card_budget, measure_budget
 from engine.planning.memory import ModelShape, make_plan
 from engine.session import DocumentSession
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.nn.attention.bias import causal_lower_right
 
 import engine
 from archs import build_pair

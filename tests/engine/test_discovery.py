@@ -19,7 +19,8 @@ import pytest
 import engine.models.discovery as discovery
 from engine.models.catalogue import Machine, plan_entry
 from engine.models.discovery import default_folders, discover, gguf_entry
-from engine.models.gguf_header import GGUFHeaderError, read_header
+from engine.errors import GGUFHeaderError
+from engine.models.gguf_header import read_header
 from model_stores import OllamaStore, link, write_gguf
 
 GIB = 2**30

@@ -14,7 +14,7 @@ import zlib
 import pytest
 import torch
 
-from engine import DocumentSession, OffloadPolicy, SnapshotStore
+from engine import DocumentSession, SnapshotStore
 from engine.kv import disk as disk_module
 from engine.kv.disk import DiskMemory
 from engine.store.format import read_header

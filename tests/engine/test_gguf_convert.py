@@ -155,7 +155,8 @@ def test_the_header_maps_every_tensor_as_gguf_pys_reader_does(tmp_path):
     from gguf import GGMLQuantizationType as Q, GGUFReader
     from gguf.quants import dequantize, quantize
 
-    from engine.models.gguf_header import GGUFHeaderError, read_header, tensor_arrays
+    from engine.errors import GGUFHeaderError
+    from engine.models.gguf_header import read_header, tensor_arrays
 
     rng = np.random.default_rng(0)
     weight = rng.standard_normal((6, 64)).astype(np.float32)

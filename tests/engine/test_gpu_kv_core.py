@@ -1,6 +1,6 @@
 """The KV core on CUDA: page-locking errors, unlocking, the decode hot path's overheads, fused attention routes.
 
-Marked ``gpu``: skipped without CUDA (CI), run by ``python -m benchmarks.gpu_all`` on a lent GPU.
+Marked ``gpu``: skipped without CUDA (CI), run by ``python -m benchmarks.harness.gpu_all`` on a lent GPU.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_release_unlocks_host_memory_after_the_streams_are_idle():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_windowed_gqa_prefill_chunk_runs_a_fused_kernel_without_a_score_tensor(dtype):
     """Mistral-7B's attention shape for one group (g=1, 4 query heads), chunk 4096, window 4096."""
-    chunk, window, past, head_dim = 4096, 4096, 8192, 128
+    chunk, window, past, head_dim = 4096, 4096, 8192, 128  # noqa: F841  (past: the shape this case stands for)
     query = torch.randn(1, 4, chunk, head_dim, device="cuda", dtype=dtype)
     block = torch.randn(window - 1 + chunk, 1, 2, 1, head_dim, device="cuda", dtype=dtype)
     torch.cuda.synchronize()

@@ -104,9 +104,9 @@ def _results_path() -> Path:
 def test_llama3_8b_peak_stays_flat_headwise_and_grows_with_stock():
     import psutil
 
-    from benchmarks.modes import GPU_MODES, Runner
-    from benchmarks.models import build_model
-    from benchmarks.probes import frontier
+    from benchmarks.harness.modes import GPU_MODES, Runner
+    from benchmarks.harness.models import build_model
+    from benchmarks.harness.probes import frontier
     from benchmarks.records import ResultStore, run_stamp
 
     model = build_model("llama3-8b", "cuda")

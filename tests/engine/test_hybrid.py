@@ -15,7 +15,8 @@ from transformers.cache_utils import LinearAttentionLayer
 import engine
 from archs import build_pair
 from engine.kv.transfer import Transfer
-from engine.models.loader import UnsupportedModelError, check_supported, load_model
+from engine.errors import UnsupportedModelError
+from engine.models.loader import check_supported, load_model
 from engine.planning.shape import unsupported_layers
 from engine.store.format import SnapshotError
 

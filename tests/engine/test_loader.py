@@ -316,7 +316,7 @@ def test_embedded_model_answers_paris(smollm2):
 @pytest.mark.slow
 def test_default_source_is_embedded_and_fast(smollm2_dir):
     start = time.perf_counter()
-    model, _ = load_model(None, attn_implementation="sdpa")
+    model, _ = load_model(None, attn_implementation="sdpa", weights="dense")
     assert time.perf_counter() - start < 30
     assert Path(model.config.name_or_path) == smollm2_dir
 
@@ -325,7 +325,7 @@ def test_default_source_is_embedded_and_fast(smollm2_dir):
 def test_gguf_source_converted_once_then_loaded_from_the_cache(smollm2, monkeypatch, tmp_path):
     gguf = loader._embedded_gguf()
     monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path))
-    model, tokenizer = load_model(str(gguf), attn_implementation="sdpa")
+    model, tokenizer = load_model(str(gguf), attn_implementation="sdpa", weights="dense")
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 314]])
     torch.testing.assert_close(_logits(model, ids), _logits(smollm2[0], ids))
     assert tokenizer.chat_template and Path(model.config.name_or_path).parent == tmp_path / "models"
@@ -337,7 +337,7 @@ def test_gguf_source_converted_once_then_loaded_from_the_cache(smollm2, monkeypa
     monkeypatch.setattr(loader, "_read_config", lambda path, gguf_file, is_hub: (
         no_gguf_parse() if gguf_file else AutoConfig.from_pretrained(path)))
     start = time.perf_counter()
-    again, _ = load_model(str(gguf), attn_implementation="sdpa")
+    again, _ = load_model(str(gguf), attn_implementation="sdpa", weights="dense")
     assert time.perf_counter() - start < 30  # ~1 s idle; the converting load took ~20 s here
     torch.testing.assert_close(_logits(again, ids), _logits(model, ids), rtol=0, atol=0)
     # The same converted weights in bf16 on the CPU: the dtype is chosen at load, not baked into the cache.

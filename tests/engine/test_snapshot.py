@@ -359,7 +359,7 @@ def smollm2_book(tmp_path_factory):
     """SmolLM2 reads a ~4K-token document once: (model, tokenizer, text, prefill seconds, answer ids, store)."""
     from engine.models.loader import load_model
 
-    model, tokenizer = load_model(None, device="cpu")
+    model, tokenizer = load_model(None, device="cpu", weights="dense")
     text = long_document(tokenizer, 4000)
     session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=1024), answer_budget=64)
     session.set_document(text)

@@ -2,7 +2,7 @@
 
 No weights are needed: the cache is made from the real config and fed random K/V of the real shape ([1, 8, Q, 128]
 per layer, bf16) through its ``update`` path, chunk by chunk, as the model's attention layers would; the
-allocation ledger records every buffer. Run: ``python -m benchmarks.ledger_table`` (about 2-3 GiB of RAM).
+allocation ledger records every buffer. Run: ``python -m benchmarks.tables.ledger_table`` (about 2-3 GiB of RAM).
 """
 
 from __future__ import annotations

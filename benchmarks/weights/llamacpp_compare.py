@@ -8,8 +8,8 @@ loaded through ``load_model`` (converted once into the cache, as the app does), 
 chunks through ``HeadInferCache`` (past 2,048 tokens filled with random K/V instead), then greedy decode; theirs: ``llama-bench`` (decode: ``-p 0 -n N -d C``, which
 reads C tokens first; prefill: ``-p C -n 0``). Build llama.cpp as docs/benchmarks/llamacpp.md says, then
 
-    .venv/bin/python -m benchmarks.llamacpp_compare --llama-bench /tmp/llama.cpp-build/bin/llama-bench
-    .venv/bin/python -m benchmarks.llamacpp_compare --report-only     # rewrite the .md from the .json
+    .venv/bin/python -m benchmarks.weights.llamacpp_compare --llama-bench /tmp/llama.cpp-build/bin/llama-bench
+    .venv/bin/python -m benchmarks.weights.llamacpp_compare --report-only     # rewrite the .md from the .json
 
 Without ``--llama-bench`` only our rows are measured.
 """
@@ -41,7 +41,7 @@ BUILD_STEPS = """\
           -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \\
           -DLLAMA_BUILD_SERVER=OFF
     cmake --build /tmp/llama.cpp-build -j2 --target llama-bench      # about an hour on 2 busy cores
-    .venv/bin/python -m benchmarks.llamacpp_compare --llama-bench /tmp/llama.cpp-build/bin/llama-bench"""
+    .venv/bin/python -m benchmarks.weights.llamacpp_compare --llama-bench /tmp/llama.cpp-build/bin/llama-bench"""
 TEXT_MODULES = ("argparse", "logging/__init__", "textwrap", "json/decoder", "unittest/case", "collections/__init__",
                 "pathlib", "subprocess", "typing", "email/message", "http/client", "tarfile")
 
@@ -54,7 +54,7 @@ def measure_child(mode: str, context: int, decode_tokens: int, gguf: Path, threa
     from engine.models.loader import load_model
     from engine.types import ModelShape
 
-    from .fill import fill_random
+    from ..harness.fill import fill_random
 
     torch.set_num_threads(threads)
     dtype, weights = MODES[mode]
@@ -106,7 +106,7 @@ def profile_child(mode: str, context: int, threads: int, gguf: Path, steps: int 
     from engine.models.loader import load_model
     from engine.types import ModelShape
 
-    from .fill import fill_random
+    from ..harness.fill import fill_random
 
     torch.set_num_threads(threads)
     dtype, weights = MODES[mode]
@@ -174,7 +174,7 @@ def _text_ids(tokenizer, length: int) -> list[int]:
 
 def run_ours(mode: str, context: int, decode_tokens: int, gguf: Path, threads: int, quality: bool = False) -> dict:
     """One measurement in a fresh process; adds its peak RSS."""
-    command = [sys.executable, "-m", "benchmarks.llamacpp_compare", "--child", mode, "--contexts", str(context),
+    command = [sys.executable, "-m", "benchmarks.weights.llamacpp_compare", "--child", mode, "--contexts", str(context),
                "--decode-tokens", str(decode_tokens), "--gguf", str(gguf), "--threads", str(threads)]
     result, peak = _run(command + (["--quality"] if quality else []))
     return json.loads(result.strip().splitlines()[-1]) | {"peak_rss": peak}
@@ -291,7 +291,7 @@ def measure(args) -> dict:
 
 
 def _stamp() -> dict:
-    from .records import run_stamp
+    from ..records import run_stamp
 
     return run_stamp("cpu")
 
@@ -337,7 +337,7 @@ def write_markdown(record: dict, path: Path) -> None:
     lines = [
         "# CPU: ours vs llama.cpp on the same GGUF",
         "",
-        f"`python -m benchmarks.llamacpp_compare` (raw runs: `{path.with_suffix('.json').name}`). File: "
+        f"`python -m benchmarks.weights.llamacpp_compare` (raw runs: `{path.with_suffix('.json').name}`). File: "
         f"`{Path(record['gguf']).name}` ({record['gguf_bytes'] / 2**20:.0f} MiB), {record['threads']} thread, "
         f"{record['decode_tokens']} decode tokens per run; every figure the median over rounds of a fresh process, "
         "ours and llama.cpp taking turns. Ours: the GGUF through `load_model` (converted once and cached), the "
@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.profile:
         record = json.loads(args.out.read_text())
         record["profile"] = {f"{mode} {context}": json.loads(_run(
-            [sys.executable, "-m", "benchmarks.llamacpp_compare", "--child", mode, "--child-profile", "--contexts",
+            [sys.executable, "-m", "benchmarks.weights.llamacpp_compare", "--child", mode, "--child-profile", "--contexts",
              str(context), "--gguf", str(args.gguf), "--threads", str(args.threads)])[0].strip().splitlines()[-1])
             for mode in args.modes for context in args.contexts}
         args.out.write_text(json.dumps(record, indent=1) + "\n")

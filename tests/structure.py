@@ -1,7 +1,7 @@
 """The code's shape, read from its imports (an AST walk; nothing is imported): modules, import floors and loops of a
 tree, the public names, the exception classes and their roots, and function-local imports.
 
-    python -m benchmarks.structure [--root .] [--tree engine]
+    python tests/structure.py [--root .] [--tree engine]
 
 ``tests/test_structure.py`` holds the rules (no loops, the KV core at the bottom, the app on public names only);
 this prints the numbers docs/restructure.md gives before and after the restructure.

@@ -1,13 +1,13 @@
-"""``python -m benchmarks.run``: the benchmark entry point (see shared/GPU.md for the method).
+"""``python -m benchmarks.harness.run``: the benchmark entry point (see shared/GPU.md for the method).
 
 GPU (CUDA, Llama-3-8B-shaped random bf16 weights under an emulated budget), pieces chosen by flags::
-    python -m benchmarks.run --phases ceilings
-    python -m benchmarks.run --phases prefill --modes standard,headinfer-adaptive --lengths 1K,10K,20K,40K --resume
-    python -m benchmarks.run --phases decode,max-context,peak,profile --time-limit 300 --resume
-    python -m benchmarks.run --report-only
+    python -m benchmarks.harness.run --phases ceilings
+    python -m benchmarks.harness.run --phases prefill --modes standard,headinfer-adaptive --lengths 1K,10K,20K,40K --resume
+    python -m benchmarks.harness.run --phases decode,max-context,peak,profile --time-limit 300 --resume
+    python -m benchmarks.harness.run --report-only
 
 CPU smoke (SmolLM2 on CPU, stock vs head-wise vs ping-pong, a few minutes)::
-    python -m benchmarks.run --cpu-smoke
+    python -m benchmarks.harness.run --cpu-smoke
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .junit import summarize_junit
 from .models import build_model
 from .modes import GPU_MODES, SMOKE_MODES, Runner, parse_modes
 from .probes import warm_up
-from .records import ResultStore, load_records, run_stamp
+from ..records import ResultStore, load_records, run_stamp
 from .report import write_markdown, write_plots
 from .smoke import run_smoke, write_report
 from .sweeps import Sweep
@@ -49,7 +49,7 @@ def parse_tokens(text: str) -> list[int]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.harness.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu-smoke", action="store_true", help="run the CPU variant and exit")
     p.add_argument("--smoke-model", default="smollm2", choices=("smollm2", "tiny"),
                    help="CPU smoke model: the embedded SmolLM2, or a tiny random Llama (tests)")

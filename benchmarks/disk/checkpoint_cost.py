@@ -1,6 +1,6 @@
 """What checkpointing a long read costs (issue 32): a ~30K-token read with and without checkpoints, interleaved.
 
-    .venv/bin/python -m benchmarks.checkpoint_cost            # ~10-15 minutes on a shared 2-core CPU machine
+    .venv/bin/python -m benchmarks.disk.checkpoint_cost            # ~10-15 minutes on a shared 2-core CPU machine
 
 A random tiny-but-wide Llama (4 layers (``--layers``), 8 KV heads x 64, fp32: 4 KiB of K/V per token and layer) reads
 the same ~30K random tokens in three modes, one after the other in each round: no checkpoints; the app's
@@ -31,12 +31,12 @@ from engine import DocumentSession, OffloadPolicy, SnapshotStore
 from engine.store import checkpoint as checkpoint_module
 from engine.types import CheckpointPlan
 
-from .models import build_random
+from ..harness.models import build_random
 
 WIDE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
             head_dim=64, vocab_size=512, max_position_embeddings=1 << 16, tie_word_embeddings=False)
 MODES = {"off": None, "app default (16 chunks / 2 min)": 16, "every chunk": 1}
-OUT = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
+OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 
 
 def _tokens(vocab: int):
@@ -86,7 +86,7 @@ def markdown(result: dict) -> str:
              f"{result['tokens']:,}-token read of a random tiny-but-wide Llama ({result['layers']} layers x 8 KV heads x 64, fp32: "
              f"{result['kv_bytes_per_token'] // 1024} KiB of K/V per token) on {result['machine']['cpu']} "
              f"({result['machine']['cores']} cores, shared with other work: seconds are indicative), "
-             f"{result['rounds']} interleaved rounds, `python -m benchmarks.checkpoint_cost`. "
+             f"{result['rounds']} interleaved rounds, `python -m benchmarks.disk.checkpoint_cost`. "
              "Hold = time the reader's thread spent inside `checkpoint()` (the rest is written on a background thread).",
              "", "| mode | read seconds (median) | vs off | checkpoint calls | longest hold | total hold | partial read on disk |",
              "|---|---|---|---|---|---|---|"]

@@ -1,8 +1,8 @@
-"""``python -m benchmarks.gpu_all``: every GPU measurement in one process, most valuable first, one deadline.
+"""``python -m benchmarks.harness.gpu_all``: every GPU measurement in one process, most valuable first, one deadline.
 
 Made for one device call of at most 10 minutes on a bare machine (torch and transformers; ``gpu_session.sh``
 installs the rest from carried wheels)::
-    python -m benchmarks.gpu_all --out "$OUT" --deadline-s 520
+    python -m benchmarks.harness.gpu_all --out "$OUT" --deadline-s 520
 
 Each result is appended to ``<out>/gpu.json`` the moment it exists (a killed call keeps everything before it);
 ``gpu.md`` and ``summary.md`` (one row per step) are written at the end, and the summary is printed. Each step
@@ -37,7 +37,7 @@ from .gpu_steps import STEPS, Step
 from .gpu_summary import summary_table
 from .host_attention import gpu_step as host_attention_step
 from .modes import GPU_MODES, Runner, parse_modes
-from .records import ResultStore, run_stamp
+from ..records import ResultStore, run_stamp
 from .report import write_markdown
 from .run import _built_model, parse_tokens, run_step
 from .sweeps import Sweep
@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_all", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.harness.gpu_all", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="docs/benchmarks", help="folder of gpu.json, gpu.md, summary.md and logs")
     p.add_argument("--deadline-s", type=float, default=520.0, help="seconds for everything, from start")
     p.add_argument("--device", default="cuda")
@@ -124,14 +124,14 @@ def _run(step: Step, args, store, out: Path, seconds: float) -> None:
 
 
 def _scaled_limit(run_args: list[str], scale: float) -> list[str]:
-    """A scaled run searches up to 1M x ``scale`` tokens (a GPU run: ``benchmarks.run``'s 4M)."""
+    """A scaled run searches up to 1M x ``scale`` tokens (a GPU run: ``benchmarks.harness.run``'s 4M)."""
     if scale == 1.0 or "--phases" not in run_args or run_args[run_args.index("--phases") + 1] != "max-context":
         return run_args
     return [*run_args, "--max-context-limit", str(max(1024, int((1 << 20) * scale)))]
 
 
 def _max_context_here(args, store, run_args: list[str], seconds: float) -> None:
-    """The max-context search on a CPU (``benchmarks.run`` searches on CUDA only: a CPU has no budget to hit).
+    """The max-context search on a CPU (``benchmarks.harness.run`` searches on CUDA only: a CPU has no budget to hit).
 
     The same sweep and frontier probes, up to the scaled limit: the plumbing, not a figure."""
     device = torch.device(args.device)

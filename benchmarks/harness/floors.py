@@ -3,7 +3,7 @@
 - prefill floor = linear FLOPs / matmul rate + causal attention FLOPs / attention-kernel rate
 - decode floor  = KV bytes that cross the link per step / measured host-to-device bandwidth
 
-Rates are measured once per run (``benchmarks.ceilings``) and stored as a ``ceilings`` record.
+Rates are measured once per run (``benchmarks.harness.ceilings``) and stored as a ``ceilings`` record.
 """
 
 from __future__ import annotations

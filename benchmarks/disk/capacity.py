@@ -1,6 +1,6 @@
 """Capacity on an ordinary PC: window rings, 8-bit KV and the disk tier (issue 11's measurements).
 
-    python -m benchmarks.capacity [--context 16K] [--steps 3] [--host-gib 32]
+    python -m benchmarks.disk.capacity [--context 16K] [--steps 3] [--host-gib 32]
 
 1. Host KV bytes per token at 128K per architecture (real model shapes, no weights): every token kept vs rings.
 2. Largest context of Llama-3-8B on a 24 GiB GPU with ``--host-gib`` of RAM for KV: RAM alone, RAM + 8-bit,
@@ -39,10 +39,10 @@ from engine.store.fingerprint import model_fingerprint, token_ids_digest
 from engine.store.format import SnapshotIdentity
 
 from .disk_io import cached_fraction, read_gbps, write_probe
-from .fill import fill_random
-from .models import llama3_8b_config
-from .records import run_stamp
-from .run import parse_tokens
+from ..harness.fill import fill_random
+from ..harness.models import llama3_8b_config
+from ..records import run_stamp
+from ..harness.run import parse_tokens
 
 logger = logging.getLogger(__name__)
 _GIB = 1 << 30
@@ -171,7 +171,7 @@ def save_linked_vs_copied(context: int, folder: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.capacity")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.disk.capacity")
     p.add_argument("--context", default="16K")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--host-gib", type=float, default=32.0)

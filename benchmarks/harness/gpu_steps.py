@@ -27,7 +27,7 @@ _MAX_CONTEXT_MODES = "headinfer-g1-int8,headinfer-adaptive,standard,chunked,head
 class Step:
     name: str
     cap_s: float
-    run_args: tuple[str, ...] | None = None  # ``benchmarks.run`` arguments, or None for a step run here
+    run_args: tuple[str, ...] | None = None  # ``benchmarks.harness.run`` arguments, or None for a step run here
 
 
 STEPS = [

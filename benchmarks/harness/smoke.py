@@ -17,7 +17,7 @@ import torch
 from .models import build_model
 from .modes import Mode, Runner
 from .probes import time_decode, time_prefill, warm_up
-from .records import ResultStore, run_stamp
+from ..records import ResultStore, run_stamp
 from .report import write_markdown, write_plots
 from .timing import release_memory
 

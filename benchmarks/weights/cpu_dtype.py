@@ -4,8 +4,8 @@ Decode at short context reads every weight once per token, so bf16 weights halve
 faster depends on the CPU's bf16 matmul support. The cache is filled with random K/V (``fill.py``) so 8K tokens
 need no 8K prefill. The two dtypes take turns within each round; figure = median of the pooled steps.
 
-    .venv/bin/python -m benchmarks.cpu_dtype                       # 2K and 8K, 1 thread
-    .venv/bin/python -m benchmarks.cpu_dtype --lengths 2048 --threads 2
+    .venv/bin/python -m benchmarks.weights.cpu_dtype                       # 2K and 8K, 1 thread
+    .venv/bin/python -m benchmarks.weights.cpu_dtype --lengths 2048 --threads 2
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import engine
 from engine.models.loader import embedded_model_dir, load_model
 from engine.types import ModelShape
 
-from .fill import fill_random
-from .records import ResultStore, load_records, run_stamp
-from .timing import time_once
+from ..harness.fill import fill_random
+from ..records import ResultStore, load_records, run_stamp
+from ..harness.timing import time_once
 
 OUT = Path("docs/benchmarks/cpu-dtype.json")
 DTYPES = ("float32", "bfloat16")
@@ -68,7 +68,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     lines = [
         "# CPU decode: fp32 vs bf16 weights",
         "",
-        "`python -m benchmarks.cpu_dtype` (raw records: `cpu-dtype.json`). SmolLM2-135M-Instruct loaded with",
+        "`python -m benchmarks.weights.cpu_dtype` (raw records: `cpu-dtype.json`). SmolLM2-135M-Instruct loaded with",
         "`load_model(dtype=...)` on the CPU, head-wise attention, K/V in the weights' dtype, a cache filled with",
         "random K/V; tokens/s = 1 / median seconds per decode step, the dtypes taking turns within each round.",
         "",

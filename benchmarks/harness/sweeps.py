@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .modes import Mode, Runner, baseline_max_context
 from .probes import failure_status, frontier, host_bytes_needed, time_decode, time_prefill
-from .records import ResultStore
+from ..records import ResultStore
 from .search import largest_fitting
 from .timing import release_memory
 from .trace import profile_headinfer

@@ -8,7 +8,7 @@ from pathlib import Path
 from engine.planning.memory import ModelShape
 
 from .floors import Rates, decode_floor_s, prefill_floor_s, ratio
-from .records import latest_by_key
+from ..records import latest_by_key
 
 logger = logging.getLogger(__name__)
 

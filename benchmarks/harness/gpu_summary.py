@@ -1,6 +1,6 @@
-"""``python -m benchmarks.gpu_summary --out DIR``: the one-call GPU run's summary table, from ``DIR/gpu.json``.
+"""``python -m benchmarks.harness.gpu_summary --out DIR``: the one-call GPU run's summary table, from ``DIR/gpu.json``.
 
-One row per step of ``benchmarks.gpu_all``: its time cap, the seconds it took, how its records ended (ok / out of
+One row per step of ``benchmarks.harness.gpu_all``: its time cap, the seconds it took, how its records ended (ok / out of
 memory / skipped ...), and its headline figures. ``gpu_all`` prints it at the end; ``gpu_session.sh`` prints it
 again from the JSON alone when the run was killed before its end (the steps that finished are all there).
 """
@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from .gpu_steps import STEPS
-from .records import load_records
+from ..records import load_records
 
 _GIB = 1 << 30
 
@@ -147,7 +147,7 @@ def _num(value) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_summary", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.harness.gpu_summary", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="docs/benchmarks", help="folder of gpu.json")
     args = parser.parse_args(argv)
     # The steps a killed run never reached still get their row (caps as on a GPU).

@@ -52,7 +52,7 @@ def one_start(corpus: Path, rates_path: Path) -> list[dict]:
     from app.documents import (
         read_document,  # start-up time: the document readers (pypdf, pdfium) only where documents are read
     )
-    model, tokenizer = load_model(None, device="cpu", dtype="float32")
+    model, tokenizer = load_model(None, device="cpu", dtype="float32", weights="dense")
     costs = ReadCosts(rates_path)
     paths = fetch_corpus(corpus)
     rows = []
@@ -87,7 +87,7 @@ def first_read(corpus: Path, key: str, tokens: int) -> dict:
     from app.documents import read_document
     from engine.models.loader import load_model
 
-    model, tokenizer = load_model(None, device="cpu", dtype="float32")
+    model, tokenizer = load_model(None, device="cpu", dtype="float32", weights="dense")
     session = DocumentSession(model, tokenizer, OffloadPolicy())
     assert not session.read_costs.reads(session._costs_key), "not a clean cache"
     started = time.perf_counter()

@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .answer.generate import ConversationFit, QuestionTooLong, document_page_starts, retrieval_heads, stream_answer
+from .answer.generate import ConversationFit, document_page_starts, retrieval_heads, stream_answer
 from .answer.sampling import RepetitionGuard
 from .answer.sources import AnswerSources
 from .answer.support import decide, grounded_share, mean_logprob, page_texts, thresholds_for
 from .cache import HeadInferCache
-from .errors import InputError, PrefillCancelled, StateError
+from .errors import InputError, PrefillCancelled, QuestionTooLong, StateError
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
 from .paths import cache_dir
 from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget, num_weights

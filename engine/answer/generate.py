@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import QuestionTooLong  # noqa: F401  (engine/session.py imports it from here; its home is errors)
 from ..interrupt import ForwardInterrupted
 from ..paths import cache_dir
 from ..reports import AnswerChunk, answer_rate

@@ -18,7 +18,8 @@ import torch
 from .answer.generate import ConversationFit, QuestionTooLong, document_page_starts, retrieval_heads, stream_answer
 from .answer.sampling import RepetitionGuard
 from .answer.sources import AnswerSources
-from .answer.support import decide, grounded_share, mean_logprob, page_texts, thresholds_for
+from .answer.support import (decide, grounded_share, mean_logprob, page_texts, thresholds_for, verify_prompt,
+                             yes_share)
 from .cache import HeadInferCache
 from .errors import InputError, PrefillCancelled, StateError
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
@@ -430,6 +431,33 @@ class DocumentSession:
                           support=decide(grounding.document_share if grounding else None,
                                          mean_logprob(end.logprobs), self.support_thresholds,
                                          self._grounded(question, end.text, found)))
+
+    def check_support(self, question: str) -> float:
+        """P(yes) / (P(yes) + P(no)) of the model's own next token after a verification turn (``verify_prompt``:
+        does the document state the answer to ``question``?) asked after the conversation so far.
+
+        Cheap next to an answer: the document's K/V is reused, so the check is a prefill of its few dozen tokens
+        and one next-token distribution. It leaves the conversation as it was: the turn is not recorded and the
+        cache goes back to where the next question would have cropped it anyway (the longest common prefix of
+        the cache and this turn, which ends before any new user message), so the next answer is the same.
+        """
+        if not self.is_prefilled:
+            raise StateError("read the document first (prefill)")
+        wanted = self._document_ids + self.prompts.conversation_ids(self.document, self.turns,
+                                                                     verify_prompt(question))
+        common = 0
+        for have, want in zip(self._cached_ids, wanted):
+            if have != want:
+                break
+            common += 1
+        try:
+            logits = self._extend_to(wanted)  # [vocab]
+        finally:
+            # Back to the shared prefix: the check's own tokens never reach the next question.
+            kept = self.cache.restorable_length(min(common, self.cache.get_seq_length()), states_advanced=True)
+            self.cache.crop_to(kept)
+            del self._cached_ids[kept:]
+        return yes_share(logits, self.tokenizer)
 
     def _grounded(self, question: str, answer: str, found: list) -> float | None:
         """``grounded_share`` of the answer on the pages it attended to (its sources); None without sources."""

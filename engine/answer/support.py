@@ -91,6 +91,39 @@ def token_logprob(logits: torch.Tensor, token: int) -> float:
     return value if math.isfinite(value) else -100.0
 
 
+# -- the verification turn: the model asked whether the document states the answer ------------------------------
+
+VERIFY_PROMPT = "Does the document state the answer to this question: {question} Answer yes or no."
+
+
+def verify_prompt(question: str) -> str:
+    """The verification turn's text for ``question`` (asked after the answer, on the document's cached K/V)."""
+    return VERIFY_PROMPT.format(question=question.strip())
+
+
+@functools.lru_cache(maxsize=16)  # once per tokenizer: the ids of "yes"/"no" never change
+def _answer_ids(tokenizer, words: tuple[str, ...]) -> tuple[int, ...]:
+    """The first token of each spelling of ``words`` (bare, capitalised, upper case, after a space)."""
+    ids = set()
+    for word in words:
+        for spelling in (word, word.capitalize(), word.upper(), " " + word, " " + word.capitalize()):
+            encoded = tokenizer(spelling, add_special_tokens=False)["input_ids"]
+            if encoded:
+                ids.add(encoded[0])
+    return tuple(sorted(ids))
+
+
+def yes_share(logits: torch.Tensor, tokenizer) -> float:
+    """P(yes) / (P(yes) + P(no)) under ``logits`` ([vocab], the next token after the verification turn), summed
+    over the spellings of each word; 0.5 when neither has any probability."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    yes_ids, no_ids = _answer_ids(tokenizer, ("yes",)), _answer_ids(tokenizer, ("no",))
+    if set(yes_ids) & set(no_ids):  # a tokenizer that splits both into one shared first piece cannot tell them apart
+        return 0.5
+    yes, no = float(probs[list(yes_ids)].sum()), float(probs[list(no_ids)].sum())
+    return yes / (yes + no) if yes + no > 0 else 0.5
+
+
 # -- candidate signals fitted offline (benchmarks/support_eval.py) ---------------------------------------------------
 
 # Words that carry no claim of their own: an answer's "the", "is", "document" are on every page.

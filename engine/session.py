@@ -85,6 +85,10 @@ class DocumentSession:
         elif self.shape.max_positions:
             # At most half the trained window: a small-window model must still read a document beside it.
             self.answer_budget = min(self.answer_budget, self.shape.max_positions // 2)
+        # Ask the verification turn after every answer even where the model's fitted rule does not use it (to
+        # measure it); the rule's ``min_verify_yes`` > 0 asks it anyway. ``verify_seconds``: the last one's cost.
+        self.verify_support = False
+        self.verify_seconds = 0.0
         self._reset_document()
 
     # -- state -----------------------------------------------------------------------------------
@@ -424,13 +428,18 @@ class DocumentSession:
                 grounding.cancel()  # an abandoned answer stops recording (a no-op after finish)
         self.turns = [*kept, Turn(question, end.text)]
         self._host_ms_per_token = 1000 * (self.cache.host_attention_seconds - host_before) / max(end.num_tokens, 1)
+        verified = None
+        if end.text and not end.stopped and (self.verify_support or self.support_thresholds.min_verify_yes > 0):
+            checked = time.perf_counter()
+            verified = self.check_support(question)
+            self.verify_seconds = time.perf_counter() - checked
         yield AnswerChunk(end.text, "", end.num_tokens, None if end.first_at is None else end.first_at - asked,
                           answer_rate(end.num_tokens, end.first_at), done=True, stopped=end.stopped,
                           looped=end.looped, sources=tuple(found),
                           sources_seconds=grounding.seconds if grounding else 0.0,
                           support=decide(grounding.document_share if grounding else None,
                                          mean_logprob(end.logprobs), self.support_thresholds,
-                                         self._grounded(question, end.text, found)))
+                                         self._grounded(question, end.text, found), verified))
 
     def check_support(self, question: str) -> float:
         """P(yes) / (P(yes) + P(no)) of the model's own next token after a verification turn (``verify_prompt``:

@@ -36,6 +36,8 @@ class SupportThresholds:
     min_document_share: float = 0.30
     min_mean_logprob: float = -0.60
     min_grounded_share: float = 0.0
+    # The verification turn's P(yes) (``check_support``); 0 is off, and the session then runs no check at all.
+    min_verify_yes: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_document_share <= 1.0:
@@ -44,6 +46,8 @@ class SupportThresholds:
             raise ValueError(f"min_mean_logprob must be <= 0, got {self.min_mean_logprob}")
         if not 0.0 <= self.min_grounded_share <= 1.0:
             raise ValueError(f"min_grounded_share must be in [0, 1], got {self.min_grounded_share}")
+        if not 0.0 <= self.min_verify_yes <= 1.0:
+            raise ValueError(f"min_verify_yes must be in [0, 1], got {self.min_verify_yes}")
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,7 @@ class Support:
     mean_logprob: float | None  # None for an empty answer
     is_supported: bool
     grounded_share: float | None = None  # None without sources or when the answer adds no word of its own
+    verify_yes: float | None = None  # None when no verification turn ran (``min_verify_yes`` off, or not asked)
 
 
 def document_share(mass: torch.Tensor, document_range: tuple[int, int],
@@ -75,14 +80,17 @@ def mean_logprob(logprobs: list[float]) -> float | None:
 
 
 def decide(share: float | None, logprob: float | None,
-           thresholds: SupportThresholds = SupportThresholds(), grounded: float | None = None) -> Support:
+           thresholds: SupportThresholds = SupportThresholds(), grounded: float | None = None,
+           verified: float | None = None) -> Support:
     """Flags an answer whose attention stayed off the pages, whose tokens were written unsure, or whose own words
-    are not on the pages it looked at. A missing signal does not flag: without sources the answer is judged on its
+    are not on the pages it looked at, or which the model itself, asked afterwards, does not find stated in the document
+    (``verified``: its P(yes)). A missing signal does not flag: without sources the answer is judged on its
     probabilities alone."""
     low_share = share is not None and share < thresholds.min_document_share
     unsure = logprob is not None and logprob < thresholds.min_mean_logprob
     ungrounded = grounded is not None and grounded < thresholds.min_grounded_share
-    return Support(share, logprob, not (low_share or unsure or ungrounded), grounded)
+    denied = verified is not None and verified < thresholds.min_verify_yes
+    return Support(share, logprob, not (low_share or unsure or ungrounded or denied), grounded, verified)
 
 
 def token_logprob(logits: torch.Tensor, token: int) -> float:

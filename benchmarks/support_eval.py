@@ -296,16 +296,18 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
                 continue
             best = None
             for rule, names in CANDIDATES.items():
-                values, unsupported = _matrix(rows, names)
-                if np.isnan(values).all(axis=0).any():  # a signal not measured on these answers (the check's)
+                # The verification turn was not run on every answer (time): a rule using it is judged on those only.
+                ruled = [r for r in rows if all(r["signals"][n] is not None for n in names if n.startswith("min_verify"))]
+                if len({r["kind"] for r in ruled}) < 2:
                     continue
+                values, unsupported = _matrix(ruled, names)
                 u, s = held_out(values, unsupported)
                 # Within the target for supported answers first, then the most unsupported flagged, then the
                 # fewest supported flagged (ties: the rule listed first, the simpler one).
-                score = (s <= MAX_SUPPORTED_FLAGGED, u, -s)
-                if rule in SHIPPABLE and (best is None or score > best[0]):
+                score = (s <= MAX_SUPPORTED_FLAGGED and u > 0, u, -s)
+                if rule in SHIPPABLE and len(ruled) == len(rows) and (best is None or score > best[0]):
                     best = (score, rule)
-                du, ds = across_documents(rows, names)
+                du, ds = across_documents(ruled, names)
                 across = f"{du:.0%} / {ds:.0%}" if math.isfinite(du) else "–"
                 thresholds = ", ".join(f"{n[4:]} {t:.3g}" for n, t in zip(names, fit(values, unsupported))
                                        if math.isfinite(t)) or "none (flags nothing)"

@@ -38,6 +38,7 @@ def main(argv=None) -> int:
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "headinfer-studio" / "eval-docs"))
     p.add_argument("--kv", default=str(Path.home() / ".cache" / "headinfer-studio" / "eval-kv"))
     p.add_argument("--out", default="docs/benchmarks")
+    p.add_argument("--variants", default="question,answer", help="which checks to run (question: before any answer)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -71,14 +72,15 @@ def main(argv=None) -> int:
                 record = {"model": key, "weights": weights_mode(model), "document": document["key"],
                           "question": question["q"], "kind": question["kind"]}
                 for variant, turns in (("question", []), ("answer", [(question["q"], answer["answer"])])):
+                    if variant not in args.variants.split(","):
+                        continue
                     session.new_conversation()
                     session.resume_conversation(turns)
                     started = time.perf_counter()
                     record[f"yes_{variant}"] = round(session.check_support(question["q"]), 5)
                     record[f"check_s_{variant}"] = round(time.perf_counter() - started, 2)
                 session.new_conversation()
-                logger.info("%s %s yes(question)=%.3f yes(answer)=%.3f %.1f s", key, question["kind"][:5],
-                            record["yes_question"], record["yes_answer"], record["check_s_answer"])
+                logger.info("%s %s %s", key, question["kind"][:5], record)
                 with jsonl.open("a") as f:
                     f.write(json.dumps(record) + "\n")
         del session, model

@@ -405,6 +405,13 @@ class DocumentSession:
                         fit.num_dropped)
         kept = self.turns[fit.num_dropped:]
         wanted = self._document_ids + fit.ids
+        verified = None
+        if self.verify_support or self.support_thresholds.min_verify_yes > 0:
+            # Before the answer and its sources pass (which would record the check's attention): the measured
+            # variant asks about the question alone, whatever the answer says (docs/benchmarks/support.md).
+            checked = time.perf_counter()
+            verified = self.check_support(question, kept)
+            self.verify_seconds = time.perf_counter() - checked
         grounding = self._grounding() if sources else None
         if grounding is not None:
             grounding.start(len(wanted) - 1)  # from the query that writes the first answer token
@@ -428,11 +435,6 @@ class DocumentSession:
                 grounding.cancel()  # an abandoned answer stops recording (a no-op after finish)
         self.turns = [*kept, Turn(question, end.text)]
         self._host_ms_per_token = 1000 * (self.cache.host_attention_seconds - host_before) / max(end.num_tokens, 1)
-        verified = None
-        if end.text and not end.stopped and (self.verify_support or self.support_thresholds.min_verify_yes > 0):
-            checked = time.perf_counter()
-            verified = self.check_support(question)
-            self.verify_seconds = time.perf_counter() - checked
         yield AnswerChunk(end.text, "", end.num_tokens, None if end.first_at is None else end.first_at - asked,
                           answer_rate(end.num_tokens, end.first_at), done=True, stopped=end.stopped,
                           looped=end.looped, sources=tuple(found),
@@ -441,9 +443,10 @@ class DocumentSession:
                                          mean_logprob(end.logprobs), self.support_thresholds,
                                          self._grounded(question, end.text, found), verified))
 
-    def check_support(self, question: str) -> float:
+    def check_support(self, question: str, turns: list[Turn] | None = None) -> float:
         """P(yes) / (P(yes) + P(no)) of the model's own next token after a verification turn (``verify_prompt``:
-        does the document state the answer to ``question``?) asked after the conversation so far.
+        does the document state the answer to ``question``?) asked after ``turns`` (default: the conversation so
+        far; ``ask`` runs it before the answer, so in a fresh chat on the question alone).
 
         Cheap next to an answer: the document's K/V is reused, so the check is a prefill of its few dozen tokens
         and one next-token distribution. It leaves the conversation as it was: the turn is not recorded and the
@@ -452,8 +455,8 @@ class DocumentSession:
         """
         if not self.is_prefilled:
             raise StateError("read the document first (prefill)")
-        wanted = self._document_ids + self.prompts.conversation_ids(self.document, self.turns,
-                                                                     verify_prompt(question))
+        turns = self.turns if turns is None else turns
+        wanted = self._document_ids + self.prompts.conversation_ids(self.document, turns, verify_prompt(question))
         common = 0
         for have, want in zip(self._cached_ids, wanted):
             if have != want:

@@ -57,7 +57,7 @@ def test_the_check_leaves_the_next_answer_unchanged(headinfer_smollm2):
 
     def converse(check: bool):
         session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=256), answer_budget=96)
-        session.verify_support = check  # the check runs inside ask, after the answer
+        session.verify_support = check  # the check runs inside ask, before the answer
         session.set_document(document)
         session.prefill()
         *_, first = session.ask(question, max_new_tokens=10, sources=False)
@@ -73,12 +73,13 @@ def test_the_check_leaves_the_next_answer_unchanged(headinfer_smollm2):
     assert 0.0 <= first.support.verify_yes <= 1.0 and session.verify_seconds > 0
     assert (first.text, second.text) == (plain_first.text, plain_second.text)
     assert second.support.mean_logprob == pytest.approx(plain_second.support.mean_logprob, abs=1e-6)
-    # A check after the next answer at the same point reads the same distribution: nothing of the first was left.
+    # The same check asked again later, on the same conversation, reads the same distribution: nothing of it was
+    # left in the cache, which goes back to a prefix of what it held.
     cached = list(session._cached_ids)
-    yes = session.check_support("Which page is it on?")
-    assert cached[:len(session._cached_ids)] == session._cached_ids  # cropped back to a prefix of what it held
-    assert session.check_support("Which page is it on?") == pytest.approx(yes, abs=1e-6)
-    assert second.support.verify_yes == pytest.approx(yes, abs=1e-6)
+    yes = session.check_support("Which page is it on?", session.turns[:1])
+    assert cached[:len(session._cached_ids)] == session._cached_ids
+    assert yes == pytest.approx(second.support.verify_yes, abs=1e-6)
+    assert session.check_support("Which page is it on?", session.turns[:1]) == pytest.approx(yes, abs=1e-6)
     # A fitted rule that uses the check runs it without the opt-in, and flags by it (1.0: any doubt flags).
     session.verify_support = False
     session.support_thresholds = SupportThresholds(0.0, -100.0, 0.0, 1.0)

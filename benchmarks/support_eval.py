@@ -143,14 +143,17 @@ CANDIDATES = {
     "share + grounded": ("min_document_share", "min_grounded_share"),
     "log-prob + grounded": ("min_mean_logprob", "min_grounded_share"),
     "share + log-prob + grounded": ("min_document_share", "min_mean_logprob", "min_grounded_share"),
-    # The verification turn (``benchmarks.support_verify``): P(yes) that the document states the answer, asked after
-    # the answer (the engine's ``min_verify_yes``) or before any answer (the question alone, not shippable as is).
-    "verify after the answer": ("min_verify_yes",),
-    "verify, question only": ("min_verify_question",),
+    # The verification turn (``benchmarks.support_verify``): P(yes) that the document states the answer to the
+    # question, asked before the answer on the question alone (the engine's ``min_verify_yes``) or after the answer
+    # (the question and the answer as the conversation so far; not what the engine runs).
+    "verify": ("min_verify_yes",),
     "share + verify": ("min_document_share", "min_verify_yes"),
     "log-prob + verify": ("min_mean_logprob", "min_verify_yes"),
     "grounded + verify": ("min_grounded_share", "min_verify_yes"),
-    "log-prob + verify, question only": ("min_mean_logprob", "min_verify_question"),
+    "share + log-prob + verify": ("min_document_share", "min_mean_logprob", "min_verify_yes"),
+    "log-prob + grounded + verify": ("min_mean_logprob", "min_grounded_share", "min_verify_yes"),
+    "verify after the answer": ("min_verify_answer",),
+    "log-prob + verify after the answer": ("min_mean_logprob", "min_verify_answer"),
 }
 # The rules the engine can ship (its own signals; a threshold left out is off); per model, the one with the best
 # held-out rates is fitted on all answers and goes into ``engine.answer.support._FITTED``.
@@ -167,7 +170,7 @@ def signals(record: dict, pages: dict[str, str]) -> dict[str, float | None]:
             "min_token_logprob": min(logprobs) if logprobs else None,
             "min_first_logprob": sum(logprobs[:4]) / len(logprobs[:4]) if logprobs else None,
             "min_top_page_share": sources[0][1] if sources else None,
-            "min_verify_yes": record.get("yes_answer"), "min_verify_question": record.get("yes_question")}
+            "min_verify_yes": record.get("yes_question"), "min_verify_answer": record.get("yes_answer")}
 
 
 def _matrix(rows: list[dict], names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -322,8 +325,8 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
               *shipped]
     lines += ["", "Signal values (mean over fresh-chat answers; right answers: a supported one matches its regex, an "
               "unsupported one says the document does not say):", "",
-              "| model | layout | kind | share | mean log-prob | grounded | min token log-prob | verify P(yes) after the "
-              "answer | verify P(yes), question only | right answers |",
+              "| model | layout | kind | share | mean log-prob | grounded | min token log-prob | verify P(yes) | verify P(yes) "
+              "after the answer | right answers |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
     def mean(rows, name):
@@ -338,7 +341,7 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
                     lines.append(f"| {model} | {layout} | {kind} | {mean(rows, 'min_document_share')} | "
                                  f"{mean(rows, 'min_mean_logprob')} | {mean(rows, 'min_grounded_share')} | "
                                  f"{mean(rows, 'min_token_logprob')} | {mean(rows, 'min_verify_yes')} | "
-                                 f"{mean(rows, 'min_verify_question')} | {sum(r['correct'] for r in rows)}/{len(rows)} |")
+                                 f"{mean(rows, 'min_verify_answer')} | {sum(r['correct'] for r in rows)}/{len(rows)} |")
     lines += ["", "## A fresh chat against a later one", "",
               "Right answers to the questions the pages answer, each asked in a fresh chat and after one earlier turn "
               "(the document's warm-up question and its answer), paired: only questions asked both ways. `glued`: the "
@@ -369,18 +372,19 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
         lines.append(f"| {model} | {n} | {sum(r['answer_s'] for r in rows) / n:.1f} | "
                      f"{sum(r['sources_s'] for r in rows) / n:.3f} | {per_token:.2f} | {tokens:.1f} | "
                      f"{per_token * tokens + grounded_ms:.1f} |")
-    checked = [r for r in records if "check_s_answer" in r]
+    checked = [r for r in records if "check_s_question" in r]
     if checked:
         lines += ["", "The verification turn (`DocumentSession.check_support`, `benchmarks.support_verify`): a prefill "
                   "of the turn's few dozen tokens on the document's cached K/V (after the answer: the question and "
                   "the answer too, as the next question would read them) and one next-token distribution; no answer "
-                  "regenerated.", "", "| model | checks | mean s after the answer | mean s question only |",
+                  "regenerated.", "", "| model | checks | mean s (question, the engine's) | mean s after the answer (question and answer re-read) |",
                   "| --- | --- | --- | --- |"]
         for model in models:
             rows = [r for r in checked if r["model"] == model]
             if rows:
-                lines.append(f"| {model} | {len(rows)} | {sum(r['check_s_answer'] for r in rows) / len(rows):.1f} | "
-                             f"{sum(r['check_s_question'] for r in rows) / len(rows):.1f} |")
+                after = [r["check_s_answer"] for r in rows if "check_s_answer" in r]
+                lines.append(f"| {model} | {len(rows)} | {sum(r['check_s_question'] for r in rows) / len(rows):.1f} | "
+                             + (f"{sum(after) / len(after):.1f} ({len(after)}) |" if after else "– |"))
     for r in records:
         del r["signals"]
     previous = path.read_text() if path.is_file() else ""

@@ -7,9 +7,10 @@ generated again. Each document is read once (restored from a snapshot under ``--
 every question two checks, each a short prefill on the document's K/V and one next-token distribution
 (``DocumentSession.check_support``):
 
-- ``question``: the check alone in a fresh chat, before any answer (independent of the answer's text);
-- ``answer``: the check after the recorded answer (the question and that answer as the conversation so far), as the
-  app runs it after an answer.
+- ``question``: the check alone in a fresh chat, before any answer (independent of the answer's text): what
+  ``DocumentSession.ask`` runs when the check is on;
+- ``answer``: the check after the recorded answer (the question and that answer as the conversation so far, re-read
+  here; in the app they would already be cached).
 
 One line per question to ``support-verify.jsonl`` (resumable); ``python -m benchmarks.support_eval --tables-only``
 fits and reports them beside the other signals.

@@ -11,6 +11,11 @@ Three signals the engine already holds after an answer, so the check costs a few
   on the pages it attended to (its sources). An answer read off its pages repeats their words; an invented option,
   program or number is on none of them.
 
+A fourth, ``verify_yes``, costs a short prefill: before the answer the model is asked, on the document's cached K/V,
+whether the document states the answer to the question (``verify_prompt``), and P(yes) / (P(yes) + P(no)) is read off
+its next-token distribution (``yes_share``; ``DocumentSession.check_support`` runs it and leaves the conversation as
+it was). It runs only where a model's rule uses it (``min_verify_yes`` > 0) or when asked for.
+
 The answer is flagged when any signal is under its threshold (``SupportThresholds``). The thresholds are fitted per
 model by ``benchmarks/support_eval.py`` on ``benchmarks/data/support_eval.json`` and reported held out (leave one
 question out) in ``docs/benchmarks/support.md``; ``thresholds_for`` picks a model's.

@@ -157,7 +157,10 @@ CANDIDATES = {
 }
 # The rules the engine can ship (its own signals; a threshold left out is off); per model, the one with the best
 # held-out rates is fitted on all answers and goes into ``engine.answer.support._FITTED``.
-SHIPPABLE = [rule for rule, names in CANDIDATES.items() if set(names) <= set(ENGINE_SIGNALS)]
+# The verification turn is not picked automatically: it costs a prefill per answer (seconds, not milliseconds) and
+# is shipped for a model only by hand, where it beats that model's rule held out (so far none: support.md).
+SHIPPABLE = [rule for rule, names in CANDIDATES.items()
+             if set(names) <= set(ENGINE_SIGNALS) and "min_verify_yes" not in names]
 
 
 def signals(record: dict, pages: dict[str, str]) -> dict[str, float | None]:
@@ -319,8 +322,9 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
             if best is not None:
                 shipped.append(f"- {model}, {layout}: **{best[1]}**, fitted on all {len(rows)} answers: "
                                f"`{fitted_thresholds(rows, CANDIDATES[best[1]])}`")
-    lines += ["", "The rule with the best held-out rates among the engine's own signals (within 10% supported flagged if "
-              "any is, then the most unsupported flagged); the engine ships it (`engine.answer.support._FITTED`). "
+    lines += ["", "The rule with the best held-out rates among the engine's own cheap signals (within 10% supported "
+              "flagged if any is, then the most unsupported flagged; the verification turn, a prefill per answer, is "
+              "left out of this choice); the engine ships it (`engine.answer.support._FITTED`). "
               "Picking the rule by its held-out rates is itself a small fit: read those rates as slightly optimistic.", "",
               *shipped]
     lines += ["", "Signal values (mean over fresh-chat answers; right answers: a supported one matches its regex, an "
@@ -375,8 +379,9 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
     checked = [r for r in records if "check_s_question" in r]
     if checked:
         lines += ["", "The verification turn (`DocumentSession.check_support`, `benchmarks.support_verify`): a prefill "
-                  "of the turn's few dozen tokens on the document's cached K/V (after the answer: the question and "
-                  "the answer too, as the next question would read them) and one next-token distribution; no answer "
+                  "of the turn's few dozen tokens on the document's cached K/V (`verify`: the question alone, before the "
+                  "answer, what `DocumentSession.ask` runs when the check is on; `after the answer`: the question and "
+                  "the recorded answer re-read first, so it costs more here than it would in a chat) and one next-token distribution; no answer "
                   "regenerated.", "", "| model | checks | mean s (question, the engine's) | mean s after the answer (question and answer re-read) |",
                   "| --- | --- | --- | --- |"]
         for model in models:

@@ -130,7 +130,7 @@ def _logprob_cost(model) -> float:
 
 # The candidate signals, by the name of their threshold; the first three are the engine's (``decide``), the
 # others are cheap alternatives from the same answer, fitted and reported the same way to see whether they help.
-ENGINE_SIGNALS = ("min_document_share", "min_mean_logprob", "min_grounded_share")
+ENGINE_SIGNALS = ("min_document_share", "min_mean_logprob", "min_grounded_share", "min_verify_yes")
 CANDIDATES = {
     "share + log-prob (before)": ("min_document_share", "min_mean_logprob"),
     "share": ("min_document_share",),
@@ -141,11 +141,25 @@ CANDIDATES = {
     "grounded words": ("min_grounded_share",),
     "share + grounded": ("min_document_share", "min_grounded_share"),
     "log-prob + grounded": ("min_mean_logprob", "min_grounded_share"),
-    "share + log-prob + grounded": ENGINE_SIGNALS,
+    "share + log-prob + grounded": ("min_document_share", "min_mean_logprob", "min_grounded_share"),
+    # The verification turn (``benchmarks.support_verify``): P(yes) that the document states the answer to the
+    # question, asked before the answer on the question alone (the engine's ``min_verify_yes``) or after the answer
+    # (the question and the answer as the conversation so far; not what the engine runs).
+    "verify": ("min_verify_yes",),
+    "share + verify": ("min_document_share", "min_verify_yes"),
+    "log-prob + verify": ("min_mean_logprob", "min_verify_yes"),
+    "grounded + verify": ("min_grounded_share", "min_verify_yes"),
+    "share + log-prob + verify": ("min_document_share", "min_mean_logprob", "min_verify_yes"),
+    "log-prob + grounded + verify": ("min_mean_logprob", "min_grounded_share", "min_verify_yes"),
+    "verify after the answer": ("min_verify_answer",),
+    "log-prob + verify after the answer": ("min_mean_logprob", "min_verify_answer"),
 }
 # The rules the engine can ship (its own signals; a threshold left out is off); per model, the one with the best
 # held-out rates is fitted on all answers and goes into ``engine.answer.support._FITTED``.
-SHIPPABLE = [rule for rule, names in CANDIDATES.items() if set(names) <= set(ENGINE_SIGNALS)]
+# The verification turn is not picked automatically: it costs a prefill per answer (seconds, not milliseconds) and
+# is shipped for a model only by hand, where it beats that model's rule held out (so far none: support.md).
+SHIPPABLE = [rule for rule, names in CANDIDATES.items()
+             if set(names) <= set(ENGINE_SIGNALS) and "min_verify_yes" not in names]
 
 
 def signals(record: dict, pages: dict[str, str]) -> dict[str, float | None]:
@@ -157,7 +171,8 @@ def signals(record: dict, pages: dict[str, str]) -> dict[str, float | None]:
             "min_grounded_share": grounded_share(record["answer"], record["question"], cited) if sources else None,
             "min_token_logprob": min(logprobs) if logprobs else None,
             "min_first_logprob": sum(logprobs[:4]) / len(logprobs[:4]) if logprobs else None,
-            "min_top_page_share": sources[0][1] if sources else None}
+            "min_top_page_share": sources[0][1] if sources else None,
+            "min_verify_yes": record.get("yes_question"), "min_verify_answer": record.get("yes_answer")}
 
 
 def _matrix(rows: list[dict], names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -229,13 +244,26 @@ def fitted_thresholds(rows: list[dict], names: tuple[str, ...]) -> SupportThresh
     share = fitted.get("min_document_share", -math.inf)
     logprob = fitted.get("min_mean_logprob", -math.inf)
     grounded = fitted.get("min_grounded_share", -math.inf)
+    verify = fitted.get("min_verify_yes", -math.inf)
     return SupportThresholds(round(min(share, 1.0), 3) if math.isfinite(share) else 0.0,
                              round(max(min(logprob, 0.0), -100.0), 3) if math.isfinite(logprob) else -100.0,
-                             round(min(grounded, 1.0), 3) if math.isfinite(grounded) else 0.0)
+                             round(min(grounded, 1.0), 3) if math.isfinite(grounded) else 0.0,
+                             round(min(verify, 1.0), 4) if math.isfinite(verify) else 0.0)
 
 
 def _fresh(records: list[dict], model: str, layout: str) -> list[dict]:
     return [r for r in records if r["model"] == model and r["layout"] == layout and r["chat"] == "fresh"]
+
+
+def _join_checks(records: list[dict], path: Path) -> None:
+    """Adds the verification turn's P(yes) and cost (``benchmarks.support_verify``) to the fresh glued answers."""
+    if not path.is_file():
+        return
+    checks = {(c["model"], c["document"], c["question"]): c for c in map(json.loads, path.read_text().splitlines())}
+    for r in records:
+        check = checks.get((r["model"], r["document"], r["question"]))
+        if check is not None and r["layout"] == "glued" and r["chat"] == "fresh":
+            r.update({k: v for k, v in check.items() if k.startswith(("yes_", "check_s_"))})
 
 
 def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp: dict, path: Path) -> None:
@@ -273,14 +301,18 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
                 continue
             best = None
             for rule, names in CANDIDATES.items():
-                values, unsupported = _matrix(rows, names)
+                # The verification turn was not run on every answer (time): a rule using it is judged on those only.
+                ruled = [r for r in rows if all(r["signals"][n] is not None for n in names if n.startswith("min_verify"))]
+                if len({r["kind"] for r in ruled}) < 2:
+                    continue
+                values, unsupported = _matrix(ruled, names)
                 u, s = held_out(values, unsupported)
                 # Within the target for supported answers first, then the most unsupported flagged, then the
                 # fewest supported flagged (ties: the rule listed first, the simpler one).
-                score = (s <= MAX_SUPPORTED_FLAGGED, u, -s)
-                if rule in SHIPPABLE and (best is None or score > best[0]):
+                score = (s <= MAX_SUPPORTED_FLAGGED and u > 0, u, -s)
+                if rule in SHIPPABLE and len(ruled) == len(rows) and (best is None or score > best[0]):
                     best = (score, rule)
-                du, ds = across_documents(rows, names)
+                du, ds = across_documents(ruled, names)
                 across = f"{du:.0%} / {ds:.0%}" if math.isfinite(du) else "–"
                 thresholds = ", ".join(f"{n[4:]} {t:.3g}" for n, t in zip(names, fit(values, unsupported))
                                        if math.isfinite(t)) or "none (flags nothing)"
@@ -289,14 +321,16 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
             if best is not None:
                 shipped.append(f"- {model}, {layout}: **{best[1]}**, fitted on all {len(rows)} answers: "
                                f"`{fitted_thresholds(rows, CANDIDATES[best[1]])}`")
-    lines += ["", "The rule with the best held-out rates among the engine's own signals (within 10% supported flagged if "
-              "any is, then the most unsupported flagged); the engine ships it (`engine.answer.support._FITTED`). "
+    lines += ["", "The rule with the best held-out rates among the engine's own cheap signals (within 10% supported "
+              "flagged if any is, then the most unsupported flagged; the verification turn, a prefill per answer, is "
+              "left out of this choice); the engine ships it (`engine.answer.support._FITTED`). "
               "Picking the rule by its held-out rates is itself a small fit: read those rates as slightly optimistic.", "",
               *shipped]
     lines += ["", "Signal values (mean over fresh-chat answers; right answers: a supported one matches its regex, an "
               "unsupported one says the document does not say):", "",
-              "| model | layout | kind | share | mean log-prob | grounded | min token log-prob | right answers |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| model | layout | kind | share | mean log-prob | grounded | min token log-prob | verify P(yes) | verify P(yes) "
+              "after the answer | right answers |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
     def mean(rows, name):
         values = [r["signals"][name] for r in rows if r["signals"][name] is not None]
@@ -309,7 +343,8 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
                 if rows:
                     lines.append(f"| {model} | {layout} | {kind} | {mean(rows, 'min_document_share')} | "
                                  f"{mean(rows, 'min_mean_logprob')} | {mean(rows, 'min_grounded_share')} | "
-                                 f"{mean(rows, 'min_token_logprob')} | {sum(r['correct'] for r in rows)}/{len(rows)} |")
+                                 f"{mean(rows, 'min_token_logprob')} | {mean(rows, 'min_verify_yes')} | "
+                                 f"{mean(rows, 'min_verify_answer')} | {sum(r['correct'] for r in rows)}/{len(rows)} |")
     lines += ["", "## A fresh chat against a later one", "",
               "Right answers to the questions the pages answer, each asked in a fresh chat and after one earlier turn "
               "(the document's warm-up question and its answer), paired: only questions asked both ways. `glued`: the "
@@ -340,6 +375,20 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
         lines.append(f"| {model} | {n} | {sum(r['answer_s'] for r in rows) / n:.1f} | "
                      f"{sum(r['sources_s'] for r in rows) / n:.3f} | {per_token:.2f} | {tokens:.1f} | "
                      f"{per_token * tokens + grounded_ms:.1f} |")
+    checked = [r for r in records if "check_s_question" in r]
+    if checked:
+        lines += ["", "The verification turn (`DocumentSession.check_support`, `benchmarks.support_verify`): a prefill "
+                  "of the turn's few dozen tokens on the document's cached K/V (`verify`: the question alone, before the "
+                  "answer, what `DocumentSession.ask` runs when the check is on; `after the answer`: the question and "
+                  "the recorded answer re-read first, so it costs more here than it would in a chat) and one next-token distribution; no answer "
+                  "regenerated.", "", "| model | checks | mean s (question, the engine's) | mean s after the answer (question and answer re-read) |",
+                  "| --- | --- | --- | --- |"]
+        for model in models:
+            rows = [r for r in checked if r["model"] == model]
+            if rows:
+                after = [r["check_s_answer"] for r in rows if "check_s_answer" in r]
+                lines.append(f"| {model} | {len(rows)} | {sum(r['check_s_question'] for r in rows) / len(rows):.1f} | "
+                             + (f"{sum(after) / len(after):.1f} ({len(after)}) |" if after else "– |"))
     for r in records:
         del r["signals"]
     previous = path.read_text() if path.is_file() else ""
@@ -371,6 +420,7 @@ def main(argv=None) -> int:
     jsonl = out / "support.jsonl"
     records = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.is_file() else []
     done = {_key(r) for r in records}
+    _join_checks(records, out / "support-verify.jsonl")
     stamp = run_stamp("cpu")
 
     def emit(record: dict) -> None:

@@ -18,7 +18,8 @@ import torch
 from .answer.generate import ConversationFit, document_page_starts, retrieval_heads, stream_answer
 from .answer.sampling import RepetitionGuard
 from .answer.sources import AnswerSources
-from .answer.support import decide, grounded_share, mean_logprob, page_texts, thresholds_for
+from .answer.support import (decide, grounded_share, mean_logprob, page_texts, thresholds_for, verify_prompt,
+                             yes_share)
 from .cache import HeadInferCache
 from .errors import InputError, PrefillCancelled, QuestionTooLong, StateError
 from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
@@ -84,6 +85,10 @@ class DocumentSession:
         elif self.shape.max_positions:
             # At most half the trained window: a small-window model must still read a document beside it.
             self.answer_budget = min(self.answer_budget, self.shape.max_positions // 2)
+        # Ask the verification turn after every answer even where the model's fitted rule does not use it (to
+        # measure it); the rule's ``min_verify_yes`` > 0 asks it anyway. ``verify_seconds``: the last one's cost.
+        self.verify_support = False
+        self.verify_seconds = 0.0
         self._reset_document()
 
     # -- state -----------------------------------------------------------------------------------
@@ -429,6 +434,13 @@ class DocumentSession:
                         fit.num_dropped)
         kept = self.turns[fit.num_dropped:]
         wanted = self._document_ids + fit.ids
+        verified = None
+        if self.verify_support or self.support_thresholds.min_verify_yes > 0:
+            # Before the answer and its sources pass (which would record the check's attention): the measured
+            # variant asks about the question alone, whatever the answer says (docs/benchmarks/support.md).
+            checked = time.perf_counter()
+            verified = self.check_support(question, kept)
+            self.verify_seconds = time.perf_counter() - checked
         grounding = self._grounding() if sources else None
         if grounding is not None:
             grounding.start(len(wanted) - 1)  # from the query that writes the first answer token
@@ -458,7 +470,35 @@ class DocumentSession:
                           sources_seconds=grounding.seconds if grounding else 0.0,
                           support=decide(grounding.document_share if grounding else None,
                                          mean_logprob(end.logprobs), self.support_thresholds,
-                                         self._grounded(question, end.text, found)))
+                                         self._grounded(question, end.text, found), verified))
+
+    def check_support(self, question: str, turns: list[Turn] | None = None) -> float:
+        """P(yes) / (P(yes) + P(no)) of the model's own next token after a verification turn (``verify_prompt``:
+        does the document state the answer to ``question``?) asked after ``turns`` (default: the conversation so
+        far; ``ask`` runs it before the answer, so in a fresh chat on the question alone).
+
+        Cheap next to an answer: the document's K/V is reused, so the check is a prefill of its few dozen tokens
+        and one next-token distribution. It leaves the conversation as it was: the turn is not recorded and the
+        cache goes back to where the next question would have cropped it anyway (the longest common prefix of
+        the cache and this turn, which ends before any new user message), so the next answer is the same.
+        """
+        if not self.is_prefilled:
+            raise StateError("read the document first (prefill)")
+        turns = self.turns if turns is None else turns
+        wanted = self._document_ids + self.prompts.conversation_ids(self.document, turns, verify_prompt(question))
+        common = 0
+        for have, want in zip(self._cached_ids, wanted):
+            if have != want:
+                break
+            common += 1
+        try:
+            logits = self._extend_to(wanted)  # [vocab]
+        finally:
+            # Back to the shared prefix: the check's own tokens never reach the next question.
+            kept = self.cache.restorable_length(min(common, self.cache.get_seq_length()), states_advanced=True)
+            self.cache.crop_to(kept)
+            del self._cached_ids[kept:]
+        return yes_share(logits, self.tokenizer)
 
     def _grounded(self, question: str, answer: str, found: list) -> float | None:
         """``grounded_share`` of the answer on the pages it attended to (its sources); None without sources."""

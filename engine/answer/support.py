@@ -11,6 +11,11 @@ Three signals the engine already holds after an answer, so the check costs a few
   on the pages it attended to (its sources). An answer read off its pages repeats their words; an invented option,
   program or number is on none of them.
 
+A fourth, ``verify_yes``, costs a short prefill: before the answer the model is asked, on the document's cached K/V,
+whether the document states the answer to the question (``verify_prompt``), and P(yes) / (P(yes) + P(no)) is read off
+its next-token distribution (``yes_share``; ``DocumentSession.check_support`` runs it and leaves the conversation as
+it was). It runs only where a model's rule uses it (``min_verify_yes`` > 0) or when asked for.
+
 The answer is flagged when any signal is under its threshold (``SupportThresholds``). The thresholds are fitted per
 model by ``benchmarks/support_eval.py`` on ``benchmarks/data/support_eval.json`` and reported held out (leave one
 question out) in ``docs/benchmarks/support.md``; ``thresholds_for`` picks a model's.
@@ -36,6 +41,8 @@ class SupportThresholds:
     min_document_share: float = 0.30
     min_mean_logprob: float = -0.60
     min_grounded_share: float = 0.0
+    # The verification turn's P(yes) (``check_support``); 0 is off, and the session then runs no check at all.
+    min_verify_yes: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_document_share <= 1.0:
@@ -44,6 +51,8 @@ class SupportThresholds:
             raise ValueError(f"min_mean_logprob must be <= 0, got {self.min_mean_logprob}")
         if not 0.0 <= self.min_grounded_share <= 1.0:
             raise ValueError(f"min_grounded_share must be in [0, 1], got {self.min_grounded_share}")
+        if not 0.0 <= self.min_verify_yes <= 1.0:
+            raise ValueError(f"min_verify_yes must be in [0, 1], got {self.min_verify_yes}")
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,7 @@ class Support:
     mean_logprob: float | None  # None for an empty answer
     is_supported: bool
     grounded_share: float | None = None  # None without sources or when the answer adds no word of its own
+    verify_yes: float | None = None  # None when no verification turn ran (``min_verify_yes`` off, or not asked)
 
 
 def document_share(mass: torch.Tensor, document_range: tuple[int, int],
@@ -75,20 +85,56 @@ def mean_logprob(logprobs: list[float]) -> float | None:
 
 
 def decide(share: float | None, logprob: float | None,
-           thresholds: SupportThresholds = SupportThresholds(), grounded: float | None = None) -> Support:
+           thresholds: SupportThresholds = SupportThresholds(), grounded: float | None = None,
+           verified: float | None = None) -> Support:
     """Flags an answer whose attention stayed off the pages, whose tokens were written unsure, or whose own words
-    are not on the pages it looked at. A missing signal does not flag: without sources the answer is judged on its
+    are not on the pages it looked at, or which the model itself, asked afterwards, does not find stated in the document
+    (``verified``: its P(yes)). A missing signal does not flag: without sources the answer is judged on its
     probabilities alone."""
     low_share = share is not None and share < thresholds.min_document_share
     unsure = logprob is not None and logprob < thresholds.min_mean_logprob
     ungrounded = grounded is not None and grounded < thresholds.min_grounded_share
-    return Support(share, logprob, not (low_share or unsure or ungrounded), grounded)
+    denied = verified is not None and verified < thresholds.min_verify_yes
+    return Support(share, logprob, not (low_share or unsure or ungrounded or denied), grounded, verified)
 
 
 def token_logprob(logits: torch.Tensor, token: int) -> float:
     """log p(token) under ``logits`` ([vocab], the raw logits of the step that chose it)."""
     value = float(torch.log_softmax(logits.float(), dim=-1)[token])
     return value if math.isfinite(value) else -100.0
+
+
+# -- the verification turn: the model asked whether the document states the answer ------------------------------
+
+VERIFY_PROMPT = "Does the document state the answer to this question: {question} Answer yes or no."
+
+
+def verify_prompt(question: str) -> str:
+    """The verification turn's text for ``question`` (asked after the answer, on the document's cached K/V)."""
+    return VERIFY_PROMPT.format(question=question.strip())
+
+
+@functools.lru_cache(maxsize=16)  # once per tokenizer: the ids of "yes"/"no" never change
+def _answer_ids(tokenizer, words: tuple[str, ...]) -> tuple[int, ...]:
+    """The first token of each spelling of ``words`` (bare, capitalised, upper case, after a space)."""
+    ids = set()
+    for word in words:
+        for spelling in (word, word.capitalize(), word.upper(), " " + word, " " + word.capitalize()):
+            encoded = tokenizer(spelling, add_special_tokens=False)["input_ids"]
+            if encoded:
+                ids.add(encoded[0])
+    return tuple(sorted(ids))
+
+
+def yes_share(logits: torch.Tensor, tokenizer) -> float:
+    """P(yes) / (P(yes) + P(no)) under ``logits`` ([vocab], the next token after the verification turn), summed
+    over the spellings of each word; 0.5 when neither has any probability."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    yes_ids, no_ids = _answer_ids(tokenizer, ("yes",)), _answer_ids(tokenizer, ("no",))
+    if set(yes_ids) & set(no_ids):  # a tokenizer that splits both into one shared first piece cannot tell them apart
+        return 0.5
+    yes, no = float(probs[list(yes_ids)].sum()), float(probs[list(no_ids)].sum())
+    return yes / (yes + no) if yes + no > 0 else 0.5
 
 
 # -- candidate signals fitted offline (benchmarks/support_eval.py) ---------------------------------------------------

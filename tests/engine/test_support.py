@@ -127,7 +127,8 @@ def test_a_real_answer_carries_its_support_signal(headinfer_smollm2):
     assert support is not None and 0.0 < support.document_share <= 1.0
     assert support.mean_logprob is not None and support.mean_logprob <= 0.0
     assert support.is_supported == decide(support.document_share, support.mean_logprob,
-                                          session.support_thresholds, support.grounded_share).is_supported
+                                          session.support_thresholds, support.grounded_share,
+                                          support.verify_yes).is_supported
     assert session.support_thresholds == thresholds_for("smollm2")  # the model's own fitted thresholds
     # Without sources the probabilities are the same (the same greedy tokens) and the share is absent.
     session.new_conversation()

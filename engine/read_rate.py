@@ -30,13 +30,11 @@ from __future__ import annotations
 import logging
 import math
 import os
-import platform
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from itertools import combinations
 
 import torch
@@ -44,6 +42,7 @@ import torch
 from .errors import ForwardInterrupted
 from .interrupt import interruptible, layer_callbacks
 from .planning.machine import synchronize
+from .planning.rates import cpu_model
 from .read_cost import LoadProbe, ReadCosts, pairs
 
 logger = logging.getLogger(__name__)
@@ -188,19 +187,7 @@ def rate_key(model, cost_key: str) -> str:
 def machine_name(device: torch.device) -> str:
     if device.type == "cuda":
         return f"cuda {torch.cuda.get_device_name(device)}"
-    return f"cpu {_cpu_model()} x{os.cpu_count()}"
-
-
-@lru_cache(maxsize=1)
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return f"cpu {cpu_model()} x{os.cpu_count()}"
 
 
 class _Measurement:

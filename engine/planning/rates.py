@@ -75,7 +75,7 @@ def machine_rates(device: torch.device | str = "cpu", cache_path: Path | None = 
 def machine_key(device: torch.device) -> str:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "no-gpu"
     # "together": measured at once since rates v2 (figures measured apart are not reused)
-    return f"{platform.node()}|{_cpu_model()}|{os.cpu_count()} cpus|torch {torch.__version__}|{gpu}|together"
+    return f"{platform.node()}|{cpu_model()}|{os.cpu_count()} cpus|torch {torch.__version__}|{gpu}|together"
 
 
 def measure_together(host_step: Callable[[], int], link_step: Callable[[], tuple[int, float]],
@@ -175,7 +175,8 @@ def _default_path() -> Path:
     return cache_dir() / _FILE
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (what a measured rate belongs to)."""
     try:
         with open("/proc/cpuinfo") as info:
             for line in info:

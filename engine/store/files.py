@@ -14,7 +14,8 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -150,14 +151,11 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
     _prepare(cache, header)
     entries = {f.name: f for f in header.files}
     home_files = {(f.layer, f.group, f.plane): f for f in header.files if f.is_home}
-    try:
+    with _damaged("the snapshot"):
         per_layer = [_restore_parts(layer.homes, header, num_tokens) for layer in cache.layers]
         with _streamer(cache, [(layer.homes, parts) for layer, (parts, _) in zip(cache.layers, per_layer)]) as streamer:
             streamer.prefault([run for parts, _ in per_layer for _, _, runs in parts for run in runs])
-            ids = torch.empty(entries[TOKENS_FILE].num_bytes, dtype=torch.uint8)
-            total = streamer.read_file(folder / TOKENS_FILE, [ids], entries[TOKENS_FILE].crc32)
-            if hashlib.sha256(ids.numpy()).hexdigest() != header.identity.token_ids_sha256:
-                raise ChecksumMismatch(f"{TOKENS_FILE} holds other token ids than the header says")
+            total = _read_tokens(streamer, folder, header, entries)
             for layer, (parts, regroup) in zip(cache.layers, per_layer):
                 name = layer_file(layer.layer_idx)
                 own = [(home_files.get((layer.layer_idx, g, plane)), runs) for g, plane, runs in parts]
@@ -167,10 +165,6 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
                     if entry is not None:
                         total += streamer.read_file(folder / entry.name, runs, entry.crc32, whole=False)
                 regroup()
-    except (TruncatedFile, ChecksumMismatch) as error:
-        raise CorruptSnapshotError(f"{error}: the snapshot is damaged") from error
-    except FileNotFoundError as error:
-        raise CorruptSnapshotError(f"a snapshot file is missing ({error.filename})") from error
     for layer in cache.layers:
         layer.length = num_tokens
     return total
@@ -201,22 +195,35 @@ def _read_partial(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
             plan.append((part, layer.homes, [(g, plane, home.blocks(part.start, part.stop, plane))
                                              for g, home in enumerate(layer.homes) for plane in range(len(home.planes))]))
     entries = {f.name: f for f in header.files}
-    try:
+    with _damaged("the partial read"):
         with _streamer(cache, [(homes, groups) for _, homes, groups in plan]) as streamer:
-            ids = torch.empty(entries[TOKENS_FILE].num_bytes, dtype=torch.uint8)
-            total = streamer.read_file(folder / TOKENS_FILE, [ids], entries[TOKENS_FILE].crc32)
-            if hashlib.sha256(ids.numpy()).hexdigest() != header.identity.token_ids_sha256:
-                raise ChecksumMismatch(f"{TOKENS_FILE} holds other token ids than the header says")
+            total = _read_tokens(streamer, folder, header, entries)
             for part, _, groups in plan:
                 assert part.name == part_file(part.layer, part.start, part.stop)
                 total += streamer.read_file(folder / part.name, [r for _, _, runs in groups for r in runs], part.crc32)
-    except (TruncatedFile, ChecksumMismatch) as error:
-        raise CorruptSnapshotError(f"{error}: the partial read is damaged") from error
-    except FileNotFoundError as error:
-        raise CorruptSnapshotError(f"a snapshot file is missing ({error.filename})") from error
     for layer in cache.layers:
         layer.length = num_read
     return total
+
+
+def _read_tokens(streamer: RunStreamer, folder: Path, header: SnapshotHeader, entries: dict[str, FileEntry]) -> int:
+    """Reads the token ids file and checks it against the header's hash; returns the bytes read."""
+    ids = torch.empty(entries[TOKENS_FILE].num_bytes, dtype=torch.uint8)
+    total = streamer.read_file(folder / TOKENS_FILE, [ids], entries[TOKENS_FILE].crc32)
+    if hashlib.sha256(ids.numpy()).hexdigest() != header.identity.token_ids_sha256:
+        raise ChecksumMismatch(f"{TOKENS_FILE} holds other token ids than the header says")
+    return total
+
+
+@contextmanager
+def _damaged(what: str) -> Iterator[None]:
+    """A truncated, altered or missing file while reading ``what`` becomes a ``CorruptSnapshotError``."""
+    try:
+        yield
+    except (TruncatedFile, ChecksumMismatch) as error:
+        raise CorruptSnapshotError(f"{error}: {what} is damaged") from error
+    except FileNotFoundError as error:
+        raise CorruptSnapshotError(f"a snapshot file is missing ({error.filename})") from error
 
 
 def _prepare(cache: HeadInferCache, header: SnapshotHeader) -> None:

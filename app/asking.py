@@ -1,6 +1,10 @@
 """Questions: checked against the model's window and the plan before any work (refused at once with the numbers),
 then a turn in the device's line, then the answer streamed from a thread of its own, stoppable between layers for
-the question's own tokens too (the handlers, mixed into ``app.handlers.Handlers``)."""
+the question's own tokens too (a handler piece of ``app.handlers.Handlers``, sharing only its ``AppState``).
+
+The question is tokenized once per ask: ``fit_question`` gives the ids it will be asked with (or refuses it), and
+those ids go on to the line's estimate and to ``DocumentSession.ask`` (``fit=``). Only ``--max-question`` counts the
+question's own tokens apart, as that limit is stated in them."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from collections.abc import Iterator
 import gradio as gr
 
 from app import render
+from app.app_state import AppState
 from app.background import iterate_reports
 from app.browser_state import BrowserState
 from app.pages import chip, cited_pages, split_pages
@@ -28,6 +33,9 @@ NO_CHANGE: dict = gr.update()
 
 class Questions:
     """Asking about the read documents."""
+
+    def __init__(self, app: AppState):
+        self.app = app
 
     def ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,
             state: BrowserState, avoid_repeats: bool = True, show_sources: bool = True) -> Iterator[AskView]:
@@ -49,49 +57,51 @@ class Questions:
         state.stop_requested = False
         max_new_tokens = int(max_new_tokens)
         # Checked before any work and before the queue: a question that cannot fit is refused at once.
-        refusal = self._refusal(session, question, max_new_tokens)
+        refusal, fit = self._refusal(session, question, max_new_tokens)
         if refusal:
             history += [{"role": "user", "content": _preview(question)},
                         {"role": "assistant", "content": f"*(not asked: {html.escape(refusal)})*"}]
             yield AskView(history, NO_CHANGE, _warn(f"Not asked: {refusal}."), NO_CHANGE)
             return
         history += [{"role": "user", "content": _preview(question)}, {"role": "assistant", "content": "…"}]
-        # Expected: a usual answer here, plus reading the question's own tokens (long questions take long).
-        question_seconds = session.estimate_prefill_seconds(session.document_tokens + session.count_tokens(question),
+        # Expected: a usual answer here, plus reading the ids the question is asked with (long questions take long).
+        question_seconds = session.estimate_prefill_seconds(session.document_tokens + len(fit.ids),
                                                             session.document_tokens)
-        ticket = self._queue.join("answering a question", statistics.median(self._answer_seconds) + question_seconds)
+        queue = self.app.queue
+        ticket = queue.join("answering a question", statistics.median(self.app.answer_seconds) + question_seconds)
         try:
             waiting = lambda line: AskView(list(history), "", line, NO_CHANGE)
-            if not (yield from self._in_line(ticket, lambda: state.stop_requested or state.is_closed, waiting)):
+            if not (yield from self.app.in_line(ticket, lambda: state.stop_requested or state.is_closed, waiting)):
                 history[-1] = {"role": "assistant", "content": "*(left the queue before an answer)*"}
                 yield AskView(list(history), NO_CHANGE, status("info", "You left the queue; nothing was asked."),
                               NO_CHANGE)
                 return
             yield AskView(list(history), "", status("info", "Thinking…"), NO_CHANGE)
-            yield from self._answer(session, question, history, max_new_tokens, float(temperature), state,
+            yield from self._answer(session, question, fit, history, max_new_tokens, float(temperature), state,
                                     RepetitionGuard() if avoid_repeats else None, bool(show_sources), ticket)
         finally:
-            self._queue.leave(ticket)
+            queue.leave(ticket)
 
-    def _refusal(self, session: DocumentSession, question: str, max_new_tokens: int) -> str:
-        """Why ``question`` cannot be asked (the numbers), or ""."""
-        if self._max_question is not None:
+    def _refusal(self, session: DocumentSession, question: str, max_new_tokens: int) -> tuple[str, object]:
+        """Why ``question`` cannot be asked (the numbers), or "" with the ``ConversationFit`` it will be asked with
+        (``session.fit_question``'s, handed on to ``session.ask``: the question is tokenized once)."""
+        limit = self.app.max_question
+        if limit is not None:
             num_tokens = session.count_tokens(question)
-            if num_tokens > self._max_question:
+            if num_tokens > limit:
                 return (f"the question takes {num_tokens:,} tokens and this app takes questions of at most "
-                        f"{self._max_question:,} (--max-question)")
+                        f"{limit:,} (--max-question)"), None
         try:
-            session.fit_question(question, max_new_tokens)
+            return "", session.fit_question(question, max_new_tokens)
         except QuestionTooLong as exc:
-            return str(exc)
-        return ""
+            return str(exc), None
 
-    def _answer(self, session: DocumentSession, question: str, history: list[dict], max_new_tokens: int,
+    def _answer(self, session: DocumentSession, question: str, fit, history: list[dict], max_new_tokens: int,
                 temperature: float, state: BrowserState, guard, show_sources: bool, ticket) -> Iterator[AskView]:
         """Streams the answer, computed on a thread of its own: its between-layer stop checks belong to that
         thread, and a closed page (Gradio closing this generator) stops it and waits for it."""
         def work(report) -> None:
-            for chunk in session.ask(question, max_new_tokens=max_new_tokens, temperature=temperature,
+            for chunk in session.ask(question, fit=fit, max_new_tokens=max_new_tokens, temperature=temperature,
                                      should_stop=lambda: state.stop_requested or state.is_closed,
                                      repetition_guard=guard, sources=show_sources,
                                      on_question_progress=lambda done, total: report((done, total))):
@@ -107,7 +117,7 @@ class Questions:
                     continue
                 chunk = item
                 if not chunk.done:  # those waiting behind it: the rest of the answer at the rate it writes now
-                    self._queue.expect(ticket, self._answer_left(chunk, max_new_tokens))
+                    self.app.queue.expect(ticket, self._answer_left(chunk, max_new_tokens))
                 stats = render.answer_stats(chunk.ttft, chunk.num_tokens, chunk.tokens_per_second,
                                             done=chunk.done, stopped=chunk.stopped)
                 if chunk.looped:
@@ -118,8 +128,8 @@ class Questions:
                     stats += (f" · the {session.dropped_turns} oldest question{'s' if session.dropped_turns > 1 else ''}"
                               " and answers left out to make room")
                 if chunk.done and not chunk.stopped:
-                    self._answer_seconds.append(time.monotonic() - started)
-                    self._answer_tokens.append(chunk.num_tokens)
+                    self.app.answer_seconds.append(time.monotonic() - started)
+                    self.app.answer_tokens.append(chunk.num_tokens)
                 pages = split_pages(session.document) if chunk.sources else None
                 history[-1] = {"role": "assistant",
                                "content": _answer(chunk.text, stats, chunk.sources, pages, chunk.support)}
@@ -138,8 +148,9 @@ class Questions:
         """Seconds a running answer likely has left: the tokens the last answers took (or its limit) less those it
         wrote, at its rate so far; never more than its limit allows."""
         if chunk.tokens_per_second <= 0:
-            return statistics.median(self._answer_seconds)
-        usual = statistics.median(self._answer_tokens) if self._answer_tokens else max_new_tokens
+            return statistics.median(self.app.answer_seconds)
+        answer_tokens = self.app.answer_tokens
+        usual = statistics.median(answer_tokens) if answer_tokens else max_new_tokens
         left = min(max(usual - chunk.num_tokens, 1), max_new_tokens - chunk.num_tokens)
         return max(left, 0) / chunk.tokens_per_second
 
@@ -149,9 +160,22 @@ class Questions:
         if session is None or not session.is_prefilled:
             return render.question_bar(None, int(max_new_tokens))
         room = session.question_room(int(max_new_tokens))
-        if self._max_question is not None and self._max_question < room:
-            return render.question_bar(self._max_question, int(max_new_tokens), "--max-question")
+        limit = self.app.max_question
+        if limit is not None and limit < room:
+            return render.question_bar(limit, int(max_new_tokens), "--max-question")
         return render.question_bar(room, int(max_new_tokens))
+
+    @staticmethod
+    def stop(state: BrowserState) -> None:
+        state.stop_requested = True
+
+    @staticmethod
+    def new_chat(state: BrowserState) -> tuple[list, str]:
+        if not state.wait_idle():
+            return NO_CHANGE, _warn("Still stopping the answer; press “New chat” again in a moment.")
+        if state.session is not None:
+            state.session.new_conversation()
+        return [], status("info", "New chat. The documents stay read.")
 
     @staticmethod
     def _page_chips(session, chunk) -> dict:
@@ -161,7 +185,6 @@ class Questions:
         chosen += [str(s.page) for s in chunk.sources
                    if s.page is not None and str(s.page) in known and str(s.page) not in chosen]
         return gr.update(choices=[(chip(label), label) for label in chosen], value=None, visible=bool(chosen))
-
 
 
 def _warn(text: str) -> str:

@@ -1,5 +1,6 @@
 """Choosing what of a document set too large to read whole is read: a page range from–to, with its token count
-and whether it fits, live, and "First part that fits" (the handlers, mixed into ``app.handlers.Handlers``)."""
+and whether it fits, live, and "First part that fits" (a handler piece of ``app.handlers.Handlers``; it needs
+nothing the tabs share, only the tab's own ``BrowserState``)."""
 
 from __future__ import annotations
 

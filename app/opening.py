@@ -1,7 +1,8 @@
-"""Opening a saved document from the shelf, with no upload: its text and files are kept beside its KV
+"""The saved documents: listed, deleted, and opened from the shelf with no upload: its text and files are kept beside its KV
 (``app.saved.ShelfEntry``), so the documents table, the plan, the page viewer and follow-up questions all
 come back. A page reload does the same for the tab's current document, with its conversation: the tab keeps
 the saved document's key and the turns in the browser's ``sessionStorage`` (that tab's only; see ``app.ui``).
+A handler piece of ``app.handlers.Handlers``, sharing only its ``AppState``.
 """
 
 from __future__ import annotations
@@ -9,17 +10,18 @@ from __future__ import annotations
 import html
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import gradio as gr
 
 from app import render
+from app.app_state import AppState
 from app.browser_state import BrowserState
 from app.render import status
 from app.documents import combine
 from app.page_range import parts_read
 from app.sizing import token_counts
-from app.views import OpenView, ReadView
+from app.views import DeleteView, OpenView, ReadView, SavedView
 from engine import HeadInferError
 from engine.types import RestoreStats
 
@@ -30,13 +32,39 @@ _IDLE = (gr.update(interactive=True), gr.update(interactive=False))
 
 
 class OpenSaved:
-    """The handlers that reopen saved documents (mixed into ``app.handlers.Handlers``, whose queue, shelves and
-    sessions they use)."""
+    """The visitor's shelf of saved documents (``app.shelves``): its list, deleting, reopening.
+
+    ``read``: the read handler (``app.reading.Reading.read``), which continues a saved read cut short."""
+
+    def __init__(self, app: AppState, *, read: Callable[..., Iterator[ReadView]]):
+        self.app = app
+        self._read = read
+
+    @staticmethod
+    def set_remember(remember: bool, state: BrowserState) -> None:
+        """This tab's "Remember read documents on disk" checkbox: off, nothing is saved or reopened."""
+        state.remember = bool(remember)
+
+    def saved(self, request: gr.Request = None) -> SavedView:
+        """The visitor's saved-documents list and the delete drop-down's choices, fresh from the disk."""
+        shelf = self.app.shelves.for_request(request)
+        infos, problem = shelf.list()
+        choices = [(render.saved_choice_label(info), info.key) for info in infos]
+        chosen = infos[0].key if len(infos) == 1 else None  # one saved document: Open opens it, no choosing
+        return SavedView(render.saved_panel(infos, shelf.cap, enabled=shelf.enabled, problem=problem,
+                                            leftover=shelf.leftover_bytes()),
+                         gr.update(choices=choices, value=chosen))
+
+    def delete_saved(self, key: str | None, request: gr.Request = None) -> DeleteView:
+        """Deletes the chosen snapshot from the visitor's shelf; documents already loaded in any tab stay loaded."""
+        deleted, sentence = self.app.shelves.for_request(request).delete(key)
+        view = self.saved(request)
+        return DeleteView(view.panel, view.choice, status("ok", sentence) if deleted else _warn_line(sentence))
 
     def open_saved(self, key: str | None, state: BrowserState, request: gr.Request = None) -> Iterator[OpenView]:
         """Reopens the chosen saved document (plan, pages, viewer, follow-ups) with no upload."""
         if not key:  # one saved document is the one meant; among several, the visitor chooses
-            infos, _ = self._shelves.for_request(request).list()
+            infos, _ = self.app.shelves.for_request(request).list()
             if len(infos) != 1:
                 yield self._open_view(state, status_line=_warn_line("Choose a saved document to open first."))
                 return
@@ -64,7 +92,7 @@ class OpenSaved:
         return json.dumps({"key": state.saved_key, "turns": session.conversation()})
 
     def _reopen(self, key: str, turns: list, state: BrowserState, request, *, quiet: bool) -> Iterator[OpenView]:
-        shelf = self._shelves.for_request(request)
+        shelf = self.app.shelves.for_request(request)
         entry = shelf.entry(key)
         if entry is None:
             line = NO_CHANGE if quiet else _warn_line(
@@ -74,11 +102,12 @@ class OpenSaved:
             return
         with state.working():
             state.cancel_requested = False
-            session = self._session(state, request)
-            ticket = self._queue.join("reopening a saved document", 2.0)
+            session = self.app.session(state, request)
+            queue = self.app.queue
+            ticket = queue.join("reopening a saved document", 2.0)
             try:
                 waiting = lambda line: self._open_view(state, status_line=line)
-                if not (yield from self._in_line(ticket, lambda: state.cancel_requested or state.is_closed, waiting)):
+                if not (yield from self.app.in_line(ticket, lambda: state.cancel_requested or state.is_closed, waiting)):
                     yield self._open_view(state, status_line=status("info", "You left the queue; nothing was opened."))
                     return
                 yield self._open_view(state, progress=render.progress_bar(0, 1, state="reopening",
@@ -118,21 +147,21 @@ class OpenSaved:
                                _chat(turns), _reopened_line(stats, names, len(turns)), *_IDLE,
                                pages=gr.update(choices=[], value=None, visible=False), page=render.page_view(None))
             finally:
-                self._queue.leave(ticket)
+                queue.leave(ticket)
 
     def open_label(self, key: str | None, request: gr.Request = None) -> dict:
         """The open button's words for the chosen saved document: "Continue reading (62%)" for a read cut short."""
-        infos, _ = self._shelves.for_request(request).list()
+        infos, _ = self.app.shelves.for_request(request).list()
         info = next((info for info in infos if info.key == key), None)
         return gr.update(value=render.continue_label(info) if info is not None and info.is_partial else "Open")
 
     def continue_reading(self, state: BrowserState, request: gr.Request = None) -> Iterator:
-        """After ``open_saved`` restored a partial read: reads the rest (``Handlers.read``, checkpointing on)."""
+        """After ``open_saved`` restored a partial read: reads the rest (``Reading.read``, checkpointing on)."""
         session = state.session
         if session is None or session.is_prefilled or not session.prefilled_tokens or not state.read_text:
             yield ReadView(state, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE)
             return
-        yield from self.read(False, state, request)
+        yield from self._read(False, state, request)
 
     @staticmethod
     def _continuing_view(state: BrowserState, session, stats: RestoreStats) -> OpenView:

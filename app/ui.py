@@ -1,4 +1,5 @@
-"""The page: layout and event wiring. ``build_ui`` builds it; nothing happens at import time.
+"""The page: layout and event wiring. ``build_ui`` builds it, in two steps: ``_layout`` places the components (a
+``Page``), and ``_wire`` connects their events to ``app.handlers.Handlers``; nothing happens at import time.
 
 Heavy events (reading documents, answering) take turns on the compute device in the handlers' own line
 (``app.compute_queue``): a waiting visitor's status line shows their place and an estimated wait, and
@@ -21,10 +22,13 @@ import gradio as gr
 from starlette.middleware import Middleware
 
 from app import render
+from app.app_state import AppState
+from app.asking import Questions
 from app.browser_state import BrowserState
 from app.csp import ContentSecurityPolicy
 from app.documents import SUPPORTED_SUFFIXES
 from app.handlers import Handlers
+from app.reading import Reading
 from app.render import status
 from engine import DocumentSession, SnapshotStore
 
@@ -77,151 +81,255 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
         os.environ["GRADIO_TEMP_DIR"] = str(upload_dir)  # Gradio's only setting for it
     handlers = Handlers(engine_factory, snapshot_store, private=private, session_shelves=session_shelves,
                         upload_dir=upload_dir, max_question=max_question)
-    saving = snapshot_store is not None
+    current_info = model_info if callable(model_info) else lambda: model_info
     # analytics off: the studio makes no calls home (it is often run offline). delete_cache: uploads
     # older than a day go even from a tab left open (the tab's own are deleted when it closes).
     with gr.Blocks(title=title, fill_width=True, analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
-        # delete_callback: Gradio's own expiry of a session is the backstop to ``unload``.
-        state = gr.State(BrowserState(), delete_callback=lambda s: s.close() if s else None)
-        # The tab's saved document and conversation, mirrored into its sessionStorage (that tab's only, kept across
-        # a reload) by _REMEMBER_JS and handed back on load by _RECALL_JS.
-        tab_memory = gr.Textbox(visible=False, elem_id="tab-memory")
-        with gr.Row(equal_height=True, elem_id="topbar"):
-            current_info = model_info if callable(model_info) else lambda: model_info
-            # A function as the value: computed at each page load, so a tab opened after a switch shows the new model.
-            header = gr.HTML(lambda: _header(title, current_info()), elem_id="header", scale=2, min_width=340)
-            meters = gr.HTML(label="Meters", elem_id="meters", scale=3, min_width=340)
-        status_box = gr.HTML(status("info", "Drop a book or a stack of documents, read them once, then ask "
-                                            "questions about the whole text."), label="Status", elem_id="status")
-        with gr.Row(equal_height=False, elem_id="main"):
-            with gr.Column(scale=5, min_width=340, elem_id="documents-column"):
-                files = gr.File(label="Documents", file_count="multiple", file_types=list(SUPPORTED_SUFFIXES),
-                                elem_id="file-drop", height=120)
-                table = gr.HTML(render.files_table([], []), label="Files", elem_id="files-table")
-                plan = gr.HTML(render.empty_plan(), label="Memory plan", elem_id="plan")
-                with gr.Group(visible=False, elem_id="page-range") as range_box:
-                    with gr.Row(equal_height=True):
-                        range_from = gr.Dropdown([], value=None, label="From page", elem_id="range-from", scale=2)
-                        range_to = gr.Dropdown([], value=None, label="To page", elem_id="range-to", scale=2)
-                        first_part = gr.Button("First part that fits", size="sm", elem_id="first-part", scale=1)
-                    range_info = gr.HTML("", elem_id="range-info")
-                truncate = gr.Checkbox(label="Truncate to fit (read the beginning that fits)", visible=False,
-                                       elem_id="truncate")
-                with gr.Row(elem_classes="button-row"):
-                    read_button = gr.Button("Read documents", variant="primary", interactive=False, elem_id="read")
-                    cancel_button = gr.Button("Cancel", interactive=False, elem_id="cancel")
-                progress = gr.HTML(render.progress_bar(), label="Reading progress", elem_id="prefill-progress")
-                remember = gr.Checkbox(True, label="Remember read documents on disk", visible=saving,
-                                       elem_id="remember",
-                                       info="Reopening them later takes seconds instead of reading them again.")
-                with gr.Accordion("Saved documents", open=False, visible=saving, elem_id="saved-docs-section") as shelf:
-                    saved_list = gr.HTML(render.saved_panel([], None, enabled=saving), label="Saved documents",
-                                         elem_id="saved-docs")
-                    with gr.Row(elem_classes="button-row", elem_id="saved-actions"):
-                        # allow_custom_value: the choices are per tab and refreshed often; the handler checks the key.
-                        saved_choice = gr.Dropdown([], value=None, label="Saved document", scale=4,
-                                                   allow_custom_value=True, elem_id="saved-choice")
-                        open_button = gr.Button("Open", variant="primary", size="sm", scale=1, min_width=70,
-                                                elem_id="open-saved")
-                        delete_button = gr.Button("Delete", variant="stop", size="sm", scale=1, min_width=70,
-                                                  elem_id="delete-saved")
-            with gr.Column(scale=6, min_width=340, elem_id="chat-column"):
-                chat = gr.Chatbot(label="Questions and answers", elem_id="chat", height=440, feedback_options=None,
-                                  placeholder="Answers about your documents appear here, with their speed.",
-                                  buttons=["copy"], layout="bubble")
-                with gr.Row(elem_classes="ask-row"):
-                    question = gr.Textbox(label="Question", placeholder="Ask about the documents…", show_label=False,
-                                          scale=6,
-                                          min_width=120, elem_id="question", lines=1, max_lines=4)
-                    ask_button = gr.Button("Ask", variant="primary", scale=1, min_width=70, elem_id="ask")
-                    stop_button = gr.Button("Stop", scale=1, min_width=70, elem_id="stop")
-                bar = gr.HTML(render.question_bar(None, 512), label="Longest question", elem_id="question-bar")
-                with gr.Row(elem_classes="button-row"):
-                    new_chat_button = gr.Button("New chat", size="sm", elem_id="new-chat")
-                    clear_button = gr.Button("Clear documents", size="sm", variant="stop", elem_id="clear")
-                page_chips = gr.Radio([], label="Pages this answer cites or used", visible=False,
-                                      elem_id="page-chips", elem_classes="chips")
-                page_view = gr.HTML(render.page_view(None), label="Page", elem_id="page-view")
-                with gr.Accordion("Answer settings", open=False, elem_id="settings"):
-                    max_tokens = gr.Slider(8, DocumentSession.LONGEST_ANSWER, value=min(512, DocumentSession.LONGEST_ANSWER),
-                                           step=8, label="Longest answer (tokens)")
-                    temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
-                                            label="Temperature (0 = always the most likely word)")
-                    avoid_repeats = gr.Checkbox(True, label="Avoid repetition", elem_id="avoid-repeats",
-                                                info="A sampling choice: penalise and stop answers that loop. "
-                                                     "Off gives the model's exact greedy continuation.")
-                    show_sources = gr.Checkbox(True, label="Show sources", elem_id="show-sources",
-                                               info="The pages each answer attended to most, read from the "
-                                                    "model's attention (a small extra pass after the answer).")
+        page = _layout(title, current_info, saving=snapshot_store is not None)
         if picker is not None:
-            picker(state)
-
-        # One upload at a time: reading and tokenizing a large file takes memory, so visitors queue for it.
-        files.change(handlers.choose_files, [files, state], [state, table, plan, truncate, read_button, status_box],
-                     api_name="upload", concurrency_id="ingest", concurrency_limit=1, show_progress="minimal").then(
-            handlers.range_offer, [state], [range_box, range_from, range_to, range_info], api_visibility="private",
-            **_LIGHT)
-        chosen_range = [state, range_info, plan, truncate, read_button, status_box]
-        for picker in (range_from, range_to):
-            picker.change(handlers.choose_range, [range_from, range_to, state], chosen_range,
-                          api_visibility="private", concurrency_id="ingest", concurrency_limit=1, show_progress="hidden")
-        first_part.click(handlers.first_part, [state], [range_from, range_to, status_box], api_name="first_part",
-                         **_LIGHT)
-        saved_view = [saved_list, saved_choice]
-        # Wired before the private refreshes below, which would otherwise take the name "saved".
-        shelf.expand(handlers.saved, None, saved_view, api_name="saved", **_LIGHT)
-        read_done = read_button.click(handlers.read, [truncate, state],
-                          [state, progress, status_box, chat, read_button, cancel_button, plan, page_chips, page_view],
-                          api_name="read", show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
-            handlers.saved, None, saved_view, api_visibility="private", **_LIGHT).then(  # it may have saved one
-            handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
-        max_tokens.change(handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
-        remember.change(handlers.set_remember, [remember, state], None, api_name="remember", **_LIGHT)
-        delete_button.click(handlers.delete_saved, [saved_choice], [*saved_view, status_box], api_name="delete_saved",
-                            **_LIGHT)
-        cancel_button.click(handlers.cancel, [state], None, api_name="cancel", **_LIGHT)
-        asked = gr.on([ask_button.click, question.submit], handlers.ask,
-              [question, chat, max_tokens, temperature, state, avoid_repeats, show_sources],
-              [chat, question, status_box, page_chips], api_name="ask", show_progress="minimal",
-              show_progress_on=[chat], **_HEAVY)
-        page_chips.change(handlers.show_page, [page_chips, state], [page_view], api_name="page", **_LIGHT)
-        stop_button.click(handlers.stop, [state], None, api_name="stop", **_LIGHT)
-        # Stop the running answer first (light, immediate), then reset in the compute slot, so
-        # the reset never races the answer that was using the cache.
-        new_chat_done = new_chat_button.click(handlers.stop, [state], None, api_visibility="private", **_LIGHT).then(
-            handlers.new_chat, [state], [chat, status_box], api_name="new_chat", show_progress="hidden", **_OWN)
-        cleared = clear_button.click(_stop_all, [state], None, api_visibility="private", **_LIGHT).then(
-            handlers.clear, [state], [state, files, table, plan, truncate, progress, chat, status_box],
-            api_name="clear", show_progress="hidden", **_OWN).then(
-            handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
-        timer = gr.Timer(METER_SECONDS)
-        timer.tick(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
-        if callable(model_info):
-            def model_changed(state: BrowserState) -> tuple:
-                return _model_changed(state, title, current_info())
-
-            timer.tick(model_changed, [state], [header, status_box, progress, plan, read_button],
-                       api_visibility="private", **_LIGHT)
-        demo.load(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
-        demo.load(handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)
-        opened = [state, table, plan, progress, chat, status_box, read_button, cancel_button, page_chips, page_view]
-        saved_choice.change(handlers.open_label, [saved_choice], [open_button], api_visibility="private", **_LIGHT)
-        open_button.click(handlers.open_saved, [saved_choice, state], opened, api_name="open_saved",
-                          show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
-            handlers.continue_reading, [state], [state, progress, status_box, chat, read_button, cancel_button, plan],
-            api_visibility="private", show_progress="minimal", show_progress_on=[progress], **_HEAVY).then(
-            handlers.saved, None, saved_view, api_visibility="private", **_LIGHT).then(
-            handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT).then(
-            handlers.tab_memory, [state], [tab_memory], api_visibility="private", **_LIGHT)
-        demo.load(handlers.resume, [tab_memory, state], opened, js=_RECALL_JS, api_visibility="private",
-                  show_progress="hidden", **_HEAVY).then(
-            handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
-        tab_memory.change(None, [tab_memory], None, js=_REMEMBER_JS)
-        for event in (read_done, asked, new_chat_done, cleared):
-            event.then(handlers.tab_memory, [state], [tab_memory], api_visibility="private", **_LIGHT)
-        demo.unload(handlers.unload)
+            picker(page.state)
+        _wire(demo, page, handlers, title, current_info if callable(model_info) else None)
     demo.queue(default_concurrency_limit=1)
     return demo
+
+
+# -- layout ----------------------------------------------------------------------------------------------
+class Page:
+    """The page's components: made by the layout functions below, read by the wiring ones after them."""
+
+    state: gr.State
+    tab_memory: gr.Textbox
+    header: gr.HTML
+    meters: gr.HTML
+    status_box: gr.HTML
+    # the documents column
+    files: gr.File
+    table: gr.HTML
+    plan: gr.HTML
+    range_box: gr.Group
+    range_from: gr.Dropdown
+    range_to: gr.Dropdown
+    first_part: gr.Button
+    range_info: gr.HTML
+    truncate: gr.Checkbox
+    read_button: gr.Button
+    cancel_button: gr.Button
+    progress: gr.HTML
+    remember: gr.Checkbox
+    shelf: gr.Accordion
+    saved_list: gr.HTML
+    saved_choice: gr.Dropdown
+    open_button: gr.Button
+    delete_button: gr.Button
+    # the chat column
+    chat: gr.Chatbot
+    question: gr.Textbox
+    ask_button: gr.Button
+    stop_button: gr.Button
+    bar: gr.HTML
+    new_chat_button: gr.Button
+    clear_button: gr.Button
+    page_chips: gr.Radio
+    page_view: gr.HTML
+    max_tokens: gr.Slider
+    temperature: gr.Slider
+    avoid_repeats: gr.Checkbox
+    show_sources: gr.Checkbox
+
+
+def _layout(title: str, current_info: Callable[[], dict], *, saving: bool) -> Page:
+    """The components, placed: the top bar, the status line, the documents column beside the chat column."""
+    page = Page()
+    # delete_callback: Gradio's own expiry of a session is the backstop to ``unload``.
+    page.state = gr.State(BrowserState(), delete_callback=lambda s: s.close() if s else None)
+    # The tab's saved document and conversation, mirrored into its sessionStorage (that tab's only, kept across
+    # a reload) by _REMEMBER_JS and handed back on load by _RECALL_JS.
+    page.tab_memory = gr.Textbox(visible=False, elem_id="tab-memory")
+    with gr.Row(equal_height=True, elem_id="topbar"):
+        # A function as the value: computed at each page load, so a tab opened after a switch shows the new model.
+        page.header = gr.HTML(lambda: _header(title, current_info()), elem_id="header", scale=2, min_width=340)
+        page.meters = gr.HTML(label="Meters", elem_id="meters", scale=3, min_width=340)
+    page.status_box = gr.HTML(status("info", "Drop a book or a stack of documents, read them once, then ask "
+                                             "questions about the whole text."), label="Status", elem_id="status")
+    with gr.Row(equal_height=False, elem_id="main"):
+        with gr.Column(scale=5, min_width=340, elem_id="documents-column"):
+            _documents_column(page, saving)
+        with gr.Column(scale=6, min_width=340, elem_id="chat-column"):
+            _chat_column(page)
+    return page
+
+
+def _documents_column(page: Page, saving: bool) -> None:
+    """Files, their plan and page range, the read and its progress, the saved documents."""
+    page.files = gr.File(label="Documents", file_count="multiple", file_types=list(SUPPORTED_SUFFIXES),
+                         elem_id="file-drop", height=120)
+    page.table = gr.HTML(render.files_table([], []), label="Files", elem_id="files-table")
+    page.plan = gr.HTML(render.empty_plan(), label="Memory plan", elem_id="plan")
+    with gr.Group(visible=False, elem_id="page-range") as page.range_box:
+        with gr.Row(equal_height=True):
+            page.range_from = gr.Dropdown([], value=None, label="From page", elem_id="range-from", scale=2)
+            page.range_to = gr.Dropdown([], value=None, label="To page", elem_id="range-to", scale=2)
+            page.first_part = gr.Button("First part that fits", size="sm", elem_id="first-part", scale=1)
+        page.range_info = gr.HTML("", elem_id="range-info")
+    page.truncate = gr.Checkbox(label="Truncate to fit (read the beginning that fits)", visible=False,
+                                elem_id="truncate")
+    with gr.Row(elem_classes="button-row"):
+        page.read_button = gr.Button("Read documents", variant="primary", interactive=False, elem_id="read")
+        page.cancel_button = gr.Button("Cancel", interactive=False, elem_id="cancel")
+    page.progress = gr.HTML(render.progress_bar(), label="Reading progress", elem_id="prefill-progress")
+    page.remember = gr.Checkbox(True, label="Remember read documents on disk", visible=saving, elem_id="remember",
+                                info="Reopening them later takes seconds instead of reading them again.")
+    with gr.Accordion("Saved documents", open=False, visible=saving, elem_id="saved-docs-section") as page.shelf:
+        page.saved_list = gr.HTML(render.saved_panel([], None, enabled=saving), label="Saved documents",
+                                  elem_id="saved-docs")
+        with gr.Row(elem_classes="button-row", elem_id="saved-actions"):
+            # allow_custom_value: the choices are per tab and refreshed often; the handler checks the key.
+            page.saved_choice = gr.Dropdown([], value=None, label="Saved document", scale=4,
+                                            allow_custom_value=True, elem_id="saved-choice")
+            page.open_button = gr.Button("Open", variant="primary", size="sm", scale=1, min_width=70,
+                                         elem_id="open-saved")
+            page.delete_button = gr.Button("Delete", variant="stop", size="sm", scale=1, min_width=70,
+                                           elem_id="delete-saved")
+
+
+def _chat_column(page: Page) -> None:
+    """The chat, the question box and its bar, the cited pages and their viewer, the answer settings."""
+    page.chat = gr.Chatbot(label="Questions and answers", elem_id="chat", height=440, feedback_options=None,
+                           placeholder="Answers about your documents appear here, with their speed.",
+                           buttons=["copy"], layout="bubble")
+    with gr.Row(elem_classes="ask-row"):
+        page.question = gr.Textbox(label="Question", placeholder="Ask about the documents…", show_label=False,
+                                   scale=6, min_width=120, elem_id="question", lines=1, max_lines=4)
+        page.ask_button = gr.Button("Ask", variant="primary", scale=1, min_width=70, elem_id="ask")
+        page.stop_button = gr.Button("Stop", scale=1, min_width=70, elem_id="stop")
+    page.bar = gr.HTML(render.question_bar(None, 512), label="Longest question", elem_id="question-bar")
+    with gr.Row(elem_classes="button-row"):
+        page.new_chat_button = gr.Button("New chat", size="sm", elem_id="new-chat")
+        page.clear_button = gr.Button("Clear documents", size="sm", variant="stop", elem_id="clear")
+    page.page_chips = gr.Radio([], label="Pages this answer cites or used", visible=False,
+                               elem_id="page-chips", elem_classes="chips")
+    page.page_view = gr.HTML(render.page_view(None), label="Page", elem_id="page-view")
+    with gr.Accordion("Answer settings", open=False, elem_id="settings"):
+        page.max_tokens = gr.Slider(8, DocumentSession.LONGEST_ANSWER, value=min(512, DocumentSession.LONGEST_ANSWER),
+                                    step=8, label="Longest answer (tokens)")
+        page.temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
+                                     label="Temperature (0 = always the most likely word)")
+        page.avoid_repeats = gr.Checkbox(True, label="Avoid repetition", elem_id="avoid-repeats",
+                                         info="A sampling choice: penalise and stop answers that loop. "
+                                              "Off gives the model's exact greedy continuation.")
+        page.show_sources = gr.Checkbox(True, label="Show sources", elem_id="show-sources",
+                                        info="The pages each answer attended to most, read from the "
+                                             "model's attention (a small extra pass after the answer).")
+
+
+# -- wiring ----------------------------------------------------------------------------------------------
+def _wire(demo: gr.Blocks, page: Page, handlers: Handlers, title: str,
+          serving: Callable[[], dict] | None) -> None:
+    """The page's events, each to its handler. ``serving``: the served model's info when the picker may switch it."""
+    # The shelf first: its public "saved" event must be wired before the private refreshes of the list (after a
+    # read, after an open), which would otherwise take the name.
+    _wire_shelf(demo, page, handlers)
+    read_done = _wire_reading(page, handlers)
+    asked, new_chat_done = _wire_questions(page, handlers)
+    cleared = _wire_tab(demo, page, handlers, title, serving)
+    for event in (read_done, asked, new_chat_done, cleared):
+        event.then(handlers.tab_memory, [page.state], [page.tab_memory], api_visibility="private", **_LIGHT)
+    demo.unload(handlers.unload)
+
+
+def _wire_shelf(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
+    """The saved documents: listed, deleted, opened (a partial read then read on), and the tab's own reopened after
+    a reload."""
+    state, saved_view = page.state, [page.saved_list, page.saved_choice]
+    page.shelf.expand(handlers.saved, None, saved_view, api_name="saved", **_LIGHT)
+    page.remember.change(handlers.set_remember, [page.remember, state], None, api_name="remember", **_LIGHT)
+    page.delete_button.click(handlers.delete_saved, [page.saved_choice], [*saved_view, page.status_box],
+                             api_name="delete_saved", **_LIGHT)
+    demo.load(handlers.saved, None, saved_view, api_visibility="private", **_LIGHT)
+    opened = [state, page.table, page.plan, page.progress, page.chat, page.status_box, page.read_button,
+              page.cancel_button, page.page_chips, page.page_view]
+    page.saved_choice.change(handlers.open_label, [page.saved_choice], [page.open_button], api_visibility="private",
+                             **_LIGHT)
+    page.open_button.click(handlers.open_saved, [page.saved_choice, state], opened, api_name="open_saved",
+                           show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
+        handlers.continue_reading, [state],
+        [state, page.progress, page.status_box, page.chat, page.read_button, page.cancel_button, page.plan],
+        api_visibility="private", show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
+        handlers.saved, None, saved_view, api_visibility="private", **_LIGHT).then(
+        handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT).then(
+        handlers.tab_memory, [state], [page.tab_memory], api_visibility="private", **_LIGHT)
+    demo.load(handlers.resume, [page.tab_memory, state], opened, js=_RECALL_JS, api_visibility="private",
+              show_progress="hidden", **_HEAVY).then(
+        handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT)
+    page.tab_memory.change(None, [page.tab_memory], None, js=_REMEMBER_JS)
+
+
+def _wire_reading(page: Page, handlers: Handlers):
+    """Choosing files (and a page range of a set too large), reading them, cancelling; returns the read's event."""
+    state = page.state
+    # One upload at a time: reading and tokenizing a large file takes memory, so visitors queue for it.
+    page.files.change(handlers.choose_files, [page.files, state],
+                      [state, page.table, page.plan, page.truncate, page.read_button, page.status_box],
+                      api_name="upload", concurrency_id="ingest", concurrency_limit=1, show_progress="minimal").then(
+        handlers.range_offer, [state], [page.range_box, page.range_from, page.range_to, page.range_info],
+        api_visibility="private", **_LIGHT)
+    chosen_range = [state, page.range_info, page.plan, page.truncate, page.read_button, page.status_box]
+    for end in (page.range_from, page.range_to):
+        end.change(handlers.choose_range, [page.range_from, page.range_to, state], chosen_range,
+                   api_visibility="private", concurrency_id="ingest", concurrency_limit=1, show_progress="hidden")
+    page.first_part.click(handlers.first_part, [state], [page.range_from, page.range_to, page.status_box],
+                          api_name="first_part", **_LIGHT)
+    read_done = page.read_button.click(
+        handlers.read, [page.truncate, state],
+        [state, page.progress, page.status_box, page.chat, page.read_button, page.cancel_button, page.plan,
+         page.page_chips, page.page_view],
+        api_name="read", show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
+        handlers.saved, None, [page.saved_list, page.saved_choice], api_visibility="private",
+        **_LIGHT).then(  # it may have saved one
+        handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT)
+    page.cancel_button.click(handlers.cancel, [state], None, api_name="cancel", **_LIGHT)
+    return read_done
+
+
+def _wire_questions(page: Page, handlers: Handlers) -> tuple:
+    """Asking, stopping, a new chat, the cited pages' viewer, the question bar; returns the ask's and the new chat's
+    events."""
+    state = page.state
+    page.max_tokens.change(handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private",
+                           **_LIGHT)
+    asked = gr.on([page.ask_button.click, page.question.submit], handlers.ask,
+                  [page.question, page.chat, page.max_tokens, page.temperature, state, page.avoid_repeats,
+                   page.show_sources],
+                  [page.chat, page.question, page.status_box, page.page_chips], api_name="ask",
+                  show_progress="minimal", show_progress_on=[page.chat], **_HEAVY)
+    page.page_chips.change(handlers.show_page, [page.page_chips, state], [page.page_view], api_name="page", **_LIGHT)
+    page.stop_button.click(handlers.stop, [state], None, api_name="stop", **_LIGHT)
+    # Stop the running answer first (light, immediate), then reset in the compute slot, so
+    # the reset never races the answer that was using the cache.
+    new_chat_done = page.new_chat_button.click(handlers.stop, [state], None, api_visibility="private",
+                                               **_LIGHT).then(
+        handlers.new_chat, [state], [page.chat, page.status_box], api_name="new_chat", show_progress="hidden", **_OWN)
+    return asked, new_chat_done
+
+
+def _wire_tab(demo: gr.Blocks, page: Page, handlers: Handlers, title: str, serving: Callable[[], dict] | None):
+    """The tab as a whole: clearing it, its meters, and following a model switch; returns the clear's event."""
+    state = page.state
+    cleared = page.clear_button.click(_stop_all, [state], None, api_visibility="private", **_LIGHT).then(
+        handlers.clear, [state],
+        [state, page.files, page.table, page.plan, page.truncate, page.progress, page.chat, page.status_box],
+        api_name="clear", show_progress="hidden", **_OWN).then(
+        handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT)
+    timer = gr.Timer(METER_SECONDS)
+    timer.tick(handlers.meters, [state], [page.meters], api_visibility="private", **_LIGHT)
+    if serving is not None:
+        def model_changed(state: BrowserState) -> tuple:
+            return _model_changed(state, title, serving())
+
+        timer.tick(model_changed, [state], [page.header, page.status_box, page.progress, page.plan, page.read_button],
+                   api_visibility="private", **_LIGHT)
+    demo.load(handlers.meters, [state], [page.meters], api_visibility="private", **_LIGHT)
+    return cleared
 
 
 _TAB_KEY = "headinfer-studio-tab"
@@ -230,8 +338,8 @@ _REMEMBER_JS = f"(memory) => {{ sessionStorage.setItem('{_TAB_KEY}', memory || '
 
 
 def _stop_all(state: BrowserState) -> None:
-    Handlers.cancel(state)
-    Handlers.stop(state)
+    Reading.cancel(state)
+    Questions.stop(state)
 
 
 def _model_changed(state: BrowserState, title: str, info: dict) -> tuple:
@@ -239,7 +347,7 @@ def _model_changed(state: BrowserState, title: str, info: dict) -> tuple:
     if state.model_seen == info.get("serial"):
         return (gr.skip(),) * 5
     first, state.model_seen = state.model_seen is None, info.get("serial")
-    header, note = _header(title, info), Handlers.forget_switched(state)
+    header, note = _header(title, info), AppState.forget_switched(state)
     if note:  # this tab's document was closed by the switch: its files stay chosen, to be read again
         return (header, status("warn", note + " Press “Read documents” to read them with the new model."),
                 render.progress_bar(), render.replan_notice(), gr.update(interactive=bool(state.documents)))

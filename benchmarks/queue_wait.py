@@ -91,7 +91,7 @@ def main(argv=None) -> int:
             handlers = Handlers(lambda: DocumentSession(model, tokenizer, OffloadPolicy(), read_costs=ReadCosts(None)),
                                 compute_queue=ComputeQueue())
             if not gives_way:  # before: the read keeps the device to its end
-                handlers._queue.give_way = lambda *args, **kwargs: True
+                handlers.app.queue.give_way = lambda *args, **kwargs: True
             row = {"gives_way": gives_way, **one_run(handlers, manual, str(short), args.after)}
             logger.info("%s", row)
             rows.append(row)

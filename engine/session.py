@@ -142,7 +142,22 @@ class DocumentSession:
         Raises ``QuestionTooLong`` (with the numbers) when even alone, with every earlier turn left out, it does not
         fit the context limit. Otherwise, while the conversation would pass its allowance (``max_context``), the
         oldest turns are left out first; a question that passes the allowance alone but fits the limit is kept.
+
+        One tokenization when the conversation fits whole (the usual case): the question alone is rendered only when
+        turns must go, or when the conversation fits its allowance but not the limit. Alone it is never longer
+        than with earlier turns before it, so a conversation within both fits alone too.
         """
+        for dropped in range(len(self.turns)):
+            ids = self.prompts.conversation_ids(self.document, self.turns[dropped:], question)
+            need = self.document_tokens + len(ids) + max_new_tokens
+            if need <= self.max_context:
+                if need > self._context_limit:
+                    self._question_alone(question, max_new_tokens)  # raises when it does not fit even alone
+                return ConversationFit(dropped, ids)
+        return ConversationFit(len(self.turns), self._question_alone(question, max_new_tokens))
+
+    def _question_alone(self, question: str, max_new_tokens: int) -> list[int]:
+        """``question``'s ids with no earlier turn; ``QuestionTooLong`` when even so it passes the context limit."""
         alone = self.prompts.conversation_ids(self.document, [], question)
         need = self.document_tokens + len(alone) + max_new_tokens
         if need > self._context_limit:
@@ -152,11 +167,7 @@ class DocumentSession:
                 f"a {max_new_tokens:,}-token answer that is {need:,} tokens, past the {self._context_limit:,} this "
                 f"context may take ({self._limit_reason}). A question may take at most {room:,} tokens here",
                 question_tokens=len(alone), room=room)
-        for dropped in range(len(self.turns)):
-            ids = self.prompts.conversation_ids(self.document, self.turns[dropped:], question)
-            if self.document_tokens + len(ids) + max_new_tokens <= self.max_context:
-                return ConversationFit(dropped, ids)
-        return ConversationFit(len(self.turns), alone)
+        return alone
 
     # -- planning --------------------------------------------------------------------------------
     def count_tokens(self, text: str) -> int:
@@ -412,22 +423,25 @@ class DocumentSession:
     # -- questions -------------------------------------------------------------------------------
     def ask(self, question: str, *, max_new_tokens: int = 512, temperature: float = 0.0, top_p: float = 1.0,
             should_stop: Callable[[], bool] | None = None, repetition_guard: RepetitionGuard | None = RepetitionGuard(),
-            sources: bool = True,
-            on_question_progress: Callable[[int, int], None] | None = None) -> Iterator[AnswerChunk]:
+            sources: bool = True, on_question_progress: Callable[[int, int], None] | None = None,
+            fit: ConversationFit | None = None) -> Iterator[AnswerChunk]:
         """Streams the answer to ``question``; the conversation so far is part of the prompt.
 
         The question is checked first (``fit_question``: refused with ``QuestionTooLong``, or the oldest turns left
         out). Its own tokens are read in chunks, ``should_stop`` checked between layers as in ``prefill``
         (``on_question_progress(done, total)`` after each chunk); a stop there ends the answer at once, empty and
         ``stopped``. ``repetition_guard`` (a sampling choice) penalises and stops loops; ``None`` gives the exact
-        greedy continuation. ``sources``: the final chunk carries the pages the answer attended to.
+        greedy continuation. ``sources``: the final chunk carries the pages the answer attended to. ``fit``: what
+        ``fit_question(question, max_new_tokens)`` gave for this conversation, when the caller checked the question
+        already (the app does, to refuse it before queueing): the question is then not tokenized again.
         """
         if not self.is_prefilled:
             raise StateError("read the document first (prefill)")
         if not question.strip():
             raise InputError("the question is empty")
         asked = time.perf_counter()
-        fit = self.fit_question(question, max_new_tokens)
+        if fit is None:
+            fit = self.fit_question(question, max_new_tokens)
         self.dropped_turns = fit.num_dropped
         if fit.num_dropped:
             logger.info("left the %d oldest turns out of the prompt to stay within the conversation allowance",

@@ -394,6 +394,36 @@ def test_a_document_set_is_tokenized_once_and_identified_once(embedded_model, tm
     assert 600 <= state.token_counts[0] < state.session.document_tokens
 
 
+class QuestionCounter(CountingTokenizer):
+    """The real tokenizer, counting the calls whose text holds ``question`` (each a tokenization of the question)."""
+
+    def __init__(self, inner, question: str):
+        super().__init__(inner)
+        self.question, self.question_calls = question, 0
+
+    def __call__(self, text, *args, **kwargs):
+        texts = [text] if isinstance(text, str) else list(text) if isinstance(text, (list, tuple)) else []
+        self.question_calls += any(isinstance(t, str) and self.question in t for t in texts)
+        return super().__call__(text, *args, **kwargs)
+
+
+def test_a_question_is_tokenized_once_per_ask(embedded_model, secret_pdf):
+    # Before: 3 on a fresh chat (the refusal check's fit, the queue's estimate, the ask's own fit) and 5 on a
+    # follow-up (each fit rendered the question alone, then with the earlier turns).
+    model, tokenizer = embedded_model
+    counting = QuestionCounter(tokenizer, QUESTION)
+    handlers = Handlers(lambda: DocumentSession(model, counting, OffloadPolicy(chunk_size=512)))
+    state = BrowserState()
+    handlers.choose_files([secret_pdf], state)
+    list(handlers.read(False, state))
+    for turn in range(2):  # a fresh chat, then a follow-up with the first turn kept before it
+        counting.question_calls = 0
+        views = _ask(handlers, state, max_new_tokens=8)
+        assert _text(views[-1].status).startswith("TTFT"), views[-1].status
+        assert counting.question_calls == 1, (turn, counting.question_calls)
+    assert len(state.session.turns) == 2 and state.session.dropped_turns == 0
+
+
 def test_a_text_beyond_the_models_window_is_refused_or_truncated(handlers, tmp_path):
     book = tmp_path / "long.txt"
     book.write_text("The keeper climbed the stairs and trimmed the wick, then wrote the weather down. " * 700)

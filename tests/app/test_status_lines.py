@@ -112,15 +112,15 @@ def test_the_wait_behind_an_answer_counts_its_remaining_tokens_and_counts_down(m
     clock = [100.0]
     monkeypatch.setattr(compute_queue.time, "monotonic", lambda: clock[0])
     handlers = Handlers(lambda: None, compute_queue=ComputeQueue())
-    handlers._answer_tokens.extend([120, 100, 140])  # the last answers: 120 tokens, typically
-    queue = handlers._queue
+    handlers.app.answer_tokens.extend([120, 100, 140])  # the last answers: 120 tokens, typically
+    queue = handlers.app.queue
     answering = queue.join("answering a question", 8.2)
     waiting = queue.join("answering a question", 8.2)
-    queue.expect(answering, handlers._answer_left(_Chunk(20, 10.0), 512))  # 100 tokens to go at 10 tok/s
+    queue.expect(answering, handlers.questions._answer_left(_Chunk(20, 10.0), 512))  # 100 tokens to go at 10 tok/s
     assert queue.wait_seconds(waiting) == pytest.approx(10.0)
     clock[0] += 4.0
     assert queue.wait_seconds(waiting) == pytest.approx(6.0)  # counts down between updates
-    queue.expect(answering, handlers._answer_left(_Chunk(90, 10.0), 512))  # 30 to go
+    queue.expect(answering, handlers.questions._answer_left(_Chunk(90, 10.0), 512))  # 30 to go
     assert queue.wait_seconds(waiting) == pytest.approx(3.0)
     # Past the usual length, at most what its limit allows
-    assert handlers._answer_left(_Chunk(510, 10.0), 512) == pytest.approx(0.1)
+    assert handlers.questions._answer_left(_Chunk(510, 10.0), 512) == pytest.approx(0.1)

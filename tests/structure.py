@@ -1,5 +1,6 @@
 """The code's shape, read from its imports (an AST walk; nothing is imported): modules, import floors and loops of a
-tree, the public names, the exception classes and their roots, and function-local imports.
+tree, the public names, the exception classes and their roots, function-local imports, and the functions over 80
+lines.
 
     python tests/structure.py [--root .] [--tree engine]
 
@@ -142,6 +143,31 @@ def local_imports(root: Path, folder: str) -> int:
     return sum(not top for path in files for _, _, top in imports(root, path))
 
 
+OWN_CODE = ("engine", "app", "benchmarks", "launch.py")  # the repo's own code, as the long-function count reads it
+
+
+def long_functions(root: Path, places=OWN_CODE, limit: int = 80) -> list[tuple[str, int]]:
+    """``("path:Class.function", lines)`` of every function (or method, or nested function) longer than ``limit``
+    lines, counted from its ``def`` to its last line (docstring and comments included), longest first."""
+    found = []
+
+    def visit(node, path: Path, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                lines = child.end_lineno - child.lineno + 1
+                if not isinstance(child, ast.ClassDef) and lines > limit:
+                    found.append((f"{path.relative_to(root)}:{name}", lines))
+                visit(child, path, name + ".")
+            else:
+                visit(child, path, prefix)
+
+    for place in places:
+        for path in [root / place] if place.endswith(".py") else sorted((root / place).rglob("*.py")):
+            visit(ast.parse(path.read_text()), path, "")
+    return sorted(found, key=lambda item: -item[1])
+
+
 def report(root: Path, tree: str = "engine") -> dict:
     edges = graph(root, tree)
     errors = exceptions(root, tree)
@@ -156,7 +182,8 @@ def report(root: Path, tree: str = "engine") -> dict:
             "exported": len(exported(root, tree)), "exceptions": len(errors),
             "exception files": len({name.rpartition(".")[0] for name in errors}),
             "under HeadInferError": len(rooted),
-            "function-local imports": {f: local_imports(root, f) for f in (tree, "launch.py", "benchmarks")}}
+            "function-local imports": {f: local_imports(root, f) for f in (tree, "launch.py", "benchmarks")},
+            "functions over 80 lines": long_functions(root)}
 
 
 def main(argv=None) -> int:

@@ -33,7 +33,8 @@ from .planning.window import conversation_allowance
 from .prefill import CheckpointPace, PrefillClock, prefill_step, prefill_work
 from .read_cost import (CPU_LOAD_EXPONENT, Chunk, CostFit, ReadCosts, ReadTiming, first_read_range, load_probe, pairs,
                         shared_read_costs)
-from .read_rate import ReadEstimate, known_rate, measure_in_background, measure_read_rate, provisional_estimate, rate_key
+from .read_rate import (ReadEstimate, attention_floor, known_rate, measure_in_background, measure_read_rate,
+                        provisional_estimate, rate_key)
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillProgress, answer_rate
 from .store.checkpoint import CheckpointPlan, ReadCheckpoints
@@ -234,9 +235,10 @@ class DocumentSession:
             if then is not None:
                 then()
             return None
+        floor = attention_floor(self._work_shape())  # attention costs at least its share of the FLOPs
         measure = lambda should_stop, give_way: measure_read_rate(
             self.model, self.shape.vocab_size, self._read_forward, lambda: self.load_probe.measure().seconds,
-            should_stop, give_way)
+            should_stop, give_way, pair_floor=floor)
         return measure_in_background(self.model, self._rate_key, self.read_costs, self.load_probe, measure, then)
 
     def making_a_plan(self):

@@ -50,7 +50,10 @@ logger = logging.getLogger(__name__)
 READ_RATE_TOKENS = (128, 512, 1536)  # three sizes for three unknowns; the largest sees attention's quadratic term
 _RUNS_PER_SIZE = 2  # the faster of two: a size's first forward pays first-use costs, a busy machine spikes
 _PROVISIONAL_SPREAD = 3.0  # before the measurement lands: the probe's FLOP rate's estimate, /3 to x3
-_PROBE_EFFICIENCY = 0.75  # a read ran at about 3/4 of the load probe's matmul FLOP rate here (quiet and busy)
+# A read's FLOP rate over the load probe's: 2.05 = the 3/4 assumed before times the geometric mean of what its
+# provisional estimates came out over 12 first reads of 1.5K-6K tokens (x1.75-4.32, load average 4.5-17; the probe's
+# small matmuls run below a read's rate and slow more under load: ``estimate-error.md``).
+_PROBE_EFFICIENCY = 2.05
 
 
 class ReadEstimate(tuple):

@@ -79,6 +79,20 @@ def test_the_sessions_floor_is_its_flop_models_ratio_of_a_pairs_flops_to_a_token
     assert seen == [pytest.approx(per_pair / per_token, rel=0.01)]  # (pairs of n tokens: n²/2 there, n(n+1)/2 here)
 
 
+# First reads on a clean cache (``docs/benchmarks/estimate-error-first-reads*.json``, load average 4.5-17): the
+# provisional estimate's middle then (the probe's FLOP rate x 3/4) and the read's actual seconds.
+PROVISIONAL_THEN = [(85.4, 41.5), (98.0, 22.9), (130.0, 62.9), (150.5, 45.6), (428.5, 131.3), (306.0, 152.4),
+                    (35.0, 14.8), (27.2, 15.5), (94.9, 24.8), (55.5, 30.0), (222.5, 51.5), (263.7, 72.6)]
+
+
+def test_the_provisional_estimates_middle_is_within_a_factor_of_two_of_the_reads_and_its_range_holds_them():
+    """Its middle came out 1.75-4.32x the read (the load probe's small matmuls run below a read's FLOP rate)."""
+    probe_seconds, probe_flops = 0.02, 0.02 / 0.75  # a probe at which 3/4 of its rate is 1 FLOP/s: work = middle then
+    for middle_then, actual in PROVISIONAL_THEN:
+        low, likely, high = read_rate.provisional_estimate(middle_then, probe_seconds, probe_flops)
+        assert 0.5 <= likely / actual <= 2.0 and 0 < low < actual < high
+
+
 class FakeModel:
     """What ``measure_read_rate`` needs of a model (its device), with no layers to interrupt."""
 

@@ -24,6 +24,7 @@ from app import render
 from app.browser_state import BrowserState
 from app.csp import ContentSecurityPolicy
 from app.documents import SUPPORTED_SUFFIXES
+from app.estimate_refresh import refreshed_plan
 from app.handlers import Handlers
 from app.render import status
 from engine import DocumentSession, SnapshotStore
@@ -196,6 +197,8 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
             handlers.question_bar, [max_tokens, state], [bar], api_visibility="private", **_LIGHT)
         timer = gr.Timer(METER_SECONDS)
         timer.tick(handlers.meters, [state], [meters], api_visibility="private", **_LIGHT)
+        # A first start's "estimating…" reading time becomes the measured one when the measurement lands.
+        timer.tick(refreshed_plan, [state, plan], [plan], api_visibility="private", **_LIGHT)
         if callable(model_info):
             def model_changed(state: BrowserState) -> tuple:
                 return _model_changed(state, title, current_info())

@@ -227,6 +227,14 @@ class DocumentSession:
         return ReadEstimate(*first_read_range(seconds * (probe.seconds / rate.probe_seconds) ** exponent,
                                               probe.spread * exponent))
 
+    @property
+    def reading_cost_known(self) -> bool:
+        """Whether a plan's reading time is measured now (a recorded read here, or this machine's reading cost), not
+        ``provisional``: cheap (no load probe, no measurement started), for the app's panel to refresh "estimating…"
+        once the background measurement lands."""
+        return bool(self.read_costs.reads(self._costs_key)) or known_rate(self.model, self._rate_key,
+                                                                          self.read_costs) is not None
+
     def measure_read_rate_in_background(self, then: Callable[[], object] | None = None):
         """Starts measuring this machine's reading cost on a background thread (``engine.read_rate``) unless a read
         was recorded, the cost is known (kept by an earlier start) or it is being measured; returns the thread or

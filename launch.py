@@ -484,9 +484,9 @@ def build_kernels_beside_loading(device: str):
         return None
     import threading
 
-    from engine.kv import native
+    from engine import build_host_kernel
 
-    thread = threading.Thread(target=native.kernel, name="build-host-kernel", daemon=True)
+    thread = threading.Thread(target=build_host_kernel, name="build-host-kernel", daemon=True)
     thread.start()
     return thread
 

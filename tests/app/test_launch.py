@@ -366,7 +366,7 @@ def test_the_host_kernel_is_built_before_ready_not_beside_the_first_plan(tmp_pat
         events.append("ready")
         raise Ready
 
-    monkeypatch.setattr(native, "kernel", slow_build)
+    monkeypatch.setattr(native, "kernel", slow_build)  # (what engine.build_host_kernel calls)
     monkeypatch.setattr(engine, "load_model", load_model)
     monkeypatch.setattr(DocumentSession, "measure_read_rate_in_background", measuring_after_ready)
     with socket.socket() as sock:

@@ -4,7 +4,8 @@ weights mode, in the background, never in the way of a start, a plan or a read.
 A read's time is priced as ``forwards · c + tokens · a + pairs · b``: a fixed cost per forward (per layer and per
 operation overheads, most of a short forward on a busy CPU), the tokens' linear work, and causal attention's
 (query, key) pairs. All three are measured from forwards of ``READ_RATE_TOKENS`` run as a read runs them (the
-three unknowns from three sizes, non-negative least squares), each size run twice and its faster run kept.
+three unknowns from three sizes, non-negative least squares, the pair term never below its share of the FLOPs),
+each size run twice and its faster run kept.
 
 Why three measured terms, not the planner's FLOP model scaled (the earlier cost model): that model ties the
 attention term to the linear one by their FLOP counts and two short forwards (128 and 512 tokens) priced the

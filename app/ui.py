@@ -27,6 +27,7 @@ from app.asking import Questions
 from app.browser_state import BrowserState
 from app.csp import ContentSecurityPolicy
 from app.documents import SUPPORTED_SUFFIXES
+from app.estimate_refresh import refreshed_plan
 from app.handlers import Handlers
 from app.reading import Reading
 from app.render import status
@@ -322,6 +323,8 @@ def _wire_tab(demo: gr.Blocks, page: Page, handlers: Handlers, title: str, servi
         handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT)
     timer = gr.Timer(METER_SECONDS)
     timer.tick(handlers.meters, [state], [page.meters], api_visibility="private", **_LIGHT)
+    # A first start's "estimating…" reading time becomes the measured one when the measurement lands.
+    timer.tick(refreshed_plan, [state, page.plan], [page.plan], api_visibility="private", **_LIGHT)
     if serving is not None:
         def model_changed(state: BrowserState) -> tuple:
             return _model_changed(state, title, serving())

@@ -1,6 +1,6 @@
 """HeadInfer engine: exact head-wise KV-cache offload for stock transformers models.
 
-The public API is the thirteen names below; the data types its calls hand back are in ``engine.types``, and the model
+The public API is the fourteen names below; the data types its calls hand back are in ``engine.types``, and the model
 catalogue, discovery and downloads (the app's picker) in ``engine.models``. Everything else is internal.
 
 Importing this package registers the attention implementation ``"headinfer"`` with transformers.
@@ -10,6 +10,7 @@ from . import attention as _attention
 from .answer.generate import warm_up
 from .cache import HeadInferCache
 from .errors import HeadInferError, PlanError, PrefillCancelled, QuestionTooLong
+from .kv.native import build_host_kernel
 from .models.loader import load_model
 from .planning.machine import format_bytes, read_memory
 from .planning.memory import make_plan
@@ -28,6 +29,7 @@ __all__ = [
     "PrefillCancelled",
     "QuestionTooLong",
     "SnapshotStore",
+    "build_host_kernel",
     "format_bytes",
     "load_model",
     "make_plan",

@@ -4,7 +4,8 @@ weights mode, in the background, never in the way of a start, a plan or a read.
 A read's time is priced as ``forwards · c + tokens · a + pairs · b``: a fixed cost per forward (per layer and per
 operation overheads, most of a short forward on a busy CPU), the tokens' linear work, and causal attention's
 (query, key) pairs. All three are measured from forwards of ``READ_RATE_TOKENS`` run as a read runs them (the
-three unknowns from three sizes, non-negative least squares), each size run twice and its faster run kept.
+three unknowns from three sizes, non-negative least squares, the pair term never below its share of the FLOPs),
+each size run twice and its faster run kept.
 
 Why three measured terms, not the planner's FLOP model scaled (the earlier cost model): that model ties the
 attention term to the linear one by their FLOP counts and two short forwards (128 and 512 tokens) priced the
@@ -43,14 +44,17 @@ from .errors import ForwardInterrupted
 from .interrupt import interruptible, layer_callbacks
 from .planning.machine import synchronize
 from .planning.rates import cpu_model
-from .read_cost import LoadProbe, ReadCosts, pairs
+from .read_cost import CostFit, LoadProbe, ReadCosts, pairs
 
 logger = logging.getLogger(__name__)
 
 READ_RATE_TOKENS = (128, 512, 1536)  # three sizes for three unknowns; the largest sees attention's quadratic term
 _RUNS_PER_SIZE = 2  # the faster of two: a size's first forward pays first-use costs, a busy machine spikes
 _PROVISIONAL_SPREAD = 3.0  # before the measurement lands: the probe's FLOP rate's estimate, /3 to x3
-_PROBE_EFFICIENCY = 0.75  # a read ran at about 3/4 of the load probe's matmul FLOP rate here (quiet and busy)
+# A read's FLOP rate over the load probe's: 2.05 = the 3/4 assumed before times the geometric mean of what its
+# provisional estimates came out over 12 first reads of 1.5K-6K tokens (x1.75-4.32, load average 4.5-17; the probe's
+# small matmuls run below a read's rate and slow more under load: ``estimate-error.md``).
+_PROBE_EFFICIENCY = 2.05
 
 
 class ReadEstimate(tuple):
@@ -90,11 +94,17 @@ class ReadRate:
         return rate if all(math.isfinite(v) and v >= 0 for v in fields) and rate.probe_seconds > 0 else None
 
 
-def fit_forwards(points: list[tuple[int, float]], probe_seconds: float) -> ReadRate | None:
+def fit_forwards(points: list[tuple[int, float]], probe_seconds: float, pair_floor: float = 0.0) -> ReadRate | None:
     """Non-negative least squares of ``seconds ≈ c + a·tokens + b·pairs(tokens)`` over forwards from position 0
-    (``(tokens, seconds)``): the best of every subset of the three terms whose unconstrained solution is
-    non-negative. None without a usable point."""
-    rows = [((1.0, float(n), pairs(n)), s) for n, s in points if n > 0 and s > 0]
+    (``(tokens, seconds)``), with ``b ≥ pair_floor · a``: the best of every subset of the three terms (``c``, ``a``
+    and ``b``'s excess over its floor) whose unconstrained solution is non-negative. None without a usable point.
+
+    ``pair_floor``: seconds per pair per second per token at the least, the planner's FLOP model's ratio of a pair's
+    FLOPs to a token's (``attention_floor``). Attention's FLOPs run no faster than the weight matmuls' (small per-head
+    matmuls and a softmax against large GEMMs, on a CPU as on a GPU), so attention costs at least its FLOP share.
+    Without the floor the pair term rested on the 1,536-token forward alone (a fifth of its work): on a busy machine
+    that forward ran 10% fast and the fit dropped the term, pricing a 6K read at a third of its time."""
+    rows = [((1.0, float(n) + pair_floor * pairs(n), pairs(n)), s) for n, s in points if n > 0 and s > 0]
     if not rows:
         return None
     best, best_error = None, math.inf
@@ -111,7 +121,8 @@ def fit_forwards(points: list[tuple[int, float]], probe_seconds: float) -> ReadR
                 best, best_error = coefficients, error
     if best is None:
         return None
-    return ReadRate(best[0], best[1], best[2], probe_seconds)
+    per_forward, per_token, excess = best
+    return ReadRate(per_forward, per_token, excess + pair_floor * per_token, probe_seconds)
 
 
 def _least_squares(a: list[list[float]], y: list[float]) -> list[float] | None:
@@ -135,10 +146,10 @@ def _least_squares(a: list[list[float]], y: list[float]) -> list[float] | None:
 
 def measure_read_rate(model, vocab_size: int, forward: Callable[[torch.Tensor], None], probe: Callable[[], float],
                       should_stop: Callable[[], bool] = lambda: False,
-                      give_way: Callable[[], None] | None = None) -> ReadRate | None:
+                      give_way: Callable[[], None] | None = None, pair_floor: float = 0.0) -> ReadRate | None:
     """Times forwards of ``READ_RATE_TOKENS`` as ``forward(ids)`` runs them (a read's), each ``_RUNS_PER_SIZE``
     times, the faster kept, after a short warm-up, with ``probe()`` (the load probe's seconds) before and after; fits
-    them (``fit_forwards``). None when ``should_stop()`` turned true (checked between forwards and between layers).
+    them (``fit_forwards``, the pair term at least ``pair_floor`` times the token term). None when ``should_stop()`` turned true (checked between forwards and between layers).
     ``give_way()`` runs between layers and may block (a plan being made): that time is not counted."""
     device = next(model.parameters()).device
     ids = torch.randint(0, vocab_size, (1, max(READ_RATE_TOKENS)), device=device)  # [1, N]
@@ -167,12 +178,18 @@ def measure_read_rate(model, vocab_size: int, forward: Callable[[torch.Tensor], 
                 points.append((n, best))
     except ForwardInterrupted:
         return None
-    rate = fit_forwards(points, (before + probe()) / 2)
+    rate = fit_forwards(points, (before + probe()) / 2, pair_floor)
     if rate is not None:
         logger.info("read rate: %.3f s per forward + %.3g s per token + %.3g s per (query, key) pair (forwards %s; "
                     "probe %.0f ms)", rate.per_forward, rate.per_token, rate.per_pair,
                     ", ".join(f"{n} tokens {s:.2f} s" for n, s in points), 1000 * rate.probe_seconds)
     return rate
+
+
+def attention_floor(flop_model: CostFit) -> float:
+    """``fit_forwards``'s ``pair_floor`` for a model: its FLOP model's seconds per (query, key) pair over its seconds
+    per token (at any one FLOP rate: their ratio of FLOPs)."""
+    return flop_model.per_pair / flop_model.per_token if flop_model.per_token > 0 else 0.0
 
 
 def rate_key(model, cost_key: str) -> str:

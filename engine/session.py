@@ -33,7 +33,8 @@ from .planning.window import conversation_allowance
 from .prefill import CheckpointPace, PrefillClock, prefill_step, prefill_work
 from .read_cost import (CPU_LOAD_EXPONENT, Chunk, CostFit, ReadCosts, ReadTiming, first_read_range, load_probe, pairs,
                         shared_read_costs)
-from .read_rate import ReadEstimate, known_rate, measure_in_background, measure_read_rate, provisional_estimate, rate_key
+from .read_rate import (ReadEstimate, attention_floor, known_rate, measure_in_background, measure_read_rate,
+                        provisional_estimate, rate_key)
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillProgress, answer_rate
 from .store.checkpoint import CheckpointPlan, ReadCheckpoints
@@ -237,6 +238,14 @@ class DocumentSession:
         return ReadEstimate(*first_read_range(seconds * (probe.seconds / rate.probe_seconds) ** exponent,
                                               probe.spread * exponent))
 
+    @property
+    def reading_cost_known(self) -> bool:
+        """Whether a plan's reading time is measured now (a recorded read here, or this machine's reading cost), not
+        ``provisional``: cheap (no load probe, no measurement started), for the app's panel to refresh "estimating…"
+        once the background measurement lands."""
+        return bool(self.read_costs.reads(self._costs_key)) or known_rate(self.model, self._rate_key,
+                                                                          self.read_costs) is not None
+
     def measure_read_rate_in_background(self, then: Callable[[], object] | None = None):
         """Starts measuring this machine's reading cost on a background thread (``engine.read_rate``) unless a read
         was recorded, the cost is known (kept by an earlier start) or it is being measured; returns the thread or
@@ -245,9 +254,10 @@ class DocumentSession:
             if then is not None:
                 then()
             return None
+        floor = attention_floor(self._work_shape())  # attention costs at least its share of the FLOPs
         measure = lambda should_stop, give_way: measure_read_rate(
             self.model, self.shape.vocab_size, self._read_forward, lambda: self.load_probe.measure().seconds,
-            should_stop, give_way)
+            should_stop, give_way, pair_floor=floor)
         return measure_in_background(self.model, self._rate_key, self.read_costs, self.load_probe, measure, then)
 
     def making_a_plan(self):

@@ -63,6 +63,12 @@ class LayerCall(ctypes.Structure):
                 ("out_dtype", ctypes.c_int), ("num_threads", ctypes.c_int), ("variant", ctypes.c_int)]
 
 
+def build_host_kernel() -> None:
+    """Builds (once per machine, into the cache) and loads the host attention kernel now, where a start can afford
+    the compiler (``launch.py``: beside the model's loading, before ready), not in the first forward after ready."""
+    kernel()
+
+
 @functools.cache
 def kernel():
     """The C layer function ``host_attend_layer``, or None where it cannot be built (the torch tile then runs)."""

@@ -332,3 +332,47 @@ def test_the_library_loads_a_model_as_the_app_does_by_default():
     args = launch.build_parser().parse_args([])
     assert (defaults["source"], defaults["device"], defaults["dtype"], defaults["weights"]) == \
         (args.model, args.device, args.dtype, args.weights)
+
+
+def test_the_host_kernel_is_built_before_ready_not_beside_the_first_plan(tmp_path, monkeypatch, caplog):
+    """A clean cache's kernel build (C compilers, 15-30 s on a busy 2-core machine) ran in the first forward after
+    ready, the background measurement's, and its compilers held the first upload's plan 10 s: it is built beside the
+    model's loading and finished before ready (the thread is joined), so no compiler runs after ready."""
+    import logging
+
+    import engine
+    from engine import DocumentSession
+    from engine.kv import native
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "engine"))  # the tiny test models' builder
+    from archs import build_pair
+
+    _, model = build_pair("llama-gqa", tmp_path / "tiny")
+    events = []
+
+    def load_model(*args, **kwargs):  # (the tiny model has no tokenizer; the session needs none here)
+        events.append("loading")
+        return model, None
+
+    def slow_build():  # the compilers, here half a second
+        events.append("build started")
+        time.sleep(0.5)
+        events.append("built")
+
+    class Ready(Exception):
+        pass
+
+    def measuring_after_ready(self, then=None):
+        events.append("ready")
+        raise Ready
+
+    monkeypatch.setattr(native, "kernel", slow_build)  # (what engine.build_host_kernel calls)
+    monkeypatch.setattr(engine, "load_model", load_model)
+    monkeypatch.setattr(DocumentSession, "measure_read_rate_in_background", measuring_after_ready)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with caplog.at_level(logging.INFO), pytest.raises(Ready):
+        launch.main(["--model", str(tmp_path / "tiny"), "--device", "cpu", "--port", str(port), "--no-kv-cache"])
+    assert sorted(events[:2]) == ["build started", "loading"]  # beside each other
+    assert events[2:] == ["built", "ready"] and "model ready" in caplog.text

@@ -42,6 +42,57 @@ def test_the_fit_is_never_negative():
     assert ReadRate.from_json("nonsense") is None
 
 
+def test_a_busy_machines_noise_does_not_drop_the_attention_term_a_6k_read_stays_within_35_percent(monkeypatch):
+    """On a loaded 2-core machine the short forwards were slowed (both runs of a size) more than the 1,536-token one:
+    the fit without a floor dropped the pair term (``0 s per (query, key) pair`` in the log) and priced a 6K read at
+    0.33-0.63 of its time. The pair term's floor, the FLOP model's ratio of a pair's FLOPs to a token's, keeps it."""
+    clock = [0.0]
+    monkeypatch.setattr(read_rate.time, "perf_counter", lambda: clock[0])
+    slowed = {8: 1.0, 128: 1.1, 512: 1.1, 1536: 0.9}  # busy minutes during the short forwards, a quiet one after
+
+    def forward(ids):
+        n = ids.shape[1]
+        clock[0] += truth(1, 0, n) * slowed[n]
+
+    flop_ratio = B / A / 1.5  # attention here costs 1.5x its FLOP share (it is never cheaper than its share)
+    actual = truth(1, 0, 4096) + truth(1, 4096, 6059)  # a 6K read: forwards of 4,096 and 1,963 tokens
+    old = measure_read_rate(FakeModel(), 100, forward, probe=lambda: 0.01)
+    assert old.per_pair == 0 and old.seconds(2, 0, 6059) / actual < 0.65  # the old fit: out of bounds
+    new = measure_read_rate(FakeModel(), 100, forward, probe=lambda: 0.01, pair_floor=flop_ratio)
+    assert new.per_pair >= flop_ratio * new.per_token > 0
+    assert 0.65 <= new.seconds(2, 0, 6059) / actual <= 1.35
+    # Where the forwards do see more attention than the floor, the fit keeps what they saw.
+    clean = fit_forwards([(n, truth(1, 0, n)) for n in READ_RATE_TOKENS], 0.01, pair_floor=flop_ratio)
+    assert (clean.per_forward, clean.per_token, clean.per_pair) == pytest.approx((C, A, B), rel=1e-6)
+
+
+def test_the_sessions_floor_is_its_flop_models_ratio_of_a_pairs_flops_to_a_tokens(tiny, monkeypatch):
+    from engine import session as session_module
+    seen = []
+    monkeypatch.setattr(session_module, "measure_read_rate",
+                        lambda *args, pair_floor=0.0, **kwargs: seen.append(pair_floor))
+    session = session_of(tiny, ReadCosts(None))
+    session.measure_read_rate_in_background().join(10)
+    shape = session.shape  # one pair's FLOPs over one token's (the planner's model), for a full-attention model
+    assert not any(shape.sliding_windows or ())
+    per_token, per_pair = 2.0 * shape.num_params, 4.0 * shape.num_heads * shape.head_dim * shape.num_layers
+    assert seen == [pytest.approx(per_pair / per_token, rel=0.01)]  # (pairs of n tokens: n²/2 there, n(n+1)/2 here)
+
+
+# First reads on a clean cache (``docs/benchmarks/estimate-error-first-reads*.json``, load average 4.5-17): the
+# provisional estimate's middle then (the probe's FLOP rate x 3/4) and the read's actual seconds.
+PROVISIONAL_THEN = [(85.4, 41.5), (98.0, 22.9), (130.0, 62.9), (150.5, 45.6), (428.5, 131.3), (306.0, 152.4),
+                    (35.0, 14.8), (27.2, 15.5), (94.9, 24.8), (55.5, 30.0), (222.5, 51.5), (263.7, 72.6)]
+
+
+def test_the_provisional_estimates_middle_is_within_a_factor_of_two_of_the_reads_and_its_range_holds_them():
+    """Its middle came out 1.75-4.32x the read (the load probe's small matmuls run below a read's FLOP rate)."""
+    probe_seconds, probe_flops = 0.02, 0.02 / 0.75  # a probe at which 3/4 of its rate is 1 FLOP/s: work = middle then
+    for middle_then, actual in PROVISIONAL_THEN:
+        low, likely, high = read_rate.provisional_estimate(middle_then, probe_seconds, probe_flops)
+        assert 0.5 <= likely / actual <= 2.0 and 0 < low < actual < high
+
+
 class FakeModel:
     """What ``measure_read_rate`` needs of a model (its device), with no layers to interrupt."""
 
@@ -100,7 +151,7 @@ def test_ready_and_the_plan_never_wait_for_the_measurement_then_a_second_start_m
     release, measuring = threading.Event(), threading.Event()
     calls = []
 
-    def slow_measurement(model, vocab_size, forward, probe, should_stop, give_way=None):  # minutes on a busy CPU: here, until told
+    def slow_measurement(model, vocab_size, forward, probe, should_stop, give_way=None, **_):  # minutes on a busy CPU
         calls.append(model)
         measuring.set()
         release.wait(30)

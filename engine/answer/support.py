@@ -170,6 +170,20 @@ def page_texts(document: str) -> dict[str, str]:
     return texts
 
 
+def claim_tokens(tokens: list[str], answer: str, question: str) -> list[bool]:
+    """Which of the answer's tokens (``tokens``: their texts, in order, joining into ``answer``) write its own claim:
+    a content word of the answer that is not in the question. The rest restate the question ("The operator that
+    opens ... is") or are markup and punctuation, written as surely over an invented answer as over a copied one."""
+    asked = content_words(question)
+    words = [(m.start(), m.end(), m.group().lower().strip("./-") or m.group()) for m in _WORD.finditer(answer)]
+    mask, position = [], 0
+    for token in tokens:
+        start, stop = position, position + len(token)
+        position = stop
+        mask.append(any(s < stop and start < e and w not in asked and w not in _STOPWORDS for s, e, w in words))
+    return mask
+
+
 def grounded_share(answer: str, question: str, pages: list[str]) -> float | None:
     """The share of the answer's own content words (those not already in the question) found on ``pages`` (the
     text of the pages it attended to): an answer read off its pages repeats their words, an invented option or

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from engine.answer.support import (Support, SupportThresholds, content_words, decide, document_share, grounded_share,
-                                   mean_logprob, page_texts, thresholds_for, token_logprob)
+from engine.answer.support import (Support, SupportThresholds, claim_tokens, content_words, decide, document_share,
+                                   grounded_share, mean_logprob, page_texts, thresholds_for, token_logprob)
 
 
 def test_share_counts_the_pages_and_leaves_out_the_sink_and_the_markup_before_them():
@@ -79,6 +79,18 @@ def test_grounded_share_counts_the_answers_own_words_found_on_its_pages():
     # Nothing of its own (it repeats the question) or nothing cited: no signal.
     assert grounded_share("Both reading and writing.", question, [pages["38"]]) is None
     assert content_words("The file is <> and /dev/udp.") == {"<>", "dev/udp"}
+
+
+def test_claim_tokens_are_the_answers_own_words_not_the_restated_question():
+    question = "Which special file name makes Bash open a Unix domain socket?"
+    tokens = ["The", " special", " file", " name", " is", " `", "/dev", "/tcp", "/host", "`."]
+    assert claim_tokens(tokens, "".join(tokens), question) == [False] * 6 + [True] * 3 + [False]
+    # Every token of one of its own words is the claim ("gz", "ip" of "gzip"); stopwords ("uses") never are.
+    tokens = ["It", " uses", " gz", "ip", " by", " default", "."]
+    assert claim_tokens(tokens, "".join(tokens), "What is the default compression?") == [
+        False, False, True, True, False, False, False]
+    # An answer that only restates the question has no claim token.
+    assert not any(claim_tokens(["Both", " reading"], "Both reading", "Both reading?"))
 
 
 def test_each_model_gets_its_fitted_thresholds_and_others_the_default_models():

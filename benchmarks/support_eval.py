@@ -314,7 +314,9 @@ def _join_traces(records: list[dict], path: Path) -> None:
     """Adds each fresh glued answer's trace (``benchmarks.support_trace``) as ``trace``, for the claim signals."""
     if not path.is_file():
         return
-    traces = {(t["model"], t["document"], t["question"]): t for t in map(json.loads, path.read_text().splitlines())}
+    traces: dict[tuple, dict] = {}
+    for t in map(json.loads, path.read_text().splitlines()):  # an answer's lines (one per trace mode) merged
+        traces.setdefault((t["model"], t["document"], t["question"]), {}).update(t)
     for r in records:
         trace = traces.get((r["model"], r["document"], r["question"]))
         if trace is not None and r["layout"] == "glued" and r["chat"] == "fresh":
@@ -344,7 +346,12 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
              "unsupported flagged, <= 10% of supported flagged. Signals: `share` (the answer's attention on the "
              "pages), `log-prob` (its mean token log-probability), `grounded` (the share of the answer's own "
              "content words found on the pages it cites), and cheap alternatives (the lowest token log-prob, the "
-             "first 4 tokens' mean log-prob, the top page's share of the page attention).", "",
+             "first 4 tokens' mean log-prob, the top page's share of the page attention). Claim-token signals, over "
+             "the answer's own words only (not the restated question, `engine.answer.support.claim_tokens`): "
+             "`claim log-prob` (their mean log-prob), `contrast` (their log-prob with the document minus without it: "
+             "one more forward per answer) and `claim tokens' share` (their attention on the pages); the last two "
+             "from the traces `python -m benchmarks.support_trace` records, judged on the answers traced "
+             "(the count is in the rate's column).", "",
              "| model | layout | rule | held out: unsupported flagged | held out: supported flagged | "
              "across documents: unsupported / supported flagged | fitted on all: thresholds |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -445,6 +452,20 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
                 after = [r["check_s_answer"] for r in rows if "check_s_answer" in r]
                 lines.append(f"| {model} | {len(rows)} | {sum(r['check_s_question'] for r in rows) / len(rows):.1f} | "
                              + (f"{sum(after) / len(after):.1f} ({len(after)}) |" if after else "– |"))
+    traced = [r for r in records if (r.get("trace") or {}).get("alone_s") is not None]
+    if traced:
+        lines += ["", "The contrast's extra forward (`benchmarks.support_trace`): the question and the answer read again "
+                  "with the document left out (a short prompt, no cache), timed per answer; and the replay that records "
+                  "the claim tokens' attention (the question and the answer read on the document's K/V, a cost the "
+                  "engine would not pay: its sources pass already holds the queries).", "",
+                  "| model | answers traced | mean s, forward without the document | mean s, replay on the document |",
+                  "| --- | --- | --- | --- |"]
+        for model in models:
+            rows = [r["trace"] for r in traced if r["model"] == model]
+            if rows:
+                replays = [t["replay_s"] for t in rows if "replay_s" in t]
+                lines.append(f"| {model} | {len(rows)} | {sum(t['alone_s'] for t in rows) / len(rows):.1f} | "
+                             + (f"{sum(replays) / len(replays):.1f} |" if replays else "– |"))
     for r in records:
         del r["signals"]
     previous = path.read_text() if path.is_file() else ""

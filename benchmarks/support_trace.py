@@ -16,8 +16,9 @@ with the retrieval heads' queries recorded as the sources pass records them. Per
 - ``mass``: the retrieval heads' attention (summed over heads) of the query that wrote the token, bucketed into
   the prompt before the pages, each page, the question (and chat markup) and the answer so far.
 
-One line per answer to ``support-traces.jsonl`` (resumable). ``benchmarks.support_eval`` reads it for the
-trace-based candidate signals (``trace_signals``).
+One line per answer and mode to ``support-traces.jsonl`` (resumable; ``--tokens-only`` and ``--alone-only`` record
+less, for much less time; ``benchmarks.support_eval`` merges an answer's lines) and reads it for the claim-token
+signals.
 """
 from __future__ import annotations
 
@@ -156,8 +157,10 @@ def main(argv=None) -> int:
     answers = [r for r in map(json.loads, (out / "support.jsonl").read_text().splitlines())
                if r["layout"] == "glued" and r["chat"] == "fresh"]
     jsonl = out / "support-traces.jsonl"
-    done = {(r["model"], r["document"], r["question"])
-            for r in map(json.loads, jsonl.read_text().splitlines())} if jsonl.is_file() else set()
+    # A line per answer and mode; an answer is done for a mode once a line holds what that mode records.
+    field = "tokens" if args.tokens_only else "logprob_alone" if args.alone_only else "mass"
+    done = {(r["model"], r["document"], r["question"]) for r in map(json.loads, jsonl.read_text().splitlines())
+            if field in r} if jsonl.is_file() else set()
     store = SnapshotStore(args.kv)
     for key in args.models.split(","):
         todo = [r for r in answers if r["model"] == key and (key, r["document"], r["question"]) not in done]

@@ -105,6 +105,11 @@ def test_each_model_gets_its_fitted_thresholds_and_others_the_default_models():
     # log-prob flag it.
     assert decide(0.7, -0.25, smollm2, 1.0).is_supported
     assert not decide(0.7, -1.5, smollm2, 1.0).is_supported and not decide(0.7, -0.25, smollm2, 0.2).is_supported
+    # The 0.5B is judged on its attention alone (share 0.68 on supported answers, 0.49 on invented ones; its
+    # log-probs do not separate them): an answer looking off the pages is flagged however surely it was written.
+    small = thresholds_for("/cache/downloads/qwen2.5-coder-0.5b-instruct.gguf")
+    assert small not in (qwen, smollm2)
+    assert decide(0.7, -2.0, small).is_supported and not decide(0.4, -0.05, small).is_supported
 
 
 def test_thresholds_are_checked():

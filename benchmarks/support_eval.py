@@ -93,7 +93,8 @@ def evaluate(key: str, weights: str, layouts: list[str], chats: list[str], docum
                           # The raw material of other candidate signals (fitted offline, ``support_features``).
                           "token_logprobs": [round(x, 4) for x in token_logprobs],
                           # The answer's tokens as text (the claim-token signals; re-tokenized, as the text streams).
-                          "tokens": [tokenizer.decode([i]) for i in tokenizer(final.text, add_special_tokens=False)["input_ids"]],
+                          "tokens": [tokenizer.decode([i])
+                                     for i in tokenizer(final.text, add_special_tokens=False)["input_ids"]],
                           "sources": [[s.page, round(s.share, 4)] for s in final.sources]}
                 logger.info("%s %s/%s %s %s share=%s lp=%s -> %r", key, layout, chat, question["kind"][:5],
                             "supported" if support.is_supported else "FLAGGED", support.document_share,
@@ -207,7 +208,8 @@ def signals(record: dict, pages: dict[str, str]) -> dict[str, float | None]:
     logprobs = record.get("token_logprobs") or []
     sources = record.get("sources") or []
     cited = [pages.get(page or "", "") for page, _ in sources]
-    return {**_claim_signals(record), "min_document_share": record["document_share"], "min_mean_logprob": record["mean_logprob"],
+    return {**_claim_signals(record),
+            "min_document_share": record["document_share"], "min_mean_logprob": record["mean_logprob"],
             "min_grounded_share": grounded_share(record["answer"], record["question"], cited) if sources else None,
             "min_token_logprob": min(logprobs) if logprobs else None,
             "min_first_logprob": sum(logprobs[:4]) / len(logprobs[:4]) if logprobs else None,

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from engine import DocumentSession, OffloadPolicy
-from engine.answer.support import SupportThresholds, grounded_share, page_texts, token_logprob
+from engine.answer.support import SupportThresholds, claim_tokens, grounded_share, page_texts, token_logprob
 from engine.prompt import PromptBuilder
 from engine.store.fingerprint import weights_mode
 
@@ -92,6 +92,9 @@ def evaluate(key: str, weights: str, layouts: list[str], chats: list[str], docum
                           "logprob_ms_per_token": _logprob_cost(model),
                           # The raw material of other candidate signals (fitted offline, ``support_features``).
                           "token_logprobs": [round(x, 4) for x in token_logprobs],
+                          # The answer's tokens as text (the claim-token signals; re-tokenized, as the text streams).
+                          "tokens": [tokenizer.decode([i])
+                                     for i in tokenizer(final.text, add_special_tokens=False)["input_ids"]],
                           "sources": [[s.page, round(s.share, 4)] for s in final.sources]}
                 logger.info("%s %s/%s %s %s share=%s lp=%s -> %r", key, layout, chat, question["kind"][:5],
                             "supported" if support.is_supported else "FLAGGED", support.document_share,
@@ -151,6 +154,17 @@ CANDIDATES = {
     "grounded + verify": ("min_grounded_share", "min_verify_yes"),
     "share + log-prob + verify": ("min_document_share", "min_mean_logprob", "min_verify_yes"),
     "log-prob + grounded + verify": ("min_mean_logprob", "min_grounded_share", "min_verify_yes"),
+    # The answer's claim tokens (its own words, not the question's restated): their mean log-prob (from the
+    # recorded log-probs), how much more likely the document made them (``contrast``: log p with the document minus
+    # log p without it, ``benchmarks.support_trace``: one extra forward per answer), and their attention share.
+    "claim log-prob": ("min_claim_logprob",),
+    "share + claim log-prob": ("min_document_share", "min_claim_logprob"),
+    "log-prob + claim log-prob": ("min_mean_logprob", "min_claim_logprob"),
+    "claim log-prob + grounded": ("min_claim_logprob", "min_grounded_share"),
+    "contrast": ("min_contrast",),
+    "log-prob + contrast": ("min_mean_logprob", "min_contrast"),
+    "share + contrast": ("min_document_share", "min_contrast"),
+    "claim tokens' share": ("min_claim_share",),
     "verify after the answer": ("min_verify_answer",),
     "log-prob + verify after the answer": ("min_mean_logprob", "min_verify_answer"),
 }
@@ -162,12 +176,40 @@ SHIPPABLE = [rule for rule, names in CANDIDATES.items()
              if set(names) <= set(ENGINE_SIGNALS) and "min_verify_yes" not in names]
 
 
+def _claim_signals(record: dict) -> dict[str, float | None]:
+    """The claim-token signals of one answer: from its recorded log-probs and tokens, and, where a trace
+    (``benchmarks.support_trace``, joined as ``trace``) was recorded, the document contrast and attention."""
+    trace = record.get("trace") or {}
+    tokens = record.get("tokens") or trace.get("tokens")
+    logprobs = record.get("token_logprobs") or []
+    out = {"min_claim_logprob": None, "min_contrast": None, "min_claim_share": None}
+    if not tokens or not logprobs:
+        return out
+    claim = claim_tokens(tokens, record["answer"], record["question"])
+    if not any(claim):
+        claim = [True] * len(tokens)  # an answer that only restates the question: every token is its claim
+    picked = [i for i, c in enumerate(claim) if c and i < len(logprobs)]
+    if not picked:
+        return out
+    out["min_claim_logprob"] = sum(logprobs[i] for i in picked) / len(picked)
+    alone = trace.get("logprob_alone")
+    if alone:
+        out["min_contrast"] = sum(logprobs[i] - alone[i] for i in picked if i < len(alone)) / len(picked)
+    mass = trace.get("mass")
+    if mass:  # [tokens][before the pages, each page, the question, the answer]
+        on_pages = sum(sum(mass[i][1:-2]) for i in picked if i < len(mass))
+        total = sum(sum(mass[i]) for i in picked if i < len(mass))
+        out["min_claim_share"] = on_pages / total if total > 0 else None
+    return out
+
+
 def signals(record: dict, pages: dict[str, str]) -> dict[str, float | None]:
     """Every candidate signal of one answer, keyed by its threshold's name (None: not available)."""
     logprobs = record.get("token_logprobs") or []
     sources = record.get("sources") or []
     cited = [pages.get(page or "", "") for page, _ in sources]
-    return {"min_document_share": record["document_share"], "min_mean_logprob": record["mean_logprob"],
+    return {**_claim_signals(record),
+            "min_document_share": record["document_share"], "min_mean_logprob": record["mean_logprob"],
             "min_grounded_share": grounded_share(record["answer"], record["question"], cited) if sources else None,
             "min_token_logprob": min(logprobs) if logprobs else None,
             "min_first_logprob": sum(logprobs[:4]) / len(logprobs[:4]) if logprobs else None,
@@ -223,6 +265,29 @@ def held_out(values: np.ndarray, unsupported: np.ndarray) -> tuple[float, float]
     return _rates(flagged, unsupported)
 
 
+def _pick(rows: list[dict]) -> tuple:
+    """The shippable rule with the best held-out rates on ``rows`` (``write_markdown``'s choice): its names."""
+    best = None
+    for rule in SHIPPABLE:
+        u, s = held_out(*_matrix(rows, CANDIDATES[rule]))
+        score = (s <= MAX_SUPPORTED_FLAGGED and u > 0, u, -s)
+        if best is None or score > best[0]:
+            best = (score, CANDIDATES[rule])
+    return best[1]
+
+
+def nested_held_out(rows: list[dict]) -> tuple[float, float]:
+    """Leave one question out around the whole procedure: the rule is picked (``_pick``) and fitted on the others,
+    then judges the one left out. The choice of rule is itself fitted to the answers, so the held-out rate of the
+    rule picked is optimistic; this one is not."""
+    flagged = np.zeros(len(rows), dtype=bool)
+    for i in range(len(rows)):
+        rest = rows[:i] + rows[i + 1:]
+        names = _pick(rest)
+        flagged[i] = _flags(_matrix(rows[i:i + 1], names)[0], fit(*_matrix(rest, names)))[0]
+    return _rates(flagged, np.array([row["kind"] == "unsupported" for row in rows]))
+
+
 def across_documents(rows: list[dict], names: tuple[str, ...]) -> tuple[float, float]:
     """Fitted on one document's questions, judged on the other's (and back): a manual the fit never saw."""
     flagged, kinds = [], []
@@ -251,6 +316,10 @@ def fitted_thresholds(rows: list[dict], names: tuple[str, ...]) -> SupportThresh
                              round(min(verify, 1.0), 4) if math.isfinite(verify) else 0.0)
 
 
+# Signals recorded for some answers only (a verification turn, a trace): rules using them are judged on those answers.
+PARTIAL = ("min_verify", "min_contrast", "min_claim_share", "min_claim_logprob")
+
+
 def _fresh(records: list[dict], model: str, layout: str) -> list[dict]:
     return [r for r in records if r["model"] == model and r["layout"] == layout and r["chat"] == "fresh"]
 
@@ -264,6 +333,19 @@ def _join_checks(records: list[dict], path: Path) -> None:
         check = checks.get((r["model"], r["document"], r["question"]))
         if check is not None and r["layout"] == "glued" and r["chat"] == "fresh":
             r.update({k: v for k, v in check.items() if k.startswith(("yes_", "check_s_"))})
+
+
+def _join_traces(records: list[dict], path: Path) -> None:
+    """Adds each fresh glued answer's trace (``benchmarks.support_trace``) as ``trace``, for the claim signals."""
+    if not path.is_file():
+        return
+    traces: dict[tuple, dict] = {}
+    for t in map(json.loads, path.read_text().splitlines()):  # an answer's lines (one per trace mode) merged
+        traces.setdefault((t["model"], t["document"], t["question"]), {}).update(t)
+    for r in records:
+        trace = traces.get((r["model"], r["document"], r["question"]))
+        if trace is not None and r["layout"] == "glued" and r["chat"] == "fresh":
+            r["trace"] = trace
 
 
 def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp: dict, path: Path) -> None:
@@ -289,7 +371,12 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
              "unsupported flagged, <= 10% of supported flagged. Signals: `share` (the answer's attention on the "
              "pages), `log-prob` (its mean token log-probability), `grounded` (the share of the answer's own "
              "content words found on the pages it cites), and cheap alternatives (the lowest token log-prob, the "
-             "first 4 tokens' mean log-prob, the top page's share of the page attention).", "",
+             "first 4 tokens' mean log-prob, the top page's share of the page attention). Claim-token signals, over "
+             "the answer's own words only (not the restated question, `engine.answer.support.claim_tokens`): "
+             "`claim log-prob` (their mean log-prob), `contrast` (their log-prob with the document minus without it: "
+             "one more forward per answer) and `claim tokens' share` (their attention on the pages); the last two "
+             "from the traces `python -m benchmarks.support_trace` records, judged on the answers traced "
+             "(the count is in the rate's column).", "",
              "| model | layout | rule | held out: unsupported flagged | held out: supported flagged | "
              "across documents: unsupported / supported flagged | fitted on all: thresholds |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -301,8 +388,9 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
                 continue
             best = None
             for rule, names in CANDIDATES.items():
-                # The verification turn was not run on every answer (time): a rule using it is judged on those only.
-                ruled = [r for r in rows if all(r["signals"][n] is not None for n in names if n.startswith("min_verify"))]
+                # The verification turn and the traces were not run on every answer (time): a rule using them is
+                # judged on those only.
+                ruled = [r for r in rows if all(r["signals"][n] is not None for n in names if n.startswith(PARTIAL))]
                 if len({r["kind"] for r in ruled}) < 2:
                     continue
                 values, unsupported = _matrix(ruled, names)
@@ -319,12 +407,15 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
                 lines.append(f"| {model} | {layout} | {rule} | {u:.0%} of {unsupported.sum()} | "
                              f"{s:.0%} of {(~unsupported).sum()} | {across} | {thresholds} |")
             if best is not None:
+                nu, ns = nested_held_out(rows)
                 shipped.append(f"- {model}, {layout}: **{best[1]}**, fitted on all {len(rows)} answers: "
-                               f"`{fitted_thresholds(rows, CANDIDATES[best[1]])}`")
+                               f"`{fitted_thresholds(rows, CANDIDATES[best[1]])}`; the whole choice held out "
+                               f"(rule picked and fitted on the other {len(rows) - 1}): {nu:.0%} / {ns:.0%}")
     lines += ["", "The rule with the best held-out rates among the engine's own cheap signals (within 10% supported "
               "flagged if any is, then the most unsupported flagged; the verification turn, a prefill per answer, is "
               "left out of this choice); the engine ships it (`engine.answer.support._FITTED`). "
-              "Picking the rule by its held-out rates is itself a small fit: read those rates as slightly optimistic.", "",
+              "Picking the rule by its held-out rates is itself a fit: the last rates hold that choice out too (for "
+              "each question, the rule is picked and fitted on the others, then judges it).", "",
               *shipped]
     lines += ["", "Signal values (mean over fresh-chat answers; right answers: a supported one matches its regex, an "
               "unsupported one says the document does not say):", "",
@@ -389,6 +480,20 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
                 after = [r["check_s_answer"] for r in rows if "check_s_answer" in r]
                 lines.append(f"| {model} | {len(rows)} | {sum(r['check_s_question'] for r in rows) / len(rows):.1f} | "
                              + (f"{sum(after) / len(after):.1f} ({len(after)}) |" if after else "– |"))
+    traced = [r for r in records if (r.get("trace") or {}).get("alone_s") is not None]
+    if traced:
+        lines += ["", "The contrast's extra forward (`benchmarks.support_trace`): the question and the answer read again "
+                  "with the document left out (a short prompt, no cache), timed per answer; and the replay that records "
+                  "the claim tokens' attention (the question and the answer read on the document's K/V, a cost the "
+                  "engine would not pay: its sources pass already holds the queries).", "",
+                  "| model | answers traced | mean s, forward without the document | mean s, replay on the document |",
+                  "| --- | --- | --- | --- |"]
+        for model in models:
+            rows = [r["trace"] for r in traced if r["model"] == model]
+            if rows:
+                replays = [t["replay_s"] for t in rows if "replay_s" in t]
+                lines.append(f"| {model} | {len(rows)} | {sum(t['alone_s'] for t in rows) / len(rows):.1f} | "
+                             + (f"{sum(replays) / len(replays):.1f} |" if replays else "– |"))
     for r in records:
         del r["signals"]
     previous = path.read_text() if path.is_file() else ""
@@ -421,12 +526,13 @@ def main(argv=None) -> int:
     records = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.is_file() else []
     done = {_key(r) for r in records}
     _join_checks(records, out / "support-verify.jsonl")
+    _join_traces(records, out / "support-traces.jsonl")
     stamp = run_stamp("cpu")
 
     def emit(record: dict) -> None:
         records.append(record)
         with jsonl.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps({k: v for k, v in record.items() if k != "trace"}) + "\n")
 
     texts = {d["key"]: document_text(d, Path(args.cache)) for d in load_questions()}
     pages = {key: page_texts(text) for key, text in texts.items()}

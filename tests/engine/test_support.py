@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from engine.answer.support import (Support, SupportThresholds, content_words, decide, document_share, grounded_share,
-                                   mean_logprob, page_texts, thresholds_for, token_logprob)
+from engine.answer.support import (Support, SupportThresholds, claim_tokens, content_words, decide, document_share,
+                                   grounded_share, mean_logprob, page_texts, thresholds_for, token_logprob)
 
 
 def test_share_counts_the_pages_and_leaves_out_the_sink_and_the_markup_before_them():
@@ -81,6 +81,18 @@ def test_grounded_share_counts_the_answers_own_words_found_on_its_pages():
     assert content_words("The file is <> and /dev/udp.") == {"<>", "dev/udp"}
 
 
+def test_claim_tokens_are_the_answers_own_words_not_the_restated_question():
+    question = "Which special file name makes Bash open a Unix domain socket?"
+    tokens = ["The", " special", " file", " name", " is", " `", "/dev", "/tcp", "/host", "`."]
+    assert claim_tokens(tokens, "".join(tokens), question) == [False] * 6 + [True] * 3 + [False]
+    # Every token of one of its own words is the claim ("gz", "ip" of "gzip"); stopwords ("uses") never are.
+    tokens = ["It", " uses", " gz", "ip", " by", " default", "."]
+    assert claim_tokens(tokens, "".join(tokens), "What is the default compression?") == [
+        False, False, True, True, False, False, False]
+    # An answer that only restates the question has no claim token.
+    assert not any(claim_tokens(["Both", " reading"], "Both reading", "Both reading?"))
+
+
 def test_each_model_gets_its_fitted_thresholds_and_others_the_default_models():
     qwen = thresholds_for("/cache/downloads/qwen2.5-coder-1.5b-instruct.gguf")
     smollm2 = thresholds_for("HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -93,6 +105,11 @@ def test_each_model_gets_its_fitted_thresholds_and_others_the_default_models():
     # log-prob flag it.
     assert decide(0.7, -0.25, smollm2, 1.0).is_supported
     assert not decide(0.7, -1.5, smollm2, 1.0).is_supported and not decide(0.7, -0.25, smollm2, 0.2).is_supported
+    # The 0.5B is judged on its attention alone (share 0.68 on supported answers, 0.49 on invented ones; its
+    # log-probs do not separate them): an answer looking off the pages is flagged however surely it was written.
+    small = thresholds_for("/cache/downloads/qwen2.5-coder-0.5b-instruct.gguf")
+    assert small not in (qwen, smollm2)
+    assert decide(0.7, -2.0, small).is_supported and not decide(0.4, -0.05, small).is_supported
 
 
 def test_thresholds_are_checked():

@@ -1,0 +1,47 @@
+"""The support eval's claim-token signals, read from the recorded answers and their traces (no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.support_eval import _claim_signals
+
+
+def _record(**trace) -> dict:
+    tokens = ["The", " default", " is", " gz", "ip", "."]
+    return {"question": "What is the default compression?", "answer": "".join(tokens), "tokens": tokens,
+            "token_logprobs": [-0.1, -0.1, -0.1, -1.0, -0.2, -0.1], **({"trace": trace} if trace else {})}
+
+
+def test_claim_log_prob_is_over_the_answers_own_words_only():
+    signals = _claim_signals(_record())
+    assert signals["min_claim_logprob"] == pytest.approx(-0.6)  # "gz", "ip": the restated question is left out
+    assert signals["min_contrast"] is None and signals["min_claim_share"] is None  # no trace recorded
+
+
+def test_contrast_and_attention_come_from_the_trace():
+    # Without the document "gzip" is nearly as likely: the document added little (contrast 0.1 nats a token).
+    alone = [-0.1, -0.1, -0.1, -1.1, -0.3, -0.1]
+    # Per token: [before the pages, page 1, page 2, the question, the answer so far].
+    mass = [[1, 0, 0, 1, 0]] * 3 + [[1, 2, 1, 0, 0], [0, 0, 1, 1, 2], [1, 1, 1, 1, 1]]
+    signals = _claim_signals(_record(logprob_alone=alone, mass=mass))
+    assert signals["min_contrast"] == pytest.approx(0.1)
+    assert signals["min_claim_share"] == pytest.approx((3 + 1) / (4 + 4))
+
+
+def test_the_whole_choice_held_out_picks_and_fits_without_the_answer_it_judges():
+    from benchmarks.support_eval import nested_held_out
+
+    def row(kind: str, share: float, logprob: float) -> dict:
+        return {"kind": kind, "signals": {"min_document_share": share, "min_mean_logprob": logprob,
+                                          "min_grounded_share": None}}
+
+    # The share separates every answer (invented ones look off the pages); the log-prob is noise.
+    rows = [row("supported", 0.6 + 0.02 * i, -0.1 - 0.05 * (i % 3)) for i in range(10)]
+    rows += [row("unsupported", 0.2 + 0.02 * i, -0.1 - 0.05 * (i % 3)) for i in range(10)]
+    # Fitted without it, the threshold sits just above the other invented answers: the one closest to the supported
+    # ones (share 0.38) passes it. Every other is caught, no supported answer is.
+    assert nested_held_out(rows) == (0.9, 0.0)
+    # An invented answer that looks like a supported one is missed too: a rule fitted without it cannot know it.
+    rows[10] = row("unsupported", 0.7, -0.1)
+    assert nested_held_out(rows) == (0.8, 0.0)

@@ -354,6 +354,125 @@ static inline __attribute__((always_inline)) void dot4_q6k(const uint8_t *row, l
 }
 #endif
 
+#if defined(HEADINFER_GGUF_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__)
+#define HEADINFER_GGUF_AVX512 1
+
+/* Q4_K's 8 six-bit scales (bytes 0-7 of ``out``) and 8 mins (bytes 8-15) from the 12 packed bytes, all at once in
+ * four 32-bit words (llama.cpp's unpacking; the same numbers as scale_min, checked against it by the tests through
+ * every bit pattern). x86 only: little-endian words. */
+static inline void scales_mins_k(const uint8_t *packed, uint32_t out[4]) {
+    const uint32_t six = 0x3f3f3f3fu, low = 0x0f0f0f0fu, two = 0x03030303u;
+    uint32_t w[3];
+    memcpy(w, packed, 12);
+    out[0] = w[0] & six;                                      /* scales 0-3 */
+    out[1] = (w[2] & low) | (((w[0] >> 6) & two) << 4);       /* scales 4-7 */
+    out[2] = w[1] & six;                                      /* mins 0-3 */
+    out[3] = ((w[2] >> 4) & low) | (((w[1] >> 6) & two) << 4); /* mins 4-7 */
+}
+
+static inline __m256 bytes8_to_float(const void *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* Q4_K on 16 lanes, four rows: per sub-block of 32, sum q * x, times d * scale; minus dmin * min times the
+ * sub-block's sum of x. A 16-byte load widened to 16 32-bit lanes holds 16 low nibbles (sub-block 2g) and 16 high
+ * ones (2g + 1): the low ones become floats by a table lookup (vpermps reads only an index's low 4 bits, so no mask
+ * is needed, and it runs on the shuffle port while conversions and FMAs share the other two), the high ones by a
+ * shift and a conversion. The factors of a super-block (8 of d * scale, 8 of dmin * min) are unpacked and
+ * multiplied 8 at a time, and the mins' sum is taken in 8 lanes. */
+static inline __attribute__((always_inline)) void dot4_q4k_512(const uint8_t *row, long stride, const float *x,
+                                                               const float *xsum, long blocks, float *out) {
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m256 offsets[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float factors[8] __attribute__((aligned(32)));
+    for (long b = 0; b < blocks; b++) {
+        const float *xb = x + 256 * b;
+        const __m256 sums = _mm256_loadu_ps(xsum + 8 * b);
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *block = row + k * stride + b * 144;
+            for (long line = 0; line < 144; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, 0);
+            uint32_t unpacked[4];
+            scales_mins_k(block + 4, unpacked);
+            const __m256 d = _mm256_set1_ps(half_to_float(block)), dmin = _mm256_set1_ps(half_to_float(block + 2));
+            _mm256_store_ps(factors, _mm256_mul_ps(d, bytes8_to_float(unpacked)));
+            offsets[k] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, bytes8_to_float(unpacked + 2)), sums, offsets[k]);
+            const uint8_t *qs = block + 16;
+            for (int g = 0; g < 4; g++) {
+                const float *xg = xb + 64 * g;
+                const __m512i q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * g)));
+                const __m512i q1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * g + 16)));
+                __m512 lo = _mm512_mul_ps(_mm512_permutexvar_ps(q0, table), _mm512_loadu_ps(xg));
+                lo = _mm512_fmadd_ps(_mm512_permutexvar_ps(q1, table), _mm512_loadu_ps(xg + 16), lo);
+                __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q0, 4)), _mm512_loadu_ps(xg + 32));
+                hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q1, 4)), _mm512_loadu_ps(xg + 48), hi);
+                acc[k] = _mm512_fmadd_ps(lo, _mm512_set1_ps(factors[2 * g]), acc[k]);
+                acc[k] = _mm512_fmadd_ps(hi, _mm512_set1_ps(factors[2 * g + 1]), acc[k]);
+            }
+        }
+    }
+    for (int k = 0; k < 4; k++) out[k] = _mm512_reduce_add_ps(acc[k]) - hsum8(offsets[k]);
+}
+
+/* Q6_K's 256 values q - 32 (int8, in element order) from its 128 low-nibble bytes and 64 bytes of 2-bit highs, 64
+ * at a time in bytes: element 128 g + 32 c + k takes nibble c / 2 of ql[64 g + 32 (c % 2) + k] and bits 2c, 2c + 1
+ * of qh[32 g + k]. The highs of both c of a 64-byte half are shifted into bits 4-5 by one per-16-bit-word shift
+ * (4 and 2 for c = 0, 1; 0 and 2 right for c = 2, 3): bits crossing into the next byte land outside 0x30. */
+static inline void q6k_values(const uint8_t *block, int8_t *q) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
+    const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    for (int g = 0; g < 2; g++) {
+        const __m512i low = _mm512_loadu_si512((const void *)(block + 64 * g));
+        const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(block + 128 + 32 * g)));
+        const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(bits, up), high);
+        const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(bits, down), high);
+        /* 0xEC: (a & c) | b */
+        const __m512i q01 = _mm512_ternarylogic_epi32(low, h01, nibble, 0xEC);
+        const __m512i q23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 4), h23, nibble, 0xEC);
+        _mm512_store_si512((void *)(q + 128 * g), _mm512_sub_epi8(q01, bias));
+        _mm512_store_si512((void *)(q + 128 * g + 64), _mm512_sub_epi8(q23, bias));
+    }
+}
+
+/* Q6_K on 16 lanes, four rows: a block's values are unpacked into L1 as bytes (64 at a time), then each sub-block
+ * of 16 is one widening load, one conversion, one product with x and one FMA by d * scale (the 16 factors made at
+ * once). */
+static inline __attribute__((always_inline)) void dot4_q6k_512(const uint8_t *row, long stride, const float *x,
+                                                               long blocks, float *out) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    int8_t q[256] __attribute__((aligned(64)));
+    float factors[16] __attribute__((aligned(64)));
+    for (long b = 0; b < blocks; b++) {
+        const float *xb = x + 256 * b;
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *block = row + k * stride + b * 210;
+            for (long line = 0; line < 210; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, 0);
+            q6k_values(block, q);
+            const __m512 scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 192))));
+            _mm512_store_ps(factors, _mm512_mul_ps(_mm512_set1_ps(half_to_float(block + 208)), scales));
+            for (int s = 0; s < 16; s++) {
+                const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(q + 16 * s))));
+                acc[k] = _mm512_fmadd_ps(_mm512_mul_ps(values, _mm512_loadu_ps(xb + 16 * s)),
+                                         _mm512_set1_ps(factors[s]), acc[k]);
+            }
+        }
+    }
+    for (int k = 0; k < 4; k++) out[k] = _mm512_reduce_add_ps(acc[k]);
+}
+#endif
+
+/* The vector path this build runs for the K types: 512 (AVX-512), 256 (AVX2), 0 (the portable C). */
+int gguf_gemv_path(void) {
+#if defined(HEADINFER_GGUF_AVX512)
+    return 512;
+#elif defined(HEADINFER_GGUF_AVX2)
+    return 256;
+#else
+    return 0;
+#endif
+}
+
 /* x: [rows, in] fp32; raw: [out, in / block size blocks]; bias: [out] fp32 or NULL; y: [rows, out] fp32. Computes
  * output columns [lo, hi) only. Returns 0, -1 for a bad type or width, -2 out of memory. */
 int gguf_gemv(const float *x, const uint8_t *raw, int type, const float *bias, float *y, long rows, long in,
@@ -388,9 +507,17 @@ int gguf_gemv(const float *x, const uint8_t *raw, int type, const float *bias, f
             } else if (width == 4 && type == Q5_0) {
                 dot4(raw + o * stride, stride, Q5_0, xr, sr, blocks, s);
             } else if (width == 4 && type == Q4_K) {
+#ifdef HEADINFER_GGUF_AVX512
+                dot4_q4k_512(raw + o * stride, stride, xr, sr, blocks, s);
+#else
                 dot4_q4k(raw + o * stride, stride, xr, sr, blocks, s);
+#endif
             } else if (width == 4 && type == Q6_K) {
+#ifdef HEADINFER_GGUF_AVX512
+                dot4_q6k_512(raw + o * stride, stride, xr, blocks, s);
+#else
                 dot4_q6k(raw + o * stride, stride, xr, blocks, s);
+#endif
             } else
 #endif
             {

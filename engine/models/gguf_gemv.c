@@ -383,7 +383,9 @@ static inline __m256 bytes8_to_float(const void *p) {
 static inline __attribute__((always_inline)) void dot4_q4k_512(const uint8_t *row, long stride, const float *x,
                                                                const float *xsum, long blocks, float *out) {
     const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    /* two sums a row (low and high nibbles' sub-blocks): a chain of 8 dependent FMAs a block would bound the pace */
+    __m512 acc[4][2];
+    for (int k = 0; k < 4; k++) acc[k][0] = acc[k][1] = _mm512_setzero_ps();
     __m256 offsets[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     float factors[8] __attribute__((aligned(32)));
     for (long b = 0; b < blocks; b++) {
@@ -406,12 +408,12 @@ static inline __attribute__((always_inline)) void dot4_q4k_512(const uint8_t *ro
                 lo = _mm512_fmadd_ps(_mm512_permutexvar_ps(q1, table), _mm512_loadu_ps(xg + 16), lo);
                 __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q0, 4)), _mm512_loadu_ps(xg + 32));
                 hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q1, 4)), _mm512_loadu_ps(xg + 48), hi);
-                acc[k] = _mm512_fmadd_ps(lo, _mm512_set1_ps(factors[2 * g]), acc[k]);
-                acc[k] = _mm512_fmadd_ps(hi, _mm512_set1_ps(factors[2 * g + 1]), acc[k]);
+                acc[k][0] = _mm512_fmadd_ps(lo, _mm512_set1_ps(factors[2 * g]), acc[k][0]);
+                acc[k][1] = _mm512_fmadd_ps(hi, _mm512_set1_ps(factors[2 * g + 1]), acc[k][1]);
             }
         }
     }
-    for (int k = 0; k < 4; k++) out[k] = _mm512_reduce_add_ps(acc[k]) - hsum8(offsets[k]);
+    for (int k = 0; k < 4; k++) out[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[k][0], acc[k][1])) - hsum8(offsets[k]);
 }
 
 /* Q6_K's 256 values q - 32 (int8, in element order) from its 128 low-nibble bytes and 64 bytes of 2-bit highs, 64
@@ -440,7 +442,8 @@ static inline void q6k_values(const uint8_t *block, int8_t *q) {
  * once). */
 static inline __attribute__((always_inline)) void dot4_q6k_512(const uint8_t *row, long stride, const float *x,
                                                                long blocks, float *out) {
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512 acc[4][4];  /* four sums a row, sub-block s into s % 4: no long chain of dependent FMAs */
+    for (int k = 0; k < 4; k++) acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = _mm512_setzero_ps();
     int8_t q[256] __attribute__((aligned(64)));
     float factors[16] __attribute__((aligned(64)));
     for (long b = 0; b < blocks; b++) {
@@ -453,12 +456,14 @@ static inline __attribute__((always_inline)) void dot4_q6k_512(const uint8_t *ro
             _mm512_store_ps(factors, _mm512_mul_ps(_mm512_set1_ps(half_to_float(block + 208)), scales));
             for (int s = 0; s < 16; s++) {
                 const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(q + 16 * s))));
-                acc[k] = _mm512_fmadd_ps(_mm512_mul_ps(values, _mm512_loadu_ps(xb + 16 * s)),
-                                         _mm512_set1_ps(factors[s]), acc[k]);
+                acc[k][s % 4] = _mm512_fmadd_ps(_mm512_mul_ps(values, _mm512_loadu_ps(xb + 16 * s)),
+                                                _mm512_set1_ps(factors[s]), acc[k][s % 4]);
             }
         }
     }
-    for (int k = 0; k < 4; k++) out[k] = _mm512_reduce_add_ps(acc[k]);
+    for (int k = 0; k < 4; k++)
+        out[k] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[k][0], acc[k][1]),
+                                                    _mm512_add_ps(acc[k][2], acc[k][3])));
 }
 #endif
 

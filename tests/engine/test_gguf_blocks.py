@@ -329,3 +329,47 @@ def test_gemmas_scaled_tied_embedding_keeps_the_files_blocks(tmp_path):
     cached = load_cached(entry, skeleton)
     assert cached is not None and float(cached.get_input_embeddings().scale) == 8.0
     assert torch.equal(cached(ids).logits, model(ids).logits)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return set(next(line for line in info if line.startswith("flags")).split(":")[1].split())
+    except (OSError, StopIteration):
+        return set()
+
+
+# The vector paths a build runs for the K types (gguf_gemv_path): AVX-512 where this CPU has it, AVX2 and the
+# portable C as other CPUs run them (HEADINFER_NATIVE_ARCH builds for another -march).
+_PATHS = [("native", 512), ("x86-64-v3", 256), ("x86-64", 0)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch, path", _PATHS, ids=["avx512", "avx2", "portable"])
+def test_each_vector_path_is_the_dequantized_matmul(arch, path, monkeypatch):
+    import ctypes
+    import platform
+
+    from engine.kv import native
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the forced paths are x86 -march levels")
+    if path == 512 and not {"avx512f", "avx512bw"} <= _cpu_flags():
+        pytest.skip("no AVX-512 on this CPU")
+    monkeypatch.setenv("HEADINFER_NATIVE_ARCH", arch)
+    library = native.load_library(native.compiler(), gguf_blocks._SOURCE, gguf_blocks._VARIANTS)
+    assert library is not None and library.gguf_gemv_path() == path
+    gemv = library.gguf_gemv
+    gemv.argtypes, gemv.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                   *[ctypes.c_long] * 5], ctypes.c_int
+    for kind in sorted(TYPES):
+        for seed, (rows, out_features) in enumerate([(1, 13), (2, 8)]):
+            raw = random_blocks(out_features, 768, kind, seed=seed)
+            weight = reference(raw, TYPES[kind]).double()
+            x = torch.randn(rows, 768)
+            y = torch.empty(rows, out_features)
+            assert gemv(x.data_ptr(), raw.data_ptr(), TYPES[kind], None, y.data_ptr(), rows, 768, out_features, 0,
+                        out_features) == 0
+            expected = x.double() @ weight.T
+            scale = (x.double().abs() @ weight.abs().T).clamp_min(1e-6)
+            assert ((y.double() - expected).abs() / scale).max() < 1e-5, (kind, arch)

@@ -391,6 +391,7 @@ static inline __attribute__((always_inline)) void dot4_q4k_512(const uint8_t *ro
     for (long b = 0; b < blocks; b++) {
         const float *xb = x + 256 * b;
         const __m256 sums = _mm256_loadu_ps(xsum + 8 * b);
+#pragma GCC unroll 4  /* the four rows unrolled: their sums stay in registers */
         for (int k = 0; k < 4; k++) {
             const uint8_t *block = row + k * stride + b * 144;
             for (long line = 0; line < 144; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, 0);
@@ -398,6 +399,9 @@ static inline __attribute__((always_inline)) void dot4_q4k_512(const uint8_t *ro
             scales_mins_k(block + 4, unpacked);
             const __m256 d = _mm256_set1_ps(half_to_float(block)), dmin = _mm256_set1_ps(half_to_float(block + 2));
             _mm256_store_ps(factors, _mm256_mul_ps(d, bytes8_to_float(unpacked)));
+            /* read back from memory below: a broadcast from memory is a load, one from a register a shuffle, and
+             * the shuffle port is this loop's busiest (widening and table lookups) */
+            __asm__ volatile("" : : "r"(factors) : "memory");
             offsets[k] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, bytes8_to_float(unpacked + 2)), sums, offsets[k]);
             const uint8_t *qs = block + 16;
             for (int g = 0; g < 4; g++) {

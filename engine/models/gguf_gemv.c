@@ -458,6 +458,7 @@ static inline __attribute__((always_inline)) void dot4_q6k_512(const uint8_t *ro
             q6k_values(block, q);
             const __m512 scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 192))));
             _mm512_store_ps(factors, _mm512_mul_ps(_mm512_set1_ps(half_to_float(block + 208)), scales));
+            __asm__ volatile("" : : "r"(factors) : "memory");  /* broadcasts from memory, as in dot4_q4k_512 */
             for (int s = 0; s < 16; s++) {
                 const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(q + 16 * s))));
                 acc[k][s % 4] = _mm512_fmadd_ps(_mm512_mul_ps(values, _mm512_loadu_ps(xb + 16 * s)),

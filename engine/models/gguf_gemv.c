@@ -160,17 +160,6 @@ static inline void block_weights(const uint8_t *block, int type, float *w) {
     }
 }
 
-/* raw: [out, in / block size blocks]; writes rows [lo, hi) of the fp32 weight w: [out, in]. Returns 0, -1 for a
- * bad type or width. */
-int gguf_dequantize(const uint8_t *raw, int type, long in, long lo, long hi, float *w) {
-    const long bb = block_bytes(type), bs = block_size(type);
-    if (bb == 0 || in % bs) return -1;
-    const long blocks = in / bs;
-    for (long o = lo; o < hi; o++)
-        for (long b = 0; b < blocks; b++) block_weights(raw + (o * blocks + b) * bb, type, w + o * in + b * bs);
-    return 0;
-}
-
 /* ``rows`` (at most 4) consecutive output rows, ``stride`` bytes apart, against one activation row, any block type:
  * each block dequantized into L1, then multiplied (the products of the dequantized weights, summed in 8 lanes). */
 static inline void dot_any(const uint8_t *row, long stride, int type, const float *x, long blocks, int rows,
@@ -471,6 +460,54 @@ static inline __attribute__((always_inline)) void dot4_q6k_512(const uint8_t *ro
                                                     _mm512_add_ps(acc[k][2], acc[k][3])));
 }
 #endif
+
+#ifdef HEADINFER_GGUF_AVX512
+/* One Q4_K or Q6_K block's weights in fp32, 16 at a time, each the same product and difference as block_weights
+ * (rounded one by one: no FMA), for prefill's dequantize-and-matmul. */
+static inline void block_weights_512(const uint8_t *block, int type, float *w) {
+    if (type == Q4_K) {
+        const float d = half_to_float(block), dmin = half_to_float(block + 2);
+        const uint8_t *qs = block + 16;
+        for (int j = 0; j < 8; j++) {
+            int scale, min;
+            scale_min(block + 4, j, &scale, &min);
+            const __m512 sd = _mm512_set1_ps(d * (float)scale), md = _mm512_set1_ps(dmin * (float)min);
+            for (int h = 0; h < 2; h++) {
+                __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * (j / 2) + 16 * h)));
+                q = _mm512_and_si512(_mm512_srli_epi32(q, 4 * (j & 1)), _mm512_set1_epi32(0x0F));
+                _mm512_storeu_ps(w + 32 * j + 16 * h, _mm512_sub_ps(_mm512_mul_ps(sd, _mm512_cvtepi32_ps(q)), md));
+            }
+        }
+        return;
+    }
+    int8_t q[256] __attribute__((aligned(64)));
+    q6k_values(block, q);
+    const float d6 = half_to_float(block + 208);
+    const int8_t *scales = (const int8_t *)(block + 192);
+    for (int s = 0; s < 16; s++) {
+        const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(q + 16 * s))));
+        _mm512_storeu_ps(w + 16 * s, _mm512_mul_ps(_mm512_set1_ps(d6 * (float)scales[s]), values));
+    }
+}
+#endif
+
+/* raw: [out, in / block size blocks]; writes rows [lo, hi) of the fp32 weight w: [out, in]. Returns 0, -1 for a
+ * bad type or width. */
+int gguf_dequantize(const uint8_t *raw, int type, long in, long lo, long hi, float *w) {
+    const long bb = block_bytes(type), bs = block_size(type);
+    if (bb == 0 || in % bs) return -1;
+    const long blocks = in / bs;
+#ifdef HEADINFER_GGUF_AVX512
+    if (type == Q4_K || type == Q6_K) {
+        for (long o = lo; o < hi; o++)
+            for (long b = 0; b < blocks; b++) block_weights_512(raw + (o * blocks + b) * bb, type, w + o * in + b * bs);
+        return 0;
+    }
+#endif
+    for (long o = lo; o < hi; o++)
+        for (long b = 0; b < blocks; b++) block_weights(raw + (o * blocks + b) * bb, type, w + o * in + b * bs);
+    return 0;
+}
 
 /* The vector path this build runs for the K types: 512 (AVX-512), 256 (AVX2), 0 (the portable C). */
 int gguf_gemv_path(void) {

@@ -373,3 +373,9 @@ def test_each_vector_path_is_the_dequantized_matmul(arch, path, monkeypatch):
             expected = x.double() @ weight.T
             scale = (x.double().abs() @ weight.abs().T).clamp_min(1e-6)
             assert ((y.double() - expected).abs() / scale).max() < 1e-5, (kind, arch)
+        # prefill's dequantization on this path: gguf-py's weights bit for bit
+        raw = random_blocks(5, 768, kind, seed=7)
+        dense = torch.empty(5, 768)
+        assert library.gguf_dequantize(ctypes.c_void_p(raw.data_ptr()), TYPES[kind], ctypes.c_long(768),
+                                       ctypes.c_long(0), ctypes.c_long(5), ctypes.c_void_p(dense.data_ptr())) == 0
+        assert torch.equal(dense, reference(raw, TYPES[kind])), (kind, arch)

@@ -112,6 +112,35 @@ def test_block_linear_split_over_workers_equals_one_thread():
     assert torch.equal(alone, split)  # each output row is summed by one thread, whichever
 
 
+@needs_kernel
+def test_a_square_projection_is_split_over_two_cores_the_first_range_on_the_caller(monkeypatch):
+    # Qwen2.5-1.5B's q/o projections: 1536 x 1536 Q4_K, 1.3 MB of blocks, ~0.3 ms a token on one core
+    from engine.models import int8_matmul
+
+    raw = random_blocks(1536, 1536, "Q4_K", seed=4)
+    x = torch.randn(1, 1536)
+    submitted = []
+    workers = int8_matmul.shared_workers()
+
+    class Counting:
+        def submit(self, fn, *args):
+            submitted.append(args[-2:])
+            return workers.submit(fn, *args)
+
+    monkeypatch.setattr(int8_matmul, "shared_workers", lambda: Counting())
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = block_linear(x, raw, TYPES["Q4_K"], None)
+        assert submitted == []
+        torch.set_num_threads(2)
+        split = block_linear(x, raw, TYPES["Q4_K"], None)
+    finally:
+        torch.set_num_threads(threads)
+    assert submitted == [(768, 1536)]  # rows [0, 768) on the calling thread, [768, 1536) on a worker
+    assert torch.equal(alone, split)
+
+
 def test_rows_are_matched_through_a_permutation_and_refused_otherwise():
     raw = blocks_of(random_weight(64, 64, seed=5), "Q4_1")
     weight = reference(raw, TYPES["Q4_1"])

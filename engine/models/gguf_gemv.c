@@ -22,6 +22,9 @@
  * of it. Other types dequantize each block into L1 and multiply the weights themselves. Decode reads each weight
  * once per token, so reading 4-6-bit blocks (0.56-0.82 bytes a weight) instead of int8 codes (1 byte) or fp32 (4)
  * is the point. Four output rows at a time share each activation vector; the next four are requested ahead.
+ * Q4_K and Q6_K (a Q4_K_M file's every layer) also have AVX-512 paths, 16 lanes, where the CPU has AVX-512F/BW
+ * (``gguf_gemv_path`` says which path a build runs; tests force each through ``-march``): the same factored sums, in
+ * another grouping. Their dequantization for prefill is vectorized there too, bit for bit the scalar's.
  * Callers split [lo, hi) across threads. */
 #include <stdint.h>
 #include <stdlib.h>

@@ -22,6 +22,9 @@
  * of it. Other types dequantize each block into L1 and multiply the weights themselves. Decode reads each weight
  * once per token, so reading 4-6-bit blocks (0.56-0.82 bytes a weight) instead of int8 codes (1 byte) or fp32 (4)
  * is the point. Four output rows at a time share each activation vector; the next four are requested ahead.
+ * Q4_K and Q6_K (a Q4_K_M file's every layer) also have AVX-512 paths, 16 lanes, where the CPU has AVX-512F/BW
+ * (``gguf_gemv_path`` says which path a build runs; tests force each through ``-march``): the same factored sums, in
+ * another grouping. Their dequantization for prefill is vectorized there too, bit for bit the scalar's.
  * Callers split [lo, hi) across threads. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -158,17 +161,6 @@ static inline void block_weights(const uint8_t *block, int type, float *w) {
         return;
     }
     }
-}
-
-/* raw: [out, in / block size blocks]; writes rows [lo, hi) of the fp32 weight w: [out, in]. Returns 0, -1 for a
- * bad type or width. */
-int gguf_dequantize(const uint8_t *raw, int type, long in, long lo, long hi, float *w) {
-    const long bb = block_bytes(type), bs = block_size(type);
-    if (bb == 0 || in % bs) return -1;
-    const long blocks = in / bs;
-    for (long o = lo; o < hi; o++)
-        for (long b = 0; b < blocks; b++) block_weights(raw + (o * blocks + b) * bb, type, w + o * in + b * bs);
-    return 0;
 }
 
 /* ``rows`` (at most 4) consecutive output rows, ``stride`` bytes apart, against one activation row, any block type:
@@ -354,6 +346,183 @@ static inline __attribute__((always_inline)) void dot4_q6k(const uint8_t *row, l
 }
 #endif
 
+#if defined(HEADINFER_GGUF_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__)
+#define HEADINFER_GGUF_AVX512 1
+
+/* Q4_K's 8 six-bit scales (bytes 0-7 of ``out``) and 8 mins (bytes 8-15) from the 12 packed bytes, all at once in
+ * four 32-bit words (llama.cpp's unpacking; the same numbers as scale_min, checked against it by the tests through
+ * every bit pattern). x86 only: little-endian words. */
+static inline void scales_mins_k(const uint8_t *packed, uint32_t out[4]) {
+    const uint32_t six = 0x3f3f3f3fu, low = 0x0f0f0f0fu, two = 0x03030303u;
+    uint32_t w[3];
+    memcpy(w, packed, 12);
+    out[0] = w[0] & six;                                      /* scales 0-3 */
+    out[1] = (w[2] & low) | (((w[0] >> 6) & two) << 4);       /* scales 4-7 */
+    out[2] = w[1] & six;                                      /* mins 0-3 */
+    out[3] = ((w[2] >> 4) & low) | (((w[1] >> 6) & two) << 4); /* mins 4-7 */
+}
+
+static inline __m256 bytes8_to_float(const void *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* Q4_K on 16 lanes, four rows: per sub-block of 32, sum q * x, times d * scale; minus dmin * min times the
+ * sub-block's sum of x. A 16-byte load widened to 16 32-bit lanes holds 16 low nibbles (sub-block 2g) and 16 high
+ * ones (2g + 1): the low ones become floats by a table lookup (vpermps reads only an index's low 4 bits, so no mask
+ * is needed, and it runs on the shuffle port while conversions and FMAs share the other two), the high ones by a
+ * shift and a conversion. The factors of a super-block (8 of d * scale, 8 of dmin * min) are unpacked and
+ * multiplied 8 at a time, and the mins' sum is taken in 8 lanes. */
+static inline __attribute__((always_inline)) void dot4_q4k_512(const uint8_t *row, long stride, const float *x,
+                                                               const float *xsum, long blocks, float *out) {
+    const __m512 table = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    /* two sums a row (low and high nibbles' sub-blocks): a chain of 8 dependent FMAs a block would bound the pace */
+    __m512 acc[4][2];
+    for (int k = 0; k < 4; k++) acc[k][0] = acc[k][1] = _mm512_setzero_ps();
+    __m256 offsets[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    float factors[8] __attribute__((aligned(32)));
+    for (long b = 0; b < blocks; b++) {
+        const float *xb = x + 256 * b;
+        const __m256 sums = _mm256_loadu_ps(xsum + 8 * b);
+#pragma GCC unroll 4  /* the four rows unrolled: their sums stay in registers */
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *block = row + k * stride + b * 144;
+            for (long line = 0; line < 144; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, 0);
+            uint32_t unpacked[4];
+            scales_mins_k(block + 4, unpacked);
+            const __m256 d = _mm256_set1_ps(half_to_float(block)), dmin = _mm256_set1_ps(half_to_float(block + 2));
+            _mm256_store_ps(factors, _mm256_mul_ps(d, bytes8_to_float(unpacked)));
+            /* read back from memory below: a broadcast from memory is a load, one from a register a shuffle, and
+             * the shuffle port is this loop's busiest (widening and table lookups) */
+            __asm__ volatile("" : : "r"(factors) : "memory");
+            offsets[k] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, bytes8_to_float(unpacked + 2)), sums, offsets[k]);
+            const uint8_t *qs = block + 16;
+            for (int g = 0; g < 4; g++) {
+                const float *xg = xb + 64 * g;
+                const __m512i q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * g)));
+                const __m512i q1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * g + 16)));
+                __m512 lo = _mm512_mul_ps(_mm512_permutexvar_ps(q0, table), _mm512_loadu_ps(xg));
+                lo = _mm512_fmadd_ps(_mm512_permutexvar_ps(q1, table), _mm512_loadu_ps(xg + 16), lo);
+                __m512 hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q0, 4)), _mm512_loadu_ps(xg + 32));
+                hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q1, 4)), _mm512_loadu_ps(xg + 48), hi);
+                acc[k][0] = _mm512_fmadd_ps(lo, _mm512_set1_ps(factors[2 * g]), acc[k][0]);
+                acc[k][1] = _mm512_fmadd_ps(hi, _mm512_set1_ps(factors[2 * g + 1]), acc[k][1]);
+            }
+        }
+    }
+    for (int k = 0; k < 4; k++) out[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[k][0], acc[k][1])) - hsum8(offsets[k]);
+}
+
+/* Q6_K's 256 values q - 32 (int8, in element order) from its 128 low-nibble bytes and 64 bytes of 2-bit highs, 64
+ * at a time in bytes: element 128 g + 32 c + k takes nibble c / 2 of ql[64 g + 32 (c % 2) + k] and bits 2c, 2c + 1
+ * of qh[32 g + k]. The highs of both c of a 64-byte half are shifted into bits 4-5 by one per-16-bit-word shift
+ * (4 and 2 for c = 0, 1; 0 and 2 right for c = 2, 3): bits crossing into the next byte land outside 0x30. */
+static inline void q6k_values(const uint8_t *block, int8_t *q) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
+    const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    for (int g = 0; g < 2; g++) {
+        const __m512i low = _mm512_loadu_si512((const void *)(block + 64 * g));
+        const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(block + 128 + 32 * g)));
+        const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(bits, up), high);
+        const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(bits, down), high);
+        /* 0xEC: (a & c) | b */
+        const __m512i q01 = _mm512_ternarylogic_epi32(low, h01, nibble, 0xEC);
+        const __m512i q23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 4), h23, nibble, 0xEC);
+        _mm512_store_si512((void *)(q + 128 * g), _mm512_sub_epi8(q01, bias));
+        _mm512_store_si512((void *)(q + 128 * g + 64), _mm512_sub_epi8(q23, bias));
+    }
+}
+
+/* Q6_K on 16 lanes, four rows: a block's values are unpacked into L1 as bytes (64 at a time), then each sub-block
+ * of 16 is one widening load, one conversion, one product with x and one FMA by d * scale (the 16 factors made at
+ * once). */
+static inline __attribute__((always_inline)) void dot4_q6k_512(const uint8_t *row, long stride, const float *x,
+                                                               long blocks, float *out) {
+    __m512 acc[4][4];  /* four sums a row, sub-block s into s % 4: no long chain of dependent FMAs */
+    for (int k = 0; k < 4; k++) acc[k][0] = acc[k][1] = acc[k][2] = acc[k][3] = _mm512_setzero_ps();
+    int8_t q[256] __attribute__((aligned(64)));
+    float factors[16] __attribute__((aligned(64)));
+    for (long b = 0; b < blocks; b++) {
+        const float *xb = x + 256 * b;
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *block = row + k * stride + b * 210;
+            for (long line = 0; line < 210; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, 0);
+            q6k_values(block, q);
+            const __m512 scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 192))));
+            _mm512_store_ps(factors, _mm512_mul_ps(_mm512_set1_ps(half_to_float(block + 208)), scales));
+            __asm__ volatile("" : : "r"(factors) : "memory");  /* broadcasts from memory, as in dot4_q4k_512 */
+            for (int s = 0; s < 16; s++) {
+                const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(q + 16 * s))));
+                acc[k][s % 4] = _mm512_fmadd_ps(_mm512_mul_ps(values, _mm512_loadu_ps(xb + 16 * s)),
+                                                _mm512_set1_ps(factors[s]), acc[k][s % 4]);
+            }
+        }
+    }
+    for (int k = 0; k < 4; k++)
+        out[k] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[k][0], acc[k][1]),
+                                                    _mm512_add_ps(acc[k][2], acc[k][3])));
+}
+#endif
+
+#ifdef HEADINFER_GGUF_AVX512
+/* One Q4_K or Q6_K block's weights in fp32, 16 at a time, each the same product and difference as block_weights
+ * (rounded one by one: no FMA), for prefill's dequantize-and-matmul. */
+static inline void block_weights_512(const uint8_t *block, int type, float *w) {
+    if (type == Q4_K) {
+        const float d = half_to_float(block), dmin = half_to_float(block + 2);
+        const uint8_t *qs = block + 16;
+        for (int j = 0; j < 8; j++) {
+            int scale, min;
+            scale_min(block + 4, j, &scale, &min);
+            const __m512 sd = _mm512_set1_ps(d * (float)scale), md = _mm512_set1_ps(dmin * (float)min);
+            for (int h = 0; h < 2; h++) {
+                __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qs + 32 * (j / 2) + 16 * h)));
+                q = _mm512_and_si512(_mm512_srli_epi32(q, 4 * (j & 1)), _mm512_set1_epi32(0x0F));
+                _mm512_storeu_ps(w + 32 * j + 16 * h, _mm512_sub_ps(_mm512_mul_ps(sd, _mm512_cvtepi32_ps(q)), md));
+            }
+        }
+        return;
+    }
+    int8_t q[256] __attribute__((aligned(64)));
+    q6k_values(block, q);
+    const float d6 = half_to_float(block + 208);
+    const int8_t *scales = (const int8_t *)(block + 192);
+    for (int s = 0; s < 16; s++) {
+        const __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128((const __m128i *)(q + 16 * s))));
+        _mm512_storeu_ps(w + 16 * s, _mm512_mul_ps(_mm512_set1_ps(d6 * (float)scales[s]), values));
+    }
+}
+#endif
+
+/* raw: [out, in / block size blocks]; writes rows [lo, hi) of the fp32 weight w: [out, in]. Returns 0, -1 for a
+ * bad type or width. */
+int gguf_dequantize(const uint8_t *raw, int type, long in, long lo, long hi, float *w) {
+    const long bb = block_bytes(type), bs = block_size(type);
+    if (bb == 0 || in % bs) return -1;
+    const long blocks = in / bs;
+#ifdef HEADINFER_GGUF_AVX512
+    if (type == Q4_K || type == Q6_K) {
+        for (long o = lo; o < hi; o++)
+            for (long b = 0; b < blocks; b++) block_weights_512(raw + (o * blocks + b) * bb, type, w + o * in + b * bs);
+        return 0;
+    }
+#endif
+    for (long o = lo; o < hi; o++)
+        for (long b = 0; b < blocks; b++) block_weights(raw + (o * blocks + b) * bb, type, w + o * in + b * bs);
+    return 0;
+}
+
+/* The vector path this build runs for the K types: 512 (AVX-512), 256 (AVX2), 0 (the portable C). */
+int gguf_gemv_path(void) {
+#if defined(HEADINFER_GGUF_AVX512)
+    return 512;
+#elif defined(HEADINFER_GGUF_AVX2)
+    return 256;
+#else
+    return 0;
+#endif
+}
+
 /* x: [rows, in] fp32; raw: [out, in / block size blocks]; bias: [out] fp32 or NULL; y: [rows, out] fp32. Computes
  * output columns [lo, hi) only. Returns 0, -1 for a bad type or width, -2 out of memory. */
 int gguf_gemv(const float *x, const uint8_t *raw, int type, const float *bias, float *y, long rows, long in,
@@ -388,9 +557,17 @@ int gguf_gemv(const float *x, const uint8_t *raw, int type, const float *bias, f
             } else if (width == 4 && type == Q5_0) {
                 dot4(raw + o * stride, stride, Q5_0, xr, sr, blocks, s);
             } else if (width == 4 && type == Q4_K) {
+#ifdef HEADINFER_GGUF_AVX512
+                dot4_q4k_512(raw + o * stride, stride, xr, sr, blocks, s);
+#else
                 dot4_q4k(raw + o * stride, stride, xr, sr, blocks, s);
+#endif
             } else if (width == 4 && type == Q6_K) {
+#ifdef HEADINFER_GGUF_AVX512
+                dot4_q6k_512(raw + o * stride, stride, xr, blocks, s);
+#else
                 dot4_q6k(raw + o * stride, stride, xr, blocks, s);
+#endif
             } else
 #endif
             {

@@ -119,17 +119,21 @@ def int8_linear_bf16(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     return out.to(torch.bfloat16)
 
 
-def run_split(function, args: tuple, out_features: int, weight_bytes: int, check) -> None:
-    """``check(function(*args, lo, hi))`` over output rows [0, out_features): on this thread for a small layer,
-    else in ranges of whole groups of 4 rows, one per worker of the host pool (this thread waiting). A C GEMV's
-    call releases the GIL (ctypes), so the ranges run at once."""
-    parts = 1 if weight_bytes < 2 * _SPLIT_BYTES else min(torch.get_num_threads(), weight_bytes // _SPLIT_BYTES)
+def run_split(function, args: tuple, out_features: int, weight_bytes: int, check,
+              split_bytes: int | None = None) -> None:
+    """``check(function(*args, lo, hi))`` over output rows [0, out_features): on this thread for a layer of fewer
+    than 2 ``split_bytes`` weight bytes, else in ranges of whole groups of 4 rows, the first on this thread and one
+    per worker of the host pool for the others (a hand-off fewer than giving the pool every range and waiting). A
+    C GEMV's call releases the GIL (ctypes), so the ranges run at once. ``split_bytes``: default ``_SPLIT_BYTES``."""
+    split_bytes = _SPLIT_BYTES if split_bytes is None else split_bytes
+    parts = 1 if weight_bytes < 2 * split_bytes else min(torch.get_num_threads(), weight_bytes // split_bytes)
     if parts == 1:
         check(function(*args, 0, out_features))
         return
     step = ((out_features + parts - 1) // parts + 3) // 4 * 4
     futures = [shared_workers().submit(function, *args, lo, min(lo + step, out_features))
-               for lo in range(0, out_features, step)]
+               for lo in range(step, out_features, step)]
+    check(function(*args, 0, min(step, out_features)))
     for future in futures:
         check(future.result())
 

@@ -112,6 +112,35 @@ def test_block_linear_split_over_workers_equals_one_thread():
     assert torch.equal(alone, split)  # each output row is summed by one thread, whichever
 
 
+@needs_kernel
+def test_a_square_projection_is_split_over_two_cores_the_first_range_on_the_caller(monkeypatch):
+    # Qwen2.5-1.5B's q/o projections: 1536 x 1536 Q4_K, 1.3 MB of blocks, ~0.3 ms a token on one core
+    from engine.models import int8_matmul
+
+    raw = random_blocks(1536, 1536, "Q4_K", seed=4)
+    x = torch.randn(1, 1536)
+    submitted = []
+    workers = int8_matmul.shared_workers()
+
+    class Counting:
+        def submit(self, fn, *args):
+            submitted.append(args[-2:])
+            return workers.submit(fn, *args)
+
+    monkeypatch.setattr(int8_matmul, "shared_workers", lambda: Counting())
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = block_linear(x, raw, TYPES["Q4_K"], None)
+        assert submitted == []
+        torch.set_num_threads(2)
+        split = block_linear(x, raw, TYPES["Q4_K"], None)
+    finally:
+        torch.set_num_threads(threads)
+    assert submitted == [(768, 1536)]  # rows [0, 768) on the calling thread, [768, 1536) on a worker
+    assert torch.equal(alone, split)
+
+
 def test_rows_are_matched_through_a_permutation_and_refused_otherwise():
     raw = blocks_of(random_weight(64, 64, seed=5), "Q4_1")
     weight = reference(raw, TYPES["Q4_1"])
@@ -329,3 +358,53 @@ def test_gemmas_scaled_tied_embedding_keeps_the_files_blocks(tmp_path):
     cached = load_cached(entry, skeleton)
     assert cached is not None and float(cached.get_input_embeddings().scale) == 8.0
     assert torch.equal(cached(ids).logits, model(ids).logits)
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return set(next(line for line in info if line.startswith("flags")).split(":")[1].split())
+    except (OSError, StopIteration):
+        return set()
+
+
+# The vector paths a build runs for the K types (gguf_gemv_path): AVX-512 where this CPU has it, AVX2 and the
+# portable C as other CPUs run them (HEADINFER_NATIVE_ARCH builds for another -march).
+_PATHS = [("native", 512), ("x86-64-v3", 256), ("x86-64", 0)]
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch, path", _PATHS, ids=["avx512", "avx2", "portable"])
+def test_each_vector_path_is_the_dequantized_matmul(arch, path, monkeypatch):
+    import ctypes
+    import platform
+
+    from engine.kv import native
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the forced paths are x86 -march levels")
+    if path == 512 and not {"avx512f", "avx512bw"} <= _cpu_flags():
+        pytest.skip("no AVX-512 on this CPU")
+    monkeypatch.setenv("HEADINFER_NATIVE_ARCH", arch)
+    library = native.load_library(native.compiler(), gguf_blocks._SOURCE, gguf_blocks._VARIANTS)
+    assert library is not None and library.gguf_gemv_path() == path
+    gemv = library.gguf_gemv
+    gemv.argtypes, gemv.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                   *[ctypes.c_long] * 5], ctypes.c_int
+    for kind in sorted(TYPES):
+        for seed, (rows, out_features) in enumerate([(1, 13), (2, 8)]):
+            raw = random_blocks(out_features, 768, kind, seed=seed)
+            weight = reference(raw, TYPES[kind]).double()
+            x = torch.randn(rows, 768)
+            y = torch.empty(rows, out_features)
+            assert gemv(x.data_ptr(), raw.data_ptr(), TYPES[kind], None, y.data_ptr(), rows, 768, out_features, 0,
+                        out_features) == 0
+            expected = x.double() @ weight.T
+            scale = (x.double().abs() @ weight.abs().T).clamp_min(1e-6)
+            assert ((y.double() - expected).abs() / scale).max() < 1e-5, (kind, arch)
+        # prefill's dequantization on this path: gguf-py's weights bit for bit
+        raw = random_blocks(5, 768, kind, seed=7)
+        dense = torch.empty(5, 768)
+        assert library.gguf_dequantize(ctypes.c_void_p(raw.data_ptr()), TYPES[kind], ctypes.c_long(768),
+                                       ctypes.c_long(0), ctypes.c_long(5), ctypes.c_void_p(dense.data_ptr())) == 0
+        assert torch.equal(dense, reference(raw, TYPES[kind])), (kind, arch)

@@ -415,8 +415,8 @@ def main(argv: list[str] | None = None) -> None:
     from app.ui import build_ui, launch_options
     from app.uploads import prepare_folder
     from app.picker import ModelPicker
-    from engine import DocumentSession, load_model, warm_up
-    from engine.models import ModelHolder, ModelSourceError, UnsupportedModelError, describe
+    from engine import DocumentSession, ModelHolder, load_model, warm_up
+    from engine.models import ModelSourceError, UnsupportedModelError, describe
 
     try:
         model, tokenizer = load_model(args.model, device=device, dtype=args.dtype, weights=args.weights)

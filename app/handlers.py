@@ -79,7 +79,7 @@ class Handlers(OpenSaved, PageRanges, Questions):
 
     @staticmethod
     def forget_switched(state: BrowserState) -> str | None:
-        """The note of a session whose model was switched away (``engine.models.ModelHolder.switch``), which the
+        """The note of a session whose model was switched away (``engine.ModelHolder.switch``), which the
         tab then lets go of: its chosen files stay, to be read again with the new model. None: nothing to forget."""
         note = getattr(state.session, "retired", None) if state.session is not None else None
         if note:

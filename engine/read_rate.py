@@ -178,7 +178,7 @@ def measure_read_rate(model, vocab_size: int, forward: Callable[[torch.Tensor], 
 def rate_key(model, cost_key: str) -> str:
     """What a measured rate holds for: the read-cost key (model, device, dtype, KV policy), this machine (its CPU or
     GPU), the torch version and how the weights are held (dense, int8, GGUF blocks)."""
-    from .store.fingerprint import weights_mode
+    from .models.loaded import weights_mode
 
     device = next(model.parameters()).device
     return f"{cost_key}|{machine_name(device)}|torch {torch.__version__}|{weights_mode(model)}"

@@ -19,10 +19,10 @@ from typing import Any
 
 import psutil
 
-from .loader import describe
-from .memory import release_memory
-from ..planning.policy import OffloadPolicy
-from ..session import DocumentSession
+from .models.loader import describe
+from .models.memory import release_memory
+from .planning.policy import OffloadPolicy
+from .session import DocumentSession
 
 logger = logging.getLogger(__name__)
 

@@ -38,8 +38,29 @@ def test_the_loop_finder_finds_a_loop():
 def test_the_kv_core_imports_nothing_above_it():
     for path in (ROOT / "engine" / "kv").rglob("*.py"):
         for module, _, _ in imports(path):
-            if module.startswith("engine.") and not module.startswith("engine.kv"):
+            if module.startswith("engine.") and not module.startswith(("engine.kv", "engine.native")):
                 assert module in ("engine.errors", "engine.paths"), f"{path.name} imports {module}"
+
+
+def test_native_code_is_the_ground_floor():
+    # Building C, the worker pool and the crash probe serve both the KV (host attention) and the weights (int8 and
+    # GGUF kernels): they stand below both and import only the errors and the cache folder (issue 33).
+    for path in (ROOT / "engine" / "native").rglob("*.py"):
+        for module, _, _ in imports(path):
+            if module.startswith("engine.") and not module.startswith("engine.native"):
+                assert module in ("engine.errors", "engine.paths"), f"{path.name} imports {module}"
+
+
+def test_the_models_wing_stands_below_the_session():
+    # Loading weights needs no session, snapshot or answer: switching the served model (which opens sessions) is
+    # ``engine/serving.py``, above them, and ``weights_mode`` lives in ``models/loaded.py``, which the snapshot
+    # fingerprints import (issue 33). The floors say it in numbers: models/ below session.py.
+    above = ("engine.session", "engine.serving", "engine.store", "engine.answer", "engine.selfcheck", "engine.types")
+    for path in (ROOT / "engine" / "models").rglob("*.py"):
+        for module, _, _ in imports(path):
+            assert not (module == "engine" or module.startswith(above)), f"{path.name} imports {module}"
+    edges = graph("engine")
+    assert structure.depth(edges, "engine.models") < structure.depth(edges, "engine.session")
 
 
 def test_the_app_never_imports_torch_and_uses_only_public_engine_names():

@@ -15,7 +15,7 @@ from archs import build_pair, tiny_configs
 from engine.planning import rates
 from engine.planning.host_split import choose_host_slots, forecast_decode, host_share
 from engine.kv import HostAttention, native
-from engine.kv.workers import TorchWorkers
+from engine.native.workers import TorchWorkers
 from engine.planning.memory import ModelShape, make_plan
 
 PROMPT_LEN = 45  # longer than the sliding windows (8)

@@ -144,7 +144,7 @@ def test_ready_and_the_plan_never_wait_for_the_measurement_then_a_second_start_m
 def test_the_kept_rate_is_for_this_model_machine_torch_and_weights_mode(tiny):
     import torch
 
-    from engine.store.fingerprint import weights_mode
+    from engine.models.loaded import weights_mode
 
     key = session_of(tiny, ReadCosts(None))._rate_key
     assert torch.__version__ in key and weights_mode(tiny) in key and read_rate.machine_name(torch.device("cpu")) in key

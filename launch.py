@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     # machine, torch and weights mode and kept (a second start measures nothing; plans say "estimating…" until it
     # lands), then the sources' retrieval heads, after it so the two do not share the cores (estimates came out
     # 2-8x long when they did). A read that starts meanwhile stops the measurement: its own chunks teach estimates.
-    first.measure_read_rate_in_background(then=lambda m=model, t=tokenizer: warm_up(m, t))  # (bound: deleted below)
+    first.reading.measure_read_rate_in_background(then=lambda m=model, t=tokenizer: warm_up(m, t))  # (bound: deleted below)
     del first
 
     private = args.share or not is_loopback(args.host)

@@ -57,8 +57,8 @@ class Questions:
             return
         history += [{"role": "user", "content": _preview(question)}, {"role": "assistant", "content": "…"}]
         # Expected: a usual answer here, plus reading the question's own tokens (long questions take long).
-        question_seconds = session.estimate_prefill_seconds(session.document_tokens + session.count_tokens(question),
-                                                            session.document_tokens)
+        question_seconds = session.reading.estimate_prefill_seconds(
+            session.document_tokens + session.count_tokens(question), session.document_tokens)
         ticket = self._queue.join("answering a question", statistics.median(self._answer_seconds) + question_seconds)
         try:
             waiting = lambda line: AskView(list(history), "", line, NO_CHANGE)

@@ -63,6 +63,26 @@ def test_the_models_wing_stands_below_the_session():
     assert structure.depth(edges, "engine.models") < structure.depth(edges, "engine.session")
 
 
+def test_reading_time_has_one_wing_below_the_models_and_the_session_holds_it():
+    # Pacing, learned chunk costs, the measured first-read rate and the FLOP model live in ``engine/reading/``
+    # (issue 33); the session holds one ``ReadEstimator`` (``session.reading``) instead of eight estimate methods.
+    # The wing stands below the models wing (the picker's estimates use its FLOP model), so it is told the weights
+    # mode rather than asking ``models/`` for it.
+    import ast
+
+    above = ("engine.session", "engine.serving", "engine.models", "engine.store", "engine.answer",
+             "engine.selfcheck", "engine.types")
+    for path in (ROOT / "engine" / "reading").rglob("*.py"):
+        for module, _, _ in imports(path):
+            assert not (module == "engine" or module.startswith(above)), f"{path.name} imports {module}"
+    assert not [p.name for p in (ROOT / "engine").glob("*.py") if p.stem in ("read_rate", "read_cost", "prefill")]
+    tree = ast.parse((ROOT / "engine" / "session.py").read_text())
+    [session] = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "DocumentSession"]
+    methods = [node.name for node in session.body if isinstance(node, ast.FunctionDef)]
+    assert not [name for name in methods if "estimate" in name or "read_rate" in name or name in (
+        "making_a_plan", "_rate_key", "_num_forwards", "_work_shape", "_read_forward")], methods
+
+
 def test_the_app_never_imports_torch_and_uses_only_public_engine_names():
     import importlib
 

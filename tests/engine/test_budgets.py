@@ -17,6 +17,7 @@ from engine.planning import machine as telemetry
 from engine.planning import memory as planner
 from engine.planning.budgets import MachineBudget, card_budget, measure_budget
 from engine.planning.memory import ModelShape, make_plan
+from engine.reading import flops
 from engine.session import DocumentSession
 
 GIB = 1 << 30
@@ -107,7 +108,7 @@ def test_the_constructor_reads_the_config_and_nothing_else(monkeypatch):
         raise AssertionError("the cache's constructor probed the machine")
 
     for module, name in ((psutil, "virtual_memory"), (rates, "machine_rates"), (rates, "plan_rates"),
-                         (telemetry, "measured_flop_rate"), (telemetry, "measure_activation_peak"),
+                         (flops, "measured_flop_rate"), (telemetry, "measure_activation_peak"),
                          (budgets, "measure_budget"), (torch.cuda, "mem_get_info")):
         monkeypatch.setattr(module, name, probed)
     config = CONFIG

@@ -21,12 +21,14 @@ from .answer.sources import AnswerSources
 from .answer.support import (decide, grounded_share, mean_logprob, page_texts, thresholds_for, verify_prompt,
                              yes_share)
 from .cache import HeadInferCache
-from .errors import InputError, PrefillCancelled, QuestionTooLong, StateError
-from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
+from .errors import ForwardInterrupted, InputError, PlanError, PrefillCancelled, QuestionTooLong, StateError
+from .interrupt import interruptible, layer_callbacks
 from .models.loaded import weights_mode
 from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget, num_weights
 from .planning.capacity import capacity_options
-from .planning.memory import ModelShape, Plan, PlanError, make_plan
+from .planning.memory import make_plan
+from .planning.plan import Plan
+from .planning.shape import ModelShape
 from .planning.out_of_memory import out_of_memory_message
 from .planning.policy import OffloadPolicy
 from .planning.window import conversation_allowance

@@ -137,6 +137,21 @@ def test_every_engine_exception_lives_in_errors_under_the_root():
     assert [name for name in found if name.startswith("engine.errors.") and not rooted(name.rsplit(".")[-1])] == []
 
 
+def test_each_public_name_is_imported_from_one_home():
+    # Issue 33: a name imported from several modules sends a reader to several rooms. A public name may be imported
+    # from the module that defines it and from the public facade that offers it (``engine``, ``engine.types``,
+    # ``engine.models``); an error class only from ``engine.errors`` (or those facades): no module re-exports one.
+    facades = {"engine", "engine.types", "engine.models"}
+    found = structure.homes(ROOT)
+    several = {name: sorted(modules) for name, modules in found.items() if len(modules - facades) > 1}
+    assert several == {}
+    errors = structure.exceptions(ROOT, "engine")
+    classes = {name.rpartition(".")[2] for name in errors if name.startswith("engine.errors.")}
+    elsewhere = {name: sorted(modules - facades - {"engine.errors"}) for name, modules in found.items()
+                 if name in classes and modules - facades - {"engine.errors"}}
+    assert elsewhere == {}
+
+
 def test_few_bare_value_errors_and_no_absolute_imports_inside_the_engine():
     # User-facing refusals raise ``InputError`` (still a ``ValueError``); a bare one marks a programming error.
     import ast

@@ -6,8 +6,8 @@ with the head-wise KV cache split into (layer, head group) *slots* that either s
 resident on the compute device or live in host memory and stream through two
 ping-pong buffers.
 
-The shape and its byte counts live in ``engine.planning.shape``, what a plan says in ``engine.planning.plan``; their
-public names are re-exported here, so ``engine.planning.memory`` stays the one import for planning.
+The shape and its byte counts live in ``engine.planning.shape``, what a plan says in ``engine.planning.plan``, its
+refusal (``PlanError``) in ``engine.errors``: each name is imported from its one home (issue 33).
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from ..kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES
 from .allocations import (longest_streamed_run, planned_allocations, scratch_elements, slot_placement,
                                         streamed_runs)
 from .host_split import forecast_decode, host_share
-from .plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
+from .plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan
+from ..errors import PlanError
 from .policy import OffloadPolicy
 from .shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
 
 __all__ = [
-    "LIMIT_MAX_CONTEXT", "LIMIT_MEMORY", "LIMIT_MODEL", "ModelShape", "Plan", "PlanError", "disk_stream_bytes",
-    "host_element_bytes", "make_plan", "paper_memory_table", "stored_tokens",
+    "LIMIT_MAX_CONTEXT", "LIMIT_MEMORY", "LIMIT_MODEL", "disk_stream_bytes", "host_element_bytes", "make_plan",
+    "paper_memory_table", "stored_tokens",
 ]
 
 logger = logging.getLogger(__name__)

@@ -29,7 +29,7 @@ class ReadEstimator:
     first start's background measurement of this machine's reading cost (``measure_read_rate_in_background``)."""
 
     def __init__(self, model, shape: ModelShape, policy: OffloadPolicy, read_costs: ReadCosts | None = None, *,
-                 weights: str = "dense"):
+                 weights: str):
         """``read_costs``: where completed reads' chunk timings are kept and estimates learn from (default: the
         shared record in the studio's cache folder); ``weights``: how the model holds its weights
         (``engine.models.loaded.weights_mode``), part of the measured rate's key."""

@@ -15,14 +15,13 @@ from engine.models import gguf, loader
 from engine.models.loader import (
     EMBEDDED_MODEL,
     SUPPORTED_ARCHITECTURES,
-    ModelSourceError,
-    UnsupportedModelError,
     cache_dir,
     check_supported,
     describe,
     embedded_model_dir,
     load_model,
 )
+from engine.errors import ModelSourceError, UnsupportedModelError
 
 VOCAB = 128
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,

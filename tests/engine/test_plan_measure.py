@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from engine.planning import machine as telemetry
-from engine.planning.memory import ModelShape
+from engine.planning.shape import ModelShape
 from engine.reading import flops
 
 CONFIG = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

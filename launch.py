@@ -415,8 +415,8 @@ def main(argv: list[str] | None = None) -> None:
     from app.ui import build_ui, launch_options
     from app.uploads import prepare_folder
     from app.picker import ModelPicker
-    from engine import DocumentSession, load_model, warm_up
-    from engine.models import ModelHolder, ModelSourceError, UnsupportedModelError, describe
+    from engine import DocumentSession, ModelHolder, load_model, warm_up
+    from engine.models import ModelSourceError, UnsupportedModelError, describe
 
     building = build_kernels_beside_loading(device)
     try:
@@ -439,7 +439,7 @@ def main(argv: list[str] | None = None) -> None:
     # machine, torch and weights mode and kept (a second start measures nothing; plans say "estimating…" until it
     # lands), then the sources' retrieval heads, after it so the two do not share the cores (estimates came out
     # 2-8x long when they did). A read that starts meanwhile stops the measurement: its own chunks teach estimates.
-    first.measure_read_rate_in_background(then=lambda m=model, t=tokenizer: warm_up(m, t))  # (bound: deleted below)
+    first.reading.measure_read_rate_in_background(then=lambda m=model, t=tokenizer: warm_up(m, t))  # (bound: deleted below)
     del first
 
     private = args.share or not is_loopback(args.host)

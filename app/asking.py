@@ -65,8 +65,8 @@ class Questions:
             return
         history += [{"role": "user", "content": _preview(question)}, {"role": "assistant", "content": "…"}]
         # Expected: a usual answer here, plus reading the ids the question is asked with (long questions take long).
-        question_seconds = session.estimate_prefill_seconds(session.document_tokens + len(fit.ids),
-                                                            session.document_tokens)
+        question_seconds = session.reading.estimate_prefill_seconds(session.document_tokens + len(fit.ids),
+                                                                    session.document_tokens)
         queue = self.app.queue
         ticket = queue.join("answering a question", statistics.median(self.app.answer_seconds) + question_seconds)
         try:

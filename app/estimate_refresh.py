@@ -1,6 +1,6 @@
 """The plan panel's reading time once this machine's reading cost is measured, with no click.
 
-On a first start a plan shows "estimating… ≈ X for now" while ``engine.read_rate`` measures the reading cost in the
+On a first start a plan shows "estimating… ≈ X for now" while ``engine.reading.rate`` measures the reading cost in the
 background (a minute or more on a busy CPU). The app's timer (``app.ui``) calls ``refreshed_plan`` each tick with
 the tab's panel: while it still says "estimating…" and the session's estimate is measured now (the measurement
 landed, or a read was recorded), its reading time becomes that estimate; the rest of the panel stays as it was.
@@ -27,11 +27,11 @@ def refreshed_plan(state: BrowserState, panel: str | None):
     session, tokens = state.session, state.tokens
     if not panel or ESTIMATING not in panel or session is None or tokens is None or state.is_busy:
         return gr.skip()
-    if not getattr(session, "reading_cost_known", False):  # still measuring (a plain cost check: no probe, no plan)
+    if not getattr(session.reading, "reading_cost_known", False):  # still measuring (a plain check: no probe, no plan)
         return gr.skip()
     limit = _LIMIT.search(panel)  # a set over the limit is estimated for what fits (the upload's plan)
     num_tokens = min(len(tokens), int(limit.group(1))) if limit else len(tokens)
-    estimate = session.estimate_prefill_range(max(num_tokens, 1))
+    estimate = session.reading.estimate_prefill_range(max(num_tokens, 1))
     if getattr(estimate, "provisional", False):
         return gr.skip()
     value = html.escape(render.reading_time(estimate))

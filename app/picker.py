@@ -2,7 +2,7 @@
 
 A sortable table of the curated catalogue plus the models found on disk, each planned from its config alone
 (``engine.models.catalogue``); a download through ``huggingface_hub`` with progress and cancel (``engine.models.downloads``);
-and a switch of the served model (``engine.models.switch``) that gives the old model's memory back.
+and a switch of the served model (``engine.ModelHolder``, ``engine/serving.py``) that gives the old model's memory back.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import gradio as gr
 
 from app.browser_state import BrowserState
 from app.render import status
+from engine import ModelHolder
 from engine.models import (
     READ_TOKENS,
     DownloadJob,
@@ -24,7 +25,6 @@ from engine.models import (
     Entry,
     Fit,
     Machine,
-    ModelHolder,
     ModelSourceError,
     cached_snapshot,
     count_tokens,

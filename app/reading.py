@@ -4,7 +4,6 @@ device's line and giving way between chunks, reopened from the shelf instead whe
 
 from __future__ import annotations
 
-import contextlib
 import html
 import logging
 import time
@@ -71,7 +70,7 @@ class Reading:
                              gr.update(visible=False, value=False), gr.update(interactive=False), NO_CHANGE)
         session = self.app.session(state, request)
         # The first start's reading-cost measurement pauses meanwhile: the plan does not share the cores with it.
-        with (session.making_a_plan() if hasattr(session, "making_a_plan") else contextlib.nullcontext()):
+        with session.reading.making_a_plan():
             limits = session.limits()  # sized before reading: a file far beyond it is refused unread
             documents, problems = read_sized(files, max(limits.context_limit - session.answer_budget, 1),
                                              limits.limit_reason)
@@ -88,7 +87,7 @@ class Reading:
             except PlanError as exc:
                 return FilesView(state, render.files_table(documents, counts), render.refused_plan([str(exc)]),
                                  gr.update(visible=False), gr.update(interactive=False), _warn(str(exc)))
-            seconds = session.estimate_prefill_range(min(len(tokens), plan.context_limit))
+            seconds = session.reading.estimate_prefill_range(min(len(tokens), plan.context_limit))
             if plan.is_within_limit:
                 message = status("ok", f"Ready to read {sum(counts):,} tokens from {len(documents)} "
                                        f"file{'s' if len(documents) != 1 else ''}. Press “Read documents”.")
@@ -125,7 +124,7 @@ class Reading:
             start = min(session.prefilled_tokens, num_tokens) if resumed else 0
             queue = self.app.queue
             ticket = queue.join(f"reading {num_tokens:,} tokens",
-                                session.estimate_prefill_seconds(max(num_tokens, 1), start))
+                                session.reading.estimate_prefill_seconds(max(num_tokens, 1), start))
             try:
                 waiting = lambda line: ReadView(state, NO_CHANGE, line, NO_CHANGE, *_RUNNING)
                 if not (yield from self.app.in_line(ticket, lambda: state.cancel_requested or state.is_closed,
@@ -331,7 +330,7 @@ def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> 
 def _truncated_plan(session: DocumentSession, num_chosen: int) -> str:
     """The plan panel of the beginning that was read, out of ``num_chosen`` tokens."""
     plan = session.document_plan()
-    seconds = session.estimate_prefill_range(session.document_tokens)
+    seconds = session.reading.estimate_prefill_range(session.document_tokens)
     return render.plan_panel(plan, session.document_tokens, seconds, session.policy.kv_dtype,
                              _options(session, plan), truncated_from=num_chosen, stopped_in=last_page(session.document),
                              conversation_tokens=session.answer_budget)

@@ -3,7 +3,7 @@
     python -m benchmarks.estimate_error
 
 Three real Debian manuals (read with the app's own reader) cut to about 2K, 4K and 7K tokens, read in two starts
-(two processes) that share one record of chunk timings (``engine.read_cost.ReadCosts``), as two starts of
+(two processes) that share one record of chunk timings (``engine.reading.costs.ReadCosts``), as two starts of
 the studio share ``~/.cache/headinfer-studio/read-costs.json``. The second start runs beside an extra busy
 process, so the machine's load changes between the runs (and the other jobs on a shared VM change it too). For each read: the range the plan panel shows before
 it, the actual read, and the error of the likely value. Target: within ±35%.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
-from engine.read_cost import ReadCosts
+from engine.reading.costs import ReadCosts
 
 from .corpus import fetch_corpus
 from .records import run_stamp
@@ -61,9 +61,9 @@ def one_start(corpus: Path, rates_path: Path) -> list[dict]:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
         session = DocumentSession(model, tokenizer, OffloadPolicy(), answer_budget=256, read_costs=costs)
         session.set_document(session.tokenize(tokenizer.decode(ids)))
-        num_reads = len(costs.reads(session._costs_key))
-        low, likely, high = session.estimate_prefill_range(session.document_tokens)
-        probe = session.load_probe.current().seconds  # the probe the estimate was scaled by
+        num_reads = len(costs.reads(session.reading.costs_key))
+        low, likely, high = session.reading.estimate_prefill_range(session.document_tokens)
+        probe = session.reading.load_probe.current().seconds  # the probe the estimate was scaled by
         started = time.perf_counter()
         session.prefill()
         actual = time.perf_counter() - started
@@ -89,17 +89,17 @@ def first_read(corpus: Path, key: str, tokens: int) -> dict:
 
     model, tokenizer = load_model(None, device="cpu", dtype="float32", weights="dense")
     session = DocumentSession(model, tokenizer, OffloadPolicy())
-    assert not session.read_costs.reads(session._costs_key), "not a clean cache"
+    assert not session.reading.read_costs.reads(session.reading.costs_key), "not a clean cache"
     started = time.perf_counter()
-    thread = session.measure_read_rate_in_background()
+    thread = session.reading.measure_read_rate_in_background()
     text = read_document(fetch_corpus(corpus)[key]).text
     ids = tokenizer(text, add_special_tokens=False)["input_ids"][:tokens]
     session.set_document(session.tokenize(tokenizer.decode(ids)))
-    provisional = session.estimate_prefill_range(session.document_tokens)
+    provisional = session.reading.estimate_prefill_range(session.document_tokens)
     plan_s = time.perf_counter() - started  # from "ready" to the first upload's plan and estimate
     thread.join()
     measure_s = time.perf_counter() - started  # the background measurement, from "ready"
-    low, likely, high = estimate = session.estimate_prefill_range(session.document_tokens)
+    low, likely, high = estimate = session.reading.estimate_prefill_range(session.document_tokens)
     assert provisional.provisional and not estimate.provisional
     started = time.perf_counter()
     session.prefill()
@@ -129,7 +129,7 @@ def first_reads(corpus: str, repeats: int) -> list[dict]:
 def first_reads_section(rows: list[dict], when: str) -> list[str]:
     lines = [f"## First reads on a clean cache ({when})", "",
              "Each row a new process with an empty `HEADINFER_CACHE` (no read recorded: the estimate is the background "
-             "reading-cost measurement's, `engine/read_rate.py`, once it has landed; `python -m "
+             "reading-cost measurement's, `engine/reading/rate.py`, once it has landed; `python -m "
              "benchmarks.estimate_error --first-reads`, each start under `nice -n 5`), the embedded SmolLM2-135M on the "
              "CPU (float32, the app's default policy and conversation allowance), three Debian manuals cut to "
              "~1.5K/3K/6K tokens, two clean starts each. *Ratio*: estimate / actual (target 0.74-1.35: ±35%). "

@@ -27,7 +27,7 @@ from pathlib import Path
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
 from engine.models.pypi import PYPI_MODELS, pypi_model_gguf
-from engine.store.fingerprint import weights_mode
+from engine.models.loaded import weights_mode
 
 from .records import run_stamp
 

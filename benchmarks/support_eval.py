@@ -32,7 +32,7 @@ import torch
 from engine import DocumentSession, OffloadPolicy
 from engine.answer.support import SupportThresholds, claim_tokens, grounded_share, page_texts, token_logprob
 from engine.prompt import PromptBuilder
-from engine.store.fingerprint import weights_mode
+from engine.models.loaded import weights_mode
 
 from .model_eval import document_text, load, score
 from .records import run_stamp

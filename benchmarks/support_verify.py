@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from engine import DocumentSession, OffloadPolicy, SnapshotStore
-from engine.store.fingerprint import weights_mode
+from engine.models.loaded import weights_mode
 
 from .model_eval import document_text, load
 from .support_eval import load_questions

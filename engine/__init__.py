@@ -1,6 +1,6 @@
 """HeadInfer engine: exact head-wise KV-cache offload for stock transformers models.
 
-The public API is the fourteen names below; the data types its calls hand back are in ``engine.types``, and the model
+The public API is the fifteen names below; the data types its calls hand back are in ``engine.types``, and the model
 catalogue, discovery and downloads (the app's picker) in ``engine.models``. Everything else is internal.
 
 Importing this package registers the attention implementation ``"headinfer"`` with transformers.
@@ -15,6 +15,7 @@ from .models.loader import load_model
 from .planning.machine import format_bytes, read_memory
 from .planning.memory import make_plan
 from .planning.policy import OffloadPolicy
+from .serving import ModelHolder
 from .session import DocumentSession
 from .store.snapshots import SnapshotStore
 
@@ -24,6 +25,7 @@ __all__ = [
     "DocumentSession",
     "HeadInferCache",
     "HeadInferError",
+    "ModelHolder",
     "OffloadPolicy",
     "PlanError",
     "PrefillCancelled",

@@ -21,20 +21,20 @@ from .answer.sources import AnswerSources
 from .answer.support import (decide, grounded_share, mean_logprob, page_texts, thresholds_for, verify_prompt,
                              yes_share)
 from .cache import HeadInferCache
-from .errors import InputError, PrefillCancelled, QuestionTooLong, StateError
-from .interrupt import ForwardInterrupted, interruptible, layer_callbacks
-from .paths import cache_dir
+from .errors import ForwardInterrupted, InputError, PlanError, PrefillCancelled, QuestionTooLong, StateError
+from .interrupt import interruptible, layer_callbacks
+from .models.loaded import weights_mode
 from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget, num_weights
 from .planning.capacity import capacity_options
-from .planning.memory import ModelShape, Plan, PlanError, make_plan
+from .planning.memory import make_plan
+from .planning.plan import Plan
+from .planning.shape import ModelShape
 from .planning.out_of_memory import out_of_memory_message
 from .planning.policy import OffloadPolicy
 from .planning.window import conversation_allowance
-from .prefill import CheckpointPace, PrefillClock, prefill_step, prefill_work
-from .read_cost import (CPU_LOAD_EXPONENT, Chunk, CostFit, ReadCosts, ReadTiming, first_read_range, load_probe, pairs,
-                        shared_read_costs)
-from .read_rate import (ReadEstimate, attention_floor, known_rate, measure_in_background, measure_read_rate,
-                        provisional_estimate, rate_key)
+from .reading.costs import Chunk, ReadCosts, ReadTiming
+from .reading.estimator import ReadEstimator
+from .reading.pace import CheckpointPace, PrefillClock, prefill_step
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillProgress, answer_rate
 from .store.checkpoint import CheckpointPlan, ReadCheckpoints
@@ -68,19 +68,14 @@ class DocumentSession:
         self.prompts = PromptBuilder(tokenizer, system_prompt)
         self.device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
-        if read_costs is None:
-            read_costs = shared_read_costs(cache_dir() / "read-costs.json")
-        self.read_costs = read_costs
-        self.load_probe = load_probe(self.device)
-        name = getattr(model.config, "_name_or_path", "") or model.config.model_type
-        kv = f"{self.policy.kv_dtype or 'exact'}{'+disk' if self.policy.disk_dir else ''}"
-        self._costs_key = f"{name}|{self.device.type}|{dtype}|{kv}"
         text_config = model.config.get_text_config(decoder=True)
         # Weights as loaded: int8 codes and GGUF blocks are buffers, counted in their own bytes.
         self.shape = dataclasses.replace(
             ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
                                    num_params=num_weights(model)),
             weight_bytes=held_bytes(model))
+        # How long reads take here (``engine.reading``): the app's plan panel and queue ask ``session.reading``.
+        self.reading = ReadEstimator(model, self.shape, self.policy, read_costs, weights=weights_mode(model))
         if self.answer_budget is None:
             self.answer_budget = conversation_allowance(self.shape.max_positions or None)
         elif self.shape.max_positions:
@@ -212,85 +207,6 @@ class DocumentSession:
         return capacity_options(self.shape, policy, device_is_cuda=machine.device_is_cuda,
                                 gpu_budget=machine.gpu_budget, host_budget=machine.host_budget)
 
-    def estimate_prefill_seconds(self, num_tokens: int, start: int = 0) -> float:
-        """Seconds to prefill tokens ``start..num_tokens``, likely (``estimate_prefill_range``'s middle)."""
-        return self.estimate_prefill_range(num_tokens, start)[1]
-
-    def estimate_prefill_range(self, num_tokens: int, start: int = 0) -> ReadEstimate:
-        """(low, likely, high) seconds to prefill tokens ``start..num_tokens``: from the chunk timings of earlier
-        reads here (kept across starts), scaled by how busy the machine is now (a load probe of a fraction of a
-        second); before any read, from this machine's reading cost (``engine.read_rate``: measured once per model,
-        machine, torch version and weights mode, and kept). Never waits for that measurement: while it runs (it is
-        started here if it was not) the estimate is the load probe's, wide and ``provisional``."""
-        exponent = CPU_LOAD_EXPONENT if self.device.type == "cpu" else 1.0
-        probe = self.load_probe.current()
-        learned = self.read_costs.estimate(self._costs_key, start, num_tokens, probe, shape=self._work_shape(),
-                                           exponent=exponent)
-        if learned is not None:
-            return ReadEstimate(*learned)
-        rate = known_rate(self.model, self._rate_key, self.read_costs)
-        if rate is None:
-            self.measure_read_rate_in_background()
-            return provisional_estimate(prefill_work(self.shape, start, num_tokens), probe.seconds,
-                                        self.load_probe.flops)
-        seconds = rate.seconds(self._num_forwards(start, num_tokens), start, num_tokens)
-        # As a learned estimate is: scaled from the load the measurement met to the load now.
-        return ReadEstimate(*first_read_range(seconds * (probe.seconds / rate.probe_seconds) ** exponent,
-                                              probe.spread * exponent))
-
-    @property
-    def reading_cost_known(self) -> bool:
-        """Whether a plan's reading time is measured now (a recorded read here, or this machine's reading cost), not
-        ``provisional``: cheap (no load probe, no measurement started), for the app's panel to refresh "estimating…"
-        once the background measurement lands."""
-        return bool(self.read_costs.reads(self._costs_key)) or known_rate(self.model, self._rate_key,
-                                                                          self.read_costs) is not None
-
-    def measure_read_rate_in_background(self, then: Callable[[], object] | None = None):
-        """Starts measuring this machine's reading cost on a background thread (``engine.read_rate``) unless a read
-        was recorded, the cost is known (kept by an earlier start) or it is being measured; returns the thread or
-        None. ``then()`` runs after it (at once when nothing starts)."""
-        if self.read_costs.reads(self._costs_key):
-            if then is not None:
-                then()
-            return None
-        floor = attention_floor(self._work_shape())  # attention costs at least its share of the FLOPs
-        measure = lambda should_stop, give_way: measure_read_rate(
-            self.model, self.shape.vocab_size, self._read_forward, lambda: self.load_probe.measure().seconds,
-            should_stop, give_way, pair_floor=floor)
-        return measure_in_background(self.model, self._rate_key, self.read_costs, self.load_probe, measure, then)
-
-    def making_a_plan(self):
-        """A context manager for the app's upload handler: while a visitor waits for a plan, the background
-        reading-cost measurement pauses between layers (the plan does not share the cores with it)."""
-        return self.load_probe.foreground()
-
-    @functools.cached_property
-    def _rate_key(self) -> str:
-        return rate_key(self.model, self._costs_key)
-
-    def _num_forwards(self, start: int, stop: int) -> int:
-        """Forwards a read of tokens ``[start, stop)`` takes (``prefill``'s steps)."""
-        count, done = 0, start
-        while done < stop:
-            done += min(prefill_step(self.policy.chunk_size, self.device.type, done), stop - done)
-            count += 1
-        return count
-
-    def _work_shape(self) -> CostFit:
-        """The planner's FLOP model of a read as ``per_token · tokens + per_pair · pairs`` (sliding-window layers'
-        attention, linear past the window, approximated over the contexts a read spans)."""
-        return CostFit.of([(float(n), pairs(n), prefill_work(self.shape, 0, n)) for n in (512, 2048, 8192, 32768)])
-
-    def _read_forward(self, ids: torch.Tensor) -> None:
-        """One forward of ``ids`` ([1, N]) as a read runs it: through a head-wise cache of its own, last logit only."""
-        cache = HeadInferCache(self.model.config, self.policy, device=self.device, chunk_size=ids.shape[1],
-                               max_context=ids.shape[1], disk_dir=None)
-        try:
-            self.model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        finally:
-            cache.release()
-
     # -- the document ----------------------------------------------------------------------------
     def limits(self) -> Plan:
         """The plan of a minimal document: its ``context_limit`` (answers included) and ``limit_reason`` say
@@ -347,7 +263,7 @@ class DocumentSession:
             raise StateError("no document: call set_document first")
         clock = PrefillClock(self.shape, self.prefilled_tokens, self.document_tokens, on_progress)
         progress = PrefillProgress(self.prefilled_tokens, self.document_tokens, 0.0, 0.0)
-        timing = ReadTiming(self.load_probe)
+        timing = ReadTiming(self.reading.load_probe)
         paused = [0.0]
 
         def pause() -> None:
@@ -367,7 +283,7 @@ class DocumentSession:
         try:
             # Checked between layers too, so a cancel lands within about a layer's time; the chunk that was
             # under way is cropped off by ``_forward``, leaving the cache at a chunk boundary.
-            with self.load_probe.computing(), interruptible(self.model, should_stop), \
+            with self.reading.load_probe.computing(), interruptible(self.model, should_stop), \
                     layer_callbacks(self.model, inside):
                 while self.prefilled_tokens < self.document_tokens:
                     if should_stop is not None and should_stop():
@@ -392,7 +308,7 @@ class DocumentSession:
         finally:
             if writer is not None:
                 writer.close()  # the homes stay as they are until the checkpoint being written has landed
-            timing.record(self.read_costs, self._costs_key)
+            timing.record(self.reading.read_costs, self.reading.costs_key)
         self.cache.anchor(self.document_tokens)  # sliding-window rings can always come back to the document's end
         return progress
 
@@ -470,7 +386,7 @@ class DocumentSession:
             grounding.start(len(wanted) - 1)  # from the query that writes the first answer token
         host_before = self.cache.host_attention_seconds
         try:
-            self.load_probe.begin_computing()  # a load probe meanwhile would time our own work: it reuses the last one
+            self.reading.load_probe.begin_computing()  # a load probe meanwhile would time our own work: it reuses the last one
             try:
                 logits = self._extend_to(wanted, should_stop, on_question_progress)
             except ForwardInterrupted:
@@ -483,7 +399,7 @@ class DocumentSession:
             # A stopped answer ends now: its sources would cost one more pass over the whole context.
             found = grounding.finish() if grounding is not None and not end.stopped else []
         finally:
-            self.load_probe.end_computing()
+            self.reading.load_probe.end_computing()
             if grounding is not None:
                 grounding.cancel()  # an abandoned answer stops recording (a no-op after finish)
         self.turns = [*kept, Turn(question, end.text)]

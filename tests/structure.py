@@ -98,6 +98,17 @@ def loops(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def floors(edges: dict[str, set[str]]) -> int:
     """Import floors: the longest chain of imports (loops folded into one module each)."""
+    return max(levels(edges).values(), default=0)
+
+
+def depth(edges: dict[str, set[str]], package: str) -> int:
+    """The floor of ``package``: the highest floor of its modules (1 = imports nothing of the tree)."""
+    found = levels(edges)
+    return max(level for module, level in found.items() if module == package or module.startswith(package + "."))
+
+
+def levels(edges: dict[str, set[str]]) -> dict[str, int]:
+    """Each module's floor: 1 + the highest floor of what it imports (loops folded into one module each)."""
     comp = {m: m for m in edges}
     for component in loops(edges):
         for m in component:
@@ -113,7 +124,7 @@ def floors(edges: dict[str, set[str]]) -> int:
             depth[m] = 1 + max((level(t) for t in folded.get(m, ())), default=0)
         return depth[m]
 
-    return max((level(m) for m in folded), default=0)
+    return {m: level(comp[m]) for m in edges}
 
 
 def exceptions(root: Path, folder: str) -> dict[str, list[str]]:
@@ -168,6 +179,35 @@ def long_functions(root: Path, places=OWN_CODE, limit: int = 80) -> list[tuple[s
     return sorted(found, key=lambda item: -item[1])
 
 
+def bare_value_errors(root: Path, folder: str) -> int:
+    """``raise ValueError(...)`` in the tree: user-facing refusals raise ``InputError``; a bare one is a bug's."""
+    return sum(isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and
+               getattr(node.exc.func, "id", None) == "ValueError"
+               for path in (root / folder).rglob("*.py") for node in ast.walk(ast.parse(path.read_text())))
+
+
+def homes(root: Path, tree: str = "engine") -> dict[str, set[str]]:
+    """Public name (of the tree's top ``__all__`` and its public modules) -> the modules of the tree that the code of
+    the repository (the tree, the app, launch.py, tests and benchmarks) imports it from."""
+    public = set(exported(root, tree))
+    for module in ("types", "models", "errors", "selfcheck"):
+        path = root / tree / module / "__init__.py" if (root / tree / module).is_dir() else root / tree / f"{module}.py"
+        if path.exists():
+            tree_ = ast.parse(path.read_text())
+            public |= {alias.asname or alias.name for node in tree_.body if isinstance(node, ast.ImportFrom)
+                       for alias in node.names}
+            public |= {node.name for node in tree_.body if isinstance(node, ast.ClassDef)}
+    found: dict[str, set[str]] = {}
+    files = [p for folder in (tree, "app", "tests", "benchmarks") for p in (root / folder).rglob("*.py")]
+    for path in files + [root / "launch.py"]:
+        for module, names, _ in imports(root, path):
+            if module == tree or module.startswith(tree + "."):
+                for name in names:
+                    if name in public:
+                        found.setdefault(name, set()).add(module)
+    return found
+
+
 def report(root: Path, tree: str = "engine") -> dict:
     edges = graph(root, tree)
     errors = exceptions(root, tree)
@@ -178,7 +218,12 @@ def report(root: Path, tree: str = "engine") -> dict:
                                                 for b in by_class.get(cls, ()) if b not in seen)
 
     rooted = [name for name in errors if under_root(name.rpartition(".")[2])]
-    return {"modules": len(edges), "floors": floors(edges), "loops": loops(edges),
+    several = {name: sorted(modules) for name, modules in sorted(homes(root, tree).items()) if len(modules) > 1}
+    packages = {f"floor of {tree}.{p}": depth(edges, f"{tree}.{p}") for p in ("models", "session", "kv")
+                if any(m == f"{tree}.{p}" or m.startswith(f"{tree}.{p}.") for m in edges)}
+    return {"modules": len(edges), "floors": floors(edges), **packages, "loops": loops(edges),
+            "bare ValueErrors": bare_value_errors(root, tree),
+            "public names imported from more than one module": several,
             "exported": len(exported(root, tree)), "exceptions": len(errors),
             "exception files": len({name.rpartition(".")[0] for name in errors}),
             "under HeadInferError": len(rooted),

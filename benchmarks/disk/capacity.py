@@ -33,7 +33,8 @@ import engine
 from engine.kv.disk import DiskMemory
 from engine.planning.capacity import capacity_options
 from engine.planning.host_split import DEFAULT_H2D_GBPS
-from engine.planning.memory import ModelShape, stored_tokens
+from engine.planning.memory import stored_tokens
+from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
 from engine.store.fingerprint import model_fingerprint, token_ids_digest
 from engine.store.format import SnapshotIdentity

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.planning.memory import ModelShape
+from engine.planning.shape import ModelShape
 
 
 @dataclass(frozen=True)

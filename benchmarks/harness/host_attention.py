@@ -27,7 +27,7 @@ import psutil
 import torch
 
 from engine.kv import HostAttention, native, quant
-from engine.kv.workers import usable_cores
+from engine.native.workers import usable_cores
 
 from ..records import run_stamp
 from .run import parse_tokens, run_step

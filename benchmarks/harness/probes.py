@@ -16,7 +16,8 @@ import time
 import torch
 
 from engine.kv import quant
-from engine.planning.memory import PlanError, estimate_prefill_seconds
+from engine.errors import PlanError
+from engine.reading.flops import estimate_prefill_seconds
 
 from .fill import fill_random
 from .models import random_ids

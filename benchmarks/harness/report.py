@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from engine.planning.memory import ModelShape
+from engine.planning.shape import ModelShape
 
 from .floors import Rates, decode_floor_s, prefill_floor_s, ratio
 from ..records import latest_by_key

@@ -34,7 +34,7 @@ def child(source: str, mode: str, context: int, steps: int, threads: int) -> dic
 
     import engine
     from engine.models.loader import load_model
-    from engine.store.fingerprint import weights_mode
+    from engine.models.loaded import weights_mode
     from engine.types import ModelShape
 
     from ..harness.fill import fill_random

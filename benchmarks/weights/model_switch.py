@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from engine import OffloadPolicy, load_model
-from engine.models.switch import ModelHolder, _rss
+from engine.serving import ModelHolder, _rss
 
 OUT = Path("docs/benchmarks/model-switch.json")
 

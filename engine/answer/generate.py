@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..interrupt import ForwardInterrupted
+from ..errors import ForwardInterrupted
 from ..paths import cache_dir
 from ..reports import AnswerChunk, answer_rate
 from .retrieval_heads import find_retrieval_heads

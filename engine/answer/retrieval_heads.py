@@ -31,7 +31,8 @@ import torch
 from ..cache import HeadInferCache
 from ..kv.probe import QueryProbe
 from ..prompt import PromptBuilder
-from ..store.fingerprint import loaded_as, model_fingerprint
+from ..models.loaded import loaded_as
+from ..store.fingerprint import model_fingerprint
 from .sources import attention_mass
 
 logger = logging.getLogger(__name__)

@@ -5,10 +5,9 @@ Nothing here imports the layers above (cache, attention, session): they use thes
 
 from .homes import GroupHome, HeadGroup, LayerHomes
 from .host_attention import HostAttention
-from .pinned import HostMemory, PinningError
-from .route import RouteError
+from .pinned import HostMemory
 from .schedule import Schedule, visible_start
 from .transfer import Transfer
 
-__all__ = ["GroupHome", "HeadGroup", "HostAttention", "HostMemory", "LayerHomes", "PinningError", "RouteError",
-           "Schedule", "Transfer", "visible_start"]
+__all__ = ["GroupHome", "HeadGroup", "HostAttention", "HostMemory", "LayerHomes", "Schedule", "Transfer",
+           "visible_start"]

@@ -35,7 +35,7 @@ import torch
 
 from . import native
 from .streams import SyncStreams
-from .workers import TorchWorkers, shared_workers, usable_cores
+from ..native.workers import TorchWorkers, shared_workers, usable_cores
 
 #: Most home bytes per tile. Torch tile: small enough that the tile and its fp32 copy stay in one core's L2
 #: cache, large enough that its ~8 torch calls cost little next to reading it. The C kernel sizes its own tiles

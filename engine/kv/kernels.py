@@ -51,7 +51,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from . import native, windowed
 from .buffers import contiguous_kv
-from .workers import usable_cores
+from ..native.workers import usable_cores
 
 logger = logging.getLogger(__name__)
 

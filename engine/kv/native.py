@@ -1,5 +1,6 @@
 """The host attention kernel in C (``host_pool.c`` + ``host_kernel.c``), built once per machine with the system's C
-compiler, and the compile-and-load helper the other C kernels use (``models/int8_matmul.py``, ``gguf_blocks.py``).
+compiler (``engine.native.library.compiler``; the other C kernels, ``models/int8_matmul.py`` and ``gguf_blocks.py``,
+are built by ``engine.native.library.load_library``).
 
 Through torch ops a tile costs a widening copy and two small-M matmuls: a few GB/s per core, a fraction of what a
 core reads. The C kernel takes one layer's host-attended head groups in one call (``attend_layer``): its own
@@ -22,12 +23,12 @@ import hashlib
 import logging
 import os
 import platform
-import shutil
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
 
+from ..native.library import compiler
 from ..paths import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,6 @@ logger = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("host_kernel.c")
 _POOL = Path(__file__).with_name("host_pool.c")
 _HEADER = Path(__file__).with_name("host_kernel.h")
-_FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC"]  # load_library's (plus -march)
 _HOST_FLAGS = ["-O3", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-pthread"]
 # Vector paths (x86-64): each compiles host_kernel.c once more; one that fails to build is left out (logged).
 _X86_PATHS = {"avx2": ["-DHA_VARIANT_AVX2", "-mavx2", "-mfma", "-mf16c"],
@@ -174,59 +174,6 @@ def _built_host(compiler: str, extra: list[str]) -> Path:
         os.replace(library, target)  # atomic: a concurrent process loads the old file or the complete new one
     logger.info("built the host attention kernel (%s) into %s", ", ".join(built), target)
     return target
-
-
-def load_library(compiler: str, source: Path, variants: list[list[str]]) -> ctypes.CDLL | None:
-    """``source`` compiled once per machine into the cache (``-O3 -march=native`` plus the first of ``variants``
-    that builds) and loaded; None if every variant fails (logged)."""
-    errors = []
-    for variant in variants:
-        try:
-            return ctypes.CDLL(str(_built(compiler, variant, source)))
-        except (OSError, subprocess.SubprocessError) as error:
-            errors.append(str(error))
-    logger.warning("building %s failed: %s", source.name, errors[-1] if errors else "no variants")
-    return None
-
-
-def _built(compiler: str, variant: list[str], source: Path = _SOURCE) -> Path:
-    variant = [f"-march={target_arch()}", *variant]
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256(b"\0".join([source.read_bytes(), version.encode(), " ".join(_FLAGS + variant).encode(),
-                                        cpu_identity().encode()])).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as folder:
-        built = Path(folder) / target.name
-        done = subprocess.run([compiler, *_FLAGS, "-o", str(built), str(source), *variant], capture_output=True,
-                              text=True, timeout=120)
-        if done.returncode != 0:
-            raise OSError(done.stderr.strip()[-500:])
-        os.replace(built, target)  # atomic: a concurrent process loads the old file or the complete new one
-    logger.info("built %s into %s", source.name, target)
-    return target
-
-
-def compiler() -> str | None:
-    """The C compiler the kernels are built with (``$CC``, else ``cc``/``gcc``), or None."""
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def target_arch() -> str:
-    """The ``-march`` ``load_library`` builds for: this CPU's, unless ``HEADINFER_NATIVE_ARCH`` names another
-    (``x86-64-v3``: an AVX2 CPU's vector paths; ``x86-64``: the portable C), to test what other CPUs run."""
-    return os.environ.get("HEADINFER_NATIVE_ARCH") or "native"
-
-
-def cpu_identity() -> str:
-    """``-march=native`` code runs only on this CPU family: its model and flags name what it was built for."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            return "".join(sorted({line for line in info if line.startswith(("model name", "flags"))}))
-    except OSError:
-        return platform.processor() or platform.machine()
 
 
 #: Query tokens up to which a CPU step attends through the C kernel (decode, short follow-ups). A prefill chunk's

@@ -1,6 +1,7 @@
 """Models: loading one (``load_model``), checking it can be served exactly, the curated catalogue and what each
-entry reads on this machine (from its config alone), models found on this machine, Hub downloads, and switching the
-served model. The app's picker and ``launch.py`` use these names; the rest of the folder is internal."""
+entry reads on this machine (from its config alone), models found on this machine and Hub downloads. Switching the
+served model is ``engine.ModelHolder`` (``engine/serving.py``, above the session). The app's picker and ``launch.py``
+use these names; the rest of the folder is internal."""
 
 from ..planning.window import trained_window
 from .catalogue import READ_TOKENS, Entry, Fit, Machine, detect_machine, load_catalogue, plan_entry, rank
@@ -15,10 +16,9 @@ from .loader import (
                      resolve_device,
 )
 from .pypi import cpu_default_source, pypi_model_gguf
-from .switch import ModelHolder
 from .token_count import TokenCount, count_tokens
 
-__all__ = ["READ_TOKENS", "DownloadJob", "DownloadProgress", "Entry", "Fit", "Machine", "ModelHolder",
-           "ModelSourceError", "UnsupportedModelError", "cached_snapshot", "check_supported", "cpu_default_source",
+__all__ = ["READ_TOKENS", "DownloadJob", "DownloadProgress", "Entry", "Fit", "Machine", "ModelSourceError",
+           "UnsupportedModelError", "cached_snapshot", "check_supported", "cpu_default_source",
            "describe", "detect_machine", "discover", "load_catalogue", "load_model", "plan_entry", "pypi_model_gguf",
            "rank", "read_config", "resolve_device", "TokenCount", "count_tokens", "trained_window"]

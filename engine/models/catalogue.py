@@ -2,7 +2,7 @@
 
 The curated entries (``catalogue.json`` beside this file) hold config.json facts; a model found on disk
 (``engine.models.discovery``) brings its own config. Either way the shape comes from ``ModelShape.from_config`` and the
-numbers from the planner's ``capacity_options`` / ``make_plan`` / ``estimate_prefill_seconds``: the picker shows
+numbers from the planner's ``capacity_options`` / ``make_plan`` and the reading wing's ``estimate_prefill_seconds``: the picker shows
 what a read would plan, with no second memory model.
 """
 
@@ -24,11 +24,11 @@ from .loader import SUPPORTED_ARCHITECTURES
 from .int8 import num_weights
 from ..planning.budgets import held_bytes, measure_budget
 from ..planning.capacity import capacity_options
-from ..planning.machine import measured_flop_rate
-from ..planning.memory import estimate_prefill_seconds, make_plan
+from ..planning.memory import make_plan
 from ..planning.shape import ModelShape
 from ..planning.policy import OffloadPolicy
 from ..planning.rates import machine_rates
+from ..reading.flops import estimate_prefill_seconds, measured_flop_rate
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kv import native
+from ..native import library as native
 from .memory import trim_heap
 from .int8 import install, linear_targets
 from .int8_matmul import run_split
@@ -135,7 +135,7 @@ class BlockLinear(nn.Module):
         assert blocks.dtype == torch.uint8 and in_features % size == 0
         assert blocks.shape[1] == in_features // size * nbytes
         self.out_features, self.in_features, self.qtype = blocks.shape[0], in_features, qtype
-        self.register_buffer("blocks", blocks)  # the name engine.store.fingerprint.weights_mode looks for
+        self.register_buffer("blocks", blocks)  # the name engine.models.loaded.weights_mode looks for
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

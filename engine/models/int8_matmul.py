@@ -31,8 +31,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..kv import crash_probe, native
-from ..kv.workers import shared_workers
+from ..native import crash_probe
+from ..native import library as native
+from ..native.workers import shared_workers
 
 logger = logging.getLogger(__name__)
 

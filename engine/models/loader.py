@@ -29,7 +29,7 @@ from ..errors import InputError, ModelSourceError, UnsupportedModelError
 from ..paths import cache_dir
 from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
-from ..store.fingerprint import loaded_as, remember_load, weights_mode
+from .loaded import loaded_as, remember_load, weights_mode
 from . import gguf_blocks, int8_matmul
 from .gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory

@@ -7,11 +7,9 @@ A missing GPU or driver is normal (CPU-only machines) and never an error here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import functools
 import logging
-import time
 import weakref
 from dataclasses import dataclass
 
@@ -20,7 +18,6 @@ import torch
 
 from ..kv import route
 from .gpu_ids import indexed, nvml_handle
-from .memory import estimate_prefill_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -87,35 +84,6 @@ def read_memory(gpu_index: int = 0) -> MemorySnapshot:
     )
 
 
-# FLOP rate measured per loaded model, so each browser session does not re-measure it.
-_MEASURED_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def measured_flop_rate(model, shape, num_tokens: int = 512, forward: Callable | None = None) -> float:
-    """The model's FLOP rate on this machine (one forward of ``num_tokens``, measured once per model), in the units
-    of ``planner.estimate_prefill_seconds``. 512 tokens: the shape of a real prefill step (at 128 the matmuls are
-    too small to run at a read's rate, and estimates came out 40-60% long on real manuals).
-
-    ``forward(ids)``: runs one forward the way a read does (a session passes one through its cache, keeping the
-    last logit only); by default a plain cacheless forward, whose attention and all-position logits ran 2.4x
-    slower than a read's on SmolLM2 here (first-read estimates came out +130-180%)."""
-    rate = _MEASURED_RATES.get(model)
-    if rate is None:
-        device = next(model.parameters()).device
-        ids = torch.randint(0, shape.vocab_size, (1, num_tokens), device=device)
-        run = forward or (lambda chunk: model(chunk, use_cache=False))
-        _no_forward_in_flight()
-        with torch.inference_mode():
-            run(ids[:, :8])  # warm-up
-            synchronize(device)  # (on a GPU a forward only launches kernels: the clock must see them run)
-            start = time.perf_counter()
-            run(ids)
-            synchronize(device)
-            seconds = time.perf_counter() - start
-        rate = _MEASURED_RATES[model] = estimate_prefill_seconds(shape, num_tokens, 1.0) / max(seconds, 1e-6)
-    return rate
-
-
 def synchronize(device) -> None:
     """Waits for the device's queued work (a no-op on the CPU, whose work has run when a call returns)."""
     if getattr(device, "type", device) == "cuda":
@@ -142,7 +110,7 @@ def measure_activation_peak(model, chunk: int, vocab_size: int, cuda=None) -> in
         cuda.synchronize(device)
         before = cuda.memory_allocated(device)
         cuda.reset_peak_memory_stats(device)
-        _no_forward_in_flight()
+        no_forward_in_flight()
         with torch.inference_mode():
             model(ids, use_cache=False, logits_to_keep=1)  # a first chunk: attention over the chunk itself
         cuda.synchronize(device)
@@ -151,7 +119,7 @@ def measure_activation_peak(model, chunk: int, vocab_size: int, cuda=None) -> in
     return peaks[chunk]
 
 
-def _no_forward_in_flight() -> None:
+def no_forward_in_flight() -> None:
     """A dry run is a forward without a HeadInferCache: a KV route an earlier, failed forward left on this thread
     (an update whose attention never ran) must not be taken for its own (``kv/route.py``)."""
 

@@ -6,8 +6,8 @@ with the head-wise KV cache split into (layer, head group) *slots* that either s
 resident on the compute device or live in host memory and stream through two
 ping-pong buffers.
 
-The shape and its byte counts live in ``engine.planning.shape``, what a plan says in ``engine.planning.plan``; their
-public names are re-exported here, so ``engine.planning.memory`` stays the one import for planning.
+The shape and its byte counts live in ``engine.planning.shape``, what a plan says in ``engine.planning.plan``, its
+refusal (``PlanError``) in ``engine.errors``: each name is imported from its one home (issue 33).
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from ..kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES
 from .allocations import (longest_streamed_run, planned_allocations, scratch_elements, slot_placement,
                                         streamed_runs)
 from .host_split import forecast_decode, host_share
-from .plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan, PlanError
+from .plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan
+from ..errors import PlanError
 from .policy import OffloadPolicy
 from .shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
 
 __all__ = [
-    "LIMIT_MAX_CONTEXT", "LIMIT_MEMORY", "LIMIT_MODEL", "ModelShape", "Plan", "PlanError", "disk_stream_bytes",
-    "estimate_prefill_seconds", "host_element_bytes", "make_plan", "paper_memory_table", "stored_tokens",
+    "LIMIT_MAX_CONTEXT", "LIMIT_MEMORY", "LIMIT_MODEL", "disk_stream_bytes", "host_element_bytes", "make_plan",
+    "paper_memory_table", "stored_tokens",
 ]
 
 logger = logging.getLogger(__name__)
@@ -436,21 +437,3 @@ def paper_memory_table(shape: ModelShape, context_tokens: int, chunk_size: int =
                "total": (weights + kv + act) / GIB, "kv_total": total_kv / GIB}
         for name, (kv, act, total_kv) in rows.items()
     }
-
-
-def estimate_prefill_seconds(shape: ModelShape, tokens: int, flops_per_second: float) -> float:
-    """Rough prefill time: 2 FLOPs per parameter per token plus causal attention.
-
-    Attention costs 4 * num_heads * head_dim FLOPs per (query, key) pair (QK^T and PV);
-    a full layer has S^2/2 causal pairs, a sliding layer about S*w - w^2/2.
-    """
-    if flops_per_second <= 0:
-        raise PlanError(f"flops_per_second must be positive, got {flops_per_second!r}")
-    if tokens < 0:
-        raise PlanError(f"tokens must be >= 0, got {tokens!r}")
-    pairs = 0.0
-    for window in shape.sliding_windows or (None,) * shape.num_layers:
-        w = tokens if window is None else min(window, tokens)
-        pairs += tokens * w - w * w / 2
-    flops = 2.0 * shape.num_params * tokens + 4.0 * shape.num_heads * shape.head_dim * pairs
-    return flops / flops_per_second

@@ -20,7 +20,8 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, Gemma3TextConfig, LlamaConfig
 
 from ..cache import HeadInferCache
-from ..planning.memory import ModelShape, make_plan
+from ..planning.memory import make_plan
+from ..planning.shape import ModelShape
 from ..planning.policy import OffloadPolicy
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import InputError
+from ..errors import CorruptSnapshotError, InputError, SnapshotError
 from ..cache import HeadInferCache
 from .fingerprint import token_ids_bytes
 from .files import TEMP_PREFIX, saved_range
@@ -32,9 +32,7 @@ from .format import (
     PARTIAL_VERSION,
     PREVIOUS_HEADER_FILE,
     TOKENS_FILE,
-    CorruptSnapshotError,
     FileEntry,
-    SnapshotError,
     SnapshotHeader,
     SnapshotIdentity,
     part_file,

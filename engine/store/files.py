@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import InputError
+from ..errors import ChecksumMismatch, CorruptSnapshotError, InputError, SnapshotError, TruncatedFile
 from ..cache import HeadInferCache
 from ..kv import LayerHomes
 from .fingerprint import dtype_name, token_ids_bytes
@@ -28,16 +28,14 @@ from .format import (
     HEADER_FILE,
     LAST_USED_FILE,
     TOKENS_FILE,
-    CorruptSnapshotError,
     FileEntry,
-    SnapshotError,
     SnapshotHeader,
     SnapshotIdentity,
     home_file,
     layer_file,
     part_file,
 )
-from .streaming import ChecksumMismatch, RunStreamer, TruncatedFile, fsync_directory
+from .streaming import RunStreamer, fsync_directory
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Fingerprints that say whether a saved KV cache belongs to a model, a tokenizer and a document.
 
 A KV cache is only valid for the exact weights, dtype and token ids that produced it, so a snapshot
-records all three, and the weights mode (dense, or the int8 codes of ``engine.models.int8``). Each fingerprint is cheap (no pass over the weights): the model's config, the
+records all three, and the weights mode (dense, int8 codes or GGUF blocks: ``engine.models.loaded.weights_mode``). Each fingerprint is cheap (no pass over the weights): the model's config, the
 identity of its weight files and a small sample of its parameters; the tokenizer's vocabulary size,
 chat template and the ids of a few probe strings; a SHA-256 of the document's token ids.
 """
@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from ..models.loaded import weights_mode
 
 FINGERPRINT_CHARS = 32  # hex characters kept of each SHA-256
 TOKEN_ID_DTYPE = "<u4"  # how token ids are hashed and stored: little-endian uint32
@@ -75,36 +76,6 @@ def model_fingerprint(model) -> ModelFingerprint:
     weights.update(_parameter_sample_digest(model).encode())
     return ModelFingerprint(str(getattr(config, "model_type", "")), name, _config_digest(config),
                             weights.hexdigest()[:FINGERPRINT_CHARS], weights_mode(model))
-
-
-def weights_mode(model) -> str:
-    """``"int8"`` when linear layers hold int8 ``codes`` buffers (``engine.models.int8.Int8Linear``), ``"gguf"``
-    when they hold a GGUF file's ``blocks`` (``engine.models.gguf_blocks.BlockLinear``), else ``"dense"``. The K/V
-    an int8 model produces differ from the dense model's, in whatever dtype; a gguf model's are the fp32 dense
-    model's up to summation order, but its K/V are kept apart all the same (they are not bitwise the same)."""
-    for name, buffer in model.named_buffers():
-        attr = name.rpartition(".")[2]
-        if attr == "codes" and buffer.dtype == torch.int8:
-            return "int8"
-        if attr == "blocks" and buffer.dtype == torch.uint8:
-            return "gguf"
-    return "dense"
-
-
-#: model -> the ``load_model`` keyword arguments that gave it (``loaded_as``)
-_LOADED_AS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def remember_load(model, **arguments) -> None:
-    """Notes how ``engine.models.load_model`` loaded ``model`` (it calls this), for ``loaded_as``."""
-    _LOADED_AS[model] = arguments
-
-
-def loaded_as(model) -> dict | None:
-    """The ``load_model`` keyword arguments that load the same weights again, in another process (the retrieval-head
-    calibration runs there, and fingerprints it as this model); None for a model ``load_model`` did not return."""
-    arguments = _LOADED_AS.get(model)
-    return None if arguments is None else dict(arguments)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

@@ -9,7 +9,8 @@ import logging
 
 from ..cache import HeadInferCache
 from .format import SnapshotIdentity
-from .snapshots import CorruptSnapshotError, RestoreStats, SnapshotError, SnapshotInfo, SnapshotStore
+from .snapshots import RestoreStats, SnapshotInfo, SnapshotStore
+from ..errors import CorruptSnapshotError, SnapshotError
 
 logger = logging.getLogger(__name__)
 

@@ -27,15 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import InputError
+from ..errors import CorruptSnapshotError, InputError, SnapshotError
 from ..paths import cache_dir
 from ..planning.machine import format_bytes
 from .files import TEMP_PREFIX, read_snapshot, snapshot_bytes, write_snapshot
 from .format import (
     LAST_USED_FILE,
     PREVIOUS_HEADER_FILE,
-    CorruptSnapshotError,
-    SnapshotError,
     SnapshotHeader,
     SnapshotIdentity,
     check_compatible,

@@ -8,16 +8,18 @@ from transformers import LlamaConfig
 from app import render
 from app.browser_state import BrowserState
 from app.estimate_refresh import refreshed_plan
-from engine.planning.memory import ModelShape, make_plan
+from engine.planning.memory import make_plan
+from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
-from engine.read_rate import ReadEstimate
+from engine.reading.rate import ReadEstimate
 
 MEASURED = ReadEstimate(20.0, 30.0, 45.0)
 PROVISIONAL = ReadEstimate(10.0, 30.0, 90.0, provisional=True)
 
 
-class MeasuringSession:
-    """What the refresh asks of a session: whether the cost is measured yet, and the estimate (calls recorded)."""
+class MeasuringEstimates:
+    """What the refresh asks of a session's ``reading``: whether the cost is measured yet, and the estimate (calls
+    recorded)."""
 
     def __init__(self):
         self.reading_cost_known, self.asked = False, []
@@ -25,6 +27,13 @@ class MeasuringSession:
     def estimate_prefill_range(self, num_tokens, start=0):
         self.asked.append(num_tokens)
         return MEASURED if self.reading_cost_known else PROVISIONAL
+
+
+class MeasuringSession:
+    """A session whose read estimates are ``MeasuringEstimates``."""
+
+    def __init__(self):
+        self.reading = MeasuringEstimates()
 
 
 def plan_panel(estimate, document_tokens: int) -> str:
@@ -41,11 +50,11 @@ def test_the_estimating_reading_time_is_replaced_once_measured_and_nothing_else(
     shown = plan_panel(PROVISIONAL, 1500)
     assert "estimating…" in shown
     assert not isinstance(refreshed_plan(state, shown), str)  # still measuring: left alone
-    assert session.asked == []  # (asked only once measured: no probe, no measurement started by a tick)
-    session.reading_cost_known = True  # the measurement landed
+    assert session.reading.asked == []  # (asked only once measured: no probe, no measurement started by a tick)
+    session.reading.reading_cost_known = True  # the measurement landed
     refreshed = refreshed_plan(state, shown)
     assert refreshed == plan_panel(MEASURED, 1500) and "estimating…" not in refreshed
-    assert session.asked == [1500]
+    assert session.reading.asked == [1500]
     # A measured panel, a read or an answer running, or no document: left alone.
     assert not isinstance(refreshed_plan(state, refreshed), str)
     state.is_busy = True
@@ -58,5 +67,5 @@ def test_a_set_over_the_limit_is_estimated_for_what_fits_as_the_upload_estimated
     session, state = MeasuringSession(), BrowserState()
     shown = plan_panel(PROVISIONAL, 9000)
     limit = int(shown.split('data-limit="')[1].split('"')[0])
-    state.session, state.tokens, session.reading_cost_known = session, list(range(9000)), True
-    assert isinstance(refreshed_plan(state, shown), str) and session.asked == [min(9000, limit)]
+    state.session, state.tokens, session.reading.reading_cost_known = session, list(range(9000)), True
+    assert isinstance(refreshed_plan(state, shown), str) and session.reading.asked == [min(9000, limit)]

@@ -78,7 +78,7 @@ def test_a_tab_whose_model_was_switched_starts_afresh(embedded_model, secret_pdf
     from app.browser_state import BrowserState
     from app.handlers import Handlers
     from engine import OffloadPolicy
-    from engine.models.switch import ModelHolder
+    from engine.serving import ModelHolder
 
     model, tokenizer = embedded_model
     holder = ModelHolder(model, tokenizer, OffloadPolicy(chunk_size=64), "a", loader=lambda _: (model, tokenizer))

@@ -4,7 +4,8 @@ from transformers import LlamaConfig
 
 from app import render
 from engine.planning.capacity import capacity_options
-from engine.planning.memory import ModelShape, make_plan
+from engine.planning.memory import make_plan
+from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
 
 GIB = 1 << 30

@@ -25,6 +25,10 @@ class _Session:
     def count_tokens(self, text):
         return len(text.split())
 
+    @property
+    def reading(self):  # the session's read estimates (``engine.reading.ReadEstimator``): this fake's own
+        return self
+
     def estimate_prefill_seconds(self, num_tokens, start=0):
         return 0.0
 

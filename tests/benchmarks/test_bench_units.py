@@ -16,7 +16,7 @@ from benchmarks.harness.report import annotate
 from benchmarks.harness.search import largest_fitting
 from benchmarks.harness.sweeps import Sweep
 from benchmarks.harness.trace import merge_intervals, overlap_fraction
-from engine.planning.memory import ModelShape
+from engine.planning.shape import ModelShape
 
 LLAMA3 = ModelShape.from_config(llama3_8b_config())
 

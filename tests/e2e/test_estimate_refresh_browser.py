@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def measuring(monkeypatch):
     """The background measurement, held until the test releases it; then it lands a rate (as ``launch.py``'s
     would, through the real background thread and its record)."""
-    from engine import session as session_module
-    from engine.read_rate import ReadRate
+    from engine.reading import estimator as estimator_module
+    from engine.reading.rate import ReadRate
 
     started, release = threading.Event(), threading.Event()
 
@@ -33,14 +33,14 @@ def measuring(monkeypatch):
                 return None
         return ReadRate(0.5, 2e-3, 4e-7, probe())
 
-    monkeypatch.setattr(session_module, "measure_read_rate", held_measurement)
+    monkeypatch.setattr(estimator_module, "measure_read_rate", held_measurement)
     return started, release
 
 
 @pytest.fixture
 def url(measuring):
     from engine import DocumentSession
-    from engine.read_cost import ReadCosts
+    from engine.reading.costs import ReadCosts
 
     class FirstStartSession(DocumentSession):
         """A clean cache: no read recorded, no reading cost kept (the test process's shared file may hold some)."""

@@ -122,7 +122,7 @@ def host_attention_alone() -> str:
 
     from engine.kv import streams as kv_streams
     from engine.kv.host_attention import HostAttention
-    from engine.kv.workers import TorchWorkers
+    from engine.native.workers import TorchWorkers
 
     backend = kv_streams.make("emulated", torch.device("cpu"), seed=0)
     kernel = HostAttention(TorchWorkers(2), tile_bytes=2048, use_native=False, streams=backend)
@@ -150,7 +150,7 @@ def host_attention_torch_tile_landing() -> str:
 
     from engine.kv import streams as kv_streams
     from engine.kv.host_attention import HostAttention
-    from engine.kv.workers import TorchWorkers
+    from engine.native.workers import TorchWorkers
 
     backend = kv_streams.make("emulated", torch.device("cpu"), seed=0)
     kernel = HostAttention(TorchWorkers(2), tile_bytes=2048, use_native=False, streams=backend)

@@ -17,7 +17,8 @@ import torch
 from transformers import DynamicCache
 
 import engine
-from engine.interrupt import ForwardInterrupted, interruptible
+from engine.interrupt import interruptible
+from engine.errors import ForwardInterrupted
 from engine.kv import disk_stream
 
 # Chunks of 20 (> HOST_QUERY_LIMIT) attend on the device and fetch; the last chunk (5) and decode steps are

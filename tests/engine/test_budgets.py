@@ -12,11 +12,13 @@ from test_snapshot import _document, _tiny_model, _word_tokenizer
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from engine import HeadInferCache, OffloadPolicy
+from engine.errors import PlanError
 from engine.planning import budgets, rates
 from engine.planning import machine as telemetry
-from engine.planning import memory as planner
 from engine.planning.budgets import MachineBudget, card_budget, measure_budget
-from engine.planning.memory import ModelShape, make_plan
+from engine.planning.memory import make_plan
+from engine.planning.shape import ModelShape
+from engine.reading import flops
 from engine.session import DocumentSession
 
 GIB = 1 << 30
@@ -98,7 +100,7 @@ def test_a_machine_plans_as_its_parts_and_the_gpu_override_applies_once():
     assert (measured.gpu_budget, measured.host_budget) == (GIB, 2 * GIB)  # a measured machine carries them
     less = dataclasses.replace(measured, gpu_budget=GIB // 2)  # e.g. what other tabs leave
     assert make_plan(shape, override, 200, machine=less).gpu_budget == GIB // 2  # not overridden a second time
-    with pytest.raises(planner.PlanError, match="machine"):
+    with pytest.raises(PlanError, match="machine"):
         make_plan(shape, policy, 200)
 
 
@@ -107,7 +109,7 @@ def test_the_constructor_reads_the_config_and_nothing_else(monkeypatch):
         raise AssertionError("the cache's constructor probed the machine")
 
     for module, name in ((psutil, "virtual_memory"), (rates, "machine_rates"), (rates, "plan_rates"),
-                         (telemetry, "measured_flop_rate"), (telemetry, "measure_activation_peak"),
+                         (flops, "measured_flop_rate"), (telemetry, "measure_activation_peak"),
                          (budgets, "measure_budget"), (torch.cuda, "mem_get_info")):
         monkeypatch.setattr(module, name, probed)
     config = CONFIG
@@ -183,7 +185,7 @@ def test_a_tab_refused_for_memory_others_hold_is_told_so(tmp_path, monkeypatch):
     monkeypatch.setattr("engine.session.measure_budget",
                         lambda *a, **k: MachineBudget(False, None, need + (need - weights) // 2))
     first.set_document(_document(1))
-    with pytest.raises(planner.PlanError, match="other tabs' documents hold"):
+    with pytest.raises(PlanError, match="other tabs' documents hold"):
         second.set_document(_document(3))
     first.clear()
     assert second.set_document(_document(3)) > 100  # room again once the first tab let go

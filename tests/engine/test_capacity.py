@@ -1,7 +1,7 @@
 """Capacity options: 8-bit KV and a disk tier reach further than RAM alone, with predicted decode costs."""
 
 from engine.planning.capacity import capacity_options
-from engine.planning.memory import ModelShape
+from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
 from transformers import LlamaConfig
 

@@ -13,8 +13,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import engine
 from engine.kv import disk as disk_module
-from engine.kv.disk import DiskTierError
-from engine.planning.memory import PlanError
+from engine.errors import DiskTierError, PlanError
 
 CONTEXT, CHUNK = 200, 64
 
@@ -174,7 +173,8 @@ def test_disk_stream_drain_waits_in_every_thread_and_reports_a_failure_once():
     import threading
     import time
 
-    from engine.kv.disk_stream import DiskStream, DiskStreamError
+    from engine.kv.disk_stream import DiskStream
+    from engine.errors import DiskStreamError
     from engine.kv.streams import SyncStreams
 
     stream = DiskStream(SyncStreams())

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.models.downloads import CorruptDownload, DownloadCancelled, DownloadJob, GatedModelError, cached_snapshot
+from engine.models.downloads import DownloadJob, cached_snapshot
+from engine.errors import CorruptDownload, DownloadCancelled, GatedModelError
 from hub_server import HubServer
 
 REPO = "studio-tests/tiny-llama"

@@ -19,7 +19,7 @@ from engine.models.gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear, 
 from engine.models.gguf_blocks import dequantize_reference as reference
 from engine.models.int8 import num_weights
 from engine.models.loader import _embedded_gguf, gguf_cache_entry, load_model
-from engine.store.fingerprint import weights_mode
+from engine.models.loaded import weights_mode
 from test_parity import RTOL, rel_diff
 
 TYPES = {name: qtype for qtype, (name, _, _) in BLOCK_TYPES.items()}

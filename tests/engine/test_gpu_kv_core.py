@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 import engine
 from double_registering import DoubleRegistering
 from opcount import OpCounter
-from engine.kv import HostMemory, PinningError, kernels, windowed
+from engine.kv import HostMemory, kernels, windowed
+from engine.errors import PinningError
 from engine.kv.pinned import CudaRuntime
 
 pytestmark = pytest.mark.gpu

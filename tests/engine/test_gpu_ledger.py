@@ -60,7 +60,7 @@ def test_host_attention_and_h2d_measured_together_on_cuda():
 
 @torch.inference_mode()
 def test_gpu_resident_homes_never_grow_past_a_fixed_plan(model):
-    from engine.kv.homes import HomesFull
+    from engine.errors import HomesFull
 
     cache = engine.HeadInferCache(model.config, max_context=64, chunk_size=32)  # every slot resident
     ids = torch.randint(0, CONFIG.vocab_size, (1, 64), device="cuda")

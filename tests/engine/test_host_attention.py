@@ -15,8 +15,9 @@ from archs import build_pair, tiny_configs
 from engine.planning import rates
 from engine.planning.host_split import choose_host_slots, forecast_decode, host_share
 from engine.kv import HostAttention, native
-from engine.kv.workers import TorchWorkers
-from engine.planning.memory import ModelShape, make_plan
+from engine.native.workers import TorchWorkers
+from engine.planning.memory import make_plan
+from engine.planning.shape import ModelShape
 
 PROMPT_LEN = 45  # longer than the sliding windows (8)
 CHUNK = 16  # prefill chunks of 16 are host steps too: the kernel's causal and window masks run

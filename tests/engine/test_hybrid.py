@@ -15,10 +15,9 @@ from transformers.cache_utils import LinearAttentionLayer
 import engine
 from archs import build_pair
 from engine.kv.transfer import Transfer
-from engine.errors import UnsupportedModelError
+from engine.errors import SnapshotError, UnsupportedModelError
 from engine.models.loader import check_supported, load_model
 from engine.planning.shape import unsupported_layers
-from engine.store.format import SnapshotError
 
 HYBRIDS = ["lfm2-hybrid", "qwen3-next-hybrid", "qwen3.5-hybrid"]
 RTOL = 1e-5

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.kv import crash_probe
+from engine.native import crash_probe
 from engine.models import int8_matmul
 from engine.models.int8 import quantize_rows
 

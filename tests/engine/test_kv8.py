@@ -60,7 +60,8 @@ def test_8bit_host_kv_is_close_to_exact_and_takes_about_a_quarter_of_fp32(kv_dty
 def test_8bit_snapshot_restores_codes_and_refuses_a_session_with_other_kv(tmp_path):
     from engine.store.fingerprint import ModelFingerprint, token_ids_digest
     from engine.store.files import read_snapshot, write_snapshot
-    from engine.store.format import SnapshotError, SnapshotIdentity, read_header
+    from engine.store.format import SnapshotIdentity, read_header
+    from engine.errors import SnapshotError
 
     _, model = _pair()
     ids = torch.randint(0, 97, (1, 40), generator=torch.Generator().manual_seed(2))

@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, Mistra
 import engine
 from opcount import OpCounter
 from engine.attention import headinfer_attention, headinfer_mask
-from engine.kv import HostMemory, PinningError, RouteError, Transfer, kernels, route
+from engine.kv import HostMemory, Transfer, kernels, route
+from engine.errors import PinningError, PlanError, RouteError
 from engine.kv import streams as kv_streams
-from engine.planning.memory import PlanError
 
 
 class FakeRuntime:

@@ -190,7 +190,8 @@ def test_plan_categories_for_every_mode_are_what_the_cache_allocates_first(tmp_p
 def test_device_homes_of_a_fixed_plan_refuse_to_grow_before_anything_changes(monkeypatch):
     """``LayerHomes.reserve(fixed_device=True)``: a home on a GPU never grows (checked on the CPU with a home that
     reports a CUDA device)."""
-    from engine.kv.homes import GroupHome, HeadGroup, HomesFull, LayerHomes
+    from engine.kv.homes import GroupHome, HeadGroup, LayerHomes
+    from engine.errors import HomesFull
     from engine.kv.pinned import HostMemory
 
     homes = LayerHomes([HeadGroup(0, 1, True), HeadGroup(1, 2, False)], 1, 4, 8, torch.float32,

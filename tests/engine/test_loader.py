@@ -15,14 +15,13 @@ from engine.models import gguf, loader
 from engine.models.loader import (
     EMBEDDED_MODEL,
     SUPPORTED_ARCHITECTURES,
-    ModelSourceError,
-    UnsupportedModelError,
     cache_dir,
     check_supported,
     describe,
     embedded_model_dir,
     load_model,
 )
+from engine.errors import ModelSourceError, UnsupportedModelError
 
 VOCAB = 128
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -376,7 +375,7 @@ def test_the_models_the_studio_chooses_say_whose_they_are_and_under_which_licens
 
     from app.render import model_header
     from engine.models.loader import provenance
-    from engine.store.fingerprint import remember_load
+    from engine.models.loaded import remember_load
 
     assert provenance("pypi:qwen2.5-coder-1.5b") == {
         "model_name": "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF by Qwen)",

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
 
 import engine  # noqa: F401  (registers the headinfer attention)
-from engine.models.switch import ModelHolder, _rss
+from engine.serving import ModelHolder, _rss
 from engine.planning.policy import OffloadPolicy
 
 VOCAB = 32000

@@ -7,7 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from engine.planning import machine as telemetry
-from engine.planning.memory import ModelShape
+from engine.planning.shape import ModelShape
+from engine.reading import flops
 
 CONFIG = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
@@ -53,11 +54,11 @@ def test_no_measurement_off_cuda():
 
 def test_flop_probe_waits_for_the_device_around_the_timed_forward(monkeypatch):
     events = []
-    monkeypatch.setattr(telemetry, "synchronize", lambda device: events.append(("sync", device.type)))
-    monkeypatch.setattr(telemetry.time, "perf_counter", lambda: events.append(("clock",)) or float(len(events)))
+    monkeypatch.setattr(flops, "synchronize", lambda device: events.append(("sync", device.type)))
+    monkeypatch.setattr(flops.time, "perf_counter", lambda: events.append(("clock",)) or float(len(events)))
     model = tiny()
     shape = ModelShape.from_config(CONFIG, dtype_bytes=4)
-    rate = telemetry.measured_flop_rate(model, shape, num_tokens=32)
+    rate = flops.measured_flop_rate(model, shape, num_tokens=32)
     assert rate > 0
     assert events == [("sync", "cpu"), ("clock",), ("sync", "cpu"), ("clock",)]
 
@@ -94,4 +95,4 @@ def test_a_dry_run_after_a_failed_forward_ignores_the_route_it_left():
     assert telemetry.measure_activation_peak(tiny(), 8, 97, cuda=Counters()) == 300
     model = tiny()
     route.publish(0, object(), torch.zeros(1))
-    assert telemetry.measured_flop_rate(model, ModelShape.from_config(CONFIG, dtype_bytes=4), num_tokens=16) > 0
+    assert flops.measured_flop_rate(model, ModelShape.from_config(CONFIG, dtype_bytes=4), num_tokens=16) > 0

@@ -4,7 +4,11 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from engine.planning.memory import ModelShape, Plan, PlanError, estimate_prefill_seconds, make_plan, paper_memory_table
+from engine.planning.memory import make_plan, paper_memory_table
+from engine.errors import PlanError
+from engine.planning.plan import Plan
+from engine.planning.shape import ModelShape
+from engine.reading.flops import estimate_prefill_seconds
 from engine.planning.policy import OffloadPolicy
 
 GIB = 1 << 30

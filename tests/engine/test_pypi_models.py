@@ -8,7 +8,8 @@ import zipfile
 
 import pytest
 
-from engine.models.loader import ModelSourceError, _resolve_source
+from engine.models.loader import _resolve_source
+from engine.errors import ModelSourceError
 from engine.models.pypi import PYPI_MODELS, PypiModel, pypi_model_gguf
 
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from engine.read_cost import Chunk, CostFit, LoadProbe, Probe, ReadCosts, pairs
+from engine.reading.costs import Chunk, CostFit, LoadProbe, Probe, ReadCosts, pairs
 
 A, B = 1e-3, 1e-6  # seconds per token, per (query, key) pair: at 8K tokens attention is 4x the linear cost
 
@@ -158,7 +158,7 @@ def test_the_load_is_the_median_of_the_recent_probes_and_their_spread_widens_the
 @pytest.mark.slow
 def test_a_read_records_its_chunks_and_the_next_estimate_uses_them(smollm2, tmp_path, monkeypatch):
     from engine import DocumentSession, OffloadPolicy
-    from engine import session as session_module
+    from engine.reading import estimator as estimator_module
 
     model, tokenizer = smollm2
     model.set_attn_implementation("headinfer")
@@ -167,11 +167,11 @@ def test_a_read_records_its_chunks_and_the_next_estimate_uses_them(smollm2, tmp_
         session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=128), answer_budget=64, read_costs=costs)
         session.set_document("The keeper of Kerrow Point climbs the steps every evening. " * 60)
         progress = session.prefill()
-        [read] = costs.reads(session._costs_key)
+        [read] = costs.reads(session.reading.costs_key)
         assert len(read) == -(-session.document_tokens // 128)  # every chunk
         assert sum(x for x, _, _ in read) == session.document_tokens
-        monkeypatch.setattr(session_module, "measure_read_rate", lambda *a: pytest.fail("benchmark after a read"))
-        low, likely, high = session.estimate_prefill_range(session.document_tokens)
+        monkeypatch.setattr(estimator_module, "measure_read_rate", lambda *a: pytest.fail("benchmark after a read"))
+        low, likely, high = session.reading.estimate_prefill_range(session.document_tokens)
         assert low < likely < high
         assert likely == pytest.approx(progress.elapsed, rel=0.6)  # the same read, at about the same load
     finally:
@@ -209,7 +209,7 @@ def test_a_read_gives_way_between_layers_on_a_cpu_untimed_and_a_cancel_there_lan
         layers = model.config.num_hidden_layers
         assert len(pauses) == num_chunks * (layers - 1) + num_chunks - 1  # between layers and between chunks
         assert progress.elapsed < wall - sum(pauses) + 0.05  # the pauses are not reading
-        [read] = json.loads(path.read_text())["reads"][session._costs_key]
+        [read] = json.loads(path.read_text())["reads"][session.reading.costs_key]
         assert sum(seconds for _, _, seconds, _ in read["chunks"]) < wall - 0.9 * sum(pauses)  # chunks timed unpaused
         assert session.is_prefilled
     finally:
@@ -223,7 +223,7 @@ def test_the_first_reads_benchmark_runs_a_forward_the_way_a_read_does(tmp_path, 
     from archs import build_pair
 
     from engine import DocumentSession, HeadInferCache, OffloadPolicy
-    from engine import session as session_module
+    from engine.reading import estimator as estimator_module
 
     _, model = build_pair("llama-gqa", tmp_path / "tiny")  # a fresh model: no rate measured for it yet
     made, calls = [], []
@@ -239,12 +239,12 @@ def test_the_first_reads_benchmark_runs_a_forward_the_way_a_read_does(tmp_path, 
         calls.append((type(kwargs.get("past_key_values")).__name__, kwargs.get("logits_to_keep")))
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(session_module, "HeadInferCache", Counted)
+    monkeypatch.setattr(estimator_module, "HeadInferCache", Counted)
     monkeypatch.setattr(model, "forward", recording)
     session = DocumentSession(model, None, OffloadPolicy(), read_costs=ReadCosts(None))
-    session.measure_read_rate_in_background().join()
-    low, likely, high = session.estimate_prefill_range(2000)
-    assert 0 < low < likely < high and not session.estimate_prefill_range(2000).provisional
+    session.reading.measure_read_rate_in_background().join()
+    low, likely, high = session.reading.estimate_prefill_range(2000)
+    assert 0 < low < likely < high and not session.reading.estimate_prefill_range(2000).provisional
     assert calls and all(call == ("Counted", 1) for call in calls)  # warm-up and the timed forwards
     assert made and all(cache.get_seq_length() == 0 for cache in made)  # each released afterwards
 
@@ -287,7 +287,7 @@ def test_no_bound_of_a_range_is_ever_negative_however_the_load_swings(tmp_path):
     """A 2-page PDF once showed "≈ 36 s (-0.8 s – 2 min 22 s)": the load's spread was taken off as ``1 - spread``,
     below zero once the probes swung more than 2x. Now it divides: a factor either way."""
     from app.render import reading_time
-    from engine.read_cost import first_read_range
+    from engine.reading.costs import first_read_range
 
     costs = ReadCosts(None)
     costs.record("m", timed_read(1000), probe_seconds=0.02)

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from engine import read_rate
-from engine.read_cost import Chunk, Probe, ReadCosts, pairs
-from engine.read_rate import READ_RATE_TOKENS, ReadEstimate, ReadRate, fit_forwards, measure_read_rate
+from engine.reading import rate as read_rate
+from engine.reading.costs import Chunk, Probe, ReadCosts, pairs
+from engine.reading.rate import READ_RATE_TOKENS, ReadEstimate, ReadRate, fit_forwards, measure_read_rate
 
 C, A, B = 0.5, 2e-3, 4e-7  # seconds per forward, per token, per (query, key) pair
 
@@ -67,13 +67,13 @@ def test_a_busy_machines_noise_does_not_drop_the_attention_term_a_6k_read_stays_
 
 
 def test_the_sessions_floor_is_its_flop_models_ratio_of_a_pairs_flops_to_a_tokens(tiny, monkeypatch):
-    from engine import session as session_module
+    from engine.reading import estimator as estimator_module
     seen = []
-    monkeypatch.setattr(session_module, "measure_read_rate",
+    monkeypatch.setattr(estimator_module, "measure_read_rate",
                         lambda *args, pair_floor=0.0, **kwargs: seen.append(pair_floor))
-    session = session_of(tiny, ReadCosts(None))
-    session.measure_read_rate_in_background().join(10)
-    shape = session.shape  # one pair's FLOPs over one token's (the planner's model), for a full-attention model
+    reading = reading_of(tiny, ReadCosts(None))
+    reading.measure_read_rate_in_background().join(10)
+    shape = reading.shape  # one pair's FLOPs over one token's (the planner's model), for a full-attention model
     assert not any(shape.sliding_windows or ())
     per_token, per_pair = 2.0 * shape.num_params, 4.0 * shape.num_heads * shape.head_dim * shape.num_layers
     assert seen == [pytest.approx(per_pair / per_token, rel=0.01)]  # (pairs of n tokens: n²/2 there, n(n+1)/2 here)
@@ -129,24 +129,25 @@ def tiny(tmp_path):
     return model
 
 
-def session_of(model, costs):
+def reading_of(model, costs):
+    """A session's read estimates (``DocumentSession.reading``), with a load probe of its own."""
     from engine import DocumentSession, OffloadPolicy
 
-    session = DocumentSession(model, None, OffloadPolicy(chunk_size=1024), read_costs=costs)
-    session.load_probe = type(session.load_probe)(session.device)  # a probe of its own: no other test's "computing"
-    return session
+    reading = DocumentSession(model, None, OffloadPolicy(chunk_size=1024), read_costs=costs).reading
+    reading.load_probe = type(reading.load_probe)(reading.device)  # a probe of its own: no other test's "computing"
+    return reading
 
 
-def steady(monkeypatch, session):
+def steady(monkeypatch, reading):
     """The load probe of a quiet machine: always 10 ms."""
     for name in ("measure", "current"):
-        monkeypatch.setattr(session.load_probe, name, lambda: Probe(0.01, 0.0, time.monotonic()))
+        monkeypatch.setattr(reading.load_probe, name, lambda: Probe(0.01, 0.0, time.monotonic()))
 
 
 def test_ready_and_the_plan_never_wait_for_the_measurement_then_a_second_start_measures_nothing(
         tiny, tmp_path, monkeypatch):
     from app.render import reading_time
-    from engine import session as session_module
+    from engine.reading import estimator as estimator_module
 
     release, measuring = threading.Event(), threading.Event()
     calls = []
@@ -157,34 +158,34 @@ def test_ready_and_the_plan_never_wait_for_the_measurement_then_a_second_start_m
         release.wait(30)
         return ReadRate(C, A, B, probe())
 
-    monkeypatch.setattr(session_module, "measure_read_rate", slow_measurement)
+    monkeypatch.setattr(estimator_module, "measure_read_rate", slow_measurement)
     path = tmp_path / "read-costs.json"
-    session = session_of(tiny, ReadCosts(path))
-    steady(monkeypatch, session)
+    reading = reading_of(tiny, ReadCosts(path))
+    steady(monkeypatch, reading)
     after = threading.Event()
     started = time.perf_counter()
-    thread = session.measure_read_rate_in_background(then=after.set)  # what launch.py does once the model is ready
-    estimate = session.estimate_prefill_range(3000)  # the first upload's plan, meanwhile
+    thread = reading.measure_read_rate_in_background(then=after.set)  # what launch.py does once the model is ready
+    estimate = reading.estimate_prefill_range(3000)  # the first upload's plan, meanwhile
     assert time.perf_counter() - started < 1.0
     assert measuring.wait(10) and thread.is_alive() and not after.is_set()
     assert isinstance(estimate, ReadEstimate) and estimate.provisional
     low, likely, high = estimate
     assert 0 < low < likely < high and high / low >= 8  # wide: nothing measured yet
     assert reading_time(estimate).startswith("estimating…")
-    assert session.measure_read_rate_in_background() is thread  # one measurement at a time
+    assert reading.measure_read_rate_in_background() is thread  # one measurement at a time
     release.set()
     thread.join(10)
     assert after.is_set() and len(calls) == 1
-    measured = session.estimate_prefill_range(3000)
+    measured = reading.estimate_prefill_range(3000)
     assert not measured.provisional and "estimating" not in reading_time(measured)
-    assert measured[1] == pytest.approx(truth(session._num_forwards(0, 3000), 0, 3000), rel=1e-6)
+    assert measured[1] == pytest.approx(truth(reading._num_forwards(0, 3000), 0, 3000), rel=1e-6)
     kept = json.loads(path.read_text())["rates"]
-    assert list(kept) == [session._rate_key]
+    assert list(kept) == [reading._rate_key]
 
     # A second start: a new process (nothing in memory), the same cache folder.
     monkeypatch.setattr(read_rate, "_MEASUREMENTS", type(read_rate._MEASUREMENTS)())
-    monkeypatch.setattr(session_module, "measure_read_rate", lambda *a, **k: pytest.fail("measured again"))
-    second = session_of(tiny, ReadCosts(path))
+    monkeypatch.setattr(estimator_module, "measure_read_rate", lambda *a, **k: pytest.fail("measured again"))
+    second = reading_of(tiny, ReadCosts(path))
     steady(monkeypatch, second)
     ran = []
     assert second.measure_read_rate_in_background(then=lambda: ran.append(True)) is None and ran
@@ -195,47 +196,47 @@ def test_ready_and_the_plan_never_wait_for_the_measurement_then_a_second_start_m
 def test_the_kept_rate_is_for_this_model_machine_torch_and_weights_mode(tiny):
     import torch
 
-    from engine.store.fingerprint import weights_mode
+    from engine.models.loaded import weights_mode
 
-    key = session_of(tiny, ReadCosts(None))._rate_key
+    key = reading_of(tiny, ReadCosts(None))._rate_key
     assert torch.__version__ in key and weights_mode(tiny) in key and read_rate.machine_name(torch.device("cpu")) in key
 
 
 def test_a_read_that_starts_stops_the_measurement_and_its_own_chunks_are_what_estimates_learn_from(tiny, tmp_path):
     path = tmp_path / "read-costs.json"
-    session = session_of(tiny, ReadCosts(path))
-    forward, entered, layers_run = session._read_forward, threading.Event(), []
+    reading = reading_of(tiny, ReadCosts(path))
+    forward, entered, layers_run = reading._read_forward, threading.Event(), []
 
     def read_starts_meanwhile(ids):  # the measurement's first forward: a visitor presses "Read" during it
         entered.set()
         deadline = time.monotonic() + 10
-        while not session.load_probe.busy and time.monotonic() < deadline:
+        while not reading.load_probe.busy and time.monotonic() < deadline:
             time.sleep(0.01)
         layers_run.append(ids.shape[1])
         forward(ids)
 
-    session._read_forward = read_starts_meanwhile
-    thread = session.measure_read_rate_in_background()
+    reading._read_forward = read_starts_meanwhile
+    thread = reading.measure_read_rate_in_background()
     assert entered.wait(30)
-    with session.load_probe.computing():  # the read computes
+    with reading.load_probe.computing():  # the read computes
         thread.join(30)
         assert not thread.is_alive()  # stopped between layers, not after its forwards
     assert layers_run == [8] and "rates" not in json.loads(path.read_text() if path.exists() else "{}")
-    session._read_forward = forward
-    assert session.estimate_prefill_range(500).provisional  # not measured: still provisional, measuring again
-    again = session.measure_read_rate_in_background()
+    reading._read_forward = forward
+    assert reading.estimate_prefill_range(500).provisional  # not measured: still provisional, measuring again
+    again = reading.measure_read_rate_in_background()
     if again is not None:
         again.join(60)
     # The read records its chunk timings (``DocumentSession.prefill``, tested in test_read_costs.py).
-    session.read_costs.record(session._costs_key, [Chunk(0, 256, 0.6), Chunk(256, 244, 0.7)], probe_seconds=0.01)
-    assert not session.estimate_prefill_range(500).provisional  # the read's chunks price the next
-    assert session.measure_read_rate_in_background() is None  # nothing left to measure
+    reading.read_costs.record(reading.costs_key, [Chunk(0, 256, 0.6), Chunk(256, 244, 0.7)], probe_seconds=0.01)
+    assert not reading.estimate_prefill_range(500).provisional  # the read's chunks price the next
+    assert reading.measure_read_rate_in_background() is None  # nothing left to measure
 
 
 def test_the_measurement_pauses_while_a_visitors_plan_is_made_and_the_pause_is_not_timed(tiny, monkeypatch):
     """The first upload's plan does not share the cores with the measurement: it waits between layers while a plan is
     made (``making_a_plan``, around the app's upload handler), and that wait is not a forward's time."""
-    session = session_of(tiny, ReadCosts(None))
+    reading = reading_of(tiny, ReadCosts(None))
     real, offset, pauses = time.perf_counter, [0.0], []
     monkeypatch.setattr(read_rate.time, "perf_counter", lambda: real() + offset[0])
 
@@ -243,12 +244,12 @@ def test_the_measurement_pauses_while_a_visitors_plan_is_made_and_the_pause_is_n
         pauses.append(True)
         offset[0] += 1000.0
 
-    rate = measure_read_rate(tiny, session.shape.vocab_size, session._read_forward, probe=lambda: 0.01,
+    rate = measure_read_rate(tiny, reading.shape.vocab_size, reading._read_forward, probe=lambda: 0.01,
                              give_way=give_way)
     assert pauses and rate.seconds(1, 0, 1536) < 100
 
-    with session.making_a_plan():
-        waiting = threading.Thread(target=read_rate._wait_while_planning, args=(session.load_probe,))
+    with reading.making_a_plan():
+        waiting = threading.Thread(target=read_rate._wait_while_planning, args=(reading.load_probe,))
         waiting.start()
         time.sleep(0.2)
         assert waiting.is_alive()  # the measurement waits while the plan is made

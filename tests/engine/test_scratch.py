@@ -16,7 +16,8 @@ from archs import build_pair, tiny_configs
 from engine.kv import buffers, kernels
 from engine.kv.ledger import SCRATCH, Ledger
 from engine.planning.allocations import planned_allocations, scratch_elements
-from engine.planning.memory import ModelShape, make_plan
+from engine.planning.memory import make_plan
+from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
 
 CHUNK = 24  # more than native.CPU_QUERY_LIMIT: prefill chunks go through the SDPA routes, not the C tile

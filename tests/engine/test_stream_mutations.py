@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.kv.happens_before import RaceError
+from engine.errors import RaceError
 
 from archs import build_pair
 from stream_mutations import FAMILIES, MODULES, UNCAUGHT, catches, mutated, sites

@@ -11,7 +11,7 @@ import torch
 import engine
 from engine.kv import streams as kv_streams
 from engine.kv.emulated import EmulatedStreams
-from engine.kv.happens_before import RaceError
+from engine.errors import RaceError
 from engine.kv.host_attention import HostAttention
 
 

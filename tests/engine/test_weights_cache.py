@@ -19,7 +19,8 @@ from engine.models import loader, weights_cache
 from engine.models.int8 import Int8Embedding, Int8Linear, num_weights
 from engine.models.loader import describe, load_model
 from engine.models.weights_cache import MANIFEST_FILE, WEIGHTS_FILE
-from engine.store.fingerprint import model_fingerprint, weights_mode
+from engine.models.loaded import weights_mode
+from engine.store.fingerprint import model_fingerprint
 
 MODES = {"int8": dict(weights="int8", dtype="auto"), "bf16": dict(weights="dense", dtype="bfloat16")}
 _SAVED = "Saved %s weights of %s to %s"

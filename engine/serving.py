@@ -19,10 +19,10 @@ from typing import Any
 
 import psutil
 
-from .loader import describe
-from .memory import release_memory
-from ..planning.policy import OffloadPolicy
-from ..session import DocumentSession
+from .models.loader import describe
+from .models.memory import release_memory
+from .planning.policy import OffloadPolicy
+from .session import DocumentSession
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,7 @@ def retire(session: DocumentSession, note: str) -> None:
     session.retired = note
     session.model = session.tokenizer = None
     session.prompts = None
+    session.reading = None  # its read estimates (engine.reading) hold the model too
 
 
 def _rss() -> int:

@@ -20,7 +20,7 @@ the faster of two runs of each size drops the first-use costs and the worst of a
 On a first start the measurement runs on a background thread after the app is ready; until it lands the plan
 shows a provisional estimate (``ReadEstimate.provisional``). It gives way to reads by stopping, not by a lower CPU
 priority: a read or an answer that starts meanwhile stops it between layers (within about a layer's time; their
-own chunk timings then teach the estimate, ``read_cost``), and a later plan starts it again while no read has been
+own chunk timings then teach the estimate, ``costs``), and a later plan starts it again while no read has been
 recorded. A niced thread would time a busy machine's forwards slower than a read at the app's priority runs them
 (on 2 cores shared with other jobs, a nice-10 thread gets a fraction of a core), and the estimate with them.
 What it measured is kept in the read-cost record's file, so a second start measures nothing.
@@ -40,11 +40,11 @@ from itertools import combinations
 
 import torch
 
-from .errors import ForwardInterrupted
-from .interrupt import interruptible, layer_callbacks
-from .planning.machine import synchronize
-from .planning.rates import cpu_model
-from .read_cost import CostFit, LoadProbe, ReadCosts, pairs
+from ..errors import ForwardInterrupted
+from ..interrupt import interruptible, layer_callbacks
+from ..planning.machine import synchronize
+from ..planning.rates import cpu_model
+from .costs import CostFit, LoadProbe, ReadCosts, pairs
 
 logger = logging.getLogger(__name__)
 
@@ -192,13 +192,12 @@ def attention_floor(flop_model: CostFit) -> float:
     return flop_model.per_pair / flop_model.per_token if flop_model.per_token > 0 else 0.0
 
 
-def rate_key(model, cost_key: str) -> str:
+def rate_key(model, cost_key: str, weights: str) -> str:
     """What a measured rate holds for: the read-cost key (model, device, dtype, KV policy), this machine (its CPU or
-    GPU), the torch version and how the weights are held (dense, int8, GGUF blocks)."""
-    from .store.fingerprint import weights_mode
-
+    GPU), the torch version and how the weights are held (``weights``: dense, int8, gguf; the session asks
+    ``engine.models.loaded.weights_mode``, since the reading wing stands below the models wing)."""
     device = next(model.parameters()).device
-    return f"{cost_key}|{machine_name(device)}|torch {torch.__version__}|{weights_mode(model)}"
+    return f"{cost_key}|{machine_name(device)}|torch {torch.__version__}|{weights}"
 
 
 def machine_name(device: torch.device) -> str:

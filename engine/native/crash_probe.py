@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from ..paths import cache_dir
-from .native import cpu_identity
+from .library import cpu_identity
 
 logger = logging.getLogger(__name__)
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .planning.memory import ModelShape, estimate_prefill_seconds
-from .reports import PrefillProgress
+from ..planning.shape import ModelShape
+from ..reports import PrefillProgress
+from .flops import estimate_prefill_seconds
 
 # CPU prefill forwards: at most ~this many (query, key) pairs per attention call, at least this many tokens.
 _CPU_ATTENTION_PAIRS = 2048 * 8192

@@ -1,0 +1,76 @@
+"""Building C code for this machine: the compiler, and ``load_library``, which compiles a source once per machine
+into the studio's cache and loads it. The weights' kernels (``models/int8_matmul.py``, ``models/gguf_blocks.py``) are
+built here; the KV's host attention kernel (``kv/native.py``) takes the compiler from here and links its own vector
+paths. The ground floor: it imports only ``paths``, so ``kv/`` and ``models/`` both stand on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..paths import cache_dir
+
+logger = logging.getLogger(__name__)
+
+_FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC"]  # load_library's (plus -march)
+
+
+def load_library(compiler: str, source: Path, variants: list[list[str]]) -> ctypes.CDLL | None:
+    """``source`` compiled once per machine into the cache (``-O3 -march=native`` plus the first of ``variants``
+    that builds) and loaded; None if every variant fails (logged)."""
+    errors = []
+    for variant in variants:
+        try:
+            return ctypes.CDLL(str(_built(compiler, variant, source)))
+        except (OSError, subprocess.SubprocessError) as error:
+            errors.append(str(error))
+    logger.warning("building %s failed: %s", source.name, errors[-1] if errors else "no variants")
+    return None
+
+
+def _built(compiler: str, variant: list[str], source: Path) -> Path:
+    variant = [f"-march={target_arch()}", *variant]
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    digest = hashlib.sha256(b"\0".join([source.read_bytes(), version.encode(), " ".join(_FLAGS + variant).encode(),
+                                        cpu_identity().encode()])).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as folder:
+        built = Path(folder) / target.name
+        done = subprocess.run([compiler, *_FLAGS, "-o", str(built), str(source), *variant], capture_output=True,
+                              text=True, timeout=120)
+        if done.returncode != 0:
+            raise OSError(done.stderr.strip()[-500:])
+        os.replace(built, target)  # atomic: a concurrent process loads the old file or the complete new one
+    logger.info("built %s into %s", source.name, target)
+    return target
+
+
+def compiler() -> str | None:
+    """The C compiler the kernels are built with (``$CC``, else ``cc``/``gcc``), or None."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def target_arch() -> str:
+    """The ``-march`` ``load_library`` builds for: this CPU's, unless ``HEADINFER_NATIVE_ARCH`` names another
+    (``x86-64-v3``: an AVX2 CPU's vector paths; ``x86-64``: the portable C), to test what other CPUs run."""
+    return os.environ.get("HEADINFER_NATIVE_ARCH") or "native"
+
+
+def cpu_identity() -> str:
+    """``-march=native`` code runs only on this CPU family: its model and flags name what it was built for."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            return "".join(sorted({line for line in info if line.startswith(("model name", "flags"))}))
+    except OSError:
+        return platform.processor() or platform.machine()

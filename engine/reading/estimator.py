@@ -1,0 +1,125 @@
+"""How long a read takes here, before it runs: one ``ReadEstimator`` per session (``DocumentSession.reading``) holds
+the learned chunk costs (``costs.ReadCosts``), the load probe, and this machine's measured first-read rate
+(``rate``), and answers ``estimate_prefill_range`` with a ``rate.ReadEstimate`` (low, likely, high seconds).
+
+Why a holder of its own: the estimate needs the model, its shape, the policy's chunking and KV dtype, and two keys
+(costs per model/device/dtype/KV policy; a measured rate per that, the machine, torch and the weights mode); in the
+session they were eight methods and four fields beside reading and answering. The session records each read's chunk
+timings here (``load_probe``, ``read_costs``, ``costs_key``) and hands the app this object.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from ..cache import HeadInferCache
+from ..paths import cache_dir
+from ..planning.policy import OffloadPolicy
+from ..planning.shape import ModelShape
+from .costs import CPU_LOAD_EXPONENT, CostFit, ReadCosts, first_read_range, load_probe, pairs, shared_read_costs
+from .pace import prefill_step, prefill_work
+from .rate import (ReadEstimate, attention_floor, known_rate, measure_in_background, measure_read_rate,
+                   provisional_estimate, rate_key)
+
+
+class ReadEstimator:
+    """The reading-time estimates of one session's model, policy and machine (``estimate_prefill_range``), and the
+    first start's background measurement of this machine's reading cost (``measure_read_rate_in_background``)."""
+
+    def __init__(self, model, shape: ModelShape, policy: OffloadPolicy, read_costs: ReadCosts | None = None, *,
+                 weights: str):
+        """``read_costs``: where completed reads' chunk timings are kept and estimates learn from (default: the
+        shared record in the studio's cache folder); ``weights``: how the model holds its weights
+        (``engine.models.loaded.weights_mode``), part of the measured rate's key."""
+        self.model, self.shape, self.policy, self.weights = model, shape, policy, weights
+        self.device = next(model.parameters()).device
+        dtype = next(model.parameters()).dtype
+        if read_costs is None:
+            read_costs = shared_read_costs(cache_dir() / "read-costs.json")
+        self.read_costs = read_costs
+        self.load_probe = load_probe(self.device)
+        name = getattr(model.config, "_name_or_path", "") or model.config.model_type
+        kv = f"{self.policy.kv_dtype or 'exact'}{'+disk' if self.policy.disk_dir else ''}"
+        self.costs_key = f"{name}|{self.device.type}|{dtype}|{kv}"  # what a read's chunk timings are kept under
+
+    def estimate_prefill_seconds(self, num_tokens: int, start: int = 0) -> float:
+        """Seconds to prefill tokens ``start..num_tokens``, likely (``estimate_prefill_range``'s middle)."""
+        return self.estimate_prefill_range(num_tokens, start)[1]
+
+    def estimate_prefill_range(self, num_tokens: int, start: int = 0) -> ReadEstimate:
+        """(low, likely, high) seconds to prefill tokens ``start..num_tokens``: from the chunk timings of earlier
+        reads here (kept across starts), scaled by how busy the machine is now (a load probe of a fraction of a
+        second); before any read, from this machine's reading cost (``engine.reading.rate``: measured once per model,
+        machine, torch version and weights mode, and kept). Never waits for that measurement: while it runs (it is
+        started here if it was not) the estimate is the load probe's, wide and ``provisional``."""
+        exponent = CPU_LOAD_EXPONENT if self.device.type == "cpu" else 1.0
+        probe = self.load_probe.current()
+        learned = self.read_costs.estimate(self.costs_key, start, num_tokens, probe, shape=self._work_shape(),
+                                           exponent=exponent)
+        if learned is not None:
+            return ReadEstimate(*learned)
+        rate = known_rate(self.model, self._rate_key, self.read_costs)
+        if rate is None:
+            self.measure_read_rate_in_background()
+            return provisional_estimate(prefill_work(self.shape, start, num_tokens), probe.seconds,
+                                        self.load_probe.flops)
+        seconds = rate.seconds(self._num_forwards(start, num_tokens), start, num_tokens)
+        # As a learned estimate is: scaled from the load the measurement met to the load now.
+        return ReadEstimate(*first_read_range(seconds * (probe.seconds / rate.probe_seconds) ** exponent,
+                                              probe.spread * exponent))
+
+    @property
+    def reading_cost_known(self) -> bool:
+        """Whether a plan's reading time is measured now (a recorded read here, or this machine's reading cost), not
+        ``provisional``: cheap (no load probe, no measurement started), for the app's panel to refresh "estimating…"
+        once the background measurement lands."""
+        return bool(self.read_costs.reads(self.costs_key)) or known_rate(self.model, self._rate_key,
+                                                                         self.read_costs) is not None
+
+    def measure_read_rate_in_background(self, then: Callable[[], object] | None = None):
+        """Starts measuring this machine's reading cost on a background thread (``engine.reading.rate``) unless a read
+        was recorded, the cost is known (kept by an earlier start) or it is being measured; returns the thread or
+        None. ``then()`` runs after it (at once when nothing starts)."""
+        if self.read_costs.reads(self.costs_key):
+            if then is not None:
+                then()
+            return None
+        floor = attention_floor(self._work_shape())  # attention costs at least its share of the FLOPs
+        measure = lambda should_stop, give_way: measure_read_rate(
+            self.model, self.shape.vocab_size, self._read_forward, lambda: self.load_probe.measure().seconds,
+            should_stop, give_way, pair_floor=floor)
+        return measure_in_background(self.model, self._rate_key, self.read_costs, self.load_probe, measure, then)
+
+    def making_a_plan(self):
+        """A context manager for the app's upload handler: while a visitor waits for a plan, the background
+        reading-cost measurement pauses between layers (the plan does not share the cores with it)."""
+        return self.load_probe.foreground()
+
+    @functools.cached_property
+    def _rate_key(self) -> str:
+        return rate_key(self.model, self.costs_key, self.weights)
+
+    def _num_forwards(self, start: int, stop: int) -> int:
+        """Forwards a read of tokens ``[start, stop)`` takes (``DocumentSession.prefill``'s steps)."""
+        count, done = 0, start
+        while done < stop:
+            done += min(prefill_step(self.policy.chunk_size, self.device.type, done), stop - done)
+            count += 1
+        return count
+
+    def _work_shape(self) -> CostFit:
+        """The planner's FLOP model of a read as ``per_token · tokens + per_pair · pairs`` (sliding-window layers'
+        attention, linear past the window, approximated over the contexts a read spans)."""
+        return CostFit.of([(float(n), pairs(n), prefill_work(self.shape, 0, n)) for n in (512, 2048, 8192, 32768)])
+
+    def _read_forward(self, ids: torch.Tensor) -> None:
+        """One forward of ``ids`` ([1, N]) as a read runs it: through a head-wise cache of its own, last logit only."""
+        cache = HeadInferCache(self.model.config, self.policy, device=self.device, chunk_size=ids.shape[1],
+                               max_context=ids.shape[1], disk_dir=None)
+        try:
+            self.model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        finally:
+            cache.release()

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from .llamacpp_compare import CHUNK, PREFILL_MAX, _high_water, _text_ids
+from .llamacpp_compare import CHUNK, PREFILL_MAX, _high_water, _text_ids, read_then_decode
 
 OUT = Path("docs/benchmarks/llamacpp-1.5b.json")
 MODEL = "qwen2.5-coder-1.5b"
@@ -67,27 +67,15 @@ def stock_child(context: int, decode_tokens: int, threads: int) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     ids = torch.tensor([_text_ids(tokenizer, context)])
     cache = DynamicCache(config=model.config)
-    prefill_s = None
-    with torch.inference_mode():
-        if context > PREFILL_MAX:
-            shape = ModelShape.from_config(model.config)
+    fill = None
+    if context > PREFILL_MAX:  # filled with random K/V, as ours is: decode costs the same
+        shape = ModelShape.from_config(model.config)
+
+        def fill() -> None:
             for layer in range(shape.num_layers):  # [B, KVH, C, D] each
                 keys = torch.randn(1, shape.num_kv_heads, context, shape.head_dim)
                 cache.update(keys, torch.randn_like(keys), layer)
-            token = ids[:, -1:]
-        else:
-            start = time.perf_counter()
-            for begin in range(0, context, CHUNK):
-                logits = model(ids[:, begin : begin + CHUNK], past_key_values=cache, use_cache=True,
-                               logits_to_keep=1).logits
-            prefill_s = time.perf_counter() - start
-            token = logits[:, -1].argmax(-1, keepdim=True)
-        steps = []
-        for _ in range(decode_tokens):
-            start = time.perf_counter()
-            logits = model(token, past_key_values=cache, use_cache=True).logits
-            token = logits[:, -1].argmax(-1, keepdim=True)
-            steps.append(time.perf_counter() - start)
+    prefill_s, steps = read_then_decode(model, cache, ids, context, decode_tokens, fill)
     return {"load_s": load_s, "prefill_s": prefill_s, "decode_steps_s": steps}
 
 

@@ -68,11 +68,26 @@ def measure_child(mode: str, context: int, decode_tokens: int, gguf: Path, threa
     with torch.inference_mode():
         if quality:
             return {"load_s": load_s, **_perplexity(model, ids, cache)}
-        prefill_s = None
         if context > PREFILL_MAX:  # the cache filled with random K/V: decode costs the same, in a fraction of the time
             shape = ModelShape.from_config(model.config)
-            fill_random(cache, context, head_dim=shape.head_dim, num_kv_heads=shape.num_kv_heads,
-                        device=torch.device("cpu"), dtype=kv_dtype)
+            fill = lambda: fill_random(cache, context, head_dim=shape.head_dim, num_kv_heads=shape.num_kv_heads,
+                                       device=torch.device("cpu"), dtype=kv_dtype)
+        else:
+            fill = None
+        prefill_s, steps = read_then_decode(model, cache, ids, context, decode_tokens, fill)
+    return {"load_s": load_s, "prefill_s": prefill_s, "decode_steps_s": steps, "end_rss": _own_rss()}
+
+
+
+def read_then_decode(model, cache, ids, context: int, decode_tokens: int, fill) -> tuple[float | None, list[float]]:
+    """(seconds to read ``ids`` in ``CHUNK``-token forwards or None where ``fill()`` filled the cache instead, the
+    greedy decode steps' seconds): the timed part every side of these comparisons shares. ``ids``: [1, context]."""
+    import torch
+
+    prefill_s = None
+    with torch.inference_mode():
+        if fill is not None:
+            fill()
             token = ids[:, -1:]
         else:
             start = time.perf_counter()
@@ -87,8 +102,7 @@ def measure_child(mode: str, context: int, decode_tokens: int, gguf: Path, threa
             logits = model(token, past_key_values=cache, use_cache=True).logits
             token = logits[:, -1].argmax(-1, keepdim=True)
             steps.append(time.perf_counter() - start)
-    return {"load_s": load_s, "prefill_s": prefill_s, "decode_steps_s": steps, "end_rss": _own_rss()}
-
+    return prefill_s, steps
 
 def _own_rss() -> int:
     """This process's resident set now (after loading, reading and decoding): what it holds, not its peak."""

@@ -211,7 +211,7 @@ shrank as the context grew: a layer's eight groups at 16 of 1,024 tokens, runs o
 group per run near the plan (900), where only the batched append and the staging views remained of the saving.
 
 What changed in *after*: the plan decides how many groups' visible context each ping-pong buffer holds
-(`Plan.groups_per_buffer`, `engine/planning/memory.py`): as many as the budget that holds the buffers allows, at
+(`Plan.groups_per_buffer`, `engine/planning/planner.py`): as many as the budget that holds the buffers allows, at
 most a layer's longest run of streamed groups (where resident slots are adaptive too, the size whose predicted
 decode step is shortest). The cache allocates the buffers at that size, the ledger counts them so, and the
 schedule's runs stay whole up to the planned context: one fetch, one device copy of the new token and one

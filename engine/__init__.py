@@ -13,7 +13,7 @@ from .errors import HeadInferError, PlanError, PrefillCancelled, QuestionTooLong
 from .kv.native import build_host_kernel
 from .models.loader import load_model
 from .planning.machine import format_bytes, read_memory
-from .planning.memory import make_plan
+from .planning.planner import make_plan
 from .planning.policy import OffloadPolicy
 from .serving import ModelHolder
 from .session import DocumentSession

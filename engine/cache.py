@@ -28,7 +28,7 @@ from .kv.ledger import Ledger
 from .kv.probe import QueryProbe
 from .planning.allocations import home_capacity, scratch_elements, slot_placement
 from .planning.host_split import choose_host_slots
-from .planning.memory import make_plan
+from .planning.planner import make_plan
 from .planning.plan import Plan
 from .planning.shape import ModelShape
 from .planning.policy import OffloadPolicy

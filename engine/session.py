@@ -26,7 +26,7 @@ from .interrupt import interruptible, layer_callbacks
 from .models.loaded import weights_mode
 from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget, num_weights
 from .planning.capacity import capacity_options
-from .planning.memory import make_plan
+from .planning.planner import make_plan
 from .planning.plan import Plan
 from .planning.shape import ModelShape
 from .planning.out_of_memory import out_of_memory_message

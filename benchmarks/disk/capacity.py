@@ -33,7 +33,7 @@ import engine
 from engine.kv.disk import DiskMemory
 from engine.planning.capacity import capacity_options
 from engine.planning.host_split import DEFAULT_H2D_GBPS
-from engine.planning.memory import stored_tokens
+from engine.planning.planner import stored_tokens
 from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
 from engine.store.fingerprint import model_fingerprint, token_ids_digest

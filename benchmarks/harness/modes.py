@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 
 import engine
-from engine.planning.memory import make_plan, paper_memory_table
+from engine.planning.planner import make_plan, paper_memory_table
 from engine.planning.plan import Plan
 from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy

@@ -24,7 +24,7 @@ from .loader import SUPPORTED_ARCHITECTURES
 from .int8 import num_weights
 from ..planning.budgets import held_bytes, measure_budget
 from ..planning.capacity import capacity_options
-from ..planning.memory import make_plan
+from ..planning.planner import make_plan
 from ..planning.shape import ModelShape
 from ..planning.policy import OffloadPolicy
 from ..planning.rates import machine_rates

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .host_split import DEFAULT_H2D_GBPS
-from .memory import make_plan
+from .planner import make_plan
 from ..planning.shape import ModelShape
 from .policy import OffloadPolicy
 

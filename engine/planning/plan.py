@@ -1,6 +1,6 @@
 """``Plan``: one run's resolved placement of weights and KV cache, and ``PlanError``.
 
-``engine.planning.memory.make_plan`` builds plans; this module only holds what a plan says and how it reads.
+``engine.planning.planner.make_plan`` builds plans; this module only holds what a plan says and how it reads.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ STREAMS = ("auto", "cuda", "sync", "emulated", "cuda-lagged")  # engine/kv/strea
 class OffloadPolicy:
     """How the KV cache is split between the compute device and host memory.
 
-    Every ``None`` means "let the planner decide" (see ``engine.planning.memory``).
+    Every ``None`` means "let the planner decide" (see ``engine.planning.planner``).
 
     Attributes:
         chunk_size: tokens per prefill chunk; bounds activation memory.
@@ -26,7 +26,7 @@ class OffloadPolicy:
         groups_per_buffer: head groups' worth of visible context each of the two ping-pong buffers holds, so that
             a run of that many adjacent streamed groups is fetched with one copy and attended in one call.
             ``None``: as many as the budget allows, at most a layer's longest run of streamed groups
-            (``engine.planning.memory``); 1 is the paper's one group per buffer.
+            (``engine.planning.planner``); 1 is the paper's one group per buffer.
         pin_memory: page-locked host storage (needed for async copies on CUDA).
             ``None``: on when CUDA is the compute device.
         overlap: fetch the next head group on a side stream while the current one

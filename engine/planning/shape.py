@@ -1,6 +1,6 @@
 """``ModelShape``: the dimensions of a model that drive its memory use, and the bytes its KV takes.
 
-The planner (``engine.planning.memory``) turns these counts into a plan; the cache and the benchmarks use the
+The planner (``engine.planning.planner``) turns these counts into a plan; the cache and the benchmarks use the
 same counts, so what is planned is what the homes hold.
 """
 

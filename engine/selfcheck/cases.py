@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, Gemma3TextConfig, LlamaConfig
 
 from ..cache import HeadInferCache
-from ..planning.memory import make_plan
+from ..planning.planner import make_plan
 from ..planning.shape import ModelShape
 from ..planning.policy import OffloadPolicy
 

@@ -8,7 +8,7 @@ from transformers import LlamaConfig
 from app import render
 from app.browser_state import BrowserState
 from app.estimate_refresh import refreshed_plan
-from engine.planning.memory import make_plan
+from engine.planning.planner import make_plan
 from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
 from engine.reading.rate import ReadEstimate

@@ -4,7 +4,7 @@ from transformers import LlamaConfig
 
 from app import render
 from engine.planning.capacity import capacity_options
-from engine.planning.memory import make_plan
+from engine.planning.planner import make_plan
 from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
 

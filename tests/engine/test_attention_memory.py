@@ -13,7 +13,7 @@ from transformers import Gemma2Config, LlamaConfig
 from benchmarks.windowed_attention import peak_extra_bytes
 from engine.kv import kernels, windowed
 from engine.planning.plan import GIB
-from engine.planning.memory import make_plan
+from engine.planning.planner import make_plan
 from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
 

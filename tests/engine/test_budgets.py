@@ -16,7 +16,7 @@ from engine.errors import PlanError
 from engine.planning import budgets, rates
 from engine.planning import machine as telemetry
 from engine.planning.budgets import MachineBudget, card_budget, measure_budget
-from engine.planning.memory import make_plan
+from engine.planning.planner import make_plan
 from engine.planning.shape import ModelShape
 from engine.reading import flops
 from engine.session import DocumentSession

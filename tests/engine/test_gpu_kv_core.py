@@ -144,7 +144,7 @@ def test_disk_tier_streams_through_pinned_pieces_exactly_on_cuda(tmp_path, monke
     common = dict(device="cuda", max_context=256, chunk_size=64, head_group_size=1, resident_slots=0,
                   overlap=overlap, kv_dtype=kv_dtype)
     ram = engine.HeadInferCache(model.config, **common)
-    from engine.planning.memory import disk_stream_bytes
+    from engine.planning.planner import disk_stream_bytes
 
     stream = disk_stream_bytes(ram.shape, 64, kv_dtype)
     tier = engine.HeadInferCache(model.config, **common, disk_dir=str(tmp_path),

@@ -16,7 +16,7 @@ from engine.planning import rates
 from engine.planning.host_split import choose_host_slots, forecast_decode, host_share
 from engine.kv import HostAttention, native
 from engine.native.workers import TorchWorkers
-from engine.planning.memory import make_plan
+from engine.planning.planner import make_plan
 from engine.planning.shape import ModelShape
 
 PROMPT_LEN = 45  # longer than the sliding windows (8)

@@ -12,7 +12,7 @@ from archs import tiny_configs
 from engine.planning.allocations import CATEGORIES as PLANNED_CATEGORIES
 from engine.planning.allocations import SOURCES
 from engine.kv import ledger as kv_ledger
-from engine.planning.memory import make_plan
+from engine.planning.planner import make_plan
 
 CHUNK = 16
 SIZES = (24, 64, 160)  # below, around and well past the sliding windows' rings (8 - 1 + 16 tokens)

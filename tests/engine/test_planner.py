@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from engine.planning.memory import make_plan, paper_memory_table
+from engine.planning.planner import make_plan, paper_memory_table
 from engine.errors import PlanError
 from engine.planning.plan import Plan
 from engine.planning.shape import ModelShape

@@ -16,7 +16,7 @@ from archs import build_pair, tiny_configs
 from engine.kv import buffers, kernels
 from engine.kv.ledger import SCRATCH, Ledger
 from engine.planning.allocations import planned_allocations, scratch_elements
-from engine.planning.memory import make_plan
+from engine.planning.planner import make_plan
 from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
 

@@ -120,7 +120,7 @@ def test_a_case_that_cannot_be_set_up_is_not_checked_and_its_feature_stays_on(mo
 def test_the_disk_tier_case_budgets_the_disk_streams_pinned_buffers_on_cuda(tmp_path, arch):
     """Planned as on CUDA (where the disk stream's 32 MiB of pinned pieces and write buffers are host memory): the
     case's budget fits and leaves homes on disk; the hand-made budget of the first GPU run was refused."""
-    from engine.planning.memory import make_plan
+    from engine.planning.planner import make_plan
     from engine.planning.shape import ModelShape
     from engine.selfcheck import cases
 

@@ -28,6 +28,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ..native import crash_probe
 from ..native.library import compiler
 from ..paths import cache_dir
 
@@ -71,7 +72,50 @@ def build_host_kernel() -> None:
 
 @functools.cache
 def kernel():
-    """The C layer function ``host_attend_layer``, or None where it cannot be built (the torch tile then runs)."""
+    """The C layer function ``host_attend_layer``, or None where it cannot be built or failed its probe (the torch
+    tile then runs).
+
+    Its vector paths are picked by cpuid on a CPU nobody here tested: the built library is tried once in a child
+    process (``crash_probe``, remembered on disk per CPU and sources) before this process calls it, so that an
+    illegal instruction or a segfault costs a child, not the server."""
+    function = _unprobed_kernel()
+    if function is None:
+        return None
+    key = (hashlib.sha256(b"\0".join(path.read_bytes() for path in (_SOURCE, _POOL, _HEADER))).hexdigest(),)
+    if not crash_probe.survives("host-attention", PROBE, key):
+        logger.warning("host attention: the C kernel failed its probe on this CPU; using the torch tile (slower)")
+        return None
+    return function
+
+
+PROBE = f"{__name__}:exercise_kernel"  # a name, so that a test can aim the probe at a crash
+
+
+def exercise_kernel() -> None:
+    """The host-attention probe (run in a child process): the built kernel on the path this CPU picks, one decode
+    query over fp32, bf16 and fp16 homes of a few lengths (within a chunk, across chunks and tiles), checked against
+    softmax(q·kᵀ)·v in float64."""
+    import torch
+
+    function = _unprobed_kernel()
+    generator = torch.Generator().manual_seed(0)
+    group, n_rep, dim = 2, 3, 64
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for length in (1, 37, 300):
+            block = torch.randn(length, 1, 2, group, dim, generator=generator).to(dtype)  # [n, B, 2, g, D]
+            query = torch.randn(1, group * n_rep, 1, dim, generator=generator)  # [B, H, Q, D], fp32
+            out = torch.empty_like(query)
+            attend_layer(query, [block], 0, length, out, scaling=dim**-0.5, function=function)
+            keys = block[:, 0, 0].double().repeat_interleave(n_rep, dim=1)  # [n, H, D]: query head h reads h // n_rep
+            values = block[:, 0, 1].double().repeat_interleave(n_rep, dim=1)
+            weights = torch.einsum("hd,nhd->hn", query[0, :, 0].double(), keys).mul(dim**-0.5).softmax(-1)
+            expected = torch.einsum("hn,nhd->hd", weights, values)  # [H, D]
+            error = (out[0, :, 0].double() - expected).abs().max().item()
+            assert error < 1e-4, f"host attention wrong by {error} ({dtype}, {length} keys)"
+
+
+def _unprobed_kernel():
+    """``kernel()``'s function as built and chosen, not yet probed (what the probe's child calls)."""
     if os.environ.get("HEADINFER_NATIVE", "1") == "0":
         return None
     found = compiler()

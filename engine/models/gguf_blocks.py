@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import logging
 import re
 from pathlib import Path
@@ -32,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..native import crash_probe
 from ..native import library as native
 from .memory import trim_heap
 from .int8 import install, linear_targets
@@ -59,7 +61,28 @@ _OWN_ROWS = ".rows"  # the layout name of an untied embedding's table (BlockEmbe
 
 @functools.cache
 def kernel():
-    """``(gemv, dequantize)`` C functions, or None (no compiler, or the build failed: logged)."""
+    """``(gemv, dequantize)`` C functions, or None (no compiler, the build failed, or it failed its probe: logged).
+
+    Built with ``-march=native``, the code runs vector paths nobody here tested on this CPU: it is tried once in a
+    child process (``crash_probe``, remembered on disk per CPU, source and ``-march``) before this process calls it,
+    so that an illegal instruction or a segfault costs a child, not the server."""
+    functions = _built_kernel()
+    if functions is None:
+        return None
+    key = (hashlib.sha256(_SOURCE.read_bytes()).hexdigest(), native.target_arch())
+    if not crash_probe.survives("gguf-gemv", PROBE, key):
+        logger.warning("gguf weights: the C kernel failed its probe on this CPU; blocks are dequantized by gguf-py "
+                       "at every call (slow)")
+        return None
+    return functions
+
+
+PROBE = f"{__name__}:exercise_kernel"  # a name, so that a test can aim the probe at a crash
+
+
+@functools.cache
+def _built_kernel():
+    """``(gemv, dequantize)`` as built, not yet probed (what the probe's child calls)."""
     compiler = native.compiler()
     if compiler is None:
         logger.info("gguf weights: no C compiler found; blocks are dequantized by gguf-py at every call (slow)")
@@ -71,6 +94,36 @@ def kernel():
     gemv.argtypes, gemv.restype = [_P, _P, _I, _P, _P, _L, _L, _L, _L, _L], ctypes.c_int
     dequantize.argtypes, dequantize.restype = [_P, _I, _L, _L, _L, _P], ctypes.c_int
     return gemv, dequantize
+
+
+# Where each block type keeps its fp16 factors (d; m or dmin): random bytes anywhere else are a valid block.
+_FACTOR_OFFSETS = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
+
+
+def exercise_kernel() -> None:
+    """The gguf-gemv probe (run in a child process): the built GEMV (decode rows) and dequantization (prefill) on
+    every block type, checked against gguf-py's weights."""
+    gemv, dequantize_blocks = _built_kernel()
+    rng = np.random.default_rng(0)
+    for qtype, (_, size, nbytes) in BLOCK_TYPES.items():
+        out_features, in_features = 9, 2 * max(size, 256)
+        raw = rng.integers(0, 256, (out_features, in_features // size, nbytes), dtype=np.uint8)
+        for offset in _FACTOR_OFFSETS[qtype]:
+            factors = (rng.standard_normal((out_features, in_features // size)) * 0.01).astype(np.float16)
+            raw[..., offset : offset + 2] = factors.view(np.uint8).reshape(out_features, -1, 2)
+        raw = torch.from_numpy(raw.reshape(out_features, -1))  # [out, in / size * nbytes]
+        weight = dequantize_reference(raw, qtype)  # [out, in]
+        dense = torch.empty(out_features, in_features)
+        _check(dequantize_blocks(raw.data_ptr(), qtype, in_features, 0, out_features, dense.data_ptr()))
+        assert torch.equal(dense, weight), f"gguf dequantize differs from gguf-py for type {qtype}"
+        for rows in (1, 3):
+            x = torch.from_numpy(rng.standard_normal((rows, in_features)).astype(np.float32))  # [rows, in]
+            y = torch.empty(rows, out_features)
+            _check(gemv(x.data_ptr(), raw.data_ptr(), qtype, None, y.data_ptr(), rows, in_features, out_features, 0,
+                        out_features))
+            expected = x.double() @ weight.double().T
+            scale = (x.double().abs() @ weight.double().abs().T).clamp_min(1e-6)
+            assert ((y.double() - expected).abs() / scale).max() < 1e-5, f"gguf gemv wrong for type {qtype}"
 
 
 def dequantize_reference(raw: torch.Tensor, qtype: int) -> torch.Tensor:

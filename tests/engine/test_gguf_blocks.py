@@ -379,7 +379,7 @@ def test_each_vector_path_is_the_dequantized_matmul(arch, path, monkeypatch):
     import ctypes
     import platform
 
-    from engine.kv import native
+    from engine.native import library as native
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the forced paths are x86 -march levels")
@@ -408,3 +408,33 @@ def test_each_vector_path_is_the_dequantized_matmul(arch, path, monkeypatch):
         assert library.gguf_dequantize(ctypes.c_void_p(raw.data_ptr()), TYPES[kind], ctypes.c_long(768),
                                        ctypes.c_long(0), ctypes.c_long(5), ctypes.c_void_p(dense.data_ptr())) == 0
         assert torch.equal(dense, reference(raw, TYPES[kind])), (kind, arch)
+
+
+def test_the_kernel_passes_its_probe_where_a_compiler_builds_it():
+    """The probe exercises every block type through the built code in a child: where a compiler is found it passes
+    (else every ``needs_kernel`` test would be skipped, not failed)."""
+    from engine.native import library
+
+    if library.compiler() is None:
+        pytest.skip("no C compiler here")
+    gguf_blocks.exercise_kernel()  # the probe's own checks, in this process
+    assert gguf_blocks.kernel() is not None
+
+
+def test_a_kernel_that_crashes_its_probe_costs_a_child_and_blocks_fall_back_to_gguf_py(tmp_path, monkeypatch):
+    import json
+    import signal
+
+    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path))  # no probe answer remembered
+    monkeypatch.setattr(gguf_blocks, "PROBE", "os:abort")  # a child that dies as an illegal instruction would
+    gguf_blocks.kernel.cache_clear()
+    try:
+        assert gguf_blocks.kernel() is None  # and this process is still here to say so
+        record = json.loads(next((tmp_path / "kernels" / "probes").glob("gguf-gemv-*.json")).read_text())
+        assert record["survives"] is False and record["detail"].startswith(f"signal {int(signal.SIGABRT)}")
+        raw = random_blocks(13, 512, "Q4_K")
+        x = torch.randn(2, 512)
+        expected = F.linear(x, reference(raw, TYPES["Q4_K"]))
+        assert torch.allclose(block_linear(x, raw, TYPES["Q4_K"], None), expected, rtol=1e-5, atol=1e-6)
+    finally:
+        gguf_blocks.kernel.cache_clear()

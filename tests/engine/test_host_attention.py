@@ -384,3 +384,33 @@ def test_workers_run_single_threaded_and_leave_the_callers_threads_alone():
         assert seen == [before]  # a thread that starts later (a UI's generation thread) keeps every core
     finally:
         workers.shutdown()
+
+
+def test_the_kernel_passes_its_probe_where_it_builds():
+    """The probe runs the built kernel on fp32, bf16 and fp16 homes in a child: where it builds, it passes (else the
+    C kernel would silently give way to the torch tile everywhere)."""
+    if native._unprobed_kernel() is None:
+        pytest.skip("no C compiler here")
+    native.exercise_kernel()  # the probe's own checks, in this process
+    assert native.kernel() is not None
+
+
+def test_a_kernel_that_crashes_its_probe_costs_a_child_and_the_torch_tile_runs(tmp_path, monkeypatch):
+    import json
+    import signal
+
+    built = native._unprobed_kernel()
+    if built is None:
+        pytest.skip("no C compiler here")
+    monkeypatch.setattr(native, "_unprobed_kernel", lambda: built)  # (not built again in the empty cache)
+    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path))  # no probe answer remembered
+    monkeypatch.setattr(native, "PROBE", "os:abort")  # a child that dies as an illegal instruction would
+    native.kernel.cache_clear()
+    try:
+        assert native.kernel() is None  # and this process is still here to say so
+        record = json.loads(next((tmp_path / "kernels" / "probes").glob("host-attention-*.json")).read_text())
+        assert record["survives"] is False and record["detail"].startswith(f"signal {int(signal.SIGABRT)}")
+        query = torch.randn(1, 4, 1, 64)
+        assert not native.can_attend(query, [torch.randn(9, 1, 2, 2, 64)])  # the caller takes the torch tile
+    finally:
+        native.kernel.cache_clear()

@@ -341,8 +341,8 @@ def test_the_host_kernel_is_built_before_ready_not_beside_the_first_plan(tmp_pat
     import logging
 
     import engine
-    from engine import DocumentSession
     from engine.kv import native
+    from engine.reading.estimator import ReadEstimator
 
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "engine"))  # the tiny test models' builder
     from archs import build_pair
@@ -368,7 +368,7 @@ def test_the_host_kernel_is_built_before_ready_not_beside_the_first_plan(tmp_pat
 
     monkeypatch.setattr(native, "kernel", slow_build)  # (what engine.build_host_kernel calls)
     monkeypatch.setattr(engine, "load_model", load_model)
-    monkeypatch.setattr(DocumentSession, "measure_read_rate_in_background", measuring_after_ready)
+    monkeypatch.setattr(ReadEstimator, "measure_read_rate_in_background", measuring_after_ready)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -58,6 +58,18 @@ def score(answer: str, regex: str) -> bool:
     return re.search(regex, answer, flags=re.IGNORECASE) is not None
 
 
+
+def read_or_restore(session: DocumentSession, document: dict, cache: Path, store, label: str) -> None:
+    """``session`` holding ``document`` read: restored from ``store`` where a snapshot of it is kept, else read and
+    saved there under ``label`` (the eval studies replay questions on the same read documents)."""
+    session.set_document(session.tokenize(document_text(document, cache)))
+    started = time.perf_counter()
+    if session.restore_snapshot(store) is None or not session.is_prefilled:
+        session.prefill()
+        session.save_snapshot(store, label=label)
+    logger.info("%s: %s (%d tokens) ready in %.0f s", label, document["key"], session.document_tokens,
+                time.perf_counter() - started)
+
 def document_text(document: dict, cache: Path) -> str:
     """The document's text through the app's reader, cut to its page range for PDFs."""
     from app.documents import (

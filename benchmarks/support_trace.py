@@ -34,7 +34,7 @@ from engine import DocumentSession, OffloadPolicy, SnapshotStore
 from engine.answer.sources import _keys_by_device
 from engine.answer.support import _SINK
 
-from .model_eval import document_text, load
+from .model_eval import load, read_or_restore
 from .support_eval import load_questions
 
 logger = logging.getLogger(__name__)
@@ -193,13 +193,7 @@ def main(argv=None) -> int:
             mine = [r for r in todo if r["document"] == document["key"]]
             if not mine:
                 continue
-            session.set_document(session.tokenize(document_text(document, Path(args.cache))))
-            started = time.perf_counter()
-            if session.restore_snapshot(store) is None or not session.is_prefilled:
-                session.prefill()
-                session.save_snapshot(store, label=f"support-trace {key} {document['key']}")
-            logger.info("%s read %s (%d tokens) in %.0f s", key, document["key"], session.document_tokens,
-                        time.perf_counter() - started)
+            read_or_restore(session, document, Path(args.cache), store, f"support-trace {key} {document['key']}")
             for r in mine:
                 record = {"model": key, "document": r["document"], "question": r["question"], "kind": r["kind"],
                           **trace(session, r["question"], r["answer"])}

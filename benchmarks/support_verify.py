@@ -26,7 +26,7 @@ from pathlib import Path
 from engine import DocumentSession, OffloadPolicy, SnapshotStore
 from engine.models.loaded import weights_mode
 
-from .model_eval import document_text, load
+from .model_eval import load, read_or_restore
 from .support_eval import load_questions
 
 logger = logging.getLogger(__name__)
@@ -61,13 +61,7 @@ def main(argv=None) -> int:
                     and (key, document["key"], q["q"]) in answers]
             if not todo:
                 continue
-            session.set_document(session.tokenize(document_text(document, Path(args.cache))))
-            started = time.perf_counter()
-            if session.restore_snapshot(store) is None or not session.is_prefilled:
-                session.prefill()
-                session.save_snapshot(store, label=f"support-verify {key} {document['key']}")
-            logger.info("%s read %s (%d tokens) in %.0f s", key, document["key"], session.document_tokens,
-                        time.perf_counter() - started)
+            read_or_restore(session, document, Path(args.cache), store, f"support-verify {key} {document['key']}")
             for question in todo:
                 answer = answers[(key, document["key"], question["q"])]
                 record = {"model": key, "weights": weights_mode(model), "document": document["key"],

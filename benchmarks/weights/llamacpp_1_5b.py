@@ -21,12 +21,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from .llamacpp_compare import CHUNK, PREFILL_MAX, _high_water, _text_ids, read_then_decode
+from .llamacpp_compare import CHUNK, PREFILL_MAX, _run, _text_ids, read_then_decode
 
 OUT = Path("docs/benchmarks/llamacpp-1.5b.json")
 MODEL = "qwen2.5-coder-1.5b"
@@ -79,24 +78,6 @@ def stock_child(context: int, decode_tokens: int, threads: int) -> dict:
     return {"load_s": load_s, "prefill_s": prefill_s, "decode_steps_s": steps}
 
 
-def run(command: list[str], threads: int) -> tuple[str, int]:
-    """stdout and peak RSS (bytes, the child's VmHWM polled every 20 ms) of a child process."""
-    import tempfile
-
-    env = os.environ | {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        process = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
-        peak = 0
-        while process.poll() is None:
-            peak = max(peak, _high_water(process.pid))
-            time.sleep(0.02)
-        out.seek(0)
-        err.seek(0)
-        if process.returncode:
-            raise RuntimeError(f"{command[:4]} failed ({process.returncode}): {err.read()[-2000:]}")
-        return out.read(), peak
-
-
 def measure_one(side: str, context: int, phase: str, placement: str, args) -> dict:
     """One fresh process: ours/stock (decode, and prefill at contexts read for real) or llama-bench (one phase)."""
     prefix, threads = placements()[placement]
@@ -106,15 +87,15 @@ def measure_one(side: str, context: int, phase: str, placement: str, args) -> di
 
         tokens = ["-p", "0", "-n", str(args.decode_tokens), "-d", str(context)] if phase == "decode" else \
             ["-p", str(context), "-n", "0"]
-        out, peak = run([*prefix, str(args.llama_bench), "-m", str(pypi_model_gguf(MODEL)), "-t", str(threads),
-                         "-r", "1", "-o", "json", *tokens], threads)
+        out, peak = _run([*prefix, str(args.llama_bench), "-m", str(pypi_model_gguf(MODEL)), "-t", str(threads),
+                          "-r", "1", "-o", "json", *tokens], threads)
         test = json.loads(out)[0]
         result = {phase: test["avg_ts"], "build": test.get("build_commit"), "cpu": test.get("cpu_info"),
                   "type": test.get("model_type")}
     else:
-        out, peak = run([*prefix, sys.executable, "-m", "benchmarks.weights.llamacpp_1_5b", "--child", side,
-                         "--contexts", str(context), "--decode-tokens", str(args.decode_tokens), "--threads",
-                         str(threads)], threads)
+        out, peak = _run([*prefix, sys.executable, "-m", "benchmarks.weights.llamacpp_1_5b", "--child", side,
+                          "--contexts", str(context), "--decode-tokens", str(args.decode_tokens), "--threads",
+                          str(threads)], threads)
         child = json.loads(out.strip().splitlines()[-1])
         result = {"decode": 1 / statistics.median(child["decode_steps_s"]), "steps_s": child["decode_steps_s"],
                   "load_s": child["load_s"]}

@@ -58,10 +58,14 @@ def test_plan_chips_and_open_say_what_is_true(url, tmp_path):
         page.wait_for_selector("#page-chips label")
 
         # Another document, read without saving it: the first one's chips go with it.
+        # Wait for the new set's plan, not the first one's (which also says "Fits"): a click on Read before the
+        # upload's plan lands would read the old set, and the upload's status would then say "Ready to read".
+        first_tokens = page.locator("#plan .plan").get_attribute("data-tokens")
         page.click("#remember input")
         page.locator("#file-drop input[type=file]").set_input_files(str(tides))
-        page.wait_for_function("() => document.querySelector('#plan .plan')?.dataset.tokens && "
-                               "document.querySelector('#plan .plan').innerText.includes('Fits')")
+        page.wait_for_function("(first) => { const plan = document.querySelector('#plan .plan');"
+                               " return plan && plan.dataset.tokens && plan.dataset.tokens !== first"
+                               " && plan.innerText.includes('Fits'); }", arg=first_tokens)
         page.click("#read")
         page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('Ask a question')")
         page.wait_for_selector("#page-chips", state="hidden")

@@ -112,6 +112,9 @@ class Questions:
             for item in iterate_reports(work, abandon=lambda: setattr(state, "stop_requested", True),
                                         min_interval=0.1, name="answer"):
                 if isinstance(item, tuple):  # (done, total) tokens of the question read so far
+                    # A usual answer is still ahead of it (a slow question read must not run the wait down to
+                    # "about 1.0 s" for those behind it).
+                    self.app.queue.expect(ticket, statistics.median(self.app.answer_seconds))
                     yield AskView(list(history), NO_CHANGE,
                                   status("info", f"Reading the question: {item[0]:,} of {item[1]:,} tokens…"), NO_CHANGE)
                     continue

@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 from app.render import format_seconds
 
 
+STEADY = 0.1  # a new estimate within 10% of the wait being counted down does not replace it
+STEADY_SECONDS = 1.0  # nor one within a second of it
+
+
 @dataclass(eq=False)
 class Ticket:
     """One job's place in line."""
@@ -74,10 +78,18 @@ class ComputeQueue:
                 self._changed.notify_all()
 
     def expect(self, ticket: Ticket, seconds: float) -> None:
-        """A running job's better estimate of the seconds still ahead of it."""
+        """A running job's better estimate of the seconds still ahead of it. One within ``STEADY`` of what the line
+        already counts down from is taken as the rate's jitter and left out: an answer's estimate moves by a few
+        percent with every token (its rate 1.6, 1.5, 1.6 tok/s), which at 5 minutes is ±10 s, so the wait shown
+        would jump up and down instead of counting down."""
         with self._changed:
-            if ticket.started is not None:
-                ticket.expected_seconds = time.monotonic() - ticket.started + max(seconds, 0.0)
+            if ticket.started is None:
+                return
+            now = time.monotonic()
+            current = ticket.remaining_seconds(now)
+            if abs(seconds - current) <= max(STEADY_SECONDS, STEADY * current):
+                return
+            ticket.expected_seconds = now - ticket.started + max(seconds, 0.0)
 
     def position(self, ticket: Ticket) -> int:
         """0: its turn; 1: next; ... (-1: not in line)."""

@@ -124,3 +124,25 @@ def test_the_wait_behind_an_answer_counts_its_remaining_tokens_and_counts_down(m
     assert queue.wait_seconds(waiting) == pytest.approx(3.0)
     # Past the usual length, at most what its limit allows
     assert handlers.questions._answer_left(_Chunk(510, 10.0), 512) == pytest.approx(0.1)
+
+
+def test_the_wait_counts_down_steadily_through_the_rates_jitter(monkeypatch):
+    """An answer's estimate moves by a few percent with each token; the wait shown counts down through that and
+    takes a new estimate only when it is more than 10% (or a second) off."""
+    import app.compute_queue as compute_queue
+
+    clock = [100.0]
+    monkeypatch.setattr(compute_queue.time, "monotonic", lambda: clock[0])
+    queue = ComputeQueue()
+    answering = queue.join("answering a question", 20.0)
+    waiting = queue.join("answering a question", 20.0)
+    queue.expect(answering, 300.0)  # the first rate: 300 s to go
+    shown = [queue.wait_seconds(waiting)]
+    for estimate in (319.0, 304.0, 325.0, 315.0):  # the rate's jitter, one estimate a second
+        clock[0] += 1.0
+        queue.expect(answering, estimate)
+        shown.append(queue.wait_seconds(waiting))
+    assert shown == [300.0, 299.0, 298.0, 297.0, 296.0]
+    clock[0] += 1.0
+    queue.expect(answering, 200.0)  # far off: taken
+    assert queue.wait_seconds(waiting) == pytest.approx(200.0)

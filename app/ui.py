@@ -254,7 +254,8 @@ def _wire_shelf(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     page.open_button.click(handlers.open_saved, [page.saved_choice, state], opened, api_name="open_saved",
                            show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
         handlers.continue_reading, [state],
-        [state, page.progress, page.status_box, page.chat, page.read_button, page.cancel_button, page.plan],
+        [state, page.progress, page.status_box, page.chat, page.read_button, page.cancel_button, page.plan,
+         page.page_chips, page.page_view],  # a ReadView's nine fields
         api_visibility="private", show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
         handlers.saved, None, saved_view, api_visibility="private", **_LIGHT).then(
         handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT).then(

@@ -1,6 +1,7 @@
 """A way into a whole book, in a real Chromium: a labelled PDF (its /PageLabels written by pypdf) too long for the
 model's window offers a page range with a live token count; the range read cites the book's printed page numbers,
-and the page viewer shows the PDF page as a tooltip."""
+and the page viewer shows the PDF page as a tooltip; reopened from the shelf in another tab, the files table shows
+the range's pages and characters, not the whole book's."""
 
 from __future__ import annotations
 
@@ -30,9 +31,19 @@ def _pages() -> list[str]:
 
 
 @pytest.fixture
-def page():
-    with served(chunk_size=256) as url, chromium_page(url, height=1000, timeout_ms=TIMEOUT_MS) as page:
+def page(tmp_path_factory):
+    from engine import SnapshotStore
+
+    store = SnapshotStore(tmp_path_factory.mktemp("kv"))
+    with served(chunk_size=256, snapshot_store=store) as url, \
+            chromium_page(url, height=1000, timeout_ms=TIMEOUT_MS) as page:
         yield page
+
+
+def _file_row(page) -> tuple[int, int]:
+    """(pages, characters) of the files table's first file."""
+    cells = page.locator("#files-table tr:has(td.file-name) td")
+    return int(cells.nth(1).inner_text()), int(cells.nth(2).inner_text().replace(",", ""))
 
 
 def _pick(page, which: str, label: str) -> None:
@@ -45,6 +56,8 @@ def test_a_page_range_of_a_labelled_book_cites_printed_page_numbers(page, tmp_pa
     page.locator("#file-drop input[type=file]").set_input_files(str(pdf))
     page.wait_for_selector("#plan .plan[data-fits=false]")
     page.wait_for_selector("#page-range #range-from")
+    whole_pages, whole_chars = _file_row(page)
+    assert whole_pages == len(_pages())
     assert "page range" in page.inner_text("#status")
 
     # "First part that fits" picks a range from the first page whose live count fits.
@@ -75,3 +88,14 @@ def test_a_page_range_of_a_labelled_book_cites_printed_page_numbers(page, tmp_pa
     shown = int(page.get_attribute("#page-view .page-view", "data-page"))
     assert page.get_attribute("#page-view .page-title", "title") == f"PDF page {shown - FIRST + ROMAN + 1}"  # its place in the whole PDF
     assert f"p. {shown}" in page.inner_text("#page-view .page-title")
+
+    # Reopened from the shelf in a fresh tab: the files table is the range's (7 pages), not the whole book's.
+    other = page.context.browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
+    other.set_default_timeout(TIMEOUT_MS)
+    other.goto(page.url)
+    other.click("#saved-docs-section button:has-text('Saved documents'), #saved-docs-section .label-wrap")
+    other.wait_for_selector("#saved-docs tr[data-key]")
+    other.click("#open-saved")
+    other.wait_for_function("() => document.querySelector('#status')?.innerText.includes('Reopened')")
+    pages, chars = _file_row(other)
+    assert pages == 7 and chars < whole_chars / 4, (pages, chars, whole_chars)

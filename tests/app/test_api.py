@@ -64,7 +64,7 @@ def test_upload_plan_read_ask_new_chat(client, secret_pdf):
     assert 'data-state="done"' in progress[-1]
 
     job = client.submit(QUESTION, [], 24, 0.0, api_name="/ask")
-    job.result(timeout=180)
+    job.result(timeout=480)  # 163 s alone on a loaded 2-core VM (the first answer finds the retrieval heads)
     chats = [out[0] for out in job.outputs()]
     answers = {_message_text(chat[-1]) for chat in chats if chat and chat[-1]["role"] == "assistant"}
     assert len(answers) > 2  # streamed

@@ -348,6 +348,61 @@ def _join_traces(records: list[dict], path: Path) -> None:
             r["trace"] = trace
 
 
+def by_answer(rows: list[dict]) -> list[dict]:
+    """The same answers labelled by what each one claims rather than by its question: a right answer to a question the
+    pages answer is supported; a wrong one (another option, an invented default) is a claim the pages do not
+    support, whichever question it answers; an answer that says the document does not say is left out (it claims
+    nothing to flag). The flag judges answers, so this is the labelling its thresholds are fitted on."""
+    labelled = []
+    for row in rows:
+        if row["kind"] == "supported":
+            labelled.append({**row, "kind": "supported" if row["correct"] else "unsupported"})
+        elif not row["correct"]:
+            labelled.append(row)
+    return labelled
+
+
+def _answer_level_lines(records: list[dict], models: list[str], layouts: list[str]) -> tuple[list[str], dict]:
+    """``support.md``'s per-answer table, and the rule each model ships ({model: (rule, thresholds)}): the engine's
+    cheap rules judged on ``by_answer``'s labels, held out as in the per-question table, and the whole choice
+    held out (``nested_held_out``)."""
+    lines = ["", "## The flag, judged per answer (what the engine ships)", "",
+             "The same fresh-chat answers, labelled by what each answer claims (`by_answer`): *supported*: a right "
+             "answer to a question the pages answer; *unsupported*: a wrong answer, to either kind of question (an "
+             "invented default, another program's option); an answer that says the document does not say claims "
+             "nothing and is left out. The flag's job is the second kind: an answer whose claim the pages do not hold, "
+             "not a question the pages cannot answer. Same fits, same held-out procedure.", "",
+             "| model | layout | supported / unsupported answers | rule | held out: unsupported flagged | held out: "
+             "supported flagged | across documents: unsupported / supported flagged | fitted on all: thresholds |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    shipped, chosen = [], {}
+    for model in models:
+        for layout in [layout for layout in layouts if layout == "glued"]:  # the app's layout (a few `turn` answers)
+            rows = by_answer(_fresh(records, model, layout))
+            if len({r["kind"] for r in rows}) < 2:
+                continue
+            counts = f"{sum(r['kind'] == 'supported' for r in rows)} / {sum(r['kind'] == 'unsupported' for r in rows)}"
+            for rule in SHIPPABLE:
+                values, unsupported = _matrix(rows, CANDIDATES[rule])
+                u, s = held_out(values, unsupported)
+                du, ds = across_documents(rows, CANDIDATES[rule])
+                across = f"{du:.0%} / {ds:.0%}" if math.isfinite(du) else "–"
+                thresholds = ", ".join(f"{n[4:]} {t:.3g}" for n, t in zip(CANDIDATES[rule], fit(values, unsupported))
+                                       if math.isfinite(t)) or "none (flags nothing)"
+                lines.append(f"| {model} | {layout} | {counts} | {rule} | {u:.0%} | {s:.0%} | {across} | "
+                             f"{thresholds} |")
+            names = _pick(rows)
+            rule = next(rule for rule in SHIPPABLE if CANDIDATES[rule] == names)
+            nu, ns = nested_held_out(rows)
+            chosen[model] = (rule, fitted_thresholds(rows, names))
+            shipped.append(f"- {model}: **{rule}**, `{chosen[model][1]}`; the whole choice held out: "
+                           f"**{nu:.0%} of unsupported answers flagged, {ns:.0%} of supported ones**")
+    lines += ["", "Shipped (`engine.answer.support._FITTED`): per model, the rule with the best held-out rates on "
+              "these labels (within 10% supported flagged, then the most unsupported flagged), fitted on all its "
+              "answers. The rates in bold hold the choice of rule out too. Target: >= 70% / <= 10%.", "", *shipped]
+    return lines, chosen
+
+
 def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp: dict, path: Path) -> None:
     """``support.md``'s tables from the records; ``pages``: {document key: {page label: text}}."""
     started = time.perf_counter()
@@ -413,10 +468,11 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
                                f"(rule picked and fitted on the other {len(rows) - 1}): {nu:.0%} / {ns:.0%}")
     lines += ["", "The rule with the best held-out rates among the engine's own cheap signals (within 10% supported "
               "flagged if any is, then the most unsupported flagged; the verification turn, a prefill per answer, is "
-              "left out of this choice); the engine ships it (`engine.answer.support._FITTED`). "
+              "left out of this choice); the engine ships the per-answer table's choice below instead. "
               "Picking the rule by its held-out rates is itself a fit: the last rates hold that choice out too (for "
               "each question, the rule is picked and fitted on the others, then judges it).", "",
               *shipped]
+    lines += _answer_level_lines(records, models, layouts)[0]
     lines += ["", "Signal values (mean over fresh-chat answers; right answers: a supported one matches its regex, an "
               "unsupported one says the document does not say):", "",
               "| model | layout | kind | share | mean log-prob | grounded | min token log-prob | verify P(yes) | verify P(yes) "

@@ -195,18 +195,20 @@ def grounded_share(answer: str, question: str, pages: list[str]) -> float | None
     return len(own & seen) / len(own)
 
 
-# Fitted per model on the eval set (docs/benchmarks/support.md), matched on the lowercased name or path the model
-# was loaded from; the first match wins, a model matching none takes the CPU default model's.
-# Held out (leave one question out), Qwen2.5-Coder-1.5B: 62% of unsupported flagged, 6% of supported (the attention
-# share alone catches 75% but flags 12%); Qwen2.5-Coder-0.5B: 62% / 6% on the attention share alone (its mean
-# log-prob separates nothing); SmolLM2-135M: 62% / 12% (no rule stays within 10% for it). None reaches the 70% / 10%
-# target, and none of the claim-token signals measured (``claim_tokens``: their log-prob, attention, the document's
+# Fitted per model on the eval set (docs/benchmarks/support.md, "judged per answer"), matched on the lowercased name
+# or path the model was loaded from; the first match wins, a model matching none takes the CPU default model's. The
+# labels are the answers' own: a right answer is supported, a wrong one (an invented default, another program's
+# option) is not, whichever question it answers. Held out with the choice of rule (picked and fitted without the
+# answer judged): Qwen2.5-Coder-1.5B 83% of unsupported answers flagged, 8% of supported ones (the 70% / 10% target
+# met); SmolLM2-135M 67% / 14%; Qwen2.5-Coder-0.5B 60% / 33% (its attention share alone; its log-probs separate
+# nothing). None of the claim-token signals measured (``claim_tokens``: their log-prob, attention, the document's
 # contrast) beats these rules held out.
 _FITTED: tuple[tuple[str, SupportThresholds], ...] = (
-    ("qwen2.5-coder-1.5b", SupportThresholds(min_document_share=0.0, min_mean_logprob=-0.185, min_grounded_share=0.0)),
+    ("qwen2.5-coder-1.5b",
+     SupportThresholds(min_document_share=0.494, min_mean_logprob=-0.181, min_grounded_share=0.0)),
     ("qwen2.5-coder-0.5b",
-     SupportThresholds(min_document_share=0.493, min_mean_logprob=-100.0, min_grounded_share=0.0)),
-    ("smollm2", SupportThresholds(min_document_share=0.0, min_mean_logprob=-1.082, min_grounded_share=0.5)),
+     SupportThresholds(min_document_share=0.522, min_mean_logprob=-100.0, min_grounded_share=0.0)),
+    ("smollm2", SupportThresholds(min_document_share=0.703, min_mean_logprob=-1.049, min_grounded_share=0.0)),
 )
 
 

@@ -45,3 +45,27 @@ def test_the_whole_choice_held_out_picks_and_fits_without_the_answer_it_judges()
     # An invented answer that looks like a supported one is missed too: a rule fitted without it cannot know it.
     rows[10] = row("unsupported", 0.7, -0.1)
     assert nested_held_out(rows) == (0.8, 0.0)
+
+
+def test_answers_are_labelled_by_what_they_claim_and_the_shipped_rule_is_fitted_on_those_labels():
+    from benchmarks.support_eval import _answer_level_lines, by_answer
+
+    def record(kind: str, correct: bool, share: float, document: str) -> dict:
+        return {"model": "m", "layout": "glued", "chat": "fresh", "kind": kind, "correct": correct,
+                "document": document,
+                "signals": {"min_document_share": share, "min_mean_logprob": -0.1, "min_grounded_share": None}}
+
+    right = [record("supported", True, 0.7 + 0.01 * i, "ab"[i % 2]) for i in range(10)]
+    wrong = [record("supported", False, 0.3, "a"), record("supported", False, 0.32, "b")]  # a wrong answer: a claim
+    invented = [record("unsupported", False, 0.2 + 0.02 * i, "ab"[i % 2]) for i in range(8)]
+    says_so = [record("unsupported", True, 0.9, "a")]  # "the document does not say": nothing to flag
+    labelled = by_answer(right + wrong + invented + says_so)
+    assert [r["kind"] for r in labelled] == ["supported"] * 10 + ["unsupported"] * 10
+    assert all(r["kind"] == "supported" for r in by_answer(right))
+
+    lines, chosen = _answer_level_lines(right + wrong + invented + says_so, ["m"], ["glued"])
+    rule, thresholds = chosen["m"]
+    # The share separates right answers (0.70-0.79) from every wrong one (0.20-0.34) in these labels.
+    assert "share" in rule and 0.34 <= thresholds.min_document_share <= 0.7  # just over the highest wrong one
+    # Held out, the highest wrong answer (0.34) is judged by a threshold fitted just over the next (0.32): missed.
+    assert any("90% of unsupported answers flagged, 0% of supported ones" in line for line in lines), lines[-1]

@@ -6,6 +6,15 @@ import socket
 from contextlib import contextmanager
 
 
+def tab(browser, url: str, timeout_ms: int, *, height: int = 900):
+    """A new tab of its own (a fresh context: no shared storage, so a tab's memory of its document stays its own)
+    at ``url``, 1280 x ``height``."""
+    page = browser.new_context(viewport={"width": 1280, "height": height}).new_page()
+    page.set_default_timeout(timeout_ms)
+    page.goto(url)
+    return page
+
+
 def read_and_ask(page, pdf, question: str) -> None:
     """Drops ``pdf`` on the page, reads it once it fits, and asks ``question``."""
     page.locator("#file-drop input[type=file]").set_input_files(str(pdf))

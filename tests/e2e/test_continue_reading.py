@@ -12,8 +12,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from make_files import make_pdf  # noqa: E402
-from studio import served  # noqa: E402
-from test_browser import CHROMIUM, CHROMIUM_ARGS, PAGES  # noqa: E402
+from studio import served, tab  # noqa: E402
+from test_browser import PAGES  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -33,23 +33,8 @@ def _slow_session():
     return SlowSession
 
 
-@pytest.fixture
-def browser():
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
 def _page(browser, url):
-    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(url)
-    return page
+    return tab(browser, url, TIMEOUT_MS)
 
 
 def _checkpointed(root: Path) -> int:

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from make_files import make_labelled_pdf  # noqa: E402
-from studio import served  # noqa: E402
+from studio import served, tab  # noqa: E402
 from test_browser import chromium_page  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -90,9 +90,7 @@ def test_a_page_range_of_a_labelled_book_cites_printed_page_numbers(page, tmp_pa
     assert f"p. {shown}" in page.inner_text("#page-view .page-title")
 
     # Reopened from the shelf in a fresh tab: the files table is the range's (7 pages), not the whole book's.
-    other = page.context.browser.new_context(viewport={"width": 1280, "height": 1000}).new_page()
-    other.set_default_timeout(TIMEOUT_MS)
-    other.goto(page.url)
+    other = tab(page.context.browser, page.url, TIMEOUT_MS, height=1000)
     other.click("#saved-docs-section button:has-text('Saved documents'), #saved-docs-section .label-wrap")
     other.wait_for_selector("#saved-docs tr[data-key]")
     other.click("#open-saved")

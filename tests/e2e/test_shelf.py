@@ -10,8 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from make_files import make_pdf  # noqa: E402
-from studio import read_and_ask, served  # noqa: E402
-from test_browser import CHROMIUM, CHROMIUM_ARGS, PAGES  # noqa: E402
+from studio import read_and_ask, served, tab  # noqa: E402
+from test_browser import PAGES  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -26,23 +26,8 @@ def url(tmp_path_factory):
         yield url
 
 
-@pytest.fixture
-def browser():
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
 def _page(browser, url):
-    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(url)
-    return page
+    return tab(browser, url, TIMEOUT_MS)
 
 
 def _answered(page, count: int) -> None:

@@ -19,8 +19,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from make_files import make_pdf  # noqa: E402
-from studio import served  # noqa: E402
-from test_browser import CHROMIUM, CHROMIUM_ARGS, PAGES  # noqa: E402
+from studio import served, tab  # noqa: E402
+from test_browser import PAGES  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -42,25 +42,6 @@ def _slow_session():
     return SlowSession
 
 
-@pytest.fixture
-def browser():
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
-def _tab(browser, url):
-    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(url)
-    return page
-
-
 def _seconds(text: str) -> float:
     """The wait in a queue line: "about 12 s", "about 4.5 s", "about 3 min 05 s"."""
     found = re.search(r"about (?:(\d+) min )?(\d+(?:\.\d+)?) s", text)
@@ -78,13 +59,13 @@ def test_while_one_tab_answers_the_other_tab_says_true_numbers(browser, tmp_path
     long_pdf = make_pdf(tmp_path / "kerrow-lighthouse.pdf", PAGES * 8)
     short_pdf = make_pdf(tmp_path / "tides.pdf", ["Tides rise twice a day at Kerrow.", "The harbour dries at low tide."])
     with served(_slow_session(), chunk_size=16) as url:
-        b = _tab(browser, url)
+        b = tab(browser, url, TIMEOUT_MS)
         b.locator("#file-drop input[type=file]").set_input_files(str(short_pdf))
         b.wait_for_selector("#plan .plan[data-fits=true]")
         b.click("#read")
         b.wait_for_selector("#prefill-progress .progress[data-state=done]")
 
-        a = _tab(browser, url)
+        a = tab(browser, url, TIMEOUT_MS)
         a.locator("#file-drop input[type=file]").set_input_files(str(long_pdf))
         a.wait_for_selector("#plan .plan[data-fits=true]")
         a.click("#read")

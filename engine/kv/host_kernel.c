@@ -53,6 +53,9 @@
 #define HA_PREFETCH_TOKENS 32 /* tokens ahead whose lines a key's score step requests (16-128 measured alike;
                                  none: a 32K-token layer from DRAM 1.6x slower) */
 #endif
+#ifndef HA_SPLIT_PREFETCH
+#define HA_SPLIT_PREFETCH 1
+#endif
 #ifndef HA_PREFETCH_HINT
 #define HA_PREFETCH_HINT 3 /* T0: into L1 */
 #endif
@@ -226,16 +229,35 @@ typedef struct {
     int dim;
 } head_view;
 
+/* Requests the lines of this head's key (``row`` = hv->keys) or value (hv->values) of ``token`` (chunk-relative)
+ * if it lies in the tile. Spread over the loops, a few lines per token, instead of a chunk's lines at once: a burst
+ * of hundreds of requests fills the core's line-fill buffers and stalls the loads the arithmetic waits for
+ * (measured: a 1K-token layer held in L3 ran 30% slower with the burst). Keys are requested in the score pass,
+ * values in the value pass, each pass's own stream: requesting both in the score pass left memory idle during
+ * the value pass and asked for the chunk's bytes in ~60% of its time (int8 from DRAM: ~8% slower). */
+INLINE void prefetch_row(const char *row, const head_view *hv, long token, const int dtype) {
+    if (token >= hv->ahead) return;
+    const long bytes = (long)hv->dim * element_size(dtype);
+    for (long offset = 0; offset < bytes; offset += 64)
+        __builtin_prefetch(row + token * hv->token_bytes + offset, 0, HA_PREFETCH_HINT);
+#if !HA_SPLIT_PREFETCH
+    for (long offset = 0; offset < bytes; offset += 64)
+        __builtin_prefetch(hv->values + token * hv->token_bytes + offset, 0, HA_PREFETCH_HINT);
+#endif
+}
+
 /* Rows [r0, r0 + NR) of one head: outputs [d0, d0 + DV * W) += probabilities s times the chunk's values (int8:
  * s already holds probability times the value's scale). */
 INLINE void value_slice(const head_view *hv, float s[][CH], int r0, const int NR, const int DV, int d0, int n,
                         const int dtype) {
+    const int prefetch = HA_SPLIT_PREFETCH && r0 == 0 && d0 == 0; /* one pass over the tokens requests */
     const int D = hv->dim;
     vf o[RB][ACC_VECTORS];
     for (int r = 0; r < NR; r++)
         for (int v = 0; v < DV; v++) o[r][v] = *(const vfu *)(hv->acc + (long)(r0 + r) * D + d0 + v * W);
     for (int j = 0; j < n; j++) {
         vf value[ACC_VECTORS];
+        if (prefetch) prefetch_row(hv->values, hv, j + HA_PREFETCH_TOKENS, dtype);
         const char *row = hv->values + j * hv->token_bytes;
         if (DV % 2 == 0)
             for (int v = 0; v < DV; v += 2) load_pair(row, d0 + v * W, dtype, &value[v], &value[v + 1]);
@@ -248,19 +270,6 @@ INLINE void value_slice(const head_view *hv, float s[][CH], int r0, const int NR
     }
     for (int r = 0; r < NR; r++)
         for (int v = 0; v < DV; v++) *(vfu *)(hv->acc + (long)(r0 + r) * D + d0 + v * W) = o[r][v];
-}
-
-/* Requests the lines of this head's key and value of ``token`` (chunk-relative) if it lies in the tile. Spread
- * over the score loop, a few lines per key, instead of a chunk's lines at once: a burst of hundreds of requests
- * fills the core's line-fill buffers and stalls the loads the arithmetic waits for (measured: a 1K-token layer
- * held in L3 ran 30% slower with the burst). */
-INLINE void prefetch_token(const head_view *hv, long token, const int dtype) {
-    if (token >= hv->ahead) return;
-    const long bytes = (long)hv->dim * element_size(dtype);
-    for (long offset = 0; offset < bytes; offset += 64) {
-        __builtin_prefetch(hv->keys + token * hv->token_bytes + offset, 0, HA_PREFETCH_HINT);
-        __builtin_prefetch(hv->values + token * hv->token_bytes + offset, 0, HA_PREFETCH_HINT);
-    }
 }
 
 #if defined(HA_VARIANT_AVX512)
@@ -292,7 +301,7 @@ INLINE void scores_d128(const head_view *hv, float s[][CH], int r0, int n, const
     const float *query = hv->query + r0 * 128;
     for (int t0 = 0; t0 < n; t0 += 4) {
         if (r0 == 0)
-            for (int t = 0; t < 4; t++) prefetch_token(hv, t0 + t + HA_PREFETCH_TOKENS, dtype);
+            for (int t = 0; t < 4; t++) prefetch_row(hv->keys, hv, t0 + t + HA_PREFETCH_TOKENS, dtype);
         const char *key[4];
         for (int t = 0; t < 4; t++) key[t] = hv->keys + (t0 + t < n ? t0 + t : n - 1) * hv->token_bytes;
         __m512 part[16];
@@ -332,7 +341,7 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
 #endif
     for (int t0 = 0; t0 < n; t0 += TB) {
         if (r0 == 0)
-            for (int t = 0; t < TB; t++) prefetch_token(hv, t0 + t + HA_PREFETCH_TOKENS, dtype);
+            for (int t = 0; t < TB; t++) prefetch_row(hv->keys, hv, t0 + t + HA_PREFETCH_TOKENS, dtype);
         vf part[W];
         for (int i = 0; i < W; i++) part[i] = (vf){0};
         const char *key[TB];
@@ -425,7 +434,20 @@ INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, co
             const long head = (long)b * g + h;
             if (dtype == HA_INT8) { /* this head's scales in order, so that the tile applies a vector at a time */
                 const float *ks = scales + (long)(b * 2) * g + h, *vs = scales + (long)(b * 2 + 1) * g + h;
-                for (int j = 0; j < n; j++) {
+                int j = 0;
+#if defined(HA_VARIANT_AVX512)
+                if (scale_stride == 2) { /* one head (B = g = 1): key and value scales alternate; de-interleaved
+                                            16 at a time (a scalar copy per scale was ~5% of an int8 call) */
+                    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+                    const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+                    for (; j + 16 <= n; j += 16) {
+                        const __m512 low = _mm512_loadu_ps(ks + 2 * j), high = _mm512_loadu_ps(ks + 2 * j + 16);
+                        _mm512_store_ps(key_scales + j, _mm512_permutex2var_ps(low, even, high));
+                        _mm512_store_ps(value_scales + j, _mm512_permutex2var_ps(low, odd, high));
+                    }
+                }
+#endif
+                for (; j < n; j++) {
                     key_scales[j] = ks[j * scale_stride];
                     value_scales[j] = vs[j * scale_stride];
                 }

@@ -7,11 +7,13 @@
  * Chunks of 64 tokens, in order, every head of a chunk in turn (a token's heads lie together: reading a chunk reads
  * memory as it lies). Per head and block of up to 4 query rows:
  * - reads: bf16 in paired lane order where the head dim allows (see HA_BF16_PAIRED: one integer operation widens
- *   a vector); the lines of the key 32 tokens ahead requested as each key is scored, a few at a time (the
- *   hardware prefetcher alone left a 32K-token layer read from DRAM 1.6x slower);
+ *   a vector); the lines of the key (value) 8 KiB of the head's tokens ahead requested as each key is scored
+ *   (each value added), a few at a time (the hardware prefetcher alone left a 32K-token layer read from DRAM
+ *   1.6x slower);
  * - scores: 4 rows x (W / 4) keys of dot products at once, each summed over the head dim in one vector, the
  *   W vectors then reduced into one vector of W scores by a transpose-and-add tree (a horizontal sum per key would
- *   cost as much as its dot product);
+ *   cost as much as its dot product); AVX-512 with 4 rows and head dim 128 (Llama-3's decode): scores_d128, the
+ *   head dim a constant so that the 16 partials stay in registers;
  * - the masks and softcap where the chunk needs them, then an online softmax in fp32 (running max m and sum l per
  *   row; the row's output rescaled only when its max grows); exp by a Cephes polynomial (about 1 ulp), 0 below
  *   e^-87 (a weight under 1e-38 next to the max's 1);
@@ -49,9 +51,11 @@
 #define CH 64          /* tokens per chunk: the softmax bookkeeping paid once per 64 keys (32: 5% slower, 16: 18%) */
 #define RB 4           /* query rows per block */
 #define TB (W / RB)    /* keys per score step: RB * TB dot products reduce into one vector */
-#ifndef HA_PREFETCH_TOKENS
-#define HA_PREFETCH_TOKENS 32 /* tokens ahead whose lines a key's score step requests (16-128 measured alike;
-                                 none: a 32K-token layer from DRAM 1.6x slower) */
+#ifndef HA_PREFETCH_BYTES
+#define HA_PREFETCH_BYTES 8192 /* how far ahead a head's keys (values) are requested, in bytes of its key and value:
+                                  16 tokens of a bf16 head of 128, 32 of int8 (measured, 32K tokens from DRAM, one
+                                  thread: bf16 8-16 tokens ~8% faster than 32, 24 or 64 slower; int8 32 best of
+                                  16-64; none: 1.6x slower) */
 #endif
 #ifndef HA_SPLIT_PREFETCH
 #define HA_SPLIT_PREFETCH 1
@@ -224,6 +228,7 @@ typedef struct {
     long token_bytes;                   /* from one token to the next */
     long ahead;                         /* tokens of the task's tile from the chunk's first on: what may be
                                            prefetched (past the tile another thread may be writing) */
+    int distance;                       /* tokens ahead that are requested (HA_PREFETCH_BYTES) */
     const float *query;                 /* [R, D] this head's folded rows, in the kernel's lane order */
     float *m, *l, *acc;                 /* [R], [R], [R, D] this head's running state */
     int dim;
@@ -257,7 +262,7 @@ INLINE void value_slice(const head_view *hv, float s[][CH], int r0, const int NR
         for (int v = 0; v < DV; v++) o[r][v] = *(const vfu *)(hv->acc + (long)(r0 + r) * D + d0 + v * W);
     for (int j = 0; j < n; j++) {
         vf value[ACC_VECTORS];
-        if (prefetch) prefetch_row(hv->values, hv, j + HA_PREFETCH_TOKENS, dtype);
+        if (prefetch) prefetch_row(hv->values, hv, j + hv->distance, dtype);
         const char *row = hv->values + j * hv->token_bytes;
         if (DV % 2 == 0)
             for (int v = 0; v < DV; v += 2) load_pair(row, d0 + v * W, dtype, &value[v], &value[v + 1]);
@@ -301,7 +306,7 @@ INLINE void scores_d128(const head_view *hv, float s[][CH], int r0, int n, const
     const float *query = hv->query + r0 * 128;
     for (int t0 = 0; t0 < n; t0 += 4) {
         if (r0 == 0)
-            for (int t = 0; t < 4; t++) prefetch_row(hv->keys, hv, t0 + t + HA_PREFETCH_TOKENS, dtype);
+            for (int t = 0; t < 4; t++) prefetch_row(hv->keys, hv, t0 + t + hv->distance, dtype);
         const char *key[4];
         for (int t = 0; t < 4; t++) key[t] = hv->keys + (t0 + t < n ? t0 + t : n - 1) * hv->token_bytes;
         __m512 part[16];
@@ -341,7 +346,7 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
 #endif
     for (int t0 = 0; t0 < n; t0 += TB) {
         if (r0 == 0)
-            for (int t = 0; t < TB; t++) prefetch_row(hv->keys, hv, t0 + t + HA_PREFETCH_TOKENS, dtype);
+            for (int t = 0; t < TB; t++) prefetch_row(hv->keys, hv, t0 + t + hv->distance, dtype);
         vf part[W];
         for (int i = 0; i < W; i++) part[i] = (vf){0};
         const char *key[TB];
@@ -429,6 +434,7 @@ INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, co
     const ha_call *c = job->call;
     const int g = c->group, rows = job->rows, es = element_size(dtype);
     float key_scales[CH] __attribute__((aligned(64))), value_scales[CH] __attribute__((aligned(64)));
+    const int distance = HA_PREFETCH_BYTES / (2 * D * es) > 4 ? HA_PREFETCH_BYTES / (2 * D * es) : 4;
     for (int b = 0; b < c->batch; b++)
         for (int h = 0; h < g; h++) {
             const long head = (long)b * g + h;
@@ -454,8 +460,8 @@ INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, co
                 for (int j = n; j < CH; j++) key_scales[j] = value_scales[j] = 0.0f;
             }
             head_view hv = {chunk + ((long)(b * 2) * g + h) * D * es, chunk + ((long)(b * 2 + 1) * g + h) * D * es,
-                            key_scales, value_scales, token_bytes, ahead, query + head * rows * D, m + head * rows,
-                            l + head * rows, acc + head * rows * D, D};
+                            key_scales, value_scales, token_bytes, ahead, distance, query + head * rows * D,
+                            m + head * rows, l + head * rows, acc + head * rows * D, D};
             int r0 = 0;
             for (; r0 + RB <= rows; r0 += RB) row_block(&hv, c, r0, RB, n, first, is_plain, dtype);
             if (rows - r0 >= 2) {

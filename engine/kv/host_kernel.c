@@ -7,11 +7,13 @@
  * Chunks of 64 tokens, in order, every head of a chunk in turn (a token's heads lie together: reading a chunk reads
  * memory as it lies). Per head and block of up to 4 query rows:
  * - reads: bf16 in paired lane order where the head dim allows (see HA_BF16_PAIRED: one integer operation widens
- *   a vector); the lines of the key 32 tokens ahead requested as each key is scored, a few at a time (the
- *   hardware prefetcher alone left a 32K-token layer read from DRAM 1.6x slower);
+ *   a vector); the lines of the key (value) 8 KiB of the head's tokens ahead requested as each key is scored
+ *   (each value added), a few at a time (the hardware prefetcher alone left a 32K-token layer read from DRAM
+ *   1.6x slower);
  * - scores: 4 rows x (W / 4) keys of dot products at once, each summed over the head dim in one vector, the
  *   W vectors then reduced into one vector of W scores by a transpose-and-add tree (a horizontal sum per key would
- *   cost as much as its dot product);
+ *   cost as much as its dot product); AVX-512 with 4 rows and head dim 128 (Llama-3's decode): scores_d128, the
+ *   head dim a constant so that the 16 partials stay in registers;
  * - the masks and softcap where the chunk needs them, then an online softmax in fp32 (running max m and sum l per
  *   row; the row's output rescaled only when its max grows); exp by a Cephes polynomial (about 1 ulp), 0 below
  *   e^-87 (a weight under 1e-38 next to the max's 1);
@@ -49,9 +51,14 @@
 #define CH 64          /* tokens per chunk: the softmax bookkeeping paid once per 64 keys (32: 5% slower, 16: 18%) */
 #define RB 4           /* query rows per block */
 #define TB (W / RB)    /* keys per score step: RB * TB dot products reduce into one vector */
-#ifndef HA_PREFETCH_TOKENS
-#define HA_PREFETCH_TOKENS 32 /* tokens ahead whose lines a key's score step requests (16-128 measured alike;
-                                 none: a 32K-token layer from DRAM 1.6x slower) */
+#ifndef HA_PREFETCH_BYTES
+#define HA_PREFETCH_BYTES 8192 /* how far ahead a head's keys (values) are requested, in bytes of its key and value:
+                                  16 tokens of a bf16 head of 128, 32 of int8 (measured, 32K tokens from DRAM, one
+                                  thread: bf16 8-16 tokens ~8% faster than 32, 24 or 64 slower; int8 32 best of
+                                  16-64; none: 1.6x slower) */
+#endif
+#ifndef HA_SPLIT_PREFETCH
+#define HA_SPLIT_PREFETCH 1
 #endif
 #ifndef HA_PREFETCH_HINT
 #define HA_PREFETCH_HINT 3 /* T0: into L1 */
@@ -221,21 +228,41 @@ typedef struct {
     long token_bytes;                   /* from one token to the next */
     long ahead;                         /* tokens of the task's tile from the chunk's first on: what may be
                                            prefetched (past the tile another thread may be writing) */
+    int distance;                       /* tokens ahead that are requested (HA_PREFETCH_BYTES) */
     const float *query;                 /* [R, D] this head's folded rows, in the kernel's lane order */
     float *m, *l, *acc;                 /* [R], [R], [R, D] this head's running state */
     int dim;
 } head_view;
 
+/* Requests the lines of this head's key (``row`` = hv->keys) or value (hv->values) of ``token`` (chunk-relative)
+ * if it lies in the tile. Spread over the loops, a few lines per token, instead of a chunk's lines at once: a burst
+ * of hundreds of requests fills the core's line-fill buffers and stalls the loads the arithmetic waits for
+ * (measured: a 1K-token layer held in L3 ran 30% slower with the burst). Keys are requested in the score pass,
+ * values in the value pass, each pass's own stream: requesting both in the score pass left memory idle during
+ * the value pass and asked for the chunk's bytes in ~60% of its time (int8 from DRAM: ~8% slower). */
+INLINE void prefetch_row(const char *row, const head_view *hv, long token, const int dtype) {
+    if (token >= hv->ahead) return;
+    const long bytes = (long)hv->dim * element_size(dtype);
+    for (long offset = 0; offset < bytes; offset += 64)
+        __builtin_prefetch(row + token * hv->token_bytes + offset, 0, HA_PREFETCH_HINT);
+#if !HA_SPLIT_PREFETCH
+    for (long offset = 0; offset < bytes; offset += 64)
+        __builtin_prefetch(hv->values + token * hv->token_bytes + offset, 0, HA_PREFETCH_HINT);
+#endif
+}
+
 /* Rows [r0, r0 + NR) of one head: outputs [d0, d0 + DV * W) += probabilities s times the chunk's values (int8:
  * s already holds probability times the value's scale). */
 INLINE void value_slice(const head_view *hv, float s[][CH], int r0, const int NR, const int DV, int d0, int n,
                         const int dtype) {
+    const int prefetch = HA_SPLIT_PREFETCH && r0 == 0 && d0 == 0; /* one pass over the tokens requests */
     const int D = hv->dim;
     vf o[RB][ACC_VECTORS];
     for (int r = 0; r < NR; r++)
         for (int v = 0; v < DV; v++) o[r][v] = *(const vfu *)(hv->acc + (long)(r0 + r) * D + d0 + v * W);
     for (int j = 0; j < n; j++) {
         vf value[ACC_VECTORS];
+        if (prefetch) prefetch_row(hv->values, hv, j + hv->distance, dtype);
         const char *row = hv->values + j * hv->token_bytes;
         if (DV % 2 == 0)
             for (int v = 0; v < DV; v += 2) load_pair(row, d0 + v * W, dtype, &value[v], &value[v + 1]);
@@ -250,28 +277,76 @@ INLINE void value_slice(const head_view *hv, float s[][CH], int r0, const int NR
         for (int v = 0; v < DV; v++) *(vfu *)(hv->acc + (long)(r0 + r) * D + d0 + v * W) = o[r][v];
 }
 
-/* Requests the lines of this head's key and value of ``token`` (chunk-relative) if it lies in the tile. Spread
- * over the score loop, a few lines per key, instead of a chunk's lines at once: a burst of hundreds of requests
- * fills the core's line-fill buffers and stalls the loads the arithmetic waits for (measured: a 1K-token layer
- * held in L3 ran 30% slower with the burst). */
-INLINE void prefetch_token(const head_view *hv, long token, const int dtype) {
-    if (token >= hv->ahead) return;
-    const long bytes = (long)hv->dim * element_size(dtype);
-    for (long offset = 0; offset < bytes; offset += 64) {
-        __builtin_prefetch(hv->keys + token * hv->token_bytes + offset, 0, HA_PREFETCH_HINT);
-        __builtin_prefetch(hv->values + token * hv->token_bytes + offset, 0, HA_PREFETCH_HINT);
+#if defined(HA_VARIANT_AVX512)
+/* The 16 lane sums of part[0..15], lane i = sum of part[i]'s lanes, with in-lane shuffles for the first two levels
+ * (one cycle each, non-destructive: vpermt2ps overwrites an input, so GCC's fold() costs a copy per level too):
+ * level 1 leaves, per 128-bit lane, two partials of each of two vectors; level 2 one partial of each of four
+ * (part[4k..4k+3] in elements 0..3 of every 128-bit lane); levels 3-4 add the 128-bit lanes, vector k landing in
+ * 128-bit lane k. */
+INLINE __m512 sum16(const __m512 *part) {
+    __m512 x[8], z[4], w[2];
+    for (int j = 0; j < 8; j++)
+        x[j] = _mm512_add_ps(_mm512_unpacklo_ps(part[2 * j], part[2 * j + 1]),
+                             _mm512_unpackhi_ps(part[2 * j], part[2 * j + 1]));
+    for (int k = 0; k < 4; k++)
+        z[k] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * k], x[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(x[2 * k], x[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int k = 0; k < 2; k++)
+        w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(z[2 * k], z[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(z[2 * k], z[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The score pass of row_block for its common shape (4 rows, head dim 128, bf16 pairs or int8 codes): the head dim
+ * a constant, so the loop is unrolled and the 16 partial dot products stay in registers (the generic loop, D a
+ * variable, spilled them to the stack and reloaded them for the transpose tree: ~1.4x the time of this one).
+ * Same products and sums per lane as the generic loop, reduced in another order. */
+INLINE void scores_d128(const head_view *hv, float s[][CH], int r0, int n, const int dtype) {
+    const float *query = hv->query + r0 * 128;
+    for (int t0 = 0; t0 < n; t0 += 4) {
+        if (r0 == 0)
+            for (int t = 0; t < 4; t++) prefetch_row(hv->keys, hv, t0 + t + hv->distance, dtype);
+        const char *key[4];
+        for (int t = 0; t < 4; t++) key[t] = hv->keys + (t0 + t < n ? t0 + t : n - 1) * hv->token_bytes;
+        __m512 part[16];
+        for (int i = 0; i < 16; i++) part[i] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int d = 0; d < 128; d += 32) {
+            vf k[4], k2[4];
+            for (int t = 0; t < 4; t++) load_pair(key[t], d, dtype, &k[t], &k2[t]);
+            for (int r = 0; r < 4; r++) {
+                const __m512 q = _mm512_loadu_ps(query + r * 128 + d), q2 = _mm512_loadu_ps(query + r * 128 + d + 16);
+                for (int t = 0; t < 4; t++) {
+                    part[r * 4 + t] = _mm512_fmadd_ps(q, (__m512)k[t], part[r * 4 + t]);
+                    part[r * 4 + t] = _mm512_fmadd_ps(q2, (__m512)k2[t], part[r * 4 + t]);
+                }
+            }
+        }
+        const __m512 sums = sum16(part); /* 128-bit lane r: row r's scores of tokens t0..t0+3 */
+        _mm_store_ps(s[0] + t0, _mm512_castps512_ps128(sums));
+        _mm_store_ps(s[1] + t0, _mm512_extractf32x4_ps(sums, 1));
+        _mm_store_ps(s[2] + t0, _mm512_extractf32x4_ps(sums, 2));
+        _mm_store_ps(s[3] + t0, _mm512_extractf32x4_ps(sums, 3));
     }
 }
+#endif
 
 /* Rows [r0, r0 + NR) of one head over the chunk's n tokens (first at position ``first``). */
 INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int NR, int n, long first,
                       int is_plain, const int dtype) {
-    const int D = c->dim;
+    const int D = hv->dim; /* a constant where run_chunk is specialised (128) */
     float s[RB][CH] __attribute__((aligned(64)));
     /* scores: TB keys x NR rows at a time; past n the last token is read again and masked below */
+#if defined(HA_VARIANT_AVX512)
+    if (NR == 4 && D == 128 && (dtype == HA_BF16_PAIRED || dtype == HA_INT8)) {
+        scores_d128(hv, s, r0, n, dtype);
+        goto softmax;
+    }
+#endif
     for (int t0 = 0; t0 < n; t0 += TB) {
         if (r0 == 0)
-            for (int t = 0; t < TB; t++) prefetch_token(hv, t0 + t + HA_PREFETCH_TOKENS, dtype);
+            for (int t = 0; t < TB; t++) prefetch_row(hv->keys, hv, t0 + t + hv->distance, dtype);
         vf part[W];
         for (int i = 0; i < W; i++) part[i] = (vf){0};
         const char *key[TB];
@@ -301,6 +376,9 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
         for (int r = 0; r < NR; r++)
             for (int t = 0; t < TB; t++) s[r][t0 + t] = sums[r * TB + t];
     }
+#if defined(HA_VARIANT_AVX512)
+softmax:;
+#endif
     /* masks, softcap, online softmax: s becomes the probabilities (0 where hidden) */
     const long past = c->stop - c->q_len;
     for (int r = 0; r < NR; r++) {
@@ -352,24 +430,38 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
  * ``scale_stride`` floats apart from ``scales``); ``ahead``: tokens of the tile from the chunk's first on. */
 INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, const float *scales, long scale_stride,
                       int n, long first, long ahead, int is_plain, const float *query, float *m, float *l,
-                      float *acc, const int dtype) {
+                      float *acc, const int dtype, const int D) {
     const ha_call *c = job->call;
-    const int g = c->group, rows = job->rows, es = element_size(dtype), D = c->dim;
+    const int g = c->group, rows = job->rows, es = element_size(dtype);
     float key_scales[CH] __attribute__((aligned(64))), value_scales[CH] __attribute__((aligned(64)));
+    const int distance = HA_PREFETCH_BYTES / (2 * D * es) > 4 ? HA_PREFETCH_BYTES / (2 * D * es) : 4;
     for (int b = 0; b < c->batch; b++)
         for (int h = 0; h < g; h++) {
             const long head = (long)b * g + h;
             if (dtype == HA_INT8) { /* this head's scales in order, so that the tile applies a vector at a time */
                 const float *ks = scales + (long)(b * 2) * g + h, *vs = scales + (long)(b * 2 + 1) * g + h;
-                for (int j = 0; j < n; j++) {
+                int j = 0;
+#if defined(HA_VARIANT_AVX512)
+                if (scale_stride == 2) { /* one head (B = g = 1): key and value scales alternate; de-interleaved
+                                            16 at a time (a scalar copy per scale was ~5% of an int8 call) */
+                    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+                    const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+                    for (; j + 16 <= n; j += 16) {
+                        const __m512 low = _mm512_loadu_ps(ks + 2 * j), high = _mm512_loadu_ps(ks + 2 * j + 16);
+                        _mm512_store_ps(key_scales + j, _mm512_permutex2var_ps(low, even, high));
+                        _mm512_store_ps(value_scales + j, _mm512_permutex2var_ps(low, odd, high));
+                    }
+                }
+#endif
+                for (; j < n; j++) {
                     key_scales[j] = ks[j * scale_stride];
                     value_scales[j] = vs[j * scale_stride];
                 }
                 for (int j = n; j < CH; j++) key_scales[j] = value_scales[j] = 0.0f;
             }
             head_view hv = {chunk + ((long)(b * 2) * g + h) * D * es, chunk + ((long)(b * 2 + 1) * g + h) * D * es,
-                            key_scales, value_scales, token_bytes, ahead, query + head * rows * D, m + head * rows,
-                            l + head * rows, acc + head * rows * D, D};
+                            key_scales, value_scales, token_bytes, ahead, distance, query + head * rows * D,
+                            m + head * rows, l + head * rows, acc + head * rows * D, D};
             int r0 = 0;
             for (; r0 + RB <= rows; r0 += RB) row_block(&hv, c, r0, RB, n, first, is_plain, dtype);
             if (rows - r0 >= 2) {
@@ -386,8 +478,12 @@ INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, co
                                                const float *scales, long scale_stride, int n, long first,      \
                                                long ahead, int is_plain, const float *query, float *m,         \
                                                float *l, float *acc) {                                         \
-        run_chunk(job, chunk, token_bytes, scales, scale_stride, n, first, ahead, is_plain, query, m, l, acc,  \
-                  DTYPE);                                                                                      \
+        if (job->call->dim == 128) /* the common head dim, a constant: loops unrolled, state in registers */   \
+            run_chunk(job, chunk, token_bytes, scales, scale_stride, n, first, ahead, is_plain, query, m, l,   \
+                      acc, DTYPE, 128);                                                                        \
+        else                                                                                                   \
+            run_chunk(job, chunk, token_bytes, scales, scale_stride, n, first, ahead, is_plain, query, m, l,   \
+                      acc, DTYPE, job->call->dim);                                                             \
     }
 DEFINE_CHUNK(chunk_fp32, HA_FP32)
 DEFINE_CHUNK(chunk_bf16, HA_BF16)

@@ -9,6 +9,7 @@ import torch
 
 import engine
 from engine import DocumentSession, OffloadPolicy
+from machine_load import load, stretched
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 32
@@ -204,4 +205,5 @@ def test_cancel_takes_effect_within_a_second_at_the_8k_position(model_and_tokeni
         assert session.prefilled_tokens == session.cache.get_seq_length() == 8192  # the chunk cropped off: resumable
     # Before: the rest of the 4K-token chunk, 27.6 s on a laptop CPU. Now one layer's forward at most: 0.5-0.9 s
     # here alone, 2.4 s once in CI while the other worker ran a browser test on the same 2 cores.
-    assert max(latencies) < 3.0, latencies
+    # 3.27 s once in a full run at load 10 on the 2 cores: stretched by the oversubscription.
+    assert max(latencies) < stretched(3.0), (latencies, load())

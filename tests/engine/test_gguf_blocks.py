@@ -20,6 +20,7 @@ from engine.models.gguf_blocks import dequantize_reference as reference
 from engine.models.int8 import num_weights
 from engine.models.loader import _embedded_gguf, gguf_cache_entry, load_model
 from engine.models.loaded import weights_mode
+from probe_records import died_of_abort
 from test_parity import RTOL, rel_diff
 
 TYPES = {name: qtype for qtype, (name, _, _) in BLOCK_TYPES.items()}
@@ -422,16 +423,12 @@ def test_the_kernel_passes_its_probe_where_a_compiler_builds_it():
 
 
 def test_a_kernel_that_crashes_its_probe_costs_a_child_and_blocks_fall_back_to_gguf_py(tmp_path, monkeypatch):
-    import json
-    import signal
-
     monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path))  # no probe answer remembered
     monkeypatch.setattr(gguf_blocks, "PROBE", "os:abort")  # a child that dies as an illegal instruction would
     gguf_blocks.kernel.cache_clear()
     try:
         assert gguf_blocks.kernel() is None  # and this process is still here to say so
-        record = json.loads(next((tmp_path / "kernels" / "probes").glob("gguf-gemv-*.json")).read_text())
-        assert record["survives"] is False and record["detail"].startswith(f"signal {int(signal.SIGABRT)}")
+        assert died_of_abort(tmp_path, "gguf-gemv")
         raw = random_blocks(13, 512, "Q4_K")
         x = torch.randn(2, 512)
         expected = F.linear(x, reference(raw, TYPES["Q4_K"]))

@@ -12,6 +12,7 @@ from transformers import DynamicCache
 
 import engine
 from archs import build_pair, tiny_configs
+from probe_records import died_of_abort
 from engine.planning import rates
 from engine.planning.host_split import choose_host_slots, forecast_decode, host_share
 from engine.kv import HostAttention, native
@@ -396,9 +397,6 @@ def test_the_kernel_passes_its_probe_where_it_builds():
 
 
 def test_a_kernel_that_crashes_its_probe_costs_a_child_and_the_torch_tile_runs(tmp_path, monkeypatch):
-    import json
-    import signal
-
     built = native._unprobed_kernel()
     if built is None:
         pytest.skip("no C compiler here")
@@ -408,8 +406,7 @@ def test_a_kernel_that_crashes_its_probe_costs_a_child_and_the_torch_tile_runs(t
     native.kernel.cache_clear()
     try:
         assert native.kernel() is None  # and this process is still here to say so
-        record = json.loads(next((tmp_path / "kernels" / "probes").glob("host-attention-*.json")).read_text())
-        assert record["survives"] is False and record["detail"].startswith(f"signal {int(signal.SIGABRT)}")
+        assert died_of_abort(tmp_path, "host-attention")
         query = torch.randn(1, 4, 1, 64)
         assert not native.can_attend(query, [torch.randn(9, 1, 2, 2, 64)])  # the caller takes the torch tile
     finally:

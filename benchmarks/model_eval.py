@@ -29,7 +29,7 @@ from engine.models.loader import load_model
 from engine.models.pypi import PYPI_MODELS, pypi_model_gguf
 from engine.models.loaded import weights_mode
 
-from .records import run_stamp
+from .records import append_jsonl, run_stamp
 
 logger = logging.getLogger(__name__)
 
@@ -239,8 +239,7 @@ def main(argv=None) -> int:
 
     def emit(record: dict) -> None:
         records.append(record)
-        with jsonl.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_jsonl(jsonl, record)
 
     for key in args.models.split(","):
         evaluate(key, documents, texts, done, emit, args.weights)

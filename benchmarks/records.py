@@ -121,6 +121,13 @@ def load_records(path: str | os.PathLike) -> list[dict]:
     return records
 
 
+def append_jsonl(path: str | os.PathLike, *records: dict) -> None:
+    """Appends ``records`` to a JSON-lines file, one line each (the evals' files: a run cut short keeps every
+    answer already recorded, and a rerun skips them)."""
+    with Path(path).open("a") as file:
+        file.writelines(json.dumps(record) + "\n" for record in records)
+
+
 def latest_by_key(records: list[dict]) -> list[dict]:
     """The newest record of every key, in first-seen order (reports show one figure per measurement)."""
     newest: dict[tuple, dict] = {}

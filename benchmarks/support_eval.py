@@ -35,7 +35,7 @@ from engine.prompt import PromptBuilder
 from engine.models.loaded import weights_mode
 
 from .model_eval import document_text, load, score
-from .records import run_stamp
+from .records import append_jsonl, run_stamp
 
 logger = logging.getLogger(__name__)
 
@@ -587,8 +587,7 @@ def main(argv=None) -> int:
 
     def emit(record: dict) -> None:
         records.append(record)
-        with jsonl.open("a") as f:
-            f.write(json.dumps({k: v for k, v in record.items() if k != "trace"}) + "\n")
+        append_jsonl(jsonl, {k: v for k, v in record.items() if k != "trace"})
 
     texts = {d["key"]: document_text(d, Path(args.cache)) for d in load_questions()}
     pages = {key: page_texts(text) for key, text in texts.items()}

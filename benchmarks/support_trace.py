@@ -35,6 +35,7 @@ from engine.answer.sources import _keys_by_device
 from engine.answer.support import _SINK
 
 from .model_eval import load, read_or_restore
+from .records import append_jsonl
 from .support_eval import load_questions
 
 logger = logging.getLogger(__name__)
@@ -168,11 +169,10 @@ def main(argv=None) -> int:
             continue
         if args.tokens_only:
             tokenizer = _tokenizer(key)
-            with jsonl.open("a") as f:
-                for r in todo:
-                    ids = tokenizer(r["answer"], add_special_tokens=False)["input_ids"]
-                    f.write(json.dumps({"model": key, "document": r["document"], "question": r["question"],
-                                        "kind": r["kind"], "tokens": [tokenizer.decode([i]) for i in ids]}) + "\n")
+            for r in todo:
+                ids = tokenizer(r["answer"], add_special_tokens=False)["input_ids"]
+                append_jsonl(jsonl, {"model": key, "document": r["document"], "question": r["question"],
+                                     "kind": r["kind"], "tokens": [tokenizer.decode([i]) for i in ids]})
             continue
         model, tokenizer, _, _, load_s = load(key, args.weights)
         logger.info("%s loaded in %.0f s", key, load_s)
@@ -185,8 +185,7 @@ def main(argv=None) -> int:
                           "tokens": [tokenizer.decode([i]) for i in ids], "logprob_alone": logprob_alone,
                           "alone_s": alone_s}
                 logger.info("%s %s alone %.1f s: %r", key, r["kind"][:5], alone_s, r["answer"][:60])
-                with jsonl.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
+                append_jsonl(jsonl, record)
             del session, model
             continue
         for document in load_questions():
@@ -199,8 +198,7 @@ def main(argv=None) -> int:
                           **trace(session, r["question"], r["answer"])}
                 logger.info("%s %s replay %.1f s, alone %.2f s: %r", key, r["kind"][:5], record["replay_s"],
                             record["alone_s"], r["answer"][:60])
-                with jsonl.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
+                append_jsonl(jsonl, record)
         del session, model
     return 0
 

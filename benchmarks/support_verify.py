@@ -27,6 +27,7 @@ from engine import DocumentSession, OffloadPolicy, SnapshotStore
 from engine.models.loaded import weights_mode
 
 from .model_eval import load, read_or_restore
+from .records import append_jsonl
 from .support_eval import load_questions
 
 logger = logging.getLogger(__name__)
@@ -76,8 +77,7 @@ def main(argv=None) -> int:
                     record[f"check_s_{variant}"] = round(time.perf_counter() - started, 2)
                 session.new_conversation()
                 logger.info("%s %s %s", key, question["kind"][:5], record)
-                with jsonl.open("a") as f:
-                    f.write(json.dumps(record) + "\n")
+                append_jsonl(jsonl, record)
         del session, model
     return 0
 

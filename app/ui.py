@@ -238,6 +238,12 @@ def _wire(demo: gr.Blocks, page: Page, handlers: Handlers, title: str,
     demo.unload(handlers.unload)
 
 
+def _read_view(page: Page) -> list:
+    """The outputs a ``ReadView`` fills, field for field: a read and a continued read are wired to the same list."""
+    return [page.state, page.progress, page.status_box, page.chat, page.read_button, page.cancel_button, page.plan,
+            page.page_chips, page.page_view]
+
+
 def _wire_shelf(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     """The saved documents: listed, deleted, opened (a partial read then read on), and the tab's own reopened after
     a reload."""
@@ -254,8 +260,7 @@ def _wire_shelf(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     page.open_button.click(handlers.open_saved, [page.saved_choice, state], opened, api_name="open_saved",
                            show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
         handlers.continue_reading, [state],
-        [state, page.progress, page.status_box, page.chat, page.read_button, page.cancel_button, page.plan,
-         page.page_chips, page.page_view],  # a ReadView's nine fields
+        _read_view(page),
         api_visibility="private", show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
         handlers.saved, None, saved_view, api_visibility="private", **_LIGHT).then(
         handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT).then(
@@ -283,8 +288,7 @@ def _wire_reading(page: Page, handlers: Handlers):
                           api_name="first_part", **_LIGHT)
     read_done = page.read_button.click(
         handlers.read, [page.truncate, state],
-        [state, page.progress, page.status_box, page.chat, page.read_button, page.cancel_button, page.plan,
-         page.page_chips, page.page_view],
+        _read_view(page),
         api_name="read", show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
         handlers.saved, None, [page.saved_list, page.saved_choice], api_visibility="private",
         **_LIGHT).then(  # it may have saved one

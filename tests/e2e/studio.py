@@ -6,6 +6,24 @@ import socket
 from contextlib import contextmanager
 
 
+def slow_session(read_seconds: float, token_seconds: float | None = None):
+    """A ``DocumentSession`` class whose forwards sleep first: ``read_seconds`` per chunk read, ``token_seconds``
+    per one-token (decode) forward (default: the same), so a test can act while a read or an answer runs. The
+    sleep dominates a step, so the rates (and the estimates made from them) are steady."""
+    import time
+
+    from engine import DocumentSession
+
+    per_token = read_seconds if token_seconds is None else token_seconds
+
+    class SlowSession(DocumentSession):
+        def _forward(self, ids):
+            time.sleep(per_token if len(ids) == 1 else read_seconds)
+            return super()._forward(ids)
+
+    return SlowSession
+
+
 def tab(browser, url: str, timeout_ms: int, *, height: int = 900):
     """A new tab of its own (a fresh context: no shared storage, so a tab's memory of its document stays its own)
     at ``url``, 1280 x ``height``."""

@@ -12,25 +12,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from make_files import make_pdf  # noqa: E402
-from studio import served, tab  # noqa: E402
+from studio import served, slow_session, tab  # noqa: E402
 from test_browser import PAGES  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TIMEOUT_MS = 180_000
-
-
-def _slow_session():
-    from engine import DocumentSession
-
-    class SlowSession(DocumentSession):
-        """Reads slowly enough that the studio can be stopped between checkpoints."""
-
-        def _forward(self, ids):
-            time.sleep(0.3)
-            return super()._forward(ids)
-
-    return SlowSession
 
 
 def _page(browser, url):
@@ -51,7 +38,7 @@ def test_a_read_stopped_by_a_restart_continues_from_the_shelf(browser, tmp_path,
     monkeypatch.setattr(saved, "CHECKPOINT_EVERY_CHUNKS", 2)
     pdf = make_pdf(tmp_path / "kerrow-lighthouse.pdf", PAGES * 3)
     root = tmp_path / "kv"
-    with served(_slow_session(), chunk_size=16, snapshot_store=SnapshotStore(root)) as url:
+    with served(slow_session(0.3), chunk_size=16, snapshot_store=SnapshotStore(root)) as url:
         page = _page(browser, url)
         page.locator("#file-drop input[type=file]").set_input_files(str(pdf))
         page.wait_for_selector("#plan .plan[data-fits=true]")

@@ -19,27 +19,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
 from make_files import make_pdf  # noqa: E402
-from studio import served, tab  # noqa: E402
+from studio import served, slow_session, tab  # noqa: E402
 from test_browser import PAGES  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TIMEOUT_MS = 180_000
 READ_SLEEP, TOKEN_SLEEP = 0.3, 0.5  # seconds added to each read chunk's forward and each answer token's forward
-
-
-def _slow_session():
-    from engine import DocumentSession
-
-    class SlowSession(DocumentSession):
-        """Reads and writes slowly, so each tab's line can be read while the other holds the device; the sleep
-        dominates a step, so the answer's rate is steady and its remaining time predictable."""
-
-        def _forward(self, ids):
-            time.sleep(TOKEN_SLEEP if len(ids) == 1 else READ_SLEEP)
-            return super()._forward(ids)
-
-    return SlowSession
 
 
 def _seconds(text: str) -> float:
@@ -58,7 +44,7 @@ def _answer_stats(page) -> tuple[int, float] | None:
 def test_while_one_tab_answers_the_other_tab_says_true_numbers(browser, tmp_path):
     long_pdf = make_pdf(tmp_path / "kerrow-lighthouse.pdf", PAGES * 8)
     short_pdf = make_pdf(tmp_path / "tides.pdf", ["Tides rise twice a day at Kerrow.", "The harbour dries at low tide."])
-    with served(_slow_session(), chunk_size=16) as url:
+    with served(slow_session(READ_SLEEP, TOKEN_SLEEP), chunk_size=16) as url:
         b = tab(browser, url, TIMEOUT_MS)
         b.locator("#file-drop input[type=file]").set_input_files(str(short_pdf))
         b.wait_for_selector("#plan .plan[data-fits=true]")

@@ -34,3 +34,17 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(1)
+
+
+#: Where each failure's report is appended the moment it happens (``gpu_steps.gpu_tests`` sets it): a GPU run cut at
+#: its time cap never reaches pytest's summary, and the H200 run of 2026-11-27 lost five failures' reasons so.
+FAILURE_LOG = "HEADINFER_FAILURE_LOG"
+
+
+def pytest_runtest_logreport(report):
+    path = os.environ.get(FAILURE_LOG)
+    # Under xdist the controller sees every worker's report too: only the process that is no worker writes.
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with open(path, "a") as log:
+        log.write(f"\n=== {report.nodeid} ({report.when})\n{report.longreprtext}\n")

@@ -26,6 +26,7 @@ from engine.planning.planner import make_plan, paper_memory_table
 from engine.planning.plan import Plan
 from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
+from engine.planning.rates import MachineRates, plan_rates
 
 from .models import set_attention
 
@@ -127,14 +128,30 @@ class Runner:
         if not mode.is_headinfer:
             return None
         return make_plan(self.shape, dataclasses.replace(self.policy(mode, context), max_context=None), context,
-                         device_is_cuda=self.is_cuda, gpu_budget=self.gpu_budget, host_budget=self.host_budget)
+                         device_is_cuda=self.is_cuda, gpu_budget=self.gpu_budget, host_budget=self.host_budget,
+                         rates=self.rates(mode))
+
+    def rates(self, mode: Mode) -> MachineRates | None:
+        """The machine's measured rates where the mode splits decode by them (``host_attention="auto"`` on CUDA).
+
+        The app's plans get them from its ``MachineBudget``; a cache built without a plan does no probing and so
+        streams every offloaded group: the H200 run of 2026-11-27 measured "-split" with a host share of 0."""
+        policy = OffloadPolicy(host_attention=mode.host_attention)
+        return plan_rates(policy, self.device) if mode.host_attention == "auto" and mode.is_headinfer else None
 
     def make_cache(self, mode: Mode, capacity: int):
         """An empty cache for ``mode`` able to hold ``capacity`` tokens."""
         config = self.model.config
         if mode.kind == "headinfer":
             policy = self.policy(mode, capacity)
-            return engine.HeadInferCache(config, policy, device=self.device, dtype=self.dtype)
+            rates = self.rates(mode)
+            if rates is None:
+                return engine.HeadInferCache(config, policy, device=self.device, dtype=self.dtype)
+            # The plan the cache would make itself, with the split the rates give (as DocumentSession's plans).
+            text_config = config.get_text_config(decoder=True)
+            shape = ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=self.dtype).element_size())
+            plan = make_plan(shape, policy, capacity, device_is_cuda=self.is_cuda, rates=rates)
+            return engine.HeadInferCache(config, policy, plan=plan, device=self.device, dtype=self.dtype)
         return DynamicCache(config=config, offloading=mode.kind == "layerwise")
 
     def forward(self, ids: torch.Tensor, cache) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.harness.floors import (Rates, attention_flops, decode_floor_s, linear_params, offloaded_kv_bytes,
                                prefill_flops, prefill_floor_s, ratio)
-from benchmarks.harness.models import llama3_8b_config
+from benchmarks.harness.models import build_random, llama3_8b_config, tiny_llama_config
 from benchmarks.harness.modes import GPU_MODES
 from benchmarks.records import ResultStore, latest_by_key
 from benchmarks.harness.report import annotate
@@ -195,3 +195,31 @@ def test_first_start_table_keeps_each_codes_newest_run_and_marks_unsampled_peaks
     later["metrics"].update(saved=0, cache_mb=1600, gguf_mb=1000, plan_seconds=1.25, panel_seconds=20.0)
     rows = [line for line in _first_start_lines([later]) if "`pypi:m`" in line]
     assert rows == ["| after | `pypi:m` | second | 500 | 300 | 1 | 2.0 (1.0) | no | 2,600 (2.6×) | 1.2 | 20.0 | 1 |"]
+
+
+# -- the split modes plan with the machine's rates -------------------------------------------------
+def test_the_split_mode_plans_its_host_share_from_the_machines_rates_on_cuda(monkeypatch):
+    """The H200 run of 2026-11-27 measured "headinfer-g1-split" with a host share of 0: its caches were built
+    without the rates the app's plans carry, so every offloaded group streamed. Host 88 GB/s beside a 55 GB/s
+    link should put 88 / (88 + 55) of the offloaded bytes on the host; the streamed and host-only modes keep theirs."""
+    from benchmarks.harness import modes
+    from engine.planning.rates import MachineRates
+
+    asked = []
+
+    def fake_rates(policy, device):
+        asked.append((policy.host_attention, torch.device(device).type))
+        return MachineRates(host_attention_gbps=88.0, h2d_gbps=55.0, is_h2d_measured=True)
+
+    monkeypatch.setattr(modes, "plan_rates", fake_rates)
+    model = build_random(tiny_llama_config(), device="cpu", dtype=torch.bfloat16, attn_implementation="sdpa")
+    runner = modes.Runner(model, torch.device("cuda", 0), chunk_size=64)
+    by_name = GPU_MODES
+    split, streamed, host = (by_name[name] for name in ("headinfer-g1-split", "headinfer-g1", "headinfer-g1-host"))
+    assert runner.plan(split, 4096).host_share == pytest.approx(88 / 143)
+    assert runner.plan(streamed, 4096).host_share == 0.0
+    assert runner.plan(host, 4096).host_share == 1.0
+    cache = runner.make_cache(split, 4096)  # construction reads the config only: no CUDA needed to plan
+    assert cache.plan.host_share == pytest.approx(88 / 143) and cache.plan.decode_seconds is not None
+    assert runner.make_cache(streamed, 4096).plan.host_share == 0.0
+    assert set(asked) == {("auto", "cuda")}  # only the split mode asks the machine

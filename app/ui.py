@@ -271,13 +271,21 @@ def _wire_shelf(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
     page.tab_memory.change(None, [page.tab_memory], None, js=_REMEMBER_JS)
 
 
+def hold_read():
+    """The Read button, not clickable (until a handler that knows what is to be read enables it)."""
+    return gr.update(interactive=False)
+
+
 def _wire_reading(page: Page, handlers: Handlers):
     """Choosing files (and a page range of a set too large), reading them, cancelling; returns the read's event."""
     state = page.state
     # One upload at a time: reading and tokenizing a large file takes memory, so visitors queue for it.
-    page.files.change(handlers.choose_files, [page.files, state],
-                      [state, page.table, page.plan, page.truncate, page.read_button, page.status_box],
-                      api_name="upload", concurrency_id="ingest", concurrency_limit=1, show_progress="minimal").then(
+    # "Read documents" is held first, at once and outside the ingest queue: until the new files' plan lands the
+    # button would read the previous set (the tab's state still holds it while an upload waits or is tokenized).
+    page.files.change(hold_read, None, [page.read_button], api_visibility="private", **_LIGHT).then(
+        handlers.choose_files, [page.files, state],
+        [state, page.table, page.plan, page.truncate, page.read_button, page.status_box],
+        api_name="upload", concurrency_id="ingest", concurrency_limit=1, show_progress="minimal").then(
         handlers.range_offer, [state], [page.range_box, page.range_from, page.range_to, page.range_info],
         api_visibility="private", **_LIGHT)
     chosen_range = [state, page.range_info, page.plan, page.truncate, page.read_button, page.status_box]

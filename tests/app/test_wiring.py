@@ -27,3 +27,24 @@ def test_each_handlers_view_has_one_field_per_output():
     wrong = {name: (counts, len(VIEWS[name]._fields)) for name, counts in seen.items()
              if counts != {len(VIEWS[name]._fields)}}
     assert not wrong, wrong
+
+
+def test_read_is_held_before_new_files_are_planned():
+    """Clicking "Read documents" while a new upload waits in the ingest queue read the previous set: the tab's state
+    still held it. The upload's handler now runs after one that disables the button at once, outside that queue;
+    the upload's handler enables it again when it knows what to read. (Not the page range's ends: the upload's
+    handler sets them too, and a range that needs no change of the button would leave it held.)"""
+    from app.ui import hold_read
+
+    demo = build_ui(lambda: None, model_info={"model_name": "a model"}, snapshot_store=None)
+    blocks = list(demo.fns.values() if isinstance(demo.fns, dict) else demo.fns)
+    by_id = {getattr(block, "id", index): block for index, block in enumerate(blocks)}
+    planners = [block for block in blocks if getattr(block.fn, "__name__", None) == "choose_files"]
+    assert len(planners) == 1
+    for block in planners:
+        before = by_id[block.trigger_after]
+        assert before.fn is hold_read, getattr(before.fn, "__name__", before.fn)
+        read_button = next(o for o in block.outputs if getattr(o, "elem_id", None) == "read")
+        assert [o._id for o in before.outputs] == [read_button._id]
+        assert before.concurrency_id != "ingest"
+    assert hold_read()["interactive"] is False

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import weakref
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
@@ -50,7 +51,9 @@ class HeadInferLayer(CacheLayerMixin):
 
     def __init__(self, cache: "HeadInferCache", layer_idx: int, window: int | None, kv_index: int | None = None):
         super().__init__()
-        self.cache = cache
+        # Weak: the cache holds its layers, so a strong reference back would make a dropped cache cyclic garbage,
+        # its device buffers held until the next cyclic GC pass instead of freed when the last reference goes.
+        self._cache = weakref.ref(cache)
         self.layer_idx = layer_idx
         self.kv_index = layer_idx if kv_index is None else kv_index
         self.window = window
@@ -58,6 +61,13 @@ class HeadInferLayer(CacheLayerMixin):
         self.homes: LayerHomes | None = None
         self.length = 0
         self._staged: torch.Tensor | None = None  # this chunk in home layout ([G, Q, B, 2, g, D]), update to attend
+
+    @property
+    def cache(self) -> "HeadInferCache":
+        cache = self._cache()
+        if cache is None:
+            raise StateError("this cache layer's HeadInferCache was dropped")
+        return cache
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         batch, _, _, head_dim = key_states.shape

@@ -113,8 +113,11 @@ class Schedule:
                         self._prefetch_after(run, index, past, q_len, is_host_step, batch)
                     out = kernels.attend_block(queries, block, q_offset=num_past, scaling=scaling, window=window,
                                                softcap=softcap, scratch=self.transfer.scratch)
-                    if out.shape[0] != batch:  # [n, heads, Q, D] -> [B, n * heads, Q, D] (a view)
-                        out = out.view(batch, run.num * heads, q_len, head_dim)
+                    if out.shape[0] != batch:  # [n, heads, Q, D] -> [B, n * heads, Q, D]
+                        # A view where the kernel wrote [n, heads, Q, D] in order (CPU SDPA, flash: its output is
+                        # laid out like the query); CUDA's memory-efficient kernel (fp32) writes [n, Q, heads, D]
+                        # and hands back its transpose, which no view can merge: then one copy.
+                        out = out.reshape(batch, run.num * heads, q_len, head_dim)
                     outs.append((run.first, out))
                 finally:
                     if buffer is not None:

@@ -4,6 +4,7 @@ and the planner counts attention's scratch, 8-bit code planes and the sources pa
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -102,6 +103,37 @@ def test_windowed_chunk_peak_stays_within_its_planned_scratch(dtype):
     assert peak - out.nbytes <= planned, f"{(peak - out.nbytes) / 2**20:.1f} MiB > {planned / 2**20:.1f} MiB planned"
     assert kernels.ROUTE_COUNTS["window-blocks"] == 1
     assert planned < 16 << 20 < chunk * (window - 1 + chunk)  # smaller than the old route's boolean mask alone
+
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_windowed_chunk_on_the_cuda_route_stays_within_its_planned_scratch(monkeypatch, dtype):
+    """The same shape through the CUDA route (``kernels.FUSED_DEVICES``: K/V copied contiguous per block, no cache
+    scratch, as the GPU test calls it), SDPA standing in for CUDA's memory-efficient kernel with what that kernel
+    allocates (its output as [B, M, H, Kv]; memory only, its values are not checked here). The block's K/V
+    copies were made before its mask was built, so they were alive beside the mask's boolean temporaries:
+    0.3 MiB (fp32) / 1.1 MiB (bf16) past ``scratch_bytes(cuda=True)``, which the 2026-11-27 H200 run's
+    ``test_windowed_gqa_prefill_chunk_runs_a_fused_kernel_without_a_score_tensor`` checks against."""
+    chunk, window, head_dim = 4096, 4096, 128
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 4, chunk, head_dim, generator=generator).to(dtype)
+    block = torch.randn(window - 1 + chunk, 1, 2, 1, head_dim, generator=generator).to(dtype)
+    calls = []
+
+    def efficient_kernel(q, k, v, attn_mask=None, scale=None):
+        calls.append(k.is_contiguous())
+        batch, heads, rows, _ = q.shape
+        return torch.empty(batch, rows, heads, v.shape[-1], dtype=q.dtype).transpose(1, 2)
+
+    monkeypatch.setattr(kernels, "FUSED_DEVICES", frozenset({"cuda", "cpu"}))
+    monkeypatch.setattr(kernels, "sdpa_kernel", lambda backends: contextlib.nullcontext())  # (CPU has no such kernel)
+    monkeypatch.setattr(windowed.F, "scaled_dot_product_attention", efficient_kernel)
+    kernels.ROUTE_COUNTS.clear()
+    peak, out = peak_extra_bytes(lambda: kernels.attend_block(query, block, q_offset=window - 1,
+                                                              scaling=head_dim**-0.5, window=window))
+    planned = windowed.scratch_bytes(1, 4, 1, head_dim, window, chunk, query.element_size(), cuda=True)
+    assert calls and all(calls) and kernels.ROUTE_COUNTS["window-blocks"] == 1
+    assert peak - out.nbytes <= planned, f"{(peak - out.nbytes) / 2**20:.2f} MiB > {planned / 2**20:.2f} MiB planned"
 
 
 def test_windowed_blocks_read_only_visible_keys_with_small_masks_in_the_query_dtype(monkeypatch):

@@ -175,3 +175,42 @@ def test_a_call_past_the_planned_size_grows_the_scratch_once_and_says_so(caplog)
         scratch.kv(key, value)
     assert made == [80, 240] and torch.equal(k, key) and torch.equal(v, value)
     assert [r for r in caplog.records if "growing the attention scratch" in r.getMessage()]
+
+
+
+def use_cuda_output_layouts(monkeypatch) -> None:
+    """SDPA hands back its output laid out as CUDA's fused kernels write it: fp32 (the memory-efficient kernel)
+    allocates [B, Q, H, D] and returns its transpose, whatever the query's strides; flash (bf16/fp16) allocates
+    like the query (``empty_like``). CPU SDPA returns [B, H, Q, D] in order, which hid the first on this CPU."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def laid_out(query, key, value, *args, **kwargs):
+        out = sdpa(query, key, value, *args, **kwargs)  # [B, H, Q, D]
+        if query.dtype == torch.float32:
+            return out.transpose(1, 2).contiguous().transpose(1, 2)
+        return torch.empty_like(query).copy_(out)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", laid_out)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["float32", "bfloat16"])
+@torch.inference_mode()
+def test_runs_of_multi_head_groups_take_the_fused_kernels_output_layouts(fused_on_cpu, tmp_path, monkeypatch,
+                                                                        dtype, rtol):
+    """MHA (4 KV heads) in groups of 2: a layer's two groups are one run, attended as a batch of two
+    (``PingPong.run_views``) and put back as [1, 4, Q, D]. With the memory-efficient kernel's output layout (fp32
+    on CUDA) no view does that: the 2026-11-27 H200 run failed
+    ``test_pingpong_prefill_matches_stock_for_every_group_size[llama-mha-float32-*]`` (bf16, through flash, passed).
+    Every group size, the GPU test's 45-token prompt in chunks past the CPU tile, matches stock."""
+    stock, model = build_pair("llama-mha", tmp_path, dtype=dtype)
+    ids = torch.randint(0, model.config.vocab_size, (1, 45), generator=torch.Generator().manual_seed(7))
+    expected = stock(ids).logits
+    use_cuda_output_layouts(monkeypatch)
+    for group in (1, 2, 4):
+        cache = engine.HeadInferCache(model.config, device="cpu", head_group_size=group, resident_slots=0,
+                                      chunk_size=CHUNK)
+        logits = torch.cat([model(ids[:, s : s + CHUNK], past_key_values=cache, use_cache=True).logits
+                            for s in range(0, 45, CHUNK)], dim=1)
+        assert cache.plan.groups_per_buffer == 4 // group  # a layer's groups: one run
+        assert float((logits - expected).abs().max() / expected.abs().max()) < rtol, group
+    assert kernels.ROUTE_COUNTS["sdpa-fused"] > 0, kernels.ROUTE_COUNTS

@@ -411,18 +411,21 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
     grounded_ms = 1000 * (time.perf_counter() - started) / max(len(records), 1)  # all signals; grounded dominates
     models = list(dict.fromkeys(r["model"] for r in records))
     layouts = [layout for layout in ("glued", "turn") if any(r["layout"] == layout for r in records)]
+    asked = {kind: sum(q["kind"] == kind for d in load_questions() for q in d["questions"])
+             for kind in ("supported", "unsupported")}
     lines = ["# The document may not say: the support flag, and a fresh chat against a later one (CPU)", "",
              f"Machine: {stamp['machine']}, load average at start {stamp['load_avg']} (2 cores shared with other "
              f"jobs); torch {stamp['torch']}, transformers {stamp['transformers']}; {stamp['date'][:10]}.", "",
              "`python -m benchmarks.support_eval`: `benchmarks/data/support_eval.json`, two sections of Debian "
-             "manuals (Bash Reference Manual PDF pp. 38-41, Debian FAQ PDF pp. 27-29), 16 questions the pages answer "
-             "and 16 that look alike but the pages do not (another program's option, a number or default the pages "
-             f"do not give). Greedy, sources on, at most {MAX_NEW_TOKENS} answer tokens.", "",
+             "manuals (Bash Reference Manual PDF pp. 38-41, Debian FAQ PDF pp. 27-29), "
+             f"{asked['supported']} questions the pages answer and {asked['unsupported']} that look alike but the pages do not (another program's option, "
+             f"a number or default the pages do not give); a model run before the set grew has answered fewer (its "
+             f"counts are in the tables). Greedy, sources on, at most {MAX_NEW_TOKENS} answer tokens.", "",
              "## The flag (fresh chats)", "",
              "Flagged when any of the rule's signals is under its threshold. Thresholds fitted to flag the most "
              f"unsupported answers with at most {MAX_SUPPORTED_FLAGGED:.0%} of the supported ones flagged. **Held "
-             "out**: leave one question out (each answer judged by thresholds fitted on the other 31); **across "
-             "documents**: fitted on one manual's 16 questions, judged on the other's. Target: >= 70% of "
+             "out**: leave one question out (each answer judged by thresholds fitted on all the others); **across "
+             "documents**: fitted on one manual's questions, judged on the other's. Target: >= 70% of "
              "unsupported flagged, <= 10% of supported flagged. Signals: `share` (the answer's attention on the "
              "pages), `log-prob` (its mean token log-probability), `grounded` (the share of the answer's own "
              "content words found on the pages it cites), and cheap alternatives (the lowest token log-prob, the "

@@ -199,15 +199,15 @@ def grounded_share(answer: str, question: str, pages: list[str]) -> float | None
 # or path the model was loaded from; the first match wins, a model matching none takes the CPU default model's. The
 # labels are the answers' own: a right answer is supported, a wrong one (an invented default, another program's
 # option) is not, whichever question it answers. Held out with the choice of rule (picked and fitted without the
-# answer judged): Qwen2.5-Coder-1.5B 83% of unsupported answers flagged, 8% of supported ones (the 70% / 10% target
-# met); SmolLM2-135M 67% / 14%; Qwen2.5-Coder-0.5B 60% / 33% (its attention share alone; its log-probs separate
-# nothing). None of the claim-token signals measured (``claim_tokens``: their log-prob, attention, the document's
-# contrast) beats these rules held out.
+# answer judged; 48 questions): Qwen2.5-Coder-1.5B 81% of unsupported answers flagged (21/26), 10% of supported ones
+# (2/21; the 70% / 10% target met); SmolLM2-135M 70% / 22% (26/37, 2/9); Qwen2.5-Coder-0.5B 47% / 6% (15/32, 1/16;
+# its attention share alone; its log-probs separate nothing). None of the claim-token signals measured
+# (``claim_tokens``: their log-prob, attention, the document's contrast) beats these rules held out.
 _FITTED: tuple[tuple[str, SupportThresholds], ...] = (
     ("qwen2.5-coder-1.5b",
-     SupportThresholds(min_document_share=0.494, min_mean_logprob=-0.181, min_grounded_share=0.0)),
+     SupportThresholds(min_document_share=0.51, min_mean_logprob=-0.181, min_grounded_share=0.0)),
     ("qwen2.5-coder-0.5b",
-     SupportThresholds(min_document_share=0.522, min_mean_logprob=-100.0, min_grounded_share=0.0)),
+     SupportThresholds(min_document_share=0.493, min_mean_logprob=-100.0, min_grounded_share=0.0)),
     ("smollm2", SupportThresholds(min_document_share=0.703, min_mean_logprob=-1.049, min_grounded_share=0.0)),
 )
 

@@ -69,3 +69,47 @@ def test_answers_are_labelled_by_what_they_claim_and_the_shipped_rule_is_fitted_
     assert "share" in rule and 0.34 <= thresholds.min_document_share <= 0.7  # just over the highest wrong one
     # Held out, the highest wrong answer (0.34) is judged by a threshold fitted just over the next (0.32): missed.
     assert any("90% of unsupported answers flagged, 0% of supported ones" in line for line in lines), lines[-1]
+
+
+def test_the_question_set_is_balanced_and_the_default_model_has_enough_supported_answers():
+    """The issue's set: >= 15 questions the pages answer and >= 15 look-alikes, each kind split evenly between the
+    fit and test halves in every document; and the recorded fresh-chat answers of the CPU default model (what its
+    shipped thresholds are fitted on) hold >= 15 supported answers by ``by_answer``'s labels, one per question."""
+    import json
+    import re
+    from collections import Counter
+    from pathlib import Path
+
+    from benchmarks.support_eval import QUESTIONS, _fresh, by_answer, load_questions
+
+    documents = load_questions()
+    questions = [q for d in documents for q in d["questions"]]
+    assert len({q["q"] for q in questions}) == len(questions)
+    for kind in ("supported", "unsupported"):
+        assert sum(q["kind"] == kind for q in questions) >= 15
+    for document in documents:
+        halves = Counter((q["kind"], q["half"]) for q in document["questions"])
+        assert halves[("supported", "fit")] == halves[("supported", "test")]
+        assert halves[("unsupported", "fit")] == halves[("unsupported", "test")]
+    for q in questions:
+        re.compile(q["regex"])
+
+    records = Path(QUESTIONS).parents[2] / "docs" / "benchmarks" / "support.jsonl"
+    rows = _fresh([json.loads(line) for line in records.read_text().splitlines()], "qwen2.5-coder-1.5b", "glued")
+    assert sorted(r["question"] for r in rows) == sorted(q["q"] for q in questions)  # every question, once
+    assert sum(r["kind"] == "supported" for r in by_answer(rows)) >= 15
+
+
+def test_the_engine_ships_the_thresholds_the_eval_fitted():
+    """``engine.answer.support._FITTED`` is what ``support.md``'s per-answer section says each model ships (the
+    tables are regenerated from ``support.jsonl``; a refit that is not copied into the engine fails here)."""
+    from pathlib import Path
+
+    from benchmarks.support_eval import QUESTIONS
+    from engine.answer.support import _FITTED
+
+    shipped = (Path(QUESTIONS).parents[2] / "docs" / "benchmarks" / "support.md").read_text()
+    shipped = shipped[shipped.index("## The flag, judged per answer"):]
+    for model, thresholds in _FITTED:
+        assert any(line.startswith(f"- {model}: ") and f"`{thresholds!r}`" in line
+                   for line in shipped.splitlines()), model

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from engine import DocumentSession, OffloadPolicy
-from engine.answer.support import SupportThresholds, claim_tokens, grounded_share, page_texts, token_logprob
+from engine.answer.support import (SupportThresholds, claim_logprob, claim_tokens, grounded_share, page_texts,
+                                   token_logprob)
 from engine.prompt import PromptBuilder
 from engine.models.loaded import weights_mode
 
@@ -133,7 +134,7 @@ def _logprob_cost(model) -> float:
 
 # The candidate signals, by the name of their threshold; the first three are the engine's (``decide``), the
 # others are cheap alternatives from the same answer, fitted and reported the same way to see whether they help.
-ENGINE_SIGNALS = ("min_document_share", "min_mean_logprob", "min_grounded_share", "min_verify_yes")
+ENGINE_SIGNALS = ("min_document_share", "min_mean_logprob", "min_grounded_share", "min_verify_yes", "min_claim_logprob")
 CANDIDATES = {
     "share + log-prob (before)": ("min_document_share", "min_mean_logprob"),
     "share": ("min_document_share",),
@@ -155,7 +156,7 @@ CANDIDATES = {
     "share + log-prob + verify": ("min_document_share", "min_mean_logprob", "min_verify_yes"),
     "log-prob + grounded + verify": ("min_mean_logprob", "min_grounded_share", "min_verify_yes"),
     # The answer's claim tokens (its own words, not the question's restated): their mean log-prob (from the
-    # recorded log-probs), how much more likely the document made them (``contrast``: log p with the document minus
+    # recorded log-probs; the engine's ``min_claim_logprob``, so these rules can ship), how much more likely the document made them (``contrast``: log p with the document minus
     # log p without it, ``benchmarks.support_trace``: one extra forward per answer), and their attention share.
     "claim log-prob": ("min_claim_logprob",),
     "share + claim log-prob": ("min_document_share", "min_claim_logprob"),
@@ -185,13 +186,11 @@ def _claim_signals(record: dict) -> dict[str, float | None]:
     out = {"min_claim_logprob": None, "min_contrast": None, "min_claim_share": None}
     if not tokens or not logprobs:
         return out
-    claim = claim_tokens(tokens, record["answer"], record["question"])
-    if not any(claim):
-        claim = [True] * len(tokens)  # an answer that only restates the question: every token is its claim
-    picked = [i for i, c in enumerate(claim) if c and i < len(logprobs)]
-    if not picked:
-        return out
-    out["min_claim_logprob"] = sum(logprobs[i] for i in picked) / len(picked)
+    # The engine's own computation (``DocumentSession`` runs it on the answer's tokens and log-probs).
+    out["min_claim_logprob"] = claim_logprob(tokens, logprobs, record["question"])
+    n = min(len(tokens), len(logprobs))
+    claim = claim_tokens(tokens[:n], "".join(tokens[:n]), record["question"])
+    picked = [i for i in range(n) if claim[i]] or list(range(n))  # as ``claim_logprob`` picks them
     alone = trace.get("logprob_alone")
     if alone:
         out["min_contrast"] = sum(logprobs[i] - alone[i] for i in picked if i < len(alone)) / len(picked)
@@ -218,9 +217,10 @@ def signals(record: dict, pages: dict[str, str]) -> dict[str, float | None]:
 
 
 def _matrix(rows: list[dict], names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """([answers, signals] values, NaN where missing; [answers] True for an unsupported question)."""
-    values = np.array([[np.nan if row["signals"][n] is None else row["signals"][n] for n in names] for row in rows],
-                      dtype=float).reshape(len(rows), len(names))
+    """([answers, signals] values, NaN where missing (None or not computed); [answers] True for an unsupported
+    question)."""
+    values = np.array([[np.nan if row["signals"].get(n) is None else row["signals"][n] for n in names]
+                       for row in rows], dtype=float).reshape(len(rows), len(names))
     return values, np.array([row["kind"] == "unsupported" for row in rows])
 
 
@@ -303,17 +303,34 @@ def across_documents(rows: list[dict], names: tuple[str, ...]) -> tuple[float, f
     return _rates(np.concatenate(flagged), np.concatenate(kinds))
 
 
+def _rounded(thresholds: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``thresholds`` rounded up to the fewest decimals (3 to 6) that flag exactly the answers they flag. A fitted
+    threshold sits 1e-9 over the highest answer it flags; rounded to the nearest, it could fall under that answer
+    and stop flagging it (it did: -0.18059858 shipped as -0.181 flagged one invented answer fewer on the 1.5B)."""
+    exact = _flags(values, thresholds)
+    for decimals in (3, 4, 5, 6):
+        scale = 10 ** decimals
+        rounded = np.array([math.ceil(t * scale) / scale if math.isfinite(t) else t for t in thresholds])
+        if np.array_equal(_flags(values, rounded), exact):
+            return rounded
+    return thresholds
+
+
 def fitted_thresholds(rows: list[dict], names: tuple[str, ...]) -> SupportThresholds:
-    """The engine's thresholds for the rule ``names`` fitted on all of ``rows`` (the others off)."""
-    fitted = dict(zip(names, (float(t) for t in fit(*_matrix(rows, names)))))
+    """The engine's thresholds for the rule ``names`` fitted on all of ``rows`` (the others off), rounded so that
+    they flag the same answers as the fit."""
+    values, unsupported = _matrix(rows, names)
+    fitted = dict(zip(names, (float(t) for t in _rounded(fit(values, unsupported), values))))
     share = fitted.get("min_document_share", -math.inf)
     logprob = fitted.get("min_mean_logprob", -math.inf)
     grounded = fitted.get("min_grounded_share", -math.inf)
     verify = fitted.get("min_verify_yes", -math.inf)
-    return SupportThresholds(round(min(share, 1.0), 3) if math.isfinite(share) else 0.0,
-                             round(max(min(logprob, 0.0), -100.0), 3) if math.isfinite(logprob) else -100.0,
-                             round(min(grounded, 1.0), 3) if math.isfinite(grounded) else 0.0,
-                             round(min(verify, 1.0), 4) if math.isfinite(verify) else 0.0)
+    claim = fitted.get("min_claim_logprob", -math.inf)
+    return SupportThresholds(min(share, 1.0) if math.isfinite(share) else 0.0,
+                             max(min(logprob, 0.0), -100.0) if math.isfinite(logprob) else -100.0,
+                             min(grounded, 1.0) if math.isfinite(grounded) else 0.0,
+                             min(verify, 1.0) if math.isfinite(verify) else 0.0,
+                             max(min(claim, 0.0), -100.0) if math.isfinite(claim) else -100.0)
 
 
 # Signals recorded for some answers only (a verification turn, a trace): rules using them are judged on those answers.

@@ -18,8 +18,8 @@ import torch
 from .answer.generate import ConversationFit, document_page_starts, retrieval_heads, stream_answer
 from .answer.sampling import RepetitionGuard
 from .answer.sources import AnswerSources
-from .answer.support import (decide, grounded_share, mean_logprob, page_texts, thresholds_for, verify_prompt,
-                             yes_share)
+from .answer.support import (claim_logprob, decide, grounded_share, mean_logprob, page_texts, thresholds_for,
+                             verify_prompt, yes_share)
 from .cache import HeadInferCache
 from .errors import ForwardInterrupted, InputError, PlanError, PrefillCancelled, QuestionTooLong, StateError
 from .interrupt import interruptible, layer_callbacks
@@ -410,7 +410,8 @@ class DocumentSession:
                           sources_seconds=grounding.seconds if grounding else 0.0,
                           support=decide(grounding.document_share if grounding else None,
                                          mean_logprob(end.logprobs), self.support_thresholds,
-                                         self._grounded(question, end.text, found), verified))
+                                         self._grounded(question, end.text, found), verified,
+                                         self._claim_logprob(question, end)))
 
     def check_support(self, question: str, turns: list[Turn] | None = None) -> float:
         """P(yes) / (P(yes) + P(no)) of the model's own next token after a verification turn (``verify_prompt``:
@@ -439,6 +440,12 @@ class DocumentSession:
             self.cache.crop_to(kept)
             del self._cached_ids[kept:]
         return yes_share(logits, self.tokenizer)
+
+    def _claim_logprob(self, question: str, end) -> float | None:
+        """``claim_logprob`` of the answer ``end`` (``Decoded``): its tokens decoded one by one (as the eval's records
+        hold them), their log-probs from the decode itself. No forward: a decode per token and a regex."""
+        tokens = [self.tokenizer.decode([token]) for token in end.token_ids]
+        return claim_logprob(tokens, list(end.logprobs), question)
 
     def _grounded(self, question: str, answer: str, found: list) -> float | None:
         """``grounded_share`` of the answer on the pages it attended to (its sources); None without sources."""

@@ -44,6 +44,7 @@ class Decoded:
     stopped: bool  # ``should_stop`` turned true
     looped: bool  # the repetition guard stopped an answer that repeated itself
     logprobs: tuple[float, ...] = ()  # log p of each answer token under the model's own (unguarded) logits
+    token_ids: tuple[int, ...] = ()  # the answer's tokens, in order (the support check's claim tokens)
 
 
 def stream_answer(model, tokenizer, logits: torch.Tensor, forward: Callable[[list[int]], torch.Tensor],
@@ -82,7 +83,7 @@ def stream_answer(model, tokenizer, logits: torch.Tensor, forward: Callable[[lis
         except ForwardInterrupted:  # a stop between layers of a (large model's) decode step
             stopped = True
             break
-    return Decoded(decoder.text, num_tokens, first_at, stopped, looped, tuple(logprobs))
+    return Decoded(decoder.text, num_tokens, first_at, stopped, looped, tuple(logprobs), tuple(answer))
 
 
 def retrieval_heads(model, tokenizer) -> dict[int, list[int]] | None:

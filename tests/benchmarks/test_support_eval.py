@@ -113,3 +113,26 @@ def test_the_engine_ships_the_thresholds_the_eval_fitted():
     for model, thresholds in _FITTED:
         assert any(line.startswith(f"- {model}: ") and f"`{thresholds!r}`" in line
                    for line in shipped.splitlines()), model
+
+
+def test_the_shipped_thresholds_flag_every_answer_the_fit_flags():
+    """A fitted threshold sits just over the highest answer it flags; rounded for the engine it must stay over it
+    (rounded to the nearest, -0.18059858 became -0.181 and the answer at -0.1806 went unflagged)."""
+    from benchmarks.support_eval import fitted_thresholds
+    from engine.answer.support import decide
+
+    def row(kind: str, logprob: float) -> dict:
+        return {"kind": kind, "signals": {"min_mean_logprob": logprob}}
+
+    rows = [row("supported", -0.05 - 0.01 * i) for i in range(10)]  # -0.05 to -0.14
+    invented = [-0.18059858, -0.3, -0.5, -0.9]
+    rows += [row("unsupported", x) for x in invented]
+    thresholds = fitted_thresholds(rows, ("min_mean_logprob",))
+    assert all(not decide(None, x, thresholds).is_supported for x in invented)
+    assert all(decide(None, r["signals"]["min_mean_logprob"], thresholds).is_supported for r in rows[:10])
+    assert thresholds.min_mean_logprob == -0.18  # still few decimals: the fewest that flag the same answers
+    # Where 3 decimals would also flag a supported answer (at -0.1801), more are kept.
+    rows[0] = row("supported", -0.1801)
+    thresholds = fitted_thresholds(rows[1:] + rows[:1], ("min_mean_logprob",))
+    assert thresholds.min_mean_logprob == -0.1805
+    assert decide(None, -0.1801, thresholds).is_supported and not decide(None, -0.18059858, thresholds).is_supported

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from engine.answer.support import (Support, SupportThresholds, claim_tokens, content_words, decide, document_share,
-                                   grounded_share, mean_logprob, page_texts, thresholds_for, token_logprob)
+from engine.answer.support import (Support, SupportThresholds, claim_logprob, claim_tokens, content_words, decide,
+                                   document_share, grounded_share, mean_logprob, page_texts, thresholds_for,
+                                   token_logprob)
 
 
 def test_share_counts_the_pages_and_leaves_out_the_sink_and_the_markup_before_them():
@@ -93,6 +94,44 @@ def test_claim_tokens_are_the_answers_own_words_not_the_restated_question():
     assert not any(claim_tokens(["Both", " reading"], "Both reading", "Both reading?"))
 
 
+def test_claim_log_prob_is_the_mean_over_the_answers_own_words_only():
+    question = "Which special file name makes Bash open a Unix domain socket?"
+    tokens = ["The", " special", " file", " name", " is", " `", "/dev", "/tcp", "/host", "`."]
+    # The restated question is written surely (-0.01) over an invented claim written unsure (-0.9, -0.6, -0.3).
+    logprobs = [-0.01] * 6 + [-0.9, -0.6, -0.3] + [-0.01]
+    assert claim_logprob(tokens, logprobs, question) == pytest.approx(-0.6)
+    assert mean_logprob(logprobs) == pytest.approx(-0.187)  # the whole answer's mean hides it
+    # An answer that only restates the question is its own claim: every token counts.
+    assert claim_logprob(["Both", " reading"], [-0.2, -0.4], "Both reading?") == pytest.approx(-0.3)
+    assert claim_logprob([], [], question) is None
+    # A token list one longer than the log-probs (a re-tokenized answer) is cut to the log-probs' length.
+    assert claim_logprob(tokens + ["!"], logprobs, question) == pytest.approx(-0.6)
+
+
+def test_the_session_reads_the_claim_off_the_tokens_it_decoded():
+    """``DocumentSession`` takes the claim log-prob from the decode itself (its token ids and their log-probs): no
+    forward, no re-tokenized text."""
+    from types import SimpleNamespace
+
+    from engine.answer.generate import Decoded
+    from engine.session import DocumentSession
+
+    pieces = {7: "It", 8: " uses", 9: " gz", 10: "ip", 11: "."}
+    session = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids: "".join(pieces[i] for i in ids)))
+    end = Decoded("It uses gzip.", 5, None, False, False, (-0.05, -0.05, -1.0, -0.4, -0.05), (7, 8, 9, 10, 11))
+    claim = DocumentSession._claim_logprob(session, "What is the default compression?", end)
+    assert claim == pytest.approx(-0.7)  # "gz", "ip" only
+    assert DocumentSession._claim_logprob(session, "?", Decoded("", 0, None, False, False)) is None
+
+
+@pytest.mark.parametrize("claim, supported", [(-0.5, True), (-1.5, False), (None, True)])
+def test_an_answer_whose_claim_was_written_unsure_is_flagged(claim, supported):
+    thresholds = SupportThresholds(min_document_share=0.3, min_mean_logprob=-0.6, min_claim_logprob=-1.0)
+    # The share and the whole answer's mean pass; the claim's own tokens decide (a missing one never flags).
+    assert decide(0.8, -0.1, thresholds, None, None, claim) == Support(0.8, -0.1, supported, None, None, claim)
+    assert decide(0.8, -0.1, SupportThresholds(0.3, -0.6), None, None, -50.0).is_supported  # -100 (default) is off
+
+
 def test_each_model_gets_its_fitted_thresholds_and_others_the_default_models():
     qwen = thresholds_for("/cache/downloads/qwen2.5-coder-1.5b-instruct.gguf")
     smollm2 = thresholds_for("HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -103,10 +142,11 @@ def test_each_model_gets_its_fitted_thresholds_and_others_the_default_models():
     # against 0.49): a mildly unsure answer is flagged, and so is a sure one looking off the pages...
     assert decide(0.7, -0.12, qwen).is_supported and not decide(0.7, -0.25, qwen).is_supported
     assert not decide(0.4, -0.05, qwen).is_supported
-    # ...while SmolLM2 writes everything unsure (-0.73 supported) and looks at the pages more (share 0.78): only a
-    # much lower log-prob or a lower share flags it.
-    assert decide(0.8, -0.25, smollm2).is_supported and decide(0.8, -0.9, smollm2).is_supported
-    assert not decide(0.8, -1.5, smollm2).is_supported and not decide(0.6, -0.25, smollm2).is_supported
+    # ...while SmolLM2 writes everything unsure (mean log-prob -0.79 supported, -0.90 invented) and is judged on
+    # its claim's own tokens alone: an unsure claim is flagged however surely the rest was written or where it looked.
+    assert decide(0.8, -0.9, smollm2, None, None, -0.5).is_supported
+    assert decide(0.3, -2.0, smollm2, None, None, -0.5).is_supported
+    assert not decide(0.9, -0.1, smollm2, None, None, -1.2).is_supported
     # The 0.5B is judged on its attention alone (share 0.66 on supported answers, 0.50 on invented ones; its
     # log-probs do not separate them): an answer looking off the pages is flagged however surely it was written.
     small = thresholds_for("/cache/downloads/qwen2.5-coder-0.5b-instruct.gguf")
@@ -121,6 +161,8 @@ def test_thresholds_are_checked():
         SupportThresholds(min_mean_logprob=0.5)
     with pytest.raises(ValueError):
         SupportThresholds(min_grounded_share=-0.1)
+    with pytest.raises(ValueError):
+        SupportThresholds(min_claim_logprob=0.5)
 
 
 def test_token_logprob_is_the_log_softmax_of_the_chosen_token():
@@ -145,12 +187,14 @@ def test_a_real_answer_carries_its_support_signal(headinfer_smollm2):
     support = last.support
     assert support is not None and 0.0 < support.document_share <= 1.0
     assert support.mean_logprob is not None and support.mean_logprob <= 0.0
+    assert support.claim_logprob is not None and support.claim_logprob <= 0.0
     assert support.is_supported == decide(support.document_share, support.mean_logprob,
                                           session.support_thresholds, support.grounded_share,
-                                          support.verify_yes).is_supported
+                                          support.verify_yes, support.claim_logprob).is_supported
     assert session.support_thresholds == thresholds_for("smollm2")  # the model's own fitted thresholds
     # Without sources the probabilities are the same (the same greedy tokens) and the share is absent.
     session.new_conversation()
     *_, plain = session.ask("What is the secret passphrase?", max_new_tokens=16, sources=False)
     assert plain.support.document_share is None and plain.support.grounded_share is None  # both need sources
     assert plain.support.mean_logprob == pytest.approx(support.mean_logprob, abs=1e-5)
+    assert plain.support.claim_logprob == pytest.approx(support.claim_logprob, abs=1e-5)

@@ -528,11 +528,12 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
             lines.append(f"| {model} | {layout} | {cells[0]} | {cells[1]} |")
     lines += ["", "## Cost per answer", "",
               "The sources pass runs for every answer anyway (its time below); the support check adds one "
-              "log-softmax over the vocabulary per answer token, a sum over the pass's attention mass, and the "
+              "log-softmax over the vocabulary per answer token, a sum over the pass's attention mass, the "
               "grounded-words check (the answer's words against its cited pages' words; timed here on the records, "
-              "pages split once per document).", "",
+              "pages split once per document) and the claim log-prob (the answer's claim tokens picked, a mean over "
+              "their recorded log-probs).", "",
               "| model | answers | mean answer s | mean sources pass s | log-softmax ms per token | tokens per answer "
-              "| support check ms per answer (log-softmaxes + grounded words) |",
+              "| support check ms per answer (log-softmaxes + grounded words + claim log-prob) |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for model in models:
         rows = [r for r in records if r["model"] == model]

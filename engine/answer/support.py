@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import InputError
 from ..prompt import page_markers
 
 _SINK = 4  # the prompt's first tokens: an "attention sink" in most models, on no page and on no question
@@ -50,15 +51,15 @@ class SupportThresholds:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_document_share <= 1.0:
-            raise ValueError(f"min_document_share must be in [0, 1], got {self.min_document_share}")
+            raise InputError(f"min_document_share must be in [0, 1], got {self.min_document_share}")
         if self.min_mean_logprob > 0.0:
-            raise ValueError(f"min_mean_logprob must be <= 0, got {self.min_mean_logprob}")
+            raise InputError(f"min_mean_logprob must be <= 0, got {self.min_mean_logprob}")
         if not 0.0 <= self.min_grounded_share <= 1.0:
-            raise ValueError(f"min_grounded_share must be in [0, 1], got {self.min_grounded_share}")
+            raise InputError(f"min_grounded_share must be in [0, 1], got {self.min_grounded_share}")
         if not 0.0 <= self.min_verify_yes <= 1.0:
-            raise ValueError(f"min_verify_yes must be in [0, 1], got {self.min_verify_yes}")
+            raise InputError(f"min_verify_yes must be in [0, 1], got {self.min_verify_yes}")
         if self.min_claim_logprob > 0.0:
-            raise ValueError(f"min_claim_logprob must be <= 0, got {self.min_claim_logprob}")
+            raise InputError(f"min_claim_logprob must be <= 0, got {self.min_claim_logprob}")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from engine.errors import InputError
 from engine.answer.support import (Support, SupportThresholds, claim_logprob, claim_tokens, content_words, decide,
                                    document_share, grounded_share, mean_logprob, page_texts, thresholds_for,
                                    token_logprob)
@@ -155,13 +156,13 @@ def test_each_model_gets_its_fitted_thresholds_and_others_the_default_models():
 
 
 def test_thresholds_are_checked():
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         SupportThresholds(min_document_share=1.5)
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         SupportThresholds(min_mean_logprob=0.5)
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         SupportThresholds(min_grounded_share=-0.1)
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         SupportThresholds(min_claim_logprob=0.5)
 
 

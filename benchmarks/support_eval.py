@@ -30,8 +30,7 @@ import numpy as np
 import torch
 
 from engine import DocumentSession, OffloadPolicy
-from engine.answer.support import (SupportThresholds, claim_logprob, claim_tokens, grounded_share, page_texts,
-                                   token_logprob)
+from engine.answer.support import (SupportThresholds, claim_indices, grounded_share, page_texts, token_logprob)
 from engine.prompt import PromptBuilder
 from engine.models.loaded import weights_mode
 
@@ -156,8 +155,9 @@ CANDIDATES = {
     "share + log-prob + verify": ("min_document_share", "min_mean_logprob", "min_verify_yes"),
     "log-prob + grounded + verify": ("min_mean_logprob", "min_grounded_share", "min_verify_yes"),
     # The answer's claim tokens (its own words, not the question's restated): their mean log-prob (from the
-    # recorded log-probs; the engine's ``min_claim_logprob``, so these rules can ship), how much more likely the document made them (``contrast``: log p with the document minus
-    # log p without it, ``benchmarks.support_trace``: one extra forward per answer), and their attention share.
+    # recorded log-probs; the engine's ``min_claim_logprob``, so these rules can ship), how much more likely the
+    # document made them (``contrast``: log p with the document minus log p without it, ``benchmarks.support_trace``:
+    # one extra forward per answer), and their attention share.
     "claim log-prob": ("min_claim_logprob",),
     "share + claim log-prob": ("min_document_share", "min_claim_logprob"),
     "log-prob + claim log-prob": ("min_mean_logprob", "min_claim_logprob"),
@@ -186,11 +186,9 @@ def _claim_signals(record: dict) -> dict[str, float | None]:
     out = {"min_claim_logprob": None, "min_contrast": None, "min_claim_share": None}
     if not tokens or not logprobs:
         return out
-    # The engine's own computation (``DocumentSession`` runs it on the answer's tokens and log-probs).
-    out["min_claim_logprob"] = claim_logprob(tokens, logprobs, record["question"])
-    n = min(len(tokens), len(logprobs))
-    claim = claim_tokens(tokens[:n], "".join(tokens[:n]), record["question"])
-    picked = [i for i in range(n) if claim[i]] or list(range(n))  # as ``claim_logprob`` picks them
+    # The engine's own pick (``claim_logprob``, which ``DocumentSession`` runs on the answer's tokens and log-probs).
+    picked = claim_indices(tokens, logprobs, record["question"])
+    out["min_claim_logprob"] = sum(logprobs[i] for i in picked) / len(picked)
     alone = trace.get("logprob_alone")
     if alone:
         out["min_contrast"] = sum(logprobs[i] - alone[i] for i in picked if i < len(alone)) / len(picked)
@@ -435,7 +433,8 @@ def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp:
              f"jobs); torch {stamp['torch']}, transformers {stamp['transformers']}; {stamp['date'][:10]}.", "",
              "`python -m benchmarks.support_eval`: `benchmarks/data/support_eval.json`, two sections of Debian "
              "manuals (Bash Reference Manual PDF pp. 38-41, Debian FAQ PDF pp. 27-29), "
-             f"{asked['supported']} questions the pages answer and {asked['unsupported']} that look alike but the pages do not (another program's option, "
+             f"{asked['supported']} questions the pages answer and {asked['unsupported']} that look alike but the "
+             "pages do not (another program's option, "
              f"a number or default the pages do not give); a model run before the set grew has answered fewer (its "
              f"counts are in the tables). Greedy, sources on, at most {MAX_NEW_TOKENS} answer tokens.", "",
              "## The flag (fresh chats)", "",

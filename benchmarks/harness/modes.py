@@ -144,13 +144,13 @@ class Runner:
         config = self.model.config
         if mode.kind == "headinfer":
             policy = self.policy(mode, capacity)
-            rates = self.rates(mode)
-            if rates is None:
-                return engine.HeadInferCache(config, policy, device=self.device, dtype=self.dtype)
-            # The plan the cache would make itself, with the split the rates give (as DocumentSession's plans).
-            text_config = config.get_text_config(decoder=True)
-            shape = ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=self.dtype).element_size())
-            plan = make_plan(shape, policy, capacity, device_is_cuda=self.is_cuda, rates=rates)
+            plan = None  # the cache plans from the config and the policy itself
+            if (rates := self.rates(mode)) is not None:
+                # That plan, with the split the rates give (as DocumentSession's plans): the cache probes nothing.
+                text_config = config.get_text_config(decoder=True)
+                dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
+                shape = ModelShape.from_config(text_config, dtype_bytes=dtype_bytes)
+                plan = make_plan(shape, policy, capacity, device_is_cuda=self.is_cuda, rates=rates)
             return engine.HeadInferCache(config, policy, plan=plan, device=self.device, dtype=self.dtype)
         return DynamicCache(config=config, offloading=mode.kind == "layerwise")
 

@@ -194,17 +194,20 @@ def claim_tokens(tokens: list[str], answer: str, question: str) -> list[bool]:
     return mask
 
 
-def claim_logprob(tokens: list[str], logprobs: list[float], question: str) -> float | None:
-    """The mean log-prob of the answer's claim tokens (``claim_tokens``; ``tokens``: the answer's tokens as text,
-    ``logprobs``: each one's log-prob, in order); all its tokens when it only restates the question (then the whole
-    answer is its claim). None for an empty answer. The answer's text is the tokens joined, so a token that decodes
-    to a partial character never shifts the others' positions."""
+def claim_indices(tokens: list[str], logprobs: list[float], question: str) -> list[int]:
+    """The positions of the answer's claim tokens (``claim_tokens``; ``tokens``: the answer's tokens as text,
+    ``logprobs``: each one's log-prob, in order; positions past either list are never picked); all of them when it
+    only restates the question (then the whole answer is its claim). The answer's text is the tokens joined, so a
+    token that decodes to a partial character never shifts the others' positions."""
     n = min(len(tokens), len(logprobs))
-    if n == 0:
-        return None
     claim = claim_tokens(tokens[:n], "".join(tokens[:n]), question)
-    picked = [i for i in range(n) if claim[i]] or list(range(n))
-    return sum(logprobs[i] for i in picked) / len(picked)
+    return [i for i in range(n) if claim[i]] or list(range(n))
+
+
+def claim_logprob(tokens: list[str], logprobs: list[float], question: str) -> float | None:
+    """The mean log-prob of the answer's claim tokens (``claim_indices``). None for an empty answer."""
+    picked = claim_indices(tokens, logprobs, question)
+    return sum(logprobs[i] for i in picked) / len(picked) if picked else None
 
 
 def grounded_share(answer: str, question: str, pages: list[str]) -> float | None:

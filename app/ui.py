@@ -25,6 +25,7 @@ from app import render
 from app.app_state import AppState
 from app.asking import Questions
 from app.browser_state import BrowserState
+from app.chips import PageChips
 from app.csp import ContentSecurityPolicy
 from app.documents import SUPPORTED_SUFFIXES
 from app.estimate_refresh import refreshed_plan
@@ -130,7 +131,7 @@ class Page:
     bar: gr.HTML
     new_chat_button: gr.Button
     clear_button: gr.Button
-    page_chips: gr.Radio
+    page_chips: PageChips
     page_view: gr.HTML
     max_tokens: gr.Slider
     temperature: gr.Slider
@@ -207,8 +208,8 @@ def _chat_column(page: Page) -> None:
     with gr.Row(elem_classes="button-row"):
         page.new_chat_button = gr.Button("New chat", size="sm", elem_id="new-chat")
         page.clear_button = gr.Button("Clear documents", size="sm", variant="stop", elem_id="clear")
-    page.page_chips = gr.Radio([], label="Pages this answer cites or used", visible=False,
-                               elem_id="page-chips", elem_classes="chips")
+    page.page_chips = PageChips([], label="Pages this answer cites or used", visible=False,
+                                elem_id="page-chips", elem_classes="chips")
     page.page_view = gr.HTML(render.page_view(None), label="Page", elem_id="page-view")
     with gr.Accordion("Answer settings", open=False, elem_id="settings"):
         page.max_tokens = gr.Slider(8, DocumentSession.LONGEST_ANSWER, value=min(512, DocumentSession.LONGEST_ANSWER),

@@ -4,6 +4,8 @@ a continued read never cleared the previous document's page chips)."""
 
 from __future__ import annotations
 
+import pytest
+
 from app import views
 from app.ui import build_ui
 
@@ -48,3 +50,26 @@ def test_read_is_held_before_new_files_are_planned():
         assert [o._id for o in before.outputs] == [read_button._id]
         assert before.concurrency_id != "ingest"
     assert hold_read()["interactive"] is False
+
+
+def test_a_stale_page_chip_is_no_page_not_an_error():
+    """CI once saw the browser send ``[]`` for the emptied, hidden chips after a stopped answer; the stock radio
+    refused it ("Value: [] is not in the list of choices: []"), a traceback and an error toast. A chip the choices no
+    longer hold (from an earlier answer) is the same case. Each is no page; a chip among the choices is that page."""
+    import gradio as gr
+
+    from app.chips import PageChips
+
+    demo = build_ui(lambda: None, model_info={"model_name": "a model"}, snapshot_store=None)
+    chips = [block for block in demo.blocks.values() if getattr(block, "elem_id", None) == "page-chips"]
+    assert len(chips) == 1 and isinstance(chips[0], PageChips)
+    assert chips[0].get_block_name() == "radio"  # the browser's stock radio widget
+
+    current = PageChips([("p. 3", "3"), ("p. 12", "12")])
+    assert current.preprocess("12") == "12"
+    assert current.preprocess(None) is None
+    assert current.preprocess([]) is None
+    assert current.preprocess("7") is None  # a chip of an earlier answer
+    assert PageChips([]).preprocess([]) is None
+    with pytest.raises(gr.Error):  # what the stock radio does with the same value
+        gr.Radio([]).preprocess([])

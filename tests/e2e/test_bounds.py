@@ -71,7 +71,7 @@ def test_a_question_past_the_window_is_refused_at_once_with_the_numbers(browser,
     question = ("Where is the lamp? " * (kilobytes * 1024 // 19 + 1))[: kilobytes * 1024]
     started = time.monotonic()
     _ask(page, question)
-    page.wait_for_function("() => document.querySelector('#status').innerText.includes('Not asked')")
+    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('Not asked')")
     seconds = time.monotonic() - started
     log.info("a %d KB question was refused in %.2f s", kilobytes, seconds)
     text = _status(page)
@@ -79,31 +79,31 @@ def test_a_question_past_the_window_is_refused_at_once_with_the_numbers(browser,
     assert seconds < 10
     # Nothing was read: the context is still the document alone, and a short question is answered.
     _ask(page, "Who keeps the lighthouse?")
-    page.wait_for_function("() => document.querySelector('#status').innerText.includes('tok/s')")
+    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('tok/s')")
     context.close()
 
 
 def test_stop_during_a_long_question_lands_within_a_second(browser, url, pdf):
     context, page = _open(browser, url, pdf)
     _ask(page, LONG_QUESTION)
-    page.wait_for_function("() => document.querySelector('#status').innerText.includes('Reading the question')")
+    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('Reading the question')")
     started = time.monotonic()
     page.click("#stop")
-    page.wait_for_function("() => document.querySelector('#status').innerText.includes('stopped')")
+    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('stopped')")
     latency = time.monotonic() - started
     log.info("Stop while reading a question: the status said so %.2f s after the click", latency)
     assert latency <= stretched(1.0), (latency, load())
     assert "stopped before the answer began" in _status(page)
     # The tab is usable at once: the next question is answered.
     _ask(page, "Who keeps the lighthouse?")
-    page.wait_for_function("() => document.querySelector('#status').innerText.includes('tok/s')")
+    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('tok/s')")
 
     # Stop during the answer itself.
     _ask(page, "Write a long poem about the sea, the storms and the keeper of the light.")
     page.wait_for_selector("#chat .answer-stats:has-text('writing')")
     started = time.monotonic()
     page.click("#stop")
-    page.wait_for_function("() => document.querySelector('#status').innerText.includes('stopped')")
+    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('stopped')")
     latency = time.monotonic() - started
     log.info("Stop while answering: the status said so %.2f s after the click", latency)
     assert latency <= stretched(1.0), (latency, load())
@@ -114,7 +114,7 @@ def test_closing_a_tab_mid_question_frees_the_queue_for_the_next_visitor(browser
     first, first_page = _open(browser, url, pdf)
     second, second_page = _open(browser, url, pdf)
     _ask(first_page, LONG_QUESTION)
-    first_page.wait_for_function("() => document.querySelector('#status').innerText.includes('Reading the question')")
+    first_page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('Reading the question')")
     _ask(second_page, "Who keeps the lighthouse?")
     second_page.wait_for_selector("#status .status[data-queue-position='1']")
     waiting = _status(second_page)
@@ -126,7 +126,7 @@ def test_closing_a_tab_mid_question_frees_the_queue_for_the_next_visitor(browser
     freed = time.monotonic() - started
     log.info("closing the busy tab freed the queue in %.2f s", freed)
     assert freed <= stretched(3.0), (freed, load())
-    second_page.wait_for_function("() => document.querySelector('#status').innerText.includes('tok/s')")
+    second_page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('tok/s')")
     second.close()
 
 
@@ -134,13 +134,13 @@ def test_leaving_the_queue_with_stop(browser, url, pdf):
     first, first_page = _open(browser, url, pdf)
     second, second_page = _open(browser, url, pdf)
     _ask(first_page, LONG_QUESTION)
-    first_page.wait_for_function("() => document.querySelector('#status').innerText.includes('Reading the question')")
+    first_page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('Reading the question')")
     _ask(second_page, "Who keeps the lighthouse?")
     second_page.wait_for_selector("#status .status[data-queue-position='1']")
     second_page.click("#stop")
-    second_page.wait_for_function("() => document.querySelector('#status').innerText.includes('left the queue')")
+    second_page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('left the queue')")
     first_page.click("#stop")
-    first_page.wait_for_function("() => document.querySelector('#status').innerText.includes('stopped')")
+    first_page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('stopped')")
     first.close()
     second.close()
 

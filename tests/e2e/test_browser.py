@@ -96,7 +96,7 @@ def test_read_a_pdf_and_ask_for_the_fact_on_page_3(page, tmp_path):
     page.click("#ask")
     page.wait_for_selector("#chat .answer-stats:has-text('writing')")
     page.screenshot(path=str(SHOTS / "04-answer-streaming.png"))
-    page.wait_for_function("() => document.querySelector('#status').innerText.includes('tok/s')")
+    page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('tok/s')")
     answer = page.locator("#chat .message.bot, #chat [data-testid=bot]").last.inner_text()
     stats = page.locator("#chat .answer-stats").last.inner_text()
     assert "TTFT" in stats and "tok/s" in stats and "writing" not in stats

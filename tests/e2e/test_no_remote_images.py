@@ -50,7 +50,7 @@ def test_an_answer_cannot_make_the_browser_fetch_remote_images(parrot_url, tmp_p
         page.on("request", lambda request: requested.append(request.url))
         page.goto(parrot_url)
         read_and_ask(page, pdf, "What is the code?")
-        page.wait_for_function("() => document.querySelector('#status').innerText.includes('tok/s')")
+        page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('tok/s')")
         page.wait_for_timeout(1000)  # time for any image in the answer to be requested
         answer = page.locator("#chat .message.bot, #chat [data-testid=bot]").last
         assert "AMBER-7" in answer.inner_text() and answer.locator("img").count() == 0

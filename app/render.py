@@ -351,8 +351,13 @@ def support_note(support) -> str:
     empty for a supported answer or one without the signal."""
     if support is None or support.is_supported:
         return ""
+    # The question's words the document never uses are the one reason a reader can check at a glance.
+    unknown = getattr(support, "unknown_words", ())
+    never = (f' <span class="never-mentioned">(the document never mentions '
+             f'{", ".join(f"“{html.escape(word)}”" for word in unknown[:5])})</span>') if unknown else ""
     return (f'<span class="answer-unsupported" title="Little of the answer\'s attention was on the document\'s pages, '
-            f'or the model wrote it unsure">⚠ {html.escape(MAY_NOT_SAY)}</span>')
+            f'the model wrote it unsure, or the question names what the document never does">'
+            f'⚠ {html.escape(MAY_NOT_SAY)}{never}</span>')
 
 
 def page_view(page: str | None, name: str = "", text: str = "", sequence: int | None = None) -> str:

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from engine import DocumentSession, OffloadPolicy
-from engine.answer.support import (SupportThresholds, claim_indices, grounded_share, page_texts, token_logprob)
+from engine.answer.support import (SupportThresholds, asked_share, claim_indices, document_words, grounded_share,
+                                   page_texts, token_logprob)
 from engine.prompt import PromptBuilder
 from engine.models.loaded import weights_mode
 
@@ -133,7 +134,8 @@ def _logprob_cost(model) -> float:
 
 # The candidate signals, by the name of their threshold; the first three are the engine's (``decide``), the
 # others are cheap alternatives from the same answer, fitted and reported the same way to see whether they help.
-ENGINE_SIGNALS = ("min_document_share", "min_mean_logprob", "min_grounded_share", "min_verify_yes", "min_claim_logprob")
+ENGINE_SIGNALS = ("min_document_share", "min_mean_logprob", "min_grounded_share", "min_verify_yes", "min_claim_logprob",
+                  "min_asked_share")
 CANDIDATES = {
     "share + log-prob (before)": ("min_document_share", "min_mean_logprob"),
     "share": ("min_document_share",),
@@ -166,6 +168,13 @@ CANDIDATES = {
     "log-prob + contrast": ("min_mean_logprob", "min_contrast"),
     "share + contrast": ("min_document_share", "min_contrast"),
     "claim tokens' share": ("min_claim_share",),
+    # The question's own words the document uses anywhere (``asked_share``): a question about what the document never
+    # names (another program, another system) is one it cannot answer, whatever the model wrote.
+    "asked words": ("min_asked_share",),
+    "share + asked words": ("min_document_share", "min_asked_share"),
+    "log-prob + asked words": ("min_mean_logprob", "min_asked_share"),
+    "claim log-prob + asked words": ("min_claim_logprob", "min_asked_share"),
+    "share + claim log-prob + asked words": ("min_document_share", "min_claim_logprob", "min_asked_share"),
     "verify after the answer": ("min_verify_answer",),
     "log-prob + verify after the answer": ("min_mean_logprob", "min_verify_answer"),
 }
@@ -200,8 +209,9 @@ def _claim_signals(record: dict) -> dict[str, float | None]:
     return out
 
 
-def signals(record: dict, pages: dict[str, str]) -> dict[str, float | None]:
-    """Every candidate signal of one answer, keyed by its threshold's name (None: not available)."""
+def signals(record: dict, pages: dict[str, str], words: frozenset[str] = frozenset()) -> dict[str, float | None]:
+    """Every candidate signal of one answer, keyed by its threshold's name (None: not available); ``pages``: its
+    document's {page label: text}, ``words``: its ``document_words`` (the whole prompt text, as the engine's)."""
     logprobs = record.get("token_logprobs") or []
     sources = record.get("sources") or []
     cited = [pages.get(page or "", "") for page, _ in sources]
@@ -211,7 +221,8 @@ def signals(record: dict, pages: dict[str, str]) -> dict[str, float | None]:
             "min_token_logprob": min(logprobs) if logprobs else None,
             "min_first_logprob": sum(logprobs[:4]) / len(logprobs[:4]) if logprobs else None,
             "min_top_page_share": sources[0][1] if sources else None,
-            "min_verify_yes": record.get("yes_question"), "min_verify_answer": record.get("yes_answer")}
+            "min_verify_yes": record.get("yes_question"), "min_verify_answer": record.get("yes_answer"),
+            "min_asked_share": asked_share(record["question"], words)[0] if words else None}
 
 
 def _matrix(rows: list[dict], names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -324,11 +335,13 @@ def fitted_thresholds(rows: list[dict], names: tuple[str, ...]) -> SupportThresh
     grounded = fitted.get("min_grounded_share", -math.inf)
     verify = fitted.get("min_verify_yes", -math.inf)
     claim = fitted.get("min_claim_logprob", -math.inf)
+    asked = fitted.get("min_asked_share", -math.inf)
     return SupportThresholds(min(share, 1.0) if math.isfinite(share) else 0.0,
                              max(min(logprob, 0.0), -100.0) if math.isfinite(logprob) else -100.0,
                              min(grounded, 1.0) if math.isfinite(grounded) else 0.0,
                              min(verify, 1.0) if math.isfinite(verify) else 0.0,
-                             max(min(claim, 0.0), -100.0) if math.isfinite(claim) else -100.0)
+                             max(min(claim, 0.0), -100.0) if math.isfinite(claim) else -100.0,
+                             min(asked, 1.0) if math.isfinite(asked) else 0.0)
 
 
 # Signals recorded for some answers only (a verification turn, a trace): rules using them are judged on those answers.
@@ -418,11 +431,13 @@ def _answer_level_lines(records: list[dict], models: list[str], layouts: list[st
     return lines, chosen
 
 
-def write_markdown(records: list[dict], pages: dict[str, dict[str, str]], stamp: dict, path: Path) -> None:
-    """``support.md``'s tables from the records; ``pages``: {document key: {page label: text}}."""
+def write_markdown(records: list[dict], texts: dict[str, str], stamp: dict, path: Path) -> None:
+    """``support.md``'s tables from the records; ``texts``: {document key: its text as the prompt holds it}."""
+    pages = {key: page_texts(text) for key, text in texts.items()}
+    words = {key: document_words(text) for key, text in texts.items()}
     started = time.perf_counter()
     for r in records:
-        r["signals"] = signals(r, pages[r["document"]])
+        r["signals"] = signals(r, pages[r["document"]], words[r["document"]])
     grounded_ms = 1000 * (time.perf_counter() - started) / max(len(records), 1)  # all signals; grounded dominates
     models = list(dict.fromkeys(r["model"] for r in records))
     layouts = [layout for layout in ("glued", "turn") if any(r["layout"] == layout for r in records)]
@@ -610,14 +625,13 @@ def main(argv=None) -> int:
         append_jsonl(jsonl, {k: v for k, v in record.items() if k != "trace"})
 
     texts = {d["key"]: document_text(d, Path(args.cache)) for d in load_questions()}
-    pages = {key: page_texts(text) for key, text in texts.items()}
     if args.tables_only:
-        write_markdown(records, pages, stamp, out / "support.md")
+        write_markdown(records, texts, stamp, out / "support.md")
         return 0
     for key in args.models.split(","):
         evaluate(key, args.weights, args.layouts.split(","), args.chats.split(","), documents, texts, done, emit,
                  tuple(args.turns_kinds.split(",")), tuple(args.kinds.split(",")))
-        write_markdown(records, pages, stamp, out / "support.md")
+        write_markdown(records, texts, stamp, out / "support.md")
     return 0
 
 

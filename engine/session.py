@@ -18,8 +18,8 @@ import torch
 from .answer.generate import ConversationFit, document_page_starts, retrieval_heads, stream_answer
 from .answer.sampling import RepetitionGuard
 from .answer.sources import AnswerSources
-from .answer.support import (claim_logprob, decide, grounded_share, mean_logprob, page_texts, thresholds_for,
-                             verify_prompt, yes_share)
+from .answer.support import (asked_share, claim_logprob, decide, document_words, grounded_share, mean_logprob,
+                             page_texts, thresholds_for, verify_prompt, yes_share)
 from .cache import HeadInferCache
 from .errors import ForwardInterrupted, InputError, PlanError, PrefillCancelled, QuestionTooLong, StateError
 from .interrupt import interruptible, layer_callbacks
@@ -411,7 +411,8 @@ class DocumentSession:
                           support=decide(grounding.document_share if grounding else None,
                                          mean_logprob(end.logprobs), self.support_thresholds,
                                          self._grounded(question, end.text, found), verified,
-                                         self._claim_logprob(question, end)))
+                                         self._claim_logprob(question, end),
+                                         asked_share(question, document_words(self.document))))
 
     def check_support(self, question: str, turns: list[Turn] | None = None) -> float:
         """P(yes) / (P(yes) + P(no)) of the model's own next token after a verification turn (``verify_prompt``:

@@ -55,3 +55,9 @@ def test_an_unsupported_answer_is_flagged_beside_its_sources():
 def test_a_supported_answer_or_one_without_the_signal_carries_no_flag(support):
     answer = _answer(support)
     assert "may not say" not in answer and "p. 3 (90%)" in answer
+
+
+def test_the_flag_names_the_question_s_words_the_document_never_uses():
+    answer = _answer(Support(0.7, -0.1, False, asked_share=0.5, unknown_words=("zsh", "<script>")))
+    assert MAY_NOT_SAY in answer and "the document never mentions “zsh”, “&lt;script&gt;”" in answer
+    assert "never mentions" not in _answer(Support(0.05, -2.1, False))  # flagged for another reason: no list

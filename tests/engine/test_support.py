@@ -148,6 +148,10 @@ def test_each_model_gets_its_fitted_thresholds_and_others_the_default_models():
     assert decide(0.8, -0.9, smollm2, None, None, -0.5).is_supported
     assert decide(0.3, -2.0, smollm2, None, None, -0.5).is_supported
     assert not decide(0.9, -0.1, smollm2, None, None, -1.2).is_supported
+    # ...and on the question: one naming what the document never does is flagged however sure the claim was
+    # (1 of 7 words unknown: 0.857 < 0.858), one whose every word the document uses is not.
+    assert not decide(0.8, -0.9, smollm2, None, None, -0.5, (6 / 7, ("zsh",))).is_supported
+    assert decide(0.8, -0.9, smollm2, None, None, -0.5, (1.0, ())).is_supported
     # The 0.5B is judged on its attention alone (share 0.66 on supported answers, 0.50 on invented ones; its
     # log-probs do not separate them): an answer looking off the pages is flagged however surely it was written.
     small = thresholds_for("/cache/downloads/qwen2.5-coder-0.5b-instruct.gguf")
@@ -164,6 +168,28 @@ def test_thresholds_are_checked():
         SupportThresholds(min_grounded_share=-0.1)
     with pytest.raises(InputError):
         SupportThresholds(min_claim_logprob=0.5)
+    with pytest.raises(InputError):
+        SupportThresholds(min_asked_share=1.5)
+
+
+def test_the_question_s_words_are_met_in_the_document_through_their_inflections():
+    """Real eval questions (benchmarks/data/support_eval.json) against sentences of the Bash manual's pages: a
+    question the pages answer uses their words, inflected ("opens" for "open"); a look-alike names another shell."""
+    from engine.answer.support import asked_share, document_words, stem
+
+    assert stem("opens") == stem("open") == "open" and stem("allocates") == stem("allocate")
+    assert stem("makes") == stem("make") and stem("dev/tcp") == "dev/tcp" and stem("is") == "is"
+    page = ("The redirection operator [n]<>word causes the file whose name is the expansion of word to be opened for "
+            "both reading and writing on file descriptor n. If the noclobber option to the set builtin has been "
+            "enabled, the redirection will fail if the file exists. Redirecting output with > opens the file.")
+    words = document_words(page)
+    share, unknown = asked_share("Which operator opens a file for both reading and writing?", words)
+    assert (share, unknown) == (1.0, ())
+    share, unknown = asked_share("Which zsh option makes a '>' redirection fail when the file already exists?", words)
+    assert unknown == ("already", "makes", "zsh") and share == pytest.approx(1 - 3 / 7)
+    assert asked_share("Which?", words) == (None, ())  # no content word: no signal
+    # The session's cache of a document's words is per text (a second call is the same object).
+    assert document_words(page) is words
 
 
 def test_token_logprob_is_the_log_softmax_of_the_chosen_token():
@@ -189,9 +215,12 @@ def test_a_real_answer_carries_its_support_signal(headinfer_smollm2):
     assert support is not None and 0.0 < support.document_share <= 1.0
     assert support.mean_logprob is not None and support.mean_logprob <= 0.0
     assert support.claim_logprob is not None and support.claim_logprob <= 0.0
+    assert support.asked_share is not None and 0.0 <= support.asked_share <= 1.0
+    assert all(word not in document.lower() for word in support.unknown_words)
     assert support.is_supported == decide(support.document_share, support.mean_logprob,
                                           session.support_thresholds, support.grounded_share,
-                                          support.verify_yes, support.claim_logprob).is_supported
+                                          support.verify_yes, support.claim_logprob,
+                                          (support.asked_share, support.unknown_words)).is_supported
     assert session.support_thresholds == thresholds_for("smollm2")  # the model's own fitted thresholds
     # Without sources the probabilities are the same (the same greedy tokens) and the share is absent.
     session.new_conversation()

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -64,6 +65,11 @@ class CheckpointPlan:
 
 
 _LABEL_CHARS = 80  # as a saved snapshot's (``snapshots.py``)
+# The folders a read of this process is checkpointing into. Two tabs reading the same document (the same identity,
+# the same folder) would otherwise interleave: the second, finding the first's partial read, deleted it as a stale
+# one while the first went on writing parts its header then listed. The second read goes on without checkpoints.
+_CLAIMED: set[Path] = set()
+_CLAIMED_LOCK = threading.Lock()
 _Job = list[tuple[int, int, int, list[torch.Tensor]]]  # per layer: (layer index, start, stop, its runs in file order)
 
 
@@ -80,8 +86,18 @@ class ReadCheckpoints:
         self.folder = plan.store.root / identity.key
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-checkpoint")
         self._pending: Future | None = None
-        self.is_stopped = False  # over the store's cap, or the disk failed: the read goes on without checkpoints
         self.num_written = 0  # checkpoints that landed
+        with _CLAIMED_LOCK:
+            self._claimed = self.folder not in _CLAIMED
+            _CLAIMED.add(self.folder)
+        # Over the store's cap, the disk failed, or another read of this process checkpoints this document: the
+        # read goes on without checkpoints.
+        self.is_stopped = not self._claimed
+        if not self._claimed:
+            logger.info("another read is checkpointing this document (%s); this one goes on without checkpoints",
+                        identity.key)
+            self._header, self._done, self._seconds_before = None, 0, 0.0
+            return
         self._header = self._continued(num_read)
         self._done = self._header.num_read if self._header is not None else 0
         self._seconds_before = self._header.read_seconds if self._header is not None else 0.0  # earlier runs' reading
@@ -123,9 +139,16 @@ class ReadCheckpoints:
         return True
 
     def close(self) -> None:
-        """Waits for the checkpoint being written (if any) and stops the worker."""
-        self._collect()
-        self._worker.shutdown(wait=True)
+        """Waits for the checkpoint being written (if any), stops the worker and lets another read checkpoint this
+        document."""
+        try:
+            self._collect()
+            self._worker.shutdown(wait=True)
+        finally:
+            if self._claimed:
+                with _CLAIMED_LOCK:
+                    _CLAIMED.discard(self.folder)
+                self._claimed = False
 
     def _collect(self) -> None:
         if self._pending is not None:

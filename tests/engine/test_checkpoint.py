@@ -227,3 +227,33 @@ def test_the_size_limit_counts_partial_reads(tiny_dir, tmp_path):
     third = _session(model, tokenizer, _document(16, WORDS))
     third.prefill(checkpoints=CheckpointPlan(tight, every_chunks=1))
     assert third.is_prefilled and tight.list() == []
+
+
+def test_a_second_read_of_the_same_document_leaves_the_first_ones_checkpoints_alone(tiny_dir, tmp_path):
+    """Two tabs reading one document checkpoint into one folder. The second used to delete the first's partial read
+    as a stale one while the first went on adding parts to it; now the second reads on without checkpoints, and the
+    first's continues to the answer of an uninterrupted read."""
+    _, model, tokenizer = tiny_dir
+    text = _document(17, WORDS)
+    store = SnapshotStore(tmp_path / "kv")
+    first = _session(model, tokenizer, text)
+    second = _session(model, tokenizer, text)
+    ran = []
+
+    def give_way() -> None:  # the second tab's whole read, run between two chunks of the first's
+        _pause()
+        if not ran and list(store.root.glob(f"*/{HEADER_FILE}")):
+            ran.append(True)
+            second.prefill(checkpoints=CheckpointPlan(store, every_chunks=1))
+
+    with pytest.raises(PrefillCancelled):
+        first.prefill(should_stop=_cancel_after(4, store), checkpoints=CheckpointPlan(store, every_chunks=1),
+                      give_way=give_way)
+    assert ran and second.is_prefilled
+    first.clear()
+    [info] = store.list()
+    assert info.is_partial and info.num_read >= 4 * CHUNK
+    session = _session(model, tokenizer, text)
+    assert session.restore_snapshot(store).num_tokens == info.num_read
+    session.prefill(checkpoints=CheckpointPlan(store, every_chunks=1))  # the claim was let go: this one checkpoints
+    _assert_same(_outcome(session), _outcome(second))

@@ -177,6 +177,8 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
         counts = f"truncated to fit; documents with the prompt, {plan.context_tokens:,} with room for answers"
         truncated = f' data-truncated-from="{truncated_from}"'
     groups = f"{plan.num_groups} group{'s' if plan.num_groups != 1 else ''}/layer"
+    if plan.groups_per_buffer > 1:  # a run of adjacent streamed groups arrives in one copy (GPU decode)
+        groups += f" · {plan.groups_per_buffer} fetched per copy"
     tiles = [
         ("GPU memory", _gpu_line(plan)),
         ("Host memory", f"{format_bytes(plan.host_bytes)} of {_budget(plan.host_budget)}"),

@@ -25,6 +25,20 @@ def test_reaches_tile_lists_the_options_and_lossy_kv_is_labelled(tmp_path):
     assert "Reaches" not in render.plan_panel(plan, 1000, 10.0)
 
 
+def test_the_head_group_tile_says_how_many_streamed_groups_one_copy_fetches():
+    import dataclasses
+
+    shape = ModelShape.from_config(LlamaConfig(num_hidden_layers=32, num_key_value_heads=8, head_dim=128,
+                                               num_attention_heads=32, hidden_size=4096,
+                                               max_position_embeddings=1 << 20), dtype_bytes=2)
+    # 320K tokens on a 24 GiB GPU: 77 of 256 slots resident, so runs of up to 3 adjacent groups stream per layer.
+    plan = make_plan(shape, OffloadPolicy(head_group_size=1, groups_per_buffer=4), 320 * 1024, device_is_cuda=True,
+                     gpu_budget=24 * GIB, host_budget=128 * GIB)
+    assert plan.groups_per_buffer == 3
+    assert "8 groups/layer · 3 fetched per copy" in render.plan_panel(plan, 1000, 10.0)
+    assert "fetched per copy" not in render.plan_panel(dataclasses.replace(plan, groups_per_buffer=1), 1000, 10.0)
+
+
 def test_a_truncated_read_shows_the_plan_of_what_was_read():
     shape = ModelShape.from_config(LlamaConfig(num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
                                                num_attention_heads=4, hidden_size=64,

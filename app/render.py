@@ -353,7 +353,7 @@ def support_note(support) -> str:
     empty for a supported answer or one without the signal."""
     if support is None or support.is_supported:
         return ""
-    # The question's words the document never uses are the one reason a reader can check at a glance.
+    # The question's words the document never uses (when they are why it is flagged): a reason to check at a glance.
     unknown = getattr(support, "unknown_words", ())
     never = (f' <span class="never-mentioned">(the document never mentions '
              f'{", ".join(f"“{html.escape(word)}”" for word in unknown[:5])})</span>') if unknown else ""

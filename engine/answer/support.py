@@ -18,8 +18,8 @@ Three signals the engine already holds after an answer, so the check costs a few
   "open") that the document uses anywhere (``document_words``). A question about another program, system or
   feature names it, and a document that never names it cannot answer it: the answer then restates the question
   around an invented claim (the model signals catch an invented default for a setting the document does discuss;
-  this one catches the question the document is not about, whatever the model wrote). The words the document
-  never uses are kept (``Support.unknown_words``) for the note beside the answer.
+  this one catches the question the document is not about, whatever the model wrote). When it flags, the words
+  the document never uses are kept (``Support.unknown_words``) for the note beside the answer.
 
 A further one, ``verify_yes``, costs a short prefill: before the answer the model is asked, on the document's cached K/V,
 whether the document states the answer to the question (``verify_prompt``), and P(yes) / (P(yes) + P(no)) is read off
@@ -83,7 +83,7 @@ class Support:
     verify_yes: float | None = None  # None when no verification turn ran (``min_verify_yes`` off, or not asked)
     claim_logprob: float | None = None  # None for an empty answer (or when the caller had no token texts)
     asked_share: float | None = None  # None when the question has no content word (or no document words given)
-    unknown_words: tuple[str, ...] = ()  # the question's words the document never uses (for the note), sorted
+    unknown_words: tuple[str, ...] = ()  # the question's words the document never uses, when they flagged it
 
 
 def document_share(mass: torch.Tensor, document_range: tuple[int, int],
@@ -121,7 +121,8 @@ def decide(share: float | None, logprob: float | None,
     unsure_claim = claim is not None and claim < thresholds.min_claim_logprob
     off_topic = asked_share_ is not None and asked_share_ < thresholds.min_asked_share
     flagged = low_share or unsure or ungrounded or denied or unsure_claim or off_topic
-    return Support(share, logprob, not flagged, grounded, verified, claim, asked_share_, unknown)
+    # The words go to the note only when they are why: on a short document a common verb ("makes") is unknown too.
+    return Support(share, logprob, not flagged, grounded, verified, claim, asked_share_, unknown if off_topic else ())
 
 
 def token_logprob(logits: torch.Tensor, token: int) -> float:

@@ -152,8 +152,11 @@ def test_each_model_gets_its_fitted_thresholds_and_others_the_default_models():
     # naming what the document never does is not flagged for it; with a threshold it is.
     assert decide(0.8, -0.9, smollm2, None, None, -0.5, (6 / 7, ("zsh",))).is_supported
     asked = SupportThresholds(min_document_share=0.0, min_mean_logprob=-100.0, min_asked_share=0.858)
-    assert not decide(0.8, -0.9, asked, None, None, -0.5, (6 / 7, ("zsh",))).is_supported
+    flagged = decide(0.8, -0.9, asked, None, None, -0.5, (6 / 7, ("zsh",)))
+    assert not flagged.is_supported and flagged.unknown_words == ("zsh",)  # named: they are why
     assert decide(0.8, -0.9, asked, None, None, -0.5, (1.0, ())).is_supported
+    # Flagged for another reason, the unknown words are not named (a common verb a short document lacks is noise).
+    assert decide(0.1, -0.9, SupportThresholds(min_document_share=0.3), asked=(6 / 7, ("makes",))).unknown_words == ()
     # The 0.5B is judged on its attention alone (share 0.66 on supported answers, 0.50 on invented ones; its
     # log-probs do not separate them): an answer looking off the pages is flagged however surely it was written.
     small = thresholds_for("/cache/downloads/qwen2.5-coder-0.5b-instruct.gguf")

@@ -23,7 +23,7 @@ class PageChips(gr.Radio):
 
     def preprocess(self, payload):
         choices = [value for _, value in self.choices]
-        if payload is not None and (isinstance(payload, list) or payload not in choices):
+        if payload is not None and payload not in choices:  # ``[]`` included: a list is never a choice
             logger.debug("page chip %r is not among the chips %s: no page chosen", payload, choices)
             return None
         return super().preprocess(payload)

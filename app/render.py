@@ -354,7 +354,7 @@ def support_note(support) -> str:
     if support is None or support.is_supported:
         return ""
     # The question's words the document never uses (when they are why it is flagged): a reason to check at a glance.
-    unknown = getattr(support, "unknown_words", ())
+    unknown = support.unknown_words
     never = (f' <span class="never-mentioned">(the document never mentions '
              f'{", ".join(f"“{html.escape(word)}”" for word in unknown[:5])})</span>') if unknown else ""
     return (f'<span class="answer-unsupported" title="Little of the answer\'s attention was on the document\'s pages, '

@@ -132,10 +132,14 @@ def _logprob_cost(model) -> float:
     return round(1000 * (time.perf_counter() - started) / 20, 3)
 
 
-# The candidate signals, by the name of their threshold; the first three are the engine's (``decide``), the
-# others are cheap alternatives from the same answer, fitted and reported the same way to see whether they help.
-ENGINE_SIGNALS = ("min_document_share", "min_mean_logprob", "min_grounded_share", "min_verify_yes", "min_claim_logprob",
-                  "min_asked_share")
+# The engine's thresholds (``SupportThresholds``, ``decide``), each with (its value when off, lowest, highest): a rule
+# leaves the others off, and a fitted -inf (the signal flags nothing) is off too.
+_THRESHOLD_RANGES = {"min_document_share": (0.0, 0.0, 1.0), "min_mean_logprob": (-100.0, -100.0, 0.0),
+                     "min_grounded_share": (0.0, 0.0, 1.0), "min_verify_yes": (0.0, 0.0, 1.0),
+                     "min_claim_logprob": (-100.0, -100.0, 0.0), "min_asked_share": (0.0, 0.0, 1.0)}
+ENGINE_SIGNALS = tuple(_THRESHOLD_RANGES)
+# The candidate signals, by the name of their threshold: the engine's, and cheap alternatives from the same answer,
+# fitted and reported the same way to see whether they help.
 CANDIDATES = {
     "share + log-prob (before)": ("min_document_share", "min_mean_logprob"),
     "share": ("min_document_share",),
@@ -343,18 +347,8 @@ def fitted_thresholds(rows: list[dict], names: tuple[str, ...]) -> SupportThresh
     they flag the same answers as the fit."""
     values, unsupported = _matrix(rows, names)
     fitted = dict(zip(names, (float(t) for t in _rounded(fit(values, unsupported), values))))
-    share = fitted.get("min_document_share", -math.inf)
-    logprob = fitted.get("min_mean_logprob", -math.inf)
-    grounded = fitted.get("min_grounded_share", -math.inf)
-    verify = fitted.get("min_verify_yes", -math.inf)
-    claim = fitted.get("min_claim_logprob", -math.inf)
-    asked = fitted.get("min_asked_share", -math.inf)
-    return SupportThresholds(min(share, 1.0) if math.isfinite(share) else 0.0,
-                             max(min(logprob, 0.0), -100.0) if math.isfinite(logprob) else -100.0,
-                             min(grounded, 1.0) if math.isfinite(grounded) else 0.0,
-                             min(verify, 1.0) if math.isfinite(verify) else 0.0,
-                             max(min(claim, 0.0), -100.0) if math.isfinite(claim) else -100.0,
-                             min(asked, 1.0) if math.isfinite(asked) else 0.0)
+    return SupportThresholds(**{name: min(max(fitted[name], low), high) if math.isfinite(fitted.get(name, -math.inf))
+                                else off for name, (off, low, high) in _THRESHOLD_RANGES.items()})
 
 
 # Signals recorded for some answers only (a verification turn, a trace): rules using them are judged on those answers.

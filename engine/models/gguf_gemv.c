@@ -33,6 +33,13 @@
 #include <immintrin.h>
 #endif
 
+/* Every weight prefetch asks for all cache levels (hint 3): the non-temporal hint (0) it used before measured 1.2-2.6x
+ * slower from DRAM on AVX-512, most of all on rows wider than L1 holds the activations of (docs/benchmarks/
+ * gemv-prefetch.md). -DPREFETCH_HINT=0 builds the old one for that benchmark. */
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT 3
+#endif
+
 enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  /* ggml's numbers */
 
 static inline float half_to_float(const uint8_t *p) {
@@ -250,7 +257,7 @@ static inline __attribute__((always_inline)) void dot4(const uint8_t *row, long 
         /* The next four rows' line at this offset, once per line: requested now, it arrives while these rows
          * compute (as in int8_gemv.c). */
         if ((b * bb) % 64 < bb)
-            for (int k = 4; k < 8; k++) __builtin_prefetch(row + k * stride + b * bb, 0, 0);
+            for (int k = 4; k < 8; k++) __builtin_prefetch(row + k * stride + b * bb, 0, PREFETCH_HINT);
         const __m256 xb[4] = {_mm256_loadu_ps(x + 32 * b), _mm256_loadu_ps(x + 32 * b + 8),
                               _mm256_loadu_ps(x + 32 * b + 16), _mm256_loadu_ps(x + 32 * b + 24)};
         for (int k = 0; k < 4; k++) {
@@ -277,7 +284,7 @@ static inline __attribute__((always_inline)) void dot4_q4k(const uint8_t *row, l
     for (long b = 0; b < blocks; b++) {
         for (int k = 0; k < 4; k++) {
             const uint8_t *block = row + k * stride + b * 144;
-            for (long line = 0; line < 144; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, 0);
+            for (long line = 0; line < 144; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, PREFETCH_HINT);
             const float d = half_to_float(block), dmin = half_to_float(block + 2);
             const uint8_t *qs = block + 16;
             for (int g = 0; g < 4; g++) {
@@ -321,7 +328,7 @@ static inline __attribute__((always_inline)) void dot4_q6k(const uint8_t *row, l
     for (long b = 0; b < blocks; b++) {
         for (int k = 0; k < 4; k++) {
             const uint8_t *block = row + k * stride + b * 210;
-            for (long line = 0; line < 210; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, 0);
+            for (long line = 0; line < 210; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, PREFETCH_HINT);
             const int8_t *scales = (const int8_t *)(block + 192);
             const float d = half_to_float(block + 208);
             const float *xb = x + 256 * b;
@@ -386,7 +393,7 @@ static inline __attribute__((always_inline)) void dot4_q4k_512(const uint8_t *ro
 #pragma GCC unroll 4  /* the four rows unrolled: their sums stay in registers */
         for (int k = 0; k < 4; k++) {
             const uint8_t *block = row + k * stride + b * 144;
-            for (long line = 0; line < 144; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, 0);
+            for (long line = 0; line < 144; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, PREFETCH_HINT);
             uint32_t unpacked[4];
             scales_mins_k(block + 4, unpacked);
             const __m256 d = _mm256_set1_ps(half_to_float(block)), dmin = _mm256_set1_ps(half_to_float(block + 2));
@@ -446,7 +453,7 @@ static inline __attribute__((always_inline)) void dot4_q6k_512(const uint8_t *ro
         const float *xb = x + 256 * b;
         for (int k = 0; k < 4; k++) {
             const uint8_t *block = row + k * stride + b * 210;
-            for (long line = 0; line < 210; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, 0);
+            for (long line = 0; line < 210; line += 64) __builtin_prefetch(block + 4 * stride + line, 0, PREFETCH_HINT);
             q6k_values(block, q);
             const __m512 scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 192))));
             _mm512_store_ps(factors, _mm512_mul_ps(_mm512_set1_ps(half_to_float(block + 208)), scales));

@@ -11,6 +11,10 @@
 #if defined(__AVX2__) && defined(__FMA__) /* -march=x86-64-v3 and up; else the portable loop below */
 #include <immintrin.h>
 
+#ifndef PREFETCH_HINT  /* -DPREFETCH_HINT=0 builds the non-temporal hint this file had, to compare */
+#define PREFETCH_HINT 3
+#endif
+
 static inline float hsum8(__m256 v) {
     __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
@@ -28,9 +32,11 @@ static inline void dot4(const int8_t *c, long stride, const float *x, long n, fl
     for (long i = 0; i < n; i += 8) {
         /* The next four rows' line at this offset: requested now, it arrives while these rows compute. Without it
          * the loop streams at ~4.5 GB/s; with it ~8.5 (one core of the development VM; a line further ahead did
-         * worse). Reading past the matrix's last row only asks for a line: a prefetch never faults. */
+         * worse). Reading past the matrix's last row only asks for a line: a prefetch never faults. Into every
+         * cache level: the non-temporal hint it had measured 1.3-2.9x slower from DRAM (docs/benchmarks/
+         * gemv-prefetch.md), most on rows wider than L1 holds the activations of. */
         if ((i & 63) == 0)
-            for (int k = 4; k < 8; k++) __builtin_prefetch(c + k * stride + i, 0, 0);
+            for (int k = 4; k < 8; k++) __builtin_prefetch(c + k * stride + i, 0, PREFETCH_HINT);
         const __m256 xi = _mm256_loadu_ps(x + i);
         s0 = _mm256_fmadd_ps(widen8(c + i), xi, s0);
         s1 = _mm256_fmadd_ps(widen8(c + stride + i), xi, s1);

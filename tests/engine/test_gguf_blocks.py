@@ -393,16 +393,22 @@ def test_each_vector_path_is_the_dequantized_matmul(arch, path, monkeypatch):
     gemv.argtypes, gemv.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                    *[ctypes.c_long] * 5], ctypes.c_int
     for kind in sorted(TYPES):
-        for seed, (rows, out_features) in enumerate([(1, 13), (2, 8)]):
-            raw = random_blocks(out_features, 768, kind, seed=seed)
+        # rows wider than the L1-sized 768 too (a down projection's are 8,960 wide), and more rows than one
+        # prefetch distance; a bias, and two ranges of output rows as two threads run them
+        for seed, (rows, out_features, width) in enumerate([(1, 13, 768), (2, 8, 768), (1, 13, 2816), (3, 9, 2816),
+                                                            (1, 131, 2816)]):
+            raw = random_blocks(out_features, width, kind, seed=seed)
             weight = reference(raw, TYPES[kind]).double()
-            x = torch.randn(rows, 768)
+            x = torch.randn(rows, width)
+            bias = torch.randn(out_features)
             y = torch.empty(rows, out_features)
-            assert gemv(x.data_ptr(), raw.data_ptr(), TYPES[kind], None, y.data_ptr(), rows, 768, out_features, 0,
-                        out_features) == 0
-            expected = x.double() @ weight.T
-            scale = (x.double().abs() @ weight.abs().T).clamp_min(1e-6)
-            assert ((y.double() - expected).abs() / scale).max() < 1e-5, (kind, arch)
+            # the first range ends mid-group of four
+            for lo, hi in ((0, 6), (6, out_features)):
+                assert gemv(x.data_ptr(), raw.data_ptr(), TYPES[kind], bias.data_ptr(), y.data_ptr(), rows, width,
+                            out_features, lo, hi) == 0
+            expected = x.double() @ weight.T + bias.double()
+            scale = (x.double().abs() @ weight.abs().T + bias.double().abs()).clamp_min(1e-6)
+            assert ((y.double() - expected).abs() / scale).max() < 1e-5, (kind, arch, width)
         # prefill's dequantization on this path: gguf-py's weights bit for bit
         raw = random_blocks(5, 768, kind, seed=7)
         dense = torch.empty(5, 768)

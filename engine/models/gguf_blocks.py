@@ -140,8 +140,12 @@ def dequantize(raw: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
     if functions is None:
         return dequantize_reference(raw, qtype)
     raw = raw.contiguous()
-    weight = torch.empty(raw.shape[0], in_features)
-    _check(functions[1](raw.data_ptr(), qtype, in_features, 0, raw.shape[0], weight.data_ptr()))
+    weight = torch.empty(raw.shape[0], in_features)  # [out, in]
+    dequantize_rows, source, target = functions[1], raw.data_ptr(), weight.data_ptr()
+    # Rows split over the caller and the host pool like a GEMV's: a prefill chunk dequantizes every layer (slices of
+    # up to 64 MB of fp32), and on one thread those writes left the other cores idle between torch's matmuls.
+    run_split(lambda lo, hi: dequantize_rows(source, qtype, in_features, lo, hi, target), (), raw.shape[0],
+              raw.numel(), _check, _SPLIT_BYTES)
     return weight
 
 

@@ -142,6 +142,31 @@ def test_a_square_projection_is_split_over_two_cores_the_first_range_on_the_call
     assert torch.equal(alone, split)
 
 
+@needs_kernel
+def test_a_prefill_slice_is_dequantized_over_two_cores_bit_for_bit(monkeypatch):
+    # a prefill chunk dequantizes every layer before torch's matmul: the rows split like a GEMV's, same weights
+    from engine.models import int8_matmul
+
+    raw = random_blocks(1536, 1536, "Q6_K", seed=6)  # 1.9 MB of blocks, 9.4 MB of fp32 weights
+    submitted = []
+    workers = int8_matmul.shared_workers()
+
+    class Counting:
+        def submit(self, fn, *args):
+            submitted.append(args[-2:])
+            return workers.submit(fn, *args)
+
+    monkeypatch.setattr(int8_matmul, "shared_workers", lambda: Counting())
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        split = dequantize(raw, TYPES["Q6_K"], 1536)
+    finally:
+        torch.set_num_threads(threads)
+    assert submitted == [(768, 1536)]  # rows [0, 768) on the calling thread, [768, 1536) on a worker
+    assert torch.equal(split, reference(raw, TYPES["Q6_K"]))
+
+
 def test_rows_are_matched_through_a_permutation_and_refused_otherwise():
     raw = blocks_of(random_weight(64, 64, seed=5), "Q4_1")
     weight = reference(raw, TYPES["Q4_1"])

@@ -33,7 +33,7 @@ static inline void dot4(const int8_t *c, long stride, const float *x, long n, fl
         /* The next four rows' line at this offset: requested now, it arrives while these rows compute. Without it
          * the loop streams at ~4.5 GB/s; with it ~8.5 (one core of the development VM; a line further ahead did
          * worse). Reading past the matrix's last row only asks for a line: a prefetch never faults. Into every
-         * cache level: the non-temporal hint it had measured 1.3-2.9x slower from DRAM (docs/benchmarks/
+         * cache level: the non-temporal hint it had measured 1.3-3.0x slower from DRAM (docs/benchmarks/
          * gemv-prefetch.md), most on rows wider than L1 holds the activations of. */
         if ((i & 63) == 0)
             for (int k = 4; k < 8; k++) __builtin_prefetch(c + k * stride + i, 0, PREFETCH_HINT);

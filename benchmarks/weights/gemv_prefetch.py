@@ -43,29 +43,13 @@ MATRIX_BYTES = 180 << 20
 
 
 def build(name: str) -> dict:
-    """``{"gguf": gguf_gemv, "dequantize": gguf_dequantize, "int8": int8_gemv}`` built with one build's flags (cached per flags like the engine's
-    own builds)."""
+    """``{"gguf": gguf_gemv, "dequantize": gguf_dequantize, "int8": int8_gemv}`` built with one build's flags (cached
+    per flags like the engine's own builds; the dequantization serves the embedding's rows in the decode step)."""
     gguf = native.load_library(native.compiler(), gguf_blocks._SOURCE, [[*gguf_blocks._VARIANTS[0], *BUILDS[name]]])
-    gguf_gemv = gguf.gguf_gemv
-    gguf_gemv.argtypes, gguf_gemv.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                             ctypes.c_void_p, *[ctypes.c_long] * 5], ctypes.c_int
-    dequantize = gguf.gguf_dequantize  # the embedding's rows, in the decode step
-    dequantize.argtypes, dequantize.restype = [ctypes.c_void_p, ctypes.c_int, *[ctypes.c_long] * 3,
-                                               ctypes.c_void_p], ctypes.c_int
+    gguf_gemv, dequantize = gguf_blocks.typed_functions(gguf)
     int8_gemv = native.load_library(native.compiler(), int8_matmul._SOURCE, [BUILDS[name]]).int8_gemv
     int8_gemv.argtypes, int8_gemv.restype = int8_matmul._ARGTYPES, ctypes.c_int
     return {"gguf": gguf_gemv, "dequantize": dequantize, "int8": int8_gemv}
-
-
-def random_matrix(qtype: int, rows: int, inputs: int, seed: int = 0) -> torch.Tensor:
-    """[rows, inputs / block * bytes] uint8: random blocks with small finite fp16 factors."""
-    _, size, nbytes = gguf_blocks.BLOCK_TYPES[qtype]
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, (rows, inputs // size, nbytes), dtype=np.uint8)
-    for offset in gguf_blocks._FACTOR_OFFSETS[qtype]:
-        factors = (rng.standard_normal((rows, inputs // size)) * 0.01).astype(np.float16)
-        raw[..., offset : offset + 2] = factors.view(np.uint8).reshape(rows, -1, 2)
-    return torch.from_numpy(raw.reshape(rows, -1))
 
 
 def shape_rates(kernels: dict, rounds: int, store: ResultStore) -> None:
@@ -83,7 +67,8 @@ def shape_rates(kernels: dict, rounds: int, store: ResultStore) -> None:
         else:
             _, size, nbytes = gguf_blocks.BLOCK_TYPES[qtype]
             copies = max(1, MATRIX_BYTES // (rows * inputs // size * nbytes))
-            matrices = [random_matrix(qtype, rows, inputs, seed) for seed in range(copies)]  # past every cache
+            rng = np.random.default_rng(0)
+            matrices = [gguf_blocks.random_block_rows(rng, qtype, rows, inputs) for _ in range(copies)]  # past every cache
 
             def call(gemvs, raw):
                 gemvs["gguf"](x.data_ptr(), raw.data_ptr(), qtype, None, y.data_ptr(), 1, inputs, rows, 0, rows)

@@ -88,8 +88,11 @@ def _built_kernel():
         logger.info("gguf weights: no C compiler found; blocks are dequantized by gguf-py at every call (slow)")
         return None
     library = native.load_library(compiler, _SOURCE, _VARIANTS)
-    if library is None:
-        return None
+    return None if library is None else typed_functions(library)
+
+
+def typed_functions(library: ctypes.CDLL) -> tuple:
+    """``(gemv, dequantize)`` of a build of ``gguf_gemv.c``, their C signatures set (benchmarks load other builds)."""
     gemv, dequantize = library.gguf_gemv, library.gguf_dequantize
     gemv.argtypes, gemv.restype = [_P, _P, _I, _P, _P, _L, _L, _L, _L, _L], ctypes.c_int
     dequantize.argtypes, dequantize.restype = [_P, _I, _L, _L, _L, _P], ctypes.c_int
@@ -100,18 +103,25 @@ def _built_kernel():
 _FACTOR_OFFSETS = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
 
 
+def random_block_rows(rng: np.random.Generator, qtype: int, rows: int, inputs: int) -> torch.Tensor:
+    """[rows, inputs / size * nbytes] uint8: random blocks of ``qtype`` with small finite fp16 factors (the probe's
+    input, and the benchmarks')."""
+    _, size, nbytes = BLOCK_TYPES[qtype]
+    raw = rng.integers(0, 256, (rows, inputs // size, nbytes), dtype=np.uint8)
+    for offset in _FACTOR_OFFSETS[qtype]:
+        factors = (rng.standard_normal((rows, inputs // size)) * 0.01).astype(np.float16)
+        raw[..., offset : offset + 2] = factors.view(np.uint8).reshape(rows, -1, 2)
+    return torch.from_numpy(raw.reshape(rows, -1))
+
+
 def exercise_kernel() -> None:
     """The gguf-gemv probe (run in a child process): the built GEMV (decode rows) and dequantization (prefill) on
     every block type, checked against gguf-py's weights."""
     gemv, dequantize_blocks = _built_kernel()
     rng = np.random.default_rng(0)
-    for qtype, (_, size, nbytes) in BLOCK_TYPES.items():
+    for qtype, (_, size, _) in BLOCK_TYPES.items():
         out_features, in_features = 9, 2 * max(size, 256)
-        raw = rng.integers(0, 256, (out_features, in_features // size, nbytes), dtype=np.uint8)
-        for offset in _FACTOR_OFFSETS[qtype]:
-            factors = (rng.standard_normal((out_features, in_features // size)) * 0.01).astype(np.float16)
-            raw[..., offset : offset + 2] = factors.view(np.uint8).reshape(out_features, -1, 2)
-        raw = torch.from_numpy(raw.reshape(out_features, -1))  # [out, in / size * nbytes]
+        raw = random_block_rows(rng, qtype, out_features, in_features)  # [out, in / size * nbytes]
         weight = dequantize_reference(raw, qtype)  # [out, in]
         dense = torch.empty(out_features, in_features)
         _check(dequantize_blocks(raw.data_ptr(), qtype, in_features, 0, out_features, dense.data_ptr()))

@@ -113,13 +113,10 @@ def test_block_linear_split_over_workers_equals_one_thread():
     assert torch.equal(alone, split)  # each output row is summed by one thread, whichever
 
 
-@needs_kernel
-def test_a_square_projection_is_split_over_two_cores_the_first_range_on_the_caller(monkeypatch):
-    # Qwen2.5-1.5B's q/o projections: 1536 x 1536 Q4_K, 1.3 MB of blocks, ~0.3 ms a token on one core
+def _count_worker_ranges(monkeypatch) -> list:
+    """The (lo, hi) row range of each part ``run_split`` hands to the host pool, as a list that fills."""
     from engine.models import int8_matmul
 
-    raw = random_blocks(1536, 1536, "Q4_K", seed=4)
-    x = torch.randn(1, 1536)
     submitted = []
     workers = int8_matmul.shared_workers()
 
@@ -129,6 +126,15 @@ def test_a_square_projection_is_split_over_two_cores_the_first_range_on_the_call
             return workers.submit(fn, *args)
 
     monkeypatch.setattr(int8_matmul, "shared_workers", lambda: Counting())
+    return submitted
+
+
+@needs_kernel
+def test_a_square_projection_is_split_over_two_cores_the_first_range_on_the_caller(monkeypatch):
+    # Qwen2.5-1.5B's q/o projections: 1536 x 1536 Q4_K, 1.3 MB of blocks, ~0.3 ms a token on one core
+    raw = random_blocks(1536, 1536, "Q4_K", seed=4)
+    x = torch.randn(1, 1536)
+    submitted = _count_worker_ranges(monkeypatch)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -145,18 +151,8 @@ def test_a_square_projection_is_split_over_two_cores_the_first_range_on_the_call
 @needs_kernel
 def test_a_prefill_slice_is_dequantized_over_two_cores_bit_for_bit(monkeypatch):
     # a prefill chunk dequantizes every layer before torch's matmul: the rows split like a GEMV's, same weights
-    from engine.models import int8_matmul
-
     raw = random_blocks(1536, 1536, "Q6_K", seed=6)  # 1.9 MB of blocks, 9.4 MB of fp32 weights
-    submitted = []
-    workers = int8_matmul.shared_workers()
-
-    class Counting:
-        def submit(self, fn, *args):
-            submitted.append(args[-2:])
-            return workers.submit(fn, *args)
-
-    monkeypatch.setattr(int8_matmul, "shared_workers", lambda: Counting())
+    submitted = _count_worker_ranges(monkeypatch)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

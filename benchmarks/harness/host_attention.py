@@ -34,7 +34,7 @@ from .run import parse_tokens, run_step
 
 logger = logging.getLogger(__name__)
 
-GPU_DECODE_ARGS = ["--phases", "decode", "--modes", "headinfer-g1,headinfer-g1-split,headinfer-g1-host",
+GPU_DECODE_ARGS = ["--phases", "decode", "--modes", "headinfer-g1-split,headinfer-g1-host,headinfer-g1",
                    "--decode-lengths", "32K,128K,512K", "--decode-steps", "4", "--repeats", "2"]
 LLAMA3_8B = {"num_groups": 8, "n_rep": 4, "head_dim": 128}  # one KV head per group: head_group_size=1
 TARGET_X_READ, TARGET_1K_MS = 0.7, 0.3

@@ -5,6 +5,12 @@ H2D rate; host-attended bytes are read from RAM by the host kernel at its own ra
 With a share ``s`` of the bytes on the host, a step takes ``max((1 - s) B / h2d, s B / host)``, which is
 smallest when both halves finish together: ``s = host / (host + h2d)``. Resident slots cost neither (they
 are read from device memory) and are not counted here.
+
+A split also costs time that streaming does not: each layer with host groups waits for its query to reach the
+host and its output to come back, so the CPU cannot run ahead queuing the model's kernels while the link works
+(``HOST_LAYER_SECONDS`` a layer). Streaming hides that work under the copies. At short contexts the bytes are too
+few to pay for it, and ``auto`` streams everything: a split is chosen only where its forecast is at least
+``MIN_GAIN`` faster than streaming.
 """
 
 from __future__ import annotations
@@ -17,6 +23,14 @@ Slot = tuple[int, int]  # (layer index, head-group index)
 # measured on an RTX 4090 in the HeadInfer paper. The one definition; rates, capacity and the benchmarks use it.
 DEFAULT_H2D_GBPS = 25.0
 
+# Seconds a decode step loses per layer with host-attended groups, beyond the two halves' bytes. Fitted on the
+# H200 run of 2026-11-27 (docs/benchmarks/gpu-run-2026-11-27b: Llama-3-8B shape, 32 layers): the split and
+# host-only steps took 1.3-2.4 ms a layer more than max(host bytes / host rate, streamed bytes / link); there the
+# planner's split without this term made decode at 32K 1.6-1.8x slower than streaming (0.123-0.144 vs 0.079 s).
+# One machine's figure, not measured per machine: a desktop CPU that launches kernels faster loses less.
+HOST_LAYER_SECONDS = 2e-3
+MIN_GAIN = 0.10  # the forecast's error on that run was 10-25%: a split must promise more than that
+
 
 @dataclass(frozen=True)
 class DecodeForecast:
@@ -24,23 +38,32 @@ class DecodeForecast:
 
     host_share: float  # share of the offloaded bytes the host attends
     offloaded_bytes: int
-    seconds: float | None  # max(streamed / h2d, host / host rate); None without rates
+    seconds: float | None  # max(streamed / h2d, host / host rate) + the host layers' round trips; None without rates
     pcie_floor_seconds: float | None  # every offloaded byte over the link
 
 
 def host_share(mode: str, device_is_cuda: bool, host_gbps: float | None, h2d_gbps: float | None, *,
-               quantized: bool = False) -> float:
+               quantized: bool = False, offloaded_bytes: int | None = None, host_layers: int = 0,
+               layer_seconds: float | None = None) -> float:
     """Share of the offloaded bytes to attend on the host: 0 (``off``), 1 (``all``), balanced (``auto``).
 
-    ``auto`` balances on CUDA. With CPU compute no byte crosses a link; but 8-bit homes (every home there) would
-    be copied and dequantized whole each decode step to be attended, while the host kernel reads their codes in
-    place (4-5x faster decode on this project's CPU benchmark): ``auto`` attends them all on the host.
+    ``auto`` balances on CUDA, where it pays: given the step's ``offloaded_bytes`` and the ``host_layers`` that
+    would wait for the host, a split whose forecast is not ``MIN_GAIN`` faster than streaming everything gets 0.
+    With CPU compute no byte crosses a link; but 8-bit homes (every home there) would be copied and dequantized
+    whole each decode step to be attended, while the host kernel reads their codes in place (4-5x faster decode
+    on this project's CPU benchmark): ``auto`` attends them all on the host.
     """
     if mode == "all" or (mode == "auto" and not device_is_cuda and quantized):
         return 1.0
     if mode == "off" or not device_is_cuda or not host_gbps or not h2d_gbps:
         return 0.0
-    return host_gbps / (host_gbps + h2d_gbps)
+    share = host_gbps / (host_gbps + h2d_gbps)
+    if offloaded_bytes is not None:
+        split = forecast_decode(offloaded_bytes, share, host_gbps, h2d_gbps, host_layers=host_layers,
+                                layer_seconds=layer_seconds)
+        if split.seconds >= (1 - MIN_GAIN) * split.pcie_floor_seconds:
+            return 0.0
+    return share
 
 
 def choose_host_slots(slots: list[Slot], weights: list[int], share: float) -> frozenset[Slot]:
@@ -63,9 +86,10 @@ def choose_host_slots(slots: list[Slot], weights: list[int], share: float) -> fr
     return frozenset(chosen)
 
 
-def forecast_decode(offloaded_bytes: int, share: float, host_gbps: float | None,
-                    h2d_gbps: float | None) -> DecodeForecast:
-    """Seconds per decode step for KV movement alone (a lower bound: weights and compute come on top)."""
+def forecast_decode(offloaded_bytes: int, share: float, host_gbps: float | None, h2d_gbps: float | None, *,
+                    host_layers: int = 0, layer_seconds: float | None = None) -> DecodeForecast:
+    """Seconds per decode step for KV movement, and the round trips of the ``host_layers`` that wait for the host
+    when some of it is attended there (a lower bound: weights and compute come on top)."""
     floor = offloaded_bytes / (h2d_gbps * 1e9) if h2d_gbps else None
     host_seconds = share * offloaded_bytes / (host_gbps * 1e9) if host_gbps else None
     streamed_seconds = (1 - share) * offloaded_bytes / (h2d_gbps * 1e9) if h2d_gbps else None
@@ -75,4 +99,6 @@ def forecast_decode(offloaded_bytes: int, share: float, host_gbps: float | None,
         seconds = host_seconds
     else:
         seconds = None if host_seconds is None or streamed_seconds is None else max(host_seconds, streamed_seconds)
+    if seconds is not None and share > 0.0:
+        seconds += host_layers * (HOST_LAYER_SECONDS if layer_seconds is None else layer_seconds)
     return DecodeForecast(share, offloaded_bytes, seconds, floor)

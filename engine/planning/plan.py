@@ -99,6 +99,7 @@ class Plan:
         line = f"decode: {self.host_share:.0%} of offloaded KV attended on the host ({self.host_attention})"
         if self.decode_seconds is not None:
             line += f", predicted {self.decode_seconds:.3f} s/token of KV movement"
+            line += " and host round trips" if self.host_share > 0 and self.device_is_cuda else ""
         if self.pcie_floor_seconds:
             line += f" (PCIe floor {self.pcie_floor_seconds:.3f} s/token at {self.h2d_gbps:.1f} GB/s"
             line += f", host {self.host_attention_gbps:.1f} GB/s)" if self.host_attention_gbps else ")"

@@ -352,11 +352,7 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
                             (LIMIT_MAX_CONTEXT, policy.max_context), (LIMIT_MEMORY, max_ctx)) if value is not None),
                             key=lambda item: item[1])
     host_gbps, h2d_gbps = (rates.host_attention_gbps, rates.h2d_gbps) if rates is not None else (None, None)
-    share = host_share(policy.host_attention, device_is_cuda, host_gbps, h2d_gbps, quantized=policy.kv_dtype is not None)
-    per_token = shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes  # one layer's K and V
-    read = sum(per_token * (context_tokens if w is None else min(w, context_tokens)) for w in shape.sliding_windows)
-    offloaded = 1 - resident / (shape.num_layers * groups)  # resident slots are spread evenly over the layers
-    forecast = forecast_decode(round(offloaded * read), share, host_gbps, h2d_gbps)
+    share, forecast = _decode_split(shape, policy, context_tokens, resident, groups, device_is_cuda, host_gbps, h2d_gbps)
     plan = Plan(context_tokens, chunk, group, groups, resident, shape.num_layers * groups, device_is_cuda,
                 breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx,
                 limit, limited_by, disk_bytes=disk, disk_slots=disk_slots, host_attention=policy.host_attention,
@@ -370,6 +366,20 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     logger.debug("plan: %s", plan.summary().replace("\n", " | "))
     return plan
 
+
+
+def _decode_split(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, resident: int, groups: int,
+                  device_is_cuda: bool, host_gbps: float | None, h2d_gbps: float | None):
+    """(host share, DecodeForecast) of a decode step at ``context_tokens``: the offloaded bytes it reads, split."""
+    per_token = shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes  # one layer's K and V
+    read = sum(per_token * (context_tokens if w is None else min(w, context_tokens)) for w in shape.sliding_windows)
+    offloaded = 1 - resident / (shape.num_layers * groups)  # resident slots are spread evenly over the layers
+    offloaded_bytes = round(offloaded * read)
+    # Host slots are spread over the layers (choose_host_slots): every layer counts as waiting for the host.
+    host_layers = shape.num_layers if device_is_cuda else 0
+    share = host_share(policy.host_attention, device_is_cuda, host_gbps, h2d_gbps, quantized=policy.kv_dtype is not None,
+                       offloaded_bytes=offloaded_bytes if device_is_cuda else None, host_layers=host_layers)
+    return share, forecast_decode(offloaded_bytes, share, host_gbps, h2d_gbps, host_layers=host_layers)
 
 def _disk_budget(policy: OffloadPolicy) -> int | None:
     if policy.disk_dir is None:

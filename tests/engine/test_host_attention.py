@@ -14,7 +14,7 @@ import engine
 from archs import build_pair, tiny_configs
 from probe_records import died_of_abort
 from engine.planning import rates
-from engine.planning.host_split import choose_host_slots, forecast_decode, host_share
+from engine.planning.host_split import HOST_LAYER_SECONDS, MIN_GAIN, choose_host_slots, forecast_decode, host_share
 from engine.kv import HostAttention, native
 from engine.native.workers import TorchWorkers
 from engine.planning.planner import make_plan
@@ -325,7 +325,9 @@ def test_the_split_puts_groups_on_a_fast_enough_host_and_none_on_a_slow_one():
     desktop = rates.MachineRates(host_attention_gbps=60.0, h2d_gbps=24.0, is_h2d_measured=True)
     plan = make_plan(llama, policy, 1 << 17, device_is_cuda=True, rates=desktop)
     assert plan.host_share == pytest.approx(60 / 84) and 0.69 < plan.host_share < 0.73
-    assert plan.decode_seconds == pytest.approx(kv_bytes / 84e9)  # vs kv_bytes / 24e9 all streamed
+    # vs kv_bytes / 24e9 all streamed; each of the 32 layers waits for the host's half once
+    assert plan.decode_seconds == pytest.approx(kv_bytes / 84e9 + 32 * HOST_LAYER_SECONDS)
+    assert plan.decode_seconds < 0.5 * plan.pcie_floor_seconds
     slots = [(layer, group) for layer in range(32) for group in range(8)]
     on_host = choose_host_slots(slots, [1] * len(slots), plan.host_share)
     assert len(on_host) == round(0.714 * 256) and {layer for layer, _ in on_host} == set(range(32))
@@ -333,6 +335,32 @@ def test_the_split_puts_groups_on_a_fast_enough_host_and_none_on_a_slow_one():
     slow = rates.MachineRates(host_attention_gbps=0.85, h2d_gbps=55.0, is_h2d_measured=True)
     slow_share = make_plan(llama, policy, 1 << 17, device_is_cuda=True, rates=slow).host_share
     assert slow_share < 0.02 and choose_host_slots(slots[:32], [1] * 32, slow_share) == frozenset()
+
+
+def test_auto_streams_everything_where_the_host_layers_round_trips_eat_the_gain():
+    """The H200 of 2026-11-27 (host kernel ~65-69 GB/s beside the copies, link 55): the planner's old split (56%
+    on the host at every length) made decode at 32K 1.6-1.8x slower than streaming, and was 0.6-0.9x of
+    streaming at 128K and 512K (docs/benchmarks/gpu-run-2026-11-27b)."""
+    llama = ModelShape(32, 32, 8, 128, 4096, 14336, 128256, 2, 8_030_000_000, (None,) * 32)
+    policy = engine.OffloadPolicy(head_group_size=1, resident_slots=0)
+    h200 = rates.MachineRates(host_attention_gbps=69.0, h2d_gbps=55.0, is_h2d_measured=True)
+    shares = {tokens: make_plan(llama, policy, tokens, device_is_cuda=True, rates=h200)
+              for tokens in (1 << 10, 1 << 15, 1 << 17, 1 << 19)}
+    assert shares[1 << 10].host_share == shares[1 << 15].host_share == 0.0
+    assert shares[1 << 15].decode_seconds == pytest.approx(shares[1 << 15].pcie_floor_seconds)
+    for tokens in (1 << 17, 1 << 19):
+        plan = shares[tokens]
+        assert plan.host_share == pytest.approx(69 / 124)
+        assert plan.decode_seconds < (1 - MIN_GAIN) * plan.pcie_floor_seconds
+    # measured there, split / streamed: 0.72-0.90 at 128K, 0.61-0.64 at 512K; the forecast (KV movement only)
+    assert 0.6 < shares[1 << 17].decode_seconds / shares[1 << 17].pcie_floor_seconds < 0.72
+    assert 0.45 < shares[1 << 19].decode_seconds / shares[1 << 19].pcie_floor_seconds < 0.55
+    # Without the bytes (a caller that knows no context) the share is the plain balance.
+    assert host_share("auto", True, 69.0, 55.0) == pytest.approx(69 / 124)
+    # A slower round trip moves the break-even to longer contexts.
+    bytes_128k = (1 << 17) * llama.kv_bytes_per_token
+    assert host_share("auto", True, 69.0, 55.0, offloaded_bytes=bytes_128k, host_layers=32, layer_seconds=0.004) > 0
+    assert host_share("auto", True, 69.0, 55.0, offloaded_bytes=bytes_128k, host_layers=32, layer_seconds=0.006) == 0
 
 
 def test_host_slots_carry_the_share_of_bytes_spread_over_layers():
@@ -354,8 +382,9 @@ def test_plan_shows_the_split_and_the_predicted_decode_time():
     kv_bytes = (1 << 17) * llama.kv_bytes_per_token
     assert plan.host_share == 0.75
     assert plan.pcie_floor_seconds == pytest.approx(kv_bytes / 25e9)
-    assert plan.decode_seconds == pytest.approx(kv_bytes / 100e9)
+    assert plan.decode_seconds == pytest.approx(kv_bytes / 100e9 + 32 * HOST_LAYER_SECONDS)
     assert "75% of offloaded KV attended on the host" in plan.summary()
+    assert f"predicted {plan.decode_seconds:.3f} s/token of KV movement and host round trips" in plan.summary()
     off = make_plan(llama, dataclasses.replace(policy, host_attention="off"), 1 << 17, device_is_cuda=True,
                     rates=machine)
     assert off.host_share == 0 and off.decode_seconds == pytest.approx(off.pcie_floor_seconds)

@@ -198,8 +198,10 @@ def _cpu_tile(query, block, q_offset, scaling, window, softcap) -> torch.Tensor 
 
 
 #: Block bytes from which a CPU decode step runs on the kernel's pool: below it waking the pool costs more than the
-#: other cores save (2 cores: a 1 MiB block took 0.4 ms on one thread, 32 MiB 10.7 ms against 7.6 split).
-POOL_BYTES = 8 << 20
+#: other cores save (2 cores: a 1 MiB block took 0.4 ms on one thread, 32 MiB 10.7 ms against 7.6 split). The CPU
+#: default model's 2K-token layer (4 MiB) gains: its step 192 -> 185 ms on two threads with 3 MiB instead of 8, and
+#: a 2 MiB layer gains nothing (``benchmarks/weights/pool_bytes.py``, ``docs/benchmarks/pool-bytes.md``).
+POOL_BYTES = 3 << 20
 
 
 def _attend(query, key, value, q_offset, scaling, window, softcap, scratch=None) -> torch.Tensor:

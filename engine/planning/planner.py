@@ -367,11 +367,11 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     return plan
 
 
-
 def _decode_split(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, resident: int, groups: int,
                   device_is_cuda: bool, host_gbps: float | None, h2d_gbps: float | None):
     """(host share, DecodeForecast) of a decode step at ``context_tokens``: the offloaded bytes it reads, split."""
-    per_token = shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes  # one layer's K and V
+    # one layer's K and V in host homes: 8-bit codes (and their scales) are what the link and the host kernel read
+    per_token = shape.num_kv_heads * shape.head_dim * 2 * host_element_bytes(shape, policy.kv_dtype)
     read = sum(per_token * (context_tokens if w is None else min(w, context_tokens)) for w in shape.sliding_windows)
     offloaded = 1 - resident / (shape.num_layers * groups)  # resident slots are spread evenly over the layers
     offloaded_bytes = round(offloaded * read)

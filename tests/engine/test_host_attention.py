@@ -355,6 +355,9 @@ def test_auto_streams_everything_where_the_host_layers_round_trips_eat_the_gain(
     # measured there, split / streamed: 0.72-0.90 at 128K, 0.61-0.64 at 512K; the forecast (KV movement only)
     assert 0.6 < shares[1 << 17].decode_seconds / shares[1 << 17].pcie_floor_seconds < 0.72
     assert 0.45 < shares[1 << 19].decode_seconds / shares[1 << 19].pcie_floor_seconds < 0.55
+    # 8-bit homes: the link and the host read codes and scales, 1 + 4/128 bytes an element instead of 2.
+    int8 = make_plan(llama, dataclasses.replace(policy, kv_dtype="int8"), 1 << 17, device_is_cuda=True, rates=h200)
+    assert int8.pcie_floor_seconds == pytest.approx(shares[1 << 17].pcie_floor_seconds * (1 + 4 / 128) / 2)
     # Without the bytes (a caller that knows no context) the share is the plain balance.
     assert host_share("auto", True, 69.0, 55.0) == pytest.approx(69 / 124)
     # A slower round trip moves the break-even to longer contexts.

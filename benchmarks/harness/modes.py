@@ -22,6 +22,7 @@ import torch
 from transformers import DynamicCache
 
 import engine
+from engine.planning.machine import measure_activation_peak
 from engine.planning.planner import make_plan, paper_memory_table
 from engine.planning.plan import Plan
 from engine.planning.shape import ModelShape
@@ -129,7 +130,17 @@ class Runner:
             return None
         return make_plan(self.shape, dataclasses.replace(self.policy(mode, context), max_context=None), context,
                          device_is_cuda=self.is_cuda, gpu_budget=self.gpu_budget, host_budget=self.host_budget,
-                         rates=self.rates(mode))
+                         rates=self.rates(mode), activation_bytes=self.activation_bytes())
+
+    def activation_bytes(self) -> int | None:
+        """One chunk's activation peak from a dry-run forward on CUDA, as the app's ``MachineBudget`` measures it
+        (cached per model and chunk); None elsewhere (the plan keeps its estimate). Without it the harness's plans
+        used the estimate, which the H200 runs of 2026-11-27 exceeded by up to 0.25 GiB: the peak step then
+        measured a plan the app never makes."""
+        if not self.is_cuda:
+            return None
+        vocab = self.model.config.get_text_config().vocab_size
+        return measure_activation_peak(self.model, self.chunk_size, vocab)
 
     def rates(self, mode: Mode) -> MachineRates | None:
         """The machine's measured rates where the mode splits decode by them (``host_attention="auto"`` on CUDA).
@@ -145,12 +156,15 @@ class Runner:
         if mode.kind == "headinfer":
             policy = self.policy(mode, capacity)
             plan = None  # the cache plans from the config and the policy itself
-            if (rates := self.rates(mode)) is not None:
-                # That plan, with the split the rates give (as DocumentSession's plans): the cache probes nothing.
+            rates, activations = self.rates(mode), self.activation_bytes()
+            if rates is not None or activations is not None:
+                # That plan with what the app's plans carry (DocumentSession's MachineBudget): the split the rates
+                # give, and the dry-run chunk's activation peak. The cache itself probes nothing.
                 text_config = config.get_text_config(decoder=True)
                 dtype_bytes = torch.tensor([], dtype=self.dtype).element_size()
                 shape = ModelShape.from_config(text_config, dtype_bytes=dtype_bytes)
-                plan = make_plan(shape, policy, capacity, device_is_cuda=self.is_cuda, rates=rates)
+                plan = make_plan(shape, policy, capacity, device_is_cuda=self.is_cuda, rates=rates,
+                                 activation_bytes=activations)
             return engine.HeadInferCache(config, policy, plan=plan, device=self.device, dtype=self.dtype)
         return DynamicCache(config=config, offloading=mode.kind == "layerwise")
 

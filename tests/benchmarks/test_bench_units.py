@@ -227,3 +227,28 @@ def test_the_split_mode_plans_its_host_share_from_the_machines_rates_on_cuda(mon
     assert cache.plan.host_share == pytest.approx(88 / 143) and cache.plan.decode_seconds is not None
     assert runner.make_cache(streamed, 4096).plan.host_share == 0.0
     assert set(asked) == {("auto", "cuda")}  # only the split mode asks the machine
+
+
+def test_the_harness_plans_with_the_dry_run_activation_peak_the_app_measures(monkeypatch):
+    """The H200 runs' peak step compared the card against plans made with the paper's activation estimate, which
+    they exceeded by up to 0.25 GiB; the app plans with a dry-run chunk's measured peak (``MachineBudget``). On
+    CUDA the harness now measures it once too and plans every head-wise cache with it; on a CPU nothing is asked."""
+    from benchmarks.harness import modes
+
+    asked = []
+
+    def fake_peak(model, chunk, vocab_size, cuda=None):
+        asked.append((chunk, vocab_size))
+        return 123 << 20
+
+    monkeypatch.setattr(modes, "measure_activation_peak", fake_peak)
+    model = build_random(tiny_llama_config(), device="cpu", dtype=torch.bfloat16, attn_implementation="sdpa")
+    g1 = GPU_MODES["headinfer-g1"]
+    on_cuda = modes.Runner(model, torch.device("cuda", 0), chunk_size=64)
+    assert on_cuda.plan(g1, 4096).gpu_breakdown.get("activations") == 123 << 20
+    assert on_cuda.make_cache(g1, 4096).plan.gpu_breakdown.get("activations") == 123 << 20
+    assert set(asked) == {(64, model.config.vocab_size)}
+    asked.clear()
+    on_cpu = modes.Runner(model, torch.device("cpu"), chunk_size=64)
+    assert on_cpu.plan(g1, 4096).gpu_breakdown.get("activations") != 123 << 20 and not asked
+    assert on_cpu.make_cache(g1, 4096).plan.gpu_breakdown.get("activations") != 123 << 20 and not asked

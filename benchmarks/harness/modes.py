@@ -140,7 +140,15 @@ class Runner:
         if not self.is_cuda:
             return None
         vocab = self.model.config.get_text_config().vocab_size
-        return measure_activation_peak(self.model, self.chunk_size, vocab)
+        # The first call measures (the result is kept per model and chunk): with head-wise attention, as the app's
+        # models run, whichever mode the model was last switched to.
+        previous = getattr(self.model.config, "_attn_implementation", None)
+        set_attention(self.model, "headinfer")
+        try:
+            return measure_activation_peak(self.model, self.chunk_size, vocab)
+        finally:
+            if previous is not None:
+                set_attention(self.model, previous)
 
     def rates(self, mode: Mode) -> MachineRates | None:
         """The machine's measured rates where the mode splits decode by them (``host_attention="auto"`` on CUDA).

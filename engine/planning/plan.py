@@ -42,7 +42,8 @@ class Plan:
     # streamed groups of a layer is fetched with one copy and attended in one call (``engine.kv.schedule``).
     groups_per_buffer: int = 1
     # Decode (``engine.planning.host_split``): the share of offloaded KV bytes the host attends, and the predicted
-    # seconds per token of KV movement at ``context_tokens`` (None without measured rates).
+    # seconds per token of KV movement, and of host round trips where there is a split, at ``context_tokens``
+    # (None without measured rates).
     host_attention: str = "off"
     host_share: float = 0.0
     decode_seconds: float | None = None

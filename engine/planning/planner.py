@@ -375,11 +375,16 @@ def _decode_split(shape: ModelShape, policy: OffloadPolicy, context_tokens: int,
     read = sum(per_token * (context_tokens if w is None else min(w, context_tokens)) for w in shape.sliding_windows)
     offloaded = 1 - resident / (shape.num_layers * groups)  # resident slots are spread evenly over the layers
     offloaded_bytes = round(offloaded * read)
-    # Host slots are spread over the layers (choose_host_slots): every layer counts as waiting for the host.
-    host_layers = shape.num_layers if device_is_cuda else 0
-    share = host_share(policy.host_attention, device_is_cuda, host_gbps, h2d_gbps, quantized=policy.kv_dtype is not None,
+    quantized = policy.kv_dtype is not None
+    balance = host_share(policy.host_attention, device_is_cuda, host_gbps, h2d_gbps, quantized=quantized)
+    # The layers that wait for the host: choose_host_slots spreads the host's slots over the layers (a share of
+    # many groups a layer puts some in every layer; one group a layer, alternate layers), resident ones never wait.
+    offloaded_slots = shape.num_layers * groups - resident
+    host_layers = min(shape.num_layers, offloaded_slots, round(balance * offloaded_slots)) if device_is_cuda else 0
+    share = host_share(policy.host_attention, device_is_cuda, host_gbps, h2d_gbps, quantized=quantized,
                        offloaded_bytes=offloaded_bytes if device_is_cuda else None, host_layers=host_layers)
     return share, forecast_decode(offloaded_bytes, share, host_gbps, h2d_gbps, host_layers=host_layers)
+
 
 def _disk_budget(policy: OffloadPolicy) -> int | None:
     if policy.disk_dir is None:

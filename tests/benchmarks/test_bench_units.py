@@ -238,7 +238,7 @@ def test_the_harness_plans_with_the_dry_run_activation_peak_the_app_measures(mon
     asked = []
 
     def fake_peak(model, chunk, vocab_size, cuda=None):
-        asked.append((chunk, vocab_size))
+        asked.append((chunk, vocab_size, model.config._attn_implementation))
         return 123 << 20
 
     monkeypatch.setattr(modes, "measure_activation_peak", fake_peak)
@@ -247,7 +247,8 @@ def test_the_harness_plans_with_the_dry_run_activation_peak_the_app_measures(mon
     on_cuda = modes.Runner(model, torch.device("cuda", 0), chunk_size=64)
     assert on_cuda.plan(g1, 4096).gpu_breakdown.get("activations") == 123 << 20
     assert on_cuda.make_cache(g1, 4096).plan.gpu_breakdown.get("activations") == 123 << 20
-    assert set(asked) == {(64, model.config.vocab_size)}
+    # measured with head-wise attention (as the app runs it), the model's own attention put back after
+    assert set(asked) == {(64, model.config.vocab_size, "headinfer")} and model.config._attn_implementation == "sdpa"
     asked.clear()
     on_cpu = modes.Runner(model, torch.device("cpu"), chunk_size=64)
     assert on_cpu.plan(g1, 4096).gpu_breakdown.get("activations") != 123 << 20 and not asked

@@ -244,6 +244,8 @@ class HeadInferCache(Cache):
         logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, %d on disk, %d attended "
                     "on the host in decode, capacity %d tokens, %d group(s) per fetch buffer, %s", len(self.kv_layers),
                     num_groups, g, len(resident), len(on_disk), len(host_slots), capacity, per_buffer, self.device)
+        if self.plan.decode_seconds is not None:  # a plan made with the machine's rates: the split and its forecast
+            logger.info("HeadInferCache %s", self.plan.decode_line())
 
     def _host_slots(self, num_groups: int, resident: set[int]) -> frozenset[tuple[int, int]]:
         """The offloaded slots decode steps attend on the host: the plan's share of their bytes, spread evenly."""

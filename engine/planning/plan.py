@@ -91,12 +91,13 @@ class Plan:
             f"GPU {self.gpu_bytes / GIB:.2f} GiB of {_gib(self.gpu_budget)} ({parts})",
             f"host {self.host_bytes / GIB:.2f} GiB of {_gib(self.host_budget)}",
             f"max context with this configuration: {self.max_context_tokens} tokens",
-            self._decode_line(),
+            self.decode_line(),
             "fits" if self.fits else f"does not fit: {self.reason}",
         ]
         return "\n".join(lines)
 
-    def _decode_line(self) -> str:
+    def decode_line(self) -> str:
+        """The decode split and, with measured rates, its predicted seconds per token (logged as a cache is built)."""
         line = f"decode: {self.host_share:.0%} of offloaded KV attended on the host ({self.host_attention})"
         if self.decode_seconds is not None:
             line += f", predicted {self.decode_seconds:.3f} s/token of KV movement"

@@ -389,6 +389,26 @@ def test_only_the_layers_with_host_slots_pay_the_round_trip():
     assert everything.decode_seconds == pytest.approx(offloaded / 69e9 + 8 * HOST_LAYER_SECONDS, rel=1e-4)
 
 
+def test_a_cache_planned_with_the_machines_rates_logs_its_split_and_forecast(caplog):
+    """Issue 29: the log says the split and the predicted step time when a cache is built from a plan that has the
+    machine's rates (as the app's are); a cache that planned itself (no rates) has no forecast to say."""
+    config = tiny_configs()["llama-gqa"]
+    shape = ModelShape.from_config(config, dtype_bytes=4)
+    policy = engine.OffloadPolicy(head_group_size=1, resident_slots=0, kv_dtype="int8", max_context=256)
+    machine = rates.MachineRates(host_attention_gbps=10.0, h2d_gbps=25.0, is_h2d_measured=False)
+    plan = make_plan(shape, policy, 256, device_is_cuda=False, rates=machine)
+    with caplog.at_level("INFO", logger="engine.cache"):
+        engine.HeadInferCache(config, policy, plan=plan, dtype=torch.float32).allocate(1, shape.head_dim,
+                                                                                      torch.float32, "cpu")
+    lines = [r.getMessage() for r in caplog.records if "of offloaded KV attended on the host" in r.getMessage()]
+    assert lines == [f"HeadInferCache {plan.decode_line()}"]
+    assert "100% of offloaded KV attended on the host (auto), predicted" in lines[0]  # CPU, 8-bit homes
+    caplog.clear()
+    with caplog.at_level("INFO", logger="engine.cache"):
+        engine.HeadInferCache(config, policy, dtype=torch.float32).allocate(1, shape.head_dim, torch.float32, "cpu")
+    assert not [r for r in caplog.records if "attended on the host (" in r.getMessage()]
+
+
 def test_host_slots_carry_the_share_of_bytes_spread_over_layers():
     slots = [(layer, group) for layer in range(8) for group in range(4)]
     chosen = choose_host_slots(slots, [1] * len(slots), 0.25)

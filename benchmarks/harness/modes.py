@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
@@ -94,6 +94,7 @@ class Runner:
     gpu_budget: int | None = None  # bytes the planner may use on the device (None: unlimited / CPU)
     host_budget: int | None = None  # bytes of host memory the KV store may use
     cuda_context_bytes: int | None = None  # measured before the model was built (CUDA): NVML counts it, plans don't
+    _activations: dict[int, int] = field(default_factory=dict, repr=False)  # chunk -> the dry run's peak
 
     @property
     def dtype(self) -> torch.dtype:
@@ -139,16 +140,17 @@ class Runner:
         measured a plan the app never makes."""
         if not self.is_cuda:
             return None
-        vocab = self.model.config.get_text_config().vocab_size
-        # The first call measures (the result is kept per model and chunk): with head-wise attention, as the app's
-        # models run, whichever mode the model was last switched to.
-        previous = getattr(self.model.config, "_attn_implementation", None)
-        set_attention(self.model, "headinfer")
-        try:
-            return measure_activation_peak(self.model, self.chunk_size, vocab)
-        finally:
-            if previous is not None:
-                set_attention(self.model, previous)
+        if self.chunk_size not in self._activations:  # plans are made often (searches): measure and switch once
+            vocab = self.model.config.get_text_config().vocab_size
+            # With head-wise attention, as the app's models run, whichever mode the model was last switched to.
+            previous = getattr(self.model.config, "_attn_implementation", None)
+            set_attention(self.model, "headinfer")
+            try:
+                self._activations[self.chunk_size] = measure_activation_peak(self.model, self.chunk_size, vocab)
+            finally:
+                if previous is not None:
+                    set_attention(self.model, previous)
+        return self._activations[self.chunk_size]
 
     def rates(self, mode: Mode) -> MachineRates | None:
         """The machine's measured rates where the mode splits decode by them (``host_attention="auto"`` on CUDA).

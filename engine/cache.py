@@ -3,7 +3,7 @@
 Use it with a model loaded with ``attn_implementation="headinfer"``::
 
     cache = HeadInferCache(model.config, chunk_size=4096)  # or plan=: a plan made against this machine
-    model.generate(ids, past_key_values=cache, prefill_chunk_size=4096)
+    model.generate(ids, past_key_values=cache, prefill_chunk_size=4096)  # transformers >= 5.24: cache=cache
 
 ``update`` hands a chunk's K/V back and publishes the layer on the KV route (``kv/route.py``); the registered
 attention function takes the route back and calls ``attend``, where the cache's schedule (``kv/schedule.py``)
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import inspect
 import logging
 import weakref
 
@@ -409,3 +411,18 @@ def _config_dtype(config) -> torch.dtype:
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def cache_argument(model) -> str:
+    """The keyword under which ``model``'s forward takes a ``Cache``: ``"cache"`` from transformers 5.24 on, where
+    ``past_key_values`` is deprecated (removed in 5.40), else ``"past_key_values"`` (5.17-5.23 know only that)."""
+    return _cache_argument(type(model))
+
+
+@functools.cache  # per model class: a decode step asks, and reading a signature costs tens of microseconds
+def _cache_argument(model_class) -> str:
+    try:
+        parameters = inspect.signature(model_class.forward).parameters
+    except (AttributeError, TypeError, ValueError):  # no introspectable forward: the long-standing name
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"

@@ -20,7 +20,7 @@ from .answer.sampling import RepetitionGuard
 from .answer.sources import AnswerSources
 from .answer.support import (asked_share, claim_logprob, decide, document_words, grounded_share, mean_logprob,
                              page_texts, thresholds_for, verify_prompt, yes_share)
-from .cache import HeadInferCache
+from .cache import HeadInferCache, cache_argument
 from .errors import ForwardInterrupted, InputError, PlanError, PrefillCancelled, QuestionTooLong, StateError
 from .interrupt import interruptible, layer_callbacks
 from .models.loaded import weights_mode
@@ -329,7 +329,8 @@ class DocumentSession:
         try:
             with torch.inference_mode():
                 input_ids = torch.tensor([ids], device=self.device)
-                out = self.model(input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+                out = self.model(input_ids, **{cache_argument(self.model): self.cache}, use_cache=True,
+                                 logits_to_keep=1)
         except torch.OutOfMemoryError as error:
             self._give_back(boundary)  # layers that took the chunk give it back: the document and conversation stay
             raise MemoryError(out_of_memory_message(len(ids), self.device.type, error)) from error

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..cache import HeadInferCache
+from ..cache import HeadInferCache, cache_argument
 from ..kv.probe import QueryProbe
 from ..prompt import PromptBuilder
 from ..models.loaded import loaded_as
@@ -187,7 +187,7 @@ def _needle_scores(model, tokenizer, num_sentences: int, depth: float, seed: int
     try:
         for start in range(0, len(ids) - 1, chunk):
             model(torch.tensor([ids[start : min(start + chunk, len(ids) - 1)]], device=device),
-                  past_key_values=cache, use_cache=True, logits_to_keep=1)
+                  **{cache_argument(model): cache}, use_cache=True, logits_to_keep=1)
         per_head = attention_mass(cache, probe, per_head=True)  # [recorded heads, L]
     finally:
         cache.release()

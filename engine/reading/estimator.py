@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..cache import HeadInferCache
+from ..cache import HeadInferCache, cache_argument
 from ..paths import cache_dir
 from ..planning.policy import OffloadPolicy
 from ..planning.shape import ModelShape
@@ -120,6 +120,6 @@ class ReadEstimator:
         cache = HeadInferCache(self.model.config, self.policy, device=self.device, chunk_size=ids.shape[1],
                                max_context=ids.shape[1], disk_dir=None)
         try:
-            self.model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            self.model(ids, **{cache_argument(self.model): cache}, use_cache=True, logits_to_keep=1)
         finally:
             cache.release()

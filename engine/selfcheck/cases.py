@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, Gemma3TextConfig, LlamaConfig
 
-from ..cache import HeadInferCache
+from ..cache import HeadInferCache, cache_argument
 from ..planning.planner import make_plan
 from ..planning.shape import ModelShape
 from ..planning.policy import OffloadPolicy
@@ -166,7 +166,7 @@ def disk_tier_policy(shape: ModelShape, policy: OffloadPolicy, kv_bytes: int, wo
 def greedy_stock(pair: TinyPair) -> tuple[list[torch.Tensor], list[int]]:
     """(logits [vocab] of the prompt's last token and of each decode step, the greedy tokens) of stock."""
     cache = DynamicCache(config=pair.stock.config)
-    logits = [pair.stock(pair.prompt(), past_key_values=cache, use_cache=True).logits[0, -1]]
+    logits = [pair.stock(pair.prompt(), **{cache_argument(pair.stock): cache}, use_cache=True).logits[0, -1]]
     return _decode(pair.stock, pair, cache, logits)
 
 
@@ -177,7 +177,7 @@ def greedy(model, pair: TinyPair, cache: HeadInferCache) -> tuple[list[torch.Ten
         ids = pair.prompt()
         logits = None
         for start in range(0, ids.shape[1], CHUNK):
-            logits = model(ids[:, start : start + CHUNK], past_key_values=cache, use_cache=True).logits[0, -1]
+            logits = model(ids[:, start : start + CHUNK], **{cache_argument(model): cache}, use_cache=True).logits[0, -1]
         return _decode(model, pair, cache, [logits])
     finally:
         cache.release()
@@ -188,7 +188,7 @@ def _decode(model, pair: TinyPair, cache, logits: list[torch.Tensor]) -> tuple[l
     for _ in range(DECODE_STEPS):
         tokens.append(int(logits[-1].argmax()))
         token = torch.tensor([[tokens[-1]]], device=pair.device)
-        logits.append(model(token, past_key_values=cache, use_cache=True).logits[0, -1])
+        logits.append(model(token, **{cache_argument(model): cache}, use_cache=True).logits[0, -1])
     return [step.float().cpu() for step in logits], tokens
 
 

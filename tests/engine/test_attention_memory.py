@@ -106,6 +106,22 @@ def test_windowed_chunk_peak_stays_within_its_planned_scratch(dtype):
 
 
 
+def test_cpu_plans_count_the_amx_packing_of_reduced_precision_kv_only_where_the_cpu_packs(monkeypatch):
+    """torch's CPU flash kernel copies bf16/fp16 K/V into AMX-packed blocks on CPUs with AMX (1.6 MiB more than
+    planned for the case above on such a CPU, before the plan counted it); fp32 and CPUs without AMX do not."""
+    args = (1, 4, 1, 128, 4096, 4096)
+    monkeypatch.setattr(windowed, "cpu_packs_reduced", lambda: False)
+    plain_bf16, plain_fp32 = (windowed.scratch_bytes(*args, size, cuda=False, cpu_threads=2) for size in (2, 4))
+    plain_cuda = windowed.scratch_bytes(*args, 2, cuda=True)
+    monkeypatch.setattr(windowed, "cpu_packs_reduced", lambda: True)
+    packed_bf16, packed_fp32 = (windowed.scratch_bytes(*args, size, cuda=False, cpu_threads=2) for size in (2, 4))
+    block = windowed.query_block(4, 4096, 2, 4096)
+    keys = -(-(block + 4095) // 64) * 64
+    assert packed_bf16 - plain_bf16 >= 2 * keys * 128 * 2  # the packed keys and values, at least
+    assert packed_fp32 == plain_fp32
+    assert windowed.scratch_bytes(*args, 2, cuda=True) == plain_cuda  # the GPU's kernels pack nothing on the host
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_windowed_chunk_on_the_cuda_route_stays_within_its_planned_scratch(monkeypatch, dtype):
     """The same shape through the CUDA route (``kernels.FUSED_DEVICES``: K/V copied contiguous per block, no cache

@@ -61,7 +61,13 @@
 #define HA_SPLIT_PREFETCH 1
 #endif
 #ifndef HA_PREFETCH_HINT
-#define HA_PREFETCH_HINT 3 /* T0: into L1 */
+#define HA_PREFETCH_HINT 1 /* bf16/fp16/fp32 homes: prefetcht2, into L2, not L1. A request into L1 holds one of the
+                              core's few line-fill buffers until its line arrives, and the kernel's loads wait for the
+                              same buffers; L2's miss queue is longer. Measured against T0 (3), 32K-128K tokens from
+                              DRAM: bf16 4-10% faster (benchmarks/harness/host_prefetch.py) */
+#endif
+#ifndef HA_PREFETCH_HINT_INT8
+#define HA_PREFETCH_HINT_INT8 3 /* int8 homes: T0, into L1 (prefetcht2 measured 3-9% slower in the same runs) */
 #endif
 
 #if defined(__FLT16_MAX__) && !defined(HEADINFER_NO_FLOAT16)
@@ -234,6 +240,12 @@ typedef struct {
     int dim;
 } head_view;
 
+/* One line requested with its dtype's hint (the hint must be a constant: dtype is one after inlining). */
+INLINE void prefetch_line_hinted(const char *line, const int dtype) {
+    if (dtype == HA_INT8) __builtin_prefetch(line, 0, HA_PREFETCH_HINT_INT8);
+    else __builtin_prefetch(line, 0, HA_PREFETCH_HINT);
+}
+
 /* Requests the lines of this head's key (``row`` = hv->keys) or value (hv->values) of ``token`` (chunk-relative)
  * if it lies in the tile. Spread over the loops, a few lines per token, instead of a chunk's lines at once: a burst
  * of hundreds of requests fills the core's line-fill buffers and stalls the loads the arithmetic waits for
@@ -244,10 +256,10 @@ INLINE void prefetch_row(const char *row, const head_view *hv, long token, const
     if (token >= hv->ahead) return;
     const long bytes = (long)hv->dim * element_size(dtype);
     for (long offset = 0; offset < bytes; offset += 64)
-        __builtin_prefetch(row + token * hv->token_bytes + offset, 0, HA_PREFETCH_HINT);
+        prefetch_line_hinted(row + token * hv->token_bytes + offset, dtype);
 #if !HA_SPLIT_PREFETCH
     for (long offset = 0; offset < bytes; offset += 64)
-        __builtin_prefetch(hv->values + token * hv->token_bytes + offset, 0, HA_PREFETCH_HINT);
+        prefetch_line_hinted(hv->values + token * hv->token_bytes + offset, dtype);
 #endif
 }
 

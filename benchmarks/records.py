@@ -25,6 +25,16 @@ logger = logging.getLogger(__name__)
 FINAL_STATUSES = frozenset({"ok", "oom", "host_oom", "refused"})
 
 
+#: what a report says of a VM whose memory bandwidth moves with other tenants
+IN_TURNS = " (a VM whose memory bandwidth moves with other tenants: only figures taken in turns compare)"
+
+
+def machine_line(stamp: dict, note: str = "") -> str:
+    """A report's line on who measured: the machine, torch and the load average when the run began, then ``note``."""
+    return (f"Machine: {stamp.get('machine', '?')}; torch {stamp.get('torch', '?')}; load average at the start "
+            f"{stamp.get('load_avg', '?')}{note}.")
+
+
 def run_stamp(device: str = "cpu") -> dict:
     """Who measured: versions, GPU and driver, machine, date; one per process."""
     stamp = {

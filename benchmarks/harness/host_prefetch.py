@@ -28,7 +28,7 @@ from pathlib import Path
 from engine.kv import native
 from engine.native.library import compiler
 
-from ..records import ResultStore, load_records, run_stamp
+from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
 from .host_attention import LLAMA3_8B, Layer, Read
 
 OUT = Path("docs/benchmarks/host-prefetch.json")
@@ -83,9 +83,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
              "Llama-3-8B layer call (8 groups of one KV head, 4 query rows each, head dim 128), each after a 1 GiB "
              "read; the builds take turns in every round (which goes first alternates) and the read is timed in the same "
              "rounds. Medians.", "",
-             f"Machine: {stamp.get('machine', '?')}; torch {stamp.get('torch', '?')}; load average at the start "
-             f"{stamp.get('load_avg', '?')} (a VM whose memory bandwidth moves with other tenants: only figures taken "
-             "in turns compare).", "",
+             machine_line(stamp, IN_TURNS), "",
              "| home | tokens | threads | before ms | now ms | now / before | before x read | now x read |",
              "|---|---:|---|---:|---:|---:|---:|---:|"]
     for variant, context in sorted({(v, c) for v, c, _ in rows}, key=lambda k: (k[0].split("/")[0], k[1], k[0])):

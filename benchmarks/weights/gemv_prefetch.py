@@ -28,7 +28,7 @@ import torch
 from engine.models import gguf_blocks, int8_matmul
 from engine.native import library as native
 
-from ..records import ResultStore, load_records, run_stamp
+from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
 from .turns import decode_in_turns
 
 OUT = Path("docs/benchmarks/gemv-prefetch.json")
@@ -114,9 +114,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
              "requested with the non-temporal hint (`-DPREFETCH_HINT=0`), and **now**, into every cache level "
              "(hint 3). They take turns in each round; each figure is the median over rounds. The sums are the same "
              "operations in the same order: only when the lines arrive differs.", "",
-             f"Machine: {stamp.get('machine', '?')}; torch {stamp.get('torch', '?')}; load average at the start "
-             f"{stamp.get('load_avg', '?')} (a VM whose memory bandwidth moves with other tenants: only figures taken "
-             "in turns compare).", "",
+             machine_line(stamp, IN_TURNS), "",
              "| matrix | inputs | before: G weights/s | now: G weights/s | now / before |", "|---|---:|---:|---:|---:|"]
     for what, _, rows, inputs in SHAPES:
         cells = [gemv.get((what, name)) for name in BUILDS]

@@ -22,7 +22,7 @@ import torch
 
 from engine.kv import kernels
 
-from ..records import ResultStore, load_records, run_stamp
+from ..records import ResultStore, load_records, machine_line, run_stamp
 from .turns import decode_in_turns
 
 OUT = Path("docs/benchmarks/pool-bytes.json")
@@ -58,8 +58,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
              "cache filled with random K/V, with `kernels.POOL_BYTES` at each threshold in turns, in one process. "
              "A layer's block at or above the threshold is attended by the pool's threads, below it on one. "
              "Medians of every step of every round.", "",
-             f"Machine: {stamp.get('machine', '?')}; torch {stamp.get('torch', '?')}; load average at the start "
-             f"{stamp.get('load_avg', '?')}.", "",
+             machine_line(stamp), "",
              "| context | block a layer MiB | " + " | ".join(f"POOL_BYTES {k:,} KiB: ms" for k in thresholds)
              + " | last / first |", "|---:|---:|" + "---:|" * len(thresholds) + "---:|"]
     for context in sorted({r["context"] for r in decode}):

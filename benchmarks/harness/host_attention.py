@@ -65,9 +65,10 @@ class Layer:
         self.tokens = tokens
         self.home_bytes = sum(kv.nbytes for kv in self.kvs) + sum(s.nbytes for s in self.scales or [])
 
-    def call(self, num_threads: int) -> None:
+    def call(self, num_threads: int, function=None) -> None:
+        """``function``: a library from ``native.build`` (another build of the kernel) instead of the engine's."""
         native.attend_layer(self.query, self.kvs, 0, self.tokens, self.out, scaling=self.query.shape[-1] ** -0.5,
-                            scales=self.scales, num_threads=num_threads)
+                            scales=self.scales, num_threads=num_threads, function=function)
 
 
 def _repeated(block: torch.Tensor, tokens: int) -> torch.Tensor:

@@ -7,9 +7,9 @@ run the same code in both builds: the control that shows how far two turns of on
 holds one of the core's few line-fill buffers until the line arrives; the kernel's own loads wait for those same
 buffers, so a stream of L1 requests caps how many lines are in flight (int8 homes read at ~half a plain read's
 speed with arithmetic that, from cache, takes half the time). Requests into L2 queue in L2's larger miss queue
-instead, and the line moves to L1 on the demand load, a few cycles later (for int8 that cost more than it saved). Both builds come from the same source
-(``-DHA_PREFETCH_HINT=3`` for before) and take turns, each call after a 1 GiB read so that its layer comes from
-DRAM as a decode step's does:
+instead, and the line moves to L1 on the demand load, a few cycles later (for int8 that cost more than it saved).
+Both builds come from the same source (``-DHA_PREFETCH_HINT=3`` for before) and take turns, each call after a 1 GiB
+read so that its layer comes from DRAM as a decode step's does:
 
     .venv/bin/python -m benchmarks.harness.host_prefetch
 
@@ -23,7 +23,6 @@ import argparse
 import statistics
 import time
 from pathlib import Path
-
 
 from engine.kv import native
 from engine.native.library import compiler
@@ -43,12 +42,8 @@ def measure(kernels: dict, cases: list, threads: list[int], rounds: int, store: 
     for dtype, tokens in cases:
         layer = Layer(tokens, dtype, **LLAMA3_8B)
         for num_threads in threads:
-            def call(function):
-                native.attend_layer(layer.query, layer.kvs, 0, tokens, layer.out, scaling=layer.query.shape[-1] ** -0.5,
-                                    scales=layer.scales, num_threads=num_threads, function=function)
-
             for function in kernels.values():  # warm: the pool started, pages touched
-                call(function)
+                layer.call(num_threads, function)
             samples: dict[str, list[float]] = {name: [] for name in kernels}
             reads = []
             for round_index in range(rounds):
@@ -56,7 +51,7 @@ def measure(kernels: dict, cases: list, threads: list[int], rounds: int, store: 
                 for name, function in order if round_index % 2 == 0 else order[::-1]:
                     read.call(num_threads)  # the layer leaves the caches
                     begin = time.perf_counter()
-                    call(function)
+                    layer.call(num_threads, function)
                     samples[name].append(time.perf_counter() - begin)
                 begin = time.perf_counter()
                 read.call(num_threads)
@@ -81,8 +76,8 @@ def write_markdown(records: list[dict], path: Path) -> None:
              "homes; int8 homes keep prefetcht0 in both (`HA_PREFETCH_HINT_INT8`), so their rows are the same code "
              "twice: the noise of two turns. One "
              "Llama-3-8B layer call (8 groups of one KV head, 4 query rows each, head dim 128), each after a 1 GiB "
-             "read; the builds take turns in every round (which goes first alternates) and the read is timed in the same "
-             "rounds. Medians.", "",
+             "read; the builds take turns in every round (which goes first alternates) and the read is timed in the "
+             "same rounds. Medians.", "",
              machine_line(stamp, IN_TURNS), "",
              "| home | tokens | threads | before ms | now ms | now / before | before x read | now x read |",
              "|---|---:|---|---:|---:|---:|---:|---:|"]

@@ -25,6 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..native.library import cpu_identity
 from .buffers import contiguous_kv
 
 #: One block's additive mask, [n_rep * block, keys] in the query dtype: what bounds the block size.
@@ -95,20 +96,15 @@ def _cpu_flash_pack_bytes(kv_heads: int, k_len: int, head_dim: int, dtype_bytes:
     return (2 * kv_heads * keys * dim + cpu_threads * (512 + head_dim) * dim) * dtype_bytes
 
 
-def cpu_packs_reduced() -> bool:
-    """Whether this CPU has AMX tiles for bf16 or fp16, with which torch's CPU flash kernel packs K/V (Linux: its
-    CPU flags; elsewhere assumed, so that a plan errs by a few MiB rather than short)."""
-    return _cpu_flags_have_amx()
-
-
 @functools.cache
-def _cpu_flags_have_amx() -> bool:
-    try:
-        with open("/proc/cpuinfo") as info:
-            flags = next((line for line in info if line.startswith("flags")), "").split()
-    except OSError:
+def cpu_packs_reduced() -> bool:
+    """Whether this CPU has AMX tiles for bf16 or fp16, with which torch's CPU flash kernel packs K/V (from its CPU
+    flags; where none can be read, assumed, so that a plan errs by a few MiB rather than short)."""
+    identity = cpu_identity()
+    if "flags" not in identity:
         return True
-    return "amx_bf16" in flags or "amx_fp16" in flags
+    words = identity.split()
+    return "amx_bf16" in words or "amx_fp16" in words
 
 
 def _band(n_rep: int, block: int, first_key: int, num_keys: int, window: int, dtype, device) -> torch.Tensor:

@@ -47,7 +47,7 @@ def build(name: str) -> dict:
     """``{"gguf": gguf_gemv, "dequantize": gguf_dequantize, "int8": int8_gemv}`` built with one build's flags (cached
     per flags like the engine's own builds; the dequantization serves the embedding's rows in the decode step)."""
     gguf = native.load_library(native.compiler(), gguf_blocks._SOURCE, [[*gguf_blocks._VARIANTS[0], *BUILDS[name]]])
-    gguf_gemv, dequantize = gguf_blocks.typed_functions(gguf)
+    gguf_gemv, dequantize = gguf_blocks.typed_functions(gguf)[:2]
     int8_gemv = native.load_library(native.compiler(), int8_matmul._SOURCE, [BUILDS[name]]).int8_gemv
     int8_gemv.argtypes, int8_gemv.restype = int8_matmul._ARGTYPES, ctypes.c_int
     return {"gguf": gguf_gemv, "dequantize": dequantize, "int8": int8_gemv}

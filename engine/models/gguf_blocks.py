@@ -14,8 +14,9 @@ shape (same layer index) whose blocks dequantize to exactly that weight, row for
 the weight's row order. A layer with no such tensor (another block type, a tensor the loader transformed) stays
 dense, and the log says how many.
 
-Compute is fp32: ``gguf_gemv.c`` sums decode rows straight from the blocks; prefill chunks dequantize the layer
-(exactly as gguf-py does) and take torch's fp32 matmul. Without a C compiler gguf-py itself dequantizes every
+Compute is fp32: ``gguf_gemv.c`` sums decode rows straight from the blocks, a layer's rows split over cores by its
+own spinning pthreads (``engine/native/split_pool.h``: a Python pool's hand-off cost as much as a small GEMV);
+prefill chunks dequantize the layer (exactly as gguf-py does) and take torch's fp32 matmul. Without a C compiler gguf-py itself dequantizes every
 call (slow, but the same weights).
 """
 
@@ -23,10 +24,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ from ..native import crash_probe
 from ..native import library as native
 from .memory import trim_heap
 from .int8 import install, linear_targets
-from .int8_matmul import run_split
+from .int8_matmul import run_split, split_threads
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +48,9 @@ BLOCK_TYPES = {2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7:
 BLOCK = 32  # the smallest block: a layer's input width must be a multiple of its type's block
 GEMV_ROWS = 16  # rows from which dequantize-and-matmul is faster (prefill chunks)
 _DEQUANT_SLICE_BYTES = 64 << 20  # the most fp32 weight one dequantize-and-matmul call builds
-# Decode layers of 2 x this many block bytes and more are split across cores: a 1536 x 1536 Q4_K projection (1.3 MB,
-# ~0.3 ms on one core) gains more than the ~40 us hand-off costs (int8's 1 MiB threshold would keep it whole).
+# Decode layers of 2 x this many block bytes and more are split across cores (the C pool of native/split_pool.h): a
+# 1536 x 1536 Q4_K projection (1.3 MB, ~0.3 ms on one core) gains more than a hand-off costs, a wake-up of
+# 10-50 us at worst (int8's 1 MiB threshold would keep it whole).
 _SPLIT_BYTES = 512 << 10
 _SOURCE = Path(__file__).with_name("gguf_gemv.c")
 # -ffp-contract=off: the dequantization's product and sum are rounded one by one, as numpy does (see the source).
@@ -61,7 +63,7 @@ _OWN_ROWS = ".rows"  # the layout name of an untied embedding's table (BlockEmbe
 
 @functools.cache
 def kernel():
-    """``(gemv, dequantize)`` C functions, or None (no compiler, the build failed, or it failed its probe: logged).
+    """The C ``Functions``, or None (no compiler, the build failed, or it failed its probe: logged).
 
     Built with ``-march=native``, the code runs vector paths nobody here tested on this CPU: it is tried once in a
     child process (``crash_probe``, remembered on disk per CPU, source and ``-march``) before this process calls it,
@@ -69,7 +71,7 @@ def kernel():
     functions = _built_kernel()
     if functions is None:
         return None
-    key = (hashlib.sha256(_SOURCE.read_bytes()).hexdigest(), native.target_arch())
+    key = (native.source_digest(_SOURCE), native.target_arch())
     if not crash_probe.survives("gguf-gemv", PROBE, key):
         logger.warning("gguf weights: the C kernel failed its probe on this CPU; blocks are dequantized by gguf-py "
                        "at every call (slow)")
@@ -82,7 +84,7 @@ PROBE = f"{__name__}:exercise_kernel"  # a name, so that a test can aim the prob
 
 @functools.cache
 def _built_kernel():
-    """``(gemv, dequantize)`` as built, not yet probed (what the probe's child calls)."""
+    """The ``Functions`` as built, not yet probed (what the probe's child calls)."""
     compiler = native.compiler()
     if compiler is None:
         logger.info("gguf weights: no C compiler found; blocks are dequantized by gguf-py at every call (slow)")
@@ -91,12 +93,27 @@ def _built_kernel():
     return None if library is None else typed_functions(library)
 
 
-def typed_functions(library: ctypes.CDLL) -> tuple:
-    """``(gemv, dequantize)`` of a build of ``gguf_gemv.c``, their C signatures set (benchmarks load other builds)."""
-    gemv, dequantize = library.gguf_gemv, library.gguf_dequantize
+class Functions(NamedTuple):
+    """A build of ``gguf_gemv.c``: the GEMV of a row range, the dequantization of a row range, and the GEMV of every
+    row split over the caller and the library's own spinning pool (``engine/native/split_pool.h``), with the pool's
+    idle spin (set, returns the previous: ns) and the count of tasks its workers ran."""
+
+    gemv: ctypes._CFuncPtr
+    dequantize: ctypes._CFuncPtr
+    gemv_split: ctypes._CFuncPtr
+    split_spin_ns: ctypes._CFuncPtr
+    split_worker_tasks: ctypes._CFuncPtr
+
+
+def typed_functions(library: ctypes.CDLL) -> Functions:
+    """The functions of a build of ``gguf_gemv.c``, their C signatures set (benchmarks load other builds)."""
+    gemv, dequantize, gemv_split = library.gguf_gemv, library.gguf_dequantize, library.gguf_gemv_split
     gemv.argtypes, gemv.restype = [_P, _P, _I, _P, _P, _L, _L, _L, _L, _L], ctypes.c_int
     dequantize.argtypes, dequantize.restype = [_P, _I, _L, _L, _L, _P], ctypes.c_int
-    return gemv, dequantize
+    gemv_split.argtypes, gemv_split.restype = [_P, _P, _I, _P, _P, _L, _L, _L, _I], ctypes.c_int
+    spin, tasks = library.gguf_split_spin_ns, library.gguf_split_worker_tasks
+    spin.argtypes, spin.restype, tasks.argtypes, tasks.restype = [_L], _L, [], _L
+    return Functions(gemv, dequantize, gemv_split, spin, tasks)
 
 
 # Where each block type keeps its fp16 factors (d; m or dmin): random bytes anywhere else are a valid block.
@@ -117,7 +134,7 @@ def random_block_rows(rng: np.random.Generator, qtype: int, rows: int, inputs: i
 def exercise_kernel() -> None:
     """The gguf-gemv probe (run in a child process): the built GEMV (decode rows) and dequantization (prefill) on
     every block type, checked against gguf-py's weights."""
-    gemv, dequantize_blocks = _built_kernel()
+    gemv, dequantize_blocks, gemv_split, _, _ = _built_kernel()
     rng = np.random.default_rng(0)
     for qtype, (_, size, _) in BLOCK_TYPES.items():
         out_features, in_features = 9, 2 * max(size, 256)
@@ -134,6 +151,11 @@ def exercise_kernel() -> None:
             expected = x.double() @ weight.double().T
             scale = (x.double().abs() @ weight.double().abs().T).clamp_min(1e-6)
             assert ((y.double() - expected).abs() / scale).max() < 1e-5, f"gguf gemv wrong for type {qtype}"
+            split = torch.empty(rows, out_features)
+            for threads in (3, 2):  # the pool's first start, then a call taking fewer of its workers
+                _check(gemv_split(x.data_ptr(), raw.data_ptr(), qtype, None, split.data_ptr(), rows, in_features,
+                                  out_features, threads))
+                assert torch.equal(split, y), f"gguf gemv split over {threads} threads differs for type {qtype}"
 
 
 def dequantize_reference(raw: torch.Tensor, qtype: int) -> torch.Tensor:
@@ -151,7 +173,7 @@ def dequantize(raw: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
         return dequantize_reference(raw, qtype)
     raw = raw.contiguous()
     weight = torch.empty(raw.shape[0], in_features)  # [out, in]
-    dequantize_rows, source, target = functions[1], raw.data_ptr(), weight.data_ptr()
+    dequantize_rows, source, target = functions.dequantize, raw.data_ptr(), weight.data_ptr()
     # Rows split over the caller and the host pool like a GEMV's: a prefill chunk dequantizes every layer (slices of
     # up to 64 MB of fp32), and on one thread those writes left the other cores idle between torch's matmuls.
     run_split(lambda lo, hi: dequantize_rows(source, qtype, in_features, lo, hi, target), (), raw.shape[0],
@@ -178,12 +200,12 @@ def block_linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Ten
             part = None if bias is None else bias[lo:hi]
             y[..., lo:hi] = F.linear(x, dequantize(raw[lo:hi], qtype, in_features), part)
         return y
-    gemv = functions[0]
     flat = x.contiguous()  # [..., in] read as [M, in]
     y = torch.empty(*x.shape[:-1], out_features)  # [..., out] written as [M, out]
     args = (flat.data_ptr(), raw.data_ptr(), qtype, 0 if bias is None else bias.data_ptr(), y.data_ptr(), rows,
             in_features, out_features)
-    run_split(gemv, args, out_features, raw.numel(), _check, _SPLIT_BYTES)
+    threads = split_threads(raw.numel(), _SPLIT_BYTES)
+    _check(functions.gemv(*args, 0, out_features) if threads == 1 else functions.gemv_split(*args, threads))
     return y
 
 

@@ -587,3 +587,32 @@ int gguf_gemv(const float *x, const uint8_t *raw, int type, const float *bias, f
     free(xsum);
     return 0;
 }
+
+/* ---- decode rows split over cores (split_pool.h) ---- */
+#include "../native/split_pool.h"
+
+typedef struct {
+    const float *x;
+    const uint8_t *raw;
+    const float *bias;
+    float *y;
+    long rows, in, out;
+    int type;
+} gemv_call;
+
+static int gemv_range(const void *context, long lo, long hi) {
+    const gemv_call *c = context;
+    return gguf_gemv(c->x, c->raw, c->type, c->bias, c->y, c->rows, c->in, c->out, lo, hi);
+}
+
+/* gguf_gemv over every output column, in ranges of whole groups of 4 on the caller and up to threads - 1 of this
+ * library's pool workers. */
+int gguf_gemv_split(const float *x, const uint8_t *raw, int type, const float *bias, float *y, long rows, long in,
+                    long out, int threads) {
+    const gemv_call call = {x, raw, bias, y, rows, in, out, type};
+    return sp_run(gemv_range, &call, out, 4, threads);
+}
+
+/* The pool's idle spin in ns, set (returns the previous value), and the tasks its workers ran (see split_pool.h). */
+long gguf_split_spin_ns(long spin_ns) { return sp_set_spin_ns(spin_ns); }
+long gguf_split_worker_tasks(void) { return sp_worker_tasks(); }

@@ -85,3 +85,30 @@ int int8_gemv(const float *x, const int8_t *codes, const float *scales, const fl
     }
     return 0;
 }
+
+/* ---- decode rows split over cores (split_pool.h) ---- */
+#include "../native/split_pool.h"
+
+typedef struct {
+    const float *x, *scales, *bias;
+    const int8_t *codes;
+    float *y;
+    long rows, in, out;
+} gemv_call;
+
+static int gemv_range(const void *context, long lo, long hi) {
+    const gemv_call *c = context;
+    return int8_gemv(c->x, c->codes, c->scales, c->bias, c->y, c->rows, c->in, c->out, lo, hi);
+}
+
+/* int8_gemv over every output column, in ranges of whole groups of 4 on the caller and up to threads - 1 of this
+ * library's pool workers. */
+int int8_gemv_split(const float *x, const int8_t *codes, const float *scales, const float *bias, float *y, long rows,
+                    long in, long out, int threads) {
+    const gemv_call call = {x, scales, bias, codes, y, rows, in, out};
+    return sp_run(gemv_range, &call, out, 4, threads);
+}
+
+/* The pool's idle spin in ns, set (returns the previous value), and the tasks its workers ran (see split_pool.h). */
+long int8_split_spin_ns(long spin_ns) { return sp_set_spin_ns(spin_ns); }
+long int8_split_worker_tasks(void) { return sp_worker_tasks(); }

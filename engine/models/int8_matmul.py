@@ -5,8 +5,8 @@ an int8 model then computes in bf16, whose elementwise ops this kind of CPU emul
 the C decode tile (``engine.kv.kernels``) without leaving stock transformers' tokens. Here:
 
 - decode steps (at most ``GEMV_ROWS`` rows): ``int8_gemv.c``, built once per machine like the host attention tile,
-  reads each weight's int8 code once and sums in fp32; output rows split over the host worker pool when torch may
-  use several threads (ctypes releases the GIL);
+  reads each weight's int8 code once and sums in fp32; output rows split over the library's own spinning pthreads
+  (``engine/native/split_pool.h``) when torch may use several threads;
 - longer inputs (prefill chunks): the layer's weight dequantized to fp32 for the call and multiplied by torch's
   fp32 matmul, whose blocked kernels do that better. Both give the products of the same fp32 numbers.
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -44,21 +44,32 @@ _P, _L = ctypes.c_void_p, ctypes.c_long
 _ARGTYPES = [_P, _P, _P, _P, _P, _L, _L, _L, _L, _L]  # x, codes, scales, bias, y, rows, in, out, lo, hi
 
 
+class Functions(NamedTuple):
+    """A build of ``int8_gemv.c``: the GEMV of a row range, and of every row split over the caller and the
+    library's own spinning pool (``engine/native/split_pool.h``), with the pool's idle spin (set, returns the
+    previous: ns) and the count of tasks its workers ran."""
+
+    gemv: ctypes._CFuncPtr
+    gemv_split: ctypes._CFuncPtr
+    split_spin_ns: ctypes._CFuncPtr
+    split_worker_tasks: ctypes._CFuncPtr
+
+
 @functools.cache
-def kernel():
-    """The C function, or None (no compiler, the build failed, or it failed its probe: logged)."""
-    function = _built_kernel()
-    if function is None:
+def kernel() -> Functions | None:
+    """The C ``Functions``, or None (no compiler, the build failed, or it failed its probe: logged)."""
+    functions = _built_kernel()
+    if functions is None:
         return None
-    key = (hashlib.sha256(_SOURCE.read_bytes()).hexdigest(), native.target_arch())
+    key = (native.source_digest(_SOURCE), native.target_arch())
     if not crash_probe.survives("int8-gemv", f"{__name__}:exercise_gemv", key):
         return None
-    return function
+    return functions
 
 
 @functools.cache
-def _built_kernel():
-    """The C function as built, not yet probed (what the probe's child calls)."""
+def _built_kernel() -> Functions | None:
+    """The ``Functions`` as built, not yet probed (what the probe's child calls)."""
     compiler = native.compiler()
     if compiler is None:
         logger.info("int8 weights: no C compiler found; int8 models compute in bf16")
@@ -66,9 +77,12 @@ def _built_kernel():
     library = native.load_library(compiler, _SOURCE, [[]])
     if library is None:
         return None
-    function = library.int8_gemv
-    function.argtypes, function.restype = _ARGTYPES, ctypes.c_int
-    return function
+    gemv, gemv_split = library.int8_gemv, library.int8_gemv_split
+    gemv.argtypes, gemv.restype = _ARGTYPES, ctypes.c_int
+    gemv_split.argtypes, gemv_split.restype = [*_ARGTYPES[:8], ctypes.c_int], ctypes.c_int
+    spin, tasks = library.int8_split_spin_ns, library.int8_split_worker_tasks
+    spin.argtypes, spin.restype, tasks.argtypes, tasks.restype = [_L], _L, [], _L
+    return Functions(gemv, gemv_split, spin, tasks)
 
 
 @functools.cache
@@ -86,15 +100,16 @@ def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias
     """x: [..., in] fp32; codes: [out, in] int8; scales: [out] fp32; bias: [out] fp32 or None. Returns [..., out]."""
     out_features, in_features = codes.shape
     rows = x.numel() // in_features
-    function = kernel()
-    if rows > GEMV_ROWS or function is None or in_features % 8:
+    functions = kernel()
+    if rows > GEMV_ROWS or functions is None or in_features % 8:
         weight = codes.to(torch.float32).mul_(scales[:, None])  # exact: the scales are powers of two
         return F.linear(x, weight, bias)
     flat = x.contiguous()  # [..., in] read as [M, in]
     y = torch.empty(*x.shape[:-1], out_features)  # [..., out] written as [M, out]
     args = (flat.data_ptr(), codes.data_ptr(), scales.data_ptr(), 0 if bias is None else bias.data_ptr(),
             y.data_ptr(), rows, in_features, out_features)
-    run_split(function, args, out_features, codes.numel(), _check)
+    threads = split_threads(codes.numel())
+    _check(functions.gemv(*args, 0, out_features) if threads == 1 else functions.gemv_split(*args, threads))
     return y
 
 
@@ -120,14 +135,22 @@ def int8_linear_bf16(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     return out.to(torch.bfloat16)
 
 
+def split_threads(weight_bytes: int, split_bytes: int | None = None) -> int:
+    """How many threads a layer's rows run on: 1 for fewer than 2 ``split_bytes`` weight bytes (a hand-off would
+    cost more than it saves), else one per ``split_bytes``, at most torch's thread count. ``split_bytes``: default
+    ``_SPLIT_BYTES``."""
+    split_bytes = _SPLIT_BYTES if split_bytes is None else split_bytes
+    return 1 if weight_bytes < 2 * split_bytes else min(torch.get_num_threads(), weight_bytes // split_bytes)
+
+
 def run_split(function, args: tuple, out_features: int, weight_bytes: int, check,
               split_bytes: int | None = None) -> None:
-    """``check(function(*args, lo, hi))`` over output rows [0, out_features): on this thread for a layer of fewer
-    than 2 ``split_bytes`` weight bytes, else in ranges of whole groups of 4 rows, the first on this thread and one
-    per worker of the host pool for the others (a hand-off fewer than giving the pool every range and waiting). A
-    C GEMV's call releases the GIL (ctypes), so the ranges run at once. ``split_bytes``: default ``_SPLIT_BYTES``."""
-    split_bytes = _SPLIT_BYTES if split_bytes is None else split_bytes
-    parts = 1 if weight_bytes < 2 * split_bytes else min(torch.get_num_threads(), weight_bytes // split_bytes)
+    """``check(function(*args, lo, hi))`` over output rows [0, out_features) on ``split_threads`` threads: ranges
+    of whole groups of 4 rows, the first on this thread and one per worker of the host pool for the others (a
+    hand-off fewer than giving the pool every range and waiting). For calls of milliseconds (a prefill slice's
+    dequantization, ~70 us a hand-off): decode GEMVs split in C (``gemv_split``). A C function's call releases the
+    GIL (ctypes), so the ranges run at once."""
+    parts = split_threads(weight_bytes, split_bytes)
     if parts == 1:
         check(function(*args, 0, out_features))
         return
@@ -145,13 +168,19 @@ def _check(status: int) -> None:
 
 def exercise_gemv() -> None:
     """The int8-gemv probe (run in a child process): the built GEMV on decode rows of a few widths, checked."""
-    function = _built_kernel()
+    functions = _built_kernel()
     for rows, out_features, in_features in ((1, 40, 64), (3, 41, 576), (GEMV_ROWS, 1537, 576)):
         codes, scales, bias, x = _probe_case(rows, out_features, in_features, torch.float32)
         y = torch.empty(rows, out_features)
-        _check(function(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), bias.data_ptr(), y.data_ptr(), rows,
-                        in_features, out_features, 0, out_features))
+        args = (x.data_ptr(), codes.data_ptr(), scales.data_ptr(), bias.data_ptr(), y.data_ptr(), rows, in_features,
+                out_features)
+        _check(functions.gemv(*args, 0, out_features))
         _assert_close(y, x, codes, scales, bias)
+        whole = y.clone()
+        for threads in (3, 2):  # the pool's first start, then a call taking fewer of its workers
+            _check(functions.gemv_split(*args, threads))
+            if not torch.equal(y, whole):
+                raise SystemExit(f"int8 GEMV split over {threads} threads differs from one thread")
 
 
 def exercise_torch_kernel() -> None:

@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -20,7 +21,8 @@ from ..paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
-_FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC"]  # load_library's (plus -march)
+_FLAGS = ["-O3", "-fopenmp-simd", "-fno-math-errno", "-shared", "-fPIC", "-pthread"]  # load_library's (plus -march)
+_LOCAL_INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
 def load_library(compiler: str, source: Path, variants: list[list[str]]) -> ctypes.CDLL | None:
@@ -39,7 +41,7 @@ def load_library(compiler: str, source: Path, variants: list[list[str]]) -> ctyp
 def _built(compiler: str, variant: list[str], source: Path) -> Path:
     variant = [f"-march={target_arch()}", *variant]
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    digest = hashlib.sha256(b"\0".join([source.read_bytes(), version.encode(), " ".join(_FLAGS + variant).encode(),
+    digest = hashlib.sha256(b"\0".join([source_bytes(source), version.encode(), " ".join(_FLAGS + variant).encode(),
                                         cpu_identity().encode()])).hexdigest()[:16]
     target = cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
     if target.exists():
@@ -54,6 +56,19 @@ def _built(compiler: str, variant: list[str], source: Path) -> Path:
         os.replace(built, target)  # atomic: a concurrent process loads the old file or the complete new one
     logger.info("built %s into %s", source.name, target)
     return target
+
+
+def source_bytes(source: Path) -> bytes:
+    """``source`` and the files its ``#include "..."`` lines name (relative to it, one level): what a build is of,
+    so that a change to a shared header (``split_pool.h``) rebuilds and re-probes every library that includes it."""
+    text = source.read_bytes()
+    included = [(source.parent / name.decode()).read_bytes() for name in _LOCAL_INCLUDE.findall(text)]
+    return b"\0".join([text, *included])
+
+
+def source_digest(source: Path) -> str:
+    """sha256 of ``source_bytes(source)``: the crash probes' key for a build of it."""
+    return hashlib.sha256(source_bytes(source)).hexdigest()
 
 
 def compiler() -> str | None:

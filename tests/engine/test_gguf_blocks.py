@@ -129,23 +129,90 @@ def _count_worker_ranges(monkeypatch) -> list:
     return submitted
 
 
+def _split_calls(monkeypatch) -> list:
+    """The thread count of each ``gemv_split`` call block_linear makes, as a list that fills."""
+    functions = gguf_blocks.kernel()
+    calls = []
+
+    def gemv_split(*args):
+        calls.append(args[-1])
+        return functions.gemv_split(*args)
+
+    monkeypatch.setattr(gguf_blocks, "kernel", lambda: functions._replace(gemv_split=gemv_split))
+    return calls
+
+
 @needs_kernel
-def test_a_square_projection_is_split_over_two_cores_the_first_range_on_the_caller(monkeypatch):
+def test_a_square_projection_is_split_over_two_cores_in_the_c_pool(monkeypatch):
     # Qwen2.5-1.5B's q/o projections: 1536 x 1536 Q4_K, 1.3 MB of blocks, ~0.3 ms a token on one core
     raw = random_blocks(1536, 1536, "Q4_K", seed=4)
     x = torch.randn(1, 1536)
-    submitted = _count_worker_ranges(monkeypatch)
+    calls = _split_calls(monkeypatch)
+    tasks = gguf_blocks.kernel().split_worker_tasks
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         alone = block_linear(x, raw, TYPES["Q4_K"], None)
-        assert submitted == []
+        assert calls == []
         torch.set_num_threads(2)
-        split = block_linear(x, raw, TYPES["Q4_K"], None)
+        before = tasks()
+        splits = [block_linear(x, raw, TYPES["Q4_K"], None) for _ in range(50)]
     finally:
         torch.set_num_threads(threads)
-    assert submitted == [(768, 1536)]  # rows [0, 768) on the calling thread, [768, 1536) on a worker
-    assert torch.equal(alone, split)
+    assert calls == [2] * 50
+    # the pool's worker took ranges: 4 tasks a call, the caller takes what a worker the OS has not yet run leaves
+    assert tasks() > before
+    assert all(torch.equal(alone, split) for split in splits)  # each output row summed whole by one thread
+
+
+@needs_kernel
+@pytest.mark.parametrize("spin_ns", [0, 200_000])
+def test_the_c_pool_gives_one_threads_result_asleep_or_spinning_on_more_threads_than_cores(spin_ns):
+    # spin 0: every call wakes sleeping workers (the condition-variable path); 8 threads on this machine's cores:
+    # workers the OS runs late, and calls that take fewer workers than an earlier one started
+    functions = gguf_blocks.kernel()
+    previous = functions.split_spin_ns(spin_ns)
+    try:
+        for seed, (out_features, kind) in enumerate([(1536, "Q4_K"), (37, "Q6_K"), (4100, "Q4_1")]):
+            raw = random_blocks(out_features, 256, kind, seed=seed)
+            x = torch.randn(2, 256)
+            args = (x.data_ptr(), raw.data_ptr(), TYPES[kind], None)
+            alone = torch.empty(2, out_features)
+            assert functions.gemv(*args, alone.data_ptr(), 2, 256, out_features, 0, out_features) == 0
+            for threads in (8, 2, 3, 8, 1):
+                for _ in range(20):
+                    split = torch.full((2, out_features), float("nan"))
+                    assert functions.gemv_split(*args, split.data_ptr(), 2, 256, out_features, threads) == 0
+                    assert torch.equal(split, alone), (kind, threads)
+    finally:
+        functions.split_spin_ns(previous)
+
+
+@needs_kernel
+def test_calls_from_two_threads_at_once_each_get_their_own_result():
+    # one call at a time uses the pool: a second thread's call meanwhile runs alone on that thread, right
+    import threading
+
+    functions = gguf_blocks.kernel()
+    raws = [random_blocks(1536, 512, "Q4_K", seed=10 + i) for i in range(2)]
+    xs = [torch.randn(1, 512) for _ in range(2)]
+    expected = [block_linear(x, raw, TYPES["Q4_K"], None) for x, raw in zip(xs, raws)]
+    failures = []
+
+    def caller(i):
+        for _ in range(200):
+            y = torch.empty(1, 1536)
+            status = functions.gemv_split(xs[i].data_ptr(), raws[i].data_ptr(), TYPES["Q4_K"], None, y.data_ptr(),
+                                          1, 512, 1536, 2)
+            if status != 0 or not torch.equal(y, expected[i]):
+                failures.append(i)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
 
 
 @needs_kernel

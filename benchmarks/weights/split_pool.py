@@ -1,0 +1,121 @@
+"""How a CPU decode step's GEMVs are split over cores: the host pool's Python hand-off against the C pool of
+``engine/native/split_pool.h`` at a few idle spins, the CPU default model's decode step in turns in one process.
+
+Until the tenth session a GGUF layer of 1 MiB of blocks or more was split by ``int8_matmul.run_split``: the first
+range on the calling thread, the others submitted to the host pool (``native/workers.py``: a future, a condition
+variable, the GIL), ~70 us a hand-off, ~140 hand-offs a step. The C pool's workers wait for the next call spinning
+(yielding the core to any other runnable thread) for ``spin``, then sleep.
+
+    python -m benchmarks.weights.split_pool --contexts 2048,8192 --threads 2
+
+Writes ``docs/benchmarks/split-pool.json`` and ``.md``: per context, the step's median ms under each variant, and
+each variant's ratio to the Python hand-off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import torch
+
+from engine.models import gguf_blocks
+from engine.models.int8_matmul import run_split
+
+from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
+from .turns import decode_in_turns
+
+OUT = Path("docs/benchmarks/split-pool.json")
+PYTHON = "python hand-off"
+
+
+def _python_split(functions):
+    """A ``gemv_split`` that splits as before: ``run_split`` over the host pool, into ``threads`` ranges."""
+
+    def gemv_split(x, raw, qtype, bias, y, rows, in_features, out_features, threads):
+        args = (x, raw, qtype, bias, y, rows, in_features, out_features)
+        # weight bytes of exactly ``threads`` split units: run_split cuts the rows into ``threads`` ranges
+        run_split(functions.gemv, args, out_features, threads * gguf_blocks._SPLIT_BYTES, gguf_blocks._check,
+                  gguf_blocks._SPLIT_BYTES)
+        return 0
+
+    return gemv_split
+
+
+def decode_steps(context: int, spins_us: list[int], rounds: int, store: ResultStore, threads: int) -> None:
+    engine_kernel = gguf_blocks.kernel
+    functions = engine_kernel()
+    engine_spin = functions.split_spin_ns(0)
+    functions.split_spin_ns(engine_spin)
+    python = functions._replace(gemv_split=_python_split(functions))
+
+    def c_pool(spin_us: int):
+        def switch() -> None:
+            gguf_blocks.kernel = engine_kernel
+            functions.split_spin_ns(spin_us * 1000)
+        return switch
+
+    def restore() -> None:
+        gguf_blocks.kernel = engine_kernel
+        functions.split_spin_ns(engine_spin)
+
+    variants = {PYTHON: lambda: setattr(gguf_blocks, "kernel", lambda: python)}
+    variants |= {f"C pool, spin {us} us": c_pool(us) for us in spins_us}
+    samples, _, _ = decode_in_turns(variants, restore, context, rounds, per_round=3)
+    base = statistics.median(samples[PYTHON])
+    for name, seconds in samples.items():
+        median = statistics.median(seconds)
+        print(f"decode step at {context:,}, {threads} threads, {name}: {median * 1e3:.1f} ms "
+              f"({median / base:.3f} of the Python hand-off)", flush=True)
+        store.append("decode", name, context=context, threads=threads, spin_us=_spin(name),
+                     seconds_per_token=median, ratio_to_python=median / base, samples=seconds)
+
+
+def _spin(name: str) -> int | None:
+    return None if name == PYTHON else int(name.split("spin ")[1].split()[0])
+
+
+def write_markdown(records: list[dict], path: Path) -> None:
+    decode = [r for r in records if r.get("phase") == "decode"]
+    modes = list(dict.fromkeys(r["mode"] for r in decode))
+    stamp = decode[-1]["run"] if decode else {}
+    lines = ["# CPU decode: the GEMVs' split over cores, Python hand-off against the C pool", "",
+             "`python -m benchmarks.weights.split_pool` (raw records: `split-pool.json`). The CPU default model "
+             "(Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M), its decode step after a cache filled with random K/V, "
+             "each variant in turns in one process: the GEMVs of 1 MiB of blocks and more split by the host "
+             "pool's Python hand-off (`int8_matmul.run_split`, as before), or by the C pool of "
+             "`engine/native/split_pool.h` whose idle workers spin for the given time before they sleep. Medians "
+             "of every step of every round.", "", machine_line(stamp, IN_TURNS), "",
+             "| context | threads | " + " | ".join(f"{m}: ms" for m in modes) + " | best C / Python |",
+             "|---:|---:|" + "---:|" * len(modes) + "---:|"]
+    for context, threads in sorted({(r["context"], r["metrics"]["threads"]) for r in decode}):
+        cells = {r["mode"]: r["metrics"] for r in decode if r["context"] == context and r["metrics"]["threads"] == threads}
+        if PYTHON not in cells:
+            continue
+        ms = [f"{cells[m]['seconds_per_token'] * 1e3:.1f}" if m in cells else "" for m in modes]
+        best = min(cells[m]["seconds_per_token"] for m in cells if m != PYTHON)
+        lines.append(f"| {context:,} | {threads} | " + " | ".join(ms)
+                     + f" | {best / cells[PYTHON]['seconds_per_token']:.3f} |")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.split_pool", description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", default="2048,8192")
+    parser.add_argument("--spins", default="0,50,200,1000", help="the C pool's idle spins to compare, us")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--report-only", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.report_only:
+        torch.set_num_threads(args.threads)
+        store = ResultStore(args.out, run_stamp("cpu"))
+        for context in (int(c) for c in args.contexts.split(",")):
+            decode_steps(context, [int(s) for s in args.spins.split(",")], args.rounds, store, args.threads)
+    write_markdown(load_records(args.out), args.out)
+
+
+if __name__ == "__main__":
+    main()

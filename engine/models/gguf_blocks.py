@@ -26,6 +26,7 @@ import ctypes
 import functools
 import logging
 import re
+import threading
 from pathlib import Path
 from typing import NamedTuple
 
@@ -38,7 +39,7 @@ from ..native import crash_probe
 from ..native import library as native
 from .memory import trim_heap
 from .int8 import install, linear_targets
-from .int8_matmul import run_split, split_threads
+from .int8_matmul import split_threads
 
 logger = logging.getLogger(__name__)
 
@@ -94,13 +95,14 @@ def _built_kernel():
 
 
 class Functions(NamedTuple):
-    """A build of ``gguf_gemv.c``: the GEMV of a row range, the dequantization of a row range, and the GEMV of every
+    """A build of ``gguf_gemv.c``: the GEMV of a row range, the dequantization of a row range, and both of every
     row split over the caller and the library's own spinning pool (``engine/native/split_pool.h``), with the pool's
     idle spin (set, returns the previous: ns) and the count of tasks its workers ran."""
 
     gemv: ctypes._CFuncPtr
     dequantize: ctypes._CFuncPtr
     gemv_split: ctypes._CFuncPtr
+    dequantize_split: ctypes._CFuncPtr
     split_spin_ns: ctypes._CFuncPtr
     split_worker_tasks: ctypes._CFuncPtr
 
@@ -111,9 +113,11 @@ def typed_functions(library: ctypes.CDLL) -> Functions:
     gemv.argtypes, gemv.restype = [_P, _P, _I, _P, _P, _L, _L, _L, _L, _L], ctypes.c_int
     dequantize.argtypes, dequantize.restype = [_P, _I, _L, _L, _L, _P], ctypes.c_int
     gemv_split.argtypes, gemv_split.restype = [_P, _P, _I, _P, _P, _L, _L, _L, _I], ctypes.c_int
+    dequantize_split = library.gguf_dequantize_split
+    dequantize_split.argtypes, dequantize_split.restype = [_P, _I, _L, _L, _P, _I], ctypes.c_int
     spin, tasks = library.gguf_split_spin_ns, library.gguf_split_worker_tasks
     spin.argtypes, spin.restype, tasks.argtypes, tasks.restype = [_L], _L, [], _L
-    return Functions(gemv, dequantize, gemv_split, spin, tasks)
+    return Functions(gemv, dequantize, gemv_split, dequantize_split, spin, tasks)
 
 
 # Where each block type keeps its fp16 factors (d; m or dmin): random bytes anywhere else are a valid block.
@@ -134,7 +138,7 @@ def random_block_rows(rng: np.random.Generator, qtype: int, rows: int, inputs: i
 def exercise_kernel() -> None:
     """The gguf-gemv probe (run in a child process): the built GEMV (decode rows) and dequantization (prefill) on
     every block type, checked against gguf-py's weights."""
-    gemv, dequantize_blocks, gemv_split, _, _ = _built_kernel()
+    gemv, dequantize_blocks, gemv_split, dequantize_split, _, _ = _built_kernel()
     rng = np.random.default_rng(0)
     for qtype, (_, size, _) in BLOCK_TYPES.items():
         out_features, in_features = 9, 2 * max(size, 256)
@@ -143,6 +147,9 @@ def exercise_kernel() -> None:
         dense = torch.empty(out_features, in_features)
         _check(dequantize_blocks(raw.data_ptr(), qtype, in_features, 0, out_features, dense.data_ptr()))
         assert torch.equal(dense, weight), f"gguf dequantize differs from gguf-py for type {qtype}"
+        dense.fill_(float("nan"))
+        _check(dequantize_split(raw.data_ptr(), qtype, in_features, out_features, dense.data_ptr(), 3))
+        assert torch.equal(dense, weight), f"gguf dequantize split differs from gguf-py for type {qtype}"
         for rows in (1, 3):
             x = torch.from_numpy(rng.standard_normal((rows, in_features)).astype(np.float32))  # [rows, in]
             y = torch.empty(rows, out_features)
@@ -166,19 +173,36 @@ def dequantize_reference(raw: torch.Tensor, qtype: int) -> torch.Tensor:
     return torch.from_numpy(gguf_dequantize(raw.numpy(), qtype).astype(np.float32, copy=False))
 
 
-def dequantize(raw: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
-    """raw: [out, in / block * bytes] uint8 -> [out, in] fp32, the weights gguf-py gives (through C where built)."""
+def dequantize(raw: torch.Tensor, qtype: int, in_features: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """raw: [out, in / block * bytes] uint8 -> [out, in] fp32, the weights gguf-py gives (through C where built),
+    written into ``out`` ([out, in] fp32) where given."""
     functions = kernel()
     if functions is None:
-        return dequantize_reference(raw, qtype)
+        weight = dequantize_reference(raw, qtype)
+        return weight if out is None else out.copy_(weight)
     raw = raw.contiguous()
-    weight = torch.empty(raw.shape[0], in_features)  # [out, in]
-    dequantize_rows, source, target = functions.dequantize, raw.data_ptr(), weight.data_ptr()
-    # Rows split over the caller and the host pool like a GEMV's: a prefill chunk dequantizes every layer (slices of
-    # up to 64 MB of fp32), and on one thread those writes left the other cores idle between torch's matmuls.
-    run_split(lambda lo, hi: dequantize_rows(source, qtype, in_features, lo, hi, target), (), raw.shape[0],
-              raw.numel(), _check, _SPLIT_BYTES)
+    weight = torch.empty(raw.shape[0], in_features) if out is None else out  # [out, in]
+    # Rows split over cores like a GEMV's: a prefill chunk dequantizes every layer (slices of up to 64 MB of fp32),
+    # and on one thread those writes left the other cores idle between torch's matmuls.
+    _check(functions.dequantize_split(raw.data_ptr(), qtype, in_features, raw.shape[0], weight.data_ptr(),
+                                      split_threads(raw.numel(), _SPLIT_BYTES)))
     return weight
+
+
+_scratch = threading.local()
+
+
+def _weight_scratch(out_features: int, in_features: int) -> torch.Tensor:
+    """[out, in] fp32 over this thread's reused buffer, for a weight dequantized only to be multiplied. A fresh 55 MB
+    tensor each call is a fresh mapping (glibc maps allocations above 32 MiB) whose 4 KiB pages the kernel faults in
+    and zeroes at every layer of every prefill chunk: a fifth of a chunk's time on two cores. Held for the thread's
+    life, at most ``_DEQUANT_SLICE_BYTES`` plus a row slice."""
+    need = out_features * in_features
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.numel() < need:
+        _scratch.buffer = None  # the old buffer goes before the new one is mapped
+        buffer = _scratch.buffer = torch.empty(need)
+    return buffer[:need].view(out_features, in_features)
 
 
 def block_linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
@@ -193,12 +217,13 @@ def block_linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Ten
         # of GBs for one call (Qwen2.5-1.5B's: 0.9 GB).
         step = max(4, _DEQUANT_SLICE_BYTES // (4 * in_features))
         if out_features <= step:
-            return F.linear(x, dequantize(raw, qtype, in_features), bias)
+            return F.linear(x, dequantize(raw, qtype, in_features, _weight_scratch(out_features, in_features)), bias)
         y = torch.empty(*x.shape[:-1], out_features)  # [..., out]
         for lo in range(0, out_features, step):
             hi = min(lo + step, out_features)
             part = None if bias is None else bias[lo:hi]
-            y[..., lo:hi] = F.linear(x, dequantize(raw[lo:hi], qtype, in_features), part)
+            weight = dequantize(raw[lo:hi], qtype, in_features, _weight_scratch(hi - lo, in_features))
+            y[..., lo:hi] = F.linear(x, weight, part)
         return y
     flat = x.contiguous()  # [..., in] read as [M, in]
     y = torch.empty(*x.shape[:-1], out_features)  # [..., out] written as [M, out]

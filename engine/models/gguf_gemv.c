@@ -613,6 +613,24 @@ int gguf_gemv_split(const float *x, const uint8_t *raw, int type, const float *b
     return sp_run(gemv_range, &call, out, 4, threads);
 }
 
+typedef struct {
+    const uint8_t *raw;
+    float *w;
+    long in;
+    int type;
+} dequantize_call;
+
+static int dequantize_range(const void *context, long lo, long hi) {
+    const dequantize_call *c = context;
+    return gguf_dequantize(c->raw, c->type, c->in, lo, hi, c->w);
+}
+
+/* gguf_dequantize of every row [0, out), split like gguf_gemv_split: a prefill chunk dequantizes every layer. */
+int gguf_dequantize_split(const uint8_t *raw, int type, long in, long out, float *w, int threads) {
+    const dequantize_call call = {raw, w, in, type};
+    return sp_run(dequantize_range, &call, out, 1, threads);
+}
+
 /* The pool's idle spin in ns, set (returns the previous value), and the tasks its workers ran (see split_pool.h). */
 long gguf_split_spin_ns(long spin_ns) { return sp_set_spin_ns(spin_ns); }
 long gguf_split_worker_tasks(void) { return sp_worker_tasks(); }

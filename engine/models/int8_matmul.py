@@ -33,7 +33,6 @@ import torch.nn.functional as F
 
 from ..native import crash_probe
 from ..native import library as native
-from ..native.workers import shared_workers
 
 logger = logging.getLogger(__name__)
 
@@ -141,25 +140,6 @@ def split_threads(weight_bytes: int, split_bytes: int | None = None) -> int:
     ``_SPLIT_BYTES``."""
     split_bytes = _SPLIT_BYTES if split_bytes is None else split_bytes
     return 1 if weight_bytes < 2 * split_bytes else min(torch.get_num_threads(), weight_bytes // split_bytes)
-
-
-def run_split(function, args: tuple, out_features: int, weight_bytes: int, check,
-              split_bytes: int | None = None) -> None:
-    """``check(function(*args, lo, hi))`` over output rows [0, out_features) on ``split_threads`` threads: ranges
-    of whole groups of 4 rows, the first on this thread and one per worker of the host pool for the others (a
-    hand-off fewer than giving the pool every range and waiting). For calls of milliseconds (a prefill slice's
-    dequantization, ~70 us a hand-off): decode GEMVs split in C (``gemv_split``). A C function's call releases the
-    GIL (ctypes), so the ranges run at once."""
-    parts = split_threads(weight_bytes, split_bytes)
-    if parts == 1:
-        check(function(*args, 0, out_features))
-        return
-    step = ((out_features + parts - 1) // parts + 3) // 4 * 4
-    futures = [shared_workers().submit(function, *args, lo, min(lo + step, out_features))
-               for lo in range(step, out_features, step)]
-    check(function(*args, 0, min(step, out_features)))
-    for future in futures:
-        check(future.result())
 
 
 def _check(status: int) -> None:

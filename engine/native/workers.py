@@ -1,7 +1,7 @@
 """A fixed pool of threads whose torch ops each run on one core: the pool, not the op, is the parallelism.
 
-Its users: the int8 GEMV (``models/int8_matmul.py``) and host attention's torch tile (``kv/host_attention.py``, where
-no C compiler exists; the C kernel has its own pthread pool), which splits a head group's sequence into
+Its user: host attention's torch tile (``kv/host_attention.py``, where no C compiler exists; the C kernel has its own
+pthread pool, and the weights' GEMVs theirs, ``split_pool.h``), which splits a head group's sequence into
 cache-sized tiles and runs one tile per worker. torch releases the GIL inside every op, so Python threads run tiles truly at once;
 but an op called from a thread with the default settings would also start its own OpenMP team of every core,
 and N workers would oversubscribe the machine N-fold. Each worker therefore sets its own intra-op threads to 1.

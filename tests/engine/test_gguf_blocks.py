@@ -91,7 +91,7 @@ def test_prefill_dequantizes_a_large_layer_a_slice_at_a_time(monkeypatch):
     monkeypatch.setattr(gguf_blocks, "_DEQUANT_SLICE_BYTES", 16 * 4 * 256)  # 16 rows a slice: 5 slices
     built = []
     real = gguf_blocks.dequantize
-    monkeypatch.setattr(gguf_blocks, "dequantize", lambda r, q, i: built.append(r.shape[0]) or real(r, q, i))
+    monkeypatch.setattr(gguf_blocks, "dequantize", lambda r, q, i, out=None: built.append(r.shape[0]) or real(r, q, i, out))
     sliced = block_linear(x, raw, TYPES["Q4_K"], bias)
     assert built == [16, 16, 16, 16, 6]
     scale = x.abs() @ reference(raw, TYPES["Q4_K"]).abs().T  # another matmul shape sums in another order
@@ -111,22 +111,6 @@ def test_block_linear_split_over_workers_equals_one_thread():
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(alone, split)  # each output row is summed by one thread, whichever
-
-
-def _count_worker_ranges(monkeypatch) -> list:
-    """The (lo, hi) row range of each part ``run_split`` hands to the host pool, as a list that fills."""
-    from engine.models import int8_matmul
-
-    submitted = []
-    workers = int8_matmul.shared_workers()
-
-    class Counting:
-        def submit(self, fn, *args):
-            submitted.append(args[-2:])
-            return workers.submit(fn, *args)
-
-    monkeypatch.setattr(int8_matmul, "shared_workers", lambda: Counting())
-    return submitted
 
 
 def _split_calls(monkeypatch) -> list:
@@ -219,15 +203,38 @@ def test_calls_from_two_threads_at_once_each_get_their_own_result():
 def test_a_prefill_slice_is_dequantized_over_two_cores_bit_for_bit(monkeypatch):
     # a prefill chunk dequantizes every layer before torch's matmul: the rows split like a GEMV's, same weights
     raw = random_blocks(1536, 1536, "Q6_K", seed=6)  # 1.9 MB of blocks, 9.4 MB of fp32 weights
-    submitted = _count_worker_ranges(monkeypatch)
+    functions = gguf_blocks.kernel()
+    calls = []
+
+    def dequantize_split(*args):
+        calls.append(args[-1])
+        return functions.dequantize_split(*args)
+
+    monkeypatch.setattr(gguf_blocks, "kernel", lambda: functions._replace(dequantize_split=dequantize_split))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        split = dequantize(raw, TYPES["Q6_K"], 1536)
+        before = functions.split_worker_tasks()
+        splits = [dequantize(raw, TYPES["Q6_K"], 1536) for _ in range(10)]
     finally:
         torch.set_num_threads(threads)
-    assert submitted == [(768, 1536)]  # rows [0, 768) on the calling thread, [768, 1536) on a worker
-    assert torch.equal(split, reference(raw, TYPES["Q6_K"]))
+    assert calls == [2] * 10 and functions.split_worker_tasks() > before
+    assert all(torch.equal(split, reference(raw, TYPES["Q6_K"])) for split in splits)
+
+
+@needs_kernel
+def test_a_prefill_reuses_one_scratch_for_the_weights_it_dequantizes_and_gives_fresh_results():
+    # the dequantized weight of a prefill matmul lives in a buffer reused call after call (no fresh mapping of
+    # 55 MB a layer); the products are the same as with a fresh weight, and a result is never that buffer
+    x = torch.randn(20, 512)  # more than GEMV_ROWS: the dequantize-and-matmul path
+    raws = [random_blocks(1000 + 24 * i, 512, "Q4_K", seed=20 + i) for i in range(3)]
+    ys = [block_linear(x, raw, TYPES["Q4_K"], None) for raw in raws]
+    buffer = gguf_blocks._scratch.buffer
+    for raw, y in zip(raws, ys):
+        assert torch.equal(y, F.linear(x, reference(raw, TYPES["Q4_K"])))
+        assert y.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
+    block_linear(x, raws[0], TYPES["Q4_K"], None)
+    assert gguf_blocks._scratch.buffer is buffer  # a smaller weight after the largest: the same buffer
 
 
 def test_rows_are_matched_through_a_permutation_and_refused_otherwise():

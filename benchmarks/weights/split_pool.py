@@ -17,6 +17,7 @@ each variant's ratio to the Python hand-off; per prefill chunk, tok/s before and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 from pathlib import Path
 
@@ -68,6 +69,11 @@ def _python_dequantize_split(functions):
     return dequantize_split
 
 
+@contextlib.contextmanager
+def _fresh(out_features: int, in_features: int):
+    yield torch.empty(out_features, in_features)
+
+
 def prefill_chunks(chunk: int, rounds: int, store: ResultStore, threads: int) -> None:
     """A ``chunk``-token prefill chunk (the read's), before (each layer's weight dequantized into a fresh tensor by
     the host pool's hand-off) and now (one reused scratch, the C pool), in turns."""
@@ -83,7 +89,7 @@ def prefill_chunks(chunk: int, rounds: int, store: ResultStore, threads: int) ->
     engine_kernel, engine_scratch = gguf_blocks.kernel, gguf_blocks._weight_scratch
     functions = engine_kernel()
     before = functions._replace(dequantize_split=_python_dequantize_split(functions))
-    variants = {"before: fresh weight, Python hand-off": (lambda: before, lambda out, inp: torch.empty(out, inp)),
+    variants = {"before: fresh weight, Python hand-off": (lambda: before, _fresh),
                 "now: reused scratch, C pool": (engine_kernel, engine_scratch)}
     ids = torch.randint(100, 10_000, (1, chunk), generator=torch.Generator().manual_seed(0))  # [1, chunk]
     samples: dict[str, list[float]] = {name: [] for name in variants}

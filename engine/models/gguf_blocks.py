@@ -22,6 +22,7 @@ call (slow, but the same weights).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import logging
@@ -189,20 +190,29 @@ def dequantize(raw: torch.Tensor, qtype: int, in_features: int, out: torch.Tenso
     return weight
 
 
-_scratch = threading.local()
+_SCRATCH_LOCK = threading.Lock()
+_scratch: list[torch.Tensor] = []  # the process's one buffer, once a prefill has run
 
 
-def _weight_scratch(out_features: int, in_features: int) -> torch.Tensor:
-    """[out, in] fp32 over this thread's reused buffer, for a weight dequantized only to be multiplied. A fresh 55 MB
-    tensor each call is a fresh mapping (glibc maps allocations above 32 MiB) whose 4 KiB pages the kernel faults in
-    and zeroes at every layer of every prefill chunk: a fifth of a chunk's time on two cores. Held for the thread's
-    life, at most ``_DEQUANT_SLICE_BYTES`` plus a row slice."""
-    need = out_features * in_features
-    buffer = getattr(_scratch, "buffer", None)
-    if buffer is None or buffer.numel() < need:
-        _scratch.buffer = None  # the old buffer goes before the new one is mapped
-        buffer = _scratch.buffer = torch.empty(need)
-    return buffer[:need].view(out_features, in_features)
+@contextlib.contextmanager
+def _weight_scratch(out_features: int, in_features: int):
+    """[out, in] fp32 for a weight dequantized only to be multiplied: a view of the process's one reused buffer, or a
+    fresh tensor while another thread's matmul holds it. A fresh 55 MB tensor each call is a fresh mapping (glibc
+    maps allocations above 32 MiB) whose 4 KiB pages the kernel faults in and zeroes at every layer of every
+    prefill chunk: two thirds of the dequantization's time on two cores. The buffer stays for the process's life,
+    at most ``_DEQUANT_SLICE_BYTES`` plus a row slice; one for the process, not per thread (a UI's handler threads
+    come and go)."""
+    if not _SCRATCH_LOCK.acquire(blocking=False):
+        yield torch.empty(out_features, in_features)
+        return
+    try:
+        need = out_features * in_features
+        if not _scratch or _scratch[0].numel() < need:
+            _scratch.clear()  # the old buffer goes before the new one is mapped
+            _scratch.append(torch.empty(need))
+        yield _scratch[0][:need].view(out_features, in_features)
+    finally:
+        _SCRATCH_LOCK.release()
 
 
 def block_linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
@@ -217,13 +227,14 @@ def block_linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Ten
         # of GBs for one call (Qwen2.5-1.5B's: 0.9 GB).
         step = max(4, _DEQUANT_SLICE_BYTES // (4 * in_features))
         if out_features <= step:
-            return F.linear(x, dequantize(raw, qtype, in_features, _weight_scratch(out_features, in_features)), bias)
+            with _weight_scratch(out_features, in_features) as scratch:
+                return F.linear(x, dequantize(raw, qtype, in_features, scratch), bias)
         y = torch.empty(*x.shape[:-1], out_features)  # [..., out]
         for lo in range(0, out_features, step):
             hi = min(lo + step, out_features)
             part = None if bias is None else bias[lo:hi]
-            weight = dequantize(raw[lo:hi], qtype, in_features, _weight_scratch(hi - lo, in_features))
-            y[..., lo:hi] = F.linear(x, weight, part)
+            with _weight_scratch(hi - lo, in_features) as scratch:
+                y[..., lo:hi] = F.linear(x, dequantize(raw[lo:hi], qtype, in_features, scratch), part)
         return y
     flat = x.contiguous()  # [..., in] read as [M, in]
     y = torch.empty(*x.shape[:-1], out_features)  # [..., out] written as [M, out]

@@ -229,12 +229,42 @@ def test_a_prefill_reuses_one_scratch_for_the_weights_it_dequantizes_and_gives_f
     x = torch.randn(20, 512)  # more than GEMV_ROWS: the dequantize-and-matmul path
     raws = [random_blocks(1000 + 24 * i, 512, "Q4_K", seed=20 + i) for i in range(3)]
     ys = [block_linear(x, raw, TYPES["Q4_K"], None) for raw in raws]
-    buffer = gguf_blocks._scratch.buffer
+    buffer = gguf_blocks._scratch[0]
     for raw, y in zip(raws, ys):
         assert torch.equal(y, F.linear(x, reference(raw, TYPES["Q4_K"])))
         assert y.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
     block_linear(x, raws[0], TYPES["Q4_K"], None)
-    assert gguf_blocks._scratch.buffer is buffer  # a smaller weight after the largest: the same buffer
+    assert gguf_blocks._scratch[0] is buffer  # a smaller weight after the largest: the same buffer
+
+
+@needs_kernel
+def test_a_second_thread_while_the_scratch_is_held_gets_its_own_weight():
+    # two threads reading at once (two sessions): the one that finds the scratch taken dequantizes into a fresh
+    # tensor, so neither overwrites the other's weight mid-matmul
+    import threading
+
+    raws = [random_blocks(900, 256, "Q6_K", seed=30 + i) for i in range(2)]
+    xs = [torch.randn(40, 256) for _ in range(2)]
+    expected = [F.linear(x, reference(raw, TYPES["Q6_K"])) for x, raw in zip(xs, raws)]
+    with gguf_blocks._weight_scratch(8, 8):  # held, as by another thread's matmul
+        seen = []
+        thread = threading.Thread(target=lambda: seen.append(block_linear(xs[0], raws[0], TYPES["Q6_K"], None)))
+        thread.start()
+        thread.join()
+    assert torch.equal(seen[0], expected[0])
+    failures = []
+
+    def reader(i):
+        for _ in range(30):
+            if not torch.equal(block_linear(xs[i], raws[i], TYPES["Q6_K"], None), expected[i]):
+                failures.append(i)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
 
 
 def test_rows_are_matched_through_a_permutation_and_refused_otherwise():

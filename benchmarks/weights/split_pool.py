@@ -115,7 +115,16 @@ def prefill_chunks(chunk: int, rounds: int, store: ResultStore, threads: int) ->
                      tokens_per_second=chunk / median, ratio_to_before=median / base, samples=seconds)
 
 
-def decode_steps(context: int, spins_us: list[int], rounds: int, store: ResultStore, threads: int) -> None:
+def _build_with_tasks(tasks_per_thread: int):
+    """``gguf_gemv.c`` built with another ``SP_TASKS_PER_THREAD`` (its own library, so its own pool)."""
+    from engine.native import library as native
+
+    flags = [*gguf_blocks._VARIANTS[0], f"-DSP_TASKS_PER_THREAD={tasks_per_thread}"]
+    return gguf_blocks.typed_functions(native.load_library(native.compiler(), gguf_blocks._SOURCE, [flags]))
+
+
+def decode_steps(context: int, spins_us: list[int], rounds: int, store: ResultStore, threads: int,
+                 tasks: list[int] = ()) -> None:
     engine_kernel = gguf_blocks.kernel
     functions = engine_kernel()
     engine_spin = functions.split_spin_ns(0)
@@ -134,6 +143,9 @@ def decode_steps(context: int, spins_us: list[int], rounds: int, store: ResultSt
 
     variants = {PYTHON: lambda: setattr(gguf_blocks, "kernel", lambda: python)}
     variants |= {f"C pool, spin {us} us": c_pool(us) for us in spins_us}
+    for count in tasks:  # the engine's spin, another number of tasks a thread
+        other = _build_with_tasks(count)
+        variants[f"C pool, {count} tasks a thread"] = lambda other=other: setattr(gguf_blocks, "kernel", lambda: other)
     samples, _, _ = decode_in_turns(variants, restore, context, rounds, per_round=3)
     base = statistics.median(samples[PYTHON])
     for name, seconds in samples.items():
@@ -145,7 +157,7 @@ def decode_steps(context: int, spins_us: list[int], rounds: int, store: ResultSt
 
 
 def _spin(name: str) -> int | None:
-    return None if name == PYTHON else int(name.split("spin ")[1].split()[0])
+    return int(name.split("spin ")[1].split()[0]) if "spin " in name else None
 
 
 def write_markdown(records: list[dict], path: Path) -> None:
@@ -192,6 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.split_pool", description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", default="2048,8192")
     parser.add_argument("--spins", default="0,50,200,1000", help="the C pool's idle spins to compare, us")
+    parser.add_argument("--tasks", default="", help="SP_TASKS_PER_THREAD builds to compare (the engine's: 2)")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=OUT)
@@ -203,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
         store = ResultStore(args.out, run_stamp("cpu"))
         for context in (int(c) for c in args.contexts.split(",") if c):
-            decode_steps(context, [int(s) for s in args.spins.split(",")], args.rounds, store, args.threads)
+            decode_steps(context, [int(s) for s in args.spins.split(",")], args.rounds, store, args.threads,
+                         [int(t) for t in args.tasks.split(",") if t])
         if args.prefill_chunk:
             prefill_chunks(args.prefill_chunk, args.prefill_rounds, store, args.threads)
     write_markdown(load_records(args.out), args.out)

@@ -27,7 +27,9 @@
 #include <time.h>
 
 #define SP_MAX_WORKERS 63
+#ifndef SP_TASKS_PER_THREAD /* a benchmark builds others */
 #define SP_TASKS_PER_THREAD 2 /* more tasks than threads: a late worker's share falls to the others */
+#endif
 #define SP_DEFAULT_SPIN_NS 50000L /* 0-1000 us measured alike (docs/benchmarks/split-pool.md); a little spin saves a wake-up */
 
 typedef int (*sp_range_fn)(const void *context, long lo, long hi);

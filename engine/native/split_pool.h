@@ -12,6 +12,7 @@
  * few cores the host attention pool's workers and torch's threads run between GEMVs, on the same cores.
  *
  * One call at a time: a second thread's call while one runs is done by that thread alone (no waiting on the first).
+ * A forked child forgets the parent's workers (pthread_atfork) and starts its own.
  *
  * Memory order: the caller publishes the call (``current``), then bumps ``generation``; a worker that sees the new
  * generation counts itself in ``joined`` before it reads ``current``, and the caller clears ``current`` before it
@@ -122,8 +123,20 @@ static void *sp_worker(void *arg) {
     return NULL;
 }
 
+/* In a child forked from a process with a pool: the parent's workers do not exist here (fork copies the calling
+ * thread only), nor does any call in progress; the child starts its own workers at its first split. */
+static void sp_forget_workers(void) {
+    pthread_mutex_init(&sp_pool.call_lock, NULL);
+    pthread_mutex_init(&sp_pool.lock, NULL);
+    pthread_cond_init(&sp_pool.wake, NULL);
+    sp_pool.current = NULL;
+    sp_pool.sleeping = sp_pool.joined = sp_pool.num_workers = 0;
+}
+
 /* Starts workers up to ``wanted`` (under call_lock); returns how many there are. */
 static int sp_ensure_workers(int wanted) {
+    static int fork_handled;
+    if (!fork_handled) fork_handled = pthread_atfork(NULL, NULL, sp_forget_workers) == 0;
     if (wanted > SP_MAX_WORKERS) wanted = SP_MAX_WORKERS;
     while (sp_pool.num_workers < wanted) {
         pthread_t thread;

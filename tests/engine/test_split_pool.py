@@ -18,6 +18,9 @@ DRIVER = r"""
 #include "split_pool.h"
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 typedef struct { int *hits; long fail_at; } job;
 
@@ -27,7 +30,31 @@ static int mark(const void *context, long lo, long hi) {
     return (j->fail_at >= lo && j->fail_at < hi) ? 7 : 0;
 }
 
-int main(void) {
+/* After a fork from a process whose pool has workers: the child's splits still cover every unit, and its own new
+ * workers take tasks (the parent's do not exist there). */
+static int forked(void) {
+    static int hits[2000];
+    job j = {hits, -1};
+    sp_run(mark, &j, 2000, 1, 2); /* the parent's pool started */
+    fflush(stdout);
+    const pid_t child = fork();
+    if (child == 0) {
+        const long before = sp_worker_tasks();
+        for (int call = 0; call < 200; call++) {
+            memset(hits, 0, sizeof hits);
+            if (sp_run(mark, &j, 2000, 1, 2) != 0) _exit(2);
+            for (int i = 0; i < 2000; i++) if (hits[i] != 1) _exit(3);
+        }
+        _exit(sp_worker_tasks() > before ? 0 : 4);
+    }
+    int status = 0;
+    waitpid(child, &status, 0);
+    printf("child exit %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : 99);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 99;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "fork") == 0) return forked();
     static int hits[4099];
     const long spins[] = {0, 20000, 2000000};
     const int threads[] = {2, 8, 3, 1, 5};
@@ -50,7 +77,7 @@ int main(void) {
 """
 
 
-def _run(tmp_path: Path, flags: list[str]) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, flags: list[str], *args: str) -> subprocess.CompletedProcess:
     compiler = native.compiler()
     source = tmp_path / "driver.c"
     source.write_text(DRIVER)
@@ -59,7 +86,7 @@ def _run(tmp_path: Path, flags: list[str]) -> subprocess.CompletedProcess:
                             str(source)], capture_output=True, text=True, timeout=120)
     if built.returncode != 0:
         pytest.skip(f"cannot build the driver with {flags}: {built.stderr[-300:]}")
-    return subprocess.run([str(binary)], capture_output=True, text=True, timeout=300)
+    return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=300)
 
 
 needs_compiler = pytest.mark.skipif(native.compiler() is None or shutil.which(native.compiler()) is None,
@@ -77,4 +104,10 @@ def test_every_unit_runs_once_and_a_failing_range_reports_its_status(tmp_path):
 def test_no_data_race_under_threadsanitizer(tmp_path):
     done = _run(tmp_path, ["-fsanitize=thread"])
     assert "ThreadSanitizer" not in done.stderr, done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_compiler
+def test_a_forked_child_starts_its_own_workers(tmp_path):
+    done = _run(tmp_path, [], "fork")
     assert done.returncode == 0, done.stdout + done.stderr

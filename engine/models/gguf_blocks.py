@@ -175,12 +175,11 @@ def dequantize_reference(raw: torch.Tensor, qtype: int) -> torch.Tensor:
 
 
 def dequantize(raw: torch.Tensor, qtype: int, in_features: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """raw: [out, in / block * bytes] uint8 -> [out, in] fp32, the weights gguf-py gives (through C where built),
-    written into ``out`` ([out, in] fp32) where given."""
+    """raw: [out, in / block * bytes] uint8 -> [out, in] fp32, the weights gguf-py gives (through C where built,
+    into ``out``, [out, in] fp32, where given)."""
     functions = kernel()
     if functions is None:
-        weight = dequantize_reference(raw, qtype)
-        return weight if out is None else out.copy_(weight)
+        return dequantize_reference(raw, qtype)  # fresh: ``out`` is only a place the C path may write
     raw = raw.contiguous()
     weight = torch.empty(raw.shape[0], in_features) if out is None else out  # [out, in]
     # Rows split over cores like a GEMV's: a prefill chunk dequantizes every layer (slices of up to 64 MB of fp32),
@@ -209,7 +208,8 @@ def _weight_scratch(out_features: int, in_features: int):
         need = out_features * in_features
         if not _scratch or _scratch[0].numel() < need:
             _scratch.clear()  # the old buffer goes before the new one is mapped
-            _scratch.append(torch.empty(need))
+            with torch.inference_mode(False):  # a normal tensor: a read under inference mode must not make one
+                _scratch.append(torch.empty(need))  # that a later forward outside it could not take
         yield _scratch[0][:need].view(out_features, in_features)
     finally:
         _SCRATCH_LOCK.release()

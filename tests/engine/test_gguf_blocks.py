@@ -238,6 +238,17 @@ def test_a_prefill_reuses_one_scratch_for_the_weights_it_dequantizes_and_gives_f
 
 
 @needs_kernel
+def test_a_scratch_first_made_under_inference_mode_serves_a_forward_outside_it(monkeypatch):
+    monkeypatch.setattr(gguf_blocks, "_scratch", [])
+    raw = random_blocks(300, 256, "Q4_K", seed=40)
+    x = torch.randn(20, 256)
+    with torch.inference_mode():
+        inside = block_linear(x, raw, TYPES["Q4_K"], None)
+    assert not gguf_blocks._scratch[0].is_inference()
+    assert torch.equal(block_linear(x, raw, TYPES["Q4_K"], None), inside)
+
+
+@needs_kernel
 def test_a_second_thread_while_the_scratch_is_held_gets_its_own_weight():
     # two threads reading at once (two sessions): the one that finds the scratch taken dequantizes into a fresh
     # tensor, so neither overwrites the other's weight mid-matmul

@@ -113,16 +113,16 @@ def test_block_linear_split_over_workers_equals_one_thread():
     assert torch.equal(alone, split)  # each output row is summed by one thread, whichever
 
 
-def _split_calls(monkeypatch) -> list:
-    """The thread count of each ``gemv_split`` call block_linear makes, as a list that fills."""
+def _split_calls(monkeypatch, name: str = "gemv_split") -> list:
+    """The thread count of each call the engine makes to the kernel's ``name`` split, as a list that fills."""
     functions = gguf_blocks.kernel()
     calls = []
 
-    def gemv_split(*args):
+    def split(*args):
         calls.append(args[-1])
-        return functions.gemv_split(*args)
+        return getattr(functions, name)(*args)
 
-    monkeypatch.setattr(gguf_blocks, "kernel", lambda: functions._replace(gemv_split=gemv_split))
+    monkeypatch.setattr(gguf_blocks, "kernel", lambda: functions._replace(**{name: split}))
     return calls
 
 
@@ -204,13 +204,7 @@ def test_a_prefill_slice_is_dequantized_over_two_cores_bit_for_bit(monkeypatch):
     # a prefill chunk dequantizes every layer before torch's matmul: the rows split like a GEMV's, same weights
     raw = random_blocks(1536, 1536, "Q6_K", seed=6)  # 1.9 MB of blocks, 9.4 MB of fp32 weights
     functions = gguf_blocks.kernel()
-    calls = []
-
-    def dequantize_split(*args):
-        calls.append(args[-1])
-        return functions.dequantize_split(*args)
-
-    monkeypatch.setattr(gguf_blocks, "kernel", lambda: functions._replace(dequantize_split=dequantize_split))
+    calls = _split_calls(monkeypatch, "dequantize_split")
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

@@ -187,7 +187,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
                   "A chunk's matmuls take each layer's weight dequantized to fp32 (55 MB for a gate or up "
                   "projection). Before: a fresh tensor each call (glibc maps allocations above 32 MiB afresh, so "
                   "the kernel faults in and zeroes its pages every time), its rows split by the host pool's Python "
-                  "hand-off. Now: one buffer reused by the thread, rows split by the C pool. The two in turns, "
+                  "hand-off. Now: one buffer reused by the process, rows split by the C pool. The two in turns, "
                   "first alternating; medians of the rounds.", "",
                   "| chunk tokens | threads | before tok/s | now tok/s | now / before (time) |",
                   "|---:|---:|---:|---:|---:|"]

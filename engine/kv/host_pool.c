@@ -73,8 +73,22 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* In a child forked from a process with a pool: the parent's workers do not exist here (fork copies the calling
+ * thread only), and a call another thread had in progress left call_lock held and busy counted; the child starts
+ * its own workers at its first pooled call. The scratch, copied with the memory, stays the child's. */
+static void forget_workers(void) {
+    pthread_mutex_init(&pool.call_lock, NULL);
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pthread_cond_init(&pool.idle, NULL);
+    pool.current = NULL;
+    pool.num_workers = pool.busy = 0;
+}
+
 /* Starts workers up to ``wanted`` (under call_lock); returns how many there are. */
 static int ensure_workers(int wanted) {
+    static int fork_handled;
+    if (!fork_handled) fork_handled = pthread_atfork(NULL, NULL, forget_workers) == 0;
     if (wanted > MAX_WORKERS) wanted = MAX_WORKERS;
     while (pool.num_workers < wanted) {
         pthread_t thread;

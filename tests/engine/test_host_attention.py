@@ -486,3 +486,46 @@ def test_a_kernel_that_crashes_its_probe_costs_a_child_and_the_torch_tile_runs(t
         assert not native.can_attend(query, [torch.randn(9, 1, 2, 2, 64)])  # the caller takes the torch tile
     finally:
         native.kernel.cache_clear()
+
+
+def test_a_child_forked_mid_call_gets_a_pool_of_its_own():
+    # fork copies only the calling thread: a child forked while another thread is inside the kernel inherits the pool's
+    # call lock held and workers that do not exist; the pool's atfork handler gives the child a fresh one. The child
+    # touches only the C library (no torch) and must finish a pooled call in time. A fork lands inside the other
+    # thread's call about half the time (it may land while that thread waits for the GIL between calls), so ten
+    # forks: without the handler, one of them hangs all but once in a thousand runs.
+    import ctypes
+    import os
+    import time
+
+    if native.kernel() is None:
+        pytest.skip("no C compiler here: the torch tile is the one in use")
+    read, variant = native.kernel().read, native.PATHS[native.forced_path()]
+    size = 256 << 20  # ~10 ms a read: the other thread is inside the kernel most of the time
+    buffer = ctypes.create_string_buffer(size)  # zeros: floats summing to 0
+    address = ctypes.addressof(buffer)
+    stop = threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            read(address, size, 2, variant)
+
+    thread = threading.Thread(target=busy)
+    thread.start()
+    try:
+        for _ in range(10):
+            time.sleep(0.05)
+            child = os.fork()
+            if child == 0:
+                os._exit(0 if read(address, size, 2, variant) == 0.0 else 3)
+            deadline = time.monotonic() + 20
+            while (done := os.waitpid(child, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if done == (0, 0):
+                os.kill(child, 9)
+                os.waitpid(child, 0)
+                pytest.fail("a child forked mid-call never finished its own pooled call")
+            assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        stop.set()
+        thread.join()

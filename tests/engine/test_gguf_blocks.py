@@ -4,6 +4,7 @@ stock transformers dequantizes from the file, multiplied in fp32."""
 from __future__ import annotations
 
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -172,11 +173,18 @@ def test_the_c_pool_gives_one_threads_result_asleep_or_spinning_on_more_threads_
         functions.split_spin_ns(previous)
 
 
+def _in_two_threads(target) -> None:
+    """``target(0)`` and ``target(1)`` at once, each on a thread of its own; returns when both are done."""
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 @needs_kernel
 def test_calls_from_two_threads_at_once_each_get_their_own_result():
     # one call at a time uses the pool: a second thread's call meanwhile runs alone on that thread, right
-    import threading
-
     functions = gguf_blocks.kernel()
     raws = [random_blocks(1536, 512, "Q4_K", seed=10 + i) for i in range(2)]
     xs = [torch.randn(1, 512) for _ in range(2)]
@@ -191,11 +199,7 @@ def test_calls_from_two_threads_at_once_each_get_their_own_result():
             if status != 0 or not torch.equal(y, expected[i]):
                 failures.append(i)
 
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _in_two_threads(caller)
     assert failures == []
 
 
@@ -246,8 +250,6 @@ def test_a_scratch_first_made_under_inference_mode_serves_a_forward_outside_it(m
 def test_a_second_thread_while_the_scratch_is_held_gets_its_own_weight():
     # two threads reading at once (two sessions): the one that finds the scratch taken dequantizes into a fresh
     # tensor, so neither overwrites the other's weight mid-matmul
-    import threading
-
     raws = [random_blocks(900, 256, "Q6_K", seed=30 + i) for i in range(2)]
     xs = [torch.randn(40, 256) for _ in range(2)]
     expected = [F.linear(x, reference(raw, TYPES["Q6_K"])) for x, raw in zip(xs, raws)]
@@ -264,11 +266,7 @@ def test_a_second_thread_while_the_scratch_is_held_gets_its_own_weight():
             if not torch.equal(block_linear(xs[i], raws[i], TYPES["Q6_K"], None), expected[i]):
                 failures.append(i)
 
-    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _in_two_threads(reader)
     assert failures == []
 
 

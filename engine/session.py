@@ -23,6 +23,7 @@ from .answer.support import (asked_share, claim_logprob, decide, document_words,
 from .cache import HeadInferCache, cache_argument
 from .errors import ForwardInterrupted, InputError, PlanError, PrefillCancelled, QuestionTooLong, StateError
 from .interrupt import interruptible, layer_callbacks
+from .models.fused_decode import FusedDecode
 from .models.loaded import weights_mode
 from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget, num_weights
 from .planning.capacity import capacity_options
@@ -85,6 +86,8 @@ class DocumentSession:
         # measure it); the rule's ``min_verify_yes`` > 0 asks it anyway. ``verify_seconds``: the last one's cost.
         self.verify_support = False
         self.verify_seconds = 0.0
+        # A CPU decode step of a Llama-family model on GGUF blocks: two C calls a layer (None: the model's forward).
+        self._fused = FusedDecode.for_model(model) if self.device.type == "cpu" else None
         self._reset_document()
 
     # -- state -----------------------------------------------------------------------------------
@@ -323,14 +326,19 @@ class DocumentSession:
     def _cancelled(self) -> PrefillCancelled:
         return PrefillCancelled(f"stopped after {self.prefilled_tokens:,} of {self.document_tokens:,} tokens")
 
-    def _forward(self, ids: list[int]) -> torch.Tensor:
-        """Appends ``ids`` to the cache; returns the last position's logits [vocab]. All-or-nothing."""
+    def _forward(self, ids: list[int], should_stop: Callable[[], bool] | None = None) -> torch.Tensor:
+        """Appends ``ids`` to the cache; returns the last position's logits [vocab]. All-or-nothing. ``should_stop``:
+        checked between layers by the fused decode step (the model's own forward is stopped by the hooks of
+        ``interruptible``)."""
         boundary = len(self._cached_ids)
         try:
             with torch.inference_mode():
-                input_ids = torch.tensor([ids], device=self.device)
-                out = self.model(input_ids, **{cache_argument(self.model): self.cache}, use_cache=True,
-                                 logits_to_keep=1)
+                if len(ids) == 1 and self._fused is not None:
+                    logits = self._fused.step(ids[0], self.cache, should_stop)
+                else:
+                    input_ids = torch.tensor([ids], device=self.device)
+                    logits = self.model(input_ids, **{cache_argument(self.model): self.cache}, use_cache=True,
+                                        logits_to_keep=1).logits[0, -1]
         except torch.OutOfMemoryError as error:
             self._give_back(boundary)  # layers that took the chunk give it back: the document and conversation stay
             raise MemoryError(out_of_memory_message(len(ids), self.device.type, error)) from error
@@ -338,7 +346,7 @@ class DocumentSession:
             self._give_back(boundary)
             raise
         self._cached_ids.extend(ids)
-        return out.logits[0, -1]
+        return logits
 
     def _give_back(self, boundary: int) -> None:
         """After a failed forward: back to ``boundary`` tokens, or, for a hybrid model whose fixed-size states may
@@ -470,7 +478,7 @@ class DocumentSession:
         """``_forward``, raising ``ForwardInterrupted`` between layers once ``should_stop()``; the hooks live for
         this forward only, so a paused answer never checks another tab's forwards run on the same thread."""
         with interruptible(self.model, should_stop):
-            return self._forward(ids)
+            return self._forward(ids, should_stop)
 
     def _extend_to(self, wanted: list[int], should_stop: Callable[[], bool] | None = None,
                    on_progress: Callable[[int, int], None] | None = None) -> torch.Tensor:

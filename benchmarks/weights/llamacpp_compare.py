@@ -51,6 +51,7 @@ def measure_child(mode: str, context: int, decode_tokens: int, gguf: Path, threa
     import torch
 
     import engine
+    from engine.models.fused_decode import FusedDecode
     from engine.models.loader import load_model
     from engine.types import ModelShape
 
@@ -74,14 +75,20 @@ def measure_child(mode: str, context: int, decode_tokens: int, gguf: Path, threa
                                        device=torch.device("cpu"), dtype=kv_dtype)
         else:
             fill = None
-        prefill_s, steps = read_then_decode(model, cache, ids, context, decode_tokens, fill)
-    return {"load_s": load_s, "prefill_s": prefill_s, "decode_steps_s": steps, "end_rss": _own_rss()}
+        fused = FusedDecode.for_model(model)  # what a session decodes with, where the model takes it
+        prefill_s, steps = read_then_decode(model, cache, ids, context, decode_tokens, fill,
+                                            None if fused is None else fused.step)
+    return {"load_s": load_s, "prefill_s": prefill_s, "decode_steps_s": steps, "end_rss": _own_rss(),
+            "fused": fused is not None}
 
 
 
-def read_then_decode(model, cache, ids, context: int, decode_tokens: int, fill) -> tuple[float | None, list[float]]:
+def read_then_decode(model, cache, ids, context: int, decode_tokens: int, fill,
+                     step=None) -> tuple[float | None, list[float]]:
     """(seconds to read ``ids`` in ``CHUNK``-token forwards or None where ``fill()`` filled the cache instead, the
-    greedy decode steps' seconds): the timed part every side of these comparisons shares. ``ids``: [1, context]."""
+    greedy decode steps' seconds): the timed part every side of these comparisons shares. ``ids``: [1, context].
+    ``step(token, cache)``: a decode step giving the next logits [vocab] (ours: the session's fused step where the
+    model takes it); None: the model's forward."""
     import torch
 
     prefill_s = None
@@ -99,8 +106,11 @@ def read_then_decode(model, cache, ids, context: int, decode_tokens: int, fill) 
         steps = []
         for _ in range(decode_tokens):
             start = time.perf_counter()
-            logits = model(token, past_key_values=cache, use_cache=True).logits
-            token = logits[:, -1].argmax(-1, keepdim=True)
+            if step is None:
+                logits = model(token, past_key_values=cache, use_cache=True).logits[:, -1]  # [1, vocab]
+            else:
+                logits = step(int(token), cache)[None]
+            token = logits.argmax(-1, keepdim=True)  # [1, 1]
             steps.append(time.perf_counter() - start)
     return prefill_s, steps
 

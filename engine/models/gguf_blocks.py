@@ -106,6 +106,14 @@ class Functions(NamedTuple):
     dequantize_split: ctypes._CFuncPtr
     split_spin_ns: ctypes._CFuncPtr
     split_worker_tasks: ctypes._CFuncPtr
+    decode_attention_in: ctypes._CFuncPtr  # gguf_decode.h: a decode layer's pieces around its attention
+    decode_mlp: ctypes._CFuncPtr
+
+
+class Projection(ctypes.Structure):
+    """``gd_projection`` (gguf_decode.h): one projection of a fused decode call."""
+
+    _fields_ = [("raw", ctypes.c_void_p), ("bias", ctypes.c_void_p), ("out", ctypes.c_long), ("type", ctypes.c_int)]
 
 
 def typed_functions(library: ctypes.CDLL) -> Functions:
@@ -118,7 +126,11 @@ def typed_functions(library: ctypes.CDLL) -> Functions:
     dequantize_split.argtypes, dequantize_split.restype = [_P, _I, _L, _L, _P, _I], ctypes.c_int
     spin, tasks = library.gguf_split_spin_ns, library.gguf_split_worker_tasks
     spin.argtypes, spin.restype, tasks.argtypes, tasks.restype = [_L], _L, [], _L
-    return Functions(gemv, dequantize, gemv_split, dequantize_split, spin, tasks)
+    attention_in, mlp = library.gguf_decode_attention_in, library.gguf_decode_mlp
+    attention_in.argtypes = [_P, _P, ctypes.c_float, _L, _P, _P, _P, _L, _P, _P, _I]
+    mlp.argtypes = [_P, _P, _L, _P, _P, ctypes.c_float, _P, _P, _P, _I]
+    attention_in.restype = mlp.restype = ctypes.c_int
+    return Functions(gemv, dequantize, gemv_split, dequantize_split, spin, tasks, attention_in, mlp)
 
 
 # Where each block type keeps its fp16 factors (d; m or dmin): random bytes anywhere else are a valid block.
@@ -139,7 +151,7 @@ def random_block_rows(rng: np.random.Generator, qtype: int, rows: int, inputs: i
 def exercise_kernel() -> None:
     """The gguf-gemv probe (run in a child process): the built GEMV (decode rows) and dequantization (prefill) on
     every block type, checked against gguf-py's weights."""
-    gemv, dequantize_blocks, gemv_split, dequantize_split, _, _ = _built_kernel()
+    gemv, dequantize_blocks, gemv_split, dequantize_split, *_ = _built_kernel()
     rng = np.random.default_rng(0)
     for qtype, (_, size, _) in BLOCK_TYPES.items():
         out_features, in_features = 9, 2 * max(size, 256)
@@ -164,6 +176,39 @@ def exercise_kernel() -> None:
                 _check(gemv_split(x.data_ptr(), raw.data_ptr(), qtype, None, split.data_ptr(), rows, in_features,
                                   out_features, threads))
                 assert torch.equal(split, y), f"gguf gemv split over {threads} threads differs for type {qtype}"
+    exercise_fused_decode(rng, _built_kernel())
+
+
+def exercise_fused_decode(rng: np.random.Generator, functions: Functions) -> None:
+    """The fused decode layer (gguf_decode.h) on one small random layer, against the same steps in torch: a part of
+    the probe, so that its vector code runs in the child first too."""
+    hidden, heads, dim, inter = 256, 4, 64, 512  # widths of whole Q4_K super-blocks
+    mats = {name: (random_block_rows(rng, 12, rows, inputs), rows) for name, rows, inputs in
+            [("q", heads * dim, hidden), ("k", dim, hidden), ("v", dim, hidden), ("o", hidden, heads * dim),
+             ("gate", inter, hidden), ("up", inter, hidden), ("down", hidden, inter)]}
+    weights = {name: dequantize_reference(raw, 12) for name, (raw, _) in mats.items()}
+    projection = {name: Projection(raw.data_ptr(), 0, rows, 12) for name, (raw, rows) in mats.items()}
+    h = torch.from_numpy(rng.standard_normal(hidden).astype(np.float32))  # [hidden]
+    norm = torch.from_numpy(rng.uniform(0.5, 1.5, hidden).astype(np.float32))
+    angles = torch.from_numpy(rng.uniform(0, 6, dim // 2).astype(np.float32)).repeat(2)  # [dim]
+    cos, sin = angles.cos(), angles.sin()
+    qkv, scratch = torch.empty(heads * dim + 2 * dim), torch.empty(hidden + 2 * inter)
+    _check(functions.decode_attention_in(h.data_ptr(), norm.data_ptr(), 1e-6, hidden,
+                                         (Projection * 3)(projection["q"], projection["k"], projection["v"]),
+                                         cos.data_ptr(), sin.data_ptr(), dim, qkv.data_ptr(), scratch.data_ptr(), 2))
+    x = F.rms_norm(h, (hidden,), norm, 1e-6)
+    q, k = (x @ weights["q"].T).view(heads, dim), (x @ weights["k"].T).view(1, dim)
+    rotate = lambda t: t * cos + torch.cat((-t[:, dim // 2:], t[:, : dim // 2]), -1) * sin  # noqa: E731
+    expected = torch.cat([rotate(q).flatten(), rotate(k).flatten(), x @ weights["v"].T])
+    assert torch.allclose(qkv, expected, rtol=1e-4, atol=1e-4), "fused decode: attention input differs"
+    attention, updated = torch.from_numpy(rng.standard_normal(heads * dim).astype(np.float32)), h.clone()
+    _check(functions.decode_mlp(updated.data_ptr(), attention.data_ptr(), heads * dim, ctypes.byref(projection["o"]),
+                                norm.data_ptr(), 1e-6, (Projection * 2)(projection["gate"], projection["up"]),
+                                ctypes.byref(projection["down"]), scratch.data_ptr(), 2))
+    after = h + attention @ weights["o"].T
+    x = F.rms_norm(after, (hidden,), norm, 1e-6)
+    after = after + (F.silu(x @ weights["gate"].T) * (x @ weights["up"].T)) @ weights["down"].T
+    assert torch.allclose(updated, after, rtol=1e-4, atol=1e-3), "fused decode: MLP differs"
 
 
 def dequantize_reference(raw: torch.Tensor, qtype: int) -> torch.Tensor:

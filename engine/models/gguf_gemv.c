@@ -634,3 +634,6 @@ int gguf_dequantize_split(const uint8_t *raw, int type, long in, long out, float
 /* The pool's idle spin in ns, set (returns the previous value), and the tasks its workers ran (see split_pool.h). */
 long gguf_split_spin_ns(long spin_ns) { return sp_set_spin_ns(spin_ns); }
 long gguf_split_worker_tasks(void) { return sp_worker_tasks(); }
+
+/* ---- a decode layer's fused pieces (fused_decode.py), on this library's pool ---- */
+#include "gguf_decode.h"

@@ -1,0 +1,134 @@
+/* A decode step's layer in two calls (engine/models/fused_decode.py): what a Llama-family decoder layer does around
+ * its attention, for one token, on GGUF blocks. Included by gguf_gemv.c, so its GEMVs are that file's and its
+ * splits go to that library's one pool.
+ *
+ * Why: a decode step streams ~1 GB of weight blocks through every cache level, so each small torch op after a GEMV
+ * (a norm, RoPE, SiLU·mul, a residual add: ~15 between two attention calls) finds the interpreter's and torch's
+ * dispatch state evicted and costs 50-100 us instead of 5-15 (measured: a norm right after a GEMV 100 us, the same
+ * norm again 36 us). At 2K tokens on two cores that was a fifth of the step. Here those ops are a few loops over
+ * 1-9K floats each, in the same call as the GEMVs around them.
+ *
+ *   gguf_decode_attention_in: x = RMSNorm(h) * w; [q | k | v] = projections of x (+ bias), split over the pool as
+ *       one row range; RoPE (rotate-half, transformers' layout) on the q and k heads with the step's cos/sin.
+ *   gguf_decode_mlp: h += o_proj(attention); x = RMSNorm(h) * w; a = SiLU(gate(x)) * up(x); h += down(a).
+ *
+ * Every product and sum is rounded as transformers' fp32 ops round it (this file is built with -ffp-contract=off):
+ * RoPE's and the residual adds' results equal torch's bit for bit; the norms' sum of squares (accumulated in double
+ * here) and SiLU's exp differ from torch's within fp32 rounding. */
+#ifndef HEADINFER_GGUF_DECODE_H
+#define HEADINFER_GGUF_DECODE_H
+
+#include <math.h>
+
+/* One projection: its blocks [out, in / block size blocks], type, output rows and bias ([out] fp32 or NULL). */
+typedef struct {
+    const uint8_t *raw;
+    const float *bias;
+    long out;
+    int type;
+} gd_projection;
+
+/* out = w * (x * (1 / sqrt(mean(x^2) + eps))): LlamaRMSNorm / Qwen2RMSNorm in fp32 */
+static void gd_rms_norm(const float *x, const float *w, float eps, long n, float *out) {
+    double sum = 0.0;
+    for (long i = 0; i < n; i++) sum += (double)x[i] * (double)x[i];
+    const float variance = (float)(sum / (double)n);
+    const float scale = 1.0f / sqrtf(variance + eps);
+    for (long i = 0; i < n; i++) out[i] = w[i] * (x[i] * scale);
+}
+
+/* Each head of x [heads, dim] rotated in place: x * cos + rotate_half(x) * sin, cos/sin: [dim] */
+static void gd_rope(float *x, long heads, long dim, const float *cos, const float *sin) {
+    const long half = dim / 2;
+    for (long h = 0; h < heads; h++) {
+        float *v = x + h * dim;
+        for (long i = 0; i < half; i++) {
+            const float a = v[i], b = v[i + half];
+            v[i] = a * cos[i] + (-b) * sin[i];
+            v[i + half] = b * cos[i + half] + a * sin[i + half];
+        }
+    }
+}
+
+/* Rows [lo, hi) of several projections of one input, as one range (projection 0's rows, then 1's, ...); each
+ * projection's output follows the previous one's in y. */
+typedef struct {
+    const float *x;
+    const gd_projection *projections;
+    float *y;
+    long in;
+    int count;
+} gd_rows_call;
+
+static int gd_rows_range(const void *context, long lo, long hi) {
+    const gd_rows_call *c = context;
+    long base = 0;
+    for (int p = 0; p < c->count && base < hi; p++) {
+        const gd_projection *proj = c->projections + p;
+        const long first = lo > base ? lo - base : 0, last = hi - base < proj->out ? hi - base : proj->out;
+        if (first < last) {
+            const int status = gguf_gemv(c->x, proj->raw, proj->type, proj->bias, c->y + base, 1, c->in, proj->out,
+                                         first, last);
+            if (status != 0) return status;
+        }
+        base += proj->out;
+    }
+    return 0;
+}
+
+/* gate and up rows [lo, hi), then g = SiLU(g) * u over them: the gated MLP's activation, per range */
+typedef struct {
+    const float *x;
+    const gd_projection *gate, *up;
+    float *g, *u;
+    long in;
+} gd_swiglu_call;
+
+static int gd_swiglu_range(const void *context, long lo, long hi) {
+    const gd_swiglu_call *c = context;
+    int status = gguf_gemv(c->x, c->gate->raw, c->gate->type, c->gate->bias, c->g, 1, c->in, c->gate->out, lo, hi);
+    if (status == 0) status = gguf_gemv(c->x, c->up->raw, c->up->type, c->up->bias, c->u, 1, c->in, c->up->out, lo, hi);
+    for (long i = lo; i < hi && status == 0; i++) {
+        const float g = c->g[i];
+        c->g[i] = (g / (1.0f + expf(-g))) * c->u[i];
+    }
+    return status;
+}
+
+/* h [in] -> y [q | k | v] (each projection's rows in turn; RoPE on the first two when cos is not NULL: the query
+ * and key heads, of ``head_dim``). ``scratch``: [in] for the normed input. Returns 0 or gguf_gemv's status. */
+int gguf_decode_attention_in(const float *h, const float *norm, float eps, long in, const gd_projection *qkv,
+                             const float *cos, const float *sin, long head_dim, float *y, float *scratch,
+                             int threads) {
+    gd_rms_norm(h, norm, eps, in, scratch);
+    const gd_rows_call call = {scratch, qkv, y, in, 3};
+    const int status = sp_run(gd_rows_range, &call, qkv[0].out + qkv[1].out + qkv[2].out, 4, threads);
+    if (status != 0 || cos == NULL) return status;
+    gd_rope(y, qkv[0].out / head_dim, head_dim, cos, sin);
+    gd_rope(y + qkv[0].out, qkv[1].out / head_dim, head_dim, cos, sin);
+    return 0;
+}
+
+/* h [hidden] updated in place: h += o(attention [o.in]); x = RMSNorm(h) * norm; h += down(SiLU(gate(x)) * up(x)).
+ * ``gate_up``: gate then up; ``scratch``: [hidden + 2 * intermediate]. Returns 0 or gguf_gemv's status. */
+int gguf_decode_mlp(float *h, const float *attention, long attention_width, const gd_projection *o,
+                    const float *norm, float eps, const gd_projection *gate_up, const gd_projection *down,
+                    float *scratch, int threads) {
+    const long hidden = o->out, intermediate = gate_up[0].out;
+    float *t = scratch, *g = scratch + hidden, *u = g + intermediate;
+    const gd_rows_call attended = {attention, o, t, attention_width, 1};
+    int status = sp_run(gd_rows_range, &attended, hidden, 4, threads);
+    if (status != 0) return status;
+    for (long i = 0; i < hidden; i++) h[i] = h[i] + t[i];
+    gd_rms_norm(h, norm, eps, hidden, t);
+    const gd_swiglu_call mlp = {t, gate_up, gate_up + 1, g, u, hidden};
+    status = sp_run(gd_swiglu_range, &mlp, intermediate, 4, threads);
+    if (status != 0) return status;
+    const gd_rows_call downed = {g, down, t, intermediate, 1};
+    status = sp_run(gd_rows_range, &downed, hidden, 4, threads);
+    if (status != 0) return status;
+    for (long i = 0; i < hidden; i++) h[i] = h[i] + t[i];
+    return 0;
+}
+
+#endif

@@ -31,8 +31,20 @@ from .int8_matmul import split_threads
 
 logger = logging.getLogger(__name__)
 
-#: model types whose decoder layer is RMSNorm, q/k/v/o attention with rotate-half RoPE, RMSNorm, SiLU-gated MLP
-MODEL_TYPES = frozenset({"llama", "qwen2"})
+#: model types whose decoder layer is RMSNorm, q/k/v/o attention with rotate-half RoPE (Qwen3: q and k heads
+#: RMS-normed first), RMSNorm, SiLU-gated MLP
+MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+_HEAD_NORMS = {"qwen3"}  # whose attention has q_norm and k_norm
+
+
+def _window(model_type: str, attention: nn.Module) -> int | None:
+    """The sliding window the model's attention passes to the attention function: Mistral reads its config, Qwen2
+    and Qwen3 their module's per-layer attribute (None on full-attention layers), Llama none."""
+    if model_type == "mistral":
+        return getattr(attention.config, "sliding_window", None)
+    if model_type in ("qwen2", "qwen3"):
+        return attention.sliding_window
+    return None
 
 
 @dataclass(frozen=True)
@@ -43,7 +55,11 @@ class _Layer:
     norm_eps: float
     qkv: ctypes.Array  # 3 Projection: q, k, v
     qkv_rows: tuple[int, int, int]
-    attention: nn.Module  # its scaling and sliding window
+    attention: nn.Module  # its scaling
+    window: int | None  # the sliding window its attention passes on (None: full attention)
+    q_norm: int  # Qwen3's per-head q/k norm weights [head_dim] fp32 (0: none)
+    k_norm: int
+    head_eps: float
     o: Projection
     o_inputs: int  # the o projection's input width (heads x head_dim)
     post_norm: int
@@ -83,16 +99,21 @@ def _why_not(model: nn.Module) -> str | None:
     if not hasattr(decoder, "rotary_emb") or not hasattr(model, "lm_head"):
         return "no rotary embedding or lm_head"
     expected = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+    projections = {"q_proj", "k_proj", "v_proj", "o_proj"}
+    head_norms = {"q_norm", "k_norm"} if config.model_type in _HEAD_NORMS else set()
     for layer in decoder.layers:
         if set(layer._modules) != expected:
             return f"layer modules {sorted(layer._modules)}"
         attention, mlp = layer.self_attn, layer.mlp
-        if set(attention._modules) != {"q_proj", "k_proj", "v_proj", "o_proj"} or \
+        if set(attention._modules) != projections | head_norms or \
                 set(mlp._modules) - {"act_fn"} != {"gate_proj", "up_proj", "down_proj"}:
             return "attention or MLP modules"
-        if not all(isinstance(m, BlockLinear) for m in (*attention._modules.values(),
+        if not all(isinstance(m, BlockLinear) for m in (*(attention._modules[p] for p in projections),
                                                          mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
             return "projections not all GGUF blocks"
+        if any(_norm_eps(attention._modules[n]) is None or attention._modules[n].weight.numel() != attention.head_dim
+               for n in head_norms):
+            return "q/k norms"
         if _norm_eps(layer.input_layernorm) is None or _norm_eps(layer.post_attention_layernorm) is None:
             return "norms"
         if mlp.gate_proj.out_features != mlp.up_proj.out_features or \
@@ -134,8 +155,13 @@ class FusedDecode:
         qkv = (Projection * 3)(*map(_projection, qkv_modules))
         gate_up = (Projection * 2)(_projection(mlp.gate_proj), _projection(mlp.up_proj))
         mlp_bytes = sum(m.blocks.numel() for m in (mlp.gate_proj, mlp.up_proj))
+        q_norm, k_norm = (getattr(attention, name, None) for name in ("q_norm", "k_norm"))
         return _Layer(layer.input_layernorm.weight.data_ptr(), _norm_eps(layer.input_layernorm), qkv,
-                      tuple(m.out_features for m in qkv_modules), attention, _projection(attention.o_proj),
+                      tuple(m.out_features for m in qkv_modules), attention,
+                      _window(self.model.config.model_type, attention),
+                      0 if q_norm is None else q_norm.weight.data_ptr(),
+                      0 if k_norm is None else k_norm.weight.data_ptr(),
+                      0.0 if q_norm is None else _norm_eps(q_norm), _projection(attention.o_proj),
                       attention.o_proj.in_features,
                       layer.post_attention_layernorm.weight.data_ptr(), _norm_eps(layer.post_attention_layernorm),
                       gate_up, _projection(mlp.down_proj),
@@ -159,15 +185,16 @@ class FusedDecode:
             q_rows, k_rows, v_rows = layer.qkv_rows
             qkv = torch.empty(q_rows + k_rows + v_rows)  # [q | k | v], fresh: the cache stages k and v
             _check(functions.decode_attention_in(h.data_ptr(), layer.norm, layer.norm_eps, self.hidden, layer.qkv,
-                                                 cos.data_ptr(), sin.data_ptr(), head_dim, qkv.data_ptr(), normed,
+                                                 layer.q_norm, layer.k_norm, layer.head_eps, cos.data_ptr(),
+                                                 sin.data_ptr(), head_dim, qkv.data_ptr(), normed,
                                                  layer.attention_threads))
             query = qkv[:q_rows].view(1, q_rows // head_dim, 1, head_dim)  # [B, H, Q, D]
             key = qkv[q_rows : q_rows + k_rows].view(1, k_rows // head_dim, 1, head_dim)  # [B, KVH, Q, D]
             value = qkv[q_rows + k_rows :].view(1, v_rows // head_dim, 1, head_dim)
             key, value = cache.layers[index].update(key, value)
             owner = route.take(index, key)  # the layer that took them, as the attention function finds it
-            attended = owner.attend(query, key, value, scaling=layer.attention.scaling,
-                                    window=getattr(layer.attention, "sliding_window", None), softcap=None)
+            attended = owner.attend(query, key, value, scaling=layer.attention.scaling, window=layer.window,
+                                    softcap=None)
             attended = attended.contiguous()  # [1, 1, H, D]
             _check(functions.decode_mlp(h.data_ptr(), attended.data_ptr(), layer.o_inputs, ctypes.byref(layer.o),
                                         layer.post_norm, layer.post_eps, layer.gate_up, ctypes.byref(layer.down),

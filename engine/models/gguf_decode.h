@@ -9,7 +9,8 @@
  * 1-9K floats each, in the same call as the GEMVs around them.
  *
  *   gguf_decode_attention_in: x = RMSNorm(h) * w; [q | k | v] = projections of x (+ bias), split over the pool as
- *       one row range; RoPE (rotate-half, transformers' layout) on the q and k heads with the step's cos/sin.
+ *       one row range; Qwen3's per-head RMSNorm of q and k where given; RoPE (rotate-half, transformers' layout)
+ *       on the q and k heads with the step's cos/sin.
  *   gguf_decode_mlp: h += o_proj(attention); x = RMSNorm(h) * w; a = SiLU(gate(x)) * up(x); h += down(a).
  *
  * Every product and sum is rounded as transformers' fp32 ops round it (this file is built with -ffp-contract=off):
@@ -95,17 +96,25 @@ static int gd_swiglu_range(const void *context, long lo, long hi) {
     return status;
 }
 
-/* h [in] -> y [q | k | v] (each projection's rows in turn; RoPE on the first two when cos is not NULL: the query
- * and key heads, of ``head_dim``). ``scratch``: [in] for the normed input. Returns 0 or gguf_gemv's status. */
+/* h [in] -> y [q | k | v] (each projection's rows in turn), then on the query and key heads (of ``head_dim``): an
+ * RMSNorm of each head where ``q_norm``/``k_norm`` ([head_dim], Qwen3's) are not NULL, and RoPE where cos is not
+ * NULL. ``scratch``: [in] for the normed input. Returns 0 or gguf_gemv's status. */
 int gguf_decode_attention_in(const float *h, const float *norm, float eps, long in, const gd_projection *qkv,
-                             const float *cos, const float *sin, long head_dim, float *y, float *scratch,
-                             int threads) {
+                             const float *q_norm, const float *k_norm, float head_eps, const float *cos,
+                             const float *sin, long head_dim, float *y, float *scratch, int threads) {
     gd_rms_norm(h, norm, eps, in, scratch);
     const gd_rows_call call = {scratch, qkv, y, in, 3};
     const int status = sp_run(gd_rows_range, &call, qkv[0].out + qkv[1].out + qkv[2].out, 4, threads);
-    if (status != 0 || cos == NULL) return status;
-    gd_rope(y, qkv[0].out / head_dim, head_dim, cos, sin);
-    gd_rope(y + qkv[0].out, qkv[1].out / head_dim, head_dim, cos, sin);
+    if (status != 0) return status;
+    float *q = y, *k = y + qkv[0].out;
+    const long q_heads = qkv[0].out / head_dim, k_heads = qkv[1].out / head_dim;
+    for (long head = 0; q_norm != NULL && head < q_heads; head++)
+        gd_rms_norm(q + head * head_dim, q_norm, head_eps, head_dim, q + head * head_dim);  /* in place */
+    for (long head = 0; k_norm != NULL && head < k_heads; head++)
+        gd_rms_norm(k + head * head_dim, k_norm, head_eps, head_dim, k + head * head_dim);
+    if (cos == NULL) return 0;
+    gd_rope(q, q_heads, head_dim, cos, sin);
+    gd_rope(k, k_heads, head_dim, cos, sin);
     return 0;
 }
 

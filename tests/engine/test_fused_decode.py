@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 import engine
 from engine.errors import ForwardInterrupted
@@ -52,6 +52,12 @@ def blocked(config, seed: int = 0) -> torch.nn.Module:
 
 CONFIGS = {
     "llama-gqa": LlamaConfig(**_TINY),
+    # a window shorter than the prompt: the step must pass the window Mistral's attention reads from its config
+    "mistral-window": MistralConfig(**_TINY, sliding_window=24),
+    # per-head q/k RMSNorm; every other layer windowed: the window each layer's module holds
+    "qwen3-qk-norm-window": Qwen3Config(**{**_TINY, "num_hidden_layers": 4}, head_dim=64, use_sliding_window=True,
+                                        sliding_window=24, max_window_layers=1,
+                                        layer_types=["full_attention", "sliding_attention"] * 2),
     "llama-mha-bias": LlamaConfig(**{**_TINY, "num_key_value_heads": 4}, attention_bias=True, mlp_bias=True),
     "qwen2-gqa-bias": Qwen2Config(**_TINY),  # q/k/v biases
     "llama3-rope-scaling": LlamaConfig(**_TINY, rope_scaling={"rope_type": "llama3", "factor": 8.0,
@@ -126,9 +132,9 @@ def test_models_of_another_form_keep_their_own_forward(monkeypatch):
     dense = AutoModelForCausalLM.from_config(LlamaConfig(**_TINY)).eval()
     assert FusedDecode.for_model(dense) is None  # dense projections
     assert fused_decode._why_not(dense) == "projections not all GGUF blocks"
-    from transformers import Gemma3TextConfig, Qwen3Config
-    qwen3 = blocked(Qwen3Config(**_TINY, head_dim=64))  # q/k norms
-    assert FusedDecode.for_model(qwen3) is None
+    from transformers import Gemma3TextConfig, Olmo2Config
+    olmo2 = blocked(Olmo2Config(**_TINY))  # norms after attention and MLP, q/k norms over all heads
+    assert FusedDecode.for_model(olmo2) is None
     gelu = blocked(LlamaConfig(**_TINY, hidden_act="gelu"))
     assert fused_decode._why_not(gelu) == "activation gelu"
     assert fused_decode._why_not(blocked(Gemma3TextConfig(**_TINY, head_dim=64))).startswith("model type")

@@ -68,6 +68,7 @@ class _Layer:
     down: Projection
     attention_threads: int  # the pool's threads for the q/k/v rows and for the MLP's, by their weight bytes
     mlp_threads: int
+    held: tuple  # every tensor a pointer above points into: alive while the step may call C with them
 
 
 def _projection(module: BlockLinear) -> Projection:
@@ -79,7 +80,7 @@ def _projection(module: BlockLinear) -> Projection:
 def _norm_eps(norm: nn.Module) -> float | None:
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     weight = getattr(norm, "weight", None)
-    if eps is None or not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32:
+    if eps is None or not isinstance(weight, torch.Tensor) or weight.dtype != torch.float32 or not weight.is_contiguous():
         return None
     return float(eps)
 
@@ -166,7 +167,11 @@ class FusedDecode:
                       layer.post_attention_layernorm.weight.data_ptr(), _norm_eps(layer.post_attention_layernorm),
                       gate_up, _projection(mlp.down_proj),
                       split_threads(sum(m.blocks.numel() for m in qkv_modules), gguf_blocks._SPLIT_BYTES),
-                      split_threads(mlp_bytes, gguf_blocks._SPLIT_BYTES))
+                      split_threads(mlp_bytes, gguf_blocks._SPLIT_BYTES),
+                      tuple(t for m in (layer.input_layernorm, layer.post_attention_layernorm, q_norm, k_norm,
+                                        *qkv_modules, attention.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+                            if m is not None for t in (*m._buffers.values(), *m._parameters.values())
+                            if t is not None))
 
     def step(self, token: int, cache, should_stop: Callable[[], bool] | None = None) -> torch.Tensor:
         """Appends ``token`` to every layer of ``cache`` and returns the logits after it, [vocab] fp32. Raises

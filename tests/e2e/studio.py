@@ -17,9 +17,9 @@ def slow_session(read_seconds: float, token_seconds: float | None = None):
     per_token = read_seconds if token_seconds is None else token_seconds
 
     class SlowSession(DocumentSession):
-        def _forward(self, ids):
+        def _forward(self, ids, *args, **kwargs):
             time.sleep(per_token if len(ids) == 1 else read_seconds)
-            return super()._forward(ids)
+            return super()._forward(ids, *args, **kwargs)
 
     return SlowSession
 

@@ -72,16 +72,21 @@ def _read(model, ids: torch.Tensor, policy: OffloadPolicy | None = None) -> engi
     return cache
 
 
+def _read_twice(name: str, seed: int, num_tokens: int, policy: OffloadPolicy | None = None):
+    """(model, its fused step, two caches that read the same random prompt of ``num_tokens``)."""
+    model = blocked(CONFIGS[name], seed=seed)
+    fused = FusedDecode.for_model(model)
+    assert fused is not None
+    ids = torch.randint(0, 300, (1, num_tokens), generator=torch.Generator().manual_seed(seed))
+    return model, fused, _read(model, ids, policy), _read(model, ids, policy)
+
+
 @needs_kernel
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @torch.inference_mode()
 def test_fused_steps_give_the_forwards_logits_and_greedy_tokens(name):
-    model = blocked(CONFIGS[name])
-    fused = FusedDecode.for_model(model)
-    assert fused is not None
-    ids = torch.randint(0, 300, (1, 150), generator=torch.Generator().manual_seed(1))
-    stock_cache, fused_cache = _read(model, ids), _read(model, ids)
-    token = fused_token = int(ids[0, -1])
+    model, fused, stock_cache, fused_cache = _read_twice(name, 0, 150)
+    token = fused_token = 7
     for step in range(12):
         expected = model(torch.tensor([[token]]), past_key_values=stock_cache, use_cache=True).logits[0, -1]
         actual = fused.step(fused_token, fused_cache)
@@ -93,13 +98,9 @@ def test_fused_steps_give_the_forwards_logits_and_greedy_tokens(name):
 
 @needs_kernel
 @torch.inference_mode()
-def test_a_fused_step_on_8_bit_homes_and_host_attention_matches_the_forward_on_the_same_cache():
-    # the step uses the cache's own update and attend: the homes' format and where attention runs are the cache's
-    model = blocked(CONFIGS["qwen2-gqa-bias"], seed=3)
-    fused = FusedDecode.for_model(model)
-    ids = torch.randint(0, 300, (1, 200), generator=torch.Generator().manual_seed(2))
-    policy = OffloadPolicy(kv_dtype="int8")
-    stock_cache, fused_cache = _read(model, ids, policy), _read(model, ids, policy)
+def test_a_fused_step_on_8_bit_homes_matches_the_forward_on_the_same_cache():
+    # the step uses the cache's own update and attend: the homes' format is the cache's business
+    model, fused, stock_cache, fused_cache = _read_twice("qwen2-gqa-bias", 3, 200, OffloadPolicy(kv_dtype="int8"))
     assert all(home.is_quantized for layer in fused_cache.kv_layers for home in layer.homes)
     for token in (5, 17, 250):
         expected = model(torch.tensor([[token]]), past_key_values=stock_cache, use_cache=True).logits[0, -1]
@@ -109,10 +110,7 @@ def test_a_fused_step_on_8_bit_homes_and_host_attention_matches_the_forward_on_t
 @needs_kernel
 @torch.inference_mode()
 def test_a_stop_between_layers_raises_and_the_step_runs_again_whole():
-    model = blocked(CONFIGS["llama-gqa"], seed=5)
-    fused = FusedDecode.for_model(model)
-    ids = torch.randint(0, 300, (1, 80), generator=torch.Generator().manual_seed(3))
-    cache, reference = _read(model, ids), _read(model, ids)
+    _, fused, cache, reference = _read_twice("llama-gqa", 5, 80)
     checks = []
 
     def stop_before_the_second_layer() -> bool:

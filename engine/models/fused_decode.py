@@ -124,7 +124,7 @@ def _why_not(model: nn.Module) -> str | None:
 
 
 class FusedDecode:
-    """``step(token, cache, position)``: one decode token through ``model`` and ``cache`` (a HeadInferCache), the
+    """``step(token, cache, should_stop)``: one decode token through ``model`` and ``cache`` (a HeadInferCache), the
     next logits [vocab] fp32. Built by ``for_model``, which returns None for a model it cannot run exactly."""
 
     def __init__(self, model: nn.Module) -> None:

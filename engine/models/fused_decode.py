@@ -55,7 +55,7 @@ class _Layer:
     norm_eps: float
     qkv: ctypes.Array  # 3 Projection: q, k, v
     qkv_rows: tuple[int, int, int]
-    attention: nn.Module  # its scaling
+    scaling: float  # the attention's softmax scale
     window: int | None  # the sliding window its attention passes on (None: full attention)
     q_norm: int  # Qwen3's per-head q/k norm weights [head_dim] fp32 (0: none)
     k_norm: int
@@ -158,7 +158,7 @@ class FusedDecode:
         mlp_bytes = sum(m.blocks.numel() for m in (mlp.gate_proj, mlp.up_proj))
         q_norm, k_norm = (getattr(attention, name, None) for name in ("q_norm", "k_norm"))
         return _Layer(layer.input_layernorm.weight.data_ptr(), _norm_eps(layer.input_layernorm), qkv,
-                      tuple(m.out_features for m in qkv_modules), attention,
+                      tuple(m.out_features for m in qkv_modules), attention.scaling,
                       _window(self.model.config.model_type, attention),
                       0 if q_norm is None else q_norm.weight.data_ptr(),
                       0 if k_norm is None else k_norm.weight.data_ptr(),
@@ -198,7 +198,7 @@ class FusedDecode:
             value = qkv[q_rows + k_rows :].view(1, v_rows // head_dim, 1, head_dim)
             key, value = cache.layers[index].update(key, value)
             owner = route.take(index, key)  # the layer that took them, as the attention function finds it
-            attended = owner.attend(query, key, value, scaling=layer.attention.scaling, window=layer.window,
+            attended = owner.attend(query, key, value, scaling=layer.scaling, window=layer.window,
                                     softcap=None)
             attended = attended.contiguous()  # [1, 1, H, D]
             _check(functions.decode_mlp(h.data_ptr(), attended.data_ptr(), layer.o_inputs, ctypes.byref(layer.o),

@@ -52,7 +52,8 @@ static void gd_rope(float *x, long heads, long dim, const float *cos, const floa
 }
 
 /* Rows [lo, hi) of several projections of one input, as one range (projection 0's rows, then 1's, ...); each
- * projection's output follows the previous one's in y. */
+ * projection's output follows the previous one's in y: q, k and v in one split (one projection alone is
+ * gguf_gemv_split). */
 typedef struct {
     const float *x;
     const gd_projection *projections;
@@ -89,11 +90,12 @@ static int gd_swiglu_range(const void *context, long lo, long hi) {
     const gd_swiglu_call *c = context;
     int status = gguf_gemv(c->x, c->gate->raw, c->gate->type, c->gate->bias, c->g, 1, c->in, c->gate->out, lo, hi);
     if (status == 0) status = gguf_gemv(c->x, c->up->raw, c->up->type, c->up->bias, c->u, 1, c->in, c->up->out, lo, hi);
-    for (long i = lo; i < hi && status == 0; i++) {
+    if (status != 0) return status;
+    for (long i = lo; i < hi; i++) {
         const float g = c->g[i];
         c->g[i] = (g / (1.0f + expf(-g))) * c->u[i];
     }
-    return status;
+    return 0;
 }
 
 /* h [in] -> y [q | k | v] (each projection's rows in turn), then on the query and key heads (of ``head_dim``): an
@@ -125,16 +127,14 @@ int gguf_decode_mlp(float *h, const float *attention, long attention_width, cons
                     float *scratch, int threads) {
     const long hidden = o->out, intermediate = gate_up[0].out;
     float *t = scratch, *g = scratch + hidden, *u = g + intermediate;
-    const gd_rows_call attended = {attention, o, t, attention_width, 1};
-    int status = sp_run(gd_rows_range, &attended, hidden, 4, threads);
+    int status = gguf_gemv_split(attention, o->raw, o->type, o->bias, t, 1, attention_width, hidden, threads);
     if (status != 0) return status;
     for (long i = 0; i < hidden; i++) h[i] = h[i] + t[i];
     gd_rms_norm(h, norm, eps, hidden, t);
     const gd_swiglu_call mlp = {t, gate_up, gate_up + 1, g, u, hidden};
     status = sp_run(gd_swiglu_range, &mlp, intermediate, 4, threads);
     if (status != 0) return status;
-    const gd_rows_call downed = {g, down, t, intermediate, 1};
-    status = sp_run(gd_rows_range, &downed, hidden, 4, threads);
+    status = gguf_gemv_split(g, down->raw, down->type, down->bias, t, 1, intermediate, hidden, threads);
     if (status != 0) return status;
     for (long i = 0; i < hidden; i++) h[i] = h[i] + t[i];
     return 0;

@@ -17,6 +17,7 @@ from engine.models.fused_decode import FusedDecode
 from engine.models.gguf_blocks import BlockLinear, random_block_rows
 from engine.models.loader import _embedded_gguf, load_model
 from engine.planning.policy import OffloadPolicy
+from test_gguf_blocks import TYPES
 from test_parity import RTOL, rel_diff
 
 needs_kernel = pytest.mark.skipif(gguf_blocks.kernel() is None, reason="no C compiler here")
@@ -25,7 +26,6 @@ _TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_at
              num_key_value_heads=2, vocab_size=300, max_position_embeddings=512)
 # every projection a type of its own across the layers: the Q4_K_M mix (Q4_K, Q6_K) and the legacy types
 _TYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_1", "Q5_K", "Q4_0", "Q5_0"]
-_TYPE_NUMBERS = {name: qtype for qtype, (name, _, _) in gguf_blocks.BLOCK_TYPES.items()}
 
 
 def blocked(config, seed: int = 0) -> torch.nn.Module:
@@ -38,7 +38,7 @@ def blocked(config, seed: int = 0) -> torch.nn.Module:
     for index, name in enumerate(names):
         parent, _, attribute = name.rpartition(".")
         linear = model.get_submodule(name)
-        qtype = _TYPE_NUMBERS[_TYPES[index % len(_TYPES)]]
+        qtype = TYPES[_TYPES[index % len(_TYPES)]]
         raw = random_block_rows(rng, qtype, linear.out_features, linear.in_features)
         bias = None if linear.bias is None else torch.randn(linear.out_features) * 0.1
         setattr(model.get_submodule(parent) if parent else model, attribute,

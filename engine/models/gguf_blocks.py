@@ -16,7 +16,8 @@ dense, and the log says how many.
 
 Compute is fp32: ``gguf_gemv.c`` sums decode rows straight from the blocks, a layer's rows split over cores by its
 own spinning pthreads (``engine/native/split_pool.h``: a Python pool's hand-off cost as much as a small GEMV);
-prefill chunks dequantize the layer (exactly as gguf-py does) and take torch's fp32 matmul. Without a C compiler gguf-py itself dequantizes every
+prefill chunks dequantize the layer (exactly as gguf-py does) and take an fp32 matmul (``cpu_matmul``: oneDNN's where
+it runs). Without a C compiler gguf-py itself dequantizes every
 call (slow, but the same weights).
 """
 
@@ -38,6 +39,7 @@ from torch import nn
 
 from ..native import crash_probe
 from ..native import library as native
+from . import cpu_matmul
 from .memory import trim_heap
 from .int8 import install, linear_targets
 from .int8_matmul import split_threads
@@ -276,13 +278,13 @@ def block_linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Ten
         step = max(4, _DEQUANT_SLICE_BYTES // (4 * in_features))
         if out_features <= step:
             with _weight_scratch(out_features, in_features) as scratch:
-                return F.linear(x, dequantize(raw, qtype, in_features, scratch), bias)
+                return cpu_matmul.linear(x, dequantize(raw, qtype, in_features, scratch), bias)
         y = torch.empty(*x.shape[:-1], out_features)  # [..., out]
         for lo in range(0, out_features, step):
             hi = min(lo + step, out_features)
             part = None if bias is None else bias[lo:hi]
             with _weight_scratch(hi - lo, in_features) as scratch:
-                y[..., lo:hi] = F.linear(x, dequantize(raw[lo:hi], qtype, in_features, scratch), part)
+                y[..., lo:hi] = cpu_matmul.linear(x, dequantize(raw[lo:hi], qtype, in_features, scratch), part)
         return y
     flat = x.contiguous()  # [..., in] read as [M, in]
     y = torch.empty(*x.shape[:-1], out_features)  # [..., out] written as [M, out]

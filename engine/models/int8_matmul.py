@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from ..native import crash_probe
 from ..native import library as native
+from . import cpu_matmul
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ def int8_linear(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias
     functions = kernel()
     if rows > GEMV_ROWS or functions is None or in_features % 8:
         weight = codes.to(torch.float32).mul_(scales[:, None])  # exact: the scales are powers of two
-        return F.linear(x, weight, bias)
+        return cpu_matmul.linear(x, weight, bias)
     flat = x.contiguous()  # [..., in] read as [M, in]
     y = torch.empty(*x.shape[:-1], out_features)  # [..., out] written as [M, out]
     args = (flat.data_ptr(), codes.data_ptr(), scales.data_ptr(), 0 if bias is None else bias.data_ptr(),

@@ -16,7 +16,7 @@ from gguf.quants import quantize as gguf_quantize
 from transformers import AutoModelForCausalLM
 
 import engine
-from engine.models import gguf_blocks
+from engine.models import cpu_matmul, gguf_blocks
 from engine.models.gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear, block_linear, dequantize
 from engine.models.gguf_blocks import dequantize_reference as reference
 from engine.models.int8 import num_weights
@@ -78,8 +78,8 @@ def test_block_linear_is_the_dequantized_matmul(kind, rows, out_features, with_b
     x = torch.randn(rows, in_features)
     bias = torch.randn(out_features) if with_bias else None
     actual = block_linear(x, raw, TYPES[kind], bias)
-    if rows > gguf_blocks.GEMV_ROWS:  # prefill chunks: torch's matmul of exactly those weights
-        assert torch.equal(actual, F.linear(x, weight, bias))
+    if rows > gguf_blocks.GEMV_ROWS:  # prefill chunks: the fp32 matmul of exactly those weights
+        assert torch.equal(actual, cpu_matmul.linear(x, weight, bias))
     else:  # decode rows: the C GEMV, same products in another grouping
         expected = x.double() @ weight.double().T + (0 if bias is None else bias.double())
         scale = (x.double().abs() @ weight.double().abs().T).clamp_min(1e-6)
@@ -242,7 +242,7 @@ def test_a_prefill_reuses_one_scratch_for_the_weights_it_dequantizes_and_gives_f
     ys = [block_linear(x, raw, TYPES["Q4_K"], None) for raw in raws]
     buffer = gguf_blocks._scratch[0]
     for raw, y in zip(raws, ys):
-        assert torch.equal(y, F.linear(x, reference(raw, TYPES["Q4_K"])))
+        assert torch.equal(y, cpu_matmul.linear(x, reference(raw, TYPES["Q4_K"])))
         assert y.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr()
     block_linear(x, raws[0], TYPES["Q4_K"], None)
     assert gguf_blocks._scratch[0] is buffer  # a smaller weight after the largest: the same buffer
@@ -265,7 +265,7 @@ def test_a_second_thread_while_the_scratch_is_held_gets_its_own_weight():
     # tensor, so neither overwrites the other's weight mid-matmul
     raws = [random_blocks(900, 256, "Q6_K", seed=30 + i) for i in range(2)]
     xs = [torch.randn(40, 256) for _ in range(2)]
-    expected = [F.linear(x, reference(raw, TYPES["Q6_K"])) for x, raw in zip(xs, raws)]
+    expected = [cpu_matmul.linear(x, reference(raw, TYPES["Q6_K"])) for x, raw in zip(xs, raws)]
     with gguf_blocks._weight_scratch(8, 8):  # held, as by another thread's matmul
         seen = []
         thread = threading.Thread(target=lambda: seen.append(block_linear(xs[0], raws[0], TYPES["Q6_K"], None)))

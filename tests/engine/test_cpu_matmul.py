@@ -1,0 +1,130 @@
+"""The prefill's fp32 matmul on the CPU (``engine.models.cpu_matmul``): oneDNN's product where it runs, ``F.linear``
+everywhere else, both the same fp32 product to rounding, and a model reads the same through either."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import engine
+from engine.models import cpu_matmul
+from probe_records import died_of_abort
+from test_fused_decode import gguf_smollm2, needs_kernel  # noqa: F401  (a fixture)
+from test_parity import RTOL, rel_diff
+
+needs_onednn = pytest.mark.skipif(
+    not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
+    reason="this torch has no oneDNN linear")
+
+
+@pytest.fixture(autouse=True)
+def machine_choice():
+    yield
+    cpu_matmul.force(None)
+
+
+def _scaled_error(actual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias) -> float:
+    """The largest difference from the float64 product, relative to the sum of the terms' magnitudes (what fp32
+    rounding scales with)."""
+    expected = x.double() @ weight.double().T + (0 if bias is None else bias.double())
+    scale = (x.double().abs() @ weight.double().abs().T).clamp_min(1e-6)
+    return float(((actual.double() - expected).abs() / scale).max())
+
+
+@needs_onednn
+@pytest.mark.parametrize("shape", [(512, 256, 160), (1, 37, 96, 80), (2, 33, 64, 8), (17, 1536, 256)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_onednn_gives_the_fp32_product(shape, with_bias, monkeypatch):
+    *rows, inputs, outputs = shape
+    x, weight = torch.randn(*rows, inputs), torch.randn(outputs, inputs)
+    bias = torch.randn(outputs) if with_bias else None
+
+    def not_mkl(*args, **kwargs):
+        raise AssertionError("F.linear ran where oneDNN was forced")
+
+    cpu_matmul.force(True)
+    monkeypatch.setattr(cpu_matmul.F, "linear", not_mkl)
+    actual = cpu_matmul.linear(x, weight, bias)
+    assert actual.shape == (*rows, outputs) and actual.dtype == torch.float32
+    assert _scaled_error(actual, x, weight, bias) < 1e-6
+
+
+@needs_onednn
+def test_onednn_reads_a_transposed_input_as_its_values():
+    x = torch.randn(96, 40).T  # [40, 96], not contiguous
+    weight = torch.randn(24, 96)
+    cpu_matmul.force(True)
+    assert _scaled_error(cpu_matmul.linear(x, weight), x, weight, None) < 1e-6
+
+
+def test_the_fallback_is_f_linear_bit_for_bit(monkeypatch):
+    x, weight, bias = torch.randn(40, 64), torch.randn(24, 64), torch.randn(24)
+    cpu_matmul.force(False)
+    monkeypatch.setattr(cpu_matmul, "_onednn", lambda *args: pytest.fail("oneDNN ran where F.linear was forced"))
+    assert torch.equal(cpu_matmul.linear(x, weight, bias), F.linear(x, weight, bias))
+
+
+@needs_onednn
+@pytest.mark.parametrize("case", ["reduced precision", "bf16"])
+def test_only_a_full_precision_fp32_product_goes_to_onednn(case, monkeypatch):
+    cpu_matmul.force(True)
+    monkeypatch.setattr(cpu_matmul, "_onednn", lambda *args: pytest.fail("oneDNN ran"))
+    x, weight = torch.randn(20, 64), torch.randn(24, 64)
+    if case == "bf16":
+        x, weight = x.bfloat16(), weight.bfloat16()
+        assert torch.equal(cpu_matmul.linear(x, weight), F.linear(x, weight))
+        return
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")  # oneDNN could then round to bf16; F.linear keeps its own rule
+    try:
+        assert torch.equal(cpu_matmul.linear(x, weight), F.linear(x, weight))
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+@needs_onednn
+def test_a_probe_that_crashes_costs_a_child_and_products_take_f_linear(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path))  # no probe answer remembered
+    monkeypatch.setattr(cpu_matmul, "PROBE", "os:abort")  # a child that dies as an illegal instruction would
+    monkeypatch.setattr(cpu_matmul, "_onednn", lambda *args: pytest.fail("oneDNN ran though its probe crashed"))
+    cpu_matmul._onednn_is_safe.cache_clear()
+    try:
+        assert cpu_matmul.uses_onednn() is False  # and this process is still here to say so
+        assert died_of_abort(tmp_path, "torch-onednn-linear")
+        x, weight = torch.randn(20, 64), torch.randn(24, 64)
+        assert torch.equal(cpu_matmul.linear(x, weight), F.linear(x, weight))
+    finally:
+        cpu_matmul._onednn_is_safe.cache_clear()
+
+
+def test_the_probe_itself_passes_on_this_machine():
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        pytest.skip("this torch has no oneDNN linear")
+    cpu_matmul.exercise_onednn()  # raises SystemExit on a wrong product
+
+
+@needs_kernel
+@needs_onednn
+@torch.inference_mode()
+def test_the_real_gguf_model_reads_and_answers_the_same_through_either_product(gguf_smollm2):
+    """The embedded SmolLM2 GGUF on its blocks: 768 tokens read in 256-token chunks (the dequantize-and-matmul
+    path), then greedy steps; the logits within the parity tolerance and identical tokens, oneDNN against F.linear.
+    (Random tiny models amplify fp32 rounding layer by layer far more than a trained one: up to 2e-4 there.)"""
+    from test_smollm2 import real_text
+
+    model, tokenizer = gguf_smollm2
+    ids = torch.tensor([tokenizer(real_text(), add_special_tokens=False)["input_ids"][:768]])
+    runs = []
+    for onednn in (True, False):
+        cpu_matmul.force(onednn)
+        cache = engine.HeadInferCache(model.config, chunk_size=256)
+        logits = [model(ids[:, b : b + 256], past_key_values=cache, use_cache=True).logits[0] for b in (0, 256, 512)]
+        tokens = []
+        for _ in range(8):
+            tokens.append(int(logits[-1][-1].argmax()))
+            logits.append(model(torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True).logits[0])
+        runs.append((torch.cat(logits), tokens))
+    (with_onednn, tokens_onednn), (with_mkl, tokens_mkl) = runs
+    assert tokens_onednn == tokens_mkl
+    assert rel_diff(with_onednn, with_mkl) < RTOL

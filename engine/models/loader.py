@@ -30,7 +30,7 @@ from ..paths import cache_dir
 from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
 from .loaded import loaded_as, remember_load, weights_mode
-from . import gguf_blocks, int8_matmul
+from . import cpu_matmul, gguf_blocks, int8_matmul
 from .gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
 from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
@@ -438,6 +438,8 @@ def _weights_and_dtype(source: str | None, gguf_file: str | None, torch_device: 
         if gguf_file is None:
             raise InputError(f"gguf weights keep a GGUF file's quantized blocks, and {source} is not a GGUF model; "
                              "use dense or int8 weights")
+    if weights in ("gguf", "int8") and torch_dtype == torch.float32:
+        cpu_matmul.uses_onednn()  # its crash probe (a child process, once per machine) at load, not in a first read
     return weights, torch_dtype
 
 

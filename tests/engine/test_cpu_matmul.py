@@ -128,3 +128,15 @@ def test_the_real_gguf_model_reads_and_answers_the_same_through_either_product(g
     (with_onednn, tokens_onednn), (with_mkl, tokens_mkl) = runs
     assert tokens_onednn == tokens_mkl
     assert rel_diff(with_onednn, with_mkl) < RTOL
+
+
+def test_loading_cpu_block_weights_runs_the_probe_at_load_not_in_the_first_read(monkeypatch):
+    from engine.models import loader
+
+    asked = []
+    monkeypatch.setattr(cpu_matmul, "uses_onednn", lambda: asked.append(1) or True)
+    assert loader._weights_and_dtype("m", "m.gguf", "cpu", "auto", torch.float32, "gguf") == ("gguf", torch.float32)
+    assert asked == [1]
+    loader._weights_and_dtype("m", "m.gguf", "cpu", "auto", torch.float32, "dense")
+    loader._weights_and_dtype("m", None, "cpu", "bfloat16", torch.bfloat16, "dense")
+    assert asked == [1]  # dense weights multiply in torch's own linear layers: nothing of ours to probe

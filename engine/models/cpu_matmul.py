@@ -32,7 +32,8 @@ _forced: list[bool] = []  # a test's choice: [True] oneDNN, [False] F.linear, []
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [..., in] fp32; weight: [out, in] fp32; bias: [out] fp32 or None. Returns [..., out] fp32, ``F.linear``'s
     product to fp32 rounding."""
-    if (x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu"
+    if (x.dtype == weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)
+            and x.device.type == "cpu" and not (x.requires_grad or weight.requires_grad)  # oneDNN's op: no backward
             and torch.get_float32_matmul_precision() == "highest" and uses_onednn()):
         return _onednn(x, weight, bias)
     return F.linear(x, weight, bias)

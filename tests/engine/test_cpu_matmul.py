@@ -10,12 +10,19 @@ import torch.nn.functional as F
 import engine
 from engine.models import cpu_matmul
 from probe_records import died_of_abort
-from test_fused_decode import gguf_smollm2, needs_kernel  # noqa: F401  (a fixture)
+from engine.models.loader import _embedded_gguf, load_model
+from test_fused_decode import needs_kernel
 from test_parity import RTOL, rel_diff
 
 needs_onednn = pytest.mark.skipif(
     not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
     reason="this torch has no oneDNN linear")
+
+
+@pytest.fixture(scope="module")
+def smollm2_blocks():
+    """The embedded SmolLM2 Q4_1 GGUF on its own blocks (the CPU default for GGUF models)."""
+    return load_model(str(_embedded_gguf()), device="cpu", weights="gguf")
 
 
 @pytest.fixture(autouse=True)
@@ -111,13 +118,13 @@ def test_the_probe_itself_passes_on_this_machine():
 @needs_kernel
 @needs_onednn
 @torch.inference_mode()
-def test_the_real_gguf_model_reads_and_answers_the_same_through_either_product(gguf_smollm2):
+def test_the_real_gguf_model_reads_and_answers_the_same_through_either_product(smollm2_blocks):
     """The embedded SmolLM2 GGUF on its blocks: 768 tokens read in 256-token chunks (the dequantize-and-matmul
     path), then greedy steps; the logits within the parity tolerance and identical tokens, oneDNN against F.linear.
     (Random tiny models amplify fp32 rounding layer by layer far more than a trained one: up to 2e-4 there.)"""
     from test_smollm2 import real_text
 
-    model, tokenizer = gguf_smollm2
+    model, tokenizer = smollm2_blocks
     ids = torch.tensor([tokenizer(real_text(), add_special_tokens=False)["input_ids"][:768]])
     runs = []
     for onednn in (True, False):

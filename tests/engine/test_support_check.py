@@ -74,11 +74,14 @@ def test_the_check_leaves_the_next_answer_unchanged(headinfer_smollm2):
     assert (first.text, second.text) == (plain_first.text, plain_second.text)
     assert second.support.mean_logprob == pytest.approx(plain_second.support.mean_logprob, abs=1e-6)
     # The same check asked again later, on the same conversation, reads the same distribution: nothing of it was
-    # left in the cache, which goes back to a prefix of what it held.
+    # left in the cache, which goes back to a prefix of what it held. Within fp32 rounding, not to the bit: inside
+    # the answer it extended the cache from the end of the first answer (32 tokens), here from the second question's
+    # cached prefix (27), so a few positions were computed in chunks of another length (2.4e-6 apart on one CPU; a
+    # check token left in the cache would move it by orders of magnitude more).
     cached = list(session._cached_ids)
     yes = session.check_support("Which page is it on?", session.turns[:1])
     assert cached[:len(session._cached_ids)] == session._cached_ids
-    assert yes == pytest.approx(second.support.verify_yes, abs=1e-6)
+    assert yes == pytest.approx(second.support.verify_yes, abs=1e-5)
     assert session.check_support("Which page is it on?", session.turns[:1]) == pytest.approx(yes, abs=1e-6)
     # A fitted rule that uses the check runs it without the opt-in, and flags by it (1.0: any doubt flags).
     session.verify_support = False

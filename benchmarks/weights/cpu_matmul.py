@@ -34,6 +34,15 @@ SHAPES = (("q / o", 1536, 1536), ("k / v", 1536, 256), ("gate / up", 1536, 8960)
 PATHS = {"F.linear": False, "oneDNN": True}
 
 
+def _in_turns(rounds: int):
+    """(path name, its ``force`` value) for every round, which goes first alternating by round: other tenants'
+    load falls on both alike."""
+    names = list(PATHS)
+    for round_ in range(rounds):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            yield name, PATHS[name]
+
+
 def _seconds(fn, repeats: int) -> list[float]:
     fn()  # a first call: oneDNN builds its primitive, both touch their output
     out = []
@@ -50,10 +59,9 @@ def shapes(store: ResultStore, rows: int, threads: int, repeats: int, rounds: in
     for name, inputs, outputs in chosen:
         x, weight = torch.randn(rows, inputs), torch.randn(outputs, inputs)
         samples: dict[str, list[float]] = {path: [] for path in PATHS}
-        for round_ in range(rounds):
-            for path in (list(PATHS) if round_ % 2 == 0 else list(PATHS)[::-1]):
-                cpu_matmul.force(PATHS[path])
-                samples[path] += _seconds(lambda: cpu_matmul.linear(x, weight), repeats)
+        for path, onednn in _in_turns(rounds):
+            cpu_matmul.force(onednn)
+            samples[path] += _seconds(lambda: cpu_matmul.linear(x, weight), repeats)
         cpu_matmul.force(None)
         flops = 2 * rows * inputs * outputs
         for path, seconds in samples.items():
@@ -76,17 +84,16 @@ def prefill(store: ResultStore, threads: int, rounds: int, context: int = 2048, 
     ids = torch.tensor([_text_ids(tokenizer, context)])
     samples: dict[str, list[float]] = {path: [] for path in PATHS}
     with torch.inference_mode():
-        for round_ in range(rounds):
-            for path in (list(PATHS) if round_ % 2 == 0 else list(PATHS)[::-1]):
-                cpu_matmul.force(PATHS[path])
-                cache = engine.HeadInferCache(model.config, device="cpu", dtype=torch.float32,
-                                              max_context=context + 1, chunk_size=chunk)
-                start = time.perf_counter()
-                for begin in range(0, context, chunk):
-                    model(ids[:, begin : begin + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
-                samples[path].append(time.perf_counter() - start)
-                print(f"{threads} thread(s) prefill {context:,} {path:>8}: {context / samples[path][-1]:.1f} tok/s",
-                      flush=True)
+        for path, onednn in _in_turns(rounds):
+            cpu_matmul.force(onednn)
+            cache = engine.HeadInferCache(model.config, device="cpu", dtype=torch.float32,
+                                          max_context=context + 1, chunk_size=chunk)
+            start = time.perf_counter()
+            for begin in range(0, context, chunk):
+                model(ids[:, begin : begin + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            samples[path].append(time.perf_counter() - start)
+            print(f"{threads} thread(s) prefill {context:,} {path:>8}: {context / samples[path][-1]:.1f} tok/s",
+                  flush=True)
     cpu_matmul.force(None)
     for path, seconds in samples.items():
         store.append("prefill", path, context=context, chunk=chunk, threads=threads,
@@ -103,12 +110,13 @@ def write_markdown(records: list[dict], path: Path) -> None:
     if shape_rows:
         lines += ["| threads | projection | product | F.linear GFLOPS | oneDNN GFLOPS | oneDNN / F.linear |",
                   "|---:|---|---|---:|---:|---:|"]
-        keys = sorted({(r["metrics"]["threads"], r["metrics"]["shape"], r["metrics"]["rows"], r["metrics"]["inputs"],
-                        r["metrics"]["outputs"]) for r in shape_rows}, key=lambda k: (k[0], k[3] * k[4]))
-        for threads, name, rows, inputs, outputs in keys:
-            cell = {r["mode"]: r["metrics"]["gflops"] for r in shape_rows
-                    if (r["metrics"]["threads"], r["metrics"]["shape"], r["metrics"]["rows"], r["metrics"]["inputs"],
-                        r["metrics"]["outputs"]) == (threads, name, rows, inputs, outputs)}
+        cells: dict[tuple, dict[str, float]] = {}  # (threads, shape, rows, in, out) -> product -> GFLOPS
+        for r in shape_rows:
+            m = r["metrics"]
+            key = (m["threads"], m["shape"], m["rows"], m["inputs"], m["outputs"])
+            cells.setdefault(key, {})[r["mode"]] = m["gflops"]
+        for key in sorted(cells, key=lambda k: (k[0], k[3] * k[4])):  # by threads, then size
+            (threads, name, rows, inputs, outputs), cell = key, cells[key]
             if set(cell) >= set(PATHS):
                 lines.append(f"| {threads} | {name} | [{rows}x{inputs}] x [{inputs}x{outputs}] | "
                              f"{cell['F.linear']:.1f} | {cell['oneDNN']:.1f} | {cell['oneDNN'] / cell['F.linear']:.2f} |")
@@ -116,9 +124,10 @@ def write_markdown(records: list[dict], path: Path) -> None:
     prefill_rows = [r for r in records if r.get("phase") == "prefill"]
     if prefill_rows:
         lines += ["| threads | prefill | F.linear tok/s | oneDNN tok/s | oneDNN / F.linear |", "|---:|---|---:|---:|---:|"]
-        for threads, context in sorted({(r["metrics"]["threads"], r["context"]) for r in prefill_rows}):
-            cell = {r["mode"]: r["metrics"]["tokens_per_s"] for r in prefill_rows
-                    if (r["metrics"]["threads"], r["context"]) == (threads, context)}
+        rates: dict[tuple, dict[str, float]] = {}  # (threads, context) -> product -> tok/s
+        for r in prefill_rows:
+            rates.setdefault((r["metrics"]["threads"], r["context"]), {})[r["mode"]] = r["metrics"]["tokens_per_s"]
+        for (threads, context), cell in sorted(rates.items()):
             if set(cell) >= set(PATHS):
                 lines.append(f"| {threads} | {context:,} tokens, {MODEL} | {cell['F.linear']:.1f} | "
                              f"{cell['oneDNN']:.1f} | {cell['oneDNN'] / cell['F.linear']:.2f} |")

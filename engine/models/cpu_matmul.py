@@ -56,9 +56,14 @@ def force(onednn: bool | None) -> None:
         _forced.append(onednn)
 
 
+def available() -> bool:
+    """Whether this torch ships oneDNN's linear op at all (whether it runs cleanly here is ``uses_onednn``)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 @functools.cache
 def _onednn_is_safe() -> bool:
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+    if not available():
         logger.info("CPU matmul: this torch has no oneDNN linear; prefill products take torch's default (MKL)")
         return False
     key = (torch.__version__, torch.backends.cpu.get_cpu_capability())

@@ -4,7 +4,6 @@ measures both products and leaves the machine's choice in place."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from benchmarks.records import ResultStore
 from benchmarks.weights import cpu_matmul as bench
@@ -25,8 +24,7 @@ def test_the_tables_give_each_product_per_shape_and_prefill_and_the_ratio(tmp_pa
     assert "| 2 | 2,048 tokens, qwen2.5-coder-1.5b | 63.0 | 112.2 | 1.78 |" in text
 
 
-@pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
-                    reason="this torch has no oneDNN linear")
+@pytest.mark.skipif(not cpu_matmul.available(), reason="this torch has no oneDNN linear")
 def test_a_tiny_shape_run_measures_both_products_and_restores_the_machines_choice(tmp_path, monkeypatch):
     ran = []
     real = cpu_matmul._onednn

@@ -14,9 +14,7 @@ from engine.models.loader import _embedded_gguf, load_model
 from test_fused_decode import needs_kernel
 from test_parity import RTOL, rel_diff
 
-needs_onednn = pytest.mark.skipif(
-    not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
-    reason="this torch has no oneDNN linear")
+needs_onednn = pytest.mark.skipif(not cpu_matmul.available(), reason="this torch has no oneDNN linear")
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +107,8 @@ def test_a_probe_that_crashes_costs_a_child_and_products_take_f_linear(tmp_path,
         cpu_matmul._onednn_is_safe.cache_clear()
 
 
+@needs_onednn
 def test_the_probe_itself_passes_on_this_machine():
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        pytest.skip("this torch has no oneDNN linear")
     cpu_matmul.exercise_onednn()  # raises SystemExit on a wrong product
 
 

@@ -3,7 +3,8 @@
 ``gguf_gemv.c`` (a GGUF file's blocks) and ``int8_gemv.c`` (``weights="int8"`` codes) request the next four rows'
 lines while four rows compute. With the non-temporal hint it used, the
 loads from DRAM ran at ~6 GB/s on this VM's core against a plain read's ~10; with hint 3 (every level) they run near
-the read. Both builds come from the same source (``-DPREFETCH_HINT=0`` for before) and take turns:
+the read. Both builds come from the same source (``-DPREFETCH_HINT=0`` for before) and take turns (on a CPU with
+AVX-512 VNNI, Q4_K and Q6_K rows take the integer path in both, whose prefetch has its own hint):
 
 1. per shape, weights per second from DRAM (random blocks, ~180 MB of matrices so that no cache holds them);
 2. the CPU default model's decode step at 2,048 tokens (cache filled with random K/V), both builds in one process,

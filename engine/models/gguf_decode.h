@@ -55,10 +55,9 @@ static void gd_rope(float *x, long heads, long dim, const float *cos, const floa
  * projection's output follows the previous one's in y: q, k and v in one split (one projection alone is
  * gguf_gemv_split). */
 typedef struct {
-    const float *x;
+    const gv_input *x;  /* prepared once for every projection and range */
     const gd_projection *projections;
     float *y;
-    long in;
     int count;
 } gd_rows_call;
 
@@ -68,11 +67,7 @@ static int gd_rows_range(const void *context, long lo, long hi) {
     for (int p = 0; p < c->count && base < hi; p++) {
         const gd_projection *proj = c->projections + p;
         const long first = lo > base ? lo - base : 0, last = hi - base < proj->out ? hi - base : proj->out;
-        if (first < last) {
-            const int status = gguf_gemv(c->x, proj->raw, proj->type, proj->bias, c->y + base, 1, c->in, proj->out,
-                                         first, last);
-            if (status != 0) return status;
-        }
+        if (first < last) gemv_rows(c->x, proj->raw, proj->type, proj->bias, c->y + base, proj->out, first, last);
         base += proj->out;
     }
     return 0;
@@ -80,17 +75,15 @@ static int gd_rows_range(const void *context, long lo, long hi) {
 
 /* gate and up rows [lo, hi), then g = SiLU(g) * u over them: the gated MLP's activation, per range */
 typedef struct {
-    const float *x;
+    const gv_input *x;  /* prepared once for both projections and every range */
     const gd_projection *gate, *up;
     float *g, *u;
-    long in;
 } gd_swiglu_call;
 
 static int gd_swiglu_range(const void *context, long lo, long hi) {
     const gd_swiglu_call *c = context;
-    int status = gguf_gemv(c->x, c->gate->raw, c->gate->type, c->gate->bias, c->g, 1, c->in, c->gate->out, lo, hi);
-    if (status == 0) status = gguf_gemv(c->x, c->up->raw, c->up->type, c->up->bias, c->u, 1, c->in, c->up->out, lo, hi);
-    if (status != 0) return status;
+    gemv_rows(c->x, c->gate->raw, c->gate->type, c->gate->bias, c->g, c->gate->out, lo, hi);
+    gemv_rows(c->x, c->up->raw, c->up->type, c->up->bias, c->u, c->up->out, lo, hi);
     for (long i = lo; i < hi; i++) {
         const float g = c->g[i];
         c->g[i] = (g / (1.0f + expf(-g))) * c->u[i];
@@ -104,9 +97,15 @@ static int gd_swiglu_range(const void *context, long lo, long hi) {
 int gguf_decode_attention_in(const float *h, const float *norm, float eps, long in, const gd_projection *qkv,
                              const float *q_norm, const float *k_norm, float head_eps, const float *cos,
                              const float *sin, long head_dim, float *y, float *scratch, int threads) {
+    for (int p = 0; p < 3; p++)
+        if (block_bytes(qkv[p].type) == 0 || in % block_size(qkv[p].type)) return -1;
     gd_rms_norm(h, norm, eps, in, scratch);
-    const gd_rows_call call = {scratch, qkv, y, in, 3};
+    gv_input x;
+    if (gv_prepare(scratch, 1, in, is_k_type(qkv[0].type) || is_k_type(qkv[1].type) || is_k_type(qkv[2].type), &x))
+        return -2;
+    const gd_rows_call call = {&x, qkv, y, 3};
     const int status = sp_run(gd_rows_range, &call, qkv[0].out + qkv[1].out + qkv[2].out, 4, threads);
+    gv_release(&x);
     if (status != 0) return status;
     float *q = y, *k = y + qkv[0].out;
     const long q_heads = qkv[0].out / head_dim, k_heads = qkv[1].out / head_dim;
@@ -130,9 +129,14 @@ int gguf_decode_mlp(float *h, const float *attention, long attention_width, cons
     int status = gguf_gemv_split(attention, o->raw, o->type, o->bias, t, 1, attention_width, hidden, threads);
     if (status != 0) return status;
     for (long i = 0; i < hidden; i++) h[i] = h[i] + t[i];
+    for (int p = 0; p < 2; p++)
+        if (block_bytes(gate_up[p].type) == 0 || hidden % block_size(gate_up[p].type)) return -1;
     gd_rms_norm(h, norm, eps, hidden, t);
-    const gd_swiglu_call mlp = {t, gate_up, gate_up + 1, g, u, hidden};
+    gv_input x;
+    if (gv_prepare(t, 1, hidden, is_k_type(gate_up[0].type) || is_k_type(gate_up[1].type), &x) != 0) return -2;
+    const gd_swiglu_call mlp = {&x, gate_up, gate_up + 1, g, u};
     status = sp_run(gd_swiglu_range, &mlp, intermediate, 4, threads);
+    gv_release(&x);
     if (status != 0) return status;
     status = gguf_gemv_split(g, down->raw, down->type, down->bias, t, 1, intermediate, hidden, threads);
     if (status != 0) return status;

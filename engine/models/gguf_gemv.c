@@ -24,8 +24,9 @@
  * is the point. Four output rows at a time share each activation vector; the next four are requested ahead.
  * Q4_K and Q6_K (a Q4_K_M file's every layer) also have AVX-512 paths, 16 lanes, where the CPU has AVX-512F/BW
  * (``gguf_gemv_path`` says which path a build runs; tests force each through ``-march``): the same factored sums, in
- * another grouping. Their dequantization for prefill is vectorized there too, bit for bit the scalar's.
+ * another grouping; with AVX-512 VNNI too, integer sums of their codes (see "through integer dot products" below). Their dequantization for prefill is vectorized there too, bit for bit the scalar's.
  * Callers split [lo, hi) across threads. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -471,6 +472,178 @@ static inline __attribute__((always_inline)) void dot4_q6k_512(const uint8_t *ro
 }
 #endif
 
+#if defined(HEADINFER_GGUF_AVX512) && defined(__AVX512VNNI__)
+#define HEADINFER_GGUF_VNNI 1
+/* Q4_K and Q6_K through integer dot products (AVX-512 VNNI), where a core reads memory faster than the fp32 paths'
+ * instructions go: on an EPYC core (40 GB/s read) the fp32 paths streamed a decode step's blocks at 15-17 GB/s, bound
+ * by their widenings, conversions and products, not by memory (the same from L2).
+ *
+ * The activations are taken apart once per input vector (``vn_prepare``), not per row or per projection: each
+ * sub-block of 32 as integers X (|X| <= 2^22) times a scale s (its largest magnitude / (2^22 - 1)), and X in three
+ * balanced signed bytes, X = a 2^16 + b 2^8 + c. A row's unsigned codes (Q4_K's nibbles, Q6_K's 6-bit values before
+ * their offset of 32) times those bytes are exact integer sums, four products a 32-bit lane (vpdpbusd), shifted
+ * together exactly; Q6_K's offset is taken away exactly as 32 times the lane's sum of X. Each lane's integer is
+ * converted to fp32 once and scaled by the block's d * scale times s. The error is X's rounding to an integer (and
+ * x / s's in fp32): about 2^-23 of its sub-block's largest magnitude per activation (measured 2e-8 of the sum of magnitudes, against
+ * the fp32 paths' ~1e-7), so not a bit-equal fp32 sum, but within the float tolerance every path is tested to. An
+ * input with an infinity or NaN takes the fp32 path (gv_prepare).
+ *
+ * Layout, per super-block of 256 activations: four chunks of 64 bytes in the order a Q4_K row's 128 nibble bytes
+ * are read (bytes 0-63, then 64-127; low nibbles, then high): chunk c holds sub-blocks A = {0,1,4,5}[c] (bytes 0-31)
+ * and B = {2,3,6,7}[c] (bytes 32-63). Q6_K's values come out in element order and are put in the same order by one
+ * 256-bit shuffle a chunk. Per chunk three limbs of 64 bytes (a, b, c) and 16 lane sums of X (times 32).
+ *
+ * Lines are requested 32 rows ahead into L2 (prefetcht2): with the fp32 paths' distance (4 rows, into L1) this path
+ * streamed 15-18 GB/s from DRAM, with this one 22-23 (the fp32 paths gain nothing from it: their instructions bind). */
+enum { VN_LIMBS = 4 * 3 * 64, VN_AHEAD = 32 };
+#define VN_PREFETCH_HINT 1 /* prefetcht2: into L2 (not PREFETCH_HINT, which the fp32 paths' benchmark varies) */
+
+typedef struct {
+    int8_t *limbs;  /* [blocks][4 chunks][3][64] */
+    int32_t *sums;  /* [blocks][4 chunks][16]: 32 * the lane's sum of X (Q6_K's offset) */
+    float *scales;  /* [blocks][8]: s of each sub-block of 32, in element order */
+} vn_input;
+
+static const int vn_first[4] = {0, 1, 4, 5}, vn_second[4] = {2, 3, 6, 7};
+
+/* 16 integers (|v| <= 2^22) as three balanced bytes, each written as 16 bytes of its limb */
+static inline void vn_split16(__m512i v, int8_t *a, int8_t *b, int8_t *c) {
+    const __m512i low = _mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24); /* [-128, 127] */
+    v = _mm512_srai_epi32(_mm512_sub_epi32(v, low), 8);
+    const __m512i mid = _mm512_srai_epi32(_mm512_slli_epi32(v, 24), 24);
+    v = _mm512_srai_epi32(_mm512_sub_epi32(v, mid), 8);                  /* [-64, 64] */
+    _mm_storeu_si128((__m128i *)a, _mm512_cvtepi32_epi8(v));
+    _mm_storeu_si128((__m128i *)b, _mm512_cvtepi32_epi8(mid));
+    _mm_storeu_si128((__m128i *)c, _mm512_cvtepi32_epi8(low));
+}
+
+/* x [in] (in a multiple of 256) -> limbs, lane sums and scales: ``in / 256`` super-blocks of each */
+static void vn_prepare(const float *x, long in, vn_input *v) {
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    const __m512i ones = _mm512_set1_epi8(1);
+    for (long b = 0; b < in / 256; b++) {
+        float *scales = v->scales + 8 * b;
+        float inverse[8];
+        for (int j = 0; j < 8; j++) {
+            const __m512 x0 = _mm512_loadu_ps(x + 256 * b + 32 * j), x1 = _mm512_loadu_ps(x + 256 * b + 32 * j + 16);
+            float most = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, x0), _mm512_andnot_ps(sign, x1)));
+            /* at least 2^-100, so that 1 / s stays finite and s a normal float: a sub-block of smaller values (none
+             * that a layer's input holds) keeps fewer bits, its error at most 2^-123 per activation */
+            if (!(most > 0x1p-100f)) most = 0x1p-100f;
+            scales[j] = most / 4194303.0f;
+            inverse[j] = 4194303.0f / most;
+        }
+        for (int c = 0; c < 4; c++) {
+            int8_t *limb = v->limbs + b * VN_LIMBS + 192 * c;
+            for (int half = 0; half < 2; half++) {
+                const int sub = half ? vn_second[c] : vn_first[c];
+                const __m512 k = _mm512_set1_ps(inverse[sub]);
+                for (int i = 0; i < 2; i++) {  /* rounded to the nearest: |X| <= 2^22 - 1 plus a rounding */
+                    const __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 256 * b + 32 * sub + 16 * i), k));
+                    const long at = 32 * half + 16 * i;
+                    vn_split16(X, limb + at, limb + 64 + at, limb + 128 + at);
+                }
+            }
+            /* 32 * (the lane's four X) = 32 * (sum a 2^16 + sum b 2^8 + sum c), summed by the same instruction */
+            __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512((const void *)limb));
+            s = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), ones, _mm512_loadu_si512((const void *)(limb + 64)));
+            s = _mm512_dpbusd_epi32(_mm512_slli_epi32(s, 8), ones, _mm512_loadu_si512((const void *)(limb + 128)));
+            _mm512_storeu_si512((void *)(v->sums + 64 * b + 16 * c), _mm512_slli_epi32(s, 5));
+        }
+    }
+}
+
+/* a chunk's exact integer sum per lane: codes (unsigned bytes) times X, from its three limbs */
+static inline __m512i vn_dot(__m512i codes, const int8_t *limb) {
+    __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512((const void *)limb));
+    sum = _mm512_dpbusd_epi32(_mm512_slli_epi32(sum, 8), codes, _mm512_loadu_si512((const void *)(limb + 64)));
+    return _mm512_dpbusd_epi32(_mm512_slli_epi32(sum, 8), codes, _mm512_loadu_si512((const void *)(limb + 128)));
+}
+
+/* Q4_K, four rows: per chunk an exact lane sum of nibbles times X, times (d * scale) * s of the lane's sub-block; the
+ * mins' part as in dot4_q4k_512 (dmin * min * the sub-block's sum of x). The row loop stays rolled: GCC's unrolling of
+ * it spilled registers (18.4 GB/s from L2 against 24-28). */
+static inline __attribute__((always_inline)) void dot4_q4k_vnni(const uint8_t *row, long stride, const vn_input *v,
+                                                                const float *xsum, long blocks, float *out) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    const __m512i lanes[4] = {_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
+                              _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3),
+                              _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6),
+                              _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7)};
+    __m512 acc[4];
+    __m256 offsets[4];
+    for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps(), offsets[k] = _mm256_setzero_ps();
+    for (long b = 0; b < blocks; b++) {
+        const int8_t *limbs = v->limbs + b * VN_LIMBS;
+        const __m256 s = _mm256_loadu_ps(v->scales + 8 * b), sums = _mm256_loadu_ps(xsum + 8 * b);
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *block = row + k * stride + b * 144;
+            for (long line = 0; line < 144; line += 64) __builtin_prefetch(block + VN_AHEAD * stride + line, 0, VN_PREFETCH_HINT);
+            uint32_t unpacked[4];
+            scales_mins_k(block + 4, unpacked);
+            const __m256 d = _mm256_set1_ps(half_to_float(block)), dmin = _mm256_set1_ps(half_to_float(block + 2));
+            const __m512 factors = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_mul_ps(d, bytes8_to_float(unpacked)), s));
+            offsets[k] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, bytes8_to_float(unpacked + 2)), sums, offsets[k]);
+            const __m512i first = _mm512_loadu_si512((const void *)(block + 16));
+            const __m512i second = _mm512_loadu_si512((const void *)(block + 80));
+            const __m512i codes[4] = {_mm512_and_si512(first, nibble), _mm512_and_si512(_mm512_srli_epi16(first, 4), nibble),
+                                      _mm512_and_si512(second, nibble), _mm512_and_si512(_mm512_srli_epi16(second, 4), nibble)};
+            for (int c = 0; c < 4; c++)
+                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(vn_dot(codes[c], limbs + 192 * c)),
+                                         _mm512_permutexvar_ps(lanes[c], factors), acc[k]);
+        }
+    }
+    for (int k = 0; k < 4; k++) out[k] = _mm512_reduce_add_ps(acc[k]) - hsum8(offsets[k]);
+}
+
+/* Q6_K, four rows: its 6-bit codes (before the offset of 32) as bytes, 128 at a time as q6k_values makes them, put
+ * in the chunks' order by a 256-bit shuffle; per chunk the exact lane sum of codes times X less 32 times the lane's
+ * sum of X, times d * scale (of the lane's sub-block of 16) * s (of its sub-block of 32). */
+static inline __attribute__((always_inline)) void dot4_q6k_vnni(const uint8_t *row, long stride, const vn_input *v,
+                                                                long blocks, float *out) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
+    const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    const __m512i down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    /* lane -> sub-block of 16 (chunk c: lanes 0-7 sub-block A of 32 = 16-blocks 2A, 2A + 1; lanes 8-15 B's) */
+    const __m512i lanes[4] = {_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 4, 4, 4, 4, 5, 5, 5, 5),
+                              _mm512_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3, 6, 6, 6, 6, 7, 7, 7, 7),
+                              _mm512_setr_epi32(8, 8, 8, 8, 9, 9, 9, 9, 12, 12, 12, 12, 13, 13, 13, 13),
+                              _mm512_setr_epi32(10, 10, 10, 10, 11, 11, 11, 11, 14, 14, 14, 14, 15, 15, 15, 15)};
+    /* each sub-block of 32's s for its two sub-blocks of 16 */
+    const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    __m512 acc[4];
+    for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps();
+    for (long b = 0; b < blocks; b++) {
+        const int8_t *limbs = v->limbs + b * VN_LIMBS;
+        const int32_t *sums = v->sums + 64 * b;
+        const __m512 s = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(v->scales + 8 * b)));
+        for (int k = 0; k < 4; k++) {
+            const uint8_t *block = row + k * stride + b * 210;
+            for (long line = 0; line < 210; line += 64) __builtin_prefetch(block + VN_AHEAD * stride + line, 0, VN_PREFETCH_HINT);
+            const __m512 scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 192))));
+            const __m512 factors = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(half_to_float(block + 208)), scales), s);
+            for (int g = 0; g < 2; g++) {
+                const __m512i low = _mm512_loadu_si512((const void *)(block + 64 * g));
+                const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(block + 128 + 32 * g)));
+                const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(bits, up), high);
+                const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(bits, down), high);
+                /* 0xEC: (a & c) | b; elements 128 g + [0, 64) and 128 g + [64, 128) */
+                const __m512i q01 = _mm512_ternarylogic_epi32(low, h01, nibble, 0xEC);
+                const __m512i q23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 4), h23, nibble, 0xEC);
+                const __m512i codes[2] = {_mm512_shuffle_i64x2(q01, q23, 0x44), _mm512_shuffle_i64x2(q01, q23, 0xEE)};
+                for (int i = 0; i < 2; i++) {
+                    const int c = 2 * g + i;
+                    const __m512i sum = _mm512_sub_epi32(vn_dot(codes[i], limbs + 192 * c),
+                                                         _mm512_loadu_si512((const void *)(sums + 16 * c)));
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_permutexvar_ps(lanes[c], factors), acc[k]);
+                }
+            }
+        }
+    }
+    for (int k = 0; k < 4; k++) out[k] = _mm512_reduce_add_ps(acc[k]);
+}
+#endif
+
 #ifdef HEADINFER_GGUF_AVX512
 /* One Q4_K or Q6_K block's weights in fp32, 16 at a time, each the same product and difference as block_weights
  * (rounded one by one: no FMA), for prefill's dequantize-and-matmul. */
@@ -530,29 +703,81 @@ int gguf_gemv_path(void) {
 #endif
 }
 
-/* x: [rows, in] fp32; raw: [out, in / block size blocks]; bias: [out] fp32 or NULL; y: [rows, out] fp32. Computes
- * output columns [lo, hi) only. Returns 0, -1 for a bad type or width, -2 out of memory. */
-int gguf_gemv(const float *x, const uint8_t *raw, int type, const float *bias, float *y, long rows, long in,
-              long out, long lo, long hi) {
-    const long bb = block_bytes(type), bs = block_size(type);
-    if (bb == 0 || in % bs) return -1;
-    const long blocks = in / bs, stride = blocks * bb;
-    /* the sum of each 32 activations (offsets and mins multiply it): this call's own, as other threads run other
-     * ranges */
+static inline int is_k_type(int type) { return type == Q4_K || type == Q6_K; }
+
+/* One activation input as the row kernels read it, made once per input vector and shared by every row range and
+ * projection that multiplies it (q, k and v; gate and up; each thread's range): each row's sums of 32 (offsets and
+ * mins multiply them) and, where the VNNI path may run, its limbs (vn_prepare). */
+typedef struct {
+    const float *x; /* [rows, in] */
+    long rows, in;
+    float *xsum;    /* [rows, in / 32] */
+#ifdef HEADINFER_GGUF_VNNI
+    vn_input *vn;   /* [rows], or NULL */
+#endif
+    void *memory;
+} gv_input;
+
+/* The input for projections of which some are K types (``k_types``: then the VNNI data too, where this build runs
+ * that path). Returns 0, or -2 out of memory (nothing to release). */
+static int gv_prepare(const float *x, long rows, long in, int k_types, gv_input *p) {
     const long sums = in / 32;
-    float *xsum = malloc(sizeof(float) * rows * sums);
-    if (xsum == NULL) return -2;
+    size_t bytes = sizeof(float) * rows * sums;
+#ifdef HEADINFER_GGUF_VNNI
+    int vnni = k_types && in % 256 == 0;
+    const long blocks = in / 256;
+    if (vnni) bytes += rows * (sizeof(vn_input) + blocks * (VN_LIMBS + sizeof(int32_t) * 64 + sizeof(float) * 8)) + 64;
+#else
+    (void)k_types;
+#endif
+    p->x = x, p->rows = rows, p->in = in;
+    p->memory = malloc(bytes ? bytes : 1);
+    if (p->memory == NULL) return -2;
+    p->xsum = p->memory;
     for (long r = 0; r < rows; r++)
         for (long b = 0; b < sums; b++) {
             float sum = 0.0f;
             for (long j = 0; j < 32; j++) sum += x[r * in + 32 * b + j];
-            xsum[r * sums + b] = sum;
+            p->xsum[r * sums + b] = sum;
         }
+#ifdef HEADINFER_GGUF_VNNI
+    p->vn = NULL;
+    /* an infinity or NaN (their sums are not finite) has no integer form: such an input takes the fp32 path, which
+     * carries it through as torch would */
+    for (long i = 0; vnni && i < rows * sums; i++) vnni = isfinite(p->xsum[i]);
+    if (vnni) {
+        uintptr_t at = (uintptr_t)(p->xsum + rows * sums);
+        p->vn = (vn_input *)at;
+        at = (at + rows * sizeof(vn_input) + 63) & ~(uintptr_t)63;
+        for (long r = 0; r < rows; r++) {
+            p->vn[r].limbs = (int8_t *)at, at += blocks * VN_LIMBS;
+            p->vn[r].sums = (int32_t *)at, at += blocks * sizeof(int32_t) * 64;
+            p->vn[r].scales = (float *)at, at += blocks * sizeof(float) * 8;
+            vn_prepare(x + r * in, in, p->vn + r);
+        }
+    }
+#endif
+    return 0;
+}
+
+static void gv_release(gv_input *p) { free(p->memory); }
+
+/* gguf_gemv's rows [lo, hi) of one projection against a prepared input (its width checked by the caller). */
+static void gemv_rows(const gv_input *p, const uint8_t *raw, int type, const float *bias, float *y, long out, long lo,
+                      long hi) {
+    const long in = p->in, blocks = in / block_size(type), stride = blocks * block_bytes(type), sums = in / 32;
     for (long o = lo; o < hi; o += 4) {
         const int width = hi - o < 4 ? (int)(hi - o) : 4;
-        for (long r = 0; r < rows; r++) {
-            const float *xr = x + r * in, *sr = xsum + r * sums;
+        for (long r = 0; r < p->rows; r++) {
+            const float *xr = p->x + r * in, *sr = p->xsum + r * sums;
             float s[4];
+#ifdef HEADINFER_GGUF_VNNI
+            if (width == 4 && type == Q4_K && p->vn != NULL) {
+                dot4_q4k_vnni(raw + o * stride, stride, p->vn + r, sr, blocks, s);
+            } else if (width == 4 && type == Q6_K && p->vn != NULL) {
+                dot4_q6k_vnni(raw + o * stride, stride, p->vn + r, blocks, s);
+            } else
+#endif
 #ifdef HEADINFER_GGUF_AVX2
             /* one call per type: each inlined copy has its block format as a constant */
             if (width == 4 && type == Q4_1) {
@@ -584,33 +809,59 @@ int gguf_gemv(const float *x, const uint8_t *raw, int type, const float *bias, f
             for (int k = 0; k < width; k++) y[r * out + o + k] = s[k] + (bias ? bias[o + k] : 0.0f);
         }
     }
-    free(xsum);
+}
+
+/* x: [rows, in] fp32; raw: [out, in / block size blocks]; bias: [out] fp32 or NULL; y: [rows, out] fp32. Computes
+ * output columns [lo, hi) only. Returns 0, -1 for a bad type or width, -2 out of memory. */
+int gguf_gemv(const float *x, const uint8_t *raw, int type, const float *bias, float *y, long rows, long in,
+              long out, long lo, long hi) {
+    const long bb = block_bytes(type), bs = block_size(type);
+    if (bb == 0 || in % bs) return -1;
+    gv_input p;
+    if (gv_prepare(x, rows, in, hi - lo >= 4 && is_k_type(type), &p) != 0) return -2;
+    gemv_rows(&p, raw, type, bias, y, out, lo, hi);
+    gv_release(&p);
     return 0;
+}
+
+/* 1 where this build runs Q4_K and Q6_K rows through the VNNI integer path (dot4_q4k_vnni, dot4_q6k_vnni), else 0. */
+int gguf_gemv_vnni(void) {
+#ifdef HEADINFER_GGUF_VNNI
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* ---- decode rows split over cores (split_pool.h) ---- */
 #include "../native/split_pool.h"
 
 typedef struct {
-    const float *x;
+    const gv_input *input;
     const uint8_t *raw;
     const float *bias;
     float *y;
-    long rows, in, out;
+    long out;
     int type;
 } gemv_call;
 
 static int gemv_range(const void *context, long lo, long hi) {
     const gemv_call *c = context;
-    return gguf_gemv(c->x, c->raw, c->type, c->bias, c->y, c->rows, c->in, c->out, lo, hi);
+    gemv_rows(c->input, c->raw, c->type, c->bias, c->y, c->out, lo, hi);
+    return 0;
 }
 
 /* gguf_gemv over every output column, in ranges of whole groups of 4 on the caller and up to threads - 1 of this
  * library's pool workers. */
 int gguf_gemv_split(const float *x, const uint8_t *raw, int type, const float *bias, float *y, long rows, long in,
                     long out, int threads) {
-    const gemv_call call = {x, raw, bias, y, rows, in, out, type};
-    return sp_run(gemv_range, &call, out, 4, threads);
+    if (block_bytes(type) == 0 || in % block_size(type)) return -1;
+    gv_input p;  /* once for every thread's range */
+    if (gv_prepare(x, rows, in, is_k_type(type), &p) != 0) return -2;
+    const gemv_call call = {&p, raw, bias, y, out, type};
+    const int status = sp_run(gemv_range, &call, out, 4, threads);
+    gv_release(&p);
+    return status;
 }
 
 typedef struct {

@@ -510,26 +510,35 @@ def _cpu_flags() -> set[str]:
         return set()
 
 
-# The vector paths a build runs for the K types (gguf_gemv_path): AVX-512 where this CPU has it, AVX2 and the
-# portable C as other CPUs run them (HEADINFER_NATIVE_ARCH builds for another -march).
-_PATHS = [("native", 512), ("x86-64-v3", 256), ("x86-64", 0)]
+# The vector paths a build runs for the K types (gguf_gemv_path, and gguf_gemv_vnni for their integer products):
+# AVX-512 with VNNI where this CPU has it, AVX-512 without it (Skylake-X), AVX2 and the portable C as other CPUs run
+# them (HEADINFER_NATIVE_ARCH builds for another -march).
+_PATHS = [("native", 512, 1), ("skylake-avx512", 512, 0), ("x86-64-v3", 256, 0), ("x86-64", 0, 0)]
 
 
-@needs_kernel
-@pytest.mark.parametrize("arch, path", _PATHS, ids=["avx512", "avx2", "portable"])
-def test_each_vector_path_is_the_dequantized_matmul(arch, path, monkeypatch):
-    import ctypes
+def _forced_build(arch: str, monkeypatch):
+    """This source built for ``arch`` (skips where this CPU cannot run that build)."""
     import platform
 
     from engine.native import library as native
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the forced paths are x86 -march levels")
-    if path == 512 and not {"avx512f", "avx512bw"} <= _cpu_flags():
+    if arch != "native" and "512" in arch and not {"avx512f", "avx512bw"} <= _cpu_flags():
         pytest.skip("no AVX-512 on this CPU")
     monkeypatch.setenv("HEADINFER_NATIVE_ARCH", arch)
-    library = native.load_library(native.compiler(), gguf_blocks._SOURCE, gguf_blocks._VARIANTS)
-    assert library is not None and library.gguf_gemv_path() == path
+    return native.load_library(native.compiler(), gguf_blocks._SOURCE, gguf_blocks._VARIANTS)
+
+
+@needs_kernel
+@pytest.mark.parametrize("arch, path, vnni", _PATHS, ids=["avx512-vnni", "avx512", "avx2", "portable"])
+def test_each_vector_path_is_the_dequantized_matmul(arch, path, vnni, monkeypatch):
+    import ctypes
+
+    if arch == "native" and not {"avx512f", "avx512bw", "avx512_vnni"} <= _cpu_flags():
+        pytest.skip("no AVX-512 VNNI on this CPU")
+    library = _forced_build(arch, monkeypatch)
+    assert library is not None and library.gguf_gemv_path() == path and library.gguf_gemv_vnni() == vnni
     gemv = library.gguf_gemv
     gemv.argtypes, gemv.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                    *[ctypes.c_long] * 5], ctypes.c_int
@@ -556,6 +565,69 @@ def test_each_vector_path_is_the_dequantized_matmul(arch, path, monkeypatch):
         assert library.gguf_dequantize(ctypes.c_void_p(raw.data_ptr()), TYPES[kind], ctypes.c_long(768),
                                        ctypes.c_long(0), ctypes.c_long(5), ctypes.c_void_p(dense.data_ptr())) == 0
         assert torch.equal(dense, reference(raw, TYPES[kind])), (kind, arch)
+
+
+def _vnni_gemv(monkeypatch):
+    import ctypes
+
+    if not {"avx512f", "avx512bw", "avx512_vnni"} <= _cpu_flags():
+        pytest.skip("no AVX-512 VNNI on this CPU")
+    library = _forced_build("native", monkeypatch)
+    assert library is not None and library.gguf_gemv_vnni() == 1
+    gemv = library.gguf_gemv
+    gemv.argtypes, gemv.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                   *[ctypes.c_long] * 5], ctypes.c_int
+
+    def run(x: torch.Tensor, raw: torch.Tensor, kind: str) -> torch.Tensor:  # x [rows, in] -> [rows, out]
+        y = torch.empty(x.shape[0], raw.shape[0])
+        assert gemv(x.data_ptr(), raw.data_ptr(), TYPES[kind], None, y.data_ptr(), x.shape[0], x.shape[1],
+                    raw.shape[0], 0, raw.shape[0]) == 0
+        return y
+
+    return run
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_the_integer_path_keeps_every_sub_blocks_own_scale(kind, monkeypatch):
+    """The VNNI path puts each 32 activations on their own integer scale: sub-blocks of zeros, of values so small
+    that a naive 1 / scale overflows, of huge values, and rows of every magnitude keep the float64 product's
+    precision (the tolerance every path is held to: the fp32 sums' own)."""
+    run = _vnni_gemv(monkeypatch)
+    raw = random_blocks(12, 512, kind, seed=3)
+    weight = reference(raw, TYPES[kind]).double()
+    x = torch.randn(4, 512)
+    x[0, :32] = 0.0  # a sub-block of zeros
+    x[0, 64:96] *= 1e-36  # 1 / (its largest / (2^22 - 1)) is infinite in fp32
+    x[1, 32:64] *= 1e30
+    x[2] *= torch.logspace(-20, 20, 512)  # every magnitude in one row
+    x[3, 200] = 30.0  # an outlier in its sub-block (a few channels of a layer's input are)
+    y = run(x, raw, kind).double()
+    expected = x.double() @ weight.T
+    assert ((y - expected).abs() / (x.double().abs() @ weight.abs().T)).max() < 1e-5
+    # a row of nothing but tiny values (a naive 1 / scale overflows below ~1e-32): below 2^-100 a sub-block's error
+    # is at most 2^-123 an activation
+    tiny = torch.randn(1, 512) * 1e-33
+    error = (run(tiny, raw, kind).double() - tiny.double() @ weight.T).abs()
+    assert (error <= 2.0**-122 * weight.abs().sum(1)).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_an_infinite_or_nan_activation_reaches_the_output_as_in_torch(kind, monkeypatch):
+    """An infinity or NaN has no integer form: such an input takes the fp32 path and carries it through to every
+    output, as torch's product does (an infinity may come out as NaN there: the factored sums take the mins' part
+    away, inf - inf)."""
+    run = _vnni_gemv(monkeypatch)
+    raw = random_blocks(8, 512, kind, seed=4)
+    weight = reference(raw, TYPES[kind])
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        x = torch.randn(2, 512)
+        x[1, 300] = bad  # the other row stays finite and exact
+        y = run(x, raw, kind)
+        expected = x @ weight.T
+        assert not expected[1].isfinite().any() and not y[1].isfinite().any(), bad
+        assert torch.allclose(y[0], expected[0], rtol=1e-4, atol=1e-3), bad
 
 
 def test_the_kernel_passes_its_probe_where_a_compiler_builds_it():

@@ -493,9 +493,14 @@ static inline __attribute__((always_inline)) void dot4_q6k_512(const uint8_t *ro
  * and B = {2,3,6,7}[c] (bytes 32-63). Q6_K's values come out in element order and are put in the same order by one
  * 256-bit shuffle a chunk. Per chunk three limbs of 64 bytes (a, b, c) and 16 lane sums of X (times 32).
  *
- * Lines are requested 32 rows ahead into L2 (prefetcht2): with the fp32 paths' distance (4 rows, into L1) this path
- * streamed 15-18 GB/s from DRAM, with this one 22-23 (the fp32 paths gain nothing from it: their instructions bind). */
-enum { VN_LIMBS = 4 * 3 * 64, VN_AHEAD = 32 };
+ * Lines are requested ~16 KB of rows ahead into L2 (prefetcht2): with the fp32 paths' distance (4 rows, into L1)
+ * this path streamed 15-18 GB/s from DRAM, with 32 rows of 864 bytes 22-23 (the fp32 paths gain nothing from it:
+ * their instructions bind). */
+enum { VN_LIMBS = 4 * 3 * 64 };
+#ifndef VN_AHEAD_BYTES
+#define VN_AHEAD_BYTES 16384 /* ~16 KB ahead in whole rows: 12-64 KB measured alike; a fixed 32 rows (161 KB of a
+                                down projection's 5 KB rows) ran it at 14 GB/s against 19-21 */
+#endif
 #define VN_PREFETCH_HINT 1 /* prefetcht2: into L2 (not PREFETCH_HINT, which the fp32 paths' benchmark varies) */
 
 typedef struct {
@@ -553,6 +558,12 @@ static void vn_prepare(const float *x, long in, vn_input *v) {
     }
 }
 
+/* how far ahead a row's lines are requested: VN_AHEAD_BYTES in whole rows, at least the next four */
+static inline long vn_ahead(long stride) {
+    const long rows = VN_AHEAD_BYTES / stride;
+    return (rows > 4 ? rows : 4) * stride;
+}
+
 /* a chunk's exact integer sum per lane: codes (unsigned bytes) times X, from its three limbs */
 static inline __m512i vn_dot(__m512i codes, const int8_t *limb) {
     __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512((const void *)limb));
@@ -565,6 +576,7 @@ static inline __m512i vn_dot(__m512i codes, const int8_t *limb) {
  * it spilled registers (18.4 GB/s from L2 against 24-28). */
 static inline __attribute__((always_inline)) void dot4_q4k_vnni(const uint8_t *row, long stride, const vn_input *v,
                                                                 const float *xsum, long blocks, float *out) {
+    const long ahead = vn_ahead(stride);
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     const __m512i lanes[4] = {_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
                               _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3),
@@ -578,7 +590,7 @@ static inline __attribute__((always_inline)) void dot4_q4k_vnni(const uint8_t *r
         const __m256 s = _mm256_loadu_ps(v->scales + 8 * b), sums = _mm256_loadu_ps(xsum + 8 * b);
         for (int k = 0; k < 4; k++) {
             const uint8_t *block = row + k * stride + b * 144;
-            for (long line = 0; line < 144; line += 64) __builtin_prefetch(block + VN_AHEAD * stride + line, 0, VN_PREFETCH_HINT);
+            for (long line = 0; line < 144; line += 64) __builtin_prefetch(block + ahead + line, 0, VN_PREFETCH_HINT);
             uint32_t unpacked[4];
             scales_mins_k(block + 4, unpacked);
             const __m256 d = _mm256_set1_ps(half_to_float(block)), dmin = _mm256_set1_ps(half_to_float(block + 2));
@@ -601,6 +613,7 @@ static inline __attribute__((always_inline)) void dot4_q4k_vnni(const uint8_t *r
  * sum of X, times d * scale (of the lane's sub-block of 16) * s (of its sub-block of 32). */
 static inline __attribute__((always_inline)) void dot4_q6k_vnni(const uint8_t *row, long stride, const vn_input *v,
                                                                 long blocks, float *out) {
+    const long ahead = vn_ahead(stride);
     const __m512i nibble = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
     const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
@@ -619,7 +632,7 @@ static inline __attribute__((always_inline)) void dot4_q6k_vnni(const uint8_t *r
         const __m512 s = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(_mm256_loadu_ps(v->scales + 8 * b)));
         for (int k = 0; k < 4; k++) {
             const uint8_t *block = row + k * stride + b * 210;
-            for (long line = 0; line < 210; line += 64) __builtin_prefetch(block + VN_AHEAD * stride + line, 0, VN_PREFETCH_HINT);
+            for (long line = 0; line < 210; line += 64) __builtin_prefetch(block + ahead + line, 0, VN_PREFETCH_HINT);
             const __m512 scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 192))));
             const __m512 factors = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(half_to_float(block + 208)), scales), s);
             for (int g = 0; g < 2; g++) {

@@ -28,6 +28,6 @@ def test_before_is_the_same_source_with_the_non_temporal_hint():
     for source in (gemv_prefetch.gguf_blocks._SOURCE, gemv_prefetch.int8_matmul._SOURCE):
         text = source.read_text()
         assert "#ifndef PREFETCH_HINT" in text and "#define PREFETCH_HINT 3" in text, source.name
-        # every fp32 path's prefetch takes the hint; the VNNI path's have their own (32 rows ahead into L2)
+        # every fp32 path's prefetch takes the hint; the VNNI path's have their own (~16 KB ahead, into L2)
         vnni = text.count(", VN_PREFETCH_HINT);")
         assert text.count(" PREFETCH_HINT);") + vnni == text.count("__builtin_prefetch("), source.name

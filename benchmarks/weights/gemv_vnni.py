@@ -1,12 +1,13 @@
-"""Decode GEMVs of Q4_K and Q6_K blocks: the fp32 path against the AVX-512 VNNI integer path, taking turns.
+"""Decode GEMVs of Q6_K blocks: the fp32 path against the AVX-512 VNNI integer path, taking turns.
 
 Two builds of ``engine/models/gguf_gemv.c`` from the same source: **fp32** (``-mno-avx512vnni``: the AVX-512 path
-that dequantizes into fp32 products) and **vnni** (this CPU's own build: Q4_K and Q6_K rows as exact integer sums of
-their codes against the activations' 22-bit limbs). They take turns in each round, so that other tenants' memory
-traffic falls on both alike:
+that widens the codes into fp32 products) and **vnni** (this CPU's own build: Q6_K rows as exact integer sums of
+their codes against the activations' 22-bit limbs; Q4_K rows take the fp32 path in both, one shape kept as the
+control). They take turns in each round, so that other tenants' memory traffic falls on both alike:
 
-1. per shape (the CPU default model's matrices, Llama-3-8B's q/o), GB/s of blocks from DRAM (random blocks,
-   ~180 MB of matrices so that no cache holds them), on ``--threads`` threads (the split pool beyond one);
+1. per shape (a Q4_K_M file's Q6_K matrices, of the CPU default model and of Llama-3-8B), GB/s of blocks from DRAM
+   (random blocks, ~180 MB of matrices so that no cache holds them), on ``--threads`` threads (the split pool
+   beyond one);
 2. the CPU default model's fused decode step (``FusedDecode``, the product's path) at ``--contexts`` tokens of
    random K/V, both builds on one cache, a warm-up step and three timed ones per turn.
 
@@ -35,9 +36,9 @@ OUT = Path("docs/benchmarks/gemv-vnni.json")
 #: the builds compared, and what ``gguf_gemv_vnni()`` must say of each
 BUILDS = {"fp32": (["-mno-avx512vnni"], 0), "vnni": ([], 1)}
 #: (what, block type, output rows, inputs): a Q4_K_M file keeps its layers in these two types
-SHAPES = [("1.5B q/o (Q4_K)", 12, 1536, 1536), ("1.5B gate/up (Q4_K)", 12, 8960, 1536),
-          ("1.5B down (Q4_K)", 12, 1536, 8960), ("1.5B down (Q6_K)", 14, 1536, 8960),
-          ("1.5B lm_head (Q6_K)", 14, 151936, 1536), ("8B q/o (Q4_K)", 12, 4096, 4096)]
+SHAPES = [("1.5B v (Q6_K)", 14, 256, 1536), ("1.5B down (Q6_K)", 14, 1536, 8960),
+          ("1.5B lm_head (Q6_K)", 14, 151936, 1536), ("8B down (Q6_K)", 14, 4096, 14336),
+          ("1.5B gate/up (Q4_K, control)", 12, 8960, 1536)]  # Q4_K: the fp32 path in both builds
 MATRIX_BYTES = 180 << 20
 MODEL = "qwen2.5-coder-1.5b"
 
@@ -126,7 +127,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
               if r["phase"] == "decode"}
     stamp = records[-1]["run"] if records else {}
     names = list(BUILDS)
-    lines = ["# Decode GEMVs of Q4_K and Q6_K: fp32 products against AVX-512 VNNI integer sums (CPU)", "",
+    lines = ["# Decode GEMVs of Q6_K: fp32 products against AVX-512 VNNI integer sums (CPU)", "",
              "`taskset -c 0 python -m benchmarks.weights.gemv_vnni` (and `--threads 2 --add`; raw records: "
              "`gemv-vnni.json`). Two builds of `engine/models/gguf_gemv.c`: **fp32** (`-mno-avx512vnni`) and "
              "**vnni**. They take turns in each round; each figure is the median over rounds. GB/s are the "

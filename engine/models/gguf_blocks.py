@@ -16,9 +16,9 @@ dense, and the log says how many.
 
 Compute is fp32: ``gguf_gemv.c`` sums decode rows straight from the blocks, a layer's rows split over cores by its
 own spinning pthreads (``engine/native/split_pool.h``: a Python pool's hand-off cost as much as a small GEMV). Where
-the CPU has AVX-512 VNNI, Q4_K and Q6_K rows are exact integer sums of their codes against the activations taken
-apart into 22-bit integers per 32 (``gguf_gemv.c`` says how), an error of ~2^-23 of each sub-block's largest
-activation: within the fp32 sums' own tolerance, and 1.3-1.9x the fp32 path's speed from memory;
+the CPU has AVX-512 VNNI, Q6_K rows are exact integer sums of their codes against the activations taken apart into
+22-bit integers per 32 (``gguf_gemv.c`` says how), an error of ~2^-23 of each sub-block's largest activation: within
+the fp32 sums' own tolerance, and 1.3-1.9x the fp32 path's speed from memory (``docs/benchmarks/gemv-vnni.md``);
 prefill chunks dequantize the layer (exactly as gguf-py does) and take an fp32 matmul (``cpu_matmul``: oneDNN's where
 it runs). Without a C compiler gguf-py itself dequantizes every
 call (slow, but the same weights).

@@ -101,7 +101,7 @@ int gguf_decode_attention_in(const float *h, const float *norm, float eps, long 
         if (block_bytes(qkv[p].type) == 0 || in % block_size(qkv[p].type)) return -1;
     gd_rms_norm(h, norm, eps, in, scratch);
     gv_input x;
-    if (gv_prepare(scratch, 1, in, is_k_type(qkv[0].type) || is_k_type(qkv[1].type) || is_k_type(qkv[2].type), &x))
+    if (gv_prepare(scratch, 1, in, takes_limbs(qkv[0].type) || takes_limbs(qkv[1].type) || takes_limbs(qkv[2].type), &x))
         return -2;
     const gd_rows_call call = {&x, qkv, y, 3};
     const int status = sp_run(gd_rows_range, &call, qkv[0].out + qkv[1].out + qkv[2].out, 4, threads);
@@ -133,7 +133,7 @@ int gguf_decode_mlp(float *h, const float *attention, long attention_width, cons
         if (block_bytes(gate_up[p].type) == 0 || hidden % block_size(gate_up[p].type)) return -1;
     gd_rms_norm(h, norm, eps, hidden, t);
     gv_input x;
-    if (gv_prepare(t, 1, hidden, is_k_type(gate_up[0].type) || is_k_type(gate_up[1].type), &x) != 0) return -2;
+    if (gv_prepare(t, 1, hidden, takes_limbs(gate_up[0].type) || takes_limbs(gate_up[1].type), &x) != 0) return -2;
     const gd_swiglu_call mlp = {&x, gate_up, gate_up + 1, g, u};
     status = sp_run(gd_swiglu_range, &mlp, intermediate, 4, threads);
     gv_release(&x);

@@ -24,7 +24,7 @@
  * is the point. Four output rows at a time share each activation vector; the next four are requested ahead.
  * Q4_K and Q6_K (a Q4_K_M file's every layer) also have AVX-512 paths, 16 lanes, where the CPU has AVX-512F/BW
  * (``gguf_gemv_path`` says which path a build runs; tests force each through ``-march``): the same factored sums, in
- * another grouping; with AVX-512 VNNI too, integer sums of their codes (see "through integer dot products" below). Their dequantization for prefill is vectorized there too, bit for bit the scalar's.
+ * another grouping; with AVX-512 VNNI, Q6_K's are integer sums of its codes (see "through integer dot products"). Their dequantization for prefill is vectorized there too, bit for bit the scalar's.
  * Callers split [lo, hi) across threads. */
 #include <math.h>
 #include <stdint.h>
@@ -474,28 +474,33 @@ static inline __attribute__((always_inline)) void dot4_q6k_512(const uint8_t *ro
 
 #if defined(HEADINFER_GGUF_AVX512) && defined(__AVX512VNNI__)
 #define HEADINFER_GGUF_VNNI 1
-/* Q4_K and Q6_K through integer dot products (AVX-512 VNNI), where a core reads memory faster than the fp32 paths'
- * instructions go: on an EPYC core (40 GB/s read) the fp32 paths streamed a decode step's blocks at 15-17 GB/s, bound
- * by their widenings, conversions and products, not by memory (the same from L2).
+/* Q6_K through integer dot products (AVX-512 VNNI), where a core reads memory faster than the fp32 path's
+ * instructions go: on an EPYC core (40 GB/s read) it streamed Q6_K blocks at ~15 GB/s from DRAM and from L2 alike,
+ * bound by its widenings, conversions and products (docs/benchmarks/gemv-vnni.md: 25-29 GB/s here).
  *
  * The activations are taken apart once per input vector (``vn_prepare``), not per row or per projection: each
  * sub-block of 32 as integers X (|X| <= 2^22) times a scale s (its largest magnitude / (2^22 - 1)), and X in three
- * balanced signed bytes, X = a 2^16 + b 2^8 + c. A row's unsigned codes (Q4_K's nibbles, Q6_K's 6-bit values before
- * their offset of 32) times those bytes are exact integer sums, four products a 32-bit lane (vpdpbusd), shifted
- * together exactly; Q6_K's offset is taken away exactly as 32 times the lane's sum of X. Each lane's integer is
- * converted to fp32 once and scaled by the block's d * scale times s. The error is X's rounding to an integer (and
- * x / s's in fp32): about 2^-23 of its sub-block's largest magnitude per activation (measured 2e-8 of the sum of magnitudes, against
- * the fp32 paths' ~1e-7), so not a bit-equal fp32 sum, but within the float tolerance every path is tested to. An
- * input with an infinity or NaN takes the fp32 path (gv_prepare).
+ * balanced signed bytes, X = a 2^16 + b 2^8 + c. A row's 6-bit codes (before their offset of 32) times those bytes
+ * are exact integer sums, four products a 32-bit lane (vpdpbusd), shifted together exactly; the offset is taken away
+ * exactly as 32 times the lane's sum of X. Each lane's integer is converted to fp32 once and scaled by the block's
+ * d * scale times s. The error is X's rounding to an integer (and x / s's in fp32): about 2^-23 of its sub-block's
+ * largest magnitude per activation (measured 2e-8 of the sum of magnitudes, against the fp32 path's ~1e-7), so not
+ * a bit-equal fp32 sum, but within the float tolerance every path is tested to. An input with an infinity or NaN
+ * takes the fp32 path (gv_prepare).
  *
- * Layout, per super-block of 256 activations: four chunks of 64 bytes in the order a Q4_K row's 128 nibble bytes
- * are read (bytes 0-63, then 64-127; low nibbles, then high): chunk c holds sub-blocks A = {0,1,4,5}[c] (bytes 0-31)
- * and B = {2,3,6,7}[c] (bytes 32-63). Q6_K's values come out in element order and are put in the same order by one
- * 256-bit shuffle a chunk. Per chunk three limbs of 64 bytes (a, b, c) and 16 lane sums of X (times 32).
+ * Q4_K stays on its fp32 path (dot4_q4k_512): the same integer scheme for its nibbles (three vpdpbusd, two shifts,
+ * a conversion and a permute per 64 weights, against the fp32 path's table lookups) measured faster alone from L2
+ * but slower in the model's step: the CPU default model's step at 2K, in turns, 59.5-61.3 ms with both types on
+ * this path against 55.1-57.1 with Q6_K alone (one core; 39.9-41.4 against 38.6-39.5 on two).
  *
- * Lines are requested ~16 KB of rows ahead into L2 (prefetcht2): with the fp32 paths' distance (4 rows, into L1)
- * this path streamed 15-18 GB/s from DRAM, with 32 rows of 864 bytes 22-23 (the fp32 paths gain nothing from it:
- * their instructions bind). */
+ * Layout, per super-block of 256 activations: four chunks of 64 bytes, chunk c holding sub-blocks A = {0,1,4,5}[c]
+ * (bytes 0-31) and B = {2,3,6,7}[c] (bytes 32-63), the order in which a Q4_K row's nibble bytes are read (Q6_K's
+ * values come out in element order and are put in it by one 256-bit shuffle a chunk). Per chunk three limbs of 64
+ * bytes (a, b, c) and 16 lane sums of X (times 32).
+ *
+ * Lines are requested ~16 KB of rows ahead into L2 (prefetcht2): with the fp32 path's distance (4 rows, into L1)
+ * the integer path streamed 15-18 GB/s from DRAM, ~16 KB ahead 22-29 (the fp32 paths gain nothing from it: their
+ * instructions bind). */
 enum { VN_LIMBS = 4 * 3 * 64 };
 #ifndef VN_AHEAD_BYTES
 #define VN_AHEAD_BYTES 16384 /* ~16 KB ahead in whole rows: 12-64 KB measured alike; a fixed 32 rows (161 KB of a
@@ -569,43 +574,6 @@ static inline __m512i vn_dot(__m512i codes, const int8_t *limb) {
     __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, _mm512_loadu_si512((const void *)limb));
     sum = _mm512_dpbusd_epi32(_mm512_slli_epi32(sum, 8), codes, _mm512_loadu_si512((const void *)(limb + 64)));
     return _mm512_dpbusd_epi32(_mm512_slli_epi32(sum, 8), codes, _mm512_loadu_si512((const void *)(limb + 128)));
-}
-
-/* Q4_K, four rows: per chunk an exact lane sum of nibbles times X, times (d * scale) * s of the lane's sub-block; the
- * mins' part as in dot4_q4k_512 (dmin * min * the sub-block's sum of x). The row loop stays rolled: GCC's unrolling of
- * it spilled registers (18.4 GB/s from L2 against 24-28). */
-static inline __attribute__((always_inline)) void dot4_q4k_vnni(const uint8_t *row, long stride, const vn_input *v,
-                                                                const float *xsum, long blocks, float *out) {
-    const long ahead = vn_ahead(stride);
-    const __m512i nibble = _mm512_set1_epi8(0x0F);
-    const __m512i lanes[4] = {_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2),
-                              _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3),
-                              _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6),
-                              _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7)};
-    __m512 acc[4];
-    __m256 offsets[4];
-    for (int k = 0; k < 4; k++) acc[k] = _mm512_setzero_ps(), offsets[k] = _mm256_setzero_ps();
-    for (long b = 0; b < blocks; b++) {
-        const int8_t *limbs = v->limbs + b * VN_LIMBS;
-        const __m256 s = _mm256_loadu_ps(v->scales + 8 * b), sums = _mm256_loadu_ps(xsum + 8 * b);
-        for (int k = 0; k < 4; k++) {
-            const uint8_t *block = row + k * stride + b * 144;
-            for (long line = 0; line < 144; line += 64) __builtin_prefetch(block + ahead + line, 0, VN_PREFETCH_HINT);
-            uint32_t unpacked[4];
-            scales_mins_k(block + 4, unpacked);
-            const __m256 d = _mm256_set1_ps(half_to_float(block)), dmin = _mm256_set1_ps(half_to_float(block + 2));
-            const __m512 factors = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_mul_ps(d, bytes8_to_float(unpacked)), s));
-            offsets[k] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, bytes8_to_float(unpacked + 2)), sums, offsets[k]);
-            const __m512i first = _mm512_loadu_si512((const void *)(block + 16));
-            const __m512i second = _mm512_loadu_si512((const void *)(block + 80));
-            const __m512i codes[4] = {_mm512_and_si512(first, nibble), _mm512_and_si512(_mm512_srli_epi16(first, 4), nibble),
-                                      _mm512_and_si512(second, nibble), _mm512_and_si512(_mm512_srli_epi16(second, 4), nibble)};
-            for (int c = 0; c < 4; c++)
-                acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(vn_dot(codes[c], limbs + 192 * c)),
-                                         _mm512_permutexvar_ps(lanes[c], factors), acc[k]);
-        }
-    }
-    for (int k = 0; k < 4; k++) out[k] = _mm512_reduce_add_ps(acc[k]) - hsum8(offsets[k]);
 }
 
 /* Q6_K, four rows: its 6-bit codes (before the offset of 32) as bytes, 128 at a time as q6k_values makes them, put
@@ -716,7 +684,8 @@ int gguf_gemv_path(void) {
 #endif
 }
 
-static inline int is_k_type(int type) { return type == Q4_K || type == Q6_K; }
+/* whether rows of this type take the VNNI path (where the build has it): their input needs its limbs */
+static inline int takes_limbs(int type) { return type == Q6_K; }
 
 /* One activation input as the row kernels read it, made once per input vector and shared by every row range and
  * projection that multiplies it (q, k and v; gate and up; each thread's range): each row's sums of 32 (offsets and
@@ -731,17 +700,17 @@ typedef struct {
     void *memory;
 } gv_input;
 
-/* The input for projections of which some are K types (``k_types``: then the VNNI data too, where this build runs
- * that path). Returns 0, or -2 out of memory (nothing to release). */
-static int gv_prepare(const float *x, long rows, long in, int k_types, gv_input *p) {
+/* The input for projections of which some take limbs (``limbs``: then the VNNI data too, where this build runs that
+ * path). Returns 0, or -2 out of memory (nothing to release). */
+static int gv_prepare(const float *x, long rows, long in, int limbs, gv_input *p) {
     const long sums = in / 32;
     size_t bytes = sizeof(float) * rows * sums;
 #ifdef HEADINFER_GGUF_VNNI
-    int vnni = k_types && in % 256 == 0;
+    int vnni = limbs && in % 256 == 0;
     const long blocks = in / 256;
     if (vnni) bytes += rows * (sizeof(vn_input) + blocks * (VN_LIMBS + sizeof(int32_t) * 64 + sizeof(float) * 8)) + 64;
 #else
-    (void)k_types;
+    (void)limbs;
 #endif
     p->x = x, p->rows = rows, p->in = in;
     p->memory = malloc(bytes ? bytes : 1);
@@ -785,9 +754,7 @@ static void gemv_rows(const gv_input *p, const uint8_t *raw, int type, const flo
             const float *xr = p->x + r * in, *sr = p->xsum + r * sums;
             float s[4];
 #ifdef HEADINFER_GGUF_VNNI
-            if (width == 4 && type == Q4_K && p->vn != NULL) {
-                dot4_q4k_vnni(raw + o * stride, stride, p->vn + r, sr, blocks, s);
-            } else if (width == 4 && type == Q6_K && p->vn != NULL) {
+            if (width == 4 && type == Q6_K && p->vn != NULL) {
                 dot4_q6k_vnni(raw + o * stride, stride, p->vn + r, blocks, s);
             } else
 #endif
@@ -831,13 +798,13 @@ int gguf_gemv(const float *x, const uint8_t *raw, int type, const float *bias, f
     const long bb = block_bytes(type), bs = block_size(type);
     if (bb == 0 || in % bs) return -1;
     gv_input p;
-    if (gv_prepare(x, rows, in, hi - lo >= 4 && is_k_type(type), &p) != 0) return -2;
+    if (gv_prepare(x, rows, in, hi - lo >= 4 && takes_limbs(type), &p) != 0) return -2;
     gemv_rows(&p, raw, type, bias, y, out, lo, hi);
     gv_release(&p);
     return 0;
 }
 
-/* 1 where this build runs Q4_K and Q6_K rows through the VNNI integer path (dot4_q4k_vnni, dot4_q6k_vnni), else 0. */
+/* 1 where this build runs Q6_K rows through the VNNI integer path (dot4_q6k_vnni), else 0. */
 int gguf_gemv_vnni(void) {
 #ifdef HEADINFER_GGUF_VNNI
     return 1;
@@ -870,7 +837,7 @@ int gguf_gemv_split(const float *x, const uint8_t *raw, int type, const float *b
                     long out, int threads) {
     if (block_bytes(type) == 0 || in % block_size(type)) return -1;
     gv_input p;  /* once for every thread's range */
-    if (gv_prepare(x, rows, in, is_k_type(type), &p) != 0) return -2;
+    if (gv_prepare(x, rows, in, takes_limbs(type), &p) != 0) return -2;
     const gemv_call call = {&p, raw, bias, y, out, type};
     const int status = sp_run(gemv_range, &call, out, 4, threads);
     gv_release(&p);

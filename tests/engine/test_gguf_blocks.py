@@ -588,7 +588,7 @@ def _vnni_gemv(monkeypatch):
 
 
 @needs_kernel
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q6_K"])  # the type the VNNI path takes
 def test_the_integer_path_keeps_every_sub_blocks_own_scale(kind, monkeypatch):
     """The VNNI path puts each 32 activations on their own integer scale: sub-blocks of zeros, of values so small
     that a naive 1 / scale overflows, of huge values, and rows of every magnitude keep the float64 product's
@@ -613,7 +613,7 @@ def test_the_integer_path_keeps_every_sub_blocks_own_scale(kind, monkeypatch):
 
 
 @needs_kernel
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("kind", ["Q6_K", "Q4_K"])
 def test_an_infinite_or_nan_activation_reaches_the_output_as_in_torch(kind, monkeypatch):
     """An infinity or NaN has no integer form: such an input takes the fp32 path and carries it through to every
     output, as torch's product does (an infinity may come out as NaN there: the factored sums take the mins' part

@@ -420,22 +420,30 @@ static inline __attribute__((always_inline)) void dot4_q4k_512(const uint8_t *ro
     for (int k = 0; k < 4; k++) out[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[k][0], acc[k][1])) - hsum8(offsets[k]);
 }
 
-/* Q6_K's 256 values q - 32 (int8, in element order) from its 128 low-nibble bytes and 64 bytes of 2-bit highs, 64
- * at a time in bytes: element 128 g + 32 c + k takes nibble c / 2 of ql[64 g + 32 (c % 2) + k] and bits 2c, 2c + 1
+/* Q6_K's 6-bit codes q (0-63) from its 128 low-nibble bytes and 64 bytes of 2-bit highs, 64 at a time in bytes (its
+ * values are q - 32): element 128 g + 32 c + k takes nibble c / 2 of ql[64 g + 32 (c % 2) + k] and bits 2c, 2c + 1
  * of qh[32 g + k]. The highs of both c of a 64-byte half are shifted into bits 4-5 by one per-16-bit-word shift
  * (4 and 2 for c = 0, 1; 0 and 2 right for c = 2, 3): bits crossing into the next byte land outside 0x30. */
-static inline void q6k_values(const uint8_t *block, int8_t *q) {
-    const __m512i nibble = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
+static inline __attribute__((always_inline)) void q6k_codes(const uint8_t *block, int g, __m512i *q01, __m512i *q23) {
+    /* q01: elements 128 g + [0, 64); q23: 128 g + [64, 128) */
+    const __m512i nibble = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
     const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
     const __m512i down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i low = _mm512_loadu_si512((const void *)(block + 64 * g));
+    const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(block + 128 + 32 * g)));
+    const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(bits, up), high);
+    const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(bits, down), high);
+    /* 0xEC: (a & c) | b */
+    *q01 = _mm512_ternarylogic_epi32(low, h01, nibble, 0xEC);
+    *q23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 4), h23, nibble, 0xEC);
+}
+
+/* the 256 values q - 32 (int8, in element order) */
+static inline void q6k_values(const uint8_t *block, int8_t *q) {
+    const __m512i bias = _mm512_set1_epi8(32);
     for (int g = 0; g < 2; g++) {
-        const __m512i low = _mm512_loadu_si512((const void *)(block + 64 * g));
-        const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(block + 128 + 32 * g)));
-        const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(bits, up), high);
-        const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(bits, down), high);
-        /* 0xEC: (a & c) | b */
-        const __m512i q01 = _mm512_ternarylogic_epi32(low, h01, nibble, 0xEC);
-        const __m512i q23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 4), h23, nibble, 0xEC);
+        __m512i q01, q23;
+        q6k_codes(block, g, &q01, &q23);
         _mm512_store_si512((void *)(q + 128 * g), _mm512_sub_epi8(q01, bias));
         _mm512_store_si512((void *)(q + 128 * g + 64), _mm512_sub_epi8(q23, bias));
     }
@@ -582,9 +590,6 @@ static inline __m512i vn_dot(__m512i codes, const int8_t *limb) {
 static inline __attribute__((always_inline)) void dot4_q6k_vnni(const uint8_t *row, long stride, const vn_input *v,
                                                                 long blocks, float *out) {
     const long ahead = vn_ahead(stride);
-    const __m512i nibble = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8(0x30);
-    const __m512i up = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    const __m512i down = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     /* lane -> sub-block of 16 (chunk c: lanes 0-7 sub-block A of 32 = 16-blocks 2A, 2A + 1; lanes 8-15 B's) */
     const __m512i lanes[4] = {_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 4, 4, 4, 4, 5, 5, 5, 5),
                               _mm512_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3, 6, 6, 6, 6, 7, 7, 7, 7),
@@ -604,13 +609,8 @@ static inline __attribute__((always_inline)) void dot4_q6k_vnni(const uint8_t *r
             const __m512 scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 192))));
             const __m512 factors = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(half_to_float(block + 208)), scales), s);
             for (int g = 0; g < 2; g++) {
-                const __m512i low = _mm512_loadu_si512((const void *)(block + 64 * g));
-                const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(block + 128 + 32 * g)));
-                const __m512i h01 = _mm512_and_si512(_mm512_sllv_epi16(bits, up), high);
-                const __m512i h23 = _mm512_and_si512(_mm512_srlv_epi16(bits, down), high);
-                /* 0xEC: (a & c) | b; elements 128 g + [0, 64) and 128 g + [64, 128) */
-                const __m512i q01 = _mm512_ternarylogic_epi32(low, h01, nibble, 0xEC);
-                const __m512i q23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 4), h23, nibble, 0xEC);
+                __m512i q01, q23;
+                q6k_codes(block, g, &q01, &q23);
                 const __m512i codes[2] = {_mm512_shuffle_i64x2(q01, q23, 0x44), _mm512_shuffle_i64x2(q01, q23, 0xEE)};
                 for (int i = 0; i < 2; i++) {
                     const int c = 2 * g + i;

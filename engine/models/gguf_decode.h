@@ -101,8 +101,8 @@ int gguf_decode_attention_in(const float *h, const float *norm, float eps, long 
         if (block_bytes(qkv[p].type) == 0 || in % block_size(qkv[p].type)) return -1;
     gd_rms_norm(h, norm, eps, in, scratch);
     gv_input x;
-    if (gv_prepare(scratch, 1, in, takes_limbs(qkv[0].type) || takes_limbs(qkv[1].type) || takes_limbs(qkv[2].type), &x))
-        return -2;
+    const int limbs = takes_limbs(qkv[0].type) || takes_limbs(qkv[1].type) || takes_limbs(qkv[2].type);
+    if (gv_prepare(scratch, 1, in, limbs, &x) != 0) return -2;
     const gd_rows_call call = {&x, qkv, y, 3};
     const int status = sp_run(gd_rows_range, &call, qkv[0].out + qkv[1].out + qkv[2].out, 4, threads);
     gv_release(&x);

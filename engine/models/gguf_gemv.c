@@ -24,7 +24,8 @@
  * is the point. Four output rows at a time share each activation vector; the next four are requested ahead.
  * Q4_K and Q6_K (a Q4_K_M file's every layer) also have AVX-512 paths, 16 lanes, where the CPU has AVX-512F/BW
  * (``gguf_gemv_path`` says which path a build runs; tests force each through ``-march``): the same factored sums, in
- * another grouping; with AVX-512 VNNI, Q6_K's are integer sums of its codes (see "through integer dot products"). Their dequantization for prefill is vectorized there too, bit for bit the scalar's.
+ * another grouping; with AVX-512 VNNI, Q6_K's are integer sums of its codes (see "through integer dot products").
+ * Their dequantization for prefill is vectorized there too, bit for bit the scalar's.
  * Callers split [lo, hi) across threads. */
 #include <math.h>
 #include <stdint.h>
@@ -557,7 +558,8 @@ static void vn_prepare(const float *x, long in, vn_input *v) {
                 const int sub = half ? vn_second[c] : vn_first[c];
                 const __m512 k = _mm512_set1_ps(inverse[sub]);
                 for (int i = 0; i < 2; i++) {  /* rounded to the nearest: |X| <= 2^22 - 1 plus a rounding */
-                    const __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 256 * b + 32 * sub + 16 * i), k));
+                    const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(x + 256 * b + 32 * sub + 16 * i), k);
+                    const __m512i X = _mm512_cvtps_epi32(scaled);
                     const long at = 32 * half + 16 * i;
                     vn_split16(X, limb + at, limb + 64 + at, limb + 128 + at);
                 }
@@ -606,7 +608,8 @@ static inline __attribute__((always_inline)) void dot4_q6k_vnni(const uint8_t *r
         for (int k = 0; k < 4; k++) {
             const uint8_t *block = row + k * stride + b * 210;
             for (long line = 0; line < 210; line += 64) __builtin_prefetch(block + ahead + line, 0, VN_PREFETCH_HINT);
-            const __m512 scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 192))));
+            const __m128i packed = _mm_loadu_si128((const __m128i *)(block + 192));
+            const __m512 scales = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(packed));
             const __m512 factors = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(half_to_float(block + 208)), scales), s);
             for (int g = 0; g < 2; g++) {
                 __m512i q01, q23;

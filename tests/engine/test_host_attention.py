@@ -124,14 +124,17 @@ def _available_paths() -> list[str]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
-def test_every_vector_path_forced_by_the_environment_computes_the_same(monkeypatch, dtype):
+@pytest.mark.parametrize("n_rep, q_len", [(4, 3), (6, 1), (7, 1)], ids=["12-rows", "6-rows", "7-rows"])
+def test_every_vector_path_forced_by_the_environment_computes_the_same(monkeypatch, dtype, n_rep, q_len):
+    """Rows per head of 12 (blocks of 4), 6 (4 + 2: Qwen2.5-1.5B's decode) and 7 (4 + 2 + 1: Qwen2.5-0.5B's): every
+    path against float64 and against the portable one."""
     paths = _available_paths()
     if len(paths) < 2:
         pytest.skip("one vector path here")
     assert "portable" in paths  # always built: the path of a CPU without AVX2
     torch.manual_seed(0)
     kvs = [torch.randn(700, 1, 2, 2, 128).to(dtype) for _ in range(3)]
-    query = torch.randn(1, 3 * 2 * 4, 3, 128).to(dtype)
+    query = torch.randn(1, 3 * 2 * n_rep, q_len, 128).to(dtype)
     expected = reference(query, kvs, 0, 700, 0.1, 300, None)
     outs = {}
     for path in paths:

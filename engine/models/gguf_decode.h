@@ -98,7 +98,7 @@ int gguf_decode_attention_in(const float *h, const float *norm, float eps, long 
                              const float *q_norm, const float *k_norm, float head_eps, const float *cos,
                              const float *sin, long head_dim, float *y, float *scratch, int threads) {
     for (int p = 0; p < 3; p++)
-        if (block_bytes(qkv[p].type) == 0 || in % block_size(qkv[p].type)) return -1;
+        if (!fits(qkv[p].type, in)) return -1;
     gd_rms_norm(h, norm, eps, in, scratch);
     gv_input x;
     const int limbs = takes_limbs(qkv[0].type) || takes_limbs(qkv[1].type) || takes_limbs(qkv[2].type);
@@ -130,7 +130,7 @@ int gguf_decode_mlp(float *h, const float *attention, long attention_width, cons
     if (status != 0) return status;
     for (long i = 0; i < hidden; i++) h[i] = h[i] + t[i];
     for (int p = 0; p < 2; p++)
-        if (block_bytes(gate_up[p].type) == 0 || hidden % block_size(gate_up[p].type)) return -1;
+        if (!fits(gate_up[p].type, hidden)) return -1;
     gd_rms_norm(h, norm, eps, hidden, t);
     gv_input x;
     if (gv_prepare(t, 1, hidden, takes_limbs(gate_up[0].type) || takes_limbs(gate_up[1].type), &x) != 0) return -2;

@@ -502,10 +502,9 @@ static inline __attribute__((always_inline)) void dot4_q6k_512(const uint8_t *ro
  * but slower in the model's step: the CPU default model's step at 2K, in turns, 59.5-61.3 ms with both types on
  * this path against 55.1-57.1 with Q6_K alone (one core; 39.9-41.4 against 38.6-39.5 on two).
  *
- * Layout, per super-block of 256 activations: four chunks of 64 bytes, chunk c holding sub-blocks A = {0,1,4,5}[c]
- * (bytes 0-31) and B = {2,3,6,7}[c] (bytes 32-63), the order in which a Q4_K row's nibble bytes are read (Q6_K's
- * values come out in element order and are put in it by one 256-bit shuffle a chunk). Per chunk three limbs of 64
- * bytes (a, b, c) and 16 lane sums of X (times 32).
+ * Layout, per super-block of 256 activations: four chunks of 64 in element order (chunk c: sub-blocks of 32 2c and
+ * 2c + 1), as q6k_codes makes a row's codes; per chunk three limbs of 64 bytes (a, b, c) and 16 lane sums of X
+ * (times 32).
  *
  * Lines are requested ~16 KB of rows ahead into L2 (prefetcht2): with the fp32 path's distance (4 rows, into L1)
  * the integer path streamed 15-18 GB/s from DRAM, ~16 KB ahead 22-29 (the fp32 paths gain nothing from it: their
@@ -522,8 +521,6 @@ typedef struct {
     int32_t *sums;  /* [blocks][4 chunks][16]: 32 * the lane's sum of X (Q6_K's offset) */
     float *scales;  /* [blocks][8]: s of each sub-block of 32, in element order */
 } vn_input;
-
-static const int vn_first[4] = {0, 1, 4, 5}, vn_second[4] = {2, 3, 6, 7};
 
 /* 16 integers (|v| <= 2^22) as three balanced bytes, each written as 16 bytes of its limb */
 static inline void vn_split16(__m512i v, int8_t *a, int8_t *b, int8_t *c) {
@@ -554,15 +551,10 @@ static void vn_prepare(const float *x, long in, vn_input *v) {
         }
         for (int c = 0; c < 4; c++) {
             int8_t *limb = v->limbs + b * VN_LIMBS + 192 * c;
-            for (int half = 0; half < 2; half++) {
-                const int sub = half ? vn_second[c] : vn_first[c];
-                const __m512 k = _mm512_set1_ps(inverse[sub]);
-                for (int i = 0; i < 2; i++) {  /* rounded to the nearest: |X| <= 2^22 - 1 plus a rounding */
-                    const __m512 scaled = _mm512_mul_ps(_mm512_loadu_ps(x + 256 * b + 32 * sub + 16 * i), k);
-                    const __m512i X = _mm512_cvtps_epi32(scaled);
-                    const long at = 32 * half + 16 * i;
-                    vn_split16(X, limb + at, limb + 64 + at, limb + 128 + at);
-                }
+            for (int i = 0; i < 4; i++) {  /* 16 at a time, rounded to the nearest: |X| <= 2^22 - 1 plus a rounding */
+                const __m512 k = _mm512_set1_ps(inverse[2 * c + i / 2]);
+                const __m512i X = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 256 * b + 64 * c + 16 * i), k));
+                vn_split16(X, limb + 16 * i, limb + 64 + 16 * i, limb + 128 + 16 * i);
             }
             /* 32 * (the lane's four X) = 32 * (sum a 2^16 + sum b 2^8 + sum c), summed by the same instruction */
             __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512((const void *)limb));
@@ -586,17 +578,14 @@ static inline __m512i vn_dot(__m512i codes, const int8_t *limb) {
     return _mm512_dpbusd_epi32(_mm512_slli_epi32(sum, 8), codes, _mm512_loadu_si512((const void *)(limb + 128)));
 }
 
-/* Q6_K, four rows: its 6-bit codes (before the offset of 32) as bytes, 128 at a time as q6k_values makes them, put
- * in the chunks' order by a 256-bit shuffle; per chunk the exact lane sum of codes times X less 32 times the lane's
- * sum of X, times d * scale (of the lane's sub-block of 16) * s (of its sub-block of 32). */
+/* Q6_K, four rows: its 6-bit codes (before the offset of 32) as bytes, a chunk of 64 at a time (q6k_codes); per
+ * chunk the exact lane sum of codes times X less 32 times the lane's sum of X, times d * scale (of the lane's
+ * sub-block of 16) * s (of its sub-block of 32). */
 static inline __attribute__((always_inline)) void dot4_q6k_vnni(const uint8_t *row, long stride, const vn_input *v,
                                                                 long blocks, float *out) {
     const long ahead = vn_ahead(stride);
-    /* lane -> sub-block of 16 (chunk c: lanes 0-7 sub-block A of 32 = 16-blocks 2A, 2A + 1; lanes 8-15 B's) */
-    const __m512i lanes[4] = {_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 4, 4, 4, 4, 5, 5, 5, 5),
-                              _mm512_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3, 6, 6, 6, 6, 7, 7, 7, 7),
-                              _mm512_setr_epi32(8, 8, 8, 8, 9, 9, 9, 9, 12, 12, 12, 12, 13, 13, 13, 13),
-                              _mm512_setr_epi32(10, 10, 10, 10, 11, 11, 11, 11, 14, 14, 14, 14, 15, 15, 15, 15)};
+    /* lane -> sub-block of 16: chunk c's lanes 4t .. 4t + 3 hold sub-block 4c + t */
+    const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     /* each sub-block of 32's s for its two sub-blocks of 16 */
     const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     __m512 acc[4];
@@ -614,12 +603,13 @@ static inline __attribute__((always_inline)) void dot4_q6k_vnni(const uint8_t *r
             for (int g = 0; g < 2; g++) {
                 __m512i q01, q23;
                 q6k_codes(block, g, &q01, &q23);
-                const __m512i codes[2] = {_mm512_shuffle_i64x2(q01, q23, 0x44), _mm512_shuffle_i64x2(q01, q23, 0xEE)};
+                const __m512i codes[2] = {q01, q23}; /* chunks 2g and 2g + 1 */
                 for (int i = 0; i < 2; i++) {
                     const int c = 2 * g + i;
                     const __m512i sum = _mm512_sub_epi32(vn_dot(codes[i], limbs + 192 * c),
                                                          _mm512_loadu_si512((const void *)(sums + 16 * c)));
-                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_permutexvar_ps(lanes[c], factors), acc[k]);
+                    const __m512i lane = _mm512_add_epi32(lanes, _mm512_set1_epi32(4 * c));
+                    acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_permutexvar_ps(lane, factors), acc[k]);
                 }
             }
         }
@@ -686,6 +676,9 @@ int gguf_gemv_path(void) {
     return 0;
 #endif
 }
+
+/* whether rows of this type can multiply an input of ``in`` (a whole number of its blocks) */
+static inline int fits(int type, long in) { return block_bytes(type) != 0 && in % block_size(type) == 0; }
 
 /* whether rows of this type take the VNNI path (where the build has it): their input needs its limbs */
 static inline int takes_limbs(int type) { return type == Q6_K; }
@@ -798,8 +791,7 @@ static void gemv_rows(const gv_input *p, const uint8_t *raw, int type, const flo
  * output columns [lo, hi) only. Returns 0, -1 for a bad type or width, -2 out of memory. */
 int gguf_gemv(const float *x, const uint8_t *raw, int type, const float *bias, float *y, long rows, long in,
               long out, long lo, long hi) {
-    const long bb = block_bytes(type), bs = block_size(type);
-    if (bb == 0 || in % bs) return -1;
+    if (!fits(type, in)) return -1;
     gv_input p;
     if (gv_prepare(x, rows, in, hi - lo >= 4 && takes_limbs(type), &p) != 0) return -2;
     gemv_rows(&p, raw, type, bias, y, out, lo, hi);
@@ -838,7 +830,7 @@ static int gemv_range(const void *context, long lo, long hi) {
  * library's pool workers. */
 int gguf_gemv_split(const float *x, const uint8_t *raw, int type, const float *bias, float *y, long rows, long in,
                     long out, int threads) {
-    if (block_bytes(type) == 0 || in % block_size(type)) return -1;
+    if (!fits(type, in)) return -1;
     gv_input p;  /* once for every thread's range */
     if (gv_prepare(x, rows, in, takes_limbs(type), &p) != 0) return -2;
     const gemv_call call = {&p, raw, bias, y, out, type};

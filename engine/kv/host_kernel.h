@@ -13,6 +13,12 @@
 enum { HA_FP32 = 0, HA_BF16 = 1, HA_FP16 = 2, HA_INT8 = 3, HA_FP8 = 4 };
 enum { HA_AUTO = 0, HA_PORTABLE = 1, HA_AVX2 = 2, HA_AVX512 = 3 };
 
+/* Another library's pool, where the call may run its tasks instead of this library's own: ``run(context, lo, hi)``
+ * over [0, total) in ranges of whole ``align`` units on the caller and up to ``threads - 1`` workers; returns 0 or
+ * a range's nonzero status (split_pool.h's sp_run, as gguf_gemv.c exports it). */
+typedef int (*ha_runner)(int (*run)(const void *context, long lo, long hi), const void *context, long total,
+                         long align, int threads);
+
 /* Mirrored field for field by native.py's ctypes Structure: keep the two in step. */
 typedef struct {
     const char *const *kv;      /* [num_groups] home base pointers (8-bit homes: their codes) */
@@ -28,6 +34,7 @@ typedef struct {
     int kv_dtype, query_dtype, out_dtype;
     int num_threads;            /* threads of the call, the caller's included (<= 0: every core) */
     int variant;                /* HA_AUTO or a forced vector path */
+    ha_runner runner;           /* NULL: this library's pool */
 } ha_call;
 
 /* What a compute task reads: the call, its folded queries and where its partial goes. */

@@ -61,7 +61,8 @@ class LayerCall(ctypes.Structure):
                 ("scaling", ctypes.c_float), ("softcap", ctypes.c_float), ("num_groups", ctypes.c_int),
                 ("batch", ctypes.c_int), ("group", ctypes.c_int), ("dim", ctypes.c_int), ("n_rep", ctypes.c_int),
                 ("q_len", ctypes.c_int), ("kv_dtype", ctypes.c_int), ("query_dtype", ctypes.c_int),
-                ("out_dtype", ctypes.c_int), ("num_threads", ctypes.c_int), ("variant", ctypes.c_int)]
+                ("out_dtype", ctypes.c_int), ("num_threads", ctypes.c_int), ("variant", ctypes.c_int),
+                ("runner", ctypes.c_void_p)]
 
 
 def build_host_kernel() -> None:
@@ -237,6 +238,20 @@ def can_attend(query, kvs, scales=None) -> bool:
             and kv_code(kvs[0].dtype, scales is not None) is not None and all(kv.is_contiguous() for kv in kvs))
 
 
+_shared_pool: int | None = None  # another library's pool runner (``ha_runner``), or None: the kernel's own
+
+
+def share_pool(runner: int | None) -> None:
+    """Runs the kernel's tasks on another C library's pool from now on: ``runner``, the address of a function of
+    ``ha_runner``'s signature (gguf_gemv.c's ``gguf_split_run``); None: the kernel's own pool again.
+
+    Why: a CPU decode step alternates a layer's GEMVs (on that library's pool, whose workers spin between calls)
+    with its attention; the kernel's own workers, asleep through the GEMVs, cost a wake-up each layer (~30 us of a
+    2K-token layer's ~180 us on two cores), and two pools' workers contend for the same cores."""
+    global _shared_pool
+    _shared_pool = runner
+
+
 def attend_layer(query, kvs, start: int, stop: int, out, *, scaling: float, window: int | None = None,
                  softcap: float | None = None, scales=None, num_threads: int = 0, tile_bytes: int = 0,
                  function=None) -> None:
@@ -252,7 +267,7 @@ def attend_layer(query, kvs, start: int, stop: int, out, *, scaling: float, wind
     call.q_strides[:] = query.stride()
     call.start, call.stop, call.window, call.tile_bytes = start, stop, window or 0, tile_bytes
     call.scaling, call.softcap = scaling, softcap or 0.0
-    call.num_threads, call.variant = num_threads, PATHS[forced_path()]
+    call.num_threads, call.variant, call.runner = num_threads, PATHS[forced_path()], _shared_pool
     check((function or kernel())(call._ref), query.shape[-1])
 
 

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kv import native as host_kernel
 from ..native import crash_probe
 from ..native import library as native
 from . import cpu_matmul
@@ -83,6 +84,7 @@ def kernel():
         logger.warning("gguf weights: the C kernel failed its probe on this CPU; blocks are dequantized by gguf-py "
                        "at every call (slow)")
         return None
+    host_kernel.share_pool(functions.split_run)  # one pool for a decode step's GEMVs and its host attention
     return functions
 
 
@@ -113,6 +115,8 @@ class Functions(NamedTuple):
     split_worker_tasks: ctypes._CFuncPtr
     decode_attention_in: ctypes._CFuncPtr  # gguf_decode.h: a decode layer's pieces around its attention
     decode_mlp: ctypes._CFuncPtr
+    split_run: int  # the address of gguf_split_run: the pool as another library's calls run on it
+
 
 
 class Projection(ctypes.Structure):
@@ -135,7 +139,8 @@ def typed_functions(library: ctypes.CDLL) -> Functions:
     attention_in.argtypes = [_P, _P, ctypes.c_float, _L, _P, _P, _P, ctypes.c_float, _P, _P, _L, _P, _P, _I]
     mlp.argtypes = [_P, _P, _L, _P, _P, ctypes.c_float, _P, _P, _P, _I]
     attention_in.restype = mlp.restype = ctypes.c_int
-    return Functions(gemv, dequantize, gemv_split, dequantize_split, spin, tasks, attention_in, mlp)
+    return Functions(gemv, dequantize, gemv_split, dequantize_split, spin, tasks, attention_in, mlp,
+                     ctypes.cast(library.gguf_split_run, ctypes.c_void_p).value)
 
 
 # Where each block type keeps its fp16 factors (d; m or dmin): random bytes anywhere else are a valid block.

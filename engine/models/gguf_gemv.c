@@ -861,5 +861,11 @@ int gguf_dequantize_split(const uint8_t *raw, int type, long in, long out, float
 long gguf_split_spin_ns(long spin_ns) { return sp_set_spin_ns(spin_ns); }
 long gguf_split_worker_tasks(void) { return sp_worker_tasks(); }
 
+/* sp_run itself: what another library's calls run on to share this pool (the host attention kernel's
+ * ha_runner, set by engine/kv/native.py's share_pool). */
+int gguf_split_run(sp_range_fn run, const void *context, long total, long align, int threads) {
+    return sp_run(run, context, total, align, threads);
+}
+
 /* ---- a decode layer's fused pieces (fused_decode.py), on this library's pool ---- */
 #include "gguf_decode.h"

@@ -215,6 +215,38 @@ def test_calls_from_two_threads_at_once_each_get_their_own_result():
 
 
 @needs_kernel
+def test_host_attention_runs_on_this_pool_once_it_is_loaded_with_the_same_result():
+    # a decode step's attention shares the GEMVs' spinning workers (engine/kv/native.py share_pool) instead of
+    # waking its own pool's each layer; its tiles and their merge are the same, so the output is bit for bit
+    from engine.kv import native as host_kernel
+
+    if host_kernel.kernel() is None:
+        pytest.skip("no host attention kernel here")
+    functions = gguf_blocks.kernel()
+    assert host_kernel._shared_pool == functions.split_run  # registered when the GEMV library loaded
+    torch.manual_seed(0)
+    kvs = [torch.randn(700, 1, 2, 2, 128) for _ in range(2)]  # two groups of two KV heads
+    query = torch.randn(1, 24, 1, 128)  # six query rows per KV head, as the CPU default decodes
+
+    def attend(runner, threads):
+        out = torch.full(query.shape, float("nan"))
+        # first another query on the kernel's own pool: every task's partial in the scratch is then another's,
+        # so a task the shared pool skipped shows in the output
+        for pool, q in ((None, -query), (runner, query)):
+            host_kernel.share_pool(pool)
+            host_kernel.attend_layer(q, kvs, 0, 700, out, scaling=0.088, num_threads=threads, tile_bytes=64 << 10)
+        return out
+
+    try:
+        own = attend(None, 2)
+        assert torch.equal(attend(functions.split_run, 1), own)
+        for shared in _until_a_worker_joins(lambda: attend(functions.split_run, 2), functions, at_least=5):
+            assert torch.equal(shared, own)
+    finally:
+        host_kernel.share_pool(functions.split_run)
+
+
+@needs_kernel
 def test_a_prefill_slice_is_dequantized_over_two_cores_bit_for_bit(monkeypatch):
     # a prefill chunk dequantizes every layer before torch's matmul: the rows split like a GEMV's, same weights
     raw = random_blocks(1536, 1536, "Q6_K", seed=6)  # 1.9 MB of blocks, 9.4 MB of fp32 weights

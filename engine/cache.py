@@ -25,7 +25,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLaye
 from .attention import ATTENTION_NAME
 from .errors import InputError, StateError
 from .kv import HeadGroup, HostAttention, HostMemory, LayerHomes, Schedule, Transfer, route
+from .kv import kernels, native
 from .kv import streams as kv_streams
+from .kv.schedule import visible_start
 from .kv.disk import DiskMemory
 from .kv.ledger import Ledger
 from .kv.probe import QueryProbe
@@ -96,6 +98,45 @@ class HeadInferLayer(CacheLayerMixin):
         staged, self._staged = self._staged, None
         return self.cache.schedule.attend(self.kv_index, past, query, staged, scaling=scaling,
                                           window=window, softcap=softcap)
+
+    # -- the fused CPU decode step's path (engine/models/fused_decode.py) --------------------------------------
+    def decode_row(self) -> torch.Tensor | None:
+        """Where a one-token CPU decode step writes its K/V itself: the row of token ``length`` in this layer's one
+        home, ``[B, 2, KVH, D]`` fp32 (then ``attend_decoded``); None where ``update``/``attend`` must run (a home
+        that is offloaded, 8-bit, a window ring, on disk or full; several groups; streams other than synchronous,
+        whose declared reads and writes a checker follows; no C kernel for its head dim).
+
+        Why: the generic path stages the token, copies it home and walks the schedule's runs: ~40 torch and
+        Python calls a layer, each slow right after a layer's GEMVs streamed the weights through every cache (~1 ms
+        of a 2K-token step of the CPU default model)."""
+        homes = self.homes
+        if homes is None or len(homes) != 1:
+            return None
+        home = homes.homes[0]
+        kv = home.kv
+        if (home.is_host or home.is_quantized or home.is_ring or home.group.is_on_disk or kv.device.type != "cpu"
+                or kv.dtype != torch.float32 or not homes.has_room(self.length, 1)
+                or type(self.cache.transfer.streams) is not kv_streams.SyncStreams
+                or kv.shape[-1] not in native.HEAD_DIMS or native.kernel() is None):
+            return None
+        self.cache.begin_layer(self.kv_index)
+        return kv[self.length]
+
+    def attend_decoded(self, query: torch.Tensor, *, scaling: float, window: int | None) -> torch.Tensor:
+        """After the step wrote its token's K/V into ``decode_row()``: counts the token and attends its queries
+        ([B, H, 1, D]) over the home through the C kernel, as ``attend`` would (the probe recording them too).
+        Returns [B, H, 1, D]."""
+        past = self.length
+        self.length += 1
+        schedule = self.cache.schedule
+        if schedule.probe is not None:
+            schedule.probe.record(self.kv_index, past, query, scaling)
+        kv = self.homes.homes[0].kv  # [capacity, B, 2, g, D]
+        start = visible_start(past, window)
+        out = torch.empty(query.shape)
+        native.attend_layer(query, [kv], start, past + 1, out, scaling=scaling, window=window,
+                            num_threads=kernels.cpu_tile_threads((past + 1 - start) * kv[0].nbytes))
+        return out
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0

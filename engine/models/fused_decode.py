@@ -5,7 +5,8 @@ level, so the ~15 small torch ops of a layer (norms, RoPE, SiLU·mul, residual a
 Python run with the dispatcher's state evicted: measured at 2K tokens on two cores, they took a fifth of the step.
 Here a layer is ``gguf_decode_attention_in`` (norm, q/k/v projections as one split row range, RoPE), the cache's
 own ``update`` and ``attend`` (the same head-wise schedule, host attention, probes and 8-bit or disk homes as any
-forward), then ``gguf_decode_mlp`` (o projection and residual, norm, SiLU-gated MLP, residual): see
+forward; where the layer keeps one plain fp32 home in RAM, the C call writes k and v into the home's row itself and
+the layer's ``attend_decoded`` runs the same C attention without staging or the schedule), then ``gguf_decode_mlp`` (o projection and residual, norm, SiLU-gated MLP, residual): see
 ``gguf_decode.h``.
 
 Only a one-token step on the CPU takes this path, and only for models whose layers are exactly the Llama form
@@ -189,18 +190,23 @@ class FusedDecode:
                 raise ForwardInterrupted(f"stopped before decoder layer {index}")
             q_rows, k_rows, v_rows = layer.qkv_rows
             qkv = torch.empty(q_rows + k_rows + v_rows)  # [q | k | v], fresh: the cache stages k and v
+            layer_cache = cache.layers[index]
+            row = layer_cache.decode_row()  # [B, 2, KVH, D] in the home, where the C call writes k and v too
             _check(functions.decode_attention_in(h.data_ptr(), layer.norm, layer.norm_eps, self.hidden, layer.qkv,
                                                  layer.q_norm, layer.k_norm, layer.head_eps, cos.data_ptr(),
                                                  sin.data_ptr(), head_dim, qkv.data_ptr(), normed,
-                                                 layer.attention_threads))
+                                                 layer.attention_threads, None if row is None else row.data_ptr()))
             query = qkv[:q_rows].view(1, q_rows // head_dim, 1, head_dim)  # [B, H, Q, D]
-            key = qkv[q_rows : q_rows + k_rows].view(1, k_rows // head_dim, 1, head_dim)  # [B, KVH, Q, D]
-            value = qkv[q_rows + k_rows :].view(1, v_rows // head_dim, 1, head_dim)
-            key, value = cache.layers[index].update(key, value)
-            owner = route.take(index, key)  # the layer that took them, as the attention function finds it
-            attended = owner.attend(query, key, value, scaling=layer.scaling, window=layer.window,
-                                    softcap=None)
-            attended = attended.contiguous()  # [1, 1, H, D]
+            if row is not None:
+                attended = layer_cache.attend_decoded(query, scaling=layer.scaling, window=layer.window)
+            else:
+                key = qkv[q_rows : q_rows + k_rows].view(1, k_rows // head_dim, 1, head_dim)  # [B, KVH, Q, D]
+                value = qkv[q_rows + k_rows :].view(1, v_rows // head_dim, 1, head_dim)
+                key, value = layer_cache.update(key, value)
+                owner = route.take(index, key)  # the layer that took them, as the attention function finds it
+                attended = owner.attend(query, key, value, scaling=layer.scaling, window=layer.window,
+                                        softcap=None)
+                attended = attended.contiguous()  # [1, 1, H, D]
             _check(functions.decode_mlp(h.data_ptr(), attended.data_ptr(), layer.o_inputs, ctypes.byref(layer.o),
                                         layer.post_norm, layer.post_eps, layer.gate_up, ctypes.byref(layer.down),
                                         scratch, layer.mlp_threads))

@@ -136,7 +136,7 @@ def typed_functions(library: ctypes.CDLL) -> Functions:
     spin, tasks = library.gguf_split_spin_ns, library.gguf_split_worker_tasks
     spin.argtypes, spin.restype, tasks.argtypes, tasks.restype = [_L], _L, [], _L
     attention_in, mlp = library.gguf_decode_attention_in, library.gguf_decode_mlp
-    attention_in.argtypes = [_P, _P, ctypes.c_float, _L, _P, _P, _P, ctypes.c_float, _P, _P, _L, _P, _P, _I]
+    attention_in.argtypes = [_P, _P, ctypes.c_float, _L, _P, _P, _P, ctypes.c_float, _P, _P, _L, _P, _P, _I, _P]
     mlp.argtypes = [_P, _P, _L, _P, _P, ctypes.c_float, _P, _P, _P, _I]
     attention_in.restype = mlp.restype = ctypes.c_int
     return Functions(gemv, dequantize, gemv_split, dequantize_split, spin, tasks, attention_in, mlp,
@@ -203,17 +203,20 @@ def exercise_fused_decode(rng: np.random.Generator, functions: Functions) -> Non
     angles = torch.from_numpy(rng.uniform(0, 6, dim // 2).astype(np.float32)).repeat(2)  # [dim]
     cos, sin = angles.cos(), angles.sin()
     qkv, scratch = torch.empty(heads * dim + 2 * dim), torch.empty(hidden + 2 * inter)
+    kv_row = torch.full((2, 1, dim), float("nan"))  # [2, KVH, D]: a cache home's row of the token
     head_norm = norm[:dim].flip(0).contiguous()  # Qwen3's per-head q/k norm, [dim]
     _check(functions.decode_attention_in(h.data_ptr(), norm.data_ptr(), 1e-6, hidden,
                                          (Projection * 3)(projection["q"], projection["k"], projection["v"]),
                                          head_norm.data_ptr(), head_norm.data_ptr(), 1e-5, cos.data_ptr(),
-                                         sin.data_ptr(), dim, qkv.data_ptr(), scratch.data_ptr(), 2))
+                                         sin.data_ptr(), dim, qkv.data_ptr(), scratch.data_ptr(), 2,
+                                         kv_row.data_ptr()))
     x = F.rms_norm(h, (hidden,), norm, 1e-6)
     q = F.rms_norm((x @ weights["q"].T).view(heads, dim), (dim,), head_norm, 1e-5)
     k = F.rms_norm((x @ weights["k"].T).view(1, dim), (dim,), head_norm, 1e-5)
     rotate = lambda t: t * cos + torch.cat((-t[:, dim // 2:], t[:, : dim // 2]), -1) * sin  # noqa: E731
     expected = torch.cat([rotate(q).flatten(), rotate(k).flatten(), x @ weights["v"].T])
     assert torch.allclose(qkv, expected, rtol=1e-4, atol=1e-4), "fused decode: attention input differs"
+    assert torch.equal(kv_row.flatten(), qkv[heads * dim :]), "fused decode: the k and v written to the row differ"
     attention, updated = torch.from_numpy(rng.standard_normal(heads * dim).astype(np.float32)), h.clone()
     _check(functions.decode_mlp(updated.data_ptr(), attention.data_ptr(), heads * dim, ctypes.byref(projection["o"]),
                                 norm.data_ptr(), 1e-6, (Projection * 2)(projection["gate"], projection["up"]),

@@ -93,10 +93,12 @@ static int gd_swiglu_range(const void *context, long lo, long hi) {
 
 /* h [in] -> y [q | k | v] (each projection's rows in turn), then on the query and key heads (of ``head_dim``): an
  * RMSNorm of each head where ``q_norm``/``k_norm`` ([head_dim], Qwen3's) are not NULL, and RoPE where cos is not
- * NULL. ``scratch``: [in] for the normed input. Returns 0 or gguf_gemv's status. */
+ * NULL. ``scratch``: [in] for the normed input. ``kv_row``: NULL, or where the token's k and v also go, [2, KVH, D]
+ * (the cache home's row of this token: HeadInferLayer.decode_row). Returns 0 or gguf_gemv's status. */
 int gguf_decode_attention_in(const float *h, const float *norm, float eps, long in, const gd_projection *qkv,
                              const float *q_norm, const float *k_norm, float head_eps, const float *cos,
-                             const float *sin, long head_dim, float *y, float *scratch, int threads) {
+                             const float *sin, long head_dim, float *y, float *scratch, int threads,
+                             float *kv_row) {
     for (int p = 0; p < 3; p++)
         if (!fits(qkv[p].type, in)) return -1;
     gd_rms_norm(h, norm, eps, in, scratch);
@@ -113,9 +115,12 @@ int gguf_decode_attention_in(const float *h, const float *norm, float eps, long 
         gd_rms_norm(q + head * head_dim, q_norm, head_eps, head_dim, q + head * head_dim);  /* in place */
     for (long head = 0; k_norm != NULL && head < k_heads; head++)
         gd_rms_norm(k + head * head_dim, k_norm, head_eps, head_dim, k + head * head_dim);
-    if (cos == NULL) return 0;
-    gd_rope(q, q_heads, head_dim, cos, sin);
-    gd_rope(k, k_heads, head_dim, cos, sin);
+    if (cos != NULL) {
+        gd_rope(q, q_heads, head_dim, cos, sin);
+        gd_rope(k, k_heads, head_dim, cos, sin);
+    }
+    if (kv_row != NULL) /* [2, KVH, D]: k and v lie together in y, in that order */
+        memcpy(kv_row, k, sizeof(float) * (qkv[1].out + qkv[2].out));
     return 0;
 }
 

@@ -97,6 +97,52 @@ def test_fused_steps_give_the_forwards_logits_and_greedy_tokens(name):
 
 
 @needs_kernel
+@pytest.mark.parametrize("name, prompt, policy", [
+    ("llama-gqa", 150, None),
+    ("qwen3-qk-norm-window", 150, None),  # its windowed layers' homes are rings: the generic path
+    ("mistral-window", 40, OffloadPolicy(max_context=80)),  # a window (24) over plain homes: in place, masked
+], ids=["llama-gqa", "rings", "window"])
+@torch.inference_mode()
+def test_layers_with_one_plain_home_take_the_in_place_path_bit_for_bit_with_the_generic_one(name, prompt, policy,
+                                                                                             monkeypatch):
+    # the C call writes k and v into the home's row and the layer attends in place (HeadInferLayer.decode_row);
+    # the same kernel over the same values as update + attend, so the same bits, the probe's queries included
+    from engine.cache import HeadInferLayer
+    from engine.kv.probe import QueryProbe
+
+    _, fused, generic_cache, in_place_cache = _read_twice(name, 4, prompt, policy)
+    heads = {layer: [0, 3] for layer in range(len(in_place_cache.kv_layers))}
+    probes = [QueryProbe(heads, min_position=prompt), QueryProbe(heads, min_position=prompt)]
+    generic_cache.record_queries(probes[0])
+    in_place_cache.record_queries(probes[1])
+    rows, updates = [], []
+    decode_row, update = HeadInferLayer.decode_row, HeadInferLayer.update
+    monkeypatch.setattr(HeadInferLayer, "update", lambda self, *a, **k: updates.append(self.kv_index) or
+                        update(self, *a, **k))
+    token = 9
+    for step in range(6):
+        monkeypatch.setattr(HeadInferLayer, "decode_row", lambda self: None)
+        expected = fused.step(token, generic_cache)
+        updates.clear()
+        monkeypatch.setattr(HeadInferLayer, "decode_row", lambda self: rows.append(self.kv_index) or decode_row(self))
+        actual = fused.step(token, in_place_cache)
+        assert torch.equal(actual, expected), step
+        windowed = [i for i, layer in enumerate(in_place_cache.kv_layers) if layer.homes.ring_window is not None]
+        assert updates == windowed  # rings keep the generic path; every other layer wrote in place
+        token = int(actual.argmax())
+    assert len(rows) == 6 * len(in_place_cache.kv_layers)
+    assert in_place_cache.get_seq_length() == generic_cache.get_seq_length() == prompt + 6
+    for layer in heads:
+        (generic, positions), (in_place, in_place_positions) = probes[0].queries(layer), probes[1].queries(layer)
+        assert positions == in_place_positions == list(range(prompt, prompt + 6)) and torch.equal(in_place, generic)
+    # the homes hold the same K/V, token for token (rings: the tokens they still hold)
+    for generic, in_place in zip(generic_cache.kv_layers, in_place_cache.kv_layers):
+        oldest = generic.homes.oldest(generic.length)
+        for a, b in zip(generic.homes, in_place.homes):
+            assert torch.equal(a.block(oldest, generic.length), b.block(oldest, in_place.length))
+
+
+@needs_kernel
 @torch.inference_mode()
 def test_a_fused_step_on_8_bit_homes_matches_the_forward_on_the_same_cache():
     # the step uses the cache's own update and attend: the homes' format is the cache's business

@@ -65,6 +65,8 @@ class HeadInferLayer(CacheLayerMixin):
         self.homes: LayerHomes | None = None
         self.length = 0
         self._staged: torch.Tensor | None = None  # this chunk in home layout ([G, Q, B, 2, g, D]), update to attend
+        self._decode_homes: LayerHomes | None = None  # the homes decode_row last looked at, and their home it
+        self._decode_home = None  # writes in place (None: none)
 
     @property
     def cache(self) -> "HeadInferCache":
@@ -110,17 +112,28 @@ class HeadInferLayer(CacheLayerMixin):
         Python calls a layer, each slow right after a layer's GEMVs streamed the weights through every cache (~1 ms
         of a 2K-token step of the CPU default model)."""
         homes = self.homes
-        if homes is None or len(homes) != 1:
+        if homes is None:
+            return None
+        if homes is not self._decode_homes:  # (re)allocated: whether they qualify, decided once
+            self._decode_homes, self._decode_home = homes, self._plain_home(homes)
+        home = self._decode_home
+        if home is None or not homes.has_room(self.length, 1):
+            return None  # (full: update grows the homes, and the next step is in place again)
+        if self.kv_index == 0:
+            self.cache.begin_layer(0)  # (what it checks on the other layers is the config's, checked here)
+        return home.kv[self.length]
+
+    def _plain_home(self, homes: LayerHomes):
+        """The layer's one home if ``decode_row`` may write and read it in place, else None."""
+        if len(homes) != 1:
             return None
         home = homes.homes[0]
         kv = home.kv
         if (home.is_host or home.is_quantized or home.is_ring or home.group.is_on_disk or kv.device.type != "cpu"
-                or kv.dtype != torch.float32 or not homes.has_room(self.length, 1)
-                or type(self.cache.transfer.streams) is not kv_streams.SyncStreams
+                or kv.dtype != torch.float32 or type(self.cache.transfer.streams) is not kv_streams.SyncStreams
                 or kv.shape[-1] not in native.HEAD_DIMS or native.kernel() is None):
             return None
-        self.cache.begin_layer(self.kv_index)
-        return kv[self.length]
+        return home
 
     def attend_decoded(self, query: torch.Tensor, *, scaling: float, window: int | None) -> torch.Tensor:
         """After the step wrote its token's K/V into ``decode_row()``: counts the token and attends its queries

@@ -100,8 +100,10 @@ def test_fused_steps_give_the_forwards_logits_and_greedy_tokens(name):
 @pytest.mark.parametrize("name, prompt, policy", [
     ("llama-gqa", 150, None),
     ("qwen3-qk-norm-window", 150, None),  # its windowed layers' homes are rings: the generic path
-    ("mistral-window", 40, OffloadPolicy(max_context=80)),  # a window (24) over plain homes: in place, masked
-], ids=["llama-gqa", "rings", "window"])
+    # a window (24) over plain homes: in place, masked; homes of 42 tokens: full at the third step, which takes the
+    # generic path and grows them, the next steps in place again
+    ("mistral-window", 40, OffloadPolicy(max_context=42)),
+], ids=["llama-gqa", "rings", "window-growing"])
 @torch.inference_mode()
 def test_layers_with_one_plain_home_take_the_in_place_path_bit_for_bit_with_the_generic_one(name, prompt, policy,
                                                                                              monkeypatch):
@@ -115,7 +117,7 @@ def test_layers_with_one_plain_home_take_the_in_place_path_bit_for_bit_with_the_
     probes = [QueryProbe(heads, min_position=prompt), QueryProbe(heads, min_position=prompt)]
     generic_cache.record_queries(probes[0])
     in_place_cache.record_queries(probes[1])
-    rows, updates = [], []
+    rows, updates, grown = [], [], 0
     decode_row, update = HeadInferLayer.decode_row, HeadInferLayer.update
     monkeypatch.setattr(HeadInferLayer, "update", lambda self, *a, **k: updates.append(self.kv_index) or
                         update(self, *a, **k))
@@ -125,11 +127,16 @@ def test_layers_with_one_plain_home_take_the_in_place_path_bit_for_bit_with_the_
         expected = fused.step(token, generic_cache)
         updates.clear()
         monkeypatch.setattr(HeadInferLayer, "decode_row", lambda self: rows.append(self.kv_index) or decode_row(self))
+        layers = in_place_cache.kv_layers
+        rings = [i for i, layer in enumerate(layers) if layer.homes.ring_window is not None]
+        full = [i for i, layer in enumerate(layers) if i not in rings and not layer.homes.has_room(layer.length, 1)]
+        generic = sorted(rings + full[:1])  # the first full layer's update grows every layer's homes
         actual = fused.step(token, in_place_cache)
         assert torch.equal(actual, expected), step
-        windowed = [i for i, layer in enumerate(in_place_cache.kv_layers) if layer.homes.ring_window is not None]
-        assert updates == windowed  # rings keep the generic path; every other layer wrote in place
+        assert updates == generic  # every other layer wrote in place
+        grown += len(generic) > 0 and policy is not None
         token = int(actual.argmax())
+    assert grown == (1 if policy is not None else 0)
     assert len(rows) == 6 * len(in_place_cache.kv_layers)
     assert in_place_cache.get_seq_length() == generic_cache.get_seq_length() == prompt + 6
     for layer in heads:

@@ -9,12 +9,14 @@ other tenants' memory traffic falls on both alike. Experiments (``--experiment``
   now: ``engine/kv/native.py`` ``share_pool``);
 - **in-place**: the cache's generic ``update`` + ``attend`` (**generic**, before) against a layer with one plain
   fp32 home taking its token's k/v from the C call into the home's row and attending in place (**in-place**, now:
-  ``HeadInferLayer.decode_row``).
+  ``HeadInferLayer.decode_row``);
+- **pool-bytes** (file ``pool-bytes-shared``): ``kernels.POOL_BYTES``, from which block of a layer the attention runs
+  on every core, at 3 MiB (set when a call woke the kernel's own sleeping pool) against 1 MiB (on the shared pool).
 
     .venv/bin/python -m benchmarks.weights.decode_ab --experiment in-place --threads 2
     taskset -c 0 .venv/bin/python -m benchmarks.weights.decode_ab --experiment in-place --threads 1 --add
 
-Writes ``docs/benchmarks/<experiment>.json`` and ``.md``; figures are medians over every timed step.
+Writes ``docs/benchmarks/<experiment name>.json`` and ``.md``; figures are medians over every timed step.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 import torch
 
 from engine.cache import HeadInferLayer
+from engine.kv import kernels
 from engine.kv import native as host_kernel
 from engine.models import gguf_blocks
 
@@ -61,6 +64,16 @@ def _in_place(mode: str):
         HeadInferLayer.decode_row = decode_row
 
 
+@contextlib.contextmanager
+def _pool_bytes(mode: str):
+    engine_value = kernels.POOL_BYTES
+    kernels.POOL_BYTES = int(mode.removesuffix(" KiB")) << 10  # read at every call
+    try:
+        yield
+    finally:
+        kernels.POOL_BYTES = engine_value
+
+
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     name: str
@@ -84,6 +97,12 @@ EXPERIMENTS = {
         "**generic**: the cache's `update` (staging, the schedule's append) and `attend` (the schedule's runs) "
         "(before); **in-place**: the C call writes the token's k and v into the home's row, the layer attends it "
         "through the same C kernel (`HeadInferLayer.decode_row`, now).", ""),
+    "pool-bytes": Experiment(
+        "pool-bytes-shared", "A CPU decode step's attention: from which block size it runs on two threads",
+        ("3072 KiB", "1024 KiB"), _pool_bytes,
+        "`kernels.POOL_BYTES`, the block of a layer (2 KiB a token for this model) from which the attention runs "
+        "on every core instead of this thread alone: 3 MiB, set when a call woke the host kernel's own sleeping "
+        "pool (`pool-bytes.md`), against 1 MiB now that it runs on the GEMVs' spinning workers.", ""),
 }
 
 
@@ -154,12 +173,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--contexts", default="2048,8192")
-    parser.add_argument("--out", type=Path, help="default: docs/benchmarks/<experiment>.json")
+    parser.add_argument("--out", type=Path, help="default: docs/benchmarks/<its name>.json")
     parser.add_argument("--add", action="store_true", help="append to the .json instead of starting it anew")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     experiment = EXPERIMENTS[args.experiment]
-    args.out = args.out or DOCS / f"{args.experiment}.json"
+    args.out = args.out or DOCS / f"{experiment.name}.json"
     if not args.report_only:
         torch.set_num_threads(args.threads)
         if not args.add and args.out.exists():

@@ -7,6 +7,7 @@ import pytest
 from benchmarks.records import ResultStore
 from benchmarks.weights import decode_ab
 from engine.cache import HeadInferLayer
+from engine.kv import kernels
 from engine.kv import native as host_kernel
 from engine.models import gguf_blocks
 
@@ -40,4 +41,14 @@ def test_each_experiments_modes_set_the_path_they_name_and_put_it_back():
         assert HeadInferLayer.decode_row is not decode_row and HeadInferLayer.decode_row(None) is None
     with in_place.mode("in-place"):
         assert HeadInferLayer.decode_row is decode_row
+    pool_bytes, value = decode_ab.EXPERIMENTS["pool-bytes"], kernels.POOL_BYTES
+    for mode, expected in zip(pool_bytes.modes, (3 << 20, 1 << 20)):
+        with pool_bytes.mode(mode):
+            assert kernels.POOL_BYTES == expected
+    assert kernels.POOL_BYTES == value
     assert HeadInferLayer.decode_row is decode_row
+    pool_bytes, value = decode_ab.EXPERIMENTS["pool-bytes"], kernels.POOL_BYTES
+    for mode, expected in zip(pool_bytes.modes, (3 << 20, 1 << 20)):
+        with pool_bytes.mode(mode):
+            assert kernels.POOL_BYTES == expected
+    assert kernels.POOL_BYTES == value

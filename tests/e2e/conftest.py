@@ -1,13 +1,16 @@
 """The studio served in-process on a free port with the embedded SmolLM2, for browser tests."""
 
 import pytest
-from studio import served
+from studio import served, slow_session
 from test_browser import CHROMIUM, CHROMIUM_ARGS
 
 
 @pytest.fixture(scope="session")
 def studio_url():
-    with served(chunk_size=16) as url:  # small chunks, so the progress bar visibly moves on a short document
+    # Small chunks, so the progress bar visibly moves on a short document; answer tokens 0.1 s apart, so the page's
+    # streaming state is there to see: the embedded model's fused decode step writes a 13-token answer in ~0.2 s,
+    # faster than the page renders its "writing" state.
+    with served(slow_session(0.0, 0.1), chunk_size=16) as url:
         yield url
 
 

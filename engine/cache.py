@@ -24,10 +24,9 @@ from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLaye
 
 from .attention import ATTENTION_NAME
 from .errors import InputError, StateError
-from .kv import HeadGroup, HostAttention, HostMemory, LayerHomes, Schedule, Transfer, route
-from .kv import kernels, native
+from .kv import HeadGroup, HostAttention, HostMemory, LayerHomes, Schedule, Transfer, kernels, native, route
 from .kv import streams as kv_streams
-from .kv.schedule import visible_start
+from .kv import visible_start
 from .kv.disk import DiskMemory
 from .kv.ledger import Ledger
 from .kv.probe import QueryProbe
@@ -137,19 +136,16 @@ class HeadInferLayer(CacheLayerMixin):
 
     def attend_decoded(self, query: torch.Tensor, *, scaling: float, window: int | None) -> torch.Tensor:
         """After the step wrote its token's K/V into ``decode_row()``: counts the token and attends its queries
-        ([B, H, 1, D]) over the home through the C kernel, as ``attend`` would (the probe recording them too).
-        Returns [B, H, 1, D]."""
+        ([B, H, 1, D]) over the home's visible tokens in place, as ``attend`` does a resident home's (the probe
+        recording them too). Returns [B, H, 1, D]."""
         past = self.length
         self.length += 1
         schedule = self.cache.schedule
         if schedule.probe is not None:
             schedule.probe.record(self.kv_index, past, query, scaling)
-        kv = self.homes.homes[0].kv  # [capacity, B, 2, g, D]
         start = visible_start(past, window)
-        out = torch.empty(query.shape)
-        native.attend_layer(query, [kv], start, past + 1, out, scaling=scaling, window=window,
-                            num_threads=kernels.cpu_tile_threads((past + 1 - start) * kv[0].nbytes))
-        return out
+        block = self._decode_home.kv[start : past + 1]  # [tokens, B, 2, g, D], the visible ones
+        return kernels.attend_block(query, block, q_offset=past - start, scaling=scaling, window=window)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0

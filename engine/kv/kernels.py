@@ -189,19 +189,12 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, q_off
 def _cpu_tile(query, block, q_offset, scaling, window, softcap) -> torch.Tensor | None:
     """A CPU decode step over a token-major block through the C kernel: on this thread, or on the kernel's pool
     where the block is large and torch may use several threads; None: no C kernel for it here."""
-    threads = cpu_tile_threads(block.nbytes)
+    is_pooled = torch.get_num_threads() > 1 and block.nbytes >= POOL_BYTES
     out = native.attend_block(query, block, q_offset=q_offset, scaling=scaling, window=window, softcap=softcap,
-                              num_threads=threads)
+                              num_threads=min(torch.get_num_threads(), usable_cores()) if is_pooled else 1)
     if out is not None:
-        _route("cpu-native-pool" if threads > 1 else "cpu-native")
+        _route("cpu-native-pool" if is_pooled else "cpu-native")
     return out
-
-
-def cpu_tile_threads(block_bytes: int) -> int:
-    """Threads of a CPU decode step's C attention over ``block_bytes`` of a home: every core torch may use where
-    the block is large (``POOL_BYTES``), else this thread alone."""
-    threads = torch.get_num_threads()
-    return min(threads, usable_cores()) if threads > 1 and block_bytes >= POOL_BYTES else 1
 
 
 #: Block bytes from which a CPU decode step runs on the kernel's pool: below it handing half to another core costs

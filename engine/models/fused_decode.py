@@ -6,8 +6,8 @@ Python run with the dispatcher's state evicted: measured at 2K tokens on two cor
 Here a layer is ``gguf_decode_attention_in`` (norm, q/k/v projections as one split row range, RoPE), the cache's
 own ``update`` and ``attend`` (the same head-wise schedule, host attention, probes and 8-bit or disk homes as any
 forward; where the layer keeps one plain fp32 home in RAM, the C call writes k and v into the home's row itself and
-the layer's ``attend_decoded`` runs the same C attention without staging or the schedule), then ``gguf_decode_mlp`` (o projection and residual, norm, SiLU-gated MLP, residual): see
-``gguf_decode.h``.
+the layer's ``attend_decoded`` runs the same C attention without staging or the schedule), then
+``gguf_decode_mlp`` (o projection and residual, norm, SiLU-gated MLP, residual): see ``gguf_decode.h``.
 
 Only a one-token step on the CPU takes this path, and only for models whose layers are exactly the Llama form
 (``FusedDecode.for_model`` checks every module; anything else keeps the model's own forward). The logits equal the

@@ -16,7 +16,9 @@ planner's split, and with every group on the host, each as a ratio to the PCIe f
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import logging
 import statistics
 import sys
@@ -89,14 +91,57 @@ class Read:
         native.read(self.data, num_threads)
 
 
+@contextlib.contextmanager
+def _path(name: str | None):
+    """Calls in the block run on vector path ``name`` (None: as the environment says), as ``HEADINFER_HOST_KERNEL``
+    would force it."""
+    if name is None:
+        yield
+        return
+    before = os.environ.get(native.ENV_PATH)
+    os.environ[native.ENV_PATH] = name
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(native.ENV_PATH, None)
+        else:
+            os.environ[native.ENV_PATH] = before
+
+
+def current_path() -> str:
+    """The vector path a call runs now (the widest this CPU has, or the forced one)."""
+    return {code: name for name, code in native.PATHS.items()}[native.kernel().variant(
+        native.PATHS[native.forced_path()])]
+
+
+def layer_rows(tokens: int, dtype: str, num_threads: int, read: Read, repeats: int,
+               paths: list[str] | None = None) -> list[dict]:
+    """One layer call of ``tokens`` tokens per group on each vector path of ``paths`` (None: the current one), the
+    paths in turns, each call followed by the read: a row per path."""
+    layer = Layer(tokens, dtype, **LLAMA3_8B)
+    for path in paths or [None]:
+        with _path(path):
+            layer.call(num_threads), read.call(num_threads)  # warm: the pool started, pages touched
+    samples = {path: ([], []) for path in paths or [None]}
+    for _ in range(repeats):
+        for path, (kernel, reads) in samples.items():
+            with _path(path):
+                kernel.append(_timed(lambda: layer.call(num_threads)))
+                reads.append(_timed(lambda: read.call(num_threads)))
+    rows = []
+    for path, (kernel, reads) in samples.items():
+        with _path(path):
+            rows.append({"path": current_path(), **_row(layer, tokens, dtype, num_threads, read, kernel, reads)})
+    return rows
+
+
 def layer_row(tokens: int, dtype: str, num_threads: int, read: Read, repeats: int) -> dict:
     """One layer call of ``tokens`` tokens per group, alternating with the read: medians, wall and per CPU-second."""
-    layer = Layer(tokens, dtype, **LLAMA3_8B)
-    layer.call(num_threads), read.call(num_threads)  # warm: the pool started, pages touched
-    kernel, reads = [], []
-    for _ in range(repeats):
-        kernel.append(_timed(lambda: layer.call(num_threads)))
-        reads.append(_timed(lambda: read.call(num_threads)))
+    return layer_rows(tokens, dtype, num_threads, read, repeats)[0]
+
+
+def _row(layer: Layer, tokens: int, dtype: str, num_threads: int, read: Read, kernel: list, reads: list) -> dict:
     seconds, cpu = (statistics.median(k[i] for k in kernel) for i in (0, 1))
     read_seconds, read_cpu = (statistics.median(r[i] for r in reads) for i in (0, 1))
     row = {"tokens": tokens, "dtype": dtype, "threads": num_threads, "home_bytes": layer.home_bytes,
@@ -137,10 +182,10 @@ def fits(tokens: int, dtype: str, read_bytes: int) -> bool:
     return tokens * per_token + read_bytes < psutil.virtual_memory().available // 2
 
 
-def run_cpu(tokens: list[int], dtypes: list[str], threads: list[int], repeats: int, read_bytes: int = 1 << 30) -> dict:
+def run_cpu(tokens: list[int], dtypes: list[str], threads: list[int], repeats: int, read_bytes: int = 1 << 30,
+            paths: list[str] | None = None) -> dict:
     stamp = run_stamp("cpu")
-    stamp["path"] = {code: name for name, code in native.PATHS.items()}[native.kernel().variant(
-        native.PATHS[native.forced_path()])]
+    stamp["path"] = ", ".join(paths) if paths else current_path()
     read = Read(read_bytes)
     rows, skipped = [], []
     for dtype in dtypes:
@@ -149,7 +194,7 @@ def run_cpu(tokens: list[int], dtypes: list[str], threads: list[int], repeats: i
                 skipped.append({"tokens": count, "dtype": dtype, "why": "not enough free memory"})
                 continue
             for num_threads in threads:
-                rows.append(layer_row(count, dtype, num_threads, read, repeats))
+                rows += layer_rows(count, dtype, num_threads, read, repeats, paths)
                 logger.info("%s", rows[-1])
     return {"run": stamp, "shape": LLAMA3_8B, "read_bytes": read_bytes, "cores": usable_cores(), "rows": rows,
             "skipped": skipped, "fixed_cost": fixed_cost(), "target_x_read": TARGET_X_READ,
@@ -176,19 +221,20 @@ def write_report(result: dict, out: Path) -> Path:
         "for the cores. Best: the repeat with the least CPU time, kernel and read each (the nearest to a quiet "
         "machine where other processes also take caches and memory bandwidth).",
         "",
-        "| home | tokens | threads | home MiB | ms | GB/s | read GB/s | × read | GB per CPU-s | read GB per CPU-s "
-        "| × read per CPU-s | best ms | best × read per CPU-s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| home | tokens | threads | path | home MiB | ms | GB/s | read GB/s | × read | GB per CPU-s "
+        "| read GB per CPU-s | × read per CPU-s | best ms | best × read per CPU-s |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
         tokens = f"{row['tokens'] // 1024}K" if row["tokens"] >= 1024 else str(row["tokens"])
         threads = "all" if row["threads"] == 0 else str(row["threads"])
-        lines.append(f"| {row['dtype']} | {tokens} | {threads} | {row['home_bytes'] / 2**20:.0f} | "
+        lines.append(f"| {row['dtype']} | {tokens} | {threads} | {row.get('path', run['path'])} | "
+                     f"{row['home_bytes'] / 2**20:.0f} | "
                      f"{row['seconds'] * 1e3:.2f} | {row['gbps']:.2f} | {row['read_gbps']:.2f} | {row['x_read']:.2f} | "
                      f"{row['gb_per_cpu_s']:.2f} | {row['read_gb_per_cpu_s']:.2f} | {row['x_read_cpu']:.2f} | "
                      f"{row['best_ms']:.2f} | {row['x_read_cpu_best']:.2f} |")
     for skip in result["skipped"]:
-        lines.append(f"| {skip['dtype']} | {skip['tokens'] // 1024}K | — | — | skipped: {skip['why']} | | | | | | | | |")
+        lines.append(f"| {skip['dtype']} | {skip['tokens'] // 1024}K | — | — | — | skipped: {skip['why']} | | | | | | | | |")
     cost = result["fixed_cost"]
     lines += ["", "Fixed cost of a call (16 tokens per group, 8 groups; µs, median / min):", ""]
     lines += [f"- {name.replace('_', ' ')}: {v['median_us']:.0f} / {v['min_us']:.0f}" for name, v in cost.items()]
@@ -224,13 +270,20 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", default="1,all", help="threads per call: numbers, or all (every core)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--read-mib", type=int, default=1024, help="size of the read buffer")
+    parser.add_argument("--paths", default="", help="vector paths to time in turns (avx512,avx512bf16); default: "
+                        "the one this CPU runs")
     parser.add_argument("--out", default="docs/benchmarks")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if native.kernel() is None:
         parser.error("no C kernel here (no compiler, or HEADINFER_NATIVE=0): nothing to measure")
     threads = [0 if t.strip() == "all" else int(t) for t in args.threads.split(",")]
-    result = run_cpu(parse_tokens(args.tokens), args.dtypes.split(","), threads, args.repeats, args.read_mib << 20)
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()] or None
+    for path in paths or []:
+        if path not in native.PATHS or not native.kernel().variant(native.PATHS[path]):
+            parser.error(f"vector path {path!r} is not available here")
+    result = run_cpu(parse_tokens(args.tokens), args.dtypes.split(","), threads, args.repeats, args.read_mib << 20,
+                     paths)
     print(write_report(result, Path(args.out)).read_text())  # a benchmark script prints its table
     return 0
 

@@ -34,8 +34,13 @@
 #if defined(HA_VARIANT_AVX512)
 #define W 16
 #define ACC_VECTORS 16 /* the value pass's accumulators: half of the 32 registers */
+#if defined(HA_BF16_DOT) /* AVX-512 with AVX512_BF16: scores_d128_dot */
+#define TASK ha_task_avx512bf16
+#define TASK_READ ha_read_avx512bf16
+#else
 #define TASK ha_task_avx512
 #define TASK_READ ha_read_avx512
+#endif
 #elif defined(HA_VARIANT_AVX2)
 #define W 8
 #define ACC_VECTORS 8 /* half of the 16 registers */
@@ -236,6 +241,8 @@ typedef struct {
                                            prefetched (past the tile another thread may be writing) */
     int distance;                       /* tokens ahead that are requested (HA_PREFETCH_BYTES) */
     const float *query;                 /* [R, D] this head's folded rows, in the kernel's lane order */
+    const uint16_t *raw;                /* [R, D] the same rows as bf16 bits, unscaled, in element order; or NULL */
+    float raw_scale;                    /* scores = (raw . k) * raw_scale */
     float *m, *l, *acc;                 /* [R], [R], [R, D] this head's running state */
     int dim;
 } head_view;
@@ -344,12 +351,54 @@ INLINE void scores_d128(const head_view *hv, float s[][CH], int r0, int n, const
 }
 #endif
 
+#if defined(HA_VARIANT_AVX512) && defined(HA_BF16_DOT)
+/* scores_d128 for bf16 homes whose queries are bf16 values too (a bf16 model's): vdpbf16ps multiplies 32 bf16
+ * pairs into 16 fp32 lanes, key and query read as stored, no widening. A product of two bf16 values is exact in
+ * fp32 and each is added in fp32, as the widened path's FMAs do, so the scores differ from that path's only by
+ * the order of the sums (and the instruction's flushing of subnormals, below 1e-38); the scale is applied to the
+ * sums instead of the queries. On an EPYC (Zen 5) core from L2: 2.6 ns a token and KV head against 9.0 for
+ * scores_d128's widenings and FMAs (4 rows, head dim 128). */
+INLINE void scores_d128_dot(const head_view *hv, float s[][CH], int r0, int n) {
+    const uint16_t *query = hv->raw + r0 * 128;
+    __m512bh q[4][4]; /* [row][32 elements of the head dim] */
+    for (int r = 0; r < 4; r++)
+        for (int d = 0; d < 4; d++) q[r][d] = (__m512bh)_mm512_loadu_si512((const void *)(query + r * 128 + d * 32));
+    const __m512 scale = _mm512_set1_ps(hv->raw_scale);
+    for (int t0 = 0; t0 < n; t0 += 4) {
+        if (r0 == 0)
+            for (int t = 0; t < 4; t++) prefetch_row(hv->keys, hv, t0 + t + hv->distance, HA_BF16_PAIRED);
+        const char *key[4];
+        for (int t = 0; t < 4; t++) key[t] = hv->keys + (t0 + t < n ? t0 + t : n - 1) * hv->token_bytes;
+        __m512 part[16];
+        for (int i = 0; i < 16; i++) part[i] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int d = 0; d < 4; d++) {
+            __m512bh k[4];
+            for (int t = 0; t < 4; t++) k[t] = (__m512bh)_mm512_loadu_si512((const void *)(key[t] + d * 64));
+            for (int r = 0; r < 4; r++)
+                for (int t = 0; t < 4; t++) part[r * 4 + t] = _mm512_dpbf16_ps(part[r * 4 + t], q[r][d], k[t]);
+        }
+        const __m512 sums = _mm512_mul_ps(sum16(part), scale); /* 128-bit lane r: row r's tokens t0..t0+3 */
+        _mm_store_ps(s[0] + t0, _mm512_castps512_ps128(sums));
+        _mm_store_ps(s[1] + t0, _mm512_extractf32x4_ps(sums, 1));
+        _mm_store_ps(s[2] + t0, _mm512_extractf32x4_ps(sums, 2));
+        _mm_store_ps(s[3] + t0, _mm512_extractf32x4_ps(sums, 3));
+    }
+}
+#endif
+
 /* Rows [r0, r0 + NR) of one head over the chunk's n tokens (first at position ``first``). */
 INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int NR, int n, long first,
                       int is_plain, const int dtype) {
     const int D = hv->dim; /* a constant where run_chunk is specialised (128) */
     float s[RB][CH] __attribute__((aligned(64)));
     /* scores: TB keys x NR rows at a time; past n the last token is read again and masked below */
+#if defined(HA_VARIANT_AVX512) && defined(HA_BF16_DOT)
+    if (NR == 4 && D == 128 && dtype == HA_BF16_PAIRED && hv->raw != NULL) {
+        scores_d128_dot(hv, s, r0, n);
+        goto softmax;
+    }
+#endif
 #if defined(HA_VARIANT_AVX512)
     if (NR == 4 && D == 128 && (dtype == HA_BF16_PAIRED || dtype == HA_INT8)) {
         scores_d128(hv, s, r0, n, dtype);
@@ -441,8 +490,8 @@ softmax:;
 /* Every head and row block of one chunk of n tokens at ``chunk`` (token_bytes apart; int8: scales per token
  * ``scale_stride`` floats apart from ``scales``); ``ahead``: tokens of the tile from the chunk's first on. */
 INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, const float *scales, long scale_stride,
-                      int n, long first, long ahead, int is_plain, const float *query, float *m, float *l,
-                      float *acc, const int dtype, const int D) {
+                      int n, long first, long ahead, int is_plain, const float *query, const uint16_t *raw,
+                      float *m, float *l, float *acc, const int dtype, const int D) {
     const ha_call *c = job->call;
     const int g = c->group, rows = job->rows, es = element_size(dtype);
     float key_scales[CH] __attribute__((aligned(64))), value_scales[CH] __attribute__((aligned(64)));
@@ -473,6 +522,7 @@ INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, co
             }
             head_view hv = {chunk + ((long)(b * 2) * g + h) * D * es, chunk + ((long)(b * 2 + 1) * g + h) * D * es,
                             key_scales, value_scales, token_bytes, ahead, distance, query + head * rows * D,
+                            raw == NULL ? NULL : raw + head * rows * D, job->raw_scale,
                             m + head * rows, l + head * rows, acc + head * rows * D, D};
             int r0 = 0;
             for (; r0 + RB <= rows; r0 += RB) row_block(&hv, c, r0, RB, n, first, is_plain, dtype);
@@ -488,14 +538,14 @@ INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, co
 #define DEFINE_CHUNK(NAME, DTYPE)                                                                              \
     __attribute__((noinline)) static void NAME(const ha_job *job, const char *chunk, long token_bytes,         \
                                                const float *scales, long scale_stride, int n, long first,      \
-                                               long ahead, int is_plain, const float *query, float *m,         \
-                                               float *l, float *acc) {                                         \
+                                               long ahead, int is_plain, const float *query,                   \
+                                               const uint16_t *raw, float *m, float *l, float *acc) {          \
         if (job->call->dim == 128) /* the common head dim, a constant: loops unrolled, state in registers */   \
-            run_chunk(job, chunk, token_bytes, scales, scale_stride, n, first, ahead, is_plain, query, m, l,   \
-                      acc, DTYPE, 128);                                                                        \
+            run_chunk(job, chunk, token_bytes, scales, scale_stride, n, first, ahead, is_plain, query, raw, m, \
+                      l, acc, DTYPE, 128);                                                                     \
         else                                                                                                   \
-            run_chunk(job, chunk, token_bytes, scales, scale_stride, n, first, ahead, is_plain, query, m, l,   \
-                      acc, DTYPE, job->call->dim);                                                             \
+            run_chunk(job, chunk, token_bytes, scales, scale_stride, n, first, ahead, is_plain, query, raw, m, \
+                      l, acc, DTYPE, job->call->dim);                                                          \
     }
 DEFINE_CHUNK(chunk_fp32, HA_FP32)
 DEFINE_CHUNK(chunk_bf16, HA_BF16)
@@ -504,7 +554,7 @@ DEFINE_CHUNK(chunk_int8, HA_INT8)
 DEFINE_CHUNK(chunk_bf16_paired, HA_BF16_PAIRED)
 
 typedef void (*chunk_fn)(const ha_job *, const char *, long, const float *, long, int, long, long, int,
-                         const float *, float *, float *, float *);
+                         const float *, const uint16_t *, float *, float *, float *);
 
 /* fp8 e4m3fn codes -> fp32 (exact): a table of the 256 codes. */
 static float fp8_table[256];
@@ -568,6 +618,13 @@ int TASK(const ha_job *job, long index) {
     const char *home = c->kv[group_index];
     const float *scales = c->scales ? c->scales[group_index] : NULL;
     const float *query = job->folded + group_index * heads_rows * D;
+    /* the bf16 queries (the dot-product scores) only where this path computes them: bf16 homes in paired order */
+    const uint16_t *raw = job->raw != NULL && dtype == HA_BF16_PAIRED ? job->raw + group_index * heads_rows * D : NULL;
+#if defined(HA_BF16_DOT)
+    if (raw != NULL && job->rows >= RB) __atomic_fetch_add(&ha_bf16_dot_tasks, 1, __ATOMIC_RELAXED);
+#else
+    raw = NULL;
+#endif
     const chunk_fn chunk_of[] = {chunk_fp32, chunk_bf16, chunk_fp16, chunk_int8, chunk_fp32, chunk_bf16_paired};
     const chunk_fn run = chunk_of[dtype];
     const long token_bytes = job->token_bytes, scale_stride = (long)c->batch * 2 * c->group;
@@ -592,10 +649,11 @@ int TASK(const ha_job *job, long index) {
             const float *scale = scales + t * scale_stride;
             for (long i = 0; i < n * scale_stride; i++)
                 for (int d = 0; d < D; d++) widened[i * D + d] = fp8_table[codes[i * D + d]] * scale[i];
-            run(job, (const char *)widened, scale_stride * D * 4, NULL, 0, n, t, 0, is_plain, query, m, l, acc);
+            run(job, (const char *)widened, scale_stride * D * 4, NULL, 0, n, t, 0, is_plain, query, NULL, m, l,
+                acc);
         } else {
             run(job, chunk, token_bytes, dtype == HA_INT8 ? scales + t * scale_stride : NULL, scale_stride, n, t,
-                last - t, is_plain, query, m, l, acc);
+                last - t, is_plain, query, raw, m, l, acc);
         }
     }
     if (dtype == HA_BF16_PAIRED) from_pairs(acc, heads_rows, D);

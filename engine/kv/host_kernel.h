@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 enum { HA_FP32 = 0, HA_BF16 = 1, HA_FP16 = 2, HA_INT8 = 3, HA_FP8 = 4 };
-enum { HA_AUTO = 0, HA_PORTABLE = 1, HA_AVX2 = 2, HA_AVX512 = 3 };
+enum { HA_AUTO = 0, HA_PORTABLE = 1, HA_AVX2 = 2, HA_AVX512 = 3, HA_AVX512_BF16 = 4 };
 
 /* Another library's pool, where the call may run its tasks instead of this library's own: ``run(context, lo, hi)``
  * over [0, total) in ranges of whole ``align`` units on the caller and up to ``threads - 1`` workers; returns 0 or
@@ -45,17 +45,26 @@ typedef struct {
     int tiles_per_group, rows;  /* rows R = n_rep * Q */
     long token_bytes;           /* bytes of one token of a home: B * 2 * g * D * element size */
     float *m, *l, *acc;         /* per task: [B * g * R] running max, sum; [B * g * R, D] unnormalised output */
+    const uint16_t *raw;        /* [num_groups, B, g, R, D] the queries as bf16 bits, unscaled, in element order,
+                                   where every query is a bf16 value and the path scores bf16 homes by bf16 dot
+                                   products (HA_AVX512_BF16); else NULL */
+    float raw_scale;            /* what folding multiplied the queries by: scores = (raw . k) * raw_scale */
 } ha_job;
+
+/* Tasks that scored their keys by bf16 dot products since the library loaded (tests: which path ran). */
+extern long ha_bf16_dot_tasks;
 
 /* Computes task ``index`` (group index / tiles_per_group, tile index % tiles_per_group) into its partial slot.
  * Returns 0, or -2 when a scratch buffer could not be allocated. One per compiled vector path. */
 int ha_task_portable(const ha_job *job, long index);
 int ha_task_avx2(const ha_job *job, long index);
 int ha_task_avx512(const ha_job *job, long index);
+int ha_task_avx512bf16(const ha_job *job, long index);
 
 /* The sum of ``bytes`` of floats at ``data``: a plain read at the same vector width (the benchmark's yardstick). */
 float ha_read_portable(const char *data, long bytes);
 float ha_read_avx2(const char *data, long bytes);
 float ha_read_avx512(const char *data, long bytes);
+float ha_read_avx512bf16(const char *data, long bytes);
 
 #endif

@@ -15,6 +15,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+long ha_bf16_dot_tasks = 0;
 
 #define MAX_WORKERS 255
 #define DEFAULT_TILE_BYTES (2L << 20) /* 2 MiB: the streamed home of a tile; calls of less use smaller tiles */
@@ -112,6 +117,11 @@ static int cores(void) {
 static int cpu_has(int variant) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
+    if (variant == HA_AVX512_BF16) { /* cpuid leaf 7, sub-leaf 1, EAX bit 5 (not every compiler's cpu_supports
+                                        names it); the AVX-512 check below covers the OS's register state */
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        return cpu_has(HA_AVX512) && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 5 & 1);
+    }
     if (variant == HA_AVX512)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
@@ -123,6 +133,9 @@ static int cpu_has(int variant) {
 
 static task_fn variant_function(int variant) {
     switch (variant) {
+#ifdef HA_HAS_AVX512BF16
+        case HA_AVX512_BF16: return cpu_has(HA_AVX512_BF16) ? ha_task_avx512bf16 : NULL;
+#endif
 #ifdef HA_HAS_AVX512
         case HA_AVX512: return cpu_has(HA_AVX512) ? ha_task_avx512 : NULL;
 #endif
@@ -138,7 +151,7 @@ static task_fn variant_function(int variant) {
  * is available; 0 if it is not. */
 int host_attend_variant(int requested) {
     if (requested != HA_AUTO) return variant_function(requested) ? requested : 0;
-    for (int variant = HA_AVX512; variant >= HA_PORTABLE; variant--)
+    for (int variant = HA_AVX512_BF16; variant >= HA_PORTABLE; variant--)
         if (variant_function(variant)) return variant;
     return 0;
 }
@@ -214,18 +227,31 @@ static void write_element(void *base, long index, int dtype, float value) {
  * (repeat, query). */
 #define HEAD_OF(c, grp, h, r) ((((long)(grp) * (c)->group + (h)) * (c)->n_rep) + (r) / (c)->q_len)
 
-static void fold_queries(const ha_call *c, int rows, float *folded) {
+/* The queries pre-scaled into ``folded``; where ``raw`` is given, also as bf16 bits unscaled (element order). Returns
+ * whether every query was a bf16 value (so that ``raw`` holds them exactly). */
+static int fold_queries(const ha_call *c, int rows, float *folded, uint16_t *raw) {
     const float scale = c->softcap > 0.0f ? c->scaling / c->softcap : c->scaling; /* the tile undoes 1/softcap */
+    uint32_t low_bits = 0; /* the low halves of every query's fp32 bits, or-ed: 0 iff all are bf16 values */
     for (int grp = 0; grp < c->num_groups; grp++)
         for (int b = 0; b < c->batch; b++)
             for (int h = 0; h < c->group; h++)
                 for (int r = 0; r < rows; r++) {
                     const long head = HEAD_OF(c, grp, h, r), q = r % c->q_len;
                     const long at = b * c->q_strides[0] + head * c->q_strides[1] + q * c->q_strides[2];
-                    float *out = folded + ((((long)grp * c->batch + b) * c->group + h) * rows + r) * c->dim;
-                    for (int d = 0; d < c->dim; d++)
-                        out[d] = read_element(c->query, at + d * c->q_strides[3], c->query_dtype) * scale;
+                    const long row = (((long)grp * c->batch + b) * c->group + h) * rows + r;
+                    float *out = folded + row * c->dim;
+                    for (int d = 0; d < c->dim; d++) {
+                        const float value = read_element(c->query, at + d * c->q_strides[3], c->query_dtype);
+                        out[d] = value * scale;
+                        if (raw != NULL) {
+                            uint32_t bits;
+                            memcpy(&bits, &value, 4);
+                            low_bits |= bits & 0xffffu;
+                            raw[row * c->dim + d] = (uint16_t)(bits >> 16);
+                        }
+                    }
                 }
+    return raw != NULL && low_bits == 0;
 }
 
 /* out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over a group's tiles (M: the largest m; a tile a row
@@ -307,8 +333,12 @@ static int attention_range(const void *context, long lo, long hi) {
 /* Returns 0; -1 a head dim without a specialisation; -2 out of memory; -3 the vector path is not available. */
 int host_attend_layer(const ha_call *c) {
     if (c->dim != 16 && c->dim != 32 && c->dim != 64 && c->dim != 128 && c->dim != 256) return -1;
-    const task_fn run = variant_function(host_attend_variant(c->variant));
+    const int variant = host_attend_variant(c->variant);
+    const task_fn run = variant_function(variant);
     if (run == NULL) return -3;
+    /* bf16 homes on the bf16 dot-product path: the queries as bf16 too, where they are bf16 values (a bf16 model's
+       are): their products with the keys are then exact in fp32, as the widened path's */
+    const int wants_raw = variant == HA_AVX512_BF16 && c->kv_dtype == HA_BF16 && c->dim == 128;
     ha_job job = {0};
     job.call = c;
     job.rows = c->n_rep * c->q_len;
@@ -326,7 +356,8 @@ int host_attend_layer(const ha_call *c) {
     const long num_tasks = (long)job.tiles_per_group * c->num_groups;
     const long heads_rows = (long)c->batch * c->group * job.rows;
     const long folded_floats = heads_rows * c->dim * c->num_groups;
-    const long needed = folded_floats + num_tasks * heads_rows * (c->dim + 2);
+    const long raw_floats = wants_raw ? (folded_floats + 1) / 2 + 16 : 0; /* bf16 halves, 64-byte aligned */
+    const long needed = folded_floats + num_tasks * heads_rows * (c->dim + 2) + raw_floats;
 
     pthread_mutex_lock(&pool.call_lock);
     if (pool.scratch_floats < needed) {
@@ -343,7 +374,14 @@ int host_attend_layer(const ha_call *c) {
     job.m = folded + folded_floats;
     job.l = job.m + num_tasks * heads_rows;
     job.acc = job.l + num_tasks * heads_rows;
-    fold_queries(c, job.rows, folded);
+    uint16_t *raw = NULL;
+    if (wants_raw) {
+        const uintptr_t after = (uintptr_t)(job.acc + num_tasks * heads_rows * c->dim);
+        raw = (uint16_t *)((after + 63) & ~(uintptr_t)63);
+    }
+    const float scale = c->softcap > 0.0f ? c->scaling / c->softcap : c->scaling;
+    job.raw = fold_queries(c, job.rows, folded, raw) ? raw : NULL;
+    job.raw_scale = scale;
 
     const attention_context context = {&job, run};
     /* On the pool the decode step's GEMVs run on where the caller gives one (its workers spin between the step's
@@ -380,6 +418,9 @@ double host_read(const char *data, long bytes, int num_threads, int variant) {
 #endif
 #ifdef HA_HAS_AVX512
                          : chosen == HA_AVX512 ? ha_read_avx512
+#endif
+#ifdef HA_HAS_AVX512BF16
+                         : chosen == HA_AVX512_BF16 ? ha_read_avx512bf16
 #endif
                          : NULL;
     if (read == NULL) return NAN;

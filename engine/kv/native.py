@@ -8,10 +8,10 @@ pthread pool, the homes read once in their stored dtype (bf16/fp16/fp32, 8-bit c
 log-sum-exp merge and the output's rounding done in C; ``ctypes`` releases the GIL for the call.
 
 ``host_kernel.c`` is compiled once per vector path into its own object (on x86-64: portable SSE2, AVX2+FMA,
-AVX-512; elsewhere the portable one, which is NEON on arm64), linked with ``host_pool.c`` into one library under
-the studio's cache folder (named by a hash of the sources, the compiler and the flags); the pool picks the widest
-path the CPU has (cpuid) at run time. ``HEADINFER_HOST_KERNEL=portable|avx2|avx512`` forces one (tests, and a
-user whose CPU misreports); ``HEADINFER_NATIVE=0`` forces the torch tile. Without a compiler, or if the build
+AVX-512, AVX-512 with bf16 dot products; elsewhere the portable one, which is NEON on arm64), linked with
+``host_pool.c`` into one library under the studio's cache folder (named by a hash of the sources, the compiler and the flags); the pool picks the widest
+path the CPU has (cpuid) at run time. ``HEADINFER_HOST_KERNEL=portable|avx2|avx512|avx512bf16`` forces one (tests,
+and a user whose CPU misreports); ``HEADINFER_NATIVE=0`` forces the torch tile. Without a compiler, or if the build
 fails, ``kernel()`` returns None (logged) and ``host_attention.py`` runs its torch tile.
 """
 
@@ -39,10 +39,13 @@ _POOL = Path(__file__).with_name("host_pool.c")
 _HEADER = Path(__file__).with_name("host_kernel.h")
 _HOST_FLAGS = ["-O3", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-pthread"]
 # Vector paths (x86-64): each compiles host_kernel.c once more; one that fails to build is left out (logged).
-_X86_PATHS = {"avx2": ["-DHA_VARIANT_AVX2", "-mavx2", "-mfma", "-mf16c"],
-              "avx512": ["-DHA_VARIANT_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2",
-                         "-mfma", "-mf16c", "-mprefer-vector-width=512"]}
-PATHS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3}
+_AVX512 = ["-DHA_VARIANT_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c",
+           "-mprefer-vector-width=512"]
+# avx512bf16: the AVX-512 path plus bf16 dot products for the scores of bf16 homes whose queries are bf16 values (a
+# bf16 model's; host_kernel.c scores_d128_dot); the other calls run as on avx512.
+_X86_PATHS = {"avx2": ["-DHA_VARIANT_AVX2", "-mavx2", "-mfma", "-mf16c"], "avx512": _AVX512,
+              "avx512bf16": [*_AVX512, "-DHA_BF16_DOT", "-mavx512bf16"]}
+PATHS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3, "avx512bf16": 4}
 ENV_PATH = "HEADINFER_HOST_KERNEL"
 # The source uses _Float16 where the compiler announces it (GCC 12+, clang 15+) and bit operations elsewhere; a
 # compiler that announces it but rejects it gets a second build with the bit operations forced.
@@ -94,8 +97,9 @@ PROBE = f"{__name__}:exercise_kernel"  # a name, so that a test can aim the prob
 
 def exercise_kernel() -> None:
     """The host-attention probe (run in a child process): the built kernel on the path this CPU picks, one decode
-    query over fp32, bf16 and fp16 homes of a few lengths (within a chunk, across chunks and tiles), checked against
-    softmax(q·kᵀ)·v in float64."""
+    query over fp32, bf16 and fp16 homes of a few lengths (within a chunk, across chunks and tiles), and bf16
+    queries over a bf16 home of head dim 128 (the bf16 dot products), checked against softmax(q·kᵀ)·v in
+    float64."""
     import torch
 
     function = _unprobed_kernel()
@@ -113,6 +117,15 @@ def exercise_kernel() -> None:
             expected = torch.einsum("hn,nhd->hd", weights, values)  # [H, D]
             error = (out[0, :, 0].double() - expected).abs().max().item()
             assert error < 1e-4, f"host attention wrong by {error} ({dtype}, {length} keys)"
+    # bf16 queries over bf16 homes of head dim 128: the path's bf16 dot products, where the CPU reports them
+    block = torch.randn(300, 1, 2, 1, 128, generator=generator).to(torch.bfloat16)
+    query = torch.randn(1, 4, 1, 128, generator=generator).to(torch.bfloat16)
+    out = torch.empty_like(query)
+    attend_layer(query, [block], 0, 300, out, scaling=128**-0.5, function=function)
+    weights = torch.einsum("hd,nd->hn", query[0, :, 0].double(), block[:, 0, 0, 0].double()).mul(128**-0.5)
+    expected = torch.einsum("hn,nd->hd", weights.softmax(-1), block[:, 0, 1, 0].double())
+    error = (out[0, :, 0].double() - expected).abs().max().item()
+    assert error < 1e-2, f"host attention wrong by {error} (bf16 queries, head dim 128)"
 
 
 def _unprobed_kernel():
@@ -169,7 +182,9 @@ def build(compiler: str, extra: list[str] | None = None):
     variant.argtypes, variant.restype = [ctypes.c_int], ctypes.c_int
     read = library.host_read
     read.argtypes, read.restype = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int], ctypes.c_double
+    dot_tasks = ctypes.c_long.in_dll(library, "ha_bf16_dot_tasks")
     function.variant, function.read = variant, read
+    function.dot_tasks = lambda: dot_tasks.value  # tasks scored by bf16 dot products so far (tests: the path ran)
     return function
 
 

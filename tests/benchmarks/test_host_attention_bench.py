@@ -26,6 +26,22 @@ def test_cpu_table_puts_each_layer_call_next_to_the_read_on_the_same_threads(tmp
     assert "| home | tokens | threads |" in capsys.readouterr().out
 
 
+def test_paths_are_timed_in_turns_a_row_each_on_the_path_asked_for(tmp_path, monkeypatch):
+    """``--paths``: each layer call on every path asked for, a row per path naming the path that ran; the
+    environment's forced path is back as it was afterwards."""
+    from engine.kv import native
+
+    function = native.kernel()
+    paths = [name for name in ("portable", "avx512", "avx512bf16") if function.variant(native.PATHS[name])]
+    monkeypatch.setenv(native.ENV_PATH, "portable")
+    host_attention.main(["--tokens", "1K", "--dtypes", "bf16", "--threads", "1", "--repeats", "1",
+                         "--read-mib", "16", "--paths", ",".join(paths), "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "host-attention-cpu.json").read_text())
+    assert [r["path"] for r in result["rows"]] == paths
+    assert native.forced_path() == "portable"
+    assert all(f"| bf16 | 1K | 1 | {path} |" in (tmp_path / "host-attention-cpu.md").read_text() for path in paths)
+
+
 def test_gpu_run_step_records_host_figures_and_three_decode_splits_on_cpu(tmp_path, monkeypatch):
     # One length and one step keep the smoke run short; the GPU run measures 32K, 128K and 512K.
     short = [a for a in host_attention.GPU_DECODE_ARGS]

@@ -120,7 +120,7 @@ def _available_paths() -> list[str]:
     function = native.kernel()
     if function is None:
         return []
-    return [name for name in ("portable", "avx2", "avx512") if function.variant(native.PATHS[name])]
+    return [name for name in ("portable", "avx2", "avx512", "avx512bf16") if function.variant(native.PATHS[name])]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
@@ -180,11 +180,52 @@ def test_every_path_is_exact_for_one_key_and_lengths_off_the_chunk_and_tile_grid
             assert error <= torch.finfo(torch.bfloat16).eps + 1e-6, (path, stop, error)
 
 
+def _bf16_values(shape) -> torch.Tensor:
+    """fp32 tensor of bf16 values (what a bf16 model's queries are once widened)."""
+    return torch.randn(shape).to(torch.bfloat16).float()
+
+
+@pytest.mark.parametrize("window, softcap", [(None, None), (300, None), (None, 30.0)], ids=["full", "window", "softcap"])
+@pytest.mark.parametrize("n_rep", [4, 6, 8], ids=["4-rows", "6-rows", "8-rows"])
+def test_bf16_queries_over_bf16_homes_are_scored_by_bf16_dot_products_within_fp32_rounding(monkeypatch, window,
+                                                                                           softcap, n_rep):
+    """avx512bf16: bf16 homes of head dim 128 whose queries are bf16 values (bf16 tensors, or fp32 ones holding bf16
+    values) are scored by vdpbf16ps (the tasks are counted), within the fp32 parity tolerance of float64 and of the
+    AVX-512 path; queries that are not bf16 values take that path's widened keys and FMAs instead (no task
+    counted), exact as before: rounding them to bf16 would be wrong by ~2^-9."""
+    function = native.kernel()
+    if function is None or not function.variant(native.PATHS["avx512bf16"]):
+        pytest.skip("no AVX512_BF16 here")
+    torch.manual_seed(0)
+    kvs = [torch.randn(700, 1, 2, 1, 128).to(torch.bfloat16) for _ in range(2)]  # [T, B, 2, g, D]
+    kernel = HostAttention(tile_bytes=64 << 10)
+    for query, dots in ((_bf16_values((1, 2 * n_rep, 1, 128)), True), (torch.randn(1, 2 * n_rep, 1, 128), False)):
+        expected = reference(query, kvs, 0, 700, 128**-0.5, window, softcap)
+        monkeypatch.setenv(native.ENV_PATH, "avx512bf16")
+        before = function.dot_tasks()
+        out = kernel.attend(query, kvs, 0, 700, scaling=128**-0.5, window=window, softcap=softcap)
+        assert (function.dot_tasks() > before) == dots
+        monkeypatch.setenv(native.ENV_PATH, "avx512")  # the fallback of a CPU without bf16 dot products
+        before = function.dot_tasks()
+        widened = kernel.attend(query, kvs, 0, 700, scaling=128**-0.5, window=window, softcap=softcap)
+        assert function.dot_tasks() == before
+        scale = expected.abs().max()
+        assert (out.double() - expected).abs().max() <= 1e-5 * scale
+        assert (out.double() - widened.double()).abs().max() <= 1e-5 * scale
+    bf16_query = _bf16_values((1, 2 * n_rep, 1, 128)).to(torch.bfloat16)  # a bf16 tensor: always bf16 values
+    monkeypatch.setenv(native.ENV_PATH, "avx512bf16")
+    before = function.dot_tasks()
+    out = kernel.attend(bf16_query, kvs, 0, 700, scaling=128**-0.5, window=window, softcap=softcap)
+    assert function.dot_tasks() > before
+    expected = reference(bf16_query, kvs, 0, 700, 128**-0.5, window, softcap)
+    assert (out.double() - expected).abs().max() <= (torch.finfo(torch.bfloat16).eps + 1e-6) * expected.abs().max()
+
+
 def test_a_path_the_cpu_lacks_is_refused(monkeypatch):
     function = native.kernel()
     if function is None:
         pytest.skip("no C compiler here")
-    missing = [name for name in ("avx2", "avx512") if not function.variant(native.PATHS[name])]
+    missing = [name for name in ("avx2", "avx512", "avx512bf16") if not function.variant(native.PATHS[name])]
     if not missing:
         pytest.skip("this CPU runs every path")
     monkeypatch.setenv(native.ENV_PATH, missing[0])

@@ -114,13 +114,13 @@ static int cores(void) {
 }
 
 /* ---- the vector path ---- */
-static int cpu_has(int variant) {
+static int cpu_has_uncached(int variant) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     if (variant == HA_AVX512_BF16) { /* cpuid leaf 7, sub-leaf 1, EAX bit 5 (not every compiler's cpu_supports
                                         names it); the AVX-512 check below covers the OS's register state */
         unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-        return cpu_has(HA_AVX512) && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 5 & 1);
+        return cpu_has_uncached(HA_AVX512) && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 5 & 1);
     }
     if (variant == HA_AVX512)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -129,6 +129,19 @@ static int cpu_has(int variant) {
     if (variant == HA_AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
     return variant == HA_PORTABLE;
+}
+
+/* Remembered per path: the cpuid instruction traps to the hypervisor in a virtual machine (measured ~7 us each, two
+ * a call, on this EPYC VM). Concurrent first calls store the same answer. */
+static int cpu_has(int variant) {
+    static int known[HA_AVX512_BF16 + 1]; /* 0: not asked yet; 1: no; 2: yes */
+    if (variant < 0 || variant > HA_AVX512_BF16) return 0;
+    int answer = __atomic_load_n(&known[variant], __ATOMIC_RELAXED);
+    if (answer == 0) {
+        answer = cpu_has_uncached(variant) ? 2 : 1;
+        __atomic_store_n(&known[variant], answer, __ATOMIC_RELAXED);
+    }
+    return answer == 2;
 }
 
 static task_fn variant_function(int variant) {

@@ -1,12 +1,15 @@
 """A real headless Chromium uses the studio as a person would: drop a PDF, read the plan, read the
 document, watch progress and meters, ask for a fact hidden on page 3, read the streamed answer.
 
-Screenshots of each stage are written to docs/screenshots/ (1280x800, and one at phone width).
+Screenshots of each stage (1280x800, and one at phone width) go to a temporary folder, or to the folder
+``HEADINFER_SCREENSHOTS`` names: ``HEADINFER_SCREENSHOTS=docs/screenshots`` refreshes the README's pictures (a test
+run does not rewrite tracked files: a run under load would commit a slow read's pictures).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +26,6 @@ log = logging.getLogger(__name__)
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 PAGES = [
     "The lighthouse of Kerrow Point stands on a rocky cape at the edge of the northern sea. Its keeper, Mara Quill, "
     "has tended the lamp for twenty years. Every evening she climbs the one hundred and twelve steps, trims the "
@@ -63,27 +65,35 @@ def _meter(page, name: str) -> int:
     return int(page.get_attribute("#meters .meters", f"data-{name}"))
 
 
+def _shots(tmp_path: Path) -> Path:
+    """Where the screenshots go: ``HEADINFER_SCREENSHOTS`` (relative: to the repository), else ``tmp_path``."""
+    named = os.environ.get("HEADINFER_SCREENSHOTS")
+    folder = Path(__file__).resolve().parents[2] / named if named else tmp_path / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def test_read_a_pdf_and_ask_for_the_fact_on_page_3(page, tmp_path):
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    shots = _shots(tmp_path)
     pdf = make_pdf(tmp_path / "kerrow-lighthouse.pdf", PAGES)
 
     page.wait_for_selector("#meters .meters")
     assert _meter(page, "context-tokens") == 0
     assert page.locator("#meters .meter-gpu").count() == 0  # no GPU here: no GPU meter at all
-    page.screenshot(path=str(SHOTS / "01-empty.png"))
+    page.screenshot(path=str(shots / "01-empty.png"))
 
     page.locator("#file-drop input[type=file]").set_input_files(str(pdf))
     page.wait_for_selector("#plan .plan[data-fits=true]")
     assert "kerrow-lighthouse.pdf" in page.inner_text("#files-table")
     assert "Host memory" in page.inner_text("#plan") and "Reading time" in page.inner_text("#plan")
-    page.screenshot(path=str(SHOTS / "02-plan.png"))
+    page.screenshot(path=str(shots / "02-plan.png"))
 
     page.click("#read")
     page.wait_for_function(
         "() => { const bar = document.querySelector('#prefill-progress .progress');"
         " return bar && bar.dataset.state === 'running' && Number(bar.dataset.done) > 0; }")
     assert "tok/s" in page.inner_text("#prefill-progress")
-    page.screenshot(path=str(SHOTS / "03-reading.png"))
+    page.screenshot(path=str(shots / "03-reading.png"))
     page.wait_for_selector("#prefill-progress .progress[data-state=done]")
     done, total = (int(page.get_attribute("#prefill-progress .progress", f"data-{k}")) for k in ("done", "total"))
     assert done == total > 0
@@ -95,7 +105,7 @@ def test_read_a_pdf_and_ask_for_the_fact_on_page_3(page, tmp_path):
     page.fill("#question textarea", QUESTION)
     page.click("#ask")
     page.wait_for_selector("#chat .answer-stats:has-text('writing')")
-    page.screenshot(path=str(SHOTS / "04-answer-streaming.png"))
+    page.screenshot(path=str(shots / "04-answer-streaming.png"))
     page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('tok/s')")
     answer = page.locator("#chat .message.bot, #chat [data-testid=bot]").last.inner_text()
     stats = page.locator("#chat .answer-stats").last.inner_text()
@@ -106,7 +116,7 @@ def test_read_a_pdf_and_ask_for_the_fact_on_page_3(page, tmp_path):
     # The question and answer joined the context (seen at the meters' next refresh).
     page.wait_for_function(
         f"() => Number(document.querySelector('#meters .meters').dataset.contextTokens) > {total}")
-    page.screenshot(path=str(SHOTS / "05-answer.png"))
+    page.screenshot(path=str(shots / "05-answer.png"))
 
     # Sources read from the attention name the pages; a page chip opens that page beside the chat.
     sources = page.locator("#chat .answer-sources").last.inner_text()
@@ -117,9 +127,9 @@ def test_read_a_pdf_and_ask_for_the_fact_on_page_3(page, tmp_path):
     assert shown in sources and page.inner_text("#page-view").strip()
     if "AMBER" in answer:
         assert sources.startswith("Sources: p. 3"), sources  # the fact's page, when the model found the fact
-    page.screenshot(path=str(SHOTS / "05b-sources-and-page.png"))
+    page.screenshot(path=str(shots / "05b-sources-and-page.png"))
 
     page.set_viewport_size({"width": 390, "height": 844})
     page.wait_for_timeout(500)
     assert page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing sticks out sideways
-    page.screenshot(path=str(SHOTS / "06-phone.png"), full_page=True)
+    page.screenshot(path=str(shots / "06-phone.png"), full_page=True)

@@ -27,7 +27,9 @@ a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong 
   its own approximate exp, and greedy tokens of a bf16 model must stay those of stock transformers (an fp32 tile
   differed from it in a fifth of a decode step's outputs, and two tiny bf16 models then chose other tokens);
 - ``cpu-native-pool``: the same kernel on its own thread pool, for blocks of ``POOL_BYTES`` and more when torch
-  runs several threads.
+  runs several threads;
+- ``cpu-native-prefill``: a longer fp32 query block on a CPU (a prefill chunk) through the same kernel, a call per
+  ``PREFILL_QUERY_BLOCK`` queries over the keys they see, on the pool (about twice torch's CPU SDPA here).
 
 SDPA's math kernel is never allowed on CUDA: it materialises ``[heads, chunk, keys]`` scores (4 GiB for
 Mistral-7B at chunk 4096) that the memory plan does not count.
@@ -164,8 +166,13 @@ def attend_block(query: torch.Tensor, block: torch.Tensor, *, q_offset: int, sca
         out = _flash_attn_func()(query.transpose(1, 2), keys, values,
                                  **flash_kwargs(block.shape[0], scaling, window, softcap))
         return out.transpose(1, 2)
-    if query.device.type == "cpu" and query.dtype == torch.float32 and query.shape[2] <= native.CPU_QUERY_LIMIT:
-        out = _cpu_tile(query, block, q_offset, scaling, window, softcap)
+    if query.device.type == "cpu" and query.dtype == torch.float32:
+        if query.shape[2] <= native.CPU_QUERY_LIMIT:
+            out = _cpu_tile(query, block, q_offset, scaling, window, softcap)
+        elif not copies_kv("cpu"):  # (tests emulating CUDA's fused routes on the CPU keep them)
+            out = _cpu_prefill(query, block, q_offset, scaling, window, softcap)
+        else:
+            out = None
         if out is not None:
             return out
     keys, values = block.permute(2, 1, 3, 0, 4).unbind(0)  # [B, Hk, K, D] each (views)
@@ -195,6 +202,40 @@ def _cpu_tile(query, block, q_offset, scaling, window, softcap) -> torch.Tensor 
     if out is not None:
         _route("cpu-native-pool" if is_pooled else "cpu-native")
     return out
+
+
+def _cpu_prefill(query, block, q_offset, scaling, window, softcap) -> torch.Tensor | None:
+    """A CPU prefill chunk (more than ``native.CPU_QUERY_LIMIT`` fp32 queries) through the C kernel,
+    ``PREFILL_QUERY_BLOCK`` query tokens a call, each call over the keys its queries see (causality and a window
+    cut the rest), on the kernel's pool; None: no C kernel for it here.
+
+    Why: torch's CPU SDPA ran a chunk of 512 queries at 65-78 GFLOPS on one EPYC core (146-150 on two) where these
+    calls ran 120-165 (170-320), exact to fp32 rounding; at long contexts attention is most of a prefill.
+    (``python -m benchmarks.weights.prefill_attention``, ``docs/benchmarks/prefill-attention.md``.)"""
+    if not native.can_attend(query, [block]):
+        return None
+    assert block.shape[0] == q_offset + query.shape[2], (block.shape, q_offset, query.shape)
+    batch, num_heads, q_len, head_dim = query.shape
+    num_threads = min(torch.get_num_threads(), usable_cores())
+    # A call's tasks each keep a partial of every row (B * H * block rows of D + 2 floats): tiles of at least 16
+    # partials' bytes keep that scratch within 1/16 of the home however long the context.
+    tile_bytes = max(2 << 20, 16 * batch * num_heads * PREFILL_QUERY_BLOCK * (head_dim + 2) * 4)
+    outs = []
+    for first in range(0, q_len, PREFILL_QUERY_BLOCK):
+        last = min(first + PREFILL_QUERY_BLOCK, q_len)
+        start = 0 if window is None else max(0, q_offset + first - window + 1)  # the first query's oldest key
+        out = torch.empty(batch, num_heads, last - first, head_dim)  # [B, H, q, D], the kernel writes it whole
+        native.attend_layer(query[:, :, first:last], [block], start, q_offset + last, out, scaling=scaling,
+                            window=window, softcap=softcap, num_threads=num_threads, tile_bytes=tile_bytes)
+        outs.append(out)
+    _route("cpu-native-prefill")
+    return torch.cat(outs, dim=2)  # [B, H, Q, D]
+
+
+#: Query tokens per C call of a CPU prefill chunk: 32-128 ran alike (a 512-token chunk over 2K-32K keys, 1 and 2
+#: threads); a whole chunk in one call 5-15% slower (every row's partials kept per task and merged), 10-40% at the
+#: first chunk.
+PREFILL_QUERY_BLOCK = 64
 
 
 #: Block bytes from which a CPU decode step runs on the kernel's pool: below it handing half to another core costs

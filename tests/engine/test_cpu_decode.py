@@ -62,15 +62,42 @@ def test_large_blocks_split_over_the_pool_give_the_same_result(monkeypatch):
     torch.testing.assert_close(out, sdpa_reference(query, block, 2999, 0.125, None, None), rtol=1e-5, atol=1e-6)
 
 
-def test_prefill_chunks_and_bf16_keep_sdpa():
-    """Long query blocks are SDPA's (blocked matmuls); bf16 queries too: torch's CPU SDPA rounds probabilities to
-    bf16 with its own exp, and a bf16 model's greedy tokens must stay those of stock transformers."""
-    block = torch.randn(100, 1, 2, 2, 16)
-    before = kernels.ROUTE_COUNTS["cpu-native"]
-    kernels.attend_block(torch.randn(1, 4, native.CPU_QUERY_LIMIT + 1, 16), block,
-                         q_offset=100 - native.CPU_QUERY_LIMIT - 1, scaling=0.25)
-    kernels.attend_block(torch.randn(1, 4, 1, 16).bfloat16(), block.bfloat16(), q_offset=99, scaling=0.25)
-    assert kernels.ROUTE_COUNTS["cpu-native"] == before
+def test_bf16_keeps_sdpa():
+    """bf16 queries, a decode step or a prefill chunk: torch's CPU SDPA rounds probabilities to bf16 with its own
+    exp, and a bf16 model's greedy tokens must stay those of stock transformers."""
+    block = torch.randn(100, 1, 2, 2, 16).bfloat16()
+    before = kernels.ROUTE_COUNTS.copy()
+    kernels.attend_block(torch.randn(1, 4, 1, 16).bfloat16(), block, q_offset=99, scaling=0.25)
+    kernels.attend_block(torch.randn(1, 4, 40, 16).bfloat16(), block, q_offset=60, scaling=0.25)
+    assert all(kernels.ROUTE_COUNTS[route] == before[route]
+               for route in ("cpu-native", "cpu-native-pool", "cpu-native-prefill"))
+
+
+@pytest.mark.parametrize("window, softcap", [(None, None), (7, None), (None, 2.0), (90, 3.0)],
+                         ids=["full", "window", "softcap", "window-softcap"])
+@pytest.mark.parametrize("q_len, keys", [(native.CPU_QUERY_LIMIT + 1, 17), (150, 150), (150, 700)],
+                         ids=["just-over-the-limit", "first-chunk", "later-chunk"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_prefill_chunks_take_the_kernel_a_query_block_a_call_as_sdpa_computes_them(window, softcap, q_len, keys,
+                                                                                    threads):
+    """A chunk of more than CPU_QUERY_LIMIT fp32 queries: the C kernel, ``PREFILL_QUERY_BLOCK`` queries a call over
+    the keys they see (150 queries: two whole blocks and a remainder), on one thread and on the pool, within fp32
+    rounding of the SDPA route (or the tiled softcap one) it replaces; GQA folded, a batch of 2."""
+    torch.manual_seed(0)
+    block = torch.randn(keys, 2, 2, 3, 64)  # [K, B, 2, Hk, D]
+    query = torch.randn(2, q_len, 3 * 4, 64).transpose(1, 2)  # [B, H, Q, D] as transformers hands it
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        before = kernels.ROUTE_COUNTS["cpu-native-prefill"]
+        out = kernels.attend_block(query, block, q_offset=keys - q_len, scaling=0.125, window=window,
+                                   softcap=softcap)
+        assert kernels.ROUTE_COUNTS["cpu-native-prefill"] == before + 1
+    finally:
+        torch.set_num_threads(saved)
+    expected = sdpa_reference(query, block, keys - q_len, 0.125, window, softcap)
+    assert out.shape == expected.shape and out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
 
 
 @torch.inference_mode()

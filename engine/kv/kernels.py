@@ -220,16 +220,17 @@ def _cpu_prefill(query, block, q_offset, scaling, window, softcap) -> torch.Tens
     # A call's tasks each keep a partial of every row (B * H * block rows of D + 2 floats): tiles of at least 16
     # partials' bytes keep that scratch within 1/16 of the home however long the context.
     tile_bytes = max(2 << 20, 16 * batch * num_heads * PREFILL_QUERY_BLOCK * (head_dim + 2) * 4)
-    outs = []
+    out = torch.empty(batch, num_heads, q_len, head_dim)  # [B, H, Q, D]
+    part = torch.empty(batch, num_heads, PREFILL_QUERY_BLOCK, head_dim)  # what the kernel writes whole, then copied
     for first in range(0, q_len, PREFILL_QUERY_BLOCK):
         last = min(first + PREFILL_QUERY_BLOCK, q_len)
         start = 0 if window is None else max(0, q_offset + first - window + 1)  # the first query's oldest key
-        out = torch.empty(batch, num_heads, last - first, head_dim)  # [B, H, q, D], the kernel writes it whole
-        native.attend_layer(query[:, :, first:last], [block], start, q_offset + last, out, scaling=scaling,
+        written = part if last - first == PREFILL_QUERY_BLOCK else part[:, :, : last - first].contiguous()
+        native.attend_layer(query[:, :, first:last], [block], start, q_offset + last, written, scaling=scaling,
                             window=window, softcap=softcap, num_threads=num_threads, tile_bytes=tile_bytes)
-        outs.append(out)
+        out[:, :, first:last] = written
     _route("cpu-native-prefill")
-    return torch.cat(outs, dim=2)  # [B, H, Q, D]
+    return out
 
 
 #: Query tokens per C call of a CPU prefill chunk: 32-128 ran alike (a 512-token chunk over 2K-32K keys, 1 and 2

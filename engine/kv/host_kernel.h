@@ -3,7 +3,7 @@
  * A call: the step's queries [B, H, Q, D] over tokens [start, stop) of every host-attended head group's home
  * ([capacity, B, 2, g, D] token-major, in its stored dtype; 8-bit homes: codes plus fp32 scale planes
  * [capacity, B, 2, g, 1]); H = num_groups * g * n_rep; row r of a KV head is query head rep = r / Q at query
- * r % Q. Output [B, H, Q, D] contiguous, in out_dtype.
+ * r % Q. Output [B, H, Q, D] with out_strides, in out_dtype.
  */
 #ifndef HEADINFER_HOST_KERNEL_H
 #define HEADINFER_HOST_KERNEL_H
@@ -24,8 +24,9 @@ typedef struct {
     const char *const *kv;      /* [num_groups] home base pointers (8-bit homes: their codes) */
     const float *const *scales; /* [num_groups] scale planes, or NULL (not 8-bit) */
     const void *query;          /* [B, H, Q, D] with q_strides (elements) */
-    void *out;                  /* [B, H, Q, D] contiguous */
+    void *out;                  /* [B, H, Q, D] with out_strides (elements) */
     long q_strides[4];
+    long out_strides[4];        /* a prefill chunk's query block writes into the chunk's output in place */
     long start, stop;           /* visible tokens of every home */
     long window;                /* > 0: a query at p sees keys > p - window */
     long tile_bytes;            /* most home bytes per task (0: the default) */

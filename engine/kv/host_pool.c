@@ -270,7 +270,7 @@ static int fold_queries(const ha_call *c, int rows, float *folded, uint16_t *raw
 /* out = sum_i e^(m_i - M) acc_i / sum_i e^(m_i - M) l_i over a group's tiles (M: the largest m; a tile a row
  * cannot see has m = -inf, weight 0). */
 static void merge(const ha_call *c, const ha_job *job) {
-    const long heads_rows = (long)c->batch * c->group * job->rows, num_heads = (long)c->num_groups * c->group * c->n_rep;
+    const long heads_rows = (long)c->batch * c->group * job->rows;
     const int tiles = job->tiles_per_group, dim = c->dim;
     float row[256];
     for (int grp = 0; grp < c->num_groups; grp++)
@@ -289,9 +289,10 @@ static void merge(const ha_call *c, const ha_job *job) {
                 for (int d = 0; d < dim; d++) row[d] += weight * acc[d];
             }
             const long head = HEAD_OF(c, grp, h, r), q = r % c->q_len;
-            const long at = ((b * num_heads + head) * c->q_len + q) * dim;
+            const long at = b * c->out_strides[0] + head * c->out_strides[1] + q * c->out_strides[2];
             const float inverse = 1.0f / total;  /* > 0: every query sees its own key */
-            for (int d = 0; d < dim; d++) write_element(c->out, at + d, c->out_dtype, row[d] * inverse);
+            for (int d = 0; d < dim; d++)
+                write_element(c->out, at + d * c->out_strides[3], c->out_dtype, row[d] * inverse);
         }
 }
 

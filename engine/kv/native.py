@@ -59,7 +59,8 @@ class LayerCall(ctypes.Structure):
     """``ha_call`` of host_kernel.h, field for field."""
 
     _fields_ = [("kv", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("query", ctypes.c_void_p),
-                ("out", ctypes.c_void_p), ("q_strides", ctypes.c_long * 4), ("start", ctypes.c_long),
+                ("out", ctypes.c_void_p), ("q_strides", ctypes.c_long * 4), ("out_strides", ctypes.c_long * 4),
+                ("start", ctypes.c_long),
                 ("stop", ctypes.c_long), ("window", ctypes.c_long), ("tile_bytes", ctypes.c_long),
                 ("scaling", ctypes.c_float), ("softcap", ctypes.c_float), ("num_groups", ctypes.c_int),
                 ("batch", ctypes.c_int), ("group", ctypes.c_int), ("dim", ctypes.c_int), ("n_rep", ctypes.c_int),
@@ -274,12 +275,13 @@ def attend_layer(query, kvs, start: int, stop: int, out, *, scaling: float, wind
 
     query: [B, Gh * g * n_rep, Q, D] (any strides), its Q tokens the last Q of ``[start, stop)``; kvs: Gh homes
     [capacity, B, 2, g, D] (8-bit: codes, with ``scales`` their [capacity, B, 2, g, 1] fp32 planes); out:
-    [B, Gh * g * n_rep, Q, D] contiguous, written in its dtype. ``num_threads``: 0 for every core. ``function``:
+    [B, Gh * g * n_rep, Q, D] (any strides: a query block of a prefill chunk writes into the chunk's output),
+    written in its dtype. ``num_threads``: 0 for every core. ``function``:
     a library from ``build`` (tests) instead of ``kernel()``'s.
     """
     call = _prepared(query, kvs, scales, out)
     call.query, call.out = query.data_ptr(), out.data_ptr()
-    call.q_strides[:] = query.stride()
+    call.q_strides[:], call.out_strides[:] = query.stride(), out.stride()
     call.start, call.stop, call.window, call.tile_bytes = start, stop, window or 0, tile_bytes
     call.scaling, call.softcap = scaling, softcap or 0.0
     call.num_threads, call.variant, call.runner = num_threads, PATHS[forced_path()], _shared_pool

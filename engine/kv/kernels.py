@@ -209,8 +209,9 @@ def _cpu_prefill(query, block, q_offset, scaling, window, softcap) -> torch.Tens
     ``PREFILL_QUERY_BLOCK`` query tokens a call, each call over the keys its queries see (causality and a window
     cut the rest), on the kernel's pool; None: no C kernel for it here.
 
-    Why: torch's CPU SDPA ran a chunk of 512 queries at 65-78 GFLOPS on one EPYC core (146-150 on two) where these
-    calls ran 120-165 (170-320), exact to fp32 rounding; at long contexts attention is most of a prefill.
+    Why: torch's CPU SDPA ran a chunk of 512 queries over 2K-32K keys at 75-78 GFLOPS on one EPYC core (147-155 on
+    two) where these calls ran 157-168 (271-308), exact to fp32 rounding; at long contexts attention is most of a
+    prefill (the CPU default model read 8K tokens 1.26x faster on two cores).
     (``python -m benchmarks.weights.prefill_attention``, ``docs/benchmarks/prefill-attention.md``.)"""
     if not native.can_attend(query, [block]):
         return None

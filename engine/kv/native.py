@@ -237,8 +237,8 @@ def _built_host(compiler: str, extra: list[str]) -> Path:
     return target
 
 
-#: Query tokens up to which a CPU step attends through the C kernel (decode, short follow-ups). A prefill chunk's
-#: rows (n_rep x Q) would each re-read the chunk's keys in L1: SDPA's blocked matmuls do that better.
+#: Query tokens up to which a CPU step attends in one C call (decode, short follow-ups: ``kernels._cpu_tile``);
+#: longer chunks (a prefill) take the kernel a block of queries a call (``kernels._cpu_prefill``).
 CPU_QUERY_LIMIT = 16
 
 

@@ -20,7 +20,7 @@ from engine.planning.planner import make_plan
 from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
 
-CHUNK = 24  # more than native.CPU_QUERY_LIMIT: prefill chunks go through the SDPA routes, not the C tile
+CHUNK = 24  # more than native.CPU_QUERY_LIMIT: a prefill chunk (SDPA's fused routes where they are emulated on the CPU)
 PROMPT = 90  # past the tiny windows (8): the windowed route runs too
 
 

@@ -317,6 +317,14 @@ INLINE __m512 sum16(const __m512 *part) {
                          _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* Rows 0-3's scores of tokens t0..t0 + 3 from sum16's vector (128-bit lane r: row r). */
+INLINE void store_scores(float s[][CH], int t0, const __m512 sums) {
+    _mm_store_ps(s[0] + t0, _mm512_castps512_ps128(sums));
+    _mm_store_ps(s[1] + t0, _mm512_extractf32x4_ps(sums, 1));
+    _mm_store_ps(s[2] + t0, _mm512_extractf32x4_ps(sums, 2));
+    _mm_store_ps(s[3] + t0, _mm512_extractf32x4_ps(sums, 3));
+}
+
 /* The score pass of row_block for its common shape (4 rows, head dim 128, bf16 pairs or int8 codes): the head dim
  * a constant, so the loop is unrolled and the 16 partial dot products stay in registers (the generic loop, D a
  * variable, spilled them to the stack and reloaded them for the transpose tree: ~1.4x the time of this one).
@@ -342,11 +350,7 @@ INLINE void scores_d128(const head_view *hv, float s[][CH], int r0, int n, const
                 }
             }
         }
-        const __m512 sums = sum16(part); /* 128-bit lane r: row r's scores of tokens t0..t0+3 */
-        _mm_store_ps(s[0] + t0, _mm512_castps512_ps128(sums));
-        _mm_store_ps(s[1] + t0, _mm512_extractf32x4_ps(sums, 1));
-        _mm_store_ps(s[2] + t0, _mm512_extractf32x4_ps(sums, 2));
-        _mm_store_ps(s[3] + t0, _mm512_extractf32x4_ps(sums, 3));
+        store_scores(s, t0, sum16(part));
     }
 }
 #endif
@@ -378,11 +382,7 @@ INLINE void scores_d128_dot(const head_view *hv, float s[][CH], int r0, int n) {
             for (int r = 0; r < 4; r++)
                 for (int t = 0; t < 4; t++) part[r * 4 + t] = _mm512_dpbf16_ps(part[r * 4 + t], q[r][d], k[t]);
         }
-        const __m512 sums = _mm512_mul_ps(sum16(part), scale); /* 128-bit lane r: row r's tokens t0..t0+3 */
-        _mm_store_ps(s[0] + t0, _mm512_castps512_ps128(sums));
-        _mm_store_ps(s[1] + t0, _mm512_extractf32x4_ps(sums, 1));
-        _mm_store_ps(s[2] + t0, _mm512_extractf32x4_ps(sums, 2));
-        _mm_store_ps(s[3] + t0, _mm512_extractf32x4_ps(sums, 3));
+        store_scores(s, t0, _mm512_mul_ps(sum16(part), scale));
     }
 }
 #endif

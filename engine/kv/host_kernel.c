@@ -317,6 +317,14 @@ INLINE __m512 sum16(const __m512 *part) {
                          _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* Keys t0..t0 + 3 of the chunk (past n the last one again: masked later); the first row block also requests the
+ * lines of the keys ``distance`` tokens ahead. */
+INLINE void four_keys(const head_view *hv, int r0, int t0, int n, const int dtype, const char *key[4]) {
+    if (r0 == 0)
+        for (int t = 0; t < 4; t++) prefetch_row(hv->keys, hv, t0 + t + hv->distance, dtype);
+    for (int t = 0; t < 4; t++) key[t] = hv->keys + (t0 + t < n ? t0 + t : n - 1) * hv->token_bytes;
+}
+
 /* Rows 0-3's scores of tokens t0..t0 + 3 from sum16's vector (128-bit lane r: row r). */
 INLINE void store_scores(float s[][CH], int t0, const __m512 sums) {
     _mm_store_ps(s[0] + t0, _mm512_castps512_ps128(sums));
@@ -332,10 +340,8 @@ INLINE void store_scores(float s[][CH], int t0, const __m512 sums) {
 INLINE void scores_d128(const head_view *hv, float s[][CH], int r0, int n, const int dtype) {
     const float *query = hv->query + r0 * 128;
     for (int t0 = 0; t0 < n; t0 += 4) {
-        if (r0 == 0)
-            for (int t = 0; t < 4; t++) prefetch_row(hv->keys, hv, t0 + t + hv->distance, dtype);
         const char *key[4];
-        for (int t = 0; t < 4; t++) key[t] = hv->keys + (t0 + t < n ? t0 + t : n - 1) * hv->token_bytes;
+        four_keys(hv, r0, t0, n, dtype, key);
         __m512 part[16];
         for (int i = 0; i < 16; i++) part[i] = _mm512_setzero_ps();
 #pragma GCC unroll 4
@@ -369,10 +375,8 @@ INLINE void scores_d128_dot(const head_view *hv, float s[][CH], int r0, int n) {
         for (int d = 0; d < 4; d++) q[r][d] = (__m512bh)_mm512_loadu_si512((const void *)(query + r * 128 + d * 32));
     const __m512 scale = _mm512_set1_ps(hv->raw_scale);
     for (int t0 = 0; t0 < n; t0 += 4) {
-        if (r0 == 0)
-            for (int t = 0; t < 4; t++) prefetch_row(hv->keys, hv, t0 + t + hv->distance, HA_BF16_PAIRED);
         const char *key[4];
-        for (int t = 0; t < 4; t++) key[t] = hv->keys + (t0 + t < n ? t0 + t : n - 1) * hv->token_bytes;
+        four_keys(hv, r0, t0, n, HA_BF16_PAIRED, key);
         __m512 part[16];
         for (int i = 0; i < 16; i++) part[i] = _mm512_setzero_ps();
 #pragma GCC unroll 4

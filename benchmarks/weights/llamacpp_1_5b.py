@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from thread_env import use_passive_openmp
+
 from .llamacpp_compare import CHUNK, PREFILL_MAX, _run, _text_ids, read_then_decode
 
 OUT = Path("docs/benchmarks/llamacpp-1.5b.json")
@@ -93,9 +95,12 @@ def measure_one(side: str, context: int, phase: str, placement: str, args) -> di
         result = {phase: test["avg_ts"], "build": test.get("build_commit"), "cpu": test.get("cpu_info"),
                   "type": test.get("model_type")}
     else:
+        environ = dict(os.environ)
+        if side == "ours":
+            use_passive_openmp(environ)  # what launch.py runs the studio with
         out, peak = _run([*prefix, sys.executable, "-m", "benchmarks.weights.llamacpp_1_5b", "--child", side,
                           "--contexts", str(context), "--decode-tokens", str(args.decode_tokens), "--threads",
-                          str(threads)], threads)
+                          str(threads)], threads, environ)
         child = json.loads(out.strip().splitlines()[-1])
         result = {"decode": 1 / statistics.median(child["decode_steps_s"]), "steps_s": child["decode_steps_s"],
                   "load_s": child["load_s"]}

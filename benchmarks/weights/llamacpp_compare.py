@@ -214,13 +214,13 @@ def run_theirs(binary: Path, gguf: Path, context: int, decode_tokens: int, threa
             "cpu": test.get("cpu_info"), "type": test.get("model_type")}
 
 
-def _run(command: list[str], threads: int = 1) -> tuple[str, int]:
+def _run(command: list[str], threads: int = 1, environ: dict | None = None) -> tuple[str, int]:
     """stdout and peak RSS (bytes) of a child process on ``threads`` OpenMP threads: its ``VmHWM``, polled every 20 ms until it exits.
 
     Not ``wait4``'s ``ru_maxrss``: Linux carries the forking parent's high-water mark into the child's at exec, so
     every child would report at least this (torch-importing) process's RSS.
     """
-    env = os.environ | {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
+    env = (environ or os.environ) | {"OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         process = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env)
         peak = 0

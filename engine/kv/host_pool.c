@@ -240,10 +240,9 @@ static void write_element(void *base, long index, int dtype, float value) {
  * (repeat, query). */
 #define HEAD_OF(c, grp, h, r) ((((long)(grp) * (c)->group + (h)) * (c)->n_rep) + (r) / (c)->q_len)
 
-/* The queries pre-scaled into ``folded``; where ``raw`` is given, also as bf16 bits unscaled (element order). Returns
- * whether every query was a bf16 value (so that ``raw`` holds them exactly). */
-static int fold_queries(const ha_call *c, int rows, float *folded, uint16_t *raw) {
-    const float scale = c->softcap > 0.0f ? c->scaling / c->softcap : c->scaling; /* the tile undoes 1/softcap */
+/* The queries times ``scale`` into ``folded``; where ``raw`` is given, also as bf16 bits unscaled (element order).
+ * Returns whether every query was a bf16 value (so that ``raw`` holds them exactly). */
+static int fold_queries(const ha_call *c, int rows, float scale, float *folded, uint16_t *raw) {
     uint32_t low_bits = 0; /* the low halves of every query's fp32 bits, or-ed: 0 iff all are bf16 values */
     for (int grp = 0; grp < c->num_groups; grp++)
         for (int b = 0; b < c->batch; b++)
@@ -393,9 +392,8 @@ int host_attend_layer(const ha_call *c) {
         const uintptr_t after = (uintptr_t)(job.acc + num_tasks * heads_rows * c->dim);
         raw = (uint16_t *)((after + 63) & ~(uintptr_t)63);
     }
-    const float scale = c->softcap > 0.0f ? c->scaling / c->softcap : c->scaling;
-    job.raw = fold_queries(c, job.rows, folded, raw) ? raw : NULL;
-    job.raw_scale = scale;
+    job.raw_scale = c->softcap > 0.0f ? c->scaling / c->softcap : c->scaling; /* the tile undoes 1/softcap */
+    job.raw = fold_queries(c, job.rows, job.raw_scale, folded, raw) ? raw : NULL;
 
     const attention_context context = {&job, run};
     /* On the pool the decode step's GEMVs run on where the caller gives one (its workers spin between the step's

@@ -9,8 +9,8 @@ log-sum-exp merge and the output's rounding done in C; ``ctypes`` releases the G
 
 ``host_kernel.c`` is compiled once per vector path into its own object (on x86-64: portable SSE2, AVX2+FMA,
 AVX-512, AVX-512 with bf16 dot products; elsewhere the portable one, which is NEON on arm64), linked with
-``host_pool.c`` into one library under the studio's cache folder (named by a hash of the sources, the compiler and the flags); the pool picks the widest
-path the CPU has (cpuid) at run time. ``HEADINFER_HOST_KERNEL=portable|avx2|avx512|avx512bf16`` forces one (tests,
+``host_pool.c`` into one library under the studio's cache folder (named by a hash of the sources, the compiler and
+the flags); the pool picks the widest path the CPU has (cpuid) at run time. ``HEADINFER_HOST_KERNEL=portable|avx2|avx512|avx512bf16`` forces one (tests,
 and a user whose CPU misreports); ``HEADINFER_NATIVE=0`` forces the torch tile. Without a compiler, or if the build
 fails, ``kernel()`` returns None (logged) and ``host_attention.py`` runs its torch tile.
 """

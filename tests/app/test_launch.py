@@ -291,19 +291,23 @@ print(json.dumps(seen))
 """
 
 
+def _launch_env_at_torch_import(names: tuple[str, ...], user: dict[str, str]) -> dict:
+    """What ``_SPY`` saw: ``launch.main`` run in a child whose environment has none of ``names`` but ``user``'s."""
+    import json
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in names} | user
+    result = subprocess.run([sys.executable, "-c", _SPY], cwd=ROOT, capture_output=True, text=True, env=env,
+                            timeout=300)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="expandable segments are set on Linux only")
 @pytest.mark.parametrize("user", [None, "max_split_size_mb:512"])
 def test_launch_sets_expandable_segments_before_torch_loads_keeping_the_users_settings(user):
     """Issue 30: on the H200 the allocator reserved 25.68e9 bytes for a plan of 23.59e9 (allocated 23.45e9)."""
-    import json
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
-    if user:
-        env["PYTORCH_CUDA_ALLOC_CONF"] = user
-    result = subprocess.run([sys.executable, "-c", _SPY], cwd=ROOT, capture_output=True, text=True, env=env,
-                            timeout=300)
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    seen = _launch_env_at_torch_import(("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"),
+                                       {"PYTORCH_CUDA_ALLOC_CONF": user} if user else {})
     assert seen["torch_after_import_launch"] is False
     expected = f"{user},expandable_segments:True" if user else "expandable_segments:True"
     assert seen["at_torch_import"]["PYTORCH_CUDA_ALLOC_CONF"] == expected
@@ -313,15 +317,7 @@ def test_launch_sets_expandable_segments_before_torch_loads_keeping_the_users_se
 def test_launch_makes_openmp_threads_sleep_before_torch_loads_unless_the_user_chose(user):
     """torch's spinning OpenMP threads took the cores of the engine's C pools (2K decode on two threads: 37.7 ms
     against 33.3-34.5 with PASSIVE)."""
-    import json
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if user:
-        env["OMP_WAIT_POLICY"] = user
-    result = subprocess.run([sys.executable, "-c", _SPY], cwd=ROOT, capture_output=True, text=True, env=env,
-                            timeout=300)
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    seen = _launch_env_at_torch_import(("OMP_WAIT_POLICY",), {"OMP_WAIT_POLICY": user} if user else {})
     assert seen["torch_after_import_launch"] is False
     assert seen["at_torch_import"]["OMP_WAIT_POLICY"] == (user or "PASSIVE")
 

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from cuda_alloc_env import use_expandable_segments
+from heap_env import keep_freed_heap
 from thread_env import use_passive_openmp
 
 # The engine (and torch) is imported inside the functions that need it, on purpose: a bad flag or model path fails
@@ -375,6 +376,7 @@ def is_loopback(host: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     use_expandable_segments()  # before torch loads (every torch import is below, in functions)
     use_passive_openmp()  # torch's idle OpenMP threads sleep instead of spinning on the engine's C pools' cores
+    keep_freed_heap()  # a prefill's large temporaries reuse freed heap instead of fresh, zeroed pages
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.self_check:  # needs neither the model nor the port (the app may be serving on it meanwhile)

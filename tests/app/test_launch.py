@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import socket
 import subprocess
 import sys
@@ -278,7 +279,8 @@ class TorchImportSpy:  # records the allocator settings at the moment torch is f
     def find_spec(self, name, path=None, target=None):
         if name == "torch" and "at_torch_import" not in seen:
             seen["at_torch_import"] = {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
-                                                                      "OMP_WAIT_POLICY")}
+                                                                      "OMP_WAIT_POLICY", "MALLOC_MMAP_THRESHOLD_",
+                                                                      "MALLOC_TRIM_THRESHOLD_")}
         return None
 sys.meta_path.insert(0, TorchImportSpy())
 import launch
@@ -320,6 +322,85 @@ def test_launch_makes_openmp_threads_sleep_before_torch_loads_unless_the_user_ch
     seen = _launch_env_at_torch_import(("OMP_WAIT_POLICY",), {"OMP_WAIT_POLICY": user} if user else {})
     assert seen["torch_after_import_launch"] is False
     assert seen["at_torch_import"]["OMP_WAIT_POLICY"] == (user or "PASSIVE")
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the thresholds are glibc malloc's")
+@pytest.mark.parametrize("user", [None, "1048576"])
+def test_launch_sets_glibc_malloc_thresholds_before_torch_loads_unless_the_user_chose(user):
+    """A prefill's large temporaries were fresh pages every chunk (2.1M page faults in a 2K-token read)."""
+    names = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+    seen = _launch_env_at_torch_import(names, {"MALLOC_TRIM_THRESHOLD_": user} if user else {})
+    assert seen["torch_after_import_launch"] is False
+    if user:
+        assert seen["at_torch_import"] == seen["at_torch_import"] | {"MALLOC_TRIM_THRESHOLD_": user,
+                                                                     "MALLOC_MMAP_THRESHOLD_": None}
+    else:
+        assert [seen["at_torch_import"][name] for name in names] == [str(32 << 20), str(256 << 20)]
+
+
+_FAULTS = """
+import json, resource, torch
+import heap_env
+
+def mlp(x):  # a 512-token chunk's MLP temporaries (Qwen2.5-1.5B), made and freed in transformers' order
+    gate, up = torch.empty(512, 8960).fill_(1.0), torch.empty(512, 8960).fill_(2.0)
+    act = torch.empty(512, 8960).fill_(3.0)
+    del gate
+    hidden = torch.empty(512, 8960).fill_(4.0)
+    del act, up
+    out = torch.empty(512, 1536).fill_(5.0)
+    del hidden
+    return out
+
+def faults():  # page faults of eight layers' MLPs
+    before, x = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, torch.empty(512, 1536)
+    for _ in range(8):
+        x = mlp(x)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+faults()  # glibc's own thresholds settle on the first frees
+default = faults()
+environ = {}
+is_set = heap_env.keep_freed_heap(environ)
+faults()  # the heap grows once
+print(json.dumps({"default": default, "kept": faults(), "is_set": is_set, "environ": environ}))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the thresholds are glibc malloc's")
+def test_kept_heap_gives_a_chunks_temporaries_the_same_pages_again():
+    import json
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    result = subprocess.run([sys.executable, "-c", _FAULTS], cwd=ROOT, capture_output=True, text=True, env=env,
+                            timeout=300)
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["is_set"] and seen["environ"] == {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
+                                                  "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+    assert seen["default"] > 8 * 512, seen  # glibc's defaults: at least 2 MiB of fresh pages a layer
+    assert seen["kept"] * 10 < seen["default"], seen
+
+
+class _Libc:
+    def __init__(self, answer: int):
+        self.answer, self.calls = answer, []
+
+    def mallopt(self, parameter: int, value: int) -> int:
+        self.calls.append((parameter, value))
+        return self.answer
+
+
+def test_malloc_thresholds_keep_a_users_choice_and_a_refusal_changes_nothing():
+    from heap_env import keep_freed_heap
+
+    for user in ({"MALLOC_MMAP_THRESHOLD_": "65536"}, {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}):
+        environ, libc = dict(user), _Libc(1)
+        assert keep_freed_heap(environ, libc) is False and environ == user and libc.calls == []
+    environ, libc = {}, _Libc(0)  # a C library whose mallopt refuses (musl's returns 0)
+    assert keep_freed_heap(environ, libc) is False and environ == {} and len(libc.calls) == 2
+    environ, libc = {"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=0"}, _Libc(1)
+    assert keep_freed_heap(environ, libc) is True and libc.calls == [(-1, 256 << 20), (-3, 32 << 20)]
 
 
 def test_a_users_own_expandable_segments_choice_is_kept_and_other_platforms_are_left_alone():

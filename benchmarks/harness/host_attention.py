@@ -50,27 +50,32 @@ def _timed(fn) -> tuple[float, float]:
 
 
 class Layer:
-    """One layer's homes (bf16, or int8 codes with their scales) and a decode step's queries."""
+    """One layer's homes (bf16, fp32, or int8 codes with their scales) and a decode step's queries (bf16, fp32 for
+    fp32 homes: a CPU model's)."""
 
-    def __init__(self, tokens: int, dtype: str, num_groups: int = 8, n_rep: int = 4, head_dim: int = 128):
+    def __init__(self, tokens: int, dtype: str, num_groups: int = 8, n_rep: int = 4, head_dim: int = 128,
+                 group: int = 1):
         # A random 16 MiB block repeated: filling gigabytes with random numbers would take longer than the run.
         torch.manual_seed(0)
-        seed = torch.randn(min(tokens, 1 << 15), 1, 2, 1, head_dim).to(torch.bfloat16)  # [S, B, 2, g, D]
+        seed = torch.randn(min(tokens, 1 << 15), 1, 2, group, head_dim)  # [S, B, 2, g, D]
+        seed = seed if dtype == "fp32" else seed.to(torch.bfloat16)
         codes, scales = quant.quantize(seed, "int8") if dtype == "int8" else (seed, None)
         self.kvs, self.scales = [], [] if scales is not None else None
         for _ in range(num_groups):
             self.kvs.append(_repeated(codes, tokens))
             if scales is not None:
                 self.scales.append(_repeated(scales, tokens))
-        self.query = torch.randn(1, num_groups * n_rep, 1, head_dim).to(torch.bfloat16)  # [B, H, Q, D]
+        self.query = torch.randn(1, num_groups * group * n_rep, 1, head_dim)  # [B, H, Q, D]
+        self.query = self.query if dtype == "fp32" else self.query.to(torch.bfloat16)
         self.out = torch.empty_like(self.query)
         self.tokens = tokens
         self.home_bytes = sum(kv.nbytes for kv in self.kvs) + sum(s.nbytes for s in self.scales or [])
 
-    def call(self, num_threads: int, function=None) -> None:
-        """``function``: a library from ``native.build`` (another build of the kernel) instead of the engine's."""
+    def call(self, num_threads: int, function=None, prefetch: str | None = None) -> None:
+        """``function``: a library from ``native.build`` (another build of the kernel) instead of the engine's;
+        ``prefetch``: a level of ``native.PREFETCH`` instead of the environment's."""
         native.attend_layer(self.query, self.kvs, 0, self.tokens, self.out, scaling=self.query.shape[-1] ** -0.5,
-                            scales=self.scales, num_threads=num_threads, function=function)
+                            scales=self.scales, num_threads=num_threads, function=function, prefetch=prefetch)
 
 
 def _repeated(block: torch.Tensor, tokens: int) -> torch.Tensor:

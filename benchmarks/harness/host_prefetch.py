@@ -1,20 +1,24 @@
-"""The host attention kernel's prefetch hint for bf16/fp16/fp32 homes: the next tokens' lines requested into L1
-(before: T0) vs into L2 and below only (now: ``__builtin_prefetch`` locality 1, prefetcht2), on one thread and on
-every core. int8 homes keep T0 (``HA_PREFETCH_HINT_INT8``: prefetcht2 measured 3-9% slower for them), so their rows
-run the same code in both builds: the control that shows how far two turns of one kernel differ.
+"""The host attention kernel's prefetch level for bf16/fp16/fp32 homes: the next tokens' lines requested into L1
+(``l1``, prefetcht0) or into L2 and below only (``l2``, prefetcht2), on one thread and on every core, in turns.
 
 ``host_kernel.c`` requests a head's keys (values) 8 KiB ahead as it scores (adds) each token. A request into L1
-holds one of the core's few line-fill buffers until the line arrives; the kernel's own loads wait for those same
-buffers, so a stream of L1 requests caps how many lines are in flight (int8 homes read at ~half a plain read's
-speed with arithmetic that, from cache, takes half the time). Requests into L2 queue in L2's larger miss queue
-instead, and the line moves to L1 on the demand load, a few cycles later (for int8 that cost more than it saved).
-Both builds come from the same source (``-DHA_PREFETCH_HINT=3`` for before) and take turns, each call after a 1 GiB
-read so that its layer comes from DRAM as a decode step's does:
+holds one of the core's few line-fill buffers until the line arrives, and the kernel's own loads wait for those same
+buffers; a request into L2 queues in L2's larger miss queue and the line moves to L1 on the demand load. Which is
+faster depends on the core: on the 2-vCPU VM of 2026-11-27 ``l2`` was 4-10% faster for bf16 homes, on the Zen 5
+EPYC VM ``l1`` was (fp32 homes 14-35%); ``auto`` (``host_pool.c``) is ``l1`` on AMD, ``l2`` elsewhere, and
+``HEADINFER_HOST_PREFETCH`` forces one. int8 homes always request into L1 (``HA_PREFETCH_HINT_INT8``): their rows
+run the same code at both levels, the noise of two turns.
+
+Cases: a Llama-3-8B layer (8 groups of one KV head, 4 query rows each, bf16 queries: a bf16 model's, scored by bf16
+dot products where the CPU has them) and the CPU default model's (Qwen2.5-Coder-1.5B: one group of 2 KV heads, 6
+query rows each, fp32 homes and queries). The levels take turns in every round (which goes first alternates), each
+call after a 1 GiB read so that its layer comes from DRAM as a decode step's does; the read is timed in the same
+rounds:
 
     .venv/bin/python -m benchmarks.harness.host_prefetch
 
-Writes ``docs/benchmarks/host-prefetch.json`` and ``.md``. Figures are medians over rounds; the read is timed in
-the same rounds. The results are the same operations in the same order: only when the lines arrive differs.
+Writes ``docs/benchmarks/host-prefetch.json`` and ``.md``. The results are the same operations in the same order at
+both levels: only when the lines arrive differs.
 """
 
 from __future__ import annotations
@@ -25,71 +29,73 @@ import time
 from pathlib import Path
 
 from engine.kv import native
-from engine.native.library import compiler
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
 from .host_attention import LLAMA3_8B, Layer, Read
 
 OUT = Path("docs/benchmarks/host-prefetch.json")
-#: the builds compared: the hint this kernel had (T0, into L1), and now (the source's default)
-BUILDS = {"before": ["-DHA_PREFETCH_HINT=3"], "now": []}
-#: (home dtype, tokens per group) of a Llama-3-8B layer: 8 groups of one KV head, 4 query rows each
-CASES = [("bf16", 32768), ("bf16", 131072), ("int8", 32768), ("int8", 131072)]
+LEVELS = ("l1", "l2")
+QWEN_1_5B = {"num_groups": 1, "group": 2, "n_rep": 6, "head_dim": 128}  # the CPU default model's decode step
+SHAPES = {"llama3-8b": LLAMA3_8B, "qwen2.5-1.5b": QWEN_1_5B}
+#: (shape, home dtype, tokens per group)
+CASES = [("llama3-8b", "bf16", 32768), ("llama3-8b", "bf16", 131072), ("qwen2.5-1.5b", "fp32", 8192),
+         ("qwen2.5-1.5b", "fp32", 32768), ("llama3-8b", "int8", 32768)]
 
 
-def measure(kernels: dict, cases: list, threads: list[int], rounds: int, store: ResultStore) -> None:
-    read = Read(1 << 30)
-    for dtype, tokens in cases:
-        layer = Layer(tokens, dtype, **LLAMA3_8B)
+def measure(cases: list, threads: list[int], rounds: int, store: ResultStore, read_bytes: int = 1 << 30) -> None:
+    read = Read(read_bytes)
+    for shape, dtype, tokens in cases:
+        layer = Layer(tokens, dtype, **SHAPES[shape])
         for num_threads in threads:
-            for function in kernels.values():  # warm: the pool started, pages touched
-                layer.call(num_threads, function)
-            samples: dict[str, list[float]] = {name: [] for name in kernels}
+            for level in LEVELS:  # warm: the pool started, pages touched
+                layer.call(num_threads, prefetch=level)
+            samples: dict[str, list[float]] = {level: [] for level in LEVELS}
             reads = []
             for round_index in range(rounds):
-                order = list(kernels.items())  # in turns, which goes first alternating (ABBA): no order bias
-                for name, function in order if round_index % 2 == 0 else order[::-1]:
+                for level in LEVELS if round_index % 2 == 0 else LEVELS[::-1]:  # ABBA: no order bias
                     read.call(num_threads)  # the layer leaves the caches
                     begin = time.perf_counter()
-                    layer.call(num_threads, function)
-                    samples[name].append(time.perf_counter() - begin)
+                    layer.call(num_threads, prefetch=level)
+                    samples[level].append(time.perf_counter() - begin)
                 begin = time.perf_counter()
                 read.call(num_threads)
                 reads.append(time.perf_counter() - begin)
             read_gbps = read.data.nbytes / statistics.median(reads) / 1e9
-            for name, seconds in samples.items():
+            for level, seconds in samples.items():
                 median = statistics.median(seconds)
                 gbps = layer.home_bytes / median / 1e9
-                print(f"{dtype} {tokens:,} x{num_threads or 'all'}: {name} {median * 1e3:.2f} ms, {gbps:.2f} GB/s, "
-                      f"{gbps / read_gbps:.2f} x the read", flush=True)
-                store.append("layer", name, context=tokens, variant=f"{dtype}/{num_threads}", seconds=median,
-                             gbps=gbps, read_gbps=read_gbps, samples=seconds)
+                print(f"{shape} {dtype} {tokens:,} x{num_threads or 'all'}: {level} {median * 1e3:.2f} ms, "
+                      f"{gbps:.2f} GB/s, {gbps / read_gbps:.2f} x the read", flush=True)
+                store.append("layer", level, context=tokens, variant=f"{shape}/{dtype}/{num_threads}",
+                             seconds=median, gbps=gbps, read_gbps=read_gbps, samples=seconds)
 
 
 def write_markdown(records: list[dict], path: Path) -> None:
-    rows = {(r["variant"], r["context"], r["mode"]): r["metrics"] for r in records if r.get("phase") == "layer"}
+    rows = {(r["variant"], r["context"], r["mode"]): r["metrics"] for r in records
+            if r.get("phase") == "layer" and r["variant"].count("/") == 2}
     stamp = records[-1]["run"] if records else {}
-    lines = ["# Host attention: the prefetch hint (CPU)", "",
-             "`python -m benchmarks.harness.host_prefetch` (raw records: `host-prefetch.json`). Two builds of "
-             "`engine/kv/host_kernel.c` from the same source: **before**, the next tokens' lines requested into L1 "
-             "(`-DHA_PREFETCH_HINT=3`, prefetcht0), and **now**, into L2 and below (locality 1, prefetcht2), for bf16 "
-             "homes; int8 homes keep prefetcht0 in both (`HA_PREFETCH_HINT_INT8`), so their rows are the same code "
-             "twice: the noise of two turns. One "
-             "Llama-3-8B layer call (8 groups of one KV head, 4 query rows each, head dim 128), each after a 1 GiB "
-             "read; the builds take turns in every round (which goes first alternates) and the read is timed in the "
-             "same rounds. Medians.", "",
-             machine_line(stamp, IN_TURNS), "",
-             "| home | tokens | threads | before ms | now ms | now / before | before x read | now x read |",
-             "|---|---:|---|---:|---:|---:|---:|---:|"]
-    for variant, context in sorted({(v, c) for v, c, _ in rows}, key=lambda k: (k[0].split("/")[0], k[1], k[0])):
-        cells = [rows.get((variant, context, name)) for name in BUILDS]
+    auto = native.kernel().prefetch(native.PREFETCH["auto"]) if native.kernel() is not None else None
+    lines = ["# Host attention: the prefetch level (CPU)", "",
+             "`python -m benchmarks.harness.host_prefetch` (raw records: `host-prefetch.json`). One layer's decode "
+             "call with the next tokens' lines requested into **L1** (prefetcht0) or into **L2** and below "
+             "(prefetcht2), the two levels in turns in every round (which goes first alternates), each call after a "
+             "1 GiB read; the read is timed in the same rounds. Medians. int8 homes request into L1 at both levels: "
+             "their rows are the same code twice, the noise of two turns. Shapes: `llama3-8b`, 8 groups of one KV "
+             "head, 4 query rows each, bf16 queries (scored by bf16 dot products where the CPU has them); "
+             "`qwen2.5-1.5b`, the CPU default model's: one group of 2 KV heads, 6 query rows each, fp32.", "",
+             machine_line(stamp, IN_TURNS) + (f" `auto` on this CPU: {'L1' if auto == 1 else 'L2'}." if auto else ""),
+             "",
+             "| shape | home | tokens | threads | L1 ms | L2 ms | L1 / L2 | L1 x read | L2 x read |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for variant, context in sorted({(v, c) for v, c, _ in rows}, key=lambda k: (k[0].rsplit("/", 1)[0], k[1], k[0])):
+        cells = [rows.get((variant, context, level)) for level in LEVELS]
         if not all(cells):
             continue
-        dtype, threads = variant.split("/")
+        shape, dtype, threads = variant.split("/")
         ms = [c["seconds"] * 1e3 for c in cells]
         ratios = [c["gbps"] / c["read_gbps"] for c in cells]
-        lines.append(f"| {dtype} | {context:,} | {'every core' if threads == '0' else threads} | {ms[0]:.2f} | "
-                     f"{ms[1]:.2f} | {ms[1] / ms[0]:.3f} | {ratios[0]:.2f} | {ratios[1]:.2f} |")
+        lines.append(f"| {shape} | {dtype} | {context:,} | {'every core' if threads == '0' else threads} | "
+                     f"{ms[0]:.2f} | {ms[1]:.2f} | {ms[0] / ms[1]:.3f} | {ratios[0]:.2f} | {ratios[1]:.2f} |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 
@@ -98,13 +104,15 @@ def main(argv: list[str] | None = None) -> None:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--threads", default="1,0", help="threads per call, comma-separated (0: every core)")
+    parser.add_argument("--tokens", type=int, default=0, help="tokens of every case (tests: small); 0: each its own")
+    parser.add_argument("--read-mib", type=int, default=1024, help="size of the read buffer")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     if not args.report_only:
-        kernels = {name: native.build(compiler(), flags) for name, flags in BUILDS.items()}
+        cases = [(shape, dtype, args.tokens or tokens) for shape, dtype, tokens in CASES]
         store = ResultStore(args.out, run_stamp("cpu"))
-        measure(kernels, CASES, [int(t) for t in args.threads.split(",")], args.rounds, store)
+        measure(cases, [int(t) for t in args.threads.split(",")], args.rounds, store, args.read_mib << 20)
     write_markdown(load_records(args.out), args.out)
 
 

@@ -65,12 +65,14 @@
 #ifndef HA_SPLIT_PREFETCH
 #define HA_SPLIT_PREFETCH 1
 #endif
-#ifndef HA_PREFETCH_HINT
-#define HA_PREFETCH_HINT 1 /* bf16/fp16/fp32 homes: prefetcht2, into L2, not L1. A request into L1 holds one of the
-                              core's few line-fill buffers until its line arrives, and the kernel's loads wait for the
-                              same buffers; L2's miss queue is longer. Measured against T0 (3), 32K-128K tokens from
-                              DRAM: bf16 4-10% faster (benchmarks/harness/host_prefetch.py) */
-#endif
+/* bf16/fp16/fp32 homes: where the next lines go depends on the CPU (host_pool.c picks, job->prefetch_l1):
+ * - into L2 only (prefetcht2): a request into L1 holds one of the core's few line-fill buffers until its line
+ *   arrives, and the kernel's loads wait for the same buffers; L2's miss queue is longer. On the 2-vCPU VM of
+ *   2026-11-27, 32K-128K tokens from DRAM: bf16 4-10% faster than into L1;
+ * - into L1 (prefetcht0) on AMD: on the Zen 5 EPYC VM, prefetcht2 left the loads waiting (fp32 homes 14-35% and
+ *   bf16 homes 3-20% slower from DRAM, one thread; benchmarks/harness/host_prefetch.py). */
+#define HA_PREFETCH_HINT_L2 1
+#define HA_PREFETCH_HINT_L1 3
 #ifndef HA_PREFETCH_HINT_INT8
 #define HA_PREFETCH_HINT_INT8 3 /* int8 homes: T0, into L1 (prefetcht2 measured 3-9% slower in the same runs) */
 #endif
@@ -240,6 +242,7 @@ typedef struct {
     long ahead;                         /* tokens of the task's tile from the chunk's first on: what may be
                                            prefetched (past the tile another thread may be writing) */
     int distance;                       /* tokens ahead that are requested (HA_PREFETCH_BYTES) */
+    int l1;                             /* bf16/fp16/fp32: requested into L1 (else L2) */
     const float *query;                 /* [R, D] this head's folded rows, in the kernel's lane order */
     const uint16_t *raw;                /* [R, D] the same rows as bf16 bits, unscaled, in element order; or NULL */
     float raw_scale;                    /* scores = (raw . k) * raw_scale */
@@ -247,10 +250,12 @@ typedef struct {
     int dim;
 } head_view;
 
-/* One line requested with its dtype's hint (the hint must be a constant: dtype is one after inlining). */
-INLINE void prefetch_line_hinted(const char *line, const int dtype) {
+/* One line requested with its dtype's hint (the hint must be a constant: dtype is one after inlining, and the
+ * level a branch the same way all call long). */
+INLINE void prefetch_line_hinted(const char *line, const int dtype, const int l1) {
     if (dtype == HA_INT8) __builtin_prefetch(line, 0, HA_PREFETCH_HINT_INT8);
-    else __builtin_prefetch(line, 0, HA_PREFETCH_HINT);
+    else if (l1) __builtin_prefetch(line, 0, HA_PREFETCH_HINT_L1);
+    else __builtin_prefetch(line, 0, HA_PREFETCH_HINT_L2);
 }
 
 /* Requests the lines of this head's key (``row`` = hv->keys) or value (hv->values) of ``token`` (chunk-relative)
@@ -263,10 +268,10 @@ INLINE void prefetch_row(const char *row, const head_view *hv, long token, const
     if (token >= hv->ahead) return;
     const long bytes = (long)hv->dim * element_size(dtype);
     for (long offset = 0; offset < bytes; offset += 64)
-        prefetch_line_hinted(row + token * hv->token_bytes + offset, dtype);
+        prefetch_line_hinted(row + token * hv->token_bytes + offset, dtype, hv->l1);
 #if !HA_SPLIT_PREFETCH
     for (long offset = 0; offset < bytes; offset += 64)
-        prefetch_line_hinted(hv->values + token * hv->token_bytes + offset, dtype);
+        prefetch_line_hinted(hv->values + token * hv->token_bytes + offset, dtype, hv->l1);
 #endif
 }
 
@@ -525,7 +530,8 @@ INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, co
                 for (int j = n; j < CH; j++) key_scales[j] = value_scales[j] = 0.0f;
             }
             head_view hv = {chunk + ((long)(b * 2) * g + h) * D * es, chunk + ((long)(b * 2 + 1) * g + h) * D * es,
-                            key_scales, value_scales, token_bytes, ahead, distance, query + head * rows * D,
+                            key_scales, value_scales, token_bytes, ahead, distance, job->prefetch_l1,
+                            query + head * rows * D,
                             raw == NULL ? NULL : raw + head * rows * D, job->raw_scale,
                             m + head * rows, l + head * rows, acc + head * rows * D, D};
             int r0 = 0;
@@ -629,6 +635,8 @@ int TASK(const ha_job *job, long index) {
 #else
     raw = NULL;
 #endif
+    if (job->prefetch_l1 && dtype != HA_INT8 && dtype != HA_FP8)
+        __atomic_fetch_add(&ha_l1_prefetch_tasks, 1, __ATOMIC_RELAXED);
     const chunk_fn chunk_of[] = {chunk_fp32, chunk_bf16, chunk_fp16, chunk_int8, chunk_fp32, chunk_bf16_paired};
     const chunk_fn run = chunk_of[dtype];
     const long token_bytes = job->token_bytes, scale_stride = (long)c->batch * 2 * c->group;

@@ -12,6 +12,8 @@
 
 enum { HA_FP32 = 0, HA_BF16 = 1, HA_FP16 = 2, HA_INT8 = 3, HA_FP8 = 4 };
 enum { HA_AUTO = 0, HA_PORTABLE = 1, HA_AVX2 = 2, HA_AVX512 = 3, HA_AVX512_BF16 = 4 };
+/* Where bf16/fp16/fp32 homes' next lines are requested (int8 homes: always L1, HA_PREFETCH_HINT_INT8). */
+enum { HA_PREFETCH_AUTO = 0, HA_PREFETCH_L1 = 1, HA_PREFETCH_L2 = 2 };
 
 /* Another library's pool, where the call may run its tasks instead of this library's own: ``run(context, lo, hi)``
  * over [0, total) in ranges of whole ``align`` units on the caller and up to ``threads - 1`` workers; returns 0 or
@@ -35,6 +37,7 @@ typedef struct {
     int kv_dtype, query_dtype, out_dtype;
     int num_threads;            /* threads of the call, the caller's included (<= 0: every core) */
     int variant;                /* HA_AUTO or a forced vector path */
+    int prefetch;               /* HA_PREFETCH_AUTO or a forced level */
     ha_runner runner;           /* NULL: this library's pool */
 } ha_call;
 
@@ -50,10 +53,13 @@ typedef struct {
                                    where every query is a bf16 value and the path scores bf16 homes by bf16 dot
                                    products (HA_AVX512_BF16); else NULL */
     float raw_scale;            /* what folding multiplied the queries by: scores = (raw . k) * raw_scale */
+    int prefetch_l1;            /* bf16/fp16/fp32 homes' lines requested into L1 (else into L2) */
 } ha_job;
 
 /* Tasks that scored their keys by bf16 dot products since the library loaded (tests: which path ran). */
 extern long ha_bf16_dot_tasks;
+/* Tasks over bf16/fp16/fp32 homes that requested their next lines into L1 (tests: the level reached the tasks). */
+extern long ha_l1_prefetch_tasks;
 
 /* Computes task ``index`` (group index / tiles_per_group, tile index % tiles_per_group) into its partial slot.
  * Returns 0, or -2 when a scratch buffer could not be allocated. One per compiled vector path. */

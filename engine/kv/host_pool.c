@@ -20,6 +20,7 @@
 #endif
 
 long ha_bf16_dot_tasks = 0;
+long ha_l1_prefetch_tasks = 0;
 
 #define MAX_WORKERS 255
 #define DEFAULT_TILE_BYTES (2L << 20) /* 2 MiB: the streamed home of a tile; calls of less use smaller tiles */
@@ -158,6 +159,29 @@ static task_fn variant_function(int variant) {
         case HA_PORTABLE: return ha_task_portable;
         default: return NULL;
     }
+}
+
+/* Whether cpuid names AMD (asked once: cpuid traps in a virtual machine). */
+static int cpu_is_amd(void) {
+    static int known; /* 0: not asked yet; 1: no; 2: yes */
+    int answer = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (answer == 0) {
+        answer = 1;
+#if defined(__x86_64__) || defined(__i386__)
+        unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+        if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) && ebx == 0x68747541u && edx == 0x69746e65u && ecx == 0x444d4163u)
+            answer = 2; /* "AuthenticAMD" */
+#endif
+        __atomic_store_n(&known, answer, __ATOMIC_RELAXED);
+    }
+    return answer == 2;
+}
+
+/* The level HA_PREFETCH_AUTO requests bf16/fp16/fp32 homes' lines into (host_kernel.c, HA_PREFETCH_HINT_L1): L1 on
+ * AMD, L2 elsewhere; or the one asked for. */
+int host_attend_prefetch(int requested) {
+    if (requested == HA_PREFETCH_L1 || requested == HA_PREFETCH_L2) return requested;
+    return cpu_is_amd() ? HA_PREFETCH_L1 : HA_PREFETCH_L2;
 }
 
 /* The path HA_AUTO runs (the widest this CPU has and this library was built with), or the one asked for if it
@@ -355,6 +379,7 @@ int host_attend_layer(const ha_call *c) {
     ha_job job = {0};
     job.call = c;
     job.rows = c->n_rep * c->q_len;
+    job.prefetch_l1 = host_attend_prefetch(c->prefetch) == HA_PREFETCH_L1;
     job.token_bytes = (long)c->batch * 2 * c->group * c->dim * element_bytes(c->kv_dtype);
     const long tokens = c->stop - c->start, total_bytes = tokens * job.token_bytes * c->num_groups;
     int threads = c->num_threads > 0 ? c->num_threads : cores();

@@ -47,6 +47,9 @@ _X86_PATHS = {"avx2": ["-DHA_VARIANT_AVX2", "-mavx2", "-mfma", "-mf16c"], "avx51
               "avx512bf16": [*_AVX512, "-DHA_BF16_DOT", "-mavx512bf16"]}
 PATHS = {"auto": 0, "portable": 1, "avx2": 2, "avx512": 3, "avx512bf16": 4}
 ENV_PATH = "HEADINFER_HOST_KERNEL"
+#: Where bf16/fp16/fp32 homes' next lines are requested (host_kernel.c): ``auto`` is L1 on AMD, L2 elsewhere.
+PREFETCH = {"auto": 0, "l1": 1, "l2": 2}
+ENV_PREFETCH = "HEADINFER_HOST_PREFETCH"
 # The source uses _Float16 where the compiler announces it (GCC 12+, clang 15+) and bit operations elsewhere; a
 # compiler that announces it but rejects it gets a second build with the bit operations forced.
 _NO_FLOAT16 = "-DHEADINFER_NO_FLOAT16"
@@ -66,7 +69,7 @@ class LayerCall(ctypes.Structure):
                 ("batch", ctypes.c_int), ("group", ctypes.c_int), ("dim", ctypes.c_int), ("n_rep", ctypes.c_int),
                 ("q_len", ctypes.c_int), ("kv_dtype", ctypes.c_int), ("query_dtype", ctypes.c_int),
                 ("out_dtype", ctypes.c_int), ("num_threads", ctypes.c_int), ("variant", ctypes.c_int),
-                ("runner", ctypes.c_void_p)]
+                ("prefetch", ctypes.c_int), ("runner", ctypes.c_void_p)]
 
 
 def build_host_kernel() -> None:
@@ -152,14 +155,20 @@ def _unprobed_kernel():
 
 def forced_path() -> str:
     """``HEADINFER_HOST_KERNEL`` (``auto`` unless set): the vector path every call asks for."""
-    return _parsed_path(os.environ.get(ENV_PATH))
+    return _parsed(ENV_PATH, os.environ.get(ENV_PATH))
 
 
-@functools.lru_cache(maxsize=8)
-def _parsed_path(value: str | None) -> str:
+def forced_prefetch() -> str:
+    """``HEADINFER_HOST_PREFETCH`` (``auto`` unless set): where every call requests its homes' next lines."""
+    return _parsed(ENV_PREFETCH, os.environ.get(ENV_PREFETCH))
+
+
+@functools.lru_cache(maxsize=16)
+def _parsed(name: str, value: str | None) -> str:
+    choices = PATHS if name == ENV_PATH else PREFETCH
     requested = (value or "auto").strip().lower() or "auto"
-    if requested not in PATHS:
-        logger.warning("%s=%s is none of %s: ignored", ENV_PATH, requested, ", ".join(PATHS))
+    if requested not in choices:
+        logger.warning("%s=%s is none of %s: ignored", name, requested, ", ".join(choices))
         return "auto"
     return requested
 
@@ -181,11 +190,15 @@ def build(compiler: str, extra: list[str] | None = None):
     function.argtypes, function.restype = [ctypes.POINTER(LayerCall)], ctypes.c_int
     variant = library.host_attend_variant
     variant.argtypes, variant.restype = [ctypes.c_int], ctypes.c_int
+    prefetch = library.host_attend_prefetch
+    prefetch.argtypes, prefetch.restype = [ctypes.c_int], ctypes.c_int
     read = library.host_read
     read.argtypes, read.restype = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int], ctypes.c_double
     dot_tasks = ctypes.c_long.in_dll(library, "ha_bf16_dot_tasks")
-    function.variant, function.read = variant, read
+    l1_tasks = ctypes.c_long.in_dll(library, "ha_l1_prefetch_tasks")
+    function.variant, function.read, function.prefetch = variant, read, prefetch
     function.dot_tasks = lambda: dot_tasks.value  # tasks scored by bf16 dot products so far (tests: the path ran)
+    function.l1_prefetch_tasks = lambda: l1_tasks.value  # tasks that requested lines into L1 (tests)
     return function
 
 
@@ -270,14 +283,15 @@ def share_pool(runner: int | None) -> None:
 
 def attend_layer(query, kvs, start: int, stop: int, out, *, scaling: float, window: int | None = None,
                  softcap: float | None = None, scales=None, num_threads: int = 0, tile_bytes: int = 0,
-                 function=None) -> None:
+                 function=None, prefetch: str | None = None) -> None:
     """One layer's host attention in one C call, on this thread and the kernel's pool (``can_attend`` first).
 
     query: [B, Gh * g * n_rep, Q, D] (any strides), its Q tokens the last Q of ``[start, stop)``; kvs: Gh homes
     [capacity, B, 2, g, D] (8-bit: codes, with ``scales`` their [capacity, B, 2, g, 1] fp32 planes); out:
     [B, Gh * g * n_rep, Q, D] (any strides: a query block of a prefill chunk writes into the chunk's output),
     written in its dtype. ``num_threads``: 0 for every core. ``function``:
-    a library from ``build`` (tests) instead of ``kernel()``'s.
+    a library from ``build`` (tests) instead of ``kernel()``'s. ``prefetch``: a key of ``PREFETCH`` (benchmarks,
+    tests) instead of ``HEADINFER_HOST_PREFETCH``'s.
     """
     call = _prepared(query, kvs, scales, out)
     call.query, call.out = query.data_ptr(), out.data_ptr()
@@ -285,6 +299,7 @@ def attend_layer(query, kvs, start: int, stop: int, out, *, scaling: float, wind
     call.start, call.stop, call.window, call.tile_bytes = start, stop, window or 0, tile_bytes
     call.scaling, call.softcap = scaling, softcap or 0.0
     call.num_threads, call.variant, call.runner = num_threads, PATHS[forced_path()], _shared_pool
+    call.prefetch = PREFETCH[forced_prefetch()] if prefetch is None else PREFETCH[prefetch]
     check((function or kernel())(call._ref), query.shape[-1])
 
 

@@ -234,6 +234,42 @@ def test_a_path_the_cpu_lacks_is_refused(monkeypatch):
                             torch.empty(1, 1, 1, 16), scaling=1.0)
 
 
+def _cpu_vendor() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return next((line.split(":", 1)[1].strip() for line in info if line.startswith("vendor_id")), None)
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_the_prefetch_level_changes_when_lines_arrive_never_the_result(monkeypatch, dtype):
+    """bf16/fp16/fp32 homes request their next lines into L1 (auto on AMD: prefetcht2 left a Zen 5 core's loads
+    waiting) or into L2 (auto elsewhere): on every vector path the level reaches the tasks (counted) and the
+    outputs are bit for bit the same; a value that names no level is ignored."""
+    function = native.kernel()
+    if function is None:
+        pytest.skip("no C compiler here")
+    vendor = _cpu_vendor()
+    if vendor is not None:
+        assert function.prefetch(native.PREFETCH["auto"]) == (1 if vendor == "AuthenticAMD" else 2), vendor
+    assert [function.prefetch(native.PREFETCH[level]) for level in ("l1", "l2")] == [1, 2]
+    torch.manual_seed(0)
+    kvs = [torch.randn(700, 1, 2, 2, 128).to(dtype) for _ in range(2)]
+    query = torch.randn(1, 2 * 2 * 6, 1, 128).to(dtype)  # 6 rows a KV head (4 + 2), Qwen2.5-1.5B's decode
+    for path in _available_paths():
+        monkeypatch.setenv(native.ENV_PATH, path)
+        outs = {}
+        for level in ("l1", "l2", "auto", "l3"):
+            monkeypatch.setenv(native.ENV_PREFETCH, level)
+            before = function.l1_prefetch_tasks()
+            outs[level] = HostAttention(tile_bytes=64 << 10).attend(query, kvs, 0, 700, scaling=0.1, window=300)
+            in_l1 = function.l1_prefetch_tasks() > before
+            assert in_l1 == (function.prefetch(native.PREFETCH[native.forced_prefetch()]) == 1), (path, level)
+        assert native.forced_prefetch() == "auto"  # "l3" names no level
+        assert all(torch.equal(out, outs["l2"]) for out in outs.values()), path
+
+
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_8bit_homes_give_what_dequantize_then_attend_gives(kv_dtype, dtype):

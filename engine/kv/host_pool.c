@@ -367,6 +367,16 @@ static int attention_range(const void *context, long lo, long hi) {
     return status;
 }
 
+#define SCRATCH_KEEP_FLOATS (1L << 20) /* 4 MiB: a scratch this small is kept whatever the call */
+
+/* Bytes of the scratch the pool keeps between calls (folded queries and the tasks' partials). */
+long host_scratch_bytes(void) {
+    pthread_mutex_lock(&pool.call_lock);
+    const long bytes = pool.scratch_floats * (long)sizeof(float);
+    pthread_mutex_unlock(&pool.call_lock);
+    return bytes;
+}
+
 /* Returns 0; -1 a head dim without a specialisation; -2 out of memory; -3 the vector path is not available. */
 int host_attend_layer(const ha_call *c) {
     if (c->dim != 16 && c->dim != 32 && c->dim != 64 && c->dim != 128 && c->dim != 256) return -1;
@@ -398,7 +408,10 @@ int host_attend_layer(const ha_call *c) {
     const long needed = folded_floats + num_tasks * heads_rows * (c->dim + 2) + raw_floats;
 
     pthread_mutex_lock(&pool.call_lock);
-    if (pool.scratch_floats < needed) {
+    /* Grown for a prefill chunk's query blocks (every task keeps a partial of every row), the scratch would keep up to
+       1/16 of a layer's home through every decode step after: a call that needs under a quarter of it, past
+       SCRATCH_KEEP_FLOATS, gives it back. Prefill chunks need alike and decode steps alike: no back and forth. */
+    if (pool.scratch_floats < needed || (pool.scratch_floats > SCRATCH_KEEP_FLOATS && needed < pool.scratch_floats / 4)) {
         free(pool.scratch);
         pool.scratch = malloc(sizeof(float) * needed);
         pool.scratch_floats = pool.scratch == NULL ? 0 : needed;

@@ -192,11 +192,14 @@ def build(compiler: str, extra: list[str] | None = None):
     variant.argtypes, variant.restype = [ctypes.c_int], ctypes.c_int
     prefetch = library.host_attend_prefetch
     prefetch.argtypes, prefetch.restype = [ctypes.c_int], ctypes.c_int
+    scratch_bytes = library.host_scratch_bytes
+    scratch_bytes.argtypes, scratch_bytes.restype = [], ctypes.c_long
     read = library.host_read
     read.argtypes, read.restype = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int], ctypes.c_double
     dot_tasks = ctypes.c_long.in_dll(library, "ha_bf16_dot_tasks")
     l1_tasks = ctypes.c_long.in_dll(library, "ha_l1_prefetch_tasks")
     function.variant, function.read, function.prefetch = variant, read, prefetch
+    function.scratch_bytes = scratch_bytes  # what the pool keeps between calls (tests)
     function.dot_tasks = lambda: dot_tasks.value  # tasks scored by bf16 dot products so far (tests: the path ran)
     function.l1_prefetch_tasks = lambda: l1_tasks.value  # tasks that requested lines into L1 (tests)
     return function

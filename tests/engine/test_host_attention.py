@@ -234,6 +234,33 @@ def test_a_path_the_cpu_lacks_is_refused(monkeypatch):
                             torch.empty(1, 1, 1, 16), scaling=1.0)
 
 
+def test_the_scratch_a_prefill_block_grew_is_given_back_by_the_next_decode_step():
+    """A prefill chunk's query block keeps a partial of every row per task in the pool's scratch (up to 1/16 of a
+    layer's home); kept, it would stay through every decode step after. The first call that needs under a quarter
+    of it gives it back, and the next steps keep their small one; every result exact."""
+    function = native.kernel()
+    if function is None:
+        pytest.skip("no C compiler here")
+    torch.manual_seed(0)
+    home = torch.randn(2048, 1, 2, 2, 128)  # [T, B, 2, g, D] fp32: a CPU default model's layer
+    block = torch.randn(1, 12, 64, 128)  # a prefill query block: 64 queries, 6 rows each per KV head
+    out = torch.empty_like(block)
+    native.attend_layer(block, [home], 0, 2048, out, scaling=0.1, tile_bytes=1)  # 16-token tiles: 128 tasks
+    grown = function.scratch_bytes()
+    assert grown >= 128 * (2 * 6 * 64) * (128 + 2) * 4  # 128 tasks' partials of 768 rows
+    expected = reference(block, [home], 0, 2048, 0.1, None, None)
+    assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+    sizes = []
+    for stop in (2049, 2050):  # two decode steps
+        query, step = torch.randn(1, 12, 1, 128), torch.empty(1, 12, 1, 128)
+        extended = torch.cat([home, torch.randn(stop - 2048, 1, 2, 2, 128)])
+        native.attend_layer(query, [extended], 0, stop, step, scaling=0.1)
+        sizes.append(function.scratch_bytes())
+        expected = reference(query, [extended], 0, stop, 0.1, None, None)
+        assert (step.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+    assert sizes[0] < grown / 4 and sizes[1] == sizes[0], (grown, sizes)
+
+
 def _cpu_vendor() -> str | None:
     try:
         with open("/proc/cpuinfo") as info:

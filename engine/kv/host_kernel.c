@@ -69,8 +69,8 @@
  * - into L2 only (prefetcht2): a request into L1 holds one of the core's few line-fill buffers until its line
  *   arrives, and the kernel's loads wait for the same buffers; L2's miss queue is longer. On the 2-vCPU VM of
  *   2026-11-27, 32K-128K tokens from DRAM: bf16 4-10% faster than into L1;
- * - into L1 (prefetcht0) on AMD: on the Zen 5 EPYC VM, prefetcht2 left the loads waiting (fp32 homes 14-35% and
- *   bf16 homes 3-20% slower from DRAM, one thread; benchmarks/harness/host_prefetch.py). */
+ * - into L1 (prefetcht0) on AMD: on the Zen 5 EPYC VM, prefetcht2 left the loads waiting (from DRAM, one thread:
+ *   the CPU default model's fp32 layer 13-18% slower, Llama-3-8B's bf16 one 4%; docs/benchmarks/host-prefetch.md). */
 #define HA_PREFETCH_HINT_L2 1
 #define HA_PREFETCH_HINT_L1 3
 #ifndef HA_PREFETCH_HINT_INT8
@@ -251,7 +251,7 @@ typedef struct {
 } head_view;
 
 /* One line requested with its dtype's hint (the hint must be a constant: dtype is one after inlining, and the
- * level a branch the same way all call long). */
+ * level is a branch that goes the same way through a whole call). */
 INLINE void prefetch_line_hinted(const char *line, const int dtype, const int l1) {
     if (dtype == HA_INT8) __builtin_prefetch(line, 0, HA_PREFETCH_HINT_INT8);
     else if (l1) __builtin_prefetch(line, 0, HA_PREFETCH_HINT_L1);

@@ -280,7 +280,7 @@ class TorchImportSpy:  # records the allocator settings at the moment torch is f
         if name == "torch" and "at_torch_import" not in seen:
             seen["at_torch_import"] = {k: os.environ.get(k) for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF",
                                                                       "OMP_WAIT_POLICY", "MALLOC_MMAP_THRESHOLD_",
-                                                                      "MALLOC_TRIM_THRESHOLD_")}
+                                                                      "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")}
         return None
 sys.meta_path.insert(0, TorchImportSpy())
 import launch
@@ -324,22 +324,21 @@ def test_launch_makes_openmp_threads_sleep_before_torch_loads_unless_the_user_ch
     assert seen["at_torch_import"]["OMP_WAIT_POLICY"] == (user or "PASSIVE")
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the thresholds are glibc malloc's")
+_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20), "MALLOC_ARENA_MAX": "1"}
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the settings are glibc malloc's")
 @pytest.mark.parametrize("user", [None, "1048576"])
 def test_launch_sets_glibc_malloc_thresholds_before_torch_loads_unless_the_user_chose(user):
     """A prefill's large temporaries were fresh pages every chunk (2.1M page faults in a 2K-token read)."""
-    names = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
-    seen = _launch_env_at_torch_import(names, {"MALLOC_TRIM_THRESHOLD_": user} if user else {})
+    seen = _launch_env_at_torch_import(tuple(_HEAP), {"MALLOC_TRIM_THRESHOLD_": user} if user else {})
     assert seen["torch_after_import_launch"] is False
-    if user:
-        assert seen["at_torch_import"] == seen["at_torch_import"] | {"MALLOC_TRIM_THRESHOLD_": user,
-                                                                     "MALLOC_MMAP_THRESHOLD_": None}
-    else:
-        assert [seen["at_torch_import"][name] for name in names] == [str(32 << 20), str(256 << 20)]
+    expected = {name: None for name in _HEAP} | {"MALLOC_TRIM_THRESHOLD_": user} if user else _HEAP
+    assert {name: seen["at_torch_import"][name] for name in _HEAP} == expected
 
 
 _FAULTS = """
-import json, resource, torch
+import json, resource, sys, threading, torch
 import heap_env
 
 def mlp(x):  # a 512-token chunk's MLP temporaries (Qwen2.5-1.5B), made and freed in transformers' order
@@ -358,28 +357,33 @@ def faults():  # page faults of eight layers' MLPs
         x = mlp(x)
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-faults()  # glibc's own thresholds settle on the first frees
-default = faults()
 environ = {}
-is_set = heap_env.keep_freed_heap(environ)
-faults()  # the heap grows once
-print(json.dumps({"default": default, "kept": faults(), "is_set": is_set, "environ": environ}))
+is_set = heap_env.keep_freed_heap(environ) if sys.argv[1] == "kept" else False
+counts = []
+def compute():  # on a worker thread, as the app computes
+    faults()  # the heap grows once (and glibc's own thresholds settle on the first frees)
+    counts.extend(faults() for _ in range(3))
+worker = threading.Thread(target=compute)
+worker.start()
+worker.join()
+print(json.dumps({"faults": sum(counts), "is_set": is_set, "environ": environ}))
 """
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the thresholds are glibc malloc's")
-def test_kept_heap_gives_a_chunks_temporaries_the_same_pages_again():
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the settings are glibc malloc's")
+def test_kept_heap_gives_a_chunks_temporaries_the_same_pages_again_on_a_worker_thread():
     import json
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    result = subprocess.run([sys.executable, "-c", _FAULTS], cwd=ROOT, capture_output=True, text=True, env=env,
-                            timeout=300)
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
-    assert seen["is_set"] and seen["environ"] == {"MALLOC_MMAP_THRESHOLD_": str(32 << 20),
-                                                  "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
-    assert seen["default"] > 8 * 512, seen  # glibc's defaults: at least 2 MiB of fresh pages a layer
-    assert seen["kept"] * 10 < seen["default"], seen
+    seen = {}
+    for mode in ("default", "kept"):
+        result = subprocess.run([sys.executable, "-c", _FAULTS, mode], cwd=ROOT, capture_output=True, text=True,
+                                env=env, timeout=300)
+        seen[mode] = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["kept"]["is_set"] and seen["kept"]["environ"] == _HEAP
+    assert seen["default"]["faults"] > 3 * 8 * 512, seen  # glibc's defaults: at least 2 MiB of fresh pages a layer
+    assert seen["kept"]["faults"] * 10 < seen["default"]["faults"], seen
 
 
 class _Libc:
@@ -394,13 +398,15 @@ class _Libc:
 def test_malloc_thresholds_keep_a_users_choice_and_a_refusal_changes_nothing():
     from heap_env import keep_freed_heap
 
-    for user in ({"MALLOC_MMAP_THRESHOLD_": "65536"}, {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}):
+    for user in ({"MALLOC_MMAP_THRESHOLD_": "65536"}, {"MALLOC_ARENA_MAX": "4"},
+                 {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}):
         environ, libc = dict(user), _Libc(1)
         assert keep_freed_heap(environ, libc) is False and environ == user and libc.calls == []
     environ, libc = {}, _Libc(0)  # a C library whose mallopt refuses (musl's returns 0)
-    assert keep_freed_heap(environ, libc) is False and environ == {} and len(libc.calls) == 2
+    assert keep_freed_heap(environ, libc) is False and environ == {} and len(libc.calls) == 3
     environ, libc = {"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=0"}, _Libc(1)
-    assert keep_freed_heap(environ, libc) is True and libc.calls == [(-1, 256 << 20), (-3, 32 << 20)]
+    assert keep_freed_heap(environ, libc) is True and libc.calls == [(-1, 256 << 20), (-3, 32 << 20), (-8, 1)]
+    assert environ == {"GLIBC_TUNABLES": "glibc.rtld.optional_static_tls=0"} | _HEAP
 
 
 def test_a_users_own_expandable_segments_choice_is_kept_and_other_platforms_are_left_alone():

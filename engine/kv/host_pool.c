@@ -368,6 +368,8 @@ static int attention_range(const void *context, long lo, long hi) {
 }
 
 #define SCRATCH_KEEP_FLOATS (1L << 20) /* 4 MiB: a scratch this small is kept whatever the call */
+#define DECODE_QUERY_LIMIT 16 /* query tokens of a decode step's call (native.CPU_QUERY_LIMIT, schedule.HOST_QUERY_LIMIT);
+                                 the CPU prefill route's calls have more (kernels._cpu_prefill) */
 
 /* Bytes of the scratch the pool keeps between calls (folded queries and the tasks' partials). */
 long host_scratch_bytes(void) {
@@ -409,9 +411,13 @@ int host_attend_layer(const ha_call *c) {
 
     pthread_mutex_lock(&pool.call_lock);
     /* Grown for a prefill chunk's query blocks (every task keeps a partial of every row), the scratch would keep up to
-       1/16 of a layer's home through every decode step after: a call that needs under a quarter of it, past
-       SCRATCH_KEEP_FLOATS, gives it back. Prefill chunks need alike and decode steps alike: no back and forth. */
-    if (pool.scratch_floats < needed || (pool.scratch_floats > SCRATCH_KEEP_FLOATS && needed < pool.scratch_floats / 4)) {
+       1/16 of a layer's home through every decode step after: a decode step's call that needs under a quarter of it,
+       past SCRATCH_KEEP_FLOATS, gives it back. Only a decode step's: in a prefill, a sliding-window layer's blocks
+       need little and the full layer's next to it much again, and shrinking between them would free and regrow the
+       scratch every layer. */
+    const int is_decode_step = c->q_len <= DECODE_QUERY_LIMIT;
+    if (pool.scratch_floats < needed ||
+        (is_decode_step && pool.scratch_floats > SCRATCH_KEEP_FLOATS && needed < pool.scratch_floats / 4)) {
         free(pool.scratch);
         pool.scratch = malloc(sizeof(float) * needed);
         pool.scratch_floats = pool.scratch == NULL ? 0 : needed;

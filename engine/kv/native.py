@@ -10,8 +10,10 @@ log-sum-exp merge and the output's rounding done in C; ``ctypes`` releases the G
 ``host_kernel.c`` is compiled once per vector path into its own object (on x86-64: portable SSE2, AVX2+FMA,
 AVX-512, AVX-512 with bf16 dot products; elsewhere the portable one, which is NEON on arm64), linked with
 ``host_pool.c`` into one library under the studio's cache folder (named by a hash of the sources, the compiler and
-the flags); the pool picks the widest path the CPU has (cpuid) at run time. ``HEADINFER_HOST_KERNEL=portable|avx2|avx512|avx512bf16`` forces one (tests,
-and a user whose CPU misreports); ``HEADINFER_NATIVE=0`` forces the torch tile. Without a compiler, or if the build
+the flags); the pool picks the widest path the CPU has (cpuid) at run time.
+``HEADINFER_HOST_KERNEL=portable|avx2|avx512|avx512bf16`` forces one (tests, and a user whose CPU misreports),
+``HEADINFER_HOST_PREFETCH=l1|l2`` the cache level the homes' next lines are requested into (default: L1 on AMD, L2
+elsewhere); ``HEADINFER_NATIVE=0`` forces the torch tile. Without a compiler, or if the build
 fails, ``kernel()`` returns None (logged) and ``host_attention.py`` runs its torch tile.
 """
 
@@ -50,6 +52,7 @@ ENV_PATH = "HEADINFER_HOST_KERNEL"
 #: Where bf16/fp16/fp32 homes' next lines are requested (host_kernel.c): ``auto`` is L1 on AMD, L2 elsewhere.
 PREFETCH = {"auto": 0, "l1": 1, "l2": 2}
 ENV_PREFETCH = "HEADINFER_HOST_PREFETCH"
+_CHOICES = {ENV_PATH: PATHS, ENV_PREFETCH: PREFETCH}  # what each variable may name
 # The source uses _Float16 where the compiler announces it (GCC 12+, clang 15+) and bit operations elsewhere; a
 # compiler that announces it but rejects it gets a second build with the bit operations forced.
 _NO_FLOAT16 = "-DHEADINFER_NO_FLOAT16"
@@ -165,7 +168,7 @@ def forced_prefetch() -> str:
 
 @functools.lru_cache(maxsize=16)
 def _parsed(name: str, value: str | None) -> str:
-    choices = PATHS if name == ENV_PATH else PREFETCH
+    choices = _CHOICES[name]
     requested = (value or "auto").strip().lower() or "auto"
     if requested not in choices:
         logger.warning("%s=%s is none of %s: ignored", name, requested, ", ".join(choices))

@@ -236,8 +236,9 @@ def test_a_path_the_cpu_lacks_is_refused(monkeypatch):
 
 def test_the_scratch_a_prefill_block_grew_is_given_back_by_the_next_decode_step():
     """A prefill chunk's query block keeps a partial of every row per task in the pool's scratch (up to 1/16 of a
-    layer's home); kept, it would stay through every decode step after. The first call that needs under a quarter
-    of it gives it back, and the next steps keep their small one; every result exact."""
+    layer's home); kept, it would stay through every decode step after. The first decode step's call that needs
+    under a quarter of it gives it back, and the next steps keep their small one; a prefill call needing little (a
+    sliding-window layer's) keeps it; every result exact."""
     function = native.kernel()
     if function is None:
         pytest.skip("no C compiler here")
@@ -249,6 +250,11 @@ def test_the_scratch_a_prefill_block_grew_is_given_back_by_the_next_decode_step(
     grown = function.scratch_bytes()
     assert grown >= 128 * (2 * 6 * 64) * (128 + 2) * 4  # 128 tasks' partials of 768 rows
     expected = reference(block, [home], 0, 2048, 0.1, None, None)
+    assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+    # a sliding-window layer's block of the same prefill needs little: kept for the full layer next to it
+    native.attend_layer(block, [home], 2048 - 64 - 100, 2048, out, scaling=0.1, window=100)
+    assert function.scratch_bytes() == grown
+    expected = reference(block, [home], 2048 - 64 - 100, 2048, 0.1, 100, None)
     assert (out.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
     sizes = []
     for stop in (2049, 2050):  # two decode steps

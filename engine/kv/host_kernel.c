@@ -5,7 +5,8 @@
  * same source, so the paths compute the same thing in the same order but for the lanes of a sum.
  *
  * Chunks of 64 tokens, in order, every head of a chunk in turn (a token's heads lie together: reading a chunk reads
- * memory as it lies). Per head and block of up to 4 query rows:
+ * memory as it lies). Per head and block of up to 4 query rows (6 in one block on AVX-512 with head dim 128, the CPU
+ * default model's decode step: as 4 + 2 the 2-row block read the chunk again and reduced 8 partials as 16):
  * - reads: bf16 in paired lane order where the head dim allows (see HA_BF16_PAIRED: one integer operation widens
  *   a vector); the lines of the key (value) 8 KiB of the head's tokens ahead requested as each key is scored
  *   (each value added), a few at a time (the hardware prefetcher alone left a 32K-token layer read from DRAM
@@ -55,6 +56,10 @@
 
 #define CH 64          /* tokens per chunk: the softmax bookkeeping paid once per 64 keys (32: 5% slower, 16: 18%) */
 #define RB 4           /* query rows per block */
+#define RB_MAX 6       /* a 6-row block (AVX-512, head dim 128): Qwen2.5's 6 query heads a KV head */
+#ifndef HA_ROWS6
+#define HA_ROWS6 1     /* 0: 6 rows as blocks of 4 + 2 (the benchmark's baseline build: host-rows6.md) */
+#endif
 #define TB (W / RB)    /* keys per score step: RB * TB dot products reduce into one vector */
 #ifndef HA_PREFETCH_BYTES
 #define HA_PREFETCH_BYTES 8192 /* how far ahead a head's keys (values) are requested, in bytes of its key and value:
@@ -281,7 +286,7 @@ INLINE void value_slice(const head_view *hv, float s[][CH], int r0, const int NR
                         const int dtype) {
     const int prefetch = HA_SPLIT_PREFETCH && r0 == 0 && d0 == 0; /* one pass over the tokens requests */
     const int D = hv->dim;
-    vf o[RB][ACC_VECTORS];
+    vf o[RB_MAX][ACC_VECTORS];
     for (int r = 0; r < NR; r++)
         for (int v = 0; v < DV; v++) o[r][v] = *(const vfu *)(hv->acc + (long)(r0 + r) * D + d0 + v * W);
     for (int j = 0; j < n; j++) {
@@ -366,6 +371,51 @@ INLINE void scores_d128(const head_view *hv, float s[][CH], int r0, int n, const
 }
 #endif
 
+#if defined(HA_VARIANT_AVX512)
+/* Rows 4-5's scores of tokens t0..t0 + 3 from part[0..7] (row 4's four keys, then row 5's): sum16's first two
+ * levels on eight vectors, then each row's four 128-bit lanes added. */
+INLINE void store_scores_2(float s[][CH], int t0, const __m512 *part) {
+    __m512 x[4], z[2];
+    for (int j = 0; j < 4; j++)
+        x[j] = _mm512_add_ps(_mm512_unpacklo_ps(part[2 * j], part[2 * j + 1]),
+                             _mm512_unpackhi_ps(part[2 * j], part[2 * j + 1]));
+    for (int k = 0; k < 2; k++)
+        z[k] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * k], x[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(x[2 * k], x[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int k = 0; k < 2; k++) { /* z[k]: each 128-bit lane a partial of row 4 + k's four keys */
+        const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(z[k]), _mm512_extractf32x8_ps(z[k], 1));
+        _mm_store_ps(s[4 + k] + t0, _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1)));
+    }
+}
+
+/* The score pass of a 6-row block, head dim 128 (any dtype load_pair reads): 6 rows x 4 keys = 24 partial dot
+ * products in registers, rows 0-3 reduced by sum16, rows 4-5 by store_scores_2. One pass over the keys for the
+ * six rows, where a 4-row and a 2-row block read them twice and reduce the 2-row block's 8 partials as 16. */
+INLINE void scores6_d128(const head_view *hv, float s[][CH], int n, const int dtype) {
+    const float *query = hv->query;
+    for (int t0 = 0; t0 < n; t0 += 4) {
+        const char *key[4];
+        four_keys(hv, 0, t0, n, dtype, key);
+        __m512 part[24];
+        for (int i = 0; i < 24; i++) part[i] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int d = 0; d < 128; d += 32) {
+            vf k[4], k2[4];
+            for (int t = 0; t < 4; t++) load_pair(key[t], d, dtype, &k[t], &k2[t]);
+            for (int r = 0; r < 6; r++) {
+                const __m512 q = _mm512_loadu_ps(query + r * 128 + d), q2 = _mm512_loadu_ps(query + r * 128 + d + 16);
+                for (int t = 0; t < 4; t++) {
+                    part[r * 4 + t] = _mm512_fmadd_ps(q, (__m512)k[t], part[r * 4 + t]);
+                    part[r * 4 + t] = _mm512_fmadd_ps(q2, (__m512)k2[t], part[r * 4 + t]);
+                }
+            }
+        }
+        store_scores(s, t0, sum16(part));
+        store_scores_2(s, t0, part + 16);
+    }
+}
+#endif
+
 #if defined(HA_VARIANT_AVX512) && defined(HA_BF16_DOT)
 /* scores_d128 for bf16 homes whose queries are bf16 values too (a bf16 model's): vdpbf16ps multiplies 32 bf16
  * pairs into 16 fp32 lanes, key and query read as stored, no widening. A product of two bf16 values is exact in
@@ -400,7 +450,7 @@ INLINE void scores_d128_dot(const head_view *hv, float s[][CH], int r0, int n) {
 INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int NR, int n, long first,
                       int is_plain, const int dtype) {
     const int D = hv->dim; /* a constant where run_chunk is specialised (128) */
-    float s[RB][CH] __attribute__((aligned(64)));
+    float s[RB_MAX][CH] __attribute__((aligned(64)));
     /* scores: TB keys x NR rows at a time; past n the last token is read again and masked below */
 #if defined(HA_VARIANT_AVX512) && defined(HA_BF16_DOT)
     if (NR == 4 && D == 128 && dtype == HA_BF16_PAIRED && hv->raw != NULL) {
@@ -409,6 +459,10 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
     }
 #endif
 #if defined(HA_VARIANT_AVX512)
+    if (NR == 6 && D == 128) {
+        scores6_d128(hv, s, n, dtype);
+        goto softmax;
+    }
     if (NR == 4 && D == 128 && (dtype == HA_BF16_PAIRED || dtype == HA_INT8)) {
         scores_d128(hv, s, r0, n, dtype);
         goto softmax;
@@ -489,7 +543,8 @@ softmax:;
         *l += hsum(total);
     }
     /* values: the rows' outputs in registers, DV vectors of the head dim at a time */
-    const int DV = ACC_VECTORS / NR; /* NR is 4, 2 or 1 */
+    /* NR is 6 (24 accumulators + 4 values: two slices; 4 slices of 2 were 14% slower on one thread), 4, 2 or 1 */
+    const int DV = NR == 6 ? 4 : ACC_VECTORS / NR;
     int d0 = 0;
     for (; d0 + DV * W <= D; d0 += DV * W) value_slice(hv, s, r0, NR, DV, d0, n, dtype);
     for (; d0 + 2 * W <= D; d0 += 2 * W) value_slice(hv, s, r0, NR, 2, d0, n, dtype); /* small head dims */
@@ -535,6 +590,12 @@ INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, co
                             raw == NULL ? NULL : raw + head * rows * D, job->raw_scale,
                             m + head * rows, l + head * rows, acc + head * rows * D, D};
             int r0 = 0;
+#if defined(HA_VARIANT_AVX512)
+            if (HA_ROWS6 && rows == 6 && D == 128 && !(raw != NULL && dtype == HA_BF16_PAIRED)) {
+                row_block(&hv, c, 0, 6, n, first, is_plain, dtype);
+                continue;
+            }
+#endif
             for (; r0 + RB <= rows; r0 += RB) row_block(&hv, c, r0, RB, n, first, is_plain, dtype);
             if (rows - r0 >= 2) {
                 row_block(&hv, c, r0, 2, n, first, is_plain, dtype);

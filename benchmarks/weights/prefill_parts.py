@@ -82,7 +82,7 @@ def child(threads: int, reads: int = 2) -> dict:
 
 
 def llamacpp_prefill_s(placement: str, path: Path = LLAMACPP) -> float | None:
-    from ..harness.cpu_ceilings import llamacpp_prefill_s as prefill_s
+    from .cpu_ceilings import llamacpp_prefill_s as prefill_s
 
     return prefill_s(path, placement)
 

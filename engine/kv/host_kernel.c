@@ -468,6 +468,7 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
         goto softmax;
     }
 #endif
+    if (NR > RB) __builtin_unreachable(); /* 6-row blocks are scored above: run_chunk makes them only there */
     for (int t0 = 0; t0 < n; t0 += TB) {
         if (r0 == 0)
             for (int t = 0; t < TB; t++) prefetch_row(hv->keys, hv, t0 + t + hv->distance, dtype);

@@ -1,4 +1,4 @@
-"""benchmarks/harness/cpu_ceilings.py: a read's FLOPs, llama.cpp's prefill time from its table, the report from
+"""benchmarks/weights/cpu_ceilings.py: a read's FLOPs, llama.cpp's prefill time from its table, the report from
 raw records, and a small run."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.harness import cpu_ceilings
+from benchmarks.weights import cpu_ceilings
 from benchmarks.records import ResultStore, load_records
 from engine.kv import native
 

@@ -86,6 +86,59 @@ def _repeated(block: torch.Tensor, tokens: int) -> torch.Tensor:
     return out
 
 
+def in_turns(layer: Layer, calls: dict, read: "Read", num_threads: int, rounds: int, store, shape: str,
+             dtype: str) -> None:
+    """The layer's call once per entry of ``calls`` (name -> keyword arguments of ``Layer.call``: another build's
+    ``function``, a ``prefetch`` level) on ``num_threads``, in turns in every round (which goes first alternates:
+    ABBA, no order bias), each after a read of ``read``'s buffer (the layer leaves the caches, as a decode step's
+    does); the read is timed in the same rounds. Prints and stores each call's median against the read."""
+    for kwargs in calls.values():  # warm: the pool started, pages touched
+        layer.call(num_threads, **kwargs)
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    reads = []
+    order = list(calls.items())
+    for round_index in range(rounds):
+        for name, kwargs in order if round_index % 2 == 0 else order[::-1]:
+            read.call(num_threads)
+            begin = time.perf_counter()
+            layer.call(num_threads, **kwargs)
+            samples[name].append(time.perf_counter() - begin)
+        begin = time.perf_counter()
+        read.call(num_threads)
+        reads.append(time.perf_counter() - begin)
+    read_gbps = read.data.nbytes / statistics.median(reads) / 1e9
+    for name, seconds in samples.items():
+        median = statistics.median(seconds)
+        gbps = layer.home_bytes / median / 1e9
+        print(f"{shape} {dtype} {layer.tokens:,} x{num_threads or 'all'}: {name} {median * 1e3:.3f} ms, "
+              f"{gbps:.2f} GB/s, {gbps / read_gbps:.3f} x the read", flush=True)
+        store.append("layer", name, context=layer.tokens, variant=f"{shape}/{dtype}/{num_threads}", seconds=median,
+                     gbps=gbps, read_gbps=read_gbps, samples=seconds)
+
+
+def turns_table(records: list[dict], names: list[str]) -> list[str]:
+    """The table of ``in_turns``'s records: per shape, home, tokens and threads, each name's ms, each later name's
+    time over the first's, and each name's ratio to the read. Rows some name lacks are left out (a record of another
+    benchmark's shape has no shape in its variant: left out too)."""
+    rows = {(r["variant"], r["context"], r["mode"]): r["metrics"] for r in records
+            if r.get("phase") == "layer" and (r.get("variant") or "").count("/") == 2}
+    lines = ["| shape | home | tokens | threads | " + " | ".join(f"{n} ms" for n in names) + " | "
+             + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " | "
+             + " | ".join(f"{n} x read" for n in names) + " |",
+             "|---|---|---:|---|" + "---:|" * (3 * len(names) - 1)]
+    for variant, context in sorted({(v, c) for v, c, _ in rows}, key=lambda k: (k[0].rsplit("/", 1)[0], k[1], k[0])):
+        cells = [rows.get((variant, context, name)) for name in names]
+        if not all(cells):
+            continue
+        shape, dtype, threads = variant.split("/")
+        ms = [c["seconds"] * 1e3 for c in cells]
+        lines.append(f"| {shape} | {dtype} | {context:,} | {'every core' if threads == '0' else threads} | "
+                     + " | ".join(f"{m:.3f}" for m in ms) + " | "
+                     + " | ".join(f"{m / ms[0]:.3f}" for m in ms[1:]) + " | "
+                     + " | ".join(f"{c['gbps'] / c['read_gbps']:.2f}" for c in cells) + " |")
+    return lines
+
+
 class Read:
     """A plain read of a buffer far larger than the caches, on the kernel's pool (``native.read``)."""
 

@@ -16,15 +16,13 @@ Shapes as ``host_prefetch``'s: ``llama3-8b`` (8 groups of one KV head, 4 query r
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 from engine.kv import native
 from engine.native.library import compiler
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
-from .host_attention import Layer, Read
+from .host_attention import Layer, Read, in_turns, turns_table
 from .host_prefetch import SHAPES
 from .run import parse_tokens
 
@@ -44,33 +42,12 @@ def measure(kernels: dict, shape: str, dtypes: list[str], tokens: list[int], thr
         for count in tokens:
             layer = Layer(count, dtype, **SHAPES[shape])
             for num_threads in threads:
-                for function in kernels.values():  # warm: the pool started, pages touched
-                    layer.call(num_threads, function=function)
-                samples: dict[str, list[float]] = {name: [] for name in kernels}
-                reads = []
-                order = list(kernels.items())
-                for round_index in range(rounds):
-                    for name, function in order if round_index % 2 == 0 else order[::-1]:
-                        read.call(num_threads)  # the layer leaves the caches
-                        begin = time.perf_counter()
-                        layer.call(num_threads, function=function)
-                        samples[name].append(time.perf_counter() - begin)
-                    begin = time.perf_counter()
-                    read.call(num_threads)
-                    reads.append(time.perf_counter() - begin)
-                read_gbps = read.data.nbytes / statistics.median(reads) / 1e9
-                for name, seconds in samples.items():
-                    median = statistics.median(seconds)
-                    gbps = layer.home_bytes / median / 1e9
-                    print(f"{shape} {dtype} {count:,} x{num_threads or 'all'}: {name} {median * 1e3:.3f} ms, "
-                          f"{gbps:.2f} GB/s, {gbps / read_gbps:.3f} x the read", flush=True)
-                    store.append("layer", name, context=count, variant=f"{shape}/{dtype}/{num_threads}",
-                                 seconds=median, gbps=gbps, read_gbps=read_gbps, samples=seconds)
+                in_turns(layer, {name: {"function": function} for name, function in kernels.items()}, read,
+                         num_threads, rounds, store, shape, dtype)
 
 
 def write_markdown(records: list[dict], builds: dict[str, list[str]], path: Path) -> None:
     names = list(builds)
-    rows = {(r["variant"], r["context"], r["mode"]): r["metrics"] for r in records if r.get("phase") == "layer"}
     stamp = records[-1]["run"] if records else {}
     flags = ", ".join(f"**{name}** `{' '.join(f) or '(the source as it is)'}`" for name, f in builds.items())
     lines = ["# Host attention: builds in turns (CPU)", "",
@@ -80,20 +57,7 @@ def write_markdown(records: list[dict], builds: dict[str, list[str]], path: Path
              "Shapes: `llama3-8b`, 8 groups of one KV head, 4 query rows each, bf16 queries; `qwen2.5-1.5b`, the "
              "CPU default model's: one group of 2 KV heads, 6 query rows each.", "",
              machine_line(stamp, IN_TURNS), "",
-             "| shape | home | tokens | threads | " + " | ".join(f"{n} ms" for n in names) + " | "
-             + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " | "
-             + " | ".join(f"{n} x read" for n in names) + " |",
-             "|---|---|---:|---|" + "---:|" * (3 * len(names) - 1)]
-    for variant, context in sorted({(v, c) for v, c, _ in rows}, key=lambda k: (k[0].rsplit("/", 1)[0], k[1], k[0])):
-        cells = [rows.get((variant, context, name)) for name in names]
-        if not all(cells):
-            continue
-        shape, dtype, threads = variant.split("/")
-        ms = [c["seconds"] * 1e3 for c in cells]
-        lines.append(f"| {shape} | {dtype} | {context:,} | {'every core' if threads == '0' else threads} | "
-                     + " | ".join(f"{m:.3f}" for m in ms) + " | "
-                     + " | ".join(f"{m / ms[0]:.3f}" for m in ms[1:]) + " | "
-                     + " | ".join(f"{c['gbps'] / c['read_gbps']:.2f}" for c in cells) + " |")
+             *turns_table(records, names)]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

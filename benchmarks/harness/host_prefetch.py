@@ -24,14 +24,12 @@ both levels: only when the lines arrive differs.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from pathlib import Path
 
 from engine.kv import native
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
-from .host_attention import LLAMA3_8B, Layer, Read
+from .host_attention import LLAMA3_8B, Layer, Read, in_turns, turns_table
 
 OUT = Path("docs/benchmarks/host-prefetch.json")
 LEVELS = ("l1", "l2")
@@ -47,32 +45,11 @@ def measure(cases: list, threads: list[int], rounds: int, store: ResultStore, re
     for shape, dtype, tokens in cases:
         layer = Layer(tokens, dtype, **SHAPES[shape])
         for num_threads in threads:
-            for level in LEVELS:  # warm: the pool started, pages touched
-                layer.call(num_threads, prefetch=level)
-            samples: dict[str, list[float]] = {level: [] for level in LEVELS}
-            reads = []
-            for round_index in range(rounds):
-                for level in LEVELS if round_index % 2 == 0 else LEVELS[::-1]:  # ABBA: no order bias
-                    read.call(num_threads)  # the layer leaves the caches
-                    begin = time.perf_counter()
-                    layer.call(num_threads, prefetch=level)
-                    samples[level].append(time.perf_counter() - begin)
-                begin = time.perf_counter()
-                read.call(num_threads)
-                reads.append(time.perf_counter() - begin)
-            read_gbps = read.data.nbytes / statistics.median(reads) / 1e9
-            for level, seconds in samples.items():
-                median = statistics.median(seconds)
-                gbps = layer.home_bytes / median / 1e9
-                print(f"{shape} {dtype} {tokens:,} x{num_threads or 'all'}: {level} {median * 1e3:.2f} ms, "
-                      f"{gbps:.2f} GB/s, {gbps / read_gbps:.2f} x the read", flush=True)
-                store.append("layer", level, context=tokens, variant=f"{shape}/{dtype}/{num_threads}",
-                             seconds=median, gbps=gbps, read_gbps=read_gbps, samples=seconds)
+            in_turns(layer, {level: {"prefetch": level} for level in LEVELS}, read, num_threads, rounds, store,
+                     shape, dtype)
 
 
 def write_markdown(records: list[dict], path: Path) -> None:
-    rows = {(r["variant"], r["context"], r["mode"]): r["metrics"] for r in records
-            if r.get("phase") == "layer" and r["variant"].count("/") == 2}
     stamp = records[-1]["run"] if records else {}
     auto = native.kernel().prefetch(native.PREFETCH["auto"]) if native.kernel() is not None else None
     lines = ["# Host attention: the prefetch level (CPU)", "",
@@ -85,17 +62,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
              "`qwen2.5-1.5b`, the CPU default model's: one group of 2 KV heads, 6 query rows each, fp32.", "",
              machine_line(stamp, IN_TURNS) + (f" `auto` on this CPU: {'L1' if auto == 1 else 'L2'}." if auto else ""),
              "",
-             "| shape | home | tokens | threads | L1 ms | L2 ms | L1 / L2 | L1 x read | L2 x read |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|"]
-    for variant, context in sorted({(v, c) for v, c, _ in rows}, key=lambda k: (k[0].rsplit("/", 1)[0], k[1], k[0])):
-        cells = [rows.get((variant, context, level)) for level in LEVELS]
-        if not all(cells):
-            continue
-        shape, dtype, threads = variant.split("/")
-        ms = [c["seconds"] * 1e3 for c in cells]
-        ratios = [c["gbps"] / c["read_gbps"] for c in cells]
-        lines.append(f"| {shape} | {dtype} | {context:,} | {'every core' if threads == '0' else threads} | "
-                     f"{ms[0]:.2f} | {ms[1]:.2f} | {ms[0] / ms[1]:.3f} | {ratios[0]:.2f} | {ratios[1]:.2f} |")
+             *turns_table(records, ["l2", "l1"])]  # l1 / l2: the time requesting into L1 takes of L2's
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

@@ -19,6 +19,20 @@ from engine.planning.gpu_ids import indexed, nvml_handle
 logger = logging.getLogger(__name__)
 
 
+def summed(seconds: dict, name: str, function: Callable, calls: dict | None = None) -> Callable:
+    """``function`` wrapped to add each call's wall seconds to ``seconds[name]`` (and 1 to ``calls[name]``): how a
+    study times the parts of a forward, by wrapping the module functions that run them (in a process of its own)."""
+    def wrapper(*args, **kwargs):
+        begin = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            seconds[name] += time.perf_counter() - begin
+            if calls is not None:
+                calls[name] += 1
+    return wrapper
+
+
 def synchronize(device: torch.device | str) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(indexed(device))

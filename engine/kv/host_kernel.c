@@ -307,19 +307,25 @@ INLINE void value_slice(const head_view *hv, float s[][CH], int r0, const int NR
 }
 
 #if defined(HA_VARIANT_AVX512)
-/* The 16 lane sums of part[0..15], lane i = sum of part[i]'s lanes, with in-lane shuffles for the first two levels
- * (one cycle each, non-destructive: vpermt2ps overwrites an input, so GCC's fold() costs a copy per level too):
- * level 1 leaves, per 128-bit lane, two partials of each of two vectors; level 2 one partial of each of four
- * (part[4k..4k+3] in elements 0..3 of every 128-bit lane); levels 3-4 add the 128-bit lanes, vector k landing in
- * 128-bit lane k. */
-INLINE __m512 sum16(const __m512 *part) {
-    __m512 x[8], z[4], w[2];
-    for (int j = 0; j < 8; j++)
+/* The transpose tree's first two levels on part[0 .. 4 * quads), with in-lane shuffles (one cycle each,
+ * non-destructive: vpermt2ps overwrites an input, so GCC's fold() costs a copy per level too): level 1 leaves, per
+ * 128-bit lane, two partials of each of two vectors; level 2, z[k], one partial of each of part[4k .. 4k + 3] (in
+ * elements 0..3 of every 128-bit lane). */
+INLINE void fold_in_lanes(const __m512 *part, const int quads, __m512 *z) {
+    __m512 x[8];
+    for (int j = 0; j < 2 * quads; j++)
         x[j] = _mm512_add_ps(_mm512_unpacklo_ps(part[2 * j], part[2 * j + 1]),
                              _mm512_unpackhi_ps(part[2 * j], part[2 * j + 1]));
-    for (int k = 0; k < 4; k++)
+    for (int k = 0; k < quads; k++)
         z[k] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * k], x[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm512_shuffle_ps(x[2 * k], x[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+/* The 16 lane sums of part[0..15], lane i = sum of part[i]'s lanes: fold_in_lanes, then levels 3-4 add the
+ * 128-bit lanes, vector k landing in 128-bit lane k. */
+INLINE __m512 sum16(const __m512 *part) {
+    __m512 z[4], w[2];
+    fold_in_lanes(part, 4, z);
     for (int k = 0; k < 2; k++)
         w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(z[2 * k], z[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                              _mm512_shuffle_f32x4(z[2 * k], z[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
@@ -343,66 +349,35 @@ INLINE void store_scores(float s[][CH], int t0, const __m512 sums) {
     _mm_store_ps(s[3] + t0, _mm512_extractf32x4_ps(sums, 3));
 }
 
-/* The score pass of row_block for its common shape (4 rows, head dim 128, bf16 pairs or int8 codes): the head dim
- * a constant, so the loop is unrolled and the 16 partial dot products stay in registers (the generic loop, D a
- * variable, spilled them to the stack and reloaded them for the transpose tree: ~1.4x the time of this one).
- * Same products and sums per lane as the generic loop, reduced in another order. */
-INLINE void scores_d128(const head_view *hv, float s[][CH], int r0, int n, const int dtype) {
-    const float *query = hv->query + r0 * 128;
-    for (int t0 = 0; t0 < n; t0 += 4) {
-        const char *key[4];
-        four_keys(hv, r0, t0, n, dtype, key);
-        __m512 part[16];
-        for (int i = 0; i < 16; i++) part[i] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-        for (int d = 0; d < 128; d += 32) {
-            vf k[4], k2[4];
-            for (int t = 0; t < 4; t++) load_pair(key[t], d, dtype, &k[t], &k2[t]);
-            for (int r = 0; r < 4; r++) {
-                const __m512 q = _mm512_loadu_ps(query + r * 128 + d), q2 = _mm512_loadu_ps(query + r * 128 + d + 16);
-                for (int t = 0; t < 4; t++) {
-                    part[r * 4 + t] = _mm512_fmadd_ps(q, (__m512)k[t], part[r * 4 + t]);
-                    part[r * 4 + t] = _mm512_fmadd_ps(q2, (__m512)k2[t], part[r * 4 + t]);
-                }
-            }
-        }
-        store_scores(s, t0, sum16(part));
-    }
-}
-#endif
-
-#if defined(HA_VARIANT_AVX512)
 /* Rows 4-5's scores of tokens t0..t0 + 3 from part[0..7] (row 4's four keys, then row 5's): sum16's first two
  * levels on eight vectors, then each row's four 128-bit lanes added. */
 INLINE void store_scores_2(float s[][CH], int t0, const __m512 *part) {
-    __m512 x[4], z[2];
-    for (int j = 0; j < 4; j++)
-        x[j] = _mm512_add_ps(_mm512_unpacklo_ps(part[2 * j], part[2 * j + 1]),
-                             _mm512_unpackhi_ps(part[2 * j], part[2 * j + 1]));
-    for (int k = 0; k < 2; k++)
-        z[k] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * k], x[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(x[2 * k], x[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m512 z[2];
+    fold_in_lanes(part, 2, z);
     for (int k = 0; k < 2; k++) { /* z[k]: each 128-bit lane a partial of row 4 + k's four keys */
         const __m256 half = _mm256_add_ps(_mm512_castps512_ps256(z[k]), _mm512_extractf32x8_ps(z[k], 1));
         _mm_store_ps(s[4 + k] + t0, _mm_add_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1)));
     }
 }
 
-/* The score pass of a 6-row block, head dim 128 (any dtype load_pair reads): 6 rows x 4 keys = 24 partial dot
- * products in registers, rows 0-3 reduced by sum16, rows 4-5 by store_scores_2. One pass over the keys for the
- * six rows, where a 4-row and a 2-row block read them twice and reduce the 2-row block's 8 partials as 16. */
-INLINE void scores6_d128(const head_view *hv, float s[][CH], int n, const int dtype) {
-    const float *query = hv->query;
+/* The score pass of row_block for its common shapes, head dim 128: NR = 4 rows (bf16 pairs or int8 codes) or 6
+ * (any dtype load_pair reads: the CPU default model's decode step, one pass over the keys where a 4-row and a
+ * 2-row block read them twice). The head dim a constant, so the loop is unrolled and the NR x 4 partial dot products
+ * stay in registers (the generic loop, D a variable, spilled them to the stack and reloaded them for the transpose
+ * tree: ~1.4x the time of this one); rows 0-3 reduced by sum16, rows 4-5 by store_scores_2. Same products and sums
+ * per lane as the generic loop, reduced in another order. */
+INLINE void scores_d128(const head_view *hv, float s[][CH], int r0, int n, const int dtype, const int NR) {
+    const float *query = hv->query + r0 * 128;
     for (int t0 = 0; t0 < n; t0 += 4) {
         const char *key[4];
-        four_keys(hv, 0, t0, n, dtype, key);
-        __m512 part[24];
-        for (int i = 0; i < 24; i++) part[i] = _mm512_setzero_ps();
+        four_keys(hv, r0, t0, n, dtype, key);
+        __m512 part[4 * RB_MAX];
+        for (int i = 0; i < 4 * NR; i++) part[i] = _mm512_setzero_ps();
 #pragma GCC unroll 4
         for (int d = 0; d < 128; d += 32) {
             vf k[4], k2[4];
             for (int t = 0; t < 4; t++) load_pair(key[t], d, dtype, &k[t], &k2[t]);
-            for (int r = 0; r < 6; r++) {
+            for (int r = 0; r < NR; r++) {
                 const __m512 q = _mm512_loadu_ps(query + r * 128 + d), q2 = _mm512_loadu_ps(query + r * 128 + d + 16);
                 for (int t = 0; t < 4; t++) {
                     part[r * 4 + t] = _mm512_fmadd_ps(q, (__m512)k[t], part[r * 4 + t]);
@@ -411,7 +386,7 @@ INLINE void scores6_d128(const head_view *hv, float s[][CH], int n, const int dt
             }
         }
         store_scores(s, t0, sum16(part));
-        store_scores_2(s, t0, part + 16);
+        if (NR == 6) store_scores_2(s, t0, part + 16);
     }
 }
 #endif
@@ -459,12 +434,8 @@ INLINE void row_block(const head_view *hv, const ha_call *c, int r0, const int N
     }
 #endif
 #if defined(HA_VARIANT_AVX512)
-    if (NR == 6 && D == 128) {
-        scores6_d128(hv, s, n, dtype);
-        goto softmax;
-    }
-    if (NR == 4 && D == 128 && (dtype == HA_BF16_PAIRED || dtype == HA_INT8)) {
-        scores_d128(hv, s, r0, n, dtype);
+    if (D == 128 && (NR == 6 || (NR == 4 && (dtype == HA_BF16_PAIRED || dtype == HA_INT8)))) {
+        scores_d128(hv, s, r0, n, dtype, NR);
         goto softmax;
     }
 #endif

@@ -19,7 +19,7 @@ def test_table_gives_each_case_the_l1_to_l2_ratio_and_skips_half_measured_rows(t
     store.append("layer", "before", context=8192, variant="bf16/1", seconds=0.05, gbps=5.0, read_gbps=10.0)  # old
     host_prefetch.write_markdown(store.records, tmp_path / "out.json")
     text = (tmp_path / "out.md").read_text()
-    assert "| qwen2.5-1.5b | fp32 | 32,768 | 1 | 18.00 | 20.00 | 0.900 | 0.70 | 0.60 |" in text
+    assert "| qwen2.5-1.5b | fp32 | 32,768 | 1 | 20.000 | 18.000 | 0.900 | 0.60 | 0.70 |" in text  # l2, l1
     assert "| int8 | 131,072 |" not in text  # measured at one level only
     assert "8,192" not in text  # the builds' records of the old benchmark
 

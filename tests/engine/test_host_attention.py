@@ -220,6 +220,37 @@ def test_six_rows_a_kv_head_are_one_block_exact_for_every_mix_of_heads_and_queri
     assert differs  # the 6-row block ran: its sums are in another order than 4 + 2's
 
 
+@pytest.mark.parametrize("window, softcap", [(None, None), (200, None), (None, 30.0)], ids=["full", "window", "softcap"])
+def test_a_prefill_blocks_fp32_keys_transposed_once_a_chunk_score_exactly(window, softcap):
+    """A CPU prefill block (64 query tokens x 6 query heads a KV head: 384 rows) over fp32 homes, head dim 128: on
+    AVX-512 each chunk's keys are transposed once and its 4-row blocks scored as an outer product. Lengths on and
+    off the 64-token chunks, the block's own keys masked causally: within fp32 rounding of float64 and of the build
+    that scores them with the transpose-and-add tree (``-DHA_KEYS_TRANSPOSED=0``), and not bit-equal to it."""
+    from engine.native.library import compiler
+
+    function = native.kernel()
+    if function is None or not function.variant(native.PATHS["avx512"]):
+        pytest.skip("no AVX-512 here: the transposed keys are its path")
+    tree = native.build(compiler(), ["-DHA_KEYS_TRANSPOSED=0"])
+    torch.manual_seed(0)
+    differs = False
+    for stop in (64, 200, 700):
+        home = torch.randn(stop, 1, 2, 2, 128)  # [T, B, 2, g, D] fp32: a CPU model's
+        query = torch.randn(1, 12, 64, 128)  # [B, H, Q, D]: the last 64 positions of [0, stop)
+        expected = reference(query, [home], 0, stop, 0.1, window, softcap)
+        outs = []
+        for library in (None, tree):
+            out = torch.empty_like(query)
+            native.attend_layer(query, [home], 0, stop, out, scaling=0.1, window=window, softcap=softcap,
+                                function=library)
+            outs.append(out)
+        scale = expected.abs().max()
+        assert (outs[0].double() - expected).abs().max() <= 1e-5 * scale, stop
+        assert (outs[0].double() - outs[1].double()).abs().max() <= 1e-5 * scale, stop
+        differs |= not torch.equal(outs[0], outs[1])
+    assert differs  # the transposed keys ran: each score summed over the head dim in another order
+
+
 def _bf16_values(shape) -> torch.Tensor:
     """fp32 tensor of bf16 values (what a bf16 model's queries are once widened)."""
     return torch.randn(shape).to(torch.bfloat16).float()

@@ -51,7 +51,8 @@ def measure(cases: list, threads: list[int], rounds: int, store: ResultStore, re
 
 def write_markdown(records: list[dict], path: Path) -> None:
     stamp = records[-1]["run"] if records else {}
-    auto = native.kernel().prefetch(native.PREFETCH["auto"]) if native.kernel() is not None else None
+    function = native.kernel()
+    auto = function.prefetch(native.PREFETCH["auto"]) if function is not None else None
     lines = ["# Host attention: the prefetch level (CPU)", "",
              "`python -m benchmarks.harness.host_prefetch` (raw records: `host-prefetch.json`). One layer's decode "
              "call with the next tokens' lines requested into **L1** (prefetcht0) or into **L2** and below "

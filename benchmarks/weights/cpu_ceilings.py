@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -36,12 +33,12 @@ from engine.native.library import compiler, load_library
 
 from ..harness.host_attention import LLAMA3_8B, Layer, Read
 from ..harness.host_prefetch import QWEN_1_5B
+from ..harness.timing import median_seconds
 from ..records import ResultStore, load_records, machine_line, run_stamp
 from . import llamacpp_1_5b
 
 SOURCE = Path(__file__).with_name("cpu_ceilings.c")
 OUT = Path("docs/benchmarks/cpu-ceilings.json")
-LLAMACPP = Path("docs/benchmarks/llamacpp-1.5b-epyc.json")
 TARGET_X_READ = 0.7
 #: Qwen2.5-Coder-1.5B-Instruct (the CPU default): its GGUF's shapes
 QWEN = {"hidden": 1536, "intermediate": 8960, "layers": 28, "heads": 12, "kv_heads": 2, "head_dim": 128}
@@ -89,16 +86,6 @@ def measure_arithmetic(store: ResultStore, scale: float = 1.0) -> None:
         store.append("arithmetic", name, value=value)
 
 
-def _best(call, repeats: int) -> float:
-    """The 10th percentile of ``repeats`` timed calls (the nearest to a quiet core)."""
-    times = []
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - begin)
-    return sorted(times)[len(times) // 10]
-
-
 def _heads(shape: dict) -> int:
     """KV heads of a Layer shape (its groups times their heads)."""
     return shape.get("group", 1) * shape["num_groups"]
@@ -106,18 +93,14 @@ def _heads(shape: dict) -> int:
 
 def measure_attention(store: ResultStore, repeats: int = 300, read_bytes: int = 1 << 30) -> None:
     read = Read(read_bytes)
-    reads = []
-    for _ in range(5):
-        begin = time.perf_counter()
-        read.call(1)
-        reads.append(time.perf_counter() - begin)
-    read_gbps = read.data.nbytes / statistics.median(reads) / 1e9
+    read_gbps = read.data.nbytes / median_seconds(lambda: read.call(1), "cpu", warmup=0, repeats=5)[0] / 1e9
     for name, shape, dtype, (short, long_) in ATTENTION:
         seconds, per_token_head = [], 0.0
         for tokens in (short, long_):
             layer = Layer(tokens, dtype, **shape)
-            layer.call(1)  # warm: pages touched, the home in L2
-            seconds.append(_best(lambda: layer.call(1), repeats))
+            # the 10th percentile (the nearest to a quiet core), after a call that touches the pages and fills L2
+            _, samples = median_seconds(lambda: layer.call(1), "cpu", repeats=repeats)
+            seconds.append(sorted(samples)[len(samples) // 10])
             per_token_head = layer.home_bytes / (tokens * _heads(shape))
         ns = (seconds[1] - seconds[0]) / ((long_ - short) * _heads(shape)) * 1e9
         budget = per_token_head / (TARGET_X_READ * read_gbps)  # ns a token and KV head may take at 0.7x the read
@@ -142,8 +125,7 @@ def measure_products(store: ResultStore, repeats: int = 7) -> None:
     try:
         for m, k, n in sorted(set(product_shapes())):
             x, w = torch.randn(m, k), torch.randn(n, k)
-            cpu_matmul.linear(x, w)  # warm
-            seconds = statistics.median(_timed(lambda: cpu_matmul.linear(x, w)) for _ in range(repeats))
+            seconds, _ = median_seconds(lambda: cpu_matmul.linear(x, w), "cpu", repeats=repeats)
             gflops = 2 * m * k * n / seconds / 1e9
             print(f"[{m}, {k}] x [{k}, {n}]: {gflops:.0f} GFLOPS", flush=True)
             store.append("products", _name(m, k, n), gflops=gflops, onednn=cpu_matmul.uses_onednn())
@@ -153,22 +135,6 @@ def measure_products(store: ResultStore, repeats: int = 7) -> None:
 
 def _name(m: int, k: int, n: int) -> str:
     return f"[{m}, {k}] x [{k}, {n}]"
-
-
-def _timed(call) -> float:
-    begin = time.perf_counter()
-    call()
-    return time.perf_counter() - begin
-
-
-def llamacpp_prefill_s(path: Path = LLAMACPP, placement: str = "1 core") -> float | None:
-    """Seconds of llama.cpp's 2,048-token prefill in ``path``'s table (its median tok/s), or None."""
-    if not path.is_file():
-        return None
-    rows = llamacpp_1_5b.summarize(json.loads(path.read_text())).get(placement, {})
-    row = rows.get(READ_TOKENS, rows.get(str(READ_TOKENS), {}))
-    rate = row.get("llama.cpp", {}).get("prefill")
-    return READ_TOKENS / rate if rate else None
 
 
 def write_markdown(records: list[dict], path: Path, llamacpp_s: float | None) -> None:
@@ -229,7 +195,7 @@ def write_markdown(records: list[dict], path: Path, llamacpp_s: float | None) ->
                          f"{'-' if llamacpp_s is None else f'{llamacpp_s - seconds:.1f}'} |")
         if llamacpp_s is not None:
             lines += ["", f"llama.cpp reads the same 2,048 tokens in {llamacpp_s:.1f} s on one core "
-                      f"(`{LLAMACPP.name}`), multiplying 8-bit integers (VNNI: four times the multiply-adds of an "
+                      f"(`{llamacpp_1_5b.EPYC.name}`), multiplying 8-bit integers (VNNI: four times the multiply-adds of an "
                       "fp32 FMA per instruction). A read's other work (dequantizing the weights, norms, rotary "
                       "embedding, softmax, the KV cache) comes on top of its products: to tie, it must fit in the "
                       "last column's seconds."]
@@ -252,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         measure_attention(store, args.repeats, args.read_mib << 20)
         if not args.skip_products:
             measure_products(store)
-    write_markdown(load_records(args.out), args.out, llamacpp_prefill_s())
+    write_markdown(load_records(args.out), args.out, llamacpp_1_5b.prefill_seconds(llamacpp_1_5b.EPYC))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from thread_env import use_passive_openmp
 from .llamacpp_compare import CHUNK, PREFILL_MAX, _run, _text_ids, read_then_decode
 
 OUT = Path("docs/benchmarks/llamacpp-1.5b.json")
+EPYC = Path("docs/benchmarks/llamacpp-1.5b-epyc.json")  # the table of the EPYC host the later studies ran on
 MODEL = "qwen2.5-coder-1.5b"
 CONTEXTS = (2048, 8192, 30720)
 SIDES = ("ours", "stock", "llama.cpp")
@@ -142,6 +143,15 @@ def summarize(record: dict) -> dict:
                 entry.setdefault(key, []).append(run_[key])
     return {p: {c: {s: {k: statistics.median(v) for k, v in e.items()} for s, e in row.items()}
                 for c, row in rows.items()} for p, rows in table.items()}
+
+
+def prefill_seconds(path: Path, placement: str = "1 core", context: int = 2048) -> float | None:
+    """Seconds of llama.cpp's prefill of ``context`` tokens in ``path``'s table (its median tok/s), or None."""
+    if not path.is_file():
+        return None
+    row = summarize(json.loads(path.read_text())).get(placement, {}).get(str(context), {})
+    rate = row.get("llama.cpp", {}).get("prefill")
+    return context / rate if rate else None
 
 
 def write_markdown(record: dict, path: Path) -> None:

@@ -27,11 +27,11 @@ from pathlib import Path
 import heap_env
 from thread_env import use_passive_openmp
 
+from ..harness.timing import summed
 from ..records import ResultStore, load_records, machine_line, run_stamp
-from .llamacpp_1_5b import MODEL, placements
+from .llamacpp_1_5b import EPYC, MODEL, placements, prefill_seconds
 
 OUT = Path("docs/benchmarks/prefill-parts.json")
-LLAMACPP = Path("docs/benchmarks/llamacpp-1.5b-epyc.json")
 TOKENS, CHUNK = 2048, 512
 PARTS = ("products", "dequantize", "attention")
 
@@ -47,8 +47,6 @@ def child(threads: int, reads: int = 2, tokens: int = TOKENS) -> dict:
     from engine.models.pypi import pypi_model_gguf
 
     torch.set_num_threads(threads)
-    from ..harness.timing import summed
-
     seconds: collections.Counter = collections.Counter()
     # module attributes, looked up at each call by the code that uses them: this process only
     cpu_matmul.linear = summed(seconds, "products", cpu_matmul.linear)
@@ -73,12 +71,6 @@ def child(threads: int, reads: int = 2, tokens: int = TOKENS) -> dict:
     return result
 
 
-def llamacpp_prefill_s(placement: str, path: Path = LLAMACPP) -> float | None:
-    from .cpu_ceilings import llamacpp_prefill_s as prefill_s
-
-    return prefill_s(path, placement)
-
-
 def measure(store: ResultStore, names: list[str], reads: int, tokens: int = TOKENS) -> None:
     for name in names:
         prefix, threads = placements()[name]
@@ -94,7 +86,7 @@ def measure(store: ResultStore, names: list[str], reads: int, tokens: int = TOKE
         store.append("prefill", name, context=tokens, threads=threads, load_avg=list(os.getloadavg()), **result)
 
 
-def write_markdown(records: list[dict], path: Path, llamacpp: Path = LLAMACPP) -> None:
+def write_markdown(records: list[dict], path: Path, llamacpp: Path = EPYC) -> None:
     latest = {(r["mode"], r["context"]): r["metrics"] for r in records if r.get("phase") == "prefill"}
     stamp = records[-1]["run"] if records else {}
     lines = ["# Where a CPU prefill goes (issue 29 item 5)", "",
@@ -104,11 +96,11 @@ def write_markdown(records: list[dict], path: Path, llamacpp: Path = LLAMACPP) -
              "**products**: oneDNN's fp32 matmuls; **dequantize**: the blocks widened to fp32 for them; "
              "**attention**: the host kernel's prefill calls; **rest**: everything else (norms, rotary embedding, "
              "SiLU, the cache, Python). **To tie**: the seconds the read would have to lose to match llama.cpp's "
-             f"whole prefill (`{LLAMACPP.name}`, same placement).", "", machine_line(stamp), "",
+             f"whole prefill (`{EPYC.name}`, same placement).", "", machine_line(stamp), "",
              "| placement | tokens | tok/s | read s | products s | dequantize s | attention s | rest s | llama.cpp s | "
              "to tie s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (name, tokens), m in sorted(latest.items(), key=lambda item: (item[0][1], item[0][0])):
-        theirs = llamacpp_prefill_s(name, llamacpp) if tokens == TOKENS else None  # llama.cpp's table: 2K
+        theirs = prefill_seconds(llamacpp, name, tokens)  # None past the table's 2K
         tie = "-" if theirs is None else f"{m['wall_s'] - theirs:.2f}"
         lines.append(f"| {name} | {tokens:,} | {tokens / m['wall_s']:.1f} | {m['wall_s']:.2f} | {m['products']:.2f} | "
                      f"{m['dequantize']:.2f} | {m['attention']:.2f} | {m['rest']:.2f} | "

@@ -643,8 +643,6 @@ INLINE void run_chunk(const ha_job *job, const char *chunk, long token_bytes, co
                 transpose_keys(&hv, n, kt);
                 hv.kt = kt;
             }
-#endif
-#if defined(HA_VARIANT_AVX512)
             if (HA_ROWS6 && rows == 6 && D == 128 && !(raw != NULL && dtype == HA_BF16_PAIRED)) {
                 row_block(&hv, c, 0, 6, n, first, is_plain, dtype);
                 continue;

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.weights import cpu_ceilings
+from benchmarks.weights import cpu_ceilings, llamacpp_1_5b
 from benchmarks.records import ResultStore, load_records
 from engine.kv import native
 
@@ -29,9 +29,9 @@ def test_llamacpps_prefill_seconds_come_from_the_median_of_its_rounds(tmp_path):
     runs.append({"side": "ours", "context": 2048, "placement": "1 core", "phase": "prefill", "prefill": 50.0})
     path = tmp_path / "llamacpp.json"
     path.write_text(json.dumps({"runs": runs}))
-    assert cpu_ceilings.llamacpp_prefill_s(path) == pytest.approx(2048 / 90.0)
-    assert cpu_ceilings.llamacpp_prefill_s(path, "2 cores") is None
-    assert cpu_ceilings.llamacpp_prefill_s(tmp_path / "missing.json") is None
+    assert llamacpp_1_5b.prefill_seconds(path) == pytest.approx(2048 / 90.0)
+    assert llamacpp_1_5b.prefill_seconds(path, "2 cores") is None
+    assert llamacpp_1_5b.prefill_seconds(tmp_path / "missing.json") is None
 
 
 def test_report_says_how_near_the_read_the_arithmetic_alone_allows_and_what_the_products_leave(tmp_path):

@@ -9,8 +9,8 @@ log-sum-exp merge and the output's rounding done in C; ``ctypes`` releases the G
 
 ``host_kernel.c`` is compiled once per vector path into its own object (on x86-64: portable SSE2, AVX2+FMA,
 AVX-512, AVX-512 with bf16 dot products; elsewhere the portable one, which is NEON on arm64), linked with
-``host_pool.c`` into one library under the studio's cache folder (named by a hash of the sources, the compiler and
-the flags); the pool picks the widest path the CPU has (cpuid) at run time.
+``host_pool.c`` into one library in the studio's kernel folder (named by a hash of the sources, the compiler and
+the flags; loaded only as its build recorded it, ``engine.native.trusted``); the pool picks the widest path the CPU has (cpuid) at run time.
 ``HEADINFER_HOST_KERNEL=portable|avx2|avx512|avx512bf16`` forces one (tests, and a user whose CPU misreports),
 ``HEADINFER_HOST_PREFETCH=l1|l2`` the cache level the homes' next lines are requested into (default: L1 on AMD, L2
 elsewhere); ``HEADINFER_NATIVE=0`` forces the torch tile. Without a compiler, or if the build
@@ -26,13 +26,11 @@ import logging
 import os
 import platform
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
-from ..native import crash_probe
+from ..native import crash_probe, trusted
 from ..native.library import compiler
-from ..paths import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -182,7 +180,7 @@ def build(compiler: str, extra: list[str] | None = None):
     errors = []
     for attempt in ([*(extra or [])], [*(extra or []), _NO_FLOAT16]):
         try:
-            library = ctypes.CDLL(str(_built_host(compiler, attempt)))
+            library = _built_host(compiler, attempt)
             break
         except (OSError, subprocess.SubprocessError) as error:
             errors.append(str(error))
@@ -214,19 +212,13 @@ def read(buffer, num_threads: int = 0) -> float:
     return kernel().read(buffer.data_ptr(), buffer.nbytes, num_threads, PATHS[forced_path()])
 
 
-def _built_host(compiler: str, extra: list[str]) -> Path:
-    """The kernel library: host_kernel.c once per vector path, host_pool.c told which paths built."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    is_x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
-    paths = {"portable": [], **(_X86_PATHS if is_x86 else {})}
-    sources = b"\0".join(path.read_bytes() for path in (_SOURCE, _POOL, _HEADER))
-    digest = hashlib.sha256(b"\0".join([sources, version.encode(), platform.machine().encode(),
-                                        repr((_HOST_FLAGS, extra, paths)).encode()])).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"host_attention-{digest}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as folder:
+def _built_host(compiler: str, extra: list[str]) -> ctypes.CDLL:
+    """The kernel library: host_kernel.c once per vector path, host_pool.c told which paths built; loaded from the
+    kernel folder only as its build recorded it (``engine.native.trusted``), rebuilt otherwise."""
+    paths = _vector_paths()
+
+    def build(library: Path) -> None:
+        folder = library.parent  # the build's own scratch folder
         base = [compiler, *_HOST_FLAGS, *extra, "-c"]
         running = {name: subprocess.Popen([*base, *flags, "-o", f"{folder}/{name}.o", str(_SOURCE)],
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -245,15 +237,29 @@ def _built_host(compiler: str, extra: list[str]) -> Path:
                               timeout=120)
         if pool.returncode != 0:
             raise OSError(pool.stderr.strip()[-500:])
-        library = Path(folder) / target.name
         linked = subprocess.run([compiler, "-shared", "-pthread", "-o", str(library),
                                  *[f"{folder}/{name}.o" for name in [*built, "pool"]], "-lm"],
                                 capture_output=True, text=True, timeout=120)
         if linked.returncode != 0:
             raise OSError(linked.stderr.strip()[-500:])
-        os.replace(library, target)  # atomic: a concurrent process loads the old file or the complete new one
-    logger.info("built the host attention kernel (%s) into %s", ", ".join(built), target)
-    return target
+        logger.info("built the host attention kernel (%s) into %s", ", ".join(built),
+                    trusted.kernel_folder() / library.name)
+
+    return trusted.load(host_library_name(compiler, extra), build)
+
+
+def _vector_paths() -> dict[str, list[str]]:
+    is_x86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+    return {"portable": [], **(_X86_PATHS if is_x86 else {})}
+
+
+def host_library_name(compiler: str, extra: list[str]) -> str:
+    """The file name of the kernel library built with ``extra``: a hash of the sources, compiler and flags."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    sources = b"\0".join(path.read_bytes() for path in (_SOURCE, _POOL, _HEADER))
+    digest = hashlib.sha256(b"\0".join([sources, version.encode(), platform.machine().encode(),
+                                        repr((_HOST_FLAGS, extra, _vector_paths())).encode()])).hexdigest()[:16]
+    return f"host_attention-{digest}.so"
 
 
 #: Query tokens up to which a CPU step attends in one C call (decode, short follow-ups: ``kernels._cpu_tile``);

@@ -21,8 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..paths import cache_dir
 from .library import cpu_identity
+from .trusted import child_env, kernel_folder
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def _run_child(target: str) -> tuple[bool, str] | None:
     module, _, function = target.partition(":")
     code = f"import importlib; importlib.import_module({module!r}).{function}()"
     # The parent's import path, so that the child finds the same engine (and a test's own module) as the parent.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p or os.getcwd() for p in sys.path), **child_env())
     try:
         done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], env=env, capture_output=True,
                               text=True, timeout=TIMEOUT_S)
@@ -71,4 +71,4 @@ def _run_child(target: str) -> tuple[bool, str] | None:
 
 def _record_path(name: str, target: str, key: tuple[str, ...]) -> Path:
     digest = hashlib.sha256("\0".join([target, cpu_identity(), sys.version, *key]).encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / "probes" / f"{name}-{digest}.json"
+    return kernel_folder() / "probes" / f"{name}-{digest}.json"

@@ -1,6 +1,6 @@
 """Building C code for this machine: the compiler, and ``load_library``, which compiles a source once per machine
-into the studio's cache and loads it. The weights' kernels (``models/int8_matmul.py``, ``models/gguf_blocks.py``) are
-built here; the KV's host attention kernel (``kv/native.py``) takes the compiler from here and links its own vector
+into the studio's kernel folder and loads it (``trusted``: only as built). The weights' kernels
+(``models/int8_matmul.py``, ``models/gguf_blocks.py``) are built here; the KV's host attention kernel (``kv/native.py``) takes the compiler from here and links its own vector
 paths. The ground floor: it imports only ``paths``, so ``kv/`` and ``models/`` both stand on it.
 """
 
@@ -14,10 +14,10 @@ import platform
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
-from ..paths import cache_dir
+from . import trusted
+from .trusted import kernel_folder
 
 logger = logging.getLogger(__name__)
 
@@ -26,36 +26,40 @@ _LOCAL_INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
 def load_library(compiler: str, source: Path, variants: list[list[str]]) -> ctypes.CDLL | None:
-    """``source`` compiled once per machine into the cache (``-O3 -march=native`` plus the first of ``variants``
-    that builds) and loaded; None if every variant fails (logged)."""
+    """``source`` compiled once per machine into the kernel folder (``-O3 -march=native`` plus the first of
+    ``variants`` that builds) and loaded, only as the build recorded it (``trusted.load``: a library planted under
+    its name is rebuilt, never loaded); None if every variant fails (logged)."""
     errors = []
     for variant in variants:
         try:
-            return ctypes.CDLL(str(_built(compiler, variant, source)))
+            return _built(compiler, variant, source)
         except (OSError, subprocess.SubprocessError) as error:
             errors.append(str(error))
     logger.warning("building %s failed: %s", source.name, errors[-1] if errors else "no variants")
     return None
 
 
-def _built(compiler: str, variant: list[str], source: Path) -> Path:
+def _built(compiler: str, variant: list[str], source: Path) -> ctypes.CDLL:
+    name = library_name(compiler, variant, source)
+    variant = [f"-march={target_arch()}", *variant]
+
+    def build(output: Path) -> None:
+        done = subprocess.run([compiler, *_FLAGS, "-o", str(output), str(source), *variant], capture_output=True,
+                              text=True, timeout=120)
+        if done.returncode != 0:
+            raise OSError(done.stderr.strip()[-500:])
+        logger.info("built %s into %s", source.name, kernel_folder() / output.name)
+
+    return trusted.load(name, build)
+
+
+def library_name(compiler: str, variant: list[str], source: Path) -> str:
+    """The file name of ``source``'s build with ``variant`` (and ``target_arch``): a hash of what it is built from."""
     variant = [f"-march={target_arch()}", *variant]
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     digest = hashlib.sha256(b"\0".join([source_bytes(source), version.encode(), " ".join(_FLAGS + variant).encode(),
                                         cpu_identity().encode()])).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as folder:
-        built = Path(folder) / target.name
-        done = subprocess.run([compiler, *_FLAGS, "-o", str(built), str(source), *variant], capture_output=True,
-                              text=True, timeout=120)
-        if done.returncode != 0:
-            raise OSError(done.stderr.strip()[-500:])
-        os.replace(built, target)  # atomic: a concurrent process loads the old file or the complete new one
-    logger.info("built %s into %s", source.name, target)
-    return target
+    return f"{source.stem}-{digest}.so"
 
 
 def source_bytes(source: Path) -> bytes:

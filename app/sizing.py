@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from app.documents import Document, DocumentError, read_document
+from app.documents import Box, Document, DocumentError, finish, shared_box
+from app.documents.limits import MAX_TEXT_CHARS
 from engine import format_bytes
 from engine.types import DocumentTokens
 
@@ -61,22 +62,29 @@ def token_counts(tokens: DocumentTokens, documents: Sequence[Document], count: C
     return counts
 
 
-def read_sized(paths: Sequence[str], limit: int, reason: str) -> tuple[list[Document], list[str]]:
-    """The files as text, and why others were skipped. Each is sized first (a plain-text file by its bytes,
-    others once extracted, the set as a whole too), so what is far beyond ``limit`` tokens is refused
-    before it is read or tokenized."""
+def read_sized(paths: Sequence[str], limit: int, reason: str,
+               box: Box | None = None) -> tuple[list[Document], list[str]]:
+    """The files as text, and why others were skipped (or cut), each naming its file. Each is sized first (a
+    plain-text file by its bytes, others once extracted, the set as a whole too), so what is far beyond ``limit``
+    tokens is refused before it is read or tokenized. They are read in ``box`` (the app's shared one by default):
+    an upload is untrusted, and a bomb among them is refused on its own while the others read."""
+    box = box or shared_box()
     documents, problems = [], []
     for path in paths:
         name = Path(path).name
         problem = file_far_beyond(path, name, limit, reason)
         if problem is None:
             try:
-                document = read_document(path, name)
+                extracted = box.extract(path, name)
+                document = finish(extracted)
                 problem = far_beyond(name, document.chars, limit, reason)
             except DocumentError as exc:
                 problem = str(exc)
         if problem is None:
             documents.append(document)
+            if extracted.cut_from is not None:
+                problems.append(f"{name}: the text after its first {MAX_TEXT_CHARS:,} characters (of "
+                                f"{extracted.cut_from:,}), more than any model here can read.")
         else:
             problems.append(problem)
     together = sum(doc.chars for doc in documents)

@@ -13,6 +13,7 @@ import docx
 from docx.opc.exceptions import PackageNotFoundError
 from docx.table import Table
 from ebooklib import epub
+from lxml import etree
 
 from app.documents.base import DocumentError
 from app.documents.markup import html_to_text
@@ -27,7 +28,9 @@ def read_epub(path: Path, name: str) -> str:
             warnings.simplefilter("ignore")  # ebooklib's FutureWarning/UserWarning chatter
             # The NCX is parsed only when the book has no EPUB 3 navigation page (EPUB 2 books).
             book = epub.read_epub(str(path), options={"ignore_ncx": True})
-    except (epub.EpubException, zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
+    # lxml's errors and ebooklib's TypeError/AttributeError: a package document it cannot make sense of.
+    except (epub.EpubException, zipfile.BadZipFile, KeyError, ValueError, OSError, etree.LxmlError, TypeError,
+            AttributeError) as exc:
         logger.debug("ebooklib failed on %s", name, exc_info=True)
         raise DocumentError(
             f"{name} could not be read as an EPUB: the file is damaged or not an e-book. "
@@ -90,7 +93,7 @@ def read_docx(path: Path, name: str) -> str:
     """Paragraphs and tables in document order; "Heading N" and "Title" paragraphs as ``#`` lines."""
     try:
         document = docx.Document(str(path))
-    except (PackageNotFoundError, zipfile.BadZipFile, KeyError, ValueError) as exc:
+    except (PackageNotFoundError, zipfile.BadZipFile, KeyError, ValueError, etree.LxmlError) as exc:
         logger.debug("python-docx failed on %s", name, exc_info=True)
         raise DocumentError(
             f"{name} could not be read as a Word document (.docx). Old .doc files are not "

@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 import threading
 from pathlib import Path
+from typing import Sequence
 
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
 
 from app.documents.base import DocumentError
 from app.documents.pdf_layout import clean_pages, printed_numbers
-from engine.types import page_marker
 
 try:
     import pypdfium2 as pdfium
@@ -31,10 +31,11 @@ logger = logging.getLogger(__name__)
 _PDFIUM_LOCK = threading.Lock()
 
 
-def read_pdf(path: Path, name: str) -> tuple[str, int]:
-    """``(text, page count)``; the text has a marker line before each page's text (``engine.types.page_marker``): the
-    number the book prints on the page (its PDF page label, else the number its running header or footer
-    carried, which cleaning then strips), ``[page N]`` in PDF order for a PDF that prints none."""
+def read_pdf(path: Path, name: str) -> tuple[list[str | None], list[str]]:
+    """``(labels, pages)``: each page's cleaned text (running headers and footers out, hyphenation undone) and the
+    number the book prints on it (its PDF page label, else the number its running header or footer carried, which
+    cleaning then strips; ``None`` for a page that prints none, all ``None`` for a PDF that prints no number).
+    ``join_pages`` makes them one text."""
     found = pdfium_pages(path, name) if pdfium is not None else None
     pages, labels = found if found is not None else pypdf_pages(path, name)
     if not pages:
@@ -50,12 +51,19 @@ def read_pdf(path: Path, name: str) -> tuple[str, int]:
     if not any(labels):
         numbers = printed_numbers(raw)
         labels = [None if number is None else str(number) for number in numbers]
+    return list(labels), clean_pages(raw)
+
+
+def join_pages(labels: Sequence[str | None], pages: Sequence[str]) -> str:
+    """The pages as one text, a marker line before each page's text (``engine.types.page_marker``): its printed
+    label, ``[page N]`` in PDF order for a PDF that prints none."""
+    # Imported here: the reading child imports this module, and the engine (torch) stays out of it.
+    from engine.types import page_marker
+
     if not any(labels):  # no printed numbers at all: the PDF's own order
         labels = [str(number) for number in range(1, len(pages) + 1)]
-    cleaned = clean_pages(raw)
-    text = "\n\n".join(f"{page_marker(label, number)}\n{page}"
-                        for number, (label, page) in enumerate(zip(labels, cleaned), start=1))
-    return text, len(pages)
+    return "\n\n".join(f"{page_marker(label, number)}\n{page}"
+                        for number, (label, page) in enumerate(zip(labels, pages), start=1))
 
 
 def _label(label: str | None) -> str | None:

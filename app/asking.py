@@ -8,7 +8,6 @@ question's own tokens apart, as that limit is stated in them."""
 
 from __future__ import annotations
 
-import html
 import logging
 import statistics
 import time
@@ -16,7 +15,7 @@ from collections.abc import Iterator
 
 import gradio as gr
 
-from app import render
+from app import escape, render
 from app.app_state import AppState
 from app.background import iterate_reports
 from app.browser_state import BrowserState
@@ -60,7 +59,7 @@ class Questions:
         refusal, fit = self._refusal(session, question, max_new_tokens)
         if refusal:
             history += [{"role": "user", "content": _preview(question)},
-                        {"role": "assistant", "content": f"*(not asked: {html.escape(refusal)})*"}]
+                        {"role": "assistant", "content": f"*(not asked: {escape.text(refusal)})*"}]
             yield AskView(history, NO_CHANGE, _warn(f"Not asked: {refusal}."), NO_CHANGE)
             return
         history += [{"role": "user", "content": _preview(question)}, {"role": "assistant", "content": "…"}]
@@ -144,7 +143,7 @@ class Questions:
                 yield AskView(list(history), NO_CHANGE, line, chips)
         except (HeadInferError, MemoryError) as exc:  # refused or out of memory; a bug surfaces
             logger.warning("answer failed: %s", exc)
-            history[-1] = {"role": "assistant", "content": f"*(no answer: {html.escape(str(exc))})*"}
+            history[-1] = {"role": "assistant", "content": f"*(no answer: {escape.text(str(exc))})*"}
             yield AskView(history, NO_CHANGE, _warn(str(exc)), NO_CHANGE)
 
     def _answer_left(self, chunk, max_new_tokens: int) -> float:
@@ -191,7 +190,7 @@ class Questions:
 
 
 def _warn(text: str) -> str:
-    gr.Warning(html.escape(text))
+    gr.Warning(escape.text(text))
     return status("error", text)
 
 
@@ -215,4 +214,4 @@ def _answer(text: str, stats: str, sources=(), pages: dict | None = None, suppor
     note = render.support_note(support)
     line = f'\n\n{note}' if note else ""
     line += f'\n\n{render.sources_line(sources, pages)}' if sources else ""
-    return f'{render.model_markdown(text) or "…"}\n\n<span class="answer-stats">{html.escape(stats)}</span>{line}'
+    return f'{render.model_markdown(text) or "…"}\n\n<span class="answer-stats">{escape.text(stats)}</span>{line}'

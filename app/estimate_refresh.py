@@ -8,12 +8,11 @@ landed, or a read was recorded), its reading time becomes that estimate; the res
 
 from __future__ import annotations
 
-import html
 import re
 
 import gradio as gr
 
-from app import render
+from app import escape, render
 from app.browser_state import BrowserState
 
 ESTIMATING = "estimating…"
@@ -34,6 +33,6 @@ def refreshed_plan(state: BrowserState, panel: str | None):
     estimate = session.reading.estimate_prefill_range(max(num_tokens, 1))
     if getattr(estimate, "provisional", False):
         return gr.skip()
-    value = html.escape(render.reading_time(estimate))
+    value = escape.text(render.reading_time(estimate))
     refreshed, count = _READING_TIME.subn(lambda match: match.group(1) + value + match.group(3), panel, count=1)
     return refreshed if count else gr.skip()

@@ -15,14 +15,13 @@ call the handlers directly and read ``view.plan`` instead of ``out[2]``.
 
 from __future__ import annotations
 
-import html
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import gradio as gr
 
-from app import render
+from app import escape, render
 from app.app_state import AppState
 from app.asking import Questions
 from app.browser_state import BrowserState
@@ -119,5 +118,5 @@ class Handlers:
 
 
 def _warn(text: str) -> str:
-    gr.Warning(html.escape(text))
+    gr.Warning(escape.text(text))
     return status("error", text)

@@ -7,8 +7,7 @@ rather than shown as "n/a", because a CPU-only user has nothing to read there.
 
 from __future__ import annotations
 
-import html
-
+from app import escape
 from engine import format_bytes
 from engine.types import MemorySnapshot
 
@@ -18,7 +17,7 @@ def meters_html(snapshot: MemorySnapshot, kv: dict | None) -> str:
     kv = kv or {"kv_device": 0, "kv_host": 0, "context_tokens": 0, "max_context": 0}
     rows = []
     if snapshot.gpu_total:
-        name = html.escape(snapshot.gpu_name or "GPU")
+        name = escape.text(snapshot.gpu_name or "GPU")
         rows.append(_row("gpu", f"GPU memory <small>{name}</small>", snapshot.gpu_used, snapshot.gpu_total,
                          f"{format_bytes(snapshot.gpu_used)} / {format_bytes(snapshot.gpu_total)}"))
     rows.append(_row("rss", "This app (RSS)", snapshot.process_rss, snapshot.system_total,
@@ -46,7 +45,7 @@ def _row(key: str, label: str, used: int | None, total: int | None, value: str) 
     percent = 100.0 * (used or 0) / total if total else 0.0
     return (
         f'<div class="meter meter-{key}"><div class="meter-head"><span>{label}</span>'
-        f'<span class="meter-value">{html.escape(value)}</span></div>'
+        f'<span class="meter-value">{escape.text(value)}</span></div>'
         f'<div class="meter-track"><div class="meter-fill" style="width:{min(percent, 100.0):.1f}%"></div>'
         f"</div></div>"
     )

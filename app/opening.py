@@ -7,14 +7,13 @@ A handler piece of ``app.handlers.Handlers``, sharing only its ``AppState``.
 
 from __future__ import annotations
 
-import html
 import json
 import logging
 from collections.abc import Callable, Iterator
 
 import gradio as gr
 
-from app import render
+from app import escape, render
 from app.app_state import AppState
 from app.browser_state import BrowserState
 from app.render import status
@@ -203,5 +202,5 @@ def _reopened_line(stats: RestoreStats, names: str, num_turns: int) -> str:
 
 
 def _warn_line(text: str) -> str:
-    gr.Warning(html.escape(text))
+    gr.Warning(escape.text(text))
     return status("error", text)

@@ -7,7 +7,6 @@ and a switch of the served model (``engine.ModelHolder``, ``engine/serving.py``)
 
 from __future__ import annotations
 
-import html
 import logging
 import threading
 import time
@@ -15,6 +14,7 @@ from collections.abc import Iterator
 
 import gradio as gr
 
+from app import escape
 from app.browser_state import BrowserState
 from app.render import status
 from engine import ModelHolder
@@ -128,7 +128,7 @@ class ModelPicker:
         entries = load_catalogue() + discover(self.user_folders)
         self._entries = {e.location or e.id: e for e in entries}
         fits = rank([plan_entry(e, machine) for e in entries])
-        line = (f"<p class='picker-machine'>{html.escape(machine.name)}. <b>Reads here</b>: the longest document "
+        line = (f"<p class='picker-machine'>{escape.text(machine.name)}. <b>Reads here</b>: the longest document "
                 f"read exactly (RAM, or RAM plus a disk tier), capped at the model's trained window; 8-bit KV "
                 f"holds more, lossy. Planned from each config before any download.</p>")
         choices = [(f"{f.entry.id} — {f.reads_tokens:,} tokens", f.entry.location or f.entry.id) for f in fits]

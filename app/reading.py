@@ -4,7 +4,6 @@ device's line and giving way between chunks, reopened from the shelf instead whe
 
 from __future__ import annotations
 
-import html
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -12,7 +11,7 @@ from typing import Any, NamedTuple
 
 import gradio as gr
 
-from app import render
+from app import escape, render
 from app.app_state import AppState
 from app.background import iterate_reports
 from app.browser_state import BrowserState
@@ -273,7 +272,7 @@ class Reading:
             if kind == "ok":
                 state.saved_key = session.snapshot_identity().key
             if kind == "error":
-                gr.Warning(html.escape(sentence))
+                gr.Warning(escape.text(sentence))
             finished += " " + sentence
         yield ReadView(state, _done_bar(session, last), status("ok" if kind == "ok" else "warn",
                                                                f"{finished} Ask a question."), NO_CHANGE, *_IDLE)
@@ -297,7 +296,7 @@ class Reading:
 
 
 def _warn(text: str) -> str:
-    gr.Warning(html.escape(text))
+    gr.Warning(escape.text(text))
     return status("error", text)
 
 

@@ -1,23 +1,28 @@
 """HTML and Markdown for the panels that show the engine's numbers: model header, memory plan,
 prefill progress, per-file table rows, the per-answer stats line and the saved-documents list.
 
-Pure formatting (no engine calls, no Gradio), so handlers stay thin and the wording is tested once.
+Pure formatting (no engine calls, no Gradio), so handlers stay thin and the wording is tested once. Every value
+that goes into the HTML is escaped through ``app.escape`` (a file name, a page label, a model's name, an error).
 Every panel carries ``data-*`` attributes with the raw numbers so a browser test can read them
 without parsing prose.
 """
 
 from __future__ import annotations
 
-import html
 import re
 import time
 from collections.abc import Sequence
 
+from app import escape
 from app.documents import Document
 from engine import format_bytes
 from engine.types import Plan, SnapshotInfo
 
 FILE_TABLE_HEADERS = ["File", "Pages", "Characters", "Tokens"]
+# The functions here that return plain text, not HTML (a drop-down label, a number, a line for another panel): whoever
+# puts one into a page escapes it. Every other public function returns HTML with each value escaped (``app.escape``).
+PLAIN_TEXT = frozenset({"format_seconds", "model_name", "reading_time", "answer_stats", "continue_label",
+                        "saved_choice_label", "format_timestamp"})
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -37,13 +42,14 @@ def format_seconds(seconds: float | None) -> str:
 
 def status(kind: str, text: str) -> str:
     """Status line HTML; ``kind`` is ``info | ok | warn | error`` (text is escaped)."""
-    return f'<div class="status status-{kind}" data-kind="{kind}">{html.escape(text)}</div>'
+    kind = escape.attr(kind)
+    return f'<div class="status status-{kind}" data-kind="{kind}">{escape.text(text)}</div>'
 
 
 def queue_status(position: int, text: str) -> str:
     """The status line of a visitor waiting for the compute device (``position``: 1 = next)."""
-    return (f'<div class="status status-wait" data-kind="wait" data-queue-position="{position}">'
-            f'{html.escape(text)} <span class="leave-hint">Press Cancel or Stop to leave the queue.</span></div>')
+    return (f'<div class="status status-wait" data-kind="wait" data-queue-position="{escape.attr(position)}">'
+            f'{escape.text(text)} <span class="leave-hint">Press Cancel or Stop to leave the queue.</span></div>')
 
 
 def question_bar(max_tokens: int | None, answer_tokens: int, limit_note: str = "") -> str:
@@ -53,7 +59,7 @@ def question_bar(max_tokens: int | None, answer_tokens: int, limit_note: str = "
     note = f" ({limit_note})" if limit_note else ""
     return (f'<div class="question-bar" data-max-question="{max_tokens}">Questions up to {max_tokens:,} tokens '
             f'(about {max_tokens * 4 // 1000:,} KB of text) beside these documents and a {answer_tokens:,}-token '
-            f'answer{html.escape(note)}.</div>')
+            f'answer{escape.text(note)}.</div>')
 
 
 def model_name(info: dict) -> str:
@@ -65,27 +71,27 @@ def model_name(info: dict) -> str:
 def model_header(info: dict) -> str:
     """One line under the title: which model runs where (and, for a model the studio chose, whose and under which
     license: the publisher's Hub repository, which the PyPI parts mirror)."""
-    parts = [f"<strong>{html.escape(str(info.get('model_name') or model_name(info)))}</strong>"]
+    parts = [f"<strong>{escape.text(str(info.get('model_name') or model_name(info)))}</strong>"]
     if info.get("origin") or info.get("license"):
-        origin = " · ".join(html.escape(str(info[key])) for key in ("origin", "license") if info.get(key))
+        origin = " · ".join(escape.text(str(info[key])) for key in ("origin", "license") if info.get(key))
         parts.append(f'<span class="origin">{origin}</span>')
     if info.get("params"):
         parts.append(f"{info['params'] / 1e6:,.0f}M parameters")
     if info.get("num_layers") and info.get("num_kv_heads"):
-        parts.append(f"{info['num_layers']} layers × {info['num_kv_heads']} KV heads")
+        parts.append(escape.text(f"{info['num_layers']} layers × {info['num_kv_heads']} KV heads"))
     for key in ("device", "dtype"):
         if info.get(key):
-            parts.append(html.escape(str(info[key])))
+            parts.append(escape.text(str(info[key])))
     weights = info.get("weights")
     if weights == "gguf":  # the file's own quantized weights: what stock dense loading gives, in fewer bytes
         parts.append('<span class="weights">GGUF blocks</span>')
     elif weights == "int8":  # requantized: lossy, said so
         parts.append('<span class="lossy">int8 weights (lossy)</span>')
     if info.get("kv_dtype"):  # 8-bit host KV: said wherever it is on, as it is lossy
-        parts.append(f'<span class="lossy">KV {html.escape(str(info["kv_dtype"]))} (lossy)</span>')
+        parts.append(f'<span class="lossy">KV {escape.text(str(info["kv_dtype"]))} (lossy)</span>')
     if info.get("self_check"):  # the engine's self-check on this GPU: "exact on this GPU ✓ <date>" or what failed
         text = str(info["self_check"])
-        parts.append(f'<span class="self-check" data-ok="{"✓" in text}">{html.escape(text)}</span>')
+        parts.append(f'<span class="self-check" data-ok="{"✓" in text}">{escape.text(text)}</span>')
     return f'<div class="model-line">{" · ".join(parts)}</div>'
 
 
@@ -95,7 +101,7 @@ def files_table(documents: Sequence[Document], token_counts: Sequence[int]) -> s
         return '<div class="files-empty" data-files="0"></div>'
     head = "".join(f"<th>{name}</th>" for name in FILE_TABLE_HEADERS)
     rows = "".join(
-        f'<tr><td class="file-name">{html.escape(doc.name)}</td><td>{"" if doc.pages is None else doc.pages}</td>'
+        f'<tr><td class="file-name">{escape.text(doc.name)}</td><td>{"" if doc.pages is None else doc.pages}</td>'
         f"<td>{doc.chars:,}</td><td>{tokens:,}</td></tr>"
         for doc, tokens in zip(documents, token_counts, strict=True)
     )
@@ -132,7 +138,7 @@ def reading_time(estimate) -> str:
 
 def refused_plan(problems: Sequence[str]) -> str:
     """The plan panel of a set none of whose files can be read: what was dropped and why, with the numbers."""
-    items = "".join(f"<li>{html.escape(problem)}</li>" for problem in problems)
+    items = "".join(f"<li>{escape.text(problem)}</li>" for problem in problems)
     return (f'<div class="plan plan-nofit plan-refused" data-fits="false"><div class="plan-verdict">Nothing can be '
             f"read</div><ul>{items}</ul></div>")
 
@@ -145,7 +151,7 @@ def range_info(label: str | None, num_tokens: int | None, limit: int) -> str:
     fits = num_tokens <= limit
     verdict = "fits" if fits else "does not fit"
     return (f'<div class="range-info range-{"fits" if fits else "nofit"}" data-fits="{str(fits).lower()}" '
-            f'data-tokens="{num_tokens}">{html.escape(label)}: {num_tokens:,} tokens · {verdict} '
+            f'data-tokens="{num_tokens}">{escape.text(label)}: {num_tokens:,} tokens · {verdict} '
             f"(at most {limit:,})</div>")
 
 
@@ -201,20 +207,20 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
     if plan.decode_seconds is not None:
         split = f" · {plan.host_share:.0%} of offloaded KV attended on the CPU" if plan.host_share else ""
         tiles.append(("Decode (predicted)", f"≈ {plan.decode_seconds:.3f} s/token{split}"))
-    grid = "".join(f"<div><span>{label}</span><b>{html.escape(value)}</b></div>" for label, value in tiles)
+    grid = "".join(f"<div><span>{label}</span><b>{escape.text(value)}</b></div>" for label, value in tiles)
     if plan.is_within_limit:  # what binds, in words that agree with "Fits" (no "longer texts need ...")
         where = _LIMITED_BY.get(plan.limited_by, plan.limited_by)
         line = f"Documents may take up to {share:,} tokens here ({where}: {plan.context_limit:,} tokens" + (
             f", less {conversation_tokens:,} kept for the answer and earlier turns)" if conversation_tokens else ")")
-        reason = f'<p class="plan-limit">{html.escape(line)}</p>'
+        reason = f'<p class="plan-limit">{escape.text(line)}</p>'
     else:
-        reason = f'<p class="plan-reason">{html.escape(plan.limit_reason)}</p>'
+        reason = f'<p class="plan-reason">{escape.text(plan.limit_reason)}</p>'
     return (
         f'<div class="plan plan-{verdict[0]}" data-fits="{str(plan.is_within_limit).lower()}" '
         f'data-tokens="{num_tokens}" data-gpu-bytes="{plan.gpu_bytes}" data-host-bytes="{plan.host_bytes}" '
-        f'data-limit="{plan.context_limit}" data-limited-by="{html.escape(plan.limited_by)}" '
+        f'data-limit="{plan.context_limit}" data-limited-by="{escape.attr(plan.limited_by)}" '
         f'data-documents-share="{share}"{truncated}>'
-        f'<div class="plan-verdict">{verdict[1]} <small>· {counts}</small></div>'
+        f'<div class="plan-verdict">{escape.text(verdict[1])} <small>· {escape.text(counts)}</small></div>'
         f'{reason}<div class="plan-grid">{grid}</div></div>'
     )
 
@@ -249,10 +255,10 @@ def progress_bar(done: int = 0, total: int = 0, tokens_per_second: float = 0.0,
         if note:
             label += f" · {note}"
     return (
-        f'<div class="progress progress-{state}" data-state="{state}" data-done="{done}" data-total="{total}">'
+        f'<div class="progress progress-{escape.attr(state)}" data-state="{escape.attr(state)}" data-done="{done}" data-total="{total}">'
         f'<div class="progress-track" role="progressbar" aria-valuemin="0" aria-valuemax="{total}" '
         f'aria-valuenow="{done}"><div class="progress-fill" style="width:{percent:.1f}%"></div></div>'
-        f'<div class="progress-label">{html.escape(label)}</div></div>'
+        f'<div class="progress-label">{escape.text(label)}</div></div>'
     )
 
 
@@ -267,9 +273,12 @@ def model_markdown(text: str) -> str:
 
 
 def answer_stats(ttft: float | None, num_tokens: int, tokens_per_second: float, *, done: bool = True,
-                 stopped: bool = False) -> str:
-    """``"TTFT 0.42 s · 31 tokens · 13.9 tok/s"``; marks a stopped answer."""
-    text = f"TTFT {'–' if ttft is None else f'{ttft:.2f} s'} · {num_tokens} tokens · {tokens_per_second:.1f} tok/s"
+                 stopped: bool = False, waited: float | None = None) -> str:
+    """``"TTFT 0.42 s · 31 tokens · 13.9 tok/s"``; marks a stopped answer. ``waited``: the seconds it waited in line
+    first, said beside its first-token time (``"TTFT 2.45 s after 1 min 32 s in line"``), which counts from its turn."""
+    queued = f" after {format_seconds(waited)} in line" if waited is not None else ""
+    text = (f"TTFT {'–' if ttft is None else f'{ttft:.2f} s'}{queued} · {num_tokens} tokens · "
+            f"{tokens_per_second:.1f} tok/s")
     if stopped:
         text += " · stopped"
     elif not done:
@@ -289,12 +298,12 @@ def saved_panel(infos: Sequence[SnapshotInfo], cap: int | None, *, enabled: bool
             "save, removed at the next start</span>") if leftover else ""
     summary = f'<div class="saved-summary">{len(infos)} saved · {format_bytes(total)} on disk · {limit}{left}</div>'
     if problem:
-        return f'<div class="saved" {attrs}><p class="saved-problem">{html.escape(problem)}</p>{summary}</div>'
+        return f'<div class="saved" {attrs}><p class="saved-problem">{escape.text(problem)}</p>{summary}</div>'
     if not infos:
         return (f'<div class="saved saved-empty" {attrs}>Nothing saved yet: documents you read are saved here '
                 f"so that reading them again is instant.{summary}</div>")
     rows = "".join(
-        f'<tr data-key="{info.key}"><td class="file-name">{html.escape(info.label)}{_partial_note(info)}</td>'
+        f'<tr data-key="{escape.attr(info.key)}"><td class="file-name">{escape.text(info.label)}{_partial_note(info)}</td>'
         f"<td>{info.num_tokens:,}</td><td>{format_bytes(info.num_bytes)}</td>"
         f"<td>{format_timestamp(info.last_used)}</td></tr>"
         for info in infos
@@ -339,7 +348,7 @@ def sources_line(sources, pages: dict | None = None) -> str:
     def part(source) -> str:
         page = (pages or {}).get(str(source.page))
         title = f' title="PDF page {page.sequence}"' if page is not None else ""
-        return f"<span{title}>{html.escape(source.label())}</span>"
+        return f"<span{title}>{escape.text(source.label())}</span>"
 
     parts = " · ".join(part(source) for source in sources)
     return f'<span class="answer-sources" title="Pages the answer attended to most, read from the model\'s attention">Sources: {parts}</span>'
@@ -356,10 +365,10 @@ def support_note(support) -> str:
     # The question's words the document never uses (when they are why it is flagged): a reason to check at a glance.
     unknown = support.unknown_words
     never = (f' <span class="never-mentioned">(the document never mentions '
-             f'{", ".join(f"“{html.escape(word)}”" for word in unknown[:5])})</span>') if unknown else ""
+             f'{", ".join(f"“{escape.text(word)}”" for word in unknown[:5])})</span>') if unknown else ""
     return (f'<span class="answer-unsupported" title="Little of the answer\'s attention was on the document\'s pages, '
             f'the model wrote it unsure, or the question names what the document never does">'
-            f'⚠ {html.escape(MAY_NOT_SAY)}{never}</span>')
+            f'⚠ {escape.text(MAY_NOT_SAY)}{never}</span>')
 
 
 def page_view(page: str | None, name: str = "", text: str = "", sequence: int | None = None) -> str:
@@ -367,9 +376,9 @@ def page_view(page: str | None, name: str = "", text: str = "", sequence: int | 
     sequence as the tooltip."""
     if page is None:
         return '<div class="page-view empty">Click a page chip under an answer to read that page here.</div>'
-    where = f"{html.escape(name)} · " if name else ""
+    where = f"{escape.text(name)} · " if name else ""
     label = f"PDF page {page[4:]}" if page.startswith("PDF ") else f"p. {page}"
     title = f' title="PDF page {sequence}"' if sequence is not None else ""
     seq = f' data-sequence="{sequence}"' if sequence is not None else ""
-    return (f'<div class="page-view" data-page="{html.escape(page)}"{seq}><div class="page-title"{title}>'
-            f'{where}{html.escape(label)}</div><pre>{html.escape(text) or "(no text on this page)"}</pre></div>')
+    return (f'<div class="page-view" data-page="{escape.attr(page)}"{seq}><div class="page-title"{title}>'
+            f'{where}{escape.text(label)}</div><pre>{escape.text(text) or "(no text on this page)"}</pre></div>')

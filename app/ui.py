@@ -13,7 +13,6 @@ saved documents) run at once, even while a heavy one is busy.
 
 from __future__ import annotations
 
-import html
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import gradio as gr
 from starlette.middleware import Middleware
 
-from app import render
+from app import escape, render
 from app.app_state import AppState
 from app.asking import Questions
 from app.browser_state import BrowserState
@@ -375,5 +374,5 @@ def _model_changed(state: BrowserState, title: str, info: dict) -> tuple:
 
 def _header(title: str, model_info: dict) -> str:
     logo = (ASSETS / "logo.svg").read_text(encoding="utf-8")
-    return (f'<div class="brand">{logo}<div><h1>{html.escape(title)}</h1>'
+    return (f'<div class="brand">{logo}<div><h1>{escape.text(title)}</h1>'
             f'{render.model_header(model_info)}</div></div>')

@@ -8,7 +8,6 @@ change inside their own objects.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from app import render
 from app.browser_state import BrowserState
 from app.compute_queue import ComputeQueue, Ticket
 from app.shelves import Shelves
+from app.wait_estimate import AnswerRecord
 from engine import DocumentSession
 
 
@@ -39,10 +39,8 @@ class AppState:
     queue: ComputeQueue = field(default_factory=ComputeQueue)
     max_question: int | None = None
     upload_dir: Path | None = None
-    # Seconds the last answers took, whole (question read, answer written): what a queued one is expected to take.
-    answer_seconds: collections.deque[float] = field(default_factory=lambda: collections.deque([20.0], maxlen=5))
-    # Tokens the last answers took: how many a running answer likely has left, for those waiting behind it.
-    answer_tokens: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=5))
+    # The last answers' lengths, rates and times: how long a running or queued one likely takes (``app.wait_estimate``).
+    answers: AnswerRecord = field(default_factory=AnswerRecord)
     # Browser session id -> its state, only so ``Handlers.unload`` can free a closed tab's memory at once; the
     # handlers themselves always get their state from gr.State.
     tabs: dict[str, BrowserState] = field(default_factory=dict)

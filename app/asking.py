@@ -9,7 +9,6 @@ question's own tokens apart, as that limit is stated in them."""
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections.abc import Iterator
 
@@ -19,6 +18,7 @@ from app import escape, render
 from app.app_state import AppState
 from app.background import iterate_reports
 from app.browser_state import BrowserState
+from app.compute_queue import ordinal
 from app.pages import chip, cited_pages, split_pages
 from app.render import status
 from app.views import AskView
@@ -67,14 +67,18 @@ class Questions:
         question_seconds = session.reading.estimate_prefill_seconds(session.document_tokens + len(fit.ids),
                                                                     session.document_tokens)
         queue = self.app.queue
-        ticket = queue.join("answering a question", statistics.median(self.app.answer_seconds) + question_seconds)
+        ticket = queue.join("answering a question", self.app.answers.expected_seconds(max_new_tokens) + question_seconds)
         try:
-            waiting = lambda line: AskView(list(history), "", line, NO_CHANGE)
+            def waiting(line: str) -> AskView:  # the wait in the chat's pending bubble too, where the visitor looks
+                history[-1] = {"role": "assistant", "content": _waiting(queue.position(ticket), ticket.shown_seconds)}
+                return AskView(list(history), "", line, NO_CHANGE)
+
             if not (yield from self.app.in_line(ticket, lambda: state.stop_requested or state.is_closed, waiting)):
                 history[-1] = {"role": "assistant", "content": "*(left the queue before an answer)*"}
                 yield AskView(list(history), NO_CHANGE, status("info", "You left the queue; nothing was asked."),
                               NO_CHANGE)
                 return
+            history[-1] = {"role": "assistant", "content": "…"}
             yield AskView(list(history), "", status("info", "Thinking…"), NO_CHANGE)
             yield from self._answer(session, question, fit, history, max_new_tokens, float(temperature), state,
                                     RepetitionGuard() if avoid_repeats else None, bool(show_sources), ticket)
@@ -107,34 +111,33 @@ class Questions:
                 report(chunk)
 
         started, writing = time.monotonic(), status("info", "Writing the answer…")
+        # Seconds it waited in line, said beside its first-token time (None: its turn came at once).
+        waited = started - ticket.joined if ticket.shown_seconds is not None else None
+        answers, last_token = self.app.answers, started
         try:
             for item in iterate_reports(work, abandon=lambda: setattr(state, "stop_requested", True),
                                         min_interval=0.1, name="answer"):
                 if isinstance(item, tuple):  # (done, total) tokens of the question read so far
-                    # A usual answer is still ahead of it (a slow question read must not run the wait down to
-                    # "about 1.0 s" for those behind it).
-                    self.app.queue.expect(ticket, statistics.median(self.app.answer_seconds))
+                    # The question's rest at the rate it reads, then a whole answer (a slow question read must not
+                    # run the wait down to "about 1.0 s" for those behind it).
+                    done, total = item
+                    question_left = (time.monotonic() - started) * (total - done) / done if done else 0.0
+                    self.app.queue.expect(ticket, question_left + answers.expected_seconds(max_new_tokens))
                     yield AskView(list(history), NO_CHANGE,
                                   status("info", f"Reading the question: {item[0]:,} of {item[1]:,} tokens…"), NO_CHANGE)
                     continue
                 chunk = item
                 if not chunk.done:  # those waiting behind it: the rest of the answer at the rate it writes now
                     self.app.queue.expect(ticket, self._answer_left(chunk, max_new_tokens))
-                stats = render.answer_stats(chunk.ttft, chunk.num_tokens, chunk.tokens_per_second,
-                                            done=chunk.done, stopped=chunk.stopped)
-                if chunk.looped:
-                    stats += " · stopped a repeating loop"
-                if chunk.done and chunk.stopped and chunk.num_tokens == 0:
-                    stats = "stopped before the answer began"
-                if chunk.done and session.dropped_turns:
-                    stats += (f" · the {session.dropped_turns} oldest question{'s' if session.dropped_turns > 1 else ''}"
-                              " and answers left out to make room")
+                    last_token = time.monotonic()
+                stats = _stats(chunk, session.dropped_turns, max_new_tokens, waited)
                 if chunk.done and not chunk.stopped:
-                    self.app.answer_seconds.append(time.monotonic() - started)
-                    self.app.answer_tokens.append(chunk.num_tokens)
+                    now = time.monotonic()
+                    answers.record(chunk.num_tokens, chunk.tokens_per_second, now - last_token, now - started)
                 pages = split_pages(session.document) if chunk.sources else None
-                history[-1] = {"role": "assistant",
-                               "content": _answer(chunk.text, stats, chunk.sources, pages, chunk.support)}
+                # A stopped or cut answer is not the model's whole answer: no "the document may not say" on it.
+                support = None if chunk.stopped or _cut(chunk, max_new_tokens) else chunk.support
+                history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats, chunk.sources, pages, support)}
                 # A copy per update: each yielded view is a snapshot, not a list edited later.
                 chips = self._page_chips(session, chunk) if chunk.done else NO_CHANGE
                 # Once the answer is being written the question's "Reading the question: 12 of 12" is over.
@@ -147,14 +150,8 @@ class Questions:
             yield AskView(history, NO_CHANGE, _warn(str(exc)), NO_CHANGE)
 
     def _answer_left(self, chunk, max_new_tokens: int) -> float:
-        """Seconds a running answer likely has left: the tokens the last answers took (or its limit) less those it
-        wrote, at its rate so far; never more than its limit allows."""
-        if chunk.tokens_per_second <= 0:
-            return statistics.median(self.app.answer_seconds)
-        answer_tokens = self.app.answer_tokens
-        usual = statistics.median(answer_tokens) if answer_tokens else max_new_tokens
-        left = min(max(usual - chunk.num_tokens, 1), max_new_tokens - chunk.num_tokens)
-        return max(left, 0) / chunk.tokens_per_second
+        """Seconds a running answer likely has left (``AnswerRecord.seconds_left``: its own limit, length and rate)."""
+        return self.app.answers.seconds_left(chunk.num_tokens, max_new_tokens, chunk.tokens_per_second)
 
     def question_bar(self, max_new_tokens: float, state: BrowserState) -> str:
         """The longest question this tab may ask now (shown under the question box)."""
@@ -187,6 +184,35 @@ class Questions:
         chosen += [str(s.page) for s in chunk.sources
                    if s.page is not None and str(s.page) in known and str(s.page) not in chosen]
         return gr.update(choices=[(chip(label), label) for label in chosen], value=None, visible=bool(chosen))
+
+
+def _stats(chunk, dropped_turns: int, max_new_tokens: int, waited: float | None) -> str:
+    """The answer's stats line: its first-token time (after how long in line), tokens and rate, and how it ended when
+    that was not the model's own end: stopped, a loop cut off, or cut at its limit (with the limit's number)."""
+    stats = render.answer_stats(chunk.ttft, chunk.num_tokens, chunk.tokens_per_second, done=chunk.done,
+                                stopped=chunk.stopped, waited=waited)
+    if chunk.looped:
+        stats += " · stopped a repeating loop"
+    if chunk.done and chunk.stopped and chunk.num_tokens == 0:
+        stats = "stopped before the answer began"
+    if _cut(chunk, max_new_tokens):
+        stats += f" · cut at {max_new_tokens:,} tokens — raise the limit under Answer settings"
+    if chunk.done and dropped_turns:
+        stats += (f" · the {dropped_turns} oldest question{'s' if dropped_turns > 1 else ''}"
+                  " and answers left out to make room")
+    return stats
+
+
+def _cut(chunk, max_new_tokens: int) -> bool:
+    """Whether the answer ended at its token limit rather than where the model ended it."""
+    return chunk.done and not chunk.stopped and not chunk.looped and chunk.num_tokens >= max_new_tokens
+
+
+def _waiting(position: int, seconds: float | None) -> str:
+    """The pending answer's bubble while it waits for the compute device: its place and wait, as the status line."""
+    wait = f", about {render.format_seconds(seconds)}" if seconds is not None else ""
+    return (f'<span class="answer-waiting" data-queue-position="{position}" data-wait-seconds="{seconds or 0:.1f}">'
+            f"⏳ Waiting for the compute device: {ordinal(position)} in line{wait}…</span>")
 
 
 def _warn(text: str) -> str:

@@ -35,6 +35,7 @@ class Ticket:
     started: float | None = None  # when its turn came
     piece_seconds: float | None = None  # a job that gives way: how long its last piece took
     piece_started: float = 0.0
+    shown_seconds: float | None = None  # the wait its visitor was last told (None: its turn came without waiting)
 
     def remaining_seconds(self, now: float) -> float:
         """What is left of its expected time, counting down as it runs (a job past its estimate is taken to need a
@@ -154,10 +155,11 @@ class ComputeQueue:
         position = self.position(ticket)
         with self._changed:
             running = self._line[0].what if self._line else ""
-        return (f"Waiting for the compute device: {_ordinal(position)} in line, about "
-                f"{format_seconds(self.wait_seconds(ticket))} (another visitor is {running}).")
+        ticket.shown_seconds = self.wait_seconds(ticket)
+        return (f"Waiting for the compute device: {ordinal(position)} in line, about "
+                f"{format_seconds(ticket.shown_seconds)} (another visitor is {running}).")
 
 
-def _ordinal(number: int) -> str:
+def ordinal(number: int) -> str:
     suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
     return f"{number}{suffix}"

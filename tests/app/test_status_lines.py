@@ -112,7 +112,7 @@ def test_the_wait_behind_an_answer_counts_its_remaining_tokens_and_counts_down(m
     clock = [100.0]
     monkeypatch.setattr(compute_queue.time, "monotonic", lambda: clock[0])
     handlers = Handlers(lambda: None, compute_queue=ComputeQueue())
-    handlers.app.answer_tokens.extend([120, 100, 140])  # the last answers: 120 tokens, typically
+    handlers.app.answers.lengths.extend([120, 100, 140])  # the last answers: 120 tokens, typically
     queue = handlers.app.queue
     answering = queue.join("answering a question", 8.2)
     waiting = queue.join("answering a question", 8.2)
@@ -123,7 +123,7 @@ def test_the_wait_behind_an_answer_counts_its_remaining_tokens_and_counts_down(m
     queue.expect(answering, handlers.questions._answer_left(_Chunk(90, 10.0), 512))  # 30 to go
     assert queue.wait_seconds(waiting) == pytest.approx(3.0)
     # Past the usual length, at most what its limit allows
-    assert handlers.questions._answer_left(_Chunk(510, 10.0), 512) == pytest.approx(0.1)
+    assert 0 < handlers.questions._answer_left(_Chunk(510, 10.0), 512) <= 0.2
 
 
 def test_the_wait_counts_down_steadily_through_the_rates_jitter(monkeypatch):

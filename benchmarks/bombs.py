@@ -70,7 +70,7 @@ def _rewrite(source: Path, target: Path, members: dict[str, Iterable[bytes]]) ->
                 continue
             entry = zipfile.ZipInfo(info.filename, date_time=info.date_time)
             entry.compress_type = zipfile.ZIP_DEFLATED  # ZipInfo's own default is stored, whatever the archive's
-            with new.open(entry, "w", force_zip64=True) as out:
+            with new.open(entry, "w") as out:  # 32-bit sizes: every bomb here inflates under 2 GiB
                 for chunk in members[info.filename]:
                     out.write(chunk)
     source.unlink()
@@ -189,6 +189,41 @@ def _max_object_id(data: bytes) -> int:
 
 def _set_contents(page: bytes, contents: bytes) -> bytes:
     return re.sub(rb"/Contents\s+\d+ 0 R", b"/Contents " + contents, page)
+
+
+def make_long_docx(path: Path, paragraphs: int = 100_000) -> Path:
+    """A real, harmless DOCX of many short paragraphs (~0.3 MB): slow to read (python-docx builds an object per
+    paragraph), not big; what a time limit is tested with."""
+    good = make_good_docx(path.with_name(path.stem + "-seed.docx"))
+    head = (b'<?xml version="1.0" encoding="UTF-8" standalone="yes"?>\n<w:document xmlns:w='
+            b'"http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:body>')
+
+    def body() -> Iterator[bytes]:
+        yield head
+        for start in range(0, paragraphs, 1000):
+            yield b"".join(b"<w:p><w:r><w:t>Paragraph %d of the long report.</w:t></w:r></w:p>" % number
+                           for number in range(start, min(start + 1000, paragraphs)))
+        yield b"</w:body></w:document>"
+
+    return _rewrite(good, path, {"word/document.xml": body()})
+
+
+def make_lying_docx(path: Path, inflated: int = 256 << 20, declared: int = 1000) -> Path:
+    """A DOCX whose ``word/document.xml`` declares ``declared`` bytes (in its local header and the central
+    directory) while its deflate stream inflates to ``inflated``: sizes checked before reading say little of it."""
+    source = make_zip_bomb_docx(path.with_name(path.stem + "-full.docx"), inflated)
+    data = bytearray(source.read_bytes())
+    source.unlink()
+    name = b"word/document.xml"
+    # (signature, offset of the uncompressed size, offset of the name) in a local header and a central entry.
+    for signature, size_at, name_at in ((b"PK\x03\x04", 22, 30), (b"PK\x01\x02", 24, 46)):
+        at = data.find(signature)
+        while at != -1:
+            if data[at + name_at:at + name_at + len(name)] == name:
+                data[at + size_at:at + size_at + 4] = declared.to_bytes(4, "little")
+            at = data.find(signature, at + 4)
+    path.write_bytes(bytes(data))
+    return path
 
 
 BOMBS = {

@@ -65,7 +65,12 @@ class Box:
             DocumentError: the file's own refusal, or that it took too long, too much memory or crashed the reader.
         """
         with self._slots:
-            child = self._take()
+            try:
+                child = self._take()
+            except OSError as exc:  # no process could be started (out of processes or memory)
+                logger.error("could not start a reader for %s: %s", name, exc)
+                raise DocumentError(f"{name} could not be read now: the server could not start a reader for it "
+                                    f"({exc.strerror or exc}). Try again in a moment.") from exc
             started = time.monotonic()
             try:
                 outcome, value = child.ask((str(path), name), self.limits.seconds)

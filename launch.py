@@ -9,15 +9,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import ipaddress
 import logging
+import os
 import re
 import socket
 import sys
 import tempfile
 from pathlib import Path
 
+from app.auth import LOGIN_MESSAGE, OPEN_NOTICE, OPEN_WARNING
+from app.visitor_caps import CapLimits
 from cuda_alloc_env import use_expandable_segments
 from heap_env import keep_freed_heap
 from thread_env import use_passive_openmp
@@ -27,8 +31,11 @@ from thread_env import use_passive_openmp
 logger = logging.getLogger("headinfer.launch")
 
 SHARE_SERVER = ("api.gradio.app", 443)  # where Gradio asks for a share tunnel
-UPLOADS = Path(tempfile.gettempdir()) / "headinfer-studio-uploads"  # one folder per running app inside
-VISITOR_SHELVES = Path(tempfile.gettempdir()) / "headinfer-studio-visitors"  # per-tab saved documents
+# This user's own (the uid in the name, 0700, checked by app.uploads.prepare_folder): another user's folder of the
+# same name would otherwise stop the start with PermissionError. One folder per running app inside.
+_UID = getattr(os, "getuid", lambda: "user")()
+UPLOADS = Path(tempfile.gettempdir()) / f"headinfer-studio-{_UID}-uploads"
+VISITOR_SHELVES = Path(tempfile.gettempdir()) / f"headinfer-studio-{_UID}-visitors"  # per-tab saved documents
 DEFAULT_MAX_UPLOAD = "256MiB"  # a whole book is a few MB of text; PDFs with images a few tens
 _UNITS = {
     "": 1, "b": 1,
@@ -76,11 +83,12 @@ def _port(text: str) -> int:
     return value
 
 
-def _credentials(text: str) -> tuple[str, str]:
-    user, sep, password = text.partition(":")
-    if not sep or not user or not password:
-        raise argparse.ArgumentTypeError("write --auth as user:password")
-    return user, password
+def _credentials(text: str):
+    """``--auth`` is refused whatever it holds: a password on the command line shows in ``ps`` to every user."""
+    raise argparse.ArgumentTypeError(
+        "a password on the command line shows in `ps` to every user of this machine, so --auth USER:PASSWORD is "
+        "not taken; add each person with `launch.py --add-user NAME --auth-file users.txt` (it asks for the "
+        "password) and start with --auth-file users.txt, or set HEADINFER_AUTH to name:password lines")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -183,7 +191,25 @@ def build_parser() -> argparse.ArgumentParser:
                              "the app says so and keeps serving locally); visitors' saved documents are then "
                              "theirs alone: per user with --auth, else per browser tab, deleted when it closes")
     server.add_argument("--auth", type=_credentials, default=None, metavar="USER:PASSWORD",
-                        help="require this user name and password to open the page")
+                        help="no longer taken (a password on the command line shows in `ps`): use --auth-file "
+                             "or HEADINFER_AUTH")
+    server.add_argument("--auth-file", default=None, metavar="FILE",
+                        help="require a login: one name:scrypt-hash line per person, written by --add-user; each "
+                             "person keeps their own saved documents. Or set HEADINFER_AUTH to such lines or to "
+                             "name:password lines (default: no login)")
+    server.add_argument("--add-user", default=None, metavar="NAME",
+                        help="ask for NAME's password, write its salted scrypt hash into --auth-file (created "
+                             "0600; an earlier line of NAME's is replaced) and exit")
+    server.add_argument("--visitor-questions", type=_positive_int, default=None, metavar="N",
+                        help="questions one visitor (a logged-in user, else a browser tab) may have asked or "
+                             "waiting at once, when others can reach the app; one per tab "
+                             f"(default: {CapLimits.questions_per_visitor})")
+    server.add_argument("--visitor-upload-max", type=parse_size, default=None, metavar="SIZE",
+                        help="most bytes of files one visitor's tabs may hold chosen at once, when others can "
+                             f"reach the app (default: {CapLimits.upload_bytes // 2**20}MiB)")
+    server.add_argument("--visitor-shelf-max", type=parse_size, default=None, metavar="SIZE",
+                        help="most disk one visitor's saved documents may take (within --kv-cache-max), when "
+                             f"others can reach the app (default: {CapLimits.shelf_bytes // 2**30}GiB)")
     return parser
 
 
@@ -228,6 +254,69 @@ def where_saved(store, *, private: bool, has_auth: bool, session_shelves: Path |
                 f"({limit} each)")
     return (f"saving each visitor's read documents in a folder of their own under {session_shelves}, deleted when "
             f"their tab closes ({limit} each); {store.root} is not used without --auth")
+
+
+def make_authenticator(args: argparse.Namespace):
+    """The login check from ``--auth-file`` or ``HEADINFER_AUTH`` (the file wins); None: no login. Raises
+    ``ValueError`` (``app.auth.AuthError``) for a file or variable that cannot be used, naming the line."""
+    from app.auth import Authenticator, read_users_file, users_from_env
+
+    if args.auth_file is not None:
+        return Authenticator(read_users_file(Path(args.auth_file).expanduser()))
+    users = users_from_env()
+    return Authenticator(users) if users else None
+
+
+def add_user(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--add-user NAME --auth-file FILE``: asks for the password twice (never echoed) and writes its hash."""
+    import getpass
+
+    from app.auth import AuthError
+    from app.auth import add_user as write_user
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.auth_file is None:
+        parser.error("--add-user needs --auth-file FILE (the users file to write)")
+    password = getpass.getpass(f"Password for {args.add_user}: ")
+    if password != getpass.getpass("The same password again: "):
+        parser.error("the two passwords differ; nothing was written")
+    try:
+        replaced = write_user(Path(args.auth_file).expanduser(), args.add_user, password)
+    except (AuthError, OSError) as exc:
+        parser.error(f"--add-user: {exc}")
+    logger.info("%s %s in %s; start with --auth-file %s", "replaced the password of" if replaced else "added",
+                args.add_user, args.auth_file, args.auth_file)
+    return 0
+
+
+def visitor_limits(args: argparse.Namespace) -> CapLimits:
+    """The per-visitor caps (``app.visitor_caps``), the flags' where given."""
+    given = {"questions_per_visitor": args.visitor_questions, "upload_bytes": args.visitor_upload_max,
+             "shelf_bytes": args.visitor_shelf_max}
+    return dataclasses.replace(CapLimits(), **{name: value for name, value in given.items() if value is not None})
+
+
+def announce_visitors(private: bool, *, has_auth: bool) -> None:
+    """The start-up log's word on visitors: kept apart when others can reach the app, and a WARNING saying what
+    any of them can do when nobody logs in."""
+    if not private:
+        return
+    logger.info("others can reach this app: each visitor's saved documents are theirs alone (%s)",
+                "per user" if has_auth else "per browser tab, deleted when it closes")
+    if not has_auth:
+        logger.warning("%s", OPEN_WARNING)
+
+
+def with_login_address(options: dict) -> dict:
+    """``launch_options`` with ``app.auth.LoginAddress`` among its middleware: the login throttle sees each
+    attempt's client address."""
+    from starlette.middleware import Middleware
+
+    from app.auth import LoginAddress
+
+    kwargs = dict(options.get("app_kwargs", {}))
+    kwargs["middleware"] = [*kwargs.get("middleware", []), Middleware(LoginAddress)]
+    return {**options, "app_kwargs": kwargs}
 
 
 def can_reach_share_server(timeout: float = 3.0) -> bool:
@@ -379,6 +468,8 @@ def main(argv: list[str] | None = None) -> None:
     keep_freed_heap()  # a prefill's large temporaries reuse freed heap instead of fresh, zeroed pages
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.add_user is not None:  # writes the users file and exits: no model, no port
+        sys.exit(add_user(parser, args))
     if args.self_check:  # needs neither the model nor the port (the app may be serving on it meanwhile)
         from engine.models import resolve_device
 
@@ -390,6 +481,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(self_check(make_policy(args), device))
     try:
         check_quickly(args)  # before torch loads: a typo in --model fails in well under a second
+        authenticator = make_authenticator(args)  # as quick: a bad users file fails before the model loads
         device = check_machine(args)
         if args.model is None and not device.startswith("cuda"):
             from engine.models import cpu_default_source
@@ -447,13 +539,11 @@ def main(argv: list[str] | None = None) -> None:
     del first
 
     private = args.share or not is_loopback(args.host)
-    if private:
-        logger.info("others can reach this app: each visitor's saved documents are theirs alone (%s)",
-                 "per user" if args.auth else "per browser tab, deleted when it closes")
+    announce_visitors(private, has_auth=authenticator is not None)
     store = make_snapshot_store(args)
-    session_shelves = prepare_folder(VISITOR_SHELVES) if private and not args.auth else None
+    session_shelves = prepare_folder(VISITOR_SHELVES) if private and not authenticator else None
     if store is not None:
-        logger.info("%s", where_saved(store, private=private, has_auth=args.auth is not None,
+        logger.info("%s", where_saved(store, private=private, has_auth=authenticator is not None,
                                    session_shelves=session_shelves))
     # Every tab's session comes from the holder, so the picker can switch the served model for all of them.
     holder = ModelHolder(model, tokenizer, policy, args.model or "HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -463,13 +553,16 @@ def main(argv: list[str] | None = None) -> None:
     extra = {"kv_dtype": policy.kv_dtype, "self_check": checked}  # the header follows the served model
     demo = build_ui(holder.new_session, model_info=lambda: {**holder.info(), **extra}, snapshot_store=store,
                     private=private, upload_dir=prepare_folder(UPLOADS), session_shelves=session_shelves,
-                    picker=ModelPicker(holder, device=device).build, max_question=args.max_question)
+                    picker=ModelPicker(holder, device=device).build, max_question=args.max_question,
+                    caps=visitor_limits(args), notice=OPEN_NOTICE if private and not authenticator else None)
     share = args.share and can_reach_share_server()
     if args.share and not share:
         logger.warning("Could not create a share link: %s:%d is unreachable (no internet?). "
                     "Serving locally only at http://%s:%d", *SHARE_SERVER, args.host, args.port)
-    demo.launch(server_name=args.host, server_port=args.port, share=share, auth=args.auth,
-                max_file_size=args.max_upload, prevent_thread_lock=True, **launch_options(args.max_upload))
+    demo.launch(server_name=args.host, server_port=args.port, share=share,
+                auth=authenticator.check if authenticator else None, auth_message=LOGIN_MESSAGE,
+                max_file_size=args.max_upload, prevent_thread_lock=True,
+                **with_login_address(launch_options(args.max_upload)))
     if share and not demo.share_url:
         logger.warning("Could not create a share link (see Gradio's message above). Serving locally only at %s",
                     demo.local_url)

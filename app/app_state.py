@@ -18,6 +18,7 @@ from app import render
 from app.browser_state import BrowserState
 from app.compute_queue import ComputeQueue, Ticket
 from app.shelves import Shelves
+from app.visitor_caps import VisitorCaps
 from app.wait_estimate import AnswerRecord
 from engine import DocumentSession
 
@@ -39,6 +40,7 @@ class AppState:
     queue: ComputeQueue = field(default_factory=ComputeQueue)
     max_question: int | None = None
     upload_dir: Path | None = None
+    caps: VisitorCaps = field(default_factory=VisitorCaps)  # per-visitor caps (``app.visitor_caps``; none: the owner's)
     # The last answers' lengths, rates and times: how long a running or queued one likely takes (``app.wait_estimate``).
     answers: AnswerRecord = field(default_factory=AnswerRecord)
     # Browser session id -> its state, only so ``Handlers.unload`` can free a closed tab's memory at once; the

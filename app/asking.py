@@ -22,6 +22,7 @@ from app.compute_queue import ordinal
 from app.pages import chip, cited_pages, split_pages
 from app.render import status
 from app.views import AskView
+from app.visitor_caps import CapReached
 from engine import DocumentSession, HeadInferError, QuestionTooLong
 from engine.types import RepetitionGuard
 
@@ -37,9 +38,15 @@ class Questions:
         self.app = app
 
     def ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,
-            state: BrowserState, avoid_repeats: bool = True, show_sources: bool = True) -> Iterator[AskView]:
+            state: BrowserState, avoid_repeats: bool = True, show_sources: bool = True,
+            request: gr.Request = None) -> Iterator[AskView]:
         """Streams the answer into the chat, followed by its TTFT / tokens / tok/s line and its sources."""
-        with state.working():
+        try:
+            held = self.app.caps.take("question", state, request)
+        except CapReached as exc:  # a visitor at a cap: refused at once, saying which
+            yield AskView(list(history or []), NO_CHANGE, _warn(f"Not asked: {exc}."), NO_CHANGE)
+            return
+        with held, state.working():
             yield from self._ask(question, history, max_new_tokens, temperature, state, avoid_repeats, show_sources)
 
     def _ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,

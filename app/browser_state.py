@@ -4,7 +4,7 @@ light event (Cancel, Stop, tab closed) reach the heavy one that is running."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -36,12 +36,18 @@ class BrowserState:
     is_busy: bool = False  # a prefill or an answer is using the session
     is_closed: bool = False  # the tab went away
     model_seen: object = None  # the served model this tab's header shows (``model_info()["serial"]``)
+    when_closed: Callable[[], None] | None = None  # what the tab's closing leaves to its last event (its shelf)
 
     def close(self) -> None:
         """Frees the document's memory; safe to call twice."""
-        if self.session is not None:
-            self.session.clear()
-        self.read_text = self.saved_key = None
+        try:
+            if self.session is not None:
+                self.session.clear()
+            self.read_text = self.saved_key = None
+        finally:
+            if self.is_closed and self.when_closed is not None:  # the tab went away and nothing runs in it now
+                done, self.when_closed = self.when_closed, None
+                done()
 
     def wait_idle(self, timeout: float = 5.0) -> bool:
         """Waits (a Stop or Cancel having been asked) for this tab's running read or answer to end; False if it

@@ -35,6 +35,7 @@ from app.render import status
 from app.shelves import Shelves
 from app.uploads import delete_uploads
 from app.views import ClearView
+from app.visitor_caps import NO_CAPS, CapLimits, VisitorCaps
 from engine import DocumentSession, SnapshotStore, read_memory
 
 logger = logging.getLogger(__name__)
@@ -47,13 +48,18 @@ class Handlers:
 
     def __init__(self, engine_factory: Callable[[], DocumentSession], snapshot_store: SnapshotStore | None = None, *,
                  private: bool = False, session_shelves: Path | None = None, upload_dir: Path | None = None,
-                 max_question: int | None = None, compute_queue: ComputeQueue | None = None):
+                 max_question: int | None = None, compute_queue: ComputeQueue | None = None,
+                 caps: CapLimits | None = None):
         """``private``: visitors are kept apart (saved documents per user or per tab, see ``app.shelves``);
         ``session_shelves``: the folder for per-tab shelves; ``upload_dir``: where Gradio keeps uploads
         (a tab's are deleted when it closes); ``max_question``: the longest question in tokens (None: what the
-        plan leaves beside the document and the answer); ``compute_queue``: the line for the compute device."""
-        self.app = AppState(engine_factory, Shelves(snapshot_store, private=private, session_root=session_shelves),
-                            compute_queue or ComputeQueue(), max_question=max_question, upload_dir=upload_dir)
+        plan leaves beside the document and the answer); ``compute_queue``: the line for the compute device;
+        ``caps``: the per-visitor caps when ``private`` (``app.visitor_caps``; None: its defaults)."""
+        limits = (caps or CapLimits()) if private else NO_CAPS
+        self.app = AppState(engine_factory, Shelves(snapshot_store, private=private, session_root=session_shelves,
+                                                    visitor_bytes=limits.shelf_bytes),
+                            compute_queue or ComputeQueue(), max_question=max_question, upload_dir=upload_dir,
+                            caps=VisitorCaps(limits))
         self.reading = Reading(self.app)
         self.ranges = PageRanges()
         self.questions = Questions(self.app)
@@ -105,12 +111,16 @@ class Handlers:
         its uploaded files and (for a visitor kept apart without a login) its saved documents."""
         if request is None or not request.session_hash:
             return
-        self.app.shelves.close_session(request.session_hash)
-        state = self.app.tabs.pop(request.session_hash, None)
+        session_hash = request.session_hash
+        self.app.caps.tab_closed(session_hash, request.username)
+        state = self.app.tabs.pop(session_hash, None)
         if state is None:
+            self.app.shelves.close_session(session_hash)
             return
         if self.app.upload_dir is not None:
             delete_uploads(state.uploads, self.app.upload_dir)
+        # Its shelf goes once nothing saves into it: now, or when its running read has saved (``BrowserState.close``).
+        state.when_closed = lambda: self.app.shelves.close_session(session_hash)
         state.is_closed = state.cancel_requested = state.stop_requested = True
         if not state.is_busy:  # otherwise ``working`` frees it when the running event ends
             state.close()

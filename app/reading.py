@@ -22,7 +22,9 @@ from app.pages import last_page
 from app.render import status
 from app.saved import SavedDocs
 from app.sizing import read_sized, token_counts
+from app.uploads import delete_uploads
 from app.views import FilesView, ReadView
+from app.visitor_caps import CapReached
 from engine import (
     DocumentSession,
     HeadInferError,
@@ -63,6 +65,14 @@ class Reading:
         state.documents, state.token_counts, state.tokens, state.full_tokens = [], [], None, None
         state.pieces, state.range_label = [], None
         self.app.remember_tab(state, request)  # so that ``unload`` finds the uploads
+        try:
+            self.app.caps.choose_files(state, request, files or [])
+        except CapReached as exc:  # refused whole: its new files go at once, none of them is read
+            if self.app.upload_dir is not None:
+                delete_uploads(set(files or []) - state.uploads, self.app.upload_dir)
+            return FilesView(state, render.files_table([], []), render.refused_plan([str(exc)]),
+                             gr.update(visible=False, value=False), gr.update(interactive=False),
+                             _warn(f"Not taken: {exc}."))
         state.uploads.update(files or [])
         if not files:
             return FilesView(state, render.files_table([], []), render.empty_plan(),
@@ -112,7 +122,12 @@ class Reading:
         With a snapshot store and the tab's "Remember" setting on, a set saved before is reopened from
         disk instead, and a set read to the end is saved for next time.
         """
-        with state.working():
+        try:
+            held = self.app.caps.take("read", state, request)
+        except CapReached as exc:
+            yield ReadView(state, NO_CHANGE, _warn(f"Not read: {exc}."), NO_CHANGE, *_IDLE)
+            return
+        with held, state.working():
             state.cancel_requested = False
             if not state.documents:
                 yield ReadView(state, NO_CHANGE, _warn("Drop one or more files first."), NO_CHANGE, *_IDLE)

@@ -51,8 +51,8 @@ class ShelfEntry:
 class SavedDocs:
     """The app's view of the snapshot store; ``store=None`` (``--no-kv-cache``) turns it all off."""
 
-    def __init__(self, store: SnapshotStore | None):
-        self.store = store
+    def __init__(self, store: SnapshotStore | None, *, cap_note: str = "allowed for saved documents"):
+        self.store, self.cap_note = store, cap_note  # cap_note: whose cap it is, said when a save is over it
         if store is not None:
             store_owner.claim(store.root)  # what a killed save left goes now, unless a live app still owns it
 
@@ -97,7 +97,7 @@ class SavedDocs:
                              "the documents stay loaded.")
         if info is None:
             return "warn", (f"Not saved for instant reopening: it would take more than the "
-                            f"{format_bytes(self.cap)} allowed for saved documents.")
+                            f"{format_bytes(self.cap)} {self.cap_note}.")
         return "ok", f"Saved for instant reopening ({format_bytes(info.num_bytes)})."
 
     def checkpoints(self, session: DocumentSession, label: str,

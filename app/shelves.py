@@ -29,10 +29,14 @@ class Shelves:
         private: whether visitors are kept apart.
         session_root: where per-session shelves go when ``private`` and nobody logs in (a temporary
             folder of this process's own).
+        visitor_bytes: the most each visitor's shelf may take (``app.visitor_caps.CapLimits.shelf_bytes``), within
+            the store's own cap; None: the store's cap alone.
     """
 
-    def __init__(self, store: SnapshotStore | None, *, private: bool = False, session_root: Path | None = None):
+    def __init__(self, store: SnapshotStore | None, *, private: bool = False, session_root: Path | None = None,
+                 visitor_bytes: int | None = None):
         self.store, self.private, self.session_root = store, private, session_root
+        self.visitor_bytes = visitor_bytes
         self._shared = SavedDocs(store)
         self._by_owner: dict[str, SavedDocs] = {}
 
@@ -58,8 +62,12 @@ class Shelves:
     def _shelf(self, owner: str, root: Path) -> SavedDocs:
         shelf = self._by_owner.get(owner)
         if shelf is None:
+            # A save past the cap is refused whole by the store (nothing half-written); a checkpoint stops.
+            limit = min((cap for cap in (self.store.max_bytes, self.visitor_bytes) if cap is not None), default=None)
+            note = "each visitor may keep" if limit is not None and limit == self.visitor_bytes else \
+                "allowed for saved documents"
             try:
-                shelf = SavedDocs(SnapshotStore(root, max_bytes=self.store.max_bytes))
+                shelf = SavedDocs(SnapshotStore(root, max_bytes=limit), cap_note=note)
             except OSError as exc:
                 logger.warning("saved documents are off for a visitor: cannot use %s (%s)", root, exc)
                 shelf = SavedDocs(None)

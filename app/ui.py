@@ -30,6 +30,7 @@ from app.documents import SUPPORTED_SUFFIXES
 from app.estimate_refresh import refreshed_plan
 from app.handlers import Handlers
 from app.reading import Reading
+from app.visitor_caps import CapLimits
 from app.render import status
 from engine import DocumentSession, SnapshotStore
 
@@ -59,7 +60,8 @@ def launch_options(max_upload: int | None = None) -> dict:
 def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict | Callable[[], dict],
              title: str = "HeadInfer Studio", snapshot_store: SnapshotStore | None = None, private: bool = False,
              session_shelves: Path | None = None, upload_dir: Path | None = None,
-             picker: Callable[[gr.State], None] | None = None, max_question: int | None = None) -> gr.Blocks:
+             picker: Callable[[gr.State], None] | None = None, max_question: int | None = None,
+             caps: CapLimits | None = None, notice: str | None = None) -> gr.Blocks:
     """Builds the page; each browser tab gets its own session from ``engine_factory``.
 
     Args:
@@ -77,15 +79,19 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
             are deleted when it closes. Set before any component exists, as Gradio reads it then.
         picker: adds the model picker below the page (``app.picker.ModelPicker.build``); None leaves it out.
         max_question: the longest question in tokens (None: what the plan leaves beside the document and answer).
+        caps: the per-visitor caps when ``private`` (``app.visitor_caps``; None: its defaults).
+        notice: a warning shown above the page to every visitor (``app.auth.OPEN_NOTICE`` when nobody logs in).
     """
     if upload_dir is not None:
         os.environ["GRADIO_TEMP_DIR"] = str(upload_dir)  # Gradio's only setting for it
     handlers = Handlers(engine_factory, snapshot_store, private=private, session_shelves=session_shelves,
-                        upload_dir=upload_dir, max_question=max_question)
+                        upload_dir=upload_dir, max_question=max_question, caps=caps)
     current_info = model_info if callable(model_info) else lambda: model_info
     # analytics off: the studio makes no calls home (it is often run offline). delete_cache: uploads
     # older than a day go even from a tab left open (the tab's own are deleted when it closes).
     with gr.Blocks(title=title, fill_width=True, analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
+        if notice:
+            gr.HTML(status("warn", notice), elem_id="visitor-notice")
         page = _layout(title, current_info, saving=snapshot_store is not None)
         if picker is not None:
             picker(page.state)

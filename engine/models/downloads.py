@@ -13,22 +13,33 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ModelSourceError
-
-from ..errors import CorruptDownload, DownloadCancelled, GatedModelError
+from ..errors import CorruptDownload, DownloadCancelled, GatedModelError, ModelSourceError
 
 logger = logging.getLogger(__name__)
 
 #: what a transformers model needs: configs, tokenizer files and safetensors weights (no .bin/.gguf duplicates)
 WANTED = ("*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "merges.txt", "vocab.txt")
 SKIPPED = ("original/*", "consolidated*", "*/*.gguf")
+CATALOGUE = Path(__file__).with_name("catalogue.json")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def pinned_revision(repo_id: str) -> str | None:
+    """The Hub revision the catalogue pins for ``repo_id`` (a commit hash where one is recorded), or None for a
+    repository the catalogue does not list. Read from ``catalogue.json`` alone: no torch, no planner."""
+    for item in json.loads(CATALOGUE.read_text())["models"]:
+        if item["id"] == repo_id:
+            return item.get("revision")
+    return None
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,8 @@ class DownloadJob:
     def __init__(self, repo_id: str, *, revision: str | None = None, cache_dir: str | Path | None = None,
                  token: str | bool | None = None, endpoint: str | None = None,
                  on_progress: Callable[[DownloadProgress], None] | None = None):
+        # A catalogue model downloads the commit the catalogue pins, not whatever its branch holds today.
+        revision = revision if revision is not None else pinned_revision(repo_id)
         self.repo_id, self.revision, self.cache_dir, self.token = repo_id, revision, cache_dir, token
         self.endpoint = endpoint  # None: HF_ENDPOINT or the Hub
         self.on_progress = on_progress
@@ -108,7 +121,10 @@ class DownloadJob:
 
     def _write_ref(self, sha: str) -> None:
         """Points the cache's ``refs/<revision>`` at the downloaded commit, as ``snapshot_download`` does, once every
-        file is in: an offline lookup by name (``cached_snapshot``) then finds only complete downloads."""
+        file is in: an offline lookup by name (``cached_snapshot``) then finds only complete downloads. A pinned
+        commit needs no ref: the lookup goes to its snapshot folder directly."""
+        if self.revision is not None and _COMMIT.match(self.revision):
+            return
         from huggingface_hub import constants  # start-up time: only the picker downloads
         from huggingface_hub.file_download import repo_folder_name
 
@@ -198,12 +214,15 @@ def gated_message(repo_id: str) -> str:
             f"at {endpoint}/settings/tokens, then run `hf auth login` (or set HF_TOKEN) and download again.")
 
 
-def cached_snapshot(repo_id: str, cache_dir: str | Path | None = None) -> Path | None:
-    """The complete snapshot of ``repo_id`` in the Hugging Face cache, or None (nothing is fetched)."""
+def cached_snapshot(repo_id: str, cache_dir: str | Path | None = None, revision: str | None = None) -> Path | None:
+    """The complete snapshot of ``repo_id`` in the Hugging Face cache (at ``revision``: by default the one the
+    catalogue pins), or None (nothing is fetched)."""
     from huggingface_hub import snapshot_download  # start-up time: only the picker downloads
 
+    revision = revision if revision is not None else pinned_revision(repo_id)
     try:
-        return Path(snapshot_download(repo_id, cache_dir=cache_dir, local_files_only=True, allow_patterns=list(WANTED),
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True,
+                                      allow_patterns=list(WANTED),
                                       ignore_patterns=list(SKIPPED)))
     except Exception:  # not cached, or only partly: huggingface_hub says so by raising
         return None

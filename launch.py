@@ -508,6 +508,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--model: {exc}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    from app.hosts import AllowedHosts
     from app.ui import build_ui, launch_options
     from app.uploads import prepare_folder
     from app.owner import new_gate
@@ -562,10 +563,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.share and not share:
         logger.warning("Could not create a share link: %s:%d is unreachable (no internet?). "
                     "Serving locally only at http://%s:%d", *SHARE_SERVER, args.host, args.port)
+    hosts = AllowedHosts.for_launch(args.host, share=share)  # the names it answers to (app.guard)
     demo.launch(server_name=args.host, server_port=args.port, share=share,
                 auth=authenticator.check if authenticator else None, auth_message=LOGIN_MESSAGE,
                 max_file_size=args.max_upload, prevent_thread_lock=True,
-                **with_login_address(launch_options(args.max_upload, owner)))
+                **with_login_address(launch_options(args.max_upload, owner, hosts=hosts)))
     if owner.private:  # the console only, never the page: whoever opens it may scan, download and serve models
         logger.info("the model picker is yours alone: open %s (keep it to yourself; a new one at each start)",
                     owner.link(demo.local_url))

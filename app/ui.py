@@ -28,7 +28,9 @@ from app.chips import PageChips
 from app.csp import ContentSecurityPolicy
 from app.documents import SUPPORTED_SUFFIXES
 from app.estimate_refresh import refreshed_plan
+from app.guard import RequestGuard, guard_lifespan
 from app.handlers import Handlers
+from app.hosts import AllowedHosts
 from app.owner import OwnerGate, owner_middleware
 from app.reading import Reading
 from app.visitor_caps import CapLimits
@@ -45,18 +47,26 @@ _OWN = {"concurrency_limit": None}  # new chat / clear: the tab's own session, o
 _UPLOAD_CHECK = (Path(__file__).resolve().parent / "upload_check.js").read_text(encoding="utf-8")
 
 
-def launch_options(max_upload: int | None = None, owner: OwnerGate | None = None) -> dict:
+def launch_options(max_upload: int | None = None, owner: OwnerGate | None = None,
+                   hosts: AllowedHosts | None = None) -> dict:
     """Look-and-feel arguments for ``Blocks.launch`` (Gradio 6 takes theme and CSS there); ``max_upload``: the
     largest upload in bytes, checked in the page before a byte is sent (the status line says why, in MiB);
-    ``owner``: the owner link's gate (``app.owner``) when others can reach the app."""
+    ``owner``: the owner link's gate (``app.owner``) when others can reach the app; ``hosts``: the names the
+    app answers to (``app.hosts``; None: loopback only), its requests refused otherwise (``app.guard``)."""
+    hosts = hosts or AllowedHosts()
+    upload_check = None if max_upload is None else _UPLOAD_CHECK.replace("MAX_UPLOAD_BYTES", str(max_upload))
+    # Only this app's names, page, scripts and connections (app.guard, app.csp); the guard also wraps Gradio's own
+    # CORS layer, from the lifespan.
+    middleware = [Middleware(RequestGuard, hosts=hosts),
+                  Middleware(ContentSecurityPolicy, script_texts=[upload_check] if upload_check else [],
+                             share=hosts.share_domain is not None)]
     # System fonts only: the app must look right offline, without a request to Google Fonts.
     theme = gr.themes.Soft(primary_hue="teal", neutral_hue="slate",
                            font=["system-ui", "Segoe UI", "Roboto", "Helvetica", "Arial", "sans-serif"],
                            font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "Consolas", "monospace"])
     return {"theme": theme, "css_paths": [ASSETS / "style.css"], "favicon_path": str(ASSETS / "logo.svg"),
-            # No image, media or frame from elsewhere: answers are model-written Markdown (see app.csp).
-            "app_kwargs": {"middleware": [Middleware(ContentSecurityPolicy), *owner_middleware(owner)]},
-            "head": "" if max_upload is None else f"<script>{_UPLOAD_CHECK.replace('MAX_UPLOAD_BYTES', str(max_upload))}</script>"}
+            "app_kwargs": {"middleware": [*middleware, *owner_middleware(owner)], "lifespan": guard_lifespan(hosts)},
+            "head": "" if upload_check is None else f"<script>{upload_check}</script>"}
 
 
 def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict | Callable[[], dict],

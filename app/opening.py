@@ -18,7 +18,7 @@ from app.app_state import AppState
 from app.browser_state import BrowserState
 from app.render import status
 from app.documents import combine
-from app.page_range import parts_read
+from app.page_range import parts_read, rejoin
 from app.sizing import token_counts
 from app.views import DeleteView, OpenView, ReadView, SavedView
 from engine import HeadInferError
@@ -112,7 +112,7 @@ class OpenSaved:
                 yield self._open_view(state, progress=render.progress_bar(0, 1, state="reopening",
                                                                           note="reopening from disk…"),
                                       status_line=status("info", "Reopening the saved document from disk…"))
-                tokens = session.tokenize(entry.text)
+                tokens = session.tokenize(rejoin(entry.text, entry.documents))
                 try:
                     session.set_document(tokens)
                 except HeadInferError as exc:
@@ -127,7 +127,7 @@ class OpenSaved:
                     return
                 state.documents, state.tokens, state.read_text = list(entry.documents), tokens, entry.text
                 if entry.text != combine(entry.documents):  # a page range (or a beginning): its pages, not the book's
-                    parts = parts_read(entry.text, entry.documents)
+                    parts = parts_read(tokens.text, entry.documents)
                     state.documents = [doc for doc, _, _ in parts] or state.documents
                     state.token_counts = [_count(tokens, start, end, doc, session) for doc, start, end in parts]
                 if len(state.token_counts) != len(state.documents):

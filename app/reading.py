@@ -17,8 +17,7 @@ from app.background import iterate_reports
 from app.browser_state import BrowserState
 from app.choosing import PageRanges
 from app.compute_queue import Ticket
-from app.documents import combine
-from app.pages import last_page
+from app.pages import join, last_page, read_part
 from app.render import status
 from app.saved import SavedDocs
 from app.sizing import read_sized, token_counts
@@ -88,7 +87,7 @@ class Reading:
                                  gr.update(visible=False, value=False), gr.update(interactive=False),
                                  _warn(" ".join(problems) + _kept(state)))
             # Tokenized once: the counts, the plan, the read and the saved copy's key all use these ids.
-            tokens = session.tokenize(combine(documents))
+            tokens = session.tokenize(join(documents))
             counts = token_counts(tokens, documents, session.count_tokens)
             state.documents, state.token_counts, state.tokens, state.full_tokens = documents, counts, tokens, tokens
             try:
@@ -154,7 +153,7 @@ class Reading:
               ticket: Ticket) -> Iterator[ReadView]:
         """The read, its turn come: take the document, reopen its saved copy or read it, then save it."""
         session = self.app.session(state, request)
-        tokens = state.tokens if state.tokens is not None else session.tokenize(combine(state.documents))
+        tokens = state.tokens if state.tokens is not None else session.tokenize(join(state.documents))
         fresh = yield from self._take(session, tokens, truncate, state)
         if fresh is None:  # refused, or read already
             return
@@ -194,6 +193,8 @@ class Reading:
             yield ReadView(state, NO_CHANGE, _warn(f"Cannot read these documents: {exc}.{hint}{_kept(state)}"),
                            NO_CHANGE, *_IDLE)
             return None
+        # A read truncated to fit keeps where its files and pages lie (the chips, the viewer and "stopped in").
+        session.document = read_part(session.document, tokens.text)
         state.read_text, state.saved_key = tokens.text, None
         # The session dropped the old document and its chat, and with them the old document's page chips. Truncated to
         # fit, the panel shows what is read, not the whole set.
@@ -251,7 +252,7 @@ class Reading:
         except PrefillCancelled:
             done = session.prefilled_tokens
             head = tokens.head(done) if tokens.text == session.document else None
-            where = last_page(head) if head else None
+            where = last_page(head, tokens.text) if head else None
             stopped = f" It stopped in {where}." if where else ""
             yield ReadView(state, render.progress_bar(done, total, state="cancelled", note="cancelled"),
                            status("warn", f"Cancelled after {done:,} of {total:,} tokens.{stopped} Press “Read "

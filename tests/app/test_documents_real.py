@@ -37,13 +37,13 @@ def page_texts(text):
 @pytest.mark.parametrize("key", ["reference-pdf", "policy-pdf", "maint-guide-pdf", "faq-pdf"])
 def test_real_pdf_every_page_marked_in_order(read, real_documents, key):
     doc = read(key)
-    from app.pages import split_pages
+    from app.pages import join, split_pages
 
     # One marker per page, in order, holding the number the book prints there (its PDF page label).
     markers = re.findall(r"^\[(?:pdf )?page ([^\]]+)\]$", doc.text, flags=re.MULTILINE)
     assert doc.pages == len(PdfReader(real_documents[key]).pages) > 40 and len(markers) == doc.pages
     assert "i" in markers and "ii" in markers  # the front matter, in roman numerals
-    pages = split_pages(doc.text)
+    pages = split_pages(join([doc]))
     assert pages["20"].sequence > 20  # printed page 20 comes after the front matter
     assert "\ufffe" not in doc.text  # PDFium's line-end hyphen marker never reaches the prompt
 

@@ -116,7 +116,7 @@ def test_printed_numbers_come_from_the_running_lines_at_the_documents_offset():
 @pytest.mark.parametrize("reader", ["pdfium", "pypdf"])
 def test_pdf_page_labels_become_the_page_markers(tmp_path, monkeypatch, reader):
     from app.documents import pdf
-    from app.pages import split_pages
+    from app.pages import join, split_pages
 
     if reader == "pypdf":
         monkeypatch.setattr(pdf, "pdfium", None)
@@ -124,7 +124,7 @@ def test_pdf_page_labels_become_the_page_markers(tmp_path, monkeypatch, reader):
     doc = read_document(make_labelled_pdf(tmp_path / "book.pdf", bodies, roman_pages=2, first_number=37))
     assert "[page i]\nPage body 1" in doc.text and "[page ii]\nPage body 2" in doc.text
     assert "[page 37]\nPage body 3" in doc.text and "[page 40]\nPage body 6" in doc.text
-    assert split_pages(doc.text)["37"].sequence == 3
+    assert split_pages(join([doc]))["37"].sequence == 3
 
 
 def test_printed_footer_numbers_become_the_labels_before_the_footer_is_stripped(tmp_path):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from app.pages import split_pages
+from app.documents import Document
+from app.pages import join, split_pages
 from engine.answer.sources import page_starts_from_offsets, rank_sources
 from engine.types import page_marker, page_markers
 
@@ -17,7 +18,7 @@ BOOK = "\n\n".join([f"{page_marker('i', 1)}\nPreface words.",
 def test_the_viewer_and_the_sources_see_the_same_pages():
     labels = [m.label for m in page_markers(BOOK)]
     assert labels == ["i", "xii", "PDF 3", "37"]  # "[page 3]" quoted mid-line is no page
-    assert list(split_pages(BOOK)) == labels
+    assert list(split_pages(join([Document("book.pdf", "pdf", BOOK, 4)]))) == labels
     starts = list(range(len(BOOK)))  # one token per character
     assert [label for _, label in page_starts_from_offsets(BOOK, starts)] == labels
 

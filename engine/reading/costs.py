@@ -34,10 +34,10 @@ from pathlib import Path
 
 import torch
 
+from .costs_file import FORMAT, KEEP, checked_file
+
 logger = logging.getLogger(__name__)
 
-_KEEP = 24  # reads kept per key
-_FORMAT = 2
 _FIRST_READ_SPREAD = 0.5  # before any read, the launch measurement's estimate is shown as /1.5 to x1.5
 _MIN_SPREAD = 0.15  # a range is never narrower than ±15%
 CPU_LOAD_EXPONENT = 0.65  # the default α on a CPU (measured here, see the module docstring); 1 on a GPU
@@ -299,7 +299,7 @@ class ReadCosts:
             records = self._load()
             records.setdefault(key, []).append({"at": time.time(),
                                                 "chunks": [[c.position, c.tokens, c.seconds, p] for c, p in kept]})
-            records[key] = records[key][-_KEEP:]
+            records[key] = records[key][-KEEP:]
             self._save(records)
 
     def rate(self, key: str) -> dict | None:
@@ -353,12 +353,12 @@ class ReadCosts:
             self._records = {}
             if self.path is not None:
                 try:
-                    loaded = json.loads(self.path.read_text())
-                    if loaded.get("format") == _FORMAT:
-                        self._records = loaded["reads"]
-                        self._rates = dict(loaded.get("rates") or {})
-                except (OSError, ValueError, AttributeError, KeyError):
-                    self._records = {}
+                    self._records, self._rates = checked_file(self.path)
+                except FileNotFoundError:
+                    pass
+                except (OSError, ValueError, RecursionError) as error:  # estimates only: start from no reads
+                    logger.warning("ignoring the read timings in %s (%s): estimates start from no measurements",
+                                   self.path, str(error)[:200])
         return self._records
 
     def _save(self, records: dict) -> None:
@@ -367,7 +367,7 @@ class ReadCosts:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             scratch = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            scratch.write_text(json.dumps({"format": _FORMAT, "reads": records, "rates": self._rates}))
+            scratch.write_text(json.dumps({"format": FORMAT, "reads": records, "rates": self._rates}))
             os.replace(scratch, self.path)
         except OSError as error:  # estimates only: never fail a read over them
             logger.warning("could not keep the read's timings in %s: %s", self.path, error)

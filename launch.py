@@ -564,19 +564,25 @@ def main(argv: list[str] | None = None) -> None:
         logger.warning("Could not create a share link: %s:%d is unreachable (no internet?). "
                     "Serving locally only at http://%s:%d", *SHARE_SERVER, args.host, args.port)
     hosts = AllowedHosts.for_launch(args.host, share=share)  # the names it answers to (app.guard)
-    demo.launch(server_name=args.host, server_port=args.port, share=share,
-                auth=authenticator.check if authenticator else None, auth_message=LOGIN_MESSAGE,
-                max_file_size=args.max_upload, prevent_thread_lock=True,
-                **with_login_address(launch_options(args.max_upload, owner, hosts=hosts)))
+    serve(demo, args, share, auth=authenticator.check if authenticator else None, auth_message=LOGIN_MESSAGE,
+          **with_login_address(launch_options(args.max_upload, owner, hosts=hosts)))
     if owner.private:  # the console only, never the page: whoever opens it may scan, download and serve models
         logger.info("the model picker is yours alone: open %s (keep it to yourself; a new one at each start)",
                     owner.link(demo.local_url))
+    demo.block_thread()
+
+
+def serve(demo, args: argparse.Namespace, share: bool, **options) -> None:
+    """Starts serving ``demo`` (without blocking) and logs where. Gradio's own start-up lines are off (quiet): its hint
+    "To create a public link, set `share=True` in `launch()`" names its Python argument, where ours is --share."""
+    demo.launch(server_name=args.host, server_port=args.port, share=share, max_file_size=args.max_upload,
+                prevent_thread_lock=True, quiet=True, **options)
     if share and not demo.share_url:
         logger.warning("Could not create a share link (see Gradio's message above). Serving locally only at %s",
-                    demo.local_url)
+                       demo.local_url)
     elif share:
         logger.info("public link: %s", demo.share_url)
-    demo.block_thread()
+    logger.info("serving at %s%s", demo.local_url, "" if args.share else " (add --share for a public link)")
 
 
 def build_kernels_beside_loading(device: str):

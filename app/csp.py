@@ -7,7 +7,8 @@ font from elsewhere, no framing by another site, no ``<base>`` or form elsewhere
 seen in Chromium: ``'unsafe-eval'`` (``gr.HTML`` renders every panel through ``Function``, HTML-*.js, and event
 ``js=`` functions are compiled the same way, Blocks-*.js), inline styles (Svelte's ``style=`` and the theme's
 ``<style>``), and ``<base href="./">`` (so ``base-uri 'self'``). A ``--share`` page is Gradio's ``share.html``,
-which loads the front end from Gradio's CDN: that one folder (this Gradio version's) is allowed then.
+which loads the front end from Gradio's CDN: that one folder (this Gradio version's) is allowed for scripts then,
+and the CDN's host for styles and fonts (the stylesheet is also asked for from its top ``/assets/``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import base64
 import hashlib
 import re
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import gradio
 
@@ -41,14 +43,16 @@ def script_hash(text: str | bytes) -> str:
 
 def policy(script_hashes=(), *, share: bool = False) -> str:
     """The header's value: ``script_hashes`` (``script_hash`` sources) allowed inline; ``share`` adds Gradio's
-    front-end folder on its CDN for scripts, styles and fonts."""
+    front-end folder on its CDN for scripts, and that host for styles and fonts."""
     cdn = share_front_end() if share else None
     extra = f" {cdn}" if cdn else ""
+    # Its stylesheet is also asked for from the CDN's top /assets/ folder: styles and fonts from that host.
+    looks = f" {urlsplit(cdn).scheme}://{urlsplit(cdn).netloc}" if cdn else ""
     return "; ".join([
         "default-src 'self'",
         f"script-src 'self' 'unsafe-eval'{''.join(' ' + h for h in dict.fromkeys(script_hashes))}{extra}",
-        f"style-src 'self' 'unsafe-inline'{extra}",
-        f"font-src 'self' data:{extra}",
+        f"style-src 'self' 'unsafe-inline'{looks}",
+        f"font-src 'self' data:{looks}",
         "img-src 'self' data: blob:",
         "media-src 'self' data: blob:",
         "connect-src 'self'",

@@ -136,6 +136,10 @@ def test_every_response_carries_the_policy_and_the_page_allows_only_its_own_scri
 def test_the_share_page_may_load_gradios_front_end_and_nothing_else_from_away(base):
     # Gradio's share.html loads its front end from Gradio's CDN, this version's folder.
     header = httpx.get(f"{base}/", timeout=30).headers["content-security-policy"]
-    away = {source for source in header.replace(";", " ").split() if "://" in source}
-    assert away == {f"https://gradio.s3-us-west-2.amazonaws.com/{gradio.__version__}/"}
+    directives = {part.split()[0]: part.split()[1:] for part in header.split("; ")}
+    away = {name: [source for source in sources if "://" in source] for name, sources in directives.items()}
+    cdn = "https://gradio.s3-us-west-2.amazonaws.com"
+    assert away.pop("script-src") == [f"{cdn}/{gradio.__version__}/"]  # scripts from this version's folder only
+    assert away.pop("style-src") == [cdn] and away.pop("font-src") == [cdn]
+    assert not any(away.values()), away
     assert "://" not in policy(share=False)

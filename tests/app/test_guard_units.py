@@ -1,0 +1,76 @@
+"""``app.hosts`` and ``app.guard`` without the studio: which names and origins are the app's own, and the guard in
+front of a real Starlette app (a WebSocket handshake from another site is refused too)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+
+from app.guard import RequestGuard
+from app.hosts import AllowedHosts, origin_matches
+
+
+def test_the_names_a_launch_answers_to():
+    loopback = AllowedHosts.for_launch("127.0.0.1", share=False)
+    assert loopback.allows("localhost:7860") and loopback.allows("[::1]:7860") and loopback.allows("127.0.0.1")
+    assert not loopback.allows("evil.example") and not loopback.allows("x.gradio.live") and not loopback.allows("")
+    named = AllowedHosts.for_launch("studio.lan", share=False)
+    assert named.allows("studio.lan:7860") and named.allows("STUDIO.LAN") and not named.allows("studio.lan.evil.example")
+    every = AllowedHosts.for_launch("0.0.0.0", share=False)
+    assert every.allows(socket.gethostname()) and every.allows(f"{socket.gethostname()}.local:7860")
+    # an address literal only where the connection arrived: rebinding needs a name, and this is none
+    assert every.allows("192.168.1.20:7860", "192.168.1.20") and not every.allows("192.168.1.20", "10.0.0.5")
+    assert every.allows("[fe80::1]:7860", "fe80::1%eth0")
+    shared = AllowedHosts.for_launch("127.0.0.1", share=True)
+    assert shared.allows("k3x9q2.gradio.live") and shared.allows("K3X9Q2.gradio.live:443")
+    for other in ("gradio.live", "a.b.gradio.live", "x.gradio.live.evil.example", "xgradio.live"):
+        assert not shared.allows(other), other
+
+
+@pytest.mark.parametrize("origin, host, same", [
+    ("http://127.0.0.1:7860", "127.0.0.1:7860", True),
+    ("https://k3x9q2.gradio.live", "k3x9q2.gradio.live", True),
+    ("https://k3x9q2.gradio.live", "k3x9q2.gradio.live:443", True),
+    ("http://localhost:7860", "127.0.0.1:7860", False),  # another origin, though this machine too
+    ("http://127.0.0.1:8000", "127.0.0.1:7860", False),  # another port: another local app
+    ("https://evil.example", "127.0.0.1:7860", False),
+    ("null", "127.0.0.1:7860", False),
+    ("file:///tmp/x.html", "127.0.0.1:7860", False),
+    ("http://127.0.0.1:7860/page?x=1", "127.0.0.1:7860", True),  # a Referer
+])
+def test_an_origin_is_the_apps_own_only_when_it_names_the_same_host_and_port(origin, host, same):
+    assert origin_matches(origin, host) is same
+
+
+@pytest.fixture
+def client():
+    async def echo(websocket):
+        await websocket.accept()
+        await websocket.send_text("hello")
+        await websocket.close()
+
+    inner = Starlette(routes=[Route("/", lambda request: PlainTextResponse("ok"), methods=["GET", "POST"]),
+                              WebSocketRoute("/ws", echo)])
+    return TestClient(RequestGuard(inner, AllowedHosts(frozenset({"testserver"}))))
+
+
+def test_another_sites_websocket_handshake_is_refused(client):
+    with client.websocket_connect("/ws", headers={"Origin": "http://testserver"}) as socket_:
+        assert socket_.receive_text() == "hello"
+    with pytest.raises(WebSocketDisconnect), client.websocket_connect("/ws", headers={"Origin": "https://evil.example"}):
+        pass
+
+
+def test_the_guard_refuses_with_a_reason(client):
+    assert client.get("/").text == "ok"
+    assert client.get("/", headers={"Host": "evil.example"}).status_code == 421
+    refused = client.post("/", headers={"Referer": "https://evil.example/form.html"})
+    assert refused.status_code == 403 and "Cross-site" in refused.text
+    assert client.post("/", headers={"Referer": "http://testserver/"}).text == "ok"
+    assert client.get("/gradio_api/file=https://example.com/x").status_code == 403

@@ -27,8 +27,9 @@ from app.hosts import AllowedHosts, origin_matches
 logger = logging.getLogger("headinfer.guard")
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-# Gradio fetches http(s) URLs for file=; any scheme-shaped path is refused, and proxy= (Spaces only) too.
-FETCHING_PATH = re.compile(r"^(?:/gradio_api)?/(?:file=[a-z][a-z0-9+.\-]*:|proxy=)", re.IGNORECASE)
+# Gradio fetches http(s) URLs for file=; any scheme-shaped path is refused (two letters or more: C:\ is a Windows
+# drive), and proxy= (Spaces only) too.
+FETCHING_PATH = re.compile(r"^(?:/gradio_api)?/(?:file=[a-z][a-z0-9+.\-]+:|proxy=)", re.IGNORECASE)
 _CHECKED = "headinfer.guarded"
 
 

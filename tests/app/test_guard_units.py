@@ -73,4 +73,8 @@ def test_the_guard_refuses_with_a_reason(client):
     refused = client.post("/", headers={"Referer": "https://evil.example/form.html"})
     assert refused.status_code == 403 and "Cross-site" in refused.text
     assert client.post("/", headers={"Referer": "http://testserver/"}).text == "ok"
-    assert client.get("/gradio_api/file=https://example.com/x").status_code == 403
+    for url in ("https://example.com/x", "ftp://example.com/x", "HTTP://example.com/x"):
+        assert client.get(f"/gradio_api/file={url}").status_code == 403, url
+    # the app's own files are paths (a Windows one starts with its drive), not URLs: the guard lets them by
+    assert client.get("/gradio_api/file=C:/Users/me/gradio/x.txt").status_code == 404
+    assert client.get("/gradio_api/file=/tmp/gradio/x.txt").status_code == 404

@@ -213,7 +213,7 @@ def _upload(client, visitor: Visitor, note: Path, deadline: float) -> bool:
 
 
 def _read(client, visitor: Visitor, deadline: float) -> bool:
-    began, last, visitor.step = time.monotonic(), [None], "reading"
+    began, last, visitor.step = time.monotonic(), [None, False], "reading"  # the last status, paused
 
     def on_output(output: tuple, at: float) -> bool:
         progress, status = output[0], output[1]
@@ -223,7 +223,10 @@ def _read(client, visitor: Visitor, deadline: float) -> bool:
         if isinstance(status, str):
             last[0] = status
             visitor.seen += _text(status)
-            visitor.read_pauses += "Paused after" in status
+            # Said about every second while it waits (counted once), then at its place 0 when its turn is back.
+            paused = "Paused after" in status and 'data-queue-position="0"' not in status
+            visitor.read_pauses += paused and not last[1]
+            last[1] = paused
             _note_place(visitor, "read", status)
         return False
 
@@ -237,10 +240,12 @@ def _read(client, visitor: Visitor, deadline: float) -> bool:
 
 
 def _ask(client, visitor: Visitor, config: LoadConfig, deadline: float) -> None:
-    began, last, visitor.step = time.monotonic(), {"chat": [], "status": None}, "asking"
+    began, last, visitor.step = time.monotonic(), {"chat": [], "status": None, "second": None}, "asking"
 
     def on_output(output: tuple, at: float) -> bool:
         chat, _question, status = output[0], output[1], output[2]
+        if visitor.greedy and last["second"] is None:  # the first is in the app's hands: a second from the same tab
+            last["second"] = client.submit(SECOND_QUESTION, [], config.max_tokens, 0.0, api_name="/ask")
         if isinstance(chat, list):
             last["chat"] = chat
         if isinstance(status, str):
@@ -256,10 +261,9 @@ def _ask(client, visitor: Visitor, config: LoadConfig, deadline: float) -> None:
 
     question, tokens = (LONG_QUESTION, config.leave_tokens) if visitor.leaves else (QUESTION, config.max_tokens)
     job = client.submit(question, [], tokens, 0.0, api_name="/ask")
-    second = client.submit(SECOND_QUESTION, [], config.max_tokens, 0.0, api_name="/ask") if visitor.greedy else None
     finished = follow(job, deadline, on_output)
-    if second is not None:
-        visitor.second = _second(second, visitor, deadline)
+    if last["second"] is not None:
+        visitor.second = _second(last["second"], visitor, deadline)
     visitor.answer = _answer_of(last["chat"])
     visitor.seen += " ".join(_message_text(m) for m in last["chat"] if isinstance(m, dict))
     if not finished:
@@ -521,7 +525,7 @@ def report(result: dict, stamp: dict) -> list[str]:
         f"every {config.sample_seconds} s throughout; the app's RSS (children included) is sampled as often. Times "
         "are seconds from the visitor's own request. *Read*: its first *place* in the compute device's line (1: "
         "next; – at once), its *turn* (\"Reading…\"), the *pauses* it made between layers so that another visitor "
-        "went first, *done*. *Ask*: its first place, *wait* to its turn (\"Thinking…\"), *TTFT* to its first "
+        "went first (each time it gave way), *done*. *Ask*: its first place, *wait* to its turn (\"Thinking…\"), *TTFT* to its first "
         "token, *total* to the last. " + machine_line(stamp, " (2 cores shared with other jobs)"), "",
         *summary(result), "",
         "| visitor | code | connect | upload | read: place | turn | pauses | done | ask: place | wait | TTFT | "

@@ -8,7 +8,8 @@ import statistics
 
 import pytest
 
-from benchmarks.load_visitors import WORDS, LoadConfig, Visitor, cross_deliveries, invariants, note_text, run_load
+from benchmarks.load_visitors import (WORDS, LoadConfig, Visitor, cross_deliveries, invariants, note_text, run_load,
+                                      summary)
 
 GIB = 2**30
 
@@ -65,8 +66,10 @@ def test_a_lost_answer_a_silent_refusal_and_a_stayed_leaver_break_the_run():
 def test_four_visitors_at_once_are_each_answered_or_refused_and_the_owner_is_not_kept_waiting(tmp_path):
     config = LoadConfig(visitors=4, leaving=1, greedy=1, timeout=300.0)
     result = run_load(config, tmp_path)
-    assert invariants(result) == []
     visitors = result["visitors"]
+    said = "\n".join([*summary(result), *(f"{v.number + 1}: {v.outcome} {v.reason} {v.times}" for v in visitors),
+                      f"warm-up: {result['warm'].outcome} {result['warm'].reason} {result['warm'].times}"])
+    assert invariants(result) == [], said
     assert [v.outcome for v in visitors] == ["answered", "answered", "answered", "left"]
     # Each answer is the visitor's own: the code word of the note it uploaded (temperature 0, a ~110-token note).
     assert all(WORDS[v.number] in v.answer.upper() for v in visitors if v.outcome == "answered")

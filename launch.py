@@ -540,7 +540,8 @@ def main(argv: list[str] | None = None) -> None:
     first.reading.measure_read_rate_in_background(then=lambda m=model, t=tokenizer: warm_up(m, t))  # (bound: deleted below)
     del first
 
-    private = args.share or not is_loopback(args.host)
+    # Logins mean several people: each keeps their own shelf even on loopback (an SSH tunnel, a shared machine).
+    private = args.share or not is_loopback(args.host) or authenticator is not None
     announce_visitors(private, has_auth=authenticator is not None)
     store = make_snapshot_store(args)
     session_shelves = prepare_folder(VISITOR_SHELVES) if private and not authenticator else None

@@ -18,6 +18,7 @@ import base64
 import contextvars
 import hashlib
 import hmac
+import ipaddress
 import logging
 import os
 import re
@@ -35,11 +36,11 @@ ENV_VAR = "HEADINFER_AUTH"
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1  # 16 MiB and ~50 ms per derivation: a guess costs the guesser too
 SALT_BYTES, HASH_BYTES = 16, 32
 FREE_FAILURES = 5  # wrong passwords for one name before each further attempt waits for a lock
-FREE_FAILURES_PER_ADDRESS = 20  # from one address (several people may share one: the share tunnel is loopback)
+FREE_FAILURES_PER_ADDRESS = 20  # from one outside address (several people may share one, as behind a NAT)
 FIRST_LOCK_SECONDS, LONGEST_LOCK_SECONDS = 1.0, 300.0  # the lock doubles with each failure past the free ones
 FORGET_SECONDS = 60.0  # a streak of failures is forgotten after a minute with none (once its lock has passed)
 MAX_TRACKED = 10_000  # names and addresses remembered at most (made-up names must not grow memory without end)
-HASHING_AT_ONCE = 2  # scrypt derivations at once: each takes 16 MiB and a core
+HASHING_AT_ONCE = 1  # scrypt derivations at once (16 MiB and a core each): a login flood takes one core at most
 # What the login page says (Gradio shows "Incorrect credentials" for a refusal too): why a right password may wait.
 LOGIN_MESSAGE = (f"After {FREE_FAILURES} wrong passwords for a name, each further try waits for a lock that "
                  "doubles each time (up to 5 minutes); a try during the lock is refused unchecked.")
@@ -231,7 +232,16 @@ class LoginThrottle:
 
 
 def _keys(name: str, address: str) -> list[str]:
-    return [f"name:{name}", *([f"address:{address}"] if address else [])]
+    """The streaks an attempt counts in. Loopback is no address to lock: through the share tunnel every visitor
+    arrives from it, and one visitor's wrong tries must not lock everyone else out."""
+    return [f"name:{name}", *([f"address:{address}"] if address and not _is_loopback(address) else [])]
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
 
 
 # -- what Gradio calls ----------------------------------------------------------------------------------------

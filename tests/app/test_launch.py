@@ -260,6 +260,7 @@ def test_share_without_internet_keeps_serving_locally(tmp_path):
         assert (f"saving each visitor's read documents in a folder of their own under {launch.VISITOR_SHELVES}"
                 in output)
         assert f"{tmp_path / 'kv'} is not used without --auth" in output
+        assert "WARNING headinfer.launch: no login is asked" in output  # and the page says so too
     finally:
         process.terminate()
         process.wait(timeout=30)

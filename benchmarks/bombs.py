@@ -2,17 +2,19 @@
 inflates to gigabytes, plus one good file in the same set; the table says how long each took to be refused
 and how much memory the reading process (the app's own) and its extraction child reached.
 
-    python -m benchmarks.bombs            # after: app.sizing.read_sized (checked zips, a boxed child)
-    python -m benchmarks.bombs --before   # before: app.documents.read_document in this process
+    python -m benchmarks.bombs   # before (app.documents as of BEFORE, in the reading process) and after
+                                 # (app.sizing.read_sized: checked zips, a boxed child), one table
 
 Each file is read in a fresh Python process capped at 3 GiB of address space (``RLIMIT_AS``), so a bomb that
-gets through cannot take this machine's memory; ``--before`` refusals there are ``MemoryError`` or a kill.
+gets through cannot take this machine's memory; before, such a bomb ends in ``MemoryError``, a parser's error or
+PDFium's abort (which would have taken the app down with it).
 The files are real: zipfile, ebooklib, python-docx and fpdf2 write them (docs/benchmarks/bombs.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
 import resource
@@ -29,9 +31,9 @@ import docx
 from ebooklib import epub
 from fpdf import FPDF
 
-from app.documents import read_document, shared_box
-from app.sizing import read_sized
 
+BEFORE = "ed8a95f"  # app/documents before the box (issue 54)
+ROOT = Path(__file__).resolve().parents[1]
 GIB = 1 << 30
 CAP_BYTES = 3 * GIB  # the reading process's address space in the measurement (the issue's 3 GiB cap)
 _CHUNK = 1 << 24  # 16 MiB written at a time: the bomb is streamed into the zip, never held whole
@@ -236,8 +238,16 @@ BOMBS = {
 GOOD = {"good.docx": make_good_docx, "good.epub": make_good_epub}
 
 
-def read_one(path: Path, before: bool) -> dict:
-    """Read ``path`` as the app does (``before``: in this process, unboxed) and say what came of it."""
+def read_one(path: Path, before: Path | None) -> dict:
+    """Read ``path`` as the app does (``before``: with the ``app`` package in that folder, unboxed, in this
+    process) and say what came of it."""
+    if before is not None:
+        sys.path.insert(0, str(before))  # ahead of the checkout, which ``-m`` puts first
+    # Imported here, before the clock starts: with ``before`` the ``app`` package is the one of BEFORE, and
+    # app.sizing imports the engine (torch), as the app has.
+    from app.documents import read_document
+
+    read_sized = None if before else importlib.import_module("app.sizing").read_sized  # BEFORE's app has none
     started = time.monotonic()
     try:
         if before:
@@ -248,26 +258,32 @@ def read_one(path: Path, before: bool) -> dict:
     except BaseException as exc:  # the point is to see what escapes the reader
         outcome = f"{type(exc).__name__}: {str(exc)[:120]}"
     seconds = time.monotonic() - started
-    shared_box().close()  # its children are waited for, so RUSAGE_CHILDREN counts them
+    if not before:
+        from app.documents import shared_box
+
+        shared_box().close()  # its children are waited for, so RUSAGE_CHILDREN counts them
     return {"outcome": outcome, "seconds": round(seconds, 1),
             "app_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
             "child_peak_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024}
 
 
-def measure(path: Path, before: bool, timeout: float = 400) -> dict:
-    """``read_one`` in a fresh Python capped at ``CAP_BYTES``; a run the cap or a signal ends says so."""
+def measure(path: Path, before: Path | None, timeout: float = 400) -> dict:
+    """``read_one`` in a fresh Python capped at ``CAP_BYTES`` (``before``: a folder holding the BEFORE ``app``
+    package, read unboxed); a run the cap or a signal ends says so."""
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (CAP_BYTES, CAP_BYTES))
 
-    command = [sys.executable, "-m", "benchmarks.bombs", "--one", str(path)] + (["--before"] if before else [])
+    command = [sys.executable, "-m", "benchmarks.bombs", "--one", str(path)] + (["--before", str(before)]
+                                                                                 if before else [])
+    started = time.monotonic()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, preexec_fn=cap,
-                              cwd=Path(__file__).resolve().parents[1])
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, preexec_fn=cap, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return {"outcome": f"still reading after {timeout:.0f} s (killed)", "seconds": timeout}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
-        return {"outcome": f"the process died (exit code {done.returncode})", "seconds": None}
+    if done.returncode != 0 or not lines:  # its seconds include starting Python and importing torch (~5 s)
+        return {"outcome": f"the process died (exit code {done.returncode})",
+                "seconds": round(time.monotonic() - started, 1)}
     return json.loads(lines[-1])
 
 
@@ -281,21 +297,31 @@ def table(rows: list[tuple[str, int, dict, dict]]) -> str:
     return "\n".join(lines)
 
 
+def _checkout_before(folder: Path) -> Path:
+    """``app/__init__.py`` and ``app/documents`` as of BEFORE, under ``folder`` (git archive; nothing else moves)."""
+    folder.mkdir()
+    archive = subprocess.run(["git", "archive", BEFORE, "app/__init__.py", "app/documents"], cwd=ROOT,
+                             check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--one", type=Path, help="read this one file and print the JSON result (internal)")
-    parser.add_argument("--before", action="store_true", help="with --one: read unboxed, in this process")
+    parser.add_argument("--before", type=Path, help="with --one: read with the app package in this folder, unboxed")
     parser.add_argument("--skip-before", action="store_true", help="measure only the boxed reads")
     args = parser.parse_args()
     if args.one is not None:
         print(json.dumps(read_one(args.one, args.before)))
         return
     with tempfile.TemporaryDirectory() as folder:
+        old = None if args.skip_before else _checkout_before(Path(folder) / "before")
         rows = []
         for name, make in {**BOMBS, **GOOD}.items():
             path = make(Path(folder) / name)
-            before = {"outcome": "(not measured)"} if args.skip_before else measure(path, before=True)
-            after = measure(path, before=False)
+            before = {"outcome": "(not measured)"} if old is None else measure(path, old)
+            after = measure(path, None)
             rows.append((name, path.stat().st_size, before, after))
             print(f"{name}: before {before} after {after}", file=sys.stderr)
     print(table(rows))

@@ -34,8 +34,9 @@ class BoxLimits:
     Attributes:
         memory_bytes: its address space (``RLIMIT_AS``, ``RLIMIT_DATA`` too), set by the child before it reads
             anything; ignored where Python has no ``resource`` module (Windows: the time limit alone holds).
-        seconds: wall-clock seconds for one file, from the request to the text back (PDFium reads a 1,000-page
-            book in ~10 s on one core; a slow machine gets six times that).
+        seconds: wall-clock seconds for one file, from the request to the text back. PDFium reads ~400 pages a
+            second (docs/benchmarks/extraction.md), a 1,600-page book in 4 s; pypdf, the fallback for PDFs PDFium
+            cannot open, ~30, so such a book near 1,600 pages is the one real file this stops.
         idle_seconds: a reader child with nothing to read exits after this long, so its memory goes back.
     """
 

@@ -7,7 +7,9 @@ hundreds of megabytes or gigabytes; the set is read in a fresh Python capped at 
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -87,6 +89,26 @@ def test_every_bomb_is_refused_on_its_own_within_60_s_under_3_gib_and_the_good_f
     # The app's process holds its imports (torch included) and no file; the PDF's child stopped at its cap.
     assert result["app_peak"] < 1 << 30, result["app_peak"]
     assert result["child_peak"] < BoxLimits().memory_bytes + (100 << 20), result["child_peak"]
+
+
+@pytest.mark.slow
+def test_the_upload_handler_names_each_bad_file_and_reads_the_good_one(embedded_model, bombs, secret_pdf):
+    # Before: the billion-laughs DOCX escaped the handler as lxml's XMLSyntaxError, a bare "Error" for the set.
+    from app.browser_state import BrowserState
+    from app.handlers import Handlers
+    from engine import DocumentSession, OffloadPolicy
+
+    model, tokenizer = embedded_model
+    handlers = Handlers(lambda: DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=16)))
+    state = BrowserState()
+    files = [str(bombs["laughs.docx"]), str(bombs["zip-bomb.epub"]), secret_pdf]
+    with pytest.warns(UserWarning, match="Skipped"):
+        view = handlers.choose_files(files, state)
+    assert [doc.name for doc in state.documents] == ["lighthouse.pdf"]
+    status = html.unescape(re.sub(r"<[^>]+>", "", str(view.status)))
+    assert "laughs.docx is refused" in status and "billion laughs" in status
+    assert "zip-bomb.epub is refused" in status and "zip bomb" in status
+    assert "Ready to read" in status
 
 
 def test_zip_sizes_are_checked_before_anything_is_inflated(bombs, tmp_path):

@@ -61,6 +61,7 @@ class LoadConfig:
     greedy: int = 2  # visitors who ask a second question while their first is in flight (a cap may refuse it)
     max_tokens: int = 24  # a code word's answer
     leave_tokens: int = 200  # those who leave ask for a long answer, so that they leave in the middle of it
+    rounds: int = 2  # the crowd comes this many times, one round after another (memory must not grow round by round)
     timeout: float = 600.0  # the whole run, from the first visitor's arrival
     sample_seconds: float = 0.5  # the owner's polls and the RSS samples
     host: str = "0.0.0.0"  # reachable by others: visitors kept apart; "127.0.0.1" for the owner's own app
@@ -408,14 +409,17 @@ def run_load(config: LoadConfig, folder: Path) -> dict:
 
     if not 1 <= config.visitors < len(WORDS):
         raise ValueError(f"visitors: 1 to {len(WORDS) - 1} (one code word each, and the warm-up's)")
-    notes, visitors = {}, []
+    notes = {}
     for number in [*range(config.visitors), len(WORDS) - 1]:  # the last word is the warm-up visit's
-        text, code = note_text(number)
         notes[number] = folder / f"note-{number + 1:02d}-{WORDS[number].lower()}.txt"
-        notes[number].write_text(text)
-        visitors.append(Visitor(number, code, notes[number].name, config.leaves(number), config.is_greedy(number)))
-    warm = visitors.pop()
-    warm.leaves = warm.greedy = False
+        notes[number].write_text(note_text(number)[0])
+
+    def arrivals() -> list[Visitor]:
+        return [Visitor(n, note_text(n)[1], notes[n].name, config.leaves(n), config.is_greedy(n))
+                for n in range(config.visitors)]
+
+    warm = Visitor(len(WORDS) - 1, note_text(len(WORDS) - 1)[1], notes[len(WORDS) - 1].name, False)
+    rounds = []  # per round: its visitors, how long it took, the app's RSS once its tabs had closed
     with running_app(folder, config) as (url, process, log):
         headers = {"Origin": url.rstrip("/")} if config.same_origin else {}
         rss_start = app_rss(process.pid)
@@ -423,22 +427,25 @@ def run_load(config: LoadConfig, folder: Path) -> dict:
         # heads' calibration, minutes on a busy CPU) lands there, and the load meets the app as it usually is.
         visit(warm, url, notes[warm.number], replace(config, leaving=0, greedy=0), threading.Barrier(1),
               time.monotonic() + config.timeout, headers)
-        start = threading.Barrier(config.visitors)
         with Sampler(url, process.pid, config.sample_seconds, headers) as sampler:
             time.sleep(2 * config.sample_seconds)  # the app at rest, before anyone arrives
             rss_ready = app_rss(process.pid)
             began = time.monotonic()
             deadline = began + config.timeout
-            with ThreadPoolExecutor(config.visitors) as pool:
-                list(pool.map(lambda v: visit(v, url, notes[v.number], config, start, deadline, headers), visitors))
+            for number in range(config.rounds):  # the same crowd again: what a round kept, the next one finds
+                visitors, start, round_began = arrivals(), threading.Barrier(config.visitors), time.monotonic()
+                with ThreadPoolExecutor(config.visitors) as pool:
+                    list(pool.map(lambda v: visit(v, url, notes[v.number], config, start, deadline, headers),
+                                  visitors))
+                closed = _tabs_closed(log, 1 + config.visitors * (number + 1), time.monotonic() + 60) - 1
+                rounds.append({"visitors": visitors, "elapsed": time.monotonic() - round_began,
+                               "tabs_closed": closed - config.visitors * number, "rss_after": app_rss(process.pid)})
             elapsed = time.monotonic() - began
-            closed = _tabs_closed(log, config.visitors + 1, time.monotonic() + 60) - 1  # the warm-up's tab too
-            rss_after = app_rss(process.pid)
         app_log = log.read_text()
-    return {"config": config, "visitors": visitors, "warm": warm, "elapsed": elapsed, "rss_start": rss_start,
-            "rss_ready": rss_ready, "rss_after": rss_after,
+    return {"config": config, "visitors": rounds[-1]["visitors"], "rounds": rounds, "warm": warm, "elapsed": elapsed,
+            "rss_start": rss_start, "rss_ready": rss_ready, "rss_after": rounds[-1]["rss_after"],
             "rss_peak": max(rss for _, rss in sampler.rss), "page_seconds": sampler.page_seconds,
-            "api_seconds": sampler.api_seconds, "owner_failures": sampler.failures, "tabs_closed": closed,
+            "api_seconds": sampler.api_seconds, "owner_failures": sampler.failures,
             "app_errors": app_errors(app_log)}
 
 
@@ -477,21 +484,29 @@ def cross_deliveries(visitors: list[Visitor]) -> list[str]:
 
 
 def invariants(result: dict) -> list[str]:
-    """What went wrong, in words; [] when every visitor was answered or refused with a reason (those leaving left
-    mid-answer), nothing reached the wrong visitor, and the app noticed every closed tab."""
+    """What went wrong, in words; [] when every visitor of every round was answered or refused with a reason (those
+    leaving left mid-answer), nothing reached the wrong visitor, and the app noticed every closed tab."""
+    problems, rounds = [], result["rounds"]
+    for number, run in enumerate(rounds):
+        said = _round_problems(run, result["warm"])
+        problems += [(f"round {number + 1}: " if len(rounds) > 1 else "") + problem for problem in said]
+    if result["warm"].outcome != "answered":
+        problems.append(f"the warm-up visit: {result['warm'].outcome} {result['warm'].reason}".strip())
+    problems += [f"owner: {failure}" for failure in result["owner_failures"][:3]]
+    return problems
+
+
+def _round_problems(run: dict, warm: Visitor) -> list[str]:
     problems = []
-    for v in result["visitors"]:
+    for v in run["visitors"]:
         expected = ("left", "refused") if v.leaves else ("answered", "refused")
         if v.outcome not in expected or v.outcome == "refused" and not v.reason:
             problems.append(f"visitor {v.number + 1}: {v.outcome} {v.reason}".strip())
         if v.greedy and v.outcome in ("answered", "refused") and not v.second.startswith(("answered", "refused: ")):
             problems.append(f"visitor {v.number + 1}'s second question: {v.second or 'never sent'}")
-    if result["warm"].outcome != "answered":
-        problems.append(f"the warm-up visit: {result['warm'].outcome} {result['warm'].reason}".strip())
-    problems += cross_deliveries([*result["visitors"], result["warm"]])
-    if result["tabs_closed"] < len(result["visitors"]):
-        problems.append(f"the app saw {result['tabs_closed']} of {len(result['visitors'])} tabs close")
-    problems += [f"owner: {failure}" for failure in result["owner_failures"][:3]]
+    problems += cross_deliveries([*run["visitors"], warm])
+    if run["tabs_closed"] < len(run["visitors"]):
+        problems.append(f"the app saw {run['tabs_closed']} of {len(run['visitors'])} tabs close")
     return problems
 
 
@@ -516,17 +531,19 @@ def report(result: dict, stamp: dict) -> list[str]:
     lines = [
         f"# {config.visitors} visitors at once (SmolLM2-135M, CPU, loopback)", "",
         f"`python -m benchmarks.load_visitors --visitors {config.visitors} --leaving {config.leaving} --greedy "
-        f"{config.greedy}`: `launch.py` (embedded SmolLM2-135M, `--host {config.host}`) and {config.visitors} "
-        "`gradio_client` visitors arriving together, each uploading a note of its own (~110 tokens, a code word no "
-        f"other note has), reading it and asking for its code word ({config.max_tokens} tokens at most, temperature "
-        f"0); {config.leaving} ask for a long answer ({config.leave_tokens} tokens) and close their tab at its first "
-        f"token; {config.greedy} ask a second question from the same tab while the first is in flight. One visit runs "
-        "alone before them (a first start's one-off work lands there). The owner fetches the page and calls `/saved` "
-        f"every {config.sample_seconds} s throughout; the app's RSS (children included) is sampled as often. Times "
-        "are seconds from the visitor's own request. *Read*: its first *place* in the compute device's line (1: "
-        "next; – at once), its *turn* (\"Reading…\"), the *pauses* it made between layers so that another visitor "
-        "went first (each time it gave way), *done*. *Ask*: its first place, *wait* to its turn (\"Thinking…\"), *TTFT* to its first "
-        "token, *total* to the last. " + machine_line(stamp, " (2 cores shared with other jobs)"), "",
+        f"{config.greedy} --rounds {config.rounds}`: `launch.py` (embedded SmolLM2-135M, `--host {config.host}`) and "
+        f"{config.visitors} `gradio_client` visitors arriving together, each uploading a note of its own (~110 tokens, "
+        "a code word no other note has), reading it and asking for its code word "
+        f"({config.max_tokens} tokens at most, temperature 0); {config.leaving} ask for a long answer "
+        f"({config.leave_tokens} tokens) and close their tab at its first token; {config.greedy} ask a second question "
+        "from the same tab while the first is in flight. One visit runs alone before them (a first start's one-off "
+        f"work lands there); the crowd comes {config.rounds} times, one round after another (the table: the last "
+        f"round). The owner fetches the page and calls `/saved` every {config.sample_seconds} s throughout; the app's "
+        "RSS (children included) is sampled as often. Times are seconds from the visitor's own request. *Read*: its "
+        "first *place* in the compute device's line (1: next; – at once), its *turn* (\"Reading…\"), the *pauses* "
+        "it made between layers so that another visitor went first (each time it gave way), *done*. *Ask*: its first "
+        "place, *wait* to its turn (\"Thinking…\"), *TTFT* to its first token, *total* to the last. "
+        + machine_line(stamp, " (2 cores shared with other jobs)"), "",
         *summary(result), "",
         "| visitor | code | connect | upload | read: place | turn | pauses | done | ask: place | wait | TTFT | "
         "total | outcome |",
@@ -544,35 +561,44 @@ def report(result: dict, stamp: dict) -> list[str]:
 
 
 def summary(result: dict) -> list[str]:
-    """The run's figures as bullet lines: outcomes, deliveries, refusals, memory, the owner's latency."""
-    config, visitors, warm, gib = result["config"], result["visitors"], result["warm"], 2**30
-    outcomes = {kind: sum(v.outcome == kind for v in visitors) for kind in ("answered", "refused", "left")}
-    own = sum(v.outcome == "answered" and WORDS[v.number] in v.answer.upper() for v in visitors)
-    others = ", ".join(f"{v.number + 1} {v.outcome}" for v in visitors if v.outcome not in outcomes)
-    refusals = "; ".join(f"{v.number + 1}: {v.reason}" for v in visitors if v.outcome == "refused")
-    seconds = "; ".join(f"{v.number + 1}: {v.second}" for v in visitors if v.greedy)
+    """The figures as bullet lines: each round's outcomes, deliveries and refusals, memory, the owner's latency."""
+    config, warm, gib = result["config"], result["warm"], 2**30
+    lines = [_round_line(number, run, len(result["rounds"])) for number, run in enumerate(result["rounds"])]
+    memory = ", ".join(f"{run['rss_after'] / gib:.2f} GiB after round {number + 1}'s tabs closed"
+                       for number, run in enumerate(result["rounds"]))
     return [
-        f"- Outcomes: {outcomes['answered']} answered ({own} with their own code word), {outcomes['refused']} "
-        f"refused, {outcomes['left']} left mid-answer; others: {others or 'none'}.",
-        f"- Sent to the wrong visitor: {', '.join(cross_deliveries([*visitors, warm])) or 'nothing'}. Tabs the app "
-        f"saw close: {result['tabs_closed']} of {config.visitors}.",
-        f"- Refusals: {refusals or 'none'}. A second question from the same tab while the first was in flight: "
-        f"{seconds or 'none asked'}.",
+        *lines,
         f"- The visit alone before them: {warm.outcome}, read {_seconds(warm.times.get('read'))} s, answer "
         f"{_seconds(warm.times.get('total'))} s.",
         f"- App RSS: {result['rss_start'] / gib:.2f} GiB at start, {result['rss_ready'] / gib:.2f} GiB after the "
-        f"visit alone, {result['rss_peak'] / gib:.2f} GiB peak, {result['rss_after'] / gib:.2f} GiB after the tabs "
-        "closed.",
+        f"visit alone, {result['rss_peak'] / gib:.2f} GiB peak, {memory}.",
         f"- Owner's page (`GET /`): {_spread(result['page_seconds'])}; `/saved`: {_spread(result['api_seconds'])}; "
         f"failures: {len(result['owner_failures'])}.",
         f"- Whole run: {result['elapsed']:.0f} s (bound {config.timeout:.0f} s). Errors in the app's log: "
         f"{len(result['app_errors'])}."]
 
 
+def _round_line(number: int, run: dict, rounds: int) -> str:
+    visitors = run["visitors"]
+    outcomes = {kind: sum(v.outcome == kind for v in visitors) for kind in ("answered", "refused", "left")}
+    own = sum(v.outcome == "answered" and WORDS[v.number] in v.answer.upper() for v in visitors)
+    others = ", ".join(f"{v.number + 1} {v.outcome}" for v in visitors if v.outcome not in outcomes)
+    refusals = "; ".join(f"{v.number + 1}: {v.reason}" for v in visitors if v.outcome == "refused")
+    seconds = "; ".join(f"{v.number + 1}: {v.second}" for v in visitors if v.greedy)
+    title = f"Round {number + 1} ({run['elapsed']:.0f} s)" if rounds > 1 else "Outcomes"
+    return (f"- {title}: "
+            f"{outcomes['answered']} answered ({own} with their own code word), {outcomes['refused']} refused, "
+            f"{outcomes['left']} left mid-answer; others: {others or 'none'}. Sent to the wrong visitor: "
+            f"{', '.join(cross_deliveries(visitors)) or 'nothing'}. Tabs the app saw close: {run['tabs_closed']} of "
+            f"{len(visitors)}. Refusals: {refusals or 'none'}. A second question from the same tab while the first "
+            f"was in flight: {seconds or 'none asked'}.")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.load_visitors")
     p.add_argument("--visitors", type=int, default=20)
     p.add_argument("--leaving", type=int, default=5, help="visitors who close their tab mid-answer")
+    p.add_argument("--rounds", type=int, default=2, help="times the crowd comes, one round after another")
     p.add_argument("--greedy", type=int, default=2, help="visitors who ask a second question at once")
     p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds the visitors' run may take in all")
@@ -584,8 +610,9 @@ def main(argv=None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per poll otherwise
     from .records import run_stamp
 
-    config = LoadConfig(visitors=args.visitors, leaving=args.leaving, greedy=args.greedy, max_tokens=args.max_tokens,
-                        timeout=args.timeout, host=args.host, same_origin=not args.no_origin)
+    config = LoadConfig(visitors=args.visitors, leaving=args.leaving, greedy=args.greedy, rounds=args.rounds,
+                        max_tokens=args.max_tokens, timeout=args.timeout, host=args.host,
+                        same_origin=not args.no_origin)
     stamp = run_stamp("cpu")
     with tempfile.TemporaryDirectory(prefix="headinfer-load-") as folder:
         result = run_load(config, Path(folder))

@@ -550,15 +550,18 @@ class DocumentSession:
             return None
         return store.find(self.snapshot_identity())
 
-    def save_snapshot(self, store: SnapshotStore, label: str | None = None) -> SnapshotInfo | None:
+    def save_snapshot(self, store: SnapshotStore, label: str | None = None,
+                      sidecar: tuple[tuple[str, str], ...] = ()) -> SnapshotInfo | None:
         """Saves the prefilled document's K/V to ``store``; None when it exceeds the store's size cap.
 
-        ``label`` names it in ``store.list()`` (default: the start of the document).
+        ``label`` names it in ``store.list()`` (default: the start of the document). ``sidecar``: (file name,
+        text) pairs saved inside the snapshot, durably, before it appears (``SnapshotStore.save``).
         """
         if not self.is_prefilled:
             raise StateError("prefill the document before saving a snapshot of it")
         return store.save(self.cache, self._document_ids, self.snapshot_identity(),
-                          label=self.document if label is None else label, policy=dataclasses.asdict(self.policy))
+                          label=self.document if label is None else label, policy=dataclasses.asdict(self.policy),
+                          sidecar=sidecar)
 
     def restore_snapshot(self, store: SnapshotStore) -> RestoreStats | None:
         """Restores the document's K/V from ``store`` instead of prefilling; afterwards it is prefilled, or for a

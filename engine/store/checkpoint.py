@@ -26,7 +26,7 @@ import torch
 from ..errors import CorruptSnapshotError, InputError, SnapshotError
 from ..cache import HeadInferCache
 from .fingerprint import token_ids_bytes
-from .files import TEMP_PREFIX, saved_range
+from .files import TEMP_PREFIX, check_sidecar_name, saved_range, write_atomically
 from .format import (
     HEADER_FILE,
     LAST_USED_FILE,
@@ -62,6 +62,8 @@ class CheckpointPlan:
     def __post_init__(self):
         if self.every_seconds <= 0 or self.every_chunks < 1:
             raise InputError(f"checkpoint every {self.every_seconds} s / {self.every_chunks} chunks: both must be > 0")
+        for name, _ in self.sidecar:
+            check_sidecar_name(name)
 
 
 _LABEL_CHARS = 80  # as a saved snapshot's (``snapshots.py``)
@@ -120,7 +122,7 @@ class ReadCheckpoints:
                 continue
             if header.num_read == num_read and header.identity == self.identity:
                 if name != HEADER_FILE:  # the newest was damaged: the one restored becomes the newest again
-                    _write_atomically(self.folder / HEADER_FILE, header.to_json().encode())
+                    write_atomically(self.folder / HEADER_FILE, header.to_json().encode())
                 return header
         return None
 
@@ -193,7 +195,7 @@ class ReadCheckpoints:
                     ids = torch.frombuffer(bytearray(token_ids_bytes(self._token_ids)), dtype=torch.uint8)
                     files.append(FileEntry(TOKENS_FILE, *streamer.write_file(folder / TOKENS_FILE, [ids])))
                     for name, text in self.plan.sidecar:
-                        _write_atomically(folder / name, text.encode())
+                        write_atomically(folder / name, text.encode())
                 windowed = {layer.layer_idx for layer in self.cache.layers if layer.window is not None}
                 files = [f for f in files if not (f.is_part and f.layer in windowed)]  # a ring keeps its newest
                 for layer_idx, start, stop, runs in job:
@@ -203,14 +205,14 @@ class ReadCheckpoints:
                                            start=start, stop=stop))
             header = self._new_header(files, num_read, read_seconds)
             if fresh:
-                _write_atomically(folder / HEADER_FILE, header.to_json().encode())
+                write_atomically(folder / HEADER_FILE, header.to_json().encode())
                 (folder / LAST_USED_FILE).touch()
                 fsync_directory(folder)
                 os.rename(folder, self.folder)
                 fsync_directory(store.root)
             else:
-                _write_atomically(self.folder / PREVIOUS_HEADER_FILE, (self.folder / HEADER_FILE).read_bytes())
-                _write_atomically(self.folder / HEADER_FILE, header.to_json().encode())
+                write_atomically(self.folder / PREVIOUS_HEADER_FILE, (self.folder / HEADER_FILE).read_bytes())
+                write_atomically(self.folder / HEADER_FILE, header.to_json().encode())
                 self._remove_unlisted(header)
                 (self.folder / LAST_USED_FILE).touch()
         finally:
@@ -243,16 +245,6 @@ class ReadCheckpoints:
         for path in self.folder.glob("layer-*-part-*.bin"):
             if path.name not in listed:
                 _remove(path)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    scratch = path.with_name(f".{path.name}.tmp")
-    with open(scratch, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(scratch, path)
-    fsync_directory(path.parent)
 
 
 def _remove(path: Path) -> None:

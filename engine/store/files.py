@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -23,10 +24,12 @@ import torch
 from ..errors import ChecksumMismatch, CorruptSnapshotError, InputError, SnapshotError, TruncatedFile
 from ..cache import HeadInferCache
 from ..kv import LayerHomes
+from ..kv.quant import KV_DTYPES, SCALE_DTYPE
 from .fingerprint import dtype_name, token_ids_bytes
 from .format import (
     HEADER_FILE,
     LAST_USED_FILE,
+    PREVIOUS_HEADER_FILE,
     TOKENS_FILE,
     FileEntry,
     SnapshotHeader,
@@ -40,6 +43,7 @@ from .streaming import RunStreamer, fsync_directory
 logger = logging.getLogger(__name__)
 
 TEMP_PREFIX = ".tmp-"
+SIDECAR_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
 def saved_range(window: int | None, num_tokens: int) -> tuple[int, int]:
@@ -72,8 +76,12 @@ def snapshot_bytes(cache: HeadInferCache, num_tokens: int) -> tuple[int, int]:
 
 
 def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdentity, token_ids: list[int], *,
-                   label: str = "", policy: dict | None = None) -> SnapshotHeader:
+                   label: str = "", policy: dict | None = None,
+                   sidecar: tuple[tuple[str, str], ...] = ()) -> SnapshotHeader:
     """Saves the first ``identity.num_tokens`` tokens of ``cache`` as the snapshot folder ``target``.
+
+    ``sidecar``: (file name, text) pairs written beside the K/V (the app's shelf entry), fsynced before the rename
+    like every file of the snapshot: a snapshot that appears under its name is complete, its text included.
 
     Raises ``FileExistsError`` if ``target`` appeared meanwhile (another writer won), ``OSError`` on a
     write failure; either way nothing is left behind but what was there before.
@@ -86,6 +94,8 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
     batch, group_size, head_dim = home.kv.shape[1], home.kv.shape[3], home.kv.shape[4]
     if dtype_name(home.dtype) != identity.dtype:
         raise InputError(f"the cache holds {home.dtype} K/V but the model runs in {identity.dtype}")
+    for name, _ in sidecar:
+        check_sidecar_name(name)
     cache.synchronize()  # host homes are complete only once the asynchronous appends have landed
     scratch = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{target.name}-", dir=target.parent))
     try:
@@ -115,6 +125,8 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
         header = SnapshotHeader(identity, label, time.time(), len(cache.layers), cache.shape.num_kv_heads,
                                 head_dim, batch, tuple(files), policy or {}, head_group_size=group_size,
                                 kv_dtype=cache.policy.kv_dtype)
+        for name, text in sidecar:
+            _write_durably(scratch / name, text.encode("utf-8"))
         _write_durably(scratch / HEADER_FILE, header.to_json().encode())
         _write_durably(scratch / LAST_USED_FILE, b"")
         fsync_directory(scratch)
@@ -143,6 +155,7 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
         if size < entry.num_bytes or (size > entry.num_bytes and not entry.is_home):
             what = "truncated" if size < entry.num_bytes else "longer than its header says"
             raise CorruptSnapshotError(f"{entry.name} is {what} ({size:,} of {entry.num_bytes:,} bytes)")
+    _check_sizes(header, cache)  # before any allocation: the header's shape is what its files hold
     if header.num_read is not None:
         return _read_partial(folder, header, cache)
     num_tokens = header.identity.num_tokens
@@ -166,6 +179,34 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
     for layer in cache.layers:
         layer.length = num_tokens
     return total
+
+
+def _check_sizes(header: SnapshotHeader, cache: HeadInferCache) -> None:
+    """Raises ``CorruptSnapshotError`` unless each layer's files (a partial read's: each part) hold exactly its
+    saved tokens at the header's batch, heads, head dim and dtype: a header whose batch or shape does not multiply
+    out to its files would otherwise size the cache's homes (a batch of a million: a MemoryError in the handler)."""
+    dtype = getattr(torch, header.identity.dtype, None)
+    if not isinstance(dtype, torch.dtype) or (header.kv_dtype is not None and header.kv_dtype not in KV_DTYPES):
+        raise CorruptSnapshotError(f"unknown dtype {header.identity.dtype!r} / {header.kv_dtype!r} in the header")
+    if header.kv_dtype is None:
+        per_head = header.head_dim * dtype.itemsize
+    else:
+        per_head = header.head_dim * KV_DTYPES[header.kv_dtype][0].itemsize + SCALE_DTYPE.itemsize
+    per_token = header.batch * 2 * header.num_kv_heads * per_head
+    num_tokens = header.identity.num_tokens
+    by_name = {f.name: f for f in header.files}
+    wrong = by_name[TOKENS_FILE].num_bytes != 4 * num_tokens if TOKENS_FILE in by_name else True
+    if header.num_read is not None:
+        wrong = wrong or any(f.num_bytes != (f.stop - f.start) * per_token for f in header.files if f.is_part)
+    else:
+        for layer in cache.layers:
+            start, stop = saved_range(layer.window, num_tokens)
+            held = sum(f.num_bytes for f in header.files
+                       if f.name == layer_file(layer.layer_idx) or (f.is_home and f.layer == layer.layer_idx))
+            wrong = wrong or held != (stop - start) * per_token
+    if wrong:
+        raise CorruptSnapshotError("the snapshot's header gives sizes its shape does not multiply out to "
+                                   f"(batch {header.batch}, {header.num_kv_heads} KV heads x {header.head_dim})")
 
 
 def _read_partial(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -> int:
@@ -302,6 +343,24 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except FileNotFoundError as error:
         raise CorruptSnapshotError(f"{path.name} is missing") from error
+
+
+def check_sidecar_name(name: str) -> None:
+    """Refuses a sidecar name that is no plain file name, or one of the snapshot's own files."""
+    if (not SIDECAR_NAME.match(name) or name in (HEADER_FILE, PREVIOUS_HEADER_FILE, TOKENS_FILE, LAST_USED_FILE)
+            or name.startswith("layer-")):
+        raise InputError(f"not a sidecar file name: {name!r}")
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """``data`` as ``path``, durably: written and fsynced under a scratch name, renamed, the folder fsynced."""
+    scratch = path.with_name(f".{path.name}.tmp")
+    with open(scratch, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(scratch, path)
+    fsync_directory(path.parent)
 
 
 def _write_durably(path: Path, data: bytes) -> None:

@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import CorruptSnapshotError, SnapshotError
+from .header_checks import MAX_HEADER_BYTES, check_body, shown
 from .fingerprint import (
     ModelFingerprint,
     dtype_name,
@@ -45,6 +46,7 @@ FORMAT_VERSION = 4  # 2: token-major homes, one run per (layer, head group); 3: 
 COMPLETE_VERSION = 3  # what a complete snapshot is still written as, so an engine of version 3 reads it
 PARTIAL_VERSION = 4
 OLDEST_READABLE = 2  # version 2 is version 3 without home files
+MAX_VERSION = 1 << 16  # above FORMAT_VERSION: a newer engine's (kept, not read); above this: garbage
 HEADER_FILE = "header.json"
 PREVIOUS_HEADER_FILE = "header-previous.json"  # a partial snapshot's checkpoint before the newest
 TOKENS_FILE = "tokens.bin"
@@ -162,24 +164,33 @@ class SnapshotHeader:
                 raise CorruptSnapshotError("unreadable snapshot header (not a HeadInfer KV snapshot)")
             if stored_crc != _crc_of({**body, "format": FORMAT}):
                 raise CorruptSnapshotError("unreadable snapshot header (the header does not match its checksum)")
-            if body["version"] < OLDEST_READABLE:
-                raise CorruptSnapshotError(f"snapshot format version {body['version']} is from an older engine "
+            version = body["version"]
+            if type(version) is not int or version > MAX_VERSION:
+                raise CorruptSnapshotError(f"unreadable snapshot header (version {shown(version)})")
+            if version < OLDEST_READABLE:
+                raise CorruptSnapshotError(f"snapshot format version {version} is from an older engine "
                                            "layout; read the document again to replace it")
-            if body["version"] > FORMAT_VERSION:
-                raise SnapshotError(f"snapshot format version {body['version']} (this engine reads {FORMAT_VERSION})")
+            if version > FORMAT_VERSION:
+                raise SnapshotError(f"snapshot format version {version} (this engine reads {FORMAT_VERSION})")
+            check_body(body)  # every field of its type and in range: a recomputed CRC proves nothing
             identity = body.pop("identity")
             return cls(identity=SnapshotIdentity(model=ModelFingerprint(**identity.pop("model")), **identity),
                        files=tuple(FileEntry(**f) for f in body.pop("files")), **body)
         except SnapshotError:
             raise
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CorruptSnapshotError(f"unreadable snapshot header ({error})") from error
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
+            raise CorruptSnapshotError(f"unreadable snapshot header ({type(error).__name__}: "
+                                       f"{str(error)[:200]})") from error
 
 
 def read_header(folder: Path, name: str = HEADER_FILE) -> SnapshotHeader:
     """The header of the snapshot in ``folder``; ``CorruptSnapshotError`` when missing or damaged."""
     try:
-        text = (folder / name).read_text(encoding="utf-8")
+        with open(folder / name, "rb") as file:
+            data = file.read(MAX_HEADER_BYTES + 1)
+        if len(data) > MAX_HEADER_BYTES:
+            raise CorruptSnapshotError(f"{folder.name}'s {name} is over {MAX_HEADER_BYTES >> 20} MiB")
+        text = data.decode("utf-8")
     except FileNotFoundError as error:
         raise CorruptSnapshotError(f"{folder.name} has no {name}") from error
     except (OSError, UnicodeDecodeError) as error:

@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING
 from ..errors import CorruptSnapshotError, InputError, SnapshotError
 from ..paths import cache_dir
 from ..planning.machine import format_bytes
-from .files import TEMP_PREFIX, read_snapshot, snapshot_bytes, write_snapshot
+from .files import (
+    TEMP_PREFIX,
+    check_sidecar_name,
+    read_snapshot,
+    snapshot_bytes,
+    write_atomically,
+    write_snapshot,
+)
 from .format import (
     LAST_USED_FILE,
     PREVIOUS_HEADER_FILE,
@@ -120,9 +127,13 @@ class SnapshotStore:
 
     # -- the public API --------------------------------------------------------------------------
     def save(self, cache: HeadInferCache, token_ids: list[int], identity: SnapshotIdentity, *, label: str = "",
-             policy: dict | None = None) -> SnapshotInfo | None:
+             policy: dict | None = None, sidecar: tuple[tuple[str, str], ...] = ()) -> SnapshotInfo | None:
         """Saves the first ``identity.num_tokens`` tokens of ``cache`` (whose ids are ``token_ids``); returns
         its info, or None if over the size cap.
+
+        ``sidecar``: (file name, text) pairs kept beside the K/V (the app's shelf entry: the document's text),
+        written and fsynced inside the snapshot before it is renamed into place, so a snapshot is never listed
+        without them (a snapshot already saved gets them replaced atomically).
 
         A snapshot already saved for the same key is kept (and marked used) rather than rewritten.
         Raises ``ValueError`` if the cache does not hold those tokens, ``OSError`` if the disk fails or is
@@ -132,6 +143,9 @@ class SnapshotStore:
             raise InputError(f"{len(token_ids):,} token ids for an identity of {identity.num_tokens:,} tokens")
         existing = self._readable_info(identity.key)
         if existing is not None and not existing.is_partial:  # a partial read is replaced by the whole
+            for name, text in sidecar:
+                check_sidecar_name(name)
+                write_atomically(existing.path / name, text.encode("utf-8"))
             self._touch(identity.key)
             return dataclasses.replace(existing, last_used=time.time())
         size, linked = snapshot_bytes(cache, identity.num_tokens)
@@ -148,7 +162,8 @@ class SnapshotStore:
         if target.exists():  # an unreadable or outdated snapshot under this key: replace it
             self.delete(identity.key)
         started = time.perf_counter()
-        header = write_snapshot(target, cache, identity, token_ids, label=_label(label), policy=policy)
+        header = write_snapshot(target, cache, identity, token_ids, label=_label(label), policy=policy,
+                                sidecar=sidecar)
         seconds = time.perf_counter() - started
         logger.info("saved snapshot %s: %d tokens, %.1f MB (%.1f MB of it linked from the disk tier) in %.2f s",
                     identity.key, identity.num_tokens, header.num_bytes / 1e6, linked / 1e6, seconds)

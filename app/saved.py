@@ -13,9 +13,7 @@ import dataclasses
 import errno
 import json
 import logging
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from app import store_owner
 from app.documents import Document
@@ -88,9 +86,9 @@ class SavedDocs:
         ``warn``: larger than the store's cap, so not saved; ``error``: the disk failed (or is full).
         """
         try:
-            info = session.save_snapshot(self.store, label)
-            if info is not None:
-                _write_atomically(info.path / SHELF_FILE, ShelfEntry(session.document, tuple(documents)).to_json())
+            # The shelf's text is saved inside the snapshot, fsynced before its rename: a listed snapshot has it.
+            shelf = ((SHELF_FILE, ShelfEntry(session.document, tuple(documents)).to_json()),)
+            info = session.save_snapshot(self.store, label, sidecar=shelf)
         except (OSError, HeadInferError) as exc:
             logger.warning("could not save the document's KV cache: %s", exc)
             return "error", (f"Could not save it for instant reopening ({disk_reason(exc)}); "
@@ -152,12 +150,6 @@ class SavedDocs:
             logger.warning("could not delete snapshot %s: %s", key, exc)
             return False, f"Could not delete “{info.label}”: {disk_reason(exc)}."
         return True, f"Deleted “{info.label}” ({format_bytes(info.num_bytes)}) from disk."
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    scratch = path.with_name(f".{path.name}.{os.getpid()}")
-    scratch.write_text(text, encoding="utf-8")
-    os.replace(scratch, path)
 
 
 def disk_reason(exc: BaseException) -> str:

@@ -576,6 +576,9 @@ def main(argv: list[str] | None = None) -> None:
 def serve(demo, args: argparse.Namespace, share: bool, **options) -> None:
     """Starts serving ``demo`` (without blocking) and logs where. Gradio's own start-up lines are off (quiet): its hint
     "To create a public link, set `share=True` in `launch()`" names its Python argument, where ours is --share."""
+    # uvicorn trusts X-Forwarded-For from loopback, where the share tunnel arrives: a visitor would choose the address
+    # the login throttle and upload budget see. Unless the operator says which proxy to trust, trust none.
+    os.environ.setdefault("FORWARDED_ALLOW_IPS", "")
     demo.launch(server_name=args.host, server_port=args.port, share=share, max_file_size=args.max_upload,
                 prevent_thread_lock=True, quiet=True, **options)
     if share and not demo.share_url:

@@ -23,6 +23,10 @@ import gradio
 
 _SHARE_PAGE = Path(gradio.__file__).resolve().parent / "templates" / "frontend" / "share.html"
 _INLINE_SCRIPT = re.compile(rb"<script\b(?![^>]*\bsrc\s*=)[^>]*>(.*?)</script\s*>", re.IGNORECASE | re.DOTALL)
+# Beside the policy on every response: no type sniffing (an uploaded .js served as a download must not run from a
+# <script src>, which 'self' would allow), and no full URL sent to another site.
+_ALSO = ((b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"same-origin"))
+_REPLACED = frozenset({b"content-security-policy", *(name for name, _ in _ALSO)})
 _PAGE_PATHS = frozenset({"/", ""})  # the app's page; a file served from elsewhere never has its scripts allowed
 
 
@@ -83,7 +87,8 @@ class ContentSecurityPolicy:
 
         async def send_with_policy(message) -> None:
             if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"content-security-policy"]
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() not in _REPLACED]
+                headers.extend(_ALSO)
                 message = {**message, "headers": headers}
                 if page and _is_html(headers):
                     held.append(message)

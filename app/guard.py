@@ -7,6 +7,8 @@
   queue nor read a response with the visitor's cookies.
 - ``/gradio_api/file=<URL>`` (Gradio fetches a public URL for it) and ``/gradio_api/proxy=``: 403, before Gradio
   fetches anything; the app serves its own files only.
+- When others can reach the app, an upload past its visitor's budget or the upload folder's (``app.upload_budget``):
+  429 / 413 with the reason, before a byte of it is read.
 - ``Access-Control-Allow-Origin`` naming another origin (Gradio echoes any origin for a non-loopback ``Host``, the
   share link's included) is dropped with its ``-Credentials``.
 
@@ -23,6 +25,7 @@ import re
 from contextlib import asynccontextmanager
 
 from app.hosts import AllowedHosts, origin_matches
+from app.upload_budget import UPLOAD_PATH, UploadBudget, visitor_of
 
 logger = logging.getLogger("headinfer.guard")
 
@@ -36,9 +39,10 @@ _CHECKED = "headinfer.guarded"
 class RequestGuard:
     """Refuses requests for another host, from another origin, or for a remote URL (see the module's text)."""
 
-    def __init__(self, app, hosts: AllowedHosts | None = None) -> None:
+    def __init__(self, app, hosts: AllowedHosts | None = None, budget: UploadBudget | None = None) -> None:
         self.app = app
         self.hosts = hosts or AllowedHosts()
+        self.budget = budget or (UploadBudget() if self.hosts.others_reach else None)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] not in ("http", "websocket") or scope.get(_CHECKED):
@@ -48,7 +52,7 @@ class RequestGuard:
         headers = {}
         for key, value in scope.get("headers", []):
             headers.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
-        refusal = self.refusal(scope, headers)
+        refusal = self.refusal(scope, headers) or self.over_budget(scope, headers)
         if refusal is not None:
             status, text = refusal
             logger.info("refused %s %s (Host %r, Origin %r): %s", scope.get("method", "WS"), scope.get("path"),
@@ -82,6 +86,13 @@ class RequestGuard:
         if FETCHING_PATH.match(scope.get("path", "")):
             return 403, "This app serves its own files only, not URLs."
         return None
+
+    def over_budget(self, scope, headers: dict[str, str]) -> tuple[int, str] | None:
+        """``(status, text)`` when an upload is past its visitor's or the folder's budget, else None."""
+        if self.budget is None or scope.get("method") != "POST" or not UPLOAD_PATH.match(scope.get("path", "")):
+            return None
+        length = headers.get("content-length", "")
+        return self.budget.take(visitor_of(scope, headers), int(length) if length.isdigit() else None)
 
 
 def guard_lifespan(hosts: AllowedHosts):

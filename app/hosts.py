@@ -23,10 +23,12 @@ DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 @dataclass(frozen=True)
 class AllowedHosts:
-    """The ``Host`` names the app serves (lower case, no port) and the share domain (None: no share link)."""
+    """The ``Host`` names the app serves (lower case, no port), the share domain (None: no share link), and
+    whether others can reach the app (a share link or a non-loopback ``--host``: uploads are then budgeted)."""
 
     names: frozenset[str] = LOOPBACK_NAMES
     share_domain: str | None = None
+    others_reach: bool = False
 
     @classmethod
     def for_launch(cls, host: str, *, share: bool) -> AllowedHosts:
@@ -38,7 +40,8 @@ class AllowedHosts:
             names |= {machine, f"{machine}.local", socket.getfqdn().lower()}
         else:
             names.add(_bare(host.lower()))
-        return cls(frozenset(names - {""}), SHARE_DOMAIN if share else None)
+        reach = share or host.lower() not in LOOPBACK_NAMES | {"[::1]"}
+        return cls(frozenset(names - {""}), SHARE_DOMAIN if share else None, reach)
 
     def allows(self, host_header: str, local_address: str | None = None) -> bool:
         """Whether a request with ``Host: host_header`` that arrived on ``local_address`` is for this app."""

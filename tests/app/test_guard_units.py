@@ -78,3 +78,52 @@ def test_the_guard_refuses_with_a_reason(client):
     # the app's own files are paths (a Windows one starts with its drive), not URLs: the guard lets them by
     assert client.get("/gradio_api/file=C:/Users/me/gradio/x.txt").status_code == 404
     assert client.get("/gradio_api/file=/tmp/gradio/x.txt").status_code == 404
+
+
+def budgeted(tmp_path, clock):
+    """A client for a guard (the app reachable by others) whose upload budget is 1000 bytes per visitor in 60 s
+    and 3000 bytes in the upload folder ``tmp_path``."""
+    from app.upload_budget import UploadBudget, UploadLimits
+
+    async def upload(request):
+        return PlainTextResponse(f"took {len(await request.body())}")
+
+    inner = Starlette(routes=[Route("/gradio_api/upload", upload, methods=["POST"])])
+    budget = UploadBudget(UploadLimits(per_client=1000, window=60, total=3000), folder=lambda: tmp_path,
+                          clock=lambda: clock[0])
+    hosts = AllowedHosts(frozenset({"testserver"}), others_reach=True)
+    return TestClient(RequestGuard(inner, hosts, budget))
+
+
+def test_uploads_past_a_visitors_budget_are_refused_until_the_window_passes(tmp_path):
+    clock = [0.0]
+    client = budgeted(tmp_path, clock)
+    for _ in range(2):
+        assert client.post("/gradio_api/upload", content=b"x" * 400).text == "took 400"
+    refused = client.post("/gradio_api/upload", content=b"x" * 400)
+    assert refused.status_code == 429 and "per visitor" in refused.text
+    # another visitor (logged in: their cookie) has a budget of their own
+    other = client.post("/gradio_api/upload", content=b"x" * 400, headers={"Cookie": "access-token-abc=tok2"})
+    assert other.text == "took 400"
+    clock[0] = 61.0
+    assert client.post("/gradio_api/upload", content=b"x" * 400).text == "took 400"
+
+
+def test_uploads_past_the_folders_budget_or_without_a_length_are_refused(tmp_path):
+    clock = [0.0]
+    client = budgeted(tmp_path, clock)
+    (tmp_path / "held").mkdir()
+    (tmp_path / "held" / "big.bin").write_bytes(b"x" * 2800)
+    refused = client.post("/gradio_api/upload", content=b"x" * 400)
+    assert refused.status_code == 413 and "upload folder is full" in refused.text
+    assert client.post("/gradio_api/upload", content=b"x" * 100).text == "took 100"
+    chunked = client.post("/gradio_api/upload", content=iter([b"x" * 10]))  # no Content-Length
+    assert chunked.status_code == 411
+
+
+def test_only_an_app_others_reach_budgets_uploads():
+    from app.upload_budget import UploadBudget
+
+    assert RequestGuard(None, AllowedHosts.for_launch("127.0.0.1", share=False)).budget is None
+    assert isinstance(RequestGuard(None, AllowedHosts.for_launch("127.0.0.1", share=True)).budget, UploadBudget)
+    assert isinstance(RequestGuard(None, AllowedHosts.for_launch("0.0.0.0", share=False)).budget, UploadBudget)

@@ -106,7 +106,7 @@ MAKERS = {
     "pages": lambda w: {w: Page(w, w, 3)},
     "support": lambda w: Support(0.1, -2.0, False, unknown_words=(w, w)),
     "seconds": lambda w: 75.0, "prefill_seconds": lambda w: 12.0, "tokens_per_second": lambda w: 9.5,
-    "eta_seconds": lambda w: 30.0, "ttft": lambda w: 0.4,
+    "eta_seconds": lambda w: 30.0, "ttft": lambda w: 0.4, "waited": lambda w: 92.0,
     "position": lambda w: 2, "max_tokens": lambda w: 3_000, "answer_tokens": lambda w: 512, "num_tokens": lambda w: 700,
     "limit": lambda w: 900, "done": lambda w: 10, "total": lambda w: 40, "leftover": lambda w: 1 << 20,
     "sequence": lambda w: 4, "truncated_from": lambda w: 20_000, "conversation_tokens": lambda w: 256,

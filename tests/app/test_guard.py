@@ -143,3 +143,50 @@ def test_the_share_page_may_load_gradios_front_end_and_nothing_else_from_away(ba
     assert away.pop("style-src") == [cdn] and away.pop("font-src") == [cdn]
     assert not any(away.values()), away
     assert "://" not in policy(share=False)
+
+
+def test_an_uploaded_script_is_served_with_nosniff_and_no_referrer_leaves(base, tmp_path):
+    # Chromium would run an octet-stream answer from <script src> (which 'self' allows) but for nosniff.
+    script = tmp_path / "evil.js"
+    script.write_text("alert(1)", encoding="utf-8")
+    with script.open("rb") as handle:
+        uploaded = httpx.post(f"{base}/gradio_api/upload", files={"files": ("evil.js", handle, "text/javascript")},
+                              timeout=30).json()[0]
+    for response in (httpx.get(f"{base}/gradio_api/file={uploaded}", timeout=30), httpx.get(f"{base}/", timeout=30)):
+        assert response.status_code == 200
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["referrer-policy"] == "same-origin"
+
+
+def test_a_forged_x_forwarded_for_from_loopback_is_not_believed(monkeypatch):
+    import argparse
+
+    from starlette.middleware import Middleware
+
+    from launch import serve
+
+    monkeypatch.delenv("FORWARDED_ALLOW_IPS", raising=False)  # as a fresh start has it; undone after
+    seen: list[str] = []
+
+    class Recorder:  # what the app's middleware (app.auth.LoginAddress among them) sees as the client
+        def __init__(self, app):
+            self.app = app
+
+        async def __call__(self, scope, receive, send):
+            if scope["type"] == "http" and scope.get("path") == "/config":
+                seen.append(scope["client"][0])
+            await self.app(scope, receive, send)
+
+    with gradio.Blocks() as demo:
+        gradio.Markdown("hello")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    try:
+        serve(demo, argparse.Namespace(host="127.0.0.1", port=port, max_upload=None, share=False), False,
+              app_kwargs={"middleware": [Middleware(Recorder)]})
+        for forged in ({"X-Forwarded-For": "203.0.113.9"}, {"X-Forwarded-For": "203.0.113.9, 198.51.100.4"}):
+            assert httpx.get(f"{demo.local_url.rstrip('/')}/config", headers=forged, timeout=30).status_code == 200
+    finally:
+        demo.close()
+    assert seen == ["127.0.0.1", "127.0.0.1"]

@@ -18,6 +18,7 @@ from app import render
 from app.browser_state import BrowserState
 from app.compute_queue import ComputeQueue, Ticket
 from app.shelves import Shelves
+from app.tab_owner import is_owner
 from app.visitor_caps import VisitorCaps
 from app.wait_estimate import AnswerRecord
 from engine import DocumentSession
@@ -58,6 +59,7 @@ class AppState:
     def remember_tab(self, state: BrowserState, request: gr.Request | None) -> None:
         """Notes the tab behind ``request``, so that closing it frees its memory and uploads (``Handlers.unload``)."""
         if request is not None and request.session_hash:
+            is_owner(state, request)  # binds an unbound tab to this login (the handlers refused any other already)
             self.tabs[request.session_hash] = state
 
     @staticmethod

@@ -36,6 +36,9 @@ class BrowserState:
     is_busy: bool = False  # a prefill or an answer is using the session
     is_closed: bool = False  # the tab went away
     model_seen: object = None  # the served model this tab's header shows (``model_info()["serial"]``)
+    # The login that first used this tab (``app.tab_owner``): Gradio finds a tab's state by its session hash alone.
+    owner: str | None = None
+    owner_bound: bool = False
     when_closed: Callable[[], None] | None = None  # what the tab's closing leaves to its last event (its shelf)
 
     def close(self) -> None:

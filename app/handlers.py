@@ -33,6 +33,7 @@ from app.pages import split_pages
 from app.reading import Reading
 from app.render import status
 from app.shelves import Shelves
+from app.tab_owner import is_owner, owned
 from app.uploads import delete_uploads
 from app.views import ClearView
 from app.visitor_caps import NO_CAPS, CapLimits, VisitorCaps
@@ -75,6 +76,11 @@ class Handlers:
         self.open_saved, self.open_label, self.continue_reading = (self.shelf.open_saved, self.shelf.open_label,
                                                                    self.shelf.continue_reading)
         self.resume, self.tab_memory = self.shelf.resume, self.shelf.tab_memory
+        # Every event that takes a tab's state refuses a login other than the tab's (``app.tab_owner``).
+        for name in ("choose_files", "read", "cancel", "range_offer", "choose_range", "first_part", "ask", "stop",
+                     "new_chat", "question_bar", "set_remember", "open_saved", "continue_reading", "resume",
+                     "tab_memory", "show_page", "clear", "meters"):
+            setattr(self, name, owned(getattr(self, name)))
 
     @staticmethod
     def show_page(page: str | None, state: BrowserState) -> str:
@@ -112,8 +118,12 @@ class Handlers:
         if request is None or not request.session_hash:
             return
         session_hash = request.session_hash
+        state = self.app.tabs.get(session_hash)
+        if state is not None and not is_owner(state, request):  # /heartbeat/{hash} needs no login: not the owner's
+            logger.warning("a tab's unload from another login than the tab's was ignored")
+            return
         self.app.caps.tab_closed(session_hash, request.username)
-        state = self.app.tabs.pop(session_hash, None)
+        self.app.tabs.pop(session_hash, None)
         if state is None:
             self.app.shelves.close_session(session_hash)
             return

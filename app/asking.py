@@ -29,6 +29,10 @@ from engine.types import RepetitionGuard
 logger = logging.getLogger(__name__)
 
 NO_CHANGE: dict = gr.update()
+# A question longer than this many characters is refused before it is tokenized (a 10 MB one took 14 s and 1 GiB
+# to count); also the question box's own limit (``app.ui``). A token is rarely more than 8 characters of text.
+QUESTION_CHARS = 1_000_000
+CHARS_PER_TOKEN = 8
 
 
 class Questions:
@@ -96,6 +100,12 @@ class Questions:
         """Why ``question`` cannot be asked (the numbers), or "" with the ``ConversationFit`` it will be asked with
         (``session.fit_question``'s, handed on to ``session.ask``: the question is tokenized once)."""
         limit = self.app.max_question
+        # Short questions go on to the token checks below, which say the numbers in tokens.
+        room = limit if limit is not None else session.question_room(max_new_tokens)
+        chars = min(QUESTION_CHARS, CHARS_PER_TOKEN * max(room, 1024))
+        if len(question) > chars:
+            return (f"the question has {len(question):,} characters and this app takes questions of at most "
+                    f"{chars:,} characters here"), None
         if limit is not None:
             num_tokens = session.count_tokens(question)
             if num_tokens > limit:

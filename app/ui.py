@@ -22,7 +22,7 @@ from starlette.middleware import Middleware
 
 from app import escape, render
 from app.app_state import AppState
-from app.asking import Questions
+from app.asking import QUESTION_CHARS, Questions
 from app.browser_state import BrowserState
 from app.chips import PageChips
 from app.csp import ContentSecurityPolicy
@@ -108,7 +108,8 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
         if picker is not None:
             picker(page.state)
         _wire(demo, page, handlers, title, current_info if callable(model_info) else None)
-    demo.queue(default_concurrency_limit=1)
+    # Events past HEAVY_EVENTS wait in Gradio's queue; past four times that a flood is refused ("queue full").
+    demo.queue(default_concurrency_limit=1, max_size=4 * HEAVY_EVENTS)
     return demo
 
 
@@ -218,7 +219,8 @@ def _chat_column(page: Page) -> None:
                            buttons=["copy"], layout="bubble")
     with gr.Row(elem_classes="ask-row"):
         page.question = gr.Textbox(label="Question", placeholder="Ask about the documents…", show_label=False,
-                                   scale=6, min_width=120, elem_id="question", lines=1, max_lines=4)
+                                   scale=6, min_width=120, elem_id="question", lines=1, max_lines=4,
+                                   max_length=QUESTION_CHARS)
         page.ask_button = gr.Button("Ask", variant="primary", scale=1, min_width=70, elem_id="ask")
         page.stop_button = gr.Button("Stop", scale=1, min_width=70, elem_id="stop")
     page.bar = gr.HTML(render.question_bar(None, 512), label="Longest question", elem_id="question-bar")

@@ -1,7 +1,8 @@
 """Building C code for this machine: the compiler, and ``load_library``, which compiles a source once per machine
 into the studio's kernel folder and loads it (``trusted``: only as built). The weights' kernels
-(``models/int8_matmul.py``, ``models/gguf_blocks.py``) are built here; the KV's host attention kernel (``kv/native.py``) takes the compiler from here and links its own vector
-paths. The ground floor: it imports only ``paths``, so ``kv/`` and ``models/`` both stand on it.
+(``models/int8_matmul.py``, ``models/gguf_blocks.py``) are built here; the KV's host attention kernel
+(``kv/native.py``) takes the compiler from here and links its own vector paths. The ground floor: it imports only
+``paths`` (and ``trusted``, which imports only ``paths``), so ``kv/`` and ``models/`` both stand on it.
 """
 
 from __future__ import annotations

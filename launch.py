@@ -240,20 +240,27 @@ def make_snapshot_store(args: argparse.Namespace):
     return store
 
 
-def where_saved(store, *, private: bool, has_auth: bool, session_shelves: Path | None) -> str:
+def where_saved(store, *, private: bool, has_auth: bool, session_shelves: Path | None,
+                limits: CapLimits | None = None) -> str:
     """Where read documents are saved, as ``app.shelves`` keeps them, for the start-up log. The store's own
     folder is named only where it is used: locally (one shelf for every tab) and with ``--auth`` (a folder
-    per user under it). ``session_shelves``: the per-tab folders' parent, when private without ``--auth``."""
+    per user under it). ``session_shelves``: the per-tab folders' parent, when private without ``--auth``;
+    ``limits``: the visitors' caps (None: their defaults), whose shelf caps bind within the store's."""
     from app.shelves import USERS_FOLDER
 
-    limit = "no size limit" if store.max_bytes is None else f"at most {_size(store.max_bytes)}"
+    def at_most(*caps: int | None) -> str:
+        known = [cap for cap in caps if cap is not None]
+        return f"at most {_size(min(known))}" if known else "no size limit"
+
     if not private:
-        return f"saving read documents to {store.root} ({limit})"
+        return f"saving read documents to {store.root} ({at_most(store.max_bytes)})"
+    limits = limits or CapLimits()
+    each = (f"({at_most(store.max_bytes, limits.shelf_bytes)} each), "
+            f"{at_most(store.max_bytes, limits.shelves_total_bytes)} all together")
     if has_auth:
-        return (f"saving each user's read documents in a folder of their own under {store.root / USERS_FOLDER} "
-                f"({limit} each)")
+        return f"saving each user's read documents in a folder of their own under {store.root / USERS_FOLDER} {each}"
     return (f"saving each visitor's read documents in a folder of their own under {session_shelves}, deleted when "
-            f"their tab closes ({limit} each); {store.root} is not used without --auth")
+            f"their tab closes {each}; {store.root} is not used without --auth")
 
 
 def make_authenticator(args: argparse.Namespace):
@@ -547,7 +554,7 @@ def main(argv: list[str] | None = None) -> None:
     session_shelves = prepare_folder(VISITOR_SHELVES) if private and not authenticator else None
     if store is not None:
         logger.info("%s", where_saved(store, private=private, has_auth=authenticator is not None,
-                                   session_shelves=session_shelves))
+                                   session_shelves=session_shelves, limits=visitor_limits(args)))
     # Every tab's session comes from the holder, so the picker can switch the served model for all of them.
     holder = ModelHolder(model, tokenizer, policy, args.model or "HuggingFaceTB/SmolLM2-135M-Instruct",
                          loader=lambda source: load_model(source, device=device, dtype=args.dtype,

@@ -3,18 +3,22 @@
 Run locally by its owner, the app has one shelf: every tab sees and reopens every saved document. Once
 others can reach it (``--share``, or a ``--host`` that is not loopback), each visitor gets a shelf of
 their own: per user name with ``--auth`` (kept on disk, under the store's ``users/`` folder), otherwise per
-browser session, in a temporary folder deleted when the tab closes.
+browser session, in a temporary folder deleted when the tab closes. Each shelf has its own cap and all of them
+together another (``total_bytes``, within the store's cap): without a login one client can make up any number of
+sessions, each a shelf.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 from pathlib import Path
 
 from app.saved import SavedDocs
-from engine import SnapshotStore
+from app.visitor_caps import CapLimits
+from engine import SnapshotStore, format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +35,16 @@ class Shelves:
             folder of this process's own).
         visitor_bytes: the most each visitor's shelf may take (``app.visitor_caps.CapLimits.shelf_bytes``), within
             the store's own cap; None: the store's cap alone.
+        total_bytes: the most all visitors' shelves may take together (``CapLimits.shelves_total_bytes``), within
+            the store's own cap: a save past it is refused whole, saying so.
     """
 
     def __init__(self, store: SnapshotStore | None, *, private: bool = False, session_root: Path | None = None,
-                 visitor_bytes: int | None = None):
+                 visitor_bytes: int | None = None, total_bytes: int | None = CapLimits.shelves_total_bytes):
         self.store, self.private, self.session_root = store, private, session_root
         self.visitor_bytes = visitor_bytes
+        caps = [cap for cap in (store.max_bytes if store is not None else None, total_bytes) if cap is not None]
+        self.total_bytes = min(caps, default=None)
         self._shared = SavedDocs(store)
         self._by_owner: dict[str, SavedDocs] = {}
 
@@ -47,10 +55,27 @@ class Shelves:
         username = getattr(request, "username", None) if request is not None else None
         session = getattr(request, "session_hash", None) if request is not None else None
         if username:
-            return self._shelf(f"user:{username}", self.store.root / USERS_FOLDER / _digest(username))
+            return self._within_total(self._shelf(f"user:{username}", self.store.root / USERS_FOLDER / _digest(username)))
         if session and self.session_root is not None:
-            return self._shelf(f"session:{session}", self.session_root / _digest(session))
+            return self._within_total(self._shelf(f"session:{session}", self.session_root / _digest(session)))
         return SavedDocs(None)
+
+    def _within_total(self, shelf: SavedDocs) -> SavedDocs:
+        """The shelf, its cap lowered to what the other visitors' shelves leave of ``total_bytes`` (the store then
+        refuses a save past it whole, and says whose cap it is)."""
+        if shelf.store is None or self.total_bytes is None:
+            return shelf
+        own = _tree_bytes(shelf.store.root)
+        roots = [self.store.root / USERS_FOLDER] + ([self.session_root] if self.session_root is not None else [])
+        others = sum(_tree_bytes(root) for root in roots) - own
+        room = max(self.total_bytes - others, 0)
+        limit, note = room, f"left of the {format_bytes(self.total_bytes)} all visitors may keep together"
+        if self.visitor_bytes is not None and self.visitor_bytes <= room:
+            limit, note = self.visitor_bytes, "each visitor may keep"
+        elif others <= 0 and room == self.store.max_bytes:
+            note = "allowed for saved documents"
+        shelf.store.max_bytes, shelf.cap_note = limit, note
+        return shelf
 
     def close_session(self, session_hash: str) -> None:
         """The tab closed: its per-session shelf (if any) is deleted from disk."""
@@ -73,6 +98,18 @@ class Shelves:
                 shelf = SavedDocs(None)
             self._by_owner[owner] = shelf
         return shelf
+
+
+def _tree_bytes(root: Path) -> int:
+    """Bytes of the files under ``root`` (0 when it is missing)."""
+    total = 0
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_size
+            except OSError:  # deleted meanwhile
+                pass
+    return total
 
 
 def _digest(name: str) -> str:

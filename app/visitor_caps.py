@@ -1,11 +1,17 @@
 """Per-visitor caps, so that one visitor cannot take a shared app for themselves: questions asked or waiting, reads
-in flight, bytes of chosen files, and (in ``app.shelves``) the disk their saved documents take.
+in flight, bytes of chosen files, documents held in memory, and (in ``app.shelves``) the disk their saved documents
+take.
 
 A visitor is the logged-in user with ``--auth-file``, else the browser session; a visitor's tab is its session. A
 client address that is not loopback counts too (someone opening many sessions from one machine); through the share
 tunnel every visitor arrives from loopback, so there the address says nothing and is left out. Each refusal is a
 ``CapReached`` whose message says which cap and what to do. Nothing here runs when only the owner can reach the app
 (``NO_CAPS``).
+
+Without a login the client picks its session_hash, so one client can be any number of "visitors": the totals
+(reads in flight, documents in memory, shelf bytes) bound all visitors together whatever their hashes, and a tab
+that holds a document with no event for ``idle_seconds`` has it freed (a tab that never opens the heartbeat is
+never unloaded), checked on every event and by a daemon thread.
 """
 
 from __future__ import annotations
@@ -13,9 +19,13 @@ from __future__ import annotations
 import collections
 import ipaddress
 import os
+import logging
 import threading
-from collections.abc import Iterable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,9 +39,15 @@ class CapLimits:
     reads_per_address: int | None = 2
     upload_bytes: int | None = 512 * 2**20  # the files a visitor's tabs hold (uploaded and not yet deleted)
     shelf_bytes: int | None = 4 * 2**30  # each visitor's saved documents on disk
+    # All visitors together, whatever session_hash each client makes up (the owner alone has none of these).
+    reads_total: int | None = 2
+    documents_total: int | None = 4  # tabs holding a read document in memory
+    documents_per_visitor: int | None = 2  # a logged-in user's tabs together (a session without login has one tab)
+    shelves_total_bytes: int | None = 16 * 2**30  # every visitor's shelf together, within the store's own cap
+    idle_seconds: float | None = 30 * 60  # a visitor tab's document is freed after this long with no event
 
 
-NO_CAPS = CapLimits(None, None, None, None, None, None, None)  # the owner alone: the app as it always was
+NO_CAPS = CapLimits(**{cap.name: None for cap in fields(CapLimits)})  # the owner alone: the app as it always was
 
 
 class _Held:
@@ -56,26 +72,117 @@ _WHAT = {"question": ("question", "questions", "asked or waiting for an answer")
          "read": ("read", "reads", "running or waiting")}
 
 
+@dataclass
+class _Tab:
+    """A tab that took a read: whose it is, its state (its document) and when its last event came."""
+
+    visitor: str
+    state: object
+    last_event: float
+
+
 class VisitorCaps:
     """What each visitor holds now. Thread-safe: handlers of different tabs run on Gradio's worker threads."""
 
-    def __init__(self, limits: CapLimits = NO_CAPS):
-        self.limits = limits
+    def __init__(self, limits: CapLimits = NO_CAPS, *, clock: Callable[[], float] = time.monotonic,
+                 sweep_every: float | None = 60.0):
+        """``clock``: seconds, for the idle check (tests pass a fake one); ``sweep_every``: how often the daemon
+        thread frees idle tabs' documents (None: only on events)."""
+        self.limits, self.clock, self._sweep_every = limits, clock, sweep_every
         self._lock = threading.Lock()
         self._held: collections.Counter[tuple[str, str]] = collections.Counter()
         self._files: dict[str, dict[str, int]] = {}  # visitor -> tab -> bytes of the tab's files
+        self._tabs: dict[str, _Tab] = {}  # tabs that took a read, while they may hold its document
+        self._sweeper: threading.Thread | None = None
 
     def take(self, kind: str, state, request) -> _Held:
         """One ``kind`` ("question" or "read") for the visitor behind ``request``, held until the returned
         context manager's block ends (``with caps.take(...):``); raises ``CapReached`` when they are at a cap."""
         keys = self._keys(kind, state, request)
-        with self._lock:
-            for (scope, key), limit in keys:
-                if limit is not None and self._held[(kind, key)] >= limit:
-                    raise CapReached(_refusal(kind, scope, limit))
-            for (_, key), _limit in keys:
-                self._held[(kind, key)] += 1
+        tab, visitor, now = _tab(request, state), _visitor(request, state), self.clock()
+        try:
+            with self._lock:
+                known = self._tabs.get(tab)
+                if known is not None:
+                    known.last_event = now  # any event of the tab, refused or not, says it is not idle
+                for (scope, key), limit in keys:
+                    if limit is not None and self._held[(kind, key)] >= limit:
+                        raise CapReached(_refusal(kind, scope, limit))
+                if kind == "read":
+                    self._check_documents(tab, visitor)
+                    self._tabs[tab] = _Tab(visitor, state, now)
+                for (_, key), _limit in keys:
+                    self._held[(kind, key)] += 1
+        finally:
+            self.sweep()
+        if kind == "read":
+            self._start_sweeper()
         return _Held(self, [(kind, key) for (_, key), _limit in keys])
+
+    def _check_documents(self, tab: str, visitor: str) -> None:
+        """Raises ``CapReached`` when a read into ``tab`` would hold one document more than the totals allow (its
+        own document is replaced, so it does not count). Under the lock."""
+        holding = [held for key, held in self._tabs.items() if key != tab and self._holds(key, held)]
+        total, mine = self.limits.documents_total, self.limits.documents_per_visitor
+        if total is not None and len(holding) >= total:
+            idle = self.limits.idle_seconds
+            raise CapReached(f"the app holds at most {total} visitors' documents in memory at once and holds {total} "
+                             "now; try again later" + (f" (a tab idle for {_minutes(idle)} has its document freed)"
+                                                       if idle is not None else ""))
+        if mine is not None and sum(held.visitor == visitor for held in holding) >= mine:
+            raise CapReached(f"each visitor may hold at most {mine} document{'s' if mine != 1 else ''} in memory "
+                             f"at once and you hold {mine} in your other tabs; press “Clear documents” in one or "
+                             "close it")
+
+    def _holds(self, key: str, held: _Tab) -> bool:
+        """Whether the tab holds a document in memory now, or is reading one."""
+        state = held.state
+        if getattr(state, "is_closed", False):
+            return False
+        has_document = getattr(state, "read_text", None) is not None and getattr(state, "session", None) is not None
+        return has_document or self._held[("read", key)] > 0
+
+    def sweep(self) -> int:
+        """Frees the document of every tab idle (no event) for more than ``idle_seconds`` and not busy, its shelf
+        copy kept (``saved_key`` reopens it); forgets tabs that hold nothing. Returns how many were freed."""
+        idle_after, now = self.limits.idle_seconds, self.clock()
+        with self._lock:
+            for key in [key for key, held in self._tabs.items() if not self._holds(key, held)]:
+                del self._tabs[key]
+            idle = [] if idle_after is None else [
+                (key, held.state) for key, held in self._tabs.items()
+                if now - held.last_event > idle_after and not getattr(held.state, "is_busy", False)
+                and self._held[("read", key)] == 0]
+            for key, _state in idle:
+                del self._tabs[key]
+        for _key, state in idle:
+            try:
+                if state.session is not None:
+                    state.session.clear()
+                state.read_text = None
+            except Exception:  # one tab's failure must not keep the others' memory
+                logger.exception("could not free an idle tab's document")
+        if idle:
+            logger.info("freed the documents of %d visitor tab(s) idle for over %s", len(idle), _minutes(idle_after))
+        return len(idle)
+
+    def _start_sweeper(self) -> None:
+        """The daemon thread that frees idle tabs when no event comes (started with the first read)."""
+        if self._sweep_every is None or self.limits.idle_seconds is None or self._sweeper is not None:
+            return
+        with self._lock:
+            if self._sweeper is not None:
+                return
+            self._sweeper = threading.Thread(target=self._sweep_forever, name="idle-tabs", daemon=True)
+        self._sweeper.start()
+
+    def _sweep_forever(self) -> None:
+        while True:
+            time.sleep(self._sweep_every)
+            try:
+                self.sweep()
+            except Exception:  # the thread must outlive one bad sweep
+                logger.exception("the idle-tab check failed")
 
     def _release(self, held: list[tuple[str, str]]) -> None:
         with self._lock:
@@ -105,8 +212,9 @@ class VisitorCaps:
             tabs[tab] = size
 
     def tab_closed(self, session_hash: str, username: str | None = None) -> None:
-        """A tab went away: its files no longer count."""
+        """A tab went away: its files and document no longer count."""
         with self._lock:
+            self._tabs.pop(f"tab:{session_hash}", None)
             for visitor in (f"user:{username}" if username else None, f"session:{session_hash}"):
                 tabs = self._files.get(visitor) if visitor else None
                 if tabs is not None:
@@ -122,7 +230,10 @@ class VisitorCaps:
         address = _address(request)
         if address is not None:
             keys.append((("address", f"address:{address}"), per[2]))
-        return [key for key in keys if key[1] is not None or key[0][0] == "visitor"]
+        if kind == "read" and limits.reads_total is not None:
+            keys.append((("all", "all"), limits.reads_total))
+        # The tab's read count is kept though uncapped: it says which tabs are reading (``_holds``).
+        return [key for key in keys if key[1] is not None or key[0][0] in ("tab", "visitor")]
 
 
 def _refusal(kind: str, scope: str, limit: int) -> str:
@@ -133,8 +244,15 @@ def _refusal(kind: str, scope: str, limit: int) -> str:
     if scope == "visitor":
         return (f"each visitor may have at most {count} {doing} at once and you already have {limit}; "
                 "wait for one to end")
+    if scope == "all":
+        return (f"the app runs at most {limit} of all its visitors' {many} at once and {limit} are {doing}; wait "
+                "for one to end")
     return (f"each address may have at most {count} {doing} at once, and {limit} come from yours; wait for one "
             "to end")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:g} minutes"
 
 
 def _tab(request, state) -> str:

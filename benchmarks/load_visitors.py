@@ -502,7 +502,8 @@ def _round_problems(run: dict, warm: Visitor) -> list[str]:
         expected = ("left", "refused") if v.leaves else ("answered", "refused")
         if v.outcome not in expected or v.outcome == "refused" and not v.reason:
             problems.append(f"visitor {v.number + 1}: {v.outcome} {v.reason}".strip())
-        if v.greedy and v.outcome in ("answered", "refused") and not v.second.startswith(("answered", "refused: ")):
+        asked = v.outcome == "answered" or v.reason.startswith("ask:")  # a visitor refused its read never asks
+        if v.greedy and asked and not v.second.startswith(("answered", "refused: ")):
             problems.append(f"visitor {v.number + 1}'s second question: {v.second or 'never sent'}")
     problems += cross_deliveries([*run["visitors"], warm])
     if run["tabs_closed"] < len(run["visitors"]):

@@ -38,10 +38,10 @@ def test_a_2_mb_question_is_refused_at_once_without_tokenizing(embedded_model, s
     list(handlers.read(False, state))
     calls = _counting(state.session)
     started = time.monotonic()
-    views = list(handlers.ask("lighthouse " * 200_000, [], 32, 0.0, state))  # 2.2 MB of text
+    views = list(handlers.ask("lighthouse " * 200_000, [], 32, 0.0, state))  # 2.2 MB of text (2,199,999 once stripped)
     assert time.monotonic() - started < 1.0
     assert calls == {"count_tokens": 0, "fit_question": 0}
-    assert "Not asked: the question has 2,200,000 characters and this app takes questions of at most" in \
+    assert "Not asked: the question has 2,199,999 characters and this app takes questions of at most" in \
         views[-1].status
     assert views[-1].chat[0]["content"].startswith("lighthouse")  # shown cut short, not whole
     assert len(views[-1].chat[0]["content"]) < 3000

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import shutil
 from pathlib import Path
 
+from app.disk_usage import folder_bytes
 from app.saved import SavedDocs
 from app.visitor_caps import CapLimits
 from engine import SnapshotStore, format_bytes
@@ -65,9 +65,9 @@ class Shelves:
         refuses a save past it whole, and says whose cap it is)."""
         if shelf.store is None or self.total_bytes is None:
             return shelf
-        own = _tree_bytes(shelf.store.root)
+        own = folder_bytes(shelf.store.root)
         roots = [self.store.root / USERS_FOLDER] + ([self.session_root] if self.session_root is not None else [])
-        others = sum(_tree_bytes(root) for root in roots) - own
+        others = sum(folder_bytes(root) for root in roots) - own
         room = max(self.total_bytes - others, 0)
         limit, note = room, f"left of the {format_bytes(self.total_bytes)} all visitors may keep together"
         if self.visitor_bytes is not None and self.visitor_bytes <= room:
@@ -98,18 +98,6 @@ class Shelves:
                 shelf = SavedDocs(None)
             self._by_owner[owner] = shelf
         return shelf
-
-
-def _tree_bytes(root: Path) -> int:
-    """Bytes of the files under ``root`` (0 when it is missing)."""
-    total = 0
-    for folder, _dirs, files in os.walk(root):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(folder, name)).st_size
-            except OSError:  # deleted meanwhile
-                pass
-    return total
 
 
 def _digest(name: str) -> str:

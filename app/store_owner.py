@@ -16,6 +16,8 @@ import os
 import shutil
 from pathlib import Path
 
+from app.disk_usage import folder_bytes
+
 logger = logging.getLogger(__name__)
 
 LOCK_PREFIX = ".owner-"
@@ -83,18 +85,7 @@ def _leftovers(root: Path) -> list[tuple[Path, int, float]]:
     for path in entries:
         if path.name.startswith(LEFTOVER_PREFIXES) and path.is_dir():
             try:
-                found.append((path, _bytes(path), path.stat().st_mtime))
+                found.append((path, folder_bytes(path), path.stat().st_mtime))
             except OSError:
                 continue
     return found
-
-
-def _bytes(folder: Path) -> int:
-    total = 0
-    for dirpath, _, names in os.walk(folder):
-        for name in names:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                pass
-    return total

@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.disk_usage import folder_bytes
+
 UPLOAD_PATH = re.compile(r"^(?:/gradio_api)?/upload/?$")
 GiB = 1 << 30
 
@@ -28,20 +30,6 @@ class UploadLimits:
     per_client: int = GiB
     window: float = 3600.0
     total: int = 8 * GiB
-
-
-def folder_size(folder: Path | None) -> int:
-    """Bytes in the files under ``folder`` (0 when it is missing)."""
-    if folder is None:
-        return 0
-    size = 0
-    for root, _, files in os.walk(folder):
-        for name in files:
-            try:
-                size += os.lstat(os.path.join(root, name)).st_size
-            except OSError:  # deleted meanwhile
-                pass
-    return size
 
 
 def upload_folder() -> Path | None:
@@ -64,7 +52,7 @@ class UploadBudget:
         """Counts an upload of ``size`` bytes from ``visitor``: ``(status, reason)`` when refused, else None."""
         if size is None:
             return 411, "An upload must say its length (Content-Length)."
-        held = folder_size(self.folder())  # outside the lock: a walk of the folder
+        held = folder_bytes(self.folder())  # outside the lock: a walk of the folder
         with self.lock:
             now = self.clock()
             while self.sent and self.sent[0][0] <= now - self.limits.window:

@@ -562,9 +562,10 @@ def main(argv: list[str] | None = None) -> None:
     del model, tokenizer  # the holder owns them: a switch must be able to free the old model
     extra = {"kv_dtype": policy.kv_dtype, "self_check": checked}  # the header follows the served model
     owner = new_gate(private)  # a key in memory only, new at each start: the picker's actions are its holder's
+    uploads = prepare_folder(UPLOADS)  # (another user's folder of that name: a fresh private one instead)
     demo = build_ui(holder.new_session, model_info=lambda: {**holder.info(), **extra}, snapshot_store=store,
-                    private=private, upload_dir=prepare_folder(UPLOADS), session_shelves=session_shelves,
-                    picker=ModelPicker(holder, device=device, owner=owner, uploads=[UPLOADS]).build,
+                    private=private, upload_dir=uploads, session_shelves=session_shelves,
+                    picker=ModelPicker(holder, device=device, owner=owner, uploads=[uploads]).build,
                     max_question=args.max_question, caps=visitor_limits(args),
                     notice=OPEN_NOTICE if private and not authenticator else None)
     share = args.share and can_reach_share_server()

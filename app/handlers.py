@@ -58,7 +58,8 @@ class Handlers:
         ``caps``: the per-visitor caps when ``private`` (``app.visitor_caps``; None: its defaults)."""
         limits = (caps or CapLimits()) if private else NO_CAPS
         self.app = AppState(engine_factory, Shelves(snapshot_store, private=private, session_root=session_shelves,
-                                                    visitor_bytes=limits.shelf_bytes),
+                                                    visitor_bytes=limits.shelf_bytes,
+                                                    total_bytes=limits.shelves_total_bytes),
                             compute_queue or ComputeQueue(), max_question=max_question, upload_dir=upload_dir,
                             caps=VisitorCaps(limits))
         self.reading = Reading(self.app)

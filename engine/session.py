@@ -102,7 +102,9 @@ class DocumentSession:
         self.turns: list[Turn] = []
         self.dropped_turns = 0  # oldest turns the last question left out of its prompt (to fit the allowance)
         # When an answer reads "the document may not say this": fitted per model (engine.answer.support).
-        self.support_thresholds = thresholds_for(getattr(self.model.config, "_name_or_path", "") or "")
+        # (A session retired by a model switch has no model: clearing it again, from any path, must still work.)
+        config = getattr(self.model, "config", None)
+        self.support_thresholds = thresholds_for(getattr(config, "_name_or_path", "") or "")
         self._page_texts: dict[str, str] | None = None  # {page label: text}, for the support check, when needed
         self._context_limit, self._limit_reason = 0, ""  # the document's plan: the most its context may take, and why
         self._host_ms_per_token = 0.0  # the last answer's host-attention time per token (meters)

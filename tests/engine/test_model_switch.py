@@ -54,6 +54,9 @@ def test_switch_returns_the_old_models_memory_and_closes_open_documents():
     for session in (reading, idle):
         assert "switched from big to tiny" in session.retired and session.model is None
     assert not reading.is_prefilled
+    for session in (reading, idle):  # a tab closing later clears it again (app: unload, the state's delete, working)
+        session.clear()
+        assert session.model is None and not session.document
     after = holder.info()  # what the app's header shows: the new model, under a new serial
     assert (before["serial"], after["serial"]) == (0, 1) and after["params"] < before["params"]
     fresh = holder.new_session()

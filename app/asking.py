@@ -33,6 +33,7 @@ NO_CHANGE: dict = gr.update()
 # to count); also the question box's own limit (``app.ui``). A token is rarely more than 8 characters of text.
 QUESTION_CHARS = 1_000_000
 CHARS_PER_TOKEN = 8
+_MIN_ROOM = 1024  # tokens: the least room a question's character cap is counted from
 
 
 class Questions:
@@ -100,12 +101,15 @@ class Questions:
         """Why ``question`` cannot be asked (the numbers), or "" with the ``ConversationFit`` it will be asked with
         (``session.fit_question``'s, handed on to ``session.ask``: the question is tokenized once)."""
         limit = self.app.max_question
-        # Short questions go on to the token checks below, which say the numbers in tokens.
-        room = limit if limit is not None else session.question_room(max_new_tokens)
-        chars = min(QUESTION_CHARS, CHARS_PER_TOKEN * max(room, 1024))
-        if len(question) > chars:
-            return (f"the question has {len(question):,} characters and this app takes questions of at most "
-                    f"{chars:,} characters here"), None
+        # Short questions go on to the token checks below, which say the numbers in tokens: room is never counted
+        # below _MIN_ROOM tokens, so only a question past that many characters needs the room at all.
+        if len(question) > CHARS_PER_TOKEN * _MIN_ROOM:
+            room = limit if limit is not None else session.question_room(max_new_tokens)
+            # 4x slack: a question near its room gets the exact token numbers below; one far past it is never read
+            chars = min(QUESTION_CHARS, 4 * CHARS_PER_TOKEN * max(room, _MIN_ROOM))
+            if len(question) > chars:
+                return (f"the question has {len(question):,} characters and this app takes questions of at most "
+                        f"{chars:,} characters here"), None
         if limit is not None:
             num_tokens = session.count_tokens(question)
             if num_tokens > limit:

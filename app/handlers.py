@@ -123,7 +123,7 @@ class Handlers:
         if state is not None and not is_owner(state, request):  # /heartbeat/{hash} needs no login: not the owner's
             logger.warning("a tab's unload from another login than the tab's was ignored")
             return
-        self.app.caps.tab_closed(session_hash, request.username)
+        self.app.caps.tab_closed(session_hash, getattr(request, "username", None))
         self.app.tabs.pop(session_hash, None)
         if state is None:
             self.app.shelves.close_session(session_hash)

@@ -136,7 +136,8 @@ class ReadCheckpoints:
         self.cache.synchronize()  # the rows below num_read have landed in their homes
         job = [(layer.layer_idx, *self._range(layer.window, num_read), self._runs(layer.homes, layer.window, num_read))
                for layer in self.cache.layers]
-        self._pending = self._worker.submit(self._write, job, num_read, self._seconds_before + seconds)
+        # (never below 0: the header check counts a negative time as damage; a read paused for a turn can report one)
+        self._pending = self._worker.submit(self._write, job, num_read, max(0.0, self._seconds_before + seconds))
         self._done = num_read
         return True
 

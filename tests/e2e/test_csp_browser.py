@@ -88,6 +88,9 @@ def use_the_page(browser, url: str, tmp_path, *, cdn: str | None = None) -> dict
     pdf = make_pdf(tmp_path / "lighthouse.pdf", ["The keeper is Mara.", "The secret code is AMBER-7."])
     read_and_ask(page, pdf, "What is the code?")
     page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('tok/s')")
+    # (the status can name the read's tok/s while the answer's bubble still streams: wait for the answer's words)
+    page.wait_for_function("() => [...document.querySelectorAll('#chat .message.bot, #chat [data-testid=bot]')]"
+                           ".pop()?.innerText.includes('AMBER-7')", timeout=120_000)
     answer = page.locator("#chat .message.bot, #chat [data-testid=bot]").last.inner_text()
     # A script from elsewhere is refused (and reported) on this page too.
     page.evaluate("""() => { const s = document.createElement('script');

@@ -19,6 +19,7 @@ from app.owner import COOKIE, OPEN, OwnerGate, new_gate, owner_middleware
 from app.picker import ModelPicker
 from engine.models import DownloadJob
 from engine.models.catalogue import Machine, load_catalogue
+from test_picker import FakeHolder  # the served model, stood in for: what a switch was asked for is recorded
 
 GIB = 2**30
 RTX_4090 = Machine("RTX 4090 + 64 GiB", True, int(24 * GIB * 0.92), int(64 * GIB * 0.85), 500 * GIB, 1e14, 10.0, 900.0)
@@ -26,20 +27,8 @@ TINY_CONFIG = ('{"model_type": "llama", "num_hidden_layers": 2, "num_attention_h
                '"intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 2048}')
 
 
-class Holder:
-    """The served model, stood in for: what a switch was asked for is recorded (the picker is under test)."""
-
-    def __init__(self):
-        self.model, self.name, self.switched = object(), "HuggingFaceTB/SmolLM2-135M-Instruct", []
-
-    def switch(self, source, name=None):
-        self.switched.append((source, name))
-        self.name = name
-        return SimpleNamespace(new=name, old="SmolLM2", load_seconds=3.0, returned_bytes=GIB, closed_documents=1)
-
-
 def _picker(gate: OwnerGate, uploads=()) -> ModelPicker:
-    picker = ModelPicker(Holder(), device="cuda", owner=gate, uploads=list(uploads))
+    picker = ModelPicker(FakeHolder(), device="cuda", owner=gate, uploads=list(uploads))
     picker._machine = (picker.holder.model, RTX_4090)
     return picker
 

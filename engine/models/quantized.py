@@ -1,0 +1,240 @@
+"""Quantized weights through maintained libraries (torchao, bitsandbytes), loaded by transformers' own quantizers
+(``quantization_config=`` in ``from_pretrained``): no kernel of ours, no class patched.
+
+The weights modes, as ``load_model(weights=...)`` and ``launch.py --weights`` take them:
+
+- ``"8bit"`` / ``"4bit"``: the library is chosen for the device (``PREFERENCE``, then what is installed);
+- a scheme by name (``SCHEMES``): ``torchao-int8``, ``torchao-int4``, ``torchao-fp8``, ``bnb-int8``, ``bnb-nf4``;
+- a pre-quantized checkpoint (its ``config.json`` has a ``quantization_config``: compressed-tensors, AWQ/GPTQ,
+  fp8...) loads as it is stored with ``auto`` or ``dense``; ``prequantized_method`` names its method.
+
+Each scheme is a lossy copy of the bf16 (or fp32) weights; exactness is restated over the *same* quantized
+weights: head-wise attention over the quantized model equals stock attention over that model (tests/engine/
+test_quantized_parity.py). Only ``nn.Linear`` layers are quantized: the embeddings, the lm_head and transformers
+5's fused MoE experts (3-D ``gate_up_proj`` / ``down_proj`` parameters, not linear layers) stay in the compute
+dtype, so an MoE model shrinks little (``kept_dense_params``).
+
+For the planner and the picker (config alone, nothing imported): ``bytes_per_weight(mode)`` is what a quantized
+linear weight holds (its scales included), ``held_weight_bytes(mode, num_params, kept_dense)`` a model's total,
+and ``choose_gpu_weights`` the ``auto`` rule on a GPU: bf16 where the weights fit beside the working buffers, else
+8-bit, else 4-bit. The libraries are imported only when a model is loaded in one of their modes: the app starts
+without them, and a mode whose library is missing is refused naming the pip command.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InputError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """One quantization scheme of one library."""
+
+    name: str  # the weights mode that names it, e.g. "torchao-int8"
+    bits: int  # 8 or 4: what "8bit" / "4bit" resolve among
+    library: str  # the import name, looked for before loading
+    pip: str  # what to install when it is missing (the pin requirements.txt holds)
+    devices: tuple[str, ...]  # torch device types the library computes it on
+    bytes_per_weight: float  # a quantized linear weight's bytes, its scales included
+    description: str  # for the header: what the weights are
+    dtypes: tuple[str, ...] = ()  # the compute dtypes it runs in (empty: any)
+
+    def label(self) -> str:
+        """The header's words: which weights, and that they are a lossy copy of the model's own."""
+        return f"{self.bits}-bit weights ({self.description}; a lossy copy of the bf16 weights)"
+
+
+_TORCHAO = "torchao==0.18.0"
+_BNB = "bitsandbytes==0.50.2"
+_INT4_GROUP = 128  # torchao int4: one bf16 scale and zero point per 128 weights of a row
+_NF4_BLOCK = 64  # bitsandbytes nf4: one fp32 absmax per 64 weights
+
+#: name -> scheme. Bytes per weight: the codes plus their scales (int8: one scale per output row, negligible).
+SCHEMES: dict[str, Quantization] = {q.name: q for q in (
+    Quantization("torchao-int8", 8, "torchao", _TORCHAO, ("cuda", "cpu"), 1.0,
+                 "torchao int8 weight-only, a scale per output channel"),
+    Quantization("torchao-int4", 4, "torchao", _TORCHAO, ("cuda",), 0.5 + 4 / _INT4_GROUP,
+                 f"torchao int4 weight-only, groups of {_INT4_GROUP} (tinygemm)", ("bfloat16",)),
+    Quantization("torchao-fp8", 8, "torchao", _TORCHAO, ("cuda", "cpu"), 1.0,
+                 "torchao float8 weight-only, a scale per output channel"),
+    Quantization("bnb-int8", 8, "bitsandbytes", _BNB, ("cuda", "cpu"), 1.0,
+                 "bitsandbytes LLM.int8, a scale per output channel"),
+    Quantization("bnb-nf4", 4, "bitsandbytes", _BNB, ("cuda", "cpu"), 0.5 + 4 / _NF4_BLOCK,
+                 f"bitsandbytes nf4, blocks of {_NF4_BLOCK}"),
+)}
+GENERIC_MODES = ("8bit", "4bit")
+QUANTIZED_MODES = GENERIC_MODES + tuple(SCHEMES)
+
+#: (device type, bits) -> schemes in the order "8bit" / "4bit" try them (the first whose library is installed).
+#: Provisional until measured on a GPU (benchmarks/weights/quantized_weights.py, docs/benchmarks/quantized-
+#: weights.md): on CUDA torchao's int4 runs tinygemm's kernel and its int8 one matmul on a widened copy;
+#: bitsandbytes is the fallback, and the only 4-bit scheme on the CPU (torchao's int4 needs CUDA there).
+PREFERENCE: dict[tuple[str, int], tuple[str, ...]] = {
+    ("cuda", 8): ("torchao-int8", "bnb-int8"),
+    ("cuda", 4): ("torchao-int4", "bnb-nf4"),
+    ("cpu", 8): ("torchao-int8", "bnb-int8"),
+    ("cpu", 4): ("bnb-nf4",),
+}
+_BITS = {"8bit": 8, "4bit": 4}
+_DENSE_LABEL = "bf16/fp32 weights as stored"
+
+
+def is_quantized_mode(mode: str) -> bool:
+    """Whether ``mode`` is one of this module's weights modes (not dense, int8 on the CPU's own runtime, gguf)."""
+    return mode in QUANTIZED_MODES
+
+
+def installed(library: str) -> bool:
+    """Whether ``library`` can be imported here (looked up, not imported: torchao's import takes seconds)."""
+    return importlib.util.find_spec(library) is not None
+
+
+def resolve(mode: str, device: str = "cuda", *, check_installed: bool = True) -> Quantization:
+    """The scheme ``mode`` loads on ``device`` (a torch device string or type). ``InputError`` where the device
+    cannot run it or, with ``check_installed``, its library is missing (naming the pip command)."""
+    device_type = device.partition(":")[0]
+    if mode in SCHEMES:
+        scheme = SCHEMES[mode]
+        if device_type not in scheme.devices:
+            raise InputError(f"--weights {mode} runs on {' or '.join(scheme.devices)}, not {device_type}; "
+                             f"use --weights {scheme.bits}bit")
+        if check_installed and not installed(scheme.library):
+            raise InputError(f"--weights {mode} needs {scheme.library}: pip install {scheme.pip}")
+        return scheme
+    if mode not in _BITS:
+        raise InputError(f"{mode!r} is not a quantized weights mode; use one of {', '.join(QUANTIZED_MODES)}")
+    names = PREFERENCE.get((device_type, _BITS[mode]), ())
+    if not names:
+        raise InputError(f"--weights {mode} runs on a CUDA GPU or the CPU, not {device_type}")
+    if not check_installed:
+        return SCHEMES[names[0]]
+    for name in names:
+        if installed(SCHEMES[name].library):
+            return SCHEMES[name]
+    pips = " or ".join(f"pip install {SCHEMES[name].pip}" for name in names)
+    raise InputError(f"--weights {mode} needs a quantization library: {pips}")
+
+
+def quantization_config(scheme: Quantization, dtype: Any) -> Any:
+    """The transformers quantization config that loads ``scheme`` computing in ``dtype`` (a torch dtype). Imports
+    the library (call ``resolve`` first: it says what to install)."""
+    import transformers
+
+    if scheme.library == "torchao":
+        from torchao.quantization import Float8WeightOnlyConfig, Int4WeightOnlyConfig, Int8WeightOnlyConfig
+
+        method = {"torchao-int8": lambda: Int8WeightOnlyConfig(),
+                  # tinygemm's layout: the int4 kernel torch itself ships for CUDA (the default needs mslk)
+                  "torchao-int4": lambda: Int4WeightOnlyConfig(group_size=_INT4_GROUP,
+                                                               int4_packing_format="tile_packed_to_4d"),
+                  "torchao-fp8": lambda: Float8WeightOnlyConfig()}[scheme.name]()
+        return transformers.TorchAoConfig(method)
+    if scheme.name == "bnb-int8":
+        return transformers.BitsAndBytesConfig(load_in_8bit=True)
+    return transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                           bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage="uint8")
+
+
+def check_dtype(scheme: Quantization, dtype_name: str) -> None:
+    """``InputError`` unless ``scheme`` computes in ``dtype_name`` (a ``torch.dtype`` name without ``torch.``)."""
+    if scheme.dtypes and dtype_name not in scheme.dtypes:
+        raise InputError(f"--weights {scheme.name} computes in {' or '.join(scheme.dtypes)}, not {dtype_name}; "
+                         "leave --dtype on auto")
+
+
+def prequantized_method(config: Any) -> str | None:
+    """The quantization a checkpoint was published in (its config's ``quantization_config``: ``"awq"``,
+    ``"gptq"``, ``"compressed-tensors"``, ``"fp8"``...), or None for plain weights."""
+    quant = getattr(config, "quantization_config", None)
+    if quant is None:
+        return None
+    method = quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None)
+    method = getattr(method, "value", method)  # transformers' QuantizationMethod is a str enum
+    return str(method) if method else "quantized"
+
+
+def mode_of(model: Any) -> str | None:
+    """The weights mode a loaded transformers model is quantized in (a ``SCHEMES`` name, or ``"prequantized:
+    <method>"`` for a checkpoint published quantized), or None when it is not quantized by transformers."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None:
+        return None
+    quant = quantizer.quantization_config
+    method = str(getattr(quant.quant_method, "value", quant.quant_method))
+    if getattr(quantizer, "pre_quantized", False):  # the folder held quantized weights: loaded as they are
+        return f"prequantized:{method}"
+    if method == "bitsandbytes":
+        return "bnb-int8" if quant.load_in_8bit else "bnb-nf4"
+    if method == "torchao":
+        kind = type(quant.quant_type).__name__
+        return {"Int8WeightOnlyConfig": "torchao-int8", "Int4WeightOnlyConfig": "torchao-int4",
+                "Float8WeightOnlyConfig": "torchao-fp8"}.get(kind, f"torchao:{kind}")
+    return f"prequantized:{method}"
+
+
+def label(mode: str) -> str:
+    """The words the header shows for a weights mode (a ``SCHEMES`` name, ``prequantized:<method>`` or other)."""
+    if mode in SCHEMES:
+        return SCHEMES[mode].label()
+    if mode.startswith("prequantized:"):
+        return f"{mode.partition(':')[2]} weights as the checkpoint was published (quantized by its publisher)"
+    return {"int8": "int8 weights (lossy)", "gguf": "GGUF blocks"}.get(mode, _DENSE_LABEL)
+
+
+def bytes_per_weight(mode: str, device: str = "cuda", dtype_bytes: int = 2) -> float | None:
+    """The bytes one weight of a linear layer holds in ``mode`` on ``device`` (scales included): ``dtype_bytes``
+    dense, 1.0 for int8 (the CPU's own ``engine.models.int8`` too), 0.5625 for nf4, 0.53125 for torchao int4;
+    ``"8bit"``/``"4bit"`` as the scheme ``PREFERENCE`` puts first on that device. None for ``"gguf"``: a GGUF
+    file's blocks hold what the file does (its size is the figure). For the planner and the picker: no import."""
+    if mode in ("dense", "auto") or mode.startswith("prequantized:"):
+        return float(dtype_bytes)
+    if mode == "int8":
+        return 1.0
+    if mode == "gguf":
+        return None
+    return resolve(mode, device, check_installed=False).bytes_per_weight
+
+
+def held_weight_bytes(mode: str, num_params: int, kept_dense: int = 0, *, device: str = "cuda",
+                      dtype_bytes: int = 2) -> int:
+    """A model's weight bytes in ``mode``: ``num_params - kept_dense`` quantized at ``bytes_per_weight`` and
+    ``kept_dense`` (embeddings, lm_head, fused MoE experts: ``kept_dense_params``) in ``dtype_bytes``."""
+    per_weight = bytes_per_weight(mode, device, dtype_bytes)
+    if per_weight is None:
+        raise InputError("a GGUF model holds its file's bytes; plan it with the file's size")
+    kept = min(kept_dense, num_params) if per_weight != dtype_bytes else num_params
+    return int((num_params - kept) * per_weight + kept * dtype_bytes)
+
+
+def kept_dense_params(config: Any) -> int:
+    """The weights a quantizer leaves in the compute dtype, from a config alone: the input embedding, an untied
+    lm_head, and fused MoE experts (``num_experts`` x 3 x hidden x ``moe_intermediate_size`` a MoE layer)."""
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    hidden, vocab = int(config.hidden_size), int(config.vocab_size)
+    kept = vocab * hidden * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    moe_width = getattr(config, "moe_intermediate_size", None)
+    if experts and moe_width:
+        layers = int(config.num_hidden_layers)
+        dense_layers = len(getattr(config, "mlp_only_layers", None) or ())
+        kept += (layers - dense_layers) * int(experts) * 3 * hidden * int(moe_width)
+    return kept
+
+
+def choose_gpu_weights(num_params: int, gpu_budget: int, working_bytes: int, kept_dense: int = 0,
+                       device: str = "cuda") -> str:
+    """``weights="auto"`` on a GPU: ``"dense"`` (bf16) where the weights fit within ``gpu_budget`` beside the
+    plan's ``working_bytes`` (a minimal document's KV buffers and activations), else ``"8bit"`` where those
+    fit, else ``"4bit"`` (whose plan then says what does not fit)."""
+    for mode in ("dense", "8bit"):
+        if held_weight_bytes(mode, num_params, kept_dense, device=device) + working_bytes <= gpu_budget:
+            return mode
+    return "4bit"

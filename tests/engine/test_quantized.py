@@ -1,0 +1,88 @@
+"""The quantized weights modes' arithmetic and choices (engine.models.quantized): bytes per weight, the auto rule on
+a GPU, which library a mode resolves to, and the refusals. Numbers only: nothing is loaded here."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import Qwen3Config, Qwen3MoeConfig
+
+from engine.errors import InputError
+from engine.models import quantized
+from engine.models.quantized import (
+    bytes_per_weight,
+    choose_gpu_weights,
+    held_weight_bytes,
+    kept_dense_params,
+    label,
+    resolve,
+)
+
+GIB = 1 << 30
+
+
+def test_bytes_per_weight_of_each_mode():
+    assert bytes_per_weight("dense") == 2.0 and bytes_per_weight("dense", dtype_bytes=4) == 4.0
+    assert bytes_per_weight("8bit") == 1.0
+    assert bytes_per_weight("4bit", "cuda") == pytest.approx(0.53125)  # torchao int4: 4 bytes a group of 128
+    assert bytes_per_weight("4bit", "cpu") == pytest.approx(0.5625)  # nf4 on the CPU: a fp32 absmax per 64
+    assert bytes_per_weight("bnb-nf4") == pytest.approx(0.5625)
+    assert bytes_per_weight("int8") == 1.0
+    assert bytes_per_weight("gguf") is None
+
+
+def test_held_bytes_keep_the_embeddings_dense():
+    # 27B weights, 1.5B of them embeddings: 4-bit holds 25.5e9 x 0.53 + 1.5e9 x 2 bytes.
+    assert held_weight_bytes("dense", 27_000_000_000, 1_500_000_000) == 54_000_000_000
+    assert held_weight_bytes("4bit", 27_000_000_000, 1_500_000_000) == int(25.5e9 * 0.53125 + 3e9)
+    with pytest.raises(InputError, match="file's size"):
+        held_weight_bytes("gguf", 10, 0)
+
+
+def test_kept_dense_counts_embeddings_and_fused_experts():
+    common = dict(hidden_size=64, vocab_size=100, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
+    assert kept_dense_params(Qwen3Config(**common, intermediate_size=96, tie_word_embeddings=True)) == 6_400
+    assert kept_dense_params(Qwen3Config(**common, intermediate_size=96, tie_word_embeddings=False)) == 12_800
+    moe = Qwen3MoeConfig(**common, intermediate_size=96, num_experts=4, moe_intermediate_size=32,
+                         tie_word_embeddings=False)
+    assert kept_dense_params(moe) == 12_800 + 3 * 4 * 3 * 64 * 32
+
+
+@pytest.mark.parametrize(("params", "expected"), [
+    (7_000_000_000, "dense"),  # 14 GB of bf16 + 4 GiB of buffers fit a 24 GiB card's 21.7 GiB (23.3 GB)
+    (10_000_000_000, "8bit"),  # 20 GB + 4.3 GB do not; 10 GB do
+    (27_000_000_000, "4bit"),  # 27 GB of 8-bit do not; 14.3 GB of 4-bit do
+    (80_000_000_000, "4bit"),  # nothing fits: the smallest, whose plan says so
+])
+def test_auto_on_a_gpu_holds_bf16_where_it_fits_else_8_else_4_bit(params, expected):
+    budget = 24 * GIB - (800 << 20) - (3 << 29)  # a 24 GiB card less the CUDA context and the reserve
+    assert choose_gpu_weights(params, budget, working_bytes=4 * GIB, kept_dense=0) == expected
+
+
+def test_the_working_buffers_decide_too():
+    assert choose_gpu_weights(7_000_000_000, 20 * GIB, working_bytes=2 * GIB) == "dense"
+    assert choose_gpu_weights(7_000_000_000, 20 * GIB, working_bytes=8 * GIB) == "8bit"
+
+
+def test_modes_resolve_to_a_library_for_the_device():
+    assert resolve("4bit", "cuda:0", check_installed=False).name == "torchao-int4"
+    assert resolve("4bit", "cpu", check_installed=False).name == "bnb-nf4"
+    assert resolve("8bit", "cpu", check_installed=False).name == "torchao-int8"
+    with pytest.raises(InputError, match="runs on cuda, not cpu"):
+        resolve("torchao-int4", "cpu", check_installed=False)
+    with pytest.raises(InputError, match="not a quantized weights mode"):
+        resolve("3bit", "cpu")
+
+
+def test_a_missing_library_is_refused_naming_the_pip_command(monkeypatch):
+    monkeypatch.setattr(quantized, "installed", lambda library: library != "torchao")
+    assert resolve("8bit", "cuda").name == "bnb-int8"  # the next library in PREFERENCE
+    with pytest.raises(InputError, match=r"pip install torchao==0\.18\.0"):
+        resolve("torchao-int8", "cpu")
+    monkeypatch.setattr(quantized, "installed", lambda library: False)
+    with pytest.raises(InputError, match=r"pip install torchao==0\.18\.0 or pip install bitsandbytes==0\.50\.2"):
+        resolve("8bit", "cuda")
+
+
+def test_labels_say_lossy_for_our_quantization_and_publisher_for_a_checkpoint():
+    assert "lossy copy of the bf16 weights" in label("bnb-nf4") and label("bnb-nf4").startswith("4-bit")
+    assert "published" in label("prequantized:awq") and "lossy" not in label("prequantized:awq")

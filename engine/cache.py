@@ -280,7 +280,7 @@ class HeadInferCache(Cache):
                                                                    cuda=is_cuda, batch=batch,
                                                                    dtype_bytes=dtype.itemsize,
                                                                    groups_per_buffer=per_buffer))
-        self._host = HostMemory(pin, self.transfer.fence, ledger=self.ledger)
+        self._host = HostMemory(pin, self.transfer.fence, ledger=self.ledger, budget=streams.pin_budget)
         for layer in self.kv_layers:
             slots = [layer.kv_index * num_groups + i for i in range(num_groups)]
             groups = [HeadGroup(i * g, (i + 1) * g, slot in resident, slot in on_disk) for i, slot in enumerate(slots)]

@@ -12,7 +12,9 @@ What a CUDA stream promises, and what this backend therefore does:
   ``stream.wait_event`` makes only that stream wait (the compute stream: the caller's thread blocks, so that
   its operations run after it, but the *thread* learns nothing: a host read still needs ``synchronize``);
 - every copy, event and declared access is told to ``happens_before.Checker``, which raises ``RaceError`` for
-  a conflicting pair of accesses that nothing orders.
+  a conflicting pair of accesses that nothing orders;
+- pins are charged to a budget of the backend's own (one backend stands for one process): past
+  ``HEADINFER_PIN_LIMIT`` a pin is refused, and every pin after it too, as under Windows' display driver.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from concurrent.futures import Executor, Future
 import torch
 
 from .happens_before import Checker
+from .pin_budget import PinBudget, limit_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -181,9 +184,10 @@ class EmulatedStreams:
     name = "emulated"
     is_async = True
 
-    def __init__(self, seed: int = 0, checker: Checker | None = None):
+    def __init__(self, seed: int = 0, checker: Checker | None = None, pin_limit: int | None = None):
         self.seed = seed
         self.checker = checker or Checker()
+        self.pin_budget = PinBudget(pin_limit if pin_limit is not None else limit_from_env(), sticky=True)
         self._random = random.Random(f"{seed}:threads")
         self._compute = EmulatedStream(self, "compute", compute=True)
         self._local = threading.local()
@@ -237,8 +241,10 @@ class EmulatedStreams:
         stream.enqueue(run)
 
     def pinned(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        """Plain memory standing for page-locked memory, charged to the budget (refused past it, stickily)."""
+        self.pin_budget.check(torch.Size(shape).numel() * dtype.itemsize)
         with torch.inference_mode(False):
-            return torch.empty(shape, dtype=dtype)
+            return self.pin_budget.take(torch.empty(shape, dtype=dtype))
 
     # -- declared accesses -------------------------------------------------------------------------------
     def read(self, tensor: torch.Tensor, what: str = "") -> None:

@@ -4,7 +4,8 @@ torch's pinned allocator rounds every block up to a power of two, which can doub
 home takes; registering ordinary memory with ``cudaHostRegister`` locks exactly what is used. Two rules:
 
 - A refused registration is a planning error, never a silent fallback to the rounding allocator (which
-  would ask for up to twice the memory that was just refused). The CUDA runtime records the failure as
+  would ask for up to twice the memory that was just refused). With a pin *limit* (``pin_budget.py``) homes past
+  it, or past a refusal, stay pageable instead, and the staging ring (``staging_ring.py``) fetches them. The CUDA runtime records the failure as
   its "last error", which the next unrelated kernel launch would report as its own; it is cleared here, in
   the libcudart torch itself uses (a process may map several).
 - Memory is unregistered and freed only after ``fence()`` has returned: the owner's copy streams are
@@ -101,9 +102,12 @@ class HostMemory:
     """
 
     def __init__(self, pin: bool, fence: Callable[[], None], runtime: CudaRuntime | None = None,
-                 ledger: Ledger | None = None):
+                 ledger: Ledger | None = None, budget=None):
         self.pin = pin
         self.ledger = ledger if ledger is not None else Ledger()  # every home's bytes are recorded there
+        # The streams' ``pin_budget.PinBudget``: with a limit, homes past it stay pageable (the staging ring
+        # fetches them); on emulated streams (``pin`` False) plain memory within it stands for pinned memory.
+        self.budget = budget
         self._fence = fence
         self._runtime = runtime if runtime is not None or not pin else cuda_runtime()
         self._registered: dict[int, torch.Tensor] = {}  # data_ptr -> the tensor that owns the memory
@@ -118,8 +122,13 @@ class HostMemory:
         # Created outside inference mode: homes are written in place by restores and by generate() (no_grad)
         # even when the first forward, which allocates them, ran under inference mode.
         num_bytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        if not self.pin or num_bytes == 0:
-            return self.ledger.empty(HOMES, shape, dtype, "cpu")
+        budget = self.budget
+        limited = budget is not None and budget.is_limited
+        if num_bytes == 0 or (limited and not budget.fits(num_bytes, reserve=True)):
+            return self.ledger.empty(HOMES, shape, dtype, "cpu")  # past the pin budget: pageable, staged
+        if not self.pin:
+            tensor = self.ledger.empty(HOMES, shape, dtype, "cpu")
+            return budget.take(tensor) if limited else tensor
         self.ledger.check(HOMES, num_bytes, "cpu")
         with torch.inference_mode(False):
             # Whole pages of its own: the driver tracks registrations by page, so two homes sharing a page
@@ -133,11 +142,16 @@ class HostMemory:
         code = self._runtime.host_register(base.data_ptr() + offset, rounded)
         if code != 0:
             self._runtime.clear_last_error()
+            if limited:  # the staging ring fetches pageable homes: the driver's cap lowers the budget
+                budget.refuse()
+                return self.ledger.record(HOMES, tensor)
             raise PinningError(
                 f"could not page-lock {num_bytes / 2**30:.2f} GiB of host memory for the KV cache "
                 f"({self._runtime.error_string(code)}); lower the host memory budget (--host-memory) or the "
                 "context, or close other programs")
         self._registered[tensor.data_ptr()] = tensor
+        if budget is not None:
+            budget.take(tensor, rounded)
         return self.ledger.record(HOMES, tensor)
 
     def free(self, tensor: torch.Tensor) -> None:
@@ -147,6 +161,8 @@ class HostMemory:
             return
         self._fence()
         _unregister(self._runtime, owner)
+        if self.budget is not None:
+            self.budget.give_back(owner)
 
     def free_all(self) -> None:
         self._finalizer()

@@ -13,7 +13,8 @@ copy is synchronous, so a missing or misplaced wait would be invisible there. So
   (``HEADINFER_STREAMS_SEED`` seeds the delays).
 
 Each backend offers: ``new_stream(name)``, ``event(blocking)``, ``current()``, ``use(stream)``,
-``copy(dst, src)`` and ``copy_many(dsts, srcs)`` (on the current stream), ``pinned(shape, dtype)``, the access
+``copy(dst, src)`` and ``copy_many(dsts, srcs)`` (on the current stream), ``pinned(shape, dtype)`` (charged to
+``pin_budget``: a ``pin_budget.PinBudget``, None where nothing is pinned), the access
 declarations ``read(t, what)`` / ``write(t, what)`` (by the current stream) and ``host_read`` / ``host_write`` (by
 this host thread), and the joins of worker threads ``submit(executor, fn, *args)`` / ``joined(future)``. Streams
 have ``wait_event``, ``synchronize``; events have ``record(stream)``, ``synchronize()``.
@@ -31,6 +32,7 @@ import torch
 
 from ..errors import InputError
 from .emulated import EmulatedStreams
+from .pin_budget import process_budget
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +93,7 @@ class SyncStreams:
 
     name = "sync"
     is_async = False
+    pin_budget = None  # nothing is page-locked (``pin_budget.py``)
 
     def __init__(self):
         self._compute = _SyncStream("compute")
@@ -147,6 +150,7 @@ class CudaStreams(SyncStreams):
     def __init__(self, device: torch.device, lagged: bool = False):
         self.device = device
         self.lagged = lagged
+        self.pin_budget = process_budget()  # pins are counted per process (``HEADINFER_PIN_LIMIT`` caps them)
         if lagged:
             self.name = "cuda-lagged"
 
@@ -177,8 +181,10 @@ class CudaStreams(SyncStreams):
         torch._foreach_copy_(dsts, srcs, non_blocking=True)
 
     def pinned(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        num_bytes = torch.Size(shape).numel() * dtype.itemsize
+        self.pin_budget.check(num_bytes)  # never asks the driver past the budget
         with torch.inference_mode(False):  # written in place later, also outside inference mode
-            return torch.empty(shape, dtype=dtype, pin_memory=True)
+            return self.pin_budget.take(torch.empty(shape, dtype=dtype, pin_memory=True), num_bytes)
 
     def read(self, tensor: torch.Tensor, what: str = "") -> None:
         if self.lagged:  # the compute stream touches it late: a copy that did not wait for it overtakes it

@@ -24,6 +24,7 @@ from .buffers import Appends, BufferFactory, PingPong, Run, Scratch, Slot, Stagi
 from .disk_stream import DiskStream
 from .homes import GroupHome, LayerHomes
 from .ledger import HOST_IO, Ledger
+from .staging_ring import StagingRing
 from .streams import SyncStreams
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,10 @@ class Transfer:
         self._staging = [Staging(self._alloc.staging(stage_tokens), new_event(), new_event(),
                                   codes=self._alloc.codes(stage_tokens * num_groups)) for _ in range(2)]
         self._staged_codes: dict[int, tuple] = {}
+        # Pageable homes (past a pin limit) are fetched through pinned slots on a worker (``staging_ring.py``),
+        # made now: pinned before any home is. None without a limit.
+        row_bytes = self._batch * 2 * self._group_size * self._head_dim * quant.element_size(dtype)
+        self.ring = StagingRing.for_streams(self.streams, row_bytes, buffer_tokens, self.ledger)
         # Where the fused attention routes copy a block's K/V (``Scratch``); None where attention copies nothing.
         self.scratch = Scratch(self._alloc.scratch, scratch_elements) if scratch_elements else None
         self._next_staging = 0
@@ -361,6 +366,10 @@ class Transfer:
                 buffer.disk_job = self.disk.fetch(home, start, stop, targets, self.h2d, buffer.ready)
                 return
             landing = self._landing(run.layer, stop)
+            if self.ring is not None and self.ring.stages(home.kv):  # pageable: memcpy'd on the ring's worker
+                buffer.disk_job = self.ring.fetch(*self._fetch_pairs(run, homes, start, stop, targets), self.h2d,
+                                                  landing, buffer.ready)
+                return
             if landing is not None:
                 # Earlier chunks of this layer may still be landing in the host home on the d2h stream.
                 self.h2d.wait_event(landing)
@@ -371,9 +380,21 @@ class Transfer:
                 self._fetch_stacked(run, homes, start, stop, targets)
             buffer.ready.record(self.h2d)
 
-    def _fetch_stacked(self, run: Run, homes: LayerHomes, start: int, stop: int, targets: list[torch.Tensor]) -> None:
+    def _fetch_pairs(self, run: Run, homes: LayerHomes, start: int, stop: int, targets: list[torch.Tensor]):
+        """(targets, sources) of a fetch, piece by piece: what ``_fetch`` copies, for the staging ring."""
+        dsts, srcs = [], []
+        if run.num > 1:
+            self._fetch_stacked(run, homes, start, stop, targets, lambda d, s, what: (dsts.extend(d), srcs.extend(s)))
+            return dsts, srcs
+        for plane, target in enumerate(targets):
+            copy_parts(lambda d, s, what: (dsts.append(d), srcs.append(s)), target,
+                       homes[run.first].blocks(start, stop, plane))
+        return dsts, srcs
+
+    def _fetch_stacked(self, run: Run, homes: LayerHomes, start: int, stop: int, targets: list[torch.Tensor],
+                       copy_many=None) -> None:
         """A run of stacked homes into its buffer views ([n, tokens, ...] per plane): one batched copy, one piece
-        per group and contiguous part (on the current stream)."""
+        per group and contiguous part (on the current stream; ``copy_many``: instead of the streams')."""
         first = homes.stacked.index(run.first)
         pieces, sources = [], []
         for plane, target in enumerate(targets):
@@ -383,7 +404,7 @@ class Transfer:
                 sources.extend(part.unbind(0)[first : first + run.num])
                 pieces.extend(target.narrow(1, done, num).unbind(0))
                 done += num
-        self.streams.copy_many(pieces, sources, "a fetch into a ping-pong buffer")
+        (copy_many or self.streams.copy_many)(pieces, sources, "a fetch into a ping-pong buffer")
 
     @staticmethod
     def _targets(buffer: PingPong, num: int) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
@@ -404,7 +425,8 @@ class Transfer:
             self.streams.joined(job)
         except BaseException:
             buffer.pending = None  # half filled: never to be acquired as this slot's fetch
-            self.disk.acknowledge()
+            if self.disk is not None:
+                self.disk.acknowledge()
             raise
 
     # -- bookkeeping -----------------------------------------------------------------------------------
@@ -419,8 +441,10 @@ class Transfer:
     def fence(self) -> None:
         """Returns once no copy into or out of host memory is in flight."""
         try:
+            if self.ring is not None:
+                self.ring.drain()  # first, as the disk's: its jobs enqueue copies on h2d and wait on d2h
             if self.disk is not None:
-                self.disk.drain()  # first: its jobs enqueue copies on h2d and wait on d2h
+                self.disk.drain()
         finally:  # (even after a failed disk job, nothing may be in flight when this returns)
             self.h2d.synchronize()
             self.d2h.synchronize()
@@ -429,6 +453,8 @@ class Transfer:
         """Stops the disk stream's worker (after its jobs) and the streams; the transfer is not used afterwards.
         Call after ``synchronize``: the buffers are freed."""
         try:
+            if self.ring is not None:
+                self.ring.close()
             if self.disk is not None:
                 self.disk.close()
         finally:

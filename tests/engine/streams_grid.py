@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import tempfile
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ import engine
 from engine.interrupt import interruptible
 from engine.errors import ForwardInterrupted
 from engine.kv import disk_stream
+from engine.kv.pin_budget import ENV_LIMIT
 
 # Chunks of 20 (> HOST_QUERY_LIMIT) attend on the device and fetch; the last chunk (5) and decode steps are
 # host steps where host attention is on.
@@ -41,6 +43,8 @@ class Case:
     context: int = MAX_CONTEXT  # the planned context (``max_context``); homes and buffers are sized for it
     disk_share: float = 0.75  # with ``disk``: about this share of the KV bytes goes to the disk tier
     per_buffer: int | None = None  # groups per ping-pong buffer (None: the plan's, a layer's run without a budget)
+    pin_share: float | None = None  # a pin limit (HEADINFER_PIN_LIMIT) of this share of the KV bytes: the homes
+    # past it are pageable and fetched through the staging ring (``engine/kv/staging_ring.py``)
 
 
 CASES = [
@@ -72,6 +76,11 @@ CASES = [
     # too; exact and 8-bit homes. (With the plan's buffers, "stream" runs whole layers at any context.)
     Case("stream-runs", context=256, per_buffer=1),
     Case("fp8-runs", kv_dtype="fp8", context=256, per_buffer=1),
+    # Pinned memory as a budget: a pin limit of 1/20 of the KV (no home pinned, every fetch through the staging
+    # ring's few slots, reused many times a fetch); and of half (some homes pinned, the rest staged), with runs
+    # of stacked groups and host attention reading pageable homes.
+    Case("pin-limit", pin_share=0.05),
+    Case("pin-half-runs", pin_share=0.5, host="split", context=256, per_buffer=1),
 ]
 
 
@@ -82,6 +91,8 @@ class Outcome:
     races: list[str]
     num_checked: int  # accesses the checker saw
     logits: list[torch.Tensor]  # the prefill's, then each decode step's (to compare lossy 8-bit runs)
+    staged_fetches: int = 0  # fetches of pageable homes through the staging ring
+    pinned_peak: int = 0  # the most the streams' pin budget held at once
 
 
 def _rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -110,15 +121,21 @@ def make_cache(model, case: Case, *, streams: str = "emulated", disk_dir: str | 
         # (Buffers of one group: the least the plan needs besides the homes. Bigger buffers would be the first to
         # give way to a host budget, before any home went to disk.)
         probe = engine.HeadInferCache(model.config, **{**policy, "streams": "sync", "groups_per_buffer": 1})
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        rows = sum(case.context if w is None else min(case.context, w - 1 + CHUNK) for w in probe.shape.sliding_windows)
-        kv = rows * num_kv_heads * 2 * head_dim * 4  # fp32 K and V of every home
-        policy.update(disk_dir=disk_dir, host_memory=probe.plan.host_bytes - int(kv * case.disk_share))
+        policy.update(disk_dir=disk_dir, host_memory=probe.plan.host_bytes - int(kv_bytes(model, case) * case.disk_share))
     cache = engine.HeadInferCache(model.config, **policy)
     assert not case.disk or cache.plan.disk_slots > 0, cache.plan
     if case.host == "split":
         cache.plan = dataclasses.replace(cache.plan, host_share=0.5)  # read when the homes are allocated
     return cache
+
+
+def kv_bytes(model, case: Case) -> int:
+    """fp32 K and V of every home at the case's planned context."""
+    text = model.config.get_text_config(decoder=True)
+    shape = engine.HeadInferCache(model.config, streams="sync", device="cpu", max_context=case.context).shape
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    rows = sum(case.context if w is None else min(case.context, w - 1 + CHUNK) for w in shape.sliding_windows)
+    return rows * text.num_key_value_heads * 2 * head_dim * 4
 
 
 @torch.inference_mode()
@@ -127,7 +144,8 @@ def run(stock, headinfer, case: Case, *, streams: str = "emulated") -> Outcome:
     on this thread raises ``RaceError``; one found on a worker thread is in ``Outcome.races``."""
     # Disk fetches move through pieces of two rows: each fetch reuses the few pinned pieces many times.
     pieces = contextlib.nullcontext() if not case.disk else _patched(disk_stream, "PIECE_BYTES", 256)
-    with tempfile.TemporaryDirectory() as folder, pieces:
+    limit = None if case.pin_share is None else str(max(1, int(kv_bytes(headinfer, case) * case.pin_share)))
+    with tempfile.TemporaryDirectory() as folder, pieces, _environment(ENV_LIMIT, limit):
         cache = make_cache(headinfer, case, streams=streams, disk_dir=folder)
         try:
             return _run(stock, headinfer, case, cache)
@@ -184,7 +202,25 @@ def _run(stock, headinfer, case: Case, cache) -> Outcome:
         same &= bool(torch.equal(expected_step.argmax(-1), actual_step.argmax(-1)))
     cache.synchronize()
     races = list(checker.races) if checker is not None else []
-    return Outcome(max(diffs), same, races, checker.num_checked if checker is not None else 0, logits)
+    ring, budget = cache.transfer.ring, cache.transfer.streams.pin_budget
+    return Outcome(max(diffs), same, races, checker.num_checked if checker is not None else 0, logits,
+                   ring.num_fetches if ring is not None else 0, budget.peak if budget is not None else 0)
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str | None):
+    """``os.environ[name] = value`` inside (None: left as it is)."""
+    saved = os.environ.get(name)
+    if value is not None:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if value is not None:
+            if saved is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = saved
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from archs import build_pair, tiny_configs
-from streams_grid import CASES, max_rel_diff, run
+from streams_grid import CASES, kv_bytes, max_rel_diff, run
 
 RTOL = 1e-5
 SECOND_SEED_FAMILIES = ("llama-gqa", "mistral-window", "gemma3-window")
@@ -38,6 +38,9 @@ def test_emulated_streams_match_stock_with_no_race(pairs, family, case, seed, mo
     outcome = run(stock, headinfer, case)
     assert outcome.races == [], outcome.races
     assert outcome.num_checked > 0  # the engine's buffers went through the checker
+    if case.pin_share is not None:  # pinned within the limit, the rest fetched through the staging ring
+        assert outcome.staged_fetches > 0, (family, case.name)
+        assert 0 < outcome.pinned_peak <= kv_bytes(headinfer, case) * case.pin_share, (family, case.name)
     if case.kv_dtype is None:
         assert outcome.same_tokens, (family, case.name)
         assert outcome.max_rel_diff < RTOL, (family, case.name, outcome.max_rel_diff)

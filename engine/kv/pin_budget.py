@@ -1,0 +1,181 @@
+"""Pinned memory as a budget: how much host memory the engine may page-lock, and who holds it now.
+
+Under Windows' display driver model (WDDM) and in WSL2 page-locked memory is capped far below the RAM (reports:
+2-4 GB in a process holding a model, a WSL2 wall near 1 GiB), and under WDDM one refused ``cudaMallocHost`` makes
+every later one in the process fail. So the engine never pins past a budget: homes are pinned while they fit it
+(``pinned.HostMemory``), the rest stay in ordinary memory and are fetched through a small pinned staging ring
+(``staging_ring.py``), and the ring's slots are pinned first, before any home could meet the wall.
+
+The budget's limit is ``HEADINFER_PIN_LIMIT`` (``64MiB``, ``4GiB``, bytes), else what ``probe_pinnable`` found
+(the CUDA runtime, in steps, stopping at the first refusal and clearing it), else none (Linux: the plan's host
+budget already bounds the homes, and the pinned path is the one it always took). Emulated streams give each cache
+a budget of its own that refuses past the limit *stickily*, as WDDM does: the test of "never pin past it".
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import threading
+import weakref
+
+import torch
+
+from ..errors import InputError, PinningError
+
+logger = logging.getLogger(__name__)
+
+ENV_LIMIT = "HEADINFER_PIN_LIMIT"
+#: Of the limit, what homes leave for the pins made later (host attention's buffers, grown buffers, disk pieces).
+RESERVE_FRACTION = 0.125
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
+          "t": 1 << 40, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_limit(text: str | None) -> int | None:
+    """``"64MiB"`` / ``"4GiB"`` / ``"1.5g"`` / bytes -> bytes; empty or None -> None (no limit)."""
+    if text is None or not text.strip():
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise InputError(f"{ENV_LIMIT}={text!r} is not a size: write e.g. 64MiB, 4GiB or a number of bytes")
+    size = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if size < 1:
+        raise InputError(f"{ENV_LIMIT}={text!r} must be at least 1 byte")
+    return size
+
+
+def limit_from_env() -> int | None:
+    return parse_limit(os.environ.get(ENV_LIMIT))
+
+
+class PinBudget:
+    """Bytes page-locked now against ``limit`` (None: unlimited), the storages that are, and (``sticky``) the
+    emulated WDDM rule: after one refusal every later pin fails. Thread-safe (the staging ring's worker pins)."""
+
+    def __init__(self, limit: int | None, *, sticky: bool = False):
+        self.limit = limit
+        self.sticky = sticky
+        self.held = 0
+        self.peak = 0
+        self.refused = False  # a pin was refused (sticky budgets refuse every one after it)
+        self._charges: dict[int, tuple[int, int]] = {}  # charge -> (storage data_ptr, bytes)
+        self._storages: dict[int, int] = {}  # storage data_ptr -> charges on it
+        self._next = 0
+        self._lock = threading.Lock()
+
+    @property
+    def is_limited(self) -> bool:
+        return self.limit is not None
+
+    def room(self) -> int | None:
+        """Bytes that may still be pinned (None: unlimited)."""
+        return None if self.limit is None else max(0, self.limit - self.held)
+
+    def fits(self, num_bytes: int, *, reserve: bool = False) -> bool:
+        """Whether ``num_bytes`` more may be pinned; ``reserve``: leaving ``RESERVE_FRACTION`` of the limit free
+        (what homes ask, so later small pins still fit)."""
+        if self.limit is None:
+            return not (self.sticky and self.refused)
+        keep = int(self.limit * RESERVE_FRACTION) if reserve else 0
+        return not (self.sticky and self.refused) and self.held + num_bytes <= self.limit - keep
+
+    def check(self, num_bytes: int) -> None:
+        """Raises ``PinningError`` where pinning ``num_bytes`` more would be refused (and marks the refusal)."""
+        with self._lock:
+            self._check(num_bytes)
+
+    def take(self, tensor: torch.Tensor, num_bytes: int | None = None) -> torch.Tensor:
+        """Charges ``tensor``'s storage (``num_bytes``: what was really locked) until it is collected or
+        ``give_back``; raises ``PinningError`` past the limit (and, sticky, for every pin after a refusal)."""
+        num_bytes = tensor.untyped_storage().nbytes() if num_bytes is None else num_bytes
+        key = tensor.untyped_storage().data_ptr()
+        with self._lock:
+            self._check(num_bytes)
+            self._next += 1
+            charge = self._next
+            self._charges[charge] = (key, num_bytes)
+            self._storages[key] = self._storages.get(key, 0) + 1
+            self.held += num_bytes
+            self.peak = max(self.peak, self.held)
+        weakref.finalize(tensor, self._release, charge)
+        return tensor
+
+    def _check(self, num_bytes: int) -> None:
+        if (self.sticky and self.refused) or (self.limit is not None and self.held + num_bytes > self.limit):
+            message = self._refusal(num_bytes)
+            self.refused = True
+            raise PinningError(message)
+
+    def refuse(self) -> None:
+        """The driver refused a pin inside the budget: nothing more is pinned (the limit drops to what is held)."""
+        with self._lock:
+            self.refused = True
+            self.limit = self.held if self.limit is None else min(self.limit, self.held)
+        logger.warning("a page-lock was refused at %.2f GiB pinned: the rest of the KV moves through the staging "
+                       "ring", self.held / 2**30)
+
+    def give_back(self, tensor: torch.Tensor) -> None:
+        """``tensor``'s storage is unlocked now (before the tensor is collected)."""
+        key = tensor.untyped_storage().data_ptr()
+        with self._lock:
+            for charge in [c for c, (k, _) in self._charges.items() if k == key]:
+                self._drop(charge)
+
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s memory is page-locked through this budget (a view of a pinned home counts)."""
+        with self._lock:
+            return tensor.untyped_storage().data_ptr() in self._storages
+
+    def _release(self, charge: int) -> None:
+        with self._lock:
+            self._drop(charge)
+
+    def _drop(self, charge: int) -> None:
+        found = self._charges.pop(charge, None)
+        if found is None:
+            return  # given back already
+        key, num_bytes = found
+        self.held -= num_bytes
+        self._storages[key] -= 1
+        if not self._storages[key]:
+            del self._storages[key]
+
+    def _refusal(self, num_bytes: int) -> str:
+        if self.sticky and self.refused and self.limit is not None and self.held + num_bytes <= self.limit:
+            return (f"page-locking {num_bytes:,} bytes refused: an earlier pin was refused, and (as under Windows' "
+                    "display driver) every later one fails")
+        return (f"page-locking {num_bytes:,} bytes refused: {self.held:,} of the {self.limit:,}-byte pin limit "
+                f"({ENV_LIMIT}) are held")
+
+
+@functools.cache
+def process_budget() -> PinBudget:
+    """The CUDA process's one budget (pins are counted per process): ``HEADINFER_PIN_LIMIT``, or what a probe set."""
+    return PinBudget(limit_from_env())
+
+
+def probe_pinnable(runtime, want: int, *, step: int = 256 << 20, margin: float = 0.15) -> int:
+    """How much of ``want`` bytes this machine lets us page-lock: registers ``step``-sized blocks one after another
+    (held together, as a store's homes are), stops at the first refusal, clears the runtime's last error so no
+    later call reports it, unlocks everything and returns what was locked less ``margin`` (all of ``want`` when
+    nothing refused). ``runtime``: ``pinned.CudaRuntime`` or a stand-in (tests)."""
+    locked, held = 0, []
+    try:
+        while locked < want:
+            size = min(step, want - locked)
+            block = torch.empty(size, dtype=torch.uint8)
+            code = runtime.host_register(block.data_ptr(), size)
+            if code != 0:
+                runtime.clear_last_error()
+                logger.info("pin probe: refused after %.2f GiB (%s)", locked / 2**30, runtime.error_string(code))
+                return int(locked * (1 - margin))
+            held.append(block)
+            locked += size
+    finally:
+        for block in held:
+            if runtime.host_unregister(block.data_ptr()) != 0:
+                runtime.clear_last_error()
+    return want

@@ -30,6 +30,7 @@ class BrowserState:
     range_label: str | None = None  # the page range chosen, "p. 1 – p. 30 of bash.pdf"; None: the whole set
     read_text: str | None = None  # the text given to the session (its KV may be partial)
     saved_key: str | None = None  # the saved copy of the document read (reopened after a page reload)
+    read_done: int | None = None  # tokens the running read has done (its last progress report): the meters' fill
     remember: bool = True  # save read documents to disk and reopen them from there (when the app has a store)
     cancel_requested: bool = False
     stop_requested: bool = False

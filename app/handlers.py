@@ -27,7 +27,7 @@ from app.asking import Questions
 from app.browser_state import BrowserState
 from app.choosing import PageRanges
 from app.compute_queue import ComputeQueue
-from app.meters import meters_html
+from app.meters import live_kv, meters_html
 from app.opening import OpenSaved
 from app.pages import split_pages
 from app.reading import Reading
@@ -111,7 +111,7 @@ class Handlers:
     @staticmethod
     def meters(state: BrowserState | None) -> str:
         session = state.session if state is not None else None
-        return meters_html(read_memory(), session.memory() if session is not None else None)
+        return meters_html(read_memory(), live_kv(session, state.read_done if state is not None else None))
 
     def unload(self, request: gr.Request) -> None:
         """The tab closed: free its document now rather than when Gradio expires the state, and delete

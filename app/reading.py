@@ -243,6 +243,7 @@ class Reading:
                         f"visitor goes first; the read goes on from there. {item}"), NO_CHANGE, *_RUNNING)
                     continue
                 last = item
+                state.read_done = item.tokens_done  # the meters fill as the read goes (``app.meters.live_kv``)
                 bar = render.progress_bar(last.tokens_done, last.tokens_total, last.tokens_per_second,
                                           last.eta_seconds, state="running")
                 if last.eta_seconds is not None:
@@ -265,6 +266,8 @@ class Reading:
                            _warn(f"{exc}. What was read so far is kept: “Read documents” continues from there."),
                            NO_CHANGE, *_IDLE)
             return False, last
+        finally:
+            state.read_done = None  # the cache counts what is read now
         return True, last
 
     @staticmethod

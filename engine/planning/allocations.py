@@ -37,23 +37,34 @@ def slot_placement(num_slots: int, resident_slots: int, disk_slots: int, *, cuda
     return resident - on_disk, on_disk
 
 
-def streamed_runs(num_groups: int, resident: set[int], on_disk: set[int], num_slots: int) -> list[int]:
+def layer_offsets(groups_per_layer: tuple[int, ...]) -> list[int]:
+    """The first slot of each layer: slot ``offsets[layer] + group`` (every layer's groups in turn)."""
+    offsets, total = [], 0
+    for groups in groups_per_layer:
+        offsets.append(total)
+        total += groups
+    return offsets
+
+
+def streamed_runs(groups_per_layer: tuple[int, ...], resident: set[int], on_disk: set[int]) -> list[int]:
     """The lengths of every layer's runs of adjacent head groups whose homes are stacked in RAM (streamed: neither
     resident nor on disk): what ``Schedule.units`` may fetch with one copy each."""
     runs = []
-    for slot in range(num_slots):
-        if slot in resident or slot in on_disk:
-            continue
-        if runs and slot % num_groups and slot - 1 not in resident and slot - 1 not in on_disk:
-            runs[-1] += 1  # (runs never cross a layer)
-        else:
-            runs.append(1)
+    for first, groups in zip(layer_offsets(groups_per_layer), groups_per_layer):
+        previous = False  # (runs never cross a layer)
+        for slot in range(first, first + groups):
+            streamed = slot not in resident and slot not in on_disk
+            if streamed and previous:
+                runs[-1] += 1
+            elif streamed:
+                runs.append(1)
+            previous = streamed
     return runs
 
 
-def longest_streamed_run(num_groups: int, resident: set[int], on_disk: set[int], num_slots: int) -> int:
+def longest_streamed_run(groups_per_layer: tuple[int, ...], resident: set[int], on_disk: set[int]) -> int:
     """The longest run a ping-pong buffer could ever be asked to hold (0: nothing is streamed)."""
-    return max(streamed_runs(num_groups, resident, on_disk, num_slots), default=0)
+    return max(streamed_runs(groups_per_layer, resident, on_disk), default=0)
 
 
 def home_capacity(window: int | None, capacity: int, chunk: int) -> int:
@@ -69,11 +80,12 @@ def scratch_elements(shape: ModelShape, *, capacity: int, chunk: int, group: int
     ``visible`` is what a ping-pong buffer holds (a group's past plus one chunk, a window ring's at most): every
     attended block fits, a run of ``n`` groups having ``groups_per_buffer * visible / n`` tokens each (batch 1; larger
     batches fetch one group at a time, as the ping-pong buffers do). fp32 GQA expands K/V to the
-    query heads (``expand = n_rep``: the memory-efficient kernel, the only fused one for fp32, has no GQA)."""
+    query heads (``expand = n_rep``: the memory-efficient kernel, the only fused one for fp32, has no GQA).
+    Layers that differ in shape: the largest head_dim and expansion (a ping-pong buffer holds that many elements)."""
     if not kernels.copies_kv("cuda" if cuda else "cpu"):
         return 0
     dtype_bytes = shape.dtype_bytes if dtype_bytes is None else dtype_bytes
-    expand = shape.num_heads // shape.num_kv_heads if dtype_bytes == 4 else 1
+    expand = shape.num_heads // shape.min_kv_heads if dtype_bytes == 4 else 1
     visible = max(home_capacity(w, capacity, chunk) for w in shape.sliding_windows)
     return 2 * batch * group * groups_per_buffer * expand * max(visible, 1) * shape.head_dim
 
@@ -84,16 +96,20 @@ def planned_allocations(shape: ModelShape, *, capacity: int, chunk: int, group: 
     """Bytes the KV core allocates by category for homes of ``capacity`` tokens (``policy.max_context``), with
     ping-pong buffers of ``groups_per_buffer`` groups' visible context each (batch 1: a run's groups share one
     buffer; larger batches fetch one group at a time, so their buffers hold one)."""
-    num_groups = shape.num_kv_heads // group
-    num_slots = shape.num_layers * num_groups
+    groups_per_layer = shape.groups_per_layer(group)
+    num_slots = sum(groups_per_layer)
     resident, on_disk = slot_placement(num_slots, resident_slots, disk_slots, cuda=cuda,
                                        quantized=kv_dtype is not None)
     row = batch * 2 * group  # K and V of one head group, one token: rows of head_dim channels
-    exact, coded = row * shape.head_dim * shape.dtype_bytes, row * (shape.head_dim + _SCALE_BYTES)
+    # (buffers: the largest head_dim, which sizes them; homes: each layer's own)
+    exact = row * shape.head_dim * shape.dtype_bytes
     homes = 0
-    for slot in range(num_slots):
-        tokens = home_capacity(shape.sliding_windows[slot // num_groups], capacity, chunk)
-        homes += max(tokens, 1) * (coded if kv_dtype is not None and slot not in resident else exact)
+    for layer, (first, groups) in enumerate(zip(layer_offsets(groups_per_layer), groups_per_layer)):
+        tokens = max(home_capacity(shape.sliding_windows[layer], capacity, chunk), 1)
+        dim = shape.head_dims[layer]
+        for slot in range(first, first + groups):
+            homes += tokens * row * (dim + _SCALE_BYTES if kv_dtype is not None and slot not in resident
+                                     else dim * shape.dtype_bytes)
     any_offloaded = len(resident) < num_slots
     # A fetch holds a group's visible past plus one chunk: a sliding layer never needs more than its window.
     visible = max(home_capacity(w, capacity, chunk) for w in shape.sliding_windows) if any_offloaded else 1
@@ -101,9 +117,14 @@ def planned_allocations(shape: ModelShape, *, capacity: int, chunk: int, group: 
     plan[HOMES] = homes
     rows = max(visible, 1) * (groups_per_buffer if batch == 1 and any_offloaded else 1)  # of one ping-pong buffer
     plan[PINGPONG] = 2 * rows * exact
-    plan[STAGING] = 2 * max(chunk, 1) * num_groups * exact
+    # a chunk of the layer with the most K/V elements a token, in home layout
+    plan[STAGING] = 2 * max(chunk, 1) * batch * 2 * max(shape.layer_kv_elements) * shape.dtype_bytes
     if kv_dtype is not None:  # code planes beside both ping-pong buffers and both staging buffers
-        plan[CODES] = 2 * (rows + max(chunk * num_groups, 1)) * coded
+        # (a buffer's scales are one per group row of the smallest head_dim: its view holds the most rows)
+        scale_rows = rows * shape.head_dim // min(shape.head_dims)
+        staged = max(chunk, 1) * batch * 2 * max(shape.layer_kv_elements)
+        plan[CODES] = 2 * (rows * row * shape.head_dim + staged
+                           + (scale_rows + max(chunk, 1) * max(groups_per_layer)) * row * _SCALE_BYTES)
     if host_attention and any_offloaded:
         plan[HOST_IO] = 2 * batch * shape.num_heads * HOST_QUERY_LIMIT * shape.head_dim * shape.dtype_bytes
     if cuda and on_disk:

@@ -27,7 +27,8 @@ from .host_split import forecast_decode, host_share
 from .plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan
 from ..errors import PlanError
 from .policy import OffloadPolicy
-from .shape import ModelShape, disk_stream_bytes, host_element_bytes, stored_tokens
+from .shape import (ModelShape, disk_stream_bytes, host_element_bytes, host_layer_token_bytes, stored_kv_bytes,
+                    stored_tokens)
 
 __all__ = [
     "LIMIT_MAX_CONTEXT", "LIMIT_MEMORY", "LIMIT_MODEL", "disk_stream_bytes", "host_element_bytes", "make_plan",
@@ -78,22 +79,22 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
                                    "logits", "sources"), 0)
         # The KV core's buffers are host memory too: two staging buffers of a chunk, and (some homes streamed)
         # two ping-pong buffers and, for 8-bit homes, their code planes.
-        per_head = shape.head_dim * 2 * shape.dtype_bytes
-        buffers = 2 * chunk * shape.num_kv_heads * per_head
-        if resident < shape.num_layers * math.ceil(shape.num_kv_heads / group) or kv_dtype is not None:
+        per_head = shape.head_dim * 2 * shape.dtype_bytes  # (the largest head_dim: what buffers are sized by)
+        buffers = 2 * chunk * _staged_elements(shape) * 2 * shape.dtype_bytes
+        if resident < _total_slots(shape, group) or kv_dtype is not None:
             buffers += 2 * per_buffer * group * _visible_tokens(shape, context, chunk) * per_head
         buffers += _device_codes(shape, context, chunk, group, kv_dtype, per_buffer)
         # CPU SDPA reads strided K/V: no scratch copies (none planned unless ``kernels.FUSED_DEVICES`` says so).
         attention = _scratch_buffer(shape, context, chunk, group, cuda=False, per_buffer=per_buffer) + _window_scratch(
             shape, context, chunk, group, cuda=False, batch=per_buffer)
         return breakdown, 0, weights + kv_stored + activations + logits + buffers + attention
-    per_head = shape.head_dim * 2 * shape.dtype_bytes  # K and V of one head, one layer, one token
+    # K and V of one head, one layer, one token (layers that differ: the largest head_dim, which sizes the buffers
+    # and bounds any resident slot's home)
+    per_head = shape.head_dim * 2 * shape.dtype_bytes
     device_head = _visible_tokens(shape, context, chunk) * per_head
-    groups = math.ceil(shape.num_kv_heads / group)
-    # Resident slots are taken layer by layer; only a layer's last group can be short.
-    resident_heads = (resident // groups) * shape.num_kv_heads + (resident % groups) * group
-    # Two staging buffers hold a chunk's K/V of every KV head in home layout while it is appended.
-    staging = 2 * min(chunk, context) * shape.num_kv_heads * per_head
+    resident_heads = resident * group  # (every group holds ``group`` KV heads: it divides every layer's)
+    # Two staging buffers hold a chunk's K/V of every KV head (of the largest layer) in home layout while appended.
+    staging = 2 * min(chunk, context) * _staged_elements(shape) * 2 * shape.dtype_bytes
     breakdown = {
         "weights": weights,
         "kv_buffers": 2 * per_buffer * group * device_head + staging,  # ping-pong: one computing, one loading
@@ -103,11 +104,21 @@ def _footprint(shape: ModelShape, context: int, chunk: int, group: int, resident
         "activations": activations,
         "logits": logits,
         # The sources pass stacks the keys of its heads where their homes are: resident ones on the device.
-        "sources": _sources_bytes(shape, context, chunk, group) * resident_heads // (shape.num_layers * shape.num_kv_heads),
+        "sources": _sources_bytes(shape, context, chunk, group) * resident_heads // shape.total_kv_heads,
     }
     # Offloaded heads spread evenly over the layers: their share of what every layer stores.
-    host = kv_stored * (shape.num_layers * shape.num_kv_heads - resident_heads) // (shape.num_layers * shape.num_kv_heads)
+    host = kv_stored * (shape.total_kv_heads - resident_heads) // shape.total_kv_heads
     return breakdown, sum(breakdown.values()), host
+
+
+def _staged_elements(shape: ModelShape) -> int:
+    """K (or V) elements of one token of the layer with the most: what a staging buffer holds per token."""
+    return max(shape.layer_kv_elements)
+
+
+def _total_slots(shape: ModelShape, group: int) -> int:
+    """(layer, head group) slots: every KV layer's groups of ``group`` heads."""
+    return sum(shape.groups_per_layer(group))
 
 
 def _sources_bytes(shape: ModelShape, context: int, chunk: int, group: int) -> int:
@@ -121,10 +132,10 @@ def _device_codes(shape: ModelShape, context: int, chunk: int, group: int, kv_dt
     (its absolute values and scaled copy, fp32). Dequantizing runs in place in the ping-pong buffer."""
     if kv_dtype is None:
         return 0
-    groups = shape.num_kv_heads // group
+    groups = max(shape.groups_per_layer(group))
     rows = 2 * group * (shape.head_dim + 4)  # one token of one group: codes + fp32 scales, K and V
     staged = min(chunk, context)
-    quantize = 2 * staged * shape.num_kv_heads * 2 * shape.head_dim * 4
+    quantize = 2 * staged * _staged_elements(shape) * 2 * 4
     return 2 * (per_buffer * _visible_tokens(shape, context, chunk) + staged * groups) * rows + quantize
 
 
@@ -150,7 +161,7 @@ def _window_scratch(shape: ModelShape, context: int, chunk: int, group: int, cud
     windows = [w for w in shape.sliding_windows if w is not None]
     if not windows:
         return 0
-    n_rep = shape.num_heads // shape.num_kv_heads
+    n_rep = shape.num_heads // shape.min_kv_heads
     return windowed.scratch_bytes(batch, group * n_rep, group, shape.head_dim, max(windows), min(chunk, context),
                                   shape.dtype_bytes, cuda, cpu_threads=torch.get_num_threads(), kv_in_scratch=True)
 
@@ -168,7 +179,7 @@ def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,
     (``link_gbps``, measured or a desktop's) plus ``FETCH_SECONDS`` per fetch. Long contexts keep the slots (a
     fetch is then large next to its fixed cost); where the memory is not contested the buffers take a whole run."""
     group, resident = _resolve_slots(shape, policy, context, cuda, gpu_budget, activations, per_buffer=1)
-    num_groups = shape.num_kv_heads // group
+    num_groups = max(shape.groups_per_layer(group))
     if policy.groups_per_buffer is not None:
         return group, resident, max(1, min(policy.groups_per_buffer, _longest_run(shape, group, resident, cuda,
                                                                                   policy.kv_dtype)))
@@ -194,10 +205,9 @@ def _resolve(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool,
 
 def _runs(shape: ModelShape, group: int, resident: int, cuda: bool, kv_dtype: str | None) -> list[int]:
     """Every layer's runs of streamed groups with ``resident`` slots placed as the cache places them."""
-    num_groups = shape.num_kv_heads // group
-    num_slots = shape.num_layers * num_groups
-    on_device, _ = slot_placement(num_slots, resident, 0, cuda=cuda, quantized=kv_dtype is not None)
-    return streamed_runs(num_groups, on_device, set(), num_slots)
+    groups = shape.groups_per_layer(group)
+    on_device, _ = slot_placement(sum(groups), resident, 0, cuda=cuda, quantized=kv_dtype is not None)
+    return streamed_runs(groups, on_device, set())
 
 
 def _longest_run(shape: ModelShape, group: int, resident: int, cuda: bool, kv_dtype: str | None) -> int:
@@ -219,7 +229,7 @@ def _groups_that_fit(shape: ModelShape, policy: OffloadPolicy, context: int, gro
 def _resolve_slots(shape: ModelShape, policy: OffloadPolicy, context: int, cuda: bool, gpu_budget: int | None,
                    activations: int | None, per_buffer: int) -> tuple[int, int]:
     """Picks (head_group_size, resident_slots) with ping-pong buffers of ``per_buffer`` groups' context."""
-    kv, chunk = shape.num_kv_heads, policy.chunk_size
+    kv, chunk = math.gcd(*shape.kv_heads), policy.chunk_size  # a group divides every layer's KV heads
     group = policy.head_group_size
     if group is None and not cuda:
         group = kv
@@ -229,7 +239,7 @@ def _resolve_slots(shape: ModelShape, policy: OffloadPolicy, context: int, cuda:
         group = next((d for d in divisors
                       if _within(_footprint(shape, context, chunk, d, 0, True, policy.kv_dtype, activations)[1],
                                   gpu_budget)), 1)
-    total = shape.num_layers * math.ceil(kv / group)
+    total = _total_slots(shape, group)
     if policy.resident_slots is not None:
         if policy.resident_slots > total:
             logger.debug("resident_slots=%d capped at %d slots", policy.resident_slots, total)
@@ -238,7 +248,7 @@ def _resolve_slots(shape: ModelShape, policy: OffloadPolicy, context: int, cuda:
         return group, total
     _, base, _ = _footprint(shape, context, chunk, group, 0, True, policy.kv_dtype, activations, per_buffer)
     slot = group * _visible_tokens(shape, context, chunk) * shape.head_dim * 2 * shape.dtype_bytes
-    slot += -(-_sources_bytes(shape, context, chunk, group) * group // (shape.num_layers * shape.num_kv_heads))
+    slot += -(-_sources_bytes(shape, context, chunk, group) * group // shape.total_kv_heads)
     return group, max(0, min(total, (gpu_budget - base) // slot))
 
 
@@ -251,7 +261,7 @@ def _checked_inputs(shape: ModelShape, policy: OffloadPolicy, context_tokens: in
     if isinstance(context_tokens, bool) or not isinstance(context_tokens, int) or context_tokens < 1:
         raise PlanError(f"context_tokens must be a positive integer, got {context_tokens!r}")
     try:
-        policy.validate_for(shape.num_kv_heads)
+        policy.validate_for(shape.kv_heads)
     except ValueError as exc:
         raise PlanError(str(exc)) from exc
     if machine is not None:  # its budgets already are the policy's where it sets them (``measure_budget``)
@@ -315,7 +325,7 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
                                            activation_bytes, rates.h2d_gbps if rates is not None else None)
     breakdown, gpu, host = _footprint(shape, context_tokens, chunk, group, resident, device_is_cuda, policy.kv_dtype,
                                       activation_bytes, per_buffer)
-    total_slots = shape.num_layers * (shape.num_kv_heads // group)
+    total_slots = _total_slots(shape, group)
     disk_budget = _disk_budget(policy)
     candidates = total_slots - resident if device_is_cuda else total_slots  # CPU: every home is in RAM
 
@@ -330,11 +340,10 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
 
     host, disk, disk_slots = split(context_tokens, host)
     if disk_slots:  # disk homes are fetched one at a time: runs end at them (the buffers were counted before)
-        num_groups = shape.num_kv_heads // group
-        num_slots = shape.num_layers * num_groups
-        on_device, on_disk = slot_placement(num_slots, resident, disk_slots, cuda=device_is_cuda,
+        groups_per_layer = shape.groups_per_layer(group)
+        on_device, on_disk = slot_placement(total_slots, resident, disk_slots, cuda=device_is_cuda,
                                             quantized=policy.kv_dtype is not None)
-        per_buffer = max(1, min(per_buffer, longest_streamed_run(num_groups, on_device, on_disk, num_slots)))
+        per_buffer = max(1, min(per_buffer, longest_streamed_run(groups_per_layer, on_device, on_disk)))
 
     def fits_at(ctx: int) -> bool:
         # Buffers of one group: the most context this configuration holds (a plan there makes them that small).
@@ -345,15 +354,16 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     max_ctx = _largest_fitting(fits_at)
     reasons = _refusals(policy, device_is_cuda, breakdown, max_ctx, (gpu, gpu_budget), (host, host_budget),
                         (disk, disk_budget))
-    groups = math.ceil(shape.num_kv_heads / group)
+    groups = max(shape.groups_per_layer(group))  # (of the layer with the most; each layer's: shape.groups_per_layer)
     window = None if policy.exceed_trained_window else shape.max_positions
     # The first of equal limits is named: the model's window is the one no setting can lift.
     limited_by, limit = min(((name, value) for name, value in ((LIMIT_MODEL, window),
                             (LIMIT_MAX_CONTEXT, policy.max_context), (LIMIT_MEMORY, max_ctx)) if value is not None),
                             key=lambda item: item[1])
     host_gbps, h2d_gbps = (rates.host_attention_gbps, rates.h2d_gbps) if rates is not None else (None, None)
-    share, forecast = _decode_split(shape, policy, context_tokens, resident, groups, device_is_cuda, host_gbps, h2d_gbps)
-    plan = Plan(context_tokens, chunk, group, groups, resident, shape.num_layers * groups, device_is_cuda,
+    share, forecast = _decode_split(shape, policy, context_tokens, resident, total_slots, device_is_cuda, host_gbps,
+                                    h2d_gbps)
+    plan = Plan(context_tokens, chunk, group, groups, resident, total_slots, device_is_cuda,
                 breakdown, gpu, host, gpu_budget, host_budget, not reasons, "; ".join(reasons), max_ctx,
                 limit, limited_by, disk_bytes=disk, disk_slots=disk_slots, host_attention=policy.host_attention,
                 host_share=share, decode_seconds=forecast.seconds, pcie_floor_seconds=forecast.pcie_floor_seconds,
@@ -367,19 +377,20 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     return plan
 
 
-def _decode_split(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, resident: int, groups: int,
+def _decode_split(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, resident: int, total_slots: int,
                   device_is_cuda: bool, host_gbps: float | None, h2d_gbps: float | None):
     """(host share, DecodeForecast) of a decode step at ``context_tokens``: the offloaded bytes it reads, split."""
-    # one layer's K and V in host homes: 8-bit codes (and their scales) are what the link and the host kernel read
-    per_token = shape.num_kv_heads * shape.head_dim * 2 * host_element_bytes(shape, policy.kv_dtype)
-    read = sum(per_token * (context_tokens if w is None else min(w, context_tokens)) for w in shape.sliding_windows)
-    offloaded = 1 - resident / (shape.num_layers * groups)  # resident slots are spread evenly over the layers
+    # each layer's K and V in host homes: 8-bit codes (and their scales) are what the link and the host kernel read
+    per_token = host_layer_token_bytes(shape, policy.kv_dtype)
+    read = sum(b * (context_tokens if w is None else min(w, context_tokens))
+               for b, w in zip(per_token, shape.sliding_windows))
+    offloaded = 1 - resident / total_slots  # resident slots are spread evenly over the layers
     offloaded_bytes = round(offloaded * read)
     quantized = policy.kv_dtype is not None
     balance = host_share(policy.host_attention, device_is_cuda, host_gbps, h2d_gbps, quantized=quantized)
     # The layers that wait for the host: choose_host_slots spreads the host's slots over the layers (a share of
     # many groups a layer puts some in every layer; one group a layer, alternate layers), resident ones never wait.
-    offloaded_slots = shape.num_layers * groups - resident
+    offloaded_slots = total_slots - resident
     host_layers = min(shape.num_layers, offloaded_slots, round(balance * offloaded_slots)) if device_is_cuda else 0
     share = host_share(policy.host_attention, device_is_cuda, host_gbps, h2d_gbps, quantized=quantized,
                        offloaded_bytes=offloaded_bytes if device_is_cuda else None, host_layers=host_layers)
@@ -399,8 +410,7 @@ def _disk_budget(policy: OffloadPolicy) -> int | None:
 
 
 def _kv_stored(shape: ModelShape, context: int, chunk: int, kv_dtype: str | None) -> int:
-    per_layer_token = shape.num_kv_heads * shape.head_dim * 2 * host_element_bytes(shape, kv_dtype)
-    return int(stored_tokens(shape, context, chunk) * per_layer_token)
+    return stored_kv_bytes(shape, context, chunk, kv_dtype)
 
 
 def _split_disk(host: int, kv_host: int, slots: int, host_budget: int | None) -> tuple[int, int, int]:

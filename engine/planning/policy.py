@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import InputError
@@ -104,21 +105,26 @@ class OffloadPolicy:
             raise InputError(f"host_attention must be one of {', '.join(map(repr, HOST_ATTENTION_MODES))}, "
                              f"got {self.host_attention!r}")
 
-    def validate_for(self, num_kv_heads: int, *, option: str | None = None) -> None:
-        """Checks the knobs that depend on the model shape; ``option`` names the head group as the caller's user
-        set it (``"--head-group"``). The one place this check lives."""
+    def validate_for(self, num_kv_heads: int | tuple[int, ...], *, option: str | None = None) -> None:
+        """Checks the knobs that depend on the model shape; ``num_kv_heads``: the model's KV heads per layer, or
+        each layer's where they differ (a head group must divide every layer's); ``option`` names the head group
+        as the caller's user set it (``"--head-group"``). The one place this check lives."""
         group = self.head_group_size
         if group is None:
             return
+        counts = sorted(set(num_kv_heads)) if isinstance(num_kv_heads, tuple) else [num_kv_heads]
         name = f"{option} {group}" if option else f"head_group_size={group}"
-        divisors = ", ".join(str(d) for d in range(1, num_kv_heads + 1) if num_kv_heads % d == 0)
-        if group > num_kv_heads:
-            raise InputError(f"{name}: this model has {num_kv_heads} KV heads per layer, and {group} exceeds the "
-                             f"model's {num_kv_heads} KV heads; use one of {divisors} (or leave it to the planner)")
-        if num_kv_heads % group:
+        common = math.gcd(*counts)
+        divisors = ", ".join(str(d) for d in range(1, common + 1) if common % d == 0)
+        heads = (f"{counts[0]} KV heads per layer" if len(counts) == 1
+                 else f"layers of {' and '.join(map(str, counts))} KV heads")
+        if group > min(counts):
+            raise InputError(f"{name}: this model has {heads}, and {group} exceeds the model's {min(counts)} KV "
+                             f"heads; use one of {divisors} (or leave it to the planner)")
+        if any(count % group for count in counts):
             # Equal groups keep every ping-pong buffer and staging block one shape (one copy, one kernel each).
-            raise InputError(f"{name}: this model has {num_kv_heads} KV heads per layer and a head group must "
-                             f"divide them; use one of {divisors} (or leave it to the planner)")
+            raise InputError(f"{name}: this model has {heads} and a head group must divide them; use one of "
+                             f"{divisors} (or leave it to the planner)")
 
 
 def _is_int(value: object) -> bool:

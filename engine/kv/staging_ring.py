@@ -134,10 +134,9 @@ class StagingRing:
 
     def drain(self) -> None:
         """Returns once every fetch handed to the worker has enqueued its copies (a failure is raised by the
-        fetch's own join, ``Transfer._join``)."""
+        fetch's own join, ``Transfer._join``). What the worker did is learnt by synchronizing h2d after this (its
+        last act is issuing ``ready`` there), as ``Transfer.fence`` does."""
         wait(list(self._jobs))
-        for job in self._jobs:
-            self.streams.joined(job)
         self._jobs = []
 
     def close(self) -> None:

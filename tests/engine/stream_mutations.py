@@ -20,7 +20,8 @@ import sys
 import types
 from dataclasses import dataclass
 
-MODULES = ("engine.kv.transfer", "engine.kv.disk_stream", "engine.kv.host_attention", "engine.kv.schedule")
+MODULES = ("engine.kv.transfer", "engine.kv.disk_stream", "engine.kv.host_attention", "engine.kv.schedule",
+           "engine.kv.staging_ring")
 _METHODS = {"wait_event", "synchronize", "record", "joined", "_join", "fence", "drain", "wait", "exception", "result",
             "_before_write"}
 _FUNCTIONS = {"ready", "wait"}
@@ -269,13 +270,58 @@ def dropped_disk_prefetch_alone() -> str:
     return "race" if races else ("" if right else "wrong answer")
 
 
+def staging_ring_alone() -> str:
+    """The staging ring as ``Transfer`` drives it: chunks appended into a pageable home on d2h, then two fetches of
+    all its rows through two slots of two rows (each slot reused many times a fetch, the second fetch's while the
+    first's copies may still run): the first joined before the compute stream waits on its ``ready`` and reads it,
+    the second read on this thread after a fence (drain, h2d synchronized); then the ring closed (its slots freed).
+    '' when both targets hold the rows and no race was seen."""
+    import torch
+
+    from engine.kv.emulated import EmulatedStreams
+    from engine.kv.staging_ring import StagingRing
+
+    backend = EmulatedStreams(seed=0, pin_limit=4096)
+    h2d, d2h = backend.new_stream("h2d"), backend.new_stream("d2h")
+    ring = StagingRing(backend, backend.pin_budget, slot_bytes=2 * 8 * 4, num_slots=2)
+    generator = torch.Generator().manual_seed(0)
+    chunks = [torch.randn(8, 8, generator=generator) for _ in range(3)]  # [tokens, D] on the "device"
+    home = torch.zeros(24, 8)  # pageable rows
+    landed = backend.event(blocking=True)
+    try:
+        with backend.use(d2h):
+            for i, chunk in enumerate(chunks):
+                backend.copy(home[8 * i : 8 * i + 8], chunk, "an append into a pageable home")
+            landed.record(d2h)
+        target, ready = torch.full((24, 8), float("nan")), backend.event()
+        job = ring.fetch([target], [home], h2d, landed, ready)
+        job.result()
+        backend.joined(job)
+        backend.current().wait_event(ready)
+        backend.read(target, "the fetched rows attention reads")
+        right = torch.equal(target, torch.cat(chunks))
+        # The second is not joined: ``Transfer.fence`` (drain, then h2d synchronized) must cover it.
+        second = torch.full((24, 8), float("nan"))
+        ring.fetch([second], [home], h2d, landed, backend.event())
+        ring.drain()
+        h2d.synchronize()
+        backend.host_read(second, "the rows, read on this thread after the fence")
+        right = right and torch.equal(second, torch.cat(chunks))
+        ring.close()
+        races = list(backend.checker.races)
+    finally:
+        backend.close()
+    return "race" if races else ("" if right else "wrong answer")
+
+
 #: Checks beyond the grid, for what the engine's own path does not exercise: (name, the module whose waits it
 #: exercises, the functions among them or None for all, check returning '' or a kind). Each runs only for those
 #: sites (the dropped prefetch's only for ``_fetch``'s, so the table still names a grid case for the others).
 EXTRA = (("host-attention-alone", "engine.kv.host_attention", None, host_attention_alone),
          ("host-attention-torch-tile-landing", "engine.kv.host_attention", None, host_attention_torch_tile_landing),
          ("disk-appends-alone", "engine.kv.disk_stream", None, disk_appends_alone),
-         ("dropped-disk-prefetch-alone", "engine.kv.transfer", {"_fetch"}, dropped_disk_prefetch_alone))
+         ("dropped-disk-prefetch-alone", "engine.kv.transfer", {"_fetch"}, dropped_disk_prefetch_alone),
+         ("staging-ring-alone", "engine.kv.staging_ring", None, staging_ring_alone))
 
 
 def catches(site: Site, pairs: dict, cases) -> str:

@@ -14,10 +14,12 @@ a budget of its own that refuses past the limit *stickily*, as WDDM does: the te
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import os
 import re
+import sys
 import threading
 import weakref
 
@@ -30,6 +32,8 @@ logger = logging.getLogger(__name__)
 ENV_LIMIT = "HEADINFER_PIN_LIMIT"
 #: Of the limit, what homes leave for the pins made later (host attention's buffers, grown buffers, disk pieces).
 RESERVE_FRACTION = 0.125
+#: The most the start-up probe pins (Windows, WSL2): past it the store is staged even if more could be pinned.
+PROBE_CAP = 16 << 30
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30,
           "t": 1 << 40, "tib": 1 << 40, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 
@@ -61,6 +65,7 @@ class PinBudget:
         self.held = 0
         self.peak = 0
         self.refused = False  # a pin was refused (sticky budgets refuse every one after it)
+        self.probed = False  # ``settle_limit`` has run (once per process)
         self._charges: dict[int, tuple[int, int]] = {}  # charge -> (storage data_ptr, bytes)
         self._storages: dict[int, int] = {}  # storage data_ptr -> charges on it
         self._next = 0
@@ -168,6 +173,8 @@ def probe_pinnable(runtime, want: int, *, step: int = 256 << 20, margin: float =
             size = min(step, want - locked)
             block = torch.empty(size, dtype=torch.uint8)
             code = runtime.host_register(block.data_ptr(), size)
+            if code != 0 and code in getattr(runtime, "NO_CONTEXT", ()):
+                raise PinningError(f"pin probe: no CUDA context on this thread ({runtime.error_string(code)})")
             if code != 0:
                 runtime.clear_last_error()
                 logger.info("pin probe: refused after %.2f GiB (%s)", locked / 2**30, runtime.error_string(code))
@@ -179,3 +186,83 @@ def probe_pinnable(runtime, want: int, *, step: int = 256 << 20, margin: float =
             if runtime.host_unregister(block.data_ptr()) != 0:
                 runtime.clear_last_error()
     return want
+
+
+class DriverRegistration:
+    """``cuMemHostRegister`` through the driver API: a refusal is its return code, never a runtime "last error" a
+    later, unrelated CUDA call would report (the runtime's path needs ``cudaGetLastError`` after it; see
+    ``pinned.CudaRuntime``). Needs the context torch made current on this thread."""
+
+    _PORTABLE = 1  # CU_MEMHOSTREGISTER_PORTABLE
+    NO_CONTEXT = (3, 201)  # CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_INVALID_CONTEXT: not a refusal
+
+    def __init__(self, library):
+        self._lib = library
+
+    def host_register(self, pointer: int, num_bytes: int) -> int:
+        return int(self._lib.cuMemHostRegister_v2(ctypes.c_void_p(pointer), ctypes.c_size_t(num_bytes),
+                                                  ctypes.c_uint(self._PORTABLE)))
+
+    def host_unregister(self, pointer: int) -> int:
+        return int(self._lib.cuMemHostUnregister(ctypes.c_void_p(pointer)))
+
+    def clear_last_error(self) -> None:
+        pass  # the driver API keeps no last error
+
+    def error_string(self, code: int) -> str:
+        text = ctypes.c_char_p()
+        if self._lib.cuGetErrorString(code, ctypes.byref(text)) != 0 or text.value is None:
+            return f"CUresult {code}"
+        return text.value.decode(errors="replace")
+
+
+def driver_registration() -> DriverRegistration | None:
+    """The driver library's registration calls (Linux and WSL2: libcuda; Windows: nvcuda), or None."""
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
+        try:
+            library = ctypes.CDLL(name)
+            library.cuMemHostRegister_v2  # noqa: B018 (AttributeError where it is not the driver)
+        except (OSError, AttributeError):
+            continue
+        return DriverRegistration(library)
+    return None
+
+
+def pinning_is_capped() -> bool:
+    """Where page-locked memory is known to be capped far below the RAM: Windows (WDDM) and WSL2."""
+    if sys.platform == "win32":
+        return True
+    try:
+        with open("/proc/version") as version:
+            return "microsoft" in version.read().lower()
+    except OSError:
+        return False
+
+
+def settle_limit(want: int, *, probe=None, capped: bool | None = None) -> int | None:
+    """Sets the CUDA process budget's limit once, at start: ``HEADINFER_PIN_LIMIT`` where set; where pinning is
+    capped (Windows, WSL2) what ``probe_pinnable`` finds of ``want`` (at most ``PROBE_CAP``) through the driver
+    API; elsewhere none. Returns the limit. ``probe``: (want) -> bytes, a stand-in in tests."""
+    budget = process_budget()
+    if budget.limit is not None or budget.probed:
+        return budget.limit
+    budget.probed = True
+    capped = pinning_is_capped() if capped is None else capped
+    if not capped:
+        return None
+    want = min(want, PROBE_CAP)
+    if probe is None:
+        registration = driver_registration()
+        if registration is None:
+            logger.warning("pin probe: no CUDA driver library found; pins are not capped")
+            return None
+        probe = functools.partial(probe_pinnable, registration)
+    try:
+        found = probe(want)
+    except PinningError as error:  # (no context current on this thread: nothing was tried)
+        logger.warning("%s; pins are not capped", error)
+        return None
+    budget.limit = found
+    logger.info("pin budget: %.2f GiB may be page-locked here (probed, of %.2f GiB tried)", found / 2**30,
+                want / 2**30)
+    return found

@@ -53,6 +53,13 @@ class Plan:
     # What the KV core allocates at ``context_tokens`` (homes of that capacity), by the allocation ledger's
     # categories (``engine.planning.allocations``, ``engine.kv.ledger``): bytes, every device together.
     allocations: dict = field(default_factory=dict)
+    # Pinned memory as a budget (``engine.planning.pinning``): what this machine lets the engine page-lock (None: no
+    # limit found), what the plan pins (the RAM homes within it and the staging ring's slots), the RAM homes past it
+    # (pageable, fetched through the staging ring) and the extra seconds per decode token predicted for them.
+    pin_limit: int | None = None
+    pinned_bytes: int = 0
+    staged_bytes: int = 0
+    staging_seconds: float | None = None
 
     @property
     def allocations_total(self) -> int:
@@ -92,9 +99,23 @@ class Plan:
             f"host {self.host_bytes / GIB:.2f} GiB of {_gib(self.host_budget)}",
             f"max context with this configuration: {self.max_context_tokens} tokens",
             self.decode_line(),
+            self.pinning_line(),
             "fits" if self.fits else f"does not fit: {self.reason}",
         ]
         return "\n".join(lines)
+
+    def pinning_line(self) -> str:
+        """How much is pinned and what the staging costs (the plan panel's and the header's words)."""
+        if not self.device_is_cuda:
+            return "pinned: none (CPU compute)"
+        line = f"pinned {self.pinned_bytes / GIB:.2f} GiB"
+        if self.pin_limit is not None:
+            line += f" of a {self.pin_limit / GIB:.2f} GiB pin limit"
+        if self.staged_bytes:
+            line += f"; {self.staged_bytes / GIB:.2f} GiB of KV in ordinary memory, through the staging ring"
+            if self.staging_seconds is not None:
+                line += f" (+{self.staging_seconds * 1e3:.1f} ms/token predicted)"
+        return line
 
     def decode_line(self) -> str:
         """The decode split and, with measured rates, its predicted seconds per token (logged as a cache is built)."""

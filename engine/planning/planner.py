@@ -24,6 +24,7 @@ from ..kv.kernels import SCORE_TILE_BYTES, TILED_LIVE_TILES
 from .allocations import (longest_streamed_run, planned_allocations, scratch_elements, slot_placement,
                                         streamed_runs)
 from .host_split import forecast_decode, host_share
+from .pinning import with_pinning
 from .plan import GIB, LIMIT_MAX_CONTEXT, LIMIT_MEMORY, LIMIT_MODEL, MAX_CONTEXT, Plan
 from ..errors import PlanError
 from .policy import OffloadPolicy
@@ -373,6 +374,7 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
                                                 kv_dtype=policy.kv_dtype, host_attention=share > 0,
                                                 groups_per_buffer=per_buffer),
                 groups_per_buffer=per_buffer)
+    plan = with_pinning(plan, machine)  # what is pinned and what the rest costs through the staging ring
     logger.debug("plan: %s", plan.summary().replace("\n", " | "))
     return plan
 

@@ -9,6 +9,7 @@ import gradio as gr
 from app import render
 from app.browser_state import BrowserState
 from app.page_range import choices, describe, first_part_that_fits, pieces_of, range_text, range_tokens
+from app.pages import tokenize
 from app.render import status
 from app.views import FirstPartView, RangeOffer, RangeView
 from engine import DocumentSession, PlanError
@@ -54,7 +55,7 @@ class PageRanges:
             state.tokens, state.range_label = whole, None
             return RangeView(state, render.range_info(label, estimate, limit), NO_CHANGE, NO_CHANGE, NO_CHANGE,
                              status("warn", f"{label} takes about {estimate:,} tokens; at most {limit:,} fit."))
-        tokens = session.tokenize(range_text(whole.text, state.pieces, first, last))
+        tokens = tokenize(session, range_text(whole.text, state.pieces, first, last))
         if len(tokens) > limit:
             state.tokens, state.range_label = whole, None
             return RangeView(state, render.range_info(label, len(tokens), limit), NO_CHANGE, NO_CHANGE, NO_CHANGE,

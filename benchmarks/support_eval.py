@@ -34,6 +34,7 @@ from engine.answer.support import (SupportThresholds, asked_share, claim_indices
                                    page_texts, token_logprob)
 from engine.prompt import PromptBuilder
 from engine.models.loaded import weights_mode
+from engine.types import page_markers
 
 from .model_eval import document_text, load, score
 from .records import append_jsonl, run_stamp
@@ -69,7 +70,8 @@ def evaluate(key: str, weights: str, layouts: list[str], chats: list[str], docum
                     and q["kind"] in kinds and (chat == "fresh" or q["kind"] in turns_kinds)]
             if not todo:
                 continue
-            session.set_document(session.tokenize(texts[document["key"]]))
+            text = texts[document["key"]]
+            session.set_document(session.tokenize(text, page_markers(text)))  # the eval's own texts
             started = time.perf_counter()
             session.prefill()
             logger.info("%s %s read %s in %.0f s", key, layout, document["key"], time.perf_counter() - started)
@@ -440,7 +442,7 @@ def _answer_level_lines(records: list[dict], models: list[str], layouts: list[st
 
 def write_markdown(records: list[dict], texts: dict[str, str], stamp: dict, path: Path) -> None:
     """``support.md``'s tables from the records; ``texts``: {document key: its text as the prompt holds it}."""
-    pages = {key: page_texts(text) for key, text in texts.items()}
+    pages = {key: page_texts(text, page_markers(text)) for key, text in texts.items()}
     words = {key: document_words(text) for key, text in texts.items()}
     started = time.perf_counter()
     for r in records:

@@ -29,8 +29,9 @@ _QUESTION_MARKER = "\x00QUESTION\x00"  # never occurs in real text; marks where 
 
 # The page marker: the line before each page of a document, ``[page 37]`` (the number the book prints on it) or
 # ``[pdf page 4]`` (a page with no printed number in a book that has them). One writer (``page_marker``, used by the
-# app's PDF reader) and one parser (``page_markers``, used by the app's viewer and chips and by the answer's sources),
-# so a "[page 3]" a book quotes mid-line is a boundary for neither.
+# app's PDF reader) and one parser (``page_markers``). The parser reads text a document controls (a line "[page 999]"
+# in it is a marker to it), so the engine never calls it on a document: a caller gives the pages it wrote
+# (``DocumentTokens.pages``), and a library caller whose text is its own may pass ``page_markers(text)`` itself.
 _PAGE_MARKER = re.compile(r"^\[(pdf )?page ([^\]\n]{1,24})\]$", re.MULTILINE)
 
 
@@ -51,6 +52,21 @@ def page_markers(text: str) -> list[PageMarker]:
             for m in _PAGE_MARKER.finditer(text)]
 
 
+def checked_pages(pages, length: int) -> tuple[PageMarker, ...]:
+    """``pages`` (``PageMarker``s or (start, end, label) triples) as PageMarkers, each within a text of ``length``
+    characters and after the one before; ``InputError`` otherwise."""
+    checked, last = [], 0
+    for page in pages:
+        page = PageMarker(*page)
+        if not (isinstance(page.label, str) and isinstance(page.start, int) and isinstance(page.end, int)
+                and last <= page.start <= page.end <= length):
+            raise InputError(f"page {page.label!r} at {page.start}..{page.end} is not in order within the "
+                             f"{length:,}-character document")
+        checked.append(page)
+        last = page.end
+    return tuple(checked)
+
+
 
 @dataclass(frozen=True)
 class Turn:
@@ -64,12 +80,15 @@ class DocumentTokens:
     the snapshot identity.
 
     ``starts`` holds where each token begins in ``text`` (negative for the chat markup before it, past
-    the end for the markup after it); ``None`` when the tokenizer cannot tell (slow tokenizers).
+    the end for the markup after it); ``None`` when the tokenizer cannot tell (slow tokenizers). ``pages``: where
+    each page lies in ``text`` as the caller gave them (``PageMarker``: its marker line from ``start``, its text
+    from ``end``), in order; the answer's sources are bucketed by these alone (none given: no page sources).
     """
 
     text: str
     ids: list[int]
     starts: array | None = None
+    pages: tuple[PageMarker, ...] = ()
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -111,19 +130,21 @@ class PromptBuilder:
         rendered = self._render(document, [], _QUESTION_MARKER)
         return rendered[: rendered.index(_QUESTION_MARKER)]
 
-    def tokenize_document(self, document: str) -> DocumentTokens:
-        """``document_ids`` with where each token starts in ``document``, in one tokenizer pass."""
+    def tokenize_document(self, document: str, pages=()) -> DocumentTokens:
+        """``document_ids`` with where each token starts in ``document``, in one tokenizer pass; ``pages``
+        (``PageMarker``s, character offsets into ``document``) are kept with them, checked, never looked for."""
+        pages = checked_pages(pages, len(document))
         rendered = self._render(document, [], _QUESTION_MARKER)
         prefix = rendered[: rendered.index(_QUESTION_MARKER)]
         if not getattr(self.tokenizer, "is_fast", False):
-            return DocumentTokens(document, self._encode(prefix))
+            return DocumentTokens(document, self._encode(prefix), pages=pages)
         encoded = self.tokenizer(prefix, add_special_tokens=False, return_offsets_mapping=True)
         # The document is the first user message: it ends right before the question's own text.
         offset = prefix.rfind(document) if document else len(prefix)
         if offset < 0:  # the template rewrote the text (e.g. trimmed it): no offsets to count by
-            return DocumentTokens(document, list(encoded["input_ids"]))
+            return DocumentTokens(document, list(encoded["input_ids"]), pages=pages)
         starts = array("q", (start - offset for start, _ in encoded["offset_mapping"]))
-        return DocumentTokens(document, list(encoded["input_ids"]), starts)
+        return DocumentTokens(document, list(encoded["input_ids"]), starts, pages)
 
     def truncate_document(self, tokens: DocumentTokens, limit: int) -> DocumentTokens:
         """Keeps the beginning of the document so that its prefix ids number at most ``limit``."""
@@ -133,7 +154,9 @@ class PromptBuilder:
         while True:
             # Re-tokenizing a cut text can merge or split a few tokens: shrink until it fits.
             head = tokens.head(keep) if body is None else self.tokenizer.decode(body[:keep])
-            cut = self.tokenize_document(head + "\n[... truncated to fit ...]")
+            # A page whose marker line is cut is no page (as the app's ``Layout.clip`` has it).
+            cut = self.tokenize_document(head + "\n[... truncated to fit ...]",
+                                         [page for page in tokens.pages if page.end <= len(head)])
             if len(cut) <= limit or keep == 1:
                 return cut
             keep = max(keep - (len(cut) - limit) - 1, 1)

@@ -97,8 +97,9 @@ class DocumentSession:
         self._document_ids: list[int] = []
         self._cached_ids: list[int] = []  # exactly the tokens whose K/V the cache holds
         self._identity: SnapshotIdentity | None = None  # computed once per document, when first needed
-        self._pages: list[tuple[int, int]] | None = None  # (first token, page) of [page N] markers, when needed
+        self._pages: list[tuple[int, int]] | None = None  # (first token, page) of the given pages, when needed
         self._starts = None  # where each document token starts in the text (DocumentTokens.starts)
+        self._page_bounds: tuple = ()  # where each page lies in the text, as the caller gave it (DocumentTokens.pages)
         self.turns: list[Turn] = []
         self.dropped_turns = 0  # oldest turns the last question left out of its prompt (to fit the allowance)
         # When an answer reads "the document may not say this": fitted per model (engine.answer.support).
@@ -174,9 +175,13 @@ class DocumentSession:
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def tokenize(self, text: str) -> DocumentTokens:
-        """Tokenizes ``text`` as the document prefix, once: pass the result to ``plan`` and ``set_document``."""
-        return self.prompts.tokenize_document(text)
+    def tokenize(self, text: str, pages=()) -> DocumentTokens:
+        """Tokenizes ``text`` as the document prefix, once: pass the result to ``plan`` and ``set_document``.
+
+        ``pages``: where each page lies in ``text`` (``engine.types.PageMarker``s, character offsets the caller wrote
+        when it joined its documents); the answers' sources name these pages and no others. Nothing is parsed from
+        the text: a caller whose text is its own may pass ``engine.types.page_markers(text)``."""
+        return self.prompts.tokenize_document(text, pages)
 
     def plan(self, document: DocumentTokens | str) -> Plan:
         """The memory plan for ``document`` (plus the answer budget); never allocates."""
@@ -218,16 +223,19 @@ class DocumentSession:
         how much any document may take, before one is tokenized."""
         return self._plan_tokens(1 + self.answer_budget)
 
-    def set_document(self, document: DocumentTokens | str, *, truncate_to_fit: bool = False) -> int:
+    def set_document(self, document: DocumentTokens | str, *, truncate_to_fit: bool = False, pages=()) -> int:
         """Takes ``document`` (text, or ``tokenize``'s result) as the document, replacing any previous one;
-        returns its token count.
+        returns its token count. ``pages``: with a text, where its pages lie (as ``tokenize`` takes them); a
+        ``tokenize`` result carries its own.
 
         Raises ``PlanError`` when it does not fit (memory, ``policy.max_context`` or the model's trained
         window) and ``truncate_to_fit`` is false; the previous document is kept in that case.
         """
         if not (document.text if isinstance(document, DocumentTokens) else document).strip():
             raise InputError("the document is empty: there is no text to read")
-        tokens = self._tokens(document)
+        if pages and isinstance(document, DocumentTokens):
+            raise InputError("pages go to tokenize with the text; tokenize's result carries them")
+        tokens = self._tokens(document) if not pages else self.tokenize(document, pages)
         plan = self._plan_tokens(len(tokens) + self.answer_budget)
         limit = max(plan.context_limit - self.answer_budget, 0)
         if len(tokens) > limit:
@@ -246,7 +254,7 @@ class DocumentSession:
         self.clear()
         self._shared.claim(self, plan, self.shape.weights_bytes)
         self.document, self._document_ids, self.cache = tokens.text, tokens.ids, cache
-        self._starts = tokens.starts
+        self._starts, self._page_bounds = tokens.starts, tokens.pages
         self._context_limit, self._limit_reason = plan.context_limit, plan.limit_reason
         return len(tokens)
 
@@ -464,7 +472,7 @@ class DocumentSession:
         if not found:
             return None
         if self._page_texts is None:
-            self._page_texts = page_texts(self.document)
+            self._page_texts = page_texts(self.document, self._page_bounds)
         return grounded_share(answer, question, [self._page_texts.get(source.page or "", "") for source in found])
 
     def _grounding(self) -> AnswerSources | None:
@@ -473,7 +481,7 @@ class DocumentSession:
         if heads is None:
             return None
         if self._pages is None:
-            self._pages = document_page_starts(self.prompts, self.document, self._starts)
+            self._pages = document_page_starts(self._page_bounds, self._starts)
         return AnswerSources(self.cache, heads, (0, self.document_tokens), self._pages)
 
     def _forward_unless_stopped(self, ids: list[int], should_stop: Callable[[], bool] | None) -> torch.Tensor:

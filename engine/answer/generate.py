@@ -19,7 +19,7 @@ from ..paths import cache_dir
 from ..reports import AnswerChunk, answer_rate
 from .retrieval_heads import find_retrieval_heads
 from .sampling import IncrementalDecoder, RepetitionGuard, next_token, stop_token_ids
-from .sources import page_starts, page_starts_from_offsets
+from .sources import page_starts_from_offsets
 from .support import token_logprob
 
 logger = logging.getLogger(__name__)
@@ -103,9 +103,11 @@ def warm_up(model, tokenizer) -> threading.Thread:
     return thread
 
 
-def document_page_starts(prompts, document: str, starts) -> list[tuple[int, str]]:
-    """(first token, page label) of each page marker of the document, from the token offsets kept at
-    tokenization (``DocumentTokens.starts``; tokenizing again only where the tokenizer gave none)."""
+def document_page_starts(pages, starts) -> list[tuple[int, str]]:
+    """(first token, page label) of each of the document's ``pages`` (``DocumentTokens.pages``), from the token offsets
+    kept at tokenization (``DocumentTokens.starts``); none where the tokenizer gave no offsets."""
     if starts is None:
-        return page_starts(prompts.tokenizer, prompts.document_text(document))
-    return page_starts_from_offsets(document, starts)
+        if pages:
+            logger.info("the tokenizer gives no offsets: this document's sources name no page")
+        return []
+    return page_starts_from_offsets(pages, starts)

@@ -4,7 +4,8 @@ Only an engine that keeps the whole document's exact KV can do this. During an a
 the queries of a few retrieval-like heads (``engine.answer.retrieval_heads``); afterwards ``attention_mass`` reads
 those heads' keys from the cache once and computes their exact attention weights (softmax over every key a
 query saw, tiled over keys with a log-sum-exp pass, so memory stays bounded at a million tokens). The mass on
-document positions, bucketed by ``[page N]`` markers, gives ``Source(page, share)``, largest share first.
+document positions, bucketed by the pages the caller gave with the document (``DocumentTokens.pages``, never parsed
+from its text), gives ``Source(page, share)``, largest share first.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import torch
 
 from ..kv.ledger import SOURCES
 from ..kv.probe import QueryProbe
-from ..prompt import page_markers
 from .support import document_share
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ _TILE = 16384  # keys per tile: bounds the score block to [heads, answer tokens,
 class Source:
     """A page of the document (``None`` for documents without pages) and its share of the attention."""
 
-    page: str | None  # the page's label as the marker holds it ("37", "xii", "PDF 4"; ``prompt.page_markers``)
+    page: str | None  # the page's label as the caller gave it ("37", "xii", "PDF 4"; ``DocumentTokens.pages``)
     share: float
 
     def label(self) -> str:
@@ -38,23 +38,10 @@ class Source:
         return f"{where} ({self.share:.0%})"
 
 
-def page_starts(tokenizer, prefix_text: str) -> list[tuple[int, str]]:
-    """(first token index, page label) of every page marker in the document prefix text.
-
-    ``prefix_text`` must be the exact text whose tokens form the cached prefix (``PromptBuilder.document_text``).
-    """
-    markers = page_markers(prefix_text)
-    if not markers:
-        return []
-    encoded = tokenizer(prefix_text, add_special_tokens=False, return_offsets_mapping=True)
-    starts = [start for start, _ in encoded["offset_mapping"]]
-    return [(bisect.bisect_right(starts, m.start) - 1, m.label) for m in markers]
-
-
-def page_starts_from_offsets(text: str, starts) -> list[tuple[int, str]]:
-    """(first token index, page label) of every page marker of ``text``, from where each token of the
-    text starts in it (``DocumentTokens.starts``): no second tokenization."""
-    return [(bisect.bisect_left(starts, m.start), m.label) for m in page_markers(text)]
+def page_starts_from_offsets(pages, starts) -> list[tuple[int, str]]:
+    """(first token index, page label) of each of ``pages`` (``PageMarker``s, character offsets into the document
+    text), from where each token of that text starts in it (``DocumentTokens.starts``): no second tokenization."""
+    return [(bisect.bisect_left(starts, page.start), page.label) for page in pages]
 
 
 @torch.inference_mode()
@@ -176,7 +163,7 @@ class AnswerSources:
     """Sources of one answer: ``start`` before its first token is fed back, ``finish`` after the last.
 
     ``heads``: {layer: [query head, ...]} (``engine.answer.retrieval_heads``); ``document_range``: the document's token
-    positions [start, stop); ``pages``: ``page_starts`` of the document prefix.
+    positions [start, stop); ``pages``: ``page_starts_from_offsets`` of the document's pages.
     """
 
     def __init__(self, cache, heads: dict[int, list[int]], document_range: tuple[int, int],

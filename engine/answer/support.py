@@ -40,7 +40,6 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
-from ..prompt import page_markers
 
 _SINK = 4  # the prompt's first tokens: an "attention sink" in most models, on no page and on no question
 
@@ -215,15 +214,15 @@ def asked_share(question: str, words: frozenset[str]) -> tuple[float | None, tup
     return 1.0 - len(unknown) / len(asked), unknown
 
 
-def page_texts(document: str) -> dict[str, str]:
-    """{page label: its text} from the document's page marker lines; one page "" for a document without them."""
-    markers = page_markers(document)
-    if not markers:
+def page_texts(document: str, pages) -> dict[str, str]:
+    """{page label: its text} from the document's ``pages`` (``DocumentTokens.pages``: where the caller says each one
+    lies, never found in the text); one page "" for a document without them."""
+    if not pages:
         return {"": document}
     texts: dict[str, str] = {}
-    for i, marker in enumerate(markers):
-        stop = markers[i + 1].start if i + 1 < len(markers) else len(document)
-        texts[marker.label] = texts.get(marker.label, "") + document[marker.end:stop]
+    for i, page in enumerate(pages):
+        stop = pages[i + 1].start if i + 1 < len(pages) else len(document)
+        texts[page.label] = texts.get(page.label, "") + document[page.end:stop]
     return texts
 
 

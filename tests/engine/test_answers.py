@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine import DocumentSession, OffloadPolicy
+from engine.types import page_markers
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +23,7 @@ def test_top_source_is_the_page_that_holds_the_needle(model_and_tokenizer, depth
     model, tokenizer = model_and_tokenizer
     document, value, page = paged_haystack(tokenizer, 1200, depth, seed=int(depth * 100))
     session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=512), answer_budget=64)
-    session.set_document(document)
+    session.set_document(document, pages=page_markers(document))  # the haystack's markers are its own
     progress = []
     session.prefill(on_progress=progress.append)
     *_, last = session.ask("What is the secret passphrase?", max_new_tokens=24)

@@ -12,6 +12,7 @@ from engine.errors import InputError
 from engine.answer.support import (Support, SupportThresholds, claim_logprob, claim_tokens, content_words, decide,
                                    document_share, grounded_share, mean_logprob, page_texts, thresholds_for,
                                    token_logprob)
+from engine.types import page_markers
 
 
 def test_share_counts_the_pages_and_leaves_out_the_sink_and_the_markup_before_them():
@@ -61,14 +62,14 @@ Bash handles /dev/udp/host/port: it attempts to open the corresponding UDP socke
 
 
 def test_pages_are_split_at_their_markers():
-    pages = page_texts(PAGES)
+    pages = page_texts(PAGES, page_markers(PAGES))
     assert list(pages) == ["38", "39"]
     assert "<>word" in pages["38"] and "/dev/udp" in pages["39"] and "/dev/udp" not in pages["38"]
-    assert page_texts("no markers here") == {"": "no markers here"}
+    assert page_texts("no markers here", ()) == {"": "no markers here"}
 
 
 def test_grounded_share_counts_the_answers_own_words_found_on_its_pages():
-    pages = page_texts(PAGES)
+    pages = page_texts(PAGES, page_markers(PAGES))
     question = "Which operator opens a file for both reading and writing?"
     # Its own words (not the question's, not stopwords): "<>" and "word", both on page 38.
     assert grounded_share("The operator `<>word` opens it.", question, [pages["38"]]) == 1.0
@@ -212,7 +213,7 @@ def test_a_real_answer_carries_its_support_signal(headinfer_smollm2):
     model, tokenizer = headinfer_smollm2
     document, value, _ = paged_haystack(tokenizer, 800, 0.5, seed=3)
     session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=512), answer_budget=64)
-    session.set_document(document)
+    session.set_document(document, pages=page_markers(document))  # the haystack's markers are its own
     session.prefill()
     *streamed, last = session.ask("What is the secret passphrase?", max_new_tokens=16)
     assert all(chunk.support is None for chunk in streamed)  # the final chunk carries it

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 from app.auth import LOGIN_MESSAGE, OPEN_NOTICE, OPEN_WARNING
+from app.hosts import proxy_name
 from app.visitor_caps import CapLimits
 from cuda_alloc_env import use_expandable_segments
 from heap_env import keep_freed_heap
@@ -179,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "then each visitor's saved documents are kept apart, as with --share "
                              "(default: 127.0.0.1, this machine only)")
     server.add_argument("--port", type=_port, default=7860, help="port to listen on (default: 7860)")
+    server.add_argument("--allow-host", action="append", default=[], type=proxy_name, metavar="NAME",
+                        help="a name a reverse proxy serves the app under (repeatable): requests for it and from "
+                             "https://NAME are the app's own; visitors are then kept apart, as with --share")
     server.add_argument("--max-upload", type=parse_size, default=DEFAULT_MAX_UPLOAD, metavar="SIZE",
                         help="largest file a visitor may upload, e.g. 100MB; larger ones are refused before "
                              "they reach the app (default: 256MiB)")
@@ -548,7 +552,7 @@ def main(argv: list[str] | None = None) -> None:
     del first
 
     # Logins mean several people: each keeps their own shelf even on loopback (an SSH tunnel, a shared machine).
-    private = args.share or not is_loopback(args.host) or authenticator is not None
+    private = args.share or bool(args.allow_host) or not is_loopback(args.host) or authenticator is not None
     announce_visitors(private, has_auth=authenticator is not None)
     store = make_snapshot_store(args)
     session_shelves = prepare_folder(VISITOR_SHELVES) if private and not authenticator else None
@@ -572,7 +576,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.share and not share:
         logger.warning("Could not create a share link: %s:%d is unreachable (no internet?). "
                     "Serving locally only at http://%s:%d", *SHARE_SERVER, args.host, args.port)
-    hosts = AllowedHosts.for_launch(args.host, share=share)  # the names it answers to (app.guard)
+    hosts = AllowedHosts.for_launch(args.host, share=share, proxied=tuple(args.allow_host))  # its names (app.guard)
     serve(demo, args, share, auth=authenticator.check if authenticator else None, auth_message=LOGIN_MESSAGE,
           **with_login_address(launch_options(args.max_upload, owner, hosts=hosts)))
     if owner.private:  # the console only, never the page: whoever opens it may scan, download and serve models

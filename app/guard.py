@@ -78,10 +78,11 @@ class RequestGuard:
         if not self.hosts.allows(host, server[0]):
             return 421, "This app does not answer to that host name."
         origin = headers.get("origin")
-        if origin is not None and not origin_matches(origin, host):
+        if origin is not None and not self.hosts.own_origin(origin, host):
             return 403, "Cross-site request refused: this app answers its own page only."
         referer = headers.get("referer")
-        if origin is None and referer and scope.get("method") in UNSAFE_METHODS and not origin_matches(referer, host):
+        if origin is None and referer and scope.get("method") in UNSAFE_METHODS and \
+                not self.hosts.own_origin(referer, host):
             return 403, "Cross-site request refused: this app answers its own page only."
         if FETCHING_PATH.match(scope.get("path", "")):
             return 403, "This app serves its own files only, not URLs."

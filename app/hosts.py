@@ -6,6 +6,10 @@ one of the app's own names: the loopback names, ``--host``, this machine's names
 an address literal equal to the address the connection arrived on (rebinding needs a name), or, with ``--share``, a
 share link. Gradio's tunnel (``gradio/tunneling.py``) runs frpc's ``http`` proxy with a random subdomain and no
 ``host_header_rewrite``, so visitors of ``https://<id>.gradio.live`` arrive with ``Host: <id>.gradio.live``.
+
+Behind a reverse proxy under another domain (``--allow-host NAME``), ``NAME`` is one of the app's names and
+``https://NAME`` one of its origins, whether the proxy passes ``Host: NAME`` on or rewrites it to the loopback address
+it forwards to (the browser still sends ``Origin: https://NAME``).
 """
 
 from __future__ import annotations
@@ -29,19 +33,34 @@ class AllowedHosts:
     names: frozenset[str] = LOOPBACK_NAMES
     share_domain: str | None = None
     others_reach: bool = False
+    proxy_origins: frozenset[tuple[str, int | None]] = frozenset()  # ``--allow-host``'s https origins (name, port)
 
     @classmethod
-    def for_launch(cls, host: str, *, share: bool) -> AllowedHosts:
-        """What ``launch.py --host HOST [--share]`` answers to: the loopback names and ``host``; for every address
-        (``0.0.0.0`` / ``::``) this machine's names (an address literal of it is matched per connection)."""
-        names = set(LOOPBACK_NAMES)
+    def for_launch(cls, host: str, *, share: bool, proxied: tuple[str, ...] = ()) -> AllowedHosts:
+        """What ``launch.py --host HOST [--share] [--allow-host NAME ...]`` answers to: the loopback names and
+        ``host``; for every address (``0.0.0.0`` / ``::``) this machine's names (an address literal of it is matched
+        per connection); each ``proxied`` name (a reverse proxy's, maybe with a port), its origin ``https://NAME``."""
+        origins = frozenset(host_and_port(proxy_name(name), "https") for name in proxied)
+        names = set(LOOPBACK_NAMES) | {name for name, _ in origins}
         if host.lower() in EVERY_ADDRESS:
             machine = socket.gethostname().lower()
             names |= {machine, f"{machine}.local", socket.getfqdn().lower()}
         else:
             names.add(_bare(host.lower()))
-        reach = share or host.lower() not in LOOPBACK_NAMES | {"[::1]"}
-        return cls(frozenset(names - {""}), SHARE_DOMAIN if share else None, reach)
+        reach = share or bool(proxied) or host.lower() not in LOOPBACK_NAMES | {"[::1]"}
+        return cls(frozenset(names - {""}), SHARE_DOMAIN if share else None, reach, origins)
+
+    def own_origin(self, url: str, host_header: str) -> bool:
+        """Whether ``url`` (an ``Origin`` or a ``Referer``) is this app's: the origin ``Host`` names, or the https
+        origin of a reverse proxy's name (``proxied``)."""
+        if origin_matches(url, host_header):
+            return True
+        try:
+            parts = urlsplit(url.strip())
+        except ValueError:
+            return False
+        return parts.scheme == "https" and bool(parts.netloc) and host_and_port(parts.netloc, "https") in \
+            self.proxy_origins
 
     def allows(self, host_header: str, local_address: str | None = None) -> bool:
         """Whether a request with ``Host: host_header`` that arrived on ``local_address`` is for this app."""
@@ -53,6 +72,19 @@ class AllowedHosts:
         # exactly one label under the share domain: Gradio's random subdomain
         return bool(self.share_domain) and name.endswith("." + self.share_domain) and \
             "." not in name[: -len(self.share_domain) - 1]
+
+
+class HostNameError(ValueError):
+    """An ``--allow-host`` value that is no host name."""
+
+
+def proxy_name(raw: str) -> str:
+    """``raw`` (an ``--allow-host`` value: a host name, maybe with ``:port``) lower case; ``HostNameError`` for
+    anything else (an URL, a path, a user name, a wildcard)."""
+    name = raw.strip().lower()
+    if not name or any(c in name for c in "/@*?# \\") or not host_and_port(name, "https")[0]:
+        raise HostNameError(f"not a host name: {raw!r} (give the name the proxy serves, e.g. studio.example.org)")
+    return name
 
 
 def host_and_port(netloc: str, scheme: str = "") -> tuple[str, int | None]:

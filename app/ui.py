@@ -110,6 +110,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
         _wire(demo, page, handlers, title, current_info if callable(model_info) else None)
     # Events past HEAVY_EVENTS wait in Gradio's queue; past four times that a flood is refused ("queue full").
     demo.queue(default_concurrency_limit=1, max_size=4 * HEAVY_EVENTS)
+    demo.studio_state = handlers.app  # the tabs, line and shelves the OpenAI endpoint shares (app.openai_api.mount)
     return demo
 
 

@@ -400,6 +400,48 @@ class DocumentSession:
             checked = time.perf_counter()
             verified = self.check_support(question, kept)
             self.verify_seconds = time.perf_counter() - checked
+        answered = yield from self._answer(wanted, question, asked, verified, max_new_tokens=max_new_tokens,
+                                           temperature=temperature, top_p=top_p, should_stop=should_stop,
+                                           repetition_guard=repetition_guard, sources=sources,
+                                           on_question_progress=on_question_progress)
+        if answered is not None:
+            end, final = answered
+            self.turns = [*kept, Turn(question, end.text)]
+            yield final
+
+    def complete(self, continuation: list[int], *, question: str = "", max_new_tokens: int = 512,
+                 temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                 should_stop: Callable[[], bool] | None = None, sources: bool = True) -> Iterator[AnswerChunk]:
+        """Streams the continuation of the prompt ``document + continuation`` (``continuation``: ids after the
+        document's prefix, e.g. another client's conversation rendered with the chat template), reusing the longest
+        prefix of K/V the cache holds, as ``ask`` does; no turn is recorded and the prompt is the caller's to fit
+        (``reused_tokens``, ``max_context``). ``question``: the text the support check weighs (the last user
+        message). Exact greedy at ``temperature`` 0 (no repetition guard); ``seed`` seeds the sampling."""
+        if not self.is_prefilled:
+            raise StateError("read the document first (prefill)")
+        answered = yield from self._answer(self._document_ids + list(continuation), question, time.perf_counter(),
+                                           None, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                           should_stop=should_stop, repetition_guard=None, sources=sources, seed=seed)
+        if answered is not None:
+            yield answered[1]
+
+    def reused_tokens(self, continuation: list[int]) -> int:
+        """How many tokens of the prompt ``document + continuation`` the cache holds already (what ``complete`` will
+        not compute again; at least the last token is always computed, for its logits)."""
+        wanted = self._document_ids + list(continuation)
+        common = 0
+        for have, want in zip(self._cached_ids, wanted):
+            if have != want:
+                break
+            common += 1
+        common = min(common, len(wanted) - 1)
+        return self.cache.restorable_length(common) if self.cache is not None and common > 0 else max(common, 0)
+
+    def _answer(self, wanted: list[int], question: str, asked: float, verified: float | None, *, max_new_tokens: int,
+                temperature: float, top_p: float, should_stop, repetition_guard, sources: bool,
+                on_question_progress=None, seed: int = 0):
+        """Extends the cache to ``wanted`` and streams the answer's chunks; returns ``(Decoded, final chunk)``, the final
+        chunk not yet yielded (``ask`` records its turn first), or None after yielding a stopped, empty end."""
         grounding = self._grounding() if sources else None
         if grounding is not None:
             grounding.start(len(wanted) - 1)  # from the query that writes the first answer token
@@ -410,28 +452,27 @@ class DocumentSession:
                 logits = self._extend_to(wanted, should_stop, on_question_progress)
             except ForwardInterrupted:
                 yield AnswerChunk("", "", 0, None, 0.0, done=True, stopped=True)
-                return
+                return None
             end = yield from stream_answer(self.model, self.tokenizer, logits,
                                            lambda ids: self._forward_unless_stopped(ids, should_stop), asked,
                                            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                           should_stop=should_stop, repetition_guard=repetition_guard)
+                                           should_stop=should_stop, repetition_guard=repetition_guard, seed=seed)
             # A stopped answer ends now: its sources would cost one more pass over the whole context.
             found = grounding.finish() if grounding is not None and not end.stopped else []
         finally:
             self.reading.load_probe.end_computing()
             if grounding is not None:
                 grounding.cancel()  # an abandoned answer stops recording (a no-op after finish)
-        self.turns = [*kept, Turn(question, end.text)]
         self._host_ms_per_token = 1000 * (self.cache.host_attention_seconds - host_before) / max(end.num_tokens, 1)
-        yield AnswerChunk(end.text, "", end.num_tokens, None if end.first_at is None else end.first_at - asked,
-                          answer_rate(end.num_tokens, end.first_at), done=True, stopped=end.stopped,
-                          looped=end.looped, sources=tuple(found),
-                          sources_seconds=grounding.seconds if grounding else 0.0,
-                          support=decide(grounding.document_share if grounding else None,
-                                         mean_logprob(end.logprobs), self.support_thresholds,
-                                         self._grounded(question, end.text, found), verified,
-                                         self._claim_logprob(question, end),
-                                         asked_share(question, document_words(self.document))))
+        return end, AnswerChunk(end.text, "", end.num_tokens, None if end.first_at is None else end.first_at - asked,
+                                answer_rate(end.num_tokens, end.first_at), done=True, stopped=end.stopped,
+                                looped=end.looped, sources=tuple(found),
+                                sources_seconds=grounding.seconds if grounding else 0.0,
+                                support=decide(grounding.document_share if grounding else None,
+                                               mean_logprob(end.logprobs), self.support_thresholds,
+                                               self._grounded(question, end.text, found), verified,
+                                               self._claim_logprob(question, end),
+                                               asked_share(question, document_words(self.document))))
 
     def check_support(self, question: str, turns: list[Turn] | None = None) -> float:
         """P(yes) / (P(yes) + P(no)) of the model's own next token after a verification turn (``verify_prompt``:

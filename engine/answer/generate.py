@@ -50,13 +50,13 @@ class Decoded:
 def stream_answer(model, tokenizer, logits: torch.Tensor, forward: Callable[[list[int]], torch.Tensor],
                   asked: float, *, max_new_tokens: int, temperature: float, top_p: float,
                   should_stop: Callable[[], bool] | None,
-                  repetition_guard: RepetitionGuard | None) -> Generator[AnswerChunk, None, Decoded]:
+                  repetition_guard: RepetitionGuard | None, seed: int = 0) -> Generator[AnswerChunk, None, Decoded]:
     """Yields a chunk per answer token, from ``logits`` (the last prompt position's) onward; ``forward``
     appends a token and returns the next logits. ``asked`` is the question's perf_counter() (for the TTFT).
-    Returns how it ended: the final chunk is the caller's."""
+    Returns how it ended: the final chunk is the caller's. ``seed``: the sampling's generator."""
     decoder = IncrementalDecoder(tokenizer)
     stop_ids = stop_token_ids(model, tokenizer)
-    generator = torch.Generator(device="cpu").manual_seed(0)
+    generator = torch.Generator(device="cpu").manual_seed(seed)  # (sampling only; greedy uses none)
     first_at, num_tokens, stopped, looped, answer, logprobs = None, 0, False, False, [], []
     for _ in range(max_new_tokens):
         raw = logits  # the support signal wants the model's confidence, not the guard's penalties

@@ -214,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--visitor-shelf-max", type=parse_size, default=None, metavar="SIZE",
                         help="most disk one visitor's saved documents may take (within --kv-cache-max), when "
                              f"others can reach the app (default: {CapLimits.shelf_bytes // 2**30}GiB)")
+    server.add_argument("--api", action="store_true",
+                        help="also serve an OpenAI-compatible API on the same address (/v1/chat/completions, "
+                             "/v1/completions, /v1/models): a prompt that begins with a held document reuses its KV")
+    server.add_argument("--api-key", default=None, metavar="KEY_FILE",
+                        help="with --api: require 'Authorization: Bearer KEY', KEY read from this file's first line "
+                             "(or from HEADINFER_API_KEY); needed whenever others can reach the app")
     return parser
 
 
@@ -276,6 +282,22 @@ def make_authenticator(args: argparse.Namespace):
         return Authenticator(read_users_file(Path(args.auth_file).expanduser()))
     users = users_from_env()
     return Authenticator(users) if users else None
+
+
+def api_key_for(args: argparse.Namespace, *, reachable: bool) -> str | None:
+    """``--api``'s key (``--api-key FILE`` or ``HEADINFER_API_KEY``; None: none asked). Raises ``ValueError`` for a
+    key that cannot be used, for ``--api-key`` without ``--api``, and for an API others can reach without a key."""
+    from app.openai_api.keys import read_key
+
+    if not args.api:
+        if args.api_key is not None:
+            raise ValueError("--api-key needs --api (the OpenAI-compatible API it guards)")
+        return None
+    key = read_key(args.api_key)
+    if key is None and reachable:
+        raise ValueError("--api when others can reach the app (--share, a non-loopback --host, logins) needs a key: "
+                         "--api-key KEY_FILE or HEADINFER_API_KEY")
+    return key
 
 
 def add_user(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -493,6 +515,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         check_quickly(args)  # before torch loads: a typo in --model fails in well under a second
         authenticator = make_authenticator(args)  # as quick: a bad users file fails before the model loads
+        api_key = api_key_for(args, reachable=args.share or not is_loopback(args.host) or authenticator is not None)
         device = check_machine(args)
         if args.model is None and not device.startswith("cuda"):
             from engine.models import cpu_default_source
@@ -577,8 +600,17 @@ def main(argv: list[str] | None = None) -> None:
         logger.warning("Could not create a share link: %s:%d is unreachable (no internet?). "
                     "Serving locally only at http://%s:%d", *SHARE_SERVER, args.host, args.port)
     hosts = AllowedHosts.for_launch(args.host, share=share, proxied=tuple(args.allow_host))  # its names (app.guard)
+    options = with_login_address(launch_options(args.max_upload, owner, hosts=hosts))
+    if args.api:
+        from app.openai_api.mount import with_api
+
+        options = with_api(options, demo, private=private, key=api_key,
+                           model_name=lambda: holder.info().get("name_or_path") or "headinfer")
     serve(demo, args, share, auth=authenticator.check if authenticator else None, auth_message=LOGIN_MESSAGE,
-          **with_login_address(launch_options(args.max_upload, owner, hosts=hosts)))
+          **options)
+    if args.api:
+        logger.info("OpenAI-compatible API at %s/v1%s", demo.local_url.rstrip("/"),
+                    " (key required)" if api_key else "")
     if owner.private:  # the console only, never the page: whoever opens it may scan, download and serve models
         logger.info("the model picker is yours alone: open %s (keep it to yourself; a new one at each start)",
                     owner.link(demo.local_url))

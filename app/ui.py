@@ -35,6 +35,7 @@ from app.owner import OwnerGate, owner_middleware
 from app.reading import Reading
 from app.visitor_caps import CapLimits
 from app.render import status
+from app.tab_owner import owned
 from engine import DocumentSession, SnapshotStore
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -350,7 +351,7 @@ def _wire_questions(page: Page, handlers: Handlers) -> tuple:
 def _wire_tab(demo: gr.Blocks, page: Page, handlers: Handlers, title: str, serving: Callable[[], dict] | None):
     """The tab as a whole: clearing it, its meters, and following a model switch; returns the clear's event."""
     state = page.state
-    cleared = page.clear_button.click(_stop_all, [state], None, api_visibility="private", **_LIGHT).then(
+    cleared = page.clear_button.click(owned(_stop_all), [state], None, api_visibility="private", **_LIGHT).then(
         handlers.clear, [state],
         [state, page.files, page.table, page.plan, page.truncate, page.progress, page.chat, page.status_box],
         api_name="clear", show_progress="hidden", **_OWN).then(
@@ -358,12 +359,13 @@ def _wire_tab(demo: gr.Blocks, page: Page, handlers: Handlers, title: str, servi
     timer = gr.Timer(METER_SECONDS)
     timer.tick(handlers.meters, [state], [page.meters], api_visibility="private", **_LIGHT)
     # A first start's "estimating…" reading time becomes the measured one when the measurement lands.
-    timer.tick(refreshed_plan, [state, page.plan], [page.plan], api_visibility="private", **_LIGHT)
+    timer.tick(owned(refreshed_plan), [state, page.plan], [page.plan], api_visibility="private", **_LIGHT)
     if serving is not None:
         def model_changed(state: BrowserState) -> tuple:
             return _model_changed(state, title, serving())
 
-        timer.tick(model_changed, [state], [page.header, page.status_box, page.progress, page.plan, page.read_button],
+        timer.tick(owned(model_changed), [state],
+                   [page.header, page.status_box, page.progress, page.plan, page.read_button],
                    api_visibility="private", **_LIGHT)
     demo.load(handlers.meters, [state], [page.meters], api_visibility="private", **_LIGHT)
     return cleared

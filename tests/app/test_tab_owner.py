@@ -87,3 +87,31 @@ def test_bob_cannot_read_stop_clear_or_close_alices_tab(embedded_model, secret_p
     assert views[-1].chat[-1]["role"] == "assistant" and views[-1].chat[-1]["content"] not in ("…", "")
     handlers.unload(alice)  # her own tab closing frees it and deletes her upload
     assert state.is_closed and not state.session.is_prefilled and not upload.exists()
+
+
+def test_every_event_of_the_page_that_takes_a_tabs_state_refuses_another_login():
+    """Not only ``Handlers``' methods: the page's own functions (the clear button's stop of the read and the answer,
+    the timer's plan refresh and model-switch check) are Gradio events too, reachable by fn_index with any session
+    hash; each one refuses bob on alice's tab before it does anything."""
+    import inspect
+
+    from gradio.helpers import special_args
+
+    from app.ui import build_ui
+
+    demo = build_ui(lambda: None, model_info=lambda: {"serial": 1})  # a served model the picker may switch
+    state = BrowserState()
+    Handlers(lambda: None).tab_memory(state, request=_request("alice"))  # alice's tab
+    checked = []
+    for block_fn in demo.fns.values():
+        if block_fn.fn is None or not any(isinstance(block, gr.State) for block in block_fn.inputs):
+            continue
+        inputs = [state if isinstance(block, gr.State) else None for block in block_fn.inputs]
+        inputs, _, _, _ = special_args(block_fn.fn, inputs, _request("bob"))
+        with pytest.raises(gr.Error, match=NOT_YOURS):
+            result = block_fn.fn(*inputs)
+            if inspect.isgenerator(result):
+                next(result)
+        checked.append(block_fn.name)
+    assert {"_stop_all", "refreshed_plan", "model_changed"} <= set(checked), checked
+    assert not state.cancel_requested and not state.stop_requested  # bob's clear stopped nothing of hers

@@ -515,7 +515,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         check_quickly(args)  # before torch loads: a typo in --model fails in well under a second
         authenticator = make_authenticator(args)  # as quick: a bad users file fails before the model loads
-        api_key = api_key_for(args, reachable=args.share or not is_loopback(args.host) or authenticator is not None)
+        api_key = api_key_for(args, reachable=args.share or bool(args.allow_host) or not is_loopback(args.host)
+                              or authenticator is not None)
         device = check_machine(args)
         if args.model is None and not device.startswith("cuda"):
             from engine.models import cpu_default_source

@@ -174,3 +174,41 @@ def test_a_streaming_client_that_disconnects_frees_the_line(client, served):
     finally:
         queue.leave(probe)
     assert _chat(client, served, "Say hi.", max_tokens=2).usage.completion_tokens >= 1
+
+
+def _serve(embedded_model, store) -> tuple[str, object, str]:
+    model, tokenizer = embedded_model
+    demo = build_ui(lambda: DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=32)),
+                    model_info=describe(model), snapshot_store=store)
+    name = describe(model).get("name_or_path") or "headinfer"
+    options = with_api(launch_options(), demo, private=False, key=None, model_name=lambda: name)
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True, **options)
+    return demo.local_url.rstrip("/"), demo, name
+
+
+def test_a_document_on_the_shelf_answers_from_its_saved_kv_after_a_restart(embedded_model, secret_pdf, tmp_path):
+    from engine import SnapshotStore
+
+    url, first, _ = _serve(embedded_model, SnapshotStore(tmp_path / "kv"))
+    try:
+        _read_in_a_tab(url, secret_pdf).close()  # read and saved on the shelf (remember is on by default)
+    finally:
+        first.close()
+    url, again, name = _serve(embedded_model, SnapshotStore(tmp_path / "kv"))  # a fresh app on the same shelf
+    try:
+        listed = httpx.get(f"{url}/v1/documents").json()["data"]
+        shelf = next(d for d in listed if d["kind"] == "shelf")
+        messages = [dict(m) for m in shelf["messages"]]
+        messages[-1]["content"] += QUESTION
+        api = openai.OpenAI(base_url=f"{url}/v1", api_key="none", timeout=600, max_retries=0)
+        out = api.chat.completions.create(model=name, messages=messages, max_tokens=8, temperature=0)
+        extra = out.model_extra["headinfer"]
+        assert extra["document"]["kind"] == "shelf" and extra["reused_tokens"] == shelf["tokens"]  # restored, not read
+        assert extra["computed_prompt_tokens"] == out.usage.prompt_tokens - shelf["tokens"]
+        messages += [{"role": "assistant", "content": out.choices[0].message.content},
+                     {"role": "user", "content": "Who keeps it?"}]
+        follow_up = api.chat.completions.create(model=name, messages=messages, max_tokens=8, temperature=0)
+        extra = follow_up.model_extra["headinfer"]
+        assert extra["document"]["kind"] == "api" and extra["reused_tokens"] >= shelf["tokens"]
+    finally:
+        again.close()

@@ -401,10 +401,12 @@ def check_machine(args: argparse.Namespace) -> str:
         device = resolve_device(args.device)
     except ValueError as exc:
         raise ValueError(f"--device: {exc}") from None
-    if args.weights not in ("auto", "dense") and not device.startswith("cpu"):
+    if args.weights not in ("auto", "dense", "gguf") and not device.startswith("cpu"):
         raise ValueError(f"--weights {args.weights} runs on the CPU and this run computes on {device}; "
                          "add --device cpu")
+    # gguf on a GPU expands its blocks with torch in any dtype (engine.models.gguf_device); the C kernels sum in fp32
     allowed = {"int8": ("auto", "float32", "bfloat16"), "gguf": ("auto", "float32")}.get(args.weights)
+    allowed = allowed if device.startswith("cpu") else None
     if allowed is not None and args.dtype not in allowed:
         raise ValueError(f"--weights {args.weights} computes in {' or '.join(allowed[1:])}, not --dtype {args.dtype}")
     memory = read_memory()

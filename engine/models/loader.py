@@ -28,7 +28,7 @@ from ..paths import cache_dir
 from ..planning.shape import unsupported_layers
 from .gguf import convert_gguf, load_weights
 from .loaded import loaded_as, remember_load, weights_mode
-from . import cpu_matmul, gguf_blocks, int8_matmul
+from . import cpu_matmul, gguf_blocks, gguf_device, int8_matmul
 from .gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
 from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
@@ -221,9 +221,9 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
         weights: ``"dense"`` (the weights in ``dtype``), ``"int8"`` (CPU only: linear layers hold int8 codes with a
             power-of-two scale per output channel; lossy. An int8 model computes in fp32 with dtype ``"auto"``
             where a C compiler is found (else bf16), or in ``"bfloat16"`` if asked; see ``engine.models.int8``) or
-            ``"gguf"`` (CPU only, GGUF sources: linear layers and an untied embedding keep the file's blocks
-            (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K), exactly the weights dense loading gives, at 0.56-1.06
-            bytes a weight; computes in fp32; see ``engine.models.gguf_blocks``; kept with the config and tokenizer,
+            ``"gguf"`` (GGUF sources: linear layers and an untied embedding keep the file's blocks (Q4_0 to Q6_K),
+            exactly the weights dense loading gives, at 0.56-1.06 bytes a weight; fp32 on the CPU (``gguf_blocks``),
+            on a GPU expanded per layer in ``dtype`` (``gguf_device``); kept with the config and tokenizer,
             keyed by the GGUF file, and no fp32 folder is kept for them: ``_load_gguf_blocks``), or ``"auto"``:
             ``"gguf"`` for a GGUF source on the CPU in fp32 where the C kernels build, ``"dense"`` otherwise. The
             default is ``"auto"``, as every other default here is ``launch.py``'s (``tests/app/test_launch.py``
@@ -242,7 +242,7 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
     weights, torch_dtype = _weights_and_dtype(source, gguf_file, torch_device, dtype, torch_dtype, weights)
     if weights == "gguf":
         model, tokenizer = _load_gguf_blocks(source, Path(path, gguf_file), attn_implementation, with_tokenizer)
-        model.eval()
+        model = _gguf_placed(model, torch_device, torch_dtype, attn_implementation).eval()
         remember_load(model, source=source, device=torch_device, dtype=dtype, weights=weights,
                       attn_implementation=attn_implementation)
         return model, tokenizer
@@ -324,6 +324,15 @@ def _load_gguf_blocks(source: str | None, gguf: Path, attn_implementation: str,
                 _drop_old_gguf_layout(folder)
         _finish_like_from_pretrained(model, str(entry.folder if entry.folder.is_dir() else folder))
     return model, tokenizer
+
+
+def _gguf_placed(model: Any, device: str, dtype: torch.dtype, attn_implementation: str) -> Any:
+    """The CPU model of a GGUF's blocks where it computes: moved to a GPU (or kept on the CPU when
+    ``HEADINFER_GGUF_TORCH=1``) with its blocks expanded per layer by torch (``engine.models.gguf_device``)."""
+    if torch.device(device).type == "cpu" and not gguf_device.torch_expansion_forced():
+        return model
+    stock = _skeleton(model.config, dtype, attn_implementation, "dense", {})  # its buffers' dtypes, no storage
+    return gguf_device.place(model, device, dtype, like=stock)
 
 
 def _drop_old_gguf_layout(folder: Path) -> None:
@@ -414,9 +423,8 @@ def _weights_and_dtype(source: str | None, gguf_file: str | None, torch_device: 
         elif torch_dtype not in COMPUTE_DTYPES:
             raise InputError(f"int8 weights compute in float32 or bfloat16, not {dtype}; leave the dtype on auto")
     if weights == "gguf":
-        if torch.device(torch_device).type != "cpu":
-            raise InputError("gguf weights run on the CPU only; use --device cpu, or dense weights on a GPU")
-        if dtype not in ("auto", "float32", "fp32"):
+        # Off the CPU the blocks expand with torch in any dtype (engine.models.gguf_device); the C kernels sum in fp32.
+        if torch.device(torch_device).type == "cpu" and dtype not in ("auto", "float32", "fp32"):
             raise InputError(f"gguf weights compute in float32, not {dtype}; leave the dtype on auto")
         if gguf_file is None:
             raise InputError(f"gguf weights keep a GGUF file's quantized blocks, and {source} is not a GGUF model; "

@@ -14,10 +14,12 @@ from engine.models.gguf import WEIGHTS_NAME, convert_gguf, gguf_names, load_weig
 from engine.models.loader import _embedded_gguf
 
 
-def write_tiny_gguf(path, architecture: str, config, *, kv_heads_in_file: bool = True) -> None:
+def write_tiny_gguf(path, architecture: str, config, *, kv_heads_in_file: bool = True, blocks=None,
+                    with_tokenizer: bool = False) -> None:
     """A GGUF of ``config``'s shapes as llama.cpp names them (found by transformers' own full map), with the
     metadata transformers reads a config from; random Q8_0 matrices and fp32 vectors (both conversions read the
-    same bytes, so the values need no meaning)."""
+    same bytes, so the values need no meaning). ``blocks(name, data)``: another matrix's (raw, ggml type), else
+    None; ``with_tokenizer``: a tiny byte-level BPE vocabulary, so that ``load_model`` reads the file whole."""
     import numpy as np
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
@@ -43,12 +45,21 @@ def write_tiny_gguf(path, architecture: str, config, *, kv_heads_in_file: bool =
         writer.add_value_length(config.head_dim)
     if getattr(config, "sliding_window", None):
         writer.add_sliding_window(config.sliding_window)
+    if with_tokenizer:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(["a", "b", "ab"] + [f"t{i}" for i in range(3, config.vocab_size)])
+        writer.add_token_scores([0.0] * config.vocab_size)
+        writer.add_token_merges(["a b"])
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
     rng = np.random.default_rng(0)
     for name, tensor in model.state_dict().items():
         if name not in names:
             continue  # a tied lm_head: the file holds the embedding once
         data = (rng.standard_normal(tuple(tensor.shape)) * 0.1).astype(np.float32)
-        if data.ndim == 2 and data.shape[1] % 32 == 0:
+        if blocks is not None and (chosen := blocks(names[name], data)) is not None:
+            writer.add_tensor(names[name], chosen[0], raw_dtype=GGMLQuantizationType(chosen[1]))
+        elif data.ndim == 2 and data.shape[1] % 32 == 0:
             writer.add_tensor(names[name], quantize(data, GGMLQuantizationType.Q8_0),
                               raw_dtype=GGMLQuantizationType.Q8_0)
         else:

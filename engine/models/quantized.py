@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +47,10 @@ class Quantization:
     bytes_per_weight: float  # a quantized linear weight's bytes, its scales included
     description: str  # for the header: what the weights are
     dtypes: tuple[str, ...] = ()  # the compute dtypes it runs in (empty: any)
+    # Head-wise and stock logits over the same quantized weights agree within the compute dtype's tolerance, or
+    # within this where the library's own matmul rounds its inputs (bitsandbytes' int8 rounds rows to fp16: an
+    # fp32 rounding difference between the two attentions can move a row's code by one).
+    parity_rtol: float | None = None
 
     def label(self) -> str:
         """The header's words: which weights, and that they are a lossy copy of the model's own."""
@@ -55,6 +61,7 @@ _TORCHAO = "torchao==0.18.0"
 _BNB = "bitsandbytes==0.50.2"
 _INT4_GROUP = 128  # torchao int4: one bf16 scale and zero point per 128 weights of a row
 _NF4_BLOCK = 64  # bitsandbytes nf4: one fp32 absmax per 64 weights
+_CPU_NF4_ROWS = 32  # bitsandbytes' CPU nf4 kernel packs output rows in blocks of 32
 
 #: name -> scheme. Bytes per weight: the codes plus their scales (int8: one scale per output row, negligible).
 SCHEMES: dict[str, Quantization] = {q.name: q for q in (
@@ -65,7 +72,7 @@ SCHEMES: dict[str, Quantization] = {q.name: q for q in (
     Quantization("torchao-fp8", 8, "torchao", _TORCHAO, ("cuda", "cpu"), 1.0,
                  "torchao float8 weight-only, a scale per output channel"),
     Quantization("bnb-int8", 8, "bitsandbytes", _BNB, ("cuda", "cpu"), 1.0,
-                 "bitsandbytes LLM.int8, a scale per output channel"),
+                 "bitsandbytes LLM.int8, a scale per output channel", parity_rtol=2e-3),
     Quantization("bnb-nf4", 4, "bitsandbytes", _BNB, ("cuda", "cpu"), 0.5 + 4 / _NF4_BLOCK,
                  f"bitsandbytes nf4, blocks of {_NF4_BLOCK}"),
 )}
@@ -73,22 +80,26 @@ GENERIC_MODES = ("8bit", "4bit")
 QUANTIZED_MODES = GENERIC_MODES + tuple(SCHEMES)
 
 #: (device type, bits) -> schemes in the order "8bit" / "4bit" try them (the first whose library is installed).
+#: bitsandbytes first: it computes both widths on CUDA and the CPU (one library behind a mode everywhere, so the
+#: CPU parity tests run the code a GPU serves), and transformers imports it only for its modes, whereas an
+#: installed torchao is imported by every ``import transformers`` model load (+1-10 s a start, measured here).
 #: Provisional until measured on a GPU (benchmarks/weights/quantized_weights.py, docs/benchmarks/quantized-
-#: weights.md): on CUDA torchao's int4 runs tinygemm's kernel and its int8 one matmul on a widened copy;
-#: bitsandbytes is the fallback, and the only 4-bit scheme on the CPU (torchao's int4 needs CUDA there).
+#: weights.md): torchao's int4 runs tinygemm's kernel there, its int8 a matmul on a widened copy of the codes.
 PREFERENCE: dict[tuple[str, int], tuple[str, ...]] = {
-    ("cuda", 8): ("torchao-int8", "bnb-int8"),
-    ("cuda", 4): ("torchao-int4", "bnb-nf4"),
-    ("cpu", 8): ("torchao-int8", "bnb-int8"),
+    ("cuda", 8): ("bnb-int8", "torchao-int8"),
+    ("cuda", 4): ("bnb-nf4", "torchao-int4"),
+    ("cpu", 8): ("bnb-int8", "torchao-int8"),
     ("cpu", 4): ("bnb-nf4",),
 }
 _BITS = {"8bit": 8, "4bit": 4}
+PREQUANTIZED = "prequantized:"
 _DENSE_LABEL = "bf16/fp32 weights as stored"
 
 
 def is_quantized_mode(mode: str) -> bool:
-    """Whether ``mode`` is one of this module's weights modes (not dense, int8 on the CPU's own runtime, gguf)."""
-    return mode in QUANTIZED_MODES
+    """Whether ``mode`` is one of this module's weights modes (not dense, int8 on the CPU's own runtime, gguf), or
+    ``prequantized:<method>`` (what ``mode_of`` says of a checkpoint published quantized)."""
+    return mode in QUANTIZED_MODES or mode.startswith(PREQUANTIZED)
 
 
 def installed(library: str) -> bool:
@@ -96,9 +107,11 @@ def installed(library: str) -> bool:
     return importlib.util.find_spec(library) is not None
 
 
-def resolve(mode: str, device: str = "cuda", *, check_installed: bool = True) -> Quantization:
-    """The scheme ``mode`` loads on ``device`` (a torch device string or type). ``InputError`` where the device
-    cannot run it or, with ``check_installed``, its library is missing (naming the pip command)."""
+def resolve(mode: str, device: str = "cuda", *, check_installed: bool = True, dtype: str | None = None
+            ) -> Quantization:
+    """The scheme ``mode`` loads on ``device`` (a torch device string or type), computing in ``dtype`` (a torch
+    dtype's name; None: any). ``InputError`` where the device or dtype cannot run it or, with ``check_installed``,
+    its library is missing (naming the pip command)."""
     device_type = device.partition(":")[0]
     if mode in SCHEMES:
         scheme = SCHEMES[mode]
@@ -107,12 +120,16 @@ def resolve(mode: str, device: str = "cuda", *, check_installed: bool = True) ->
                              f"use --weights {scheme.bits}bit")
         if check_installed and not installed(scheme.library):
             raise InputError(f"--weights {mode} needs {scheme.library}: pip install {scheme.pip}")
+        if dtype is not None:
+            check_dtype(scheme, dtype)
         return scheme
     if mode not in _BITS:
         raise InputError(f"{mode!r} is not a quantized weights mode; use one of {', '.join(QUANTIZED_MODES)}")
-    names = PREFERENCE.get((device_type, _BITS[mode]), ())
+    names = tuple(name for name in PREFERENCE.get((device_type, _BITS[mode]), ())
+                  if dtype is None or not SCHEMES[name].dtypes or dtype in SCHEMES[name].dtypes)
     if not names:
-        raise InputError(f"--weights {mode} runs on a CUDA GPU or the CPU, not {device_type}")
+        raise InputError(f"--weights {mode} runs on a CUDA GPU or the CPU, not {device_type}"
+                         + (f" in {dtype}" if dtype else ""))
     if not check_installed:
         return SCHEMES[names[0]]
     for name in names:
@@ -122,9 +139,12 @@ def resolve(mode: str, device: str = "cuda", *, check_installed: bool = True) ->
     raise InputError(f"--weights {mode} needs a quantization library: {pips}")
 
 
-def quantization_config(scheme: Quantization, dtype: Any) -> Any:
-    """The transformers quantization config that loads ``scheme`` computing in ``dtype`` (a torch dtype). Imports
-    the library (call ``resolve`` first: it says what to install)."""
+def quantization_config(scheme: Quantization, dtype: Any, device: str = "cuda",
+                        skeleton: Callable[[], Any] | None = None) -> Any:
+    """The transformers quantization config that loads ``scheme`` on ``device`` computing in ``dtype`` (a torch
+    dtype). ``skeleton`` builds the model without storage (the meta device), asked where some linear layers may be
+    too narrow for the library's kernel there (``layers_left_dense``). Imports the library (call ``resolve``
+    first: it says what to install)."""
     import transformers
 
     if scheme.library == "torchao":
@@ -138,8 +158,33 @@ def quantization_config(scheme: Quantization, dtype: Any) -> Any:
         return transformers.TorchAoConfig(method)
     if scheme.name == "bnb-int8":
         return transformers.BitsAndBytesConfig(load_in_8bit=True)
+    narrow = layers_left_dense(skeleton(), scheme, device) if skeleton is not None and _packs_rows(scheme, device) \
+        else []
+    # A skip list replaces transformers' default one (the lm_head); names are patterns to it, hence escaped.
+    skip = ["lm_head", *(re.escape(name) for name in narrow)] if narrow else None
     return transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                           bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage="uint8")
+                                           bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage="uint8",
+                                           llm_int8_skip_modules=skip)
+
+
+def _packs_rows(scheme: Quantization, device: str) -> bool:
+    return scheme.name == "bnb-nf4" and device.startswith("cpu")
+
+
+def layers_left_dense(model: Any, scheme: Quantization, device: str) -> list[str]:
+    """The linear layers of ``model`` that ``scheme`` cannot compute on ``device``, left in the compute dtype:
+    bitsandbytes' CPU nf4 kernel packs output rows in 32s and reads inputs in blocks of 64 (a narrower layer fails
+    at its first forward: a tiny model's 96-wide feed-forward, a linear-attention layer's few gate heads)."""
+    if not _packs_rows(scheme, device):
+        return []
+    from torch import nn
+
+    left = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and name != "lm_head"
+            and (module.out_features % _CPU_NF4_ROWS or module.in_features % _NF4_BLOCK)]
+    if left:
+        logger.info("bnb-nf4 on the CPU: %d linear layers too narrow for its kernel stay dense (%s...)", len(left),
+                    left[0])
+    return left
 
 
 def check_dtype(scheme: Quantization, dtype_name: str) -> None:
@@ -169,14 +214,14 @@ def mode_of(model: Any) -> str | None:
     quant = quantizer.quantization_config
     method = str(getattr(quant.quant_method, "value", quant.quant_method))
     if getattr(quantizer, "pre_quantized", False):  # the folder held quantized weights: loaded as they are
-        return f"prequantized:{method}"
+        return f"{PREQUANTIZED}{method}"
     if method == "bitsandbytes":
         return "bnb-int8" if quant.load_in_8bit else "bnb-nf4"
     if method == "torchao":
         kind = type(quant.quant_type).__name__
         return {"Int8WeightOnlyConfig": "torchao-int8", "Int4WeightOnlyConfig": "torchao-int4",
                 "Float8WeightOnlyConfig": "torchao-fp8"}.get(kind, f"torchao:{kind}")
-    return f"prequantized:{method}"
+    return f"{PREQUANTIZED}{method}"
 
 
 def label(mode: str) -> str:
@@ -190,7 +235,7 @@ def label(mode: str) -> str:
 
 def bytes_per_weight(mode: str, device: str = "cuda", dtype_bytes: int = 2) -> float | None:
     """The bytes one weight of a linear layer holds in ``mode`` on ``device`` (scales included): ``dtype_bytes``
-    dense, 1.0 for int8 (the CPU's own ``engine.models.int8`` too), 0.5625 for nf4, 0.53125 for torchao int4;
+    dense, 1.0 for the 8-bit schemes (the CPU's own ``int8`` too), 0.5625 for nf4, 0.53125 for torchao int4;
     ``"8bit"``/``"4bit"`` as the scheme ``PREFERENCE`` puts first on that device. None for ``"gguf"``: a GGUF
     file's blocks hold what the file does (its size is the figure). For the planner and the picker: no import."""
     if mode in ("dense", "auto") or mode.startswith("prequantized:"):
@@ -238,3 +283,54 @@ def choose_gpu_weights(num_params: int, gpu_budget: int, working_bytes: int, kep
         if held_weight_bytes(mode, num_params, kept_dense, device=device) + working_bytes <= gpu_budget:
             return mode
     return "4bit"
+
+
+def load_mode(weights: str, config: Any, device: str, dtype: Any) -> str:
+    """The weights mode ``load_model`` loads a (non-GGUF) model of ``config`` in: a ``SCHEMES`` name for a
+    quantized mode or for ``auto`` on a GPU the bf16 weights do not fit (``choose_gpu_weights``), ``prequantized:
+    <method>`` for a checkpoint published quantized (with ``auto``/``dense``; a quantized mode is refused: it is
+    quantized already), else ``weights`` unchanged. ``dtype``: the torch dtype the model computes in."""
+    dtype_name = str(dtype).removeprefix("torch.")
+    method = prequantized_method(config)
+    if method is not None:
+        if weights in QUANTIZED_MODES:
+            raise InputError(f"this checkpoint is published quantized ({method}); it loads as it is with "
+                             f"--weights auto, not --weights {weights}")
+        if weights in ("int8", "gguf"):
+            raise InputError(f"--weights {weights} requantizes dense weights, and this checkpoint is {method}")
+        return f"{PREQUANTIZED}{method}"
+    if weights.startswith(PREQUANTIZED):
+        raise InputError(f"--weights {weights}: this checkpoint is not published quantized")
+    if weights in QUANTIZED_MODES:
+        return resolve(weights, device, dtype=dtype_name).name
+    if weights != "auto" or not device.startswith("cuda"):
+        return weights
+    wanted = _auto_on_gpu(config, device)
+    if wanted == "dense":
+        return "dense"
+    try:
+        return resolve(wanted, device, dtype=dtype_name).name
+    except InputError as error:
+        raise InputError(f"the bf16 weights do not fit this GPU beside the working buffers, and {error}; or pass "
+                         "--weights dense to try anyway") from None
+
+
+def _auto_on_gpu(config: Any, device: str) -> str:
+    """``choose_gpu_weights`` for ``config`` on ``device``: its free memory less the default reserve, and a minimal
+    document's working buffers as the planner sizes them (one chunk, the default policy)."""
+    import torch
+
+    from ..planning.planner import make_plan
+    from ..planning.policy import OffloadPolicy
+    from ..planning.shape import ModelShape
+
+    policy = OffloadPolicy()
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    shape = ModelShape.from_config(config)
+    plan = make_plan(shape, policy, policy.chunk_size, device_is_cuda=True, gpu_budget=None)
+    working = plan.gpu_bytes - plan.gpu_breakdown["weights"]
+    kept = kept_dense_params(config)
+    mode = choose_gpu_weights(shape.num_params, free - policy.gpu_reserve, working, kept, device)
+    logger.info("Weights auto on %s: %s (%.1fB weights, %.2f GiB free, %.2f GiB of working buffers)", device, mode,
+                shape.num_params / 1e9, free / 2**30, working / 2**30)
+    return mode

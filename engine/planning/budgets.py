@@ -48,15 +48,35 @@ class MachineBudget:
 
 def num_weights(model) -> int:
     """Parameters plus the weights of quantized layers (int8 ``codes``, a GGUF file's ``blocks``: buffers of
-    ``in_features x out_features`` weights): the model's weight count whatever its weights mode."""
+    ``in_features x out_features`` weights): the model's weight count whatever its weights mode. A bitsandbytes
+    4-bit parameter packs two weights a byte; its ``quant_state`` keeps the weight's shape."""
     quantized = sum(m.in_features * m.out_features for m in model.modules()
                     if "codes" in m._buffers or "blocks" in m._buffers)
-    return sum(p.numel() for p in model.parameters()) + quantized
+    return sum(_weights_in(p) for p in model.parameters()) + quantized
 
 
 def held_bytes(model) -> int:
-    """The bytes a loaded model's tensors take: parameters and buffers (int8 codes and GGUF blocks are buffers)."""
-    return sum(t.numel() * t.element_size() for t in itertools.chain(model.parameters(), model.buffers()))
+    """The bytes a loaded model's tensors take: parameters and buffers (int8 codes and GGUF blocks are buffers;
+    a torchao tensor's inner tensors, a bitsandbytes parameter's scales)."""
+    return sum(_bytes_of(t) for t in itertools.chain(model.parameters(), model.buffers()))
+
+
+def _weights_in(tensor) -> int:
+    state = getattr(tensor, "quant_state", None)  # bitsandbytes 4-bit: [n * m / 2, 1] packed codes
+    return state.shape.numel() if state is not None and getattr(state, "shape", None) is not None else tensor.numel()
+
+
+def _bytes_of(tensor) -> int:
+    # A torchao quantized tensor reports its outer dtype (bf16, fp32): its bytes are its inner tensors'.
+    if hasattr(tensor, "__tensor_flatten__"):
+        names, _ = tensor.__tensor_flatten__()
+        return sum(_bytes_of(inner) for inner in (getattr(tensor, name) for name in names) if inner is not None)
+    extra = [getattr(tensor, "SCB", None)]  # bitsandbytes int8: one fp32 scale a row
+    state = getattr(tensor, "quant_state", None)  # bitsandbytes 4-bit: fp32 absmax per block (or nested codes)
+    if state is not None:
+        extra += [state.absmax, getattr(getattr(state, "state2", None), "absmax", None)]
+    return tensor.numel() * tensor.element_size() + sum(e.numel() * e.element_size() for e in extra
+                                                        if isinstance(e, torch.Tensor))
 
 
 def measure_budget(device: torch.device | str, policy, *, model=None, vocab_size: int | None = None,

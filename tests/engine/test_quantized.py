@@ -23,17 +23,17 @@ GIB = 1 << 30
 def test_bytes_per_weight_of_each_mode():
     assert bytes_per_weight("dense") == 2.0 and bytes_per_weight("dense", dtype_bytes=4) == 4.0
     assert bytes_per_weight("8bit") == 1.0
-    assert bytes_per_weight("4bit", "cuda") == pytest.approx(0.53125)  # torchao int4: 4 bytes a group of 128
-    assert bytes_per_weight("4bit", "cpu") == pytest.approx(0.5625)  # nf4 on the CPU: a fp32 absmax per 64
-    assert bytes_per_weight("bnb-nf4") == pytest.approx(0.5625)
+    assert bytes_per_weight("4bit", "cuda") == pytest.approx(0.5625)  # nf4: a fp32 absmax per 64 weights
+    assert bytes_per_weight("4bit", "cpu") == pytest.approx(0.5625)
+    assert bytes_per_weight("torchao-int4") == pytest.approx(0.53125)  # a bf16 scale and zero a group of 128
     assert bytes_per_weight("int8") == 1.0
     assert bytes_per_weight("gguf") is None
 
 
 def test_held_bytes_keep_the_embeddings_dense():
-    # 27B weights, 1.5B of them embeddings: 4-bit holds 25.5e9 x 0.53 + 1.5e9 x 2 bytes.
+    # 27B weights, 1.5B of them embeddings: 4-bit holds 25.5e9 x 0.5625 + 1.5e9 x 2 bytes.
     assert held_weight_bytes("dense", 27_000_000_000, 1_500_000_000) == 54_000_000_000
-    assert held_weight_bytes("4bit", 27_000_000_000, 1_500_000_000) == int(25.5e9 * 0.53125 + 3e9)
+    assert held_weight_bytes("4bit", 27_000_000_000, 1_500_000_000) == int(25.5e9 * 0.5625 + 3e9)
     with pytest.raises(InputError, match="file's size"):
         held_weight_bytes("gguf", 10, 0)
 
@@ -50,7 +50,7 @@ def test_kept_dense_counts_embeddings_and_fused_experts():
 @pytest.mark.parametrize(("params", "expected"), [
     (7_000_000_000, "dense"),  # 14 GB of bf16 + 4 GiB of buffers fit a 24 GiB card's 21.7 GiB (23.3 GB)
     (10_000_000_000, "8bit"),  # 20 GB + 4.3 GB do not; 10 GB do
-    (27_000_000_000, "4bit"),  # 27 GB of 8-bit do not; 14.3 GB of 4-bit do
+    (27_000_000_000, "4bit"),  # 27 GB of 8-bit do not; 15.2 GB of 4-bit do
     (80_000_000_000, "4bit"),  # nothing fits: the smallest, whose plan says so
 ])
 def test_auto_on_a_gpu_holds_bf16_where_it_fits_else_8_else_4_bit(params, expected):
@@ -64,9 +64,9 @@ def test_the_working_buffers_decide_too():
 
 
 def test_modes_resolve_to_a_library_for_the_device():
-    assert resolve("4bit", "cuda:0", check_installed=False).name == "torchao-int4"
+    assert resolve("4bit", "cuda:0", check_installed=False).name == "bnb-nf4"
     assert resolve("4bit", "cpu", check_installed=False).name == "bnb-nf4"
-    assert resolve("8bit", "cpu", check_installed=False).name == "torchao-int8"
+    assert resolve("8bit", "cpu", check_installed=False).name == "bnb-int8"
     with pytest.raises(InputError, match="runs on cuda, not cpu"):
         resolve("torchao-int4", "cpu", check_installed=False)
     with pytest.raises(InputError, match="not a quantized weights mode"):
@@ -74,15 +74,26 @@ def test_modes_resolve_to_a_library_for_the_device():
 
 
 def test_a_missing_library_is_refused_naming_the_pip_command(monkeypatch):
-    monkeypatch.setattr(quantized, "installed", lambda library: library != "torchao")
-    assert resolve("8bit", "cuda").name == "bnb-int8"  # the next library in PREFERENCE
-    with pytest.raises(InputError, match=r"pip install torchao==0\.18\.0"):
-        resolve("torchao-int8", "cpu")
+    monkeypatch.setattr(quantized, "installed", lambda library: library != "bitsandbytes")
+    assert resolve("8bit", "cuda").name == "torchao-int8"  # the next library in PREFERENCE
+    assert resolve("4bit", "cuda", dtype="bfloat16").name == "torchao-int4"
+    with pytest.raises(InputError, match=r"4bit needs a quantization library: pip install bitsandbytes"):
+        resolve("4bit", "cuda", dtype="float16")  # tinygemm computes in bf16 only: nf4 was the one left
+    with pytest.raises(InputError, match=r"pip install bitsandbytes==0\.50\.2"):
+        resolve("bnb-nf4", "cpu")
     monkeypatch.setattr(quantized, "installed", lambda library: False)
-    with pytest.raises(InputError, match=r"pip install torchao==0\.18\.0 or pip install bitsandbytes==0\.50\.2"):
+    with pytest.raises(InputError, match=r"pip install bitsandbytes==0\.50\.2 or pip install torchao==0\.18\.0"):
         resolve("8bit", "cuda")
 
 
 def test_labels_say_lossy_for_our_quantization_and_publisher_for_a_checkpoint():
     assert "lossy copy of the bf16 weights" in label("bnb-nf4") and label("bnb-nf4").startswith("4-bit")
     assert "published" in label("prequantized:awq") and "lossy" not in label("prequantized:awq")
+
+
+def test_launch_offers_every_weights_mode_the_loader_takes():
+    import launch
+    from engine.models.int8 import WEIGHT_MODES
+
+    [action] = [a for a in launch.build_parser()._actions if "--weights" in a.option_strings]
+    assert set(action.choices) == {"auto", *WEIGHT_MODES, *quantized.QUANTIZED_MODES}

@@ -1,0 +1,107 @@
+"""Exactness over quantized weights: a model quantized by torchao or bitsandbytes through transformers' quantizer
+(``load_model(weights=...)``, ``engine.models.quantized``) with head-wise attention equals stock attention (sdpa /
+eager, no HeadInferCache) over the *same* quantized model: identical quantized tensors, logits within float
+tolerance, identical greedy tokens. Every scheme whose library computes on the CPU, on families that cover GQA,
+per-head norms, a hybrid and sliding windows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import engine
+from archs import reference_attention, tiny_configs
+from engine.models.loader import describe, load_model
+from engine.models.quantized import SCHEMES, held_weight_bytes, installed, kept_dense_params, quantization_config
+from engine.planning.budgets import held_bytes, num_weights
+from test_parity import RTOL, prompt, rel_diff, stepwise_logits
+
+#: schemes with a CPU path whose library is installed here; ``torchao-int4`` needs CUDA (tinygemm)
+CPU_SCHEMES = [name for name, scheme in SCHEMES.items() if "cpu" in scheme.devices and installed(scheme.library)]
+FAMILIES = ("llama-gqa", "qwen3", "qwen3.5-hybrid", "gemma3-window")
+
+
+def config_of(name: str):
+    """The family's tiny config, its feed-forward 128 wide: bitsandbytes' CPU nf4 kernel needs a linear layer's
+    input a multiple of its 64-weight blocks (the tiny configs' 96 is not; real models' widths are). The linear
+    attention's 4-row gate projections stay narrower than its 32-row packs: left dense by the loader."""
+    config = tiny_configs()[name]
+    config.intermediate_size = 128
+    return config
+
+
+def _inner(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors a quantized weight holds: a torchao tensor's inner tensors, a bitsandbytes parameter's codes
+    and scales, or the tensor itself."""
+    if hasattr(tensor, "__tensor_flatten__"):
+        names, _ = tensor.__tensor_flatten__()
+        return [t for name in names for t in _inner(getattr(tensor, name)) if t is not None]
+    state = getattr(tensor, "quant_state", None)
+    extra = [getattr(tensor, "SCB", None)] + ([state.absmax] if state is not None else [])
+    return [tensor.data] + [t for t in extra if isinstance(t, torch.Tensor)]
+
+
+def quantized_pair(name: str, scheme: str, folder):
+    """(stock model quantized by the library with its reference attention, the same via ``load_model``)."""
+    torch.manual_seed(1234)
+    AutoModelForCausalLM.from_config(config_of(name)).save_pretrained(folder)
+    model, _ = load_model(str(folder), device="cpu", dtype="float32", weights=scheme, with_tokenizer=False)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config_of(name))
+    stock = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation=reference_attention(name), device_map={"": "cpu"},
+        quantization_config=quantization_config(SCHEMES[scheme], torch.float32, "cpu", lambda: skeleton)).eval()
+    return stock, model
+
+
+@pytest.fixture(scope="module", params=[(n, s) for s in CPU_SCHEMES for n in FAMILIES], ids="-".join)
+def pair(request, tmp_path_factory):
+    name, scheme = request.param
+    return name, scheme, *quantized_pair(name, scheme, tmp_path_factory.mktemp(f"{name}-{scheme}"))
+
+
+def test_the_cpu_schemes_are_the_libraries_cpu_paths():
+    # What this file proves depends on what is installed: torchao and bitsandbytes are in requirements.txt.
+    assert set(CPU_SCHEMES) == {"torchao-int8", "torchao-fp8", "bnb-int8", "bnb-nf4"}
+
+
+def test_both_hold_the_same_quantized_weights(pair):
+    name, scheme, stock, model = pair
+    info = describe(model)
+    assert info["weights"] == scheme and "lossy copy of the bf16 weights" in info["weights_label"]
+    ours, theirs = dict(model.named_parameters()), dict(stock.named_parameters())
+    assert ours.keys() == theirs.keys()
+    quantized = [key for key, p in ours.items() if type(p) not in (torch.Tensor, torch.nn.Parameter)]
+    assert len(quantized) >= 3 * 4, quantized  # every layer's projections at least
+    for key in ours:
+        assert all(torch.equal(a, b) for a, b in zip(_inner(ours[key]), _inner(theirs[key]), strict=True)), key
+    # The planner's counts see through the libraries' tensors: all the weights, at their quantized bytes.
+    dense, _ = load_model(str(model.config.name_or_path), device="cpu", dtype="float32", with_tokenizer=False,
+                          weights="dense")
+    assert num_weights(model) == num_weights(dense)
+    # What the planner and the picker assume a mode holds (engine.models.quantized): within the tiny rows' scales
+    # (a 4-byte scale a 64-weight row is 6% here, 0.1% on a real model's rows) and norms.
+    expected = held_weight_bytes(scheme, num_weights(dense), kept_dense_params(model.config), dtype_bytes=4)
+    assert abs(held_bytes(model) - expected) < 0.15 * expected, (held_bytes(model), expected)
+    assert held_bytes(model) < (0.3 if SCHEMES[scheme].bits == 4 else 0.4) * held_bytes(dense)
+
+
+@torch.inference_mode()
+def test_head_wise_logits_match_stock_over_the_same_quantized_weights(pair):
+    name, scheme, stock, model = pair
+    ids = prompt(stock.config.vocab_size)
+    actual, expected = stepwise_logits(stock, model, ids)
+    for step, (a, e) in enumerate(zip(actual, expected)):
+        assert rel_diff(a, e) < (SCHEMES[scheme].parity_rtol or RTOL), (name, scheme, step)
+
+
+@torch.inference_mode()
+def test_greedy_tokens_identical_over_the_same_quantized_weights(pair):
+    name, scheme, stock, model = pair
+    ids = prompt(stock.config.vocab_size)
+    kwargs = dict(max_new_tokens=20, do_sample=False, min_new_tokens=20)
+    expected = stock.generate(ids, **kwargs)
+    actual = model.generate(ids, past_key_values=engine.HeadInferCache(model.config, resident_slots=0),
+                            prefill_chunk_size=16, **kwargs)
+    assert torch.equal(actual, expected), (name, scheme)

@@ -205,6 +205,8 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
         tiles.append(("KV storage", f"{kv_dtype}, lossy (answers may differ from the model's own)"))
     if plan.disk_bytes:
         tiles.append(("Disk tier", f"{format_bytes(plan.disk_bytes)} · {plan.disk_slots} slots (exact, slower)"))
+    if plan.pin_limit is not None or plan.staged_bytes:  # pinned memory as a budget (Windows, WSL2, a pin limit)
+        tiles.append(("Pinned memory", plan.pinning_line()))
     if options:  # memory binds: how far 8-bit KV or a disk tier would reach
         tiles.append(("Reaches", " · ".join(f"{o.name} {o.max_context:,}" for o in options)))
     if plan.decode_seconds is not None:

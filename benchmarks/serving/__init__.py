@@ -1,0 +1,1 @@
+"""Benchmarks of the app as a server: the OpenAI-compatible endpoint against the page (``api_follow_up``)."""

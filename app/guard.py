@@ -9,6 +9,9 @@
   fetches anything; the app serves its own files only.
 - When others can reach the app, an upload past its visitor's budget or the upload folder's (``app.upload_budget``):
   429 / 413 with the reason, before a byte of it is read.
+- A JSON body over 64 MiB (413), or naming a file by URL, which Gradio would download into the upload folder outside
+  the budget (403, ``app.request_body``); ``/gradio_api/process_recording`` (a screen recording run through ffmpeg,
+  no part of this app): 403.
 - ``Access-Control-Allow-Origin`` naming another origin (Gradio echoes any origin for a non-loopback ``Host``, the
   share link's included) is dropped with its ``-Credentials``.
 
@@ -24,6 +27,7 @@ import logging
 import re
 from contextlib import asynccontextmanager
 
+from app import request_body
 from app.hosts import AllowedHosts, origin_matches
 from app.upload_budget import UPLOAD_PATH, UploadBudget, visitor_of
 
@@ -33,6 +37,7 @@ UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Gradio fetches http(s) URLs for file=; any scheme-shaped path is refused (two letters or more: C:\ is a Windows
 # drive), and proxy= (Spaces only) too.
 FETCHING_PATH = re.compile(r"^(?:/gradio_api)?/(?:file=[a-z][a-z0-9+.\-]+:|proxy=)", re.IGNORECASE)
+UNUSED_PATH = re.compile(r"^(?:/gradio_api)?/process_recording/?$", re.IGNORECASE)  # Gradio's, not the app's
 _CHECKED = "headinfer.guarded"
 
 
@@ -53,6 +58,8 @@ class RequestGuard:
         for key, value in scope.get("headers", []):
             headers.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
         refusal = self.refusal(scope, headers) or self.over_budget(scope, headers)
+        if refusal is None and scope.get("method") == "POST" and not UPLOAD_PATH.match(scope.get("path", "")):
+            refusal, receive = await request_body.screened(headers, receive)  # files inside a JSON body
         if refusal is not None:
             status, text = refusal
             logger.info("refused %s %s (Host %r, Origin %r): %s", scope.get("method", "WS"), scope.get("path"),
@@ -86,6 +93,8 @@ class RequestGuard:
             return 403, "Cross-site request refused: this app answers its own page only."
         if FETCHING_PATH.match(scope.get("path", "")):
             return 403, "This app serves its own files only, not URLs."
+        if UNUSED_PATH.match(scope.get("path", "")):
+            return 403, "This app takes no recordings."
         return None
 
     def over_budget(self, scope, headers: dict[str, str]) -> tuple[int, str] | None:

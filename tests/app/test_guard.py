@@ -113,6 +113,20 @@ def test_the_server_fetches_no_url_for_a_file_route(base, tmp_path):
     assert served.status_code == 200 and "AMBER-7" in served.text  # the app's own files still are served
 
 
+def test_a_queue_join_naming_a_file_by_url_is_refused_and_an_uploaded_one_is_taken(base, tmp_path):
+    # Gradio would download the URL into the upload folder, whole, outside the upload budget (app.request_body).
+    config = httpx.get(f"{base}/config", timeout=30).json()
+    fn_index = next(dep["id"] for dep in config["dependencies"] if dep.get("api_name") == "upload")
+    remote = {"path": "https://93.184.215.14/ten-gigabytes.pdf", "meta": {"_type": "gradio.FileData"}}
+    body = {"data": [[remote], None], "fn_index": fn_index, "session_hash": "guardtest02", "event_data": None}
+    refused = httpx.post(f"{base}/gradio_api/queue/join", json=body, headers={"Origin": base}, timeout=30)
+    assert refused.status_code == 403 and "not by URL" in refused.text and "event_id" not in refused.text
+    uploaded = upload(base, tmp_path, Origin=base).json()[0]
+    body["data"][0] = [{"path": uploaded, "meta": {"_type": "gradio.FileData"}}]
+    taken = httpx.post(f"{base}/gradio_api/queue/join", json=body, headers={"Origin": base}, timeout=30)
+    assert taken.status_code == 200 and taken.json()["event_id"]
+
+
 def test_every_response_carries_the_policy_and_the_page_allows_only_its_own_scripts(base):
     page = httpx.get(f"{base}/", timeout=30)
     policy = page.headers["content-security-policy"]

@@ -124,7 +124,8 @@ class HostMemory:
         num_bytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
         budget = self.budget
         limited = budget is not None and budget.is_limited
-        if num_bytes == 0 or (limited and not budget.fits(num_bytes, reserve=True)):
+        slack = _PAGE if self.pin else 0  # what is locked is rounded up to whole pages
+        if num_bytes == 0 or (limited and not budget.fits(num_bytes + slack, reserve=True)):
             return self.ledger.empty(HOMES, shape, dtype, "cpu")  # past the pin budget: pageable, staged
         if not self.pin:
             tensor = self.ledger.empty(HOMES, shape, dtype, "cpu")
@@ -149,9 +150,13 @@ class HostMemory:
                 f"could not page-lock {num_bytes / 2**30:.2f} GiB of host memory for the KV cache "
                 f"({self._runtime.error_string(code)}); lower the host memory budget (--host-memory) or the "
                 "context, or close other programs")
-        self._registered[tensor.data_ptr()] = tensor
         if budget is not None:
-            budget.take(tensor, rounded)
+            try:
+                budget.take(tensor, rounded)
+            except PinningError:  # another cache (tab) or the ring took the room meanwhile: stays pageable
+                _unregister(self._runtime, tensor)
+                return self.ledger.record(HOMES, tensor)
+        self._registered[tensor.data_ptr()] = tensor
         return self.ledger.record(HOMES, tensor)
 
     def free(self, tensor: torch.Tensor) -> None:

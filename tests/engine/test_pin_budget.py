@@ -122,3 +122,19 @@ def test_the_probe_returns_what_was_wanted_when_nothing_refuses():
     log = []
     assert probe_pinnable(CappedRuntime(log, cap=1 << 40), 10 << 20, step=4 << 20) == 10 << 20
     assert log.count("register") == 3 and log.count("unregister") == 3 and "clear" not in log
+
+
+def test_a_home_whose_room_was_taken_meanwhile_is_unlocked_again_and_stays_pageable():
+    """Another tab's cache or the ring's worker pinned between the check and the charge: the registration is
+    undone (no page stays locked uncounted) and the home is pageable."""
+
+    class Crowded(PinBudget):
+        def take(self, tensor, num_bytes=None):
+            raise PinningError("taken meanwhile")
+
+    log = []
+    budget = Crowded(1 << 30)
+    memory = HostMemory(True, fence=lambda: None, runtime=FakeRuntime(log), budget=budget)
+    home = memory.empty((1024, 1, 2, 1, 64), torch.float32)
+    assert log == ["register", "unregister"] and memory.num_registered == 0
+    assert not budget.holds(home)

@@ -7,7 +7,7 @@ installs the rest from carried wheels)::
 Each result is appended to ``<out>/gpu.json`` the moment it exists (a killed call keeps everything before it);
 ``gpu.md`` and ``summary.md`` (one row per step) are written at the end, and the summary is printed. Each step
 has its own cap (seconds, on an H100/H200; ``STEPS`` in ``gpu_steps.py``) and all of them share the deadline. The caps add up to
-485 s. A step that runs a program (the self-check, the GPU tests) is stopped at its cap; a sweep stops starting
+525 s. A step that runs a program (the self-check, the GPU tests) is stopped at its cap; a sweep stops starting
 measurements its cap would not cover (a measurement under way finishes).
 
 ``--device cpu --model tiny --scale 0.002`` runs every step's plumbing on a CPU in a few minutes (the smoke run;
@@ -111,6 +111,8 @@ def _run(step: Step, args, store, out: Path, seconds: float) -> None:
         gpu_steps.self_check(store, out, seconds, args.device)
     elif step.name == "gpu-tests":
         gpu_steps.gpu_tests(store, out, seconds, args.test_workers)
+    elif step.name == "pin-budget":
+        gpu_steps.pin_budget(store, seconds, args.device, args.scale)
     elif step.name == "filled-cache":
         context = max(256, int(32768 * args.scale))
         for dtype in (torch.bfloat16, torch.float32):

@@ -8,6 +8,7 @@ tail of its output; the full output goes to ``<out>/<step>.log``. The parsers ar
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import signal
@@ -47,6 +48,9 @@ STEPS = [
     Step("host-attention", 95),
     Step("decode", 50, (*_DECODE, "--modes", "standard,headinfer-g1,headinfer-adaptive,headinfer-g1-split",
                         "--decode-lengths", "1K,32K,128K,512K")),  # what host-attention measured is not redone
+    # Pinned memory as a budget (issue 50): a refused pin on each path, then an exact forward; decode at 128K fully
+    # pinned vs through the staging ring with the store 4x the pin limit (benchmarks/harness/pin_budget.py).
+    Step("pin-budget", 40),
     # bf16 KV of Llama-3-8B at 1M tokens is 128 GiB: past a 126 GiB machine; 8-bit codes and scales take 68.
     Step("decode-1M-int8", 35, ("--phases", "decode", "--modes", "headinfer-g1-int8", "--decode-lengths", "1M",
                                 "--decode-steps", "3", "--repeats", "1", "--resume")),
@@ -151,6 +155,32 @@ def gpu_tests(store, out: Path, seconds: float, workers: int) -> None:
     status = "timeout" if timed_out else "ok" if code in (0, 5) and not counts["failed"] else "failed"
     store.append("gpu-tests", "pytest -m gpu", status=status, exit_code=code, timed_out=timed_out,
                  files=len(files), workers=workers, **counts, failure_reasons=reasons, output_tail=output[-1500:])
+
+
+def pin_budget(store, seconds: float, device: str, scale: float = 1.0) -> None:
+    """``benchmarks.harness.pin_budget`` in a child (its decode runs spawn their own: pins count per process); its
+    files stay in a temporary folder (the call brings back at most 8), its results go into the records."""
+    with tempfile.TemporaryDirectory(prefix="headinfer-pin-budget-") as folder:
+        command = [sys.executable, "-m", "benchmarks.harness.pin_budget", "--device", device, "--out", folder]
+        if scale != 1.0:  # the smoke run: a short context, few layers, two steps
+            command += ["--context", str(max(256, int((128 << 10) * scale))), "--layers", "4", "--steps", "2"]
+        code, output, timed_out = _run(command, seconds, Path(folder) / "pin-budget.log")
+        results_file = Path(folder) / "pin-budget.json"
+        results = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    failed = results.get("failed_pin", [])
+    for row in failed:
+        store.append("pin-budget", f"failed pin: {row['path']}", status="ok" if row["forward_ok"] else "failed",
+                     refused=str(row["refused"]), forward=row["forward"])
+    for label in ("pinned", "staged"):
+        run = dict(results.get(label) or {})
+        if run:
+            store.append("pin-budget", f"decode {label}", context=run.pop("context", None),
+                         status="error" if "error" in run else "ok", **run)
+    if not results:
+        store.append("pin-budget", None, status="timeout" if timed_out else "error", exit_code=code,
+                     output_tail=output[-1500:])
+    elif "ratio" in results:
+        store.append("pin-budget", "staged / pinned", status="ok", ratio=results["ratio"])
 
 
 def _run(command: list[str], seconds: float, log: Path, env: dict | None = None) -> tuple[int | None, str, bool]:

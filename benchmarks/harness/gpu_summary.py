@@ -105,6 +105,12 @@ def _figure(record: dict) -> str:
     if status != "ok":
         return " ".join(filter(None, (mode, context, status))) if phase in ("decode", "prefill", "frontier",
                                                                            "max-context") else ""
+    if phase == "pin-budget" and mode == "staged / pinned":
+        return f"staging ring {m['ratio']:.2f}x fully pinned per decode token"
+    if phase == "pin-budget" and mode.startswith("failed pin"):
+        return "" if status == "ok" else f"{mode}: forward {m.get('forward', '')}"
+    if phase == "pin-budget":
+        return f"{mode} {context} {m['s_per_token']:.3g} s/token" if "s_per_token" in m else ""
     if phase == "host-attention" and mode == "read":
         return f"read {m['read_gbps']:.1f} GB/s"
     if phase == "host-attention":

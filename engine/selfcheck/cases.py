@@ -4,7 +4,9 @@ A case is one feature (the overlapped transfer schedule, host attention, 8-bit K
 architecture in one dtype: a chunked prefill then greedy decode through a ``HeadInferCache`` whose policy turns
 the feature on, against stock transformers with the same weights (8-bit KV, lossy by design, against the same
 policy run without overlap on synchronous streams, which must agree). Every home that can be offloaded is: head
-groups of one KV head with one resident slot, so a layer mixes a resident home and offloaded ones.
+groups of one KV head with one resident slot, so a layer mixes a resident home and offloaded ones. A model served
+with quantized weights (``engine.models.quantized``) is checked over tiny models quantized the same way, against
+stock over the same quantized weights.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, Gemma3TextConfig, LlamaConfig
 
 from ..cache import HeadInferCache, cache_argument
+from ..models.quantized import Quantization, quantization_config
 from ..planning.planner import make_plan
 from ..planning.shape import ModelShape
 from ..planning.policy import OffloadPolicy
@@ -66,16 +70,37 @@ class TinyPair:
     headinfer: torch.nn.Module
     dtype: torch.dtype
     device: torch.device
+    rtol: float = 0.0  # the logits' tolerance (0: RTOL of the dtype)
 
     @classmethod
-    def build(cls, arch: str, dtype: torch.dtype, device: torch.device) -> "TinyPair":
+    def build(cls, arch: str, dtype: torch.dtype, device: torch.device,
+              scheme: Quantization | None = None) -> "TinyPair":
         config = tiny_configs()[arch]
         torch.manual_seed(1234)
+        if scheme is not None:
+            return cls._quantized(arch, config, dtype, device, scheme)
         stock = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa", dtype=dtype)
         headinfer = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="headinfer",
                                                      dtype=dtype)
         headinfer.load_state_dict(stock.state_dict())
-        return cls(arch, stock.to(device).eval(), headinfer.to(device).eval(), dtype, device)
+        return cls(arch, stock.to(device).eval(), headinfer.to(device).eval(), dtype, device, RTOL[dtype])
+
+    @classmethod
+    def _quantized(cls, arch: str, config, dtype: torch.dtype, device: torch.device,
+                   scheme: Quantization) -> "TinyPair":
+        """Both models loaded from one saved random model by the library's quantizer: the same quantized weights.
+        The feed-forward is 128 wide: bitsandbytes' CPU nf4 kernel reads inputs in blocks of 64."""
+        config = copy.deepcopy(config)
+        config.intermediate_size = 128
+        with tempfile.TemporaryDirectory(prefix="headinfer-self-check-") as folder:
+            AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=dtype).save_pretrained(folder)
+            with torch.device("meta"):
+                skeleton = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=dtype)
+            models = [AutoModelForCausalLM.from_pretrained(
+                folder, dtype=dtype, attn_implementation=attention, device_map={"": str(device)},
+                quantization_config=quantization_config(scheme, dtype, str(device), lambda: skeleton)).eval()
+                for attention in ("sdpa", "headinfer")]
+        return cls(arch, *models, dtype, device, max(RTOL[dtype], scheme.parity_rtol or 0.0))
 
     def prompt(self) -> torch.Tensor:
         seeded = torch.Generator().manual_seed(7)
@@ -123,8 +148,8 @@ def run_case(feature: str, pair: TinyPair, policy: OffloadPolicy, workdir: Path)
         else:
             reference = greedy_stock(pair)
         actual = greedy(pair.headinfer, pair, cache)
-        error, tokens_equal = compare(actual, reference, RTOL[pair.dtype])
-        passed = error < RTOL[pair.dtype] and tokens_equal
+        error, tokens_equal = compare(actual, reference, pair.rtol)
+        passed = error < pair.rtol and tokens_equal
         return CaseResult(**common, passed=passed, max_rel_error=error, tokens_equal=tokens_equal,
                           seconds=time.perf_counter() - started)
     except Exception as exc:  # noqa: BLE001 (a crash of the feature is a failed check, reported, not raised)

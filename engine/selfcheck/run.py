@@ -32,6 +32,7 @@ import torch
 import transformers
 
 from ..kv.pin_budget import pinning_is_capped
+from ..models.quantized import QUANTIZED_MODES, Quantization, resolve
 from ..paths import cache_dir
 from ..planning.policy import OffloadPolicy
 from ..planning.rates import measure_copy_gbps, measure_h2d_gbps, measure_host_attention_gbps
@@ -118,8 +119,9 @@ def enabled_features(policy: OffloadPolicy) -> list[str]:
     return [feature for feature in FEATURES if wanted[feature]]
 
 
-def identity(policy: OffloadPolicy, device: torch.device) -> dict:
-    """What a report holds for: a new GPU, driver, torch, transformers or engine source checks again."""
+def identity(policy: OffloadPolicy, device: torch.device, scheme: Quantization | None = None) -> dict:
+    """What a report holds for: a new GPU, driver, torch, transformers or engine source checks again, and so do
+    quantized weights (a scheme's own report)."""
     digest = hashlib.sha256()
     for path in sorted(_ENGINE.rglob("*")):
         if path.suffix in (".py", ".c"):
@@ -128,7 +130,14 @@ def identity(policy: OffloadPolicy, device: torch.device) -> dict:
     return {"gpu": torch.cuda.get_device_name(device) if is_cuda else f"cpu {platform.machine()}",
             "driver": _driver_version() if is_cuda else None, "torch": torch.__version__,
             "transformers": transformers.__version__, "engine": digest.hexdigest()[:16],
-            "features": enabled_features(policy), "kv_dtype": policy.kv_dtype}
+            "features": enabled_features(policy), "kv_dtype": policy.kv_dtype,
+            **({"weights": scheme.name} if scheme is not None else {})}
+
+
+def _scheme(weights: str, device: str | torch.device) -> Quantization | None:
+    """The quantization scheme a weights mode names on ``device`` (``InputError`` if its library is missing), or
+    None for weights that are not quantized by a library here (dense, the CPU's int8, GGUF blocks, published)."""
+    return resolve(weights, str(device)) if weights in QUANTIZED_MODES else None
 
 
 def report_path(ident: dict, folder: Path | None = None) -> Path:
@@ -138,33 +147,42 @@ def report_path(ident: dict, folder: Path | None = None) -> Path:
     return Path(folder) / _FOLDER / f"{key}.json"
 
 
-def cached_report(policy: OffloadPolicy, device: str | torch.device, folder: Path | None = None):
-    """The stored report for this machine and policy, or None."""
-    path = report_path(identity(policy, torch.device(device)), folder)
+def cached_report(policy: OffloadPolicy, device: str | torch.device, folder: Path | None = None,
+                  weights: str = "dense"):
+    """The stored report for this machine, policy and weights mode, or None."""
+    path = report_path(identity(policy, torch.device(device), _scheme(weights, device)), folder)
     try:
         return SelfCheckReport.from_json(path.read_text())
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
 
-def first_use(policy: OffloadPolicy, device: str | torch.device, folder: Path | None = None) -> SelfCheckReport | None:
+def first_use(policy: OffloadPolicy, device: str | torch.device, folder: Path | None = None,
+              weights: str = "dense") -> SelfCheckReport | None:
     """On CUDA: the stored report, or a fresh check (tens of seconds, once per identity). On a CPU: None — a CPU
-    start-up stays fast; CI and ``launch.py --self-check`` run it there."""
+    start-up stays fast; CI and ``launch.py --self-check`` run it there. ``weights``: the served model's weights
+    mode (``engine.models.loaded.weights_mode``); a quantized one is checked over tiny models quantized alike."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    return cached_report(policy, device, folder) or run_self_check(policy, device, folder=folder)
+    return cached_report(policy, device, folder, weights) or run_self_check(policy, device, folder=folder,
+                                                                            weights=weights)
 
 
 def run_self_check(policy: OffloadPolicy, device: str | torch.device, *, folder: Path | None = None,
-                   dtypes: tuple[torch.dtype, ...] | None = None, archs: tuple[str, ...] | None = None
-                   ) -> SelfCheckReport:
-    """Runs every enabled feature's cases now and stores the report (replacing the one of the same identity)."""
+                   dtypes: tuple[torch.dtype, ...] | None = None, archs: tuple[str, ...] | None = None,
+                   weights: str = "dense") -> SelfCheckReport:
+    """Runs every enabled feature's cases now and stores the report (replacing the one of the same identity).
+    ``weights``: a quantized mode (``engine.models.quantized``) checks tiny models quantized by its library, head-wise
+    against stock over the same quantized weights, in the dtypes it computes in; any other mode checks dense ones."""
     device = torch.device(device)
     is_cuda = device.type == "cuda"
     streams = "cuda-lagged" if is_cuda else "emulated"
     dtypes = dtypes or ((torch.float32, torch.bfloat16) if is_cuda else (torch.float32,))
-    ident = identity(policy, device)
+    scheme = _scheme(weights, device)
+    if scheme is not None and scheme.dtypes:
+        dtypes = tuple(d for d in dtypes if str(d).removeprefix("torch.") in scheme.dtypes) or (torch.bfloat16,)
+    ident = identity(policy, device, scheme)
     started = time.perf_counter()
     features = enabled_features(policy)
     cases: list[CaseResult] = []
@@ -172,7 +190,7 @@ def run_self_check(policy: OffloadPolicy, device: str | torch.device, *, folder:
     try:
         for dtype in dtypes:
             for arch in archs or tuple(tiny_configs()):
-                pair = TinyPair.build(arch, dtype, device)
+                pair = TinyPair.build(arch, dtype, device, scheme)
                 overlap_ok = True
                 for feature in features:
                     # Once overlap failed, the other features are checked as they will run: without it.

@@ -29,7 +29,7 @@ def test_on_a_gpu_the_failed_features_of_the_report_are_turned_off(monkeypatch, 
     from engine import selfcheck  # the package launch.py calls (its public names)
 
     report = types.SimpleNamespace(failed=["kv8"], status_line=lambda: "self-check: kv8 wrong, turned off")
-    monkeypatch.setattr(selfcheck, "first_use", lambda policy, device: report)
+    monkeypatch.setattr(selfcheck, "first_use", lambda policy, device, weights="dense": report)
     policy = launch.make_policy(launch.build_parser().parse_args(["--kv-8bit", "int8"]))
     with caplog.at_level(logging.WARNING, logger="engine.selfcheck.run"):
         safe, line = launch.apply_first_use_self_check(policy, "cuda")
@@ -50,7 +50,7 @@ def test_self_check_flag_runs_the_check_and_exits_with_its_status(tmp_path, monk
 def test_a_self_check_that_cannot_run_is_said_in_the_header(monkeypatch, caplog):
     from engine import selfcheck  # the package launch.py calls (its public names)
 
-    def broken(policy, device):
+    def broken(policy, device, weights="dense"):
         raise RuntimeError("CUDA out of memory")
 
     monkeypatch.setattr(selfcheck, "first_use", broken)

@@ -22,3 +22,14 @@ def test_a_checkpoint_published_quantized_is_not_called_lossy_and_its_label_is_e
 def test_dense_weights_add_nothing():
     assert "weights" not in render.model_header({"name_or_path": "m", "weights": "dense",
                                                  "weights_label": "bf16/fp32 weights as stored"})
+
+
+def test_the_first_use_self_check_is_told_the_served_weights(monkeypatch):
+    import launch
+    from engine import selfcheck
+
+    seen = []
+    monkeypatch.setattr(selfcheck, "first_use", lambda policy, device, weights="dense": seen.append(weights))
+    policy = launch.make_policy(launch.build_parser().parse_args([]))
+    assert launch.apply_first_use_self_check(policy, "cuda", "bnb-nf4") == (policy, None)
+    assert seen == ["bnb-nf4"]

@@ -105,3 +105,21 @@ def test_greedy_tokens_identical_over_the_same_quantized_weights(pair):
     actual = model.generate(ids, past_key_values=engine.HeadInferCache(model.config, resident_slots=0),
                             prefill_chunk_size=16, **kwargs)
     assert torch.equal(actual, expected), (name, scheme)
+
+
+def test_the_self_check_of_a_quantized_model_runs_tiny_models_quantized_alike(tmp_path):
+    from engine import OffloadPolicy
+    from engine.selfcheck import run as selfcheck
+    from engine.selfcheck.cases import TinyPair
+
+    pair = TinyPair.build("gemma3-window", torch.float32, torch.device("cpu"), SCHEMES["bnb-nf4"])
+    assert [type(p).__name__ for p in (pair.stock.model.layers[0].mlp.up_proj.weight,
+                                       pair.headinfer.model.layers[0].mlp.up_proj.weight)] == ["Params4bit"] * 2
+    assert torch.equal(pair.stock.model.layers[0].mlp.up_proj.weight, pair.headinfer.model.layers[0].mlp.up_proj.weight)
+    policy = OffloadPolicy(host_attention="auto")
+    report = selfcheck.run_self_check(policy, "cpu", folder=tmp_path, archs=("llama-gqa",), weights="4bit")
+    assert report.identity["weights"] == "bnb-nf4" and report.passed, report.cases
+    assert {case.feature for case in report.cases} == {"overlap", "host_attention"}
+    assert all(case.tokens_equal and case.max_rel_error < RTOL for case in report.cases), report.cases
+    assert selfcheck.cached_report(policy, "cpu", tmp_path, weights="bnb-nf4") == report
+    assert selfcheck.cached_report(policy, "cpu", tmp_path) is None  # dense weights: another report

@@ -90,6 +90,9 @@ def model_header(info: dict) -> str:
     elif weights not in (None, "dense") and info.get("weights_label"):  # torchao/bitsandbytes, or as published
         kind = "weights" if str(weights).startswith("prequantized:") else "lossy"
         parts.append(f'<span class="{kind}">{escape.text(str(info["weights_label"]))}</span>')
+    if info.get("degrades_past"):  # Qwen2.5-1M: its card reads on with Dual Chunk Attention, which is not run here
+        parts.append(f'<span class="lossy">answers degrade past {info["degrades_past"]:,} tokens (the model card: '
+                     f'no Dual Chunk Attention here)</span>')
     if info.get("kv_dtype"):  # 8-bit host KV: said wherever it is on, as it is lossy
         parts.append(f'<span class="lossy">KV {escape.text(str(info["kv_dtype"]))} (lossy)</span>')
     if info.get("self_check"):  # the engine's self-check on this GPU: "exact on this GPU ✓ <date>" or what failed

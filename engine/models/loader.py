@@ -26,6 +26,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gemma3
 from ..errors import InputError, ModelSourceError, UnsupportedModelError
 from ..paths import cache_dir
 from ..planning.shape import unsupported_layers
+from ..planning.window import degrades_past
 from .gguf import convert_gguf, load_weights
 from .loaded import loaded_as, remember_load, weights_mode
 from . import cpu_matmul, gguf_blocks, gguf_device, int8_matmul
@@ -627,6 +628,7 @@ def describe(model: Any) -> dict[str, Any]:
         "vocab_size": config.vocab_size,
         "max_position_embeddings": getattr(config, "max_position_embeddings", None),
         "sliding_window": getattr(config, "sliding_window", None),
+        "degrades_past": degrades_past(config),  # answers degrade past it (Qwen2.5-1M: no Dual Chunk Attention here)
         "dtype": str(first.dtype).removeprefix("torch."),
         "weights": weights_mode(model),
         "weights_label": label(weights_mode(model)),

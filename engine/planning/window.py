@@ -38,6 +38,19 @@ def trained_window(config) -> int | None:
 _STATED = ("linear", "llama3")
 
 
+def degrades_past(config) -> int | None:
+    """Tokens past which the model's own card says plain attention loses accuracy, or None: a config with a
+    ``dual_chunk_attention_config`` (Qwen2.5-1M) was trained to read past its chunk (262,144) with Dual Chunk
+    Attention, which the engine does not run; it reads on with full attention, exactly, but answers degrade there."""
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    dual = getattr(config, "dual_chunk_attention_config", None)
+    if not isinstance(dual, dict):
+        return None
+    chunk = dual.get("chunk_size") or dual.get("original_max_position_embeddings")
+    return int(chunk) if isinstance(chunk, int) and chunk > 0 else None
+
+
 def _rope_parameter_sets(config) -> list[dict]:
     """The RoPE parameter dicts: ``rope_parameters`` (transformers 5, maybe one per layer type) or ``rope_scaling``."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)

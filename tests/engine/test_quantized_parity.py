@@ -123,3 +123,22 @@ def test_the_self_check_of_a_quantized_model_runs_tiny_models_quantized_alike(tm
     assert all(case.tokens_equal and case.max_rel_error < RTOL for case in report.cases), report.cases
     assert selfcheck.cached_report(policy, "cpu", tmp_path, weights="bnb-nf4") == report
     assert selfcheck.cached_report(policy, "cpu", tmp_path) is None  # dense weights: another report
+
+
+@torch.inference_mode()
+def test_a_checkpoint_published_quantized_loads_as_it_is(tmp_path):
+    from engine.errors import InputError
+
+    stock, quantized = quantized_pair("qwen3", "bnb-nf4", tmp_path / "source")
+    quantized.save_pretrained(tmp_path / "published")  # a folder whose config.json has a quantization_config
+    model, _ = load_model(str(tmp_path / "published"), device="cpu", dtype="float32", with_tokenizer=False)
+    info = describe(model)
+    assert info["weights"] == "prequantized:bitsandbytes" and "published" in info["weights_label"]
+    weight = model.model.layers[0].mlp.up_proj.weight
+    assert type(weight).__name__ == "Params4bit"
+    assert torch.equal(weight, stock.model.layers[0].mlp.up_proj.weight)  # the codes as saved
+    ids = prompt(stock.config.vocab_size)
+    actual, expected = stepwise_logits(stock, model, ids)
+    assert max(rel_diff(a, e) for a, e in zip(actual, expected)) < RTOL
+    with pytest.raises(InputError, match="published quantized"):
+        load_model(str(tmp_path / "published"), device="cpu", weights="8bit", with_tokenizer=False)

@@ -97,3 +97,39 @@ def test_launch_offers_every_weights_mode_the_loader_takes():
 
     [action] = [a for a in launch.build_parser()._actions if "--weights" in a.option_strings]
     assert set(action.choices) == {"auto", *WEIGHT_MODES, *quantized.QUANTIZED_MODES}
+
+
+def _qwen3(hidden: int, intermediate: int, layers: int, heads: int) -> Qwen3Config:
+    return Qwen3Config(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                       num_attention_heads=heads, num_key_value_heads=8, head_dim=128, vocab_size=151936)
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    (_qwen3(4096, 12288, 36, 32), "dense"),  # Qwen3-8B's shape: 16.4 GB of bf16 fit beside the buffers
+    (_qwen3(5120, 17408, 40, 40), "8bit"),  # Qwen3-14B's: 29.5 GB of bf16 do not, 8-bit does
+    (_qwen3(5120, 25600, 64, 64), "4bit"),  # Qwen3-32B's: 8-bit does not either
+], ids=["8b", "14b", "32b"])
+def test_auto_on_a_24_gib_card_from_the_config_and_the_planners_buffers(monkeypatch, config, expected):
+    import torch
+
+    # The card's reading (no GPU here): 24 GiB free before the model loads.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (24 * GIB, 24 * GIB))
+    monkeypatch.setattr(quantized, "installed", lambda library: True)
+    names = {"dense": "dense", "8bit": "bnb-int8", "4bit": "bnb-nf4"}
+    assert quantized.load_mode("auto", config, "cuda", torch.bfloat16) == names[expected]
+    assert quantized.load_mode("dense", config, "cuda", torch.bfloat16) == "dense"  # asked for: as asked
+
+
+def test_load_mode_on_the_cpu_and_for_a_published_checkpoint():
+    import torch
+
+    plain = _qwen3(1024, 3072, 4, 16)
+    assert quantized.load_mode("auto", plain, "cpu", torch.float32) == "auto"  # the CPU's own rules decide
+    assert quantized.load_mode("4bit", plain, "cpu", torch.float32) == "bnb-nf4"
+    published = _qwen3(1024, 3072, 4, 16)
+    published.quantization_config = {"quant_method": "awq", "bits": 4}
+    assert quantized.load_mode("auto", published, "cuda", torch.bfloat16) == "prequantized:awq"
+    with pytest.raises(InputError, match="published quantized"):
+        quantized.load_mode("8bit", published, "cuda", torch.bfloat16)
+    with pytest.raises(InputError, match="not published quantized"):
+        quantized.load_mode("prequantized:awq", plain, "cuda", torch.bfloat16)

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import gradio as gr
 
-from app import escape, render
+from app import escape, render, turn_notes
 from app.app_state import AppState
 from app.background import iterate_reports
 from app.browser_state import BrowserState
@@ -91,7 +91,11 @@ class Questions:
                               NO_CHANGE)
                 return
             history[-1] = {"role": "assistant", "content": "…"}
-            yield AskView(list(history), "", status("info", "Thinking…"), NO_CHANGE)
+            # A conversation restored from the tab's memory is not in the cache: the first question reads it again.
+            rereading = state.turns_unread and bool(session.conversation())
+            thinking = (f"Re-reading the conversation ({len(fit.ids):,} tokens: {len(session.conversation())} earlier "
+                        "turns and the question)…") if rereading else "Thinking…"
+            yield AskView(list(history), "", status("info", thinking), NO_CHANGE)
             yield from self._answer(session, question, fit, history, max_new_tokens, float(temperature), state,
                                     RepetitionGuard() if avoid_repeats else None, bool(show_sources), ticket)
         finally:
@@ -144,8 +148,10 @@ class Questions:
                     done, total = item
                     question_left = (time.monotonic() - started) * (total - done) / done if done else 0.0
                     self.app.queue.expect(ticket, question_left + answers.expected_seconds(max_new_tokens))
+                    what = "Re-reading the conversation" if state.turns_unread and session.conversation() else \
+                        "Reading the question"
                     yield AskView(list(history), NO_CHANGE,
-                                  status("info", f"Reading the question: {item[0]:,} of {item[1]:,} tokens…"), NO_CHANGE)
+                                  status("info", f"{what}: {item[0]:,} of {item[1]:,} tokens…"), NO_CHANGE)
                     continue
                 chunk = item
                 if not chunk.done:  # those waiting behind it: the rest of the answer at the rate it writes now
@@ -158,7 +164,10 @@ class Questions:
                 pages = split_pages(session.document) if chunk.sources else None
                 # A stopped or cut answer is not the model's whole answer: no "the document may not say" on it.
                 support = None if chunk.stopped or _cut(chunk, max_new_tokens) else chunk.support
-                history[-1] = {"role": "assistant", "content": _answer(chunk.text, stats, chunk.sources, pages, support)}
+                history[-1] = {"role": "assistant",
+                               "content": render.answer_message(chunk.text, stats, chunk.sources, pages, support)}
+                if chunk.done:
+                    _keep_note(state, session, question, chunk, turn_notes.note_of(stats, chunk.sources, support))
                 # A copy per update: each yielded view is a snapshot, not a list edited later.
                 chips = self._page_chips(session, chunk) if chunk.done else NO_CHANGE
                 # Once the answer is being written the question's "Reading the question: 12 of 12" is over.
@@ -195,6 +204,7 @@ class Questions:
             return NO_CHANGE, _warn("Still stopping the answer; press “New chat” again in a moment.")
         if state.session is not None:
             state.session.new_conversation()
+        state.turn_notes, state.turns_unread = [], False
         return [], status("info", "New chat. The documents stay read.")
 
     @staticmethod
@@ -256,9 +266,10 @@ def _preview(question: str, limit: int = 2000) -> str:
     return f"{question[:limit]}… ({len(question):,} characters in all)"
 
 
-def _answer(text: str, stats: str, sources=(), pages: dict | None = None, support=None) -> str:
-    # The warning first, then where the answer looked: the reader checks those pages.
-    note = render.support_note(support)
-    line = f'\n\n{note}' if note else ""
-    line += f'\n\n{render.sources_line(sources, pages)}' if sources else ""
-    return f'{render.model_markdown(text) or "…"}\n\n<span class="answer-stats">{escape.text(stats)}</span>{line}'
+def _keep_note(state: BrowserState, session: DocumentSession, question: str, chunk, note: dict) -> None:
+    """Keeps what the chat showed beside the answer with its turn, once the session recorded the turn (a stop before
+    the answer began records none); the conversation is in the cache from now on."""
+    turns = session.conversation()
+    if turns and turns[-1] == (question, chunk.text):
+        state.turn_notes = [*turn_notes.aligned(state.turn_notes, len(turns) - 1), note]
+        state.turns_unread = False

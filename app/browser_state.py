@@ -31,6 +31,10 @@ class BrowserState:
     read_text: str | None = None  # the text given to the session (its KV may be partial)
     saved_key: str | None = None  # the saved copy of the document read (reopened after a page reload)
     read_done: int | None = None  # tokens the running read has done (its last progress report): the meters' fill
+    # What the chat showed beside each answer (``app.turn_notes``), aligned with the session's conversation; and whether
+    # that conversation came back from the tab's memory unread (the next question re-reads it, and says so).
+    turn_notes: list = field(default_factory=list)
+    turns_unread: bool = False
     remember: bool = True  # save read documents to disk and reopen them from there (when the app has a store)
     cancel_requested: bool = False
     stop_requested: bool = False

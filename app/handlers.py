@@ -103,10 +103,12 @@ class Handlers:
             return ClearView(state, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE,
                              _warn("Still stopping the running work; press “Clear documents” again in a moment."))
         state.close()
-        state.documents, state.token_counts, state.tokens = [], [], None
+        state.documents, state.token_counts, state.tokens, state.full_tokens = [], [], None, None
+        state.pieces, state.range_label = [], None  # the page range offer goes too (``range_offer`` hides it)
         return ClearView(state, None, render.files_table([], []), render.empty_plan(),
                          gr.update(visible=False, value=False),
-                         render.progress_bar(), [], status("info", "Documents cleared; their memory is freed."))
+                         render.progress_bar(), [], status("info", "Documents cleared; their memory is freed."),
+                         gr.update(choices=[], value=None, visible=False), render.page_view(None))
 
     @staticmethod
     def meters(state: BrowserState | None) -> str:

@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterator
 
 import gradio as gr
 
-from app import escape, render
+from app import escape, render, turn_notes
 from app.app_state import AppState
 from app.browser_state import BrowserState
 from app.render import status
 from app.documents import combine
 from app.page_range import parts_read, rejoin
+from app.pages import split_pages
 from app.pages import tokenize
 from app.sizing import token_counts
 from app.views import DeleteView, OpenView, ReadView, SavedView
@@ -29,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 NO_CHANGE: dict = gr.update()
 _IDLE = (gr.update(interactive=True), gr.update(interactive=False))
+_READ = (gr.update(interactive=False), gr.update(interactive=False))  # reopened whole: nothing new to read
 
 
 class OpenSaved:
@@ -76,12 +78,13 @@ class OpenSaved:
         try:
             remembered = json.loads(memory) if memory else {}
             key, turns = remembered.get("key"), [tuple(turn) for turn in remembered.get("turns", [])]
+            notes = turn_notes.aligned(turn_notes.read_back(remembered.get("notes")), len(turns))
         except (ValueError, AttributeError, TypeError):
-            key, turns = None, []
+            key, turns, notes = None, [], []
         if not key or (state.session is not None and state.session.is_prefilled):
             yield self._open_view(state)
             return
-        yield from self._reopen(key, turns, state, request, quiet=True)
+        yield from self._reopen(key, turns, state, request, quiet=True, notes=notes)
 
     @staticmethod
     def tab_memory(state: BrowserState) -> str:
@@ -89,9 +92,12 @@ class OpenSaved:
         session = state.session
         if session is None or not session.is_prefilled or not state.saved_key:
             return json.dumps({})
-        return json.dumps({"key": state.saved_key, "turns": session.conversation()})
+        turns = session.conversation()  # each turn with what the chat showed beside it (``app.turn_notes``)
+        return json.dumps({"key": state.saved_key, "turns": turns,
+                           "notes": turn_notes.aligned(state.turn_notes, len(turns))})
 
-    def _reopen(self, key: str, turns: list, state: BrowserState, request, *, quiet: bool) -> Iterator[OpenView]:
+    def _reopen(self, key: str, turns: list, state: BrowserState, request, *, quiet: bool,
+                notes: list = ()) -> Iterator[OpenView]:
         shelf = self.app.shelves.for_request(request)
         entry = shelf.entry(key)
         if entry is None:
@@ -138,13 +144,18 @@ class OpenSaved:
                     return
                 state.saved_key = key
                 session.resume_conversation(turns)
+                # The chat as it was, notes and all; its turns are read again with the next question, which says so.
+                state.turn_notes, state.turns_unread = list(notes) or [None] * len(turns), bool(turns)
+                state.range_label = _range_label(shelf, key) if entry.text != combine(entry.documents) else None
                 plan = session.document_plan()
                 panel = render.plan_panel(plan, session.document_tokens, None, session.policy.kv_dtype,
                                                          conversation_tokens=session.answer_budget)
                 bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
-                names = ", ".join(doc.name for doc in state.documents)
-                yield OpenView(state, render.files_table(state.documents, state.token_counts), panel, bar,
-                               _chat(turns), _reopened_line(stats, names, len(turns)), *_IDLE,
+                names = state.range_label or ", ".join(doc.name for doc in state.documents)
+                table = render.files_table(state.documents, state.token_counts, session.document_tokens,
+                                           state.range_label)
+                yield OpenView(state, table, panel, bar, _chat(turns, state.turn_notes, split_pages(session.document)),
+                               _reopened_line(stats, names, len(turns)), *_READ,
                                pages=gr.update(choices=[], value=None, visible=False), page=render.page_view(None))
             finally:
                 queue.leave(ticket)
@@ -188,12 +199,18 @@ def _count(tokens, start: int, end: int, doc, session) -> int:
     return session.count_tokens(doc.text) if counted is None else counted
 
 
-def _chat(turns: list) -> list[dict]:
+def _chat(turns: list, notes: list, pages: dict) -> list[dict]:
     chat = []
-    for question, answer in turns:
+    for (question, answer), note in zip(turns, notes, strict=True):
         chat += [{"role": "user", "content": question},
-                 {"role": "assistant", "content": render.model_markdown(answer) or "…"}]
+                 {"role": "assistant", "content": turn_notes.message(answer, note, pages)}]
     return chat
+
+
+def _range_label(shelf, key: str) -> str | None:
+    """The page range (or beginning) a saved read holds, as its shelf entry is named ("p. 12 – p. 40 of bash.pdf")."""
+    infos, _ = shelf.list()
+    return next((info.label for info in infos if info.key == key), None)
 
 
 def _reopened_line(stats: RestoreStats, names: str, num_turns: int) -> str:

@@ -39,6 +39,7 @@ NO_CHANGE: dict = gr.update()
 _BUSY = (gr.update(interactive=False), gr.update(interactive=False))  # disk work: nothing to cancel
 _IDLE = (gr.update(interactive=True), gr.update(interactive=False))  # read button on, cancel off
 _RUNNING = (gr.update(interactive=False), gr.update(interactive=True))  # reading: cancel on
+_READ = (gr.update(interactive=False), gr.update(interactive=False))  # read to the end: nothing new to read
 _NO_CHIPS = gr.update(choices=[], value=None, visible=False)  # a new document: the old one's page chips go
 
 
@@ -73,9 +74,10 @@ class Reading:
                              gr.update(visible=False, value=False), gr.update(interactive=False),
                              _warn(f"Not taken: {exc}."))
         state.uploads.update(files or [])
-        if not files:
+        if not files:  # the last file removed: what was said of the set goes with it
             return FilesView(state, render.files_table([], []), render.empty_plan(),
-                             gr.update(visible=False, value=False), gr.update(interactive=False), NO_CHANGE)
+                             gr.update(visible=False, value=False), gr.update(interactive=False),
+                             status("info", "No files chosen." + _kept(state)))
         session = self.app.session(state, request)
         # The first start's reading-cost measurement pauses meanwhile: the plan does not share the cores with it.
         with session.reading.making_a_plan():
@@ -93,11 +95,11 @@ class Reading:
             try:
                 plan = session.plan(tokens)
             except PlanError as exc:
-                return FilesView(state, render.files_table(documents, counts), render.refused_plan([str(exc)]),
+                return FilesView(state, render.files_table(documents, counts, len(tokens)), render.refused_plan([str(exc)]),
                                  gr.update(visible=False), gr.update(interactive=False), _warn(str(exc)))
             seconds = session.reading.estimate_prefill_range(min(len(tokens), plan.context_limit))
             if plan.is_within_limit:
-                message = status("ok", f"Ready to read {sum(counts):,} tokens from {len(documents)} "
+                message = status("ok", f"Ready to read {len(tokens):,} tokens (with the prompt) from {len(documents)} "
                                        f"file{'s' if len(documents) != 1 else ''}. Press “Read documents”.")
             else:
                 message = status("warn", f"Too large: {plan.limit_reason}. Choose a page range below (or “First part "
@@ -105,11 +107,14 @@ class Reading:
                                          "files.")
             if problems:
                 message = _warn("Skipped: " + " ".join(problems)) + message
-            panel = render.plan_panel(plan, sum(counts), seconds, session.policy.kv_dtype, _options(session, plan),
+            panel = render.plan_panel(plan, len(tokens), seconds, session.policy.kv_dtype, _options(session, plan),
                                      conversation_tokens=session.answer_budget)
-            view = FilesView(state, render.files_table(documents, counts), panel,
-                             gr.update(visible=not plan.is_within_limit, value=False), gr.update(interactive=True),
-                             message)
+            read = tokens.text == state.read_text and session.is_prefilled  # the set read already: nothing new
+            if read:
+                message = status("ok", f"Already read ({len(tokens):,} tokens with the prompt). Ask away.")
+            view = FilesView(state, render.files_table(documents, counts, len(tokens)), panel,
+                             gr.update(visible=not plan.is_within_limit, value=False),
+                             gr.update(interactive=not read), message)
             if not plan.is_within_limit:
                 state.pieces = PageRanges.pages_to_choose(state)
             return view
@@ -182,7 +187,7 @@ class Reading:
         None (after saying why) when it is refused or read already."""
         if tokens.text == state.read_text and session.document_tokens != 0:
             if session.is_prefilled:
-                yield ReadView(state, _done_bar(session), status("ok", "Already read. Ask away."), NO_CHANGE, *_IDLE)
+                yield ReadView(state, _done_bar(session), status("ok", "Already read. Ask away."), NO_CHANGE, *_READ)
                 return None
             return _Fresh()  # a read cancelled part-way: it goes on
         try:
@@ -216,7 +221,7 @@ class Reading:
             return f"Continuing the read saved at {stats.num_tokens:,} tokens. "
         state.saved_key = saved.key
         bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
-        yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *_IDLE)
+        yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *_READ)
         return None
 
     def _prefill(self, session: DocumentSession, tokens: DocumentTokens, state: BrowserState, ticket: Ticket,
@@ -294,7 +299,8 @@ class Reading:
                 gr.Warning(escape.text(sentence))
             finished += " " + sentence
         yield ReadView(state, _done_bar(session, last), status("ok" if kind == "ok" else "warn",
-                                                               f"{finished} Ask a question."), NO_CHANGE, *_IDLE)
+                                                               f"{finished} Ask a question."), NO_CHANGE, *_READ,
+                       plan=_read_plan(session, state, last))
 
     def _giving_way(self, ticket: Ticket, state: BrowserState, report: Callable[[object], None]) -> Callable[[], None]:
         """What a read does between its chunks: when other visitors wait, it gives them the device (the line's
@@ -326,8 +332,7 @@ def _kept(state: BrowserState) -> str:
 
 
 def _reopened(stats: RestoreStats) -> str:
-    rate = stats.gb_per_second
-    bandwidth = f"{rate:.1f} GB/s" if rate >= 1 else f"{rate * 1000:.0f} MB/s"
+    bandwidth = f"{format_bytes(int(stats.gb_per_second * 1e9))}/s"  # binary units, as every size on the page
     seconds = f"{stats.seconds:.2f} s" if stats.seconds < 1 else render.format_seconds(stats.seconds)  # often < 0.1 s
     return status("ok", f"Reopened from disk in {seconds} ({bandwidth}) — no reading needed. Ask a question.")
 
@@ -352,6 +357,18 @@ def _truncated_plan(session: DocumentSession, num_chosen: int) -> str:
     return render.plan_panel(plan, session.document_tokens, seconds, session.policy.kv_dtype,
                              _options(session, plan), truncated_from=num_chosen, stopped_in=last_page(session.document),
                              conversation_tokens=session.answer_budget)
+
+
+def _read_plan(session: DocumentSession, state: BrowserState, last: PrefillProgress | None) -> str:
+    """The plan panel once the read is over: its reading time is the read's own (the estimate made before it is
+    history), the rest as it was planned (truncated to fit: of what was read)."""
+    seconds = last.elapsed if last is not None else None
+    plan = session.document_plan()
+    chosen = len(state.tokens) if state.tokens is not None else session.document_tokens
+    truncated = {"truncated_from": chosen, "stopped_in": last_page(session.document)} if chosen > \
+        session.document_tokens else {}
+    return render.plan_panel(plan, session.document_tokens, None, session.policy.kv_dtype, _options(session, plan),
+                             conversation_tokens=session.answer_budget, read_seconds=seconds, **truncated)
 
 
 def _options(session: DocumentSession, plan) -> list:

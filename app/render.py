@@ -58,7 +58,7 @@ def question_bar(max_tokens: int | None, answer_tokens: int, limit_note: str = "
         return '<div class="question-bar" data-max-question="0">Read documents to ask questions about them.</div>'
     note = f" ({limit_note})" if limit_note else ""
     return (f'<div class="question-bar" data-max-question="{max_tokens}">Questions up to {max_tokens:,} tokens '
-            f'(about {max_tokens * 4 // 1000:,} KB of text) beside these documents and a {answer_tokens:,}-token '
+            f'(about {format_bytes(max_tokens * 4)} of text) beside these documents and a {answer_tokens:,}-token '
             f'answer{escape.text(note)}.</div>')
 
 
@@ -101,8 +101,13 @@ def model_header(info: dict) -> str:
     return f'<div class="model-line">{" · ".join(parts)}</div>'
 
 
-def files_table(documents: Sequence[Document], token_counts: Sequence[int]) -> str:
-    """The per-file table: name, pages (blank for formats without pages), characters, tokens."""
+def files_table(documents: Sequence[Document], token_counts: Sequence[int], read_tokens: int | None = None,
+                range_label: str | None = None) -> str:
+    """The per-file table: name, pages (blank for formats without pages), characters, tokens.
+
+    ``read_tokens``: what the read takes (the files with the prompt around them: the count the plan, the progress
+    and the status say), the table's one total, so no second sum of the same documents stands beside it;
+    ``range_label``: the page range read ("p. 12 – p. 40 of bash.pdf"), said in that row."""
     if not documents:
         return '<div class="files-empty" data-files="0"></div>'
     head = "".join(f"<th>{name}</th>" for name in FILE_TABLE_HEADERS)
@@ -111,11 +116,15 @@ def files_table(documents: Sequence[Document], token_counts: Sequence[int]) -> s
         f"<td>{doc.chars:,}</td><td>{tokens:,}</td></tr>"
         for doc, tokens in zip(documents, token_counts, strict=True)
     )
-    if len(documents) > 1:
+    total = sum(token_counts) if read_tokens is None else read_tokens
+    if read_tokens is not None or len(documents) > 1:
         pages = sum(doc.pages or 0 for doc in documents)
-        rows += (f'<tr class="files-total"><td>{len(documents)} files</td><td>{pages or ""}</td>'
-                 f"<td>{sum(doc.chars for doc in documents):,}</td><td>{sum(token_counts):,}</td></tr>")
-    return (f'<div class="files-scroll" data-files="{len(documents)}"><table class="files">'
+        files = f"{len(documents)} file{'s' if len(documents) != 1 else ''}"
+        what = f"{files} · {escape.text(range_label)}" if range_label else files
+        what += " · with the prompt" if read_tokens is not None else ""
+        rows += (f'<tr class="files-total" data-tokens="{total}"><td>{what}</td><td>{pages or ""}</td>'
+                 f"<td>{sum(doc.chars for doc in documents):,}</td><td>{total:,}</td></tr>")
+    return (f'<div class="files-scroll" data-files="{len(documents)}" data-read-tokens="{total}"><table class="files">'
             f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>")
 
 
@@ -163,17 +172,19 @@ def range_info(label: str | None, num_tokens: int | None, limit: int) -> str:
 
 def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dtype: str | None = None,
                options: Sequence = (), *, truncated_from: int | None = None, stopped_in: str | None = None,
-               conversation_tokens: int = 0) -> str:
+               conversation_tokens: int = 0, read_seconds: float | None = None) -> str:
     """The memory plan of a document set: predicted memory, fit, chunk/head-group sizes, time.
 
-    ``num_tokens`` counts the documents alone; ``plan.context_tokens`` adds the prompt around
-    them and the room kept for answers, which is what memory is reserved for.
+    ``num_tokens`` counts the documents with the prompt around them, as the read, its progress and the files
+    table's total do (one count per thing on the screen); ``plan.context_tokens`` adds the room kept for answers,
+    which is what memory is reserved for.
 
     ``truncated_from``: the set was truncated to fit; ``plan`` is then the plan of what is read, and
     ``num_tokens`` and ``truncated_from`` count the tokens read and the whole set's, both with the prompt
     (as the reading progress does); ``stopped_in``: the page the truncated read ends in ("p. 37 of bash.pdf").
     ``conversation_tokens``: the session's conversation allowance (``answer_budget``), shown beside the documents'
-    share of the context limit.
+    share of the context limit. ``read_seconds``: the read is over and took this long, which the reading time
+    then says instead of the estimate made before it.
     """
     if not plan.fits:
         verdict = ("nofit", "Does not fit in memory")
@@ -181,7 +192,7 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
         verdict = ("nofit", "Too long for this model" if plan.limited_by == "model" else "Over the context limit")
     else:
         verdict = ("fits", "Fits")
-    counts = f"{num_tokens:,} document tokens, {plan.context_tokens:,} with the prompt and room for answers"
+    counts = f"{num_tokens:,} tokens with the prompt, {plan.context_tokens:,} with room for answers"
     truncated = ""
     if truncated_from is not None:
         up_to = f", up to {stopped_in}" if stopped_in else ""
@@ -198,7 +209,8 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
         ("Chunk size", f"{plan.chunk_size:,} tokens"),
         ("Head group", f"{plan.head_group_size} KV head{'s' if plan.head_group_size != 1 else ''} · {groups}"),
         ("Slots on device", f"{plan.resident_slots}/{plan.total_slots}"),
-        ("Reading time", reading_time(prefill_seconds)),
+        ("Reading time", reading_time(prefill_seconds) if read_seconds is None else
+         f"read in {format_seconds(read_seconds)}"),
         ("Context limit", f"{plan.context_limit:,} tokens · {_LIMITED_BY.get(plan.limited_by, plan.limited_by)}"),
     ]
     share = max(plan.context_limit - conversation_tokens, 0)
@@ -223,11 +235,12 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
         reason = f'<p class="plan-limit">{escape.text(line)}</p>'
     else:
         reason = f'<p class="plan-reason">{escape.text(plan.limit_reason)}</p>'
+    read = f' data-read-seconds="{read_seconds:.2f}"' if read_seconds is not None else ""
     return (
         f'<div class="plan plan-{verdict[0]}" data-fits="{str(plan.is_within_limit).lower()}" '
         f'data-tokens="{num_tokens}" data-gpu-bytes="{plan.gpu_bytes}" data-host-bytes="{plan.host_bytes}" '
         f'data-limit="{plan.context_limit}" data-limited-by="{escape.attr(plan.limited_by)}" '
-        f'data-documents-share="{share}"{truncated}>'
+        f'data-documents-share="{share}"{truncated}{read}>'
         f'<div class="plan-verdict">{escape.text(verdict[1])} <small>· {escape.text(counts)}</small></div>'
         f'{reason}<div class="plan-grid">{grid}</div></div>'
     )
@@ -377,6 +390,15 @@ def support_note(support) -> str:
     return (f'<span class="answer-unsupported" title="Little of the answer\'s attention was on the document\'s pages, '
             f'the model wrote it unsure, or the question names what the document never does">'
             f'⚠ {escape.text(MAY_NOT_SAY)}{never}</span>')
+
+
+def answer_message(text: str, stats: str, sources=(), pages: dict | None = None, support=None) -> str:
+    """An answer's chat message: its words (inert Markdown), its stats line, the support warning and its sources."""
+    # The warning first, then where the answer looked: the reader checks those pages.
+    note = support_note(support)
+    line = f'\n\n{note}' if note else ""
+    line += f'\n\n{sources_line(sources, pages)}' if sources else ""
+    return f'{model_markdown(text) or "…"}\n\n<span class="answer-stats">{escape.text(stats)}</span>{line}'
 
 
 def page_view(page: str | None, name: str = "", text: str = "", sequence: int | None = None) -> str:

@@ -353,8 +353,11 @@ def _wire_tab(demo: gr.Blocks, page: Page, handlers: Handlers, title: str, servi
     state = page.state
     cleared = page.clear_button.click(owned(_stop_all), [state], None, api_visibility="private", **_LIGHT).then(
         handlers.clear, [state],
-        [state, page.files, page.table, page.plan, page.truncate, page.progress, page.chat, page.status_box],
+        [state, page.files, page.table, page.plan, page.truncate, page.progress, page.chat, page.status_box,
+         page.page_chips, page.page_view],
         api_name="clear", show_progress="hidden", **_OWN).then(
+        handlers.range_offer, [state], [page.range_box, page.range_from, page.range_to, page.range_info],
+        api_visibility="private", **_LIGHT).then(
         handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT)
     timer = gr.Timer(METER_SECONDS)
     timer.tick(handlers.meters, [state], [page.meters], api_visibility="private", **_LIGHT)

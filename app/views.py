@@ -76,6 +76,8 @@ class ClearView(NamedTuple):
     progress: str
     chat: list
     status: str
+    pages: Any = gr.update()  # the page chips: they go with the documents
+    page: Any = gr.update()  # the page viewer: emptied with them
 
 
 class FirstPartView(NamedTuple):

@@ -87,7 +87,7 @@ def test_read_saves_then_a_new_session_reopens_without_reading(make_handlers, st
     assert CountingSession.prefills == 0
     assert 'data-state="reopening"' in views[0].progress
     assert 'data-state="done"' in views[-1].progress and "reopened from disk" in views[-1].progress
-    assert re.search(r"Reopened from disk in \d+\.\d+ s \(\d+(\.\d)? [MG]B/s\) — no reading needed",
+    assert re.search(r"Reopened from disk in \d+\.\d+ s \(\d+\.\d\d [KMG]iB/s\) — no reading needed",
                      _text(views[-1].status))
     assert second.session.is_prefilled and second.session is not first.session
     assert _answer(handlers, second) == original  # greedy: the same K/V gives the same answer

@@ -24,6 +24,12 @@ def slow_session(read_seconds: float, token_seconds: float | None = None):
     return SlowSession
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def tab(browser, url: str, timeout_ms: int, *, height: int = 900):
     """A new tab of its own (a fresh context: no shared storage, so a tab's memory of its document stays its own)
     at ``url``, 1280 x ``height``."""
@@ -44,9 +50,11 @@ def read_and_ask(page, pdf, question: str) -> None:
 
 
 @contextmanager
-def served(session_class=None, *, chunk_size: int, max_upload: int | None = None, **build_options):
+def served(session_class=None, *, chunk_size: int, max_upload: int | None = None, port: int | None = None,
+           **build_options):
     """Yields the URL of the studio whose tabs get ``session_class`` sessions (default ``DocumentSession``);
-    ``build_options`` go to ``build_ui`` (e.g. ``snapshot_store``), ``max_upload`` to the launch as ``launch.py``'s."""
+    ``build_options`` go to ``build_ui`` (e.g. ``snapshot_store``), ``max_upload`` to the launch as ``launch.py``'s;
+    ``port``: the port to serve on (a restart on the same one keeps the tabs' storage), else a free one."""
     from app.ui import build_ui, launch_options
     from engine import DocumentSession, OffloadPolicy
     from engine.models.loader import describe, load_model
@@ -55,9 +63,7 @@ def served(session_class=None, *, chunk_size: int, max_upload: int | None = None
     session_class = session_class or DocumentSession
     policy = OffloadPolicy(chunk_size=chunk_size)
     demo = build_ui(lambda: session_class(model, tokenizer, policy), model_info=describe(model), **build_options)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = port or free_port()
     demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True,
                 max_file_size=max_upload, **launch_options(max_upload))
     try:

@@ -122,8 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "torchao-int8", "torchao-int4", "torchao-fp8",
                                                              "bnb-int8", "bnb-nf4"],
                        help="dense: the weights in --dtype; int8 (CPU only): linear layers hold int8 weights with "
-                            "one scale per output channel, a quarter of fp32's bytes per token, lossy; gguf (CPU "
-                            "only, a GGUF model): linear layers keep the file's quantized blocks (Q4_0 to Q8_0, "
+                            "one scale per output channel, a quarter of fp32's bytes per token, lossy; gguf (a "
+                            "GGUF model; a GPU expands them per layer): linear layers keep its blocks (Q4_0 to Q8_0, "
                             "Q4_K to Q6_K), exactly the weights dense loading gives, in a fifth to a seventh of "
                             "fp32's bytes (docs/benchmarks/llamacpp.md); 8bit, 4bit (GPU or CPU): linear layers "
                             "quantized by torchao or bitsandbytes (pip install torchao / bitsandbytes), lossy, or "

@@ -9,6 +9,8 @@ process, so the machine's load changes between the runs (and the other jobs on a
 it, the actual read, and the error of the likely value. Target: within ±35%.
 Writes docs/benchmarks/estimate-error.{json,md}. ``--first-reads``: each document's first read on a clean cache, twice,
 each in a new process with an empty ``HEADINFER_CACHE`` (a section of estimate-error.md, and estimate-error-first-reads.json).
+``--accuracy``: first reads on a clean cache on a quiet machine and beside a process burning a core (issue 51's target),
+a section of docs/benchmarks/estimate-accuracy.md per run.
 """
 
 from __future__ import annotations
@@ -166,6 +168,77 @@ def write_section(path: Path, section: list[str]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+ACCURACY_HEAD = ("# A first read's estimate against the read (SmolLM2-135M, CPU, clean cache)\n\n"
+                 "`python -m benchmarks.estimate_error --accuracy`: each row a new process on an empty cache; the "
+                 "estimate is the plan's once the background reading-cost measurement has landed (what the plan panel "
+                 "shows, `app.estimate_refresh`); *busy*: another process burns a core throughout. Real Debian manuals "
+                 "(PDFs read with the app's reader) cut to the tokens shown. Target (issue 51): within ±35% of the "
+                 "actual read, quiet and busy.\n\n")
+TARGET = 0.35  # |estimate - actual| / actual
+
+
+def accuracy_read(corpus: str, key: str, tokens: int, busy: bool) -> dict:
+    """One clean start's first read, with a core-burning process beside it when ``busy``."""
+    burner = subprocess.Popen([sys.executable, "-c", _BUSY]) if busy else None
+    try:
+        with tempfile.TemporaryDirectory(prefix="headinfer-clean-cache-") as cache:
+            out = subprocess.run([sys.executable, "-m", "benchmarks.estimate_error", "--corpus", corpus,
+                                  "--first-read", key, str(tokens)], capture_output=True, text=True,
+                                 env={**os.environ, "HEADINFER_CACHE": cache, "HEADINFER_CPU_MODEL": "embedded"})
+    finally:
+        if burner is not None:
+            burner.kill()
+            burner.wait()
+    if out.returncode:
+        raise RuntimeError(out.stderr[-3000:])
+    row = json.loads(out.stdout.splitlines()[-1])
+    row["busy"] = busy
+    row["error"] = row["likely_s"] / row["actual_s"] - 1
+    return row
+
+
+def accuracy_section(rows: list[dict], heading: str) -> list[str]:
+    within = sum(abs(r["error"]) <= TARGET for r in rows)
+    lines = [f"## {heading}", "",
+             f"**{within} of {len(rows)} within ±35%** (|estimate − actual| / actual). *Load*: the 1-minute load "
+             "average after the read (2 cores shared with other engineers' jobs).", "",
+             "| machine | document | tokens | range shown | estimate (s) | actual (s) | error | in range | load | "
+             "measured (s) | provisional (s) |",
+             "|---|---|---:|---|---:|---:|---:|---|---:|---:|---|"]
+    for r in rows:
+        low, likely, high = r["provisional_s"]
+        lines.append(f"| {'busy' if r['busy'] else 'quiet'} | {r['document']} | {r['tokens']:,} | "
+                     f"{r['low_s']:.1f}–{r['high_s']:.1f} s | {r['likely_s']:.1f} | {r['actual_s']:.1f} | "
+                     f"{r['error']:+.0%} | {'yes' if r['in_range'] else 'no'} | {r['load_avg']:.1f} | "
+                     f"{r['measurement_s']:.0f} | {likely:.0f} ({low:.0f}–{high:.0f}) |")
+    return lines
+
+
+def accuracy(args) -> int:
+    """``--accuracy``: each document's first read on a clean cache, on a quiet machine and beside a process burning a
+    core; a section of docs/benchmarks/estimate-accuracy.md per run (its heading ``--label``), the rows appended to
+    estimate-accuracy.json."""
+    documents = [(key, int(tokens)) for key, tokens in (pair.split(":") for pair in args.documents.split(","))]
+    rows = []
+    for machine in args.machines.split(","):
+        for key, tokens in documents:
+            rows.append(accuracy_read(args.corpus, key, tokens, machine == "busy"))
+            logger.info("%s", rows[-1])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    heading = args.label or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    path = out / "estimate-accuracy.json"
+    runs = json.loads(path.read_text()) if path.exists() else []
+    path.write_text(json.dumps([*runs, {"run": run_stamp("cpu"), "label": heading, "rows": rows}], indent=1))
+    md = out / "estimate-accuracy.md"
+    if not md.exists():
+        md.write_text(ACCURACY_HEAD)
+    lines = accuracy_section(rows, heading)
+    write_section(md, lines)
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.estimate_error")
     p.add_argument("--corpus", default=".pytest_cache/d/debian-documents")
@@ -173,7 +246,12 @@ def main(argv=None) -> int:
     p.add_argument("--first-reads", action="store_true",
                    help="only the first reads, each on a clean cache (a new section in estimate-error.md)")
     p.add_argument("--repeats", type=int, default=2, help="clean starts per document with --first-reads")
-    p.add_argument("--label", default="", help="what the --first-reads section measured (its heading)")
+    p.add_argument("--label", default="", help="what the --first-reads or --accuracy section measured (its heading)")
+    p.add_argument("--accuracy", action="store_true",
+                   help="first reads on a clean cache, quiet and busy (docs/benchmarks/estimate-accuracy.md)")
+    p.add_argument("--documents", default=",".join(f"{key}:{tokens}" for key, tokens in FIRST_READS),
+                   help="with --accuracy: key:tokens pairs of the corpus (benchmarks.corpus) to read")
+    p.add_argument("--machines", default="quiet,busy", help="with --accuracy: quiet, busy or both")
     p.add_argument("--one-start", metavar="RATES_JSON", help=argparse.SUPPRESS)  # a child process: one start
     p.add_argument("--first-read", nargs=2, metavar=("KEY", "TOKENS"), help=argparse.SUPPRESS)  # a child: one read
     args = p.parse_args(argv)
@@ -184,6 +262,8 @@ def main(argv=None) -> int:
     if args.first_read:
         print(json.dumps(first_read(Path(args.corpus), args.first_read[0], int(args.first_read[1]))))
         return 0
+    if args.accuracy:
+        return accuracy(args)
     if args.first_reads:
         rows = first_reads(args.corpus, args.repeats)
         out = Path(args.out)

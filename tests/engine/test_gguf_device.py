@@ -154,3 +154,26 @@ def test_the_planners_bytes_count_blocks_as_stored_and_the_rest_in_the_compute_d
     assert planned.file_tensors == 512 * 144 + 300 * 210 + 64 * 110 + 256 * 4
     assert planned.quantization == "Q4_K+Q6_K"
     assert planned.scratch == 512 * 256 * gguf_device.SCRATCH_PER_WEIGHT  # the largest layer, whole (one slice)
+
+
+@pytest.mark.slow
+@torch.inference_mode()
+def test_the_real_smollm2_gguf_on_the_torch_path_answers_as_stock_dense_does(smollm2, monkeypatch):
+    """The embedded Q4_1 GGUF (a tied Q8_0 table) expanded by torch: head-wise over 1,024 tokens of real text gives
+    stock dense fp32's greedy tokens, and it holds its file's tensor bytes (under a byte a weight)."""
+    from engine.models.loader import _embedded_gguf
+    from test_smollm2 import real_text
+
+    dense, tokenizer = smollm2
+    monkeypatch.setenv(gguf_device.FORCE_ENV, "1")
+    model, _ = load_model(str(_embedded_gguf()), device="cpu", weights="gguf", with_tokenizer=False)
+    assert isinstance(model.lm_head, ExpandingLinear) and model.get_input_embeddings().table is model.lm_head
+    assert held_bytes(model) <= 1.15 * gguf_device_bytes(_embedded_gguf()).file_tensors
+    ids = torch.tensor([tokenizer(real_text(), add_special_tokens=False)["input_ids"][:1024]])
+    kwargs = dict(max_new_tokens=16, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    expected = dense.generate(ids, **kwargs)
+    cache = engine.HeadInferCache(model.config, resident_slots=0, chunk_size=256)
+    actual = model.generate(ids, past_key_values=cache, prefill_chunk_size=256, **kwargs)
+    assert torch.equal(actual.sequences, expected.sequences)
+    for step, (a, e) in enumerate(zip(actual.logits, expected.logits)):
+        assert rel_diff(a, e) < 10 * RTOL, step

@@ -126,7 +126,8 @@ def expansion_traffic() -> dict:
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             out = func(*args, **kwargs)
-            if not func.is_view:  # views move nothing; an out= tensor is counted once, among the arguments
+            # views and allocations move nothing; an out= tensor is counted once, among the arguments
+            if not func.is_view and not str(func).startswith(("aten.empty", "aten.new_empty")):
                 tensors = tree_flatten((args, kwargs))[0] + ([] if "out" in kwargs else tree_flatten(out)[0])
                 self.moved += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
             return out

@@ -157,6 +157,7 @@ def quantization_config(scheme: Quantization, dtype: Any, device: str = "cuda",
                   "torchao-fp8": lambda: Float8WeightOnlyConfig()}[scheme.name]()
         return transformers.TorchAoConfig(method)
     if scheme.name == "bnb-int8":
+        _once(logging.getLogger("bitsandbytes.autograd._functions"))
         return transformers.BitsAndBytesConfig(load_in_8bit=True)
     narrow = layers_left_dense(skeleton(), scheme, device) if skeleton is not None and _packs_rows(scheme, device) \
         else []
@@ -165,6 +166,25 @@ def quantization_config(scheme: Quantization, dtype: Any, device: str = "cuda",
     return transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                            bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage="uint8",
                                            llm_int8_skip_modules=skip)
+
+
+class _FirstOnly(logging.Filter):
+    """Lets a logger's message through once per distinct format: bitsandbytes' int8 matmul logs "inputs will be cast
+    to float16" at every call of every layer whose input is not fp16 (a bf16 model's too), ~200 lines a token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fresh = str(record.msg) not in self.seen
+        self.seen.add(str(record.msg))
+        return fresh
+
+
+def _once(log: logging.Logger) -> None:
+    if not any(isinstance(f, _FirstOnly) for f in log.filters):
+        log.addFilter(_FirstOnly())
 
 
 def _packs_rows(scheme: Quantization, device: str) -> bool:

@@ -6,6 +6,8 @@ per-head norms, a hybrid and sliding windows."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -142,3 +144,12 @@ def test_a_checkpoint_published_quantized_loads_as_it_is(tmp_path):
     assert max(rel_diff(a, e) for a, e in zip(actual, expected)) < RTOL
     with pytest.raises(InputError, match="published quantized"):
         load_model(str(tmp_path / "published"), device="cpu", weights="8bit", with_tokenizer=False)
+
+
+@torch.inference_mode()
+def test_the_int8_matmuls_cast_warning_is_logged_once_not_per_layer_and_token(tmp_path, caplog):
+    _, model = quantized_pair("llama-gqa", "bnb-int8", tmp_path)
+    with caplog.at_level(logging.WARNING, logger="bitsandbytes"):
+        for _ in range(3):
+            model(torch.tensor([[1, 2, 3]]))
+    assert sum("will be cast" in r.getMessage() for r in caplog.records) <= 1  # was 7 layers x 3 layers x 3 calls

@@ -26,6 +26,7 @@ from app.visitor_caps import CapLimits
 from cuda_alloc_env import use_expandable_segments
 from heap_env import keep_freed_heap
 from thread_env import use_passive_openmp
+from windows_env import use_windows_shape
 
 # The engine (and torch) is imported inside the functions that need it, on purpose: a bad flag or model path fails
 # in under 3 s, before torch loads. Every function-local import below is that one reason.
@@ -199,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--share", action="store_true",
                         help="also create a temporary public gradio.live link (needs internet; without it "
                              "the app says so and keeps serving locally); visitors' saved documents are then "
-                             "theirs alone: per user with --auth, else per browser tab, deleted when it closes")
+                             "theirs alone: per user with --auth, else per browser, deleted 10 minutes after its "
+                             "last tab closes")
     server.add_argument("--auth", type=_credentials, default=None, metavar="USER:PASSWORD",
                         help="no longer taken (a password on the command line shows in `ps`): use --auth-file "
                              "or HEADINFER_AUTH")
@@ -275,8 +277,8 @@ def where_saved(store, *, private: bool, has_auth: bool, session_shelves: Path |
             f"{at_most(store.max_bytes, limits.shelves_total_bytes)} all together")
     if has_auth:
         return f"saving each user's read documents in a folder of their own under {store.root / USERS_FOLDER} {each}"
-    return (f"saving each visitor's read documents in a folder of their own under {session_shelves}, deleted when "
-            f"their tab closes {each}; {store.root} is not used without --auth")
+    return (f"saving each visitor's read documents in a folder of their own under {session_shelves}, deleted 10 "
+            f"minutes after their browser's last tab closes {each}; {store.root} is not used without --auth")
 
 
 def make_authenticator(args: argparse.Namespace):
@@ -341,7 +343,7 @@ def announce_visitors(private: bool, *, has_auth: bool) -> None:
     if not private:
         return
     logger.info("others can reach this app: each visitor's saved documents are theirs alone (%s)",
-                "per user" if has_auth else "per browser tab, deleted when it closes")
+                "per user" if has_auth else "per browser, deleted 10 minutes after its last tab closes")
     if not has_auth:
         logger.warning("%s", OPEN_WARNING)
 
@@ -507,6 +509,7 @@ def main(argv: list[str] | None = None) -> None:
     use_expandable_segments()  # before torch loads (every torch import is below, in functions)
     use_passive_openmp()  # torch's idle OpenMP threads sleep instead of spinning on the engine's C pools' cores
     keep_freed_heap()  # a prefill's large temporaries reuse freed heap instead of fresh, zeroed pages
+    use_windows_shape()  # HEADINFER_WINDOWS_SHAPED=1: spawn and a pin limit, as on a Windows PC
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.add_user is not None:  # writes the users file and exits: no model, no port

@@ -11,6 +11,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+import psutil
+
 logger = logging.getLogger(__name__)
 
 _PREFIX = "pid-"
@@ -99,10 +101,5 @@ def _pid(name: str) -> int | None:
 
 
 def _is_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
+    # psutil, not os.kill(pid, 0): on Windows os.kill terminates the process whatever the signal.
+    return psutil.pid_exists(pid)

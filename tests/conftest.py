@@ -3,6 +3,8 @@ import tempfile
 
 import pytest
 
+from windows_env import use_windows_shape
+
 # Tests and the apps they launch run the small embedded SmolLM2, not the CPU default (engine.models.pypi).
 os.environ.setdefault("HEADINFER_CPU_MODEL", "embedded")
 # ... and keep their files (converted models, read timings, retrieval heads, saved KV) in a folder of the run's, never
@@ -10,6 +12,14 @@ os.environ.setdefault("HEADINFER_CPU_MODEL", "embedded")
 _CACHE = tempfile.TemporaryDirectory(prefix="headinfer-test-cache-")
 # A child pytest that a test starts on purpose with a cache of its own (HEADINFER_TEST_CACHE) keeps it.
 os.environ["HEADINFER_CACHE"] = os.environ.get("HEADINFER_TEST_CACHE") or _CACHE.name
+# HEADINFER_WINDOWS_SHAPED=1 (scripts/test_windows_shaped.sh): the tests and the apps they launch make a Windows PC's
+# choices (windows_env, engine.paths_windows), and a fork in this process fails the test that made it: Windows has none.
+if use_windows_shape():
+
+    def _no_fork():
+        raise AssertionError("os.fork in the Windows-shaped run: Windows has no fork (use spawn)")
+
+    os.fork = _no_fork
 
 
 def pytest_collection_modifyitems(config, items):

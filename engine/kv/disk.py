@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DiskTierError
+from ..paths_windows import windows_rules
 from .checksum import crc32
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class DiskMemory:
         fd = -1
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            os.posix_fallocate(fd, 0, max(num_bytes, 1))  # real blocks now: ENOSPC here, not SIGBUS later
+            _reserve(fd, max(num_bytes, 1), self.folder)  # real blocks now: ENOSPC here, not SIGBUS later
             mapping = mmap.mmap(fd, max(num_bytes, 1))
         except OSError as error:
             if fd >= 0:
@@ -191,6 +192,9 @@ class DiskMemory:
         the filesystem cannot (another filesystem than ``target``'s, no hard links): copy instead."""
         file, _ = self._require(plane)
         file.mapping.flush()  # msync: the snapshot is durable once its folder is
+        if windows_rules():  # a mapped file can be neither deleted nor renamed on NTFS: the snapshot takes a copy
+            logger.info("no hard links under Windows' rules: copying %s into %s", file.path.name, target.parent)
+            return False
         try:
             os.link(file.path, target)
         except OSError as error:
@@ -255,6 +259,17 @@ def _close(file: _File) -> None:
                 os.truncate(snapshot_file, num_bytes)
         except OSError:  # the snapshot was deleted meanwhile, or its store is read-only now: nothing to trim
             pass
+
+
+def _reserve(fd: int, num_bytes: int, folder: Path) -> None:
+    """Gives the file at ``fd`` ``num_bytes`` of real blocks: ``posix_fallocate``; where there is none (Windows, or
+    Windows-shaped) the free space is checked and the file extended, which NTFS allocates (its files are not sparse)."""
+    if hasattr(os, "posix_fallocate") and not windows_rules():
+        os.posix_fallocate(fd, 0, num_bytes)
+        return
+    if num_bytes > shutil.disk_usage(folder).free:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    os.ftruncate(fd, num_bytes)
 
 
 def _remove(files: dict, folder: Path) -> None:

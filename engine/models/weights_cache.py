@@ -43,6 +43,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..errors import StaleWeightsCache
+from ..paths_windows import ntfs_name
 from . import gguf_blocks, int8
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def cache_entry(models_dir: Path, source: Path, name: str, dtype: torch.dtype, w
         stat = path.stat()
         lines.append(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}")
     key = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
-    return CacheEntry(models_dir / f"{name}-{mode}-{key}", resolved, mode)
+    return CacheEntry(models_dir / f"{ntfs_name(name)}-{mode}-{key}", resolved, mode)  # a hub or file name: NTFS-safe
 
 
 def gguf_entry(models_dir: Path, gguf: Path, name: str) -> CacheEntry:
@@ -105,7 +106,7 @@ def gguf_entry(models_dir: Path, gguf: Path, name: str) -> CacheEntry:
     lines = [f"format {CACHE_FORMAT}", f"gguf {GGUF_FORMAT}", f"transformers {transformers.__version__}",
              f"torch {torch.__version__.split('+')[0]}", str(resolved), f"{stat.st_size}:{stat.st_mtime_ns}"]
     key = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
-    return CacheEntry(models_dir / f"{name}-gguf-{key}", resolved, "gguf")
+    return CacheEntry(models_dir / f"{ntfs_name(name)}-gguf-{key}", resolved, "gguf")
 
 
 def load_cached(entry: CacheEntry, skeleton: Callable[[dict[str, int]], nn.Module], *,

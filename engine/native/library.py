@@ -2,12 +2,14 @@
 into the studio's kernel folder and loads it (``trusted``: only as built). The weights' kernels
 (``models/int8_matmul.py``, ``models/gguf_blocks.py``) are built here; the KV's host attention kernel
 (``kv/native.py``) takes the compiler from here and links its own vector paths. The ground floor: it imports only
-``paths`` (and ``trusted``, which imports only ``paths``), so ``kv/`` and ``models/`` both stand on it.
+``paths``, ``paths_windows`` (and ``trusted``, which imports only ``paths``), so ``kv/`` and ``models/`` both stand
+on it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -17,6 +19,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from ..paths_windows import windows_rules, windows_shaped
 from . import trusted
 from .trusted import kernel_folder
 
@@ -77,8 +80,21 @@ def source_digest(source: Path) -> str:
 
 
 def compiler() -> str | None:
-    """The C compiler the kernels are built with (``$CC``, else ``cc``/``gcc``), or None."""
+    """The C compiler the kernels are built with (``$CC``, else ``cc``/``gcc``), or None (the torch paths).
+
+    None under Windows' rules (``engine.paths_windows``): the builds take GCC/Clang flags, pthreads and ``.so``
+    names, and MSVC's ``cl`` takes none of them, so a Windows PC runs the torch paths (logged once)."""
+    if windows_rules():
+        _say_no_compiler()
+        return None
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+@functools.cache
+def _say_no_compiler() -> None:
+    logger.info("C kernels not built: %s; the torch paths run instead (slower on the CPU, the same results)",
+                "Windows-shaped run (HEADINFER_WINDOWS_SHAPED=1)" if windows_shaped()
+                else "on Windows they need GCC/Clang (MSVC's cl is not supported)")
 
 
 def target_arch() -> str:

@@ -25,6 +25,7 @@ from ..errors import ChecksumMismatch, CorruptSnapshotError, InputError, Snapsho
 from ..cache import HeadInferCache
 from ..kv import LayerHomes
 from ..kv.quant import KV_DTYPES, SCALE_DTYPE
+from ..paths_windows import is_ntfs_name
 from .fingerprint import dtype_name, token_ids_bytes
 from .format import (
     HEADER_FILE,
@@ -348,7 +349,7 @@ def _size(path: Path) -> int:
 def check_sidecar_name(name: str) -> None:
     """Refuses a sidecar name that is no plain file name, or one of the snapshot's own files."""
     if (not SIDECAR_NAME.match(name) or name in (HEADER_FILE, PREVIOUS_HEADER_FILE, TOKENS_FILE, LAST_USED_FILE)
-            or name.startswith("layer-")):
+            or name.startswith("layer-") or not is_ntfs_name(name)):  # "aux.txt", "notes." : no file on Windows
         raise InputError(f"not a sidecar file name: {name!r}")
 
 

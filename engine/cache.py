@@ -20,7 +20,7 @@ import logging
 import weakref
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionLayer
+from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, LinearAttentionLayer
 
 from .attention import ATTENTION_NAME
 from .errors import InputError, StateError
@@ -30,7 +30,7 @@ from .kv import visible_start
 from .kv.disk import DiskMemory
 from .kv.ledger import Ledger
 from .kv.probe import QueryProbe
-from .planning.allocations import home_capacity, scratch_elements, slot_placement
+from .planning.allocations import home_capacity, layer_offsets, scratch_elements, slot_placement
 from .planning.host_split import choose_host_slots
 from .planning.planner import make_plan
 from .planning.plan import Plan
@@ -63,6 +63,7 @@ class HeadInferLayer(CacheLayerMixin):
         self.is_sliding = window is not None
         self.homes: LayerHomes | None = None
         self.length = 0
+        self.consumers: tuple[int, ...] = ()  # layers that attend this layer's K/V as their own (KV sharing)
         self._staged: torch.Tensor | None = None  # this chunk in home layout ([G, Q, B, 2, g, D]), update to attend
         self._decode_homes: LayerHomes | None = None  # the homes decode_row last looked at, and their home it
         self._decode_home = None  # writes in place (None: none)
@@ -90,6 +91,8 @@ class HeadInferLayer(CacheLayerMixin):
         self._staged = self.cache.schedule.append(self.kv_index, self.length, keys, values)
         self.length += q_len
         route.publish(self.layer_idx, self, keys)
+        for consumer in self.consumers:  # they receive these very key states (transformers' shared_kv_states)
+            route.publish(consumer, SharedKV(self), keys)
         return keys, values
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scaling: float,
@@ -99,6 +102,18 @@ class HeadInferLayer(CacheLayerMixin):
         staged, self._staged = self._staged, None
         return self.cache.schedule.attend(self.kv_index, past, query, staged, scaling=scaling,
                                           window=window, softcap=softcap)
+
+    def attend_shared(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scaling: float,
+                      window: int | None, softcap: float | None) -> torch.Tensor:
+        """A consumer layer's queries ([B, H, q, D]: the chunk's last q, as Gemma 4 drops the others before its
+        shared layers) over this layer's past and chunk (key/value: the chunk ``update`` returned). The chunk's
+        first tokens are in the homes already; its last q are staged again, as the producer's staging buffer may
+        have been reused since. Returns [B, q, H, D]."""
+        q_len = query.shape[2]
+        tail = key.shape[2] - q_len
+        _, staged = self.cache.transfer.stage(key[:, :, tail:], value[:, :, tail:], self.kv_index)
+        return self.cache.schedule.attend(self.kv_index, self.length - q_len, query, staged, scaling=scaling,
+                                          window=window, softcap=softcap, record=False)
 
     # -- the fused CPU decode step's path (engine/models/fused_decode.py) --------------------------------------
     def decode_row(self) -> torch.Tensor | None:
@@ -187,6 +202,17 @@ class HeadInferLayer(CacheLayerMixin):
         raise InputError("HeadInferCache does not support selecting batch rows")
 
 
+class SharedKV:
+    """What the KV route hands a consumer layer (KV sharing): its producer's K/V, attended with its own queries."""
+
+    def __init__(self, producer: HeadInferLayer):
+        self.producer = producer
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, scaling: float,
+               window: int | None, softcap: float | None) -> torch.Tensor:
+        return self.producer.attend_shared(query, key, value, scaling=scaling, window=window, softcap=softcap)
+
+
 class HeadInferCache(Cache):
     """Exact KV cache kept per (layer, KV head group), mostly in host memory.
 
@@ -208,13 +234,17 @@ class HeadInferCache(Cache):
         self.device = torch.device(device) if device is not None else _default_device()
         self.dtype = dtype or _config_dtype(text_config)
         self.shape = ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=self.dtype).element_size())
-        self.policy.validate_for(self.shape.num_kv_heads)
         if (reason := unsupported_layers(text_config)) is not None:
             raise InputError(f"HeadInferCache cannot serve this model exactly: {reason}")
+        self.policy.validate_for(self.shape.kv_heads)
         #: The layers with K/V, in order; a hybrid model's other layers keep their fixed-size state on the compute
-        #: device in transformers' own ``LinearAttentionLayer`` (no homes, no fetches).
+        #: device in transformers' own ``LinearAttentionLayer`` (no homes, no fetches), and a KV-sharing model's
+        #: consumer layers keep nothing (transformers' ``DummyLayer``): they attend their producer's homes.
         self.kv_layers = [HeadInferLayer(self, i, w, k) for k, (i, w)
                           in enumerate(zip(self.shape.kv_layer_indices, self.shape.sliding_windows))]
+        by_index = {layer.layer_idx: layer for layer in self.kv_layers}
+        for consumer, producer in self.shape.shared_layers:
+            by_index[producer].consumers += (consumer,)
         self._num_states = int(getattr(text_config, "number_of_conv_states", 1))
         super().__init__(layers=self._all_layers())
         self._state_anchor: tuple[int, dict[int, LinearAttentionLayer]] | None = None  # (tokens, states then)
@@ -239,7 +269,8 @@ class HeadInferCache(Cache):
         """Every decoder layer's cache object in model order: ``kv_layers`` and (hybrids) fresh or given states."""
         if states is None:
             states = {i: LinearAttentionLayer(number_of_states=self._num_states) for i in self.shape.state_layers}
-        by_index = {layer.layer_idx: layer for layer in self.kv_layers} | states
+        shared = {consumer: DummyLayer() for consumer, _ in self.shape.shared_layers}
+        by_index = {layer.layer_idx: layer for layer in self.kv_layers} | states | shared
         return [by_index[i] for i in range(len(by_index))]
 
     # -- allocation ------------------------------------------------------------------------------
@@ -258,9 +289,10 @@ class HeadInferCache(Cache):
         streams = kv_streams.make(self.policy.streams, self.device)
         # Page-locked homes only where copies are asynchronous DMA (not on emulated streams: plain memory there).
         pin = (self.policy.pin_memory if self.policy.pin_memory is not None else is_cuda) and is_cuda
-        g, num_kv_heads = self.plan.head_group_size, self.shape.num_kv_heads
-        num_groups = num_kv_heads // g
-        num_slots = len(self.kv_layers) * num_groups
+        g = self.plan.head_group_size
+        groups_per_layer = self.shape.groups_per_layer(g)
+        offsets = layer_offsets(groups_per_layer)
+        num_slots = sum(groups_per_layer)
         resident, on_disk = slot_placement(num_slots, self.plan.resident_slots, self.plan.disk_slots, cuda=is_cuda,
                                            quantized=self.policy.kv_dtype is not None)
         self._disk = DiskMemory(self.policy.disk_dir) if on_disk else None
@@ -271,8 +303,11 @@ class HeadInferCache(Cache):
         # Each ping-pong buffer holds the plan's number of groups' worth, so a run of that many is one fetch even
         # at the planned context (batch 1 only: larger batches fetch one group at a time, ``Schedule.units``).
         per_buffer = self.plan.groups_per_buffer if batch == 1 else 1
-        self.transfer = Transfer(self.device, num_layers=len(self.kv_layers), num_groups=num_groups,
-                                 group_shape=(batch, g, head_dim), dtype=dtype,
+        # (layers that differ in KV shape: the buffers are the largest layer's, seen per layer's shape)
+        layer_shapes = () if self.shape.is_uniform else tuple(zip(groups_per_layer, self.shape.head_dims))
+        self.transfer = Transfer(self.device, num_layers=len(self.kv_layers), num_groups=max(groups_per_layer),
+                                 group_shape=(batch, g, max(head_dim, self.shape.head_dim)), dtype=dtype,
+                                 layer_shapes=layer_shapes,
                                  buffer_tokens=visible * per_buffer if any_offloaded else 1, stage_tokens=chunk,
                                  kv_dtype=self.policy.kv_dtype, disk=self._disk, streams=streams,
                                  ledger=self.ledger,
@@ -282,29 +317,32 @@ class HeadInferCache(Cache):
                                                                    groups_per_buffer=per_buffer))
         self._host = HostMemory(pin, self.transfer.fence, ledger=self.ledger, budget=streams.pin_budget)
         for layer in self.kv_layers:
-            slots = [layer.kv_index * num_groups + i for i in range(num_groups)]
+            slots = [offsets[layer.kv_index] + i for i in range(groups_per_layer[layer.kv_index])]
             groups = [HeadGroup(i * g, (i + 1) * g, slot in resident, slot in on_disk) for i, slot in enumerate(slots)]
-            layer.homes = LayerHomes(groups, batch, head_dim, capacity, dtype, self.device, self._host,
+            layer_dim = head_dim if self.shape.is_uniform else self.shape.head_dims[layer.kv_index]
+            layer.homes = LayerHomes(groups, batch, layer_dim, capacity, dtype, self.device, self._host,
                                      window=layer.window, chunk=chunk, kv_dtype=self.policy.kv_dtype, disk=self._disk)
             layer.is_initialized = True
-        host_slots = self._host_slots(num_groups, resident)
+        host_slots = self._host_slots(groups_per_layer, resident)
         self.schedule = Schedule([layer.homes for layer in self.kv_layers], list(self.shape.sliding_windows),
                                  self.transfer, self.policy.overlap,
                                  HostAttention(streams=streams) if host_slots else None,
                                  host_slots, disk=self._disk)
         self.schedule.probe = self._probe
-        logger.info("HeadInferCache: %d layers x %d groups of %d KV heads, %d resident slots, %d on disk, %d attended "
+        logger.info("HeadInferCache: %d layers x %s groups of %d KV heads, %d resident slots, %d on disk, %d attended "
                     "on the host in decode, capacity %d tokens, %d group(s) per fetch buffer, %s", len(self.kv_layers),
-                    num_groups, g, len(resident), len(on_disk), len(host_slots), capacity, per_buffer, self.device)
+                    "/".join(map(str, sorted(set(groups_per_layer)))), g, len(resident), len(on_disk), len(host_slots), capacity, per_buffer, self.device)
         if self.plan.decode_seconds is not None:  # a plan made with the machine's rates: the split and its forecast
             logger.info("HeadInferCache %s", self.plan.decode_line())
 
-    def _host_slots(self, num_groups: int, resident: set[int]) -> frozenset[tuple[int, int]]:
+    def _host_slots(self, groups_per_layer: tuple[int, ...], resident: set[int]) -> frozenset[tuple[int, int]]:
         """The offloaded slots decode steps attend on the host: the plan's share of their bytes, spread evenly."""
         context = self.plan.context_tokens
-        slots = [(layer, group) for layer in range(len(self.kv_layers)) for group in range(num_groups)
-                 if layer * num_groups + group not in resident]
-        weights = [context if (w := self.shape.sliding_windows[layer]) is None else min(w, context)
+        offsets = layer_offsets(groups_per_layer)
+        slots = [(layer, group) for layer in range(len(self.kv_layers)) for group in range(groups_per_layer[layer])
+                 if offsets[layer] + group not in resident]
+        dims = self.shape.head_dims
+        weights = [(context if (w := self.shape.sliding_windows[layer]) is None else min(w, context)) * dims[layer]
                    for layer, _ in slots]
         return choose_host_slots(slots, weights, self.plan.host_share)
 

@@ -7,6 +7,9 @@ All token-major like the homes (see ``homes.py``):
   ``groups_per_buffer`` times a group's visible context, so one holds a run of that many adjacent groups
   (``PingPong.run_views``; more at a shorter context), fetched and attended together;
 - for 8-bit homes, code and scale planes beside each (``quant.py``);
+- models whose layers differ in KV shape (Gemma 4's global layers: their own head_dim and KV heads): each buffer is
+  allocated flat at the largest layer's size and seen per layer's shape (``PingPong.shaped``, ``Staging.chunk_views``),
+  a layer of a smaller head_dim holding more rows;
 - the attention *scratch* (CUDA): one flat buffer that SDPA's fused kernels read a block's K/V from, copied
   contiguous (``Scratch``), sized for a whole ping-pong buffer's run. Allocated once at its planned size: a fresh
   copy per call grew with the context chunk by chunk, and the caching allocator kept every size it had handed out
@@ -42,7 +45,7 @@ class Run(NamedTuple):
 
 @dataclass
 class PingPong:
-    kv: torch.Tensor  # [capacity, B, 2, g, D] on the compute device
+    flat: torch.Tensor  # the buffer's elements on the compute device, seen as [rows, B, 2, g, D] by ``shaped``
     ready: object  # event (``streams.py``): recorded on h2d when its fetch has landed
     free: object  # event: recorded on compute when attention stopped reading it
     is_used: bool = False  # acquired and not yet released
@@ -50,29 +53,57 @@ class PingPong:
     start: int = 0
     stop: int = 0
     free_recorded: bool = False
-    codes: list[torch.Tensor] | None = None  # 8-bit homes land here ([codes, scales]), then dequantize into kv
+    codes: list[torch.Tensor] | None = None  # 8-bit homes land here ([codes, scales], flat), then dequantize into kv
     is_coded: bool = False  # the last fetch landed in ``codes`` and still needs dequantizing
     disk_job: Future | None = None  # a disk home's fetch on the disk stream's worker: joined before ``ready``
     num: int = 1  # head groups of the run it holds (the last fetch's)
-    views: dict = field(default_factory=dict)  # groups in a run -> its views (``run_views``); reset when regrown
+    row: tuple[int, ...] = ()  # (B, 2, g, D) of one token of one group of the layer it last held
+    views: dict = field(default_factory=dict)  # (row, groups in a run) -> its views; reset when regrown
 
-    def run_views(self, num: int) -> tuple[torch.Tensor, list[torch.Tensor] | None, torch.Tensor]:
+    @property
+    def kv(self) -> torch.Tensor:
+        """The buffer as its last layer's rows, ``[rows, B, 2, g, D]``."""
+        return self.shaped(self.row)[0]
+
+    def rows(self, row: tuple[int, ...]) -> int:
+        """Token rows of one group of shape ``row`` (B, 2, g, D) the buffer holds."""
+        return self.shaped(row)[0].shape[0]
+
+    def shaped(self, row: tuple[int, ...]) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """The buffer as rows of ``row``: ``[rows, B, 2, g, D]`` and (8-bit) the codes ``[rows, B, 2, g, D]`` and
+        scales ``[rows, B, 2, g, 1]``; made once per row shape and kept."""
+        views = self.views.get(row)
+        if views is None:
+            per_row, scales_row = math.prod(row), math.prod(row[:-1])
+            rows = self.flat.numel() // per_row
+            if self.codes:
+                rows = min(rows, self.codes[0].numel() // per_row, self.codes[1].numel() // scales_row)
+            kv = self.flat[: rows * per_row].view(rows, *row)
+            codes = [self.codes[0][: rows * per_row].view(rows, *row),
+                     self.codes[1][: rows * scales_row].view(rows, *row[:-1], 1)] if self.codes else None
+            views = self.views[row] = (kv, codes)
+        return views
+
+    def run_views(self, num: int, row: tuple[int, ...] | None = None):
         """The buffer as ``num`` groups of ``rows // num`` tokens each: ``[num, rows // num, B, 2, g, D]`` (and the
         code planes alike), and (batch 1) what attention reads: ``[rows // num, num, 2, g, D]``, the groups as the
         batch, or for groups of one head ``[rows // num, 1, 2, num, D]``, the groups as the heads of one sequence.
         Each group's rows are contiguous, so a fetch lands one copy per group, and the run is attended in one call.
-        Made once per size and kept (a decode step reuses them in every layer)."""
-        views = self.views.get(num)
+        Made once per size and kept (a decode step reuses them in every layer). ``row``: the layer's (B, 2, g, D);
+        default the last fetch's."""
+        row = self.row if row is None else row
+        views = self.views.get((row, num))
         if views is None:
-            rows = self.kv.shape[0] // num
-            kv = self.kv[: num * rows].view(num, rows, *self.kv.shape[1:])
-            codes = [c[: num * rows].view(num, rows, *c.shape[1:]) for c in self.codes] if self.codes else None
+            whole, planes = self.shaped(row)
+            rows = whole.shape[0] // num
+            kv = whole[: num * rows].view(num, rows, *whole.shape[1:])
+            codes = [c[: num * rows].view(num, rows, *c.shape[1:]) for c in planes] if planes else None
             if kv.shape[4] == 1:  # [n, rows, 1, 2, 1, D] -> [rows, 1, 2, n, D] (a strided view: no copy)
                 attended = kv.permute(1, 2, 3, 4, 0, 5).flatten(3, 4)
             else:  # [n, rows, 1, 2, g, D] -> [rows, n, 2, g, D]
                 attended = kv.select(2, 0).transpose(0, 1)
             assert attended.data_ptr() == kv.data_ptr(), "a run's attention view must not be a copy"
-            views = self.views[num] = (kv, codes, attended)
+            views = self.views[(row, num)] = (kv, codes, attended)
         return views
 
 
@@ -83,20 +114,21 @@ class Staging:
     free: object  # event: recorded on d2h after the appends read it
     free_recorded: bool = False
     codes: list[torch.Tensor] | None = None  # the chunk quantized for 8-bit homes: [codes, scales] flat
-    views: dict = field(default_factory=dict)  # chunk length -> its views (``chunk_views``); reset when regrown
+    views: dict = field(default_factory=dict)  # (groups, length, row) -> its views (``chunk_views``); reset when regrown
 
     def chunk_views(self, num_groups: int, q_len: int, row: tuple[int, ...]):
         """A chunk of ``q_len`` tokens in home layout, ``[G, Q, *row]`` (row: B, 2, g, D), the same memory seen as
         ``[2, B, G, g, Q, D]`` (what stacking K and V writes) and the code planes ``[G, Q, ...]`` (8-bit homes).
-        Made once per length and kept: a decode step reuses them in every layer."""
-        views = self.views.get(q_len)
+        Made once per layer shape and length and kept: a decode step reuses them in every layer."""
+        key = (num_groups, q_len, row)
+        views = self.views.get(key)
         if views is None:
             if len(self.views) >= 8:  # (prefill chunks of many lengths: keep the few in use)
                 self.views.clear()
             out = self.flat[: q_len * num_groups * math.prod(row)].view(num_groups, q_len, *row)
-            codes = [c[: num_groups * q_len].view(num_groups, q_len, *c.shape[1:]) for c in self.codes] \
-                if self.codes else None
-            views = self.views[q_len] = (out, out.permute(3, 2, 0, 4, 1, 5), codes)
+            codes = [self.codes[0][: out.numel()].view(out.shape),
+                     self.codes[1][: out.numel() // row[-1]].view(*out.shape[:-1], 1)] if self.codes else None
+            views = self.views[key] = (out, out.permute(3, 2, 0, 4, 1, 5), codes)
         return views
 
 
@@ -153,8 +185,10 @@ class Appends:
 
 @dataclass(frozen=True)
 class BufferFactory:
-    """Makes the buffers of one cache's shapes: ``group_shape`` is (B, g, D) of one head group.
+    """Makes the buffers of one cache's shapes: ``group_shape`` is (B, g, D) of one head group, ``num_groups`` the
+    groups of a layer; where layers differ (``layers``: each one's (groups, D)), the largest of each.
 
+    Every buffer is flat: its users see it as their layer's shape (``PingPong.shaped``, ``Staging.chunk_views``).
     Buffers are created outside inference mode (by the ledger), so generate() (no_grad) may write them after an
     inference-mode forward allocated them."""
 
@@ -164,27 +198,52 @@ class BufferFactory:
     dtype: torch.dtype
     kv_dtype: str | None
     ledger: Ledger = field(default_factory=Ledger)  # the cache's allocation point (``ledger.py``)
+    layers: tuple[tuple[int, int], ...] = ()  # (groups, head_dim) of each layer; empty: all alike
+
+    @property
+    def row_elements(self) -> int:
+        """Elements of one token of one group at the largest head_dim: B x 2 x g x D."""
+        batch, g, head_dim = self.group_shape
+        return batch * 2 * g * head_dim
+
+    @property
+    def _token_elements(self) -> int:
+        """Elements of one token of the layer with the most (K and V of every group): what staging holds a token."""
+        batch, g, head_dim = self.group_shape
+        largest = max((groups * dim for groups, dim in self.layers), default=self.num_groups * head_dim)
+        return batch * 2 * g * largest
 
     def pingpong(self, tokens: int) -> torch.Tensor:
-        batch, g, head_dim = self.group_shape
-        return self.ledger.empty(PINGPONG, (max(tokens, 1), batch, 2, g, head_dim), self.dtype, self.device)
+        """A ping-pong buffer of ``tokens`` rows of one group at the largest head_dim (flat)."""
+        return self.ledger.empty(PINGPONG, (max(tokens, 1) * self.row_elements,), self.dtype, self.device)
 
-    def codes(self, rows: int) -> list[torch.Tensor] | None:
-        """[rows, B, 2, g, D] codes and [rows, B, 2, g, 1] scales for 8-bit homes; None without them."""
+    def codes(self, tokens: int) -> list[torch.Tensor] | None:
+        """A ping-pong buffer's 8-bit planes, flat: codes of ``tokens`` rows at the largest head_dim, and one scale
+        per (token, K or V, head) of as many rows at the smallest (its view holds the most); None without them."""
         if self.kv_dtype is None:
             return None
         batch, g, head_dim = self.group_shape
-        shape = (max(rows, 1), batch, 2, g)
-        return [self.ledger.empty(CODES, (*shape, head_dim), quant.storage_dtype(self.kv_dtype), self.device),
-                self.ledger.empty(CODES, (*shape, 1), quant.SCALE_DTYPE, self.device)]
+        smallest = min((dim for _, dim in self.layers), default=head_dim)
+        numel = max(tokens, 1) * self.row_elements
+        return [self.ledger.empty(CODES, (numel,), quant.storage_dtype(self.kv_dtype), self.device),
+                self.ledger.empty(CODES, (numel // smallest,), quant.SCALE_DTYPE, self.device)]
+
+    def staging_codes(self, tokens: int) -> list[torch.Tensor] | None:
+        """A staging buffer's 8-bit planes, flat: codes of ``tokens`` tokens of the largest layer, their scales."""
+        if self.kv_dtype is None:
+            return None
+        batch, g, _ = self.group_shape
+        groups = max((groups for groups, _ in self.layers), default=self.num_groups)
+        return [self.ledger.empty(CODES, (max(tokens, 1) * self._token_elements,), quant.storage_dtype(self.kv_dtype),
+                                  self.device),
+                self.ledger.empty(CODES, (max(tokens, 1) * groups * batch * 2 * g,), quant.SCALE_DTYPE, self.device)]
 
     def scratch(self, elements: int) -> torch.Tensor:
         """The attention scratch's flat buffer (``Scratch``), in the compute dtype."""
         return self.ledger.empty(SCRATCH, (max(elements, 1),), self.dtype, self.device)
 
     def staging(self, tokens: int) -> torch.Tensor:
-        batch, g, head_dim = self.group_shape
-        numel = max(tokens, 1) * batch * 2 * g * self.num_groups * head_dim
+        numel = max(tokens, 1) * self._token_elements
         return self.ledger.empty(STAGING, (numel,), self.dtype, self.device)
 
 

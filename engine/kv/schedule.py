@@ -68,20 +68,21 @@ class Schedule:
 
         Returns the staged chunk, [G, Q, B, 2, g, D], valid until the next layer's append but one.
         """
-        index, staged = self.transfer.stage(key, value)
+        index, staged = self.transfer.stage(key, value, layer_idx)
         self.transfer.append(layer_idx, self.layers[layer_idx], staged, index, past)
         return staged
 
     def attend(self, layer_idx: int, past: int, query: torch.Tensor, staged: torch.Tensor, *,
-               scaling: float, window: int | None, softcap: float | None) -> torch.Tensor:
+               scaling: float, window: int | None, softcap: float | None, record: bool = True) -> torch.Tensor:
         """One layer of head-wise attention; the chunk at [past, past + Q) was appended (``staged``).
 
-        query: [B, H, Q, D]. Returns [B, Q, H, D].
+        query: [B, H, Q, D]. Returns [B, Q, H, D]. ``record``: hand the queries to the probe (not a KV-sharing
+        consumer's, which are not this layer's own).
         """
         homes = self.layers[layer_idx]
         batch, num_heads, q_len, head_dim = query.shape
         heads = num_heads // len(homes)  # query heads per group
-        if self.probe is not None:
+        if self.probe is not None and record:
             self.probe.record(layer_idx, past, query, scaling)
         start = visible_start(past, window)
         num_past = past - start
@@ -135,7 +136,7 @@ class Schedule:
         """What the loop attends in turn, in group order: runs of adjacent groups streamed from the layer's stack
         (as many as one ping-pong buffer holds at ``room`` tokens each; batch 1 only), and single groups (resident,
         on disk); groups attended on the host this step are left out."""
-        per_run = min(len(self.layers[layer_idx]), max(1, self.transfer.buffer_rows // room)) if batch == 1 else 1
+        per_run = min(len(self.layers[layer_idx]), max(1, self.transfer.buffer_rows(layer_idx) // room)) if batch == 1 else 1
         key = (layer_idx, per_run, is_host_step)
         units = self._units.get(key)
         if units is None:

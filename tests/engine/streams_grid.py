@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import engine
 from engine.interrupt import interruptible
 from engine.errors import ForwardInterrupted
 from engine.kv import disk_stream
+from engine.planning.shape import ModelShape, stored_kv_bytes
 from engine.kv.pin_budget import ENV_LIMIT
 
 # Chunks of 20 (> HOST_QUERY_LIMIT) attend on the device and fetch; the last chunk (5) and decode steps are
@@ -110,9 +112,9 @@ def _stop_at_second_layer_once():
 
 
 def make_cache(model, case: Case, *, streams: str = "emulated", disk_dir: str | None = None):
-    text = model.config.get_text_config(decoder=True)
-    num_kv_heads = text.num_key_value_heads
-    policy = dict(head_group_size=1 if case.group == "1" else num_kv_heads, chunk_size=CHUNK,
+    shape = ModelShape.from_config(model.config.get_text_config(decoder=True))
+    layerwise = math.gcd(*shape.kv_heads)  # (layers that differ in KV heads: the largest group dividing them all)
+    policy = dict(head_group_size=1 if case.group == "1" else layerwise, chunk_size=CHUNK,
                   resident_slots=0 if case.resident == "0" else 1, kv_dtype=case.kv_dtype,
                   host_attention="all" if case.host in ("all", "split") else "off", streams=streams,
                   max_context=48 if case.grow else case.context, overlap=case.overlap, device="cpu",
@@ -131,11 +133,8 @@ def make_cache(model, case: Case, *, streams: str = "emulated", disk_dir: str | 
 
 def kv_bytes(model, case: Case) -> int:
     """fp32 K and V of every home at the case's planned context."""
-    text = model.config.get_text_config(decoder=True)
     shape = engine.HeadInferCache(model.config, streams="sync", device="cpu", max_context=case.context).shape
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    rows = sum(case.context if w is None else min(case.context, w - 1 + CHUNK) for w in shape.sliding_windows)
-    return rows * text.num_key_value_heads * 2 * head_dim * 4
+    return stored_kv_bytes(dataclasses.replace(shape, dtype_bytes=4), case.context, CHUNK, None)
 
 
 @torch.inference_mode()

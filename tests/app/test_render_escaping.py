@@ -111,6 +111,7 @@ MAKERS = {
     "limit": lambda w: 900, "done": lambda w: 10, "total": lambda w: 40, "leftover": lambda w: 1 << 20,
     "sequence": lambda w: 4, "truncated_from": lambda w: 20_000, "conversation_tokens": lambda w: 256,
     "cap": lambda w: 1 << 30, "stopped": lambda w: True, "enabled": lambda w: True,
+    "stats": lambda w: w, "range_label": lambda w: w, "read_tokens": lambda w: 712, "read_seconds": lambda w: 61.0,
 }
 
 

@@ -228,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--api-key", default=None, metavar="KEY_FILE",
                         help="with --api: require 'Authorization: Bearer KEY', KEY read from this file's first line "
                              "(or from HEADINFER_API_KEY); needed whenever others can reach the app")
+    backend = parser.add_argument_group("remote backend (docs/scale-out.md)")
+    backend.add_argument("--backend", default=None, metavar="URL",
+                         help="answer through an OpenAI-compatible engine at URL (vLLM, SGLang, a llama.cpp server, "
+                              "transformers serve) instead of loading a model here; sources, the support flag, exact "
+                              "reopen and the memory plan are then unavailable")
+    backend.add_argument("--backend-key-file", default=None, metavar="FILE",
+                         help="with --backend: the backend's API key, this file's first line (or HEADINFER_BACKEND_KEY)")
     return parser
 
 
@@ -514,6 +521,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.add_user is not None:  # writes the users file and exits: no model, no port
         sys.exit(add_user(parser, args))
+    if args.backend is not None or args.backend_key_file is not None:  # no model here: the backend answers
+        sys.exit(serve_backend(parser, args))
     if args.self_check:  # needs neither the model nor the port (the app may be serving on it meanwhile)
         from engine.models import resolve_device
 
@@ -628,6 +637,39 @@ def main(argv: list[str] | None = None) -> None:
         logger.info("the model picker is yours alone: open %s (keep it to yourself; a new one at each start)",
                     owner.link(demo.local_url))
     demo.block_thread()
+
+
+def serve_backend(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--backend URL``: the page over a remote OpenAI-compatible engine (``app.backend_page``); no model loads here."""
+    from app.backend_client import BackendClient, BackendError, read_backend_key
+
+    if args.backend is None:
+        parser.error("--backend-key-file needs --backend (the engine it opens)")
+    if args.api:
+        parser.error("--api serves this machine's engine; with --backend, clients can use the backend's own API")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        client = BackendClient(args.backend, read_backend_key(args.backend_key_file))
+        models = client.models()
+        check_port(args.host, args.port)
+        authenticator = make_authenticator(args)
+    except (BackendError, ValueError) as exc:
+        parser.error(f"--backend: {exc}")
+    from app.backend_page import build_backend_ui
+    from app.hosts import AllowedHosts
+    from app.owner import new_gate
+    from app.ui import launch_options
+
+    logger.info("answering through %s: %s", client.where, ", ".join(m.id for m in models))
+    share = args.share and can_reach_share_server()
+    hosts = AllowedHosts.for_launch(args.host, share=share, proxied=tuple(args.allow_host))
+    private = args.share or bool(args.allow_host) or not is_loopback(args.host) or authenticator is not None
+    demo = build_backend_ui(client, models, url=args.backend)
+    serve(demo, args, share, auth=authenticator.check if authenticator else None, auth_message=LOGIN_MESSAGE,
+          **with_login_address(launch_options(args.max_upload, new_gate(private), hosts=hosts)))
+    demo.block_thread()
+    return 0
 
 
 def serve(demo, args: argparse.Namespace, share: bool, **options) -> None:

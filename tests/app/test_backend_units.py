@@ -36,3 +36,16 @@ def test_stream_events():
                  '"completion_tokens":3}}')
     assert (end.text, end.prompt_tokens, end.completion_tokens, end.finish_reason) == ("", 31, 3, "length")
     assert _event('data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":0}}').prompt_tokens == 5
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--backend-key-file", "k"], "needs --backend"),
+    (["--backend", "http://127.0.0.1:9", "--api"], "--api serves this machine's engine"),
+    (["--backend", "http://127.0.0.1:9"], "could not be reached"),  # the discard port: nothing listens
+])
+def test_launch_refuses(argv, said, capsys):
+    import launch
+
+    with pytest.raises(SystemExit) as exited:
+        launch.main(argv)
+    assert exited.value.code == 2 and said in capsys.readouterr().err

@@ -19,8 +19,14 @@ PIN_LIMIT_NAME, PIN_LIMIT = "HEADINFER_PIN_LIMIT", "64MiB"  # engine.kv.pin_budg
 def use_windows_shape(environ=os.environ) -> bool:
     """In the Windows-shaped mode: ``spawn`` for every child process and the pin limit (a limit the user set is
     kept); whether the mode is on. Call it at a process's start, before any child process is made."""
-    if environ.get(NAME, "").strip() != "1":
+    if not shaped(environ):
         return False
     multiprocessing.set_start_method("spawn", force=True)
     environ.setdefault(PIN_LIMIT_NAME, PIN_LIMIT)
     return True
+
+
+def shaped(environ=os.environ) -> bool:
+    """Whether ``HEADINFER_WINDOWS_SHAPED=1`` (the app's fallbacks read it here: app/ imports only engine's public
+    names, and ``engine.paths_windows.windows_shaped`` reads the same variable)."""
+    return environ.get(NAME, "").strip() == "1"

@@ -2,7 +2,8 @@
 
 A save writes the snapshot into a ``.tmp-*`` folder and renames it into place; ``kill -9`` part-way leaves the
 folder (tens of MB to GBs). Each app process holds an owner lock in the folder for as long as it lives:
-``.owner-<pid>.lock``, ``flock``-ed, so the kernel releases it the moment the process dies (``kill -9`` too).
+``.owner-<pid>.lock``, ``flock``-ed, so the kernel releases it the moment the process dies (``kill -9`` too);
+without ``flock`` (Windows) the process of that id, started before the lock was written, is the live owner.
 At start, a lock nobody holds belongs to a dead process and goes; a ``.tmp-*`` (or ``.trash-*``) folder older
 than every live owner's start can only have been left by a dead one, and goes too. Until then the saved list
 counts it ("interrupted save").
@@ -10,13 +11,20 @@ counts it ("interrupted save").
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
 from pathlib import Path
 
+import psutil
+
 from app.disk_usage import folder_bytes
+from windows_env import shaped
+
+try:
+    import fcntl
+except ImportError:  # Windows: a lock's owner is found by its process id instead (``_owner_alive``)
+    fcntl = None
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +43,8 @@ def claim(root: Path) -> int:
     path = root / f"{LOCK_PREFIX}{os.getpid()}.lock"
     try:
         handle = open(path, "w")  # noqa: SIM115 - held open (and locked) for the process's life
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if _can_flock():
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         handle.write(str(os.getpid()))
         handle.flush()
     except OSError as exc:  # a read-only folder: nothing to save there, nothing to own
@@ -52,12 +61,9 @@ def sweep(root: Path) -> int:
         if lock.name == f"{LOCK_PREFIX}{os.getpid()}.lock":
             continue
         try:
-            with open(lock) as handle:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:  # held: its owner is alive
-                    live_since.append(lock.stat().st_mtime)
-                    continue
+            if _owner_alive(lock):
+                live_since.append(lock.stat().st_mtime)
+                continue
             lock.unlink(missing_ok=True)  # nobody holds it: its process is gone
         except OSError:
             continue
@@ -69,6 +75,27 @@ def sweep(root: Path) -> int:
             shutil.rmtree(folder, ignore_errors=True)
             removed += size
     return removed
+
+
+def _can_flock() -> bool:
+    return fcntl is not None and not shaped()  # the Windows-shaped run takes Windows' path
+
+
+def _owner_alive(lock: Path) -> bool:
+    """Whether the process that made ``lock`` still runs: its ``flock`` is held; without ``flock`` (Windows), a
+    process of the id in its name runs and started before the lock was written (not a later one given the id)."""
+    if _can_flock():
+        with open(lock) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: its owner is alive
+                return True
+        return False
+    try:
+        pid = int(lock.name[len(LOCK_PREFIX):-len(".lock")])
+        return psutil.Process(pid).create_time() <= lock.stat().st_mtime + 1
+    except (ValueError, psutil.Error):
+        return False
 
 
 def leftover_bytes(root: Path) -> int:

@@ -1,18 +1,25 @@
 """Names valid on NTFS: the helper every made name goes through (cache folders, sidecar files), and the app's
-checks that differ on Windows (a process's liveness without ``os.kill``, which terminates there)."""
+checks that differ on Windows: a process's liveness without ``os.kill`` (which terminates there), and the saved
+folder's owner lock without ``fcntl.flock`` (forced by the Windows-shaped switch)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from app import uploads
+import windows_env
+from app import store_owner, uploads
 from engine.errors import InputError
 from engine.models.weights_cache import gguf_entry
 from engine.paths_windows import MAX_NAME, is_ntfs_name, ntfs_name
 from engine.store.files import check_sidecar_name
+
+from test_store_owner import test_a_killed_saves_folder_is_counted_then_removed_at_the_next_start as _killed_save
+from test_store_owner import test_a_live_owners_newer_save_is_left_alone as _live_save
 
 
 @pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct", "model.Q4_K_M", "Qwen2.5-1M", "con-fig", "nullify.txt",
@@ -63,3 +70,14 @@ def test_a_process_is_found_alive_or_gone_without_signalling_it():
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait(timeout=60)
     assert not uploads._is_running(child.pid)  # reaped: no process of that id (reuse within a test is negligible)
+
+
+@pytest.mark.parametrize("check", [_killed_save, _live_save], ids=["killed-owner", "live-owner"])
+def test_without_flock_a_lock_is_owned_by_its_live_process(check, tmp_path, monkeypatch):
+    monkeypatch.setenv(windows_env.NAME, "1")  # Windows' path: no fcntl, the lock's process id and start time
+    assert not store_owner._can_flock()
+    check(tmp_path)
+    lock = tmp_path / f"{store_owner.LOCK_PREFIX}{os.getpid()}.lock"  # a later process given a dead owner's id
+    lock.write_text("")
+    os.utime(lock, (time.time() - 10**6, time.time() - 10**6))
+    assert not store_owner._owner_alive(lock)

@@ -71,11 +71,7 @@ class OpenAIRoutes:
         if (refused := self._refused(http)) is not None:
             return refused
         try:
-            length = http.headers.get("content-length", "")
-            if length.isdigit() and int(length) > MAX_BODY:
-                raise schema.ApiError(413, f"The body takes {int(length):,} bytes; this server takes at most "
-                                           f"{MAX_BODY:,}.", code="body_too_large")
-            request = parse(schema.parse_body(await http.body()))
+            request = parse(schema.parse_body(await _body(http)))
             if request.model not in self._model_ids():
                 raise schema.ApiError(404, f"The model {request.model!r} does not exist here; GET /v1/models lists "
                                            f"{self.model_name()!r}.", code="model_not_found", param="model")
@@ -172,6 +168,25 @@ class OpenAIRoutes:
         return _error(schema.ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' with the "
                                            "key this app was started with (--api-key / HEADINFER_API_KEY).",
                                       code="invalid_api_key"))
+
+
+async def _body(http: HttpRequest) -> bytes:
+    """The request's body, refused (413) past ``MAX_BODY`` whether its ``Content-Length`` says so or a chunked body
+    runs on: before, only the header was checked and a chunked text/plain body (which ``app.request_body`` does not
+    screen) was read whole, 100 MiB and more."""
+    length = http.headers.get("content-length", "")
+    chunks, size = [], int(length) if length.isdigit() else 0
+    if size <= MAX_BODY:
+        size = 0
+        async for chunk in http.stream():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_BODY:
+                break
+    if size > MAX_BODY:
+        raise schema.ApiError(413, f"The body takes more than {MAX_BODY:,} bytes, the most this server takes.",
+                              code="body_too_large")
+    return b"".join(chunks)
 
 
 def _sse(body: dict) -> str:

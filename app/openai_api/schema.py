@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 4  # as OpenAI: at most four stop sequences
+MAX_STOP_CHARS = 1000  # a stop's length: the stream's hold-back check costs its length squared at every token
+SEEDS = range(-2**63, 2**64)  # what torch's generator takes (2**64 or more overflowed in the turn: a 500)
 
 
 class ApiError(Exception):
@@ -57,6 +59,8 @@ def parse_body(raw: bytes) -> dict:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, f"The body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:  # a text/plain body is not screened by app.request_body: before, a 500
+        raise ApiError(400, "The body's JSON is nested too deeply.", code="invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "The body must be a JSON object.", code="invalid_json")
     return body
@@ -121,12 +125,12 @@ def _sampling(body: dict) -> dict:
     stop = body.get("stop")
     stops = () if stop is None else (stop,) if isinstance(stop, str) else stop
     if not isinstance(stops, (list, tuple)) or len(stops) > MAX_STOPS or \
-            not all(isinstance(text, str) and text for text in stops):
-        raise ApiError(400, f"'stop' must be a non-empty string or an array of at most {MAX_STOPS} of them.",
-                       param="stop")
+            not all(isinstance(text, str) and 0 < len(text) <= MAX_STOP_CHARS for text in stops):
+        raise ApiError(400, f"'stop' must be a non-empty string of at most {MAX_STOP_CHARS:,} characters or an "
+                            f"array of at most {MAX_STOPS} of them.", param="stop")
     seed = body.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise ApiError(400, "'seed' must be a whole number.", param="seed")
+    if seed is not None and (not _is_int(seed) or seed not in SEEDS):
+        raise ApiError(400, "'seed' must be a whole number from -2**63 to 2**64 - 1.", param="seed")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise ApiError(400, "'stream' must be true or false.", param="stream")

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 NO_CHANGE: dict = gr.update()
 UNKNOWN_WINDOW = 1_000_000  # tokens: files are sized against this when the backend does not say its window
+QUESTION_CHARS = 1_000_000  # the question box's limit, as the page's own (``app.asking``, which needs the engine)
 
 # (feature, why) for each thing our engine gives that a remote backend does not.
 UNAVAILABLE = (
@@ -126,6 +127,9 @@ class BackendPage:
         if not question:
             yield state, history, NO_CHANGE, NO_CHANGE
             return
+        if len(question) > QUESTION_CHARS:  # the box's limit, for a request sent past the page
+            yield state, history, NO_CHANGE, status("error", f"Not asked: over {QUESTION_CHARS:,} characters.")
+            return
         if not state.session.is_prefilled:
             yield state, history, NO_CHANGE, status("error", "Read documents first: drop files, then press “Read”.")
             return
@@ -182,7 +186,7 @@ def build_backend_ui(client: BackendClient, models: list[BackendModel], *, url: 
                 chat = gr.Chatbot(label="Questions and answers", elem_id="chat", height=440, layout="bubble")
                 with gr.Row():
                     question = gr.Textbox(show_label=False, placeholder="Ask about the documents…", scale=6,
-                                          elem_id="question", lines=1, max_lines=4)
+                                          elem_id="question", lines=1, max_lines=4, max_length=QUESTION_CHARS)
                     ask = gr.Button("Ask", variant="primary", scale=1, elem_id="ask")
                     stop = gr.Button("Stop", scale=1, elem_id="stop")
                 new_chat = gr.Button("New chat", size="sm", elem_id="new-chat")

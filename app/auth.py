@@ -47,7 +47,7 @@ LOGIN_MESSAGE = (f"After {FREE_FAILURES} wrong passwords for a name, each furthe
 # Others can reach the app and nobody logs in: what any visitor can do, on the console and on the page.
 OPEN_WARNING = ("no login is asked (no --auth-file, no HEADINFER_AUTH): anyone who has this app's address can "
                 "upload documents, have this machine's model read them and answer questions, and take turns on "
-                "its compute device (within the per-visitor caps; saved documents are kept per browser tab). Add "
+                "its compute device (within the per-visitor caps; saved documents are kept per browser). Add "
                 "users with launch.py --add-user NAME --auth-file FILE and start with --auth-file FILE to require "
                 "a login")
 OPEN_NOTICE = ("This app is open to anyone who has its link: no login is asked. Any visitor can upload documents, "

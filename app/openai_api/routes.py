@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 2**20  # bytes: a request carrying a whole book is a few MB
 KEEP_ALIVE = 5.0  # seconds between SSE comments while a request waits in line
+# API requests waiting or answering at once (a worker thread and a place in the page's line each): past it a 429.
+# Before, 60 parallel streams made 60 threads and 60 places ahead of the page's visitors.
+MAX_IN_FLIGHT = 8
 
 
 class OpenAIRoutes:
@@ -40,6 +43,7 @@ class OpenAIRoutes:
     def __init__(self, library: Library, model_name: Callable[[], str], key: str | None = None):
         self.library, self.model_name, self.key = library, model_name, key
         self.completions = Completions(library.app, library)
+        self.in_flight, self._count = 0, threading.Lock()
 
     def routes(self) -> list[Route]:
         return [Route("/v1/models", self.models, methods=["GET"]),
@@ -75,7 +79,12 @@ class OpenAIRoutes:
             if request.model not in self._model_ids():
                 raise schema.ApiError(404, f"The model {request.model!r} does not exist here; GET /v1/models lists "
                                            f"{self.model_name()!r}.", code="model_not_found", param="model")
-            checked = await asyncio.to_thread(self.completions.check, request)
+            self._take_place()  # before the check: tokenizing a long prompt is work too
+            try:
+                checked = await asyncio.to_thread(self.completions.check, request)
+            except BaseException:
+                self._give_place()
+                raise
         except schema.ApiError as exc:
             return _error(exc)
         ident = ("chatcmpl-" if request.prompt is None else "cmpl-") + uuid.uuid4().hex[:24]
@@ -101,6 +110,7 @@ class OpenAIRoutes:
                 logger.exception("API completion failed")
                 report(("error", schema.ApiError(500, f"The answer failed: {exc}", kind="server_error")))
             finally:
+                self._give_place()
                 report(("finished",))
 
         threading.Thread(target=work, name="api-completion", daemon=True).start()
@@ -158,6 +168,18 @@ class OpenAIRoutes:
             gone.set()  # a client that disconnected mid-stream: its answer stops, its place in line goes
 
     # -- checks -------------------------------------------------------------------------------------
+    def _take_place(self) -> None:
+        """One of the ``MAX_IN_FLIGHT`` places (given back when its worker ends), or a 429 to retry later."""
+        with self._count:
+            if self.in_flight >= MAX_IN_FLIGHT:
+                raise schema.ApiError(429, f"{MAX_IN_FLIGHT} API requests are waiting or answering already; retry "
+                                           "when one has finished.", kind="rate_limit_error", code="too_many_requests")
+            self.in_flight += 1
+
+    def _give_place(self) -> None:
+        with self._count:
+            self.in_flight -= 1
+
     def _model_ids(self) -> set[str]:
         name = self.model_name()
         return {name, name.rstrip("/").rsplit("/", 1)[-1]}
@@ -194,4 +216,5 @@ def _sse(body: dict) -> str:
 
 
 def _error(exc: schema.ApiError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    headers = {"Retry-After": "5"} if exc.status == 429 else None  # the openai client waits that long, then retries
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)

@@ -4,15 +4,18 @@ cost the device its turn. Each case was a 500, a body read whole, or minutes of 
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from types import SimpleNamespace
 
+import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from app.openai_api import routes as api_routes
-from app.openai_api.routes import OpenAIRoutes
-from app.openai_api.schema import MAX_STOP_CHARS, ApiError, chat_request
+from app.openai_api.routes import MAX_IN_FLIGHT, OpenAIRoutes
+from app.openai_api.schema import MAX_STOP_CHARS, ApiError, chat_request, usage
 
 KEY = "hostile-test-key-0123456789"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -80,3 +83,47 @@ def test_a_stop_sequence_past_its_length_is_a_400():
     assert refused.value.param == "stop"
     ok = chat_request({"model": "m", "messages": [{"role": "user", "content": "hi"}], "stop": ["x" * MAX_STOP_CHARS]})
     assert ok.stop == ("x" * MAX_STOP_CHARS,)
+
+
+class _HeldLine:
+    """Stands in for the compute (``Completions``): every answer waits until ``release`` is set, as in a busy line."""
+
+    def __init__(self):
+        self.release, self.started = threading.Event(), 0
+
+    def check(self, request):
+        return request
+
+    def run(self, checked, report, gone):
+        self.started += 1
+        while not self.release.wait(0.05) and not gone():
+            pass
+        report(("end", "stop", usage(1, 0), {}))
+
+
+def test_past_max_in_flight_api_requests_a_429_until_one_finishes():
+    # Before: 60 parallel streams made 60 worker threads and 60 places in the page's line ahead of its visitors.
+    routes = OpenAIRoutes(SimpleNamespace(app=None), lambda: "m", KEY)
+    routes.completions = line = _HeldLine()
+    app = Starlette(routes=routes.routes())
+    body = {"model": "m", "prompt": "hi", "max_tokens": 1}
+
+    async def crowd():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1",
+                                     headers=AUTH, timeout=30) as client:
+            first = [asyncio.create_task(client.post("/v1/completions", json=body)) for _ in range(MAX_IN_FLIGHT)]
+            while line.started < MAX_IN_FLIGHT:
+                await asyncio.sleep(0.02)
+            try:  # before: this one waited in line too (here: until the timeout)
+                extra = await asyncio.wait_for(client.post("/v1/completions", json=body), 10)
+            finally:
+                line.release.set()
+            answers = await asyncio.gather(*first)
+            after = await client.post("/v1/completions", json=body)
+            return extra, answers, after
+
+    extra, answers, after = asyncio.run(crowd())
+    assert extra.status_code == 429 and extra.headers["retry-after"] and \
+        extra.json()["error"]["code"] == "too_many_requests"
+    assert [a.status_code for a in answers] == [200] * MAX_IN_FLIGHT
+    assert after.status_code == 200 and routes.in_flight == 0  # every place given back

@@ -20,10 +20,13 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+import psutil
+
 from app.documents.archive import format_size
 from app.documents.base import DocumentError
 from app.documents.extract import Extracted, extract
 from app.documents.limits import BoxLimits
+from windows_env import shaped
 
 try:
     import resource
@@ -32,7 +35,10 @@ except ImportError:  # Windows
 
 logger = logging.getLogger(__name__)
 
-HAS_RESOURCE = resource is not None  # whether the child can cap its own memory (tests force the fallback)
+# Whether the child can cap its own memory (tests force the fallback). Without it (Windows: no RLIMIT_AS, and a job
+# object is not reachable from pure Python) the app polls the child's resident memory and kills it past the limit.
+HAS_RESOURCE = resource is not None and not shaped()
+POLL_SECONDS = 0.05  # the fallback's look at the child's memory: a bomb grows ~100 MB in that time at most
 MAX_CHILDREN = 2  # at most this many files read at once; more wait for a free child
 
 
@@ -73,7 +79,13 @@ class Box:
                                     f"({exc.strerror or exc}). Try again in a moment.") from exc
             started = time.monotonic()
             try:
-                outcome, value = child.ask((str(path), name), self.limits.seconds)
+                outcome, value = child.ask((str(path), name), self.limits.seconds,
+                                           None if HAS_RESOURCE else self.limits.memory_bytes)
+            except MemoryError:  # the fallback's poll saw it past the limit
+                child.kill()
+                logger.warning("the reader of %s passed %s of memory: it was killed", name,
+                               format_size(self.limits.memory_bytes))
+                raise self._out_of_memory(name) from None
             except TimeoutError:
                 child.kill()
                 logger.warning("reading %s passed %.0f s: its reader was killed", name, self.limits.seconds)
@@ -107,7 +119,7 @@ class Box:
             child.kill()
 
     def _out_of_memory(self, name: str) -> DocumentError:
-        limit = f" ({format_size(self.limits.memory_bytes)})" if HAS_RESOURCE else ""
+        limit = f" ({format_size(self.limits.memory_bytes)})"
         return DocumentError(f"{name} needed more memory than one file may take to read{limit}, so it was stopped: "
                              "it inflates far beyond its size on disk (a decompression bomb) or is damaged. Save "
                              "it as PDF or plain text and upload that.")
@@ -143,12 +155,24 @@ class _Child:
     def is_alive(self) -> bool:
         return self._process.is_alive()
 
-    def ask(self, request: tuple[str, str], seconds: float) -> tuple[str, object]:
-        """The child's answer to ``request``; ``TimeoutError`` past ``seconds``, ``EOFError`` when it died."""
+    def ask(self, request: tuple[str, str], seconds: float, memory_bytes: int | None = None) -> tuple[str, object]:
+        """The child's answer to ``request``; ``TimeoutError`` past ``seconds``, ``EOFError`` when it died, and
+        ``MemoryError`` when ``memory_bytes`` is given and its resident memory passes it (looked at every
+        ``POLL_SECONDS``: the fallback where the child cannot cap its own)."""
         self._connection.send(request)
-        if not self._connection.poll(seconds):
-            raise TimeoutError
-        return self._connection.recv()
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._connection.poll(left if memory_bytes is None else min(left, POLL_SECONDS)):
+                return self._connection.recv()
+            if memory_bytes is not None and self._resident() > memory_bytes:
+                raise MemoryError
+        raise TimeoutError
+
+    def _resident(self) -> int:
+        try:
+            return psutil.Process(self._process.pid).memory_info().rss
+        except psutil.Error:  # it is gone: the next poll sees the closed pipe
+            return 0
 
     def kill(self) -> int | None:
         """Ends the child (at once: it may be inside PDFium) and returns its exit code."""

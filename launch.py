@@ -459,12 +459,11 @@ def _check_disk_dir(folder: str) -> None:
 def check_model(args: argparse.Namespace, config) -> None:
     """Checks the values that depend on the model (its config alone). Raises ``ValueError``."""
     from engine import OffloadPolicy  # deferred, as every engine import here: a bad flag fails before torch loads
-    from engine.models import check_supported, trained_window
+    from engine.models import check_supported, kv_head_counts, trained_window
 
     check_supported(config)  # UnsupportedModelError is a ValueError
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = int(getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads)
-    OffloadPolicy(head_group_size=args.head_group).validate_for(heads, option="--head-group")
+    OffloadPolicy(head_group_size=args.head_group).validate_for(kv_head_counts(config), option="--head-group")
     window = trained_window(text_config)
     if args.max_context is not None and window is not None and args.max_context > window \
             and not args.exceed_trained_window:

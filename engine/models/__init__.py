@@ -11,6 +11,7 @@ from ..errors import ModelSourceError, UnsupportedModelError
 from .loader import (
                      check_supported,
                      describe,
+                     kv_head_counts,
                      load_model,
                      read_config,
                      resolve_device,
@@ -20,5 +21,6 @@ from .token_count import TokenCount, count_tokens
 
 __all__ = ["READ_TOKENS", "DownloadJob", "DownloadProgress", "Entry", "Fit", "Machine", "ModelSourceError",
            "UnsupportedModelError", "cached_snapshot", "check_supported", "cpu_default_source", "default_source",
-           "describe", "detect_machine", "discover", "load_catalogue", "load_model", "plan_entry", "pypi_model_gguf",
+           "describe", "detect_machine", "discover", "kv_head_counts", "load_catalogue", "load_model", "plan_entry",
+           "pypi_model_gguf",
            "rank", "read_config", "resolve_device", "TokenCount", "count_tokens", "trained_window"]

@@ -25,7 +25,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Gemma3
 
 from ..errors import InputError, ModelSourceError, UnsupportedModelError
 from ..paths import cache_dir
-from ..planning.shape import unsupported_layers
+from ..planning.shape import ModelShape, unsupported_layers
 from ..planning.window import degrades_past
 from .gguf import convert_gguf, load_weights
 from .loaded import loaded_as, remember_load, weights_mode
@@ -99,6 +99,11 @@ def check_supported(config: Any) -> None:
                                         f"{WRAPPED_TEXT_TYPES[model_type]!r})", supported=SUPPORTED_ARCHITECTURES)
     if (reason := unsupported_layers(config)) is not None:
         raise UnsupportedModelError(model_type, f": {reason}", supported=SUPPORTED_ARCHITECTURES)
+
+
+def kv_head_counts(config: Any) -> tuple[int, ...]:
+    """Each KV layer's KV heads (Gemma 4's global layers have their own), for checks a head group must pass."""
+    return ModelShape.from_config(config.get_text_config()).kv_heads
 
 
 def embedded_model_dir() -> Path:
@@ -620,6 +625,7 @@ def describe(model: Any) -> dict[str, Any]:
     """A JSON-friendly summary of a loaded model for the UI (with ``provenance`` where the studio chose it)."""
     config = model.config.get_text_config()
     heads = config.num_attention_heads
+    shape = ModelShape.from_config(config)
     first = next(model.parameters())
     loaded = loaded_as(model)
     return {
@@ -630,8 +636,10 @@ def describe(model: Any) -> dict[str, Any]:
         "name_or_path": getattr(model.config, "name_or_path", ""),
         "num_layers": config.num_hidden_layers,
         "num_heads": heads,
-        "num_kv_heads": getattr(config, "num_key_value_heads", None) or heads,
-        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // heads,
+        # The largest layer's (Gemma 4's global layers have their own KV heads and head_dim; its config refuses to
+        # name one for the model), as ModelShape counts them.
+        "num_kv_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
         "hidden_size": config.hidden_size,
         "vocab_size": config.vocab_size,
         "max_position_embeddings": getattr(config, "max_position_embeddings", None),

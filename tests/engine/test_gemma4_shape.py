@@ -92,3 +92,13 @@ def test_a_4090_plan_of_gemma4_holds_each_layers_homes(config):
     homes = planned_allocations(shape, capacity=context, chunk=4096, group=plan.head_group_size, resident_slots=0,
                                 disk_slots=0, cuda=True, kv_dtype=None, host_attention=False)[HOMES]
     assert homes == stored_kv_bytes(shape, context, 4096, None)
+
+
+def test_launch_checks_the_head_group_against_every_gemma4_layer():
+    # launch.py read config.num_key_value_heads, which Gemma 4's config refuses to name for the whole model.
+    import launch
+
+    parse = launch.build_parser().parse_args
+    launch.check_model(parse(["--head-group", "4"]), gemma4_31b())  # divides 16 (sliding) and 4 (global)
+    with pytest.raises(InputError, match="--head-group 8"):
+        launch.check_model(parse(["--head-group", "8"]), gemma4_31b())  # global layers hold only 4

@@ -64,8 +64,10 @@ def pair(request, tmp_path_factory):
 
 
 def test_the_cpu_schemes_are_the_libraries_cpu_paths():
-    # What this file proves depends on what is installed: torchao and bitsandbytes are in requirements.txt.
-    assert set(CPU_SCHEMES) == {"torchao-int8", "torchao-fp8", "bnb-int8", "bnb-nf4"}
+    # What this file proves depends on what is installed: bitsandbytes always (requirements.txt); torchao's schemes
+    # where `pip install torchao==0.18.0` added it (not in CI: installed, every transformers import loads it).
+    expected = {"bnb-int8", "bnb-nf4"} | ({"torchao-int8", "torchao-fp8"} if installed("torchao") else set())
+    assert set(CPU_SCHEMES) == expected
 
 
 def test_both_hold_the_same_quantized_weights(pair):

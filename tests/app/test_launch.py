@@ -225,7 +225,7 @@ def test_the_start_up_log_names_the_folders_read_documents_are_saved_in(tmp_path
     tabs = tmp_path / "visitors" / "pid-1"
     per_tab = launch.where_saved(store, private=True, has_auth=False, session_shelves=tabs)
     assert per_tab.startswith(f"saving each visitor's read documents in a folder of their own under {tabs}, "
-                              "deleted when their tab closes (at most 1.00 GiB each)")
+                              "deleted 10 minutes after their browser's last tab closes (at most 1.00 GiB each)")
     assert "saving read documents to" not in per_tab and f"{tmp_path / 'kv'} is not used without --auth" in per_tab
 
 

@@ -39,6 +39,7 @@ from .reading.pace import CheckpointPace, PrefillClock, prefill_step
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillProgress, answer_rate
 from .store.checkpoint import CheckpointPlan, ReadCheckpoints
+from .store.files import snapshot_refusal
 from .store.format import SnapshotIdentity
 from .store.restore import restore_document
 from .store.snapshots import RestoreStats, SnapshotInfo, SnapshotStore
@@ -326,7 +327,7 @@ class DocumentSession:
         return progress
 
     def _checkpoints(self, plan: CheckpointPlan | None) -> tuple[ReadCheckpoints | None, CheckpointPace | None]:
-        if plan is None or self.is_prefilled or self.cache.shape.state_layers:  # (hybrid states: K/V-only snapshots)
+        if plan is None or self.is_prefilled or snapshot_refusal(self.cache.shape):  # (hybrid states, Gemma 4's shapes)
             return None, None
         plan = plan if plan.label else dataclasses.replace(plan, label=self.document)
         writer = ReadCheckpoints(plan, self.cache, self._document_ids, self.snapshot_identity(), self.prefilled_tokens,

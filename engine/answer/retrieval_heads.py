@@ -177,8 +177,8 @@ def _needle_scores(model, tokenizer, num_sentences: int, depth: float, seed: int
     device = next(model.parameters()).device
     cache = HeadInferCache(model.config, device=device)
     shape = cache.shape
-    all_heads = {layer: list(range(shape.num_heads)) for layer in range(shape.num_layers)
-                 if shape.sliding_windows[layer] is None}
+    # Keyed by KV-layer index, as the probe records: KV-sharing consumers keep no K/V and record nothing.
+    all_heads = {k: list(range(shape.num_heads)) for k, layer in enumerate(cache.kv_layers) if layer.window is None}
     # Queries of the answer's copy of the value (after "The secret passphrase is"), one step before each token.
     first = len(doc_ids) + len(question_ids) + len(lead_ids) - 1
     probe = QueryProbe(all_heads, min_position=first)

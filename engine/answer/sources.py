@@ -54,17 +54,21 @@ def attention_mass(cache, probe: QueryProbe, *, per_head: bool = False) -> torch
     cache.synchronize()
     length = cache.get_seq_length()
     softcap = getattr(cache.config.get_text_config(decoder=True), "attn_logit_softcapping", None)
-    n_rep = cache.shape.num_heads // cache.shape.num_kv_heads
     rows = []
-    for layer_idx in sorted(probe.heads):
+    for layer_idx in sorted(probe.heads):  # the probe's layers are KV-layer indices (``cache.kv_layers``)
         recorded = probe.queries(layer_idx)
-        if recorded is None:
+        layer = cache.kv_layers[layer_idx] if layer_idx < len(cache.kv_layers) else None
+        # Skipped: nothing recorded (a KV-sharing consumer's queries are not), or a window ring (it holds only
+        # recent tokens; calibration picks full-attention heads anyway). ``per_head`` keeps a zero row per head.
+        if recorded is None or layer is None or layer.window is not None:
+            if per_head:
+                rows.append(torch.zeros(len(probe.heads[layer_idx]), length, dtype=torch.float64))
             continue
-        if cache.shape.sliding_windows[layer_idx] is not None:
-            continue  # a window ring holds only recent tokens; calibration picks full-attention heads anyway
+        # Per layer: Gemma 4's global layers keep fewer KV heads than its sliding ones.
+        n_rep = cache.shape.num_heads // cache.shape.kv_heads[layer.layer_idx]
         queries, positions = recorded  # [H_sel, N, D], N positions
         mass = _recorded(cache, torch.empty(len(probe.heads[layer_idx]), length, dtype=torch.float64))  # [H_sel, L]
-        for picked, keys in _keys_by_device(cache.kv_layers[layer_idx], probe.heads[layer_idx], n_rep, length):
+        for picked, keys in _keys_by_device(layer, probe.heads[layer_idx], n_rep, length):
             _recorded(cache, keys)
             q = queries[picked].to(keys.device, torch.float32)
             mass[picked] = _mass(q, keys, positions, probe.scaling[layer_idx], None, softcap)

@@ -333,10 +333,23 @@ def _restore_parts(homes: LayerHomes, header: SnapshotHeader, num_tokens: int) -
     return [(g, 0, [run]) for g, run in enumerate(scratch.unbind(0))], regroup
 
 
+def snapshot_refusal(shape) -> str | None:
+    """Why a model of ``shape`` (``ModelShape``) cannot have snapshots, or None. The format holds one KV-head
+    count and head_dim for every layer, one file per layer: a model whose layers differ (Gemma 4's global layers)
+    or share K/V would save a snapshot no restore accepts, so none is written."""
+    if shape.state_layers:
+        return ("snapshots keep K/V only, and this hybrid model's linear-attention or convolution "
+                "layers hold a state instead: read the document again")
+    if not shape.is_uniform or shape.shared_layers:
+        return ("snapshots hold one K/V shape for every layer, and this model's layers differ in KV heads or "
+                "head size or share K/V: it cannot be saved for instant reopening; read the document again")
+    return None
+
+
 def _refuse_states(cache: HeadInferCache) -> None:
-    if cache.shape.state_layers:
-        raise SnapshotError("snapshots keep K/V only, and this hybrid model's linear-attention or convolution "
-                            "layers hold a state instead: read the document again")
+    reason = snapshot_refusal(cache.shape)
+    if reason is not None:
+        raise SnapshotError(reason)
 
 
 def _size(path: Path) -> int:

@@ -35,6 +35,7 @@ from .files import (
     check_sidecar_name,
     read_snapshot,
     snapshot_bytes,
+    snapshot_refusal,
     write_atomically,
     write_snapshot,
 )
@@ -141,6 +142,10 @@ class SnapshotStore:
         """
         if len(token_ids) != identity.num_tokens:
             raise InputError(f"{len(token_ids):,} token ids for an identity of {identity.num_tokens:,} tokens")
+        refusal = snapshot_refusal(cache.shape)
+        if refusal is not None:  # before a byte is written: never a snapshot that no restore accepts
+            logger.warning("not saving a snapshot: %s", refusal)
+            raise SnapshotError(refusal)
         existing = self._readable_info(identity.key)
         if existing is not None and not existing.is_partial:  # a partial read is replaced by the whole
             for name, text in sidecar:

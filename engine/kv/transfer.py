@@ -242,6 +242,9 @@ class Transfer:
             self.synchronize()
             self.streams.forget(self._host_query)
             self.streams.forget(self._host_out)
+            # Dropped before the new ones are made: the old and new never held together (a Gemma 4 global layer's
+            # longer head_dim comes after a sliding layer's first step; the ledger holds the plan's two buffers).
+            self._host_query = self._host_out = None
         self._host_query = self._pinned(numel, dtype)
         self._host_out = self._pinned(numel, dtype)  # (the output has the queries' shape)
 

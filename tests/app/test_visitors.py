@@ -47,6 +47,9 @@ class _ParrotSession:
     def estimate_prefill_seconds(self, num_tokens, start=0):
         return 0.0
 
+    def conversation(self):  # the turns it recorded: none (the app keeps a turn's notes only for recorded turns)
+        return []
+
     def ask(self, question, **kwargs):
         yield AnswerChunk(EVIL, EVIL, 9, 0.1, 10.0, done=False)
         yield AnswerChunk(EVIL, "", 9, 0.1, 10.0, done=True)

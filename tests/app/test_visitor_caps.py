@@ -39,6 +39,9 @@ class _Session:
     def estimate_prefill_seconds(self, num_tokens, start=0):
         return 0.0
 
+    def conversation(self):  # the turns it recorded: none (the app keeps a turn's notes only for recorded turns)
+        return []
+
     def ask(self, question, **kwargs):
         yield AnswerChunk("It", "It", 1, 0.1, 10.0, done=False)
         yield AnswerChunk("It is.", " is.", 2, 0.1, 10.0, done=True)

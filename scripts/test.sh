@@ -16,6 +16,10 @@ fi
 # or a server; at most four, since each worker loads its own models. HEADINFER_TEST_WORKERS=0 runs in one process.
 workers="${HEADINFER_TEST_WORKERS:-$(( $(nproc) < 2 ? 2 : ($(nproc) > 4 ? 4 : $(nproc)) ))}"
 if [ "$workers" = "0" ]; then
-  exec .venv/bin/python -m pytest -q "$@"
+  .venv/bin/python -m pytest -q "$@"
+else
+  .venv/bin/python -m pytest -q -n "$workers" --dist worksteal "$@"
 fi
-exec .venv/bin/python -m pytest -q -n "$workers" --dist worksteal "$@"
+# Then, for the whole suite, the Windows-shaped run (issue 50, docs/windows.md): spawn, no compiler, no hard links, a
+# pin limit and NTFS names over the end-to-end tests, a few minutes.
+[ "$#" -gt 0 ] || ./scripts/test_windows_shaped.sh

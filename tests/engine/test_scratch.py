@@ -97,7 +97,8 @@ def test_every_family_holds_its_scratch_to_the_plan(fused_on_cpu, name):
     for resident_slots in (0, None):
         cache = engine.HeadInferCache(model.config, device="cpu", max_context=64, chunk_size=CHUNK,
                                       resident_slots=resident_slots)
-        ids = torch.randint(0, model.config.vocab_size, (60,), generator=torch.Generator().manual_seed(3)).tolist()
+        vocab = model.config.get_text_config().vocab_size  # the published Gemma 4 wrapper has no vocab_size
+        ids = torch.randint(0, vocab, (60,), generator=torch.Generator().manual_seed(3)).tolist()
         for start in range(0, 60, CHUNK):
             logits = model(torch.tensor([ids[start : start + CHUNK]]), past_key_values=cache, use_cache=True).logits
         for _ in range(4):

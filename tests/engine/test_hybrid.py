@@ -106,7 +106,7 @@ def test_layers_without_an_exact_path_are_refused_with_the_reason(tmp_path):
     assert "no attention layer" in unsupported_layers(Lfm2Config(num_hidden_layers=2, layer_types=["conv", "conv"]))
     shared = AutoConfig.for_model("gemma3_text")
     shared.kv_sharing_modes = ["store", "reuse"] * (shared.num_hidden_layers // 2)
-    assert "KV sharing" in unsupported_layers(shared)
+    assert "reuses K/V" in unsupported_layers(shared)  # a consumer with no producer: refused, saying why
     check_supported(Lfm2Config(num_hidden_layers=2, layer_types=["conv", "full_attention"]))
     # A supported family with layers it cannot serve: refused from the config alone, before any weight is read.
     Lfm2Config(num_hidden_layers=2, layer_types=["conv", "conv"]).save_pretrained(tmp_path)

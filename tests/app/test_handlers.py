@@ -87,7 +87,8 @@ def test_read_reports_progress_until_done(handlers, secret_pdf):
     assert any('data-state="running"' in bar and "tok/s" in bar for bar in bars)
     assert 'data-state="done"' in bars[-1]
     assert state.session.is_prefilled
-    assert views[-1].read_button["interactive"] is True and views[-1].cancel_button["interactive"] is False
+    # Read to the end: nothing new to read, so "Read documents" is off (bd62a0c), and nothing to cancel.
+    assert views[-1].read_button["interactive"] is False and views[-1].cancel_button["interactive"] is False
     assert "Already read" in _text(list(handlers.read(False, state))[-1].status)  # read once per set
 
 
@@ -344,10 +345,11 @@ def test_truncate_to_fit_reads_the_beginning(tight_handlers):
     assert "truncated" in state.session.document
     # The plan panel now shows what was read (the beginning), not the verdict on the whole set.
     plans = [view.plan for view in views if isinstance(view.plan, str)]
-    assert len(plans) == 1 and 'data-fits="true"' in plans[0] and "Does not fit" not in plans[0]
+    # One as the read starts, one once it is over (its reading time the read's own): both of what was read.
+    assert len(plans) == 2 and all('data-fits="true"' in p and "Does not fit" not in p for p in plans)
     read, chosen = state.session.document_tokens, len(state.tokens)
-    assert read < chosen and f"Read the first {read:,} tokens of {chosen:,}" in plans[0]
-    assert f"{read + state.session.answer_budget:,} with room for answers" in plans[0]
+    assert read < chosen and all(f"Read the first {read:,} tokens of {chosen:,}" in p for p in plans)
+    assert all(f"{read + state.session.answer_budget:,} with room for answers" in p for p in plans)
     assert _ask(handlers, state, "How often does the tide rise?", max_new_tokens=8)[-1].chat[-1]["role"] == "assistant"
 
 

@@ -60,6 +60,8 @@ class ModelShape:
         skipped = set(state) | {consumer for consumer, _ in shared}
         kept = [i for i in range(layers) if i not in skipped]
         dims = [layer_kv_shape(config, i) for i in kept]  # (KV heads, head_dim) of each layer with K/V
+        if not dims:
+            raise InputError(unsupported_layers(config) or "it has no attention layer at all: there is no K/V to keep")
         kv_heads, head_dim = max(d[0] for d in dims), max(d[1] for d in dims)
         uniform = len(set(dims)) == 1
         windows = tuple(w for i, w in enumerate(_sliding_windows(config, layers)) if i not in skipped)

@@ -5,7 +5,6 @@ read (its greedy answer equals the page's own)."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
@@ -18,17 +17,11 @@ from app.openai_api.mount import with_api
 from app.ui import build_ui, launch_options
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import describe
+from test_api import QUESTION, free_port  # the page's own API test: its question and port helper
 
 pytestmark = pytest.mark.slow
 
 KEY = "test-key-0123456789abcdef"
-QUESTION = "What is the secret launch code of the lighthouse?"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

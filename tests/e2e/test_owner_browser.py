@@ -19,6 +19,9 @@ import pytest
 from studio import tab
 from test_picker_browser import ROWS_JS, TIMEOUT_MS, _wait_text
 
+from app.browser_id import COOKIE as BROWSER_COOKIE
+from app.owner import COOKIE as OWNER_COOKIE
+
 ROOT = Path(__file__).resolve().parents[2]
 START_SECONDS = 600  # a first start builds the kernels and converts the embedded model: minutes on a busy 2-core box
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -77,6 +80,13 @@ def _scan(page, folder: Path) -> None:
     page.click("#picker-scan")
 
 
+def _owner_cookies(page) -> list[dict]:
+    """The owner's cookie, if this browser holds one; every browser also gets its shelf's id (app/browser_id.py)."""
+    cookies = page.context.cookies()
+    assert {c["name"] for c in cookies} <= {OWNER_COOKIE, BROWSER_COOKIE}, cookies
+    return [c for c in cookies if c["name"] == OWNER_COOKIE]
+
+
 def test_a_visitor_is_refused_the_picker_and_the_owner_link_opens_it(studio, browser):
     assert studio["owner_link"] not in _page_html(studio["url"])  # the key is on the console only
 
@@ -94,16 +104,16 @@ def test_a_visitor_is_refused_the_picker_and_the_owner_link_opens_it(studio, bro
     _wait_text(visitor, "#picker-status", "owner link printed in the console")
     visitor.click("#picker-download")  # the same refusal: the page shows no change, the console says it
     _until_logged(studio["log"], "a visitor's download was refused")
-    assert visitor.context.cookies() == []
+    assert _owner_cookies(visitor) == []
 
     stranger = tab(browser, studio["url"] + "?owner=not-the-key", TIMEOUT_MS)
     stranger.wait_for_selector("#picker")
-    assert stranger.context.cookies() == []  # a wrong key is any visitor
+    assert _owner_cookies(stranger) == []  # a wrong key is any visitor
 
     owner = tab(browser, studio["owner_link"], TIMEOUT_MS)
     owner.wait_for_selector("#picker")
     assert "owner=" not in owner.url  # redirected: the key leaves the address bar and the history
-    [cookie] = owner.context.cookies()
+    [cookie] = _owner_cookies(owner)
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and studio["owner_link"].split("=")[-1] not in \
         cookie["value"]
     owner.click("#picker .label-wrap")

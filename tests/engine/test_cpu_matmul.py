@@ -138,13 +138,18 @@ def test_the_real_gguf_model_reads_and_answers_the_same_through_either_product(s
     assert rel_diff(with_onednn, with_mkl) < RTOL
 
 
-def test_loading_cpu_block_weights_runs_the_probe_at_load_not_in_the_first_read(monkeypatch):
+def test_loading_cpu_block_weights_runs_the_probe_at_load_not_in_the_first_read(monkeypatch, tmp_path):
+    from transformers import LlamaConfig
+
     from engine.models import loader
+
+    LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=97).save_pretrained(tmp_path)  # dense loading reads the config
 
     asked = []
     monkeypatch.setattr(cpu_matmul, "uses_onednn", lambda: asked.append(1) or True)
     assert loader._weights_and_dtype("m", "m.gguf", "cpu", "auto", torch.float32, "gguf") == ("gguf", torch.float32)
     assert asked == [1]
     loader._weights_and_dtype("m", "m.gguf", "cpu", "auto", torch.float32, "dense")
-    loader._weights_and_dtype("m", None, "cpu", "bfloat16", torch.bfloat16, "dense")
+    loader._weights_and_dtype(str(tmp_path), None, "cpu", "bfloat16", torch.bfloat16, "dense")
     assert asked == [1]  # dense weights multiply in torch's own linear layers: nothing of ours to probe

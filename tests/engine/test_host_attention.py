@@ -431,7 +431,7 @@ def host_cache(config, split: bool):
 @torch.inference_mode()
 def test_decode_with_host_attention_matches_stock(pair, split):
     name, stock, headinfer = pair
-    ids = prompt(stock.config.vocab_size)
+    ids = prompt(stock.config.get_text_config().vocab_size)
     stock_cache = DynamicCache(config=stock.config)
     expected = [stock(ids, past_key_values=stock_cache, use_cache=True).logits[:, -1]]
     cache = host_cache(headinfer.config, split)
@@ -451,7 +451,7 @@ def test_decode_with_host_attention_matches_stock(pair, split):
 @torch.inference_mode()
 def test_generate_greedy_tokens_identical_with_every_group_on_the_host(pair):
     name, stock, headinfer = pair
-    ids = prompt(stock.config.vocab_size)
+    ids = prompt(stock.config.get_text_config().vocab_size)
     kwargs = dict(max_new_tokens=20, do_sample=False, min_new_tokens=20)
     expected = stock.generate(ids, **kwargs)
     cache = engine.HeadInferCache(headinfer.config, resident_slots=0, host_attention="all")

@@ -4,20 +4,24 @@ on the real SmolLM2; quantization is exact where it says so."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, LlamaConfig
 
 import engine
 from archs import _COMMON, reference_attention, tiny_configs
 from engine.models.int8 import Int8Embedding, Int8Linear, dequantized_state_dict, quantize_int8, quantize_rows
-from engine.models.loader import describe, load_model
+from engine.models.loader import WRAPPED_TEXT_TYPES, describe, load_model
 from engine.models import int8_matmul
 from test_parity import BF16_RTOL, RTOL, prompt, rel_diff, stepwise_logits
 
-#: compute dtype -> (load_model dtype, logits tolerance against stock on the same weights)
-COMPUTE = {"fp32": ("float32", RTOL), "bf16": ("bfloat16", BF16_RTOL)}
+#: compute dtype -> (load_model dtype, logits tolerance against stock on the same weights). The int8 kernel sums each
+#: row in its own order, not MKL's: on a random tiny model that fp32 rounding grows layer by layer (1.08e-5 measured on
+#: gemma4-global-kv's 512-wide global heads at decode step 4), so fp32 allows twice the dense parity's RTOL.
+COMPUTE = {"fp32": ("float32", 2 * RTOL), "bf16": ("bfloat16", BF16_RTOL)}
 
 
 def test_codes_times_scales_are_bf16_numbers_within_half_a_step():
@@ -69,15 +73,24 @@ def test_only_layers_the_kernel_can_run_are_replaced_and_a_tied_embedding_shares
     assert "model.embed_tokens.weight" in dequantized_state_dict(model)
 
 
+def _as_named_by(stock, weights: dict) -> dict:
+    """The int8 model's weights under stock's names: a published multimodal wrapper (Gemma 4's) keeps its text
+    model under ``model.language_model.``, where the loader's text-only model has ``model.``."""
+    names = set(stock.state_dict())
+    return {name if name in names else re.sub(r"^model\.", "model.language_model.", name): weight
+            for name, weight in weights.items()}
+
+
 def _int8_pair(config, folder, attention: str, compute: str):
     """(stock model in the compute dtype running the int8 model's dequantized weights, int8 model via the real
     loader)."""
     torch.manual_seed(1234)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    auto = AutoModelForImageTextToText if config.model_type in WRAPPED_TEXT_TYPES else AutoModelForCausalLM
+    auto.from_config(config).save_pretrained(folder)  # a multimodal wrapper is saved as published
     int8, _ = load_model(str(folder), device="cpu", dtype=COMPUTE[compute][0], with_tokenizer=False, weights="int8")
     dtype = torch.float32 if compute == "fp32" else torch.bfloat16
     stock = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attention).eval()
-    dequantized = dequantized_state_dict(int8)
+    dequantized = _as_named_by(stock, dequantized_state_dict(int8))
     assert dequantized and set(dequantized) <= set(stock.state_dict())
     stock.load_state_dict(dequantized, strict=False)
     return stock, int8
@@ -108,7 +121,7 @@ def test_int8_weights_match_stock_running_the_same_weights(int8_pair):
     assert any(isinstance(m, Int8Linear) for m in int8.modules()), name
     assert describe(int8)["weights"] == "int8"
     assert describe(int8)["dtype"] == {"fp32": "float32", "bf16": "bfloat16"}[compute]
-    ids = prompt(stock.config.vocab_size)
+    ids = prompt(stock.config.get_text_config().vocab_size)
     actual, expected = stepwise_logits(stock, int8, ids)
     for step, (a, e) in enumerate(zip(actual, expected)):
         assert rel_diff(a.float(), e.float()) < COMPUTE[compute][1], (name, step)

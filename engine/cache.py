@@ -115,7 +115,7 @@ class HeadInferLayer(CacheLayerMixin):
         return self.cache.schedule.attend(self.kv_index, self.length - q_len, query, staged, scaling=scaling,
                                           window=window, softcap=softcap, record=False)
 
-    # -- the fused CPU decode step's path (engine/models/fused_decode.py) --------------------------------------
+    # -- the fused CPU decode step's path (engine/cpu/fused_decode.py) --------------------------------------
     def decode_row(self) -> torch.Tensor | None:
         """Where a one-token CPU decode step writes its K/V itself: the row of token ``length`` in this layer's one
         home, ``[B, 2, KVH, D]`` fp32 (then ``attend_decoded``); None where ``update``/``attend`` must run (a home

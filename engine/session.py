@@ -23,7 +23,7 @@ from .answer.support import (asked_share, claim_logprob, decide, document_words,
 from .cache import HeadInferCache, cache_argument
 from .errors import ForwardInterrupted, InputError, PlanError, PrefillCancelled, QuestionTooLong, StateError
 from .interrupt import interruptible, layer_callbacks
-from .models.fused_decode import FusedDecode
+from .cpu.fused_decode import FusedDecode
 from .models.loaded import weights_mode
 from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget, num_weights
 from .planning.capacity import capacity_options

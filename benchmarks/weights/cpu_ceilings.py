@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from engine.kv import native
-from engine.models import cpu_matmul
+from engine.cpu import cpu_matmul
 from engine.native.library import compiler, load_library
 
 from ..harness.host_attention import LLAMA3_8B, Layer, Read

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from engine.models import cpu_matmul
+from engine.cpu import cpu_matmul
 
 from ..records import ResultStore, load_records, machine_line, run_stamp
 

@@ -33,7 +33,7 @@ import torch
 from engine.cache import HeadInferLayer
 from engine.kv import kernels
 from engine.kv import native as host_kernel
-from engine.models import gguf_blocks
+from engine.cpu import gguf_blocks
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
 from .turns import fused_steps_in_turns
@@ -107,7 +107,7 @@ EXPERIMENTS = {
 
 
 def decode_steps(experiment: Experiment, threads: int, contexts: list[int], rounds: int, store: ResultStore) -> None:
-    from engine.models.fused_decode import FusedDecode
+    from engine.cpu.fused_decode import FusedDecode
     from engine.models.loader import load_model
     from engine.models.pypi import pypi_model_gguf
     from engine.types import ModelShape

@@ -26,8 +26,8 @@ import torch
 
 import engine
 from engine.cache import HeadInferLayer
-from engine.models import gguf_blocks
-from engine.models.fused_decode import FusedDecode
+from engine.cpu import gguf_blocks
+from engine.cpu.fused_decode import FusedDecode
 from engine.models.loader import load_model
 from engine.models.pypi import pypi_model_gguf
 from engine.types import ModelShape

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.models import gguf_blocks, int8_matmul
+from engine.cpu import gguf_blocks, int8_matmul
 from engine.native import library as native
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp

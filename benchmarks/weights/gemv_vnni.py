@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.models import gguf_blocks
+from engine.cpu import gguf_blocks
 from engine.native import library as native
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
@@ -89,7 +89,7 @@ def shape_rates(kernels: dict, threads: int, rounds: int, store: ResultStore) ->
 
 def decode_steps(kernels: dict, threads: int, contexts: list[int], rounds: int, store: ResultStore) -> None:
     """The fused step of each build on one cache per context, in turns."""
-    from engine.models.fused_decode import FusedDecode
+    from engine.cpu.fused_decode import FusedDecode
     from engine.models.loader import load_model
     from engine.models.pypi import pypi_model_gguf
     from engine.types import ModelShape

@@ -88,7 +88,7 @@ def expansion_rates(device: str, repeats: int = 3) -> dict:
     import numpy as np
     import torch
 
-    from engine.models.gguf_blocks import random_block_rows
+    from engine.cpu.gguf_blocks import random_block_rows
     from engine.models.gguf_device import expand, slice_rows
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
@@ -117,7 +117,7 @@ def expansion_traffic() -> dict:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
-    from engine.models.gguf_blocks import BLOCK_TYPES, random_block_rows
+    from engine.cpu.gguf_blocks import BLOCK_TYPES, random_block_rows
     from engine.models.gguf_device import expand
 
     class Traffic(TorchDispatchMode):

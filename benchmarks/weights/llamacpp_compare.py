@@ -51,7 +51,7 @@ def measure_child(mode: str, context: int, decode_tokens: int, gguf: Path, threa
     import torch
 
     import engine
-    from engine.models.fused_decode import FusedDecode
+    from engine.cpu.fused_decode import FusedDecode
     from engine.models.loader import load_model
     from engine.types import ModelShape
 

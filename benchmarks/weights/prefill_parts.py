@@ -42,7 +42,7 @@ def child(threads: int, reads: int = 2, tokens: int = TOKENS) -> dict:
 
     import engine
     from engine.kv import native
-    from engine.models import cpu_matmul, gguf_blocks
+    from engine.cpu import cpu_matmul, gguf_blocks
     from engine.models.loader import load_model
     from engine.models.pypi import pypi_model_gguf
 

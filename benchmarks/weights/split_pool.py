@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import engine
-from engine.models import gguf_blocks
+from engine.cpu import gguf_blocks
 from engine.models.loader import load_model
 from engine.models.pypi import pypi_model_gguf
 from engine.native import library as native

@@ -32,6 +32,7 @@ import functools
 import logging
 import re
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -44,7 +45,7 @@ from ..kv import native as host_kernel
 from ..native import crash_probe
 from ..native import library as native
 from . import cpu_matmul
-from .memory import trim_heap
+from .heap import trim_heap
 from .int8 import install, linear_targets
 from .int8_matmul import split_threads
 
@@ -374,14 +375,13 @@ class BlockEmbedding(nn.Module):
         return rows if self.scale is None else rows * self.scale.to(rows.dtype)
 
 
-def install_gguf_blocks(model: nn.Module, gguf: Path) -> dict[str, int]:
-    """Replaces each fp32 ``nn.Linear`` of ``model`` (loaded from ``gguf``) whose weight is, row for row, a tensor
-    of the file stored in a supported block type by a ``BlockLinear`` over those blocks (see the module docstring);
-    a tied lm_head's embedding becomes a ``BlockEmbedding``. Returns the layout: module name -> ggml type."""
-    from .gguf_header import read_header, tensor_arrays
-
+def install_gguf_blocks(model: nn.Module, tensors: Iterable[tuple]) -> dict[str, int]:
+    """Replaces each fp32 ``nn.Linear`` of ``model`` whose weight is, row for row, one of ``tensors`` (its GGUF
+    file's ``(info, raw)``, ``models/gguf_header.tensor_arrays``) stored in a supported block type by a
+    ``BlockLinear`` over those blocks (see the module docstring); a tied lm_head's embedding becomes a
+    ``BlockEmbedding``. Returns the layout: module name -> ggml type."""
     candidates: dict[tuple[int, int], list] = {}
-    for info, raw in tensor_arrays(gguf, read_header(gguf)):  # raw: copy-on-write maps of the file, no copies
+    for info, raw in tensors:  # raw: copy-on-write maps of the file, no copies
         if info.qtype in BLOCK_TYPES and len(info.shape) == 2:  # info.shape: [in, out] (ggml's order)
             candidates.setdefault((info.shape[1], info.shape[0]), []).append((info, raw))
     layout: dict[str, int] = {}

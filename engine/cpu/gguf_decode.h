@@ -1,4 +1,4 @@
-/* A decode step's layer in two calls (engine/models/fused_decode.py): what a Llama-family decoder layer does around
+/* A decode step's layer in two calls (engine/cpu/fused_decode.py): what a Llama-family decoder layer does around
  * its attention, for one token, on GGUF blocks. Included by gguf_gemv.c, so its GEMVs are that file's and its
  * splits go to that library's one pool.
  *

@@ -30,7 +30,7 @@ from .int8_matmul import int8_linear, int8_linear_bf16
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_MODES = ("dense", "int8", "gguf")  # gguf: engine.models.gguf_blocks
+WEIGHT_MODES = ("dense", "int8", "gguf")  # gguf: engine.cpu.gguf_blocks
 COMPUTE_DTYPES = (torch.float32, torch.bfloat16)  # what an int8 model computes in (see the module docstring)
 _K_MULTIPLE = 8  # the kernel reads the input dimension in blocks of 8 (other widths give wrong results)
 _ROWS_PER_PASS = 4096  # rows quantized at a time: the fp32 copy of a 49K-row lm_head would be 113 MB at once

@@ -1,5 +1,5 @@
 """The host attention kernel in C (``host_pool.c`` + ``host_kernel.c``), built once per machine with the system's C
-compiler (``engine.native.library.compiler``; the other C kernels, ``models/int8_matmul.py`` and ``gguf_blocks.py``,
+compiler (``engine.native.library.compiler``; the other C kernels, ``cpu/int8_matmul.py`` and ``gguf_blocks.py``,
 are built by ``engine.native.library.load_library``).
 
 Through torch ops a tile costs a widening copy and two small-M matmuls: a few GB/s per core, a fraction of what a

@@ -22,7 +22,7 @@ import torch
 
 from . import quantized
 from .loader import SUPPORTED_ARCHITECTURES
-from .int8 import num_weights
+from ..cpu.int8 import num_weights
 from ..planning.budgets import held_bytes, measure_budget
 from ..planning.capacity import capacity_options
 from ..planning.host_split import DEFAULT_H2D_GBPS

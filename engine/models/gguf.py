@@ -5,7 +5,7 @@ The conversion streams: one tensor at a time is dequantized, passed through tran
 tensor processor (the q/k row permutation of Llama-family files, Gemma's norm offset), and written straight into
 the safetensors file. Stock loading holds every dequantized tensor and then the model, about twice the fp32 model
 (11 GiB for a 1.5B model, where the file is 1.1 GB); streaming holds one tensor. The block types the C kernels
-know are dequantized by them, bit for bit gguf-py's numbers (``engine.models.gguf_blocks``), many times faster.
+know are dequantized by them, bit for bit gguf-py's numbers (``engine.cpu.gguf_blocks``), many times faster.
 Architectures not shown bit-equal to stock this way (``STREAMED_ARCHITECTURES``) convert the stock way.
 """
 
@@ -77,7 +77,7 @@ def write_streamed(gguf: Path, config: Any, folder: Path) -> bool:
     from gguf.quants import dequantize as gguf_dequantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    from .gguf_blocks import BLOCK_TYPES, dequantize
+    from ..cpu.gguf_blocks import BLOCK_TYPES, dequantize
     from .gguf_header import read_header, tensor_arrays
 
     header = read_header(gguf)  # gguf-py's reader takes ~10 s on a 150K vocabulary; this reads the table only

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear
+from ..cpu.gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from .quantized import mode_of
 
 
 def weights_mode(model) -> str:
-    """``"int8"`` when linear layers hold int8 ``codes`` buffers (``engine.models.int8.Int8Linear``), ``"gguf"``
-    when they hold a GGUF file's ``blocks`` (``engine.models.gguf_blocks.BlockLinear``), else ``"dense"``. The K/V
+    """``"int8"`` when linear layers hold int8 ``codes`` buffers (``engine.cpu.int8.Int8Linear``), ``"gguf"``
+    when they hold a GGUF file's ``blocks`` (``engine.cpu.gguf_blocks.BlockLinear``), else ``"dense"``. The K/V
     an int8 model produces differ from the dense model's, in whatever dtype; a gguf model's are the fp32 dense
     model's up to summation order, but its K/V are kept apart all the same (they are not bitwise the same). A model
     transformers quantized (torchao, bitsandbytes, a checkpoint published quantized) is named by

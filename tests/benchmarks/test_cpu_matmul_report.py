@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.records import ResultStore
 from benchmarks.weights import cpu_matmul as bench
-from engine.models import cpu_matmul
+from engine.cpu import cpu_matmul
 
 
 def test_the_tables_give_each_product_per_shape_and_prefill_and_the_ratio(tmp_path):

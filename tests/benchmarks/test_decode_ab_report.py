@@ -9,7 +9,7 @@ from benchmarks.weights import decode_ab
 from engine.cache import HeadInferLayer
 from engine.kv import kernels
 from engine.kv import native as host_kernel
-from engine.models import gguf_blocks
+from engine.cpu import gguf_blocks
 
 
 def test_the_table_gives_each_mode_per_context_and_thread_count_and_the_ratio(tmp_path):

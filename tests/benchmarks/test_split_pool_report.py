@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.records import ResultStore
 from benchmarks.weights import split_pool
-from engine.models import gguf_blocks
+from engine.cpu import gguf_blocks
 
 
 def test_the_table_gives_each_variant_per_context_and_the_best_c_ratio(tmp_path):

@@ -1,4 +1,4 @@
-"""The prefill's fp32 matmul on the CPU (``engine.models.cpu_matmul``): oneDNN's product where it runs, ``F.linear``
+"""The prefill's fp32 matmul on the CPU (``engine.cpu.cpu_matmul``): oneDNN's product where it runs, ``F.linear``
 everywhere else, both the same fp32 product to rounding, and a model reads the same through either."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import engine
-from engine.models import cpu_matmul
+from engine.cpu import cpu_matmul
 from probe_records import died_of_abort
 from engine.models.loader import _embedded_gguf, load_model
 from test_fused_decode import needs_kernel

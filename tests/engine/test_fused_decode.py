@@ -1,4 +1,4 @@
-"""The fused CPU decode step (``engine/models/fused_decode.py``, ``gguf_decode.h``): the same logits and greedy
+"""The fused CPU decode step (``engine/cpu/fused_decode.py``, ``gguf_decode.h``): the same logits and greedy
 tokens as the model's own forward through the same cache, and as stock transformers on the same GGUF file; a stop
 between layers; which models take it."""
 
@@ -12,9 +12,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2
 import engine
 from engine.errors import ForwardInterrupted
 from engine.kv import route
-from engine.models import fused_decode, gguf_blocks
-from engine.models.fused_decode import FusedDecode
-from engine.models.gguf_blocks import BlockLinear, random_block_rows
+from engine.cpu import fused_decode, gguf_blocks
+from engine.cpu.fused_decode import FusedDecode
+from engine.cpu.gguf_blocks import BlockLinear, random_block_rows
 from engine.models.loader import _embedded_gguf, load_model
 from engine.planning.policy import OffloadPolicy
 from test_gguf_blocks import TYPES

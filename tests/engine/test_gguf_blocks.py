@@ -1,4 +1,4 @@
-"""A GGUF file's own blocks as CPU weights (``weights="gguf"``, engine.models.gguf_blocks): exactly the weights
+"""A GGUF file's own blocks as CPU weights (``weights="gguf"``, engine.cpu.gguf_blocks): exactly the weights
 stock transformers dequantizes from the file, multiplied in fp32."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from gguf.quants import quantize as gguf_quantize
 from transformers import AutoModelForCausalLM
 
 import engine
-from engine.models import cpu_matmul, gguf_blocks
-from engine.models.gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear, block_linear, dequantize
-from engine.models.gguf_blocks import dequantize_reference as reference
-from engine.models.int8 import num_weights
+from engine.cpu import cpu_matmul, gguf_blocks
+from engine.cpu.gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear, block_linear, dequantize
+from engine.cpu.gguf_blocks import dequantize_reference as reference
+from engine.cpu.int8 import num_weights
 from engine.models.loader import _embedded_gguf, gguf_cache_entry, load_model
+from engine.models.gguf_header import read_header, tensor_arrays
 from engine.models.loaded import weights_mode
 from probe_records import died_of_abort
 from test_parity import RTOL, rel_diff
@@ -398,6 +399,11 @@ def _write_gguf(path, tensors: dict[str, tuple[torch.Tensor, int]]) -> None:
     writer.close()
 
 
+def file_tensors(path):
+    """The file's tensors as the loader hands them to install_gguf_blocks (mapped, not copied)."""
+    return tensor_arrays(path, read_header(path))
+
+
 @torch.inference_mode()
 def test_every_block_type_lands_in_its_layer_and_survives_the_weights_cache(tmp_path):
     """A tiny untied Llama whose weights are a file's blocks of every type (some stored with rows permuted, as
@@ -432,7 +438,7 @@ def test_every_block_type_lands_in_its_layer_and_survives_the_weights_cache(tmp_
     _write_gguf(tmp_path / "tiny.gguf", tensors)
     model = AutoModelForCausalLM.from_config(config).eval()
     model.load_state_dict(dense.state_dict())
-    layout = gguf_blocks.install_gguf_blocks(model, tmp_path / "tiny.gguf")
+    layout = gguf_blocks.install_gguf_blocks(model, file_tensors(tmp_path / "tiny.gguf"))
     assert {name.removesuffix(".rows"): BLOCK_TYPES[q][0] for name, q in layout.items()} == expected
     assert type(model.model.layers[1].mlp.up_proj) is torch.nn.Linear
     assert isinstance(model.model.embed_tokens, BlockEmbedding) and isinstance(model.lm_head, BlockLinear)
@@ -512,7 +518,7 @@ def test_gemmas_scaled_tied_embedding_keeps_the_files_blocks(tmp_path):
     _write_gguf(tmp_path / "gemma.gguf", {"token_embd.weight": (raw, TYPES["Q8_0"])})
     model = Gemma3ForCausalLM(config).eval()
     model.load_state_dict(dense.state_dict())
-    layout = gguf_blocks.install_gguf_blocks(model, tmp_path / "gemma.gguf")
+    layout = gguf_blocks.install_gguf_blocks(model, file_tensors(tmp_path / "gemma.gguf"))
     assert layout == {"lm_head": TYPES["Q8_0"]}
     embeddings = model.get_input_embeddings()
     assert isinstance(embeddings, BlockEmbedding) and embeddings.table is model.lm_head

@@ -15,8 +15,8 @@ from transformers import LlamaConfig
 
 import engine
 from engine.models import gguf_device
-from engine.models.gguf_blocks import BLOCK_TYPES, BlockLinear, random_block_rows
-from engine.models.gguf_blocks import dequantize_reference as reference
+from engine.cpu.gguf_blocks import BLOCK_TYPES, BlockLinear, random_block_rows
+from engine.cpu.gguf_blocks import dequantize_reference as reference
 from engine.models.gguf_device import ExpandingEmbedding, ExpandingLinear, expand, gguf_device_bytes
 from engine.models.gguf_header import read_header
 from engine.models.loaded import weights_mode

@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, Llam
 
 import engine
 from archs import _COMMON, reference_attention, tiny_configs
-from engine.models.int8 import Int8Embedding, Int8Linear, dequantized_state_dict, quantize_int8, quantize_rows
+from engine.cpu.int8 import Int8Embedding, Int8Linear, dequantized_state_dict, quantize_int8, quantize_rows
 from engine.models.loader import WRAPPED_TEXT_TYPES, describe, load_model
-from engine.models import int8_matmul
+from engine.cpu import int8_matmul
 from test_parity import BF16_RTOL, RTOL, prompt, rel_diff, stepwise_logits
 
 #: compute dtype -> (load_model dtype, logits tolerance against stock on the same weights). The int8 kernel sums each

@@ -1,4 +1,4 @@
-"""int8 codes times fp32 activations (``engine.models.int8_matmul``): the C GEMV of decode rows and the
+"""int8 codes times fp32 activations (``engine.cpu.int8_matmul``): the C GEMV of decode rows and the
 dequantize-and-matmul of prefill chunks both give the fp32 product of the dequantized weight; bf16 activations take
 torch's kernel only where its probe survived in a child process, and give the same product on an AVX2-only CPU."""
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from engine.native import crash_probe
-from engine.models import int8_matmul
-from engine.models.int8 import quantize_rows
+from engine.cpu import int8_matmul
+from engine.cpu.int8 import quantize_rows
 
 
 def _layer(out_features: int, in_features: int, seed: int = 0):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine.kv import native as host_kernel
-from engine.models import int8_matmul
+from engine.cpu import int8_matmul
 from engine.native import crash_probe, library, trusted
 
 COMPILER = library.compiler()

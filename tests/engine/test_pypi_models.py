@@ -64,7 +64,7 @@ def test_an_unknown_pypi_source_names_the_known_ones():
 
 
 def test_the_cpu_default_is_the_evaluations_pick_unless_the_environment_says_otherwise(monkeypatch):
-    from engine.models import gguf_blocks
+    from engine.cpu import gguf_blocks
     from engine.models.pypi import CPU_MODEL_ENV, cpu_default_source
 
     monkeypatch.delenv(CPU_MODEL_ENV, raising=False)
@@ -127,7 +127,8 @@ def test_the_default_launch_picks_by_how_the_weights_will_be_held(monkeypatch, c
     """On an "8 GB" machine the 1.5B fits as its GGUF's blocks (--weights auto in fp32), not as dense weights."""
     import launch
     from engine import models
-    from engine.models import gguf_blocks, pypi
+    from engine.cpu import gguf_blocks
+    from engine.models import pypi
 
     if gguf_blocks.kernel() is None and not flags:
         pytest.skip("no C compiler: auto loads dense weights here")

@@ -93,7 +93,7 @@ def test_labels_say_lossy_for_our_quantization_and_publisher_for_a_checkpoint():
 
 def test_launch_offers_every_weights_mode_the_loader_takes():
     import launch
-    from engine.models.int8 import WEIGHT_MODES
+    from engine.cpu.int8 import WEIGHT_MODES
 
     [action] = [a for a in launch.build_parser()._actions if "--weights" in a.option_strings]
     assert set(action.choices) == {"auto", *WEIGHT_MODES, *quantized.QUANTIZED_MODES}

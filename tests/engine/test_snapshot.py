@@ -217,8 +217,8 @@ def test_other_dtype_is_refused(tiny, store):
 
 
 def test_other_weights_mode_is_refused(tiny, store):
-    """int8 weights (``engine.models.int8``) and dense bf16 weights give bf16 K/V alike, but not the same K/V."""
-    from engine.models.int8 import quantize_int8
+    """int8 weights (``engine.cpu.int8``) and dense bf16 weights give bf16 K/V alike, but not the same K/V."""
+    from engine.cpu.int8 import quantize_int8
 
     model, tokenizer = tiny
     dense = copy.deepcopy(model).to(torch.bfloat16)

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from archs import _COMMON
 from engine.models import loader, weights_cache
-from engine.models.int8 import Int8Embedding, Int8Linear, num_weights
+from engine.cpu.int8 import Int8Embedding, Int8Linear, num_weights
 from engine.models.loader import describe, load_model
 from engine.models.weights_cache import MANIFEST_FILE, WEIGHTS_FILE
 from engine.models.loaded import weights_mode

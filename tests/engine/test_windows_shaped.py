@@ -19,7 +19,7 @@ import windows_env
 from engine import SnapshotStore, paths_windows
 from engine.errors import DiskTierError
 from engine.kv.disk import DiskMemory
-from engine.models import gguf_blocks
+from engine.cpu import gguf_blocks
 from engine.native import library
 
 from test_disk_snapshot import _home_files, _tier_session, tiny  # noqa: F401 - the module's model fixture

@@ -66,6 +66,34 @@ def test_the_models_wing_stands_below_the_session():
     assert structure.depth(edges, "engine.models") < structure.depth(edges, "engine.session")
 
 
+# The CPU weights runtime (int8, GGUF blocks, oneDNN, the fused decode layer) stands below the models wing, which
+# loads and matches weights and installs its layers; it knows nothing of loading, the picker or the session.
+CPU_ABOVE = ("engine.models", "engine.session", "engine.serving", "engine.store", "engine.answer", "engine.selfcheck",
+             "engine.types", "engine.reading")
+
+
+def imports_above(root: Path, folder: str, above: tuple[str, ...]) -> list[str]:
+    """``file: module`` for each import under ``folder`` of the engine's root or of a module under ``above``."""
+    return [f"{path.name}: {module}" for path in sorted((root / folder).rglob("*.py"))
+            for module, _, _ in structure.imports(root, path)
+            if module == "engine" or module.startswith(tuple(f"{a}." for a in above) + above)]
+
+
+def test_the_cpu_runtime_stands_below_the_models_wing():
+    assert imports_above(ROOT, "engine/cpu", CPU_ABOVE) == []
+    edges = graph("engine")
+    assert structure.depth(edges, "engine.cpu") < structure.depth(edges, "engine.models")
+
+
+def test_the_cpu_rule_sees_an_import_up(tmp_path):
+    (tmp_path / "engine" / "cpu").mkdir(parents=True)
+    (tmp_path / "engine" / "cpu" / "up.py").write_text(
+        "from ..models.gguf_header import read_header\nfrom ..errors import InputError\nfrom . import int8\n"
+        "def f():\n    from .. import load_model\n    import engine.session\n")
+    assert imports_above(tmp_path, "engine/cpu", CPU_ABOVE) == [
+        "up.py: engine.models.gguf_header", "up.py: engine", "up.py: engine.session"]
+
+
 def test_reading_time_has_one_wing_below_the_models_and_the_session_holds_it():
     # Pacing, learned chunk costs, the measured first-read rate and the FLOP model live in ``engine/reading/``
     # (issue 33); the session holds one ``ReadEstimator`` (``session.reading``) instead of eight estimate methods.

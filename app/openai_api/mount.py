@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from app.openai_api.gate import api_lifespan
 from app.openai_api.library import Library
 from app.openai_api.routes import OpenAIRoutes
 from app.saved import SavedDocs
@@ -20,4 +21,5 @@ def with_api(options: dict, demo, *, private: bool, key: str | None, model_name:
     routes = OpenAIRoutes(library, model_name, key).routes()
     kwargs = dict(options.get("app_kwargs", {}))
     kwargs["routes"] = [*kwargs.get("routes", []), *routes]
+    kwargs["lifespan"] = api_lifespan(kwargs.get("lifespan"), key)  # the key checked first, before any body is read
     return {**options, "app_kwargs": kwargs}

@@ -23,8 +23,10 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from app.openai_api import schema
+from app.openai_api.gate import MISSING_KEY
 from app.openai_api.keys import allows
 from app.openai_api.library import Library
+from app.openai_api.naming import public_id
 from app.openai_api.prefixes import documents_listing
 from app.openai_api.service import Completions
 
@@ -55,7 +57,7 @@ class OpenAIRoutes:
     async def models(self, http: HttpRequest):
         if (refused := self._refused(http)) is not None:
             return refused
-        return JSONResponse({"object": "list", "data": [{"id": self.model_name(), "object": "model",
+        return JSONResponse({"object": "list", "data": [{"id": public_id(self.model_name()), "object": "model",
                                                          "created": 0, "owned_by": "headinfer-studio"}]})
 
     async def documents(self, http: HttpRequest):
@@ -78,7 +80,8 @@ class OpenAIRoutes:
             request = parse(schema.parse_body(await _body(http)))
             if request.model not in self._model_ids():
                 raise schema.ApiError(404, f"The model {request.model!r} does not exist here; GET /v1/models lists "
-                                           f"{self.model_name()!r}.", code="model_not_found", param="model")
+                                           f"{public_id(self.model_name())!r}.", code="model_not_found",
+                                      param="model")
             self._take_place()  # before the check: tokenizing a long prompt is work too
             try:
                 checked = await asyncio.to_thread(self.completions.check, request)
@@ -181,15 +184,14 @@ class OpenAIRoutes:
             self.in_flight -= 1
 
     def _model_ids(self) -> set[str]:
+        """The id ``/v1/models`` lists, and the served name as launched (a client given it by the owner)."""
         name = self.model_name()
-        return {name, name.rstrip("/").rsplit("/", 1)[-1]}
+        return {public_id(name), name, name.rstrip("/").rsplit("/", 1)[-1]}
 
     def _refused(self, http: HttpRequest) -> JSONResponse | None:
         if allows(self.key, http.headers.get("authorization")):
             return None
-        return _error(schema.ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' with the "
-                                           "key this app was started with (--api-key / HEADINFER_API_KEY).",
-                                      code="invalid_api_key"))
+        return _error(MISSING_KEY)  # (``app.openai_api.gate`` answers it first, its body unread)
 
 
 async def _body(http: HttpRequest) -> bytes:

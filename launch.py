@@ -23,10 +23,7 @@ from pathlib import Path
 from app.auth import LOGIN_MESSAGE, OPEN_NOTICE, OPEN_WARNING
 from app.hosts import proxy_name
 from app.visitor_caps import CapLimits
-from cuda_alloc_env import use_expandable_segments
-from heap_env import keep_freed_heap
-from thread_env import use_passive_openmp
-from windows_env import use_windows_shape
+from process_env import prepare_process
 
 # The engine (and torch) is imported inside the functions that need it, on purpose: a bad flag or model path fails
 # in under 3 s, before torch loads. Every function-local import below is that one reason.
@@ -512,10 +509,7 @@ def is_loopback(host: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    use_expandable_segments()  # before torch loads (every torch import is below, in functions)
-    use_passive_openmp()  # torch's idle OpenMP threads sleep instead of spinning on the engine's C pools' cores
-    keep_freed_heap()  # a prefill's large temporaries reuse freed heap instead of fresh, zeroed pages
-    use_windows_shape()  # HEADINFER_WINDOWS_SHAPED=1: spawn and a pin limit, as on a Windows PC
+    prepare_process()  # allocator, OpenMP, malloc, Windows shape: before torch loads (every torch import is below)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.add_user is not None:  # writes the users file and exits: no model, no port

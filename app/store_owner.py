@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 
 from app.disk_usage import folder_bytes
-from windows_env import shaped
+from process_env import shaped
 
 try:
     import fcntl

@@ -13,8 +13,9 @@ Every study is its own entry point: ``python -m benchmarks.<name>`` or ``python 
 The rules the tests read from the imports live in ``tests/structure.py``.
 """
 
-from cuda_alloc_env import use_expandable_segments
+from process_env import use_expandable_segments
 
 # Every entry point (``python -m benchmarks.<name>``) imports this package before any of its modules imports torch:
-# the allocator settings the app runs with (``launch.py``) are the ones measured.
+# the allocator settings the app runs with (``launch.py``) are the ones measured. Only those: the OpenMP and malloc
+# settings go to "ours" children alone (``process_env.for_children``), never to stock's or llama.cpp's.
 use_expandable_segments()

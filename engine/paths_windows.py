@@ -2,7 +2,7 @@
 
 Most 4090s are in Windows PCs, and CI is Linux. The switch turns on together every choice a Windows PC makes:
 ``spawn`` for child processes and a pin limit (``HEADINFER_PIN_LIMIT``, 64 MiB unless set), both at a process's
-start by ``windows_env.py``; and, where ``windows_rules()`` is read, no C compiler (the torch paths:
+start by ``process_env.prepare_process()``; and, where ``windows_rules()`` is read, no C compiler (the torch paths:
 ``engine.native.library.compiler``), no hard links (snapshots copy the disk tier's files), names valid on NTFS
 (``ntfs_name``) and the portable fallbacks of POSIX-only calls (space reservation, locks, memory caps). On a real Windows PC ``windows_rules()`` is true without the switch.
 Imports nothing of the engine, like ``paths``: every wing (``kv/``, ``native/``) may use it.

@@ -3,7 +3,7 @@ import tempfile
 
 import pytest
 
-from windows_env import use_windows_shape
+from process_env import prepare_process, shaped
 
 # Tests and the apps they launch run the small embedded SmolLM2, not the CPU default (engine.models.pypi).
 os.environ.setdefault("HEADINFER_CPU_MODEL", "embedded")
@@ -12,9 +12,11 @@ os.environ.setdefault("HEADINFER_CPU_MODEL", "embedded")
 _CACHE = tempfile.TemporaryDirectory(prefix="headinfer-test-cache-")
 # A child pytest that a test starts on purpose with a cache of its own (HEADINFER_TEST_CACHE) keeps it.
 os.environ["HEADINFER_CACHE"] = os.environ.get("HEADINFER_TEST_CACHE") or _CACHE.name
-# HEADINFER_WINDOWS_SHAPED=1 (scripts/test_windows_shaped.sh): the tests and the apps they launch make a Windows PC's
-# choices (windows_env, engine.paths_windows), and a fork in this process fails the test that made it: Windows has none.
-if use_windows_shape():
+# The tests run with the app's process settings (allocator, OpenMP, malloc: before torch loads). With
+# HEADINFER_WINDOWS_SHAPED=1 (scripts/test_windows_shaped.sh) the tests and the apps they launch make a Windows PC's
+# choices (process_env, engine.paths_windows), and a fork in this process fails the test that made it: Windows has none.
+prepare_process()
+if shaped():
 
     def _no_fork():
         raise AssertionError("os.fork in the Windows-shaped run: Windows has no fork (use spawn)")

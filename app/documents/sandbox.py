@@ -26,7 +26,7 @@ from app.documents.archive import format_size
 from app.documents.base import DocumentError
 from app.documents.extract import Extracted, extract
 from app.documents.limits import BoxLimits
-from windows_env import shaped
+from process_env import shaped
 
 try:
     import resource

@@ -25,8 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-import heap_env
-from thread_env import use_passive_openmp
+import process_env
 
 from .llamacpp_compare import CHUNK, PREFILL_MAX, _run, _text_ids, read_then_decode
 
@@ -99,8 +98,8 @@ def measure_one(side: str, context: int, phase: str, placement: str, args) -> di
     else:
         environ = dict(os.environ)
         if side == "ours":
-            use_passive_openmp(environ)  # what launch.py runs the studio with, and glibc's thresholds (heap_env)
-            heap_env.for_children(environ)
+            process_env.use_passive_openmp(environ)  # what launch.py runs the studio with, and glibc's thresholds
+            process_env.for_children(environ)
         out, peak = _run([*prefix, sys.executable, "-m", "benchmarks.weights.llamacpp_1_5b", "--child", side,
                           "--contexts", str(context), "--decode-tokens", str(args.decode_tokens), "--threads",
                           str(threads)], threads, environ)

@@ -24,8 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-import heap_env
-from thread_env import use_passive_openmp
+import process_env
 
 from ..harness.timing import summed
 from ..records import ResultStore, load_records, machine_line, run_stamp
@@ -75,8 +74,8 @@ def measure(store: ResultStore, names: list[str], reads: int, tokens: int = TOKE
     for name in names:
         prefix, threads = placements()[name]
         environ = dict(os.environ)
-        use_passive_openmp(environ)  # what launch.py runs the studio with
-        heap_env.for_children(environ)
+        process_env.use_passive_openmp(environ)  # what launch.py runs the studio with
+        process_env.for_children(environ)
         command = [*prefix, sys.executable, "-m", "benchmarks.weights.prefill_parts", "--child", str(threads),
                    "--reads", str(reads), "--tokens", str(tokens)]
         done = subprocess.run(command, env=environ, capture_output=True, text=True, check=True, timeout=3600)

@@ -341,7 +341,7 @@ def test_launch_sets_glibc_malloc_thresholds_before_torch_loads_unless_the_user_
 
 _FAULTS = """
 import json, resource, sys, threading, torch
-import heap_env
+import process_env
 
 def mlp(x):  # a 512-token chunk's MLP temporaries (Qwen2.5-1.5B), made and freed in transformers' order
     gate, up = torch.empty(512, 8960).fill_(1.0), torch.empty(512, 8960).fill_(2.0)
@@ -360,7 +360,7 @@ def faults():  # page faults of eight layers' MLPs
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 environ = {}
-is_set = heap_env.keep_freed_heap(environ) if sys.argv[1] == "kept" else False
+is_set = process_env.keep_freed_heap(environ) if sys.argv[1] == "kept" else False
 counts = []
 def compute():  # on a worker thread, as the app computes
     for _ in range(3):  # the heap grows to its size (and glibc's own thresholds settle on the first frees)
@@ -399,7 +399,7 @@ class _Libc:
 
 
 def test_malloc_thresholds_keep_a_users_choice_and_a_refusal_changes_nothing():
-    from heap_env import keep_freed_heap
+    from process_env import keep_freed_heap
 
     for user in ({"MALLOC_MMAP_THRESHOLD_": "65536"}, {"MALLOC_ARENA_MAX": "4"},
                  {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}):
@@ -413,7 +413,7 @@ def test_malloc_thresholds_keep_a_users_choice_and_a_refusal_changes_nothing():
 
 
 def test_a_users_own_expandable_segments_choice_is_kept_and_other_platforms_are_left_alone():
-    from cuda_alloc_env import use_expandable_segments
+    from process_env import use_expandable_segments
 
     environ = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
     assert use_expandable_segments(environ, "linux") is None and environ == {

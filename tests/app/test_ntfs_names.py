@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-import windows_env
+import process_env
 from app import store_owner, uploads
 from engine.errors import InputError
 from engine.models.weights_cache import gguf_entry
@@ -74,7 +74,7 @@ def test_a_process_is_found_alive_or_gone_without_signalling_it():
 
 @pytest.mark.parametrize("check", [_killed_save, _live_save], ids=["killed-owner", "live-owner"])
 def test_without_flock_a_lock_is_owned_by_its_live_process(check, tmp_path, monkeypatch):
-    monkeypatch.setenv(windows_env.NAME, "1")  # Windows' path: no fcntl, the lock's process id and start time
+    monkeypatch.setenv(process_env.WINDOWS_SHAPED, "1")  # Windows' path: no fcntl, the lock's process id and start time
     assert not store_owner._can_flock()
     check(tmp_path)
     lock = tmp_path / f"{store_owner.LOCK_PREFIX}{os.getpid()}.lock"  # a later process given a dead owner's id

@@ -150,7 +150,7 @@ def test_each_failures_reason_is_logged_as_it_happens_once_also_under_xdist(tmp_
     if workers:
         command += ["-n", str(workers)]
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"} | {"HEADINFER_FAILURE_LOG": str(log)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))  # conftest's windows_env
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), env.get("PYTHONPATH")]))  # conftest's process_env
     subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, timeout=120)
     text = log.read_text()
     reasons = gpu_steps.parse_failure_log(text)

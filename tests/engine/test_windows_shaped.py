@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import windows_env
+import process_env
 from engine import SnapshotStore, paths_windows
 from engine.errors import DiskTierError
 from engine.kv.disk import DiskMemory
@@ -34,7 +34,7 @@ def shaped(monkeypatch):
 
 
 def test_the_switch_reads_one_variable(monkeypatch):
-    assert windows_env.NAME == paths_windows.ENV
+    assert process_env.WINDOWS_SHAPED == paths_windows.ENV
     for value, on in (("1", True), ("0", False), ("", False)):
         monkeypatch.setenv(paths_windows.ENV, value)
         assert paths_windows.windows_shaped() is on and paths_windows.windows_rules() is (on or os.name == "nt")
@@ -79,7 +79,7 @@ def test_disk_space_is_reserved_without_posix_fallocate(tmp_path, shaped):
 
 
 def _started(environ: dict) -> dict:
-    code = ("import json, multiprocessing, os, windows_env; on = windows_env.use_windows_shape();"
+    code = ("import json, multiprocessing, os, process_env; on = process_env.use_windows_shape();"
             "print(json.dumps([on, multiprocessing.get_start_method(), os.environ.get('HEADINFER_PIN_LIMIT')]))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True,
                           timeout=60, check=True)
@@ -87,7 +87,8 @@ def _started(environ: dict) -> dict:
 
 
 def test_the_start_sets_spawn_and_the_pin_limit_only_when_shaped():
-    base = {k: v for k, v in os.environ.items() if k not in (windows_env.NAME, windows_env.PIN_LIMIT_NAME)}
-    assert _started({**base, windows_env.NAME: "1"}) == [True, "spawn", "64MiB"]
-    assert _started({**base, windows_env.NAME: "1", windows_env.PIN_LIMIT_NAME: "1GiB"}) == [True, "spawn", "1GiB"]
+    base = {k: v for k, v in os.environ.items() if k not in (process_env.WINDOWS_SHAPED, process_env.PIN_LIMIT_NAME)}
+    assert _started({**base, process_env.WINDOWS_SHAPED: "1"}) == [True, "spawn", "64MiB"]
+    limited = {**base, process_env.WINDOWS_SHAPED: "1", process_env.PIN_LIMIT_NAME: "1GiB"}
+    assert _started(limited) == [True, "spawn", "1GiB"]
     assert _started(base) == [False, multiprocessing.get_all_start_methods()[0], None]  # the default, kept

@@ -96,6 +96,15 @@ class GatedModelError(ModelSourceError):
     """The repository is gated or private and this machine is not logged in with access to it."""
 
 
+class DamagedRevisionLock(ModelSourceError):
+    """The lock file recording the Hub commit each model was pinned to (``engine.models.hub_lock``) cannot be read:
+    downloads and cached lookups of unpinned models stop rather than fall back to a branch."""
+
+
+class RevisionLockMismatch(ModelSourceError):
+    """The Hub's answer at a locked commit differs from what this machine recorded at the first download."""
+
+
 class UnsupportedModelError(HeadInferError, ValueError):
     """The model's architecture is not one the head-wise engine supports. ``supported`` maps each supported
     ``model_type`` to its display name (``engine.models.loader.SUPPORTED_ARCHITECTURES``; passed in, since this

@@ -7,6 +7,10 @@ finished stays in the cache, so a download that was killed or cancelled resumes 
 finished (``huggingface_hub`` itself resumes a file whose connection broke, with a Range request). Every LFS file
 is checked against the SHA-256 the Hub lists for it: a corrupt one is removed and reported. ``HF_ENDPOINT`` (or
 ``endpoint``) points it at another server: the tests serve a tiny model locally.
+
+A catalogue entry pinned to a commit downloads that commit. One whose revision is a branch (``main``) is pinned on
+this machine by its first download (``hub_lock``: the commit ``main`` resolved to, with its file list); every later
+download, resume and ``cached_snapshot`` of it uses that commit, until the owner's ``update_pin``.
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ import hashlib
 import json
 import logging
 import os
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import CorruptDownload, DownloadCancelled, GatedModelError, ModelSourceError
+from . import hub_lock
+from ..errors import CorruptDownload, DownloadCancelled, GatedModelError, ModelSourceError, RevisionLockMismatch
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +34,8 @@ logger = logging.getLogger(__name__)
 WANTED = ("*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "merges.txt", "vocab.txt")
 SKIPPED = ("original/*", "consolidated*", "*/*.gguf")
 CATALOGUE = Path(__file__).with_name("catalogue.json")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_COMMIT = hub_lock.COMMIT
+UNPINNED = "unpinned: the first download pins the commit it fetches"
 
 
 def pinned_revision(repo_id: str) -> str | None:
@@ -62,7 +67,9 @@ class DownloadJob:
     def __init__(self, repo_id: str, *, revision: str | None = None, cache_dir: str | Path | None = None,
                  token: str | bool | None = None, endpoint: str | None = None,
                  on_progress: Callable[[DownloadProgress], None] | None = None):
-        # A catalogue model downloads the commit the catalogue pins, not whatever its branch holds today.
+        # A catalogue model downloads the commit the catalogue pins, not whatever its branch holds today; a branch
+        # (or no revision) is pinned on this machine by its first download. A caller's own revision is its own.
+        self._locks = revision is None and not _is_commit(pinned_revision(repo_id))
         revision = revision if revision is not None else pinned_revision(repo_id)
         self.repo_id, self.revision, self.cache_dir, self.token = repo_id, revision, cache_dir, token
         self.endpoint = endpoint  # None: HF_ENDPOINT or the Hub
@@ -79,18 +86,13 @@ class DownloadJob:
     def run(self) -> Path:
         """Downloads what is missing and returns the snapshot folder (``load_model`` takes it as a source)."""
         from huggingface_hub import HfApi, hf_hub_download  # start-up time: only the picker downloads
-        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+        from huggingface_hub.errors import GatedRepoError
 
         api = HfApi(endpoint=self.endpoint, token=self.token)
-        try:
-            info = api.model_info(self.repo_id, revision=self.revision)
-            files = [f for f in api.list_repo_tree(self.repo_id, revision=info.sha, recursive=True)
-                     if hasattr(f, "size") and _wanted(f.path)]
-        except GatedRepoError as error:
-            raise GatedModelError(gated_message(self.repo_id)) from error
-        except RepositoryNotFoundError as error:
-            raise ModelSourceError(f"{self.repo_id} is not on the Hub, or is private: check the name, or log in "
-                                   f"with `hf auth login` if it is yours.") from error
+        pin = hub_lock.locked(self.repo_id) if self._locks else None  # a damaged lock file stops the download
+        info, files = _resolve(api, self.repo_id, pin.sha if pin is not None else self.revision)
+        if self._locks:
+            _keep_pin(pin, self.repo_id, self.revision or "main", info.sha, files)
         self._total = sum(f.size for f in files)
         job = self
         folder: Path | None = None
@@ -191,6 +193,85 @@ def _progress_class(job: DownloadJob):
     return Progress
 
 
+def _resolve(api, repo_id: str, revision: str | None) -> tuple[object, list]:
+    """The Hub's model info at ``revision`` and the files a model needs at the commit it resolved to."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    try:
+        info = api.model_info(repo_id, revision=revision)
+        files = [f for f in api.list_repo_tree(repo_id, revision=info.sha, recursive=True)
+                 if hasattr(f, "size") and _wanted(f.path)]
+    except GatedRepoError as error:
+        raise GatedModelError(gated_message(repo_id)) from error
+    except RepositoryNotFoundError as error:
+        raise ModelSourceError(f"{repo_id} is not on the Hub, or is private: check the name, or log in "
+                               f"with `hf auth login` if it is yours.") from error
+    return info, files
+
+
+def _listed(files: list) -> tuple[hub_lock.LockedFile, ...]:
+    return tuple(sorted((hub_lock.LockedFile(f.path, int(f.size), f.lfs.sha256 if f.lfs is not None else None)
+                         for f in files), key=lambda f: f.path))
+
+
+def _keep_pin(pin: hub_lock.Locked | None, repo_id: str, branch: str, sha: str, files: list) -> None:
+    """Records the first download's commit before any file is fetched (a resume after a kill finds it); at a locked
+    commit, refuses a Hub whose answer differs from what was recorded."""
+    listed = _listed(files)
+    if pin is None:
+        hub_lock.record(hub_lock.new_pin(repo_id, sha, branch, "download", listed))
+    elif sha != pin.sha:
+        raise RevisionLockMismatch(f"{repo_id}: the Hub answered commit {sha[:12]} when asked for the locked "
+                                   f"{pin.sha[:12]}; nothing was downloaded.")
+    elif pin.files and listed != pin.files:
+        changed = sorted({f.path for f in set(listed) ^ set(pin.files)})
+        raise RevisionLockMismatch(f"{repo_id}: the Hub's files at the locked commit {pin.short} differ from those "
+                                   f"recorded at the first download ({', '.join(changed[:5])}); nothing was "
+                                   f"downloaded.")
+    elif not pin.files:  # pinned from a cached snapshot: the first listing seen fills the file list in
+        hub_lock.record(hub_lock.Locked(pin.repo_id, pin.sha, pin.branch, pin.how, pin.locked_at, listed))
+
+
+def update_pin(repo_id: str, *, endpoint: str | None = None, token: str | bool | None = None,
+               api=None) -> tuple[hub_lock.Locked | None, hub_lock.Locked]:
+    """The owner's "update to the latest": pins ``repo_id`` to the commit its branch holds on the Hub today (the
+    next download fetches it; the old commit's snapshot stays in the cache). Returns the old pin and the new one.
+    ``api``: an ``HfApi``-like object (by default the Hub's, or ``endpoint``'s)."""
+    revision = pinned_revision(repo_id)
+    if _is_commit(revision):
+        raise ModelSourceError(f"{repo_id} is pinned by the catalogue to {revision[:7]}: an update changes "
+                               f"catalogue.json (python -m engine.models.pin_catalogue), not this machine's lock.")
+    if api is None:
+        from huggingface_hub import HfApi  # start-up time: only the picker downloads
+
+        api = HfApi(endpoint=endpoint, token=token)
+    old = hub_lock.locked(repo_id)
+    info, files = _resolve(api, repo_id, revision or "main")
+    new = hub_lock.new_pin(repo_id, info.sha, revision or "main", "update", _listed(files))
+    hub_lock.record(new)
+    return old, new
+
+
+def pin_status(repo_id: str) -> str:
+    """How a Hub model's download is pinned, for the picker: by the catalogue, by this machine's first download or
+    the owner's update (``hub_lock``), or not yet; a damaged lock file says so."""
+    revision = pinned_revision(repo_id)
+    if _is_commit(revision):
+        return f"pinned to {revision[:7]}"
+    try:
+        pin = hub_lock.locked(repo_id)
+    except ModelSourceError as error:
+        return f"lock file damaged, downloads refused: {error}"
+    if pin is None:
+        return UNPINNED
+    return f"pinned by the owner's update: {pin.short}" if pin.how == "update" else \
+        f"pinned at first download: {pin.short}"
+
+
+def _is_commit(revision: str | None) -> bool:
+    return revision is not None and bool(_COMMIT.match(revision))
+
+
 def _wanted(path: str) -> bool:
     return any(fnmatch.fnmatch(path, p) for p in WANTED) and not any(fnmatch.fnmatch(path, p) for p in SKIPPED)
 
@@ -216,10 +297,23 @@ def gated_message(repo_id: str) -> str:
 
 def cached_snapshot(repo_id: str, cache_dir: str | Path | None = None, revision: str | None = None) -> Path | None:
     """The complete snapshot of ``repo_id`` in the Hugging Face cache (at ``revision``: by default the one the
-    catalogue pins), or None (nothing is fetched)."""
+    catalogue pins, else the one this machine locked), or None (nothing is fetched). A branch's snapshot downloaded
+    before any lock existed is pinned as found; a damaged lock file raises ``DamagedRevisionLock``."""
+    if revision is not None or _is_commit(pinned_revision(repo_id)):
+        return _snapshot(repo_id, cache_dir, revision if revision is not None else pinned_revision(repo_id))
+    pin = hub_lock.locked(repo_id)
+    if pin is not None:
+        return _snapshot(repo_id, cache_dir, pin.sha)
+    branch = pinned_revision(repo_id) or "main"
+    folder = _snapshot(repo_id, cache_dir, branch)
+    if folder is not None and _is_commit(folder.name):
+        hub_lock.record(hub_lock.new_pin(repo_id, folder.name, branch, "cache"))
+    return folder
+
+
+def _snapshot(repo_id: str, cache_dir: str | Path | None, revision: str | None) -> Path | None:
     from huggingface_hub import snapshot_download  # start-up time: only the picker downloads
 
-    revision = revision if revision is not None else pinned_revision(repo_id)
     try:
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=cache_dir, local_files_only=True,
                                       allow_patterns=list(WANTED),

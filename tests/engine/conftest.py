@@ -26,3 +26,13 @@ def headinfer_smollm2(smollm2):
     model.set_attn_implementation("headinfer")
     yield model, tokenizer
     model.set_attn_implementation("sdpa")
+
+
+@pytest.fixture
+def own_lock(tmp_path, monkeypatch):
+    """This test's own revision lock (``engine.models.hub_lock``, under ``HEADINFER_CACHE``): the fake Hub serves
+    other files under the same commit from one test to the next, which a shared lock would rightly refuse."""
+    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path / "studio-cache"))
+    from engine.models.hub_lock import lock_path
+
+    return lock_path()

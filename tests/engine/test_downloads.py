@@ -17,6 +17,7 @@ from engine.errors import CorruptDownload, DownloadCancelled, GatedModelError
 from hub_server import HubServer
 
 REPO = "studio-tests/tiny-llama"
+pytestmark = pytest.mark.usefixtures("own_lock")  # each test pins its repository afresh
 
 
 @pytest.fixture(scope="module")

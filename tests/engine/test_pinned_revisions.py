@@ -15,6 +15,7 @@ from hub_server import COMMIT, HubServer
 
 REPO = "studio-tests/pinned-model"
 FILES = {"config.json": b'{"model_type": "llama"}', "model.safetensors": b"\0" * 4096}
+pytestmark = pytest.mark.usefixtures("own_lock")  # each test pins its repository afresh
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ Counted, not timed (issue 29, item 4): on the CPU, for a Llama-3-8B-shaped tiny 
 A layer's adjacent streamed groups are fetched and attended as one run of up to what a ping-pong buffer holds:
 the plan's ``groups_per_buffer`` groups' context (no budget here: a layer's eight), so the runs stay whole up to
 the planned context (``--groups-per-buffer 1``: the paper's buffers of one group, runs shrink as the context nears
-the plan). Writes ``docs/benchmarks/decode-ops.{md,json}``::
+the plan). Writes ``docs/benchmarks/decode-ops.md`` and ``data/decode-ops.json``::
 
     python -m benchmarks.decode_ops                      # groups 1, 2, 8; context 16, 200, 900 of 1024 planned
     python -m benchmarks.decode_ops --label before --out /tmp/ops   # (the same script run on an older checkout)
@@ -30,6 +30,8 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 
 import engine
 from engine.kv import streams as kv_streams
+
+from .harness.layout import data_file
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = measure([int(g) for g in args.groups.split(",")], [int(c) for c in args.contexts.split(",")],
                    args.max_context, args.groups_per_buffer)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "decode-ops.json"
+    path = data_file(args.out, "decode-ops.json")
     runs = json.loads(path.read_text()) if path.exists() else {}
     runs[args.label] = rows
     path.write_text(json.dumps(runs, indent=1) + "\n")

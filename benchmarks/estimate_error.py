@@ -31,6 +31,7 @@ from engine.reading.costs import ReadCosts
 
 from .corpus import fetch_corpus
 from .records import run_stamp
+from .harness.layout import data_file
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ def accuracy(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     heading = args.label or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    path = out / "estimate-accuracy.json"
+    path = data_file(out, "estimate-accuracy.json")
     runs = json.loads(path.read_text()) if path.exists() else []
     path.write_text(json.dumps([*runs, {"run": run_stamp("cpu"), "label": heading, "rows": rows}], indent=1))
     md = out / "estimate-accuracy.md"
@@ -268,7 +269,7 @@ def main(argv=None) -> int:
         rows = first_reads(args.corpus, args.repeats)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "estimate-error-first-reads.json").write_text(
+        data_file(out, "estimate-error-first-reads.json").write_text(
             json.dumps({"run": run_stamp("cpu"), "label": args.label, "rows": rows}, indent=1))
         section = first_reads_section(rows, args.label or time.strftime("%Y-%m-%d %H:%M"))
         write_section(out / "estimate-error.md", section)
@@ -290,7 +291,7 @@ def main(argv=None) -> int:
             rows += [{"start": start, "extra_load": busy, **row} for row in json.loads(out.stdout.splitlines()[-1])]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "estimate-error.json").write_text(json.dumps({"run": run_stamp("cpu"), "rows": rows}, indent=1))
+    data_file(out, "estimate-error.json").write_text(json.dumps({"run": run_stamp("cpu"), "rows": rows}, indent=1))
     lines = ["# Reading-time estimates learned from real reads, two starts (SmolLM2-135M, CPU)", "",
              "Three Debian manuals cut to ~2K/4K/7K tokens, read in two starts sharing one record of chunk timings; "
              "the second start runs beside an extra busy process (the load changes between the runs; other jobs "

@@ -5,7 +5,7 @@
 Three real manuals (Debian packages, read with the app's own reader), cut to about 2K, 4K and 7K tokens.
 For each: the estimate the plan panel shows before reading (``DocumentSession.reading.estimate_prefill_seconds``), the
 actual read, the ETA shown once a quarter was read, and how often progress arrived. Target: within ±35%.
-Writes docs/benchmarks/estimates.{json,md}.
+Writes docs/benchmarks/estimates.md and data/estimates.json.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from engine.models.loader import load_model
 
 from .corpus import fetch_corpus
 from .records import run_stamp
+from .harness.layout import data_file
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
         session.clear()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "estimates.json").write_text(json.dumps({"run": run_stamp("cpu"), "rows": rows}, indent=1, default=str))
+    data_file(out, "estimates.json").write_text(json.dumps({"run": run_stamp("cpu"), "rows": rows}, indent=1, default=str))
     lines = ["# Reading-time estimates vs actual reads (SmolLM2-135M, CPU)", "",
              "Real Debian manuals cut to ~2K/4K/7K tokens. *Before*: the plan panel's estimate; *at 25%*: elapsed + "
              "the ETA shown once a quarter was read. Target: within ±35%.", "",

@@ -12,7 +12,7 @@ bd77602, loaded with ``git show``; skipped outside a git checkout) and after. Fi
 
 Quality beside speed: words longer than 20 letters per 10,000 words (run-together words: real
 English has almost none) and the running header/footer lines removed.
-Writes ``docs/benchmarks/extraction.json`` and ``.md``.
+Writes ``docs/benchmarks/extraction.md`` and ``data/extraction.json``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from app.documents.pdf import pdfium_pages, pypdf_pages
 from app.documents.pdf_layout import running_lines
 
 from .corpus import CORPUS, fetch_corpus
+from .harness.layout import data_file
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "benchmarks"
@@ -189,7 +190,7 @@ def main() -> None:
     results = measure(files, args.rounds, baseline_reader(BASELINE_COMMIT))
     stamp["load_end"] = [round(x, 2) for x in os.getloadavg()]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "extraction.json").write_text(json.dumps({"machine": stamp, "results": results}, indent=1) + "\n")
+    data_file(args.out, "extraction.json").write_text(json.dumps({"machine": stamp, "results": results}, indent=1) + "\n")
     report = markdown(stamp, results, args.rounds)
     (args.out / "extraction.md").write_text(report)
     print(report)

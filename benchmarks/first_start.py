@@ -7,7 +7,7 @@ Each start is ``launch.py`` in a new process (the embedded SmolLM2-135M on the C
 a fresh ``HEADINFER_CACHE`` shared by the two starts), under ``nice -n 5``. *Ready*: the app's page answers (HTTP
 200). *Plan*: from ready to the answer of the app's own upload endpoint (``/upload``, through ``gradio_client`` as
 the API tests drive it) for a real PDF: the plan panel with its reading-time estimate. The start's log says whether
-the reading-cost measurement ran (``read rate:``) and when it landed. Writes docs/benchmarks/first-start.{json,md}.
+the reading-cost measurement ran (``read rate:``) and when it landed. Writes docs/benchmarks/first-start.md and data/first-start.json.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from pathlib import Path
 
 from .corpus import fetch_corpus
 from .records import run_stamp
+from .harness.layout import data_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     out = Path(args.out)
-    (out / "first-start.json").write_text(json.dumps({"run": run_stamp("cpu"), "document": args.document,
+    data_file(out, "first-start.json").write_text(json.dumps({"run": run_stamp("cpu"), "document": args.document,
                                                       "rows": rows}, indent=1))
     lines = ["# First and second start (SmolLM2-135M, CPU, clean cache)", "",
              "`python -m benchmarks.first_start`: `launch.py` twice on one fresh `HEADINFER_CACHE` (embedded "

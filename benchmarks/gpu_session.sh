@@ -2,8 +2,9 @@
 # One device call, every GPU step (benchmarks/harness/gpu_all.py), on a bare machine that has only torch and transformers.
 #
 #   bash benchmarks/fetch_gpu_wheels.sh                    # here, once: fills wheels/ (git-ignored)
-#   device run, carry ["wheels"], timeout_s 600:
-#     bash benchmarks/gpu_session.sh                       # results in $OUT: gpu.json, gpu.md, summary.md, logs
+#   on the GPU machine, from a copy of this checkout with wheels/ (one command of at most 10 minutes):
+#     bash benchmarks/gpu_session.sh                       # results in $OUT (else docs/benchmarks/runs/<today>/):
+#                                                          # gpu.json, gpu.md, summary.md, logs (docs/benchmarks/method.md)
 #   bash benchmarks/gpu_session.sh --device cpu --model tiny --out /tmp/smoke   # the plumbing on a CPU, minutes
 #
 # Installs from wheels/ only what fails to import there, then runs the steps in order of value, each with its
@@ -27,7 +28,7 @@ if [ "$device" = cpu ]; then  # the smoke run: tiny sizes, a slow shared CPU, no
   out=${out:-/tmp/headinfer-gpu-smoke}; deadline=${BENCH_DEADLINE_S:-1800}
   extra=(--scale 0.002 --test-workers 0 --cap-scale 3 "${extra[@]}")
 else
-  out=${out:-docs/benchmarks/gpu-run}; deadline=${BENCH_DEADLINE_S:-540}
+  out=${out:-docs/benchmarks/runs/$(date -u +%F)}; deadline=${BENCH_DEADLINE_S:-540}  # a run's files stay together
 fi
 mkdir -p "$out"
 python=python3

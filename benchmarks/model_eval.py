@@ -31,6 +31,7 @@ from engine.models.loaded import weights_mode
 from engine.types import page_markers
 
 from .records import append_jsonl, run_stamp
+from .harness.layout import data_file
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +235,7 @@ def main(argv=None) -> int:
     texts = {d["key"]: document_text(d, Path(args.cache)) for d in documents}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    jsonl = out / "model-eval.jsonl"
+    jsonl = data_file(out, "model-eval.jsonl")
     records = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.is_file() else []
     done = {(r["model"], r.get("weights", "dense"), r["document"], r["question"]) for r in records}
     stamp = run_stamp("cpu")

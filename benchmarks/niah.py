@@ -8,8 +8,8 @@ For every (length, depth) cell a paged haystack ("[page N]" markers) hides "The 
 one page; the model is asked for it. Each cell records whether head-wise decoding gives the very tokens
 stock transformers gives (greedy), whether the answer contains the needle, the top attention-grounded
 source page against the needle's page, and the sources' cost against the answer's decode time.
-Writes docs/benchmarks/niah.{json,md} and a heatmap niah.png. With ``--kv-dtype int8`` / ``fp8`` the head-wise
-side keeps its KV in 8 bits (``OffloadPolicy.kv_dtype``, lossy) and the files are niah-int8.* / niah-fp8.*; the
+Writes docs/benchmarks/niah.md, data/niah.json and a heatmap data/niah.png. With ``--kv-dtype int8`` / ``fp8`` the
+head-wise side keeps its KV in 8 bits (``OffloadPolicy.kv_dtype``, lossy) and the files are niah-int8.* / niah-fp8.*; the
 report then compares every cell with the exact grid in niah.json ("identical" stays: greedy tokens identical to
 stock transformers on exact KV).
 """
@@ -35,6 +35,7 @@ from engine.types import page_marker, page_markers
 
 from .harness.models import set_attention
 from .records import run_stamp
+from .harness.layout import data_file
 from .harness.run import parse_tokens
 
 logger = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def main(argv=None) -> int:
     name = "niah" if args.kv_dtype is None else f"niah-{args.kv_dtype}"
     exact = None
     if args.kv_dtype is not None:
-        exact = json.loads((out / "niah.json").read_text())["cells"]  # the grid to compare with: run it first
+        exact = json.loads(data_file(out, "niah.json").read_text())["cells"]  # the grid to compare with: run it first
     started = time.perf_counter()
     for length in parse_tokens(args.lengths):
         for depth in (float(d) for d in args.depths.split(",")):
@@ -131,13 +132,13 @@ def main(argv=None) -> int:
                             chunk=args.chunk_size, kv_dtype=args.kv_dtype)
             logger.info("%s", cell)
             cells.append(cell)
-            (out / f"{name}.json").write_text(json.dumps({"run": run_stamp("cpu"), "kv_dtype": args.kv_dtype,
+            data_file(out, f"{name}.json").write_text(json.dumps({"run": run_stamp("cpu"), "kv_dtype": args.kv_dtype,
                                                           "heads": heads, "cells": cells,
                                                           "seconds": time.perf_counter() - started},
                                                          indent=1, default=str))
     text = report(cells, heads) if exact is None else report_8bit(cells, heads, exact, args.kv_dtype)
     (out / f"{name}.md").write_text(text)
-    heatmap(cells, out / f"{name}.png", args.kv_dtype)
+    heatmap(cells, data_file(out, f"{name}.png"), args.kv_dtype)
     print(text)
     return 0
 
@@ -187,7 +188,7 @@ def report_8bit(cells: list[dict], heads: dict, exact: list[dict], kv_dtype: str
         f"The head-wise side keeps K/V in {kv_dtype} with a scale per token and head "
         f"(`OffloadPolicy(kv_dtype=\"{kv_dtype}\")`): lossy by design, answers may differ from the model's own. "
         "Stock transformers (sdpa, exact KV) is the reference as in the exact grid (`niah.md`); every cell is "
-        "compared with that exact grid (`niah.json`). Same outcome: the same \"found\" and the same top source "
+        "compared with that exact grid (`data/niah.json`). Same outcome: the same \"found\" and the same top source "
         "as the exact run.", "",
         f"Retrieval heads (needle calibration): {heads}", "",
         f"- cells with the same outcome as exact KV: {len(same)}/{len(compared)} "

@@ -8,7 +8,7 @@ Two tabs through the app's own handlers and one ``ComputeQueue``, on the embedde
 reads a short text; tab A starts reading a real Debian manual (the Policy Manual PDF, "Truncate to fit": the first
 ~4K tokens, a single 4,096-token forward on a CPU); ``--after`` seconds into A's read, B asks a question. Measured:
 B's wait for its turn (Ask → "Thinking…"), B's whole answer, and A's whole read. "Before" runs the same code with
-``ComputeQueue.give_way`` returning at once (the read keeps the device). Writes docs/benchmarks/queue-wait.json.
+``ComputeQueue.give_way`` returning at once (the read keeps the device). Writes docs/benchmarks/data/queue-wait.json.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from engine.reading.costs import ReadCosts
 
 from .corpus import fetch_corpus
 from .records import run_stamp
+from .harness.layout import data_file
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
             rows.append(row)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "queue-wait.json").write_text(json.dumps({"run": run_stamp("cpu"), "rows": rows}, indent=1))
+    data_file(out, "queue-wait.json").write_text(json.dumps({"run": run_stamp("cpu"), "rows": rows}, indent=1))
     print(json.dumps(rows, indent=1))
     return 0
 

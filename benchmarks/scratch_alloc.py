@@ -33,7 +33,9 @@ from engine import cache as cache_module
 from engine.kv import buffers, kernels, windowed
 from engine.kv.ledger import SCRATCH
 
-OUT = Path("docs/benchmarks/scratch-cpu")
+from .harness.layout import data_file
+
+OUT = Path("docs/benchmarks/scratch-cpu.md")  # its records: data/scratch-cpu.json
 MIB = 2**20
 
 
@@ -100,7 +102,7 @@ def main() -> None:
     stamp = {"context": args.context, "chunk": args.chunk, "model": "random Llama shape: 4 layers, 8 q / 2 kv heads, "
              "head_dim 64, fp32", "resident_slots": 0, "head_group_size": 1, "torch": torch.__version__,
              "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d")}
-    OUT.with_suffix(".json").write_text(json.dumps({"stamp": stamp, "rows": rows}, indent=1) + "\n")
+    data_file(OUT.parent, "scratch-cpu.json").write_text(json.dumps({"stamp": stamp, "rows": rows}, indent=1) + "\n")
     lines = [
         "# Attention scratch: allocations of a chunked prefill, before and after (CPU)", "",
         f"`python -m benchmarks.scratch_alloc` ({stamp['date']}, torch {stamp['torch']}, {stamp['threads']} threads). "
@@ -124,7 +126,7 @@ def main() -> None:
               "`benchmarks/harness/gpu_steps.py`'s peak step (reserved and NVML against the plan, with `scratch_planned` / "
               "`scratch_allocated`). Seconds are wall time on a shared machine (load average in the commit), not a "
               "speed comparison."]
-    OUT.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    OUT.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

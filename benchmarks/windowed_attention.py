@@ -10,7 +10,7 @@ included (the output is the same tensor either way).
 - *planned*: ``windowed.scratch_bytes`` for this machine's threads, plus the output;
 - *before, CUDA*: what the old CUDA route allocated, modelled as its four copies: K/V repeated for the query
   heads, the boolean mask, its additive copy in the query dtype and that copy padded to 16 keys (the H200 run
-  measured 320 MiB fp32 / 176 MiB bf16 for the Mistral shape: ``shared/gpu-runs/2026-11-26-h200``).
+  measured 320 MiB fp32 / 176 MiB bf16 for the Mistral shape: ``docs/benchmarks/gpu-h200.md``).
 
     .venv/bin/python -m benchmarks.windowed_attention
 """
@@ -132,7 +132,7 @@ _HEADER = """# Windowed attention: peak memory of one prefill chunk (issue 30, f
 
 Without flash-attn, a sliding-window chunk used to go to SDPA whole, with a `[Q, K]` boolean mask: torch converts
 it to an additive copy in the query dtype, and on CUDA the memory-efficient kernel (the only fused one that takes
-a mask) pads that copy to 16 keys and needs K/V repeated for GQA. The H200 run (`shared/gpu-runs/2026-11-26-h200`,
+a mask) pads that copy to 16 keys and needs K/V repeated for GQA. The first H200 run (`gpu-h200.md`,
 `test_windowed_gqa_prefill_chunk_runs_a_fused_kernel_without_a_score_tensor`) measured 320 MiB (fp32) and
 176 MiB (bf16) for the Mistral shape below, none of it in the plan. The `window-blocks` route
 (`engine/kv/windowed.py`) attends blocks of queries against the keys they can see, with a mask of

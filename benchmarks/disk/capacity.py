@@ -10,7 +10,7 @@
    ``--context`` tokens, decode steps with every home in RAM vs every home on disk (pages dropped from the page
    cache before each step, so the disk really is read); s/token ratio, and the tier's read GB/s against the
    disk's cold sequential read measured in the same run.
-Writes docs/benchmarks/capacity.{json,md}.
+Writes docs/benchmarks/capacity.md and data/capacity.json.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from .disk_io import cached_fraction, read_gbps, write_probe
 from ..harness.fill import fill_random
 from ..harness.models import llama3_8b_config
 from ..records import run_stamp
+from ..harness.layout import data_file
 from ..harness.run import parse_tokens
 
 logger = logging.getLogger(__name__)
@@ -187,7 +188,8 @@ def main(argv=None) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    previous = json.loads((out / "capacity.json").read_text()) if (out / "capacity.json").exists() else {}
+    records = data_file(out, "capacity.json")
+    previous = json.loads(records.read_text()) if records.exists() else {}
     context = parse_tokens(args.context)[0]
     try:
         measured = disk_vs_ram(context, args.steps, folder) if "disk" in parts else previous["disk_vs_ram"]
@@ -198,7 +200,7 @@ def main(argv=None) -> int:
         shutil.rmtree(folder, ignore_errors=True)
     result = {"run": run_stamp("cpu"), "bytes_per_token": rows, "largest": capacity, "disk_vs_ram": measured,
               "save": saving}
-    (out / "capacity.json").write_text(json.dumps(result, indent=1, default=str))
+    records.write_text(json.dumps(result, indent=1, default=str))
     text = report(result, args.host_gib)
     (out / "capacity.md").write_text(text)
     print(text)

@@ -7,7 +7,7 @@ the same ~30K random tokens in three modes, one after the other in each round: n
 checkpoints (every 16 chunks or 2 minutes); a checkpoint after every chunk (the worst case). Per read: the wall
 seconds, the checkpoints written, and the longest time the reader's thread spent inside ``checkpoint()`` (the
 part that holds the read up; the files are written on a background thread). Writes
-``docs/benchmarks/checkpoint.json`` and ``.md``.
+``docs/benchmarks/checkpoint.md`` and ``data/checkpoint.json``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from engine.store import checkpoint as checkpoint_module
 from engine.types import CheckpointPlan
 
 from ..harness.models import build_random
+from ..harness.layout import data_file
 
 WIDE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
             head_dim=64, vocab_size=512, max_position_embeddings=1 << 16, tie_word_embeddings=False)
@@ -135,7 +136,7 @@ def main() -> None:
                           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                           "load_average_at_start": os.getloadavg()}}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "checkpoint.json").write_text(json.dumps(result, indent=1))
+    data_file(args.out, "checkpoint.json").write_text(json.dumps(result, indent=1))
     (args.out / "checkpoint.md").write_text(markdown(result))
     print(markdown(result))
 

@@ -12,7 +12,7 @@ Measured in one run, on the folder the snapshots go to (``engine.models.loader.c
 3. the embedded SmolLM2-135M at ~8K tokens: prefill seconds vs cold restore seconds, same greedy answer.
 
 Targets (issue 4): cold restore >= 70% of the disk's cold read bandwidth; restore >= 10x faster than prefill.
-Writes ``docs/benchmarks/snapshot-cpu.json`` and ``.md``.
+Writes ``docs/benchmarks/snapshot-cpu.md`` and ``data/snapshot-cpu.json``.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from engine.store.fingerprint import ModelFingerprint, token_ids_digest
 from engine.store.format import SnapshotIdentity, read_header
 
 from .disk_io import PIECE_BYTES, cpu_pressure, drop_folder, read_gbps, write_probe
+from ..harness.layout import data_file
 
 _GIB = 1 << 30
 _PAUSE_SECONDS = 3.0
@@ -290,7 +291,7 @@ def main() -> None:
     result["targets"] = {"restore_fraction_of_disk_read": s["median_restore_gbps"] / s["median_disk_gbps"],
                          "restore_vs_prefill_speedup": result.get("smollm2", {}).get("restore_vs_prefill_speedup")}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "snapshot-cpu.json").write_text(json.dumps(result, indent=2) + "\n")
+    data_file(args.out, "snapshot-cpu.json").write_text(json.dumps(result, indent=2) + "\n")
     report = markdown(result)
     (args.out / "snapshot-cpu.md").write_text(report)
     print(report)

@@ -1,4 +1,4 @@
-"""Pure arithmetic of the hardware floors and the ratios every figure is reported with (shared/GPU.md).
+"""Pure arithmetic of the hardware floors and the ratios every figure is reported with (docs/benchmarks/method.md).
 
 - prefill floor = linear FLOPs / matmul rate + causal attention FLOPs / attention-kernel rate
 - decode floor  = KV bytes that cross the link per step / measured host-to-device bandwidth

@@ -47,7 +47,8 @@ logger = logging.getLogger(__name__)
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.harness.gpu_all", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="docs/benchmarks", help="folder of gpu.json, gpu.md, summary.md and logs")
+    p.add_argument("--out", default=f"docs/benchmarks/runs/{time.strftime('%Y-%m-%d')}",
+                   help="the run's folder: gpu.json, gpu.md, summary.md and logs")
     p.add_argument("--deadline-s", type=float, default=520.0, help="seconds for everything, from start")
     p.add_argument("--device", default="cuda")
     p.add_argument("--model", default="llama3-8b", choices=("llama3-8b", "tiny"))

@@ -154,7 +154,7 @@ def _num(value) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.harness.gpu_summary", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="docs/benchmarks", help="folder of gpu.json")
+    parser.add_argument("--out", required=True, help="the run's folder, which holds its gpu.json")
     args = parser.parse_args(argv)
     # The steps a killed run never reached still get their row (caps as on a GPU).
     text = summary_table(load_records(Path(args.out) / "gpu.json"), [(step.name, step.cap_s) for step in STEPS])

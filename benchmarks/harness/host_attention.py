@@ -4,7 +4,7 @@ CPU table (issue 29): one decode step's host attention over a whole Llama-3-8B l
 4 query heads each, head dim 128) at 1K-512K tokens, bf16 and int8 homes, on 1 thread and on every core, each call
 timed alternately with a plain read of a large buffer on the same threads of the kernel's pool (so that both see
 the same load from other processes); then the fixed cost of a call. Written to
-``docs/benchmarks/host-attention-cpu.{md,json}``::
+``docs/benchmarks/host-attention-cpu.md`` (records: ``data/host-attention-cpu.json``)::
     python -m benchmarks.harness.host_attention                      # 1K,8K,32K,128K,512K; bf16,int8; 1 thread, every core
     python -m benchmarks.harness.host_attention --tokens 8K,32K --dtypes bf16 --threads 1 --out /tmp/bench
 
@@ -32,6 +32,7 @@ from engine.kv import HostAttention, native, quant
 from engine.native.workers import usable_cores
 
 from ..records import run_stamp
+from .layout import data_file
 from .run import parse_tokens, run_step
 
 logger = logging.getLogger(__name__)
@@ -261,7 +262,7 @@ def run_cpu(tokens: list[int], dtypes: list[str], threads: list[int], repeats: i
 
 def write_report(result: dict, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "host-attention-cpu.json").write_text(json.dumps(result, indent=1))
+    data_file(out, "host-attention-cpu.json").write_text(json.dumps(result, indent=1))
     run, shape = result["run"], result["shape"]
     lines = [
         "# Host attention kernel vs read bandwidth (CPU)",

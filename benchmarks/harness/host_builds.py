@@ -7,7 +7,7 @@ each build's call follows a 1 GiB read (so its layer comes from DRAM, as a decod
 first alternates (ABBA); the read is timed in the same rounds. Medians::
 
     .venv/bin/python -m benchmarks.harness.host_builds --build before=-DHA_ROWS6=0 --build now= \\
-        --shape qwen2.5-1.5b --dtypes fp32,int8 --tokens 8K,32K,128K --out docs/benchmarks/host-rows6.json
+        --shape qwen2.5-1.5b --dtypes fp32,int8 --tokens 8K,32K,128K --out docs/benchmarks/data/host-rows6.json
 
 Shapes as ``host_prefetch``'s: ``llama3-8b`` (8 groups of one KV head, 4 query rows each, bf16 queries) and
 ``qwen2.5-1.5b`` (the CPU default model's decode step: one group of 2 KV heads, 6 query rows each).
@@ -22,6 +22,7 @@ from engine.kv import native
 from engine.native.library import compiler
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
+from .layout import cited, report_of
 from .host_attention import Layer, Read, in_turns, turns_table
 from .host_prefetch import SHAPES
 from .run import parse_tokens
@@ -51,14 +52,14 @@ def write_markdown(records: list[dict], builds: dict[str, list[str]], path: Path
     stamp = records[-1]["run"] if records else {}
     flags = ", ".join(f"**{name}** `{' '.join(f) or '(the source as it is)'}`" for name, f in builds.items())
     lines = ["# Host attention: builds in turns (CPU)", "",
-             f"`python -m benchmarks.harness.host_builds` (raw records: `{path.with_suffix('.json').name}`). "
+             f"`python -m benchmarks.harness.host_builds` (raw records: `{cited(path, report_of(path))}`). "
              f"Builds of `engine/kv/host_kernel.c`: {flags}. One layer's decode call each, in turns in every round "
              "(which goes first alternates), each after a 1 GiB read; the read timed in the same rounds. Medians. "
              "Shapes: `llama3-8b`, 8 groups of one KV head, 4 query rows each, bf16 queries; `qwen2.5-1.5b`, the "
              "CPU default model's: one group of 2 KV heads, 6 query rows each.", "",
              machine_line(stamp, IN_TURNS), "",
              *turns_table(records, names)]
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

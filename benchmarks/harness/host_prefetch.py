@@ -17,7 +17,7 @@ rounds:
 
     .venv/bin/python -m benchmarks.harness.host_prefetch
 
-Writes ``docs/benchmarks/host-prefetch.json`` and ``.md``. The results are the same operations in the same order at
+Writes ``docs/benchmarks/host-prefetch.md`` and ``data/host-prefetch.json``. The results are the same operations in the same order at
 both levels: only when the lines arrive differs.
 """
 
@@ -29,9 +29,10 @@ from pathlib import Path
 from engine.kv import native
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
+from .layout import cited, report_of
 from .host_attention import LLAMA3_8B, Layer, Read, in_turns, turns_table
 
-OUT = Path("docs/benchmarks/host-prefetch.json")
+OUT = Path("docs/benchmarks/data/host-prefetch.json")
 LEVELS = ("l1", "l2")
 QWEN_1_5B = {"num_groups": 1, "group": 2, "n_rep": 6, "head_dim": 128}  # the CPU default model's decode step
 SHAPES = {"llama3-8b": LLAMA3_8B, "qwen2.5-1.5b": QWEN_1_5B}
@@ -54,7 +55,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     function = native.kernel()
     auto = function.prefetch(native.PREFETCH["auto"]) if function is not None else None
     lines = ["# Host attention: the prefetch level (CPU)", "",
-             "`python -m benchmarks.harness.host_prefetch` (raw records: `host-prefetch.json`). One layer's decode "
+             f"`python -m benchmarks.harness.host_prefetch` (raw records: `{cited(path, report_of(path))}`). One layer's decode "
              "call with the next tokens' lines requested into **L1** (prefetcht0) or into **L2** and below "
              "(prefetcht2), the two levels in turns in every round (which goes first alternates), each call after a "
              "1 GiB read; the read is timed in the same rounds. Medians. int8 homes request into L1 at both levels: "
@@ -64,7 +65,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
              machine_line(stamp, IN_TURNS) + (f" `auto` on this CPU: {'L1' if auto == 1 else 'L2'}." if auto else ""),
              "",
              *turns_table(records, ["l2", "l1"])]  # l1 / l2: the time requesting into L1 takes of L2's
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

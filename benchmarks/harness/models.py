@@ -12,7 +12,7 @@ from engine.models.loader import load_model
 
 logger = logging.getLogger(__name__)
 
-#: Llama-3-8B's shape (shared/GPU.md): 15 GiB of bf16 weights, 128 KiB of KV per token
+#: Llama-3-8B's shape (docs/benchmarks/method.md): 15 GiB of bf16 weights, 128 KiB of KV per token
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, head_dim=128, vocab_size=128256, rope_theta=500000.0,
                  max_position_embeddings=1 << 23, tie_word_embeddings=False)

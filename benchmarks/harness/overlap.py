@@ -10,7 +10,7 @@ read being the fastest K = 0 stream from DRAM.
 
     .venv/bin/python -m benchmarks.harness.overlap   # taskset -c 0 for one core of a busy machine
 
-Writes ``docs/benchmarks/overlap.json`` and ``.md``. Needs a C compiler and AVX-512 (x86-64).
+Writes ``docs/benchmarks/overlap.md`` and ``data/overlap.json``. Needs a C compiler and AVX-512 (x86-64).
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from pathlib import Path
 from engine.native.library import compiler
 
 from ..records import ResultStore, load_records, machine_line, run_stamp
+from .layout import cited, report_of
 
 SOURCE = Path(__file__).with_name("overlap.c")
-OUT = Path("docs/benchmarks/overlap.json")
+OUT = Path("docs/benchmarks/data/overlap.json")
 
 
 def measure(rounds: int, store: ResultStore) -> None:
@@ -55,13 +56,13 @@ def write_markdown(records: list[dict], path: Path) -> None:
     read = max(reads) if reads else None
     variants = sorted({v for _, v in rates if v != "L2"}, key=lambda v: ("huge" in v, v))
     lines = ["# Does a core overlap arithmetic with reading memory?", "",
-             "`python -m benchmarks.harness.overlap` (raw records: `overlap.json`). A stream of floats, K fused "
+             f"`python -m benchmarks.harness.overlap` (raw records: `{cited(path, report_of(path))}`). A stream of floats, K fused "
              "multiply-adds per 64-byte vector into 16 independent sums; GB/s of the stream. **L2**: a 256 KiB buffer "
              "read over and over (the arithmetic's pace). **overlapped** = min(L2, plain read) and **serial** = "
              "1 / (1 / L2 + 1 / plain read), the plain read being the fastest K = 0 stream from DRAM. One thread.", "",
              machine_line(stamp), ""]
     if read is None:
-        path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        report_of(path).write_text("\n".join(lines) + "\n")
         return
     head = ["K", "L2", "overlapped", "serial", *variants]
     lines += ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
@@ -76,7 +77,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
               "memory in turn: a streaming kernel with that much arithmetic per vector then runs at 1 / (1 / its own "
               "pace + 1 / the read), whatever it prefetches, and only a faster pace of its own (less arithmetic per "
               "byte) brings it nearer the read. Huge pages and software prefetch change which of the two it sits at."]
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

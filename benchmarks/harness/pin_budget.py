@@ -39,6 +39,7 @@ from engine.errors import PinningError
 from engine.kv.pin_budget import ENV_LIMIT, driver_registration, parse_limit
 
 from .fill import fill_random
+from .layout import data_file
 
 logger = logging.getLogger(__name__)
 
@@ -288,7 +289,7 @@ def main(argv=None) -> int:
     text = table(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "pin-budget.json").write_text(json.dumps(results, indent=1))
+    data_file(out, "pin-budget.json").write_text(json.dumps(results, indent=1))
     intro = ("Written by `python -m benchmarks.harness.pin_budget --device "
              f"{args.device}` ({time.strftime('%Y-%m-%d')}); what each row measures: that module's docstring.")
     (out / "pin-budget.md").write_text(f"# Pinned memory as a budget ({results['device']})\n\n{intro}\n\n{text}\n")

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.harness.run``: the benchmark entry point (see shared/GPU.md for the method).
+"""``python -m benchmarks.harness.run``: the benchmark entry point (the method: docs/benchmarks/method.md).
 
 GPU (CUDA, Llama-3-8B-shaped random bf16 weights under an emulated budget), pieces chosen by flags::
     python -m benchmarks.harness.run --phases ceilings
@@ -30,6 +30,7 @@ from .models import build_model
 from .modes import GPU_MODES, SMOKE_MODES, Runner, parse_modes
 from .probes import warm_up
 from ..records import ResultStore, load_records, run_stamp
+from .layout import data_file, data_folder
 from .report import write_markdown, write_plots
 from .smoke import run_smoke, write_report
 from .sweeps import Sweep
@@ -73,7 +74,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "machine: spinning threads lose their time slices)")
     p.add_argument("--time-limit", type=float, default=540.0, help="seconds per piece (one phase x one mode)")
     p.add_argument("--budget-s", type=float, default=None, help="seconds for this whole process")
-    p.add_argument("--out", default="docs/benchmarks", help="folder for JSON, markdown and plots")
+    p.add_argument("--out", default="docs/benchmarks", help="folder for the markdown (JSON and plots in its data/ where it has one)")
     p.add_argument("--name", default=None, help="results file stem (default gpu, or cpu-smoke)")
     p.add_argument("--resume", action="store_true", help="skip measurements already in the results JSON")
     p.add_argument("--report-only", action="store_true", help="rewrite markdown and plots from the JSON")
@@ -96,13 +97,13 @@ def _main(args) -> int:
     out = Path(args.out)
     if args.cpu_smoke and args.report_only:
         name = args.name or "cpu-smoke"
-        write_report(load_records(out / f"{name}.json"), out, name)
+        write_report(load_records(data_file(out, f"{name}.json")), out, name)
         return 0
     if args.cpu_smoke:
         return _cpu_smoke(args, out)
 
     name = args.name or "gpu"
-    results = out / f"{name}.json"
+    results = data_file(out, f"{name}.json")
     if args.report_only:
         _report(load_records(results), out, name)
         return 0
@@ -183,7 +184,7 @@ def _run_gpu(args, store, out: Path, name: str) -> None:
         elif phase == "peak":
             sweep.peak(phase_modes, phase_lengths)
         elif phase == "profile":
-            sweep.profile(phase_modes[0], phase_lengths[0], out / "profile.txt")
+            sweep.profile(phase_modes[0], phase_lengths[0], data_file(out, "profile.txt"))
 
 
 _MODELS: dict = {}
@@ -206,7 +207,7 @@ def _host_budget(ceilings: dict | None) -> int:
 
 def _report(records: list[dict], out: Path, name: str) -> None:
     write_markdown(records, out / f"{name}.md", title="HeadInfer Studio — GPU benchmarks")
-    write_plots(records, out, name)
+    write_plots(records, data_folder(out), name)
 
 
 def _cpu_smoke(args, out: Path) -> int:

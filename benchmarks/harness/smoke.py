@@ -18,6 +18,7 @@ from .models import build_model
 from .modes import Mode, Runner
 from .probes import time_decode, time_prefill, warm_up
 from ..records import ResultStore, run_stamp
+from .layout import data_file, data_folder
 from .report import write_markdown, write_plots
 from .timing import release_memory
 
@@ -40,7 +41,7 @@ def run_smoke(out_dir: Path, *, model_name: str = "smollm2", modes: list[Mode], 
     model = build_model(model_name, "cpu")
     runner = Runner(model, torch.device("cpu"), chunk_size=chunk_size)
     stamp = run_stamp("cpu") | {"model": runner.describe(model_name), "threads": torch.get_num_threads()}
-    store = ResultStore(out_dir / f"{name}.json", stamp)
+    store = ResultStore(data_file(out_dir, f"{name}.json"), stamp)
     for mode in modes:
         warm_up(runner, mode, length=min(64, chunk_size))
     measures = {
@@ -76,4 +77,4 @@ def _pooled(phase: str, length: int, metrics: dict, samples: list[float]) -> dic
 
 def write_report(records: list[dict], out_dir: Path, name: str) -> None:
     write_markdown(records, out_dir / f"{name}.md", title="HeadInfer Studio — CPU smoke benchmark", reference="stock")
-    write_plots(records, out_dir, name, reference="stock")
+    write_plots(records, data_folder(out_dir), name, reference="stock")

@@ -11,7 +11,7 @@ the API: the first question in the page's layout (``GET /v1/documents``' message
 then a different follow-up after the API's own first answer, timed from the request to the first streamed token.
 Both follow-ups compute their own question's tokens only: the page's from its conversation, the API's from the
 document and the earlier turn already held (the ``headinfer.reused_tokens`` it reports). Greedy, no repetition guard
-on either side. Writes docs/benchmarks/api-follow-up.md (and .json).
+on either side. Writes docs/benchmarks/api-follow-up.md (and data/api-follow-up.json).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from gradio_client import Client, handle_file
 
 from ..load_visitors import LoadConfig, follow, running_app
 from ..records import machine_line, run_stamp
+from ..harness.layout import data_file
 
 FIRST = "Who keeps the lighthouse at Kerrow Point?"
 FOLLOW_UPS = ("What is the secret launch code?", "In which year was the lighthouse built?",
@@ -128,7 +129,7 @@ def main(argv=None) -> int:
 
 
 def write(out: Path, stamp: dict, tokens: int, rows: list[dict]) -> None:
-    (out / "api-follow-up.json").write_text(json.dumps({"run": stamp, "document_tokens": tokens, "rows": rows},
+    data_file(out, "api-follow-up.json").write_text(json.dumps({"run": stamp, "document_tokens": tokens, "rows": rows},
                                                        indent=1))
     med = {key: statistics.median(r[key] for r in rows if r[key] is not None) for key in
            ("page_ttft", "page_client", "api_client")}

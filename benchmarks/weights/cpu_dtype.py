@@ -22,9 +22,10 @@ from engine.types import ModelShape
 
 from ..harness.fill import fill_random
 from ..records import ResultStore, load_records, run_stamp
+from ..harness.layout import cited, report_of
 from ..harness.timing import time_once
 
-OUT = Path("docs/benchmarks/cpu-dtype.json")
+OUT = Path("docs/benchmarks/data/cpu-dtype.json")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -68,7 +69,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     lines = [
         "# CPU decode: fp32 vs bf16 weights",
         "",
-        "`python -m benchmarks.weights.cpu_dtype` (raw records: `cpu-dtype.json`). SmolLM2-135M-Instruct loaded with",
+        f"`python -m benchmarks.weights.cpu_dtype` (raw records: `{cited(path, report_of(path))}`). SmolLM2-135M-Instruct loaded with",
         "`load_model(dtype=...)` on the CPU, head-wise attention, K/V in the weights' dtype, a cache filled with",
         "random K/V; tokens/s = 1 / median seconds per decode step, the dtypes taking turns within each round.",
         "",
@@ -89,7 +90,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
         "short-context decode (weights-bound) stays about even; at 8K the attention over the cached K/V dominates",
         "and bf16 K/V halves those bytes. llama.cpp was not measured here (no build on this machine; skipped).",
     ]
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

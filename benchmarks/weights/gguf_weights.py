@@ -19,7 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-OUT = Path("docs/benchmarks/gguf-weights.json")
+from ..harness.layout import report_of
+
+OUT = Path("docs/benchmarks/data/gguf-weights.json")
 MODES = ("dense", "gguf")
 MODELS = ("embedded", "pypi:qwen2.5-coder-0.5b")
 PROMPT = "Write a Python function that returns the n-th Fibonacci number."
@@ -123,7 +125,7 @@ def write_markdown(record: dict, path: Path) -> None:
     if len(set(dates.values())) > 1:
         lines += ["", "Measured: " + ", ".join(f"{source} {date}" for source, date in dates.items()) + "."]
     lines += ["", *record.get("notes", []), ""]
-    path.with_suffix(".md").write_text("\n".join(lines))
+    report_of(path).write_text("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,7 +3,7 @@ fp32, bf16 and int8 before and after their converted weights are cached (``engin
 
 Each measurement runs in a fresh Python process (imports and file cache as a user's second start would see
 them; the first conversion writes into an empty ``HEADINFER_CACHE``), in rounds so load from other work on the
-machine lands on every kind alike. Results: ``docs/benchmarks/model-load.json`` (append-only) and ``.md``.
+machine lands on every kind alike. Results: ``docs/benchmarks/model-load.md`` from ``data/model-load.json`` (append-only).
 
     .venv/bin/python -m benchmarks.weights.model_load                 # the embedded SmolLM2: GGUF kinds, then memory
     .venv/bin/python -m benchmarks.weights.model_load --gguf path/to/model.gguf --rounds 3 --part gguf
@@ -26,8 +26,9 @@ from pathlib import Path
 from engine.models.loader import EMBEDDED_MODEL, _embedded_gguf, embedded_model_dir
 
 from ..records import ResultStore, load_records, run_stamp
+from ..harness.layout import cited, report_of
 
-OUT = Path("docs/benchmarks/model-load.json")
+OUT = Path("docs/benchmarks/data/model-load.json")
 
 #: kind -> the code timed in the child (``gguf``: the file's path); prints the seconds load took.
 _KINDS = {
@@ -254,7 +255,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     lines = [
         "# Model load time from a GGUF",
         "",
-        "`python -m benchmarks.weights.model_load` (raw records: `model-load.json`). Seconds from a fresh Python process to",
+        f"`python -m benchmarks.weights.model_load` (raw records: `{cited(path, report_of(path))}`). Seconds from a fresh Python process to",
         "a loaded model on the CPU, imports included, median of the rounds. Before: the GGUF was",
         "parsed for the config, the tokenizer and the weights on every load (`gguf-direct`). Now the first load",
         "converts it once into a safetensors folder in the cache (`first-load-converts`: the same parses plus a",
@@ -276,7 +277,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
                              f"{', '.join(f'{v:.1f}' for v in values)} |")
     lines += _memory_lines(records)
     lines += _first_start_lines(records)
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def _memory_lines(records: list[dict]) -> list[str]:
@@ -292,7 +293,7 @@ def _memory_lines(records: list[dict]) -> list[str]:
         "",
         "## Peak memory of a CPU load: converted weights cached",
         "",
-        f"`python -m benchmarks.weights.model_load --part memory` (raw records: `model-load.json`), {EMBEDDED_MODEL}",
+        f"`python -m benchmarks.weights.model_load --part memory` (raw records: `data/model-load.json`), {EMBEDDED_MODEL}",
         f"(the embedded model's fp32 folder), {len(floors)} round(s) of run {run_id}, medians. Each load is a fresh",
         "process: `first` with an empty converted-weights cache (bf16/int8: reads the fp32 folder, converts, saves",
         "the converted tensors), `second` from that cache (builds the model without storage and maps the saved",
@@ -332,7 +333,7 @@ def _first_start_lines(records: list[dict]) -> list[str]:
         "",
         "## A user's first start on the CPU (`--weights auto`)",
         "",
-        "`python -m benchmarks.weights.model_load --part first-start --sources ...` (raw records: `model-load.json`). A fresh",
+        "`python -m benchmarks.weights.model_load --part first-start --sources ...` (raw records: `data/model-load.json`). A fresh",
         "process with an empty cache but for the downloaded GGUF: `first` converts the GGUF into an fp32 folder",
         "(one tensor at a time since 2026-11-25), loads it, keeps the file's own blocks for every layer that matches",
         "and saves them; `second` maps the saved blocks. Peak: the process's VmHWM when `load_model` returns, which",

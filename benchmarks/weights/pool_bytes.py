@@ -8,7 +8,7 @@ token, so a 2K-token context is a 4 MiB block, below the 8 MiB the threshold was
 
     python -m benchmarks.weights.pool_bytes --contexts 1024,2048,4096 --thresholds 8192,3072
 
-Writes ``docs/benchmarks/pool-bytes.json`` and ``.md``: per context, the step's median ms under each threshold
+Writes ``docs/benchmarks/pool-bytes.md`` and ``data/pool-bytes.json``: per context, the step's median ms under each threshold
 (KiB), rounds alternating so that other tenants' memory traffic falls on both alike.
 """
 
@@ -23,9 +23,10 @@ import torch
 from engine.kv import kernels
 
 from ..records import ResultStore, load_records, machine_line, run_stamp
+from ..harness.layout import cited, report_of
 from .turns import decode_in_turns
 
-OUT = Path("docs/benchmarks/pool-bytes.json")
+OUT = Path("docs/benchmarks/data/pool-bytes.json")
 
 
 def decode_steps(context: int, thresholds: list[int], rounds: int, store: ResultStore, threads: int) -> None:
@@ -53,7 +54,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     thresholds = sorted({r["metrics"]["threshold_kib"] for r in decode}, reverse=True)
     stamp = decode[-1]["run"] if decode else {}
     lines = ["# CPU decode attention: from which block size it runs on the kernel's pool (two threads)", "",
-             "`python -m benchmarks.weights.pool_bytes` (raw records: `pool-bytes.json`). The CPU default model "
+             f"`python -m benchmarks.weights.pool_bytes` (raw records: `{cited(path, report_of(path))}`). The CPU default model "
              "(Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M, fp32 KV: 2 KiB a token a layer), its decode step after a "
              "cache filled with random K/V, with `kernels.POOL_BYTES` at each threshold in turns, in one process. "
              "A layer's block at or above the threshold is attended by the pool's threads, below it on one. "
@@ -68,7 +69,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
             block = cells[thresholds[0]]["block_bytes"] / 2**20
             lines.append(f"| {context:,} | {block:.1f} | " + " | ".join(f"{m:.1f}" for m in ms)
                          + f" | {ms[-1] / ms[0]:.3f} |")
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

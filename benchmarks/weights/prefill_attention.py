@@ -13,7 +13,7 @@ Two parts, each taking turns between the two routes so that other tenants' load 
     .venv/bin/python -m benchmarks.weights.prefill_attention                    # both parts, 1 thread and every core
     .venv/bin/python -m benchmarks.weights.prefill_attention --parts chunk --rounds 3
 
-Writes ``docs/benchmarks/prefill-attention.json`` and ``.md``.
+Writes ``docs/benchmarks/prefill-attention.md`` and ``data/prefill-attention.json``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import torch
 from engine.kv import kernels
 from engine.native.workers import usable_cores
 
+from ..harness.layout import data_file
 from ..records import machine_line, run_stamp
 
 DOCS = Path("docs/benchmarks")
@@ -130,7 +131,7 @@ def model_rows(threads: int, rounds: int, tokens: int = 2048) -> list[dict]:
 
 def write_report(result: dict, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "prefill-attention.json").write_text(json.dumps(result, indent=1))
+    data_file(out, "prefill-attention.json").write_text(json.dumps(result, indent=1))
     lines = ["# CPU prefill attention: torch SDPA against the host kernel", "",
              f"{result['run']['date']} · {machine_line(result['run'])}", "",
              "`python -m benchmarks.weights.prefill_attention` (the two routes in turns; medians). **chunk**: one "

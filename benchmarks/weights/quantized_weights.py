@@ -22,7 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-OUT = Path("docs/benchmarks/quantized-weights.json")
+from ..harness.layout import report_of
+
+OUT = Path("docs/benchmarks/data/quantized-weights.json")
 #: name -> llama config fields. small: fits the CPU runs; 1.5b: Qwen2.5-1.5B's widths; 8b: Llama 3.1 8B's.
 SHAPES = {
     "small": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=4, num_attention_heads=16,
@@ -150,7 +152,7 @@ def write_markdown(record: dict, path: Path) -> None:
         lines += ["", "Not measured on this device: " + "; ".join(f"`{r['mode']}` ({r['error']})" for r in failed)]
     for note in record.get("notes", []):
         lines += ["", note]
-    path.with_suffix(".md").write_text("\n".join(lines + [""]))
+    report_of(path).write_text("\n".join(lines + [""]))
 
 
 def main(argv: list[str] | None = None) -> None:

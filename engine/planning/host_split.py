@@ -24,7 +24,7 @@ Slot = tuple[int, int]  # (layer index, head-group index)
 DEFAULT_H2D_GBPS = 25.0
 
 # Seconds a decode step loses per layer with host-attended groups, beyond the two halves' bytes. Fitted on the
-# H200 run of 2026-11-27 (docs/benchmarks/gpu-run-2026-11-27b: Llama-3-8B shape, 32 layers, every layer with host
+# H200 run of 2026-11-27 (docs/benchmarks/runs/2026-11-27b: Llama-3-8B shape, 32 layers, every layer with host
 # groups): split steps took 2.7-4.4 ms a layer more than this forecast's max(host bytes / host rate, streamed bytes
 # / link) at 32K and 128K (5.8-6.8 at 512K, where the host kernel also read slower beside the copies than its
 # probe). There the split without this term made decode at 32K 1.5-1.8x slower than streaming (0.123-0.144 vs

@@ -98,7 +98,7 @@ def _results_path() -> Path:
         return Path(os.environ["BENCH_RESULTS"])
     if os.environ.get("OUT"):
         return Path(os.environ["OUT"]) / "gpu.json"
-    return Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "gpu-peak-test.json"
+    return Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "data" / "gpu-peak-test.json"
 
 
 def test_llama3_8b_peak_stays_flat_headwise_and_grows_with_stock():

@@ -524,7 +524,7 @@ def test_the_split_puts_groups_on_a_fast_enough_host_and_none_on_a_slow_one():
 def test_auto_streams_everything_where_the_host_layers_round_trips_eat_the_gain():
     """The H200 of 2026-11-27 (host kernel ~65-69 GB/s beside the copies, link 55): the planner's old split (56%
     on the host at every length) made decode at 32K 1.6-1.8x slower than streaming, and was 0.6-0.9x of
-    streaming at 128K and 512K (docs/benchmarks/gpu-run-2026-11-27b)."""
+    streaming at 128K and 512K (docs/benchmarks/runs/2026-11-27b)."""
     llama = ModelShape(32, 32, 8, 128, 4096, 14336, 128256, 2, 8_030_000_000, (None,) * 32)
     policy = engine.OffloadPolicy(head_group_size=1, resident_slots=0)
     h200 = rates.MachineRates(host_attention_gbps=69.0, h2d_gbps=55.0, is_h2d_measured=True)

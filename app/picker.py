@@ -34,9 +34,11 @@ from engine.models import (
     detect_machine,
     discover,
     load_catalogue,
+    pin_status,
     plan_entry,
     pypi_model_gguf,
     rank,
+    update_pin,
 )
 
 logger = logging.getLogger(__name__)
@@ -103,6 +105,15 @@ def document_counts(fits: list[Fit], serving: str, text: str, served_tokens: int
     return counts
 
 
+def pins(entries: list[Entry]) -> str:
+    """Which Hub commit each catalogue model downloads (``engine.models.pin_status``): pinned by the catalogue, by
+    this machine's first download or the owner's update, or not yet."""
+    items = "".join(f"<li>{escape.text(e.id)}: {escape.text(pin_status(e.id))}</li>" for e in entries
+                    if e.source == "catalogue" and not e.pypi and not e.location)
+    return (f"<details class='picker-pins' id='picker-pins'><summary>Hub revisions each download fetches</summary>"
+            f"<ul>{items}</ul></details>" if items else "")
+
+
 def where(entry: Entry, serving: str) -> str:
     if serving in (entry.id, entry.location, f"pypi:{entry.pypi}"):
         return "serving now"
@@ -118,11 +129,12 @@ class ModelPicker:
 
     ``owner``: who may scan folders, download and serve (``app.owner``; open: everyone, as on a plain local start);
     a visitor sees the catalogue alone, no server path. ``uploads``: folders visitors' files are uploaded into
-    (besides Gradio's own), never a model source for anyone."""
+    (besides Gradio's own), never a model source for anyone. ``endpoint``: the Hub (None: ``HF_ENDPOINT`` or
+    huggingface.co)."""
 
     def __init__(self, holder: ModelHolder, *, device: str, user_folders: list[str] | None = None,
-                 owner: OwnerGate = OPEN, uploads: list[Path] | None = None):
-        self.holder, self.device, self.owner = holder, device, owner
+                 owner: OwnerGate = OPEN, uploads: list[Path] | None = None, endpoint: str | None = None):
+        self.holder, self.device, self.owner, self.endpoint = holder, device, owner, endpoint
         self.user_folders = list(user_folders or [])
         self._uploads = list(uploads or [])
         self._entries: dict[str, Entry] = {}
@@ -156,7 +168,7 @@ class ModelPicker:
         fits = rank([plan_entry(e, machine) for e in entries])
         line = (f"<p class='picker-machine'>{escape.text(machine.name)}. <b>Reads here</b>: the longest document "
                 f"read exactly (RAM, or RAM plus a disk tier), capped at the model's trained window; 8-bit KV "
-                f"holds more, lossy. Planned from each config before any download.</p>")
+                f"holds more, lossy. Planned from each config before any download.</p>") + pins(entries)
         choices = [(f"{f.entry.id} — {f.reads_tokens:,} tokens", f.entry.location or f.entry.id) for f in fits]
         counts = None
         if state is not None and state.documents:
@@ -198,7 +210,7 @@ class ModelPicker:
             if self._job is not None:
                 yield status("warn", f"{self._job.repo_id} is downloading; cancel it or wait.")
                 return
-            self._job = job = DownloadJob(entry.id, on_progress=progress.append)
+            self._job = job = DownloadJob(entry.id, endpoint=self.endpoint, on_progress=progress.append)
         outcome: dict = {}
         worker = threading.Thread(target=lambda: _run(job, outcome), daemon=True)
         worker.start()
@@ -226,6 +238,22 @@ class ModelPicker:
         with self._lock:
             if self._job is not None:
                 self._job.cancel()
+
+    def update(self, choice: str | None, request: gr.Request = None) -> str:
+        """The owner's "update to the latest": pins the chosen Hub model to the commit its branch holds today."""
+        if not self.owner.is_owner(request):
+            logger.warning("a visitor's update of a model's pinned revision was refused")
+            return status("warn", REFUSED)
+        entry = self._entries.get(choice or "")
+        if entry is None or entry.location or entry.pypi:
+            return status("warn", "Pick a model from the Hub in the list.")
+        try:
+            old, new = update_pin(entry.id, endpoint=self.endpoint)
+        except ModelSourceError as error:  # pinned by the catalogue, offline, gated, a damaged lock file
+            return status("warn", str(error))
+        was = f"was {old.short}" if old is not None else "unpinned before"
+        return status("ok", f"{entry.id} is now pinned to {new.short} ({was}). Press “Download” to fetch that "
+                            f"commit; until then “Serve” finds no copy of it.")
 
     # -- switching -------------------------------------------------------------------------------
     def serve(self, choice: str | None, request: gr.Request = None) -> str:
@@ -278,6 +306,7 @@ class ModelPicker:
                 download = gr.Button("Download", size="sm", scale=1, elem_id="picker-download")
                 cancel = gr.Button("Cancel download", size="sm", scale=1, elem_id="picker-cancel")
                 serve = gr.Button("Serve this model", variant="primary", size="sm", scale=1, elem_id="picker-serve")
+                update = gr.Button("Update to the latest", size="sm", scale=1, elem_id="picker-update")
             with gr.Row(elem_classes="button-row"):
                 folder = gr.Textbox(label="Also look in this folder (models or .gguf files)", scale=4,
                                     elem_id="picker-folder")
@@ -296,6 +325,8 @@ class ModelPicker:
         download.click(self.download, [choice], [note], api_name="download_model", concurrency_id="download",
                        concurrency_limit=1).then(again, tab or None, view, api_visibility="private")
         cancel.click(self.cancel, None, None, api_name="cancel_download", concurrency_limit=None)
+        update.click(self.update, [choice], [note], api_name="update_model_pin", concurrency_id="download",
+                     concurrency_limit=1).then(again, tab or None, view, api_visibility="private")
         # The compute slot: a switch never races a read or an answer on the model it replaces.
         serve.click(self.serve, [choice], [note], api_name="serve_model", concurrency_id="compute",
                     concurrency_limit=1).then(again, tab or None, view, api_visibility="private")

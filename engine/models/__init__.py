@@ -6,7 +6,7 @@ use these names; the rest of the folder is internal."""
 from ..planning.window import trained_window
 from .catalogue import READ_TOKENS, Entry, Fit, Machine, detect_machine, load_catalogue, plan_entry, rank
 from .discovery import discover
-from .downloads import DownloadJob, DownloadProgress, cached_snapshot
+from .downloads import DownloadJob, DownloadProgress, cached_snapshot, pin_status, update_pin
 from ..errors import ModelSourceError, UnsupportedModelError
 from .loader import (
                      check_supported,
@@ -22,5 +22,5 @@ from .token_count import TokenCount, count_tokens
 __all__ = ["READ_TOKENS", "DownloadJob", "DownloadProgress", "Entry", "Fit", "Machine", "ModelSourceError",
            "UnsupportedModelError", "cached_snapshot", "check_supported", "cpu_default_source", "default_source",
            "describe", "detect_machine", "discover", "kv_head_counts", "load_catalogue", "load_model", "plan_entry",
-           "pypi_model_gguf",
+           "pin_status", "pypi_model_gguf", "update_pin",
            "rank", "read_config", "resolve_device", "TokenCount", "count_tokens", "trained_window"]

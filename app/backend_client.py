@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,11 +63,15 @@ class BackendModel:
 class BackendClient:
     """One OpenAI-compatible server, at ``url`` (``http://host:8000`` or ``…/v1``)."""
 
-    def __init__(self, url: str, key: str | None = None, timeout: float = 600.0):
+    def __init__(self, url: str, key: str | None = None, timeout: float = 600.0,
+                 transport: httpx.BaseTransport | None = None):
+        """``transport``: httpx's (a test's in-process server); None: the network."""
         base = url.rstrip("/")
         self.base = base if base.endswith("/v1") else base + "/v1"
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0))
+        # No redirects followed: the page talks to the owner's URL only, never where a reply points it.
+        self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout, connect=10.0), transport=transport,
+                                  follow_redirects=False)
 
     @property
     def where(self) -> str:
@@ -147,6 +152,11 @@ def _event(line: str) -> Delta | None:
     except ValueError:
         logger.warning("the backend sent an event that is not JSON; skipped")
         return None
+    if not isinstance(chunk, dict):
+        logger.warning("the backend sent an event that is not a JSON object; skipped")
+        return None
+    if chunk.get("error") is not None:  # vLLM and SGLang report a failure mid-stream as an event
+        raise BackendError(f"the backend failed while answering: {_message(chunk)}")
     choices = chunk.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
     text = (choice.get("delta") or {}).get("content") or ""
@@ -156,14 +166,40 @@ def _event(line: str) -> Delta | None:
 
 
 def _refusal(response: httpx.Response) -> str:
-    """The backend's error, said briefly: its status and its own message where it gave one."""
+    """The backend's error, said briefly: its status and its own message where it gave one; an HTML error page (a
+    proxy's 502) by its title, never its markup."""
     try:
-        body = response.json()
-        detail = body.get("error", body) if isinstance(body, dict) else body
-        message = detail.get("message", detail) if isinstance(detail, dict) else detail
+        message = _message(response.json())
     except ValueError:
         message = response.text
-    return f"the backend refused ({response.status_code}): {str(message)[:300]}"
+        if "html" in response.headers.get("content-type", "").lower() or _TAG.search(message):
+            title = _TITLE.search(message)
+            message = (f"an error page ({_plain(title.group(1))})" if title and _plain(title.group(1))
+                       else f"an error page ({_plain(message) or 'no text'})")
+    return f"the backend refused ({response.status_code}{_reason(response)}): {_plain(message) or 'no reason given'}"
+
+
+_TAG = re.compile(r"<[a-zA-Z!/][^>]*>")
+_TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+MESSAGE_CHARS = 300  # a backend's message is cut here: it may echo a whole prompt
+
+
+def _message(body) -> str:
+    """The ``error.message`` of an OpenAI-shaped error body (or whatever the body is)."""
+    detail = body.get("error", body) if isinstance(body, dict) else body
+    return str(detail.get("message", detail) if isinstance(detail, dict) else detail)
+
+
+def _plain(text: str) -> str:
+    """``text`` as one short plain line: tags and control characters out, spaces collapsed, cut to its limit."""
+    line = " ".join(_CONTROL.sub(" ", _TAG.sub(" ", text)).split())
+    return line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS] + "…"
+
+
+def _reason(response: httpx.Response) -> str:
+    phrase = response.reason_phrase
+    return f" {phrase}" if isinstance(phrase, str) and phrase else ""
 
 
 def _int_or_none(value) -> int | None:

@@ -4,13 +4,21 @@ TTFT / tok/s, answered by an OpenAI-compatible engine the owner runs elsewhere (
 The URL is the owner's, from the command line: no component holds it, so no visitor can point the page elsewhere.
 What needs our own engine (sources, "the document may not say", exact reopen, the memory plan) is said to be
 unavailable with this backend, on the page, rather than shown empty or made up.
+
+Shared (``--share``, logins), it keeps the page's own guarantees with the page's own parts: each tab's state answers
+only the login and browser that first used it (``app.tab_owner``, ``app.browser_id``), so another visitor who sends
+its session hash can neither continue, read back nor stop its conversation; reads and questions take the visitor caps
+(``app.visitor_caps``) and then turns in one line (``app.compute_queue``), so one visitor cannot flood the owner's
+backend; a closed tab leaves the line and lets go of its documents.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 import gradio as gr
@@ -18,16 +26,22 @@ import gradio as gr
 from app import escape, page_range, render
 from app.backend_client import BackendClient, BackendError, BackendModel
 from app.backend_session import RemoteSession
-from app.documents import SUPPORTED_SUFFIXES, Document
+from app.browser_state import BrowserState
+from app.compute_queue import ComputeQueue, Ticket
+from app.documents import SUPPORTED_SUFFIXES
 from app.pages import join
 from app.render import status
 from app.sizing import read_sized
+from app.tab_owner import is_owner, owned
+from app.visitor_caps import NO_CAPS, CapLimits, CapReached, VisitorCaps
+from app.wait_estimate import AnswerRecord
 
 logger = logging.getLogger(__name__)
 
 NO_CHANGE: dict = gr.update()
 UNKNOWN_WINDOW = 1_000_000  # tokens: files are sized against this when the backend does not say its window
 QUESTION_CHARS = 1_000_000  # the question box's limit, as the page's own (``app.asking``, which needs the engine)
+READ_CHARS_PER_SECOND = 20_000.0  # a read's expected pace in line until the backend has read once here
 
 # (feature, why) for each thing our engine gives that a remote backend does not.
 UNAVAILABLE = (
@@ -39,13 +53,12 @@ UNAVAILABLE = (
 
 
 @dataclass
-class BackendTab:
-    """One tab's documents (their pages, for a range) and its conversation."""
+class BackendTab(BrowserState):
+    """One tab's documents (their pages, for a range) and its conversation (``session``: a ``RemoteSession``), with
+    what the page's own tabs have: the owner binding, the busy / stop / closed flags, the uploads, and ``read_text``
+    (what the visitor caps count as a document held)."""
 
-    session: RemoteSession
-    documents: list[Document] = field(default_factory=list)
-    pieces: list = field(default_factory=list)
-    stop_requested: bool = False
+    owned_by_browser: ClassVar[bool] = True  # bound to the login and the browser's id (``app.tab_owner``)
 
 
 def shown_address(url: str) -> str:
@@ -66,23 +79,41 @@ def unavailable_html() -> str:
 
 
 class BackendPage:
-    """The page's event functions over ``client`` (one per app; each tab has its own ``BackendTab``)."""
+    """The page's event functions over ``client`` (one per app; each tab has its own ``BackendTab``). ``caps``: the
+    visitor caps (``NO_CAPS``: the owner alone); ``queue``: the line the backend's requests take turns in."""
 
-    def __init__(self, client: BackendClient, models: list[BackendModel]):
+    def __init__(self, client: BackendClient, models: list[BackendModel], *, caps: CapLimits | None = None,
+                 queue: ComputeQueue | None = None):
         self.client, self.models = client, {m.id: m for m in models}
+        self.caps, self.queue = VisitorCaps(caps or CapLimits()), queue or ComputeQueue()
+        self.answers, self.read_pace = AnswerRecord(), READ_CHARS_PER_SECOND
+        self.tabs: dict[str, BackendTab] = {}  # session hash -> its state, so a closed tab is let go at once
+        # Every event that takes a tab's state refuses another login or browser than the tab's (``app.tab_owner``).
+        for name in ("choose", "read", "ask", "stop", "new_chat"):
+            setattr(self, name, owned(getattr(self, name)))
 
-    def tab(self, state: BackendTab | None, model: str | None) -> BackendTab:
-        """The tab's state, made on first use; a model chosen anew starts a new session (its read is the old one's)."""
+    def tab(self, state: BackendTab | None, model: str | None, request: gr.Request | None = None) -> BackendTab:
+        """The tab's state, its session made on first use; a model chosen anew starts a new session (the documents
+        stay chosen, to be read by it)."""
         chosen = model if model in self.models else next(iter(self.models))
-        if state is None:
-            return BackendTab(RemoteSession(self.client, chosen))
-        if state.session.model != chosen:
-            state.session = RemoteSession(self.client, chosen)
+        state = state if state is not None else BackendTab()
+        if state.session is None or state.session.model != chosen:
+            state.session, state.read_text = RemoteSession(self.client, chosen), None
+        if request is not None and getattr(request, "session_hash", None):
+            self.tabs[request.session_hash] = state
         return state
 
-    def choose(self, files: list[str] | None, model: str | None, state: BackendTab | None):
+    def choose(self, files: list[str] | None, model: str | None, state: BackendTab | None,
+               request: gr.Request = None):
         """Reads the dropped files' text (sized against the backend's window) and offers their pages as a range."""
-        state = self.tab(state, model)
+        state = self.tab(state, model, request)
+        try:
+            self.caps.choose_files(state, request, files or [])  # the bytes a visitor's tabs hold, as on the page
+        except CapReached as exc:
+            state.documents, state.pieces = [], []
+            hidden = gr.update(choices=[], value=None, visible=False)
+            return state, hidden, hidden, gr.update(interactive=False), status("warn", f"Not taken: {exc}.")
+        state.uploads.update(files or [])
         window = self.models[state.session.model].max_model_len or UNKNOWN_WINDOW
         documents, problems = read_sized(files or [], window, "the backend's window")
         state.documents, state.pieces = documents, page_range.pieces_of(documents) if documents else []
@@ -95,35 +126,55 @@ class BackendPage:
                 gr.update(choices=options, value=len(options) - 1 if ranged else None, visible=ranged),
                 gr.update(interactive=bool(documents)), status("warn" if problems else "info", line))
 
-    def read(self, first: int | None, last: int | None, model: str | None,
-             state: BackendTab | None) -> Iterator[tuple]:
-        """Has the backend read the chosen pages (its prefix cache keeps them); the progress bar as it goes."""
-        state = self.tab(state, model)
+    def read(self, first: int | None, last: int | None, model: str | None, state: BackendTab | None,
+             request: gr.Request = None) -> Iterator[tuple]:
+        """Has the backend read the chosen pages (its prefix cache keeps them), in its turn; the progress bar."""
+        state = self.tab(state, model, request)
         if not state.documents:
             yield state, render.progress_bar(), status("error", "Drop files first."), NO_CHANGE
             return
+        try:
+            held = self.caps.take("read", state, request)
+        except CapReached as exc:  # a visitor at a cap: refused at once, saying which
+            yield state, render.progress_bar(), status("warn", f"Not read: {exc}."), NO_CHANGE
+            return
+        with held, state.working():
+            yield from self._read(first, last, state)
+
+    def _read(self, first: int | None, last: int | None, state: BackendTab) -> Iterator[tuple]:
         whole = join(state.documents)
         text = whole
         if state.pieces and first is not None and last is not None and (first, last) != (0, len(state.pieces) - 1):
             first, last = min(first, last), max(first, last)
             text = page_range.range_text(whole, state.pieces, first, last)
-        yield (state, render.progress_bar(0, 0, state="running"),
-               status("info", f"The backend is reading {len(text):,} characters…"), [])
+        text, state.stop_requested, state.read_text = str(text), False, None
+        running = render.progress_bar(0, 0, state="running")
+        ticket = self.queue.join(f"reading {len(text):,} characters", len(text) / self.read_pace)
         try:
-            done = state.session.read(str(text))
-        except BackendError as exc:
-            logger.warning("backend read failed: %s", exc)
-            yield state, render.progress_bar(0, 0, state="failed"), status("error", str(exc)), NO_CHANGE
-            return
+            if not (yield from self._turn(ticket, state, lambda line: (state, running, line, NO_CHANGE))):
+                yield state, render.progress_bar(), status("info", "You left the queue; nothing was read."), NO_CHANGE
+                return
+            yield state, running, status("info", f"The backend is reading {len(text):,} characters…"), []
+            try:
+                done = state.session.read(text)
+            except BackendError as exc:
+                logger.warning("backend read failed: %s", exc)
+                yield state, render.progress_bar(0, 0, state="failed"), status("error", str(exc)), NO_CHANGE
+                return
+        finally:
+            self.queue.leave(ticket)
+        state.read_text = text
+        if done.seconds > 0:
+            self.read_pace = max(len(text) / done.seconds, 1.0)
         rate = done.tokens / done.seconds if done.seconds > 0 else 0.0
         yield (state, render.progress_bar(done.tokens, done.tokens, rate, state="done"),
                status("ok", f"Read by the backend: {done.tokens:,} tokens in {render.format_seconds(done.seconds)}. "
                             "Ask away."), [])
 
     def ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,
-            model: str | None, state: BackendTab | None) -> Iterator[tuple]:
-        """Streams the backend's answer into the chat with its TTFT / tokens / tok/s line."""
-        state, history, question = self.tab(state, model), list(history or []), (question or "").strip()
+            model: str | None, state: BackendTab | None, request: gr.Request = None) -> Iterator[tuple]:
+        """Streams the backend's answer into the chat, in its turn, with its TTFT / tokens / tok/s line."""
+        state, history, question = self.tab(state, model, request), list(history or []), (question or "").strip()
         if not question:
             yield state, history, NO_CHANGE, NO_CHANGE
             return
@@ -133,41 +184,91 @@ class BackendPage:
         if not state.session.is_prefilled:
             yield state, history, NO_CHANGE, status("error", "Read documents first: drop files, then press “Read”.")
             return
+        try:
+            held = self.caps.take("question", state, request)
+        except CapReached as exc:
+            yield state, history, NO_CHANGE, status("warn", f"Not asked: {exc}.")
+            return
+        with held, state.working():
+            yield from self._ask(question, history, int(max_new_tokens), float(temperature), state)
+
+    def _ask(self, question: str, history: list[dict], max_new_tokens: int, temperature: float,
+             state: BackendTab) -> Iterator[tuple]:
         state.stop_requested = False
         history += [{"role": "user", "content": question}, {"role": "assistant", "content": "…"}]
-        yield state, list(history), "", status("info", "Asking the backend…")
+        ticket = self.queue.join("answering a question", self.answers.expected_seconds(max_new_tokens))
         try:
-            for chunk in state.session.ask(question, max_new_tokens=int(max_new_tokens),
-                                           temperature=float(temperature), should_stop=lambda: state.stop_requested):
+            if not (yield from self._turn(ticket, state, lambda line: (state, list(history), "", line))):
+                history[-1] = {"role": "assistant", "content": "*(left the queue before an answer)*"}
+                yield state, list(history), NO_CHANGE, status("info", "You left the queue; nothing was asked.")
+                return
+            yield state, list(history), "", status("info", "Asking the backend…")
+            for chunk in state.session.ask(question, max_new_tokens=max_new_tokens, temperature=temperature,
+                                           should_stop=lambda: state.stop_requested or state.is_closed):
                 stats = render.answer_stats(chunk.ttft, chunk.num_tokens, chunk.tokens_per_second, done=chunk.done,
                                             stopped=chunk.stopped)
                 history[-1] = {"role": "assistant", "content": render.answer_message(chunk.text, stats)}
+                if chunk.done and not chunk.stopped:
+                    self.answers.record(chunk.num_tokens, chunk.tokens_per_second, 0.0,
+                                        time.monotonic() - ticket.started if ticket.started else 0.0)
                 yield (state, list(history), NO_CHANGE,
                        status("ok", stats) if chunk.done else status("info", "Writing the answer…"))
-        except BackendError as exc:
+        except BackendError as exc:  # said as text (escaped), never the backend's markup
             logger.warning("backend answer failed: %s", exc)
-            history[-1] = {"role": "assistant", "content": f"*(no answer: {escape.text(str(exc))})*"}
+            said = render.model_markdown(escape.text(str(exc)))
+            history[-1] = {"role": "assistant", "content": f"*(no answer: {said})*"}
             yield state, list(history), NO_CHANGE, status("error", str(exc))
+        finally:
+            self.queue.leave(ticket)
 
-    @staticmethod
-    def stop(state: BackendTab | None) -> None:
+    def _turn(self, ticket: Ticket, state: BackendTab, view: Callable[[str], tuple]) -> Iterator[tuple]:
+        """Waits for ``ticket``'s turn, yielding ``view(the line's status)``; False when the tab pressed Stop or
+        closed first (then it has left the line)."""
+        waiting = self.queue.wait_turn(ticket, lambda: state.stop_requested or state.is_closed)
+        while True:
+            try:
+                said = next(waiting)
+            except StopIteration as turn:
+                return turn.value
+            yield view(render.queue_status(self.queue.position(ticket), said))
+
+    def stop(self, state: BackendTab | None) -> None:
+        """Stops the tab's answer, or takes its question or read out of the line."""
         if state is not None:
             state.stop_requested = True
 
-    @staticmethod
-    def new_chat(state: BackendTab | None) -> tuple:
-        if state is not None:
+    def new_chat(self, state: BackendTab | None) -> tuple:
+        if state is not None and state.session is not None:
             state.session.new_conversation()
         return state, [], status("info", "New chat. The documents stay read.")
 
+    def unload(self, request: gr.Request) -> None:
+        """The tab closed: out of the line, its answer stopped and its documents let go (at once, not when Gradio
+        expires its state); another login's or browser's unload of it is ignored."""
+        session_hash = getattr(request, "session_hash", None)
+        state = self.tabs.get(session_hash) if session_hash else None
+        if state is None:
+            return
+        if not is_owner(state, request):  # /heartbeat/{hash} needs no login: not the tab's own
+            logger.warning("a backend tab's unload from another login or browser than the tab's was ignored")
+            return
+        self.tabs.pop(session_hash, None)
+        self.caps.tab_closed(session_hash, getattr(request, "username", None))
+        state.is_closed = state.stop_requested = True
+        if not state.is_busy:  # otherwise ``working`` lets go of it when the running event ends
+            state.close()
+
 
 def build_backend_ui(client: BackendClient, models: list[BackendModel], *, url: str,
-                     title: str = "HeadInfer Studio") -> gr.Blocks:
-    """The ``--backend`` page over ``client``, whose models are ``models`` (from its ``GET /v1/models``)."""
-    page = BackendPage(client, models)
+                     title: str = "HeadInfer Studio", private: bool = True, caps: CapLimits | None = None,
+                     queue: ComputeQueue | None = None) -> gr.Blocks:
+    """The ``--backend`` page over ``client``, whose models are ``models`` (from its ``GET /v1/models``).
+    ``private``: others may reach the app, so the visitor caps hold (``caps``, None: their defaults); False: the
+    owner alone, no caps. The page's ``BackendPage`` is ``demo.backend_page``."""
+    page = BackendPage(client, models, caps=(caps or CapLimits()) if private else NO_CAPS, queue=queue)
     names = [m.id for m in models]
     with gr.Blocks(title=title) as demo:
-        state = gr.State(None)
+        state = gr.State(BackendTab(), delete_callback=lambda s: s.close() if s else None)
         gr.HTML(f'<div id="backend-header" data-backend="{escape.attr(shown_address(url))}"><h2>{escape.text(title)}'
                 f"</h2><p>Answering through the backend at <code>{escape.text(shown_address(url))}</code> "
                 "(set by the app's owner).</p></div>")
@@ -201,6 +302,8 @@ def build_backend_ui(client: BackendClient, models: list[BackendModel], *, url: 
                     ask, question)
         stop.click(page.stop, [state], None, queue=False)
         new_chat.click(page.new_chat, [state], [state, chat, line])
+        demo.unload(page.unload)
+    demo.backend_page = page
     return demo
 
 

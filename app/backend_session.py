@@ -66,6 +66,10 @@ class RemoteSession:
     def new_conversation(self) -> None:
         self.turns = []
 
+    def clear(self) -> None:
+        """Lets go of the documents and the conversation (a tab closed or idle: ``app.visitor_caps``)."""
+        self.document, self.document_tokens, self.turns = "", 0, []
+
     def ask(self, question: str, *, max_new_tokens: int, temperature: float,
             should_stop: Callable[[], bool] = lambda: False) -> Iterator[RemoteChunk]:
         """Streams the answer to ``question`` after the earlier turns; a whole answer joins the conversation."""

@@ -14,23 +14,27 @@ from collections.abc import Callable
 
 import gradio as gr
 
+from app.browser_id import browser_id
 from app.browser_state import BrowserState
 
 logger = logging.getLogger(__name__)
 
-NOT_YOURS = "This tab belongs to another login; nothing was done."
+NOT_YOURS = "This tab belongs to another login or browser; nothing was done."
 
 
 def is_owner(state: BrowserState, request: gr.Request | None) -> bool:
-    """Whether ``request`` may act on ``state`` (binding an unbound tab to its username). A direct call (no
-    request, or one without a session) is the app's own and always may."""
+    """Whether ``request`` may act on ``state`` (binding an unbound tab to its username, and to its browser's id
+    too for a state that asks, ``owned_by_browser``). A direct call (no request, or one without a session) is the
+    app's own and always may."""
     if request is None or not getattr(request, "session_hash", None):
         return True
-    username = getattr(request, "username", None)
+    who = getattr(request, "username", None)
+    if getattr(state, "owned_by_browser", False):  # without a login, another browser sending the hash is not it
+        who = (who, browser_id(request))
     if not state.owner_bound:
-        state.owner, state.owner_bound = username, True
+        state.owner, state.owner_bound = who, True
         return True
-    return state.owner == username
+    return state.owner == who
 
 
 def owned(fn: Callable) -> Callable:

@@ -12,11 +12,11 @@ Two of the issue's CPU targets are open on one thread: host attention at >= 0.7x
   waits for memory in turn, so the arithmetic's time adds to the read's);
 - **prefill products**: oneDNN's fp32 GFLOPS on one core at the CPU default model's chunk shapes (512 tokens), and
   the seconds a 2,048-token read's products (weights and attention) take at that rate, at the micro-kernel's, and
-  at the arithmetic peak, against llama.cpp's whole 2K prefill on one core (``llamacpp-1.5b-epyc.json``).
+  at the arithmetic peak, against llama.cpp's whole 2K prefill on one core (``docs/benchmarks/data/llamacpp-1.5b-epyc.json``).
 
     taskset -c 0 .venv/bin/python -m benchmarks.weights.cpu_ceilings
 
-Writes ``docs/benchmarks/cpu-ceilings.json`` and ``.md``.
+Writes ``docs/benchmarks/cpu-ceilings.md`` and ``data/cpu-ceilings.json``.
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ from engine.native.library import compiler, load_library
 from ..harness.host_attention import LLAMA3_8B, Layer, Read
 from ..harness.host_prefetch import QWEN_1_5B
 from ..harness.timing import median_seconds
+from ..harness.layout import cited, report_of
 from ..records import ResultStore, load_records, machine_line, run_stamp
 from . import llamacpp_1_5b
 
 SOURCE = Path(__file__).with_name("cpu_ceilings.c")
-OUT = Path("docs/benchmarks/cpu-ceilings.json")
+OUT = Path("docs/benchmarks/data/cpu-ceilings.json")
 TARGET_X_READ = 0.7
 #: Qwen2.5-Coder-1.5B-Instruct (the CPU default): its GGUF's shapes
 QWEN = {"hidden": 1536, "intermediate": 8960, "layers": 28, "heads": 12, "kv_heads": 2, "head_dim": 128}
@@ -143,7 +144,7 @@ def write_markdown(records: list[dict], path: Path, llamacpp_s: float | None) ->
         latest[(record["phase"], record["mode"])] = record["metrics"]
     stamp = records[-1]["run"] if records else {}
     lines = ["# One core's ceilings against issue 29's CPU targets", "",
-             "`taskset -c 0 python -m benchmarks.weights.cpu_ceilings` (raw records: `cpu-ceilings.json`). One "
+             f"`taskset -c 0 python -m benchmarks.weights.cpu_ceilings` (raw records: `{cited(path, report_of(path))}`). One "
              "thread throughout.", "", machine_line(stamp), ""]
     arithmetic = {mode: m["value"] for (phase, mode), m in latest.items() if phase == "arithmetic"}
     if arithmetic:
@@ -199,7 +200,7 @@ def write_markdown(records: list[dict], path: Path, llamacpp_s: float | None) ->
                       "fp32 FMA per instruction). A read's other work (dequantizing the weights, norms, rotary "
                       "embedding, softmax, the KV cache) comes on top of its products: to tie, it must fit in the "
                       "last column's seconds."]
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

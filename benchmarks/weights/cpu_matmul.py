@@ -25,9 +25,10 @@ import torch
 
 from engine.cpu import cpu_matmul
 
+from ..harness.layout import cited, report_of
 from ..records import ResultStore, load_records, machine_line, run_stamp
 
-OUT = Path("docs/benchmarks/cpu-matmul.json")
+OUT = Path("docs/benchmarks/data/cpu-matmul.json")
 MODEL = "qwen2.5-coder-1.5b"
 # (name, in, out) of the CPU default model's projections (hidden 1536, 2 KV heads of 128, MLP 8960)
 SHAPES = (("q / o", 1536, 1536), ("k / v", 1536, 256), ("gate / up", 1536, 8960), ("down", 8960, 1536))
@@ -103,7 +104,7 @@ def prefill(store: ResultStore, threads: int, rounds: int, context: int = 2048, 
 def write_markdown(records: list[dict], path: Path) -> None:
     stamp = records[-1]["run"] if records else {}
     lines = ["# CPU prefill products: F.linear (MKL) against oneDNN", "",
-             "`python -m benchmarks.weights.cpu_matmul` (raw records: `cpu-matmul.json`). The two fp32 products "
+             f"`python -m benchmarks.weights.cpu_matmul` (raw records: `{cited(path, report_of(path))}`). The two fp32 products "
              "take turns in one process; medians. `engine.models.cpu_matmul` sends a prefill chunk's products "
              "to oneDNN where its probe passed.", "", machine_line(stamp), ""]
     shape_rows = [r for r in records if r.get("phase") == "shape"]
@@ -132,7 +133,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
                 lines.append(f"| {threads} | {context:,} tokens, {MODEL} | {cell['F.linear']:.1f} | "
                              f"{cell['oneDNN']:.1f} | {cell['oneDNN'] / cell['F.linear']:.2f} |")
         lines.append("")
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,7 +16,7 @@ other tenants' memory traffic falls on both alike. Experiments (``--experiment``
     .venv/bin/python -m benchmarks.weights.decode_ab --experiment in-place --threads 2
     taskset -c 0 .venv/bin/python -m benchmarks.weights.decode_ab --experiment in-place --threads 1 --add
 
-Writes ``docs/benchmarks/<experiment name>.json`` and ``.md``; figures are medians over every timed step.
+Writes ``docs/benchmarks/<experiment name>.md`` and ``data/<experiment name>.json``; figures are medians over every timed step.
 """
 
 from __future__ import annotations
@@ -35,10 +35,11 @@ from engine.kv import kernels
 from engine.kv import native as host_kernel
 from engine.cpu import gguf_blocks
 
+from ..harness.layout import cited, report_of
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
 from .turns import fused_steps_in_turns
 
-DOCS = Path("docs/benchmarks")
+DOCS = Path("docs/benchmarks/data")  # the records; each report goes to the folder above
 MODEL = "qwen2.5-coder-1.5b"
 STEPS_PER_TURN = 6  # timed, after one untimed step
 
@@ -137,7 +138,7 @@ def write_markdown(experiment: Experiment, records: list[dict], path: Path) -> N
     name, (before, now) = experiment.name, experiment.modes
     lines = [f"# {experiment.title}", "",
              f"`python -m benchmarks.weights.decode_ab --experiment {name} --threads 2` (and `--threads 1 --add` "
-             f"under `taskset -c 0`; raw records: `{name}.json`). The CPU default model's fused decode step on "
+             f"under `taskset -c 0`; raw records: `{cited(path, report_of(path))}`). The CPU default model's fused decode step on "
              f"random K/V. {experiment.what} The modes take turns in each round; each figure is the median of every "
              "timed step.", "",
              machine_line(stamp, IN_TURNS), "",
@@ -149,7 +150,7 @@ def write_markdown(experiment: Experiment, records: list[dict], path: Path) -> N
             lines.append(f"| {context:,} | {threads} | {ms[0]:.1f} | {ms[1]:.1f} | {ms[1] / ms[0]:.3f} |")
     if experiment.note:
         lines += ["", experiment.note]
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--contexts", default="2048,8192")
-    parser.add_argument("--out", type=Path, help="default: docs/benchmarks/<its name>.json")
+    parser.add_argument("--out", type=Path, help="default: docs/benchmarks/data/<its name>.json")
     parser.add_argument("--add", action="store_true", help="append to the .json instead of starting it anew")
     parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args(argv)

@@ -12,7 +12,7 @@ AVX-512 VNNI, Q4_K and Q6_K rows take the integer path in both, whose prefetch h
 
     taskset -c 0 .venv/bin/python -m benchmarks.weights.gemv_prefetch
 
-Writes ``docs/benchmarks/gemv-prefetch.json`` and ``.md``. Figures are medians over rounds.
+Writes ``docs/benchmarks/gemv-prefetch.md`` and ``data/gemv-prefetch.json``. Figures are medians over rounds.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ import torch
 from engine.cpu import gguf_blocks, int8_matmul
 from engine.native import library as native
 
+from ..harness.layout import cited, report_of
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
 from .turns import decode_in_turns
 
-OUT = Path("docs/benchmarks/gemv-prefetch.json")
+OUT = Path("docs/benchmarks/data/gemv-prefetch.json")
 #: the builds compared: the non-temporal prefetch hint this kernel had, and now
 BUILDS = {"before": ["-DPREFETCH_HINT=0"], "now": []}
 #: (what, block type, output rows, inputs): the CPU default model's wide and narrow rows, and Llama-3-8B's
@@ -109,7 +110,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     decode = {(r["context"], r["mode"]): r["metrics"] for r in records if r.get("phase") == "decode"}
     stamp = records[-1]["run"] if records else {}
     lines = ["# Decode GEMVs: the weights' prefetch hint (CPU, one thread)", "",
-             "`taskset -c 0 python -m benchmarks.weights.gemv_prefetch` (raw records: `gemv-prefetch.json`). Two "
+             f"`taskset -c 0 python -m benchmarks.weights.gemv_prefetch` (raw records: `{cited(path, report_of(path))}`). Two "
              "builds of `engine/models/gguf_gemv.c` (the AVX-512 path here) and of `engine/models/int8_gemv.c` "
              "(AVX2): **before**, the next rows' lines "
              "requested with the non-temporal hint (`-DPREFETCH_HINT=0`), and **now**, into every cache level "
@@ -130,7 +131,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
             ms = [c["seconds_per_token"] * 1e3 for c in cells]
             lines.append(f"| {context:,} tokens | " + " | ".join(f"{m:.0f}" for m in ms) + f" | {ms[-1] / ms[0]:.3f} |")
     lines += ["", *NOTES]
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 #: what an experiment of the same session found, which the code no longer carries (kept here with its numbers)

@@ -15,7 +15,7 @@ falls on both alike:
     taskset -c 0 .venv/bin/python -m benchmarks.weights.gemv_vnni
     .venv/bin/python -m benchmarks.weights.gemv_vnni --threads 2 --add
 
-Writes ``docs/benchmarks/gemv-vnni.json`` and ``.md``; figures are medians over rounds. Needs a CPU with AVX-512 VNNI.
+Writes ``docs/benchmarks/gemv-vnni.md`` and ``data/gemv-vnni.json``; figures are medians over rounds. Needs a CPU with AVX-512 VNNI.
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ import torch
 from engine.cpu import gguf_blocks
 from engine.native import library as native
 
+from ..harness.layout import cited, report_of
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
 from .turns import fused_steps_in_turns
 
-OUT = Path("docs/benchmarks/gemv-vnni.json")
+OUT = Path("docs/benchmarks/data/gemv-vnni.json")
 #: the builds compared, and what ``gguf_gemv_vnni()`` must say of each
 BUILDS = {"fp32": (["-mno-avx512vnni"], 0), "vnni": ([], 1)}
 #: (what, block type, output rows, inputs): a Q4_K_M file keeps its layers in these two types
@@ -127,7 +128,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     names = list(BUILDS)
     lines = ["# Decode GEMVs of Q6_K: fp32 products against AVX-512 VNNI integer sums (CPU)", "",
              "`taskset -c 0 python -m benchmarks.weights.gemv_vnni` (and `--threads 2 --add`; raw records: "
-             "`gemv-vnni.json`). Two builds of `engine/models/gguf_gemv.c`: **fp32** (`-mno-avx512vnni`) and "
+             f"`{cited(path, report_of(path))}`). Two builds of `engine/models/gguf_gemv.c`: **fp32** (`-mno-avx512vnni`) and "
              "**vnni**. They take turns in each round; each figure is the median over rounds. GB/s are the "
              "blocks' bytes read per second, from DRAM.", "",
              machine_line(stamp, IN_TURNS), "",
@@ -149,7 +150,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     lines += ["", "The Q4_K control runs the same fp32 path in both builds, and in turns with the order alternating it came "
               "out 6-9% faster in the vnni build (2026-11-29): other code of the two builds differs (compiled with and "
               "without VNNI), so ratios within ~1.1 are not the integer path's doing."]
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,8 +19,9 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from ..harness.layout import report_of
 
-OUT = Path("docs/benchmarks/gguf-device.json")
+OUT = Path("docs/benchmarks/data/gguf-device.json")
 PROMPT = "Write a Python function that returns the n-th Fibonacci number."
 #: mode -> (device, load_model weights, torch expansion forced on the CPU)
 CPU_MODES = {"dense fp32 (cpu)": ("cpu", "dense", False), "gguf C kernel (cpu)": ("cpu", "gguf", False),
@@ -231,7 +232,7 @@ def write_markdown(record: dict, path: Path) -> None:
                           for r in record["expansion"]) + "."]
     for note in record.get("notes", []):
         lines += ["", note]
-    path.with_suffix(".md").write_text("\n".join([*lines, ""]))
+    report_of(path).write_text("\n".join([*lines, ""]))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,9 +28,10 @@ from pathlib import Path
 import process_env
 
 from .llamacpp_compare import CHUNK, PREFILL_MAX, _run, _text_ids, read_then_decode
+from ..harness.layout import cited, report_of
 
-OUT = Path("docs/benchmarks/llamacpp-1.5b.json")
-EPYC = Path("docs/benchmarks/llamacpp-1.5b-epyc.json")  # the table of the EPYC host the later studies ran on
+OUT = Path("docs/benchmarks/data/llamacpp-1.5b.json")
+EPYC = Path("docs/benchmarks/data/llamacpp-1.5b-epyc.json")  # the table of the EPYC host the later studies ran on
 MODEL = "qwen2.5-coder-1.5b"
 CONTEXTS = (2048, 8192, 30720)
 SIDES = ("ours", "stock", "llama.cpp")
@@ -161,7 +162,7 @@ def write_markdown(record: dict, path: Path) -> None:
                   if r["side"] == "llama.cpp"), "not measured")
     lines = [
         "# CPU default model: ours vs stock transformers vs llama.cpp (issue 29 item 5)", "",
-        f"`python -m benchmarks.weights.llamacpp_1_5b` (raw runs: `{path.with_suffix('.json').name}`). File: Qwen's "
+        f"`python -m benchmarks.weights.llamacpp_1_5b` (raw runs: `{cited(path, report_of(path))}`). File: Qwen's "
         f"Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (`{record['gguf_name']}`, {record['gguf_bytes'] / 2**20:,.0f} MiB), "
         f"{record['decode_tokens']} decode tokens per run, tok/s = 1 / median step. Every figure a fresh process "
         "(the median where several rounds ran). **1 core**: every process under `taskset -c 0` with one thread "
@@ -201,7 +202,7 @@ def write_markdown(record: dict, path: Path) -> None:
                              f"{cell('ours')} | {cell('stock')} | {verdict} |")
         lines.append("")
     lines += record.get("notes", [])
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

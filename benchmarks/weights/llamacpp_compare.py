@@ -27,7 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-OUT = Path("docs/benchmarks/llamacpp.json")
+from ..harness.layout import cited, report_of
+
+OUT = Path("docs/benchmarks/data/llamacpp.json")
 MODES = {"fp32": ("float32", "dense"), "bf16": ("bfloat16", "dense"), "int8": ("auto", "int8"),
          "gguf": ("auto", "gguf")}
 CHUNK = 512
@@ -361,7 +363,7 @@ def write_markdown(record: dict, path: Path) -> None:
     lines = [
         "# CPU: ours vs llama.cpp on the same GGUF",
         "",
-        f"`python -m benchmarks.weights.llamacpp_compare` (raw runs: `{path.with_suffix('.json').name}`). File: "
+        f"`python -m benchmarks.weights.llamacpp_compare` (raw runs: `{cited(path, report_of(path))}`). File: "
         f"`{Path(record['gguf']).name}` ({record['gguf_bytes'] / 2**20:.0f} MiB), {record['threads']} thread, "
         f"{record['decode_tokens']} decode tokens per run; every figure the median over rounds of a fresh process, "
         "ours and llama.cpp taking turns. Ours: the GGUF through `load_model` (converted once and cached), the "
@@ -424,7 +426,7 @@ def write_markdown(record: dict, path: Path) -> None:
         lines.append("")
     lines += _targets(summary, modes, record) + _profile_lines(record.get("profile", {}))
     lines += ["## Building the baseline", "", BUILD_STEPS, ""]
-    path.with_suffix(".md").write_text("\n".join(lines + record.get("notes", [])) + "\n")
+    report_of(path).write_text("\n".join(lines + record.get("notes", [])) + "\n")
 
 
 def _targets(summary: dict, modes: list[str], record: dict) -> list[str]:

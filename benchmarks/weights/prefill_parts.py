@@ -7,7 +7,7 @@ Each placement runs in a fresh process started with what ``launch.py`` sets (``O
 glibc's heap thresholds), which times two reads (the first warms the kernels and the heap) and reports the second.
 Parts: **products** = ``cpu_matmul.linear`` (oneDNN's fp32 matmul), **dequantize** = the GGUF blocks widened to
 fp32 for it (``gguf_blocks.dequantize``), **attention** = the host kernel's prefill calls (``native.attend_layer``),
-**rest** = the read's wall time less those. Against llama.cpp's whole 2K prefill in ``llamacpp-1.5b-epyc.json``
+**rest** = the read's wall time less those. Against llama.cpp's whole 2K prefill in ``docs/benchmarks/data/llamacpp-1.5b-epyc.json``
 (same placement): the seconds our read would have to lose to tie. Writes ``docs/benchmarks/prefill-parts.json``
 and ``.md``. A study for issue 29 item 5 (prefill at >= 1.0x llama.cpp); it wraps module functions, so each read
 runs in a process of its own.
@@ -27,10 +27,11 @@ from pathlib import Path
 import process_env
 
 from ..harness.timing import summed
+from ..harness.layout import cited, report_of
 from ..records import ResultStore, load_records, machine_line, run_stamp
 from .llamacpp_1_5b import EPYC, MODEL, placements, prefill_seconds
 
-OUT = Path("docs/benchmarks/prefill-parts.json")
+OUT = Path("docs/benchmarks/data/prefill-parts.json")
 TOKENS, CHUNK = 2048, 512
 PARTS = ("products", "dequantize", "attention")
 
@@ -89,7 +90,7 @@ def write_markdown(records: list[dict], path: Path, llamacpp: Path = EPYC) -> No
     latest = {(r["mode"], r["context"]): r["metrics"] for r in records if r.get("phase") == "prefill"}
     stamp = records[-1]["run"] if records else {}
     lines = ["# Where a CPU prefill goes (issue 29 item 5)", "",
-             "`python -m benchmarks.weights.prefill_parts` (raw records: `prefill-parts.json`). The CPU default model "
+             f"`python -m benchmarks.weights.prefill_parts` (raw records: `{cited(path, report_of(path))}`). The CPU default model "
              f"(Qwen2.5-Coder-1.5B-Instruct, its GGUF's Q4_K/Q6_K blocks, fp32 compute) reads {TOKENS:,} tokens in "
              f"{CHUNK}-token chunks, in a fresh process with launch.py's settings; the second of two reads. "
              "**products**: oneDNN's fp32 matmuls; **dequantize**: the blocks widened to fp32 for them; "
@@ -104,7 +105,7 @@ def write_markdown(records: list[dict], path: Path, llamacpp: Path = EPYC) -> No
         lines.append(f"| {name} | {tokens:,} | {tokens / m['wall_s']:.1f} | {m['wall_s']:.2f} | {m['products']:.2f} | "
                      f"{m['dequantize']:.2f} | {m['attention']:.2f} | {m['rest']:.2f} | "
                      f"{'-' if theirs is None else f'{theirs:.2f}'} | {tie} |")
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

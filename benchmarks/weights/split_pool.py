@@ -10,7 +10,7 @@ variable, the GIL), ~70 us a hand-off, ~140 hand-offs a step. The C pool's worke
 
     python -m benchmarks.weights.split_pool --contexts 2048,8192 --threads 2
 
-Writes ``docs/benchmarks/split-pool.json`` and ``.md``: per context, the step's median ms under each variant, and
+Writes ``docs/benchmarks/split-pool.md`` and ``data/split-pool.json``: per context, the step's median ms under each variant, and
 each variant's ratio to the Python hand-off; per prefill chunk, tok/s before and now.
 """
 
@@ -31,10 +31,11 @@ from engine.models.pypi import pypi_model_gguf
 from engine.native import library as native
 from engine.native.workers import shared_workers
 
+from ..harness.layout import cited, report_of
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
 from .turns import MODEL, decode_in_turns
 
-OUT = Path("docs/benchmarks/split-pool.json")
+OUT = Path("docs/benchmarks/data/split-pool.json")
 PYTHON = "python hand-off"
 
 
@@ -160,7 +161,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     modes = list(dict.fromkeys(r["mode"] for r in decode))
     stamp = decode[-1]["run"] if decode else {}
     lines = ["# CPU decode: the GEMVs' split over cores, Python hand-off against the C pool", "",
-             "`python -m benchmarks.weights.split_pool` (raw records: `split-pool.json`). The CPU default model "
+             f"`python -m benchmarks.weights.split_pool` (raw records: `{cited(path, report_of(path))}`). The CPU default model "
              "(Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M), its decode step after a cache filled with random K/V, "
              "each variant in turns in one process: the GEMVs of 1 MiB of blocks and more split by the host "
              "pool's Python hand-off (`run_split`, as before), or by the C pool of "
@@ -192,7 +193,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
             if {"before", "now"} <= by.keys():
                 lines.append(f"| {chunk:,} | {threads} | {by['before']['tokens_per_second']:.1f} | "
                              f"{by['now']['tokens_per_second']:.1f} | {by['now']['ratio_to_before']:.3f} |")
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    report_of(path).write_text("\n".join(lines) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

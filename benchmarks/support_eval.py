@@ -57,7 +57,8 @@ def _key(r: dict) -> tuple:
 
 def evaluate(key: str, weights: str, layouts: list[str], chats: list[str], documents: list[dict],
              texts: dict[str, str], done: set, emit, turns_kinds: tuple[str, ...] = ("supported", "unsupported"),
-             kinds: tuple[str, ...] = ("supported", "unsupported")) -> None:
+             kinds: tuple[str, ...] = ("supported", "unsupported"), observe=None) -> None:
+    """Asks each document's questions (``observe(session, record)``, if given, adds to each record before ``emit``)."""
     model, tokenizer, title, _, load_s = load(key, weights)
     logger.info("%s loaded in %.0f s", key, load_s)
     weights = weights_mode(model)
@@ -102,6 +103,8 @@ def evaluate(key: str, weights: str, layouts: list[str], chats: list[str], docum
                 logger.info("%s %s/%s %s %s share=%s lp=%s -> %r", key, layout, chat, question["kind"][:5],
                             "supported" if support.is_supported else "FLAGGED", support.document_share,
                             support.mean_logprob, final.text[:80])
+                if observe is not None:
+                    observe(session, record)
                 emit(record)
     del session, model
 

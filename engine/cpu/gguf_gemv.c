@@ -31,6 +31,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "../native/common.h"
 #ifdef __F16C__
 #include <immintrin.h>
 #endif
@@ -50,19 +52,7 @@ static inline float half_to_float(const uint8_t *p) {
 #if defined(__F16C__)
     return _cvtsh_ss(half);
 #else
-    /* exact for normals, subnormals, infinities and NaNs (the same bit operations as host_kernel.c) */
-    union { uint32_t u; float f; } out = { (uint32_t)(half & 0x7fff) << 13 };
-    const uint32_t exponent = out.u & 0x0f800000u;
-    out.u += (uint32_t)(127 - 15) << 23;
-    if (exponent == 0x0f800000u) {
-        out.u += (uint32_t)(128 - 16) << 23;
-    } else if (exponent == 0) {
-        const union { uint32_t u; float f; } magic = { (uint32_t)113 << 23 };
-        out.u += 1u << 23;
-        out.f -= magic.f;
-    }
-    out.u |= (uint32_t)(half & 0x8000) << 16;
-    return out.f;
+    return hc_half_bits_to_float(half);  /* exact, as F16C */
 #endif
 }
 
@@ -197,13 +187,6 @@ static inline void dot_any(const uint8_t *row, long stride, int type, const floa
 #include <immintrin.h>
 #define HEADINFER_GGUF_AVX2 1
 
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-
 /* 8 bytes widened to 32-bit lanes (the load is part of the widening instruction) */
 static inline __m256i widen_bytes(const uint8_t *p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
@@ -273,7 +256,7 @@ static inline __attribute__((always_inline)) void dot4(const uint8_t *row, long 
             if (type == Q5_0) offsets[k] += -16.0f * _mm_cvtss_f32(dm) * xsum[b];
         }
     }
-    for (int k = 0; k < 4; k++) out[k] = hsum8(acc[k]) + offsets[k];
+    for (int k = 0; k < 4; k++) out[k] = hc_hsum8(acc[k]) + offsets[k];
 }
 
 /* Q4_K, four rows: per sub-block of 32, sum q * x, times d * scale; minus dmin * min times the sub-block's sum of
@@ -307,7 +290,7 @@ static inline __attribute__((always_inline)) void dot4_q4k(const uint8_t *row, l
             }
         }
     }
-    for (int k = 0; k < 4; k++) out[k] = hsum8(acc[k]) + offsets[k];
+    for (int k = 0; k < 4; k++) out[k] = hc_hsum8(acc[k]) + offsets[k];
 }
 
 /* Q6_K's four 6-bit values from the same 8 positions of its low-nibble rows a (elements c = 0, 2) and b (c = 1, 3)
@@ -351,7 +334,7 @@ static inline __attribute__((always_inline)) void dot4_q6k(const uint8_t *row, l
                 }
         }
     }
-    for (int k = 0; k < 4; k++) out[k] = hsum8(acc[k]);
+    for (int k = 0; k < 4; k++) out[k] = hc_hsum8(acc[k]);
 }
 #endif
 
@@ -418,7 +401,7 @@ static inline __attribute__((always_inline)) void dot4_q4k_512(const uint8_t *ro
             }
         }
     }
-    for (int k = 0; k < 4; k++) out[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[k][0], acc[k][1])) - hsum8(offsets[k]);
+    for (int k = 0; k < 4; k++) out[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[k][0], acc[k][1])) - hc_hsum8(offsets[k]);
 }
 
 /* Q6_K's 6-bit codes q (0-63) from its 128 low-nibble bytes and 64 bytes of 2-bit highs, 64 at a time in bytes (its

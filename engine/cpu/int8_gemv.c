@@ -8,19 +8,14 @@
  * rows. The scale (a power of
  * two: exact) and the bias are applied to the finished sum. Callers split [lo, hi) across threads. */
 #include <stdint.h>
+
+#include "../native/common.h"
 #if defined(__AVX2__) && defined(__FMA__) /* -march=x86-64-v3 and up; else the portable loop below */
 #include <immintrin.h>
 
 #ifndef PREFETCH_HINT  /* -DPREFETCH_HINT=0 builds the non-temporal hint this file had, to compare */
 #define PREFETCH_HINT 3
 #endif
-
-static inline float hsum8(__m256 v) {
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
 
 static inline __m256 widen8(const int8_t *codes) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)codes)));
@@ -43,10 +38,10 @@ static inline void dot4(const int8_t *c, long stride, const float *x, long n, fl
         s2 = _mm256_fmadd_ps(widen8(c + 2 * stride + i), xi, s2);
         s3 = _mm256_fmadd_ps(widen8(c + 3 * stride + i), xi, s3);
     }
-    out[0] = hsum8(s0);
-    out[1] = hsum8(s1);
-    out[2] = hsum8(s2);
-    out[3] = hsum8(s3);
+    out[0] = hc_hsum8(s0);
+    out[1] = hc_hsum8(s1);
+    out[2] = hc_hsum8(s2);
+    out[3] = hc_hsum8(s3);
 }
 #endif
 

@@ -26,6 +26,7 @@
  *   and the values' folded into the probabilities a vector at a time (not a scalar multiply per token and row).
  */
 #include "host_kernel.h"
+#include "../native/common.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -106,23 +107,6 @@ typedef int8_t vbu __attribute__((vector_size(W), aligned(1)));
 #define HA_BF16_PAIRED 5
 typedef uint32_t vuu __attribute__((vector_size(W * 4), aligned(4)));
 
-/* fp16 bits -> fp32 exactly with integer operations (normals, subnormals, infinities, NaNs): compilers without
- * _Float16 (GCC < 12). */
-static inline float half_bits_to_float(uint16_t half) {
-    union { uint32_t u; float f; } out = { (uint32_t)(half & 0x7fff) << 13 };
-    const uint32_t exponent = out.u & 0x0f800000u;
-    out.u += (uint32_t)(127 - 15) << 23;
-    if (exponent == 0x0f800000u) {
-        out.u += (uint32_t)(128 - 16) << 23; /* infinity or NaN */
-    } else if (exponent == 0) {               /* zero or subnormal: renormalised by an exact fp32 subtraction */
-        const union { uint32_t u; float f; } magic = { (uint32_t)113 << 23 };
-        out.u += 1u << 23;
-        out.f -= magic.f;
-    }
-    out.u |= (uint32_t)(half & 0x8000) << 16;
-    return out.f;
-}
-
 INLINE int element_size(const int dtype) {
     return dtype == HA_FP32 ? 4 : (dtype == HA_BF16 || dtype == HA_FP16 || dtype == HA_BF16_PAIRED) ? 2 : 1;
 }
@@ -150,7 +134,7 @@ INLINE vf load(const char *p, const int dtype) {
         return __builtin_convertvector(*(const vhf *)p, vf);
 #else
         vf out;
-        for (int i = 0; i < W; i++) out[i] = half_bits_to_float(((const uint16_t *)p)[i]);
+        for (int i = 0; i < W; i++) out[i] = hc_half_bits_to_float(((const uint16_t *)p)[i]);
         return out;
 #endif
     }

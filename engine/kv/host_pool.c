@@ -9,6 +9,7 @@
  * The vector path (host_kernel.c compiled per path) is chosen once from cpuid, or forced by the call.
  */
 #include "host_kernel.h"
+#include "../native/common.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -94,19 +95,7 @@ static void forget_workers(void) {
 /* Starts workers up to ``wanted`` (under call_lock); returns how many there are. */
 static int ensure_workers(int wanted) {
     static int fork_handled;
-    if (!fork_handled) fork_handled = pthread_atfork(NULL, NULL, forget_workers) == 0;
-    if (wanted > MAX_WORKERS) wanted = MAX_WORKERS;
-    while (pool.num_workers < wanted) {
-        pthread_t thread;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        const int failed = pthread_create(&thread, &attr, worker, (void *)(long)pool.num_workers);
-        pthread_attr_destroy(&attr);
-        if (failed) break;
-        pool.num_workers++;
-    }
-    return pool.num_workers;
+    return hc_start_workers(&pool.num_workers, wanted, MAX_WORKERS, worker, &fork_handled, forget_workers);
 }
 
 static int cores(void) {
@@ -218,22 +207,9 @@ static uint16_t float_to_half(float value) {
     return bits;
 }
 #else
-/* Without _Float16 (GCC < 12): exact widening and round-to-nearest-even narrowing with bit operations
+/* Without _Float16 (GCC < 12): exact widening (common.h) and round-to-nearest-even narrowing with bit operations
  * (after Maratyszcza's FP16 library). */
-static float half_to_float(uint16_t half) {
-    union { uint32_t u; float f; } out = {(uint32_t)(half & 0x7fff) << 13};
-    const uint32_t exponent = out.u & 0x0f800000u;
-    out.u += (uint32_t)(127 - 15) << 23;
-    if (exponent == 0x0f800000u) {
-        out.u += (uint32_t)(128 - 16) << 23;
-    } else if (exponent == 0) {
-        const union { uint32_t u; float f; } magic = {(uint32_t)113 << 23};
-        out.u += 1u << 23;
-        out.f -= magic.f;
-    }
-    out.u |= (uint32_t)(half & 0x8000) << 16;
-    return out.f;
-}
+static float half_to_float(uint16_t half) { return hc_half_bits_to_float(half); }
 static uint16_t float_to_half(float value) {
     union { float f; uint32_t u; } in = {value}, base;
     const union { uint32_t u; float f; } to_inf = {0x77800000u}, to_zero = {0x08800000u}; /* 2^112, 2^-110 */

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("host_kernel.c")
 _POOL = Path(__file__).with_name("host_pool.c")
 _HEADER = Path(__file__).with_name("host_kernel.h")
+_COMMON = Path(__file__).parents[1] / "native" / "common.h"  # the helpers both include
+_SOURCES = (_SOURCE, _POOL, _HEADER, _COMMON)  # what a build is of: its hash names the library and the probe
 _HOST_FLAGS = ["-O3", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-pthread"]
 # Vector paths (x86-64): each compiles host_kernel.c once more; one that fails to build is left out (logged).
 _AVX512 = ["-DHA_VARIANT_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c",
@@ -90,7 +92,7 @@ def kernel():
     function = _unprobed_kernel()
     if function is None:
         return None
-    key = (hashlib.sha256(b"\0".join(path.read_bytes() for path in (_SOURCE, _POOL, _HEADER))).hexdigest(),)
+    key = (hashlib.sha256(b"\0".join(path.read_bytes() for path in _SOURCES)).hexdigest(),)
     if not crash_probe.survives("host-attention", PROBE, key):
         logger.warning("host attention: the C kernel failed its probe on this CPU; using the torch tile (slower)")
         return None
@@ -256,7 +258,7 @@ def _vector_paths() -> dict[str, list[str]]:
 def host_library_name(compiler: str, extra: list[str]) -> str:
     """The file name of the kernel library built with ``extra``: a hash of the sources, compiler and flags."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    sources = b"\0".join(path.read_bytes() for path in (_SOURCE, _POOL, _HEADER))
+    sources = b"\0".join(path.read_bytes() for path in _SOURCES)
     digest = hashlib.sha256(b"\0".join([sources, version.encode(), platform.machine().encode(),
                                         repr((_HOST_FLAGS, extra, _vector_paths())).encode()])).hexdigest()[:16]
     return f"host_attention-{digest}.so"

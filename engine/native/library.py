@@ -67,11 +67,20 @@ def library_name(compiler: str, variant: list[str], source: Path) -> str:
 
 
 def source_bytes(source: Path) -> bytes:
-    """``source`` and the files its ``#include "..."`` lines name (relative to it, one level): what a build is of,
-    so that a change to a shared header (``split_pool.h``) rebuilds and re-probes every library that includes it."""
-    text = source.read_bytes()
-    included = [(source.parent / name.decode()).read_bytes() for name in _LOCAL_INCLUDE.findall(text)]
-    return b"\0".join([text, *included])
+    """``source`` and the files its ``#include "..."`` lines name (each relative to the file naming it), theirs in
+    turn, each once: what a build is of, so that a change to a shared header (``split_pool.h``, ``common.h``, which
+    split_pool.h includes) rebuilds and re-probes every library that includes it."""
+    seen: list[Path] = []
+
+    def add(path: Path) -> None:
+        if path in seen:
+            return
+        seen.append(path)
+        for name in _LOCAL_INCLUDE.findall(path.read_bytes()):
+            add((path.parent / name.decode()).resolve())
+
+    add(source.resolve())
+    return b"\0".join(path.read_bytes() for path in seen)
 
 
 def source_digest(source: Path) -> str:

@@ -27,6 +27,8 @@
 #include <sched.h>
 #include <time.h>
 
+#include "common.h"
+
 #define SP_MAX_WORKERS 63
 #ifndef SP_TASKS_PER_THREAD /* a benchmark builds others */
 #define SP_TASKS_PER_THREAD 2 /* more tasks than threads: a late worker's share falls to the others */
@@ -136,19 +138,7 @@ static void sp_forget_workers(void) {
 /* Starts workers up to ``wanted`` (under call_lock); returns how many there are. */
 static int sp_ensure_workers(int wanted) {
     static int fork_handled;
-    if (!fork_handled) fork_handled = pthread_atfork(NULL, NULL, sp_forget_workers) == 0;
-    if (wanted > SP_MAX_WORKERS) wanted = SP_MAX_WORKERS;
-    while (sp_pool.num_workers < wanted) {
-        pthread_t thread;
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        const int failed = pthread_create(&thread, &attr, sp_worker, (void *)(long)sp_pool.num_workers);
-        pthread_attr_destroy(&attr);
-        if (failed) break;
-        sp_pool.num_workers++;
-    }
-    return sp_pool.num_workers;
+    return hc_start_workers(&sp_pool.num_workers, wanted, SP_MAX_WORKERS, sp_worker, &fork_handled, sp_forget_workers);
 }
 
 /* ``run(context, lo, hi)`` over [0, total) in ranges of whole ``align`` units, on the caller and up to

@@ -3,9 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
-# The tests need no GPU: take the CPU build of torch unless one is installed already (much smaller).
-.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0" \
-  || .venv/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+# The tests need no GPU: take the CPU build of torch first (much smaller) unless one is installed already, from
+# PyTorch's CPU index or a local wheel (find-links); PyPI's own torch (a CUDA build on Linux) only where it is not found.
+.venv/bin/python -c "import torch" 2>/dev/null \
+  || .venv/bin/pip install -q "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu \
+  || .venv/bin/pip install -q "torch==2.13.0"
 .venv/bin/pip install -q -r requirements-dev.txt
 # The browser test drives the system Chromium (no browser download).
 if [ ! -x /usr/bin/chromium ]; then

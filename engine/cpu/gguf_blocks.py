@@ -32,7 +32,7 @@ import functools
 import logging
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -277,6 +277,21 @@ def _weight_scratch(out_features: int, in_features: int):
         _SCRATCH_LOCK.release()
 
 
+def by_row_slices(x: torch.Tensor, out_features: int, step: int,
+                  product: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    """x: [..., in] -> [..., out]: ``product(lo, hi)`` (x times the weight's rows [lo, hi) plus their bias,
+    [..., hi - lo]) for each slice of ``step`` output rows, written into one output; a layer of at most ``step`` rows
+    in one call. The walk of a layer whose weight is expanded from blocks a slice at a time (here, and on a GPU:
+    ``models/gguf_device.ExpandingLinear``), so that no call holds a whole lm_head expanded."""
+    if out_features <= step:
+        return product(0, out_features)
+    y = x.new_empty(*x.shape[:-1], out_features)  # [..., out]
+    for lo in range(0, out_features, step):
+        hi = min(lo + step, out_features)
+        y[..., lo:hi] = product(lo, hi)
+    return y
+
+
 def block_linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
     """x: [..., in] fp32; raw: [out, in / block * bytes] uint8 blocks; bias: [out] fp32 or None. Returns
     [..., out]."""
@@ -287,17 +302,12 @@ def block_linear(x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Ten
     if rows > GEMV_ROWS or functions is None:
         # A slice of output rows dequantized at a time: a large-vocabulary lm_head would otherwise be a fp32 copy
         # of GBs for one call (Qwen2.5-1.5B's: 0.9 GB).
-        step = max(4, _DEQUANT_SLICE_BYTES // (4 * in_features))
-        if out_features <= step:
-            with _weight_scratch(out_features, in_features) as scratch:
-                return cpu_matmul.linear(x, dequantize(raw, qtype, in_features, scratch), bias)
-        y = torch.empty(*x.shape[:-1], out_features)  # [..., out]
-        for lo in range(0, out_features, step):
-            hi = min(lo + step, out_features)
-            part = None if bias is None else bias[lo:hi]
+        def product(lo: int, hi: int) -> torch.Tensor:
             with _weight_scratch(hi - lo, in_features) as scratch:
-                y[..., lo:hi] = cpu_matmul.linear(x, dequantize(raw[lo:hi], qtype, in_features, scratch), part)
-        return y
+                weight = dequantize(raw[lo:hi], qtype, in_features, scratch)
+                return cpu_matmul.linear(x, weight, None if bias is None else bias[lo:hi])
+
+        return by_row_slices(x, out_features, max(4, _DEQUANT_SLICE_BYTES // (4 * in_features)), product)
     flat = x.contiguous()  # [..., in] read as [M, in]
     y = torch.empty(*x.shape[:-1], out_features)  # [..., out] written as [M, out]
     args = (flat.data_ptr(), raw.data_ptr(), qtype, 0 if bias is None else bias.data_ptr(), y.data_ptr(), rows,

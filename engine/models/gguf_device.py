@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cpu.gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear
+from ..cpu.gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear, by_row_slices
 
 logger = logging.getLogger(__name__)
 
@@ -178,15 +178,11 @@ class ExpandingLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out] in x's dtype
         blocks, bias = self._buffers["blocks"], self._parameters.get("bias")
-        step = slice_rows(self.in_features)
-        if self.out_features <= step:
-            return F.linear(x, expand(blocks, self.qtype, x.dtype), bias)
-        y = x.new_empty(*x.shape[:-1], self.out_features)  # [..., out]
-        for lo in range(0, self.out_features, step):
-            hi = min(lo + step, self.out_features)
-            y[..., lo:hi] = F.linear(x, expand(blocks[lo:hi], self.qtype, x.dtype),
-                                     None if bias is None else bias[lo:hi])
-        return y
+
+        def product(lo: int, hi: int) -> torch.Tensor:
+            return F.linear(x, expand(blocks[lo:hi], self.qtype, x.dtype), None if bias is None else bias[lo:hi])
+
+        return by_row_slices(x, self.out_features, slice_rows(self.in_features), product)
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight this layer multiplies by in ``dtype``, [out, in] (all of it at once: for tests and tools)."""

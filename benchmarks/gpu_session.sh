@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call, every GPU step (benchmarks/harness/gpu_all.py), on a bare machine that has only torch and transformers.
+# One device call, every GPU step (benchmarks/gpu/gpu_all.py), on a bare machine that has only torch and transformers.
 #
 #   bash benchmarks/fetch_gpu_wheels.sh                    # here, once: fills wheels/ (git-ignored)
 #   on the GPU machine, from a copy of this checkout with wheels/ (one command of at most 10 minutes):
@@ -72,11 +72,11 @@ fi
 } 2>&1 | tee "$out/session.log"
 
 left=$(( deadline - (SECONDS - started) - 10 ))  # 10 s kept for the summary after a kill
-timeout -k 5 "$left" "$python" -m benchmarks.harness.gpu_all --out "$out" --device "$device" --model "$model" \
+timeout -k 5 "$left" "$python" -m benchmarks.gpu.gpu_all --out "$out" --device "$device" --model "$model" \
   --deadline-s $(( left - 5 )) "${extra[@]}" 2>&1 | grep --line-buffered -v " DEBUG " | tee -a "$out/session.log"
 status=${PIPESTATUS[0]}
 if [ "$status" -ne 0 ]; then  # killed or crashed before its own summary: the table from what gpu.json holds
   echo "[+$((SECONDS - started))s] gpu_all ended with status $status; the summary from $out/gpu.json:" | tee -a "$out/session.log"
-  "$python" -m benchmarks.harness.gpu_summary --out "$out" 2>&1 | tee -a "$out/session.log"
+  "$python" -m benchmarks.gpu.gpu_summary --out "$out" 2>&1 | tee -a "$out/session.log"
 fi
 echo "[+$((SECONDS - started))s] done" | tee -a "$out/session.log"

@@ -1,1 +1,2 @@
-"""The app's own work: reading documents, bombs in uploads, reading-time estimates, first start, the queue, many visitors."""
+"""The app's own work: reading documents, bombs in uploads, reading-time estimates, the first start, the queue and
+many visitors at once. Each is its own entry point: ``python -m benchmarks.app.<name>``."""

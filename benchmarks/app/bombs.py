@@ -2,7 +2,7 @@
 inflates to gigabytes, plus one good file in the same set; the table says how long each took to be refused
 and how much memory the reading process (the app's own) and its extraction child reached.
 
-    python -m benchmarks.bombs   # before (app.documents as of BEFORE, in the reading process) and after
+    python -m benchmarks.app.bombs   # before (app.documents as of BEFORE, in the reading process) and after
                                  # (app.sizing.read_sized: checked zips, a boxed child), one table
 
 Each file is read in a fresh Python process capped at 3 GiB of address space (``RLIMIT_AS``), so a bomb that
@@ -33,7 +33,7 @@ from fpdf import FPDF
 
 
 BEFORE = "ed8a95f"  # app/documents before the box (issue 54)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
 CAP_BYTES = 3 * GIB  # the reading process's address space in the measurement (the issue's 3 GiB cap)
 _CHUNK = 1 << 24  # 16 MiB written at a time: the bomb is streamed into the zip, never held whole
@@ -273,7 +273,7 @@ def measure(path: Path, before: Path | None, timeout: float = 400) -> dict:
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (CAP_BYTES, CAP_BYTES))
 
-    command = [sys.executable, "-m", "benchmarks.bombs", "--one", str(path)] + (["--before", str(before)]
+    command = [sys.executable, "-m", "benchmarks.app.bombs", "--one", str(path)] + (["--before", str(before)]
                                                                                  if before else [])
     started = time.monotonic()
     try:

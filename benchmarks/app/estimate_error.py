@@ -1,6 +1,6 @@
 """Reading-time estimates learned from real reads, across two starts of the app, on a machine whose load changes.
 
-    python -m benchmarks.estimate_error
+    python -m benchmarks.app.estimate_error
 
 Three real Debian manuals (read with the app's own reader) cut to about 2K, 4K and 7K tokens, read in two starts
 (two processes) that share one record of chunk timings (``engine.reading.costs.ReadCosts``), as two starts of
@@ -29,9 +29,9 @@ from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
 from engine.reading.costs import ReadCosts
 
-from .corpus import fetch_corpus
-from .records import run_stamp
-from .harness.layout import data_file
+from ..corpus import fetch_corpus
+from ..records import run_stamp
+from ..harness.layout import data_file
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def first_reads(corpus: str, repeats: int) -> list[dict]:
     for key, tokens in FIRST_READS:
         for start in range(1, repeats + 1):
             with tempfile.TemporaryDirectory(prefix="headinfer-clean-cache-") as cache:
-                out = subprocess.run(["nice", "-n", "5", sys.executable, "-m", "benchmarks.estimate_error", "--corpus", corpus,
+                out = subprocess.run(["nice", "-n", "5", sys.executable, "-m", "benchmarks.app.estimate_error", "--corpus", corpus,
                                       "--first-read", key, str(tokens)], capture_output=True, text=True,
                                      env={**os.environ, "HEADINFER_CACHE": cache, "HEADINFER_CPU_MODEL": "embedded"})
             if out.returncode:
@@ -133,7 +133,7 @@ def first_reads_section(rows: list[dict], when: str) -> list[str]:
     lines = [f"## First reads on a clean cache ({when})", "",
              "Each row a new process with an empty `HEADINFER_CACHE` (no read recorded: the estimate is the background "
              "reading-cost measurement's, `engine/reading/rate.py`, once it has landed; `python -m "
-             "benchmarks.estimate_error --first-reads`, each start under `nice -n 5`), the embedded SmolLM2-135M on the "
+             "benchmarks.app.estimate_error --first-reads`, each start under `nice -n 5`), the embedded SmolLM2-135M on the "
              "CPU (float32, the app's default policy and conversation allowance), three Debian manuals cut to "
              "~1.5K/3K/6K tokens, two clean starts each. *Ratio*: estimate / actual (target 0.74-1.35: ±35%). "
              "*Load*: the 1-minute load average after the read (2 cores, shared with other jobs).", "",
@@ -170,7 +170,7 @@ def write_section(path: Path, section: list[str]) -> None:
 
 
 ACCURACY_HEAD = ("# A first read's estimate against the read (SmolLM2-135M, CPU, clean cache)\n\n"
-                 "`python -m benchmarks.estimate_error --accuracy`: each row a new process on an empty cache; the "
+                 "`python -m benchmarks.app.estimate_error --accuracy`: each row a new process on an empty cache; the "
                  "estimate is the plan's once the background reading-cost measurement has landed (what the plan panel "
                  "shows, `app.estimate_refresh`); *busy*: another process burns a core throughout. Real Debian manuals "
                  "(PDFs read with the app's reader) cut to the tokens shown. Target (issue 51): within ±35% of the "
@@ -183,7 +183,7 @@ def accuracy_read(corpus: str, key: str, tokens: int, busy: bool) -> dict:
     burner = subprocess.Popen([sys.executable, "-c", _BUSY]) if busy else None
     try:
         with tempfile.TemporaryDirectory(prefix="headinfer-clean-cache-") as cache:
-            out = subprocess.run([sys.executable, "-m", "benchmarks.estimate_error", "--corpus", corpus,
+            out = subprocess.run([sys.executable, "-m", "benchmarks.app.estimate_error", "--corpus", corpus,
                                   "--first-read", key, str(tokens)], capture_output=True, text=True,
                                  env={**os.environ, "HEADINFER_CACHE": cache, "HEADINFER_CPU_MODEL": "embedded"})
     finally:
@@ -241,7 +241,7 @@ def accuracy(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.estimate_error")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.app.estimate_error")
     p.add_argument("--corpus", default=".pytest_cache/d/debian-documents")
     p.add_argument("--out", default="docs/benchmarks")
     p.add_argument("--first-reads", action="store_true",
@@ -282,7 +282,7 @@ def main(argv=None) -> int:
         for start, busy in ((1, False), (2, True)):
             load = subprocess.Popen([sys.executable, "-c", _BUSY]) if busy else None
             try:
-                out = subprocess.run([sys.executable, "-m", "benchmarks.estimate_error", "--corpus", args.corpus,
+                out = subprocess.run([sys.executable, "-m", "benchmarks.app.estimate_error", "--corpus", args.corpus,
                                       "--one-start", str(rates)], capture_output=True, text=True, check=True)
             finally:
                 if load is not None:

@@ -1,6 +1,6 @@
 """How honest the reading-time estimate is: predicted vs actual prefill of real documents on SmolLM2 (CPU).
 
-    python -m benchmarks.estimates
+    python -m benchmarks.app.estimates
 
 Three real manuals (Debian packages, read with the app's own reader), cut to about 2K, 4K and 7K tokens.
 For each: the estimate the plan panel shows before reading (``DocumentSession.reading.estimate_prefill_seconds``), the
@@ -19,9 +19,9 @@ from pathlib import Path
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
 
-from .corpus import fetch_corpus
-from .records import run_stamp
-from .harness.layout import data_file
+from ..corpus import fetch_corpus
+from ..records import run_stamp
+from ..harness.layout import data_file
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ DOCUMENTS = (("faq-pdf", 2000), ("policy-pdf", 4000), ("reference-pdf", 7000))
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.estimates")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.app.estimates")
     p.add_argument("--corpus", default=".pytest_cache/d/debian-documents")
     p.add_argument("--out", default="docs/benchmarks")
     args = p.parse_args(argv)

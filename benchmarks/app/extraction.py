@@ -1,7 +1,7 @@
 """Document extraction speed and quality on real books: pages/s and chars/s per format.
 
-    .venv/bin/python -m benchmarks.extraction                 # about a minute on a 2-core CPU machine
-    .venv/bin/python -m benchmarks.extraction --rounds 5
+    .venv/bin/python -m benchmarks.app.extraction                 # about a minute on a 2-core CPU machine
+    .venv/bin/python -m benchmarks.app.extraction --rounds 5
 
 The books are Debian manuals (``benchmarks.corpus``: ``apt-get download``, cached in ``--folder``).
 PDFs are read three ways, taking turns within each round so that load from other processes lands on
@@ -39,10 +39,10 @@ from app.documents import read_document
 from app.documents.pdf import pdfium_pages, pypdf_pages
 from app.documents.pdf_layout import running_lines
 
-from .corpus import CORPUS, fetch_corpus
-from .harness.layout import data_file
+from ..corpus import CORPUS, fetch_corpus
+from ..harness.layout import data_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "benchmarks"
 BASELINE_COMMIT = "bd77602"  # the last commit before issue 10's extraction work
 logger = logging.getLogger("extraction_bench")
@@ -151,7 +151,7 @@ def markdown(stamp: dict, results: list[dict], rounds: int) -> str:
         f"Measured {stamp['date']} on {stamp['cpu']} ({stamp['cores']} cores, shared with other jobs: load "
         f"average {stamp['load_average'][0]} at start, {stamp['load_end'][0]} at end), Python {stamp['python']}, "
         f"pypdfium2 {stamp['pypdfium2']}, pypdf {stamp['pypdf']}. Median of {rounds} rounds, methods taking "
-        "turns within each round. Produced by `python -m benchmarks.extraction`.", "",
+        "turns within each round. Produced by `python -m benchmarks.app.extraction`.", "",
         "Books: Debian manuals from their packages (`benchmarks/corpus.py`). **before** is pypdf's "
         "`extract_text`, what the app used until issue 10; **after** is `read_document` (PDFium, running "
         "headers/footers removed, hyphenation undone, `[page N]` markers). Run-together: words longer than "

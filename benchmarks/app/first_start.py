@@ -1,7 +1,7 @@
 """A first start on a clean cache, then a second start on the same cache: time to ready, time from ready to the
 first upload's plan, and whether the start measured this machine's reading cost.
 
-    python -m benchmarks.first_start [--document PDF]
+    python -m benchmarks.app.first_start [--document PDF]
 
 Each start is ``launch.py`` in a new process (the embedded SmolLM2-135M on the CPU, ``HEADINFER_CPU_MODEL=embedded``,
 a fresh ``HEADINFER_CACHE`` shared by the two starts), under ``nice -n 5``. *Ready*: the app's page answers (HTTP
@@ -25,11 +25,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from .corpus import fetch_corpus
-from .records import run_stamp
-from .harness.layout import data_file
+from ..corpus import fetch_corpus
+from ..records import run_stamp
+from ..harness.layout import data_file
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -85,7 +85,7 @@ def one_start(cache: Path, document: Path, log: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.first_start")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.app.first_start")
     p.add_argument("--corpus", default=".pytest_cache/d/debian-documents")
     p.add_argument("--document", default="faq-pdf", help="the corpus document uploaded (a real PDF)")
     p.add_argument("--out", default="docs/benchmarks")
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     data_file(out, "first-start.json").write_text(json.dumps({"run": run_stamp("cpu"), "document": args.document,
                                                       "rows": rows}, indent=1))
     lines = ["# First and second start (SmolLM2-135M, CPU, clean cache)", "",
-             "`python -m benchmarks.first_start`: `launch.py` twice on one fresh `HEADINFER_CACHE` (embedded "
+             "`python -m benchmarks.app.first_start`: `launch.py` twice on one fresh `HEADINFER_CACHE` (embedded "
              f"SmolLM2-135M, `nice -n 5`), then the app's own `/upload` endpoint with a real PDF ({args.document}). "
              "*Ready*: the page answers. *Plan*: ready to the upload's plan panel. *Measured*: whether the start "
              "measured this machine's reading cost (in the background, after ready), and when it landed. *Load*: "

@@ -2,7 +2,7 @@
 for its secret code word; a few leave mid-answer. Every one must be answered in its turn or refused with a reason, no
 answer may be lost or reach another visitor, memory must stay bounded and the page must stay quick for the owner.
 
-    python -m benchmarks.load_visitors [--visitors 20 --leaving 5 --timeout 600]
+    python -m benchmarks.app.load_visitors [--visitors 20 --leaving 5 --timeout 600]
 
 The app is ``launch.py`` in a process of its own (the embedded SmolLM2-135M, ``HEADINFER_CPU_MODEL=embedded``, a free
 port, saved documents in a temporary folder), by default on ``--host 0.0.0.0``: reachable by others, so each visitor's
@@ -39,7 +39,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 WORDS = ("AMBER", "BIRCH", "COBALT", "DAHLIA", "EMBER", "FJORD", "GARNET", "HERON", "INDIGO", "JUNIPER", "KESTREL",
          "LUPIN", "MAGPIE", "NUTMEG", "OSPREY", "PLOVER", "QUARTZ", "RAVEN", "SAFFRON", "TUNDRA", "UMBER", "VIOLET",
          "WALNUT", "XENON", "YARROW", "ZINNIA")
@@ -526,12 +526,12 @@ def _spread(values: list[float]) -> str:
 
 def report(result: dict, stamp: dict) -> list[str]:
     """The markdown report: what was run, the figures, then a row per visitor."""
-    from .records import machine_line
+    from ..records import machine_line
 
     config = result["config"]
     lines = [
         f"# {config.visitors} visitors at once (SmolLM2-135M, CPU, loopback)", "",
-        f"`python -m benchmarks.load_visitors --visitors {config.visitors} --leaving {config.leaving} --greedy "
+        f"`python -m benchmarks.app.load_visitors --visitors {config.visitors} --leaving {config.leaving} --greedy "
         f"{config.greedy} --rounds {config.rounds}`: `launch.py` (embedded SmolLM2-135M, `--host {config.host}`) and "
         f"{config.visitors} `gradio_client` visitors arriving together, each uploading a note of its own (~110 tokens, "
         "a code word no other note has), reading it and asking for its code word "
@@ -596,7 +596,7 @@ def _round_line(number: int, run: dict, rounds: int) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.load_visitors")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.app.load_visitors")
     p.add_argument("--visitors", type=int, default=20)
     p.add_argument("--leaving", type=int, default=5, help="visitors who close their tab mid-answer")
     p.add_argument("--rounds", type=int, default=2, help="times the crowd comes, one round after another")
@@ -609,7 +609,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per poll otherwise
-    from .records import run_stamp
+    from ..records import run_stamp
 
     config = LoadConfig(visitors=args.visitors, leaving=args.leaving, greedy=args.greedy, rounds=args.rounds,
                         max_tokens=args.max_tokens, timeout=args.timeout, host=args.host,

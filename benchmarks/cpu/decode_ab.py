@@ -13,8 +13,8 @@ other tenants' memory traffic falls on both alike. Experiments (``--experiment``
 - **pool-bytes** (file ``pool-bytes-shared``): ``kernels.POOL_BYTES``, from which block of a layer the attention runs
   on every core, at 3 MiB (set when a call woke the kernel's own sleeping pool) against 1 MiB (on the shared pool).
 
-    .venv/bin/python -m benchmarks.weights.decode_ab --experiment in-place --threads 2
-    taskset -c 0 .venv/bin/python -m benchmarks.weights.decode_ab --experiment in-place --threads 1 --add
+    .venv/bin/python -m benchmarks.cpu.decode_ab --experiment in-place --threads 2
+    taskset -c 0 .venv/bin/python -m benchmarks.cpu.decode_ab --experiment in-place --threads 1 --add
 
 Writes ``docs/benchmarks/<experiment name>.md`` and ``data/<experiment name>.json``; figures are medians over every timed step.
 """
@@ -137,7 +137,7 @@ def write_markdown(experiment: Experiment, records: list[dict], path: Path) -> N
     stamp = records[-1]["run"] if records else {}
     name, (before, now) = experiment.name, experiment.modes
     lines = [f"# {experiment.title}", "",
-             f"`python -m benchmarks.weights.decode_ab --experiment {name} --threads 2` (and `--threads 1 --add` "
+             f"`python -m benchmarks.cpu.decode_ab --experiment {name} --threads 2` (and `--threads 1 --add` "
              f"under `taskset -c 0`; raw records: `{cited(path, report_of(path))}`). The CPU default model's fused decode step on "
              f"random K/V. {experiment.what} The modes take turns in each round; each figure is the median of every "
              "timed step.", "",
@@ -154,7 +154,7 @@ def write_markdown(experiment: Experiment, records: list[dict], path: Path) -> N
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.decode_ab",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.decode_ab",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", choices=sorted(EXPERIMENTS), required=True)
     parser.add_argument("--rounds", type=int, default=6)

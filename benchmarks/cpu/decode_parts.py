@@ -1,8 +1,8 @@
 """Where a CPU decode step of the CPU default model goes: its GGUF GEMVs and its attention calls, timed by wrapping
 them, after a cache filled with random K/V at each context, on one thread (``--threads``: more).
 
-    taskset -c 0 python -m benchmarks.weights.decode_parts --contexts 600,2048,8192
-    python -m benchmarks.weights.decode_parts --threads 2 --path both      # the fused step and the forward, in turns
+    taskset -c 0 python -m benchmarks.cpu.decode_parts --contexts 600,2048,8192
+    python -m benchmarks.cpu.decode_parts --threads 2 --path both      # the fused step and the forward, in turns
 
 ``--path forward`` (the default): the model's own forward, GEMVs = ``block_linear`` calls, attention = the C
 kernel's calls. ``--path fused``: the session's fused step (``engine/models/fused_decode.py``), GEMVs = its two C
@@ -39,7 +39,7 @@ MODEL = "qwen2.5-coder-1.5b"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.decode_parts", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.decode_parts", description=__doc__.split("\n")[0])
     parser.add_argument("--contexts", default="600,2048,8192")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1)

@@ -10,7 +10,7 @@ AVX-512 VNNI, Q4_K and Q6_K rows take the integer path in both, whose prefetch h
 2. the CPU default model's decode step at 2,048 tokens (cache filled with random K/V), both builds in one process,
    alternating every few steps, so that other tenants' memory traffic falls on both alike.
 
-    taskset -c 0 .venv/bin/python -m benchmarks.weights.gemv_prefetch
+    taskset -c 0 .venv/bin/python -m benchmarks.cpu.gemv_prefetch
 
 Writes ``docs/benchmarks/gemv-prefetch.md`` and ``data/gemv-prefetch.json``. Figures are medians over rounds.
 """
@@ -110,7 +110,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     decode = {(r["context"], r["mode"]): r["metrics"] for r in records if r.get("phase") == "decode"}
     stamp = records[-1]["run"] if records else {}
     lines = ["# Decode GEMVs: the weights' prefetch hint (CPU, one thread)", "",
-             f"`taskset -c 0 python -m benchmarks.weights.gemv_prefetch` (raw records: `{cited(path, report_of(path))}`). Two "
+             f"`taskset -c 0 python -m benchmarks.cpu.gemv_prefetch` (raw records: `{cited(path, report_of(path))}`). Two "
              "builds of `engine/models/gguf_gemv.c` (the AVX-512 path here) and of `engine/models/int8_gemv.c` "
              "(AVX2): **before**, the next rows' lines "
              "requested with the non-temporal hint (`-DPREFETCH_HINT=0`), and **now**, into every cache level "
@@ -146,7 +146,7 @@ NOTES = [
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.gemv_prefetch",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.gemv_prefetch",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--context", type=int, default=2048)

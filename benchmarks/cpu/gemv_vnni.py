@@ -12,8 +12,8 @@ falls on both alike:
 2. the CPU default model's fused decode step (``FusedDecode``, the product's path) at ``--contexts`` tokens of
    random K/V, both builds on one cache, a warm-up step and three timed ones per turn.
 
-    taskset -c 0 .venv/bin/python -m benchmarks.weights.gemv_vnni
-    .venv/bin/python -m benchmarks.weights.gemv_vnni --threads 2 --add
+    taskset -c 0 .venv/bin/python -m benchmarks.cpu.gemv_vnni
+    .venv/bin/python -m benchmarks.cpu.gemv_vnni --threads 2 --add
 
 Writes ``docs/benchmarks/gemv-vnni.md`` and ``data/gemv-vnni.json``; figures are medians over rounds. Needs a CPU with AVX-512 VNNI.
 """
@@ -127,7 +127,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     stamp = records[-1]["run"] if records else {}
     names = list(BUILDS)
     lines = ["# Decode GEMVs of Q6_K: fp32 products against AVX-512 VNNI integer sums (CPU)", "",
-             "`taskset -c 0 python -m benchmarks.weights.gemv_vnni` (and `--threads 2 --add`; raw records: "
+             "`taskset -c 0 python -m benchmarks.cpu.gemv_vnni` (and `--threads 2 --add`; raw records: "
              f"`{cited(path, report_of(path))}`). Two builds of `engine/models/gguf_gemv.c`: **fp32** (`-mno-avx512vnni`) and "
              "**vnni**. They take turns in each round; each figure is the median over rounds. GB/s are the "
              "blocks' bytes read per second, from DRAM.", "",
@@ -154,7 +154,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.gemv_vnni", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.gemv_vnni", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--contexts", default="2048,8192")

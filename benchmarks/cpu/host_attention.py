@@ -1,14 +1,14 @@
-"""``python -m benchmarks.harness.host_attention``: one layer's host attention call against this machine's read bandwidth.
+"""``python -m benchmarks.cpu.host_attention``: one layer's host attention call against this machine's read bandwidth.
 
 CPU table (issue 29): one decode step's host attention over a whole Llama-3-8B layer (8 KV heads, one per group,
 4 query heads each, head dim 128) at 1K-512K tokens, bf16 and int8 homes, on 1 thread and on every core, each call
 timed alternately with a plain read of a large buffer on the same threads of the kernel's pool (so that both see
 the same load from other processes); then the fixed cost of a call. Written to
 ``docs/benchmarks/host-attention-cpu.md`` (records: ``data/host-attention-cpu.json``)::
-    python -m benchmarks.harness.host_attention                      # 1K,8K,32K,128K,512K; bf16,int8; 1 thread, every core
-    python -m benchmarks.harness.host_attention --tokens 8K,32K --dtypes bf16 --threads 1 --out /tmp/bench
+    python -m benchmarks.cpu.host_attention                      # 1K,8K,32K,128K,512K; bf16,int8; 1 thread, every core
+    python -m benchmarks.cpu.host_attention --tokens 8K,32K --dtypes bf16 --threads 1 --out /tmp/bench
 
-GPU (``gpu_step``, run by ``benchmarks.harness.gpu_all`` as its ``host-attention`` step): the kernel's ratio to the read
+GPU (``gpu_step``, run by ``benchmarks.gpu.gpu_all`` as its ``host-attention`` step): the kernel's ratio to the read
 on the machine's cores, then decode s/token of Llama-3-8B at 32K, 128K, 512K with every group streamed, with the
 planner's split, and with every group on the host, each as a ratio to the PCIe floor (the report computes them).
 """
@@ -32,8 +32,8 @@ from engine.kv import HostAttention, native, quant
 from engine.native.workers import usable_cores
 
 from ..records import run_stamp
-from .layout import data_file
-from .run import parse_tokens, run_step
+from ..harness.layout import data_file
+from ..harness.run import parse_tokens, run_step
 
 logger = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ def write_report(result: dict, out: Path) -> Path:
 
 
 def gpu_step(args, store, out: Path, seconds: float) -> None:
-    """``benchmarks.harness.gpu_all``'s ``host-attention`` step: the kernel's ratio to the read on this machine's cores,
+    """``benchmarks.gpu.gpu_all``'s ``host-attention`` step: the kernel's ratio to the read on this machine's cores,
     then decode with three splits."""
     started = time.monotonic()
     read_bytes = 1 << 30 if args.scale >= 1 else 64 << 20  # the CPU smoke run (a tiny scale) keeps CI fast
@@ -323,7 +323,7 @@ def gpu_step(args, store, out: Path, seconds: float) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.harness.host_attention", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.host_attention", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", default="1K,8K,32K,128K,512K", help="tokens per head group")
     parser.add_argument("--dtypes", default="bf16,int8", help="home dtypes: bf16, int8")
     parser.add_argument("--threads", default="1,all", help="threads per call: numbers, or all (every core)")

@@ -6,7 +6,7 @@ other tenants by more than that between two runs. Each build is its own library 
 each build's call follows a 1 GiB read (so its layer comes from DRAM, as a decode step's does) and which build goes
 first alternates (ABBA); the read is timed in the same rounds. Medians::
 
-    .venv/bin/python -m benchmarks.harness.host_builds --build before=-DHA_ROWS6=0 --build now= \\
+    .venv/bin/python -m benchmarks.cpu.host_builds --build before=-DHA_ROWS6=0 --build now= \\
         --shape qwen2.5-1.5b --dtypes fp32,int8 --tokens 8K,32K,128K --out docs/benchmarks/data/host-rows6.json
 
 Shapes as ``host_prefetch``'s: ``llama3-8b`` (8 groups of one KV head, 4 query rows each, bf16 queries) and
@@ -22,10 +22,10 @@ from engine.kv import native
 from engine.native.library import compiler
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
-from .layout import cited, report_of
+from ..harness.layout import cited, report_of
 from .host_attention import Layer, Read, in_turns, turns_table
 from .host_prefetch import SHAPES
-from .run import parse_tokens
+from ..harness.run import parse_tokens
 
 
 def parse_build(text: str) -> tuple[str, list[str]]:
@@ -52,7 +52,7 @@ def write_markdown(records: list[dict], builds: dict[str, list[str]], path: Path
     stamp = records[-1]["run"] if records else {}
     flags = ", ".join(f"**{name}** `{' '.join(f) or '(the source as it is)'}`" for name, f in builds.items())
     lines = ["# Host attention: builds in turns (CPU)", "",
-             f"`python -m benchmarks.harness.host_builds` (raw records: `{cited(path, report_of(path))}`). "
+             f"`python -m benchmarks.cpu.host_builds` (raw records: `{cited(path, report_of(path))}`). "
              f"Builds of `engine/kv/host_kernel.c`: {flags}. One layer's decode call each, in turns in every round "
              "(which goes first alternates), each after a 1 GiB read; the read timed in the same rounds. Medians. "
              "Shapes: `llama3-8b`, 8 groups of one KV head, 4 query rows each, bf16 queries; `qwen2.5-1.5b`, the "
@@ -63,7 +63,7 @@ def write_markdown(records: list[dict], builds: dict[str, list[str]], path: Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.harness.host_builds",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.host_builds",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--build", type=parse_build, action="append", required=True,
                         help="NAME=FLAGS, once per build (the first is the baseline of the ratios)")

@@ -15,7 +15,7 @@ query rows each, fp32 homes and queries). The levels take turns in every round (
 call after a 1 GiB read so that its layer comes from DRAM as a decode step's does; the read is timed in the same
 rounds:
 
-    .venv/bin/python -m benchmarks.harness.host_prefetch
+    .venv/bin/python -m benchmarks.cpu.host_prefetch
 
 Writes ``docs/benchmarks/host-prefetch.md`` and ``data/host-prefetch.json``. The results are the same operations in the same order at
 both levels: only when the lines arrive differs.
@@ -29,7 +29,7 @@ from pathlib import Path
 from engine.kv import native
 
 from ..records import IN_TURNS, ResultStore, load_records, machine_line, run_stamp
-from .layout import cited, report_of
+from ..harness.layout import cited, report_of
 from .host_attention import LLAMA3_8B, Layer, Read, in_turns, turns_table
 
 OUT = Path("docs/benchmarks/data/host-prefetch.json")
@@ -55,7 +55,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     function = native.kernel()
     auto = function.prefetch(native.PREFETCH["auto"]) if function is not None else None
     lines = ["# Host attention: the prefetch level (CPU)", "",
-             f"`python -m benchmarks.harness.host_prefetch` (raw records: `{cited(path, report_of(path))}`). One layer's decode "
+             f"`python -m benchmarks.cpu.host_prefetch` (raw records: `{cited(path, report_of(path))}`). One layer's decode "
              "call with the next tokens' lines requested into **L1** (prefetcht0) or into **L2** and below "
              "(prefetcht2), the two levels in turns in every round (which goes first alternates), each call after a "
              "1 GiB read; the read is timed in the same rounds. Medians. int8 homes request into L1 at both levels: "
@@ -69,7 +69,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.harness.host_prefetch",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.host_prefetch",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--threads", default="1,0", help="threads per call, comma-separated (0: every core)")

@@ -1,4 +1,4 @@
-/* Does this core overlap arithmetic with reading memory? (benchmarks/harness/overlap.py builds and runs it.)
+/* Does this core overlap arithmetic with reading memory? (benchmarks/cpu/overlap.py builds and runs it.)
  *
  * A stream of floats is read once, 64 bytes (one vector of 16) at a time, and each vector feeds K fused multiply-adds
  * into 16 independent sums (so the arithmetic is bound by its throughput, not by the latency of one chain). Timed:

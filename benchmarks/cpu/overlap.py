@@ -8,7 +8,7 @@ DRAM (no software prefetch; prefetches 8 KiB or 64 KiB ahead into L1 or L2; 4 Ki
 predictions: **overlapped** = min(L2 pace, plain read), **serial** = 1 / (1 / L2 pace + 1 / plain read), the plain
 read being the fastest K = 0 stream from DRAM.
 
-    .venv/bin/python -m benchmarks.harness.overlap   # taskset -c 0 for one core of a busy machine
+    .venv/bin/python -m benchmarks.cpu.overlap   # taskset -c 0 for one core of a busy machine
 
 Writes ``docs/benchmarks/overlap.md`` and ``data/overlap.json``. Needs a C compiler and AVX-512 (x86-64).
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 from engine.native.library import compiler
 
 from ..records import ResultStore, load_records, machine_line, run_stamp
-from .layout import cited, report_of
+from ..harness.layout import cited, report_of
 
 SOURCE = Path(__file__).with_name("overlap.c")
 OUT = Path("docs/benchmarks/data/overlap.json")
@@ -56,7 +56,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     read = max(reads) if reads else None
     variants = sorted({v for _, v in rates if v != "L2"}, key=lambda v: ("huge" in v, v))
     lines = ["# Does a core overlap arithmetic with reading memory?", "",
-             f"`python -m benchmarks.harness.overlap` (raw records: `{cited(path, report_of(path))}`). A stream of floats, K fused "
+             f"`python -m benchmarks.cpu.overlap` (raw records: `{cited(path, report_of(path))}`). A stream of floats, K fused "
              "multiply-adds per 64-byte vector into 16 independent sums; GB/s of the stream. **L2**: a 256 KiB buffer "
              "read over and over (the arithmetic's pace). **overlapped** = min(L2, plain read) and **serial** = "
              "1 / (1 / L2 + 1 / plain read), the plain read being the fastest K = 0 stream from DRAM. One thread.", "",
@@ -81,7 +81,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.harness.overlap", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.overlap", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--report-only", action="store_true")

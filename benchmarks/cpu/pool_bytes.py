@@ -6,7 +6,7 @@ is at least ``POOL_BYTES``. Waking the pool costs ~13 us a call (``host-attentio
 other core reads half the block meanwhile. The CPU default model's layer holds 2 KV heads of 128 in fp32: 2 KiB a
 token, so a 2K-token context is a 4 MiB block, below the 8 MiB the threshold was first set at.
 
-    python -m benchmarks.weights.pool_bytes --contexts 1024,2048,4096 --thresholds 8192,3072
+    python -m benchmarks.cpu.pool_bytes --contexts 1024,2048,4096 --thresholds 8192,3072
 
 Writes ``docs/benchmarks/pool-bytes.md`` and ``data/pool-bytes.json``: per context, the step's median ms under each threshold
 (KiB), rounds alternating so that other tenants' memory traffic falls on both alike.
@@ -54,7 +54,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     thresholds = sorted({r["metrics"]["threshold_kib"] for r in decode}, reverse=True)
     stamp = decode[-1]["run"] if decode else {}
     lines = ["# CPU decode attention: from which block size it runs on the kernel's pool (two threads)", "",
-             f"`python -m benchmarks.weights.pool_bytes` (raw records: `{cited(path, report_of(path))}`). The CPU default model "
+             f"`python -m benchmarks.cpu.pool_bytes` (raw records: `{cited(path, report_of(path))}`). The CPU default model "
              "(Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M, fp32 KV: 2 KiB a token a layer), its decode step after a "
              "cache filled with random K/V, with `kernels.POOL_BYTES` at each threshold in turns, in one process. "
              "A layer's block at or above the threshold is attended by the pool's threads, below it on one. "
@@ -73,7 +73,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.pool_bytes", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.pool_bytes", description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", default="1024,2048,4096")
     parser.add_argument("--thresholds", default="8192,3072", help="POOL_BYTES values to compare, KiB")
     parser.add_argument("--rounds", type=int, default=6)

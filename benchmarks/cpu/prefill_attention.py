@@ -10,8 +10,8 @@ Two parts, each taking turns between the two routes so that other tenants' load 
   chunks into a fresh ``HeadInferCache`` per turn, with the chunk route forced back to SDPA (``sdpa``) or not
   (``native``): tok/s.
 
-    .venv/bin/python -m benchmarks.weights.prefill_attention                    # both parts, 1 thread and every core
-    .venv/bin/python -m benchmarks.weights.prefill_attention --parts chunk --rounds 3
+    .venv/bin/python -m benchmarks.cpu.prefill_attention                    # both parts, 1 thread and every core
+    .venv/bin/python -m benchmarks.cpu.prefill_attention --parts chunk --rounds 3
 
 Writes ``docs/benchmarks/prefill-attention.md`` and ``data/prefill-attention.json``.
 """
@@ -134,7 +134,7 @@ def write_report(result: dict, out: Path) -> Path:
     data_file(out, "prefill-attention.json").write_text(json.dumps(result, indent=1))
     lines = ["# CPU prefill attention: torch SDPA against the host kernel", "",
              f"{result['run']['date']} · {machine_line(result['run'])}", "",
-             "`python -m benchmarks.weights.prefill_attention` (the two routes in turns; medians). **chunk**: one "
+             "`python -m benchmarks.cpu.prefill_attention` (the two routes in turns; medians). **chunk**: one "
              "layer's attention of a 512-token fp32 chunk, Qwen2.5-1.5B's shape (12 query heads, 2 KV heads, head "
              "dim 128), the keys a token-major home; GFLOPS of the causal product. **model**: the CPU default model "
              "reading 2,048 tokens in 512-token chunks.", "",
@@ -158,7 +158,7 @@ def write_report(result: dict, out: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.prefill_attention",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.prefill_attention",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--parts", default="chunk,model", help="chunk, model")
     parser.add_argument("--threads", default="1,all", help="torch threads: numbers, or all (every core)")

@@ -1,7 +1,7 @@
 """Where a CPU prefill of the CPU default model goes: the weights' fp32 products, their dequantization, attention and
 the rest, timed by wrapping them, in a 2,048-token read (512-token chunks) on one core and on every core.
 
-    python -m benchmarks.weights.prefill_parts            # 1 core (taskset -c 0) and every core, two reads each
+    python -m benchmarks.cpu.prefill_parts            # 1 core (taskset -c 0) and every core, two reads each
 
 Each placement runs in a fresh process started with what ``launch.py`` sets (``OMP_WAIT_POLICY=PASSIVE``,
 glibc's heap thresholds), which times two reads (the first warms the kernels and the heap) and reports the second.
@@ -29,7 +29,7 @@ import process_env
 from ..harness.timing import summed
 from ..harness.layout import cited, report_of
 from ..records import ResultStore, load_records, machine_line, run_stamp
-from .llamacpp_1_5b import EPYC, MODEL, placements, prefill_seconds
+from ..weights.llamacpp_1_5b import EPYC, MODEL, placements, prefill_seconds
 
 OUT = Path("docs/benchmarks/data/prefill-parts.json")
 TOKENS, CHUNK = 2048, 512
@@ -77,7 +77,7 @@ def measure(store: ResultStore, names: list[str], reads: int, tokens: int = TOKE
         environ = dict(os.environ)
         process_env.use_passive_openmp(environ)  # what launch.py runs the studio with
         process_env.for_children(environ)
-        command = [*prefix, sys.executable, "-m", "benchmarks.weights.prefill_parts", "--child", str(threads),
+        command = [*prefix, sys.executable, "-m", "benchmarks.cpu.prefill_parts", "--child", str(threads),
                    "--reads", str(reads), "--tokens", str(tokens)]
         done = subprocess.run(command, env=environ, capture_output=True, text=True, check=True, timeout=3600)
         result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -90,7 +90,7 @@ def write_markdown(records: list[dict], path: Path, llamacpp: Path = EPYC) -> No
     latest = {(r["mode"], r["context"]): r["metrics"] for r in records if r.get("phase") == "prefill"}
     stamp = records[-1]["run"] if records else {}
     lines = ["# Where a CPU prefill goes (issue 29 item 5)", "",
-             f"`python -m benchmarks.weights.prefill_parts` (raw records: `{cited(path, report_of(path))}`). The CPU default model "
+             f"`python -m benchmarks.cpu.prefill_parts` (raw records: `{cited(path, report_of(path))}`). The CPU default model "
              f"(Qwen2.5-Coder-1.5B-Instruct, its GGUF's Q4_K/Q6_K blocks, fp32 compute) reads {TOKENS:,} tokens in "
              f"{CHUNK}-token chunks, in a fresh process with launch.py's settings; the second of two reads. "
              "**products**: oneDNN's fp32 matmuls; **dequantize**: the blocks widened to fp32 for them; "
@@ -109,7 +109,7 @@ def write_markdown(records: list[dict], path: Path, llamacpp: Path = EPYC) -> No
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.prefill_parts",
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.prefill_parts",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--placements", default=None, help="comma-separated, of '1 core' and 'N cores' (default both)")
     parser.add_argument("--reads", type=int, default=2)

@@ -8,7 +8,7 @@ range on the calling thread, the others submitted to the host pool (``native/wor
 variable, the GIL), ~70 us a hand-off, ~140 hand-offs a step. The C pool's workers wait for the next call spinning
 (yielding the core to any other runnable thread) for ``spin``, then sleep.
 
-    python -m benchmarks.weights.split_pool --contexts 2048,8192 --threads 2
+    python -m benchmarks.cpu.split_pool --contexts 2048,8192 --threads 2
 
 Writes ``docs/benchmarks/split-pool.md`` and ``data/split-pool.json``: per context, the step's median ms under each variant, and
 each variant's ratio to the Python hand-off; per prefill chunk, tok/s before and now.
@@ -161,7 +161,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
     modes = list(dict.fromkeys(r["mode"] for r in decode))
     stamp = decode[-1]["run"] if decode else {}
     lines = ["# CPU decode: the GEMVs' split over cores, Python hand-off against the C pool", "",
-             f"`python -m benchmarks.weights.split_pool` (raw records: `{cited(path, report_of(path))}`). The CPU default model "
+             f"`python -m benchmarks.cpu.split_pool` (raw records: `{cited(path, report_of(path))}`). The CPU default model "
              "(Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M), its decode step after a cache filled with random K/V, "
              "each variant in turns in one process: the GEMVs of 1 MiB of blocks and more split by the host "
              "pool's Python hand-off (`run_split`, as before), or by the C pool of "
@@ -197,7 +197,7 @@ def write_markdown(records: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.weights.split_pool", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.split_pool", description=__doc__.splitlines()[0])
     parser.add_argument("--contexts", default="2048,8192")
     parser.add_argument("--spins", default="0,50,200,1000", help="the C pool's idle spins to compare, us")
     parser.add_argument("--tasks", default="", help="SP_TASKS_PER_THREAD builds to compare (the engine's: 2)")

@@ -2,9 +2,9 @@
 
 Two builds of a kernel, two thresholds: separate processes minutes apart see different memory bandwidth on a
 shared VM, so each variant is switched in, stepped a few times, and switched out again, round after round; the
-steps of one variant are then compared with the other's. ``benchmarks.weights.gemv_prefetch`` and
-``benchmarks.weights.pool_bytes`` measure through ``decode_in_turns`` (the model's forward);
-``benchmarks.weights.gemv_vnni`` and ``benchmarks.weights.decode_ab`` through ``fused_steps_in_turns`` (the fused step).
+steps of one variant are then compared with the other's. ``benchmarks.cpu.gemv_prefetch`` and
+``benchmarks.cpu.pool_bytes`` measure through ``decode_in_turns`` (the model's forward);
+``benchmarks.cpu.gemv_vnni`` and ``benchmarks.cpu.decode_ab`` through ``fused_steps_in_turns`` (the fused step).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""``python -m benchmarks.harness.gpu_all``: every GPU measurement in one process, most valuable first, one deadline.
+"""``python -m benchmarks.gpu.gpu_all``: every GPU measurement in one process, most valuable first, one deadline.
 
 Made for one device call of at most 10 minutes on a bare machine (torch and transformers; ``gpu_session.sh``
 installs the rest from carried wheels)::
-    python -m benchmarks.harness.gpu_all --out "$OUT" --deadline-s 520
+    python -m benchmarks.gpu.gpu_all --out "$OUT" --deadline-s 520
 
 Each result is appended to ``<out>/gpu.json`` the moment it exists (a killed call keeps everything before it);
 ``gpu.md`` and ``summary.md`` (one row per step) are written at the end, and the summary is printed. Each step
@@ -31,22 +31,22 @@ import torch  # noqa: E402
 from engine.kv import kernels
 
 from . import gpu_steps
-from .ceilings import measure_all
+from ..harness.ceilings import measure_all
 from .gpu_checks import filled_cache_check
 from .gpu_steps import STEPS, Step
 from .gpu_summary import summary_table
-from .host_attention import gpu_step as host_attention_step
-from .modes import GPU_MODES, Runner, parse_modes
+from ..cpu.host_attention import gpu_step as host_attention_step
+from ..harness.modes import GPU_MODES, Runner, parse_modes
 from ..records import ResultStore, run_stamp
-from .report import write_markdown
-from .run import _built_model, parse_tokens, run_step
-from .sweeps import Sweep
+from ..harness.report import write_markdown
+from ..harness.run import _built_model, parse_tokens, run_step
+from ..harness.sweeps import Sweep
 
 logger = logging.getLogger(__name__)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.harness.gpu_all", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu.gpu_all", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=f"docs/benchmarks/runs/{time.strftime('%Y-%m-%d')}",
                    help="the run's folder: gpu.json, gpu.md, summary.md and logs")
     p.add_argument("--deadline-s", type=float, default=520.0, help="seconds for everything, from start")

@@ -3,7 +3,7 @@
 - ``filled_cache_check``: a head-wise cache filled with random K/V (32K tokens by default), one decode step
   through the engine's schedule (ping-pong buffers, side streams) against a reference attention computed in
   fp32 straight from the homes.
-- ``python -m benchmarks.harness.gpu_checks --sanitizer``: a short prefill and decode of a tiny model under
+- ``python -m benchmarks.gpu.gpu_checks --sanitizer``: a short prefill and decode of a tiny model under
   ``TORCH_CUDA_SANITIZER=1`` (set by the caller before Python starts), printing ``SANITIZER-CLEAN`` when it
   finishes without a reported race.
 """
@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import engine
 
-from .fill import fill_random
+from ..harness.fill import fill_random
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def sanitizer_run(device: str = "cuda") -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.harness.gpu_checks")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu.gpu_checks")
     parser.add_argument("--sanitizer", action="store_true", help="run the short sanitizer workload")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .junit import summarize_junit
+from ..harness.junit import summarize_junit
 
 _DECODE = ["--phases", "decode", "--decode-steps", "4", "--repeats", "2", "--resume"]
 _MAX_CONTEXT_MODES = "headinfer-g1-int8,headinfer-adaptive,standard,chunked,headinfer-g1-int8-disk"
@@ -49,7 +49,7 @@ STEPS = [
     Step("decode", 50, (*_DECODE, "--modes", "standard,headinfer-g1,headinfer-adaptive,headinfer-g1-split",
                         "--decode-lengths", "1K,32K,128K,512K")),  # what host-attention measured is not redone
     # Pinned memory as a budget (issue 50): a refused pin on each path, then an exact forward; decode at 128K fully
-    # pinned vs through the staging ring with the store 4x the pin limit (benchmarks/harness/pin_budget.py).
+    # pinned vs through the staging ring with the store 4x the pin limit (benchmarks/gpu/pin_budget.py).
     Step("pin-budget", 40),
     # bf16 KV of Llama-3-8B at 1M tokens is 128 GiB: past a 126 GiB machine; 8-bit codes and scales take 68.
     Step("decode-1M-int8", 35, ("--phases", "decode", "--modes", "headinfer-g1-int8", "--decode-lengths", "1M",
@@ -158,10 +158,10 @@ def gpu_tests(store, out: Path, seconds: float, workers: int) -> None:
 
 
 def pin_budget(store, seconds: float, device: str, scale: float = 1.0) -> None:
-    """``benchmarks.harness.pin_budget`` in a child (its decode runs spawn their own: pins count per process); its
+    """``benchmarks.gpu.pin_budget`` in a child (its decode runs spawn their own: pins count per process); its
     files stay in a temporary folder (the call brings back at most 8), its results go into the records."""
     with tempfile.TemporaryDirectory(prefix="headinfer-pin-budget-") as folder:
-        command = [sys.executable, "-m", "benchmarks.harness.pin_budget", "--device", device, "--out", folder]
+        command = [sys.executable, "-m", "benchmarks.gpu.pin_budget", "--device", device, "--out", folder]
         if scale != 1.0:  # the smoke run: a short context, few layers, two steps
             command += ["--context", str(max(256, int((128 << 10) * scale))), "--layers", "4", "--steps", "2"]
         code, output, timed_out = _run(command, seconds, Path(folder) / "pin-budget.log")

@@ -1,6 +1,6 @@
-"""``python -m benchmarks.harness.gpu_summary --out DIR``: the one-call GPU run's summary table, from ``DIR/gpu.json``.
+"""``python -m benchmarks.gpu.gpu_summary --out DIR``: the one-call GPU run's summary table, from ``DIR/gpu.json``.
 
-One row per step of ``benchmarks.harness.gpu_all``: its time cap, the seconds it took, how its records ended (ok / out of
+One row per step of ``benchmarks.gpu.gpu_all``: its time cap, the seconds it took, how its records ended (ok / out of
 memory / skipped ...), and its headline figures. ``gpu_all`` prints it at the end; ``gpu_session.sh`` prints it
 again from the JSON alone when the run was killed before its end (the steps that finished are all there).
 """
@@ -153,7 +153,7 @@ def _num(value) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.harness.gpu_summary", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu.gpu_summary", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the run's folder, which holds its gpu.json")
     args = parser.parse_args(argv)
     # The steps a killed run never reached still get their row (caps as on a GPU).

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.harness.pin_budget``: pinned memory as a budget, measured (issue 50).
+"""``python -m benchmarks.gpu.pin_budget``: pinned memory as a budget, measured (issue 50).
 
 Two measurements, each printed as a table and written to ``<out>/pin-budget.json`` and ``.md``:
 
@@ -38,8 +38,8 @@ import engine
 from engine.errors import PinningError
 from engine.kv.pin_budget import ENV_LIMIT, driver_registration, parse_limit
 
-from .fill import fill_random
-from .layout import data_file
+from ..harness.fill import fill_random
+from ..harness.layout import data_file
 
 logger = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ def _child(args, label: str, limit: int | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != ENV_LIMIT}
     if limit is not None:
         env[ENV_LIMIT] = str(limit)
-    command = [sys.executable, "-m", "benchmarks.harness.pin_budget", "--child", label, "--device", args.device,
+    command = [sys.executable, "-m", "benchmarks.gpu.pin_budget", "--child", label, "--device", args.device,
                "--steps", str(args.steps)]
     for flag, value in (("--context", args.context), ("--layers", args.layers)):
         if value is not None:
@@ -290,7 +290,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data_file(out, "pin-budget.json").write_text(json.dumps(results, indent=1))
-    intro = ("Written by `python -m benchmarks.harness.pin_budget --device "
+    intro = ("Written by `python -m benchmarks.gpu.pin_budget --device "
              f"{args.device}` ({time.strftime('%Y-%m-%d')}); what each row measures: that module's docstring.")
     (out / "pin-budget.md").write_text(f"# Pinned memory as a budget ({results['device']})\n\n{intro}\n\n{text}\n")
     print(text)

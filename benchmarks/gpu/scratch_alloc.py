@@ -14,7 +14,7 @@ where the ledger makes the scratch), with how many distinct sizes they came in: 
 the caching allocator may keep reserved. *before* runs the same code without a scratch (each call allocates its
 copies: the old behaviour).
 
-    .venv/bin/python -m benchmarks.scratch_alloc
+    .venv/bin/python -m benchmarks.gpu.scratch_alloc
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from engine import cache as cache_module
 from engine.kv import buffers, kernels, windowed
 from engine.kv.ledger import SCRATCH
 
-from .harness.layout import data_file
+from ..harness.layout import data_file
 
 OUT = Path("docs/benchmarks/scratch-cpu.md")  # its records: data/scratch-cpu.json
 MIB = 2**20
@@ -105,7 +105,7 @@ def main() -> None:
     data_file(OUT.parent, "scratch-cpu.json").write_text(json.dumps({"stamp": stamp, "rows": rows}, indent=1) + "\n")
     lines = [
         "# Attention scratch: allocations of a chunked prefill, before and after (CPU)", "",
-        f"`python -m benchmarks.scratch_alloc` ({stamp['date']}, torch {stamp['torch']}, {stamp['threads']} threads). "
+        f"`python -m benchmarks.gpu.scratch_alloc` ({stamp['date']}, torch {stamp['torch']}, {stamp['threads']} threads). "
         f"{stamp['model']}, every slot offloaded, groups of 1 KV head, {args.context:,} tokens in chunks of "
         f"{args.chunk}, the fused routes forced onto the CPU (`kernels.FUSED_DEVICES`). Torch's memory profiler over "
         "the whole prefill, cache allocation included. *K/V copy allocations*: tensors allocated to hold the "
@@ -123,7 +123,7 @@ def main() -> None:
               "first chunk on. What changes is how the copies are allocated: one buffer at the planned size instead of two "
               "tensors per attention call in a size that grows with the context. On CUDA that is the difference "
               "between allocated and reserved bytes, which a CPU cannot show: it stays unmeasured until a GPU runs "
-              "`benchmarks/harness/gpu_steps.py`'s peak step (reserved and NVML against the plan, with `scratch_planned` / "
+              "`benchmarks/gpu/gpu_steps.py`'s peak step (reserved and NVML against the plan, with `scratch_planned` / "
               "`scratch_allocated`). Seconds are wall time on a shared machine (load average in the commit), not a "
               "speed comparison."]
     OUT.write_text("\n".join(lines) + "\n")

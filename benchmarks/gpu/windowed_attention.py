@@ -12,7 +12,7 @@ included (the output is the same tensor either way).
   heads, the boolean mask, its additive copy in the query dtype and that copy padded to 16 keys (the H200 run
   measured 320 MiB fp32 / 176 MiB bf16 for the Mistral shape: ``docs/benchmarks/gpu-h200.md``).
 
-    .venv/bin/python -m benchmarks.windowed_attention
+    .venv/bin/python -m benchmarks.gpu.windowed_attention
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ a mask) pads that copy to 16 keys and needs K/V repeated for GQA. The first H200
 `[n_rep * block, keys]` in the query dtype (at most `windowed.MASK_BYTES` = 8 MiB), query heads folded onto their
 KV head; the planner counts `windowed.scratch_bytes`.
 
-`python -m benchmarks.windowed_attention` (CPU, torch's memory profiler). "before, CUDA (model)" adds up the old
+`python -m benchmarks.gpu.windowed_attention` (CPU, torch's memory profiler). "before, CUDA (model)" adds up the old
 CUDA route's four copies (repeated K/V, boolean mask, additive copy, padded copy), alive at once before the
 output is allocated: for Mistral it gives the H200's 320 / 176 MiB exactly. "planned (CUDA)" is what the plan
 counts for the new route on CUDA (it adds the block's K/V made contiguous and an fp32 output accumulator, and

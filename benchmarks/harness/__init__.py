@@ -1,6 +1,8 @@
-"""The ``python -m benchmarks.harness.run`` harness (issue 5) and the one-call GPU session (``gpu_all``).
+"""The shared tools of the studies (issue 5; issue 52: only the tools), and the ``python -m benchmarks.harness.run``
+entry point of the GPU phases and the CPU smoke.
 
 - ``run``      the entry point: CPU smoke or GPU phases, results to ``docs/benchmarks/``
+- ``layout``   where a study's files go: reports at the top of ``docs/benchmarks/``, their data in ``data/``
 - ``floors``   pure math: FLOPs, hardware floors and ratios
 - ``search``   pure largest-context search (doubling then bisection, time-capped)
 - ``timing``   warm-up / median-of-N timing and per-phase peak memory
@@ -14,7 +16,7 @@
 - ``report``   markdown tables and plots
 - ``smoke``    the CPU variant (SmolLM2 or a tiny random Llama)
 - ``junit``    a pytest JUnit report as a ``parity`` record
-- ``gpu_all``  every GPU measurement in one process with one deadline (``benchmarks/gpu_session.sh`` wraps it)
-- ``gpu_steps``, ``gpu_checks``, ``gpu_summary``  its steps, its filled-cache check, its summary table
-- ``host_attention``  one layer's host attention against the read bandwidth (a gpu_all step; its own entry point)
+
+The one-call GPU session (``gpu_all`` and its steps) is in ``benchmarks/gpu/``, the host-attention studies in
+``benchmarks/cpu/``.
 """

@@ -1,1 +1,2 @@
-"""Answer quality: parity with stock transformers, needle in a haystack (exact and 8-bit KV), 8-bit KV on real text."""
+"""Answer quality: needle in a haystack (exact and 8-bit KV) and 8-bit KV on real text. Each is its own entry point:
+``python -m benchmarks.quality.<name>``."""

@@ -1,13 +1,13 @@
 """What 8-bit host KV costs in quality: SmolLM2 on real text, exact KV vs int8 / fp8, teacher-forced decode.
 
-    python -m benchmarks.kv8_quality [--context 2048] [--steps 256]
-    python -m benchmarks.kv8_quality --report-only     # kv8.md again from kv8.json (and niah-int8/fp8.json)
+    python -m benchmarks.quality.kv8_quality [--context 2048] [--steps 256]
+    python -m benchmarks.quality.kv8_quality --report-only     # kv8.md again from kv8.json (and niah-int8/fp8.json)
 
 A chunk of a real book (Debian Reference, extracted with the app's own reader) is read into an exact cache and
 into 8-bit caches; then the book's next ``steps`` tokens are fed one at a time to each, as decode steps. Per
 position: KL(exact || 8-bit) of the next-token distributions and whether the top-1 tokens agree. Writes
 docs/benchmarks/kv8.md (data/kv8.json). Targets (issue 11): mean KL <= 0.02 nats, top-1 agreement >= 95%, and the needle
-in a haystack grid unchanged: the report adds the 8-bit NIAH runs (``python -m benchmarks.niah --kv-dtype int8``,
+in a haystack grid unchanged: the report adds the 8-bit NIAH runs (``python -m benchmarks.quality.niah --kv-dtype int8``,
 niah-int8.json / niah-fp8.json) where they exist.
 """
 
@@ -24,10 +24,10 @@ import torch
 import engine
 from engine.models.loader import load_model
 
-from .corpus import fetch_corpus
+from ..corpus import fetch_corpus
 from .niah import same_cell
-from .records import run_stamp
-from .harness.layout import data_file
+from ..records import run_stamp
+from ..harness.layout import data_file
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def measure(model, ids: list[int], context: int, steps: int, kv_dtype: str | Non
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.kv8_quality")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.kv8_quality")
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--steps", type=int, default=256)
     p.add_argument("--corpus", default=".pytest_cache/d/debian-documents")

@@ -1,8 +1,8 @@
 """Needle in a haystack on the embedded SmolLM2, up to its 8K window: exactness, recall and sources.
 
-    python -m benchmarks.niah                       # full grid (CPU: tens of minutes)
-    python -m benchmarks.niah --lengths 1K,2K --depths 0,0.5,1
-    python -m benchmarks.niah --kv-dtype int8          # head-wise side on lossy 8-bit KV, compared to niah.json
+    python -m benchmarks.quality.niah                       # full grid (CPU: tens of minutes)
+    python -m benchmarks.quality.niah --lengths 1K,2K --depths 0,0.5,1
+    python -m benchmarks.quality.niah --kv-dtype int8          # head-wise side on lossy 8-bit KV, compared to niah.json
 
 For every (length, depth) cell a paged haystack ("[page N]" markers) hides "The secret passphrase is X." on
 one page; the model is asked for it. Each cell records whether head-wise decoding gives the very tokens
@@ -33,10 +33,10 @@ from engine.paths import cache_dir
 from engine.prompt import PromptBuilder
 from engine.types import page_marker, page_markers
 
-from .harness.models import set_attention
-from .records import run_stamp
-from .harness.layout import data_file
-from .harness.run import parse_tokens
+from ..harness.models import set_attention
+from ..records import run_stamp
+from ..harness.layout import data_file
+from ..harness.run import parse_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def run_cell(model, tokenizer, heads, length: int, depth: float, *, max_new_toke
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.niah")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.niah")
     p.add_argument("--lengths", default="1K,2K,4K,7.5K")
     p.add_argument("--depths", default="0,0.25,0.5,0.75,1")
     p.add_argument("--max-new-tokens", type=int, default=24)

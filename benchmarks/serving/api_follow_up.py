@@ -3,7 +3,7 @@ client (``launch.py --api``) against the page's own follow-up, on the same app a
 
     python -m benchmarks.serving.api_follow_up [--reps 3 --tokens 5000]
 
-``launch.py --api`` serves the embedded SmolLM2-135M (CPU) in a process of its own (``benchmarks.load_visitors``'
+``launch.py --api`` serves the embedded SmolLM2-135M (CPU) in a process of its own (``benchmarks.app.load_visitors``'
 ``running_app``). A page tab (``gradio_client``, as a browser tab) uploads and reads a generated note of about
 ``--tokens`` tokens. Each round, on the page: New chat, the first question (not timed), then a follow-up, timed by
 the page's own stats line (TTFT from the ask) and by the client (submit to the first streamed token). Then through
@@ -28,7 +28,7 @@ import httpx
 import openai
 from gradio_client import Client, handle_file
 
-from ..load_visitors import LoadConfig, follow, running_app
+from ..app.load_visitors import LoadConfig, follow, running_app
 from ..records import machine_line, run_stamp
 from ..harness.layout import data_file
 

@@ -3,7 +3,7 @@
 Why not ``F.linear``: torch sends an fp32 ``linear`` on the CPU to MKL, and MKL picks its vector code by the CPU's
 vendor, not by what the CPU can do: on an AMD EPYC with AVX-512 its sgemm ran at 104-112 GFLOPS on one core where
 oneDNN's (the same torch build's other library, which dispatches on the instruction set) ran at 227-242, and
-182 against 420-480 on two (``benchmarks/weights/cpu_matmul.py``). A prefill chunk of the CPU default model spends
+182 against 420-480 on two (``benchmarks/cpu/cpu_matmul.py``). A prefill chunk of the CPU default model spends
 most of its time in these products, the weights dequantized from their GGUF blocks.
 
 The product is the same fp32 product: oneDNN sums in fp32 in its own order, as MKL does in its own, so the results

@@ -212,7 +212,7 @@ def _cpu_prefill(query, block, q_offset, scaling, window, softcap) -> torch.Tens
     Why: torch's CPU SDPA ran a chunk of 512 queries over 2K-32K keys at 75-78 GFLOPS on one EPYC core (147-155 on
     two) where these calls ran 157-168 (271-308), exact to fp32 rounding; at long contexts attention is most of a
     prefill (the CPU default model read 8K tokens 1.26x faster on two cores).
-    (``python -m benchmarks.weights.prefill_attention``, ``docs/benchmarks/prefill-attention.md``.)"""
+    (``python -m benchmarks.cpu.prefill_attention``, ``docs/benchmarks/prefill-attention.md``.)"""
     if not native.can_attend(query, [block]):
         return None
     assert block.shape[0] == q_offset + query.shape[2], (block.shape, q_offset, query.shape)
@@ -244,7 +244,7 @@ PREFILL_QUERY_BLOCK = 64
 #: more than it saves. 3 MiB while a call woke the kernel's own sleeping pool (a 2 MiB layer gained nothing then:
 #: ``docs/benchmarks/pool-bytes.md``); 1 MiB since the calls run on the GEMVs' spinning workers (``share_pool``):
 #: the CPU default model's step at 512 and 1K tokens (1 and 2 MiB layers) 3% faster on two cores, at 1.5K 1%
-#: (``python -m benchmarks.weights.decode_ab --experiment pool-bytes``, ``docs/benchmarks/pool-bytes-shared.md``).
+#: (``python -m benchmarks.cpu.decode_ab --experiment pool-bytes``, ``docs/benchmarks/pool-bytes-shared.md``).
 POOL_BYTES = 1 << 20
 
 

@@ -1,7 +1,7 @@
 """Untrusted files in a box: zip and entity bombs refused before they inflate, a PDF bomb stopped by the reading
 child's memory limit, slow files by its time limit, each with its own message while the rest of the set reads.
 
-The bombs are real files (zipfile, ebooklib, python-docx, fpdf2 via benchmarks/bombs.py), ~1 MB each, inflating to
+The bombs are real files (zipfile, ebooklib, python-docx, fpdf2 via benchmarks/app/bombs.py), ~1 MB each, inflating to
 hundreds of megabytes or gigabytes; the set is read in a fresh Python capped at 3 GiB of address space.
 """
 
@@ -24,7 +24,7 @@ from app.documents.archive import check_zip
 from app.documents.limits import MAX_MEMBERS, MAX_TEXT_CHARS, BoxLimits
 from app.documents.text import normalise
 from app.sizing import read_sized
-from benchmarks.bombs import (
+from benchmarks.app.bombs import (
     make_good_docx,
     make_good_epub,
     make_laughs_docx,

@@ -10,7 +10,7 @@ import pytest
 
 from app.documents import Box, DocumentError, sandbox
 from app.documents.limits import BoxLimits
-from benchmarks.bombs import make_good_epub, make_pdf_bomb
+from benchmarks.app.bombs import make_good_epub, make_pdf_bomb
 
 
 def test_a_bomb_is_killed_by_the_memory_poll_without_resource(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""benchmarks/weights/cpu_ceilings.py: a read's FLOPs, llama.cpp's prefill time from its table, the report from
+"""benchmarks/cpu/cpu_ceilings.py: a read's FLOPs, llama.cpp's prefill time from its table, the report from
 raw records, and a small run."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from benchmarks.weights import cpu_ceilings, llamacpp_1_5b
+from benchmarks.cpu import cpu_ceilings
+from benchmarks.weights import llamacpp_1_5b
 from benchmarks.records import ResultStore, load_records
 from engine.kv import native
 

@@ -1,4 +1,4 @@
-"""benchmarks/weights/cpu_matmul.py: the tables from raw records, and a real (tiny) run of the shape comparison that
+"""benchmarks/cpu/cpu_matmul.py: the tables from raw records, and a real (tiny) run of the shape comparison that
 measures both products and leaves the machine's choice in place."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.records import ResultStore
-from benchmarks.weights import cpu_matmul as bench
+from benchmarks.cpu import cpu_matmul as bench
 from engine.cpu import cpu_matmul
 
 

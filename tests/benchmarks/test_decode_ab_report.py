@@ -1,11 +1,11 @@
-"""benchmarks/weights/decode_ab.py: the table from raw records (no model), and the modes each experiment sets."""
+"""benchmarks/cpu/decode_ab.py: the table from raw records (no model), and the modes each experiment sets."""
 
 from __future__ import annotations
 
 import pytest
 
 from benchmarks.records import ResultStore
-from benchmarks.weights import decode_ab
+from benchmarks.cpu import decode_ab
 from engine.cache import HeadInferLayer
 from engine.kv import kernels
 from engine.kv import native as host_kernel

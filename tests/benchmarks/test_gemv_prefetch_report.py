@@ -1,10 +1,10 @@
-"""benchmarks/weights/gemv_prefetch.py: the tables from raw records (no build, no model), and the builds it
+"""benchmarks/cpu/gemv_prefetch.py: the tables from raw records (no build, no model), and the builds it
 compares are the engine's own sources with the old hint forced."""
 
 from __future__ import annotations
 
 from benchmarks.records import ResultStore
-from benchmarks.weights import gemv_prefetch
+from benchmarks.cpu import gemv_prefetch
 
 
 def test_tables_give_each_build_and_the_ratio_to_before(tmp_path):

@@ -1,10 +1,10 @@
-"""benchmarks/weights/gemv_vnni.py: the tables from raw records (no build, no model), and the builds it compares
+"""benchmarks/cpu/gemv_vnni.py: the tables from raw records (no build, no model), and the builds it compares
 are the engine's own source with VNNI taken away and as this CPU builds it."""
 
 from __future__ import annotations
 
 from benchmarks.records import ResultStore
-from benchmarks.weights import gemv_vnni
+from benchmarks.cpu import gemv_vnni
 
 
 def test_tables_give_each_build_per_thread_count_and_the_ratio(tmp_path):

@@ -1,4 +1,4 @@
-"""The one-call GPU run (``benchmarks/gpu_session.sh`` -> ``benchmarks.harness.gpu_all``) on a CPU: plumbing, not numbers."""
+"""The one-call GPU run (``benchmarks/gpu_session.sh`` -> ``benchmarks.gpu.gpu_all``) on a CPU: plumbing, not numbers."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from benchmarks.harness import ceilings, gpu_all, gpu_steps
+from benchmarks.harness import ceilings
+from benchmarks.gpu import gpu_all, gpu_steps
 from benchmarks.harness.fill import fill_random
-from benchmarks.harness.gpu_summary import summary_table
+from benchmarks.gpu.gpu_summary import summary_table
 from benchmarks.harness.modes import GPU_MODES
 from benchmarks.harness.probes import host_bytes_needed
 from benchmarks.records import load_records

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.harness import host_attention
-from benchmarks.harness import gpu_all
+from benchmarks.cpu import host_attention
+from benchmarks.gpu import gpu_all
 from benchmarks.records import load_records
 
 

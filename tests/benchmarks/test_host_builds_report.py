@@ -1,4 +1,4 @@
-"""benchmarks/harness/host_builds.py: builds parsed from the command line, the table from raw records, and a small
+"""benchmarks/cpu/host_builds.py: builds parsed from the command line, the table from raw records, and a small
 run of two builds in turns."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from benchmarks.harness import host_builds
+from benchmarks.cpu import host_builds
 from benchmarks.records import ResultStore, load_records
 from engine.kv import native
 

@@ -1,10 +1,10 @@
-"""benchmarks/harness/host_prefetch.py: the table from raw records, and a small run of the levels in turns."""
+"""benchmarks/cpu/host_prefetch.py: the table from raw records, and a small run of the levels in turns."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.harness import host_prefetch
+from benchmarks.cpu import host_prefetch
 from benchmarks.records import ResultStore, load_records
 from engine.kv import native
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from benchmarks.harness.layout import cited, data_file, report_of
 from benchmarks.records import ResultStore
-from benchmarks.weights import pool_bytes
+from benchmarks.cpu import pool_bytes
 
 
 def test_data_goes_to_data_where_the_folder_has_one(tmp_path):
@@ -28,7 +28,7 @@ def test_a_study_writes_its_report_above_its_records(tmp_path):
 
 
 def test_the_defaults_write_under_data():
-    from benchmarks.harness import host_prefetch, overlap
+    from benchmarks.cpu import host_prefetch, overlap
     from benchmarks.weights import cpu_dtype, model_load
 
     for module in (host_prefetch, overlap, pool_bytes, cpu_dtype, model_load):

@@ -1,4 +1,4 @@
-"""The load test's invariants (``benchmarks.load_visitors``): its checks catch what they are for, and a small run of
+"""The load test's invariants (``benchmarks.app.load_visitors``): its checks catch what they are for, and a small run of
 the real app (``launch.py``, the embedded model) keeps them true: every visitor answered in its turn or refused with a
 reason, one leaving mid-answer, nothing delivered to the wrong visitor, the owner's page quick, memory bounded."""
 
@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from benchmarks.load_visitors import (WORDS, LoadConfig, Visitor, cross_deliveries, invariants, note_text, run_load,
+from benchmarks.app.load_visitors import (WORDS, LoadConfig, Visitor, cross_deliveries, invariants, note_text, run_load,
                                       summary)
 
 GIB = 2**30

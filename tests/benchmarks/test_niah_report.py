@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.kv8_quality import niah_lines
-from benchmarks.niah import report_8bit
+from benchmarks.quality.kv8_quality import niah_lines
+from benchmarks.quality.niah import report_8bit
 
 
 def _cell(target, depth, *, found, top, page=1, identical=True, answer="a"):

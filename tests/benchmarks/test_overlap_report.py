@@ -1,4 +1,4 @@
-"""benchmarks/harness/overlap.py: the table and its two predictions from raw records, and its C source builds."""
+"""benchmarks/cpu/overlap.py: the table and its two predictions from raw records, and its C source builds."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from benchmarks.harness import overlap
+from benchmarks.cpu import overlap
 from benchmarks.records import ResultStore
 from engine.native.library import compiler
 

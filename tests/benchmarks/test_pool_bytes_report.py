@@ -1,4 +1,4 @@
-"""benchmarks/weights/pool_bytes.py: the table from raw records (no model), and the threshold it measures is the one
+"""benchmarks/cpu/pool_bytes.py: the table from raw records (no model), and the threshold it measures is the one
 the CPU decode route reads at each call."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.records import ResultStore
-from benchmarks.weights import pool_bytes
+from benchmarks.cpu import pool_bytes
 from engine.kv import kernels
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.weights import prefill_attention
+from benchmarks.cpu import prefill_attention
 from engine.kv import kernels, native
 
 pytestmark = pytest.mark.skipif(native.kernel() is None, reason="no C compiler here: no host kernel to compare")

@@ -1,11 +1,11 @@
-"""benchmarks/weights/prefill_parts.py: the table of a read's parts against llama.cpp's prefill."""
+"""benchmarks/cpu/prefill_parts.py: the table of a read's parts against llama.cpp's prefill."""
 
 from __future__ import annotations
 
 import json
 
 from benchmarks.records import ResultStore
-from benchmarks.weights import prefill_parts
+from benchmarks.cpu import prefill_parts
 
 
 def test_table_gives_each_placement_its_parts_and_the_seconds_to_tie_llamacpp(tmp_path):

@@ -1,4 +1,4 @@
-"""benchmarks/weights/split_pool.py: the table from raw records (no model), and its "Python hand-off" variant splits
+"""benchmarks/cpu/split_pool.py: the table from raw records (no model), and its "Python hand-off" variant splits
 a GEMV as run_split does, into the rows the C pool would give whole."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from benchmarks.records import ResultStore
-from benchmarks.weights import split_pool
+from benchmarks.cpu import split_pool
 from engine.cpu import gguf_blocks
 
 

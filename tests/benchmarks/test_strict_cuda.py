@@ -117,7 +117,7 @@ def _store(out):
 
 @pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="set on Linux only")
 def test_benchmark_entry_points_set_expandable_segments_before_torch_loads():
-    """``python -m benchmarks.harness.run`` / ``benchmarks.harness.gpu_all``: the package sets the allocator before its modules load
+    """``python -m benchmarks.harness.run`` / ``benchmarks.gpu.gpu_all``: the package sets the allocator before its modules load
     torch, so the peaks measured are those of the settings the app runs with."""
     import json
     import os

@@ -18,7 +18,7 @@ def model_and_tokenizer(headinfer_smollm2):
 
 @pytest.mark.parametrize("depth", [0.15, 0.85])
 def test_top_source_is_the_page_that_holds_the_needle(model_and_tokenizer, depth):
-    from benchmarks.niah import paged_haystack
+    from benchmarks.quality.niah import paged_haystack
 
     model, tokenizer = model_and_tokenizer
     document, value, page = paged_haystack(tokenizer, 1200, depth, seed=int(depth * 100))

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import Gemma2Config, LlamaConfig
 
-from benchmarks.windowed_attention import peak_extra_bytes
+from benchmarks.gpu.windowed_attention import peak_extra_bytes
 from engine.kv import kernels, native, windowed
 from engine.planning.plan import GIB
 from engine.planning.planner import make_plan

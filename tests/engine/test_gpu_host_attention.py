@@ -1,7 +1,7 @@
 """Host attention on CUDA (issue 12): every tiny family in fp32 and bf16, every offloaded group attended on the
 host and a split with the other half streamed, against stock transformers on the same GPU. Here the host half
 really waits for the d2h append of the current token and the queries' copy (``Transfer.to_host``) while the
-device half streams over h2d. Marked ``gpu``: run by ``python -m benchmarks.harness.gpu_all``."""
+device half streams over h2d. Marked ``gpu``: run by ``python -m benchmarks.gpu.gpu_all``."""
 
 from __future__ import annotations
 

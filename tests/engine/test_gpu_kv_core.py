@@ -1,6 +1,6 @@
 """The KV core on CUDA: page-locking errors, unlocking, the decode hot path's overheads, fused attention routes.
 
-Marked ``gpu``: skipped without CUDA (CI), run by ``python -m benchmarks.harness.gpu_all`` on a lent GPU.
+Marked ``gpu``: skipped without CUDA (CI), run by ``python -m benchmarks.gpu.gpu_all`` on a lent GPU.
 """
 
 from __future__ import annotations

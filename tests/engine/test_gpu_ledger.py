@@ -1,6 +1,6 @@
 """On a GPU: the allocation ledger against ``max_memory_allocated``, and the dry-run activation measurement.
 
-Marked ``gpu``: skipped without CUDA (CI), run by ``python -m benchmarks.harness.gpu_all`` on a lent GPU.
+Marked ``gpu``: skipped without CUDA (CI), run by ``python -m benchmarks.gpu.gpu_all`` on a lent GPU.
 """
 
 from __future__ import annotations

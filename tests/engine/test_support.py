@@ -207,7 +207,7 @@ def test_token_logprob_is_the_log_softmax_of_the_chosen_token():
 
 @pytest.mark.slow
 def test_a_real_answer_carries_its_support_signal(headinfer_smollm2):
-    from benchmarks.niah import paged_haystack
+    from benchmarks.quality.niah import paged_haystack
     from engine import DocumentSession, OffloadPolicy
 
     model, tokenizer = headinfer_smollm2

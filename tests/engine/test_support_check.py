@@ -48,7 +48,7 @@ def test_the_verify_threshold_is_checked():
 
 @pytest.mark.slow
 def test_the_check_leaves_the_next_answer_unchanged(headinfer_smollm2):
-    from benchmarks.niah import paged_haystack
+    from benchmarks.quality.niah import paged_haystack
     from engine import DocumentSession, OffloadPolicy
 
     model, tokenizer = headinfer_smollm2

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 import launch
+from app import cli, startup
 from app import auth
 from app.auth import AuthError, Authenticator, LoginRefused, LoginThrottle
 
@@ -99,7 +100,7 @@ def test_env_var_takes_plain_pairs_and_hashed_lines(fast_hashes):
 # -- launch.py ------------------------------------------------------------------------------------------------
 def test_auth_on_the_command_line_is_refused_saying_why(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        launch.build_parser().parse_args(["--auth", "ada:secret"])
+        cli.build_parser().parse_args(["--auth", "ada:secret"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--auth" in err and "shows in `ps`" in err and "--auth-file" in err and "HEADINFER_AUTH" in err
@@ -109,14 +110,14 @@ def test_launch_reads_users_from_the_file_then_the_env_var(tmp_path, monkeypatch
     path = tmp_path / "users.txt"
     auth.add_user(path, "ada", "pw-ada")
     monkeypatch.setenv(auth.ENV_VAR, "bob:pw-bob")
-    from_file = launch.make_authenticator(launch.build_parser().parse_args(["--auth-file", str(path)]))
+    from_file = cli.make_authenticator(cli.build_parser().parse_args(["--auth-file", str(path)]))
     assert sorted(from_file.users) == ["ada"]
-    from_env = launch.make_authenticator(launch.build_parser().parse_args([]))
+    from_env = cli.make_authenticator(cli.build_parser().parse_args([]))
     assert sorted(from_env.users) == ["bob"] and from_env.verify("bob", "pw-bob")
     monkeypatch.delenv(auth.ENV_VAR)
-    assert launch.make_authenticator(launch.build_parser().parse_args([])) is None
+    assert cli.make_authenticator(cli.build_parser().parse_args([])) is None
     with pytest.raises(AuthError, match="cannot read the users file"):
-        launch.make_authenticator(launch.build_parser().parse_args(["--auth-file", str(tmp_path / "none")]))
+        cli.make_authenticator(cli.build_parser().parse_args(["--auth-file", str(tmp_path / "none")]))
 
 
 def test_a_bad_users_file_stops_the_start_before_the_model_loads(tmp_path):
@@ -200,7 +201,7 @@ def test_gradio_awaits_the_check_and_a_locked_name_gets_429(fast_hashes, caplog)
     assert inspect.iscoroutinefunction(gate.check)  # Gradio would call a plain function on its event loop
     with gr.Blocks() as demo:
         gr.Markdown("inside")
-    options = launch.with_login_address({"app_kwargs": {"middleware": []}})
+    options = startup.with_login_address({"app_kwargs": {"middleware": []}})
     demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
                 auth=gate.check, auth_message=auth.LOGIN_MESSAGE, **options)
     try:
@@ -232,11 +233,11 @@ def test_the_page_shows_the_open_warning_only_when_asked():
 
 
 def test_the_console_warns_when_others_can_reach_the_app_with_no_login(caplog):
-    launch.announce_visitors(True, has_auth=False)
+    startup.announce_visitors(True, has_auth=False)
     [warning] = [record for record in caplog.records if record.levelname == "WARNING"]
     assert "no login is asked" in warning.getMessage() and "upload documents" in warning.getMessage()
     assert "--auth-file" in warning.getMessage()
     caplog.clear()
-    launch.announce_visitors(True, has_auth=True)
-    launch.announce_visitors(False, has_auth=False)
+    startup.announce_visitors(True, has_auth=True)
+    startup.announce_visitors(False, has_auth=False)
     assert not [record for record in caplog.records if record.levelname == "WARNING"]

@@ -12,7 +12,7 @@ import gradio as gr
 import pytest
 from gradio_client import Client, handle_file
 
-import launch
+from app import cli, startup
 from app import auth
 from app.browser_state import BrowserState
 from app.handlers import Handlers
@@ -42,14 +42,14 @@ def serve_with_logins(embedded_model, tmp_path):
     users = tmp_path / "users.txt"
     auth.add_user(users, "ada", "pw-ada")
     auth.add_user(users, "bob", "pw-bob")
-    gate = launch.make_authenticator(launch.build_parser().parse_args(["--auth-file", str(users)]))
+    gate = cli.make_authenticator(cli.build_parser().parse_args(["--auth-file", str(users)]))
     previous = os.environ.get("GRADIO_TEMP_DIR")
     store = SnapshotStore(tmp_path / "kv")
     demo = build_ui(lambda: DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64)),
                     model_info=describe(model), snapshot_store=store, private=True,
                     upload_dir=prepare_folder(tmp_path / "uploads"))
     demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
-                auth=gate.check, **launch.with_login_address(launch_options()))
+                auth=gate.check, **startup.with_login_address(launch_options()))
     yield demo.local_url, store
     demo.close()
     if previous is None:

@@ -177,7 +177,7 @@ def test_a_forged_x_forwarded_for_from_loopback_is_not_believed(monkeypatch):
 
     from starlette.middleware import Middleware
 
-    from launch import serve
+    from app.startup import serve
 
     monkeypatch.delenv("FORWARDED_ALLOW_IPS", raising=False)  # as a fresh start has it; undone after
     seen: list[str] = []

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import launch
+from app import cli, startup
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAGS = ("--model", "--device", "--dtype", "--gpu-memory", "--host-memory", "--chunk-size", "--head-group",
@@ -37,7 +38,7 @@ def test_help_lists_and_explains_every_flag():
     ("4096", 4096), ("64kb", 64_000), ("2TiB", 2 * 2**40),
 ])
 def test_parse_size(text, size):
-    assert launch.parse_size(text) == size
+    assert cli.parse_size(text) == size
 
 
 @pytest.mark.parametrize("flags", [
@@ -47,7 +48,7 @@ def test_parse_size(text, size):
 ])
 def test_bad_flags_are_refused(flags, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        launch.build_parser().parse_args(flags)
+        cli.build_parser().parse_args(flags)
     assert exit_info.value.code == 2
     assert flags[0] in capsys.readouterr().err
 
@@ -168,11 +169,11 @@ def test_the_trained_window_can_be_exceeded_only_on_purpose():
     from engine.models.loader import read_config
 
     config = read_config(None)
-    args = launch.build_parser().parse_args(["--max-context", "100000", "--exceed-trained-window", "--head-group", "3"])
-    launch.check_model(args, config)  # no error
-    assert launch.make_policy(args).exceed_trained_window is True
-    assert "degrade" in launch.build_parser().format_help()
-    assert launch.make_policy(launch.build_parser().parse_args([])).exceed_trained_window is False
+    args = cli.build_parser().parse_args(["--max-context", "100000", "--exceed-trained-window", "--head-group", "3"])
+    startup.check_model(args, config)  # no error
+    assert startup.make_policy(args).exceed_trained_window is True
+    assert "degrade" in cli.build_parser().format_help()
+    assert startup.make_policy(cli.build_parser().parse_args([])).exceed_trained_window is False
 
 
 def test_a_bad_value_from_the_command_line_prints_no_traceback():
@@ -184,33 +185,33 @@ def test_a_bad_value_from_the_command_line_prints_no_traceback():
 
 
 def test_flags_become_the_offload_policy():
-    args = launch.build_parser().parse_args(["--chunk-size", "512", "--head-group", "2", "--gpu-memory", "20GiB",
+    args = cli.build_parser().parse_args(["--chunk-size", "512", "--head-group", "2", "--gpu-memory", "20GiB",
                                              "--host-memory", "64GB", "--max-context", "100000",
                                              "--host-attention", "all"])
-    policy = launch.make_policy(args)
+    policy = startup.make_policy(args)
     assert (policy.chunk_size, policy.head_group_size, policy.max_context) == (512, 2, 100_000)
     assert policy.host_attention == "all"
     assert (policy.gpu_memory, policy.host_memory) == (20 * 2**30, 64 * 10**9)
-    defaults = launch.make_policy(launch.build_parser().parse_args([]))
+    defaults = startup.make_policy(cli.build_parser().parse_args([]))
     assert defaults.head_group_size is None and defaults.gpu_memory is None and defaults.host_attention == "auto"
 
 
 def test_kv_cache_flags_become_the_snapshot_store(tmp_path, monkeypatch):
-    args = launch.build_parser().parse_args(["--kv-cache-dir", str(tmp_path / "kv"), "--kv-cache-max", "50GiB"])
-    store = launch.make_snapshot_store(args)
+    args = cli.build_parser().parse_args(["--kv-cache-dir", str(tmp_path / "kv"), "--kv-cache-max", "50GiB"])
+    store = startup.make_snapshot_store(args)
     assert store.root == tmp_path / "kv" and store.root.is_dir() and store.max_bytes == 50 * 2**30
 
     monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path / "cache"))  # the default folder, not the user's
-    store = launch.make_snapshot_store(launch.build_parser().parse_args([]))
+    store = startup.make_snapshot_store(cli.build_parser().parse_args([]))
     assert store.root == tmp_path / "cache" / "kv" and store.max_bytes is None
 
-    assert launch.make_snapshot_store(launch.build_parser().parse_args(["--no-kv-cache"])) is None
+    assert startup.make_snapshot_store(cli.build_parser().parse_args(["--no-kv-cache"])) is None
 
 
 def test_unusable_kv_cache_dir_turns_saving_off_with_a_warning(tmp_path, caplog):
     (tmp_path / "file").write_text("not a folder")
-    args = launch.build_parser().parse_args(["--kv-cache-dir", str(tmp_path / "file")])
-    assert launch.make_snapshot_store(args) is None
+    args = cli.build_parser().parse_args(["--kv-cache-dir", str(tmp_path / "file")])
+    assert startup.make_snapshot_store(args) is None
     assert "will not be saved" in caplog.text and str(tmp_path / "file") in caplog.text
 
 
@@ -218,13 +219,13 @@ def test_the_start_up_log_names_the_folders_read_documents_are_saved_in(tmp_path
     from engine import SnapshotStore
 
     store = SnapshotStore(tmp_path / "kv", max_bytes=2**30)
-    local = launch.where_saved(store, private=False, has_auth=False, session_shelves=None)
+    local = startup.where_saved(store, private=False, has_auth=False, session_shelves=None)
     assert local == f"saving read documents to {tmp_path / 'kv'} (at most 1.00 GiB)"
-    per_user = launch.where_saved(store, private=True, has_auth=True, session_shelves=None)
+    per_user = startup.where_saved(store, private=True, has_auth=True, session_shelves=None)
     assert per_user.startswith(f"saving each user's read documents in a folder of their own under "
                                f"{tmp_path / 'kv' / 'users'} ") and "each)" in per_user
     tabs = tmp_path / "visitors" / "pid-1"
-    per_tab = launch.where_saved(store, private=True, has_auth=False, session_shelves=tabs)
+    per_tab = startup.where_saved(store, private=True, has_auth=False, session_shelves=tabs)
     assert per_tab.startswith(f"saving each visitor's read documents in a folder of their own under {tabs}, "
                               "deleted 10 minutes after their browser's last tab closes (at most 1.00 GiB each)")
     assert "saving read documents to" not in per_tab and f"{tmp_path / 'kv'} is not used without --auth" in per_tab
@@ -232,7 +233,7 @@ def test_the_start_up_log_names_the_folders_read_documents_are_saved_in(tmp_path
 
 @pytest.mark.slow
 def test_share_without_internet_keeps_serving_locally(tmp_path):
-    if launch.can_reach_share_server():
+    if cli.can_reach_share_server():
         pytest.skip("this machine can reach the share server; the offline path cannot be tested here")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -258,7 +259,7 @@ def test_share_without_internet_keeps_serving_locally(tmp_path):
         assert "Could not create a share link" in output and "Serving locally" in output
         # Visitors kept apart without --auth save in per-tab folders: the shared folder is not advertised.
         assert f"saving read documents to {tmp_path / 'kv'}" not in output
-        assert (f"saving each visitor's read documents in a folder of their own under {launch.VISITOR_SHELVES}"
+        assert (f"saving each visitor's read documents in a folder of their own under {cli.VISITOR_SHELVES}"
                 in output)
         assert f"{tmp_path / 'kv'} is not used without --auth" in output
         assert "WARNING headinfer.launch: no login is asked" in output  # and the page says so too
@@ -268,9 +269,9 @@ def test_share_without_internet_keeps_serving_locally(tmp_path):
 
 
 def test_8bit_and_disk_flags_reach_the_policy(tmp_path):
-    args = launch.build_parser().parse_args(["--kv-8bit", "int8", "--kv-disk-dir", str(tmp_path),
+    args = cli.build_parser().parse_args(["--kv-8bit", "int8", "--kv-disk-dir", str(tmp_path),
                                              "--kv-disk-max", "2GiB"])
-    policy = launch.make_policy(args)
+    policy = startup.make_policy(args)
     assert (policy.kv_dtype, policy.disk_dir, policy.disk_memory) == ("int8", str(tmp_path), 2 * 2**30)
 
 
@@ -433,7 +434,7 @@ def test_the_library_loads_a_model_as_the_app_does_by_default():
     from engine import load_model
 
     defaults = {name: p.default for name, p in inspect.signature(load_model).parameters.items()}
-    args = launch.build_parser().parse_args([])
+    args = cli.build_parser().parse_args([])
     assert (defaults["source"], defaults["device"], defaults["dtype"], defaults["weights"]) == \
         (args.model, args.device, args.dtype, args.weights)
 

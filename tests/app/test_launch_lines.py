@@ -1,5 +1,5 @@
 """launch.py's start-up lines: ours, not Gradio's. Its "To create a public link, set `share=True` in `launch()`" named a
-Python argument where our flag is --share (issue 51, finding 10). ``launch.serve`` is the path ``launch.main`` serves
+Python argument where our flag is --share (issue 51, finding 10). ``app.startup.serve`` is the path ``launch.main`` serves
 through, run here on a small page of its own."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import urllib.request
 
 import gradio as gr
 
-import launch
+from app import cli, startup
 
 
 def _free_port() -> int:
@@ -24,7 +24,7 @@ def test_the_console_says_where_it_serves_and_to_add_share_not_gradios_share_tru
     with gr.Blocks() as demo:
         gr.Markdown("A page")
     caplog.set_level(logging.INFO, logger="headinfer.launch")
-    launch.serve(demo, launch.build_parser().parse_args(["--port", str(port)]), False)
+    startup.serve(demo, cli.build_parser().parse_args(["--port", str(port)]), False)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=60) as response:
             assert response.status == 200

@@ -10,7 +10,7 @@ import pytest
 from app.openai_api.keys import ENV_VAR, ApiKeyError, allows, read_key
 from app.openai_api.schema import ApiError, chat_request, completion_request, parse_body
 from app.openai_api.stops import StopWatch
-from launch import api_key_for, build_parser
+from app.cli import api_key_for, build_parser
 
 
 def _chat(**fields) -> dict:

@@ -9,7 +9,7 @@ import threading
 
 import gradio as gr
 
-import launch
+from app import cli
 from app.browser_state import BrowserState
 from app.handlers import Handlers
 from app.uploads import own_folder, prepare_folder
@@ -17,8 +17,8 @@ from app.uploads import own_folder, prepare_folder
 
 def test_the_temporary_folders_are_named_for_this_user():
     uid = str(os.getuid())
-    assert launch.UPLOADS.name == f"headinfer-studio-{uid}-uploads"
-    assert launch.VISITOR_SHELVES.name == f"headinfer-studio-{uid}-visitors"
+    assert cli.UPLOADS.name == f"headinfer-studio-{uid}-uploads"
+    assert cli.VISITOR_SHELVES.name == f"headinfer-studio-{uid}-visitors"
 
 
 def test_a_new_folder_is_private_and_a_loose_one_of_ours_is_narrowed(tmp_path):

@@ -12,7 +12,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-import launch
+from app import cli
 from app.guard import RequestGuard
 from app.hosts import AllowedHosts, HostNameError, proxy_name
 
@@ -21,7 +21,7 @@ PROXY = "studio.example.org"
 
 def _hosts(*flags: str) -> AllowedHosts:
     """The names and origins ``launch.py FLAGS`` answers to (as its main computes them)."""
-    args = launch.build_parser().parse_args(list(flags))
+    args = cli.build_parser().parse_args(list(flags))
     return AllowedHosts.for_launch(args.host, share=args.share, proxied=tuple(args.allow_host))
 
 
@@ -50,7 +50,7 @@ def test_an_allowed_host_is_a_host_name_and_nothing_else(bad, capsys):
     with pytest.raises(HostNameError):
         proxy_name(bad)
     with pytest.raises(SystemExit):
-        launch.build_parser().parse_args(["--allow-host", bad])
+        cli.build_parser().parse_args(["--allow-host", bad])
     assert "--allow-host" in capsys.readouterr().err
 
 

@@ -9,6 +9,7 @@ import types
 import pytest
 
 import launch
+from app import cli, startup
 from app import render
 
 
@@ -21,8 +22,8 @@ def test_the_header_shows_the_self_check_line():
 
 
 def test_a_cpu_start_up_runs_no_self_check_and_keeps_the_policy():
-    policy = launch.make_policy(launch.build_parser().parse_args(["--kv-8bit", "int8"]))
-    assert launch.apply_first_use_self_check(policy, "cpu") == (policy, None)
+    policy = startup.make_policy(cli.build_parser().parse_args(["--kv-8bit", "int8"]))
+    assert startup.apply_first_use_self_check(policy, "cpu") == (policy, None)
 
 
 def test_on_a_gpu_the_failed_features_of_the_report_are_turned_off(monkeypatch, caplog):
@@ -30,9 +31,9 @@ def test_on_a_gpu_the_failed_features_of_the_report_are_turned_off(monkeypatch, 
 
     report = types.SimpleNamespace(failed=["kv8"], status_line=lambda: "self-check: kv8 wrong, turned off")
     monkeypatch.setattr(selfcheck, "first_use", lambda policy, device, weights="dense": report)
-    policy = launch.make_policy(launch.build_parser().parse_args(["--kv-8bit", "int8"]))
+    policy = startup.make_policy(cli.build_parser().parse_args(["--kv-8bit", "int8"]))
     with caplog.at_level(logging.WARNING, logger="engine.selfcheck.run"):
-        safe, line = launch.apply_first_use_self_check(policy, "cuda")
+        safe, line = startup.apply_first_use_self_check(policy, "cuda")
     assert safe.kv_dtype is None and line == "self-check: kv8 wrong, turned off"
     assert "8-bit KV" in caplog.text
 
@@ -44,7 +45,7 @@ def test_self_check_flag_runs_the_check_and_exits_with_its_status(tmp_path, monk
     assert exit_.value.code == 0
     report = json.loads(next((tmp_path / "self-check").glob("*.json")).read_text())
     assert report["failed"] == [] and report["identity"]["features"] == ["overlap"]
-    assert launch.self_check.__doc__ and "--self-check" in launch.build_parser().format_help()
+    assert startup.self_check.__doc__ and "--self-check" in cli.build_parser().format_help()
 
 
 def test_a_self_check_that_cannot_run_is_said_in_the_header(monkeypatch, caplog):
@@ -54,9 +55,9 @@ def test_a_self_check_that_cannot_run_is_said_in_the_header(monkeypatch, caplog)
         raise RuntimeError("CUDA out of memory")
 
     monkeypatch.setattr(selfcheck, "first_use", broken)
-    policy = launch.make_policy(launch.build_parser().parse_args([]))
+    policy = startup.make_policy(cli.build_parser().parse_args([]))
     with caplog.at_level(logging.WARNING, logger="headinfer.launch"):
-        assert launch.apply_first_use_self_check(policy, "cuda") == (policy, "not self-checked on this GPU")
+        assert startup.apply_first_use_self_check(policy, "cuda") == (policy, "not self-checked on this GPU")
     assert "could not run" in caplog.text
 
 

@@ -166,13 +166,13 @@ def test_the_shelves_total_is_within_the_stores_cap(tmp_path):
 
 
 def test_the_start_up_line_states_the_visitors_shelf_caps_not_no_size_limit(tmp_path):
-    import launch
+    from app import startup
 
     uncapped = SnapshotStore(tmp_path / "kv")  # --snapshot-max none: the visitors' caps still bind
-    line = launch.where_saved(uncapped, private=True, has_auth=False, session_shelves=tmp_path / "tabs")
+    line = startup.where_saved(uncapped, private=True, has_auth=False, session_shelves=tmp_path / "tabs")
     assert "no size limit" not in line
     assert "(at most 4.00 GiB each), at most 16.00 GiB all together" in line
-    per_user = launch.where_saved(uncapped, private=True, has_auth=True, session_shelves=None,
+    per_user = startup.where_saved(uncapped, private=True, has_auth=True, session_shelves=None,
                                   limits=CapLimits(shelf_bytes=2**30, shelves_total_bytes=3 * 2**30))
     assert "(at most 1.00 GiB each), at most 3.00 GiB all together" in per_user
-    assert "(no size limit)" in launch.where_saved(uncapped, private=False, has_auth=False, session_shelves=None)
+    assert "(no size limit)" in startup.where_saved(uncapped, private=False, has_auth=False, session_shelves=None)

@@ -25,11 +25,11 @@ def test_dense_weights_add_nothing():
 
 
 def test_the_first_use_self_check_is_told_the_served_weights(monkeypatch):
-    import launch
+    from app import cli, startup
     from engine import selfcheck
 
     seen = []
     monkeypatch.setattr(selfcheck, "first_use", lambda policy, device, weights="dense": seen.append(weights))
-    policy = launch.make_policy(launch.build_parser().parse_args([]))
-    assert launch.apply_first_use_self_check(policy, "cuda", "bnb-nf4") == (policy, None)
+    policy = startup.make_policy(cli.build_parser().parse_args([]))
+    assert startup.apply_first_use_self_check(policy, "cuda", "bnb-nf4") == (policy, None)
     assert seen == ["bnb-nf4"]

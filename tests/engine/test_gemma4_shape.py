@@ -96,9 +96,9 @@ def test_a_4090_plan_of_gemma4_holds_each_layers_homes(config):
 
 def test_launch_checks_the_head_group_against_every_gemma4_layer():
     # launch.py read config.num_key_value_heads, which Gemma 4's config refuses to name for the whole model.
-    import launch
+    from app import cli, startup
 
-    parse = launch.build_parser().parse_args
-    launch.check_model(parse(["--head-group", "4"]), gemma4_31b())  # divides 16 (sliding) and 4 (global)
+    parse = cli.build_parser().parse_args
+    startup.check_model(parse(["--head-group", "4"]), gemma4_31b())  # divides 16 (sliding) and 4 (global)
     with pytest.raises(InputError, match="--head-group 8"):
-        launch.check_model(parse(["--head-group", "8"]), gemma4_31b())  # global layers hold only 4
+        startup.check_model(parse(["--head-group", "8"]), gemma4_31b())  # global layers hold only 4

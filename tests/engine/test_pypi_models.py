@@ -97,10 +97,11 @@ def test_a_bare_start_on_a_gpu_serves_the_real_default_with_dense_weights(monkey
 
 def test_launch_without_a_model_on_a_gpu_asks_for_the_default_not_smollm2(monkeypatch, capsys):
     import launch
+    from app import startup
     from engine import models
 
     monkeypatch.delenv(pypi.CPU_MODEL_ENV, raising=False)
-    monkeypatch.setattr(launch, "check_machine", lambda args: "cuda")  # (no GPU here: the decision is what runs)
+    monkeypatch.setattr(startup, "check_machine", lambda args: "cuda")  # (no GPU here: the decision is what runs)
 
     def named(source):
         raise ValueError(f"asked for {source}")

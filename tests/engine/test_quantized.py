@@ -92,10 +92,10 @@ def test_labels_say_lossy_for_our_quantization_and_publisher_for_a_checkpoint():
 
 
 def test_launch_offers_every_weights_mode_the_loader_takes():
-    import launch
+    from app import cli
     from engine.cpu.int8 import WEIGHT_MODES
 
-    [action] = [a for a in launch.build_parser()._actions if "--weights" in a.option_strings]
+    [action] = [a for a in cli.build_parser()._actions if "--weights" in a.option_strings]
     assert set(action.choices) == {"auto", *WEIGHT_MODES, *quantized.QUANTIZED_MODES}
 
 

@@ -10,7 +10,7 @@
   which every study uses, and the one-file studies (``niah``, ``estimates``, ``estimate_error``, ``parity``, ...)
 
 Every study is its own entry point: ``python -m benchmarks.<name>`` or ``python -m benchmarks.<group>.<name>``.
-The rules the tests read from the imports live in ``tests/structure.py``.
+The rules the tests read from the imports live in ``tests/helpers/structure.py``.
 """
 
 from process_env import use_expandable_segments

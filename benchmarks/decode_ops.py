@@ -2,7 +2,7 @@
 
 Counted, not timed (issue 29, item 4): on the CPU, for a Llama-3-8B-shaped tiny model (32 layers x 8 KV heads,
 32 query heads; tiny widths, since counts do not depend on them) with every slot offloaded, one decode step's
-- aten operators through the dispatcher (a ``TorchDispatchMode`` counter, as ``tests/engine/opcount.py``), and
+- aten operators through the dispatcher (a ``TorchDispatchMode`` counter, as ``tests/engine/helpers/opcount.py``), and
   their ratio to stock transformers' step with a ``DynamicCache``;
 - copies issued through the streams seam (``copy`` calls, ``copy_many`` calls and the pieces they carry) and
   event calls (``record``, ``wait_event``, ``synchronize``): each is a CUDA call on a GPU.

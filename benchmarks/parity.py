@@ -2,7 +2,7 @@
 
     python -m benchmarks.parity [--device cuda] [--dtype float32 bfloat16] [--out docs/parity-cpu.md]
 
-Runs the tiny random configs of every supported family (tests/engine/archs.py) through chunked prefill
+Runs the tiny random configs of every supported family (tests/engine/helpers/archs.py) through chunked prefill
 and decode with every head-group size and both KV homes (device-resident and offloaded ping-pong),
 and checks greedy generate() tokens. Prints a markdown table and writes it to --out.
 """
@@ -20,7 +20,7 @@ import torch
 import transformers
 from transformers import DynamicCache
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "engine" / "helpers"))
 
 from archs import build_pair, tiny_configs  # noqa: E402
 

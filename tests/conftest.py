@@ -1,9 +1,16 @@
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
 from process_env import prepare_process, shaped
+
+# The tests' helpers (tiny model builders, fake servers, file makers) live in helpers/ folders beside the tests and
+# are imported by bare name (``from archs import build_pair``) from any test folder.
+_TESTS = Path(__file__).resolve().parent
+sys.path[:0] = [str(_TESTS / folder / "helpers") for folder in (".", "engine", "app", "e2e", "benchmarks")]
 
 # Tests and the apps they launch run the small embedded SmolLM2, not the CPU default (engine.models.pypi).
 os.environ.setdefault("HEADINFER_CPU_MODEL", "embedded")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import structure  # tests/structure.py: the rules, read from imports
+import structure  # tests/helpers/structure.py: the rules, read from imports
 from structure import loops
 
 ROOT = Path(__file__).resolve().parents[1]

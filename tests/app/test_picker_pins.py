@@ -1,10 +1,9 @@
 """The picker says which Hub commit each catalogue model downloads (pinned by the catalogue, by this machine's first
 download, or not yet), escaped; "Update to the latest" moves a first-download pin to main's newest commit, for the
-owner alone. Against the local fake Hub (``tests/engine/hub_server.py``)."""
+owner alone. Against the local fake Hub (``tests/engine/helpers/hub_server.py``)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,7 @@ from app import escape
 from app.owner import OPEN, REFUSED, new_gate
 from engine.models import hub_lock
 from test_owner import _owner_cookie, _picker, _request  # the picker with a stand-in model, and Gradio's requests
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from hub_server import COMMIT, HubServer  # noqa: E402
+from hub_server import COMMIT, HubServer
 
 UNPINNED = "Qwen/Qwen3.6-27B"  # 'main' in catalogue.json
 PINNED = ("Qwen/Qwen3-8B", "b968826")  # a commit in catalogue.json

@@ -18,8 +18,7 @@ from test_browser import PAGES, QUESTION
 
 from engine.models.loader import embedded_model_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from make_files import make_pdf  # noqa: E402
+from make_files import make_pdf
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -8,17 +8,14 @@ The measured latencies are logged (``-o log_cli=true``) for docs/benchmarks/app-
 from __future__ import annotations
 
 import logging
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from machine_load import load, stretched  # noqa: E402
-from make_files import make_pdf  # noqa: E402
-from studio import served  # noqa: E402
-from test_browser import PAGES  # noqa: E402
+from machine_load import load, stretched
+from make_files import make_pdf
+from studio import served
+from test_browser import PAGES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

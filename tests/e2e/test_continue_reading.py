@@ -4,16 +4,14 @@ the shelf as it goes; after the studio stops mid-read and starts again, the save
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from make_files import make_pdf  # noqa: E402
-from studio import served, slow_session, tab  # noqa: E402
-from test_browser import PAGES  # noqa: E402
+from make_files import make_pdf
+from studio import served, slow_session, tab
+from test_browser import PAGES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

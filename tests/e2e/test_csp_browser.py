@@ -7,16 +7,14 @@ elsewhere is still refused."""
 from __future__ import annotations
 
 import socket
-import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from make_files import make_pdf  # noqa: E402
-from studio import read_and_ask  # noqa: E402
-from test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from make_files import make_pdf
+from studio import read_and_ask
+from test_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -3,16 +3,13 @@ measured in the background, and becomes the measured estimate when the measureme
 
 from __future__ import annotations
 
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from make_files import make_pdf  # noqa: E402
-from studio import served  # noqa: E402
-from test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from make_files import make_pdf
+from studio import served
+from test_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

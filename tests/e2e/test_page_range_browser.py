@@ -5,15 +5,12 @@ the range's pages and characters, not the whole book's."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from make_files import make_labelled_pdf  # noqa: E402
-from studio import served, tab  # noqa: E402
-from test_browser import chromium_page  # noqa: E402
+from make_files import make_labelled_pdf
+from studio import served, tab
+from test_browser import chromium_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

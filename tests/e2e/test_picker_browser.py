@@ -23,14 +23,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "app"))
-sys.path.insert(0, str(ROOT / "tests" / "engine"))
-from hub_server import HubServer  # noqa: E402
-from make_files import make_pdf  # noqa: E402
-from model_stores import OllamaStore  # noqa: E402
-from test_browser import PAGES, chromium_page  # noqa: E402
+from hub_server import HubServer
+from make_files import make_pdf
+from model_stores import OllamaStore
+from test_browser import PAGES, chromium_page
 
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 # A busy 2-core machine: measuring a model's FLOP rate alone (the picker's first open) can take 30 s there.

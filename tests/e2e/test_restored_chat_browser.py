@@ -5,15 +5,12 @@ takes the page chips and the viewer with the documents."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from make_files import make_pdf  # noqa: E402
-from studio import free_port, read_and_ask, served, tab  # noqa: E402
-from test_browser import PAGES  # noqa: E402
+from make_files import make_pdf
+from studio import free_port, read_and_ask, served, tab
+from test_browser import PAGES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -3,15 +3,12 @@ with no upload, and a page reload keeps the tab's document and its conversation.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from make_files import make_pdf  # noqa: E402
-from studio import read_and_ask, served, tab  # noqa: E402
-from test_browser import PAGES  # noqa: E402
+from make_files import make_pdf
+from studio import read_and_ask, served, tab
+from test_browser import PAGES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

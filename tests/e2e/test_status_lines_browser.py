@@ -4,15 +4,12 @@ when another is read; with one saved document, Open opens it with no choosing (o
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from make_files import make_pdf  # noqa: E402
-from studio import read_and_ask, served  # noqa: E402
-from test_browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from make_files import make_pdf
+from studio import read_and_ask, served
+from test_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

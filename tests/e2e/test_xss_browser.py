@@ -6,14 +6,12 @@ document's own ``=== … ===`` line, unescaped, and the script ran twice. Here n
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from studio import served  # noqa: E402
-from test_browser import chromium_page  # noqa: E402
+from studio import served
+from test_browser import chromium_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -27,7 +27,7 @@ from engine.types import CheckpointPlan
 from test_disk_snapshot import _tier_policy
 from test_snapshot import _document, _tiny_model, _word_tokenizer
 
-CHILD = Path(__file__).with_name("checkpoint_child.py")
+CHILD = Path(__file__).parent / "helpers" / "checkpoint_child.py"
 WORDS = 150  # ~11 chunks of CHUNK
 CHUNK = 16
 

@@ -1,6 +1,6 @@
 """Every wait of the KV core matters: removing any one is caught on emulated streams (race, wrong answer or error).
 
-The table of what catches each: docs/streams-mutations.md (``python tests/engine/stream_mutations.py``).
+The table of what catches each: docs/streams-mutations.md (``python tests/engine/helpers/stream_mutations.py``).
 """
 
 from __future__ import annotations

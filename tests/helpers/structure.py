@@ -2,7 +2,7 @@
 tree, the public names, the exception classes and their roots, function-local imports, and the functions over 80
 lines.
 
-    python tests/structure.py [--root .] [--tree engine]
+    python tests/helpers/structure.py [--root .] [--tree engine]
 
 ``tests/test_structure.py`` holds the rules (no loops, the KV core at the bottom, the app on public names only);
 this prints the numbers docs/restructure.md gives before and after the restructure.

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.answer.support import document_words, page_texts, thresholds_for
-from engine.answer.support_entity import entity_share
+from engine.answer.support_entity import entity_share, peak_entity_share
 from engine.types import page_markers
 
 from .model_eval import document_text
@@ -131,6 +131,8 @@ def labelled_rows(records: list[dict], texts: dict[str, str]) -> list[dict]:
         cited = [pages.get(page or "", "") for page, _ in record.get("sources") or []]
         found = signals(record, pages, document_words(text))
         found["min_entity_share"] = entity_share(record["question"], record["answer"], cited, text) if cited else None
+        peaks = record.get("peaks")  # recorded for the new manuals' answers only
+        found["min_peak_entity"] = peak_entity_share(record["question"], text, peaks) if peaks else None
         rows.append({**record, "signals": found})
     return rows
 
@@ -262,19 +264,49 @@ def report_lines(rows: list[dict], new: list[dict], stamp: dict, model: str = MO
     flags, picked = chosen_held_out(rows, RULES)
     lines.append(row("the whole choice held out", flags))
     lines += ["", "Rules picked without each manual: " + "; ".join(f"{m}: {r}" for m, r in picked.items()) + ".", ""]
-    lines += _signal_lines(rows) + _cost_lines(new)
+    lines += _peak_lines(rows) + _signal_lines(rows) + _cost_lines(new)
     return lines
+
+
+# The attention-peak variant: the answers' attention peaks were recorded for the new manuals only.
+PEAK_RULES = {
+    "entity": ("min_entity_share",),
+    "share + entity": ("min_document_share", "min_entity_share"),
+    "peak entity": ("min_peak_entity",),
+    "share + peak entity": ("min_document_share", "min_peak_entity"),
+    "share + entity + peak entity": ("min_document_share", "min_entity_share", "min_peak_entity"),
+}
+
+
+def _peak_lines(rows: list[dict]) -> list[str]:
+    """The entity signal read off the attention peaks (``peak_entity_share``) against the answer-word one, on the
+    manuals whose answers recorded peaks: fitted on the one, judged on the other."""
+    peaked = [row for row in rows if row["signals"].get("min_peak_entity") is not None]
+    names = manuals(peaked)
+    if len(names) < 2:
+        return []
+    lines = ["The entity signal read off the answer's attention instead of its words (`peak entity`: how much of "
+             f"the question is said within 200 characters of the {PEAKS} document tokens the answer attended to "
+             "most, by their attention), on the manuals whose answers recorded the peaks (the new ones): fitted on "
+             "the other, judged on each.", "",
+             "| rule | " + " | ".join(names) + " | overall |", "| --- | " + " | ".join("---" for _ in names) + " | --- |"]
+    for rule, rule_names in PEAK_RULES.items():
+        flags = leave_one_manual_out(peaked, rule_names)
+        lines.append(f"| {rule} | " + " | ".join(_cell(peaked, flags, m) for m in names)
+                     + f" | {_cell(peaked, flags, None)} |")
+    return lines + [""]
 
 
 def _signal_lines(rows: list[dict]) -> list[str]:
     lines = ["Mean signal values per manual and label (`entity`: `engine.answer.support_entity.entity_share`, "
              "how much of the question is said within 200 characters of the answer's own words on its cited "
-             "pages):", "", "| manual | label | answers | share | mean log-prob | entity |", "| --- | --- | --- | --- | --- | --- |"]
+             "pages):", "", "| manual | label | answers | share | mean log-prob | entity | peak entity |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for manual in manuals(rows):
         for kind in ("supported", "unsupported"):
             picked = [r for r in rows if r["document"] == manual and r["kind"] == kind]
             means = []
-            for name in ("min_document_share", "min_mean_logprob", "min_entity_share"):
+            for name in ("min_document_share", "min_mean_logprob", "min_entity_share", "min_peak_entity"):
                 values = [r["signals"][name] for r in picked if r["signals"][name] is not None]
                 means.append(f"{sum(values) / len(values):.2f}" if values else "–")
             lines.append(f"| {manual} | {kind} | {len(picked)} | " + " | ".join(means) + " |")

@@ -21,6 +21,10 @@ Three signals the engine already holds after an answer, so the check costs a few
   this one catches the question the document is not about, whatever the model wrote). When it flags, the words
   the document never uses are kept (``Support.unknown_words``) for the note beside the answer.
 
+- ``entity_share`` (``support_entity``): how much of the question is said within a few lines of the answer's own
+  words on its cited pages. An answer that copies a neighbouring entity's string (another OS's version, another
+  project's author) passes ``grounded_share`` and ``document_share``; it sits among another entity's words.
+
 A further one, ``verify_yes``, costs a short prefill: before the answer the model is asked, on the document's cached K/V,
 whether the document states the answer to the question (``verify_prompt``), and P(yes) / (P(yes) + P(no)) is read off
 its next-token distribution (``yes_share``; ``DocumentSession.check_support`` runs it and leaves the conversation as
@@ -55,6 +59,8 @@ class SupportThresholds:
     min_verify_yes: float = 0.0
     min_claim_logprob: float = -100.0  # the claim tokens' mean log-prob (``claim_logprob``); -100 is off
     min_asked_share: float = 0.0  # the question's words the document uses (``asked_share``); 0 is off
+    # How much of the question is said around the answer's own words on its cited pages (``support_entity``); 0 is off.
+    min_entity_share: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_document_share <= 1.0:
@@ -69,6 +75,8 @@ class SupportThresholds:
             raise InputError(f"min_claim_logprob must be <= 0, got {self.min_claim_logprob}")
         if not 0.0 <= self.min_asked_share <= 1.0:
             raise InputError(f"min_asked_share must be in [0, 1], got {self.min_asked_share}")
+        if not 0.0 <= self.min_entity_share <= 1.0:
+            raise InputError(f"min_entity_share must be in [0, 1], got {self.min_entity_share}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,7 @@ class Support:
     claim_logprob: float | None = None  # None for an empty answer (or when the caller had no token texts)
     asked_share: float | None = None  # None when the question has no content word (or no document words given)
     unknown_words: tuple[str, ...] = ()  # the question's words the document never uses, when they flagged it
+    entity_share: float | None = None  # None without sources or when the answer adds no word of its own
 
 
 def document_share(mass: torch.Tensor, document_range: tuple[int, int],
@@ -106,12 +115,13 @@ def mean_logprob(logprobs: list[float]) -> float | None:
 def decide(share: float | None, logprob: float | None,
            thresholds: SupportThresholds = SupportThresholds(), grounded: float | None = None,
            verified: float | None = None, claim: float | None = None,
-           asked: tuple[float | None, tuple[str, ...]] = (None, ())) -> Support:
+           asked: tuple[float | None, tuple[str, ...]] = (None, ()), entity: float | None = None) -> Support:
     """Flags an answer whose attention stayed off the pages, whose tokens (or whose claim's own tokens, ``claim``)
     were written unsure, or whose own words are not on the pages it looked at, or which the model itself, asked
     afterwards, does not find stated in the document (``verified``: its P(yes)), or whose question names what the
-    document never does (``asked``: ``asked_share``'s share and the words). A missing signal does not flag: without
-    sources the answer is judged on its probabilities alone."""
+    document never does (``asked``: ``asked_share``'s share and the words), or whose own words sit on its pages
+    among another entity's words than the question's (``entity``: ``support_entity.entity_share``). A missing signal
+    does not flag: without sources the answer is judged on its probabilities alone."""
     asked_share_, unknown = asked
     low_share = share is not None and share < thresholds.min_document_share
     unsure = logprob is not None and logprob < thresholds.min_mean_logprob
@@ -119,9 +129,11 @@ def decide(share: float | None, logprob: float | None,
     denied = verified is not None and verified < thresholds.min_verify_yes
     unsure_claim = claim is not None and claim < thresholds.min_claim_logprob
     off_topic = asked_share_ is not None and asked_share_ < thresholds.min_asked_share
-    flagged = low_share or unsure or ungrounded or denied or unsure_claim or off_topic
+    elsewhere = entity is not None and entity < thresholds.min_entity_share
+    flagged = low_share or unsure or ungrounded or denied or unsure_claim or off_topic or elsewhere
     # The words go to the note only when they are why: on a short document a common verb ("makes") is unknown too.
-    return Support(share, logprob, not flagged, grounded, verified, claim, asked_share_, unknown if off_topic else ())
+    return Support(share, logprob, not flagged, grounded, verified, claim, asked_share_, unknown if off_topic else (),
+                   entity)
 
 
 def token_logprob(logits: torch.Tensor, token: int) -> float:

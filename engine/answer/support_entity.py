@@ -85,3 +85,22 @@ def entity_share(question: str, answer: str, pages: list[str], document: str,
     if sum(weight.values()) <= 0.0:
         return max(best.values())
     return sum(best[word] * weight[word] for word in best) / sum(weight.values())
+
+
+def peak_entity_share(question: str, document: str, peaks: list[tuple[int, float]],
+                      window: int = WINDOW) -> float | None:
+    """``entity_share`` read off the answer's attention instead of its words: how much of the question (its words
+    the document uses, each alike) is said within ``window`` characters of the document tokens the answer attended
+    to most (``peaks``: (character offset in ``document``, attention share) each), averaged by their attention.
+    An answer built from a neighbour's string looks at that string, among another entity's words. None without
+    peaks or without a question word the document uses."""
+    weights = line_weights(document)
+    asked = {w for _, w in _words(question) if weights.get(w, 0.0) > 0.0}
+    mass = sum(share for _, share in peaks)
+    if not asked or not peaks or mass <= 0:
+        return None
+    total = 0.0
+    for offset, share in peaks:
+        near = {w for _, w in _words(document[max(0, offset - window):offset + window])}
+        total += share * len(asked & near) / len(asked)
+    return total / mass

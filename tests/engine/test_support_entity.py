@@ -58,3 +58,36 @@ def test_words_on_every_line_weigh_nothing_and_rare_ones_most():
     weights = line_weights("R alpha\nR beta\nR gamma macos\nR delta macos\n")
     assert weights["r"] == 0.0
     assert weights["alpha"] > weights["maco"] > 0.0  # stems: "macos" -> "maco"
+
+
+def test_decide_flags_an_answer_said_among_another_entitys_words_only_when_the_threshold_is_on():
+    from engine.answer.support import SupportThresholds, decide
+    from engine.errors import InputError
+
+    copied = entity_share("Which was the last version of R to support 32-bit macOS?", "R 4.1.3.", [PAGE], DOCUMENT)
+    on = SupportThresholds(min_document_share=0.0, min_mean_logprob=-100.0, min_entity_share=0.9)
+    assert not decide(0.8, -0.1, on, entity=copied).is_supported
+    assert decide(0.8, -0.1, on, entity=1.0).is_supported
+    assert decide(0.8, -0.1, on, entity=None).is_supported  # no sources: the signal is missing and does not flag
+    assert decide(0.8, -0.1, SupportThresholds(), entity=copied).is_supported  # off by default
+    assert decide(0.8, -0.1, on, entity=copied).entity_share == copied
+    with pytest.raises(InputError):
+        SupportThresholds(min_entity_share=1.5)
+
+
+def test_the_attention_peaks_context_tells_a_neighbours_string_from_the_asked_entitys():
+    """The answer's attention read instead of its words: peaks on Windows' line answer a Windows question and not a
+    macOS one; peaks spread by their shares."""
+    from engine.answer.support_entity import peak_entity_share
+
+    windows = DOCUMENT.index("R 4.1.3")
+    mac = DOCUMENT.index("maintained by Simon Urbanek")
+    question = "Which was the last version of R to support 32-bit macOS?"
+    on_windows = peak_entity_share(question, DOCUMENT, [(windows, 0.5)])
+    assert on_windows < peak_entity_share(question.replace("macOS", "Windows"), DOCUMENT, [(windows, 0.5)])
+    maintainer = "Who maintains the port of R for macOS?"
+    assert peak_entity_share(maintainer, DOCUMENT, [(mac, 0.4)]) == pytest.approx(1.0)
+    mixed = peak_entity_share(maintainer, DOCUMENT, [(mac, 0.3), (DOCUMENT.index("Chapter 3"), 0.1)])
+    assert mixed == pytest.approx(0.75 + 0.25 * peak_entity_share(maintainer, DOCUMENT,
+                                                                  [(DOCUMENT.index("Chapter 3"), 1.0)]))
+    assert peak_entity_share(maintainer, DOCUMENT, []) is None

@@ -1,16 +1,23 @@
-"""Benchmarks for HeadInfer Studio; how we measure is described in ``shared/GPU.md``. Results go to
-``docs/benchmarks/`` (append-only JSON records, markdown tables, plots).
+"""Benchmarks for HeadInfer Studio, by subject; how we measure: ``docs/benchmarks/method.md``. Reports go to
+``docs/benchmarks/``, the records, logs and plots they are made from to ``docs/benchmarks/data/`` (append-only JSON
+records), a GPU run's files to ``docs/benchmarks/runs/<date>/``.
 
-- ``harness/``  the ``python -m benchmarks.harness.run`` harness (issue 5) and the one-call GPU session
-  (``harness/gpu_all.py``; ``gpu_session.sh`` wraps it, ``fetch_gpu_wheels.sh`` fills its wheels)
-- ``weights/``  studies of holding and loading weights (load, switch, GGUF, llama.cpp, CPU dtype)
-- ``disk/``     studies of the disk (rates, snapshots, checkpoints, capacity)
-- ``tables/``   scripts printing a table from configs alone (ledger, picker)
+- ``harness/``  the shared tools: the ``python -m benchmarks.harness.run`` entry point (issue 5), models, modes,
+  timing, floors, reports and ``layout`` (where a study's files go)
+- ``gpu/``      the one-call GPU session (``gpu/gpu_all.py``; ``gpu_session.sh`` wraps it, ``fetch_gpu_wheels.sh``
+  fills its wheels), pinned memory as a budget, a prefill chunk's device memory
+- ``cpu/``      host attention against the read, the CPU decode and prefill kernels, pools, prefetch hints
+- ``weights/``  holding and loading weights (load, switch, GGUF, quantizers, llama.cpp on the same file, CPU dtype)
+- ``quality/``  parity with stock, needle in a haystack, 8-bit KV quality
+- ``app/``      the app's own work (reading documents, bombs, estimates, first start, the queue, many visitors)
+- ``serving/``  the OpenAI-compatible endpoint against the page
+- ``disk/``     the disk (rates, snapshots, checkpoints, capacity)
+- ``tables/``   tables printed from configs alone (ledger, picker)
 - at the top: ``records`` (run stamp, the append-only results file, resume keys) and ``corpus`` (real documents),
-  which every study uses, and the one-file studies (``niah``, ``estimates``, ``estimate_error``, ``parity``, ...)
+  which every study uses, and the model and support evaluations (``model_eval``, ``support_*``)
 
-Every study is its own entry point: ``python -m benchmarks.<name>`` or ``python -m benchmarks.<group>.<name>``.
-The rules the tests read from the imports live in ``tests/helpers/structure.py``.
+Every study is its own entry point: ``python -m benchmarks.<folder>.<name>``; each folder's size is capped by
+``tests/test_structure.py``. The rules the tests read from the imports live in ``tests/helpers/structure.py``.
 """
 
 from process_env import use_expandable_segments

@@ -1,4 +1,4 @@
-"""``python -m benchmarks.decode_ops``: what one decode token costs the host, head-wise vs stock transformers.
+"""``python -m benchmarks.cpu.decode_ops``: what one decode token costs the host, head-wise vs stock transformers.
 
 Counted, not timed (issue 29, item 4): on the CPU, for a Llama-3-8B-shaped tiny model (32 layers x 8 KV heads,
 32 query heads; tiny widths, since counts do not depend on them) with every slot offloaded, one decode step's
@@ -11,8 +11,8 @@ the plan's ``groups_per_buffer`` groups' context (no budget here: a layer's eigh
 the planned context (``--groups-per-buffer 1``: the paper's buffers of one group, runs shrink as the context nears
 the plan). Writes ``docs/benchmarks/decode-ops.md`` and ``data/decode-ops.json``::
 
-    python -m benchmarks.decode_ops                      # groups 1, 2, 8; context 16, 200, 900 of 1024 planned
-    python -m benchmarks.decode_ops --label before --out /tmp/ops   # (the same script run on an older checkout)
+    python -m benchmarks.cpu.decode_ops                      # groups 1, 2, 8; context 16, 200, 900 of 1024 planned
+    python -m benchmarks.cpu.decode_ops --label before --out /tmp/ops   # (the same script run on an older checkout)
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig
 import engine
 from engine.kv import streams as kv_streams
 
-from .harness.layout import data_file
+from ..harness.layout import data_file
 
 logger = logging.getLogger(__name__)
 
-OUT = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
+OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 
 
 class _Ops(TorchDispatchMode):
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> None:
 
 HEADER = """# Host work per decode token: head-wise vs stock (counted on the CPU)
 
-`python -m benchmarks.decode_ops` (issue 29, item 4). One decode step of a Llama-3-8B-shaped tiny model (32 layers
+`python -m benchmarks.cpu.decode_ops` (issue 29, item 4). One decode step of a Llama-3-8B-shaped tiny model (32 layers
 x 8 KV heads, 32 query heads, tiny widths), every slot offloaded, planned for 1,024 tokens, after a prefill of
 *context* tokens (900 is the near-plan row): aten operators through the dispatcher (and the ratio to stock
 transformers with a `DynamicCache`), copies issued through the streams seam (calls, and in brackets the pieces
@@ -195,10 +195,10 @@ they carry: a batched `copy_many` is one call), and event calls (`record`, `wait
 and event call is a CUDA call. Counts, not times: they do not depend on the machine or its load.
 
 Columns: *before*: the same script on commit 0d62197 (`PYTHONPATH=<that checkout> python
-benchmarks/decode_ops.py --label before`), a fetch, a device copy and an attention call per group; *runs*: commit
+benchmarks/cpu/decode_ops.py --label before`), a fetch, a device copy and an attention call per group; *runs*: commit
 a5f1abf (stacked homes, runs of adjacent groups, batched appends), whose ping-pong buffers held one group's
 context at the plan; *after*: buffers of the plan's `groups_per_buffer` (here, with no budget, a layer's eight:
-`python -m benchmarks.decode_ops`).
+`python -m benchmarks.cpu.decode_ops`).
 
 """
 

@@ -1,6 +1,6 @@
 """Parity report: max relative logit difference, head-wise vs stock, per architecture and dtype.
 
-    python -m benchmarks.parity [--device cuda] [--dtype float32 bfloat16] [--out docs/parity-cpu.md]
+    python -m benchmarks.quality.parity [--device cuda] [--dtype float32 bfloat16] [--out docs/parity-cpu.md]
 
 Runs the tiny random configs of every supported family (tests/engine/helpers/archs.py) through chunked prefill
 and decode with every head-group size and both KV homes (device-resident and offloaded ping-pong),
@@ -20,7 +20,7 @@ import torch
 import transformers
 from transformers import DynamicCache
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "engine" / "helpers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "engine" / "helpers"))
 
 from archs import build_pair, tiny_configs  # noqa: E402
 

@@ -210,7 +210,7 @@ def build(compiler: str, extra: list[str] | None = None):
 
 def read(buffer, num_threads: int = 0) -> float:
     """A plain read of ``buffer`` (contiguous floats) on ``num_threads`` threads of the kernel's pool (0: every core)
-    at the kernel's vector width: the yardstick of ``benchmarks.harness.host_attention``. Returns the sum."""
+    at the kernel's vector width: the yardstick of ``benchmarks.cpu.host_attention``. Returns the sum."""
     return kernel().read(buffer.data_ptr(), buffer.nbytes, num_threads, PATHS[forced_path()])
 
 

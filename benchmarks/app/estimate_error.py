@@ -7,7 +7,7 @@ Three real Debian manuals (read with the app's own reader) cut to about 2K, 4K a
 the studio share ``~/.cache/headinfer-studio/read-costs.json``. The second start runs beside an extra busy
 process, so the machine's load changes between the runs (and the other jobs on a shared VM change it too). For each read: the range the plan panel shows before
 it, the actual read, and the error of the likely value. Target: within ±35%.
-Writes docs/benchmarks/estimate-error.{json,md}. ``--first-reads``: each document's first read on a clean cache, twice,
+Writes docs/benchmarks/estimate-error.md and data/estimate-error.json. ``--first-reads``: each document's first read on a clean cache, twice,
 each in a new process with an empty ``HEADINFER_CACHE`` (a section of estimate-error.md, and estimate-error-first-reads.json).
 ``--accuracy``: first reads on a clean cache on a quiet machine and beside a process burning a core (issue 51's target),
 a section of docs/benchmarks/estimate-accuracy.md per run.

@@ -8,8 +8,8 @@ glibc's heap thresholds), which times two reads (the first warms the kernels and
 Parts: **products** = ``cpu_matmul.linear`` (oneDNN's fp32 matmul), **dequantize** = the GGUF blocks widened to
 fp32 for it (``gguf_blocks.dequantize``), **attention** = the host kernel's prefill calls (``native.attend_layer``),
 **rest** = the read's wall time less those. Against llama.cpp's whole 2K prefill in ``docs/benchmarks/data/llamacpp-1.5b-epyc.json``
-(same placement): the seconds our read would have to lose to tie. Writes ``docs/benchmarks/prefill-parts.json``
-and ``.md``. A study for issue 29 item 5 (prefill at >= 1.0x llama.cpp); it wraps module functions, so each read
+(same placement): the seconds our read would have to lose to tie. Writes ``docs/benchmarks/prefill-parts.md``
+and ``data/prefill-parts.json``. A study for issue 29 item 5 (prefill at >= 1.0x llama.cpp); it wraps module functions, so each read
 runs in a process of its own.
 """
 

@@ -79,7 +79,7 @@ def test_the_sessions_floor_is_its_flop_models_ratio_of_a_pairs_flops_to_a_token
     assert seen == [pytest.approx(per_pair / per_token, rel=0.01)]  # (pairs of n tokens: n²/2 there, n(n+1)/2 here)
 
 
-# First reads on a clean cache (``docs/benchmarks/estimate-error-first-reads*.json``, load average 4.5-17): the
+# First reads on a clean cache (``docs/benchmarks/data/estimate-error-first-reads*.json``, load average 4.5-17): the
 # provisional estimate's middle then (the probe's FLOP rate x 3/4) and the read's actual seconds.
 PROVISIONAL_THEN = [(85.4, 41.5), (98.0, 22.9), (130.0, 62.9), (150.5, 45.6), (428.5, 131.3), (306.0, 152.4),
                     (35.0, 14.8), (27.2, 15.5), (94.9, 24.8), (55.5, 30.0), (222.5, 51.5), (263.7, 72.6)]

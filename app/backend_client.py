@@ -175,11 +175,12 @@ def _refusal(response: httpx.Response) -> str:
         if "html" in response.headers.get("content-type", "").lower() or _TAG.search(message):
             title = _TITLE.search(message)
             message = (f"an error page ({_plain(title.group(1))})" if title and _plain(title.group(1))
-                       else f"an error page ({_plain(message) or 'no text'})")
-    return f"the backend refused ({response.status_code}{_reason(response)}): {_plain(message) or 'no reason given'}"
+                       else f"an error page ({_plain(_HIDDEN.sub(' ', message)) or 'no text'})")
+    return f"the backend refused ({response.status_code}): {_plain(message) or 'no reason given'}"
 
 
 _TAG = re.compile(r"<[a-zA-Z!/][^>]*>")
+_HIDDEN = re.compile(r"<(script|style)\b.*?</\1\s*>", re.IGNORECASE | re.DOTALL)  # what a page never shows
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.IGNORECASE | re.DOTALL)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
 MESSAGE_CHARS = 300  # a backend's message is cut here: it may echo a whole prompt
@@ -195,11 +196,6 @@ def _plain(text: str) -> str:
     """``text`` as one short plain line: tags and control characters out, spaces collapsed, cut to its limit."""
     line = " ".join(_CONTROL.sub(" ", _TAG.sub(" ", text)).split())
     return line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS] + "…"
-
-
-def _reason(response: httpx.Response) -> str:
-    phrase = response.reason_phrase
-    return f" {phrase}" if isinstance(phrase, str) and phrase else ""
 
 
 def _int_or_none(value) -> int | None:

@@ -198,6 +198,8 @@ def test_a_closed_tab_lets_go_of_its_documents_and_its_place(page, backend, tmp_
     httpx.Response(502, headers={"content-type": "text/html"}, text=(
         "<html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1>"
         "<img src=x onerror=alert(1)><script>alert(2)</script></body></html>")),
+    httpx.Response(502, headers={"content-type": "text/html"}, text=(  # no title: its text, no script's
+        "<html><body><script>alert(2)</script><h1>Bad Gateway</h1><img src=x onerror=alert(1)></body></html>")),
     httpx.Response(400, json={"error": {"message": "bad <img src=x onerror=alert(1)> ![t](http://tracker/p.png)"}}),
 ])
 def test_a_backends_error_reaches_the_page_as_a_clear_message_never_its_markup(page, backend, tmp_path, failure):

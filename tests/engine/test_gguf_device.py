@@ -22,7 +22,7 @@ from engine.models.gguf_header import read_header
 from engine.models.loaded import weights_mode
 from engine.models.loader import _weights_and_dtype, load_model
 from engine.planning.budgets import held_bytes, num_weights
-from test_gguf_blocks import SMALL, TYPES, blocks_of, random_blocks, random_weight
+from gguf_samples import SMALL, TYPES, blocks_of, random_blocks, random_weight
 from test_gguf_convert import write_tiny_gguf
 from test_parity import RTOL, rel_diff
 

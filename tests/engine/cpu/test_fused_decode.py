@@ -17,7 +17,7 @@ from engine.cpu.fused_decode import FusedDecode
 from engine.cpu.gguf_blocks import BlockLinear, random_block_rows
 from engine.models.loader import _embedded_gguf, load_model
 from engine.planning.policy import OffloadPolicy
-from test_gguf_blocks import TYPES
+from gguf_samples import TYPES
 from test_parity import RTOL, rel_diff
 
 needs_kernel = pytest.mark.skipif(gguf_blocks.kernel() is None, reason="no C compiler here")

@@ -226,7 +226,7 @@ def test_launch_with_int8_bf16_weights_answers_a_question(tmp_path):
 
     from gradio_client import Client, handle_file
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     from make_files import make_pdf
 
     pdf = make_pdf(tmp_path / "lighthouse.pdf", ("The lighthouse keeper is called Mara.",

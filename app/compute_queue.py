@@ -80,9 +80,9 @@ class ComputeQueue:
 
     def expect(self, ticket: Ticket, seconds: float) -> None:
         """A running job's better estimate of the seconds still ahead of it. One within ``STEADY`` of what the line
-        already counts down from is taken as the rate's jitter and left out: an answer's estimate moves by a few
-        percent with every token (its rate 1.6, 1.5, 1.6 tok/s), which at 5 minutes is ±10 s, so the wait shown
-        would jump up and down instead of counting down."""
+        already counts down from is taken as the rate's jitter and left out: an answer's estimate moves a little with
+        every token, and the wait shown would jump up and down instead of counting down
+        (docs/benchmarks/app-bounds.md)."""
         with self._changed:
             if ticket.started is None:
                 return

@@ -4,7 +4,7 @@ A running answer's rest is estimated from its own request and what it has done: 
 limit (max tokens), its rate so far, and this model's earlier answers *longer than it already is* (an answer 30
 tokens long is no longer expected to stop at the usual 20: the median of the earlier ones that went past 30 is what
 it likely reaches). When none went that far, it is taken to stop three quarters of the way to its limit. The wait
-shown once assumed the usual length for every answer, so past it "1 token left", "about 1.0 s" for 92 s.
+shown once assumed the usual length for every answer, and said seconds left for minutes past it.
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 
 # When no earlier answer was as long as this one is: it stops this far from here toward its limit. Three quarters
-# keeps the first estimate within 0.5x-2x of the truth for any end from 3/8 of the way to the limit up to the limit
-# itself, which small models often run to, with room there for the work after the last token and a rate that drifts
-# on a busy machine (two thirds came out at 0.49x-0.72x of a two-tab wait behind an answer cut at its limit; a half
-# is 0.5x before either).
+# keeps the first estimate within a factor of two for most ends, the limit included (docs/benchmarks/app-bounds.md).
 TOWARD_LIMIT = 3 / 4
 DEFAULT_SECONDS = 20.0  # what an answer is expected to take before any was timed here
 

@@ -122,9 +122,8 @@ class HeadInferLayer(CacheLayerMixin):
         that is offloaded, 8-bit, a window ring, on disk or full; several groups; streams other than synchronous,
         whose declared reads and writes a checker follows; no C kernel for its head dim).
 
-        Why: the generic path stages the token, copies it home and walks the schedule's runs: ~40 torch and
-        Python calls a layer, each slow right after a layer's GEMVs streamed the weights through every cache (~1 ms
-        of a 2K-token step of the CPU default model)."""
+        Why: the generic path's torch and Python calls a layer (stage, copy home, walk the runs) are slow right after
+        the GEMVs streamed the weights through every cache (docs/benchmarks/decode-ops.md, Notes from the code)."""
         homes = self.homes
         if homes is None:
             return None

@@ -1,5 +1,5 @@
 """Stopping a forward pass between decoder layers, so a cancel takes effect within about one layer's
-work instead of a whole chunk's (a 4K-token chunk at the 8K position takes ~30 s on a laptop CPU).
+work instead of a whole chunk's, which takes tens of seconds on a laptop CPU (docs/benchmarks/app-bounds.md).
 
 Stock transformers models run unchanged: forward pre-hooks on each decoder layer, its attention and its
 MLP ask ``should_stop`` and raise :class:`ForwardInterrupted`. The caller crops the cache back to where

@@ -34,9 +34,9 @@ class BoxLimits:
     Attributes:
         memory_bytes: its address space (``RLIMIT_AS``, ``RLIMIT_DATA`` too), set by the child before it reads
             anything; ignored where Python has no ``resource`` module (Windows: the time limit alone holds).
-        seconds: wall-clock seconds for one file, from the request to the text back. PDFium reads ~400 pages a
-            second (docs/benchmarks/extraction.md), a 1,600-page book in 4 s; pypdf, the fallback for PDFs PDFium
-            cannot open, ~30, so such a book near 1,600 pages is the one real file this stops.
+        seconds: wall-clock seconds for one file, from the request to the text back: far above what PDFium takes for
+            a long book; a book of that length read by pypdf, the fallback, is the one real file this stops
+            (docs/benchmarks/extraction.md, Notes from the code).
         idle_seconds: a reader child with nothing to read exits after this long, so its memory goes back.
     """
 

@@ -3,7 +3,7 @@
 Navigation bars, sidebars, page headers and footers, scripts and styles are dropped: in a
 manual split into one HTML file per chapter they repeat on every page and say nothing.
 
-The tree is lxml's own (about 30x faster to build than BeautifulSoup's); BeautifulSoup's
+The tree is lxml's own (faster to build than BeautifulSoup's: docs/benchmarks/extraction.md); BeautifulSoup's
 ``UnicodeDammit`` only picks the encoding.
 """
 

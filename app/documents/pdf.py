@@ -1,7 +1,7 @@
 """PDF pages to text: PDFium (pypdfium2) first, pypdf when PDFium cannot open the file.
 
 PDFium (Chrome's PDF engine) places spaces from the glyph geometry, so LaTeX books read as words
-("There are two methods") where pypdf runs them together ("Therearetwomethods"), and it is over 10x
+("There are two methods") where pypdf runs them together ("Therearetwomethods"), and it is much
 faster on real books (docs/benchmarks/extraction.md). pypdf stays as the fallback: it tells apart the encryption it cannot open (a missing
 ``cryptography`` package) and salvages some files PDFium rejects.
 """

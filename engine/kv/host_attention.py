@@ -1,9 +1,10 @@
 """Exact attention of a step's few queries over head groups whose KV lives in host memory, computed there.
 
 At long context, decode reads every KV byte once per token. For an offloaded head group that means crossing
-the PCIe link (~25 GB/s); the host reads the same bytes from RAM faster. So during decode the queries of some
-offloaded groups (a few KB) go to the host, attention runs over their homes here, and the output heads (a few
-KB) go back, while the device streams the other groups. The result is the same softmax, not an approximation.
+the PCIe link, slower than the host reading the same bytes from RAM (docs/benchmarks/gpu-h200.md). So during
+decode the queries of some offloaded groups (a few KB) go to the host, attention runs over their homes here, and
+the output heads (a few KB) go back, while the device streams the other groups. The result is the same softmax,
+not an approximation.
 
 One layer's host-attended groups are one job (homes are token-major ``[capacity, B, 2, g, D]``, see ``homes.py``):
 

@@ -22,17 +22,18 @@ a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong 
 - ``sdpa-cpu``: causal torch SDPA on the CPU (GQA without repeating K/V, no mask beyond a lower-right bias);
 - ``cpu-native``: a CPU step of at most ``native.CPU_QUERY_LIMIT`` fp32 queries over a token-major block (decode
   on a CPU device): the C tile of ``host_kernel.c`` on this thread, which reads the block once in order (SDPA
-  reads its keys with a stride, 2-3x slower). Masks, windows and softcap are applied inside, in fp32 like SDPA.
+  reads its keys with a stride, slower: docs/benchmarks/host-attention-cpu.md, Notes from the code). Masks,
+  windows and softcap are applied inside, in fp32 like SDPA.
   Not for bf16/fp16 queries: torch's CPU SDPA multiplies the values by probabilities rounded to bf16, taken with
   its own approximate exp, and greedy tokens of a bf16 model must stay those of stock transformers (an fp32 tile
   differed from it in a fifth of a decode step's outputs, and two tiny bf16 models then chose other tokens);
 - ``cpu-native-pool``: the same kernel on its own thread pool, for blocks of ``POOL_BYTES`` and more when torch
   runs several threads;
 - ``cpu-native-prefill``: a longer fp32 query block on a CPU (a prefill chunk) through the same kernel, a call per
-  ``PREFILL_QUERY_BLOCK`` queries over the keys they see, on the pool (about twice torch's CPU SDPA here).
+  ``PREFILL_QUERY_BLOCK`` queries over the keys they see, on the pool (docs/benchmarks/prefill-attention.md).
 
-SDPA's math kernel is never allowed on CUDA: it materialises ``[heads, chunk, keys]`` scores (4 GiB for
-Mistral-7B at chunk 4096) that the memory plan does not count.
+SDPA's math kernel is never allowed on CUDA: it materialises ``[heads, chunk, keys]`` scores that the memory plan
+does not count (docs/benchmarks/windowed-attention.md).
 
 Index convention: keys are ``K = q_offset + Q`` consecutive positions; query ``i`` sits at key position
 ``q_offset + i`` and sees key ``j`` iff ``j <= q_offset + i`` and, with a window ``W``,
@@ -209,10 +210,8 @@ def _cpu_prefill(query, block, q_offset, scaling, window, softcap) -> torch.Tens
     ``PREFILL_QUERY_BLOCK`` query tokens a call, each call over the keys its queries see (causality and a window
     cut the rest), on the kernel's pool; None: no C kernel for it here.
 
-    Why: torch's CPU SDPA ran a chunk of 512 queries over 2K-32K keys at 75-78 GFLOPS on one EPYC core (147-155 on
-    two) where these calls ran 157-168 (271-308), exact to fp32 rounding; at long contexts attention is most of a
-    prefill (the CPU default model read 8K tokens 1.26x faster on two cores).
-    (``python -m benchmarks.cpu.prefill_attention``, ``docs/benchmarks/prefill-attention.md``.)"""
+    Why: about twice torch's CPU SDPA on a prefill chunk, exact to fp32 rounding, and attention is most of a long
+    prefill (``docs/benchmarks/prefill-attention.md``)."""
     if not native.can_attend(query, [block]):
         return None
     assert block.shape[0] == q_offset + query.shape[2], (block.shape, q_offset, query.shape)
@@ -241,10 +240,7 @@ PREFILL_QUERY_BLOCK = 64
 
 
 #: Block bytes from which a CPU decode step runs on the kernel's pool: below it handing half to another core costs
-#: more than it saves. 3 MiB while a call woke the kernel's own sleeping pool (a 2 MiB layer gained nothing then:
-#: ``docs/benchmarks/pool-bytes.md``); 1 MiB since the calls run on the GEMVs' spinning workers (``share_pool``):
-#: the CPU default model's step at 512 and 1K tokens (1 and 2 MiB layers) 3% faster on two cores, at 1.5K 1%
-#: (``python -m benchmarks.cpu.decode_ab --experiment pool-bytes``, ``docs/benchmarks/pool-bytes-shared.md``).
+#: more than it saves (docs/benchmarks/pool-bytes-shared.md; before ``share_pool``, docs/benchmarks/pool-bytes.md).
 POOL_BYTES = 1 << 20
 
 

@@ -288,9 +288,8 @@ def share_pool(runner: int | None) -> None:
     """Runs the kernel's tasks on another C library's pool from now on: ``runner``, the address of a function of
     ``ha_runner``'s signature (gguf_gemv.c's ``gguf_split_run``); None: the kernel's own pool again.
 
-    Why: a CPU decode step alternates a layer's GEMVs (on that library's pool, whose workers spin between calls)
-    with its attention; the kernel's own workers, asleep through the GEMVs, cost a wake-up each layer (~30 us of a
-    2K-token layer's ~180 us on two cores), and two pools' workers contend for the same cores."""
+    Why: the kernel's own workers, asleep through the GEMVs between a layer's attentions, cost a wake-up each layer,
+    and two pools' workers contend for the same cores (docs/benchmarks/pool-bytes-shared.md)."""
     global _shared_pool
     _shared_pool = runner
 

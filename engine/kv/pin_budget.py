@@ -1,8 +1,8 @@
 """Pinned memory as a budget: how much host memory the engine may page-lock, and who holds it now.
 
-Under Windows' display driver model (WDDM) and in WSL2 page-locked memory is capped far below the RAM (reports:
-2-4 GB in a process holding a model, a WSL2 wall near 1 GiB), and under WDDM one refused ``cudaMallocHost`` makes
-every later one in the process fail. So the engine never pins past a budget: homes are pinned while they fit it
+Under Windows' display driver model (WDDM) and in WSL2 page-locked memory is capped far below the RAM
+(docs/benchmarks/pin-budget.md), and under WDDM one refused ``cudaMallocHost`` makes every later one in the process
+fail. So the engine never pins past a budget: homes are pinned while they fit it
 (``pinned.HostMemory``), the rest stay in ordinary memory and are fetched through a small pinned staging ring
 (``staging_ring.py``), and the ring's slots are pinned first, before any home could meet the wall.
 

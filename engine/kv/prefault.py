@@ -1,10 +1,10 @@
 """Pre-faulting host memory before ``cudaHostRegister``, on a few threads.
 
 A fresh large allocation is only address space: its pages are faulted in (and zeroed by the kernel) on first
-touch. ``cudaHostRegister`` would fault every one of them on the calling thread; pinning 116 GiB that way took
-98.6 s of a 10-minute GPU call. Faulting them first, in slices on a few threads, spreads the kernel's zeroing over
-cores; registration then only locks pages that exist. Each slice is populated by ``madvise(MADV_POPULATE_WRITE)``
-(Linux 5.14+) or, elsewhere, by writing one byte per page (its own value: the contents are unchanged).
+touch. ``cudaHostRegister`` would fault every one of them on the calling thread, over a minute of a GPU call at
+the H200's sizes (docs/benchmarks/gpu-h200.md). Faulting them first, in slices on a few threads, spreads the
+kernel's zeroing over cores; registration then only locks pages that exist. Each slice is populated by
+``madvise(MADV_POPULATE_WRITE)`` (Linux 5.14+) or, elsewhere, by writing one byte per page (its own value: the contents are unchanged).
 """
 
 from __future__ import annotations

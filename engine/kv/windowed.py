@@ -2,8 +2,8 @@
 
 Handing SDPA the whole chunk needs a ``[Q, K]`` mask over every key the chunk touches: torch turns a boolean mask
 into an additive copy in the query dtype, CUDA's memory-efficient kernel pads that copy to a multiple of 16 keys,
-and that kernel has no GQA, so K/V were repeated for the query heads. For one Mistral-7B group at chunk 4096 that
-was 320 MiB (fp32) / 176 MiB (bf16) on an H200, none of it in the plan.
+and that kernel has no GQA, so K/V were repeated for the query heads: hundreds of MiB a group on an H200, none of it
+in the plan (docs/benchmarks/windowed-attention.md).
 
 Here the chunk's queries go in blocks of ``query_block`` tokens. A block at positions ``[p, p + b)`` reads only
 the keys its queries can see, ``[max(0, p - W + 1), p + b)``, with an additive mask of
@@ -90,8 +90,8 @@ _PACK_BLOCK = 64
 def _cpu_flash_pack_bytes(kv_heads: int, k_len: int, head_dim: int, dtype_bytes: int, cpu_threads: int) -> int:
     """What torch's CPU flash kernel adds where it packs bf16/fp16 K/V for AMX tiles: every KV head's keys and
     values reordered into copies (keys and head dim rounded up to ``_PACK_BLOCK``), and per thread a value block of
-    512 keys and a transposed key block being packed. Measured on an AMX Xeon, a Mistral-7B window block in bf16:
-    two 1.06 MiB copies and 128 KiB per thread, none of them on a CPU without AMX."""
+    512 keys and a transposed key block being packed; none of them on a CPU without AMX (measured:
+    docs/benchmarks/windowed-attention.md, Notes from the code)."""
     keys, dim = -(-k_len // _PACK_BLOCK) * _PACK_BLOCK, -(-head_dim // _PACK_BLOCK) * _PACK_BLOCK
     return (2 * kv_heads * keys * dim + cpu_threads * (512 + head_dim) * dim) * dtype_bytes
 

@@ -23,12 +23,8 @@ Slot = tuple[int, int]  # (layer index, head-group index)
 # measured on an RTX 4090 in the HeadInfer paper. The one definition; rates, capacity and the benchmarks use it.
 DEFAULT_H2D_GBPS = 25.0
 
-# Seconds a decode step loses per layer with host-attended groups, beyond the two halves' bytes. Fitted on the
-# H200 run of 2026-11-27 (docs/benchmarks/runs/2026-11-27b: Llama-3-8B shape, 32 layers, every layer with host
-# groups): split steps took 2.7-4.4 ms a layer more than this forecast's max(host bytes / host rate, streamed bytes
-# / link) at 32K and 128K (5.8-6.8 at 512K, where the host kernel also read slower beside the copies than its
-# probe). There the split without this term made decode at 32K 1.5-1.8x slower than streaming (0.123-0.144 vs
-# 0.079 s). One machine's figure, not measured per machine: a desktop CPU that launches kernels faster loses less.
+# Seconds a decode step loses per layer with host-attended groups, beyond the two halves' bytes: fitted on one H200
+# run, not measured per machine (docs/benchmarks/gpu-h200.md, Notes from the code).
 HOST_LAYER_SECONDS = 3e-3
 MIN_GAIN = 0.15  # with the 3 ms, that run's split steps were 4% faster to 19% slower than forecast
 
@@ -51,8 +47,8 @@ def host_share(mode: str, device_is_cuda: bool, host_gbps: float | None, h2d_gbp
     ``auto`` balances on CUDA, where it pays: given the step's ``offloaded_bytes`` and the ``host_layers`` that
     would wait for the host, a split whose forecast is not ``MIN_GAIN`` faster than streaming everything gets 0.
     With CPU compute no byte crosses a link; but 8-bit homes (every home there) would be copied and dequantized
-    whole each decode step to be attended, while the host kernel reads their codes in place (4-5x faster decode
-    on this project's CPU benchmark): ``auto`` attends them all on the host.
+    whole each decode step to be attended, while the host kernel reads their codes in place (faster:
+    docs/benchmarks/host-attention-cpu.md, Notes from the code): ``auto`` attends them all on the host.
     """
     if mode == "all" or (mode == "auto" and not device_is_cuda and quantized):
         return 1.0

@@ -93,9 +93,9 @@ class _Prefaulter:
 
     Fresh host memory costs a page fault per 4 KiB at first touch, inside the read, serialised with the
     disk; on a VM that returns freed memory to its host each fault is a trip to the host, and a cold
-    restore ran at half the disk's speed. ``MADV_POPULATE_WRITE`` (Linux 5.14+) maps pages without
+    restore ran well below the disk's speed. ``MADV_POPULATE_WRITE`` (Linux 5.14+) maps pages without
     touching their contents, so it may race the reader harmlessly; two threads interleave runs in the
-    reader's order (measured: 65% -> 76% of the disk's read bandwidth on a 2-core VM).
+    reader's order (docs/benchmarks/snapshot-cpu.md, Notes from the code).
     """
 
     def __init__(self, runs: Sequence[torch.Tensor], num_threads: int = 2):

@@ -3,7 +3,9 @@ alone, so another logged-in visitor who sends that hash would otherwise ask of, 
 
 ``owned`` wraps a handler that takes ``state``: it adds a ``request: gr.Request`` parameter (so Gradio passes the
 request), binds the tab to ``request.username`` on first use, and refuses (``gr.Error``, nothing done) a request
-whose username differs. Without a login both usernames are None, so nothing changes there."""
+whose username differs. Without a login both usernames are None, so nothing changes there; a state that sets
+``owned_by_browser`` (the ``--backend`` page's tabs) is bound to the browser's id cookie too (``app.browser_id``), so
+there another browser sending the hash is refused as well."""
 
 from __future__ import annotations
 

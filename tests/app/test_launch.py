@@ -449,8 +449,7 @@ def test_the_host_kernel_is_built_before_ready_not_beside_the_first_plan(tmp_pat
     from engine.kv import native
     from engine.reading.estimator import ReadEstimator
 
-    monkeypatch.syspath_prepend(str(ROOT / "tests" / "engine"))  # the tiny test models' builder
-    from archs import build_pair
+    from archs import build_pair  # the tiny test models' builder (tests/engine/helpers)
 
     _, model = build_pair("llama-gqa", tmp_path / "tiny")
     events = []

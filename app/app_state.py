@@ -1,5 +1,5 @@
-"""What every tab's handlers share: the one object each handler piece (``app.reading``, ``app.asking``,
-``app.opening``) gets in its constructor, beside ``BrowserState``, which is one tab's.
+"""What every tab's handlers share: the one object each handler piece (``app.reading``, ``app.questions``,
+``app.saved.open_saved``) gets in its constructor, beside ``BrowserState``, which is one tab's.
 
 Its fields are public because the pieces read them, and it is the only thing they share: a piece never reads
 another piece's fields. Nobody reassigns a field (frozen); the line, the shelves and the recent answers' numbers
@@ -17,7 +17,7 @@ import gradio as gr
 from app import render
 from app.browser_state import BrowserState
 from app.compute_queue import ComputeQueue, Ticket
-from app.shelves import Shelves
+from app.saved.shelves import Shelves
 from app.tab_owner import is_owner
 from app.visitor_caps import VisitorCaps
 from app.wait_estimate import AnswerRecord
@@ -30,7 +30,7 @@ class AppState:
 
     Args:
         new_session: returns a fresh ``DocumentSession`` for a tab (sharing one loaded model).
-        shelves: whose saved documents each visitor sees (``app.shelves``).
+        shelves: whose saved documents each visitor sees (``app.saved.shelves``).
         queue: the line for the compute device (``app.compute_queue``).
         max_question: the longest question in tokens (None: what the plan leaves beside the document and answer).
         upload_dir: where Gradio keeps uploads (a tab's are deleted when it closes); None: not ours to delete.

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import gradio as gr
 
-from app import escape, page_range, render
+from app import escape, pieces, render
 from app.backend_client import BackendClient, BackendError, BackendModel
 from app.backend_session import RemoteSession
 from app.browser_state import BrowserState
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 NO_CHANGE: dict = gr.update()
 UNKNOWN_WINDOW = 1_000_000  # tokens: files are sized against this when the backend does not say its window
-QUESTION_CHARS = 1_000_000  # the question box's limit, as the page's own (``app.asking``, which needs the engine)
+QUESTION_CHARS = 1_000_000  # the question box's limit, as the page's own (``app.questions``, which needs the engine)
 READ_CHARS_PER_SECOND = 20_000.0  # a read's expected pace in line until the backend has read once here
 
 # (feature, why) for each thing our engine gives that a remote backend does not.
@@ -116,8 +116,8 @@ class BackendPage:
         state.uploads.update(files or [])
         window = self.models[state.session.model].max_model_len or UNKNOWN_WINDOW
         documents, problems = read_sized(files or [], window, "the backend's window")
-        state.documents, state.pieces = documents, page_range.pieces_of(documents) if documents else []
-        options = page_range.choices(state.pieces)
+        state.documents, state.pieces = documents, pieces.pieces_of(documents) if documents else []
+        options = pieces.choices(state.pieces)
         ranged = len(state.pieces) > 1
         line = (f"{len(documents)} file(s), {sum(len(d.text) for d in documents):,} characters"
                 + (f"; {len(state.pieces)} pages: choose a range or read them all" if ranged else "")
@@ -146,7 +146,7 @@ class BackendPage:
         text = whole
         if state.pieces and first is not None and last is not None and (first, last) != (0, len(state.pieces) - 1):
             first, last = min(first, last), max(first, last)
-            text = page_range.range_text(whole, state.pieces, first, last)
+            text = pieces.range_text(whole, state.pieces, first, last)
         text, state.stop_requested, state.read_text = str(text), False, None
         running = render.progress_bar(0, 0, state="running")
         ticket = self.queue.join(f"reading {len(text):,} characters", len(text) / self.read_pace)

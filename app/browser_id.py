@@ -1,6 +1,6 @@
 """A browser's own id, so that a visitor kept apart without a login finds their saved documents again after a reload.
 
-Gradio gives a reloaded page a new session hash, and a visitor's shelf was keyed by it (``app.shelves``): the tab's
+Gradio gives a reloaded page a new session hash, and a visitor's shelf was keyed by it (``app.saved.shelves``): the tab's
 document, saved, could not be reopened. The page's first answer sets a random 256-bit id in an HttpOnly,
 SameSite=Lax session cookie (gone when the browser closes) when the request has none; every later request of that
 browser sends it, and the shelves key a visitor's shelf by it. It is trusted for nothing else: a client that makes one

@@ -26,7 +26,7 @@ class BrowserState:
     uploads: set[str] = field(default_factory=set)  # files this tab uploaded, deleted when it closes
     tokens: DocumentTokens | None = None  # what "Read documents" reads: the chosen documents (or a page range of them)
     full_tokens: DocumentTokens | None = None  # the whole set, tokenized once (ranges are counted off it)
-    pieces: list = field(default_factory=list)  # the set's pages (app.page_range), when too large to read whole
+    pieces: list = field(default_factory=list)  # the set's pages (app.pieces), when too large to read whole
     range_label: str | None = None  # the page range chosen, "p. 1 – p. 30 of bash.pdf"; None: the whole set
     read_text: str | None = None  # the text given to the session (its KV may be partial)
     saved_key: str | None = None  # the saved copy of the document read (reopened after a page reload)

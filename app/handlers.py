@@ -3,9 +3,9 @@ per browser session.
 
 ``Handlers`` is composed of pieces, each an object of its own that gets the one ``AppState`` every tab shares (the
 session factory, the device's line, the shelves, the recent answers' numbers) in its constructor and reads nothing of
-another piece: ``Reading`` (``app.reading``: choose files, read, cancel), ``PageRanges`` (``app.choosing``: which pages
-of a set too large to read whole), ``Questions`` (``app.asking``: ask, stop, new chat, the question bar) and
-``OpenSaved`` (``app.opening``: the saved documents, listed, deleted, reopened, resumed after a reload). What belongs
+another piece: ``Reading`` (``app.reading``: choose files, read, cancel), ``PageRanges`` (``app.page_ranges``: which pages
+of a set too large to read whole), ``Questions`` (``app.questions``: ask, stop, new chat, the question bar) and
+``OpenSaved`` (``app.saved.open_saved``: the saved documents, listed, deleted, reopened, resumed after a reload). What belongs
 to the tab as a whole (the page viewer, clear, meters, closing) is here.
 
 Each handler takes the browser's :class:`BrowserState` (kept in a ``gr.State``) and returns a
@@ -23,16 +23,16 @@ import gradio as gr
 
 from app import escape, render
 from app.app_state import AppState
-from app.asking import Questions
+from app.questions import Questions
 from app.browser_state import BrowserState
-from app.choosing import PageRanges
+from app.page_ranges import PageRanges
 from app.compute_queue import ComputeQueue
 from app.meters import live_kv, meters_html
-from app.opening import OpenSaved
+from app.saved.open_saved import OpenSaved
 from app.pages import split_pages
 from app.reading import Reading
 from app.render import status
-from app.shelves import Shelves
+from app.saved.shelves import Shelves
 from app.tab_owner import is_owner, owned
 from app.uploads import delete_uploads
 from app.views import ClearView
@@ -51,7 +51,7 @@ class Handlers:
                  private: bool = False, session_shelves: Path | None = None, upload_dir: Path | None = None,
                  max_question: int | None = None, compute_queue: ComputeQueue | None = None,
                  caps: CapLimits | None = None):
-        """``private``: visitors are kept apart (saved documents per user or per tab, see ``app.shelves``);
+        """``private``: visitors are kept apart (saved documents per user or per tab, see ``app.saved.shelves``);
         ``session_shelves``: the folder for per-tab shelves; ``upload_dir``: where Gradio keeps uploads
         (a tab's are deleted when it closes); ``max_question``: the longest question in tokens (None: what the
         plan leaves beside the document and the answer); ``compute_queue``: the line for the compute device;

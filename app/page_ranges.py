@@ -8,7 +8,7 @@ import gradio as gr
 
 from app import render
 from app.browser_state import BrowserState
-from app.page_range import choices, describe, first_part_that_fits, pieces_of, range_text, range_tokens
+from app.pieces import choices, describe, first_part_that_fits, pieces_of, range_text, range_tokens
 from app.pages import tokenize
 from app.render import status
 from app.views import FirstPartView, RangeOffer, RangeView

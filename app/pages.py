@@ -1,6 +1,6 @@
 """Pages of the read documents and the pages an answer cites, for the citation chips and the page viewer.
 
-Where each file and page lies is stored when the app joins the documents (``join``, ``app.page_range.range_text``):
+Where each file and page lies is stored when the app joins the documents (``join``, ``app.pieces.range_text``):
 a ``Joined`` text carries its ``Layout``, and every boundary is read from there, never from the text, so a document
 whose own lines read ``=== evil ===`` or ``[page 999]`` makes no file or page. A PDF's pages are the marker lines its
 reader wrote before each page (``engine.types.page_marker``): ``[page 37]`` holds the number the book prints on it

@@ -15,11 +15,11 @@ from app import escape, render
 from app.app_state import AppState
 from app.background import iterate_reports
 from app.browser_state import BrowserState
-from app.choosing import PageRanges
+from app.page_ranges import PageRanges
 from app.compute_queue import Ticket
 from app.pages import join, last_page, read_part, tokenize
 from app.render import status
-from app.saved import SavedDocs
+from app.saved.saved_docs import SavedDocs
 from app.sizing import read_sized, token_counts
 from app.uploads import delete_uploads
 from app.views import FilesView, ReadView

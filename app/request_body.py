@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 
-BODY_LIMIT = 64 << 20  # bytes: a question's 1,000,000 characters (app.asking) and its chat many times over
+BODY_LIMIT = 64 << 20  # bytes: a question's 1,000,000 characters (app.questions) and its chat many times over
 _SCHEME = re.compile(r"^[a-z][a-z0-9+.\-]+:", re.IGNORECASE)  # "https:", "data:" (two letters or more: not C:\)
 
 

@@ -52,11 +52,11 @@ def make_snapshot_store(args: argparse.Namespace):
 
 def where_saved(store, *, private: bool, has_auth: bool, session_shelves: Path | None,
                 limits: CapLimits | None = None) -> str:
-    """Where read documents are saved, as ``app.shelves`` keeps them, for the start-up log. The store's own
+    """Where read documents are saved, as ``app.saved.shelves`` keeps them, for the start-up log. The store's own
     folder is named only where it is used: locally (one shelf for every tab) and with ``--auth`` (a folder
     per user under it). ``session_shelves``: the per-tab folders' parent, when private without ``--auth``;
     ``limits``: the visitors' caps (None: their defaults), whose shelf caps bind within the store's."""
-    from app.shelves import USERS_FOLDER
+    from app.saved.shelves import USERS_FOLDER
 
     def at_most(*caps: int | None) -> str:
         known = [cap for cap in caps if cap is not None]

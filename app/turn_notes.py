@@ -2,7 +2,7 @@
 "the document may not say" warning and the sources, kept per turn so that a restored chat is the chat that was.
 
 The engine's conversation holds (question, answer) text only; the tab keeps a note per turn beside it (``BrowserState.
-turn_notes``, aligned with ``DocumentSession.conversation()``), and the tab's memory across a reload (``app.opening``)
+turn_notes``, aligned with ``DocumentSession.conversation()``), and the tab's memory across a reload (``app.saved.open_saved``)
 carries both. A note read back comes from the browser, so it is taken field by field, typed, and every part of it
 reaches the page through ``app.render`` and ``app.escape`` as a fresh answer's does.
 """

@@ -22,7 +22,7 @@ from starlette.middleware import Middleware
 
 from app import escape, render
 from app.app_state import AppState
-from app.asking import QUESTION_CHARS, Questions
+from app.questions import QUESTION_CHARS, Questions
 from app.browser_id import BrowserIdCookie
 from app.browser_state import BrowserState
 from app.chips import PageChips
@@ -62,7 +62,7 @@ def launch_options(max_upload: int | None = None, owner: OwnerGate | None = None
     middleware = [Middleware(RequestGuard, hosts=hosts),
                   Middleware(ContentSecurityPolicy, script_texts=[upload_check] if upload_check else [],
                              share=hosts.share_domain is not None),
-                  Middleware(BrowserIdCookie)]  # a visitor's shelf outlives a reload (app.shelves)
+                  Middleware(BrowserIdCookie)]  # a visitor's shelf outlives a reload (app.saved.shelves)
     # System fonts only: the app must look right offline, without a request to Google Fonts.
     theme = gr.themes.Soft(primary_hue="teal", neutral_hue="slate",
                            font=["system-ui", "Segoe UI", "Roboto", "Helvetica", "Arial", "sans-serif"],
@@ -89,7 +89,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
             and reopening off (and hides their controls).
         private: others can reach the app, so visitors are kept apart: saved documents per logged-in
             user (under the store's ``users/`` folder), else per browser in ``session_shelves`` (deleted
-            a while after its last tab closes, ``app.shelves``; without that folder such visitors save nothing).
+            a while after its last tab closes, ``app.saved.shelves``; without that folder such visitors save nothing).
         upload_dir: the folder Gradio keeps uploads in (``app.uploads.prepare_folder``); a tab's uploads
             are deleted when it closes. Set before any component exists, as Gradio reads it then.
         picker: adds the model picker below the page (``app.picker.ModelPicker.build``); None leaves it out.

@@ -1,5 +1,5 @@
 """Per-visitor caps, so that one visitor cannot take a shared app for themselves: questions asked or waiting, reads
-in flight, bytes of chosen files, documents held in memory, and (in ``app.shelves``) the disk their saved documents
+in flight, bytes of chosen files, documents held in memory, and (in ``app.saved.shelves``) the disk their saved documents
 take.
 
 A visitor is the logged-in user with ``--auth-file``, else the browser session; a visitor's tab is its session. A

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from app.app_state import AppState
 from app.browser_state import BrowserState
-from app.page_range import rejoin
-from app.saved import SavedDocs
+from app.pieces import rejoin
+from app.saved.saved_docs import SavedDocs
 from engine import DocumentSession
 from engine.types import DocumentTokens
 

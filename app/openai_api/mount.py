@@ -8,7 +8,7 @@ from collections.abc import Callable
 from app.openai_api.gate import api_lifespan
 from app.openai_api.library import Library
 from app.openai_api.routes import OpenAIRoutes
-from app.saved import SavedDocs
+from app.saved.saved_docs import SavedDocs
 
 
 def with_api(options: dict, demo, *, private: bool, key: str | None, model_name: Callable[[], str]) -> dict:

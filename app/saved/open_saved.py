@@ -1,5 +1,5 @@
 """The saved documents: listed, deleted, and opened from the shelf with no upload: its text and files are kept beside its KV
-(``app.saved.ShelfEntry``), so the documents table, the plan, the page viewer and follow-up questions all
+(``app.saved.saved_docs.ShelfEntry``), so the documents table, the plan, the page viewer and follow-up questions all
 come back. A page reload does the same for the tab's current document, with its conversation: the tab keeps
 the saved document's key and the turns in the browser's ``sessionStorage`` (that tab's only; see ``app.ui``).
 A handler piece of ``app.handlers.Handlers``, sharing only its ``AppState``.
@@ -18,7 +18,7 @@ from app.app_state import AppState
 from app.browser_state import BrowserState
 from app.render import status
 from app.documents import combine
-from app.page_range import parts_read, rejoin
+from app.pieces import parts_read, rejoin
 from app.pages import split_pages
 from app.pages import tokenize
 from app.sizing import token_counts
@@ -34,7 +34,7 @@ _READ = (gr.update(interactive=False), gr.update(interactive=False))  # reopened
 
 
 class OpenSaved:
-    """The visitor's shelf of saved documents (``app.shelves``): its list, deleting, reopening.
+    """The visitor's shelf of saved documents (``app.saved.shelves``): its list, deleting, reopening.
 
     ``read``: the read handler (``app.reading.Reading.read``), which continues a saved read cut short."""
 

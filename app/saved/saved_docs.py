@@ -15,7 +15,7 @@ import json
 import logging
 from dataclasses import dataclass
 
-from app import store_owner
+from app.saved import store_owner
 from app.documents import Document
 from engine import DocumentSession, HeadInferError, SnapshotStore, format_bytes
 from engine.types import CheckpointPlan, RestoreStats, SnapshotInfo

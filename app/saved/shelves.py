@@ -20,7 +20,7 @@ from pathlib import Path
 
 from app.browser_id import browser_id
 from app.disk_usage import folder_bytes
-from app.saved import SavedDocs
+from app.saved.saved_docs import SavedDocs
 from app.visitor_caps import CapLimits
 from engine import SnapshotStore, format_bytes
 

@@ -1,4 +1,4 @@
-"""A visitor kept apart without a login keeps one shelf per browser (``app.browser_id``, ``app.shelves``): a reload
+"""A visitor kept apart without a login keeps one shelf per browser (``app.browser_id``, ``app.saved.shelves``): a reload
 (its tab closes, a new one opens with a new session hash) finds the saved documents again; another browser, a made-up
 id or a client without one gets a shelf of its own; the shelf goes once the browser has had no tab open for the
 grace time."""
@@ -15,9 +15,9 @@ from starlette.responses import HTMLResponse, JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from app import shelves as shelves_module
+from app.saved import shelves as shelves_module
 from app.browser_id import COOKIE, BrowserIdCookie, browser_id
-from app.shelves import Shelves
+from app.saved.shelves import Shelves
 from engine import SnapshotStore
 
 ALICE = "A" * 20 + "b-c_" + "d" * 19  # 43 characters, as secrets.token_urlsafe(32) makes them

@@ -12,7 +12,8 @@ import time
 import pytest
 
 import process_env
-from app import store_owner, uploads
+from app import uploads
+from app.saved import store_owner
 from engine.errors import InputError
 from engine.models.weights_cache import gguf_entry
 from engine.paths_windows import MAX_NAME, is_ntfs_name, ntfs_name

@@ -10,7 +10,7 @@ import pytest
 
 from app.browser_state import BrowserState
 from app.openai_api.library import Library
-from app.saved import SavedDocs
+from app.saved.saved_docs import SavedDocs
 
 DOCUMENT = "The visitor's contract: the price is 41,000 euros."
 

@@ -1,10 +1,10 @@
-"""A way into a whole book (app.page_range): the set's pages with their printed labels, a range's text and token
+"""A way into a whole book (app.pieces): the set's pages with their printed labels, a range's text and token
 count off the one tokenization, the first part that fits; and where a partial read stopped (app.pages)."""
 
 from __future__ import annotations
 
 from app.documents import Document
-from app.page_range import (choices, describe, first_part_that_fits, parts_read, pieces_of, range_text, range_tokens,
+from app.pieces import (choices, describe, first_part_that_fits, parts_read, pieces_of, range_text, range_tokens,
                             rejoin)
 from app.pages import join, last_page, split_pages
 from engine.types import page_marker as marker

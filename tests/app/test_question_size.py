@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from app.asking import QUESTION_CHARS
+from app.questions import QUESTION_CHARS
 from app.browser_state import BrowserState
 from app.handlers import Handlers
 

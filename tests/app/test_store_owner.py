@@ -1,5 +1,5 @@
 """What a killed save leaves (a ``.tmp-*`` folder) is counted until the next start, which removes it when no live
-app owns the folder, and never while one does (app.store_owner)."""
+app owns the folder, and never while one does (app.saved.store_owner)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 from app import render
-from app.store_owner import leftover_bytes, sweep
+from app.saved.store_owner import leftover_bytes, sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = """
 import sys, time
 from pathlib import Path
-from app.store_owner import claim
+from app.saved.store_owner import claim
 root = Path(sys.argv[1])
 claim(root)
 scratch = root / ".tmp-0123abcd-x"

@@ -10,8 +10,8 @@ import pytest
 
 from app.browser_state import BrowserState
 from app.handlers import Handlers
-from app.saved import SavedDocs
-from app.shelves import Shelves
+from app.saved.saved_docs import SavedDocs
+from app.saved.shelves import Shelves
 from app.visitor_caps import NO_CAPS, CapLimits, CapReached, VisitorCaps
 from engine import SnapshotStore
 from engine.types import AnswerChunk

@@ -12,7 +12,7 @@ import pytest
 
 from app.browser_state import BrowserState
 from app.handlers import Handlers
-from app.shelves import Shelves
+from app.saved.shelves import Shelves
 from app.visitor_caps import NO_CAPS, CapLimits, CapReached, VisitorCaps
 from engine import SnapshotStore, format_bytes
 

@@ -9,7 +9,7 @@ import re
 import pytest
 
 import app.compute_queue as compute_queue
-from app.asking import _waiting
+from app.questions import _waiting
 from app.compute_queue import ComputeQueue
 from app.render import answer_stats
 from app.wait_estimate import TOWARD_LIMIT, AnswerRecord

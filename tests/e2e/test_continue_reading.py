@@ -30,7 +30,7 @@ def _checkpointed(root: Path) -> int:
 
 
 def test_a_read_stopped_by_a_restart_continues_from_the_shelf(browser, tmp_path, monkeypatch):
-    from app import saved
+    from app.saved import saved_docs as saved
     from engine import SnapshotStore
 
     monkeypatch.setattr(saved, "CHECKPOINT_EVERY_CHUNKS", 2)

@@ -123,7 +123,7 @@ def test_the_report_is_written_from_cached_answers_per_held_out_manual(tmp_path,
         # The copied neighbours pass today's rule (on the pages, surely written) and the entity rule catches them.
         assert "| entity | " + " | ".join(["100% / 0%"] * 5) + " | **met** |" in text
         assert "| today's shipped thresholds (share + log-prob) | " + " | ".join(["0% / 0%"] * 5) in text
-        assert "Generation (the new manuals' answers" in text and "10 answers" in text
+        assert "Generation (the new manuals' answers" in text and "10 answers on the 2 busy cores" in text
     else:
         assert "Generation" not in text
 

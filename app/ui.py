@@ -36,6 +36,7 @@ from app.owner import OwnerGate, owner_middleware
 from app.reading import Reading
 from app.visitor_caps import CapLimits
 from app.render import status
+from app.session_binding import SessionBinding
 from app.tab_owner import owned
 from engine import DocumentSession, SnapshotStore
 
@@ -62,7 +63,8 @@ def launch_options(max_upload: int | None = None, owner: OwnerGate | None = None
     middleware = [Middleware(RequestGuard, hosts=hosts),
                   Middleware(ContentSecurityPolicy, script_texts=[upload_check] if upload_check else [],
                              share=hosts.share_domain is not None),
-                  Middleware(BrowserIdCookie)]  # a visitor's shelf outlives a reload (app.saved.shelves)
+                  Middleware(BrowserIdCookie),  # a visitor's shelf outlives a reload (app.saved.shelves)
+                  Middleware(SessionBinding)]  # a tab's session hash is its browser's alone (app.session_binding)
     # System fonts only: the app must look right offline, without a request to Google Fonts.
     theme = gr.themes.Soft(primary_hue="teal", neutral_hue="slate",
                            font=["system-ui", "Segoe UI", "Roboto", "Helvetica", "Arial", "sans-serif"],

@@ -42,6 +42,7 @@ ANSWERS = DATA / "data" / "support-held-out.jsonl"  # the new manuals' answers (
 FITTED_ANSWERS = DATA / "support.jsonl"  # support_eval's answers: the two manuals today's thresholds were fitted on
 REPORT = DATA / "support-held-out.md"
 MODEL = "qwen2.5-coder-1.5b"  # the CPU default model (engine/models/pypi.py)
+READING = "## Reading"  # the hand-written part of the report starts at this heading, kept when the tables are rewritten
 PEAKS = 8  # the document positions with the most answer attention kept per answer
 _CACHE = Path.home() / ".cache" / "headinfer-studio" / "eval-docs"  # the manuals' Debian packages
 
@@ -340,7 +341,9 @@ def write_report(model: str, texts: dict[str, str], path: Path = REPORT, answers
     new = [r for r in new if r["model"] == model]
     rows = labelled_rows(fitted_records(model, fitted) + new, texts)
     lines = report_lines(rows, new, run_stamp("cpu"), model)
-    path.write_text("\n".join(lines) + "\n")
+    previous = path.read_text() if path.is_file() else ""
+    reading = previous[previous.index(READING):] if READING in previous else ""  # the hand-written part, kept
+    path.write_text("\n".join(lines) + "\n" + ("\n" + reading if reading else ""))
     return lines
 
 def main(argv=None) -> int:

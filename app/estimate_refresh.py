@@ -1,6 +1,6 @@
 """The plan panel's reading time once this machine's reading cost is measured, with no click.
 
-On a first start a plan shows "estimating… ≈ X for now" while ``engine.reading.rate`` measures the reading cost in the
+On a first start a plan shows "estimating… ≈ X for now" while ``engine.read_time.read_rate`` measures the reading cost in the
 background (a minute or more on a busy CPU). The app's timer (``app.ui``) calls ``refreshed_plan`` each tick with
 the tab's panel: while it still says "estimating…" and the session's estimate is measured now (the measurement
 landed, or a read was recorded), its reading time becomes that estimate; the rest of the panel stays as it was.

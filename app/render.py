@@ -141,7 +141,7 @@ def empty_plan() -> str:
 
 def reading_time(estimate) -> str:
     """``"≈ 1 min 09 s (55 s – 1 min 20 s)"`` from (low, likely, high) seconds; a bare number as ``"≈ 12 s"``; an
-    estimate marked ``provisional`` (``engine.reading.rate.ReadEstimate``) starts with "estimating…"."""
+    estimate marked ``provisional`` (``engine.read_time.read_rate.ReadEstimate``) starts with "estimating…"."""
     if isinstance(estimate, tuple):
         low, likely, high = estimate
         if getattr(estimate, "provisional", False):  # this machine's reading cost is still being measured

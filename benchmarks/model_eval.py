@@ -27,7 +27,7 @@ from pathlib import Path
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
 from engine.models.pypi import PYPI_MODELS, pypi_model_gguf
-from engine.models.loaded import weights_mode
+from engine.models.weights_mode import weights_mode
 from engine.types import page_markers
 
 from .records import append_jsonl, run_stamp

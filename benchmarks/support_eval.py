@@ -33,7 +33,7 @@ from engine import DocumentSession, OffloadPolicy
 from engine.answer.support import (SupportThresholds, asked_share, claim_indices, document_words, grounded_share,
                                    page_texts, token_logprob)
 from engine.prompt import PromptBuilder
-from engine.models.loaded import weights_mode
+from engine.models.weights_mode import weights_mode
 from engine.types import page_markers
 
 from .model_eval import document_text, load, score

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from engine import DocumentSession, OffloadPolicy, SnapshotStore
-from engine.models.loaded import weights_mode
+from engine.models.weights_mode import weights_mode
 
 from .model_eval import load, read_or_restore
 from .records import append_jsonl

@@ -106,7 +106,7 @@ def retire(session: DocumentSession, note: str) -> None:
     session.retired = note
     session.model = session.tokenizer = None
     session.prompts = None
-    session.reading = None  # its read estimates (engine.reading) hold the model too
+    session.reading = None  # its read estimates (engine.read_time) hold the model too
 
 
 def _rss() -> int:

@@ -24,7 +24,7 @@ from .cache import HeadInferCache, cache_argument
 from .errors import ForwardInterrupted, InputError, PlanError, PrefillCancelled, QuestionTooLong, StateError
 from .interrupt import interruptible, layer_callbacks
 from .cpu.fused_decode import FusedDecode
-from .models.loaded import weights_mode
+from .models.weights_mode import weights_mode
 from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget, num_weights
 from .planning.capacity import capacity_options
 from .planning.planner import make_plan
@@ -33,9 +33,9 @@ from .planning.shape import ModelShape
 from .planning.out_of_memory import out_of_memory_message
 from .planning.policy import OffloadPolicy
 from .planning.window import conversation_allowance
-from .reading.costs import Chunk, ReadCosts, ReadTiming
-from .reading.estimator import ReadEstimator
-from .reading.pace import CheckpointPace, PrefillClock, prefill_step
+from .read_time.costs import Chunk, ReadCosts, ReadTiming
+from .read_time.estimator import ReadEstimator
+from .read_time.pace import CheckpointPace, PrefillClock, prefill_step
 from .prompt import DocumentTokens, PromptBuilder, Turn
 from .reports import AnswerChunk, PrefillProgress, answer_rate
 from .store.checkpoint import CheckpointPlan, ReadCheckpoints
@@ -76,7 +76,7 @@ class DocumentSession:
             ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
                                    num_params=num_weights(model)),
             weight_bytes=held_bytes(model))
-        # How long reads take here (``engine.reading``): the app's plan panel and queue ask ``session.reading``.
+        # How long reads take here (``engine.read_time``): the app's plan panel and queue ask ``session.reading``.
         self.reading = ReadEstimator(model, self.shape, self.policy, read_costs, weights=weights_mode(model))
         if self.answer_budget is None:
             self.answer_budget = conversation_allowance(self.shape.max_positions or None)

@@ -46,9 +46,9 @@ NOT_YET = {
     "engine/models/quantized.py": 1,
     "engine/models/token_count.py": 1,
     "engine/models/weights_cache.py": 1,
-    "engine/reading/costs.py": 1,
-    "engine/reading/flops.py": 1,
-    "engine/reading/rate.py": 2,
+    "engine/read_time/costs.py": 1,
+    "engine/read_time/flops.py": 1,
+    "engine/read_time/read_rate.py": 2,
     "launch.py": 1,
 }
 

@@ -56,7 +56,7 @@ def test_native_code_is_the_ground_floor():
 
 def test_the_models_wing_stands_below_the_session():
     # Loading weights needs no session, snapshot or answer: switching the served model (which opens sessions) is
-    # ``engine/serving.py``, above them, and ``weights_mode`` lives in ``models/loaded.py``, which the snapshot
+    # ``engine/serving.py``, above them, and ``weights_mode`` lives in ``models/weights_mode.py``, which the snapshot
     # fingerprints import (issue 33). The floors say it in numbers: models/ below session.py.
     above = ("engine.session", "engine.serving", "engine.store", "engine.answer", "engine.selfcheck", "engine.types")
     for path in (ROOT / "engine" / "models").rglob("*.py"):
@@ -69,7 +69,7 @@ def test_the_models_wing_stands_below_the_session():
 # The CPU weights runtime (int8, GGUF blocks, oneDNN, the fused decode layer) stands below the models wing, which
 # loads and matches weights and installs its layers; it knows nothing of loading, the picker or the session.
 CPU_ABOVE = ("engine.models", "engine.session", "engine.serving", "engine.store", "engine.answer", "engine.selfcheck",
-             "engine.types", "engine.reading")
+             "engine.types", "engine.read_time")
 
 
 def imports_above(root: Path, folder: str, above: tuple[str, ...]) -> list[str]:
@@ -95,7 +95,7 @@ def test_the_cpu_rule_sees_an_import_up(tmp_path):
 
 
 def test_reading_time_has_one_wing_below_the_models_and_the_session_holds_it():
-    # Pacing, learned chunk costs, the measured first-read rate and the FLOP model live in ``engine/reading/``
+    # Pacing, learned chunk costs, the measured first-read rate and the FLOP model live in ``engine/read_time/``
     # (issue 33); the session holds one ``ReadEstimator`` (``session.reading``) instead of eight estimate methods.
     # The wing stands below the models wing (the picker's estimates use its FLOP model), so it is told the weights
     # mode rather than asking ``models/`` for it.

@@ -3,7 +3,7 @@
     python -m benchmarks.app.estimate_error
 
 Three real Debian manuals (read with the app's own reader) cut to about 2K, 4K and 7K tokens, read in two starts
-(two processes) that share one record of chunk timings (``engine.reading.costs.ReadCosts``), as two starts of
+(two processes) that share one record of chunk timings (``engine.read_time.costs.ReadCosts``), as two starts of
 the studio share ``~/.cache/headinfer-studio/read-costs.json``. The second start runs beside an extra busy
 process, so the machine's load changes between the runs (and the other jobs on a shared VM change it too). For each read: the range the plan panel shows before
 it, the actual read, and the error of the likely value. Target: within ±35%.
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
-from engine.reading.costs import ReadCosts
+from engine.read_time.costs import ReadCosts
 
 from ..corpus import fetch_corpus
 from ..records import run_stamp
@@ -132,7 +132,7 @@ def first_reads(corpus: str, repeats: int) -> list[dict]:
 def first_reads_section(rows: list[dict], when: str) -> list[str]:
     lines = [f"## First reads on a clean cache ({when})", "",
              "Each row a new process with an empty `HEADINFER_CACHE` (no read recorded: the estimate is the background "
-             "reading-cost measurement's, `engine/reading/rate.py`, once it has landed; `python -m "
+             "reading-cost measurement's, `engine/read_time/read_rate.py`, once it has landed; `python -m "
              "benchmarks.app.estimate_error --first-reads`, each start under `nice -n 5`), the embedded SmolLM2-135M on the "
              "CPU (float32, the app's default policy and conversation allowance), three Debian manuals cut to "
              "~1.5K/3K/6K tokens, two clean starts each. *Ratio*: estimate / actual (target 0.74-1.35: ±35%). "

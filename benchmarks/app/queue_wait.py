@@ -27,7 +27,7 @@ from app.compute_queue import ComputeQueue
 from app.handlers import Handlers
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
-from engine.reading.costs import ReadCosts
+from engine.read_time.costs import ReadCosts
 
 from ..corpus import fetch_corpus
 from ..records import run_stamp

@@ -27,7 +27,7 @@ from engine.planning.planner import make_plan, paper_memory_table
 from engine.planning.plan import Plan
 from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
-from engine.planning.rates import MachineRates, plan_rates
+from engine.planning.machine_rates import MachineRates, plan_rates
 
 from .models import set_attention
 

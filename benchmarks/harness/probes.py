@@ -17,7 +17,7 @@ import torch
 
 from engine.kv import quant
 from engine.errors import PlanError
-from engine.reading.flops import estimate_prefill_seconds
+from engine.read_time.flops import estimate_prefill_seconds
 
 from .fill import fill_random
 from .models import random_ids

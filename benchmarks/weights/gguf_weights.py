@@ -36,7 +36,7 @@ def child(source: str, mode: str, context: int, steps: int, threads: int) -> dic
 
     import engine
     from engine.models.loader import load_model
-    from engine.models.loaded import weights_mode
+    from engine.models.weights_mode import weights_mode
     from engine.types import ModelShape
 
     from ..harness.fill import fill_random

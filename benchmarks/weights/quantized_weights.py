@@ -44,7 +44,7 @@ def child(folder: str, mode: str, device: str, context: int, steps: int) -> dict
     from transformers import AutoModelForCausalLM, DynamicCache
 
     import engine
-    from engine.models.loaded import weights_mode
+    from engine.models.weights_mode import weights_mode
     from engine.models.loader import load_model
     from engine.models.quantized import SCHEMES, bytes_per_weight, quantization_config
     from engine.planning.budgets import held_bytes, num_weights

@@ -31,7 +31,7 @@ import torch
 from ..cache import HeadInferCache, cache_argument
 from ..kv.probe import QueryProbe
 from ..prompt import PromptBuilder
-from ..models.loaded import loaded_as
+from ..models.weights_mode import loaded_as
 from ..store.fingerprint import model_fingerprint
 from .sources import attention_mass
 

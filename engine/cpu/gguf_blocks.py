@@ -332,7 +332,7 @@ class BlockLinear(nn.Module):
         assert blocks.dtype == torch.uint8 and in_features % size == 0
         assert blocks.shape[1] == in_features // size * nbytes
         self.out_features, self.in_features, self.qtype = blocks.shape[0], in_features, qtype
-        self.register_buffer("blocks", blocks)  # the name engine.models.loaded.weights_mode looks for
+        self.register_buffer("blocks", blocks)  # the name engine.models.weights_mode.weights_mode looks for
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

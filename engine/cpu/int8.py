@@ -43,7 +43,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         assert codes.dtype == torch.int8 and codes.dim() == 2 and scales.shape == codes.shape[:1]
         self.out_features, self.in_features = codes.shape
-        self.register_buffer("codes", codes)  # the name engine.models.loaded.weights_mode looks for
+        self.register_buffer("codes", codes)  # the name engine.models.weights_mode.weights_mode looks for
         self.register_buffer("scales", scales)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 

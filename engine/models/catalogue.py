@@ -29,8 +29,8 @@ from ..planning.host_split import DEFAULT_H2D_GBPS
 from ..planning.planner import make_plan
 from ..planning.shape import ModelShape
 from ..planning.policy import OffloadPolicy
-from ..planning.rates import MachineRates, machine_rates
-from ..reading.flops import estimate_prefill_seconds, measured_flop_rate
+from ..planning.machine_rates import MachineRates, machine_rates
+from ..read_time.flops import estimate_prefill_seconds, measured_flop_rate
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from ..planning.shape import ModelShape, unsupported_layers
 from ..planning.window import degrades_past
 from .gguf import convert_gguf, load_weights
 from .gguf_header import read_header, tensor_arrays
-from .loaded import loaded_as, remember_load, weights_mode
+from .weights_mode import loaded_as, remember_load, weights_mode
 from ..cpu import cpu_matmul, gguf_blocks, int8_matmul
 from . import gguf_device
 from ..cpu.gguf_blocks import blocks_skeleton, install_gguf_blocks

@@ -25,7 +25,7 @@ import torch
 
 from ..errors import InputError
 from .machine import HOST_BUDGET_FRACTION, measure_activation_peak
-from .rates import MachineRates, plan_rates
+from .machine_rates import MachineRates, plan_rates
 
 logger = logging.getLogger(__name__)
 

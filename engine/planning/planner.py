@@ -310,7 +310,7 @@ def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, 
     ``machine`` (an ``engine.planning.budgets.MachineBudget``, measured once per session) gives the device, budgets, rates
     and activation peak at once; the separate keywords are for what-if plans (the picker, capacity tables).
 
-    ``rates`` (an ``engine.planning.rates.MachineRates``) sets the decode split and its forecast; without them
+    ``rates`` (an ``engine.planning.machine_rates.MachineRates``) sets the decode split and its forecast; without them
     ``host_attention="auto"`` keeps every offloaded group streamed.
 
     ``activation_bytes``: the activation peak a dry-run chunk measured on this device (CUDA), replacing the estimate.

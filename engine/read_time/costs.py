@@ -287,7 +287,7 @@ class ReadCosts:
         self.path = path
         self._lock = threading.Lock()
         self._records: dict[str, list[dict]] | None = None
-        self._rates: dict[str, dict] = {}  # measured first-read rates (``engine.reading.rate``), per rate key
+        self._rates: dict[str, dict] = {}  # measured first-read rates (``engine.read_time.read_rate``), per rate key
 
     def record(self, key: str, chunks: list[Chunk], probe_seconds: float | list[float]) -> None:
         """A read's chunks, timed while the load probe took ``probe_seconds`` (one for the read, or one per chunk)."""
@@ -303,7 +303,7 @@ class ReadCosts:
             self._save(records)
 
     def rate(self, key: str) -> dict | None:
-        """The first-read rate an earlier start measured for ``key`` (``engine.reading.rate.ReadRate`` as a dict)."""
+        """The first-read rate an earlier start measured for ``key`` (``engine.read_time.read_rate.ReadRate`` as a dict)."""
         with self._lock:
             self._load()
             return self._rates.get(key)

@@ -1,6 +1,6 @@
 """How long a read takes here, before it runs: one ``ReadEstimator`` per session (``DocumentSession.reading``) holds
 the learned chunk costs (``costs.ReadCosts``), the load probe, and this machine's measured first-read rate
-(``rate``), and answers ``estimate_prefill_range`` with a ``rate.ReadEstimate`` (low, likely, high seconds).
+(``read_rate``), and answers ``estimate_prefill_range`` with a ``read_rate.ReadEstimate`` (low, likely, high seconds).
 
 Why a holder of its own: the estimate needs the model, its shape, the policy's chunking and KV dtype, and two keys
 (costs per model/device/dtype/KV policy; a measured rate per that, the machine, torch and the weights mode); in the
@@ -21,7 +21,7 @@ from ..planning.policy import OffloadPolicy
 from ..planning.shape import ModelShape
 from .costs import CPU_LOAD_EXPONENT, CostFit, ReadCosts, first_read_range, load_probe, pairs, shared_read_costs
 from .pace import prefill_step, prefill_work
-from .rate import (ReadEstimate, attention_floor, known_rate, measure_in_background, measure_read_rate,
+from .read_rate import (ReadEstimate, attention_floor, known_rate, measure_in_background, measure_read_rate,
                    provisional_estimate, rate_key)
 
 
@@ -33,7 +33,7 @@ class ReadEstimator:
                  weights: str):
         """``read_costs``: where completed reads' chunk timings are kept and estimates learn from (default: the
         shared record in the studio's cache folder); ``weights``: how the model holds its weights
-        (``engine.models.loaded.weights_mode``), part of the measured rate's key."""
+        (``engine.models.weights_mode.weights_mode``), part of the measured rate's key."""
         self.model, self.shape, self.policy, self.weights = model, shape, policy, weights
         self.device = next(model.parameters()).device
         dtype = next(model.parameters()).dtype
@@ -52,7 +52,7 @@ class ReadEstimator:
     def estimate_prefill_range(self, num_tokens: int, start: int = 0) -> ReadEstimate:
         """(low, likely, high) seconds to prefill tokens ``start..num_tokens``: from the chunk timings of earlier
         reads here (kept across starts), scaled by how busy the machine is now (a load probe of a fraction of a
-        second); before any read, from this machine's reading cost (``engine.reading.rate``: measured once per model,
+        second); before any read, from this machine's reading cost (``engine.read_time.read_rate``: measured once per model,
         machine, torch version and weights mode, and kept). Never waits for that measurement: while it runs (it is
         started here if it was not) the estimate is the load probe's, wide and ``provisional``."""
         exponent = CPU_LOAD_EXPONENT if self.device.type == "cpu" else 1.0
@@ -80,7 +80,7 @@ class ReadEstimator:
                                                                          self.read_costs) is not None
 
     def measure_read_rate_in_background(self, then: Callable[[], object] | None = None):
-        """Starts measuring this machine's reading cost on a background thread (``engine.reading.rate``) unless a read
+        """Starts measuring this machine's reading cost on a background thread (``engine.read_time.read_rate``) unless a read
         was recorded, the cost is known (kept by an earlier start) or it is being measured; returns the thread or
         None. ``then()`` runs after it (at once when nothing starts)."""
         if self.read_costs.reads(self.costs_key):

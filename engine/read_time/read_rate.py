@@ -43,7 +43,7 @@ import torch
 from ..errors import ForwardInterrupted
 from ..interrupt import interruptible, layer_callbacks
 from ..planning.machine import synchronize
-from ..planning.rates import cpu_model
+from ..planning.machine_rates import cpu_model
 from .costs import CostFit, LoadProbe, ReadCosts, pairs
 
 logger = logging.getLogger(__name__)
@@ -195,7 +195,7 @@ def attention_floor(flop_model: CostFit) -> float:
 def rate_key(model, cost_key: str, weights: str) -> str:
     """What a measured rate holds for: the read-cost key (model, device, dtype, KV policy), this machine (its CPU or
     GPU), the torch version and how the weights are held (``weights``: dense, int8, gguf; the session asks
-    ``engine.models.loaded.weights_mode``, since the reading wing stands below the models wing)."""
+    ``engine.models.weights_mode.weights_mode``, since the reading wing stands below the models wing)."""
     device = next(model.parameters()).device
     return f"{cost_key}|{machine_name(device)}|torch {torch.__version__}|{weights}"
 

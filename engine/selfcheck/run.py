@@ -35,7 +35,7 @@ from ..kv.pin_budget import pinning_is_capped
 from ..models.quantized import QUANTIZED_MODES, Quantization, resolve
 from ..paths import cache_dir
 from ..planning.policy import OffloadPolicy
-from ..planning.rates import measure_copy_gbps, measure_h2d_gbps, measure_host_attention_gbps
+from ..planning.machine_rates import measure_copy_gbps, measure_h2d_gbps, measure_host_attention_gbps
 from . import sysmem
 from .cases import FEATURES, CaseResult, TinyPair, case_policy, run_case, tiny_configs
 
@@ -161,7 +161,7 @@ def first_use(policy: OffloadPolicy, device: str | torch.device, folder: Path | 
               weights: str = "dense") -> SelfCheckReport | None:
     """On CUDA: the stored report, or a fresh check (tens of seconds, once per identity). On a CPU: None — a CPU
     start-up stays fast; CI and ``launch.py --self-check`` run it there. ``weights``: the served model's weights
-    mode (``engine.models.loaded.weights_mode``); a quantized one is checked over tiny models quantized alike."""
+    mode (``engine.models.weights_mode.weights_mode``); a quantized one is checked over tiny models quantized alike."""
     device = torch.device(device)
     if device.type != "cuda":
         return None

@@ -55,7 +55,7 @@ def verdict(device_copy_gbps: float | None, h2d_gbps: float | None, link: float 
 
 def measure_device_copy_gbps(device: torch.device, num_bytes: int = 256 << 20, repeats: int = 3) -> float:
     """Device-to-device copy rate (bytes read, median), timed with CUDA events."""
-    from ..planning.rates import measure_copy_gbps
+    from ..planning.machine_rates import measure_copy_gbps
 
     source = torch.empty(num_bytes, dtype=torch.uint8, device=device)
     return measure_copy_gbps(torch.empty_like(source), source, repeats)

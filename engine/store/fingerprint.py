@@ -1,7 +1,7 @@
 """Fingerprints that say whether a saved KV cache belongs to a model, a tokenizer and a document.
 
 A KV cache is only valid for the exact weights, dtype and token ids that produced it, so a snapshot
-records all three, and the weights mode (dense, int8 codes or GGUF blocks: ``engine.models.loaded.weights_mode``). Each fingerprint is cheap (no pass over the weights): the model's config, the
+records all three, and the weights mode (dense, int8 codes or GGUF blocks: ``engine.models.weights_mode.weights_mode``). Each fingerprint is cheap (no pass over the weights): the model's config, the
 identity of its weight files and a small sample of its parameters; the tokenizer's vocabulary size,
 chat template and the ids of a few probe strings; a SHA-256 of the document's token ids.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..models.loaded import weights_mode
+from ..models.weights_mode import weights_mode
 
 FINGERPRINT_CHARS = 32  # hex characters kept of each SHA-256
 TOKEN_ID_DTYPE = "<u4"  # how token ids are hashed and stored: little-endian uint32

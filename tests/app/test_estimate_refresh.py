@@ -11,7 +11,7 @@ from app.estimate_refresh import refreshed_plan
 from engine.planning.planner import make_plan
 from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
-from engine.reading.rate import ReadEstimate
+from engine.read_time.read_rate import ReadEstimate
 
 MEASURED = ReadEstimate(20.0, 30.0, 45.0)
 PROVISIONAL = ReadEstimate(10.0, 30.0, 90.0, provisional=True)

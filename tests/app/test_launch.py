@@ -447,7 +447,7 @@ def test_the_host_kernel_is_built_before_ready_not_beside_the_first_plan(tmp_pat
 
     import engine
     from engine.kv import native
-    from engine.reading.estimator import ReadEstimator
+    from engine.read_time.estimator import ReadEstimator
 
     from archs import build_pair  # the tiny test models' builder (tests/engine/helpers)
 

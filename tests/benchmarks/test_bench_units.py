@@ -204,7 +204,7 @@ def test_the_split_mode_plans_its_host_share_from_the_machines_rates_on_cuda(mon
     link should put 88 / (88 + 55) of the offloaded bytes on the host; the streamed and host-only modes keep theirs."""
     from benchmarks.harness import modes
     from engine.planning import host_split
-    from engine.planning.rates import MachineRates
+    from engine.planning.machine_rates import MachineRates
 
     asked = []
 

@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def measuring(monkeypatch):
     """The background measurement, held until the test releases it; then it lands a rate (as ``launch.py``'s
     would, through the real background thread and its record)."""
-    from engine.reading import estimator as estimator_module
-    from engine.reading.rate import ReadRate
+    from engine.read_time import estimator as estimator_module
+    from engine.read_time.read_rate import ReadRate
 
     started, release = threading.Event(), threading.Event()
 
@@ -37,7 +37,7 @@ def measuring(monkeypatch):
 @pytest.fixture
 def url(measuring):
     from engine import DocumentSession
-    from engine.reading.costs import ReadCosts
+    from engine.read_time.costs import ReadCosts
 
     class FirstStartSession(DocumentSession):
         """A clean cache: no read recorded, no reading cost kept (the test process's shared file may hold some)."""

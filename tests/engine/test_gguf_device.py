@@ -19,7 +19,7 @@ from engine.cpu.gguf_blocks import BLOCK_TYPES, BlockLinear, random_block_rows
 from engine.cpu.gguf_blocks import dequantize_reference as reference
 from engine.models.gguf_device import ExpandingEmbedding, ExpandingLinear, expand, gguf_device_bytes
 from engine.models.gguf_header import read_header
-from engine.models.loaded import weights_mode
+from engine.models.weights_mode import weights_mode
 from engine.models.loader import _weights_and_dtype, load_model
 from engine.planning.budgets import held_bytes, num_weights
 from gguf_samples import SMALL, TYPES, blocks_of, random_blocks, random_weight

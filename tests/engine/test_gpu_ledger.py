@@ -60,7 +60,7 @@ def test_ledger_holds_against_max_memory_allocated(model, options):
 
 
 def test_host_attention_and_h2d_measured_together_on_cuda():
-    from engine.planning.rates import measure_h2d_gbps, measure_together_gbps
+    from engine.planning.machine_rates import measure_h2d_gbps, measure_together_gbps
 
     host, link = measure_together_gbps(torch.device("cuda"), tokens=1 << 16, num_bytes=64 << 20)
     assert host > 0 and link > 0

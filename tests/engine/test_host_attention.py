@@ -13,7 +13,7 @@ from transformers import DynamicCache
 import engine
 from archs import build_pair, tiny_configs
 from probe_records import died_of_abort
-from engine.planning import rates
+from engine.planning import machine_rates
 from engine.planning.host_split import HOST_LAYER_SECONDS, MIN_GAIN, choose_host_slots, forecast_decode, host_share
 from engine.kv import HostAttention, native
 from engine.native.workers import TorchWorkers
@@ -506,7 +506,7 @@ def test_the_split_puts_groups_on_a_fast_enough_host_and_none_on_a_slow_one():
     policy = engine.OffloadPolicy(head_group_size=1, resident_slots=0)
     kv_bytes = (1 << 17) * llama.kv_bytes_per_token
     # A 4090 PC: 24 GB/s link, the host kernel at 60 GB/s: both halves finish together with ~70% on the host.
-    desktop = rates.MachineRates(host_attention_gbps=60.0, h2d_gbps=24.0, is_h2d_measured=True)
+    desktop = machine_rates.MachineRates(host_attention_gbps=60.0, h2d_gbps=24.0, is_h2d_measured=True)
     plan = make_plan(llama, policy, 1 << 17, device_is_cuda=True, rates=desktop)
     assert plan.host_share == pytest.approx(60 / 84) and 0.69 < plan.host_share < 0.73
     # vs kv_bytes / 24e9 all streamed; each of the 32 layers waits for the host's half once
@@ -516,7 +516,7 @@ def test_the_split_puts_groups_on_a_fast_enough_host_and_none_on_a_slow_one():
     on_host = choose_host_slots(slots, [1] * len(slots), plan.host_share)
     assert len(on_host) == round(0.714 * 256) and {layer for layer, _ in on_host} == set(range(32))
     # The old kernel's rate on the GPU machine (0.85 GB/s at 32K): a share so small that no group goes to the host.
-    slow = rates.MachineRates(host_attention_gbps=0.85, h2d_gbps=55.0, is_h2d_measured=True)
+    slow = machine_rates.MachineRates(host_attention_gbps=0.85, h2d_gbps=55.0, is_h2d_measured=True)
     slow_share = make_plan(llama, policy, 1 << 17, device_is_cuda=True, rates=slow).host_share
     assert slow_share < 0.02 and choose_host_slots(slots[:32], [1] * 32, slow_share) == frozenset()
 
@@ -527,7 +527,7 @@ def test_auto_streams_everything_where_the_host_layers_round_trips_eat_the_gain(
     streaming at 128K and 512K (docs/benchmarks/runs/2026-11-27b)."""
     llama = ModelShape(32, 32, 8, 128, 4096, 14336, 128256, 2, 8_030_000_000, (None,) * 32)
     policy = engine.OffloadPolicy(head_group_size=1, resident_slots=0)
-    h200 = rates.MachineRates(host_attention_gbps=69.0, h2d_gbps=55.0, is_h2d_measured=True)
+    h200 = machine_rates.MachineRates(host_attention_gbps=69.0, h2d_gbps=55.0, is_h2d_measured=True)
     shares = {tokens: make_plan(llama, policy, tokens, device_is_cuda=True, rates=h200)
               for tokens in (1 << 10, 1 << 15, 1 << 17, 1 << 19)}
     assert shares[1 << 10].host_share == shares[1 << 15].host_share == 0.0
@@ -557,7 +557,7 @@ def test_only_the_layers_with_host_slots_pay_the_round_trip():
     no gain and stream everything)."""
     llama = ModelShape(32, 32, 8, 128, 4096, 14336, 128256, 2, 8_030_000_000, (None,) * 32)
     policy = engine.OffloadPolicy(head_group_size=8, resident_slots=24)
-    h200 = rates.MachineRates(host_attention_gbps=69.0, h2d_gbps=55.0, is_h2d_measured=True)
+    h200 = machine_rates.MachineRates(host_attention_gbps=69.0, h2d_gbps=55.0, is_h2d_measured=True)
     plan = make_plan(llama, policy, 1 << 17, device_is_cuda=True, rates=h200)
     assert (plan.num_groups, plan.resident_slots) == (1, 24)
     offloaded = 8 * (1 << 17) * llama.kv_bytes_per_token // 32
@@ -579,7 +579,7 @@ def test_a_cache_planned_with_the_machines_rates_logs_its_split_and_forecast(cap
     config = tiny_configs()["llama-gqa"]
     shape = ModelShape.from_config(config, dtype_bytes=4)
     policy = engine.OffloadPolicy(head_group_size=1, resident_slots=0, kv_dtype="int8", max_context=256)
-    machine = rates.MachineRates(host_attention_gbps=10.0, h2d_gbps=25.0, is_h2d_measured=False)
+    machine = machine_rates.MachineRates(host_attention_gbps=10.0, h2d_gbps=25.0, is_h2d_measured=False)
     plan = make_plan(shape, policy, 256, device_is_cuda=False, rates=machine)
     with caplog.at_level("INFO", logger="engine.cache"):
         engine.HeadInferCache(config, policy, plan=plan, dtype=torch.float32).allocate(1, shape.head_dim,
@@ -606,7 +606,7 @@ def test_host_slots_carry_the_share_of_bytes_spread_over_layers():
 
 def test_plan_shows_the_split_and_the_predicted_decode_time():
     llama = ModelShape(32, 32, 8, 128, 4096, 14336, 128256, 2, 8_030_000_000, (None,) * 32)
-    machine = rates.MachineRates(host_attention_gbps=75.0, h2d_gbps=25.0, is_h2d_measured=True)
+    machine = machine_rates.MachineRates(host_attention_gbps=75.0, h2d_gbps=25.0, is_h2d_measured=True)
     policy = engine.OffloadPolicy(head_group_size=1, resident_slots=0)
     plan = make_plan(llama, policy, 1 << 17, device_is_cuda=True, rates=machine)
     kv_bytes = (1 << 17) * llama.kv_bytes_per_token
@@ -623,12 +623,12 @@ def test_plan_shows_the_split_and_the_predicted_decode_time():
 
 def test_machine_rates_are_measured_once_and_cached(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(rates, "measure_host_attention_gbps", lambda: calls.append(1) or 42.0)
-    first = rates.machine_rates("cpu", cache_path=tmp_path / "rates.json")
-    second = rates.machine_rates("cpu", cache_path=tmp_path / "rates.json")
-    assert first == second == rates.MachineRates(42.0, rates.DEFAULT_H2D_GBPS, False)
+    monkeypatch.setattr(machine_rates, "measure_host_attention_gbps", lambda: calls.append(1) or 42.0)
+    first = machine_rates.machine_rates("cpu", cache_path=tmp_path / "rates.json")
+    second = machine_rates.machine_rates("cpu", cache_path=tmp_path / "rates.json")
+    assert first == second == machine_rates.MachineRates(42.0, machine_rates.DEFAULT_H2D_GBPS, False)
     assert len(calls) == 1
-    assert rates.plan_rates(engine.OffloadPolicy(), "cpu") is None  # CPU compute plans no split
+    assert machine_rates.plan_rates(engine.OffloadPolicy(), "cpu") is None  # CPU compute plans no split
 
 
 def test_workers_run_single_threaded_and_leave_the_callers_threads_alone():

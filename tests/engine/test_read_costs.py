@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from engine.reading.costs import Chunk, CostFit, LoadProbe, Probe, ReadCosts, pairs
+from engine.read_time.costs import Chunk, CostFit, LoadProbe, Probe, ReadCosts, pairs
 
 A, B = 1e-3, 1e-6  # seconds per token, per (query, key) pair: at 8K tokens attention is 4x the linear cost
 
@@ -158,7 +158,7 @@ def test_the_load_is_the_median_of_the_recent_probes_and_their_spread_widens_the
 @pytest.mark.slow
 def test_a_read_records_its_chunks_and_the_next_estimate_uses_them(smollm2, tmp_path, monkeypatch):
     from engine import DocumentSession, OffloadPolicy
-    from engine.reading import estimator as estimator_module
+    from engine.read_time import estimator as estimator_module
 
     model, tokenizer = smollm2
     model.set_attn_implementation("headinfer")
@@ -223,7 +223,7 @@ def test_the_first_reads_benchmark_runs_a_forward_the_way_a_read_does(tmp_path, 
     from archs import build_pair
 
     from engine import DocumentSession, HeadInferCache, OffloadPolicy
-    from engine.reading import estimator as estimator_module
+    from engine.read_time import estimator as estimator_module
 
     _, model = build_pair("llama-gqa", tmp_path / "tiny")  # a fresh model: no rate measured for it yet
     made, calls = [], []
@@ -288,7 +288,7 @@ def test_no_bound_of_a_range_is_ever_negative_however_the_load_swings(tmp_path):
     """A 2-page PDF once showed "≈ 36 s (-0.8 s – 2 min 22 s)": the load's spread was taken off as ``1 - spread``,
     below zero once the probes swung more than 2x. Now it divides: a factor either way."""
     from app.render import reading_time
-    from engine.reading.costs import first_read_range
+    from engine.read_time.costs import first_read_range
 
     costs = ReadCosts(None)
     costs.record("m", timed_read(1000), probe_seconds=0.02)

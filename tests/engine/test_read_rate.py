@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from engine.reading import rate as read_rate
-from engine.reading.costs import Chunk, Probe, ReadCosts, pairs
-from engine.reading.rate import READ_RATE_TOKENS, ReadEstimate, ReadRate, fit_forwards, measure_read_rate
+from engine.read_time import read_rate
+from engine.read_time.costs import Chunk, Probe, ReadCosts, pairs
+from engine.read_time.read_rate import READ_RATE_TOKENS, ReadEstimate, ReadRate, fit_forwards, measure_read_rate
 
 C, A, B = 0.5, 2e-3, 4e-7  # seconds per forward, per token, per (query, key) pair
 
@@ -67,7 +67,7 @@ def test_a_busy_machines_noise_does_not_drop_the_attention_term_a_6k_read_stays_
 
 
 def test_the_sessions_floor_is_its_flop_models_ratio_of_a_pairs_flops_to_a_tokens(tiny, monkeypatch):
-    from engine.reading import estimator as estimator_module
+    from engine.read_time import estimator as estimator_module
     seen = []
     monkeypatch.setattr(estimator_module, "measure_read_rate",
                         lambda *args, pair_floor=0.0, **kwargs: seen.append(pair_floor))
@@ -147,7 +147,7 @@ def steady(monkeypatch, reading):
 def test_ready_and_the_plan_never_wait_for_the_measurement_then_a_second_start_measures_nothing(
         tiny, tmp_path, monkeypatch):
     from app.render import reading_time
-    from engine.reading import estimator as estimator_module
+    from engine.read_time import estimator as estimator_module
 
     release, measuring = threading.Event(), threading.Event()
     calls = []
@@ -196,7 +196,7 @@ def test_ready_and_the_plan_never_wait_for_the_measurement_then_a_second_start_m
 def test_the_kept_rate_is_for_this_model_machine_torch_and_weights_mode(tiny):
     import torch
 
-    from engine.models.loaded import weights_mode
+    from engine.models.weights_mode import weights_mode
 
     key = reading_of(tiny, ReadCosts(None))._rate_key
     assert torch.__version__ in key and weights_mode(tiny) in key and read_rate.machine_name(torch.device("cpu")) in key

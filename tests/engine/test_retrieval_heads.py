@@ -45,7 +45,7 @@ def test_a_model_load_model_did_not_return_calibrates_in_process(tmp_path, monke
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from archs import _COMMON
-    from engine.models.loaded import loaded_as
+    from engine.models.weights_mode import loaded_as
 
     model = AutoModelForCausalLM.from_config(LlamaConfig(**_COMMON), attn_implementation="headinfer").eval()
     assert loaded_as(model) is None

@@ -14,7 +14,7 @@ import pytest
 
 from engine import SnapshotStore
 from engine.errors import CorruptSnapshotError, SnapshotError
-from engine.reading.costs import ReadCosts
+from engine.read_time.costs import ReadCosts
 from engine.store import files as snapshot_files
 from engine.store.format import HEADER_FILE, SnapshotHeader, _crc_of
 from test_snapshot import _document, _prefilled, _session, tiny  # noqa: F401  (tiny: the module's model fixture)
@@ -219,12 +219,12 @@ def _odd_costs():
 
 @pytest.mark.parametrize("name,text", list(_odd_costs()), ids=[name for name, _ in _odd_costs()])
 def test_an_odd_read_costs_file_is_ignored_with_a_log_line(tmp_path, caplog, name, text):
-    from engine.reading.costs import Probe
+    from engine.read_time.costs import Probe
 
     path = tmp_path / "read-costs.json"
     path.write_text(text)
     costs = ReadCosts(path)
-    with caplog.at_level(logging.WARNING, logger="engine.reading.costs"):
+    with caplog.at_level(logging.WARNING, logger="engine.read_time.costs"):
         assert costs.reads("k") == [] and costs.rate("k") is None
         assert costs.estimate("k", 0, 1000, Probe(0.2, 0.0, 0.0)) is None
     assert any("ignoring the read timings" in r.getMessage() for r in caplog.records)
@@ -233,13 +233,13 @@ def test_an_odd_read_costs_file_is_ignored_with_a_log_line(tmp_path, caplog, nam
 
 
 def snapshot_chunk():
-    from engine.reading.costs import Chunk
+    from engine.read_time.costs import Chunk
 
     return Chunk(0, 512, 1.5)
 
 
 def test_a_good_read_costs_file_is_read(tmp_path):
-    from engine.reading.costs import Probe
+    from engine.read_time.costs import Probe
 
     path = tmp_path / "read-costs.json"
     path.write_text(json.dumps({"format": 2, "reads": {"k": [GOOD_READ]}, "rates": {}}))

@@ -19,7 +19,7 @@ from engine.models import loader, weights_cache
 from engine.cpu.int8 import Int8Embedding, Int8Linear, num_weights
 from engine.models.loader import describe, load_model
 from engine.models.weights_cache import MANIFEST_FILE, WEIGHTS_FILE
-from engine.models.loaded import weights_mode
+from engine.models.weights_mode import weights_mode
 from engine.store.fingerprint import model_fingerprint
 
 MODES = {"int8": dict(weights="int8", dtype="auto"), "bf16": dict(weights="dense", dtype="bfloat16")}

@@ -20,7 +20,7 @@ from engine.cpu.gguf_blocks import dequantize_reference as reference
 from engine.cpu.int8 import num_weights
 from engine.models.loader import _embedded_gguf, gguf_cache_entry, load_model
 from engine.models.gguf_header import read_header, tensor_arrays
-from engine.models.loaded import weights_mode
+from engine.models.weights_mode import weights_mode
 from gguf_samples import SMALL, TYPES, blocks_of, random_blocks, random_weight
 from probe_records import died_of_abort
 from test_parity import RTOL, rel_diff

@@ -13,12 +13,12 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from engine import HeadInferCache, OffloadPolicy
 from engine.errors import PlanError
-from engine.planning import budgets, rates
+from engine.planning import budgets, machine_rates
 from engine.planning import machine as telemetry
 from engine.planning.budgets import MachineBudget, card_budget, measure_budget
 from engine.planning.planner import make_plan
 from engine.planning.shape import ModelShape
-from engine.reading import flops
+from engine.read_time import flops
 from engine.session import DocumentSession
 
 GIB = 1 << 30
@@ -108,7 +108,7 @@ def test_the_constructor_reads_the_config_and_nothing_else(monkeypatch):
     def probed(*args, **kwargs):
         raise AssertionError("the cache's constructor probed the machine")
 
-    for module, name in ((psutil, "virtual_memory"), (rates, "machine_rates"), (rates, "plan_rates"),
+    for module, name in ((psutil, "virtual_memory"), (machine_rates, "machine_rates"), (machine_rates, "plan_rates"),
                          (flops, "measured_flop_rate"), (telemetry, "measure_activation_peak"),
                          (budgets, "measure_budget"), (torch.cuda, "mem_get_info")):
         monkeypatch.setattr(module, name, probed)

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from engine.planning import machine as telemetry
 from engine.planning.shape import ModelShape
-from engine.reading import flops
+from engine.read_time import flops
 
 CONFIG = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                      num_key_value_heads=2, vocab_size=97, max_position_embeddings=256)
@@ -69,7 +69,7 @@ def test_host_and_link_rates_are_measured_at_once():
     import threading
     import time
 
-    from engine.planning.rates import measure_together
+    from engine.planning.machine_rates import measure_together
 
     host_running = threading.Event()
 

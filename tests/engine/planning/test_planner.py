@@ -8,7 +8,7 @@ from engine.planning.planner import make_plan, paper_memory_table
 from engine.errors import PlanError
 from engine.planning.plan import Plan
 from engine.planning.shape import ModelShape
-from engine.reading.flops import estimate_prefill_seconds
+from engine.read_time.flops import estimate_prefill_seconds
 from engine.planning.policy import OffloadPolicy
 
 GIB = 1 << 30

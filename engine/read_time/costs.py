@@ -7,14 +7,14 @@ many points per read, and a per-token cost that grows with the context as attent
 
 The load is calibrated by a probe: a fixed matmul micro-benchmark of a fraction of a second, run just before (and
 after a long) read and stored with its timings, and again when an estimate is made. A read's time goes as the
-probe's to a power ``α``: learned from the recorded reads once their probes differ enough, else a default (on a
-2-core CPU a probe 2.8x and 4.8x slower went with reads 1.9x and 2.8x slower: α ≈ 0.65; α = 1 over-corrected by
-up to +100%). Timings are kept in units of ``probe^α``, so an estimate is ``fit × probe now^α``.
+probe's to a power ``α``: learned from the recorded reads once their probes differ enough, else a default (the
+probe slows more than a read does, so α = 1 over-corrected: docs/benchmarks/estimate-error.md). Timings are kept
+in units of ``probe^α``, so an estimate is ``fit × probe now^α``.
 
 Given the model's shape, the fit is first of one unknown, a scale of the planner's FLOP model (its split between
-the linear and the attention term), since a read or two cannot tell the two terms apart (one 2K-token read
-predicted the next 4K read +80% by the free two-term fit); from three reads on, whichever of that and the free fit
-predicted held-out reads better. The range comes from how well the fit predicted each recorded read from the
+the linear and the attention term), since a read or two cannot tell the two terms apart (the free two-term fit
+of one read mispredicted the next: docs/benchmarks/estimate-error.md); from three reads on, whichever of that
+and the free fit predicted held-out reads better. The range comes from how well the fit predicted each recorded read from the
 others (leave one out) and from the probe's own spread.
 """
 

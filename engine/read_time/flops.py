@@ -42,11 +42,11 @@ _MEASURED_RATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def measured_flop_rate(model, shape, num_tokens: int = 512, forward: Callable | None = None) -> float:
     """The model's FLOP rate on this machine (one forward of ``num_tokens``, measured once per model), in the units
     of ``estimate_prefill_seconds``. 512 tokens: the shape of a real prefill step (at 128 the matmuls are
-    too small to run at a read's rate, and estimates came out 40-60% long on real manuals).
+    too small to run at a read's rate: docs/benchmarks/estimate-error.md, Notes from the code).
 
     ``forward(ids)``: runs one forward the way a read does (a session passes one through its cache, keeping the
-    last logit only); by default a plain cacheless forward, whose attention and all-position logits ran 2.4x
-    slower than a read's on SmolLM2 here (first-read estimates came out +130-180%)."""
+    last logit only); by default a plain cacheless forward, whose attention and all-position logits run slower
+    than a read's (the same report)."""
     rate = _MEASURED_RATES.get(model)
     if rate is None:
         device = next(model.parameters()).device

@@ -7,15 +7,13 @@ operation overheads, most of a short forward on a busy CPU), the tokens' linear 
 three unknowns from three sizes, non-negative least squares, the pair term never below its share of the FLOPs),
 each size run twice and its faster run kept.
 
-Why three measured terms, not the planner's FLOP model scaled (the earlier cost model): that model ties the
-attention term to the linear one by their FLOP counts and two short forwards (128 and 512 tokens) priced the
-rest; on a clean cache first reads of 1.5K/3K/6K tokens came out 1.02-1.08x, 1.30-1.90x and 1.61-1.82x long
-(``docs/benchmarks/estimate-error.md``): the longer the document, the longer the estimate. A 512-token forward's
-attention is 6% of its FLOPs, so the slope between 128 and 512 tokens is the linear term alone, and it carried the
-first-use costs of the larger size (a size's first forward ran 10-25% slower than its second here: allocator and
-kernel set-up), which the 128-token forward, run first, did not pay in proportion; that surplus, priced as work,
-grew with the document. A forward of 1,536 tokens (attention a fifth of its FLOPs) sees the quadratic term, and
-the faster of two runs of each size drops the first-use costs and the worst of a busy machine's spikes.
+Why three measured terms, not the planner's FLOP model scaled (the earlier cost model): that model tied the
+attention term to the linear one by their FLOP counts and two short forwards (128 and 512 tokens) priced the rest;
+their slope is the linear term alone and carried the larger size's first-use costs (allocator and kernel set-up),
+a surplus that, priced as work, grew with the document: the longer the document, the longer the estimate
+(``docs/benchmarks/estimate-error.md``, its tables and Notes from the code). A forward of 1,536 tokens
+(attention a fifth of its FLOPs) sees the quadratic term, and the faster of two runs of each size drops the
+first-use costs and the worst of a busy machine's spikes.
 
 On a first start the measurement runs on a background thread after the app is ready; until it lands the plan
 shows a provisional estimate (``ReadEstimate.provisional``). It gives way to reads by stopping, not by a lower CPU
@@ -102,8 +100,8 @@ def fit_forwards(points: list[tuple[int, float]], probe_seconds: float, pair_flo
     ``pair_floor``: seconds per pair per second per token at the least, the planner's FLOP model's ratio of a pair's
     FLOPs to a token's (``attention_floor``). Attention's FLOPs run no faster than the weight matmuls' (small per-head
     matmuls and a softmax against large GEMMs, on a CPU as on a GPU), so attention costs at least its FLOP share.
-    Without the floor the pair term rested on the 1,536-token forward alone (a fifth of its work): on a busy machine
-    that forward ran 10% fast and the fit dropped the term, pricing a 6K read at a third of its time."""
+    Without the floor the pair term rested on the 1,536-token forward alone: on a busy machine that forward ran fast,
+    the fit dropped the term and priced a long read far short (docs/benchmarks/estimate-error.md)."""
     rows = [((1.0, float(n) + pair_floor * pairs(n), pairs(n)), s) for n, s in points if n > 0 and s > 0]
     if not rows:
         return None

@@ -20,7 +20,7 @@ from app.compute_queue import ComputeQueue, Ticket
 from app.saved.shelves import Shelves
 from app.tab_owner import is_owner
 from app.visitor_caps import VisitorCaps
-from app.wait_estimate import AnswerRecord
+from app.answer_record import AnswerRecord
 from engine import DocumentSession
 
 
@@ -42,7 +42,7 @@ class AppState:
     max_question: int | None = None
     upload_dir: Path | None = None
     caps: VisitorCaps = field(default_factory=VisitorCaps)  # per-visitor caps (``app.visitor_caps``; none: the owner's)
-    # The last answers' lengths, rates and times: how long a running or queued one likely takes (``app.wait_estimate``).
+    # The last answers' lengths, rates and times: how long a running or queued one likely takes (``app.answer_record``).
     answers: AnswerRecord = field(default_factory=AnswerRecord)
     # Browser session id -> its state, only so ``Handlers.unload`` can free a closed tab's memory at once; the
     # handlers themselves always get their state from gr.State.

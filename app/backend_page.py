@@ -34,7 +34,7 @@ from app.render import status
 from app.sizing import read_sized
 from app.tab_owner import is_owner, owned
 from app.visitor_caps import NO_CAPS, CapLimits, CapReached, VisitorCaps
-from app.wait_estimate import AnswerRecord
+from app.answer_record import AnswerRecord
 
 logger = logging.getLogger(__name__)
 

@@ -89,7 +89,7 @@ def document_text(document: dict, cache: Path) -> str:
     if "pages" not in document:
         return text
     first, last = document["pages"]
-    # PDF text carries a page marker line before each page (app.documents.base.Document): "[page 37]" with the
+    # PDF text carries a page marker line before each page (app.documents.document.Document): "[page 37]" with the
     # printed label, or "[pdf page 4]"; the ranges here count PDF pages, i.e. markers in order.
     parts = re.split(r"^(\[(?:pdf )?page [^\]\n]+\])$", text, flags=re.MULTILINE)
     kept = [parts[i] + parts[i + 1] for n, i in enumerate(range(1, len(parts) - 1, 2), start=1) if first <= n <= last]

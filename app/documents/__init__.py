@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from app.documents.base import Document, DocumentError
+from app.documents.document import Document, DocumentError
 from app.documents.extract import SUPPORTED_SUFFIXES, Extracted, extract
 from app.documents.pdf import join_pages
 from app.documents.sandbox import Box, shared_box

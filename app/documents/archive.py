@@ -12,7 +12,7 @@ import re
 import zipfile
 from pathlib import Path
 
-from app.documents.base import DocumentError
+from app.documents.document import DocumentError
 from app.documents.limits import GIB, MAX_MEMBERS, MAX_RATIO, MAX_UNPACKED_BYTES, MIB, RATIO_FROM_BYTES
 
 

@@ -15,7 +15,7 @@ from docx.table import Table
 from ebooklib import epub
 from lxml import etree
 
-from app.documents.base import DocumentError
+from app.documents.document import DocumentError
 from app.documents.markup import html_to_text
 
 logger = logging.getLogger(__name__)

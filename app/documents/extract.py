@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.documents.archive import check_zip
-from app.documents.base import DocumentError
+from app.documents.document import DocumentError
 from app.documents.ebook import read_docx, read_epub
 from app.documents.limits import MAX_TEXT_CHARS
 from app.documents.markup import html_to_text
@@ -37,7 +37,7 @@ _KINDS = {
 
 @dataclass(frozen=True)
 class Extracted:
-    """A file's text before it is a :class:`~app.documents.base.Document`.
+    """A file's text before it is a :class:`~app.documents.document.Document`.
 
     Attributes:
         name: the file name shown to the user.

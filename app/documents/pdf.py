@@ -16,7 +16,7 @@ from typing import Sequence
 from pypdf import PasswordType, PdfReader
 from pypdf.errors import DependencyError, FileNotDecryptedError, PyPdfError
 
-from app.documents.base import DocumentError
+from app.documents.document import DocumentError
 from app.documents.pdf_layout import clean_pages, printed_numbers
 
 try:

@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from app.documents.archive import format_size
-from app.documents.base import DocumentError
+from app.documents.document import DocumentError
 from app.documents.extract import Extracted, extract
 from app.documents.limits import BoxLimits
 from process_env import shaped

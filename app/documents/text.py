@@ -10,7 +10,7 @@ import codecs
 import logging
 import re
 
-from app.documents.base import DocumentError
+from app.documents.document import DocumentError
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
 
 They sit behind the same guard as the page (``app.guard``: Host allow-list, Origin check, no CORS echoed), so a web page
 elsewhere can never call them from a visitor's browser; stock clients (scripts, Open WebUI's server) send no Origin.
-The compute runs on a worker thread (``app.openai_api.service``); a client that disconnects stops it and frees its
+The compute runs on a worker thread (``app.openai_api.completions``); a client that disconnects stops it and frees its
 place in the line. Usage: every whole response has it, and a stream's last chunk (the one with ``finish_reason``)
 always carries it, with OpenAI's own usage-only chunk after it when ``stream_options.include_usage`` asks.
 """
@@ -28,7 +28,7 @@ from app.openai_api.keys import allows
 from app.openai_api.library import Library
 from app.openai_api.naming import public_id
 from app.openai_api.prefixes import documents_listing
-from app.openai_api.service import Completions
+from app.openai_api.completions import Completions
 
 logger = logging.getLogger(__name__)
 

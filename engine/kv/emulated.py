@@ -11,7 +11,7 @@ What a CUDA stream promises, and what this backend therefore does:
   (recording it again later does not move what was waited for); waiting on a never-recorded event is a no-op;
   ``stream.wait_event`` makes only that stream wait (the compute stream: the caller's thread blocks, so that
   its operations run after it, but the *thread* learns nothing: a host read still needs ``synchronize``);
-- every copy, event and declared access is told to ``happens_before.Checker``, which raises ``RaceError`` for
+- every copy, event and declared access is told to ``happens_before.HappensBefore``, which raises ``RaceError`` for
   a conflicting pair of accesses that nothing orders;
 - pins are charged to a budget of the backend's own (one backend stands for one process): past
   ``HEADINFER_PIN_LIMIT`` a pin is refused, and every pin after it too, as under Windows' display driver.
@@ -30,7 +30,7 @@ from concurrent.futures import Executor, Future
 
 import torch
 
-from .happens_before import Checker
+from .happens_before import HappensBefore
 from .pin_budget import PinBudget, limit_from_env
 
 logger = logging.getLogger(__name__)
@@ -184,9 +184,9 @@ class EmulatedStreams:
     name = "emulated"
     is_async = True
 
-    def __init__(self, seed: int = 0, checker: Checker | None = None, pin_limit: int | None = None):
+    def __init__(self, seed: int = 0, checker: HappensBefore | None = None, pin_limit: int | None = None):
         self.seed = seed
-        self.checker = checker or Checker()
+        self.checker = checker or HappensBefore()
         self.pin_budget = PinBudget(pin_limit if pin_limit is not None else limit_from_env(), sticky=True)
         self._random = random.Random(f"{seed}:threads")
         self._compute = EmulatedStream(self, "compute", compute=True)

@@ -55,7 +55,7 @@ def _site() -> str:
     return " <- ".join(f"{f.filename.rsplit('/', 2)[-1]}:{f.lineno} {f.name}" for f in reversed(frames[-4:]))
 
 
-class Checker:
+class HappensBefore:
     """Vector clocks of every agent, and the last accesses of every storage touched through the seam."""
 
     def __init__(self, raise_on_race: bool = True):

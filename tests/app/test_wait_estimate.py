@@ -12,7 +12,7 @@ import app.compute_queue as compute_queue
 from app.questions import _waiting
 from app.compute_queue import ComputeQueue
 from app.render import answer_stats
-from app.wait_estimate import TOWARD_LIMIT, AnswerRecord
+from app.answer_record import TOWARD_LIMIT, AnswerRecord
 
 
 @pytest.fixture

@@ -291,6 +291,7 @@ class Page:
 
 def build_page(args: argparse.Namespace, start: Start, served: Served) -> Page:
     """The page over the served model, with the saved-documents store and the visitors' shelves it needs."""
+    from app.first_pick import FirstPick
     from app.owner import new_gate
     from app.picker import ModelPicker
     from app.ui import build_ui
@@ -306,9 +307,10 @@ def build_page(args: argparse.Namespace, start: Start, served: Served) -> Page:
     holder = served.holder
     owner = new_gate(private)  # a key in memory only, new at each start: the picker's actions are its holder's
     uploads = prepare_folder(UPLOADS)  # (another user's folder of that name: a fresh private one instead)
+    picker = ModelPicker(holder, device=start.device, owner=owner, uploads=[uploads])
     demo = build_ui(holder.new_session, model_info=lambda: {**holder.info(), **served.extra}, snapshot_store=store,
                     private=private, upload_dir=uploads, session_shelves=session_shelves,
-                    picker=ModelPicker(holder, device=start.device, owner=owner, uploads=[uploads]).build,
+                    picker=picker.build, first_pick=FirstPick(picker).build,
                     max_question=args.max_question, caps=visitor_limits(args),
                     notice=OPEN_NOTICE if private and not has_auth else None)
     return Page(demo, owner, private)

@@ -78,7 +78,8 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
              title: str = "HeadInfer Studio", snapshot_store: SnapshotStore | None = None, private: bool = False,
              session_shelves: Path | None = None, upload_dir: Path | None = None,
              picker: Callable[[gr.State], None] | None = None, max_question: int | None = None,
-             caps: CapLimits | None = None, notice: str | None = None) -> gr.Blocks:
+             caps: CapLimits | None = None, notice: str | None = None,
+             first_pick: Callable[[gr.Blocks], None] | None = None) -> gr.Blocks:
     """Builds the page; each browser tab gets its own session from ``engine_factory``.
 
     Args:
@@ -98,6 +99,7 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
         max_question: the longest question in tokens (None: what the plan leaves beside the document and answer).
         caps: the per-visitor caps when ``private`` (``app.visitor_caps``; None: its defaults).
         notice: a warning shown above the page to every visitor (``app.auth.OPEN_NOTICE`` when nobody logs in).
+        first_pick: adds the card naming the model that reads the most here (``app.first_pick.FirstPick.build``).
     """
     if upload_dir is not None:
         os.environ["GRADIO_TEMP_DIR"] = str(upload_dir)  # Gradio's only setting for it
@@ -109,6 +111,8 @@ def build_ui(engine_factory: Callable[[], DocumentSession], *, model_info: dict 
     with gr.Blocks(title=title, fill_width=True, analytics_enabled=False, delete_cache=(3600, 86400)) as demo:
         if notice:
             gr.HTML(status("warn", notice), elem_id="visitor-notice")
+        if first_pick is not None:
+            first_pick(demo)
         page = _layout(title, current_info, saving=snapshot_store is not None)
         if picker is not None:
             picker(page.state)

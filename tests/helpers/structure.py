@@ -1,6 +1,6 @@
 """The code's shape, read from its imports (an AST walk; nothing is imported): modules, import floors and loops of a
 tree, the public names, the exception classes and their roots, function-local imports, and the functions over 80
-lines.
+lines, and the modules whose file and main class are named apart.
 
     python tests/helpers/structure.py [--root .] [--tree engine]
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 from pathlib import Path
 
 
@@ -243,3 +244,29 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _words(name: str) -> set[str]:
+    """``PageRanges`` and ``page_ranges`` -> {page, range}: an identifier's words, lower case, plural or not."""
+    return {w.lower().removesuffix("s") for w in re.findall(r"[A-Z]+(?=[A-Z][a-z]|\d|_|$)|[A-Z]?[a-z]+|\d+", name)}
+
+
+def misnamed(root: Path, places: tuple[str, ...] = ("app", "engine")) -> dict[str, str]:
+    """``path: main class`` for each module that is mostly one class (the longest public one spans at least half its
+    top-level code) whose file name is none of its public classes' names: a name's words within the other's
+    (``questions.py`` / ``Questions``, ``policy.py`` / ``OffloadPolicy``) or its initials (``csp.py``)."""
+    found = {}
+    for path in sorted(p for place in places for p in (root / place).rglob("*.py") if p.name != "__init__.py"):
+        body = ast.parse(path.read_text()).body
+        classes = [n for n in body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")]
+        code = sum(n.end_lineno - n.lineno + 1 for n in body if isinstance(n, (ast.ClassDef, ast.FunctionDef)))
+        if not classes:
+            continue
+        main = max(classes, key=lambda n: n.end_lineno - n.lineno)
+        stem = _words(path.stem.replace("_", " ").title().replace(" ", ""))
+        if 2 * (main.end_lineno - main.lineno + 1) < code or any(
+                stem <= _words(c.name) or _words(c.name) <= stem or path.stem == "".join(re.findall("[A-Z]", c.name)).lower()
+                for c in classes):
+            continue
+        found[path.relative_to(root).as_posix()] = main.name
+    return found

@@ -33,6 +33,9 @@ NO_CHANGE: dict = gr.update()
 # to count); also the question box's own limit (``app.ui``). A token is rarely more than 8 characters of text.
 QUESTION_CHARS = 1_000_000
 CHARS_PER_TOKEN = 8
+# The "Longest answer" slider's maximum, and the API's max_tokens when a request names none (within the room the
+# plan leaves); the engine's conversation allowance plans for at least this (tests/app/test_api.py).
+LONGEST_ANSWER = 2048
 _MIN_ROOM = 1024  # tokens: the least room a question's character cap is counted from
 
 

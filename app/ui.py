@@ -22,7 +22,7 @@ from starlette.middleware import Middleware
 
 from app import escape, render
 from app.app_state import AppState
-from app.questions import QUESTION_CHARS, Questions
+from app.questions import LONGEST_ANSWER, QUESTION_CHARS, Questions
 from app.browser_id import BrowserIdCookie
 from app.browser_state import BrowserState
 from app.chips import PageChips
@@ -241,7 +241,7 @@ def _chat_column(page: Page) -> None:
                                 elem_id="page-chips", elem_classes="chips")
     page.page_view = gr.HTML(render.page_view(None), label="Page", elem_id="page-view")
     with gr.Accordion("Answer settings", open=False, elem_id="settings"):
-        page.max_tokens = gr.Slider(8, DocumentSession.LONGEST_ANSWER, value=min(512, DocumentSession.LONGEST_ANSWER),
+        page.max_tokens = gr.Slider(8, LONGEST_ANSWER, value=min(512, LONGEST_ANSWER),
                                     step=8, label="Longest answer (tokens)")
         page.temperature = gr.Slider(0.0, 1.5, value=0.0, step=0.05,
                                      label="Temperature (0 = always the most likely word)")

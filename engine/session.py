@@ -49,13 +49,10 @@ logger = logging.getLogger(__name__)
 # The conversation allowance a document's plan reserves beside it (``answer_budget``): a quarter of the model's
 # window, at most 4,096 tokens (``planning.window.conversation_allowance``), for the answer and earlier turns. Past it
 # the oldest turns leave the KV (the document never), so the homes are never grown mid-conversation.
-LONGEST_ANSWER = 2048  # the longest answer the UI offers (the app's slider maximum)
 
 
 class DocumentSession:
     """Prefill a document once, then ask questions about it with streamed answers."""
-
-    LONGEST_ANSWER = LONGEST_ANSWER  # (for the app: the "Longest answer" slider's maximum)
 
     def __init__(self, model, tokenizer, policy: OffloadPolicy | None = None, *,
                  system_prompt: str | None = None, answer_budget: int | None = None,

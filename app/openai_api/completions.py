@@ -17,7 +17,8 @@ from app.app_state import AppState
 from app.openai_api.library import Library, Match, render
 from app.openai_api.schema import ApiError, Request, usage
 from app.openai_api.stops import StopWatch
-from engine import DocumentSession, HeadInferError
+from app.questions import LONGEST_ANSWER
+from engine import HeadInferError
 from engine.types import DocumentTokens
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class Completions:
             allowance = min(plan.context_limit, prompt_tokens + own.answer_budget)
             where = f"the {allowance:,} tokens a prompt's context may take here ({plan.limit_reason})"
         room = allowance - prompt_tokens
-        max_tokens = request.max_tokens if request.max_tokens is not None else min(room, DocumentSession.LONGEST_ANSWER)
+        max_tokens = request.max_tokens if request.max_tokens is not None else min(room, LONGEST_ANSWER)
         if room < 1 or max_tokens > room:
             raise ApiError(400, f"The prompt takes {prompt_tokens:,} tokens; with max_tokens {max_tokens:,} that is "
                                 f"{prompt_tokens + max_tokens:,}, past {where}. Shorten the prompt or lower max_tokens"

@@ -9,6 +9,7 @@ import time
 import pytest
 from gradio_client import Client, handle_file
 
+from app.questions import LONGEST_ANSWER
 from app.ui import build_ui
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import describe
@@ -147,6 +148,6 @@ def test_the_longest_answer_slider_offers_what_the_conversation_allowance_plans_
     demo = build_ui(lambda: DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=32)), model_info=describe(model))
     sliders = [c["props"] for c in demo.config["components"]
                if c.get("props", {}).get("label") == "Longest answer (tokens)"]
-    assert [s["maximum"] for s in sliders] == [DocumentSession.LONGEST_ANSWER]
+    assert [s["maximum"] for s in sliders] == [LONGEST_ANSWER]
     session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=32))
-    assert session.answer_budget >= DocumentSession.LONGEST_ANSWER
+    assert session.answer_budget >= LONGEST_ANSWER

@@ -64,18 +64,35 @@ async def screened(headers: dict[str, str], receive):
     too_long = 413, f"Request refused: a request body may take at most {BODY_LIMIT >> 20} MiB."
     if length.isdigit() and int(length) > BODY_LIMIT:
         return too_long, receive
+    body, receive = await read_whole(receive)
+    if body is None:
+        return too_long, receive
+    return (None if body is LEFT else refusal(body)), receive
+
+
+class _Left(bytes):
+    """An empty body that is not any client's own empty body."""
+
+
+#: What ``read_whole`` gives for a client that left mid-body (the replayed ``receive`` tells the app it left).
+LEFT = _Left()
+
+
+async def read_whole(receive):
+    """``(body, receive)``: the whole body (None past ``BODY_LIMIT``; ``LEFT`` if the client left first) and a
+    ``receive`` that hands the app the same messages again."""
     chunks, size, more = [], 0, True
     while more:
         message = await receive()
         if message["type"] != "http.request":  # the client left: the app sees it leave
-            return None, _replay([], message, receive)
+            return LEFT, _replay([], message, receive)
         chunks.append(message.get("body", b""))
         size += len(chunks[-1])
         if size > BODY_LIMIT:
-            return too_long, receive
+            return None, receive
         more = message.get("more_body", False)
     body = b"".join(chunks)
-    return refusal(body), _replay([body], None, receive)
+    return body, _replay([body], None, receive)
 
 
 def _replay(bodies: list[bytes], then, receive):

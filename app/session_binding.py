@@ -29,7 +29,7 @@ from starlette.requests import HTTPConnection
 from starlette.responses import PlainTextResponse
 
 from app.browser_id import browser_id
-from app.request_body import BODY_LIMIT
+from app.request_body import BODY_LIMIT, read_whole
 
 logger = logging.getLogger("headinfer.session_binding")
 
@@ -153,7 +153,7 @@ async def _named_hashes(scope, receive) -> tuple[set[str], Callable, tuple[int, 
         kind = dict(scope.get("headers", [])).get(b"content-type", b"").lower()
         if kind.startswith(b"multipart/") and _COMPONENT_SERVER.match(path):
             return hashes, receive, (403, "This app takes no files through component calls.")
-        body, receive = await _read_body(receive)
+        body, receive = await read_whole(receive)
         if body is None:
             return hashes, receive, (413, f"Request refused: a request body may take at most {BODY_LIMIT >> 20} MiB.")
         hashes |= _body_hash(body)
@@ -171,25 +171,3 @@ def _body_hash(body: bytes) -> set[str]:
         return set()
     value = payload.get("session_hash") if isinstance(payload, dict) else None
     return {value} if isinstance(value, str) else set()
-
-
-async def _read_body(receive) -> tuple[bytes | None, Callable]:
-    """The whole body (None past ``BODY_LIMIT``) and a ``receive`` that hands it to the app again."""
-    chunks, size, more = [], 0, True
-    while more:
-        message = await receive()
-        if message["type"] != "http.request":  # the client left: the app sees it leave
-            return b"", _then([message], receive)
-        chunks.append(message.get("body", b""))
-        size += len(chunks[-1])
-        if size > BODY_LIMIT:
-            return None, receive
-        more = message.get("more_body", False)
-    return b"".join(chunks), _then([{"type": "http.request", "body": b"".join(chunks), "more_body": False}], receive)
-
-
-def _then(messages: list[dict], receive) -> Callable:
-    async def replayed():
-        return messages.pop(0) if messages else await receive()
-
-    return replayed

@@ -69,6 +69,12 @@ def _tiny_llama(folder: Path, tokenizer_from: Path, vocab_size: int) -> Path:
     return folder
 
 
+def _pinned(repo: str) -> str:
+    from engine.models.catalogue import load_catalogue
+
+    return next(entry.revision for entry in load_catalogue() if entry.id == repo)
+
+
 @pytest.fixture(scope="module")
 def studio(tmp_path_factory):
     from engine.models.loader import _embedded_gguf, embedded_model_dir
@@ -83,6 +89,7 @@ def studio(tmp_path_factory):
     # 12 MiB more: huggingface_hub reads 10 MiB at a time, and a cancel lands at the end of such a read.
     files["model.safetensors"] += b"\0" * (12 << 20)
     with HubServer(HUB_REPO, files) as hub:
+        hub.history[_pinned(HUB_REPO)] = files  # the catalogue pins the commit a download fetches: served there too
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
@@ -154,37 +161,64 @@ def _until(predicate) -> None:
 
 
 def _wait_text(page, selector: str, *texts: str) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
     checks = " && ".join(f"t.includes({text!r})" for text in texts)
-    page.wait_for_function(f"() => {{ const t = document.querySelector({selector!r})?.innerText || ''; "
-                           f"return {checks}; }}")
+    try:
+        page.wait_for_function(f"() => {{ const t = document.querySelector({selector!r})?.innerText || ''; "
+                               f"return {checks}; }}")
+    except PlaywrightTimeout:
+        shown = page.evaluate(f"() => document.querySelector({selector!r})?.innerText")
+        pytest.fail(f"{selector} never said {texts}; it says {shown!r}")
 
 
-def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio, tmp_path):
-    started = time.monotonic()
-    _wait_text(page, "#header", "SmolLM2-135M-Instruct")
-    # A document read with SmolLM2, which the switch will close.
+def _read_a_document(page, tmp_path: Path) -> None:
+    """This tab reads a short PDF with the model served now (what the panel counts in each model's tokens)."""
     page.locator("#file-drop input[type=file]").set_input_files(str(make_pdf(tmp_path / "kerrow.pdf", PAGES)))
     page.wait_for_selector("#plan .plan[data-fits=true]")
     page.click("#read")
     page.wait_for_selector("#prefill-progress .progress[data-state=done]")
 
-    # The panel: the catalogue and what was found on disk, each with what it reads here, most first.
+
+def _open_panel(page) -> None:
     page.click("#picker .label-wrap")
     _wait_text(page, "#picker-table", "Qwen/Qwen2.5-7B-Instruct-1M")
+
+
+def _scan_folder(page, studio) -> None:
+    """The folder the user adds, holding the tiny Llama, scanned; the table lists it once found."""
+    page.fill("#picker-folder textarea, #picker-folder input", str(studio["tiny"].parent))
+    page.click("#picker-scan")
+    _wait_text(page, "#picker-table", "tiny-random-llama")
+
+
+def test_the_panel_lists_the_catalogue_and_the_models_on_disk(page):
+    _wait_text(page, "#header", "SmolLM2-135M-Instruct")
+    _open_panel(page)
     assert "Reads here" in page.inner_text("#picker-machine")
     rows = _rows(page)
     assert {SMOLLM2, "Qwen/Qwen2.5-7B-Instruct-1M", "smollm2:135m"} <= set(rows)
     assert rows[SMOLLM2][1] == "8192" and rows[SMOLLM2][14] == "serving now"  # capped by its 8,192-token window
     ollama = rows["smollm2:135m"]
     assert ollama[1] == "8192" and ollama[14].startswith("Ollama: ") and "/blobs/sha256-" in ollama[14]
-    # The tab's document in each model's tokens, before any download: the served model's own count (the plan's),
-    # Llama 3's exactly through tiktoken, the others estimated with that tokenizer.
+
+
+def test_the_panel_counts_the_tabs_documents_in_each_models_tokens(page, tmp_path):
+    """Before any download: the served model's own count (the plan's), Llama 3's exactly through tiktoken, the
+    others estimated with that tokenizer."""
+    _read_a_document(page, tmp_path)
+    _open_panel(page)
     assert "Your documents" in page.inner_text("#picker-machine")
+    rows = _rows(page)
     served = int(rows[SMOLLM2][2].replace(",", ""))
     assert served > 0 and rows[SMOLLM2][3] == "all of them; counted by the model itself"
     llama3 = rows["meta-llama/Llama-3.1-8B-Instruct"]
     assert int(llama3[2].replace(",", "")) > 0 and llama3[3].endswith("; exact (Llama 3 tokenizer)")
     assert rows["Qwen/Qwen2.5-7B-Instruct-1M"][3].endswith("an estimate (Llama 3 tokenizer)")
+
+
+def test_the_table_ranks_by_what_reads_here_and_sorts_both_ways(page):
+    _open_panel(page)
     reads = _reads(page)
     assert reads == sorted(reads, reverse=True) and reads[0] > reads[-1]  # ranked by what reads the most here
     _sort(page, "ascending")
@@ -194,13 +228,15 @@ def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio
     page.wait_for_function(FIRST_READS_JS, arg=str(max(reads)))
     assert _reads(page) == sorted(reads, reverse=True)
 
-    # A folder the user adds: the tiny Llama in it is listed as a model on disk.
-    page.fill("#picker-folder textarea, #picker-folder input", str(studio["tiny"].parent))
-    page.click("#picker-scan")
-    _wait_text(page, "#picker-table", "tiny-random-llama")
+
+def test_a_folder_the_user_adds_lists_the_model_in_it(page, studio):
+    _open_panel(page)
+    _scan_folder(page, studio)
     _until(lambda: _rows(page).get("tiny-random-llama", [""] * 15)[14] == f"folder: {studio['tiny']}")
 
-    # Download from the stand-in Hub: progress, cancel, and again to the end, into the standard cache.
+
+def test_a_hub_download_shows_progress_cancels_and_completes_into_the_standard_cache(page, studio):
+    _open_panel(page)
     hub = studio["hub"]
     hub.rate = 1 << 20  # the first 10 MiB take 10 s: time to cancel
     _choose(page, HUB_REPO)
@@ -217,7 +253,14 @@ def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio
     assert hub.gets("model.safetensors") == [None, None]  # cancelled, then fetched whole
     _wait_text(page, "#picker-table", "Hugging Face cache: ")  # the table lists it as on disk now
 
-    # Serve the tiny Llama: the header follows, the read document is closed with a note, and reads again.
+
+def test_serving_another_model_closes_the_tabs_documents_and_the_page_follows(page, studio, tmp_path):
+    """The tiny Llama served: the header follows, the read document is closed with a note and reads again; then
+    back to the embedded SmolLM2 from the catalogue."""
+    _wait_text(page, "#header", "SmolLM2-135M-Instruct")
+    _read_a_document(page, tmp_path)
+    _open_panel(page)
+    _scan_folder(page, studio)
     _choose(page, "tiny-random-llama")
     page.click("#picker-serve")
     _wait_text(page, "#picker-status", "Now serving tiny-random-llama", "1 open document set(s) closed")
@@ -233,10 +276,8 @@ def test_the_picker_lists_sorts_finds_downloads_and_switches_models(page, studio
     page.wait_for_selector("#prefill-progress .progress[data-state=done]")
     _until(lambda: _rows(page).get("tiny-random-llama", [""] * 15)[14] == "serving now")  # the table follows too
 
-    # And back to the embedded SmolLM2, from the catalogue.
     _choose(page, SMOLLM2)
     page.click("#picker-serve")
     _wait_text(page, "#picker-status", "Now serving HuggingFaceTB/SmolLM2-135M-Instruct")
     _wait_text(page, "#header", "SmolLM2-135M-Instruct")
     assert "tiny-random-llama" not in page.inner_text("#header")
-    print(f"picker browser test: {time.monotonic() - started:.0f} s in the browser")

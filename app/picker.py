@@ -327,7 +327,7 @@ class ModelPicker:
         cancel.click(self.cancel, None, None, api_name="cancel_download", concurrency_limit=None)
         update.click(self.update, [choice], [note], api_name="update_model_pin", concurrency_id="download",
                      concurrency_limit=1).then(again, tab or None, view, api_visibility="private")
-        # The compute slot: a switch never races a read or an answer on the model it replaces.
+        # One at a time with reads and answers (the "compute" concurrency id): a switch never races a read or an answer on the model it replaces.
         serve.click(self.serve, [choice], [note], api_name="serve_model", concurrency_id="compute",
                     concurrency_limit=1).then(again, tab or None, view, api_visibility="private")
 

@@ -348,7 +348,7 @@ def _wire_questions(page: Page, handlers: Handlers) -> tuple:
                   show_progress="minimal", show_progress_on=[page.chat], **_HEAVY)
     page.page_chips.change(handlers.show_page, [page.page_chips, state], [page.page_view], api_name="page", **_LIGHT)
     page.stop_button.click(handlers.stop, [state], None, api_name="stop", **_LIGHT)
-    # Stop the running answer first (light, immediate), then reset in the compute slot, so
+    # Stop the running answer first (light, immediate), then reset under the "compute" concurrency id, so
     # the reset never races the answer that was using the cache.
     new_chat_done = page.new_chat_button.click(handlers.stop, [state], None, api_visibility="private",
                                                **_LIGHT).then(

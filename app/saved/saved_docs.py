@@ -2,7 +2,7 @@
 again, save it after a complete read, and list or delete what is saved.
 
 One ``engine.SnapshotStore`` is shared by every browser tab. Saving and restoring run inside the read
-event, which holds the compute slot, so they never overlap a forward pass. Listing and deleting are
+event, which holds the device, so they never overlap a forward pass. Listing and deleting are
 light: a snapshot deleted while another tab restores it only makes that tab read the document instead.
 Every disk failure becomes a sentence for the status line; none of them unloads a document.
 """

@@ -211,7 +211,7 @@ class FirstPick:
 
     def build(self, demo: gr.Blocks) -> None:
         """Adds the card where it is called (inside ``demo``): hidden until the page's load finds it worth showing."""
-        with gr.Group(visible=False, elem_id="first-pick") as group:
+        with gr.Column(visible=False, elem_id="first-pick") as group:
             facts = gr.HTML(elem_id="first-pick-facts")
             with gr.Row(elem_classes="button-row"):
                 fetch = gr.Button("Download and serve", variant="primary", size="sm", elem_id="first-pick-fetch")

@@ -11,13 +11,12 @@ import huggingface_hub.constants
 import pytest
 
 from app import escape
-from app.first_pick import FirstPick, HubProbe, Pick, card_html, downloadable
-from app.owner import OPEN, REFUSED, new_gate
+from app.first_pick import FirstPick, HubProbe, Pick, card_html
+from app.owner import REFUSED, new_gate
 from engine.models import load_catalogue, plan_entry
+from first_pick_hub import FILES, RTX_4090, TINY_CONFIG, on_the_4090, pick_id
 from hub_server import HubServer
-from test_owner import RTX_4090, TINY_CONFIG, _owner_cookie, _picker, _request
-
-FILES = {"config.json": TINY_CONFIG.encode(), "model.safetensors": b"\0" * 4096}
+from test_owner import _owner_cookie, _request
 
 
 @pytest.fixture(autouse=True)
@@ -28,20 +27,6 @@ def caches(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
 
 
-def _on_the_4090(gate=OPEN):
-    """The picker on the stand-in machine, kept there across a switch (which makes the picker detect it again)."""
-    picker = _picker(gate)
-    picker.machine = lambda: RTX_4090
-    return picker
-
-
-def _pick_id() -> str:
-    """The picker's pick for the stand-in machine: the first row of its table one click can fetch."""
-    rows = _on_the_4090().refresh()[0]
-    entries = {e.id: e for e in load_catalogue()}
-    return next(row[0] for row in rows if row[0] in entries and downloadable(entries[row[0]]))
-
-
 def _closed_port() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -49,9 +34,9 @@ def _closed_port() -> str:
 
 
 def test_the_card_names_the_pick_where_the_hub_answers_and_asks_the_hub_once():
-    pick = _pick_id()
+    pick = pick_id()
     with HubServer(pick, FILES) as hub:
-        card = FirstPick(_on_the_4090(), endpoint=hub.endpoint)
+        card = FirstPick(on_the_4090(), endpoint=hub.endpoint)
         shown, facts = card.show()
         assert shown["visible"] is True
         assert f"Reads whole books here: {pick}</b>" in facts and "SmolLM2-135M-Instruct, served now" in facts
@@ -72,11 +57,11 @@ def test_a_quantized_pick_says_which_quantization_and_that_it_is_lossy():
 
 
 def test_offline_the_card_stays_hidden(monkeypatch):
-    card = FirstPick(_on_the_4090(), endpoint=_closed_port())
+    card = FirstPick(on_the_4090(), endpoint=_closed_port())
     assert card.show() == ({"visible": False, "__type__": "update"}, "")
-    with HubServer(_pick_id(), FILES) as hub:
+    with HubServer(pick_id(), FILES) as hub:
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-        assert FirstPick(_on_the_4090(), endpoint=hub.endpoint).show()[1] == "" and not hub.requests
+        assert FirstPick(on_the_4090(), endpoint=hub.endpoint).show()[1] == "" and not hub.requests
 
 
 def test_a_probe_that_does_not_answer_in_time_does_not_hold_the_page():
@@ -89,16 +74,16 @@ def test_a_probe_that_does_not_answer_in_time_does_not_hold_the_page():
 
 
 def test_no_card_when_the_served_model_is_already_the_pick():
-    pick = _pick_id()
-    picker = _on_the_4090()
+    pick = pick_id()
+    picker = on_the_4090()
     picker.holder.name = pick
     with HubServer(pick, FILES) as hub:
         assert FirstPick(picker, endpoint=hub.endpoint).show()[1] == ""
 
 
 def test_the_owners_click_downloads_the_pick_then_serves_it():
-    pick = _pick_id()
-    picker = _on_the_4090()
+    pick = pick_id()
+    picker = on_the_4090()
     with HubServer(pick, FILES) as hub:
         picker.endpoint = hub.endpoint
         card = FirstPick(picker)
@@ -113,9 +98,9 @@ def test_the_owners_click_downloads_the_pick_then_serves_it():
 
 
 def test_a_visitor_sees_the_facts_but_the_click_is_refused():
-    pick = _pick_id()
+    pick = pick_id()
     gate = new_gate(private=True)
-    picker = _on_the_4090(gate)
+    picker = on_the_4090(gate)
     with HubServer(pick, FILES) as hub:
         card = FirstPick(picker, endpoint=hub.endpoint)
         picker.endpoint = hub.endpoint
@@ -129,8 +114,8 @@ def test_a_visitor_sees_the_facts_but_the_click_is_refused():
 
 
 def test_cancel_stops_the_cards_download_and_nothing_is_served():
-    pick = _pick_id()
-    picker = _on_the_4090()
+    pick = pick_id()
+    picker = on_the_4090()
     files = {**FILES, "model.safetensors": b"\0" * (24 << 20)}  # a cancel lands at the end of a 10 MiB read
     with HubServer(pick, files) as hub:
         hub.rate = 8 << 20

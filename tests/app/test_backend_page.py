@@ -223,3 +223,17 @@ def test_an_error_event_mid_stream_is_said(page, backend, tmp_path):
     backend.failure = httpx.Response(200, headers={"content-type": "text/event-stream"}, content=event)
     _, history, _, line = _ask(page, state, ada)[-1]
     assert "CUDA out of memory" in line and "no answer" in history[-1]["content"]  # before: an empty answer, "ok"
+
+
+@pytest.mark.parametrize("flags, capped", [([], False), (["--host", "0.0.0.0"], True), (["--share"], True)])
+def test_the_launched_page_caps_visitors_exactly_when_others_can_reach_it(backend, flags, capped):
+    """``--backend``'s start builds the page with the caps whenever others can reach it (and the caps flags' values),
+    the owner alone uncapped: as the studio's own page."""
+    from app.cli import build_parser
+    from app.startup import backend_page
+    from app.visitor_caps import NO_CAPS
+
+    args = build_parser().parse_args(["--backend", "http://gpu-box:8000", "--visitor-questions", "3", *flags])
+    client = BackendClient(args.backend, transport=httpx.MockTransport(backend))
+    limits = backend_page(args, client, client.models(), None).backend_page.caps.limits
+    assert limits == (CapLimits(questions_per_visitor=3) if capped else NO_CAPS)

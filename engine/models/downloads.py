@@ -268,6 +268,13 @@ def pin_status(repo_id: str) -> str:
         f"pinned at first download: {pin.short}"
 
 
+def _holds_every_file(folder: Path, pin: hub_lock.Locked) -> bool:
+    """Whether ``folder`` holds each wanted file the lock lists, at its size: the lock is written before the first
+    file is fetched, so a cancelled or killed download leaves a folder at the locked commit that is not a model yet."""
+    return all((folder / f.path).is_file() and (folder / f.path).stat().st_size == f.size
+               for f in pin.files if _wanted(f.path))
+
+
 def _is_commit(revision: str | None) -> bool:
     return revision is not None and bool(_COMMIT.match(revision))
 
@@ -303,7 +310,8 @@ def cached_snapshot(repo_id: str, cache_dir: str | Path | None = None, revision:
         return _snapshot(repo_id, cache_dir, revision if revision is not None else pinned_revision(repo_id))
     pin = hub_lock.locked(repo_id)
     if pin is not None:
-        return _snapshot(repo_id, cache_dir, pin.sha)
+        folder = _snapshot(repo_id, cache_dir, pin.sha)
+        return folder if folder is not None and _holds_every_file(folder, pin) else None
     branch = pinned_revision(repo_id) or "main"
     folder = _snapshot(repo_id, cache_dir, branch)
     if folder is not None and _is_commit(folder.name):

@@ -61,6 +61,7 @@ def test_a_resume_after_a_cancel_fetches_the_commit_the_first_try_pinned(catalog
         with pytest.raises(DownloadCancelled):
             job.run()
         assert hub_lock.locked(REPO).sha == COMMIT  # pinned before the first file was fetched
+        assert cached_snapshot(REPO, cache_dir=catalogue) is None  # the half-filled folder is not a model to serve
         hub.push(LATER)
         folder = DownloadJob(REPO, cache_dir=catalogue, endpoint=hub.endpoint).run()
     assert folder.name == COMMIT

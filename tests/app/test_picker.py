@@ -8,20 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from app.picker import COLUMNS, ModelPicker, _share_read, table_rows
-from engine.models.catalogue import Machine, load_catalogue, plan_entry, rank
+from engine.models.catalogue import load_catalogue, plan_entry, rank
 
-GIB = 2**30
-RTX_4090 = Machine("RTX 4090 + 64 GiB", True, int(24 * GIB * 0.92), int(64 * GIB * 0.85), 500 * GIB, 1e14, 10.0, 900.0)
-
-
-class FakeHolder:
-    def __init__(self):
-        self.model, self.name, self.switched = object(), "HuggingFaceTB/SmolLM2-135M-Instruct", []
-
-    def switch(self, source, name=None):
-        self.switched.append((source, name))
-        self.name = name
-        return SimpleNamespace(new=name, old="SmolLM2", load_seconds=3.0, returned_bytes=GIB, closed_documents=1)
+from first_pick_hub import RTX_4090
+from first_pick_hub import SwitchRecorder as FakeHolder  # the served model, stood in for
 
 
 def _picker() -> ModelPicker:

@@ -351,7 +351,24 @@ class BlockLinear(nn.Module):
                 f"blocks={BLOCK_TYPES[self.qtype][0]}, bias={self.bias is not None}")
 
 
-class BlockEmbedding(nn.Module):
+class TableEmbedding(nn.Module):
+    """What an embedding over a block layer holds: its table (a tied lm_head's, held but not registered, since the
+    blocks are the lm_head's; or its own, registered as ``rows``) and Gemma's ``embed_scale`` (``scale``)."""
+
+    def hold_table(self, table: nn.Module, owns_table: bool, scale: torch.Tensor | None) -> None:
+        if owns_table:
+            self.rows = table
+        else:
+            self._table = (table,)
+        self.scale = None if scale is None else nn.Buffer(scale.detach().clone())
+
+    @property
+    def table(self) -> nn.Module:
+        rows = self._modules.get("rows")
+        return rows if rows is not None else self._table[0]
+
+
+class BlockEmbedding(TableEmbedding):
     """A plain embedding whose rows are a ``BlockLinear``'s: looked-up rows are dequantized. The table is a tied
     lm_head (held, not registered: the blocks belong to the lm_head, and a second registration would list them
     twice), or the embedding's own (``owns_table``: registered as ``rows``, an untied embedding's blocks). ``scale``:
@@ -360,17 +377,8 @@ class BlockEmbedding(nn.Module):
     def __init__(self, table: BlockLinear, padding_idx: int | None, owns_table: bool = False,
                  scale: torch.Tensor | None = None) -> None:
         super().__init__()
-        if owns_table:
-            self.rows = table
-        else:
-            self._table = (table,)
+        self.hold_table(table, owns_table, scale)
         self.padding_idx = padding_idx
-        self.scale = None if scale is None else nn.Buffer(scale.detach().clone())
-
-    @property
-    def table(self) -> BlockLinear:
-        rows = self._modules.get("rows")
-        return rows if rows is not None else self._table[0]
 
     @property
     def weight(self) -> torch.Tensor:

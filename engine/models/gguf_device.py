@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cpu.gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear, by_row_slices
+from ..cpu.gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear, TableEmbedding, by_row_slices
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ class ExpandingLinear(nn.Module):
                 f"blocks={BLOCK_TYPES[self.qtype][0]}, bias={self.bias is not None}")
 
 
-class ExpandingEmbedding(nn.Module):
+class ExpandingEmbedding(TableEmbedding):
     """An embedding whose table is an ``ExpandingLinear``'s blocks: only the looked-up rows are expanded, in the
     compute dtype ``dtype``. As ``BlockEmbedding``: a tied lm_head's table is held, not registered (its blocks are
     the lm_head's), an untied embedding registers its own as ``rows``; ``scale``: Gemma's ``embed_scale``."""
@@ -201,17 +201,8 @@ class ExpandingEmbedding(nn.Module):
     def __init__(self, table: ExpandingLinear, padding_idx: int | None, dtype: torch.dtype, owns_table: bool,
                  scale: torch.Tensor | None = None) -> None:
         super().__init__()
-        if owns_table:
-            self.rows = table
-        else:
-            self._table = (table,)
+        self.hold_table(table, owns_table, scale)
         self.padding_idx, self.dtype = padding_idx, dtype
-        self.scale = None if scale is None else nn.Buffer(scale.detach().clone())
-
-    @property
-    def table(self) -> ExpandingLinear:
-        rows = self._modules.get("rows")
-        return rows if rows is not None else self._table[0]
 
     @property
     def weight(self) -> torch.Tensor:

@@ -60,6 +60,7 @@ def test_read_and_ask_through_the_backend(backend_app, browser, tmp_path):
     assert page.locator("#backend-header").get_attribute("data-backend") == backend
     # Each thing our engine alone gives is labelled unavailable, not shown empty.
     labels = page.locator("#backend-unavailable li[data-unavailable]")
+    labels.first.wait_for()  # rendered after the page's load event
     assert sorted(labels.evaluate_all("els => els.map(e => e.dataset.unavailable)")) == [
         "plan", "reopen", "sources", "support"]
     for text in labels.all_inner_texts():

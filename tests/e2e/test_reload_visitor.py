@@ -28,7 +28,7 @@ def test_a_visitors_reload_reopens_their_document_and_no_one_elses(browser, tmp_
         read_and_ask(page, pdf, "Who keeps the lighthouse?")
         page.wait_for_function("() => document.querySelectorAll('#chat .answer-stats').length >= 1 && "
                                "document.querySelector('#status')?.innerText.includes('tok/s')")
-        page.wait_for_function("() => sessionStorage.getItem('headinfer-studio-tab').includes('Who keeps')")
+        page.wait_for_function("() => (sessionStorage.getItem('headinfer-studio-tab') || '').includes('Who keeps')")
 
         page.reload()
         page.wait_for_function("() => document.querySelector('#status')?.innerText.includes('Reopened')")

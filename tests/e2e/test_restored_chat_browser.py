@@ -38,7 +38,7 @@ def test_a_restart_restores_the_chat_as_shown_and_the_screen_agrees(browser, tmp
         assert read_tokens == int(page.get_attribute("#prefill-progress .progress", "data-total"))
         assert "read in" in page.inner_text("#plan")  # the plan after the read says what it took
         assert page.is_disabled("#read")  # nothing new to read
-        page.wait_for_function("() => sessionStorage.getItem('headinfer-studio-tab').includes('Who keeps')")
+        page.wait_for_function("() => (sessionStorage.getItem('headinfer-studio-tab') || '').includes('Who keeps')")
 
     with served(chunk_size=256, snapshot_store=SnapshotStore(store), port=port):  # the app started again
         page.reload()

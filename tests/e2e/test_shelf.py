@@ -37,7 +37,7 @@ def test_a_saved_document_reopens_from_the_list_and_after_a_reload(browser, url,
     page = _page(browser, url)
     read_and_ask(page, pdf, "Who keeps the lighthouse?")
     _answered(page, 1)
-    page.wait_for_function("() => sessionStorage.getItem('headinfer-studio-tab').includes('Who keeps')")
+    page.wait_for_function("() => (sessionStorage.getItem('headinfer-studio-tab') || '').includes('Who keeps')")
 
     # A reload keeps the tab's document and its conversation, reopened from disk.
     page.reload()

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import gradio as gr
 
-from app import render
 from app.browser_state import BrowserState
 from app.compute_queue import ComputeQueue, Ticket
 from app.saved.shelves import Shelves
@@ -74,10 +73,4 @@ class AppState:
     def in_line(self, ticket: Ticket, should_leave: Callable[[], bool], view: Callable[[str], object]) -> Iterator:
         """Waits for ``ticket``'s turn, yielding ``view(status line)`` with the place in line and the wait; returns
         False when the visitor left the line (``should_leave``)."""
-        waiting = self.queue.wait_turn(ticket, should_leave)
-        while True:
-            try:
-                text = next(waiting)
-            except StopIteration as done:
-                return done.value
-            yield view(render.queue_status(self.queue.position(ticket), text))
+        return (yield from self.queue.in_line(ticket, should_leave, view))

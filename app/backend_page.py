@@ -224,13 +224,7 @@ class BackendPage:
     def _turn(self, ticket: Ticket, state: BackendTab, view: Callable[[str], tuple]) -> Iterator[tuple]:
         """Waits for ``ticket``'s turn, yielding ``view(the line's status)``; False when the tab pressed Stop or
         closed first (then it has left the line)."""
-        waiting = self.queue.wait_turn(ticket, lambda: state.stop_requested or state.is_closed)
-        while True:
-            try:
-                said = next(waiting)
-            except StopIteration as turn:
-                return turn.value
-            yield view(render.queue_status(self.queue.position(ticket), said))
+        return (yield from self.queue.in_line(ticket, lambda: state.stop_requested or state.is_closed, view))
 
     def stop(self, state: BackendTab | None) -> None:
         """Stops the tab's answer, or takes its question or read out of the line."""

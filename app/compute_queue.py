@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
-from app.render import format_seconds
+from app.render import format_seconds, queue_status
 
 
 STEADY = 0.1  # a new estimate within 10% of the wait being counted down does not replace it
@@ -107,6 +107,17 @@ class ComputeQueue:
     def num_waiting(self) -> int:
         with self._changed:
             return max(len(self._line) - 1, 0)
+
+    def in_line(self, ticket: Ticket, should_leave: Callable[[], bool],
+                view: Callable[[str], object]) -> Generator[object, None, bool]:
+        """``wait_turn``, yielding ``view(status line)`` with the place in line and the wait: what a page shows."""
+        waiting = self.wait_turn(ticket, should_leave)
+        while True:
+            try:
+                text = next(waiting)
+            except StopIteration as done:
+                return done.value
+            yield view(queue_status(self.position(ticket), text))
 
     def wait_turn(self, ticket: Ticket, should_leave: Callable[[], bool], *,
                   every: float = 0.25) -> Generator[str, None, bool]:

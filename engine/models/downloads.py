@@ -1,8 +1,8 @@
 """Fetching a model from the Hugging Face Hub the ecosystem's way: ``huggingface_hub`` into its standard cache.
 
-``DownloadJob.run`` lists the repository once (sizes and LFS SHA-256s from the Hub's tree API), then fetches
+``DownloadJob.run`` lists the repository once (sizes and LFS SHA-256 sums from the Hub's tree API), then fetches
 the files a model needs one by one with ``hf_hub_download``, reporting bytes as they arrive. ``cancel`` stops it
-at the next network read (``huggingface_hub`` reads 10 MiB at a time: a fifth of a second at 50 MB/s). What is
+at the next network read (``huggingface_hub.constants.DOWNLOAD_CHUNK_SIZE`` at a time). What is
 finished stays in the cache, so a download that was killed or cancelled resumes at the first file it had not
 finished (``huggingface_hub`` itself resumes a file whose connection broke, with a Range request). Every LFS file
 is checked against the SHA-256 the Hub lists for it: a corrupt one is removed and reported. ``HF_ENDPOINT`` (or

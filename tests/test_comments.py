@@ -38,7 +38,6 @@ NOT_YET = {
     "engine/answer/support.py": 1,
     "engine/cpu/fused_decode.py": 1,
     "engine/cpu/gguf_blocks.py": 2,
-    "engine/models/downloads.py": 1,
     "engine/models/gguf.py": 2,
     "engine/models/gguf_device.py": 1,
     "engine/models/loader.py": 1,

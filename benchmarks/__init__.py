@@ -8,13 +8,14 @@ records), a GPU run's files to ``docs/benchmarks/runs/<date>/``.
   fills its wheels), pinned memory as a budget, a prefill chunk's device memory
 - ``cpu/``      host attention against the read, the CPU decode and prefill kernels, pools, prefetch hints
 - ``weights/``  holding and loading weights (load, switch, GGUF, quantizers, llama.cpp on the same file, CPU dtype)
-- ``quality/``  parity with stock, needle in a haystack, 8-bit KV quality
+- ``quality/``  parity with stock, needle in a haystack, 8-bit KV quality, the model and support evaluations
+  (``model_eval``, ``support_*``)
 - ``app/``      the app's own work (reading documents, bombs, estimates, first start, the queue, many visitors)
 - ``serving/``  the OpenAI-compatible endpoint against the page
 - ``disk/``     the disk (rates, snapshots, checkpoints, capacity)
 - ``tables/``   tables printed from configs alone (ledger, picker)
 - at the top: ``records`` (run stamp, the append-only results file, resume keys) and ``corpus`` (real documents),
-  which every study uses, and the model and support evaluations (``model_eval``, ``support_*``)
+  which every study uses
 
 Every study is its own entry point: ``python -m benchmarks.<folder>.<name>``; each folder's size is capped by
 ``tests/test_structure.py``. The rules the tests read from the imports live in ``tests/helpers/structure.py``.

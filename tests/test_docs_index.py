@@ -14,8 +14,6 @@ _LINK = re.compile(r"\]\(([^()\s]+)\)")  # [text](target)
 # a file named in backticks as a path (`data/x.json`, `runs/2026-11-27/gpu.md`): no spaces, braces, $ or ~
 _NAMED = re.compile(r"`(\w[\w./-]*\.(?:json|jsonl|md|png|log|txt))`")
 _SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)
-# The support study's records wait for its own work to land before they move to data/ (issue 52 item 2).
-_WAITING = {"support.jsonl", "support-traces.jsonl", "support-verify.jsonl", "support-smollm2-2026-11-26.jsonl"}
 
 
 def index_section(readme: Path) -> str:
@@ -34,7 +32,7 @@ def unindexed(folder: Path) -> list[str]:
 def data_at_top(folder: Path) -> list[str]:
     """Entries at the top of ``folder`` that are neither a report nor the ``data``/``runs`` folders."""
     return sorted(p.name for p in folder.iterdir()
-                  if not (p.is_file() and p.suffix == ".md") and p.name not in {"data", "runs"} | _WAITING)
+                  if not (p.is_file() and p.suffix == ".md") and p.name not in {"data", "runs"})
 
 
 def missing_references(doc: Path, root: Path = ROOT) -> list[str]:

@@ -1,2 +1,3 @@
-"""Answer quality: needle in a haystack (exact and 8-bit KV) and 8-bit KV on real text. Each is its own entry point:
+"""Answer quality: parity with stock, needle in a haystack (exact and 8-bit KV), 8-bit KV on real text, which small
+model answers (``model_eval``) and the support flag (``support_*``). Each is its own entry point:
 ``python -m benchmarks.quality.<name>``."""

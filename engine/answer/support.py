@@ -31,7 +31,7 @@ its next-token distribution (``yes_share``; ``DocumentSession.check_support`` ru
 it was). It runs only where a model's rule uses it (``min_verify_yes`` > 0) or when asked for.
 
 The answer is flagged when any signal is under its threshold (``SupportThresholds``). The thresholds are fitted per
-model by ``benchmarks/support_eval.py`` on ``benchmarks/data/support_eval.json`` and reported held out (leave one
+model by ``benchmarks/quality/support_eval.py`` on ``benchmarks/data/support_eval.json`` and reported held out (leave one
 question out) in ``docs/benchmarks/support.md``; ``thresholds_for`` picks a model's.
 """
 from __future__ import annotations
@@ -175,7 +175,7 @@ def yes_share(logits: torch.Tensor, tokenizer) -> float:
     return yes / (yes + no) if yes + no > 0 else 0.5
 
 
-# -- candidate signals fitted offline (benchmarks/support_eval.py) ---------------------------------------------------
+# -- candidate signals fitted offline (benchmarks/quality/support_eval.py) -------------------------------------------
 
 # Words that carry no claim of their own: an answer's "the", "is", "document" are on every page.
 _STOPWORDS = frozenset("""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.model_eval import document_text, load_questions, score
+from benchmarks.quality.model_eval import document_text, load_questions, score
 
 CACHE = Path.home() / ".cache" / "headinfer-studio" / "eval-docs"
 
@@ -38,7 +38,7 @@ def test_every_answer_is_in_its_document():
 
 
 def test_a_row_per_weights_mode_and_the_hand_written_reading_kept(tmp_path):
-    from benchmarks.model_eval import READING, write_markdown
+    from benchmarks.quality.model_eval import READING, write_markdown
 
     def answer(weights, correct, document="doc-a"):
         record = {"model": "qwen", "title": "Qwen", "license": "x", "window": 32768, "load_s": 1.0,

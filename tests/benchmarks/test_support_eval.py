@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.support_eval import _claim_signals
+from benchmarks.quality.support_eval import _claim_signals
 
 
 def _record(**trace) -> dict:
@@ -30,7 +30,7 @@ def test_contrast_and_attention_come_from_the_trace():
 
 
 def test_the_whole_choice_held_out_picks_and_fits_without_the_answer_it_judges():
-    from benchmarks.support_eval import nested_held_out
+    from benchmarks.quality.support_eval import nested_held_out
 
     def row(kind: str, share: float, logprob: float) -> dict:
         return {"kind": kind, "signals": {"min_document_share": share, "min_mean_logprob": logprob,
@@ -48,7 +48,7 @@ def test_the_whole_choice_held_out_picks_and_fits_without_the_answer_it_judges()
 
 
 def test_answers_are_labelled_by_what_they_claim_and_the_shipped_rule_is_fitted_on_those_labels():
-    from benchmarks.support_eval import _answer_level_lines, by_answer
+    from benchmarks.quality.support_eval import _answer_level_lines, by_answer
 
     def record(kind: str, correct: bool, share: float, document: str) -> dict:
         return {"model": "m", "layout": "glued", "chat": "fresh", "kind": kind, "correct": correct,
@@ -80,7 +80,7 @@ def test_the_question_set_is_balanced_and_the_default_model_has_enough_supported
     from collections import Counter
     from pathlib import Path
 
-    from benchmarks.support_eval import QUESTIONS, _fresh, by_answer, load_questions
+    from benchmarks.quality.support_eval import QUESTIONS, _fresh, by_answer, load_questions
 
     documents = load_questions()
     questions = [q for d in documents for q in d["questions"]]
@@ -94,7 +94,7 @@ def test_the_question_set_is_balanced_and_the_default_model_has_enough_supported
     for q in questions:
         re.compile(q["regex"])
 
-    records = Path(QUESTIONS).parents[2] / "docs" / "benchmarks" / "support.jsonl"
+    records = Path(QUESTIONS).parents[2] / "docs" / "benchmarks" / "data" / "support.jsonl"
     rows = _fresh([json.loads(line) for line in records.read_text().splitlines()], "qwen2.5-coder-1.5b", "glued")
     assert sorted(r["question"] for r in rows) == sorted(q["q"] for q in questions)  # every question, once
     assert sum(r["kind"] == "supported" for r in by_answer(rows)) >= 15
@@ -105,7 +105,7 @@ def test_the_engine_ships_the_thresholds_the_eval_fitted():
     tables are regenerated from ``support.jsonl``; a refit that is not copied into the engine fails here)."""
     from pathlib import Path
 
-    from benchmarks.support_eval import QUESTIONS
+    from benchmarks.quality.support_eval import QUESTIONS
     from engine.answer.support import _FITTED
 
     shipped = (Path(QUESTIONS).parents[2] / "docs" / "benchmarks" / "support.md").read_text()
@@ -118,7 +118,7 @@ def test_the_engine_ships_the_thresholds_the_eval_fitted():
 def test_the_shipped_thresholds_flag_every_answer_the_fit_flags():
     """A fitted threshold sits just over the highest answer it flags; rounded for the engine it must stay over it
     (rounded to the nearest, -0.18059858 became -0.181 and the answer at -0.1806 went unflagged)."""
-    from benchmarks.support_eval import fitted_thresholds
+    from benchmarks.quality.support_eval import fitted_thresholds
     from engine.answer.support import decide
 
     def row(kind: str, logprob: float) -> dict:

@@ -1,4 +1,4 @@
-"""The support flag held out by manual (benchmarks.support_held_out): fits that never see the manual they judge, and
+"""The support flag held out by manual (benchmarks.quality.support_held_out): fits that never see the manual they judge, and
 the report from cached answers (no model)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks import support_held_out as held_out
+from benchmarks.quality import support_held_out as held_out
 
 MANUALS = ("m1", "m2", "m3", "m4")
 
@@ -133,7 +133,7 @@ def test_the_held_out_set_has_new_manuals_and_enough_look_alikes():
     string that answers it wrongly, and questions the pages answer."""
     import re
 
-    from benchmarks.support_eval import load_questions as fitted
+    from benchmarks.quality.support_eval import load_questions as fitted
 
     documents = held_out.load_questions()
     assert not {d["key"] for d in documents} & {d["key"] for d in fitted()}

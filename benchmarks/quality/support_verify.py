@@ -1,8 +1,8 @@
 """The verification turn as a support signal: P(yes) that the document states the answer, on the cached document.
 
-    python -m benchmarks.support_verify [--models qwen2.5-coder-1.5b,smollm2] [--out docs/benchmarks]
+    python -m benchmarks.quality.support_verify [--models qwen2.5-coder-1.5b,smollm2] [--out docs/benchmarks]
 
-Reuses the answers ``benchmarks.support_eval`` recorded (``support.jsonl``, fresh chats, glued layout): no answer is
+Reuses the answers ``benchmarks.quality.support_eval`` recorded (``support.jsonl``, fresh chats, glued layout): no answer is
 generated again. Each document is read once (restored from a snapshot under ``--kv`` when one was saved); then for
 every question two checks, each a short prefill on the document's K/V and one next-token distribution
 (``DocumentSession.check_support``):
@@ -12,7 +12,7 @@ every question two checks, each a short prefill on the document's K/V and one ne
 - ``answer``: the check after the recorded answer (the question and that answer as the conversation so far, re-read
   here; in the app they would already be cached).
 
-One line per question to ``support-verify.jsonl`` (resumable); ``python -m benchmarks.support_eval --tables-only``
+One line per question to ``support-verify.jsonl`` (resumable); ``python -m benchmarks.quality.support_eval --tables-only``
 fits and reports them beside the other signals.
 """
 from __future__ import annotations
@@ -27,14 +27,15 @@ from engine import DocumentSession, OffloadPolicy, SnapshotStore
 from engine.models.weights_mode import weights_mode
 
 from .model_eval import load, read_or_restore
-from .records import append_jsonl
+from ..harness.layout import data_file
+from ..records import append_jsonl
 from .support_eval import load_questions
 
 logger = logging.getLogger(__name__)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.support_verify")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.support_verify")
     p.add_argument("--models", default="qwen2.5-coder-1.5b,smollm2")
     p.add_argument("--weights", default="auto", choices=["dense", "auto", "gguf", "int8"])
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "headinfer-studio" / "eval-docs"))
@@ -46,9 +47,9 @@ def main(argv=None) -> int:
 
     out = Path(args.out)
     answers = {(r["model"], r["document"], r["question"]): r
-               for r in map(json.loads, (out / "support.jsonl").read_text().splitlines())
+               for r in map(json.loads, (data_file(out, "support.jsonl")).read_text().splitlines())
                if r["layout"] == "glued" and r["chat"] == "fresh"}
-    jsonl = out / "support-verify.jsonl"
+    jsonl = data_file(out, "support-verify.jsonl")
     done = {(r["model"], r["document"], r["question"])
             for r in map(json.loads, jsonl.read_text().splitlines())} if jsonl.is_file() else set()
     store = SnapshotStore(args.kv)

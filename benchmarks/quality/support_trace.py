@@ -1,8 +1,8 @@
 """Per-token traces of the recorded answers, so new support signals are fitted without generating answers again.
 
-    python -m benchmarks.support_trace [--models qwen2.5-coder-1.5b,smollm2] [--out docs/benchmarks]
+    python -m benchmarks.quality.support_trace [--models qwen2.5-coder-1.5b,smollm2] [--out docs/benchmarks]
 
-``benchmarks.support_eval`` records each answer's text, its token log-probs and its sources (``support.jsonl``);
+``benchmarks.quality.support_eval`` records each answer's text, its token log-probs and its sources (``support.jsonl``);
 generating an answer costs 45-250 s on the 1.5B here. This replays every recorded fresh-chat answer of the glued
 layout instead: the document is restored from its snapshot (``--kv``, read and saved once when missing), and the
 question and the recorded answer are read in as one teacher-forced prefill on the document's K/V (a few seconds),
@@ -17,7 +17,7 @@ with the retrieval heads' queries recorded as the sources pass records them. Per
   the prompt before the pages, each page, the question (and chat markup) and the answer so far.
 
 One line per answer and mode to ``support-traces.jsonl`` (resumable; ``--tokens-only`` and ``--alone-only`` record
-less, for much less time; ``benchmarks.support_eval`` merges an answer's lines) and reads it for the claim-token
+less, for much less time; ``benchmarks.quality.support_eval`` merges an answer's lines) and reads it for the claim-token
 signals.
 """
 from __future__ import annotations
@@ -35,7 +35,8 @@ from engine.answer.sources import _keys_by_device
 from engine.answer.support import _SINK
 
 from .model_eval import load, read_or_restore
-from .records import append_jsonl
+from ..harness.layout import data_file
+from ..records import append_jsonl
 from .support_eval import load_questions
 
 logger = logging.getLogger(__name__)
@@ -141,7 +142,7 @@ def _tokenizer(key: str):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.support_trace")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.support_trace")
     p.add_argument("--models", default="qwen2.5-coder-1.5b,smollm2")
     p.add_argument("--weights", default="auto", choices=["dense", "auto", "gguf", "int8"])
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "headinfer-studio" / "eval-docs"))
@@ -155,9 +156,9 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     out = Path(args.out)
-    answers = [r for r in map(json.loads, (out / "support.jsonl").read_text().splitlines())
+    answers = [r for r in map(json.loads, (data_file(out, "support.jsonl")).read_text().splitlines())
                if r["layout"] == "glued" and r["chat"] == "fresh"]
-    jsonl = out / "support-traces.jsonl"
+    jsonl = data_file(out, "support-traces.jsonl")
     # A line per answer and mode; an answer is done for a mode once a line holds what that mode records.
     field = "tokens" if args.tokens_only else "logprob_alone" if args.alone_only else "mass"
     done = {(r["model"], r["document"], r["question"]) for r in map(json.loads, jsonl.read_text().splitlines())

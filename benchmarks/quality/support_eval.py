@@ -1,10 +1,10 @@
 """Does the document support the answer? The support flag's rates, and a fresh chat against a later one.
 
-    python -m benchmarks.support_eval [--models smollm2,qwen2.5-coder-1.5b] [--layouts turn,glued]
+    python -m benchmarks.quality.support_eval [--models smollm2,qwen2.5-coder-1.5b] [--layouts turn,glued]
                                       [--chats fresh,turns] [--weights auto] [--out docs/benchmarks]
 
 The questions live in ``benchmarks/data/support_eval.json``: over real Debian manuals (fetched and read as
-``benchmarks.model_eval`` does), questions the pages answer and questions that look alike but the pages do not.
+``benchmarks.quality.model_eval`` does), questions the pages answer and questions that look alike but the pages do not.
 Each document is read once per prompt layout; each question is asked in a fresh chat and after one earlier turn
 (the document's ``warmup`` question with the pages' own answer, given, not generated). Layouts: ``turn`` (each
 question a user message of its own, the engine's layout) and ``glued`` (the first question inside the document's
@@ -37,11 +37,12 @@ from engine.models.weights_mode import weights_mode
 from engine.types import page_markers
 
 from .model_eval import document_text, load, score
-from .records import append_jsonl, run_stamp
+from ..harness.layout import data_file
+from ..records import append_jsonl, run_stamp
 
 logger = logging.getLogger(__name__)
 
-QUESTIONS = Path(__file__).parent / "data" / "support_eval.json"
+QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "support_eval.json"
 MAX_NEW_TOKENS = 48
 READING = "## Reading"  # the hand-written part of support.md starts at this heading, kept when the tables are rewritten
 MAX_SUPPORTED_FLAGGED = 0.10  # the target: at most this share of supported answers flagged
@@ -156,7 +157,7 @@ CANDIDATES = {
     "share + grounded": ("min_document_share", "min_grounded_share"),
     "log-prob + grounded": ("min_mean_logprob", "min_grounded_share"),
     "share + log-prob + grounded": ("min_document_share", "min_mean_logprob", "min_grounded_share"),
-    # The verification turn (``benchmarks.support_verify``): P(yes) that the document states the answer to the
+    # The verification turn (``benchmarks.quality.support_verify``): P(yes) that the document states the answer to the
     # question, asked before the answer on the question alone (the engine's ``min_verify_yes``) or after the answer
     # (the question and the answer as the conversation so far; not what the engine runs).
     "verify": ("min_verify_yes",),
@@ -167,7 +168,7 @@ CANDIDATES = {
     "log-prob + grounded + verify": ("min_mean_logprob", "min_grounded_share", "min_verify_yes"),
     # The answer's claim tokens (its own words, not the question's restated): their mean log-prob (from the
     # recorded log-probs; the engine's ``min_claim_logprob``, so these rules can ship), how much more likely the
-    # document made them (``contrast``: log p with the document minus log p without it, ``benchmarks.support_trace``:
+    # document made them (``contrast``: log p with the document minus log p without it, ``benchmarks.quality.support_trace``:
     # one extra forward per answer), and their attention share.
     "claim log-prob": ("min_claim_logprob",),
     "share + claim log-prob": ("min_document_share", "min_claim_logprob"),
@@ -197,7 +198,7 @@ SHIPPABLE = [rule for rule, names in CANDIDATES.items()
 
 def _claim_signals(record: dict) -> dict[str, float | None]:
     """The claim-token signals of one answer: from its recorded log-probs and tokens, and, where a trace
-    (``benchmarks.support_trace``, joined as ``trace``) was recorded, the document contrast and attention."""
+    (``benchmarks.quality.support_trace``, joined as ``trace``) was recorded, the document contrast and attention."""
     trace = record.get("trace") or {}
     tokens = record.get("tokens") or trace.get("tokens")
     logprobs = record.get("token_logprobs") or []
@@ -365,7 +366,7 @@ def _fresh(records: list[dict], model: str, layout: str) -> list[dict]:
 
 
 def _join_checks(records: list[dict], path: Path) -> None:
-    """Adds the verification turn's P(yes) and cost (``benchmarks.support_verify``) to the fresh glued answers."""
+    """Adds the verification turn's P(yes) and cost (``benchmarks.quality.support_verify``) to the fresh glued answers."""
     if not path.is_file():
         return
     checks = {(c["model"], c["document"], c["question"]): c for c in map(json.loads, path.read_text().splitlines())}
@@ -376,7 +377,7 @@ def _join_checks(records: list[dict], path: Path) -> None:
 
 
 def _join_traces(records: list[dict], path: Path) -> None:
-    """Adds each fresh glued answer's trace (``benchmarks.support_trace``) as ``trace``, for the claim signals."""
+    """Adds each fresh glued answer's trace (``benchmarks.quality.support_trace``) as ``trace``, for the claim signals."""
     if not path.is_file():
         return
     traces: dict[tuple, dict] = {}
@@ -458,7 +459,7 @@ def write_markdown(records: list[dict], texts: dict[str, str], stamp: dict, path
     lines = ["# The document may not say: the support flag, and a fresh chat against a later one (CPU)", "",
              f"Machine: {stamp['machine']}, load average at start {stamp['load_avg']} (2 cores shared with other "
              f"jobs); torch {stamp['torch']}, transformers {stamp['transformers']}; {stamp['date'][:10]}.", "",
-             "`python -m benchmarks.support_eval`: `benchmarks/data/support_eval.json`, two sections of Debian "
+             "`python -m benchmarks.quality.support_eval`: `benchmarks/data/support_eval.json`, two sections of Debian "
              "manuals (Bash Reference Manual PDF pp. 38-41, Debian FAQ PDF pp. 27-29), "
              f"{asked['supported']} questions the pages answer and {asked['unsupported']} that look alike but the "
              "pages do not (another program's option, "
@@ -476,7 +477,7 @@ def write_markdown(records: list[dict], texts: dict[str, str], stamp: dict, path
              "the answer's own words only (not the restated question, `engine.answer.support.claim_tokens`): "
              "`claim log-prob` (their mean log-prob), `contrast` (their log-prob with the document minus without it: "
              "one more forward per answer) and `claim tokens' share` (their attention on the pages); the last two "
-             "from the traces `python -m benchmarks.support_trace` records, judged on the answers traced "
+             "from the traces `python -m benchmarks.quality.support_trace` records, judged on the answers traced "
              "(the count is in the rate's column).", "",
              "| model | layout | rule | held out: unsupported flagged | held out: supported flagged | "
              "across documents: unsupported / supported flagged | fitted on all: thresholds |",
@@ -571,7 +572,7 @@ def write_markdown(records: list[dict], texts: dict[str, str], stamp: dict, path
                      f"{per_token * tokens + grounded_ms:.1f} |")
     checked = [r for r in records if "check_s_question" in r]
     if checked:
-        lines += ["", "The verification turn (`DocumentSession.check_support`, `benchmarks.support_verify`): a prefill "
+        lines += ["", "The verification turn (`DocumentSession.check_support`, `benchmarks.quality.support_verify`): a prefill "
                   "of the turn's few dozen tokens on the document's cached K/V (`verify`: the question alone, before the "
                   "answer, what `DocumentSession.ask` runs when the check is on; `after the answer`: the question and "
                   "the recorded answer re-read first, so it costs more here than it would in a chat) and one next-token distribution; no answer "
@@ -585,7 +586,7 @@ def write_markdown(records: list[dict], texts: dict[str, str], stamp: dict, path
                              + (f"{sum(after) / len(after):.1f} ({len(after)}) |" if after else "– |"))
     traced = [r for r in records if (r.get("trace") or {}).get("alone_s") is not None]
     if traced:
-        lines += ["", "The contrast's extra forward (`benchmarks.support_trace`): the question and the answer read again "
+        lines += ["", "The contrast's extra forward (`benchmarks.quality.support_trace`): the question and the answer read again "
                   "with the document left out (a short prompt, no cache), timed per answer; and the replay that records "
                   "the claim tokens' attention (the question and the answer read on the document's K/V, a cost the "
                   "engine would not pay: its sources pass already holds the queries).", "",
@@ -605,7 +606,7 @@ def write_markdown(records: list[dict], texts: dict[str, str], stamp: dict, path
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.support_eval")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.support_eval")
     p.add_argument("--models", default="smollm2,qwen2.5-coder-1.5b")
     p.add_argument("--layouts", default="turn,glued")
     p.add_argument("--chats", default="fresh,turns")
@@ -625,11 +626,11 @@ def main(argv=None) -> int:
         documents = [d for d in documents if d["key"] in args.documents.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    jsonl = out / "support.jsonl"
+    jsonl = data_file(out, "support.jsonl")
     records = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.is_file() else []
     done = {_key(r) for r in records}
-    _join_checks(records, out / "support-verify.jsonl")
-    _join_traces(records, out / "support-traces.jsonl")
+    _join_checks(records, data_file(out, "support-verify.jsonl"))
+    _join_traces(records, data_file(out, "support-traces.jsonl"))
     stamp = run_stamp("cpu")
 
     def emit(record: dict) -> None:

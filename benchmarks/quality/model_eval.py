@@ -1,6 +1,6 @@
 """Which small model answers: questions with checkable answers over real Debian manuals, on this CPU.
 
-    python -m benchmarks.model_eval [--models smollm2,gemma-3-270m,...] [--weights dense|auto] [--out docs/benchmarks]
+    python -m benchmarks.quality.model_eval [--models smollm2,gemma-3-270m,...] [--weights dense|auto] [--out docs/benchmarks]
 
 The questions live in ``benchmarks/data/model_eval.json`` (documents by Debian package and file, page ranges for
 PDFs, one regex per answer). Each document is fetched with ``apt-get download`` + ``dpkg-deb -x`` (cached), read
@@ -30,12 +30,12 @@ from engine.models.pypi import PYPI_MODELS, pypi_model_gguf
 from engine.models.weights_mode import weights_mode
 from engine.types import page_markers
 
-from .records import append_jsonl, run_stamp
-from .harness.layout import data_file
+from ..records import append_jsonl, run_stamp
+from ..harness.layout import data_file
 
 logger = logging.getLogger(__name__)
 
-QUESTIONS = Path(__file__).parent / "data" / "model_eval.json"
+QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "model_eval.json"
 MAX_NEW_TOKENS = 64
 READING = "## Reading"  # the hand-written part of model-eval.md starts at this heading
 #: model key -> (title, license); None loads the embedded SmolLM2
@@ -198,7 +198,7 @@ def write_markdown(records: list[dict], stamp: dict, path: Path) -> None:
     lines = ["# Which small model answers: an evaluation on real manuals (CPU)", "",
              f"Machine: {stamp['machine']}, load average at start {stamp['load_avg']} (2 cores shared with other "
              f"jobs); torch {stamp['torch']}, transformers {stamp['transformers']}; {stamp['date'][:10]}.", "",
-             "`python -m benchmarks.model_eval`: 35 questions with regex-checked answers over five sections of Debian "
+             "`python -m benchmarks.quality.model_eval`: 35 questions with regex-checked answers over five sections of Debian "
              "manuals (Bash Reference Manual PDF, Debian FAQ PDF, three chapters of the Debian Administrator's "
              "Handbook HTML; `benchmarks/data/model_eval.json`), 2.3K-4K tokens each. Each document is read once "
              "through the engine and its questions are asked on the kept document. Greedy, at most "
@@ -222,7 +222,7 @@ def write_markdown(records: list[dict], stamp: dict, path: Path) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.model_eval")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.model_eval")
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "headinfer-studio" / "eval-docs"))
     p.add_argument("--out", default="docs/benchmarks")

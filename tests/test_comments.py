@@ -36,14 +36,10 @@ NOT_YET = {
     "app/openai_api/gate.py": 1,
     "app/startup.py": 1,
     "engine/answer/support.py": 1,
-    "engine/cpu/fused_decode.py": 1,
-    "engine/cpu/gguf_blocks.py": 2,
     "engine/models/gguf.py": 2,
     "engine/models/gguf_device.py": 1,
     "engine/models/loader.py": 1,
     "engine/models/quantized.py": 1,
-    "engine/models/token_count.py": 1,
-    "engine/models/weights_cache.py": 1,
     "launch.py": 1,
 }
 

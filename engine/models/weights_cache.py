@@ -18,10 +18,11 @@ deleted and rebuilt. Multimodal Gemma 3 checkpoints are cached as the text model
 
 A GGUF file's blocks (``gguf_entry``) are keyed by the file itself, not by the fp32 folder converted from it, and
 the entry holds the folder's config and tokenizer files too: it is all a later load reads, so the fp32 folder (4
-bytes a weight, 7 GB for a 1.5B model) is not kept once the blocks are saved, and the entry is found before any
-conversion. Its key names the file (resolved path, size, modification time), transformers and torch's version (they
-produce the tensors kept dense; not torch's CPU or CUDA build) and ``GGUF_FORMAT``; not the kernels' source: the
-blocks are the file's bytes, whatever code multiplies them, so an edit of the C kernels does not save 1.6 GB again.
+bytes a weight: docs/benchmarks/gguf-weights.md) is not kept once the blocks are saved, and the entry is found
+before any conversion. Its key names the file (resolved path, size, modification time), transformers and torch's
+version (they produce the tensors kept dense; not torch's CPU or CUDA build) and ``GGUF_FORMAT``; not the kernels'
+source: the blocks are the file's bytes, whatever code multiplies them, so an edit of the C kernels does not save
+them again.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def test_reading_time_has_one_wing_below_the_models_and_the_session_holds_it():
 
     above = ("engine.session", "engine.serving", "engine.models", "engine.store", "engine.answer",
              "engine.selfcheck", "engine.types")
-    for path in (ROOT / "engine" / "reading").rglob("*.py"):
+    for path in (ROOT / "engine" / "read_time").rglob("*.py"):
         for module, _, _ in imports(path):
             assert not (module == "engine" or module.startswith(above)), f"{path.name} imports {module}"
     assert not [p.name for p in (ROOT / "engine").glob("*.py") if p.stem in ("read_rate", "read_cost", "prefill")]
@@ -209,12 +209,12 @@ def test_few_bare_value_errors_and_no_absolute_imports_inside_the_engine():
     assert absolute == []
 
 
-def test_at_most_three_functions_over_eighty_lines():
+def test_at_most_two_functions_over_eighty_lines():
     # Issue 33: a function a reader cannot hold on one screen is split where it has parts of its own (the page's
-    # layout and its wiring, a read's take / reopen / prefill / finish). Three long ones remain, each one list: the
-    # support study's report, launch.py's argument parser and its main.
+    # layout and its wiring, a read's take / reopen / prefill / finish). Two long ones remain, each one list: the
+    # support study's report and the launcher's argument parser (app/cli.py; launch.py's main went thin in issue 52).
     long = structure.long_functions(ROOT)
-    assert len(long) <= 3, long
+    assert len(long) <= 2, long
 
 
 def test_the_long_function_count_sees_methods_and_nested_functions(tmp_path):

@@ -37,11 +37,8 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str) -> int:
-    """``"20GiB"``, ``"16GB"``, ``"512 MiB"``, ``"1.5g"`` or plain bytes -> bytes.
-
-    GB/MB/KB are decimal (10^9...), GiB/MiB/KiB and the bare G/M/K binary (2^30...), as in
-    ``docker --memory 16g``.
-    """
+    """``"20GiB"``, ``"16GB"``, ``"512 MiB"``, ``"1.5g"`` or plain bytes -> bytes: GB/MB/KB are decimal (10^9...),
+    GiB/MiB/KiB and the bare G/M/K binary (2^30...), as in ``docker --memory 16g``."""
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:

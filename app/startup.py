@@ -1,8 +1,8 @@
 """The start of ``launch.py`` after its flags parse: the checks that need the machine and the model's config, the
 model's loading and first plan, the self-check, the page and serving it (and ``--backend``'s page, no model here).
 
-The engine (and torch) is imported inside the functions that need it, on purpose: a bad flag or model path fails in
-under 3 s, before torch loads. Every function-local import below is that one reason.
+The engine (and torch) is imported inside the functions that need it, on purpose: a bad flag or model path fails
+before torch loads (its time: docs/benchmarks/app-bounds.md). Every function-local import below is that one reason.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """The API key's check, outside everything else on the server: a request for ``/v1/…`` without the key is answered
 401 before a byte of its body is read.
 
-The page's guard (``app.guard``, wrapped around the whole stack by its lifespan) reads a JSON body whole, up to 64 MiB,
-to screen it for files named by URL; the routes checked the key only after it. So anyone who could reach the port
-made the app take 64 MiB per request without any key. ``api_lifespan`` wraps the stack once more, after the guard's
-lifespan has wrapped it, so this gate runs first; the routes still check the key themselves (the floor, should the
-lifespan not run) and count the body as it arrives (``app.openai_api.routes._body``).
+The page's guard (``app.guard``, wrapped around the whole stack by its lifespan) reads a JSON body whole, up to
+``app.request_body.BODY_LIMIT``, to screen it for files named by URL; the routes checked the key only after it. So
+anyone who could reach the port made the app hold that much per request without any key. ``api_lifespan`` wraps
+the stack once more, after the guard's lifespan has wrapped it, so this gate runs first; the routes still check the
+key themselves (the floor, should the lifespan not run) and count the body as it arrives
+(``app.openai_api.routes._body``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The studio served in-process on a free port with the embedded SmolLM2, for browser tests."""
 
 import pytest
+from chromium import CHROMIUM, CHROMIUM_ARGS
 from studio import served, slow_session
-from test_browser import CHROMIUM, CHROMIUM_ARGS
 
 
 @pytest.fixture(scope="session")

@@ -13,12 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 from backend_server import transformers_serve
+from lighthouse import PAGES, QUESTION
+from make_files import make_pdf
 from studio import free_port, tab
-from test_browser import PAGES, QUESTION
 
 from engine.models.loader import embedded_model_dir
-
-from make_files import make_pdf
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

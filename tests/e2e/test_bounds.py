@@ -11,11 +11,10 @@ import logging
 import time
 
 import pytest
-
+from lighthouse import PAGES
 from machine_load import load, stretched
 from make_files import make_pdf
 from studio import served
-from test_browser import PAGES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -10,49 +10,16 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from make_files import make_pdf  # noqa: E402
+from chromium import chromium_page
+from lighthouse import PAGES, QUESTION
+from make_files import make_pdf
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 log = logging.getLogger(__name__)
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
-PAGES = [
-    "The lighthouse of Kerrow Point stands on a rocky cape at the edge of the northern sea. Its keeper, Mara Quill, "
-    "has tended the lamp for twenty years. Every evening she climbs the one hundred and twelve steps, trims the "
-    "wick, polishes the great lens and writes the weather in her logbook.",
-    "Storms come in autumn. The fishing boats of the harbour avoid the northern reef thanks to the light, which "
-    "turns once every ten seconds and can be seen for eighteen nautical miles. In winter the supply boat comes "
-    "only twice a month, so Mara keeps a store of oil, flour and candles in the cellar.",
-    "The secret launch code of the lighthouse is AMBER-7. Only Mara knows it.",
-]
-QUESTION = "What is the secret launch code of the lighthouse?"
-TIMEOUT_MS = 120_000
-
-
-@contextmanager
-def chromium_page(url: str, *, height: int = 800, timeout_ms: int = TIMEOUT_MS):
-    """A page of Debian's Chromium (no browser download) at ``url``, 1280 x ``height``; skips without Chromium."""
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        page = browser.new_context(viewport={"width": 1280, "height": height}).new_page()
-        page.set_default_timeout(timeout_ms)
-        page.goto(url)
-        yield page
-        browser.close()
 
 
 @pytest.fixture

@@ -8,10 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-
+from lighthouse import PAGES
 from make_files import make_pdf
 from studio import served, slow_session, tab
-from test_browser import PAGES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -11,10 +11,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-
+from chromium import CHROMIUM, CHROMIUM_ARGS
 from make_files import make_pdf
 from studio import read_and_ask
-from test_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

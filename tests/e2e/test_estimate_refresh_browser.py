@@ -6,10 +6,9 @@ from __future__ import annotations
 import threading
 
 import pytest
-
+from chromium import CHROMIUM, CHROMIUM_ARGS
 from make_files import make_pdf
 from studio import served
-from test_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import huggingface_hub.constants
 import pytest
-
-from app.first_pick import FirstPick
+from chromium import chromium_page
+from first_pick_hub import FILES, on_the_4090, pick_id
 from hub_server import HubServer
 from studio import served
-from test_browser import chromium_page
-from first_pick_hub import FILES, on_the_4090, pick_id
+
+from app.first_pick import FirstPick
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+from picker_page import PICKER_TIMEOUT_MS, ROWS_JS, wait_text
 from studio import tab
-from test_picker_browser import ROWS_JS, TIMEOUT_MS, _wait_text
 
 from app.browser_id import COOKIE as BROWSER_COOKIE
 from app.owner import COOKIE as OWNER_COOKIE
@@ -90,36 +90,36 @@ def _owner_cookies(page) -> list[dict]:
 def test_a_visitor_is_refused_the_picker_and_the_owner_link_opens_it(studio, browser):
     assert studio["owner_link"] not in _page_html(studio["url"])  # the key is on the console only
 
-    visitor = tab(browser, studio["url"], TIMEOUT_MS)
+    visitor = tab(browser, studio["url"], PICKER_TIMEOUT_MS)
     visitor.click("#picker .label-wrap")
-    _wait_text(visitor, "#picker-owner-note", "owner link printed in the console")
-    _wait_text(visitor, "#picker-table", "Qwen/Qwen2.5-7B-Instruct-1M")  # the catalogue stays listed
+    wait_text(visitor, "#picker-owner-note", "owner link printed in the console")
+    wait_text(visitor, "#picker-table", "Qwen/Qwen2.5-7B-Instruct-1M")  # the catalogue stays listed
     _scan(visitor, studio["models"])
-    _wait_text(visitor, "#picker-machine", "Not scanned", "owner link printed in the console")
+    wait_text(visitor, "#picker-machine", "Not scanned", "owner link printed in the console")
     assert "tiny-random-llama" not in visitor.inner_text("#picker-table")
     where = _where(visitor)
     assert where and not any(str(studio["models"].parent) in w or w.startswith(("folder", "Ollama", "LM Studio",
                                                                                 "Hugging Face cache")) for w in where)
     visitor.click("#picker-serve")
-    _wait_text(visitor, "#picker-status", "owner link printed in the console")
+    wait_text(visitor, "#picker-status", "owner link printed in the console")
     visitor.click("#picker-download")  # the same refusal: the page shows no change, the console says it
     _until_logged(studio["log"], "a visitor's download was refused")
     assert _owner_cookies(visitor) == []
 
-    stranger = tab(browser, studio["url"] + "?owner=not-the-key", TIMEOUT_MS)
+    stranger = tab(browser, studio["url"] + "?owner=not-the-key", PICKER_TIMEOUT_MS)
     stranger.wait_for_selector("#picker")
     assert _owner_cookies(stranger) == []  # a wrong key is any visitor
 
-    owner = tab(browser, studio["owner_link"], TIMEOUT_MS)
+    owner = tab(browser, studio["owner_link"], PICKER_TIMEOUT_MS)
     owner.wait_for_selector("#picker")
     assert "owner=" not in owner.url  # redirected: the key leaves the address bar and the history
     [cookie] = _owner_cookies(owner)
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and studio["owner_link"].split("=")[-1] not in \
         cookie["value"]
     owner.click("#picker .label-wrap")
-    _wait_text(owner, "#picker-table", "Qwen/Qwen2.5-7B-Instruct-1M")
+    wait_text(owner, "#picker-table", "Qwen/Qwen2.5-7B-Instruct-1M")
     _scan(owner, studio["models"])
-    _wait_text(owner, "#picker-table", "tiny-random-llama")
+    wait_text(owner, "#picker-table", "tiny-random-llama")
     assert f"folder: {studio['models'] / 'tiny-random-llama'}" in _where(owner)
     assert any(w.startswith("folder: ") and w.endswith("smollm2-server.gguf") for w in _where(owner))
     assert "Not scanned" not in owner.inner_text("#picker-machine")
@@ -129,7 +129,7 @@ def test_a_visitor_is_refused_the_picker_and_the_owner_link_opens_it(studio, bro
 
 
 def _until_logged(log: Path, text: str) -> None:
-    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    deadline = time.monotonic() + PICKER_TIMEOUT_MS / 1000
     while text not in log.read_text():
         assert time.monotonic() < deadline, f"not logged: {text}"
         time.sleep(0.5)

@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
-
+from chromium import CHROMIUM, CHROMIUM_ARGS
 from make_files import make_pdf
 from studio import read_and_ask, served
-from test_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -5,12 +5,10 @@ the range's pages and characters, not the whole book's."""
 
 from __future__ import annotations
 
-
 import pytest
-
+from chromium import chromium_page
 from make_files import make_labelled_pdf
 from studio import served, tab
-from test_browser import chromium_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -22,35 +22,18 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
+from chromium import chromium_page
 from hub_server import HubServer
+from lighthouse import PAGES
 from make_files import make_pdf
 from model_stores import OllamaStore
-from test_browser import PAGES, chromium_page
+from picker_page import PICKER_TIMEOUT_MS, ROWS_JS, wait_text
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-# A busy 2-core machine: measuring a model's FLOP rate alone (the picker's first open) can take 30 s there.
-TIMEOUT_MS = int(os.environ.get("PICKER_TIMEOUT_MS", 240_000))
 HUB_REPO = "Qwen/Qwen3-4B"  # a catalogue model, not gated; the stand-in Hub serves a tiny one under its name
 SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
-# Every row of the (virtualised) table: scrolls it through, collecting cells by the row
-# they are shown in (a sorted view keeps each cell's data-row) and their column.
-ROWS_JS = """async () => {
-  const view = document.querySelector('#picker-table .virtual-table-viewport');
-  const rows = {};
-  for (let top = 0; ; top += 150) {
-    view.scrollTop = top;
-    await new Promise(resolve => setTimeout(resolve, 60));
-    for (const cell of document.querySelectorAll('#picker-table [role=gridcell]')) {
-      (rows[cell.closest('[role=row]').dataset.index] ??= [])[Number(cell.dataset.col)] = cell.innerText.trim();
-    }
-    if (top > view.scrollHeight) break;
-  }
-  view.scrollTop = 0;
-  return Object.keys(rows).sort((a, b) => a - b).map(key => rows[key]);
-}"""
 FIRST_READS_JS = """(reads) => document.querySelector('#picker-table [role=row][data-index="0"] [data-col="1"]')
   ?.innerText.trim() === reads"""
 
@@ -130,7 +113,7 @@ def _wait_until_up(url: str, process: subprocess.Popen, log: Path) -> None:
 
 @pytest.fixture
 def page(studio):
-    with chromium_page(studio["url"], height=900, timeout_ms=TIMEOUT_MS) as page:
+    with chromium_page(studio["url"], height=900, timeout_ms=PICKER_TIMEOUT_MS) as page:
         yield page
 
 
@@ -154,22 +137,10 @@ def _choose(page, label: str) -> None:
 
 
 def _until(predicate) -> None:
-    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    deadline = time.monotonic() + PICKER_TIMEOUT_MS / 1000
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.5)
-
-
-def _wait_text(page, selector: str, *texts: str) -> None:
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    checks = " && ".join(f"t.includes({text!r})" for text in texts)
-    try:
-        page.wait_for_function(f"() => {{ const t = document.querySelector({selector!r})?.innerText || ''; "
-                               f"return {checks}; }}")
-    except PlaywrightTimeout:
-        shown = page.evaluate(f"() => document.querySelector({selector!r})?.innerText")
-        pytest.fail(f"{selector} never said {texts}; it says {shown!r}")
 
 
 def _read_a_document(page, tmp_path: Path) -> None:
@@ -182,18 +153,18 @@ def _read_a_document(page, tmp_path: Path) -> None:
 
 def _open_panel(page) -> None:
     page.click("#picker .label-wrap")
-    _wait_text(page, "#picker-table", "Qwen/Qwen2.5-7B-Instruct-1M")
+    wait_text(page, "#picker-table", "Qwen/Qwen2.5-7B-Instruct-1M")
 
 
 def _scan_folder(page, studio) -> None:
     """The folder the user adds, holding the tiny Llama, scanned; the table lists it once found."""
     page.fill("#picker-folder textarea, #picker-folder input", str(studio["tiny"].parent))
     page.click("#picker-scan")
-    _wait_text(page, "#picker-table", "tiny-random-llama")
+    wait_text(page, "#picker-table", "tiny-random-llama")
 
 
 def test_the_panel_lists_the_catalogue_and_the_models_on_disk(page):
-    _wait_text(page, "#header", "SmolLM2-135M-Instruct")
+    wait_text(page, "#header", "SmolLM2-135M-Instruct")
     _open_panel(page)
     assert "Reads here" in page.inner_text("#picker-machine")
     rows = _rows(page)
@@ -241,36 +212,36 @@ def test_a_hub_download_shows_progress_cancels_and_completes_into_the_standard_c
     hub.rate = 1 << 20  # the first 10 MiB take 10 s: time to cancel
     _choose(page, HUB_REPO)
     page.click("#picker-download")
-    _wait_text(page, "#picker-status", f"Downloading {HUB_REPO}", "%")
+    wait_text(page, "#picker-status", f"Downloading {HUB_REPO}", "%")
     _until(lambda: hub.gets("model.safetensors"))  # cancel within the weights' file
     page.click("#picker-cancel")
-    _wait_text(page, "#picker-status", "download cancelled during model.safetensors")
+    wait_text(page, "#picker-status", "download cancelled during model.safetensors")
     hub.rate = 16 << 20
     page.click("#picker-download")
-    _wait_text(page, "#picker-status", f"Downloaded {HUB_REPO}")
+    wait_text(page, "#picker-status", f"Downloaded {HUB_REPO}")
     snapshot = studio["home"] / ".cache" / "huggingface" / "hub" / "models--Qwen--Qwen3-4B" / "snapshots"
     assert len(list(snapshot.glob("*/model.safetensors"))) == 1
     assert hub.gets("model.safetensors") == [None, None]  # cancelled, then fetched whole
-    _wait_text(page, "#picker-table", "Hugging Face cache: ")  # the table lists it as on disk now
+    wait_text(page, "#picker-table", "Hugging Face cache: ")  # the table lists it as on disk now
 
 
 def test_serving_another_model_closes_the_tabs_documents_and_the_page_follows(page, studio, tmp_path):
     """The tiny Llama served: the header follows, the read document is closed with a note and reads again; then
     back to the embedded SmolLM2 from the catalogue."""
-    _wait_text(page, "#header", "SmolLM2-135M-Instruct")
+    wait_text(page, "#header", "SmolLM2-135M-Instruct")
     _read_a_document(page, tmp_path)
     _open_panel(page)
     _scan_folder(page, studio)
     _choose(page, "tiny-random-llama")
     page.click("#picker-serve")
-    _wait_text(page, "#picker-status", "Now serving tiny-random-llama", "1 open document set(s) closed")
-    _wait_text(page, "#header", "tiny-random-llama")
+    wait_text(page, "#picker-status", "Now serving tiny-random-llama", "1 open document set(s) closed")
+    wait_text(page, "#header", "tiny-random-llama")
     assert "SmolLM2" not in page.inner_text("#header")
-    _wait_text(page, "#status", "switched from", "open documents were closed")
+    wait_text(page, "#status", "switched from", "open documents were closed")
     assert page.get_attribute("#prefill-progress .progress", "data-state") == "idle"
     other = page.context.new_page()  # a tab opened now shows the model served now, not the one the page was built with
     other.goto(studio["url"])
-    _wait_text(other, "#header", "tiny-random-llama")
+    wait_text(other, "#header", "tiny-random-llama")
     other.close()
     page.click("#read")
     page.wait_for_selector("#prefill-progress .progress[data-state=done]")
@@ -278,6 +249,6 @@ def test_serving_another_model_closes_the_tabs_documents_and_the_page_follows(pa
 
     _choose(page, SMOLLM2)
     page.click("#picker-serve")
-    _wait_text(page, "#picker-status", "Now serving HuggingFaceTB/SmolLM2-135M-Instruct")
-    _wait_text(page, "#header", "SmolLM2-135M-Instruct")
+    wait_text(page, "#picker-status", "Now serving HuggingFaceTB/SmolLM2-135M-Instruct")
+    wait_text(page, "#header", "SmolLM2-135M-Instruct")
     assert "tiny-random-llama" not in page.inner_text("#header")

@@ -4,12 +4,10 @@ own id (``app.browser_id``). Another visitor (another browser: no id of the firs
 
 from __future__ import annotations
 
-
 import pytest
-
+from lighthouse import PAGES
 from make_files import make_pdf
 from studio import read_and_ask, served, tab
-from test_browser import PAGES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

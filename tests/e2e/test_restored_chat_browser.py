@@ -5,12 +5,10 @@ takes the page chips and the viewer with the documents."""
 
 from __future__ import annotations
 
-
 import pytest
-
+from lighthouse import PAGES
 from make_files import make_pdf
 from studio import free_port, read_and_ask, served, tab
-from test_browser import PAGES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

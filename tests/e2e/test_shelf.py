@@ -3,12 +3,10 @@ with no upload, and a page reload keeps the tab's document and its conversation.
 
 from __future__ import annotations
 
-
 import pytest
-
+from lighthouse import PAGES
 from make_files import make_pdf
 from studio import read_and_ask, served, tab
-from test_browser import PAGES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

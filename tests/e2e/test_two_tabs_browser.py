@@ -14,10 +14,9 @@ import re
 import time
 
 import pytest
-
+from lighthouse import PAGES
 from make_files import make_pdf
 from studio import served, slow_session, tab
-from test_browser import PAGES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

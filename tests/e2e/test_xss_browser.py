@@ -7,14 +7,12 @@ document's own ``=== … ===`` line, unescaped, and the script ran twice. Here n
 from __future__ import annotations
 
 import contextlib
-
 from pathlib import Path
 
 import pytest
+from chromium import chromium_page
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
 from studio import served
-from test_browser import chromium_page
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

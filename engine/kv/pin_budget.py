@@ -4,7 +4,7 @@ Under Windows' display driver model (WDDM) and in WSL2 page-locked memory is cap
 (docs/benchmarks/pin-budget.md), and under WDDM one refused ``cudaMallocHost`` makes every later one in the process
 fail. So the engine never pins past a budget: homes are pinned while they fit it
 (``pinned.HostMemory``), the rest stay in ordinary memory and are fetched through a small pinned staging ring
-(``staging_ring.py``), and the ring's slots are pinned first, before any home could meet the wall.
+(``staging_ring.py``), and the ring's buffers are pinned first, before any home could meet the wall.
 
 The budget's limit is ``HEADINFER_PIN_LIMIT`` (``64MiB``, ``4GiB``, bytes), else what ``probe_pinnable`` found
 (the CUDA runtime, in steps, stopping at the first refusal and clearing it), else none (Linux: the plan's host

@@ -60,7 +60,7 @@ class Transfer:
         self._staging = [Staging(self._alloc.staging(stage_tokens), new_event(), new_event(),
                                   codes=self._alloc.staging_codes(stage_tokens)) for _ in range(2)]
         self._staged_codes: dict[int, tuple] = {}
-        # Pageable homes (past a pin limit) are fetched through pinned slots on a worker (``staging_ring.py``),
+        # Pageable homes (past a pin limit) are fetched through pinned ring buffers on a worker (``staging_ring.py``),
         # made now: pinned before any home is. None without a limit.
         row_bytes = self._batch * 2 * self._group_size * self._head_dim * quant.element_size(dtype)
         self.ring = StagingRing.for_streams(self.streams, row_bytes, buffer_tokens, self.ledger)

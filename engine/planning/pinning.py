@@ -1,7 +1,7 @@
 """What a plan pins and what the rest costs: the pin budget (``engine.kv.pin_budget``) applied to a plan.
 
 Of the offloaded KV homes in RAM, those within the pin limit are page-locked; the rest stay in ordinary memory and
-every fetch of them goes through the staging ring (``engine.kv.staging_ring``): a memcpy into a pinned slot that
+every fetch of them goes through the staging ring (``engine.kv.staging_ring``): a memcpy into a pinned ring buffer that
 the h2d copy of the piece before overlaps. A decode step then costs what the slower of the two takes for those
 bytes: ``staging_seconds`` is the predicted extra time per token over copying them from pinned memory.
 """
@@ -17,7 +17,7 @@ import torch
 
 from ..kv.ledger import HOMES
 from ..kv.pin_budget import RESERVE_FRACTION, limit_from_env, settle_limit
-from ..kv.staging_ring import MAX_SLOT_BYTES, NUM_SLOTS, RING_SHARE
+from ..kv.staging_ring import MAX_BUFFER_BYTES, NUM_BUFFERS, RING_SHARE
 from .plan import Plan
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def with_pinning(plan: Plan, machine=None, *, memcpy_gbps: float | None = None) 
     in_ram = plan.allocations.get(HOMES, 0) * ram_slots // max(1, plan.total_slots - plan.disk_slots)
     if limit is None:
         return dataclasses.replace(plan, pinned_bytes=in_ram)
-    ring = min(NUM_SLOTS * MAX_SLOT_BYTES, int(limit * RING_SHARE))
+    ring = min(NUM_BUFFERS * MAX_BUFFER_BYTES, int(limit * RING_SHARE))
     pinned = min(in_ram, max(0, int((limit - ring) * (1 - RESERVE_FRACTION))))
     staged = in_ram - pinned
     seconds = None

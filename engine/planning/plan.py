@@ -54,7 +54,7 @@ class Plan:
     # categories (``engine.planning.allocations``, ``engine.kv.ledger``): bytes, every device together.
     allocations: dict = field(default_factory=dict)
     # Pinned memory as a budget (``engine.planning.pinning``): what this machine lets the engine page-lock (None: no
-    # limit found), what the plan pins (the RAM homes within it and the staging ring's slots), the RAM homes past it
+    # limit found), what the plan pins (the RAM homes within it and the staging ring's buffers), the RAM homes past it
     # (pageable, fetched through the staging ring) and the extra seconds per decode token predicted for them.
     pin_limit: int | None = None
     pinned_bytes: int = 0

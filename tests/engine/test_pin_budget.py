@@ -79,7 +79,7 @@ def test_the_ring_is_made_only_where_a_limit_is_set_and_its_slots_fit_it():
     try:
         assert StagingRing.for_streams(unlimited, row_bytes=512, rows=4096) is None
         ring = StagingRing.for_streams(limited, row_bytes=512, rows=4096)
-        assert ring.slot_bytes == (1 << 20) // 4 // 4  # a quarter of the room, over four slots
+        assert ring.buffer_bytes == (1 << 20) // 4 // 4  # a quarter of the room, over four buffers
         assert limited.pin_budget.held == ring.pinned_bytes == 1 << 18
         home = torch.zeros(64, 512, dtype=torch.uint8)
         assert ring.stages(home)

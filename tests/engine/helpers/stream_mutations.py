@@ -272,9 +272,9 @@ def dropped_disk_prefetch_alone() -> str:
 
 def staging_ring_alone() -> str:
     """The staging ring as ``Transfer`` drives it: chunks appended into a pageable home on d2h, then two fetches of
-    all its rows through two slots of two rows (each slot reused many times a fetch, the second fetch's while the
+    all its rows through two ring buffers of two rows (each reused many times a fetch, the second fetch's while the
     first's copies may still run): the first joined before the compute stream waits on its ``ready`` and reads it,
-    the second read on this thread after a fence (drain, h2d synchronized); then the ring closed (its slots freed).
+    the second read on this thread after a fence (drain, h2d synchronized); then the ring closed (its buffers freed).
     '' when both targets hold the rows and no race was seen."""
     import torch
 
@@ -283,7 +283,7 @@ def staging_ring_alone() -> str:
 
     backend = EmulatedStreams(seed=0, pin_limit=4096)
     h2d, d2h = backend.new_stream("h2d"), backend.new_stream("d2h")
-    ring = StagingRing(backend, backend.pin_budget, slot_bytes=2 * 8 * 4, num_slots=2)
+    ring = StagingRing(backend, backend.pin_budget, buffer_bytes=2 * 8 * 4, num_buffers=2)
     generator = torch.Generator().manual_seed(0)
     chunks = [torch.randn(8, 8, generator=generator) for _ in range(3)]  # [tokens, D] on the "device"
     home = torch.zeros(24, 8)  # pageable rows

@@ -79,7 +79,7 @@ CASES = [
     Case("stream-runs", context=256, per_buffer=1),
     Case("fp8-runs", kv_dtype="fp8", context=256, per_buffer=1),
     # Pinned memory as a budget: a pin limit of 1/20 of the KV (no home pinned, every fetch through the staging
-    # ring's few slots, reused many times a fetch); and of half (some homes pinned, the rest staged), with runs
+    # ring's few buffers, reused many times a fetch); and of half (some homes pinned, the rest staged), with runs
     # of stacked groups and host attention reading pageable homes.
     Case("pin-limit", pin_share=0.05),
     Case("pin-half-runs", pin_share=0.5, host="split", context=256, per_buffer=1),

@@ -44,7 +44,7 @@ def test_past_a_4_gib_limit_the_rest_is_staged_and_the_plan_says_so(monkeypatch)
     unlimited = _plan_128k(monkeypatch, None)
     plan = _plan_128k(monkeypatch, "4GiB")
     assert plan.pin_limit == 4 * GIB and plan.pinned_bytes <= 4 * GIB
-    # Every RAM home is either pinned or staged (the ring's slots are the part of the pinned bytes beyond homes).
+    # Every RAM home is either pinned or staged (the ring's buffers are the part of the pinned bytes beyond homes).
     ring = min(4 * 64 << 20, GIB)
     assert plan.pinned_bytes - ring + plan.staged_bytes == unlimited.pinned_bytes
     assert "GiB of KV in ordinary memory, through the staging ring" in plan.pinning_line()

@@ -17,6 +17,7 @@ import os
 import shutil
 import struct
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,7 @@ def convert_gguf(gguf: Path, target: Path, config: Any = None) -> None:
             model = load_weights(AutoModelForCausalLM, str(gguf.parent), gguf.name, dtype=torch.float32)
             model.save_pretrained(scratch)
             del model
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        tokenizer.save_pretrained(scratch)
+        save_tokenizer(gguf, scratch)
         try:
             # The folder only appears complete, under its final name, once everything is written.
             os.rename(scratch, target)
@@ -74,17 +74,90 @@ def write_streamed(gguf: Path, config: Any, folder: Path) -> bool:
     """Writes ``gguf``'s weights as fp32 safetensors (``folder/model.safetensors``) with its config and generation
     config, one tensor in memory at a time; the tensors stock ``from_pretrained(gguf_file=...)`` builds, under the
     same names. Returns False, writing nothing, for an architecture not in ``STREAMED_ARCHITECTURES``."""
-    from gguf.quants import dequantize as gguf_dequantize
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
-
-    from ..cpu.gguf_blocks import BLOCK_TYPES, dequantize
-    from .gguf_header import read_header, tensor_arrays
+    from .gguf_header import read_header
 
     header = read_header(gguf)  # gguf-py's reader takes ~10 s on a 150K vocabulary; this reads the table only
+    streamed = streamed_file(gguf, header, config)
+    if streamed is None:
+        logger.info("%s (%s): converting the stock way, holding every tensor", gguf.name,
+                    header.fields.get("general.architecture"))
+        return False
+    tensors = streamed.tensors
+    header_json: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for info, _ in tensors:
+        size = 4 * int(np.prod(info.shape, dtype=np.int64))
+        header_json[streamed.names[info.name]] = {"dtype": "F32", "shape": list(reversed(info.shape)),
+                                                  "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header_json, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the format aligns the data to 8 bytes
+    with open(folder / WEIGHTS_NAME, "wb") as out:
+        out.write(struct.pack("<Q", len(encoded)) + encoded)
+        for info, raw in tensors:
+            out.write(streamed.dense(info, raw).data)
+    save_config(config, streamed.model, folder)
+    logger.info("Wrote %d tensors of %s (%.2f GB fp32) one at a time", len(tensors), gguf.name, offset / 1e9)
+    return True
+
+
+@dataclass(frozen=True)
+class StreamedFile:
+    """A GGUF file's tensors as transformers' GGUF loader names and processes them, one at a time: what the
+    streamed conversion writes and the direct block load (``engine.models.gguf_direct``) reads."""
+
+    model: torch.nn.Module  # the model transformers maps names against, on the meta device
+    names: dict[str, str]  # GGUF name -> state-dict name
+    processor: Any  # transformers' ``TensorProcessor`` of the architecture
+    settings: dict  # the config as the processor is handed it
+    tensors: list  # ``(info, raw)`` of each tensor ``names`` maps (``gguf_header.tensor_arrays``), the file's order
+
+    def dense(self, info: Any, raw: np.ndarray) -> np.ndarray:
+        """One tensor as stock loading holds it: dequantized (bit for bit gguf-py's), processed, fp32 in the
+        state dict's shape (reversed ggml order)."""
+        from gguf.quants import dequantize as gguf_dequantize
+
+        from ..cpu.gguf_blocks import BLOCK_TYPES, dequantize
+
+        if info.qtype in BLOCK_TYPES and raw.ndim == 2:
+            # raw: [rows, row bytes] uint8 -> [rows, ne0] fp32, equal bit for bit to gguf-py's dequantize
+            weights = dequantize(torch.from_numpy(raw), info.qtype, info.shape[0]).numpy()
+        else:
+            weights = gguf_dequantize(raw, info.qtype)
+        weights = np.ascontiguousarray(self._processed(weights, info.name), dtype=np.float32)
+        if weights.shape != tuple(reversed(info.shape)):
+            raise ValueError(f"{info.name}: processed to {weights.shape}, expected {tuple(reversed(info.shape))}")
+        return weights
+
+    def row_order(self, info: Any) -> np.ndarray | None:
+        """[rows] int64: the rows of a 2-D tensor in the order the processor leaves them (``dense(...)[i]`` is the
+        file's row ``order[i]`` dequantized), or None where processing is more than a row permutation. Found by
+        processing a probe whose every entry names its row and column, so no weight is read."""
+        rows, width = info.shape[1], 2
+        probe = np.arange(rows * width, dtype=np.float64).reshape(rows, width)  # [rows, 2]: 2 * row + column
+        out = np.asarray(self._processed(probe, info.name))
+        if out.shape != probe.shape or not np.array_equal(out[:, 1], out[:, 0] + 1):
+            return None
+        order = out[:, 0] / width
+        if not np.array_equal(order, np.floor(order)) or not np.array_equal(np.sort(order), np.arange(rows)):
+            return None
+        return order.astype(np.int64)
+
+    def _processed(self, weights: np.ndarray, name: str) -> np.ndarray:
+        return self.processor.process(weights=weights, name=name, tensor_key_mapping=self.names,
+                                      parsed_parameters={"config": self.settings, "tensors": {}}).weights
+
+
+def streamed_file(gguf: Path, header: Any, config: Any) -> StreamedFile | None:
+    """``gguf``'s tensors named and processed as transformers' loader does, or None for an architecture not in
+    ``STREAMED_ARCHITECTURES``. ``header``: the file's ``gguf_header.read_header``; ``config``: its config."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    from .gguf_header import tensor_arrays
+
     architecture = header.fields.get("general.architecture")
     if architecture not in STREAMED_ARCHITECTURES:
-        logger.info("%s (%s): converting the stock way, holding every tensor", gguf.name, architecture)
-        return False
+        return None
     with torch.device("meta"):  # the model transformers maps names against, without storage
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     settings = config.to_dict()
@@ -94,38 +167,22 @@ def write_streamed(gguf: Path, config: Any, folder: Path) -> bool:
         settings.pop("num_key_value_heads", None)
     processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=settings)
     names = gguf_names(model, processor)  # GGUF name -> transformers name
-
     tensors = [(info, raw) for info, raw in tensor_arrays(gguf, header) if info.name in names]
-    header_json: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for info, _ in tensors:
-        size = 4 * int(np.prod(info.shape, dtype=np.int64))
-        header_json[names[info.name]] = {"dtype": "F32", "shape": list(reversed(info.shape)),
-                                         "data_offsets": [offset, offset + size]}
-        offset += size
-    encoded = json.dumps(header_json, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the format aligns the data to 8 bytes
-    with open(folder / WEIGHTS_NAME, "wb") as out:
-        out.write(struct.pack("<Q", len(encoded)) + encoded)
-        for info, raw in tensors:
-            if info.qtype in BLOCK_TYPES and raw.ndim == 2:
-                # raw: [rows, row bytes] uint8 -> [rows, ne0] fp32, equal bit for bit to gguf-py's dequantize
-                weights = dequantize(torch.from_numpy(raw), info.qtype, info.shape[0]).numpy()
-            else:
-                weights = gguf_dequantize(raw, info.qtype)
-            weights = processor.process(weights=weights, name=info.name, tensor_key_mapping=names,
-                                        parsed_parameters={"config": settings, "tensors": {}}).weights
-            weights = np.ascontiguousarray(weights, dtype=np.float32)
-            if weights.shape != tuple(reversed(info.shape)):
-                raise ValueError(f"{info.name}: processed to {weights.shape}, expected {tuple(reversed(info.shape))}")
-            out.write(weights.data)
+    return StreamedFile(model, names, processor, settings, tensors)
+
+
+def save_config(config: Any, model: torch.nn.Module, folder: Path) -> None:
+    """The config (and generation config) a folder converted from a GGUF holds, as ``from_pretrained`` reads it."""
     config.architectures = [type(model).__name__]
     config.dtype = torch.float32
     config.save_pretrained(folder)
     if model.can_generate():
         model.generation_config.save_pretrained(folder)
-    logger.info("Wrote %d tensors of %s (%.2f GB fp32) one at a time", len(tensors), gguf.name, offset / 1e9)
-    return True
+
+
+def save_tokenizer(gguf: Path, folder: Path) -> None:
+    """The GGUF's tokenizer, as transformers reads it from the file, saved into ``folder``."""
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(folder)
 
 
 def gguf_names(model: torch.nn.Module, processor: Any) -> dict[str, str]:

@@ -31,7 +31,7 @@ from .gguf import convert_gguf, load_weights
 from .gguf_header import read_header, tensor_arrays
 from .weights_mode import loaded_as, remember_load, weights_mode
 from ..cpu import cpu_matmul, gguf_blocks, int8_matmul
-from . import gguf_device
+from . import gguf_device, gguf_direct
 from ..cpu.gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
 from ..cpu.int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
@@ -302,9 +302,9 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
 def _load_gguf_blocks(source: str | None, gguf: Path, attn_implementation: str,
                       with_tokenizer: bool) -> tuple[Any, Any]:
     """``weights="gguf"``: the model from its entry (``weights_cache.gguf_entry``: the file's blocks, config and
-    tokenizer), which the first load builds. That load needs the fp32 folder to match the blocks against: an
-    existing one (a dense load's) is read and kept; otherwise the GGUF is converted into a scratch folder that is
-    deleted once the blocks are saved (a 1.5B model's is 7 GB, four times its blocks)."""
+    tokenizer), which the first load builds straight from the file (``gguf_direct``: memory and scratch disk about
+    the file's size). Where that cannot be done (logged), it goes through the fp32 folder: an existing one (a dense
+    load's) is read and kept, else the GGUF is converted into a scratch folder deleted once the blocks are saved."""
     entry = gguf_entry(cache_dir() / "models", gguf, _entry_name(gguf))
 
     def skeleton(layout: dict[str, int]) -> Any:
@@ -320,28 +320,60 @@ def _load_gguf_blocks(source: str | None, gguf: Path, attn_implementation: str,
             _finish_like_from_pretrained(model, str(entry.folder))
             return model, tokenizer
     folder = _dense_folder(source, gguf, convert=False)
-    with tempfile.TemporaryDirectory(dir=_mkdir(cache_dir() / "models"), prefix=".fp32-") as scratch:
-        if not folder.is_dir():  # only a finished conversion is ever renamed to its name
-            folder = Path(scratch, folder.name)
-            _convert_checked(gguf, folder)
-        config = _read_config(str(folder), None, False)
-        check_supported(config)
-        logger.info("Loading %s (%s) on cpu: matching the GGUF's blocks to its layers (once)", source or
-                    EMBEDDED_MODEL, config.model_type)
-        tokenizer = _load_tokenizer(str(folder), None) if with_tokenizer else None
-        model = _load_from_source(str(folder), config, torch.float32, attn_implementation, "cpu", "gguf", gguf)
-        # The model just converted still maps the fp32 file (its untouched tensors are views of it) and the heap holds
-        # the conversion's scratch: the saved entry is the same tensors, mapped alone. (Deleting the mapped scratch
-        # file is safe: its pages live until the last map of them goes.)
-        if save_cached(entry, model, files_from=folder):
+    with tempfile.TemporaryDirectory(dir=_mkdir(cache_dir() / "models"), prefix=".gguf-") as scratch:
+        files = Path(scratch, "files")
+        model = _gguf_direct(source, gguf, files, attn_implementation)
+        if model is not None:
+            config = model.config
+            tokenizer = _load_tokenizer(str(files), None) if with_tokenizer else None
+        else:
+            model, tokenizer, files = _gguf_through_fp32(source, gguf, folder, Path(scratch), attn_implementation,
+                                                         with_tokenizer)
+            config = model.config
+        # The model just built still maps the file (or the fp32 folder) and the heap holds its scratch: the saved
+        # entry is the same tensors, mapped alone. (Deleting a mapped scratch file is safe: its pages live until the
+        # last map of them goes.)
+        if save_cached(entry, model, files_from=files):
             cached = load_cached(entry, skeleton, just_saved=True)
             if cached is not None:
                 model = cached
                 release_memory()
-            if source is not None and source.startswith(PYPI_PREFIX) and folder.parent != Path(scratch):
+            if source is not None and source.startswith(PYPI_PREFIX) and folder.is_dir():
                 _drop_old_gguf_layout(folder)
-        _finish_like_from_pretrained(model, str(entry.folder if entry.folder.is_dir() else folder))
+        _finish_like_from_pretrained(model, str(entry.folder if entry.folder.is_dir() else files))
     return model, tokenizer
+
+
+def _gguf_direct(source: str | None, gguf: Path, files: Path, attn_implementation: str) -> Any:
+    """The fp32 CPU model of ``gguf``'s blocks built straight from the file, its config and tokenizer files written
+    into ``files`` (``engine.models.gguf_direct``); None where the file cannot be read that way (logged)."""
+    config = _read_config(str(gguf.parent), gguf.name, False)
+    check_supported(config)
+    files.mkdir()
+    streamed = gguf_direct.write_files(gguf, config, files)
+    if streamed is None:
+        return None
+    config = _read_config(str(files), None, False)  # as the fp32 folder's load reads it back
+    logger.info("Loading %s (%s) on cpu: the GGUF's blocks straight from the file (once)", source or EMBEDDED_MODEL,
+                config.model_type)
+    return gguf_direct.build(streamed, lambda: _skeleton(config, torch.float32, attn_implementation, "dense", {}),
+                             gguf.name)
+
+
+def _gguf_through_fp32(source: str | None, gguf: Path, folder: Path, scratch: Path, attn_implementation: str,
+                       with_tokenizer: bool) -> tuple[Any, Any, Path]:
+    """``(model, tokenizer, its folder)``: the fp32 model of ``folder`` (converted into ``scratch`` unless a dense
+    load left it) with the GGUF's blocks matched to its layers (``install_gguf_blocks``)."""
+    if not folder.is_dir():  # only a finished conversion is ever renamed to its name
+        folder = scratch / folder.name
+        _convert_checked(gguf, folder)
+    config = _read_config(str(folder), None, False)
+    check_supported(config)
+    logger.info("Loading %s (%s) on cpu: matching the GGUF's blocks to its layers (once)", source or
+                EMBEDDED_MODEL, config.model_type)
+    tokenizer = _load_tokenizer(str(folder), None) if with_tokenizer else None
+    model = _load_from_source(str(folder), config, torch.float32, attn_implementation, "cpu", "gguf", gguf)
+    return model, tokenizer, folder
 
 
 def _gguf_placed(model: Any, device: str, dtype: torch.dtype, attn_implementation: str) -> Any:

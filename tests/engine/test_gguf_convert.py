@@ -15,11 +15,12 @@ from engine.models.loader import _embedded_gguf
 
 
 def write_tiny_gguf(path, architecture: str, config, *, kv_heads_in_file: bool = True, blocks=None,
-                    with_tokenizer: bool = False) -> None:
+                    with_tokenizer: bool = False, leave_out: str | None = None) -> None:
     """A GGUF of ``config``'s shapes as llama.cpp names them (found by transformers' own full map), with the
     metadata transformers reads a config from; random Q8_0 matrices and fp32 vectors (both conversions read the
     same bytes, so the values need no meaning). ``blocks(name, data)``: another matrix's (raw, ggml type), else
-    None; ``with_tokenizer``: a tiny byte-level BPE vocabulary, so that ``load_model`` reads the file whole."""
+    None; ``with_tokenizer``: a tiny byte-level BPE vocabulary, so that ``load_model`` reads the file whole;
+    ``leave_out``: a GGUF tensor name the file lacks."""
     import numpy as np
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
@@ -54,7 +55,7 @@ def write_tiny_gguf(path, architecture: str, config, *, kv_heads_in_file: bool =
         writer.add_eos_token_id(2)
     rng = np.random.default_rng(0)
     for name, tensor in model.state_dict().items():
-        if name not in names:
+        if name not in names or names[name] == leave_out:
             continue  # a tied lm_head: the file holds the embedding once
         data = (rng.standard_normal(tuple(tensor.shape)) * 0.1).astype(np.float32)
         if blocks is not None and (chosen := blocks(names[name], data)) is not None:

@@ -1,11 +1,11 @@
-"""Turns on the compute device: one heavy job (a read, an answer) at a time, first come first served.
+"""The line for the compute device: one heavy job (a read, an answer) at a time, first come first served.
 
 Gradio's own queue shows a waiting visitor only a faint "queue: 1/1" and cannot be left. This one is the
 handlers': while a visitor waits, their status line says their place in line and an estimated wait, and
 Cancel, Stop or closing the tab takes them out of the line at once. Each job states how long it expects to
 take (the plan's reading-time estimate, or an answer's tokens at the decode rate last seen), so those behind
 it can be told. A long job made of pieces (a read, chunk by chunk) gives way between them (``give_way``): when
-someone waits, it goes to the back of the line and goes on when its turn comes again, so a question asked
+someone waits, it goes to the back of the line and goes on when it is at the front again, so a question asked
 during a long read waits for one chunk, not for the whole read.
 """
 
@@ -32,10 +32,10 @@ class Ticket:
     expected_seconds: float
     number: int = 0
     joined: float = field(default_factory=time.monotonic)
-    started: float | None = None  # when its turn came
+    started: float | None = None  # when it reached the front
     piece_seconds: float | None = None  # a job that gives way: how long its last piece took
     piece_started: float = 0.0
-    shown_seconds: float | None = None  # the wait its visitor was last told (None: its turn came without waiting)
+    shown_seconds: float | None = None  # the wait its visitor was last told (None: it was at the front at once)
 
     def remaining_seconds(self, now: float) -> float:
         """What is left of its expected time, counting down as it runs (a job past its estimate is taken to need a
@@ -53,7 +53,7 @@ class Ticket:
 
 
 class ComputeQueue:
-    """The line for the compute device. ``join`` then ``wait_turn`` (a generator of "waiting" sentences), work,
+    """The line for the compute device. ``join`` then ``wait_front`` (a generator of "waiting" sentences), work,
     then ``leave`` (always, in a ``finally``)."""
 
     def __init__(self) -> None:
@@ -93,7 +93,7 @@ class ComputeQueue:
             ticket.expected_seconds = now - ticket.started + max(seconds, 0.0)
 
     def position(self, ticket: Ticket) -> int:
-        """0: its turn; 1: next; ... (-1: not in line)."""
+        """0: at the front (it runs); 1: next; ... (-1: not in line)."""
         with self._changed:
             return self._line.index(ticket) if ticket in self._line else -1
 
@@ -110,8 +110,8 @@ class ComputeQueue:
 
     def in_line(self, ticket: Ticket, should_leave: Callable[[], bool],
                 view: Callable[[str], object]) -> Generator[object, None, bool]:
-        """``wait_turn``, yielding ``view(status line)`` with the place in line and the wait: what a page shows."""
-        waiting = self.wait_turn(ticket, should_leave)
+        """``wait_front``, yielding ``view(status line)`` with the place in line and the wait: what a page shows."""
+        waiting = self.wait_front(ticket, should_leave)
         while True:
             try:
                 text = next(waiting)
@@ -119,10 +119,10 @@ class ComputeQueue:
                 return done.value
             yield view(queue_status(self.position(ticket), text))
 
-    def wait_turn(self, ticket: Ticket, should_leave: Callable[[], bool], *,
-                  every: float = 0.25) -> Generator[str, None, bool]:
-        """Waits for ``ticket``'s turn, yielding a sentence on the wait about every second; returns True when it is
-        its turn, False when ``should_leave()`` turned true first (then it has left the line)."""
+    def wait_front(self, ticket: Ticket, should_leave: Callable[[], bool], *,
+                   every: float = 0.25) -> Generator[str, None, bool]:
+        """Waits until ``ticket`` is at the front of the line, yielding a sentence on the wait about every second;
+        returns True once it is, False when ``should_leave()`` turned true first (then it has left the line)."""
         last_said = float("-inf")
         while True:
             with self._changed:
@@ -141,7 +141,7 @@ class ComputeQueue:
     def give_way(self, ticket: Ticket, should_leave: Callable[[], bool], on_wait: Callable[[str], None],
                  piece_seconds: float, *, every: float = 0.25) -> bool:
         """Between two pieces of ``ticket``'s job (it holds the device): when others wait, it goes to the back of the
-        line, behind all of them, and waits for its turn again, telling ``on_wait`` about the wait about every second.
+        line, behind all of them, and waits for the front again, telling ``on_wait`` about the wait about every second.
         Returns True when it may go on (at once when nobody waits), False when ``should_leave()`` turned true while
         it waited (then it has left the line). ``piece_seconds``: how long its last piece took (those who join
         later are told they wait about that long for it)."""
@@ -154,7 +154,7 @@ class ComputeQueue:
                 self._line.append(ticket)
                 self._line[0].started = now
                 self._changed.notify_all()
-        waiting = self.wait_turn(ticket, should_leave, every=every)
+        waiting = self.wait_front(ticket, should_leave, every=every)
         while True:
             try:
                 on_wait(next(waiting))

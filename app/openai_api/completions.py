@@ -1,8 +1,8 @@
-"""One completion: checked against the context before any work (a 400 at once), then a turn in the compute device's
+"""One completion: checked against the context before any work (a 400 at once), then a place in the compute device's
 line (the page's own ``ComputeQueue``, where the page's visitors see it), then the answer from the matched
 document's K/V (``app.openai_api.library``), reported piece by piece to the route from a worker thread.
 
-``check`` runs before the line and ``run`` in the worker thread; ``run`` matches again once its turn has come (a tab
+``check`` runs before the line and ``run`` in the worker thread; ``run`` matches again once it is at the front (a tab
 may have closed or read another document meanwhile) and checks the fit again there.
 """
 
@@ -73,21 +73,22 @@ class Completions:
         return Checked(request, match, prompt_tokens, max_tokens)
 
     def run(self, checked: Checked, report: Callable[[tuple], None], gone: Callable[[], bool]) -> None:
-        """Waits its turn and answers, reporting ``("text", new text)`` pieces and a last ``("end", finish_reason,
-        usage, extras)``; nothing more once ``gone()`` (the client left: out of the line, the answer stopped)."""
+        """Waits for the front of the line and answers, reporting ``("text", new text)`` pieces and a last ``("end",
+        finish_reason, usage, extras)``; nothing more once ``gone()`` (the client left: out of the line, the answer
+        stopped)."""
         own = self.library.own_session()
         expected = (own.reading.estimate_prefill_seconds(checked.prompt_tokens, 0)
                     + self.app.answers.expected_seconds(checked.max_tokens))
         queue = self.app.queue
         ticket = queue.join(QUEUE_WHAT, expected)
         try:
-            waiting = queue.wait_turn(ticket, gone)
+            waiting = queue.wait_front(ticket, gone)
             while True:
                 try:
                     next(waiting)
                 except StopIteration as done:
                     if not done.value:
-                        logger.info("an API client left the line before its turn")
+                        logger.info("an API client left the line before it reached the front")
                         return
                     break
             match = self.library.match(checked.match.prompt)  # again, in the turn: the tabs may have changed

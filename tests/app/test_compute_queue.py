@@ -31,7 +31,7 @@ def long_job(queue: ComputeQueue, device: Device, name: str, pieces: int, said: 
              should_leave=lambda: False, started: threading.Event | None = None) -> None:
     ticket = queue.join(f"{name}: reading", pieces * PIECE)
     try:
-        for _ in queue.wait_turn(ticket, should_leave):
+        for _ in queue.wait_front(ticket, should_leave):
             pass
         for i in range(pieces):
             device.compute(f"{name}{i}")
@@ -47,7 +47,7 @@ def short_job(queue: ComputeQueue, device: Device, name: str, waited: dict, seco
     ticket = queue.join(f"{name}: answering", seconds)
     joined = time.monotonic()
     try:
-        said = list(queue.wait_turn(ticket, lambda: False, every=0.01))
+        said = list(queue.wait_front(ticket, lambda: False, every=0.01))
         waited[name] = time.monotonic() - joined
         waited[f"{name} said"] = said
         device.compute(name, seconds)

@@ -71,6 +71,6 @@ class AppState:
         return note
 
     def in_line(self, ticket: Ticket, should_leave: Callable[[], bool], view: Callable[[str], object]) -> Iterator:
-        """Waits for ``ticket``'s turn, yielding ``view(status line)`` with the place in line and the wait; returns
-        False when the visitor left the line (``should_leave``)."""
+        """Waits for ``ticket`` to reach the front of the line, yielding ``view(status line)`` with the place in line
+        and the wait; returns False when the visitor left the line (``should_leave``)."""
         return (yield from self.queue.in_line(ticket, should_leave, view))

@@ -128,7 +128,8 @@ class BackendPage:
 
     def read(self, first: int | None, last: int | None, model: str | None, state: BackendTab | None,
              request: gr.Request = None) -> Iterator[tuple]:
-        """Has the backend read the chosen pages (its prefix cache keeps them), in its turn; the progress bar."""
+        """Has the backend read the chosen pages (its prefix cache keeps them), once at the front of the line; the
+        progress bar."""
         state = self.tab(state, model, request)
         if not state.documents:
             yield state, render.progress_bar(), status("error", "Drop files first."), NO_CHANGE
@@ -173,7 +174,8 @@ class BackendPage:
 
     def ask(self, question: str, history: list[dict] | None, max_new_tokens: float, temperature: float,
             model: str | None, state: BackendTab | None, request: gr.Request = None) -> Iterator[tuple]:
-        """Streams the backend's answer into the chat, in its turn, with its TTFT / tokens / tok/s line."""
+        """Streams the backend's answer into the chat, once at the front of the line, with its TTFT / tokens / tok/s
+        line."""
         state, history, question = self.tab(state, model, request), list(history or []), (question or "").strip()
         if not question:
             yield state, history, NO_CHANGE, NO_CHANGE

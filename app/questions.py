@@ -139,7 +139,7 @@ class Questions:
                 report(chunk)
 
         started, writing = time.monotonic(), status("info", "Writing the answer…")
-        # Seconds it waited in line, said beside its first-token time (None: its turn came at once).
+        # Seconds it waited in line, said beside its first-token time (None: it was at the front at once).
         waited = started - ticket.joined if ticket.shown_seconds is not None else None
         answers, last_token = self.app.answers, started
         try:

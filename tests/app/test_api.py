@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-import socket
 import time
 
 import pytest
 from gradio_client import Client, handle_file
+from lighthouse import QUESTION
+from ports import free_port
 
 from app.questions import LONGEST_ANSWER
 from app.ui import build_ui
@@ -15,14 +16,6 @@ from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import describe
 
 pytestmark = pytest.mark.slow
-
-QUESTION = "What is the secret launch code of the lighthouse?"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -15,11 +14,11 @@ from pathlib import Path
 import gradio as gr
 import httpx
 import pytest
+from ports import free_port
 
 import launch
-from app import cli, startup
-from app import auth
-from app.auth import AuthError, Authenticator, LoginRefused, LoginThrottle
+from app import auth, cli, startup
+from app.auth import Authenticator, AuthError, LoginRefused, LoginThrottle
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"n": 2**10, "r": 8, "p": 1}  # the format's smallest settings: the tests hash many times
@@ -190,19 +189,13 @@ def test_tracked_names_are_bounded(monkeypatch):
 
 
 # -- through Gradio's own login route -------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_gradio_awaits_the_check_and_a_locked_name_gets_429(fast_hashes, caplog):
     gate = Authenticator({"ada": fast_hashes("pw-ada")})
     assert inspect.iscoroutinefunction(gate.check)  # Gradio would call a plain function on its event loop
     with gr.Blocks() as demo:
         gr.Markdown("inside")
     options = startup.with_login_address({"app_kwargs": {"middleware": []}})
-    demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                 auth=gate.check, auth_message=auth.LOGIN_MESSAGE, **options)
     try:
         login = f"{demo.local_url.rstrip('/')}/login"

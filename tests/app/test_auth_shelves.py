@@ -6,23 +6,16 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 
 import gradio as gr
 import pytest
 from gradio_client import Client, handle_file
+from ports import free_port
 
-from app import cli, startup
-from app import auth
+from app import auth, cli, startup
 from app.browser_state import BrowserState
 from app.handlers import Handlers
 from app.visitor_caps import CapLimits
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _saved_keys(client: Client) -> list[str]:
@@ -48,7 +41,7 @@ def serve_with_logins(embedded_model, tmp_path):
     demo = build_ui(lambda: DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64)),
                     model_info=describe(model), snapshot_store=store, private=True,
                     upload_dir=prepare_folder(tmp_path / "uploads"))
-    demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
+    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                 auth=gate.check, **startup.with_login_address(launch_options()))
     yield demo.local_url, store
     demo.close()

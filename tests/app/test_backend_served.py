@@ -1,32 +1,15 @@
 """The ``--backend`` page served on a port as ``launch.py --backend --share`` serves it (``launch_options``: the
-page's guard, its policy and the browser's id cookie), over the in-process backend of ``test_backend_page``: a
-visitor can make the server neither fetch a URL nor read one of its own files through the page's file input."""
+page's guard, its policy and the browser's id cookie), over the in-process ``SimulatedBackend`` (``backend_served``
+in tests/app/conftest.py): a visitor can make the server neither fetch a URL nor read one of its own files through
+the page's file input."""
 
 from __future__ import annotations
 
 import json
 
 import httpx
-import pytest
-from test_api import free_port
-from test_backend_page import SimulatedBackend
 
-from app.backend_client import BackendClient
-from app.backend_page import build_backend_ui
 from app.browser_id import COOKIE
-from app.hosts import AllowedHosts
-from app.ui import launch_options
-
-
-@pytest.fixture(scope="module")
-def served():
-    backend = SimulatedBackend()
-    client = BackendClient("http://gpu-box:8000", transport=httpx.MockTransport(backend))
-    demo = build_backend_ui(client, client.models(), url="http://gpu-box:8000")
-    demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
-                **launch_options(1 << 20, hosts=AllowedHosts.for_launch("127.0.0.1", share=True)))
-    yield demo.local_url.rstrip("/"), demo, backend
-    demo.close()
 
 
 def _choose(base: str, files: list[dict], session_hash: str) -> tuple[httpx.Response, list[dict]]:
@@ -55,16 +38,16 @@ def _file(path: str) -> dict:
     return {"path": path, "meta": {"_type": "gradio.FileData"}}
 
 
-def test_a_file_named_by_url_is_refused_before_anything_is_fetched(served):
-    base, _, backend = served
+def test_a_file_named_by_url_is_refused_before_anything_is_fetched(backend_served):
+    base, _, backend = backend_served
     joined, _ = _choose(base, [_file("https://93.184.215.14/ten-gigabytes.pdf")], "urltest0001")
     assert joined.status_code == 403 and "not by URL" in joined.text
     fetched = httpx.get(f"{base}/gradio_api/file=http://93.184.215.14/x.pdf", timeout=30)
     assert fetched.status_code == 403 and backend.chats == []
 
 
-def test_a_server_file_named_as_an_upload_is_not_read(served, tmp_path):
-    base, demo, backend = served
+def test_a_server_file_named_as_an_upload_is_not_read(backend_served, tmp_path):
+    base, demo, backend = backend_served
     secret = tmp_path / "secret.txt"
     secret.write_text("The owner's password is HUNTER2.")
     joined, events = _choose(base, [_file(str(secret))], "pathtest001")
@@ -75,9 +58,9 @@ def test_a_server_file_named_as_an_upload_is_not_read(served, tmp_path):
     assert all(not tab.documents for tab in demo.backend_page.tabs.values())  # no tab holds it
 
 
-def test_an_uploaded_file_is_read(served, tmp_path):
+def test_an_uploaded_file_is_read(backend_served, tmp_path):
     # The same join with a file the page uploaded: taken, so the refusals above are the path's, not the join's.
-    base, demo, _ = served
+    base, demo, _ = backend_served
     note = tmp_path / "notes.txt"
     note.write_text("=== notes ===\nThe code is ORCHID-7.")
     with note.open("rb") as handle:

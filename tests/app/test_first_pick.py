@@ -9,14 +9,14 @@ import threading
 
 import huggingface_hub.constants
 import pytest
+from first_pick_hub import FILES, RTX_4090, TINY_CONFIG, on_the_4090, pick_id
+from hub_server import HubServer
+from owner_link import gradio_request, owner_cookie
 
 from app import escape
 from app.first_pick import FirstPick, HubProbe, Pick, card_html
 from app.owner import REFUSED, new_gate
 from engine.models import load_catalogue, plan_entry
-from first_pick_hub import FILES, RTX_4090, TINY_CONFIG, on_the_4090, pick_id
-from hub_server import HubServer
-from test_owner import _owner_cookie, _request
 
 
 @pytest.fixture(autouse=True)
@@ -104,12 +104,12 @@ def test_a_visitor_sees_the_facts_but_the_click_is_refused():
     with HubServer(pick, FILES) as hub:
         card = FirstPick(picker, endpoint=hub.endpoint)
         picker.endpoint = hub.endpoint
-        visitor = _request()
+        visitor = gradio_request()
         assert pick in card.show()[1]
         assert [escape.text(REFUSED) in said for said in card.download(visitor)] == [True]
         message, shown, _ = card.serve(visitor)
         assert not [r for r in hub.requests if "/resolve/" in r[1]] and picker.holder.switched == []
-        said = list(card.download(_request(_owner_cookie(gate))))  # the owner's cookie opens it
+        said = list(card.download(gradio_request(owner_cookie(gate))))  # the owner's cookie opens it
     assert f"Downloaded {pick}" in said[-1] and shown["visible"] is True
 
 

@@ -5,22 +5,16 @@ through, run here on a small page of its own."""
 from __future__ import annotations
 
 import logging
-import socket
 import urllib.request
 
 import gradio as gr
+from ports import free_port
 
 from app import cli, startup
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_the_console_says_where_it_serves_and_to_add_share_not_gradios_share_true(capfd, caplog):
-    port = _free_port()
+    port = free_port()
     with gr.Blocks() as demo:
         gr.Markdown("A page")
     caplog.set_level(logging.INFO, logger="headinfer.launch")

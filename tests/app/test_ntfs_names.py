@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from save_owners import killed_save_is_counted_then_removed, live_owners_newer_save_is_left_alone
 
 import process_env
 from app import uploads
@@ -18,9 +19,6 @@ from engine.errors import InputError
 from engine.models.weights_cache import gguf_entry
 from engine.paths_windows import MAX_NAME, is_ntfs_name, ntfs_name
 from engine.store.files import check_sidecar_name
-
-from test_store_owner import test_a_killed_saves_folder_is_counted_then_removed_at_the_next_start as _killed_save
-from test_store_owner import test_a_live_owners_newer_save_is_left_alone as _live_save
 
 
 @pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct", "model.Q4_K_M", "Qwen2.5-1M", "con-fig", "nullify.txt",
@@ -73,7 +71,8 @@ def test_a_process_is_found_alive_or_gone_without_signalling_it():
     assert not uploads._is_running(child.pid)  # reaped: no process of that id (reuse within a test is negligible)
 
 
-@pytest.mark.parametrize("check", [_killed_save, _live_save], ids=["killed-owner", "live-owner"])
+@pytest.mark.parametrize("check", [killed_save_is_counted_then_removed, live_owners_newer_save_is_left_alone],
+                         ids=["killed-owner", "live-owner"])
 def test_without_flock_a_lock_is_owned_by_its_live_process(check, tmp_path, monkeypatch):
     monkeypatch.setenv(process_env.WINDOWS_SHAPED, "1")  # Windows' path: no fcntl, the lock's process id and start time
     assert not store_owner._can_flock()

@@ -12,13 +12,14 @@ import httpx
 import openai
 import pytest
 from gradio_client import Client, handle_file
+from lighthouse import QUESTION
+from ports import free_port
 
 from app.openai_api.mount import with_api
 from app.openai_api.naming import public_id
 from app.ui import build_ui, launch_options
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import describe
-from test_api import QUESTION, free_port  # the page's own API test: its question and port helper
 
 pytestmark = pytest.mark.slow
 

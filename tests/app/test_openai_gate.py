@@ -11,11 +11,11 @@ import time
 
 import httpx
 import pytest
+from ports import free_port
 
 from app.openai_api.mount import with_api
 from app.openai_api.naming import public_id
 from app.ui import build_ui, launch_options
-from test_api import free_port
 
 KEY = "gate-test-key-0123456789abcdef"
 SERVED = "/home/alice/private-models/SmolLM2-135M-Instruct"  # a launch's --model folder

@@ -8,29 +8,13 @@ import hashlib
 import hmac
 from types import SimpleNamespace
 
-import gradio as gr
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import PlainTextResponse
-from starlette.routing import Route
+from first_pick_hub import TINY_CONFIG, on_the_4090
+from owner_link import gradio_request, owner_app, owner_cookie
 from starlette.testclient import TestClient
 
-from app.owner import COOKIE, OPEN, OwnerGate, new_gate, owner_middleware
-from app.picker import ModelPicker
+from app.owner import COOKIE, OPEN, new_gate, owner_middleware
 from engine.models import DownloadJob
-from engine.models.catalogue import Machine, load_catalogue
-from test_picker import FakeHolder  # the served model, stood in for: what a switch was asked for is recorded
-
-GIB = 2**30
-RTX_4090 = Machine("RTX 4090 + 64 GiB", True, int(24 * GIB * 0.92), int(64 * GIB * 0.85), 500 * GIB, 1e14, 10.0, 900.0)
-TINY_CONFIG = ('{"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, '
-               '"intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 2048}')
-
-
-def _picker(gate: OwnerGate, uploads=()) -> ModelPicker:
-    picker = ModelPicker(FakeHolder(), device="cuda", owner=gate, uploads=list(uploads))
-    picker._machine = (picker.holder.model, RTX_4090)
-    return picker
+from engine.models.catalogue import load_catalogue
 
 
 def _model_folder(path):
@@ -39,34 +23,10 @@ def _model_folder(path):
     return path
 
 
-def _app(gate: OwnerGate) -> Starlette:
-    """A page behind the owner link's middleware, as ``launch_options`` wires it into Gradio's app."""
-    async def page(request):
-        return PlainTextResponse("the page")
-
-    return Starlette(routes=[Route("/", page)], middleware=owner_middleware(gate))
-
-
-def _request(cookie: str | None = None) -> gr.Request:
-    """A ``gr.Request`` as Gradio makes one for a handler: around the starlette ``Request`` of the HTTP call."""
-    headers = [(b"cookie", cookie.encode())] if cookie is not None else []
-    scope = {"type": "http", "method": "POST", "path": "/gradio_api/queue/join", "headers": headers,
-             "query_string": b"", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 7860), "scheme": "http"}
-    return gr.Request(request=Request(scope), session_hash="tab-1")
-
-
-def _owner_cookie(gate: OwnerGate) -> str:
-    """The cookie the owner link sets, taken from the middleware's own response."""
-    with TestClient(_app(gate), follow_redirects=False) as client:
-        response = client.get(f"/?owner={gate.key}")
-    value = response.cookies[COOKIE]
-    return f"{COOKIE}={value}"
-
-
 # -- the owner link ---------------------------------------------------------------------------------------------------
 def test_the_right_key_sets_an_httponly_strict_cookie_and_redirects_the_key_out_of_the_url():
     gate = new_gate(private=True)
-    with TestClient(_app(gate), follow_redirects=False) as client:
+    with TestClient(owner_app(gate), follow_redirects=False) as client:
         response = client.get(f"/?owner={gate.key}")
     assert response.status_code == 303 and response.headers["location"] == "/"
     cookie = response.headers["set-cookie"]
@@ -78,7 +38,7 @@ def test_the_right_key_sets_an_httponly_strict_cookie_and_redirects_the_key_out_
 
 def test_a_wrong_key_gets_the_page_as_any_visitor_and_no_cookie():
     gate = new_gate(private=True)
-    with TestClient(_app(gate), follow_redirects=False) as client:
+    with TestClient(owner_app(gate), follow_redirects=False) as client:
         for url in (f"/?owner={gate.key[:-1]}x", "/?owner=", f"/?owner={new_gate(private=True).key}", "/"):
             response = client.get(url)
             assert response.status_code == 200 and response.text == "the page", url
@@ -88,19 +48,19 @@ def test_a_wrong_key_gets_the_page_as_any_visitor_and_no_cookie():
 def test_open_gate_installs_no_middleware_and_makes_everyone_the_owner():
     assert owner_middleware(OPEN) == [] and owner_middleware(None) == [] and len(owner_middleware(new_gate(True))) == 1
     assert new_gate(private=False) is OPEN and not OPEN.private
-    assert OPEN.is_owner(None) and OPEN.is_owner(_request())
+    assert OPEN.is_owner(None) and OPEN.is_owner(gradio_request())
     assert new_gate(True).key != new_gate(True).key  # a new key at each start
 
 
 def test_only_the_owners_cookie_opens_the_gate():
     gate, other = new_gate(True), new_gate(True)
-    assert gate.is_owner(_request(_owner_cookie(gate)))
+    assert gate.is_owner(gradio_request(owner_cookie(gate)))
     one_off = gate.token[:-1] + ("1" if gate.token.endswith("0") else "0")
     forged = [None, f"{COOKIE}=", f"{COOKIE}={gate.key}", f"{COOKIE}={other.token}", f"{COOKIE}={one_off}",
               f"{COOKIE}={hmac.new(b'guess', b'headinfer-studio owner cookie v1', hashlib.sha256).hexdigest()}",
               f"other={gate.token}"]
     for cookie in forged:
-        assert not gate.is_owner(_request(cookie)), cookie
+        assert not gate.is_owner(gradio_request(cookie)), cookie
     assert not gate.is_owner(None)  # a direct call, with no request, is no owner's
 
 
@@ -108,8 +68,8 @@ def test_only_the_owners_cookie_opens_the_gate():
 def test_a_visitor_can_neither_scan_a_folder_nor_download_nor_serve(tmp_path):
     gate = new_gate(True)
     folder = _model_folder(tmp_path / "server" / "tiny")
-    picker = _picker(gate)
-    visitor = _request()
+    picker = on_the_4090(gate)
+    visitor = gradio_request()
     rows, line, choices = picker.refresh(str(folder), None, visitor)
     assert "Not scanned" in line and "owner link printed in the console" in line
     assert picker.user_folders == [] and "tiny" not in {row[0] for row in rows}
@@ -122,9 +82,9 @@ def test_a_visitor_can_neither_scan_a_folder_nor_download_nor_serve(tmp_path):
     picker._job = job = DownloadJob("Qwen/Qwen3-4B")  # the owner's download, running
     picker.cancel(visitor)
     assert not job._cancel.is_set()
-    picker.cancel(_request(_owner_cookie(gate)))
+    picker.cancel(gradio_request(owner_cookie(gate)))
     assert job._cancel.is_set()
-    forged = _request(f"{COOKIE}={gate.key}")
+    forged = gradio_request(f"{COOKIE}={gate.key}")
     assert "owner link" in picker.serve("HuggingFaceTB/SmolLM2-135M-Instruct", forged) and not picker.holder.switched
 
 
@@ -132,18 +92,18 @@ def test_a_visitors_table_does_not_unlist_what_the_owner_found(tmp_path):
     """The entries the owner may serve are the owner's table's: a visitor's catalogue-only refresh leaves them."""
     gate = new_gate(True)
     folder = _model_folder(tmp_path / "tiny")
-    picker = _picker(gate)
-    owner = _request(_owner_cookie(gate))
+    picker = on_the_4090(gate)
+    owner = gradio_request(owner_cookie(gate))
     picker.refresh(str(folder), None, owner)
-    picker.refresh(None, None, _request())
+    picker.refresh(None, None, gradio_request())
     assert "Now serving tiny" in picker.serve(str(folder), owner)
 
 
 def test_the_owner_scans_a_folder_and_serves_from_it(tmp_path):
     gate = new_gate(True)
     folder = _model_folder(tmp_path / "tiny")
-    picker = _picker(gate)
-    owner = _request(_owner_cookie(gate))
+    picker = on_the_4090(gate)
+    owner = gradio_request(owner_cookie(gate))
     rows, line, _ = picker.refresh(str(folder), None, owner)
     assert "Not scanned" not in line
     assert {row[0]: row[14] for row in rows}["tiny"] == f"folder: {folder}"
@@ -160,8 +120,8 @@ def test_an_uploaded_file_is_never_a_model_source(tmp_path):
     elsewhere.mkdir()
     (elsewhere / "evil-link").symlink_to(uploaded, target_is_directory=True)
     for gate in (OPEN, new_gate(True)):  # the local owner too
-        picker = _picker(gate, uploads=[uploads])
-        owner = _request(_owner_cookie(gate)) if gate.private else None
+        picker = on_the_4090(gate, uploads=[uploads])
+        owner = gradio_request(owner_cookie(gate)) if gate.private else None
         for folder in (uploaded, uploads, elsewhere):
             rows, _, _ = picker.refresh(str(folder), None, owner)
             assert "evil" not in {row[0] for row in rows} and "evil-link" not in {row[0] for row in rows}, folder
@@ -176,7 +136,7 @@ def test_gradio_passes_the_request_to_the_picker_handlers():
 
     from gradio.utils import get_function_params, is_special_typed_parameter
 
-    picker = _picker(new_gate(True))
+    picker = on_the_4090(new_gate(True))
     for handler in (picker.refresh, picker.refresh_for, picker.refresh_alone, picker.download, picker.cancel,
                     picker.serve):
         assert is_special_typed_parameter("request", get_type_hints(handler)), handler.__name__

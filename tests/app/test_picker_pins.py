@@ -7,12 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from first_pick_hub import on_the_4090
+from hub_server import COMMIT, HubServer
+from owner_link import gradio_request, owner_cookie
 
 from app import escape
 from app.owner import OPEN, REFUSED, new_gate
 from engine.models import hub_lock
-from test_owner import _owner_cookie, _picker, _request  # the picker with a stand-in model, and Gradio's requests
-from hub_server import COMMIT, HubServer
 
 UNPINNED = "Qwen/Qwen3.6-27B"  # 'main' in catalogue.json
 PINNED = ("Qwen/Qwen3-8B", "b968826")  # a commit in catalogue.json
@@ -27,7 +28,7 @@ def studio_cache(tmp_path, monkeypatch) -> Path:
 
 
 def test_the_picker_says_how_each_hub_model_is_pinned(studio_cache):
-    picker = _picker(OPEN)
+    picker = on_the_4090(OPEN)
     _, line, _ = picker.refresh()
     assert f"{PINNED[0]}: pinned to {PINNED[1]}</li>" in line
     assert f"{UNPINNED}: unpinned: the first download pins the commit it fetches</li>" in line
@@ -40,7 +41,7 @@ def test_the_picker_says_how_each_hub_model_is_pinned(studio_cache):
 def test_a_damaged_lock_file_is_shown_escaped_and_the_table_stays(studio_cache):
     hub_lock.lock_path().parent.mkdir(parents=True)
     hub_lock.lock_path().write_text("{damaged")
-    rows, line, _ = _picker(OPEN).refresh()
+    rows, line, _ = on_the_4090(OPEN).refresh()
     assert rows and f"{UNPINNED}: lock file damaged, downloads refused" in line
     assert "&lt;img src=x onerror=alert(1)&gt;" in line and "<img" not in line
     assert f"{PINNED[0]}: pinned to {PINNED[1]}" in line
@@ -48,12 +49,12 @@ def test_a_damaged_lock_file_is_shown_escaped_and_the_table_stays(studio_cache):
 
 def test_only_the_owner_updates_a_pin_to_mains_latest_commit(studio_cache):
     gate = new_gate(private=True)
-    owner = _request(_owner_cookie(gate))
-    picker = _picker(gate)
+    owner = gradio_request(owner_cookie(gate))
+    picker = on_the_4090(gate)
     picker.refresh(None, None, owner)
     with HubServer(UNPINNED, FILES) as hub:
         picker.endpoint = hub.endpoint
-        refused = picker.update(UNPINNED, _request())
+        refused = picker.update(UNPINNED, gradio_request())
         assert escape.text(REFUSED) in refused and not hub.requests and hub_lock.locked(UNPINNED) is None
         first = picker.update(UNPINNED, owner)
         assert f"now pinned to {COMMIT[:7]} (unpinned before)" in first

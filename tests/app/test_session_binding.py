@@ -8,8 +8,6 @@ import json
 
 import httpx
 import pytest
-from test_backend_served import served  # noqa: F401  (the --backend page on a port, as launch serves it)
-from test_guard import base  # noqa: F401  (the studio on a port, as launch --share serves it)
 
 from app.browser_id import COOKIE
 from app.session_binding import NOT_YOURS, SessionBindings
@@ -64,8 +62,8 @@ def _refused_everywhere(client: httpx.Client, session_hash: str, api_name: str, 
     assert joined.status_code == 403 and joined.text.strip() == NOT_YOURS and "event_id" not in joined.text
 
 
-def test_another_browser_is_refused_a_backend_tabs_hash_and_its_own_browser_is_not(served):  # noqa: F811
-    url, demo, _ = served
+def test_another_browser_is_refused_a_backend_tabs_hash_and_its_own_browser_is_not(backend_served):
+    url, demo, _ = backend_served
     alice, bob = _browser(url), _browser(url)
     joined = _join(alice, "bindtest001", "choose", [[], "team/model", None])
     assert joined.status_code == 200 and joined.json()["event_id"]
@@ -79,8 +77,8 @@ def test_another_browser_is_refused_a_backend_tabs_hash_and_its_own_browser_is_n
     assert "bindtest001" in demo.backend_page.tabs
 
 
-def test_a_cookieless_client_keeps_a_hash_of_its_own_and_a_browser_cannot_take_it(served):  # noqa: F811
-    url, _, _ = served
+def test_a_cookieless_client_keeps_a_hash_of_its_own_and_a_browser_cannot_take_it(backend_served):
+    url, _, _ = backend_served
     script = httpx.Client(base_url=url, timeout=60)  # as gradio_client is: no page loaded, so no id cookie
     for _ in range(2):
         assert _join(script, "scripttest1", "choose", [[], "team/model", None]).status_code == 200
@@ -89,8 +87,8 @@ def test_a_cookieless_client_keeps_a_hash_of_its_own_and_a_browser_cannot_take_i
 
 
 @pytest.mark.slow
-def test_another_browser_is_refused_a_studio_tabs_hash(base):  # noqa: F811
-    alice, bob = _browser(base), _browser(base)
+def test_another_browser_is_refused_a_studio_tabs_hash(share_url):
+    alice, bob = _browser(share_url), _browser(share_url)
     assert _join(alice, "bindstudio1", "page", ["1", None]).status_code == 200
     assert _events(alice, "bindstudio1")[-1].get("msg") == "process_completed"
     _refused_everywhere(bob, "bindstudio1", "page", ["1", None])

@@ -3,60 +3,12 @@ app owns the folder, and never while one does (app.saved.store_owner)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
-
-from app import render
-from app.saved.store_owner import leftover_bytes, sweep
-
-ROOT = Path(__file__).resolve().parents[2]
-OWNER = """
-import sys, time
-from pathlib import Path
-from app.saved.store_owner import claim
-root = Path(sys.argv[1])
-claim(root)
-scratch = root / ".tmp-0123abcd-x"
-scratch.mkdir()
-(scratch / "layer-0.kv").write_bytes(b"k" * (1 << 20))
-print("saving", flush=True)
-time.sleep(600)
-"""
-
-
-def _owner(root: Path) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-c", OWNER, str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert process.stdout.readline().strip() == "saving"
-    return process
+from save_owners import killed_save_is_counted_then_removed, live_owners_newer_save_is_left_alone
 
 
 def test_a_killed_saves_folder_is_counted_then_removed_at_the_next_start(tmp_path):
-    process = _owner(tmp_path)
-    assert leftover_bytes(tmp_path) == 1 << 20
-    assert sweep(tmp_path) == 0 and (tmp_path / ".tmp-0123abcd-x").exists()  # its owner is alive: kept
-    os.kill(process.pid, signal.SIGKILL)  # kill -9 in the middle of the save
-    process.wait()
-    assert leftover_bytes(tmp_path) == 1 << 20  # counted meanwhile
-    panel = render.saved_panel([], None, leftover=leftover_bytes(tmp_path))
-    assert "1.00 MiB of an interrupted save" in panel
-    assert sweep(tmp_path) == 1 << 20  # the next start: no live owner
-    assert not (tmp_path / ".tmp-0123abcd-x").exists() and not list(tmp_path.glob(".owner-*"))
-    assert leftover_bytes(tmp_path) == 0
+    killed_save_is_counted_then_removed(tmp_path)
 
 
 def test_a_live_owners_newer_save_is_left_alone(tmp_path):
-    process = _owner(tmp_path)
-    try:
-        old = tmp_path / ".tmp-feedface-old"
-        old.mkdir()
-        (old / "part").write_bytes(b"x" * 1000)
-        os.utime(old, (time.time() - 600, time.time() - 600))  # from before the live owner started
-        assert sweep(tmp_path) == 1000  # only the folder older than every live owner
-        assert not old.exists() and (tmp_path / ".tmp-0123abcd-x").exists()
-    finally:
-        process.kill()
-        process.wait()
+    live_owners_newer_save_is_left_alone(tmp_path)

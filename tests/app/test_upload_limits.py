@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -12,17 +11,12 @@ from pathlib import Path
 
 import pytest
 from gradio_client import Client, handle_file
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1 << 30
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _peak_rss(pid: int) -> int:
@@ -37,7 +31,7 @@ def _peak_rss(pid: int) -> int:
 def served(tmp_path_factory):
     """``launch.py`` serving the embedded model as a user starts it: (url, process)."""
     folder = tmp_path_factory.mktemp("served")
-    port = _free_port()
+    port = free_port()
     log = folder / "launch.log"
     with log.open("w") as sink:
         process = subprocess.Popen([sys.executable, "launch.py", "--port", str(port), "--no-kv-cache",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import time
 import urllib.request
 from types import SimpleNamespace
 
 import pytest
 from gradio_client import Client, handle_file
+from ports import free_port
 
 from app.browser_state import BrowserState
 from app.handlers import Handlers
@@ -81,12 +81,6 @@ def test_stale_upload_folders_go_at_start_up_and_only_uploads_are_deleted(tmp_pa
 
 
 # -- through gradio_client, on the embedded model ---------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def serve(embedded_model, tmp_path):
     """Starts the app as ``launch.py`` would when others can reach it; returns (url, owner store, folders)."""
@@ -103,7 +97,7 @@ def serve(embedded_model, tmp_path):
         demo = build_ui(lambda: DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64)),
                         model_info=describe(model), snapshot_store=store, private=True, upload_dir=uploads,
                         session_shelves=None if auth else shelves)
-        demo.launch(server_name="127.0.0.1", server_port=_free_port(), prevent_thread_lock=True, quiet=True,
+        demo.launch(server_name="127.0.0.1", server_port=free_port(), prevent_thread_lock=True, quiet=True,
                     auth=auth, **launch_options())
         demos.append(demo)
         return demo.local_url, store, uploads, shelves

@@ -15,7 +15,8 @@ import pytest
 from backend_server import transformers_serve
 from lighthouse import PAGES, QUESTION
 from make_files import make_pdf
-from studio import free_port, tab
+from ports import free_port
+from studio import tab
 
 from engine.models.loader import embedded_model_dir
 

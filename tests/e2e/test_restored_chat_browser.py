@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 from lighthouse import PAGES
 from make_files import make_pdf
-from studio import free_port, read_and_ask, served, tab
+from ports import free_port
+from studio import read_and_ask, served, tab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -4,7 +4,6 @@ own CLI, FastAPI + uvicorn) on the embedded SmolLM2 folder, offline (``HF_HUB_OF
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,20 +11,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from ports import free_port
 
 START_SECONDS = 240  # loading torch and the model on a shared 2-core CPU
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
 def transformers_serve(model_dir: Path):
     """Yields ``(url, model id)`` of ``transformers serve MODEL_DIR`` once its ``/health`` answers; stops it after."""
-    port = _free_port()
+    port = free_port()
     cli = Path(sys.executable).with_name("transformers")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"transformers-serve-{port}.log", "wb")  # noqa: SIM115

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from app.owner import OPEN, OwnerGate
 from app.first_pick import downloadable
+from app.owner import OPEN, OwnerGate
 from app.picker import ModelPicker
 from engine.models import Machine, load_catalogue
 
@@ -30,9 +30,10 @@ class SwitchRecorder:
         return SimpleNamespace(new=name, old="SmolLM2", load_seconds=3.0, returned_bytes=GIB, closed_documents=1)
 
 
-def on_the_4090(gate: OwnerGate = OPEN) -> ModelPicker:
-    """The picker on the stand-in machine, kept there across a switch (which makes the picker detect it again)."""
-    picker = ModelPicker(SwitchRecorder(), device="cuda", owner=gate)
+def on_the_4090(gate: OwnerGate = OPEN, uploads=()) -> ModelPicker:
+    """The picker on the stand-in machine, kept there across a switch (which makes the picker detect it again);
+    ``uploads``: the folders it holds the page's uploads in (never a model source)."""
+    picker = ModelPicker(SwitchRecorder(), device="cuda", owner=gate, uploads=list(uploads))
     picker.machine = lambda: RTX_4090
     return picker
 

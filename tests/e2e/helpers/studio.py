@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import socket
 from contextlib import contextmanager
+
+from ports import free_port
 
 
 def slow_session(read_seconds: float, token_seconds: float | None = None):
@@ -22,12 +23,6 @@ def slow_session(read_seconds: float, token_seconds: float | None = None):
             return super()._forward(ids, *args, **kwargs)
 
     return SlowSession
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def tab(browser, url: str, timeout_ms: int, *, height: int = 900):

@@ -1,4 +1,5 @@
-"""The three-page lighthouse document the browser tests read, and the question whose answer is on its last page."""
+"""The three-page lighthouse document the browser tests read, and the question whose answer (AMBER-7) is on its last
+page, as on the last of the page tests' short one (``SECRET_PAGES``, tests/app/conftest.py)."""
 
 PAGES = [
     "The lighthouse of Kerrow Point stands on a rocky cape at the edge of the northern sea. Its keeper, Mara Quill, "

@@ -23,11 +23,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 from engine import DocumentSession, OffloadPolicy
 from engine.models.loader import load_model
 from engine.read_time.costs import ReadCosts
+from engine.read_time.read_rate import known_rate
 
 from ..corpus import fetch_corpus
 from ..records import run_stamp
@@ -104,13 +106,20 @@ def first_read(corpus: Path, key: str, tokens: int) -> dict:
     measure_s = time.perf_counter() - started  # the background measurement, from "ready"
     low, likely, high = estimate = session.reading.estimate_prefill_range(session.document_tokens)
     assert provisional.provisional and not estimate.provisional
+    reading = session.reading
+    rate = known_rate(session.model, reading._rate_key, reading.read_costs)
+    probe_s = reading.load_probe.current().seconds  # the probe the estimate was scaled by
     started = time.perf_counter()
     session.prefill()
     actual = time.perf_counter() - started
+    # What the estimate was made of, and what the read's forwards took: which term missed (issue 51's 6K read).
+    chunks = [[c.position, c.tokens, c.seconds, p] for read in reading.read_costs._raw(reading.costs_key)
+              for c, p in read]
     return {"document": key, "tokens": session.document_tokens, "low_s": low, "likely_s": likely, "high_s": high,
             "actual_s": actual, "ratio": likely / actual, "in_range": low <= actual <= high,
             "provisional_s": list(provisional), "plan_after_ready_s": plan_s, "measurement_s": measure_s,
-            "load_avg": os.getloadavg()[0]}
+            "load_avg": os.getloadavg()[0], "rate": asdict(rate) if rate else None, "estimate_probe_s": probe_s,
+            "forwards": reading._num_forwards(0, session.document_tokens), "chunks": chunks}
 
 
 def first_reads(corpus: str, repeats: int) -> list[dict]:

@@ -1,28 +1,20 @@
-"""What a read costs here, learned from real reads on a machine whose load changes.
+"""What reads cost here, as measured: each read's chunk timings and the load probe around them, kept per model,
+device, precision and KV policy (``ReadCosts``, a small JSON file across starts), and the load probe itself.
 
 Each read records its chunks' timings: (position in the context, tokens, seconds). A chunk of ``q`` tokens at
-position ``p`` does ``q`` tokens' worth of weight matmuls and attends ``q·p + q(q+1)/2`` (query, key) pairs, so its
-time is fitted as ``a·tokens + b·pairs`` (least squares, ``a, b ≥ 0``) per model, device, precision and KV policy:
-many points per read, and a per-token cost that grows with the context as attention's does.
+position ``p`` does ``q`` tokens' worth of weight matmuls and attends ``q·p + q(q+1)/2`` (query, key) pairs
+(``Chunk.features``; ``CostFit`` is the planner's FLOP model in those two terms).
 
-The load is calibrated by a probe: a fixed matmul micro-benchmark of a fraction of a second, run just before (and
-after a long) read and stored with its timings, and again when an estimate is made. A read's time goes as the
-probe's to a power ``α``: learned from the recorded reads once their probes differ enough, else a default (the
-probe slows more than a read does, so α = 1 over-corrected: docs/benchmarks/estimate-error.md). Timings are kept
-in units of ``probe^α``, so an estimate is ``fit × probe now^α``.
-
-Given the model's shape, the fit is first of one unknown, a scale of the planner's FLOP model (its split between
-the linear and the attention term), since a read or two cannot tell the two terms apart (the free two-term fit
-of one read mispredicted the next: docs/benchmarks/estimate-error.md); from three reads on, whichever of that
-and the free fit predicted held-out reads better. The range comes from how well the fit predicted each recorded read from the
-others (leave one out) and from the probe's own spread.
+The load is measured by a probe: a fixed matmul micro-benchmark of a fraction of a second, run just before (and
+after a long) read and stored with its timings, and again when an estimate is made. What an estimate makes of
+them is ``read_model``'s: the measured rate scaled to the recorded reads, and slowed as the probe's time to a
+fixed power (the probe slows more than a read does, so α = 1 over-corrected: docs/benchmarks/estimate-error.md).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import statistics
 import threading
@@ -38,12 +30,6 @@ from .costs_file import FORMAT, KEEP, checked_file
 
 logger = logging.getLogger(__name__)
 
-_FIRST_READ_SPREAD = 0.5  # before any read, the launch measurement's estimate is shown as /1.5 to x1.5
-_MIN_SPREAD = 0.15  # a range is never narrower than ±15%
-CPU_LOAD_EXPONENT = 0.65  # the default α on a CPU (measured here, see the module docstring); 1 on a GPU
-_LEARN_EXPONENT_SPAN = 1.3  # α is learned once the recorded reads' probes differ by this factor
-_EXPONENT_PRIOR = 1.0  # the default's weight: as much as two reads whose probes are 4x apart
-_ONE_READ_SPREAD = 0.25  # ... nor than ±25% when one read is all there is to judge the fit by
 
 
 def pairs(num_tokens: int) -> float:
@@ -101,15 +87,6 @@ class CostFit:
             return sum((ab[0] * x + ab[1] * z - y) ** 2 for x, z, y in points)
 
         return cls(*min(candidates, key=sse))
-
-    def scaled_to(self, points: list[tuple[float, float, float]]) -> CostFit | None:
-        """This fit's shape times the one scale that fits ``points`` best (least squares); None without a point."""
-        work = [(self.per_token * x + self.per_pair * z, y) for x, z, y in points]
-        total = sum(w * w for w, _ in work)
-        if total <= 0:
-            return None
-        scale = sum(w * y for w, y in work) / total
-        return CostFit(self.per_token * scale, self.per_pair * scale)
 
 
 @dataclass(frozen=True)
@@ -316,37 +293,13 @@ class ReadCosts:
 
     def reads(self, key: str) -> list[list[tuple[float, float, float]]]:
         """Each kept read's points ``(tokens, pairs, seconds / probe seconds)``."""
-        return [[(*c.features, c.seconds / probe) for c, probe in read] for read in self._raw(key)]
+        return [[(*c.features, c.seconds / probe) for c, probe in read] for read in self.timed_reads(key)]
 
-    def _raw(self, key: str) -> list[list[tuple[Chunk, float]]]:
+    def timed_reads(self, key: str) -> list[list[tuple[Chunk, float]]]:
+        """Each kept read's chunks, each with the load probe's seconds around it (what ``read_model`` scales by)."""
         with self._lock:
             found = list(self._load().get(key, []))
         return [[(Chunk(int(p), int(q), s), probe) for p, q, s, probe in read["chunks"]] for read in found]
-
-    def estimate(self, key: str, start: int, stop: int, probe: Probe, shape: CostFit | None = None,
-                 exponent: float = 1.0) -> tuple[float, float, float] | None:
-        """(low, likely, high) seconds to read tokens ``[start, stop)`` at the load ``probe`` measured now; None
-        before any read. ``shape``: the planner's FLOP model as a ``CostFit`` (its split between the two terms);
-        ``exponent``: α until the reads' own probes tell it."""
-        raw = self._raw(key)
-        if not raw:
-            return None
-        exponent = load_exponent(raw, shape, exponent)
-        reads = [[(*c.features, c.seconds / p**exponent) for c, p in read] for read in raw]
-        fit, ratios = _fit(reads, shape)
-        if fit is None:
-            return None
-        likely = fit.cost(start, stop) * probe.seconds**exponent
-        floor = _MIN_SPREAD
-        if not ratios:  # one read: its chunks around its own fit
-            ratios = [y / p for x, z, y in reads[0] if (p := fit.per_token * x + fit.per_pair * z) > 0]
-            floor = _ONE_READ_SPREAD
-        # The load's spread as a factor either way: ``1 - spread`` went below zero when the probes swung more than
-        # 2x ("≈ 36 s (-0.8 s – 2 min 22 s)"); a time is never negative.
-        spread = 1 + max(probe.spread * exponent, 0.0)
-        low = likely * max(min(min(ratios, default=1.0), 1 - floor), 0.0) / spread
-        high = likely * max(max(ratios, default=1.0), 1 + floor) * spread
-        return low, likely, high
 
     def _load(self) -> dict:
         if self._records is None:
@@ -371,61 +324,6 @@ class ReadCosts:
             os.replace(scratch, self.path)
         except OSError as error:  # estimates only: never fail a read over them
             logger.warning("could not keep the read's timings in %s: %s", self.path, error)
-
-
-def _fit(reads: list[list[tuple[float, float, float]]], shape: CostFit | None
-         ) -> tuple[CostFit | None, list[float]]:
-    """The fit of all ``reads`` and each read's held-out ratio (actual / predicted by a fit of the others): the FLOP
-    model scaled (with a ``shape``) until three reads, then whichever of it and the free fit predicted better."""
-    methods = [CostFit.of] if shape is None else [shape.scaled_to, CostFit.of][: 2 if len(reads) >= 3 else 1]
-    tried = [(method, _held_out_ratios(reads, method)) for method in methods]
-    method, ratios = min(tried, key=lambda t: statistics.fmean(abs(math.log(r)) for r in t[1]) if t[1] else math.inf)
-    return method([point for read in reads for point in read]), ratios
-
-
-def _held_out_ratios(reads: list[list[tuple[float, float, float]]], method=CostFit.of) -> list[float]:
-    """For each read, its actual time over what a fit of the other reads predicts for it (needs two reads)."""
-    ratios = []
-    for i, read in enumerate(reads):
-        others = method([point for j, other in enumerate(reads) if j != i for point in other])
-        if others is None:
-            continue
-        predicted = sum(others.per_token * x + others.per_pair * z for x, z, _ in read)
-        if predicted > 0:
-            ratios.append(sum(y for _, _, y in read) / predicted)
-    return [r for r in ratios if math.isfinite(r) and r > 0]
-
-
-def load_exponent(raw: list[list[tuple[Chunk, float]]], shape: CostFit | None, default: float) -> float:
-    """α of ``time ∝ probe^α``: learned from the reads once their probes differ by ``_LEARN_EXPONENT_SPAN`` (the
-    slope of each read's log misfit at α = 1 against its log probe, pulled toward ``default``), kept within
-    [0.2, 1.5]; else ``default``."""
-    probes = [sum(c.seconds * p for c, p in read) / sum(c.seconds for c, _ in read) for read in raw]
-    if len(raw) < 2 or max(probes) < _LEARN_EXPONENT_SPAN * min(probes):
-        return default
-    reads = [[(*c.features, c.seconds / p) for c, p in read] for read in raw]
-    fit, _ = _fit(reads, shape)
-    if fit is None:
-        return default
-    points = []
-    for read, probe in zip(reads, probes, strict=True):
-        predicted = sum(fit.per_token * x + fit.per_pair * z for x, z, _ in read)
-        if predicted > 0:
-            points.append((math.log(probe), math.log(sum(y for _, _, y in read) / predicted)))
-    mean_x = statistics.fmean(x for x, _ in points)
-    mean_y = statistics.fmean(y for _, y in points)
-    spread = sum((x - mean_x) ** 2 for x, _ in points)
-    # Pulled toward the default as much as two reads' probes 4x apart would weigh: a few noisy reads move it less.
-    slope = (sum((x - mean_x) * (y - mean_y) for x, y in points) + _EXPONENT_PRIOR * (default - 1.0)) / (
-        spread + _EXPONENT_PRIOR)
-    return min(max(1.0 + slope, 0.2), 1.5)
-
-
-def first_read_range(likely: float, load_spread: float = 0.0) -> tuple[float, float, float]:
-    """Before any read: the launch measurement's estimate, within a factor ``1 + 50%`` either way, widened by the
-    load's spread (``load_spread``: the probes' relative spread); the low bound is never below zero."""
-    factor = (1 + _FIRST_READ_SPREAD) * (1 + max(load_spread, 0.0))
-    return likely / factor, likely, likely * factor
 
 
 _SHARED: dict[Path, ReadCosts] = {}

@@ -1,6 +1,7 @@
 """How long a read takes here, before it runs: one ``ReadEstimator`` per session (``DocumentSession.reading``) holds
-the learned chunk costs (``costs.ReadCosts``), the load probe, and this machine's measured first-read rate
-(``read_rate``), and answers ``estimate_prefill_range`` with a ``read_rate.ReadEstimate`` (low, likely, high seconds).
+the recorded reads' chunk timings (``costs.ReadCosts``), the load probe, and this machine's measured rate
+(``read_rate``), and answers ``estimate_prefill_range`` with a ``read_rate.ReadEstimate`` (low, likely, high seconds)
+from ``read_model``: the rate scaled to the recorded reads, at the load measured now.
 
 Why a holder of its own: the estimate needs the model, its shape, the policy's chunking and KV dtype, and two keys
 (costs per model/device/dtype/KV policy; a measured rate per that, the machine, torch and the weights mode); in the
@@ -19,10 +20,11 @@ from ..cache import HeadInferCache, cache_argument
 from ..paths import cache_dir
 from ..planning.policy import OffloadPolicy
 from ..planning.shape import ModelShape
-from .costs import CPU_LOAD_EXPONENT, CostFit, ReadCosts, first_read_range, load_probe, pairs, shared_read_costs
+from .costs import CostFit, ReadCosts, load_probe, pairs, shared_read_costs
 from .pace import prefill_step, prefill_work
-from .read_rate import (ReadEstimate, attention_floor, known_rate, measure_in_background, measure_read_rate,
-                   provisional_estimate, rate_key)
+from .read_model import CPU_LOAD_EXPONENT, ReadModel, calibrated
+from .read_rate import (ReadEstimate, ReadRate, attention_floor, known_rate, measure_in_background, measure_read_rate,
+                        pair_cost_ratio, provisional_estimate, rate_key)
 
 
 class ReadEstimator:
@@ -50,26 +52,32 @@ class ReadEstimator:
         return self.estimate_prefill_range(num_tokens, start)[1]
 
     def estimate_prefill_range(self, num_tokens: int, start: int = 0) -> ReadEstimate:
-        """(low, likely, high) seconds to prefill tokens ``start..num_tokens``: from the chunk timings of earlier
-        reads here (kept across starts), scaled by how busy the machine is now (a load probe of a fraction of a
-        second); before any read, from this machine's reading cost (``engine.read_time.read_rate``: measured once per model,
-        machine, torch version and weights mode, and kept). Never waits for that measurement: while it runs (it is
-        started here if it was not) the estimate is the load probe's, wide and ``provisional``."""
-        exponent = CPU_LOAD_EXPONENT if self.device.type == "cpu" else 1.0
+        """(low, likely, high) seconds to prefill tokens ``start..num_tokens``: ``read_model()`` at the load a probe
+        of a fraction of a second measures now; a pure function of those tokens, this machine's measured rate and
+        that load, so nothing else moves it (``engine.read_time.read_model``). Never waits for the measurement:
+        while none landed and no read was recorded (it is started here if it was not), the estimate is the load
+        probe's, wide and ``provisional``."""
         probe = self.load_probe.current()
-        learned = self.read_costs.estimate(self.costs_key, start, num_tokens, probe, shape=self._work_shape(),
-                                           exponent=exponent)
-        if learned is not None:
-            return ReadEstimate(*learned)
-        rate = known_rate(self.model, self._rate_key, self.read_costs)
-        if rate is None:
+        model = self.read_model()
+        if model is None:
             self.measure_read_rate_in_background()
             return provisional_estimate(prefill_work(self.shape, start, num_tokens), probe.seconds,
                                         self.load_probe.flops)
-        seconds = rate.seconds(self._num_forwards(start, num_tokens), start, num_tokens)
-        # As a learned estimate is: scaled from the load the measurement met to the load now.
-        return ReadEstimate(*first_read_range(seconds * (probe.seconds / rate.probe_seconds) ** exponent,
-                                              probe.spread * exponent))
+        return model.estimate(self._num_forwards(start, num_tokens), start, num_tokens, probe)
+
+    def read_model(self) -> ReadModel | None:
+        """This machine's reading cost now: the measured rate (the background measurement's, else the planner's FLOP
+        model), scaled to the reads recorded here; None while neither a measurement nor a read is known. Changes
+        only when a measurement lands or a read is recorded."""
+        timed = self.read_costs.timed_reads(self.costs_key)
+        rate = known_rate(self.model, self._rate_key, self.read_costs)
+        if rate is None:
+            if not timed:
+                return None
+            work = self._work_shape()  # no measurement (a read stopped it): the FLOP model's split, at unit load
+            rate = ReadRate(0.0, work.per_token, work.per_pair, probe_seconds=1.0)
+        exponent = CPU_LOAD_EXPONENT if self.device.type == "cpu" else 1.0
+        return calibrated(rate, timed, exponent)
 
     @property
     def reading_cost_known(self) -> bool:
@@ -87,10 +95,12 @@ class ReadEstimator:
             if then is not None:
                 then()
             return None
-        floor = attention_floor(self._work_shape())  # attention costs at least its share of the FLOPs
+        # A CPU's attention costs a fixed multiple of its FLOP share; elsewhere at least its share.
+        tied = self.device.type == "cpu"
+        floor = (pair_cost_ratio if tied else attention_floor)(self._work_shape())
         measure = lambda should_stop, give_way: measure_read_rate(
             self.model, self.shape.vocab_size, self._read_forward, lambda: self.load_probe.measure().seconds,
-            should_stop, give_way, pair_floor=floor)
+            should_stop, give_way, pair_floor=floor, tied=tied)
         return measure_in_background(self.model, self._rate_key, self.read_costs, self.load_probe, measure, then)
 
     def making_a_plan(self):

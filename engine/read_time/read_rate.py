@@ -48,6 +48,10 @@ logger = logging.getLogger(__name__)
 
 READ_RATE_TOKENS = (128, 512, 1536)  # three sizes for three unknowns; the largest sees attention's quadratic term
 _RUNS_PER_SIZE = 2  # the faster of two: a size's first forward pays first-use costs, a busy machine spikes
+# On a CPU a FLOP of attention costs this many FLOPs of the weight matmuls: fitted (a shared factor, each table its own
+# per-forward and per-token cost) to the two tables of forwards timed in a row in estimate-error.md (2026-11-26, 128
+# to 4,096 tokens, load 2-8 and ~20); scored on first reads it was not fitted on (estimate-accuracy.md).
+CPU_ATTENTION_COST = 1.8
 _PROVISIONAL_SPREAD = 3.0  # before the measurement lands: the probe's FLOP rate's estimate, /3 to x3
 # A read's FLOP rate over the load probe's: 2.05 = the 3/4 assumed before times the geometric mean of what its
 # provisional estimates came out over 12 first reads of 1.5K-6K tokens (x1.75-4.32, load average 4.5-17; the probe's
@@ -92,7 +96,8 @@ class ReadRate:
         return rate if all(math.isfinite(v) and v >= 0 for v in fields) and rate.probe_seconds > 0 else None
 
 
-def fit_forwards(points: list[tuple[int, float]], probe_seconds: float, pair_floor: float = 0.0) -> ReadRate | None:
+def fit_forwards(points: list[tuple[int, float]], probe_seconds: float, pair_floor: float = 0.0,
+                 tied: bool = False) -> ReadRate | None:
     """Non-negative least squares of ``seconds ≈ c + a·tokens + b·pairs(tokens)`` over forwards from position 0
     (``(tokens, seconds)``), with ``b ≥ pair_floor · a``: the best of every subset of the three terms (``c``, ``a``
     and ``b``'s excess over its floor) whose unconstrained solution is non-negative. None without a usable point.
@@ -101,13 +106,18 @@ def fit_forwards(points: list[tuple[int, float]], probe_seconds: float, pair_flo
     FLOPs to a token's (``attention_floor``). Attention's FLOPs run no faster than the weight matmuls' (small per-head
     matmuls and a softmax against large GEMMs, on a CPU as on a GPU), so attention costs at least its FLOP share.
     Without the floor the pair term rested on the 1,536-token forward alone: on a busy machine that forward ran fast,
-    the fit dropped the term and priced a long read far short (docs/benchmarks/estimate-error.md)."""
+    the fit dropped the term and priced a long read far short (docs/benchmarks/estimate-error.md).
+
+    ``tied``: ``b = pair_floor · a`` exactly, two unknowns from the three sizes (a CPU's, ``pair_cost_ratio``): three
+    points fitted exactly by three terms carry each forward's noise into the terms, and a 128-token forward slower
+    than the 512-token one (14.7 s and 9.9 s on a busy minute) fitted ``a = 0`` and a pair term carrying the
+    tokens' linear work, which grew quadratically: a 6K read priced at 1.7x its time (``estimate-accuracy.md``)."""
     rows = [((1.0, float(n) + pair_floor * pairs(n), pairs(n)), s) for n, s in points if n > 0 and s > 0]
     if not rows:
         return None
     best, best_error = None, math.inf
-    for size in (1, 2, 3):
-        for terms in combinations(range(3), size):
+    for size in (1, 2) if tied else (1, 2, 3):
+        for terms in combinations(range(2 if tied else 3), size):
             solved = _least_squares([[x[t] for t in terms] for x, _ in rows], [y for _, y in rows])
             if solved is None or any(v < 0 for v in solved):
                 continue
@@ -144,10 +154,11 @@ def _least_squares(a: list[list[float]], y: list[float]) -> list[float] | None:
 
 def measure_read_rate(model, vocab_size: int, forward: Callable[[torch.Tensor], None], probe: Callable[[], float],
                       should_stop: Callable[[], bool] = lambda: False,
-                      give_way: Callable[[], None] | None = None, pair_floor: float = 0.0) -> ReadRate | None:
+                      give_way: Callable[[], None] | None = None, pair_floor: float = 0.0,
+                      tied: bool = False) -> ReadRate | None:
     """Times forwards of ``READ_RATE_TOKENS`` as ``forward(ids)`` runs them (a read's), each ``_RUNS_PER_SIZE``
     times, the faster kept, after a short warm-up, with ``probe()`` (the load probe's seconds) before and after; fits
-    them (``fit_forwards``, the pair term at least ``pair_floor`` times the token term). None when ``should_stop()`` turned true (checked between forwards and between layers).
+    them (``fit_forwards``, the pair term at least ``pair_floor`` times the token term, or exactly that ``tied``). None when ``should_stop()`` turned true (checked between forwards and between layers).
     ``give_way()`` runs between layers and may block (a plan being made): that time is not counted."""
     device = next(model.parameters()).device
     ids = torch.randint(0, vocab_size, (1, max(READ_RATE_TOKENS)), device=device)  # [1, N]
@@ -176,7 +187,7 @@ def measure_read_rate(model, vocab_size: int, forward: Callable[[torch.Tensor], 
                 points.append((n, best))
     except ForwardInterrupted:
         return None
-    rate = fit_forwards(points, (before + probe()) / 2, pair_floor)
+    rate = fit_forwards(points, (before + probe()) / 2, pair_floor, tied)
     if rate is not None:
         logger.info("read rate: %.3f s per forward + %.3g s per token + %.3g s per (query, key) pair (forwards %s; "
                     "probe %.0f ms)", rate.per_forward, rate.per_token, rate.per_pair,
@@ -188,6 +199,12 @@ def attention_floor(flop_model: CostFit) -> float:
     """``fit_forwards``'s ``pair_floor`` for a model: its FLOP model's seconds per (query, key) pair over its seconds
     per token (at any one FLOP rate: their ratio of FLOPs)."""
     return flop_model.per_pair / flop_model.per_token if flop_model.per_token > 0 else 0.0
+
+
+def pair_cost_ratio(flop_model: CostFit) -> float:
+    """A CPU's seconds per (query, key) pair over its seconds per token (``fit_forwards(tied=True)``): the FLOP
+    model's ratio times ``CPU_ATTENTION_COST``."""
+    return CPU_ATTENTION_COST * attention_floor(flop_model)
 
 
 def rate_key(model, cost_key: str, weights: str) -> str:

@@ -1,6 +1,6 @@
-"""Honest reading-time estimates: a cost model fitted to the chunk timings of real reads (a linear and a
-quadratic-in-context term), scaled by a load probe taken now against the one taken when the reads were recorded,
-shown as a range from how well the fit predicts held-out reads; the micro-benchmark only before the first read."""
+"""Honest reading-time estimates from the chunk timings of real reads: the rate's shape (a linear and a
+quadratic-in-context term) scaled to the reads (``read_model.calibrated``), by a load probe taken now against the
+one taken when the reads were recorded, shown as a range from how well the scale predicts held-out reads."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import random
 import pytest
 
 from engine.read_time.costs import Chunk, CostFit, LoadProbe, Probe, ReadCosts, pairs
+from engine.read_time.read_model import calibrated
+from engine.read_time.read_rate import ReadRate
 
 A, B = 1e-3, 1e-6  # seconds per token, per (query, key) pair: at 8K tokens attention is 4x the linear cost
 
@@ -35,6 +37,16 @@ def probe(seconds: float, spread: float = 0.0) -> Probe:
     return Probe(seconds, spread, at=0.0)
 
 
+SHAPE = ReadRate(0.0, A * 3.0, B * 3.0, probe_seconds=1.0)  # the right split, a wrong scale: the reads calibrate it
+
+
+def estimate(costs: ReadCosts, key: str, start: int, stop: int, now: Probe, shape: ReadRate = SHAPE,
+             exponent: float = 1.0):
+    """What the session's estimator makes of ``costs``'s reads for ``key``; None before any read."""
+    model = calibrated(shape, costs.timed_reads(key), exponent)
+    return model.estimate(0, start, stop, now) if model.reads else None
+
+
 def test_the_fit_recovers_the_linear_and_the_quadratic_cost():
     points = [(*c.features, c.seconds) for c in timed_read(2000) + timed_read(6000, chunk=700)]
     fit = CostFit.of(points)
@@ -55,7 +67,7 @@ def test_a_single_rate_from_short_reads_would_underestimate_a_long_one_the_fit_d
     costs = ReadCosts(tmp_path / "costs.json")
     costs.record("m", timed_read(2000), probe_seconds=1.0)
     costs.record("m", timed_read(4000), probe_seconds=1.0)
-    low, likely, high = costs.estimate("m", 0, 7000, probe(1.0))
+    low, likely, high = estimate(costs, "m", 0, 7000, probe(1.0))
     assert likely == pytest.approx(truth(7000), rel=1e-6)
     single_rate = 4000 / truth(4000)  # tokens/s of the 4K read, as the old estimate extrapolated
     assert 7000 / single_rate < 0.8 * truth(7000)
@@ -65,13 +77,13 @@ def test_the_load_probe_scales_the_estimate(tmp_path):
     costs = ReadCosts(tmp_path / "costs.json")
     costs.record("m", timed_read(3000), probe_seconds=0.1)  # recorded on a quiet machine
     costs.record("m", timed_read(5000, load=2.0), probe_seconds=0.2)  # under twice the load: probe twice as slow
-    quiet = costs.estimate("m", 0, 4000, probe(0.1))
-    busy = costs.estimate("m", 0, 4000, probe(0.25))
+    quiet = estimate(costs, "m", 0, 4000, probe(0.1))
+    busy = estimate(costs, "m", 0, 4000, probe(0.25))
     assert quiet[1] == pytest.approx(truth(4000), rel=1e-6)
     assert busy[1] == pytest.approx(2.5 * truth(4000), rel=1e-6)
     assert busy[0] > quiet[0] and busy[2] > quiet[2]
     # A resumed read: only the rest, which attends the most keys.
-    assert costs.estimate("m", 3000, 4000, probe(0.1))[1] == pytest.approx(truth(4000) - truth(3000), rel=1e-6)
+    assert estimate(costs, "m", 3000, 4000, probe(0.1))[1] == pytest.approx(truth(4000) - truth(3000), rel=1e-6)
 
 
 def test_the_range_contains_the_truth_for_noisy_reads(tmp_path):
@@ -88,7 +100,7 @@ def test_the_range_contains_the_truth_for_noisy_reads(tmp_path):
                          probe_seconds=0.1 * load * (1 + probe_error))
         load = rng.uniform(0.5, 3.0)
         actual = sum(c.seconds for c in timed_read(6000, load=load, noise=0.15, rng=rng)) * (1 + rng.uniform(-0.2, 0.2))
-        low, likely, high = costs.estimate("m", 0, 6000, probe(0.1 * load, spread=0.05))
+        low, likely, high = estimate(costs, "m", 0, 6000, probe(0.1 * load, spread=0.05))
         inside += low <= actual <= high
         widths.append(high / low)
     assert inside >= 36
@@ -98,27 +110,27 @@ def test_the_range_contains_the_truth_for_noisy_reads(tmp_path):
 def test_one_read_gives_a_range_of_at_least_25_percent(tmp_path):
     costs = ReadCosts(None)
     costs.record("m", timed_read(3000), probe_seconds=1.0)
-    low, likely, high = costs.estimate("m", 0, 3000, probe(1.0))
+    low, likely, high = estimate(costs, "m", 0, 3000, probe(1.0))
     assert likely == pytest.approx(truth(3000), rel=1e-6)
     assert low == pytest.approx(0.75 * likely) and high == pytest.approx(1.25 * likely)
-    assert costs.estimate("other", 0, 3000, probe(1.0)) is None  # another model, device or policy: nothing yet
+    assert estimate(costs, "other", 0, 3000, probe(1.0)) is None  # another model, device or policy: nothing yet
 
 
 def test_timings_are_kept_across_starts_and_an_unwritable_record_never_fails_a_read(tmp_path):
     path = tmp_path / "read-costs.json"
     ReadCosts(path).record("m|cpu", timed_read(2000), probe_seconds=0.5)
     later = ReadCosts(path)  # the next start
-    assert later.estimate("m|cpu", 0, 2000, probe(0.5))[1] == pytest.approx(truth(2000), rel=1e-6)
+    assert estimate(later, "m|cpu", 0, 2000, probe(0.5))[1] == pytest.approx(truth(2000), rel=1e-6)
     for _ in range(40):
         later.record("m|cpu", timed_read(1000), probe_seconds=0.5)
     assert len(ReadCosts(path).reads("m|cpu")) == 24
     path.write_text('{"m|cpu": [[2000, 5.0, 0]]}')  # the old read-rates format: ignored, not a crash
-    assert ReadCosts(path).estimate("m|cpu", 0, 2000, probe(1.0)) is None
+    assert estimate(ReadCosts(path), "m|cpu", 0, 2000, probe(1.0)) is None
     blocked = tmp_path / "file"
     blocked.write_text("")
     costs = ReadCosts(blocked / "read-costs.json")  # its folder is a file
     costs.record("m", timed_read(1000), 1.0)
-    assert costs.estimate("m", 0, 1000, probe(1.0)) is not None  # kept for this start at least
+    assert estimate(costs, "m", 0, 1000, probe(1.0)) is not None  # kept for this start at least
 
 
 def test_the_probe_is_short_reused_while_fresh_and_while_this_process_computes():
@@ -149,8 +161,8 @@ def test_the_load_is_the_median_of_the_recent_probes_and_their_spread_widens_the
     costs = ReadCosts(None)
     costs.record("m", timed_read(3000), probe_seconds=0.2)
     costs.record("m", timed_read(4000), probe_seconds=0.2)
-    steady = costs.estimate("m", 0, 4000, probe(0.2, spread=0.02))
-    changing = costs.estimate("m", 0, 4000, now)
+    steady = estimate(costs, "m", 0, 4000, probe(0.2, spread=0.02))
+    changing = estimate(costs, "m", 0, 4000, now)
     assert changing[1] == pytest.approx(steady[1])
     assert changing[0] < steady[0] and changing[2] > steady[2]
 
@@ -250,52 +262,27 @@ def test_the_first_reads_benchmark_runs_a_forward_the_way_a_read_does(tmp_path, 
     assert made and all(cache.get_seq_length() == 0 for cache in made)  # each released afterwards
 
 
-def test_with_the_models_shape_one_read_in_one_chunk_predicts_a_longer_read():
-    """A read done in one forward is one point: the free two-term fit cannot split it and extrapolates wrongly;
-    scaling the planner's FLOP model (the shape) to it predicts the next, longer read."""
+def test_one_read_in_one_chunk_scales_the_rates_shape_and_predicts_a_longer_read():
+    """A read done in one forward is one point: it cannot split the two terms, so it scales the rate's shape (the
+    measured one, or the planner's FLOP model), which predicts the next, longer read."""
     costs = ReadCosts(None)
     costs.record("m", timed_read(2000, chunk=4096), probe_seconds=1.0)
-    free = costs.estimate("m", 0, 4000, probe(1.0))[1]
-    shaped = costs.estimate("m", 0, 4000, probe(1.0), shape=CostFit(A * 3.0, B * 3.0))[1]  # right split, wrong scale
-    assert shaped == pytest.approx(truth(4000), rel=1e-6)
-    assert abs(free / truth(4000) - 1) > 0.2
-
-
-def test_from_three_reads_the_free_fit_wins_where_the_shape_is_wrong():
-    costs = ReadCosts(None)
-    for num_tokens in (1500, 3000, 6000):
-        costs.record("m", timed_read(num_tokens), probe_seconds=1.0)
-    wrong = CostFit(A, 10 * B)  # attention ten times too dear
-    assert costs.estimate("m", 0, 8000, probe(1.0), shape=wrong)[1] == pytest.approx(truth(8000), rel=1e-6)
-
-
-def test_the_load_exponent_is_the_default_until_the_reads_probes_differ_then_learned():
-    """Reads under more load slow as the probe to the power 0.6 (as measured here: the probe over-states the load)."""
-    costs = ReadCosts(None)
-    costs.record("m", timed_read(3000), probe_seconds=0.01)
-    costs.record("m", timed_read(4000), probe_seconds=0.0105)
-    # Probes within 30% of each other: nothing to learn from; the default exponent is used.
-    busy = costs.estimate("m", 0, 4000, probe(0.04), exponent=0.65)[1]
-    assert busy == pytest.approx(truth(4000) * (0.04 / 0.0102) ** 0.65, rel=0.05)
-    for num_tokens, load in ((2000, 4.0), (5000, 4.0), (3000, 2.0)):
-        costs.record("m", timed_read(num_tokens, load=load ** 0.6), probe_seconds=0.01 * load)
-    learned = costs.estimate("m", 0, 4000, probe(0.03), exponent=1.0)[1]  # a default of 1 over-corrects
-    assert learned == pytest.approx(truth(4000) * 3 ** 0.6, rel=0.1)
-    assert learned < 0.8 * truth(4000) * 3
+    assert estimate(costs, "m", 0, 4000, probe(1.0))[1] == pytest.approx(truth(4000), rel=1e-6)
 
 
 def test_no_bound_of_a_range_is_ever_negative_however_the_load_swings(tmp_path):
     """A 2-page PDF once showed "≈ 36 s (-0.8 s – 2 min 22 s)": the load's spread was taken off as ``1 - spread``,
     below zero once the probes swung more than 2x. Now it divides: a factor either way."""
     from app.render import reading_time
-    from engine.read_time.costs import first_read_range
 
     costs = ReadCosts(None)
     costs.record("m", timed_read(1000), probe_seconds=0.02)
+    before_any_read = calibrated(SHAPE, [], 1.0)
     for spread in (0.0, 0.5, 1.0, 1.6, 5.0):
-        for estimate in (costs.estimate("m", 0, 800, probe(0.05, spread)), first_read_range(36.0, spread)):
-            low, likely, high = estimate
-            assert 0 < low < likely < high, (spread, estimate)
-            assert "-" not in reading_time(estimate)
-    low, _, high = costs.estimate("m", 0, 800, probe(0.05, 1.6))
+        for shown in (estimate(costs, "m", 0, 800, probe(0.05, spread)), before_any_read.estimate(0, 0, 800,
+                                                                                                   probe(1.0, spread))):
+            low, likely, high = shown
+            assert 0 < low < likely < high, (spread, shown)
+            assert "-" not in reading_time(shown)
+    low, _, high = estimate(costs, "m", 0, 800, probe(0.05, 1.6))
     assert high / low > 2.6 ** 2  # a swinging load still widens the range: both ways

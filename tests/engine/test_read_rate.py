@@ -66,17 +66,42 @@ def test_a_busy_machines_noise_does_not_drop_the_attention_term_a_6k_read_stays_
     assert (clean.per_forward, clean.per_token, clean.per_pair) == pytest.approx((C, A, B), rel=1e-6)
 
 
-def test_the_sessions_floor_is_its_flop_models_ratio_of_a_pairs_flops_to_a_tokens(tiny, monkeypatch):
+def test_a_cpu_sessions_pair_term_is_its_flop_models_ratio_times_cpu_attentions_cost_tied(tiny, monkeypatch):
     from engine.read_time import estimator as estimator_module
     seen = []
     monkeypatch.setattr(estimator_module, "measure_read_rate",
-                        lambda *args, pair_floor=0.0, **kwargs: seen.append(pair_floor))
+                        lambda *args, pair_floor=0.0, tied=False, **kwargs: seen.append((pair_floor, tied)))
     reading = reading_of(tiny, ReadCosts(None))
     reading.measure_read_rate_in_background().join(10)
     shape = reading.shape  # one pair's FLOPs over one token's (the planner's model), for a full-attention model
     assert not any(shape.sliding_windows or ())
     per_token, per_pair = 2.0 * shape.num_params, 4.0 * shape.num_heads * shape.head_dim * shape.num_layers
-    assert seen == [pytest.approx(per_pair / per_token, rel=0.01)]  # (pairs of n tokens: n²/2 there, n(n+1)/2 here)
+    # (pairs of n tokens: n²/2 there, n(n+1)/2 here)
+    assert seen == [(pytest.approx(read_rate.CPU_ATTENTION_COST * per_pair / per_token, rel=0.01), True)]
+
+
+# A first read on a clean cache (2026-12-02 07:10 UTC, load average 7-11, the reference manual cut to 6,059 tokens):
+# the background measurement's faster-of-two forwards, and the read's own two forwards (4,096 and 1,963 tokens).
+FORWARDS_THEN = [(128, 14.65), (512, 9.86), (1536, 22.81)]
+READ_THEN = 52.49 + 56.44
+
+
+def test_a_slow_short_forward_no_longer_prices_a_6k_read_at_1_7x_tied_to_the_flop_split_within_35_percent():
+    """The 128-token forward ran slower than the 512-token one: three terms through three points fitted no cost per
+    token and a pair term carrying the tokens' linear work, which grew quadratically (190 s for a 110 s read, as
+    issue 51's 6K read came out +56%). Tied to the FLOP model's split (times a CPU's attention cost, fitted on other
+    forwards), two terms through the three points price it within ±35%."""
+    flop_ratio = 2.57e-4  # SmolLM2-135M's: a pair's FLOPs over a token's (``attention_floor``)
+    free = fit_forwards(FORWARDS_THEN, 0.14, pair_floor=flop_ratio)
+    assert free.per_token == 0 and free.seconds(2, 0, 6059) / READ_THEN > 1.6
+    tied = fit_forwards(FORWARDS_THEN, 0.14, pair_floor=read_rate.CPU_ATTENTION_COST * flop_ratio, tied=True)
+    assert tied.per_token > 0 and tied.per_pair == pytest.approx(read_rate.CPU_ATTENTION_COST * flop_ratio
+                                                                  * tied.per_token)
+    assert abs(tied.seconds(2, 0, 6059) / READ_THEN - 1) <= 0.35
+    # Clean timings of the tied shape are recovered exactly.
+    exact = [(n, C + A * n + A * 5e-4 * pairs(n)) for n in READ_RATE_TOKENS]
+    clean = fit_forwards(exact, 0.01, pair_floor=5e-4, tied=True)
+    assert (clean.per_forward, clean.per_token, clean.per_pair) == pytest.approx((C, A, A * 5e-4), rel=1e-6)
 
 
 # First reads on a clean cache (``docs/benchmarks/data/estimate-error-first-reads*.json``, load average 4.5-17): the
@@ -255,3 +280,49 @@ def test_the_measurement_pauses_while_a_visitors_plan_is_made_and_the_pause_is_n
         assert waiting.is_alive()  # the measurement waits while the plan is made
     waiting.join(5)
     assert not waiting.is_alive()
+
+
+def test_the_same_files_estimate_moves_only_with_the_measured_load_or_rate_and_by_their_factor(tiny, monkeypatch):
+    """Issue 51: one file's estimate went 42:24 → 49:51 → 28:39 within minutes. The estimate is a pure function of
+    the file's tokens, the measured rate and the measured load: re-planned with both held it is the same; the load
+    changed by a factor moves every file's estimate by that factor (to the power α: a read slows less than the
+    probe); a read recorded moves every file's estimate by one factor, the rate's. Before, the first read switched
+    to a two-term fit of another shape (and later reads re-fitted its split): files moved by different factors."""
+    from engine.read_time import estimator as estimator_module
+    from engine.read_time.read_model import CPU_LOAD_EXPONENT
+
+    reading = reading_of(tiny, ReadCosts(None))
+    load = [0.01]
+    for name in ("measure", "current"):
+        monkeypatch.setattr(reading.load_probe, name, lambda: Probe(load[0], 0.0, time.monotonic()))
+    monkeypatch.setattr(estimator_module, "measure_read_rate", lambda *a, **k: ReadRate(C, A, B, 0.01))
+    reading.measure_read_rate_in_background().join(10)
+    files = (1500, 6000, 30000)
+    plan = lambda: [reading.estimate_prefill_range(n) for n in files]
+    first = plan()
+    assert not any(e.provisional for e in first) and plan() == first  # nothing measured changed: the same
+
+    load[0] = 0.025  # the machine's measured load, 2.5x
+    for busy, quiet in zip(plan(), first, strict=True):
+        assert busy[1] / quiet[1] == pytest.approx(2.5 ** CPU_LOAD_EXPONENT, rel=1e-9)
+    load[0] = 0.01
+    assert plan() == first
+
+    # Reads land whose time has another shape than the measurement's (attention dearer, a forward cheaper), at
+    # other loads: each moves the rate by one factor, and every file's estimate by it.
+    rate_before, before = reading.read_model(), first
+    for num_tokens, probe_seconds in ((2500, 0.012), (5000, 0.02), (1200, 0.008)):
+        chunks, done = [], 0
+        while done < num_tokens:
+            size = min(1024, num_tokens - done)
+            seconds = (0.2 + 1.3 * A * size + 3 * B * (pairs(done + size) - pairs(done))) * (probe_seconds / 0.01)
+            chunks.append(Chunk(done, size, seconds))
+            done += size
+        reading.read_costs.record(reading.costs_key, chunks, probe_seconds=probe_seconds)
+        rate_after, after = reading.read_model(), plan()
+        factor = rate_after.scale / rate_before.scale
+        assert factor != pytest.approx(1.0, abs=1e-3)
+        for new, old in zip(after, before, strict=True):
+            assert new[1] / old[1] == pytest.approx(factor, rel=1e-9), (num_tokens, files)
+        assert plan() == after
+        rate_before, before = rate_after, after

@@ -472,10 +472,11 @@ class DocumentSession:
                                                self._claim_logprob(question, end),
                                                asked_share(question, document_words(self.document))))
 
-    def check_support(self, question: str, turns: list[Turn] | None = None) -> float:
+    def check_support(self, question: str, turns: list[Turn] | None = None, prompt: str | None = None) -> float:
         """P(yes) / (P(yes) + P(no)) of the model's own next token after a verification turn (``verify_prompt``:
         does the document state the answer to ``question``?) asked after ``turns`` (default: the conversation so
-        far; ``ask`` runs it before the answer, so in a fresh chat on the question alone).
+        far; ``ask`` runs it before the answer, so in a fresh chat on the question alone). ``prompt``: another
+        yes/no turn in its place (``support_claim.claim_prompt``: is this answer stated for what was asked?).
 
         Cheap next to an answer: the document's K/V is reused, so the check is a prefill of its few dozen tokens
         and one next-token distribution. It leaves the conversation as it was: the turn is not recorded and the
@@ -485,7 +486,8 @@ class DocumentSession:
         if not self.is_prefilled:
             raise StateError("read the document first (prefill)")
         turns = self.turns if turns is None else turns
-        wanted = self._document_ids + self.prompts.conversation_ids(self.document, turns, verify_prompt(question))
+        turn = verify_prompt(question) if prompt is None else prompt
+        wanted = self._document_ids + self.prompts.conversation_ids(self.document, turns, turn)
         common = 0
         for have, want in zip(self._cached_ids, wanted):
             if have != want:

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.answer.support import document_words, page_texts, thresholds_for
+from engine.answer.support_binding import binding_share
 from engine.answer.support_entity import entity_share, peak_entity_share
 from engine.types import page_markers
 
@@ -41,6 +42,7 @@ QUESTIONS = DATA / "data" / "support_held_out.json"
 ANSWERS = DATA / "data" / "support-held-out.jsonl"  # the new manuals' answers (the model-time cache)
 FITTED_ANSWERS = DATA / "data" / "support.jsonl"  # support_eval's answers: the two manuals today's thresholds were fitted on
 REPORT = DATA / "support-held-out.md"
+CLAIMS = DATA / "data" / "support-claim.jsonl"  # the claim check's P(yes) per cached answer (``support_claim``)
 MODEL = "qwen2.5-coder-1.5b"  # the CPU default model (engine/models/pypi.py)
 READING = "## Reading"  # the hand-written part of the report starts at this heading, kept when the tables are rewritten
 PEAKS = 8  # the document positions with the most answer attention kept per answer
@@ -111,6 +113,11 @@ RULES = {
     "log-prob + entity": ("min_mean_logprob", "min_entity_share"),
     "share + grounded + entity": ("min_document_share", "min_grounded_share", "min_entity_share"),
     "share + asked words + entity": ("min_document_share", "min_asked_share", "min_entity_share"),
+    # The binding signal (``support_binding``): the sentence holding the answer's words and the headings above it.
+    "binding": ("min_binding_share",),
+    "share + binding": ("min_document_share", "min_binding_share"),
+    "share + log-prob + binding": ("min_document_share", "min_mean_logprob", "min_binding_share"),
+    "share + binding, the sentence alone": ("min_document_share", "min_binding_sentence"),
 }
 
 
@@ -120,20 +127,39 @@ def fitted_records(model: str = MODEL, path: Path = FITTED_ANSWERS) -> list[dict
     return [r for r in records if r["model"] == model and r["layout"] == "glued" and r["chat"] == "fresh"]
 
 
-def labelled_rows(records: list[dict], texts: dict[str, str]) -> list[dict]:
+def cited_spans(text: str, labels: list[str]) -> list[tuple[int, int]]:
+    """(start, end) in ``text`` of each page whose label is in ``labels`` (the pages an answer cites)."""
+    markers = page_markers(text)
+    return [(page.end, markers[i + 1].start if i + 1 < len(markers) else len(text))
+            for i, page in enumerate(markers) if page.label in set(labels)]
+
+
+def claim_checks(path: Path = CLAIMS, model: str = MODEL) -> dict[tuple[str, str], dict]:
+    """{(manual, question): the claim check's line} of ``model`` (``support_claim``'s cache; empty without it)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return {(r["document"], r["question"]): r for r in lines if r["model"] == model}
+
+
+def labelled_rows(records: list[dict], texts: dict[str, str], claims: dict | None = None) -> list[dict]:
     """``by_answer``'s rows (a right answer supported, a wrong one unsupported, "the document does not say" left
-    out), each with every signal: support_eval's and ``min_entity_share`` (on the pages the answer cites)."""
+    out), each with every signal: support_eval's, ``min_entity_share`` and ``min_binding_share`` (on the pages the
+    answer cites) and the claim check's P(yes) where ``claims`` holds it."""
     from .support_eval import by_answer, signals
 
     rows = []
     for record in by_answer(records):
         text = texts[record["document"]]
         pages = page_texts(text, page_markers(text))
-        cited = [pages.get(page or "", "") for page, _ in record.get("sources") or []]
+        labels = [page or "" for page, _ in record.get("sources") or []]
+        cited, spans = [pages.get(label, "") for label in labels], cited_spans(text, labels)
         found = signals(record, pages, document_words(text))
         found["min_entity_share"] = entity_share(record["question"], record["answer"], cited, text) if cited else None
+        for name, headings in (("min_binding_share", True), ("min_binding_sentence", False)):
+            found[name] = binding_share(record["question"], record["answer"], text, spans, headings) if spans else None
         peaks = record.get("peaks")  # recorded for the new manuals' answers only
         found["min_peak_entity"] = peak_entity_share(record["question"], text, peaks) if peaks else None
+        claim = (claims or {}).get((record["document"], record["question"]), {})
+        found["min_claim_after"], found["min_claim_quoted"] = claim.get("yes_after"), claim.get("yes_quoted")
         rows.append({**record, "signals": found})
     return rows
 
@@ -265,7 +291,7 @@ def report_lines(rows: list[dict], new: list[dict], stamp: dict, model: str = MO
     flags, picked = chosen_held_out(rows, RULES)
     lines.append(row("the whole choice held out", flags))
     lines += ["", "Rules picked without each manual: " + "; ".join(f"{m}: {r}" for m, r in picked.items()) + ".", ""]
-    lines += _peak_lines(rows) + _signal_lines(rows) + _cost_lines(new)
+    lines += _peak_lines(rows) + _claim_lines(rows) + _signal_lines(rows) + _cost_lines(new)
     return lines
 
 
@@ -298,16 +324,52 @@ def _peak_lines(rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
+# The claim check (``support_claim``): a model pass per answer, cached for the manuals it has reached.
+CLAIM_RULES = {
+    "share + log-prob": BEFORE,
+    "claim check, after the answer": ("min_claim_after",),
+    "claim check, quoted in a fresh chat": ("min_claim_quoted",),
+    "share + claim check, after": ("min_document_share", "min_claim_after"),
+    "share + binding + claim check, after": ("min_document_share", "min_binding_share", "min_claim_after"),
+}
+
+
+def _claim_lines(rows: list[dict]) -> list[str]:
+    """The claim check's rules, leave-one-manual-out on the answers it has checked (``support_claim``)."""
+    checked = [row for row in rows if row["signals"].get("min_claim_after") is not None]
+    names = manuals(checked)
+    if len(names) < 2:
+        return []
+    lines = ["The claim check (`engine.answer.support_claim`, `python -m benchmarks.quality.support_claim`): after "
+             "the answer, one yes/no turn on the document's cached K/V (does the document give that answer for "
+             "exactly what was asked, not for another program, platform, version or person nearby?), P(yes) off "
+             "the next token; `quoted`: the same with the answer quoted, in a fresh chat. On the answers it has "
+             f"checked ({len(checked)}), leave-one-manual-out among their manuals:", "",
+             "| rule | " + " | ".join(names) + " | overall |", "| --- | " + " | ".join("---" for _ in names) + " | --- |"]
+    for rule, rule_names in CLAIM_RULES.items():
+        flags = leave_one_manual_out(checked, rule_names)
+        lines.append(f"| {rule} | " + " | ".join(_cell(checked, flags, m) for m in names)
+                     + f" | {_cell(checked, flags, None)} |")
+    return lines + [""]
+
+
+SIGNAL_COLUMNS = {"share": "min_document_share", "mean log-prob": "min_mean_logprob", "entity": "min_entity_share",
+                  "binding": "min_binding_share", "binding, sentence": "min_binding_sentence",
+                  "peak entity": "min_peak_entity", "claim, after": "min_claim_after"}
+
+
 def _signal_lines(rows: list[dict]) -> list[str]:
     lines = ["Mean signal values per manual and label (`entity`: `engine.answer.support_entity.entity_share`, "
              "how much of the question is said within 200 characters of the answer's own words on its cited "
-             "pages):", "", "| manual | label | answers | share | mean log-prob | entity | peak entity |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "pages; `binding`: `engine.answer.support_binding.binding_share`, how much of it the sentence holding "
+             "them says, with the numbered headings above it):", "",
+             "| manual | label | answers | " + " | ".join(SIGNAL_COLUMNS) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in SIGNAL_COLUMNS) + " |"]
     for manual in manuals(rows):
         for kind in ("supported", "unsupported"):
             picked = [r for r in rows if r["document"] == manual and r["kind"] == kind]
             means = []
-            for name in ("min_document_share", "min_mean_logprob", "min_entity_share", "min_peak_entity"):
+            for name in SIGNAL_COLUMNS.values():
                 values = [r["signals"][name] for r in picked if r["signals"][name] is not None]
                 means.append(f"{sum(values) / len(values):.2f}" if values else "–")
             lines.append(f"| {manual} | {kind} | {len(picked)} | " + " | ".join(means) + " |")
@@ -334,12 +396,12 @@ def _cost_lines(new: list[dict]) -> list[str]:
             "itself costs a regex over the cited pages: milliseconds an answer.", ""]
 
 def write_report(model: str, texts: dict[str, str], path: Path = REPORT, answers: Path = ANSWERS,
-                 fitted: Path = FITTED_ANSWERS) -> list[str]:
+                 fitted: Path = FITTED_ANSWERS, claims: Path = CLAIMS) -> list[str]:
     """Scores the cached answers of the four manuals (``texts``: {manual: its text as the prompt holds it}) and
     writes ``path``; returns its lines."""
     new = [json.loads(line) for line in answers.read_text().splitlines()] if answers.is_file() else []
     new = [r for r in new if r["model"] == model]
-    rows = labelled_rows(fitted_records(model, fitted) + new, texts)
+    rows = labelled_rows(fitted_records(model, fitted) + new, texts, claim_checks(claims, model))
     lines = report_lines(rows, new, run_stamp("cpu"), model)
     previous = path.read_text() if path.is_file() else ""
     reading = previous[previous.index(READING):] if READING in previous else ""  # the hand-written part, kept

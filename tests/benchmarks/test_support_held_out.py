@@ -110,9 +110,13 @@ def test_the_report_is_written_from_cached_answers_per_held_out_manual(tmp_path,
             (fitted if k < 2 else new).append(record)
     answers, fitted_path, report = tmp_path / "new.jsonl", tmp_path / "fitted.jsonl", tmp_path / "report.md"
     fitted_path.write_text("".join(json.dumps(r) + "\n" for r in fitted))
+    # The claim check reached the new manuals only (as ``support_claim`` caches it): yes for the right answers.
+    claims = tmp_path / "claims.jsonl"
+    claims.write_text("".join(json.dumps({"model": held_out.MODEL, "document": r["document"], "question": r["question"],
+                                          "yes_after": 0.9 if r["kind"] == "supported" else 0.2}) + "\n" for r in new))
     if with_answers:
         answers.write_text("".join(json.dumps(r) + "\n" for r in new))
-    lines = held_out.write_report(held_out.MODEL, texts, report, answers, fitted_path)
+    lines = held_out.write_report(held_out.MODEL, texts, report, answers, fitted_path, claims)
     text = report.read_text()
     assert text == "\n".join(lines) + "\n"
     judged = MANUALS if with_answers else MANUALS[:2]
@@ -122,10 +126,14 @@ def test_the_report_is_written_from_cached_answers_per_held_out_manual(tmp_path,
     if with_answers:
         # The copied neighbours pass today's rule (on the pages, surely written) and the entity rule catches them.
         assert "| entity | " + " | ".join(["100% / 0%"] * 5) + " | **met** |" in text
+        # The binding signal too: each copied string's sentence names the other platform.
+        assert "| share + binding | " + " | ".join(["100% / 0%"] * 5) + " | **met** |" in text
+        # The claim check's table covers the manuals it reached, fitted on the one, judged on the other.
+        assert "| claim check, after the answer | " + " | ".join(["100% / 0%"] * 3) + " |" in text
         assert "| today's shipped thresholds (share + log-prob) | " + " | ".join(["0% / 0%"] * 5) in text
         assert "Generation (the new manuals' answers" in text and "10 answers on the 2 busy cores" in text
     else:
-        assert "Generation" not in text
+        assert "Generation" not in text and "The claim check" not in text
 
 
 def test_the_held_out_set_has_new_manuals_and_enough_look_alikes():

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine.answer.support import Support, SupportThresholds, decide, verify_prompt, yes_share
+from engine.answer.support_claim import claim_prompt
 
 
 class _Tokenizer:
@@ -28,6 +29,13 @@ def test_yes_share_weighs_yes_against_no_and_ignores_other_tokens():
 def test_the_verification_turn_names_the_question():
     prompt = verify_prompt("  What is the default port?  ")
     assert "What is the default port?" in prompt and "yes or no" in prompt
+
+
+def test_the_claim_check_names_the_question_and_quotes_the_answer():
+    after = claim_prompt("  Which GCC version is needed on macOS? ")
+    assert "(Which GCC version is needed on macOS?)" in after and "last answer" in after and "yes or no" in after
+    quoted = claim_prompt("Which GCC version is needed on macOS?", "GCC\n  10.3.0.")
+    assert "Question: Which GCC version is needed on macOS?" in quoted and "Proposed answer: GCC 10.3.0." in quoted
 
 
 @pytest.mark.parametrize("verified, supported", [
@@ -83,6 +91,10 @@ def test_the_check_leaves_the_next_answer_unchanged(headinfer_smollm2):
     assert cached[:len(session._cached_ids)] == session._cached_ids
     assert yes == pytest.approx(second.support.verify_yes, abs=1e-5)
     assert session.check_support("Which page is it on?", session.turns[:1]) == pytest.approx(yes, abs=1e-6)
+    # Another yes/no turn in its place (the claim check): its own distribution, the cache again left a prefix.
+    claim = session.check_support("Which page is it on?", session.turns[:1], claim_prompt("Which page is it on?"))
+    assert 0.0 <= claim <= 1.0 and claim != pytest.approx(yes, abs=1e-6)
+    assert cached[:len(session._cached_ids)] == session._cached_ids
     # A fitted rule that uses the check runs it without the opt-in, and flags by it (1.0: any doubt flags).
     session.verify_support = False
     session.support_thresholds = SupportThresholds(0.0, -100.0, 0.0, 1.0)

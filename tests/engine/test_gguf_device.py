@@ -11,20 +11,20 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from gguf_files import write_tiny_gguf
+from gguf_samples import SMALL, TYPES, blocks_of, random_blocks, random_weight
+from parity import RTOL, rel_diff
 from transformers import LlamaConfig
 
 import engine
-from engine.models import gguf_device
 from engine.cpu.gguf_blocks import BLOCK_TYPES, BlockLinear, random_block_rows
 from engine.cpu.gguf_blocks import dequantize_reference as reference
+from engine.models import gguf_device
 from engine.models.gguf_device import ExpandingEmbedding, ExpandingLinear, expand, gguf_device_bytes
 from engine.models.gguf_header import read_header
-from engine.models.weights_mode import weights_mode
 from engine.models.loader import _weights_and_dtype, load_model
+from engine.models.weights_mode import weights_mode
 from engine.planning.budgets import held_bytes, num_weights
-from gguf_samples import SMALL, TYPES, blocks_of, random_blocks, random_weight
-from test_gguf_convert import write_tiny_gguf
-from test_parity import RTOL, rel_diff
 
 
 @pytest.mark.parametrize("kind", sorted(TYPES))
@@ -161,8 +161,9 @@ def test_the_planners_bytes_count_blocks_as_stored_and_the_rest_in_the_compute_d
 def test_the_real_smollm2_gguf_on_the_torch_path_answers_as_stock_dense_does(smollm2, monkeypatch):
     """The embedded Q4_1 GGUF (a tied Q8_0 table) expanded by torch: head-wise over 1,024 tokens of real text gives
     stock dense fp32's greedy tokens, and it holds its file's tensor bytes (under a byte a weight)."""
+    from smollm2_runs import real_text
+
     from engine.models.loader import _embedded_gguf
-    from test_smollm2 import real_text
 
     dense, tokenizer = smollm2
     monkeypatch.setenv(gguf_device.FORCE_ENV, "1")

@@ -8,15 +8,16 @@ import threading
 
 import pytest
 import torch
+from archs import build_pair, tiny_configs
+from parity import rel_diff
+from probe_records import died_of_abort
 from transformers import DynamicCache
 
 import engine
-from archs import build_pair, tiny_configs
-from probe_records import died_of_abort
-from engine.planning import machine_rates
-from engine.planning.host_split import HOST_LAYER_SECONDS, MIN_GAIN, choose_host_slots, forecast_decode, host_share
 from engine.kv import HostAttention, native
 from engine.native.workers import TorchWorkers
+from engine.planning import machine_rates
+from engine.planning.host_split import HOST_LAYER_SECONDS, MIN_GAIN, choose_host_slots, forecast_decode, host_share
 from engine.planning.planner import make_plan
 from engine.planning.shape import ModelShape
 
@@ -412,10 +413,6 @@ def pair(request, tmp_path_factory):
 
 def prompt(vocab_size: int) -> torch.Tensor:
     return torch.randint(0, vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(7))
-
-
-def rel_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual - expected).abs().max() / expected.abs().max())
 
 
 def host_cache(config, split: bool):

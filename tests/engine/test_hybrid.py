@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from archs import build_pair
+from parity import rel_diff
 from transformers import AutoConfig, DynamicCache, FalconH1Config, Lfm2Config
 from transformers.cache_utils import LinearAttentionLayer
 
 import engine
-from archs import build_pair
-from engine.kv.transfer import Transfer
 from engine.errors import SnapshotError, UnsupportedModelError
+from engine.kv.transfer import Transfer
 from engine.models.loader import check_supported, load_model
 from engine.planning.shape import unsupported_layers
 
@@ -36,10 +37,6 @@ def ids_of(length: int, vocab: int = 97) -> torch.Tensor:
 def feed(model, ids: torch.Tensor, cache, chunk: int = 8) -> torch.Tensor:
     return torch.cat([model(ids[:, s : s + chunk], past_key_values=cache, use_cache=True).logits
                       for s in range(0, ids.shape[1], chunk)], dim=1)
-
-
-def rel_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return float((actual - expected).abs().max() / expected.abs().max())
 
 
 @torch.inference_mode()
@@ -86,8 +83,8 @@ def test_crop_goes_back_to_the_anchor_exactly(pair):
 
 @torch.inference_mode()
 def test_a_hybrid_cache_is_not_saved_as_a_snapshot(pair, tmp_path):
-    from engine.store.fingerprint import ModelFingerprint, token_ids_digest
     from engine.store.files import write_snapshot
+    from engine.store.fingerprint import ModelFingerprint, token_ids_digest
     from engine.store.format import SnapshotIdentity
 
     name, _, headinfer = pair

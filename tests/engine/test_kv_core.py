@@ -9,35 +9,15 @@ import gc
 
 import pytest
 import torch
+from fake_cuda_runtime import FakeRuntime
+from opcount import OpCounter
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, MistralConfig
 
 import engine
-from opcount import OpCounter
 from engine.attention import headinfer_attention, headinfer_mask
-from engine.kv import HostMemory, Transfer, kernels, route
 from engine.errors import PinningError, PlanError, RouteError
+from engine.kv import HostMemory, Transfer, kernels, route
 from engine.kv import streams as kv_streams
-
-
-class FakeRuntime:
-    """Stands in for the CUDA runtime: records calls in order, can refuse registrations."""
-
-    def __init__(self, log: list, refuse: bool = False):
-        self.log, self.refuse = log, refuse
-
-    def host_register(self, pointer: int, num_bytes: int) -> int:
-        self.log.append("register")
-        return 2 if self.refuse else 0  # 2 = cudaErrorMemoryAllocation
-
-    def host_unregister(self, pointer: int) -> int:
-        self.log.append("unregister")
-        return 0
-
-    def error_string(self, code: int) -> str:
-        return "out of memory"
-
-    def clear_last_error(self) -> None:
-        self.log.append("clear")
 
 
 # -- 1. host memory is unlocked only after the copy streams are idle -------------------------------

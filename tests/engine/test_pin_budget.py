@@ -7,14 +7,13 @@ import gc
 
 import pytest
 import torch
+from fake_cuda_runtime import FakeRuntime
 
 from engine.errors import InputError, PinningError
 from engine.kv.emulated import EmulatedStreams
 from engine.kv.pin_budget import PinBudget, parse_limit, probe_pinnable
 from engine.kv.pinned import HostMemory
 from engine.kv.staging_ring import StagingRing
-
-from test_kv_core import FakeRuntime
 
 
 @pytest.mark.parametrize("text, expected", [("64MiB", 64 << 20), ("4GiB", 4 << 30), ("1.5g", 3 << 29),

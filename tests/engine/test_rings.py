@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from archs import build_pair
+from parity import rel_diff
 from transformers import AutoModelForCausalLM, DynamicCache, MistralConfig
 
 import engine
-from archs import build_pair
 
 SLIDING = ["mistral-window", "qwen2-window", "gemma2-softcap", "gemma3-window"]  # window 8 in every one
 CHUNK = 7  # policy chunk: rings of 8 - 1 + 7 = 14 tokens, far shorter than the prompts
 RTOL = 1e-5
-
-
-def rel_diff(actual, expected) -> float:
-    return float((actual - expected).abs().max() / expected.abs().max())
 
 
 @pytest.fixture(scope="module", params=SLIDING)
@@ -88,8 +85,8 @@ def test_all_sliding_model_keeps_window_plus_chunk_of_host_kv_per_layer():
 @torch.inference_mode()
 def test_snapshot_of_rings_restores_and_continues_exactly(pair, tmp_path):
     from engine.store.files import read_snapshot, write_snapshot
-    from engine.store.format import SnapshotIdentity, read_header
     from engine.store.fingerprint import ModelFingerprint, token_ids_digest
+    from engine.store.format import SnapshotIdentity, read_header
 
     name, stock, headinfer = pair
     ids = ids_of(45)

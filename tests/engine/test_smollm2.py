@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
+from machine_load import load, stretched
+from smollm2_runs import NEW_TOKENS, real_text, stock_greedy
 
 import engine
 from engine import DocumentSession, OffloadPolicy
-from machine_load import load, stretched
 
 pytestmark = pytest.mark.slow
-NEW_TOKENS = 32
-
-
-def real_text(min_chars: int = 8000) -> str:
-    """Natural English prose available offline: the documentation of a few standard-library modules."""
-    import argparse, collections, json, logging, textwrap, unittest  # noqa: E401
-
-    parts = [inspect.getdoc(m) for m in (textwrap, argparse, json, logging, collections, unittest)]
-    parts += [inspect.getdoc(f) for f in (textwrap.wrap, textwrap.dedent, json.dumps, json.loads, logging.basicConfig)]
-    text = "\n\n".join(p for p in parts if p)
-    assert len(text) >= min_chars, len(text)
-    return text
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +18,6 @@ def model_and_tokenizer(smollm2):
     model, tokenizer = smollm2
     yield model, tokenizer
     model.set_attn_implementation("sdpa")
-
-
-def stock_greedy(model, ids: list[int]) -> list[int]:
-    model.set_attn_implementation("sdpa")
-    out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)
-    return out[0, len(ids):].tolist()
 
 
 @torch.inference_mode()

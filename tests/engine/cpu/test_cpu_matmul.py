@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from gguf_samples import needs_kernel
+from parity import RTOL, rel_diff
+from probe_records import died_of_abort
 
 import engine
 from engine.cpu import cpu_matmul
-from probe_records import died_of_abort
 from engine.models.loader import _embedded_gguf, load_model
-from test_fused_decode import needs_kernel
-from test_parity import RTOL, rel_diff
 
 needs_onednn = pytest.mark.skipif(not cpu_matmul.available(), reason="this torch has no oneDNN linear")
 
@@ -119,7 +119,7 @@ def test_the_real_gguf_model_reads_and_answers_the_same_through_either_product(s
     """The embedded SmolLM2 GGUF on its blocks: 768 tokens read in 256-token chunks (the dequantize-and-matmul
     path), then greedy steps; the logits within the parity tolerance and identical tokens, oneDNN against F.linear.
     (Random tiny models amplify fp32 rounding layer by layer far more than a trained one: up to 2e-4 there.)"""
-    from test_smollm2 import real_text
+    from smollm2_runs import real_text
 
     model, tokenizer = smollm2_blocks
     ids = torch.tensor([tokenizer(real_text(), add_special_tokens=False)["input_ids"][:768]])

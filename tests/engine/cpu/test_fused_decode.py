@@ -7,20 +7,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gguf_samples import TYPES, needs_kernel
+from parity import RTOL, rel_diff
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 import engine
-from engine.errors import ForwardInterrupted
-from engine.kv import route
 from engine.cpu import fused_decode, gguf_blocks
 from engine.cpu.fused_decode import FusedDecode
 from engine.cpu.gguf_blocks import BlockLinear, random_block_rows
+from engine.errors import ForwardInterrupted
+from engine.kv import route
 from engine.models.loader import _embedded_gguf, load_model
 from engine.planning.policy import OffloadPolicy
-from gguf_samples import TYPES
-from test_parity import RTOL, rel_diff
 
-needs_kernel = pytest.mark.skipif(gguf_blocks.kernel() is None, reason="no C compiler here")
 # hidden and intermediate widths that are multiples of 256: the K types' super-blocks
 _TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=300, max_position_embeddings=512)
@@ -206,7 +205,7 @@ def gguf_smollm2():
 def test_real_smollm2_gguf_decodes_fused_token_for_token_with_stock_on_the_same_file(smollm2_dir, gguf_smollm2):
     """Read 1,024 tokens through the model's forward, then greedy decode with the fused step, against stock
     transformers on the file dequantized (the converted folder)."""
-    from test_smollm2 import real_text
+    from smollm2_runs import real_text
 
     model, tokenizer = gguf_smollm2
     fused = FusedDecode.for_model(model)
@@ -231,7 +230,7 @@ def test_real_smollm2_gguf_decodes_fused_token_for_token_with_stock_on_the_same_
 def test_a_session_answers_through_the_fused_step_as_through_the_forward(gguf_smollm2, monkeypatch):
     """The app's path: ``DocumentSession.ask`` decodes with the fused step, and its answer is the one the model's
     own forward gives; a stop mid-answer still leaves the cache holding exactly the tokens it says."""
-    from test_smollm2 import real_text
+    from smollm2_runs import real_text
 
     model, tokenizer = gguf_smollm2
     calls = []

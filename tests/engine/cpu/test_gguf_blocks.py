@@ -11,6 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from gguf import GGMLQuantizationType, GGUFReader
+from gguf_samples import SMALL, TYPES, blocks_of, random_blocks, random_weight
+from parity import RTOL, rel_diff
+from probe_records import died_of_abort
 from transformers import AutoModelForCausalLM
 
 import engine
@@ -18,12 +21,9 @@ from engine.cpu import cpu_matmul, gguf_blocks
 from engine.cpu.gguf_blocks import BLOCK_TYPES, BlockEmbedding, BlockLinear, block_linear, dequantize
 from engine.cpu.gguf_blocks import dequantize_reference as reference
 from engine.cpu.int8 import num_weights
-from engine.models.loader import _embedded_gguf, gguf_cache_entry, load_model
 from engine.models.gguf_header import read_header, tensor_arrays
+from engine.models.loader import _embedded_gguf, gguf_cache_entry, load_model
 from engine.models.weights_mode import weights_mode
-from gguf_samples import SMALL, TYPES, blocks_of, random_blocks, random_weight
-from probe_records import died_of_abort
-from test_parity import RTOL, rel_diff
 
 needs_kernel = pytest.mark.skipif(gguf_blocks.kernel() is None, reason="no C compiler here")
 
@@ -325,7 +325,7 @@ def _tiny_llama():
 def test_real_smollm2_gguf_blocks_match_stock_loading_the_same_file(smollm2_dir):
     """Every linear layer of the embedded Q4_1 GGUF keeps its blocks; the model answers as stock transformers does
     with the file dequantized (the converted folder), token for token, and a cached reload is bit-identical."""
-    from test_smollm2 import real_text
+    from smollm2_runs import real_text
 
     gguf = _embedded_gguf()
     entry = gguf_cache_entry(str(gguf))
@@ -450,8 +450,9 @@ def test_auto_weights_keep_the_blocks_of_gguf_models_on_the_cpu_in_fp32(tmp_path
 def test_a_document_session_on_gguf_weights_answers_as_stock_dense_does(smollm2):
     """What the app serves on a CPU by default (--weights auto): the session reads a document and answers with
     stock dense fp32's greedy tokens; its plan counts the blocks, not fp32 weights."""
+    from smollm2_runs import real_text, stock_greedy
+
     from engine import DocumentSession, OffloadPolicy
-    from test_smollm2 import real_text, stock_greedy
 
     dense, tokenizer = smollm2
     model, _ = load_model(str(_embedded_gguf()), device="cpu", weights="auto", with_tokenizer=False)
@@ -471,9 +472,9 @@ def test_a_document_session_on_gguf_weights_answers_as_stock_dense_does(smollm2)
 def test_gemmas_scaled_tied_embedding_keeps_the_files_blocks(tmp_path):
     """Gemma 3 scales its embedding's rows and ties its lm_head to it: both take the file's blocks (its largest
     tensor: 262K rows), the embedding scaling as Gemma's does, bit for bit; the cache rebuilds it, scale included."""
+    from archs import tiny_configs
     from transformers import Gemma3ForCausalLM
 
-    from archs import tiny_configs
     from engine.models.weights_cache import CacheEntry, load_cached, save_cached
 
     config = tiny_configs()["gemma3-window"]

@@ -8,15 +8,15 @@ import re
 
 import pytest
 import torch
+from archs import _COMMON, reference_attention, tiny_configs
+from parity import BF16_RTOL, RTOL, prompt, rel_diff, stepwise_logits
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, LlamaConfig
 
 import engine
-from archs import _COMMON, reference_attention, tiny_configs
+from engine.cpu import int8_matmul
 from engine.cpu.int8 import Int8Embedding, Int8Linear, dequantized_state_dict, quantize_int8, quantize_rows
 from engine.models.loader import WRAPPED_TEXT_TYPES, describe, load_model
-from engine.cpu import int8_matmul
-from test_parity import BF16_RTOL, RTOL, prompt, rel_diff, stepwise_logits
 
 #: compute dtype -> (load_model dtype, logits tolerance against stock on the same weights). The int8 kernel sums each
 #: row in its own order, not MKL's: on a random tiny model that fp32 rounding grows layer by layer (1.08e-5 measured on
@@ -177,7 +177,7 @@ def test_int8_computes_in_fp32_by_default_where_the_gemv_builds(tmp_path):
 @pytest.mark.parametrize("compute", sorted(COMPUTE))
 @torch.inference_mode()
 def test_real_smollm2_int8_matches_stock_on_the_same_weights(smollm2_dir, compute):
-    from test_smollm2 import real_text
+    from smollm2_runs import real_text
 
     load_dtype, tolerance = COMPUTE[compute]
     int8, tokenizer = load_model(str(smollm2_dir), device="cpu", dtype=load_dtype, weights="int8")

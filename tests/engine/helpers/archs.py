@@ -21,12 +21,12 @@ from transformers import (
     Olmo3Config,
     Phi3Config,
     Qwen2Config,
-    Qwen3Config,
-    Qwen3MoeConfig,
-    Qwen3NextConfig,
     Qwen3_5Config,
     Qwen3_5MoeConfig,
     Qwen3_5TextConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+    Qwen3NextConfig,
 )
 
 from engine.models.loader import WRAPPED_TEXT_TYPES, load_model
@@ -141,3 +141,9 @@ def build_pair(name: str, folder, dtype=torch.float32, device="cpu", config=None
 
 def _dtype_name(dtype) -> str:
     return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
+
+
+def llama3_8b_config() -> LlamaConfig:
+    """Llama 3 8B's shapes (no weights): what the planner's tests plan for."""
+    return LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, head_dim=128, vocab_size=128256)

@@ -4,9 +4,11 @@ random bytes that are valid blocks of a type (finite fp16 factors)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from gguf.quants import quantize as gguf_quantize
 
+from engine.cpu import gguf_blocks
 from engine.cpu.gguf_blocks import BLOCK_TYPES
 
 TYPES = {name: qtype for qtype, (name, _, _) in BLOCK_TYPES.items()}
@@ -14,6 +16,7 @@ SMALL = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]  # gguf-py quantizes these itse
 # where each type keeps its fp16 factors (d; m or dmin): random bytes anywhere else are a valid block
 HALVES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
           "Q6_K": (208,)}
+needs_kernel = pytest.mark.skipif(gguf_blocks.kernel() is None, reason="no C compiler here")  # the C GEMV
 
 
 def blocks_of(weight: np.ndarray, kind: str) -> torch.Tensor:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from archs import llama3_8b_config
 
 from engine.kv import pin_budget
 from engine.planning.pinning import with_pinning
 from engine.planning.planner import make_plan
 from engine.planning.policy import OffloadPolicy
-
 from engine.planning.shape import ModelShape
-
-from test_planner import llama3_8b_config
 
 GIB = 1 << 30
 

@@ -2,22 +2,18 @@
 
 import pytest
 import torch
+from archs import llama3_8b_config
 from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
-from engine.planning.planner import make_plan, paper_memory_table
 from engine.errors import PlanError
 from engine.planning.plan import Plan
+from engine.planning.planner import make_plan, paper_memory_table
+from engine.planning.policy import OffloadPolicy
 from engine.planning.shape import ModelShape
 from engine.read_time.flops import estimate_prefill_seconds
-from engine.planning.policy import OffloadPolicy
 
 GIB = 1 << 30
 MILLION = 2**20
-
-
-def llama3_8b_config() -> LlamaConfig:
-    return LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                       num_key_value_heads=8, head_dim=128, vocab_size=128256)
 
 
 @pytest.fixture

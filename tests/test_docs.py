@@ -10,32 +10,13 @@ import shlex
 from pathlib import Path
 
 import pytest
+from doc_links import broken_links, prose  # tests/helpers/doc_links.py: the docs' one link checker
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 README_MAX_LINES = 150
 
-_FENCE = re.compile(r"^```.*?^```", re.S | re.M)
-_LINK = re.compile(r"\]\(([^()\s]+)\)")  # [text](target) and ![alt](target)
 _BACKTICKED = re.compile(r"`([^`\s]+)`")
-_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # https:, mailto:, ...
-
-
-def _prose(text: str) -> str:
-    """``text`` without its fenced code blocks (their contents are commands and code, not references)."""
-    return _FENCE.sub("", text)
-
-
-def broken_links(doc: Path, root: Path = ROOT) -> list[str]:
-    """The relative link targets in ``doc`` that are not a file or folder inside ``root`` (anchors stripped)."""
-    broken = []
-    for target in _LINK.findall(_prose(doc.read_text(encoding="utf-8"))):
-        if _SCHEME.match(target) or target.startswith("#"):
-            continue
-        path = (doc.parent / target.split("#", 1)[0]).resolve()
-        if not path.exists() or not path.is_relative_to(root.resolve()):
-            broken.append(target)
-    return broken
 
 
 def missing_named_paths(doc: Path, root: Path = ROOT) -> list[str]:
@@ -44,7 +25,7 @@ def missing_named_paths(doc: Path, root: Path = ROOT) -> list[str]:
     paths and are left alone."""
     tops = {entry.name for entry in root.iterdir() if not entry.name.startswith(".") or entry.name == ".ci"}
     missing = []
-    for name in _BACKTICKED.findall(_prose(doc.read_text(encoding="utf-8"))):
+    for name in _BACKTICKED.findall(prose(doc.read_text(encoding="utf-8"))):
         path = name.rstrip("/.,:;")
         if path.split("/", 1)[0] in tops and ("/" in path or "." in path) and not (root / path).exists():
             missing.append(name)
@@ -111,7 +92,7 @@ def test_the_readme_is_a_front_door():
 
 @pytest.mark.parametrize("doc", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
 def test_every_relative_link_resolves(doc):
-    assert broken_links(doc) == []
+    assert broken_links(doc, ROOT) == []
 
 
 def test_every_repo_path_the_readme_names_exists():

@@ -7,13 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from doc_links import LINK, unresolved  # tests/helpers/doc_links.py: the docs' one link checker
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "benchmarks"
 
-_LINK = re.compile(r"\]\(([^()\s]+)\)")  # [text](target)
 # a file named in backticks as a path (`data/x.json`, `runs/2026-11-27/gpu.md`): no spaces, braces, $ or ~
 _NAMED = re.compile(r"`(\w[\w./-]*\.(?:json|jsonl|md|png|log|txt))`")
-_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)
 
 
 def index_section(readme: Path) -> str:
@@ -25,7 +25,7 @@ def index_section(readme: Path) -> str:
 
 def unindexed(folder: Path) -> list[str]:
     """The reports at the top of ``folder`` that its README's index does not link."""
-    linked = {(folder / target.split("#", 1)[0]).resolve() for target in _LINK.findall(index_section(folder / "README.md"))}
+    linked = {(folder / target.split("#", 1)[0]).resolve() for target in LINK.findall(index_section(folder / "README.md"))}
     return sorted(p.name for p in folder.glob("*.md") if p.name != "README.md" and p.resolve() not in linked)
 
 
@@ -39,15 +39,7 @@ def missing_references(doc: Path, root: Path = ROOT) -> list[str]:
     """Links and backticked file names in ``doc`` that are no file inside ``root``: read from the doc's folder, or
     from the repo's root (``benchmarks/x.py``, ``docs/...``)."""
     text = doc.read_text(encoding="utf-8")
-    missing = []
-    for target in _LINK.findall(text) + _NAMED.findall(text):
-        if _SCHEME.match(target) or target.startswith("#"):
-            continue
-        path = target.split("#", 1)[0]
-        found = [p.resolve() for p in (doc.parent / path, root / path) if p.exists()]
-        if not any(p.is_relative_to(root.resolve()) for p in found):
-            missing.append(target)
-    return missing
+    return unresolved(doc, LINK.findall(text) + _NAMED.findall(text), root, from_root=True)
 
 
 def test_every_report_at_the_top_is_in_the_index():

@@ -4,7 +4,7 @@ folder (the embedded model, ``pypi:`` models and any ``.gguf`` the user names), 
 The conversion streams: one tensor at a time is dequantized, passed through transformers' own GGUF name map and
 tensor processor (the q/k row permutation of Llama-family files, Gemma's norm offset), and written straight into
 the safetensors file. Stock loading holds every dequantized tensor and then the model, about twice the fp32 model
-(11 GiB for a 1.5B model, where the file is 1.1 GB); streaming holds one tensor. The block types the C kernels
+(docs/benchmarks/gguf-first-load.md, notes); streaming holds one tensor. The block types the C kernels
 know are dequantized by them, bit for bit gguf-py's numbers (``engine.cpu.gguf_blocks``), many times faster.
 Architectures not shown bit-equal to stock this way (``STREAMED_ARCHITECTURES``) convert the stock way.
 """
@@ -188,9 +188,9 @@ def save_tokenizer(gguf: Path, folder: Path) -> None:
 def gguf_names(model: torch.nn.Module, processor: Any) -> dict[str, str]:
     """GGUF tensor name -> ``model``'s state-dict name, by transformers' own map.
 
-    ``get_gguf_hf_weights_map`` walks every submodule and builds gguf-py's name table at each (~400 times for a
-    30-layer model, 10 s); the top level alone names every tensor of the decoders converted here. Where it does
-    not (a model whose names only resolve below the top), the full walk runs.
+    ``get_gguf_hf_weights_map`` walks every submodule and builds gguf-py's name table at each (slow: the notes of
+    docs/benchmarks/gguf-first-load.md); the top level alone names every tensor of the decoders converted here.
+    Where it does not (a model whose names only resolve below the top), the full walk runs.
     """
     from transformers.modeling_gguf_pytorch_utils import get_gguf_hf_weights_map
 

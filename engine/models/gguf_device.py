@@ -1,7 +1,8 @@
 """A GGUF file's blocks on the GPU at the file's size: each linear layer holds its tensor's raw blocks (uint8 on the
 device) and expands them with torch ops, a slice of rows at a time, only while its matmul runs.
 
-Why: transformers' GGUF loader dequantizes every tensor on CUDA (a 27B Q4_K_M: 16.5 GB of blocks, 54 GB of bf16).
+Why: transformers' GGUF loader dequantizes every tensor on CUDA (a 27B Q4_K_M's file grows about threefold: the
+notes of docs/benchmarks/gguf-first-load.md).
 Here the blocks stay as stored (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: ``gguf_blocks.BLOCK_TYPES``), so
 the weights held are the file's tensor bytes plus the small dense tensors (norms, in the compute dtype); the
 scratch a forward adds is one slice of one layer's dense weight (``SLICE_BYTES``), freed before the next layer.
@@ -12,9 +13,10 @@ a dense load of the same file holds in that dtype (tests/engine/test_gguf_device
 PyPI nothing maintained dequantizes GGUF blocks on a torch device (gguf-py is numpy; llama.cpp's CUDA kernels are
 not a torch op), and this runs wherever torch does, the CPU included, which is how it is tested.
 
-How a model gets here: ``load_model(gguf, device="cuda", weights="gguf")`` loads the CPU model of the file's blocks
-first (``gguf_blocks``: matched to their layers once and kept in the weights cache, mapped, never a dense model in
-memory after the first load) and ``place`` moves it: each ``BlockLinear`` becomes an ``ExpandingLinear`` over the
+How a model gets here: ``load_model(gguf, device="cuda", weights="gguf")`` (or ``"auto"`` where the dense weights
+do not fit the GPU: ``loader.auto_weights``) loads the CPU model of the file's blocks
+first (``gguf_blocks``: taken straight from the file once, ``gguf_direct``, and kept in the weights cache, mapped,
+never a dense model in memory) and ``place`` moves it: each ``BlockLinear`` becomes an ``ExpandingLinear`` over the
 same blocks, an embedding of blocks an ``ExpandingEmbedding`` (looked-up rows expanded), everything else is cast to
 the compute dtype as a stock load in it would be. On the CPU the C kernels stay the path; ``HEADINFER_GGUF_TORCH=1``
 puts this one there instead (the fallback's test, and the benchmark's).

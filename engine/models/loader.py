@@ -242,10 +242,10 @@ def load_model(source: str | None = None, *, device: str = "auto", dtype: str = 
             ``"gguf"`` (GGUF sources: linear layers and an untied embedding keep the file's blocks (Q4_0 to Q6_K),
             exactly the weights dense loading gives, at 0.56-1.06 bytes a weight; fp32 on the CPU (``gguf_blocks``),
             on a GPU expanded per layer in ``dtype`` (``gguf_device``); kept with the config and tokenizer,
-            keyed by the GGUF file, and no fp32 folder is kept for them: ``_load_gguf_blocks``), or ``"auto"``:
-            ``"gguf"`` for a GGUF source on the CPU in fp32 where the C kernels build, ``"dense"`` otherwise. The
-            default is ``"auto"``, as every other default here is ``launch.py``'s (``tests/app/test_launch.py``
-            holds the two together): a script gets the weights the app serves.
+            keyed by the GGUF file, built straight from it: ``_load_gguf_blocks``), or ``"auto"``: ``"gguf"`` for
+            a GGUF source on the CPU in fp32 where the C kernels build, and on a GPU where its dense weights do not
+            fit beside the working buffers (``auto_weights``), ``"dense"`` otherwise. The default is ``"auto"``,
+            as every other default here is ``launch.py``'s (``tests/app/test_launch.py``): what the app serves.
 
     Raises:
         UnsupportedModelError: the architecture is not supported (raised before weights load).

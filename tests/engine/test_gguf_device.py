@@ -5,13 +5,11 @@ attention over it is stock attention's, and it holds the file's bytes."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf_files import write_tiny_gguf
+from gguf_files import k_quant_blocks, write_tiny_gguf
 from gguf_samples import SMALL, TYPES, blocks_of, random_blocks, random_weight
 from parity import RTOL, rel_diff
 from transformers import LlamaConfig
@@ -53,23 +51,6 @@ def test_a_large_layer_expands_a_slice_of_rows_at_a_time(monkeypatch):
     assert ((y - F.linear(x, weight, bias)).abs() / scale).max() < 1e-6
 
 
-def _k_quant_blocks():
-    """``write_tiny_gguf``'s ``blocks``: the matrices 256 wide cycle through every block type (gguf-py's own
-    quantization for the small types, random blocks with small factors for the K types)."""
-    kinds = itertools.cycle(sorted(TYPES))
-    rng = np.random.default_rng(1)
-
-    def blocks(name, data):
-        if data.ndim != 2 or data.shape[1] % 256:
-            return None
-        kind = next(kinds)
-        if kind in SMALL:
-            return blocks_of(data, kind).numpy(), TYPES[kind]
-        return random_block_rows(rng, TYPES[kind], *data.shape).numpy(), TYPES[kind]
-
-    return blocks
-
-
 def _models(tmp_path, monkeypatch, key: str):
     """(the GGUF, its dense fp32 load, its torch-expansion load with head-wise attention, the same with sdpa)."""
     from archs import tiny_configs
@@ -77,7 +58,7 @@ def _models(tmp_path, monkeypatch, key: str):
     if key == "llama-every-type":  # 256 wide: the K types' super-blocks; Llama's q/k rows permuted in the file
         config, architecture, blocks = LlamaConfig(
             vocab_size=300, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False), "llama", _k_quant_blocks()
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False), "llama", k_quant_blocks()
     else:  # Q8_0 throughout, 64 wide
         config, architecture, blocks = tiny_configs()[key], "llama", None
     gguf = tmp_path / f"{key}.gguf"

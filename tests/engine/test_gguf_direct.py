@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 import torch
+from gguf_files import k_quant_blocks, write_tiny_gguf
 from transformers import LlamaConfig
 
 from engine.cpu import gguf_blocks
@@ -18,8 +19,6 @@ from engine.models.gguf_direct import write_files
 from engine.models.loader import gguf_cache_entry, load_model
 from engine.models.weights_cache import _unique_tensors
 from engine.paths import cache_dir
-from test_gguf_convert import write_tiny_gguf
-from test_gguf_device import _k_quant_blocks
 
 
 def _every_type_llama():
@@ -33,7 +32,7 @@ def _tiny(tmp_path, key: str, **kwargs):
     from archs import tiny_configs
 
     if key == "llama-every-type":  # the K types' super-blocks; Llama's q/k rows permuted in the file
-        config, architecture, kwargs["blocks"] = _every_type_llama(), "llama", _k_quant_blocks()
+        config, architecture, kwargs["blocks"] = _every_type_llama(), "llama", k_quant_blocks()
     else:
         config = tiny_configs()[key]
         architecture = {"gemma3_text": "gemma3"}.get(config.model_type, config.model_type)

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from loader_models import TINY, VOCAB, tiny_gemma3_multimodal_config
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from engine.errors import ModelSourceError, UnsupportedModelError
 from engine.models import gguf, loader, pypi
 from engine.models.loader import (
     EMBEDDED_MODEL,
@@ -22,11 +24,7 @@ from engine.models.loader import (
     embedded_model_dir,
     load_model,
 )
-from engine.errors import ModelSourceError, UnsupportedModelError
 
-VOCAB = 128
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, max_position_embeddings=256)
 # Gemma's sliding window is set below the test length so the windowed path is exercised too.
 TEXT_TYPES = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"]
 
@@ -76,18 +74,6 @@ def test_round_trip_same_weights_and_logits(model_type, tmp_path):
     assert (info["architecture"], info["num_layers"], info["num_heads"]) == (model_type, 2, 4)
     assert (info["num_kv_heads"], info["head_dim"], info["dtype"], info["device"]) == (2, 16, "float32", "cpu")
     assert info["params"] == sum(p.numel() for p in original.parameters())
-
-
-def tiny_gemma3_multimodal_config():
-    """A multimodal Gemma 3 checkpoint's config, tiny: a vision tower beside a text model of ``TINY``'s shape."""
-    from transformers import Gemma3Config
-
-    return Gemma3Config(
-        text_config={**TINY, "vocab_size": VOCAB + 4, "sliding_window": 8},
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=28, patch_size=14),
-        mm_tokens_per_image=4, boi_token_index=VOCAB + 1, eoi_token_index=VOCAB + 2, image_token_index=VOCAB + 3,
-    )
 
 
 def test_multimodal_gemma3_loads_text_model_only(tmp_path):

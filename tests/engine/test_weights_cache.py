@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from archs import _COMMON
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from archs import _COMMON
-from engine.models import loader, weights_cache
 from engine.cpu.int8 import Int8Embedding, Int8Linear, num_weights
+from engine.models import loader, weights_cache
 from engine.models.loader import describe, load_model
 from engine.models.weights_cache import MANIFEST_FILE, WEIGHTS_FILE
 from engine.models.weights_mode import weights_mode
@@ -205,7 +205,7 @@ def test_fp32_and_gpu_loads_need_no_cache(cache, tmp_path):
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_multimodal_gemma3_text_model_is_cached_too(cache, tmp_path, monkeypatch, mode):
-    from test_loader import VOCAB, tiny_gemma3_multimodal_config
+    from loader_models import VOCAB, tiny_gemma3_multimodal_config
     from transformers import Gemma3ForConditionalGeneration
 
     config = tiny_gemma3_multimodal_config()

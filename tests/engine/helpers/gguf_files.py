@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+
+import numpy as np
 import torch
 from gguf import GGUFWriter
+from gguf_samples import SMALL, TYPES, blocks_of
 from transformers import AutoModelForCausalLM
+
+from engine.cpu.gguf_blocks import random_block_rows
 
 
 def write_tiny_gguf(path, architecture: str, config, *, kv_heads_in_file: bool = True, blocks=None,
@@ -14,7 +20,6 @@ def write_tiny_gguf(path, architecture: str, config, *, kv_heads_in_file: bool =
     same bytes, so the values need no meaning). ``blocks(name, data)``: another matrix's (raw, ggml type), else
     None; ``with_tokenizer``: a tiny byte-level BPE vocabulary, so that ``load_model`` reads the file whole;
     ``leave_out``: a GGUF tensor name the file lacks."""
-    import numpy as np
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
@@ -62,3 +67,20 @@ def write_tiny_gguf(path, architecture: str, config, *, kv_heads_in_file: bool =
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def k_quant_blocks():
+    """``write_tiny_gguf``'s ``blocks``: the matrices 256 wide cycle through every block type (gguf-py's own
+    quantization for the small types, random blocks with small factors for the K types)."""
+    kinds = itertools.cycle(sorted(TYPES))
+    rng = np.random.default_rng(1)
+
+    def blocks(name, data):
+        if data.ndim != 2 or data.shape[1] % 256:
+            return None
+        kind = next(kinds)
+        if kind in SMALL:
+            return blocks_of(data, kind).numpy(), TYPES[kind]
+        return random_block_rows(rng, TYPES[kind], *data.shape).numpy(), TYPES[kind]
+
+    return blocks

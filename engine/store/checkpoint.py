@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import CorruptSnapshotError, InputError, SnapshotError
+from ..interrupt import begin_work, end_work, stopping
 from ..cache import HeadInferCache
 from .fingerprint import token_ids_bytes
 from .files import TEMP_PREFIX, check_sidecar_name, saved_range, write_atomically
@@ -38,6 +39,7 @@ from .format import (
     SnapshotIdentity,
     part_file,
     read_header,
+    shape_fields,
 )
 from .streaming import RunStreamer, fsync_directory
 
@@ -92,6 +94,8 @@ class ReadCheckpoints:
         with _CLAIMED_LOCK:
             self._claimed = self.folder not in _CLAIMED
             _CLAIMED.add(self.folder)
+        if self._claimed:
+            begin_work()  # a Ctrl+C waits for this read's checkpoints until ``close`` (``interrupt.stop_on_ctrl_c``)
         # Over the store's cap, the disk failed, or another read of this process checkpoints this document: the
         # read goes on without checkpoints.
         self.is_stopped = not self._claimed
@@ -135,16 +139,20 @@ class ReadCheckpoints:
         self._collect()
         self.cache.synchronize()  # the rows below num_read have landed in their homes
         job = [(layer.layer_idx, *self._range(layer.window, num_read), self._runs(layer.homes, layer.window, num_read))
-               for layer in self.cache.layers]
+               for layer in self.cache.kv_layers]
         # (never below 0: the header check counts a negative time as damage; a read paused for a turn can report one)
         self._pending = self._worker.submit(self._write, job, num_read, max(0.0, self._seconds_before + seconds))
         self._done = num_read
         return True
 
-    def close(self) -> None:
+    def close(self, num_read: int | None = None, seconds: float = 0.0) -> None:
         """Waits for the checkpoint being written (if any), stops the worker and lets another read checkpoint this
-        document."""
+        document. After a Ctrl+C (``interrupt.stopping``) the first ``num_read`` tokens, read in ``seconds``, are
+        checkpointed first: what was read since the last checkpoint is kept."""
         try:
+            if num_read is not None and stopping() and num_read < self.identity.num_tokens:
+                self._collect()
+                self.checkpoint(num_read, seconds)
             self._collect()
             self._worker.shutdown(wait=True)
         finally:
@@ -152,6 +160,7 @@ class ReadCheckpoints:
                 with _CLAIMED_LOCK:
                     _CLAIMED.discard(self.folder)
                 self._claimed = False
+                end_work()
 
     def _collect(self) -> None:
         if self._pending is not None:
@@ -197,7 +206,7 @@ class ReadCheckpoints:
                     files.append(FileEntry(TOKENS_FILE, *streamer.write_file(folder / TOKENS_FILE, [ids])))
                     for name, text in self.plan.sidecar:
                         write_atomically(folder / name, text.encode())
-                windowed = {layer.layer_idx for layer in self.cache.layers if layer.window is not None}
+                windowed = {layer.layer_idx for layer in self.cache.kv_layers if layer.window is not None}
                 files = [f for f in files if not (f.is_part and f.layer in windowed)]  # a ring keeps its newest
                 for layer_idx, start, stop, runs in job:
                     name = part_file(layer_idx, start, stop)
@@ -225,16 +234,13 @@ class ReadCheckpoints:
                     self.identity.num_tokens, new_bytes / 1e6, time.perf_counter() - started)
 
     def _new_header(self, files: list[FileEntry], num_read: int, read_seconds: float) -> SnapshotHeader:
-        home = self.cache.layers[0].homes[0]
-        kv = home.kv  # [capacity, B, 2, g, D]
         files = sorted(files, key=lambda f: (not f.is_part, f.layer or 0, f.start or 0))
         created = self._header.created if self._header is not None else time.time()
         label = " ".join(self.plan.label.split())
         label = label if len(label) <= _LABEL_CHARS else label[: _LABEL_CHARS - 1] + "…"
-        return SnapshotHeader(self.identity, label, created, len(self.cache.layers),
-                              self.cache.shape.num_kv_heads, kv.shape[4], kv.shape[1], tuple(files), self.policy,
-                              version=PARTIAL_VERSION, head_group_size=kv.shape[3],
-                              kv_dtype=self.cache.policy.kv_dtype, num_read=num_read, read_seconds=read_seconds)
+        return SnapshotHeader(self.identity, label, created, files=tuple(files), policy=self.policy,
+                              kv_dtype=self.cache.policy.kv_dtype, num_read=num_read, read_seconds=read_seconds,
+                              **shape_fields(self.cache, PARTIAL_VERSION))
 
     def _remove_unlisted(self, header: SnapshotHeader) -> None:
         """Deletes the part files neither the newest nor the previous header lists (replaced windows, cut-short

@@ -32,12 +32,14 @@ from .format import (
     LAST_USED_FILE,
     PREVIOUS_HEADER_FILE,
     TOKENS_FILE,
+    COMPLETE_VERSION,
     FileEntry,
     SnapshotHeader,
     SnapshotIdentity,
     home_file,
     layer_file,
     part_file,
+    shape_fields,
 )
 from .streaming import RunStreamer, fsync_directory
 
@@ -67,7 +69,7 @@ def snapshot_bytes(cache: HeadInferCache, num_tokens: int) -> tuple[int, int]:
     """(the size a snapshot of the cache's first ``num_tokens`` tokens takes on disk, the part of it that
     disk-tier homes hold and a save links rather than writes), headers aside."""
     total, linked = 4 * num_tokens, 0
-    for layer in cache.layers:
+    for layer in cache.kv_layers:
         start, stop = saved_range(layer.window, num_tokens)
         for home in layer.homes:
             num_bytes = sum(p[0].nbytes for p in home.planes) * (stop - start)
@@ -89,10 +91,9 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
     """
     num_tokens = identity.num_tokens
     _refuse_states(cache)
-    if any(layer.homes is None or layer.length < num_tokens for layer in cache.layers):
+    if any(layer.homes is None or layer.length < num_tokens for layer in cache.kv_layers):
         raise InputError(f"the cache does not hold the {num_tokens:,} tokens to save")
-    home = cache.layers[0].homes[0]
-    batch, group_size, head_dim = home.kv.shape[1], home.kv.shape[3], home.kv.shape[4]
+    home = cache.kv_layers[0].homes[0]
     if dtype_name(home.dtype) != identity.dtype:
         raise InputError(f"the cache holds {home.dtype} K/V but the model runs in {identity.dtype}")
     for name, _ in sidecar:
@@ -100,7 +101,7 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
     cache.synchronize()  # host homes are complete only once the asynchronous appends have landed
     scratch = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{target.name}-", dir=target.parent))
     try:
-        parts = [(layer, layer_parts(layer.homes, num_tokens)) for layer in cache.layers]
+        parts = [(layer, layer_parts(layer.homes, num_tokens)) for layer in cache.kv_layers]
         with _streamer(cache, [(layer.homes, p) for layer, p in parts]) as streamer:
             ids = torch.frombuffer(bytearray(token_ids_bytes(token_ids)), dtype=torch.uint8)
             files = [FileEntry(TOKENS_FILE, *streamer.write_file(scratch / TOKENS_FILE, [ids]))]
@@ -123,9 +124,8 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
                         files.append(FileEntry(name, *streamer.write_file(scratch / name, runs), **where))
                 name = layer_file(layer.layer_idx)
                 files.append(FileEntry(name, *streamer.write_file(scratch / name, in_layer_file)))
-        header = SnapshotHeader(identity, label, time.time(), len(cache.layers), cache.shape.num_kv_heads,
-                                head_dim, batch, tuple(files), policy or {}, head_group_size=group_size,
-                                kv_dtype=cache.policy.kv_dtype)
+        header = SnapshotHeader(identity, label, time.time(), files=tuple(files), policy=policy or {},
+                                kv_dtype=cache.policy.kv_dtype, **shape_fields(cache, COMPLETE_VERSION))
         for name, text in sidecar:
             _write_durably(scratch / name, text.encode("utf-8"))
         _write_durably(scratch / HEADER_FILE, header.to_json().encode())
@@ -164,11 +164,12 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
     entries = {f.name: f for f in header.files}
     home_files = {(f.layer, f.group, f.plane): f for f in header.files if f.is_home}
     with _damaged("the snapshot"):
-        per_layer = [_restore_parts(layer.homes, header, num_tokens) for layer in cache.layers]
-        with _streamer(cache, [(layer.homes, parts) for layer, (parts, _) in zip(cache.layers, per_layer)]) as streamer:
+        per_layer = [_restore_parts(layer.homes, header, heads, dim, num_tokens)
+                     for layer, (_, heads, dim) in zip(cache.kv_layers, header.layer_shapes)]
+        with _streamer(cache, [(layer.homes, parts) for layer, (parts, _) in zip(cache.kv_layers, per_layer)]) as streamer:
             streamer.prefault([run for parts, _ in per_layer for _, _, runs in parts for run in runs])
             total = _read_tokens(streamer, folder, header, entries)
-            for layer, (parts, regroup) in zip(cache.layers, per_layer):
+            for layer, (parts, regroup) in zip(cache.kv_layers, per_layer):
                 name = layer_file(layer.layer_idx)
                 own = [(home_files.get((layer.layer_idx, g, plane)), runs) for g, plane, runs in parts]
                 total += streamer.read_file(folder / name, [r for entry, runs in own if entry is None for r in runs],
@@ -177,7 +178,7 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
                     if entry is not None:
                         total += streamer.read_file(folder / entry.name, runs, entry.crc32, whole=False)
                 regroup()
-    for layer in cache.layers:
+    for layer in cache.kv_layers:
         layer.length = num_tokens
     return total
 
@@ -189,22 +190,26 @@ def _check_sizes(header: SnapshotHeader, cache: HeadInferCache) -> None:
     dtype = getattr(torch, header.identity.dtype, None)
     if not isinstance(dtype, torch.dtype) or (header.kv_dtype is not None and header.kv_dtype not in KV_DTYPES):
         raise CorruptSnapshotError(f"unknown dtype {header.identity.dtype!r} / {header.kv_dtype!r} in the header")
-    if header.kv_dtype is None:
-        per_head = header.head_dim * dtype.itemsize
-    else:
-        per_head = header.head_dim * KV_DTYPES[header.kv_dtype][0].itemsize + SCALE_DTYPE.itemsize
-    per_token = header.batch * 2 * header.num_kv_heads * per_head
+    def per_token(heads: int, dim: int) -> int:
+        if header.kv_dtype is None:
+            per_head = dim * dtype.itemsize
+        else:
+            per_head = dim * KV_DTYPES[header.kv_dtype][0].itemsize + SCALE_DTYPE.itemsize
+        return header.batch * 2 * heads * per_head
+
+    layer_bytes = {i: per_token(heads, dim) for i, heads, dim in header.layer_shapes}  # a token's, by model index
     num_tokens = header.identity.num_tokens
     by_name = {f.name: f for f in header.files}
     wrong = by_name[TOKENS_FILE].num_bytes != 4 * num_tokens if TOKENS_FILE in by_name else True
     if header.num_read is not None:
-        wrong = wrong or any(f.num_bytes != (f.stop - f.start) * per_token for f in header.files if f.is_part)
+        wrong = wrong or any(f.layer not in layer_bytes or f.num_bytes != (f.stop - f.start) * layer_bytes[f.layer]
+                             for f in header.files if f.is_part)
     else:
-        for layer in cache.layers:
+        for layer in cache.kv_layers:
             start, stop = saved_range(layer.window, num_tokens)
             held = sum(f.num_bytes for f in header.files
                        if f.name == layer_file(layer.layer_idx) or (f.is_home and f.layer == layer.layer_idx))
-            wrong = wrong or held != (stop - start) * per_token
+            wrong = wrong or held != (stop - start) * layer_bytes.get(layer.layer_idx, -1)
     if wrong:
         raise CorruptSnapshotError("the snapshot's header gives sizes its shape does not multiply out to "
                                    f"(batch {header.batch}, {header.num_kv_heads} KV heads x {header.head_dim})")
@@ -219,11 +224,11 @@ def _read_partial(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
         if entry.is_part:
             parts.setdefault(entry.layer, []).append(entry)
     _prepare(cache, header)
-    if any(home.group.size != header.head_group_size for layer in cache.layers for home in layer.homes):
+    if any(home.group.size != header.head_group_size for layer in cache.kv_layers for home in layer.homes):
         raise SnapshotError(f"this partial read was saved with head groups of {header.head_group_size}: "
                             "continue it with the same, or read the document again")
     plan = []  # (part, its runs in file order)
-    for layer in cache.layers:
+    for layer in cache.kv_layers:
         layer_parts_ = sorted(parts.get(layer.layer_idx, []), key=lambda f: f.start)
         wanted = [saved_range(layer.window, num_read)] if layer.window is not None else None
         covered = [(f.start, f.stop) for f in layer_parts_]
@@ -241,7 +246,7 @@ def _read_partial(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
             for part, _, groups in plan:
                 assert part.name == part_file(part.layer, part.start, part.stop)
                 total += streamer.read_file(folder / part.name, [r for _, _, runs in groups for r in runs], part.crc32)
-    for layer in cache.layers:
+    for layer in cache.kv_layers:
         layer.length = num_read
     return total
 
@@ -276,17 +281,17 @@ def _prepare(cache: HeadInferCache, header: SnapshotHeader) -> None:
     dtype = getattr(torch, header.identity.dtype, None)
     if not isinstance(dtype, torch.dtype):
         raise CorruptSnapshotError(f"unknown dtype {header.identity.dtype!r} in the header")
-    homes = cache.layers[0].homes
+    homes = cache.kv_layers[0].homes
     if homes is not None:
-        kv = homes[0].kv
-        if (homes[0].dtype, kv.shape[1], kv.shape[4]) != (dtype, header.batch, header.head_dim):
+        held = (homes[0].dtype, homes[0].kv.shape[1], tuple(layer.homes[0].kv.shape[4] for layer in cache.kv_layers))
+        if held != (dtype, header.batch, tuple(dim for _, _, dim in header.layer_shapes)):
             cache.release()
-    if cache.layers[0].homes is None:
+    if cache.kv_layers[0].homes is None:
         cache.allocate(header.batch, header.head_dim, dtype, cache.device)
     else:
         cache.crop_to(0)  # waits for copies in flight and drops stale prefetches
     cache.reserve(header.identity.num_tokens)
-    for layer in cache.layers:  # disk homes are read into behind their running checksums' back
+    for layer in cache.kv_layers:  # disk homes are read into behind their running checksums' back
         for home in layer.homes:
             for plane in home.planes if home.disk is not None else ():
                 home.disk.forget_written(plane, 0)
@@ -309,8 +314,10 @@ def _streamer(cache: HeadInferCache, parts: list[tuple[LayerHomes, list[Part]]])
     return RunStreamer(streams, device)
 
 
-def _restore_parts(homes: LayerHomes, header: SnapshotHeader, num_tokens: int) -> tuple[list[Part], Callable]:
-    """(the parts to read the snapshot's runs into, in file order, a function to call after reading).
+def _restore_parts(homes: LayerHomes, header: SnapshotHeader, num_heads: int, head_dim: int,
+                   num_tokens: int) -> tuple[list[Part], Callable]:
+    """(the parts to read the snapshot's runs into, in file order, a function to call after reading), for a layer
+    of ``num_heads`` KV heads of ``head_dim``.
 
     Read in place when the snapshot's head groups are the cache's; otherwise into one host tensor that is then
     copied into the homes head by head (a snapshot saved with another head-group size).
@@ -321,12 +328,11 @@ def _restore_parts(homes: LayerHomes, header: SnapshotHeader, num_tokens: int) -
     if header.kv_dtype is not None:
         raise SnapshotError(f"this 8-bit snapshot was saved with head groups of {g_file}: restore it with the same")
     start, stop = saved_range(homes.window, num_tokens)
-    num_groups, kv, n = header.num_kv_heads // g_file, homes[0].kv, stop - start
-    scratch = torch.empty((num_groups, n, header.batch, 2, g_file, header.head_dim), dtype=kv.dtype)
+    num_groups, kv, n = num_heads // g_file, homes[0].kv, stop - start
+    scratch = torch.empty((num_groups, n, header.batch, 2, g_file, head_dim), dtype=kv.dtype)
 
     def regroup() -> None:
-        by_head = scratch.permute(1, 2, 3, 0, 4, 5).reshape(n, header.batch, 2, header.num_kv_heads,
-                                                           header.head_dim)  # [n, B, 2, KVH, D]
+        by_head = scratch.permute(1, 2, 3, 0, 4, 5).reshape(n, header.batch, 2, num_heads, head_dim)  # [n, B, 2, KVH, D]
         for home in homes:
             home.write(start, by_head[:, :, :, home.group.start : home.group.stop])
 
@@ -334,15 +340,11 @@ def _restore_parts(homes: LayerHomes, header: SnapshotHeader, num_tokens: int) -
 
 
 def snapshot_refusal(shape) -> str | None:
-    """Why a model of ``shape`` (``ModelShape``) cannot have snapshots, or None. The format holds one KV-head
-    count and head_dim for every layer, one file per layer: a model whose layers differ (Gemma 4's global layers)
-    or share K/V would save a snapshot no restore accepts, so none is written."""
+    """Why a model of ``shape`` (``ModelShape``) cannot have snapshots, or None. Layers that differ in K/V shape or
+    share K/V (Gemma 4) are saved layer by layer (format version 5); a fixed-size state is not K/V."""
     if shape.state_layers:
         return ("snapshots keep K/V only, and this hybrid model's linear-attention or convolution "
                 "layers hold a state instead: read the document again")
-    if not shape.is_uniform or shape.shared_layers:
-        return ("snapshots hold one K/V shape for every layer, and this model's layers differ in KV heads or "
-                "head size or share K/V: it cannot be saved for instant reopening; read the document again")
     return None
 
 

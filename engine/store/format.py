@@ -17,6 +17,12 @@ sliding-window layer lists only its newest part, the window before ``num_read``.
 atomically at each checkpoint, the one before kept as ``header-previous.json`` (used when a part the newest
 lists fails its size or checksum: a checkpoint cut short by a kill). Its identity is the whole document's.
 
+A snapshot of a model whose layers differ in K/V shape (version 5: Gemma 4's global layers with their own KV heads
+and head_dim, its last layers reusing earlier layers' K/V) lists each layer with K/V (``kv_layers``, model indices:
+a consumer layer of KV sharing holds nothing and has no file) with its KV heads and head_dim; each layer file is laid
+out as above at its own ``g`` and ``D``. Uniform models are still written as version 3 / 4, which engines before
+version 5 read.
+
 Runs are per KV head, so a snapshot restores under any head-group size or resident placement. No
 pickle anywhere: a damaged or hostile file can fail a check, never run code.
 """
@@ -31,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import CorruptSnapshotError, SnapshotError
-from .header_checks import MAX_HEADER_BYTES, check_body, shown
+from .header_checks import LAYERED_VERSION, MAX_HEADER_BYTES, check_body, shown
 from .fingerprint import (
     ModelFingerprint,
     dtype_name,
@@ -42,9 +48,11 @@ from .fingerprint import (
 )
 
 FORMAT = "headinfer-kv-snapshot"
-FORMAT_VERSION = 4  # 2: token-major homes, one run per (layer, head group); 3: plus home files; 4: partial reads
-COMPLETE_VERSION = 3  # what a complete snapshot is still written as, so an engine of version 3 reads it
+FORMAT_VERSION = 5  # 2: token-major homes, one run per (layer, head group); 3: plus home files; 4: partial reads;
+# 5: per-layer K/V shapes
+COMPLETE_VERSION = 3  # what a uniform model's complete snapshot is still written as, so an engine of version 3 reads it
 PARTIAL_VERSION = 4
+# LAYERED_VERSION (5, header_checks): a snapshot, complete or partial, of a model whose layers differ in K/V shape
 OLDEST_READABLE = 2  # version 2 is version 3 without home files
 MAX_VERSION = 1 << 16  # above FORMAT_VERSION: a newer engine's (kept, not read); above this: garbage
 HEADER_FILE = "header.json"
@@ -130,6 +138,11 @@ class SnapshotHeader:
     kv_dtype: str | None = None  # 8-bit host KV ("int8" / "fp8"): each group's codes then its scales
     num_read: int | None = None  # a partial snapshot: the document's first tokens it holds (None: all of them)
     read_seconds: float = 0.0  # a partial snapshot: the reading time those tokens took (for an estimate of the rest)
+    # Version 5 (``layer_shapes``): the model index of each layer with files, and its KV heads and head_dim, in
+    # file order; empty: layers 0..num_layers-1, each of num_kv_heads x head_dim (those two are the largest then).
+    kv_layers: tuple[int, ...] = ()
+    layer_kv_heads: tuple[int, ...] = ()
+    layer_head_dims: tuple[int, ...] = ()
 
     @property
     def key(self) -> str:
@@ -144,8 +157,17 @@ class SnapshotHeader:
     def num_bytes(self) -> int:
         return sum(f.num_bytes for f in self.files)
 
+    @property
+    def layer_shapes(self) -> tuple[tuple[int, int, int], ...]:
+        """(model layer index, KV heads, head_dim) of each layer the snapshot holds K/V of, in file order."""
+        if not self.kv_layers:
+            return tuple((i, self.num_kv_heads, self.head_dim) for i in range(self.num_layers))
+        return tuple(zip(self.kv_layers, self.layer_kv_heads, self.layer_head_dims))
+
     def to_json(self) -> str:
         body = asdict(self)
+        if not self.kv_layers:  # a uniform model's header stays what engines of version 3 / 4 read
+            del body["kv_layers"], body["layer_kv_heads"], body["layer_head_dims"]
         if self.num_read is None:  # a complete snapshot's header stays what engines of version 3 read
             del body["num_read"], body["read_seconds"]
             for entry in body["files"]:
@@ -174,13 +196,29 @@ class SnapshotHeader:
                 raise SnapshotError(f"snapshot format version {version} (this engine reads {FORMAT_VERSION})")
             check_body(body)  # every field of its type and in range: a recomputed CRC proves nothing
             identity = body.pop("identity")
+            layers = {key: tuple(body.pop(key, ())) for key in ("kv_layers", "layer_kv_heads", "layer_head_dims")}
             return cls(identity=SnapshotIdentity(model=ModelFingerprint(**identity.pop("model")), **identity),
-                       files=tuple(FileEntry(**f) for f in body.pop("files")), **body)
+                       files=tuple(FileEntry(**f) for f in body.pop("files")), **layers, **body)
         except SnapshotError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
             raise CorruptSnapshotError(f"unreadable snapshot header ({type(error).__name__}: "
                                        f"{str(error)[:200]})") from error
+
+
+def shape_fields(cache, version: int) -> dict:
+    """The ``SnapshotHeader`` fields that give ``cache``'s K/V shape (its homes allocated): one KV-head count and
+    head_dim in ``version`` (3 or 4) for a uniform model, else each layer's in version 5."""
+    layers = cache.kv_layers
+    kv = [layer.homes[0].kv for layer in layers]  # each [capacity, B, 2, g, D]
+    heads = tuple(sum(home.group.size for home in layer.homes) for layer in layers)
+    dims = tuple(k.shape[4] for k in kv)
+    fields = {"num_layers": len(layers), "num_kv_heads": max(heads), "head_dim": max(dims), "batch": kv[0].shape[1],
+              "head_group_size": kv[0].shape[3], "version": version}
+    if len(set(zip(heads, dims))) > 1 or [layer.layer_idx for layer in layers] != list(range(len(layers))):
+        fields.update(version=LAYERED_VERSION, kv_layers=tuple(layer.layer_idx for layer in layers),
+                      layer_kv_heads=heads, layer_head_dims=dims)
+    return fields
 
 
 def read_header(folder: Path, name: str = HEADER_FILE) -> SnapshotHeader:
@@ -219,21 +257,30 @@ def check_compatible(header: SnapshotHeader, wanted: SnapshotIdentity, shape) ->
     if (saved.num_tokens, saved.token_ids_sha256) != (wanted.num_tokens, wanted.token_ids_sha256):
         raise SnapshotError(f"the snapshot holds another document ({saved.num_tokens:,} tokens, "
                             f"{header.label!r}) than this session's ({wanted.num_tokens:,} tokens)")
-    if (header.num_layers, header.num_kv_heads, header.head_dim) != (shape.num_layers, shape.num_kv_heads, shape.head_dim):
+    wanted_layers = tuple(zip(shape.kv_layer_indices, shape.kv_heads, shape.head_dims))
+    if header.layer_shapes != wanted_layers:
         raise CorruptSnapshotError(
-            f"the snapshot's cache shape ({header.num_layers} layers x {header.num_kv_heads} KV heads x "
-            f"{header.head_dim}) differs from the model's ({shape.num_layers} x {shape.num_kv_heads} x {shape.head_dim})")
+            f"the snapshot's cache shape ({_shapes(header.layer_shapes)}) differs from the model's "
+            f"({_shapes(wanted_layers)})")
     if header.num_read is not None:
         _check_parts(header)
         return
     homes = [f for f in header.files if f.is_home]
-    num_groups, num_planes = header.num_kv_heads // header.head_group_size, 1 if header.kv_dtype is None else 2
-    expected = {TOKENS_FILE, *(layer_file(i) for i in range(header.num_layers)),
-                *(home_file(f.layer, f.group, f.plane) for f in homes)}
+    groups = {layer: heads // header.head_group_size for layer, heads, _ in header.layer_shapes}
+    num_planes = 1 if header.kv_dtype is None else 2
+    expected = {TOKENS_FILE, *(layer_file(i) for i in groups), *(home_file(f.layer, f.group, f.plane) for f in homes)}
     if ({f.name for f in header.files} != expected or len(header.files) != len(expected)
-            or not all(0 <= f.layer < header.num_layers and 0 <= f.group < num_groups and 0 <= f.plane < num_planes
+            or not all(f.layer in groups and 0 <= f.group < groups[f.layer] and 0 <= f.plane < num_planes
                        for f in homes)):
         raise CorruptSnapshotError("the snapshot's header lists the wrong files")
+
+
+def _shapes(layers: tuple[tuple[int, int, int], ...]) -> str:
+    """'3 layers x 2 KV heads x 16' (one shape), else each layer's 'heads x dim' by its index."""
+    if len({(heads, dim) for _, heads, dim in layers}) <= 1 and all(i == k for k, (i, _, _) in enumerate(layers)):
+        heads, dim = (layers[0][1], layers[0][2]) if layers else (0, 0)
+        return f"{len(layers)} layers x {heads} KV heads x {dim}"
+    return ", ".join(f"layer {i}: {heads} x {dim}" for i, heads, dim in layers)
 
 
 def _check_parts(header: SnapshotHeader) -> None:
@@ -243,7 +290,7 @@ def _check_parts(header: SnapshotHeader) -> None:
     names = [f.name for f in header.files]
     if (not 0 < header.num_read <= header.identity.num_tokens or TOKENS_FILE not in names
             or len(names) != len(set(names)) or len(parts) != len(names) - 1
-            or not all(0 <= f.layer < header.num_layers and 0 <= f.start < f.stop <= header.num_read
+            or not all(f.layer in {i for i, _, _ in header.layer_shapes} and 0 <= f.start < f.stop <= header.num_read
                        and f.name == part_file(f.layer, f.start, f.stop) for f in parts)):
         raise CorruptSnapshotError("the partial snapshot's header lists the wrong files")
 

@@ -28,7 +28,10 @@ _KV_DTYPES = (None, "int8", "fp8")
 _BYTEORDERS = ("little", "big")
 
 _HEADER_KEYS = {"identity", "label", "created", "num_layers", "num_kv_heads", "head_dim", "batch", "files",
-                "policy", "byteorder", "version", "head_group_size", "kv_dtype", "num_read", "read_seconds"}
+                "policy", "byteorder", "version", "head_group_size", "kv_dtype", "num_read", "read_seconds",
+                "kv_layers", "layer_kv_heads", "layer_head_dims"}
+_LAYER_KEYS = ("kv_layers", "layer_kv_heads", "layer_head_dims")
+LAYERED_VERSION = 5  # the first version whose headers may list per-layer K/V shapes (``format.py``)
 _REQUIRED = {"identity", "label", "created", "num_layers", "num_kv_heads", "head_dim", "batch", "files"}
 _IDENTITY_KEYS = {"model", "dtype", "tokenizer", "token_ids_sha256", "num_tokens"}
 _MODEL_KEYS = {"model_type", "name", "config", "weights", "weights_mode"}
@@ -52,13 +55,14 @@ def check_body(body: dict) -> None:
     _number(body["created"], "created")
     num_layers = _integer(body["num_layers"], "num_layers", 1, MAX_LAYERS)
     num_heads = _integer(body["num_kv_heads"], "num_kv_heads", 1, MAX_HEADS)
-    _integer(body["head_dim"], "head_dim", 1, MAX_HEAD_DIM)
+    head_dim = _integer(body["head_dim"], "head_dim", 1, MAX_HEAD_DIM)
     _integer(body["batch"], "batch", 1, MAX_BATCH)
     group = _integer(body.get("head_group_size", 1), "head_group_size", 1, num_heads)
-    if num_heads % group:
+    version = _integer(body.get("version", 0), "version", 0, 1 << 16)
+    layers = _layers(body, num_layers, num_heads, head_dim, version)
+    if any(heads % group for _, heads in layers):
         raise CorruptSnapshotError(f"unreadable snapshot header (head groups of {group} do not divide "
-                                   f"{num_heads} KV heads)")
-    _integer(body.get("version", 0), "version", 0, 1 << 16)
+                                   f"{'/'.join(str(heads) for _, heads in layers)} KV heads)")
     if not isinstance(body.get("policy", {}), dict):
         raise CorruptSnapshotError("unreadable snapshot header (policy is not an object)")
     if body.get("byteorder", "little") not in _BYTEORDERS:
@@ -71,17 +75,38 @@ def check_body(body: dict) -> None:
     files = body["files"]
     if not isinstance(files, list) or not 0 < len(files) <= MAX_FILES:
         raise CorruptSnapshotError("unreadable snapshot header (files is not a list of files)")
+    last_layer = max(layer for layer, _ in layers)
     for entry in files:
-        _file(entry, num_layers, num_tokens)
+        _file(entry, last_layer, num_tokens)
 
 
-def _file(entry, num_layers: int, num_tokens: int) -> None:
+def _layers(body: dict, num_layers: int, num_heads: int, head_dim: int, version: int) -> list[tuple[int, int]]:
+    """(model layer index, KV heads) of each layer with files: version 5's per-layer lists (one entry a layer, layer
+    indices rising, the largest heads and head_dim the header's), else layers 0..num_layers-1 of num_kv_heads."""
+    given = [key for key in _LAYER_KEYS if key in body]
+    if not given:
+        return [(i, num_heads) for i in range(num_layers)]
+    if len(given) != len(_LAYER_KEYS) or version < LAYERED_VERSION:
+        raise CorruptSnapshotError(f"unreadable snapshot header (per-layer shapes {', '.join(given)} in a "
+                                   f"version {version} header)")
+    lists = [body[key] for key in _LAYER_KEYS]
+    if not all(isinstance(values, list) and len(values) == num_layers for values in lists):
+        raise CorruptSnapshotError(f"unreadable snapshot header (per-layer shapes are not {num_layers} entries each)")
+    indices = [_integer(i, "kv_layers", 0, MAX_LAYERS - 1) for i in lists[0]]
+    heads = [_integer(h, "layer_kv_heads", 1, num_heads) for h in lists[1]]
+    dims = [_integer(d, "layer_head_dims", 1, head_dim) for d in lists[2]]
+    if any(a >= b for a, b in zip(indices, indices[1:])) or max(heads) != num_heads or max(dims) != head_dim:
+        raise CorruptSnapshotError("unreadable snapshot header (per-layer shapes out of order or past the largest)")
+    return list(zip(indices, heads))
+
+
+def _file(entry, last_layer: int, num_tokens: int) -> None:
     _keys(entry, _FILE_KEYS, {"name", "num_bytes", "crc32"}, "a file entry")
     if not isinstance(entry["name"], str) or not _FILE_NAME.match(entry["name"]):
         raise CorruptSnapshotError(f"unreadable snapshot header (file name {shown(entry['name'])})")
     _integer(entry["num_bytes"], "num_bytes", 0, MAX_FILE_BYTES)
     _integer(entry["crc32"], "crc32", 0, 0xFFFFFFFF)
-    limits = {"layer": num_layers - 1, "group": MAX_HEADS, "plane": 1, "start": num_tokens, "stop": num_tokens}
+    limits = {"layer": last_layer, "group": MAX_HEADS, "plane": 1, "start": num_tokens, "stop": num_tokens}
     for key, top in limits.items():
         if entry.get(key) is not None:
             _integer(entry[key], key, 0, top)

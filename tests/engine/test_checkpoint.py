@@ -46,10 +46,11 @@ def _session(model, tokenizer, text: str, **policy) -> DocumentSession:
 
 
 def _kv_bytes(session: DocumentSession) -> list[torch.Tensor]:
-    """Every (layer, head group) K/V a restore needs (a windowed layer: its window) as raw bytes."""
+    """Every (layer, KV head) K/V a restore needs (a windowed layer: its window) as raw bytes, whatever the head
+    groups."""
     n = session.document_tokens
-    return [home.block(*saved_range(layer.window, n)).contiguous().view(torch.uint8).reshape(-1).clone()
-            for layer in session.cache.layers for home in layer.homes]
+    return [home.block(*saved_range(layer.window, n))[:, :, :, i].contiguous().view(torch.uint8).reshape(-1).clone()
+            for layer in session.cache.kv_layers for home in layer.homes for i in range(home.group.size)]
 
 
 def _outcome(session: DocumentSession) -> tuple[list[torch.Tensor], torch.Tensor, str]:
@@ -141,7 +142,10 @@ def _pause() -> None:
     time.sleep(0.1)  # a tiny model reads faster than its checkpoints land: give them the time a real read would
 
 
-@pytest.mark.parametrize("arch", ["mistral-window", "gemma3-window"])
+# (Gemma 4: sliding and global layers of their own KV heads and head_dim, format version 5; its shared-KV layers
+# hold no parts)
+@pytest.mark.parametrize("arch", ["mistral-window", "gemma3-window", "gemma4-head-dims", "gemma4-global-kv",
+                                  "gemma4-shared-kv"])
 def test_windowed_layers_continue_from_their_last_window(tmp_path, arch):
     torch.manual_seed(7)
     model = AutoModelForCausalLM.from_config(tiny_configs()[arch], attn_implementation="headinfer").eval()
@@ -156,6 +160,7 @@ def test_windowed_layers_continue_from_their_last_window(tmp_path, arch):
                         give_way=_pause)
     reading.clear()
     [info] = store.list()
+    assert read_header(info.path).version == (5 if arch.startswith("gemma4") else 4)  # per-layer K/V shapes
     session = _session(model, tokenizer, text)
     assert session.restore_snapshot(store).num_tokens == info.num_read < session.document_tokens
     session.prefill()

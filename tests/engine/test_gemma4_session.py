@@ -1,6 +1,6 @@
-"""Gemma 4 through ``DocumentSession`` (the app's path): per-layer KV shapes in the sources pass, snapshots refused
-up front for layers of differing shapes or shared K/V (nothing written), and the KV-shared layers' answers equal
-stock greedy."""
+"""Gemma 4 through ``DocumentSession`` (the app's path): per-layer KV shapes in the sources pass, a saved read
+(snapshot format version 5: each layer's KV heads and head_dim, no file for a KV-shared layer) reopens in a fresh
+session to the same K/V, logits and greedy tokens, and the KV-shared layers' answers equal stock greedy."""
 
 from __future__ import annotations
 
@@ -10,10 +10,15 @@ from transformers import AutoModelForCausalLM
 
 from archs import tiny_configs
 from engine import SnapshotStore
-from engine.errors import SnapshotError
-from test_snapshot import _document, _prefilled, _word_tokenizer
+from engine.store.format import read_header
+from test_checkpoint import _assert_same, _outcome
+from test_disk_snapshot import _tier_policy
+from test_snapshot import _document, _prefilled, _session, _word_tokenizer
 
-GEMMA4 = ["gemma4-head-dims", "gemma4-global-kv", "gemma4-shared-kv"]
+GEMMA4 = ["gemma4-head-dims", "gemma4-global-kv", "gemma4-shared-kv", "gemma4-published"]
+#: How the document is read and how it is reopened: the same policy; one head a group on reopening (the file's
+#: groups copied head by head: the planner groups two heads where every layer has two); the disk tier's homes linked.
+READS = {"same": ({}, {}), "heads-apart": ({}, {"head_group_size": 1, "resident_slots": 0}), "disk-tier": (None, {})}
 
 
 @pytest.fixture(scope="module", params=GEMMA4)
@@ -33,15 +38,28 @@ def test_answers_carry_sources_naming_the_document(gemma4, caplog):
     assert last.sources and last.sources[0].page is None and last.sources[0].label().startswith("document"), name
 
 
-def test_a_snapshot_is_refused_with_the_reason_and_nothing_written(gemma4, tmp_path, caplog):
-    _, _, model, tokenizer = gemma4
-    store = SnapshotStore(tmp_path / "kv")
-    session = _prefilled(model, tokenizer, _document(2))
-    with pytest.raises(SnapshotError, match="cannot be saved for instant reopening"):
-        session.save_snapshot(store)
-    assert "not saving a snapshot" in caplog.text
-    assert store.list() == [] and not any((tmp_path / "kv").glob("*/*"))
-    assert session.restore_snapshot(store) is None
+@pytest.mark.parametrize("read", sorted(READS))
+def test_a_saved_read_reopens_in_a_fresh_session_to_the_same_tokens_and_logits(gemma4, tmp_path, read):
+    name, folder, model, tokenizer = gemma4
+    text = _document(2)
+    reading_policy, reopening_policy = READS[read]
+    if reading_policy is None:
+        reading_policy = _tier_policy(model, tokenizer, text, tmp_path)
+    reading = _prefilled(model, tokenizer, text, **reading_policy)
+    assert read != "disk-tier" or reading.cache.kv_bytes()["disk"] > 0
+    info = reading.save_snapshot(SnapshotStore(tmp_path / "kv"))
+    expected, shape = _outcome(reading), reading.cache.shape
+    reading.clear()
+    header = read_header(info.path)
+    assert header.version == 5 and header.layer_shapes == tuple(zip(shape.kv_layer_indices, shape.kv_heads,
+                                                                     shape.head_dims)), name
+    assert not [f for consumer, _ in shape.shared_layers for f in info.path.glob(f"layer-{consumer:03d}*")]
+    # A fresh session of the model loaded again, as the app after a restart.
+    fresh = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="headinfer")
+    reopened = _session(fresh.eval(), tokenizer, text, **reopening_policy)
+    stats = reopened.restore_snapshot(SnapshotStore(tmp_path / "kv"))
+    assert stats is not None and stats.num_tokens == reopened.document_tokens and reopened.is_prefilled, name
+    _assert_same(_outcome(reopened), expected)
 
 
 @torch.inference_mode()

@@ -81,7 +81,7 @@ def _kv_bytes(session: DocumentSession) -> list[torch.Tensor]:
     """Every (layer, head) K/V of the document as raw bytes, independent of the head grouping."""
     cache, n = session.cache, session.document_tokens
     return [home.block(0, n)[:, :, :, i].contiguous().view(torch.uint8).reshape(-1).clone()
-            for layer in cache.layers for home in layer.homes for i in range(home.group.size)]
+            for layer in cache.kv_layers for home in layer.homes for i in range(home.group.size)]
 
 
 def _flip_byte(path: Path, offset: int) -> None:

@@ -11,29 +11,38 @@ import math
 import shutil
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
+from archs import tiny_configs
 from engine import SnapshotStore
 from engine.errors import CorruptSnapshotError, SnapshotError
 from engine.read_time.costs import ReadCosts
 from engine.store import files as snapshot_files
 from engine.store.format import HEADER_FILE, SnapshotHeader, _crc_of
-from test_snapshot import _document, _prefilled, _session, tiny  # noqa: F401  (tiny: the module's model fixture)
+from test_snapshot import _document, _prefilled, _session, _word_tokenizer, tiny  # noqa: F401  (tiny: a fixture)
 
 ABSURD = [-1, 0, 2**63, 10**30, 1.5, float("nan"), float("inf"), "12", "", None, True, [], {}, [1, 2], {"a": [1]},
           "x" * 100_000]
 
 
-@pytest.fixture(scope="module")
-def pristine(tiny, tmp_path_factory):  # noqa: F811
-    """A store holding one complete snapshot of a tiny model's read, and a copy of its folder to damage."""
+@pytest.fixture(scope="module", params=["llama-gqa", "gemma4-global-kv"])
+def pristine(request, tiny, tmp_path_factory):  # noqa: F811
+    """(model, tokenizer, a store holding one complete snapshot of its read, the key, a copy of the folder to damage,
+    its header, the document). Gemma 4's global layers have their own KV heads and head_dim: version 5's per-layer
+    shapes are damaged too."""
     model, tokenizer = tiny
+    if request.param != "llama-gqa":
+        torch.manual_seed(1)
+        model = AutoModelForCausalLM.from_config(tiny_configs()[request.param], attn_implementation="headinfer").eval()
+        tokenizer = _word_tokenizer()
     text = _document(7)
     store = SnapshotStore(tmp_path_factory.mktemp("kv"))
     info = _prefilled(model, tokenizer, text).save_snapshot(store)
     backup = tmp_path_factory.mktemp("backup") / info.key
     shutil.copytree(info.path, backup)
     body = json.loads((backup / HEADER_FILE).read_text())
-    return store, info.key, backup, body, text
+    return model, tokenizer, store, info.key, backup, body, text
 
 
 def _variants(body: dict):
@@ -69,6 +78,19 @@ def _variants(body: dict):
     yield "partial past the document", at(("num_read",), body["identity"]["num_tokens"] + 5)
     yield "part past the read", {**at(("num_read",), 10), "version": 4,
                                  "files": [body["files"][0], {**body["files"][1], "layer": 0, "start": 5, "stop": 99}]}
+    if "kv_layers" in body:  # version 5: each layer's KV heads and head_dim
+        heads, dims = body["layer_kv_heads"], body["layer_head_dims"]
+        yield "per-layer shapes in version 4", at(("version",), 4)
+        yield "layers out of order", at(("kv_layers",), body["kv_layers"][::-1])
+        yield "a layer listed twice", at(("kv_layers",), [0] * len(heads))
+        yield "a layer past the model", at(("kv_layers",), [*body["kv_layers"][:-1], 4095])
+        yield "one layer short", at(("layer_kv_heads",), heads[:-1])
+        yield "heads past the largest", at(("layer_kv_heads",), [body["num_kv_heads"] + 1, *heads[1:]])
+        yield "heads swapped between layers", at(("layer_kv_heads",), heads[::-1])
+        yield "head dims swapped between layers", at(("layer_head_dims",), dims[::-1])
+        yield "every layer the largest", at(("layer_head_dims",), [max(dims)] * len(dims))
+        yield "a head dim of text", at(("layer_head_dims",), [str(d) for d in dims])
+        yield "groups that do not divide a layer", at(("head_group_size",), 2)
     nested: list = []
     for _ in range(200):
         nested = [{"x": nested, "y": [1, "2", None]}]
@@ -83,9 +105,8 @@ def _write_header(folder, body: dict) -> None:
     (folder / HEADER_FILE).write_text(json.dumps(body))
 
 
-def test_a_header_with_a_recomputed_crc_and_absurd_fields_counts_as_damaged(tiny, pristine):  # noqa: F811
-    model, tokenizer = tiny
-    store, key, backup, body, text = pristine
+def test_a_header_with_a_recomputed_crc_and_absurd_fields_counts_as_damaged(pristine):
+    model, tokenizer, store, key, backup, body, text = pristine
     tried = damaged = 0
     failures = []
     session = _session(model, tokenizer, text)  # one session reopening each variant, as a tab would
@@ -126,7 +147,7 @@ def test_a_header_with_a_recomputed_crc_and_absurd_fields_counts_as_damaged(tiny
 
 
 def test_a_header_nested_past_the_parser_is_damaged(pristine):
-    store, key, backup, _, _ = pristine
+    _, _, store, key, backup, _, _ = pristine
     folder = store.root / key
     shutil.rmtree(folder, ignore_errors=True)
     shutil.copytree(backup, folder)

@@ -20,4 +20,4 @@ fi
 grid="llama-gqa-disk-split-1 or llama-gqa-pin-limit-1"
 .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist worksteal \
   tests/engine/test_windows_shaped.py tests/app/test_ntfs_names.py tests/e2e/test_browser.py tests/e2e/test_shelf.py \
-  tests/engine/test_streams_grid.py -k "not test_emulated_streams_match_stock_with_no_race or $grid"
+  tests/engine/kv/test_streams_grid.py -k "not test_emulated_streams_match_stock_with_no_race or $grid"

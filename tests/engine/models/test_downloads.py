@@ -67,7 +67,7 @@ def test_a_killed_download_resumes_without_fetching_finished_files_again(tiny_mo
     """)
     with HubServer(REPO, files) as hub:
         hub.rate = 1 << 20  # 1 MiB/s: the second shard takes seconds, time to kill the process within it
-        env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "PYTHONPATH": str(Path(__file__).parents[2])}
+        env = {**os.environ, "HF_ENDPOINT": hub.endpoint, "PYTHONPATH": str(Path(__file__).parents[3])}
         process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], env=env)
         deadline = time.monotonic() + 300
         while not hub.gets("model-00002-of-00002.safetensors") and time.monotonic() < deadline:

@@ -347,7 +347,8 @@ def serve_page(page: Page, args: argparse.Namespace, start: Start, served: Serve
     if page.owner.private:  # the console only, never the page: whoever opens it may scan, download and serve models
         logger.info("the model picker is yours alone: open %s (keep it to yourself; a new one at each start)",
                     page.owner.link(page.demo.local_url))
-    page.demo.block_thread()
+    with served.holder.stop_on_ctrl_c():  # reads stop and keep their checkpoints before the process ends
+        page.demo.block_thread()
 
 
 def backend_page(args: argparse.Namespace, client, models, authenticator):

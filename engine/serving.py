@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 
+from .interrupt import stop_on_ctrl_c
 from .models.loader import describe
 from .models.memory import release_memory
 from .planning.policy import OffloadPolicy
@@ -59,6 +60,12 @@ class ModelHolder:
             session.retired = None  # set to a note when the model it reads with is switched away
             self._sessions.add(session)
             return session
+
+    @staticmethod
+    def stop_on_ctrl_c(wait_seconds: float = 120.0):
+        """The app serving within the block: Ctrl+C stops every read and answer at its next layer, each read keeping
+        a checkpoint of what it read, and the block's end waits for them (``interrupt.stop_on_ctrl_c``)."""
+        return stop_on_ctrl_c(wait_seconds)
 
     def info(self) -> dict:
         """``describe`` of the served model with its ``serial``, computed once per model."""

@@ -22,7 +22,7 @@ from .answer.support import (asked_share, claim_logprob, decide, document_words,
                              page_texts, thresholds_for, verify_prompt, yes_share)
 from .cache import HeadInferCache, cache_argument
 from .errors import ForwardInterrupted, InputError, PlanError, PrefillCancelled, QuestionTooLong, StateError
-from .interrupt import interruptible, layer_callbacks
+from .interrupt import interruptible, layer_callbacks, or_stopping
 from .cpu.fused_decode import FusedDecode
 from .models.weights_mode import weights_mode
 from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget, num_weights
@@ -317,8 +317,8 @@ class DocumentSession:
                         if give_way is not None:
                             pause()
         finally:
-            if writer is not None:
-                writer.close()  # the homes stay as they are until the checkpoint being written has landed
+            if writer is not None:  # the homes stay as they are until the checkpoint being written has landed
+                writer.close(self.prefilled_tokens, progress.elapsed)  # (after a Ctrl+C, one of what was read first)
             timing.record(self.reading.read_costs, self.reading.costs_key)
         self.cache.anchor(self.document_tokens)  # sliding-window rings can always come back to the document's end
         return progress
@@ -440,6 +440,7 @@ class DocumentSession:
                 on_question_progress=None, seed: int = 0):
         """Extends the cache to ``wanted`` and streams the answer's chunks; returns ``(Decoded, final chunk)``, the final
         chunk not yet yielded (``ask`` records its turn first), or None after yielding a stopped, empty end."""
+        should_stop = or_stopping(should_stop)  # a Ctrl+C stops the answer too (the fused decode step asks this one)
         grounding = self._grounding() if sources else None
         if grounding is not None:
             grounding.start(len(wanted) - 1)  # from the query that writes the first answer token

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import signal
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -184,6 +185,7 @@ class _Child:
 
 def serve(connection: Connection, memory_bytes: int | None, idle_seconds: float) -> None:
     """The child: caps its own memory, then reads the files it is sent until none comes for ``idle_seconds``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a console's Ctrl+C reaches us too: the app ends us, or its pipe
     if memory_bytes is not None:
         limit_memory(memory_bytes)
     while connection.poll(idle_seconds):

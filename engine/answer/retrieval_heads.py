@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -135,15 +136,17 @@ def _calibrate_in_child(arguments: dict, num_heads: int, num_sentences: int, dep
                "depths": list(depths), "cache_dir": str(cache_dir), "parent": os.getpid()}
     started = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "engine.answer.calibration_process", json.dumps(request)],
-                             preexec_fn=_lowest_priority if hasattr(os, "nice") else None)
+                             preexec_fn=_in_background if hasattr(os, "nice") else None,
+                             creationflags=getattr(subprocess, "CREATE_NEW_PROCESS_GROUP", 0))  # (Windows: no Ctrl+C)
     status = child.wait()
     logger.info("retrieval heads of %s: background calibration %s after %.0f s", name,
                 "done" if status == 0 else f"failed (exit status {status})", time.perf_counter() - started)
     return status == 0
 
 
-def _lowest_priority() -> None:
+def _in_background() -> None:
     os.nice(19)  # in the child, before it runs: its torch threads inherit it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a console's Ctrl+C reaches us too: we end with the parent
 
 
 def _write_cached(path: Path, heads: dict, num_sentences: int, depths: tuple[float, ...]) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import CorruptSnapshotError, InputError, SnapshotError
+from ..interrupt import begin_work, end_work, stopping
 from ..cache import HeadInferCache
 from .fingerprint import token_ids_bytes
 from .files import TEMP_PREFIX, check_sidecar_name, saved_range, write_atomically
@@ -93,6 +94,8 @@ class ReadCheckpoints:
         with _CLAIMED_LOCK:
             self._claimed = self.folder not in _CLAIMED
             _CLAIMED.add(self.folder)
+        if self._claimed:
+            begin_work()  # a Ctrl+C waits for this read's checkpoints until ``close`` (``interrupt.stop_on_ctrl_c``)
         # Over the store's cap, the disk failed, or another read of this process checkpoints this document: the
         # read goes on without checkpoints.
         self.is_stopped = not self._claimed
@@ -142,10 +145,14 @@ class ReadCheckpoints:
         self._done = num_read
         return True
 
-    def close(self) -> None:
+    def close(self, num_read: int | None = None, seconds: float = 0.0) -> None:
         """Waits for the checkpoint being written (if any), stops the worker and lets another read checkpoint this
-        document."""
+        document. After a Ctrl+C (``interrupt.stopping``) the first ``num_read`` tokens, read in ``seconds``, are
+        checkpointed first: what was read since the last checkpoint is kept."""
         try:
+            if num_read is not None and stopping() and num_read < self.identity.num_tokens:
+                self._collect()
+                self.checkpoint(num_read, seconds)
             self._collect()
             self._worker.shutdown(wait=True)
         finally:
@@ -153,6 +160,7 @@ class ReadCheckpoints:
                 with _CLAIMED_LOCK:
                     _CLAIMED.discard(self.folder)
                 self._claimed = False
+                end_work()
 
     def _collect(self) -> None:
         if self._pending is not None:

@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 
 from ..native import crash_probe, trusted
-from ..native.library import compiler
+from ..native.library import compiler, is_msvc
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +142,10 @@ def _unprobed_kernel():
     found = compiler()
     if found is None:
         logger.info("host attention: no C compiler found, using the torch tile (slower)")
+        return None
+    if is_msvc(found):  # host_kernel.c's vectors are GCC's vector extensions, which MSVC has not
+        logger.info("host attention: MSVC's cl cannot build host_kernel.c (GCC vector extensions), using the torch "
+                    "tile (slower)")
         return None
     function = build(found)
     if function is not None:

@@ -149,20 +149,23 @@ def keeps_gguf_blocks(entry: Entry, machine: Machine) -> bool:
 
 def quantized_bytes(entry: Entry) -> dict[str, int]:
     """The weights' bytes as each quantization holds them: ``bf16``; ``8bit`` and ``4bit`` as a GPU loads them
-    (``engine.models.quantized``: CUDA's first schemes, the embeddings, lm_head and fused MoE experts left in bf16);
-    ``gguf-q4_k_m``, a GGUF Q4_K_M file, estimated at ``GGUF_Q4_K_M_BYTES`` a weight."""
-    kept = quantized.kept_dense_params(SimpleNamespace(**entry.config))
-    return {"bf16": int(entry.params * BF16), **{mode: quantized.held_weight_bytes(mode, int(entry.params), kept)
+    (``engine.models.quantized``: CUDA's first schemes, the embeddings and lm_head left in bf16, fused MoE experts
+    too in 8-bit); ``gguf-q4_k_m``, a GGUF Q4_K_M file, estimated at ``GGUF_Q4_K_M_BYTES`` a weight."""
+    config = SimpleNamespace(**entry.config)
+    kept, experts = quantized.kept_dense_params(config), quantized.fused_experts_params(config)
+    return {"bf16": int(entry.params * BF16), **{mode: quantized.held_weight_bytes(mode, int(entry.params), kept,
+                                                                                   experts=experts)
                                                  for mode in quantized.GENERIC_MODES},
             "gguf-q4_k_m": int(entry.params * GGUF_Q4_K_M_BYTES)}
 
 
 def expansion_scratch(entry: Entry) -> int:
     """GPU bytes a quantized linear weight widens into while its matmul runs (torchao's int8 path widens a copy,
-    nf4 and GGUF blocks dequantize a layer at a time): the feed-forward's gate and up weights in bf16."""
+    nf4 and GGUF blocks dequantize a layer at a time): the feed-forward's gate and up weights in bf16, or the
+    routed nf4 experts' group where larger (``quantized.fused_experts_scratch``)."""
     config = entry.config
     width = max(int(config["intermediate_size"]), int(config.get("moe_intermediate_size") or 0))
-    return 2 * int(config["hidden_size"]) * width * BF16
+    return max(2 * int(config["hidden_size"]) * width * BF16, quantized.fused_experts_scratch(SimpleNamespace(**config)))
 
 
 def gpu_weights(entry: Entry, shape: ModelShape, machine: Machine, policy: OffloadPolicy) -> tuple[str, int]:
@@ -173,9 +176,10 @@ def gpu_weights(entry: Entry, shape: ModelShape, machine: Machine, policy: Offlo
         return "dense", int(entry.params * BF16)
     working = make_plan(dataclasses.replace(shape, weight_bytes=0), policy, WORKING_TOKENS, device_is_cuda=True,
                         gpu_budget=None, host_budget=None).gpu_bytes
-    kept, scratch = quantized.kept_dense_params(SimpleNamespace(**entry.config)), expansion_scratch(entry)
-    mode = quantized.choose_gpu_weights(int(entry.params), machine.gpu_budget, working + scratch, kept)
-    held = quantized.held_weight_bytes(mode, int(entry.params), kept)
+    config, scratch = SimpleNamespace(**entry.config), expansion_scratch(entry)
+    kept, experts = quantized.kept_dense_params(config), quantized.fused_experts_params(config)
+    mode = quantized.choose_gpu_weights(int(entry.params), machine.gpu_budget, working + scratch, kept, experts=experts)
+    held = quantized.held_weight_bytes(mode, int(entry.params), kept, experts=experts)
     return mode, held + (scratch if mode != "dense" else 0)
 
 

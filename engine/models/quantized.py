@@ -10,9 +10,11 @@ The weights modes, as ``load_model(weights=...)`` and ``launch.py --weights`` ta
 
 Each scheme is a lossy copy of the bf16 (or fp32) weights; exactness is restated over the *same* quantized
 weights: head-wise attention over the quantized model equals stock attention over that model (tests/engine/
-test_quantized_parity.py). Only ``nn.Linear`` layers are quantized: the embeddings, the lm_head and transformers
-5's fused MoE experts (3-D ``gate_up_proj`` / ``down_proj`` parameters, not linear layers) stay in the compute
-dtype, so an MoE model shrinks little (``kept_dense_params``).
+test_quantized_parity.py). The libraries quantize ``nn.Linear`` layers: the embeddings and the lm_head stay in the
+compute dtype (``kept_dense_params``). transformers 5's fused MoE experts (3-D ``gate_up_proj`` / ``down_proj``
+parameters, not linear layers, ``fused_experts_params``) are quantized by ``bnb-nf4`` alone, through
+``engine.models.quantized_experts`` (bitsandbytes' kernels, the routed experts expanded); the 8-bit schemes and
+torchao's int4 leave them dense.
 
 For the planner and the picker (config alone, nothing imported): ``bytes_per_weight(mode)`` is what a quantized
 linear weight holds (its scales included), ``held_weight_bytes(mode, num_params, kept_dense)`` a model's total,
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from . import quantized_experts
 from ..errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -51,6 +54,7 @@ class Quantization:
     # within this where the library's own matmul rounds its inputs (bitsandbytes' int8 rounds rows to fp16: an
     # fp32 rounding difference between the two attentions can move a row's code by one).
     parity_rtol: float | None = None
+    experts: bool = False  # whether it quantizes fused MoE experts too (engine.models.quantized_experts)
 
     def label(self) -> str:
         """The header's words: which weights, and that they are a lossy copy of the model's own."""
@@ -74,17 +78,14 @@ SCHEMES: dict[str, Quantization] = {q.name: q for q in (
     Quantization("bnb-int8", 8, "bitsandbytes", _BNB, ("cuda", "cpu"), 1.0,
                  "bitsandbytes LLM.int8, a scale per output channel", parity_rtol=2e-3),
     Quantization("bnb-nf4", 4, "bitsandbytes", _BNB, ("cuda", "cpu"), 0.5 + 4 / _NF4_BLOCK,
-                 f"bitsandbytes nf4, blocks of {_NF4_BLOCK}"),
+                 f"bitsandbytes nf4, blocks of {_NF4_BLOCK}", experts=True),
 )}
 GENERIC_MODES = ("8bit", "4bit")
 QUANTIZED_MODES = GENERIC_MODES + tuple(SCHEMES)
 
 #: (device type, bits) -> schemes in the order "8bit" / "4bit" try them (the first whose library is installed).
-#: bitsandbytes first: it computes both widths on CUDA and the CPU (one library behind a mode everywhere, so the
-#: CPU parity tests run the code a GPU serves), and transformers imports it only for its modes, whereas an
-#: installed torchao is imported by every ``import transformers`` model load (+1-10 s a start, measured here).
-#: Provisional until measured on a GPU (benchmarks/weights/quantized_weights.py, docs/benchmarks/quantized-
-#: weights.md): torchao's int4 runs tinygemm's kernel there, its int8 a matmul on a widened copy of the codes.
+#: bitsandbytes first: one library behind a mode on CUDA and the CPU (the CPU parity tests run what a GPU serves),
+#: imported only for its modes, where an installed torchao slows every model load (docs/benchmarks/quantized-weights.md).
 PREFERENCE: dict[tuple[str, int], tuple[str, ...]] = {
     ("cuda", 8): ("bnb-int8", "torchao-int8"),
     ("cuda", 4): ("bnb-nf4", "torchao-int4"),
@@ -159,13 +160,15 @@ def quantization_config(scheme: Quantization, dtype: Any, device: str = "cuda",
     if scheme.name == "bnb-int8":
         _once(logging.getLogger("bitsandbytes.autograd._functions"))
         return transformers.BitsAndBytesConfig(load_in_8bit=True)
-    narrow = layers_left_dense(skeleton(), scheme, device) if skeleton is not None and _packs_rows(scheme, device) \
-        else []
+    model = skeleton() if skeleton is not None else None
+    narrow = layers_left_dense(model, scheme, device) if model is not None else []
     # A skip list replaces transformers' default one (the lm_head); names are patterns to it, hence escaped.
     skip = ["lm_head", *(re.escape(name) for name in narrow)] if narrow else None
-    return transformers.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                           bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage="uint8",
-                                           llm_int8_skip_modules=skip)
+    nf4 = dict(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype,
+               bnb_4bit_quant_storage="uint8", llm_int8_skip_modules=skip)
+    if model is not None and quantized_experts.has_fused_experts(model):  # the experts in nf4 too, as they load
+        return quantized_experts.experts_config(**nf4)
+    return transformers.BitsAndBytesConfig(**nf4)
 
 
 class _FirstOnly(logging.Filter):
@@ -237,6 +240,8 @@ def mode_of(model: Any) -> str | None:
         return f"{PREQUANTIZED}{method}"
     if method == "bitsandbytes":
         return "bnb-int8" if quant.load_in_8bit else "bnb-nf4"
+    if method == quantized_experts.METHOD:
+        return "bnb-nf4"
     if method == "torchao":
         kind = type(quant.quant_type).__name__
         return {"Int8WeightOnlyConfig": "torchao-int8", "Int4WeightOnlyConfig": "torchao-int4",
@@ -267,40 +272,62 @@ def bytes_per_weight(mode: str, device: str = "cuda", dtype_bytes: int = 2) -> f
     return resolve(mode, device, check_installed=False).bytes_per_weight
 
 
-def held_weight_bytes(mode: str, num_params: int, kept_dense: int = 0, *, device: str = "cuda",
+def held_weight_bytes(mode: str, num_params: int, kept_dense: int = 0, *, experts: int = 0, device: str = "cuda",
                       dtype_bytes: int = 2) -> int:
-    """A model's weight bytes in ``mode``: ``num_params - kept_dense`` quantized at ``bytes_per_weight`` and
-    ``kept_dense`` (embeddings, lm_head, fused MoE experts: ``kept_dense_params``) in ``dtype_bytes``."""
+    """A model's weight bytes in ``mode``: ``kept_dense`` (embeddings, lm_head: ``kept_dense_params``) in
+    ``dtype_bytes``, ``experts`` (fused MoE experts: ``fused_experts_params``) quantized where the mode's scheme
+    quantizes them (``Quantization.experts``) else in ``dtype_bytes``, the rest at ``bytes_per_weight``."""
     per_weight = bytes_per_weight(mode, device, dtype_bytes)
     if per_weight is None:
         raise InputError("a GGUF model holds its file's bytes; plan it with the file's size")
-    kept = min(kept_dense, num_params) if per_weight != dtype_bytes else num_params
+    if per_weight == dtype_bytes:
+        return int(num_params * dtype_bytes)
+    if not (mode in QUANTIZED_MODES and resolve(mode, device, check_installed=False).experts):
+        kept_dense += experts
+    kept = min(kept_dense, num_params)
     return int((num_params - kept) * per_weight + kept * dtype_bytes)
 
 
 def kept_dense_params(config: Any) -> int:
-    """The weights a quantizer leaves in the compute dtype, from a config alone: the input embedding, an untied
-    lm_head, and fused MoE experts (``num_experts`` x 3 x hidden x ``moe_intermediate_size`` a MoE layer)."""
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
+    """The weights every scheme leaves in the compute dtype, from a config alone: the input embedding and an untied
+    lm_head."""
+    config = _text(config)
     hidden, vocab = int(config.hidden_size), int(config.vocab_size)
-    kept = vocab * hidden * (1 if getattr(config, "tie_word_embeddings", False) else 2)
-    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
-    moe_width = getattr(config, "moe_intermediate_size", None)
-    if experts and moe_width:
-        layers = int(config.num_hidden_layers)
-        dense_layers = len(getattr(config, "mlp_only_layers", None) or ())
-        kept += (layers - dense_layers) * int(experts) * 3 * hidden * int(moe_width)
-    return kept
+    return vocab * hidden * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+
+
+def fused_experts_params(config: Any) -> int:
+    """The weights of transformers' fused MoE experts, from a config alone (``engine.planning.shape``'s count):
+    dense but in ``bnb-nf4`` (``held_weight_bytes``' ``experts``)."""
+    from ..planning.shape import fused_experts_params as count
+
+    return count(config)
+
+
+def fused_experts_scratch(config: Any, dtype_bytes: int = 2) -> int:
+    """The bytes ``bnb-nf4``'s routed experts expand into at most, from a config alone: a group's up and down
+    weights (``quantized_experts.SCRATCH_BYTES``, or one expert where larger, or a layer's experts where fewer)."""
+    config = _text(config)
+    if not fused_experts_params(config):
+        return 0
+    experts = int(getattr(config, "num_experts", None) or config.num_local_experts)
+    width = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    per_expert = 3 * int(config.hidden_size) * int(width) * dtype_bytes
+    return min(experts, max(1, quantized_experts.SCRATCH_BYTES // per_expert)) * per_expert
+
+
+def _text(config: Any) -> Any:
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def choose_gpu_weights(num_params: int, gpu_budget: int, working_bytes: int, kept_dense: int = 0,
-                       device: str = "cuda") -> str:
+                       device: str = "cuda", *, experts: int = 0) -> str:
     """``weights="auto"`` on a GPU: ``"dense"`` (bf16) where the weights fit within ``gpu_budget`` beside the
     plan's ``working_bytes`` (a minimal document's KV buffers and activations), else ``"8bit"`` where those
-    fit, else ``"4bit"`` (whose plan then says what does not fit)."""
+    fit, else ``"4bit"`` (whose plan then says what does not fit). ``experts``: as ``held_weight_bytes`` takes it."""
     for mode in ("dense", "8bit"):
-        if held_weight_bytes(mode, num_params, kept_dense, device=device) + working_bytes <= gpu_budget:
+        if held_weight_bytes(mode, num_params, kept_dense, experts=experts, device=device) + working_bytes \
+                <= gpu_budget:
             return mode
     return "4bit"
 
@@ -349,8 +376,8 @@ def _auto_on_gpu(config: Any, device: str) -> str:
     shape = ModelShape.from_config(config)
     plan = make_plan(shape, policy, policy.chunk_size, device_is_cuda=True, gpu_budget=None)
     working = plan.gpu_bytes - plan.gpu_breakdown["weights"]
-    kept = kept_dense_params(config)
-    mode = choose_gpu_weights(shape.num_params, free - policy.gpu_reserve, working, kept, device)
+    mode = choose_gpu_weights(shape.num_params, free - policy.gpu_reserve, working, kept_dense_params(config), device,
+                              experts=fused_experts_params(config))
     logger.info("Weights auto on %s: %s (%.1fB weights, %.2f GiB free, %.2f GiB of working buffers)", device, mode,
                 shape.num_params / 1e9, free / 2**30, working / 2**30)
     return mode

@@ -219,11 +219,8 @@ def _estimate_params(config, head_dim: int, kv_heads: int) -> int:
     layers = config.num_hidden_layers
     if sparse is None:
         return embed + lm_head + layers * (attn + dense + norms) + hidden
-    # Mixture of experts: every expert's weights are loaded (only a few run per token); Qwen-MoE may keep some
-    # layers dense (``mlp_only_layers``, or all but every ``decoder_sparse_step``-th).
-    step = getattr(config, "decoder_sparse_step", 1) or 1
-    dense_only = set(getattr(config, "mlp_only_layers", None) or ())
-    num_sparse = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+    # Mixture of experts: every expert's weights are loaded (only a few run per token).
+    num_sparse = _sparse_layers(config)
     return embed + lm_head + layers * (attn + norms) + num_sparse * sparse + (layers - num_sparse) * dense + hidden
 
 
@@ -253,6 +250,28 @@ def _gemma4_params(config) -> int:
             mlp += 2 * hidden * ple + hidden
         total += attn + mlp
     return total
+
+
+def _sparse_layers(config) -> int:
+    """The layers with experts: Qwen-MoE may keep some dense (``mlp_only_layers``, or all but every
+    ``decoder_sparse_step``-th); Gemma 4 has them beside the MLP of every layer where ``enable_moe_block``."""
+    if getattr(config, "model_type", "") in ("gemma4", "gemma4_text"):
+        return config.num_hidden_layers if getattr(config, "enable_moe_block", False) else 0
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    dense_only = set(getattr(config, "mlp_only_layers", None) or ())
+    return sum(1 for i in range(config.num_hidden_layers) if i not in dense_only and (i + 1) % step == 0)
+
+
+def fused_experts_params(config) -> int:
+    """The routed experts' weights of every MoE layer (transformers 5 fuses each layer's into 3-D parameters): what
+    the quantized weights modes hold apart (``engine.models.quantized.held_weight_bytes``' ``experts``)."""
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    if not experts:
+        return 0
+    size = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    return _sparse_layers(config) * experts * 3 * config.hidden_size * size
 
 
 def _experts_params(config, hidden: int) -> int | None:

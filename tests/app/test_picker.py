@@ -37,7 +37,7 @@ def test_serve_refuses_what_the_engine_cannot_serve_or_this_machine_cannot_hold(
     picker.refresh()
     unserved = picker.serve("THUDM/glm-4-9b-chat-1m-hf")
     assert "does not serve" in unserved and not picker.holder.switched
-    too_big = picker.serve("Qwen/Qwen3-30B-A3B-Instruct-2507")  # 60 GB even in 4-bit: its experts stay bf16
+    too_big = picker.serve("Qwen/Qwen3-Next-80B-A3B-Instruct")  # 47 GB even in 4-bit
     assert "Does not fit" in too_big and not picker.holder.switched
     missing = picker.serve("nobody/nothing")
     assert "Pick a model" in missing

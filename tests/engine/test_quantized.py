@@ -11,6 +11,7 @@ from engine.models import quantized
 from engine.models.quantized import (
     bytes_per_weight,
     choose_gpu_weights,
+    fused_experts_params,
     held_weight_bytes,
     kept_dense_params,
     label,
@@ -38,13 +39,26 @@ def test_held_bytes_keep_the_embeddings_dense():
         held_weight_bytes("gguf", 10, 0)
 
 
-def test_kept_dense_counts_embeddings_and_fused_experts():
+def test_kept_dense_counts_embeddings_and_the_fused_experts_apart():
     common = dict(hidden_size=64, vocab_size=100, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
     assert kept_dense_params(Qwen3Config(**common, intermediate_size=96, tie_word_embeddings=True)) == 6_400
     assert kept_dense_params(Qwen3Config(**common, intermediate_size=96, tie_word_embeddings=False)) == 12_800
+    assert fused_experts_params(Qwen3Config(**common, intermediate_size=96)) == 0
     moe = Qwen3MoeConfig(**common, intermediate_size=96, num_experts=4, moe_intermediate_size=32,
-                         tie_word_embeddings=False)
-    assert kept_dense_params(moe) == 12_800 + 3 * 4 * 3 * 64 * 32
+                         tie_word_embeddings=False, mlp_only_layers=[1])
+    assert kept_dense_params(moe) == 12_800
+    assert fused_experts_params(moe) == 2 * 4 * 3 * 64 * 32  # the MoE layers' experts, not the dense layer's MLP
+
+
+def test_the_fused_experts_are_held_in_nf4_at_4_bit_and_dense_at_8_bit():
+    params, kept, experts = 30_000_000_000, 1_000_000_000, 27_000_000_000
+    assert held_weight_bytes("4bit", params, kept, experts=experts) == int(29e9 * 0.5625 + 2e9)
+    assert held_weight_bytes("bnb-nf4", params, kept, experts=experts, device="cpu") == int(29e9 * 0.5625 + 2e9)
+    assert held_weight_bytes("8bit", params, kept, experts=experts) == int(2e9 * 1.0 + 28e9 * 2)
+    assert held_weight_bytes("torchao-int4", params, kept, experts=experts) == int(2e9 * 0.53125 + 28e9 * 2)
+    assert held_weight_bytes("dense", params, kept, experts=experts) == params * 2
+    budget = 24 * GIB  # 4-bit fits where the experts are quantized; 8-bit (56 GB) does not
+    assert choose_gpu_weights(params, budget, working_bytes=2 * GIB, kept_dense=kept, experts=experts) == "4bit"
 
 
 @pytest.mark.parametrize(("params", "expected"), [

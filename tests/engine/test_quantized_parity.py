@@ -2,7 +2,8 @@
 (``load_model(weights=...)``, ``engine.models.quantized``) with head-wise attention equals stock attention (sdpa /
 eager, no HeadInferCache) over the *same* quantized model: identical quantized tensors, logits within float
 tolerance, identical greedy tokens. Every scheme whose library computes on the CPU, on families that cover GQA,
-per-head norms, a hybrid and sliding windows."""
+per-head norms, a hybrid, sliding windows and fused MoE experts (nf4 in ``bnb-nf4``: engine.models.quantized_experts;
+dense in the 8-bit schemes)."""
 
 from __future__ import annotations
 
@@ -15,21 +16,33 @@ from transformers import AutoModelForCausalLM
 import engine
 from archs import reference_attention, tiny_configs
 from engine.models.loader import describe, load_model
-from engine.models.quantized import SCHEMES, held_weight_bytes, installed, kept_dense_params, quantization_config
+from engine.models.quantized import (
+    SCHEMES,
+    fused_experts_params,
+    held_weight_bytes,
+    installed,
+    kept_dense_params,
+    quantization_config,
+)
 from engine.planning.budgets import held_bytes, num_weights
 from test_parity import RTOL, prompt, rel_diff, stepwise_logits
 
 #: schemes with a CPU path whose library is installed here; ``torchao-int4`` needs CUDA (tinygemm)
 CPU_SCHEMES = [name for name, scheme in SCHEMES.items() if "cpu" in scheme.devices and installed(scheme.library)]
 FAMILIES = ("llama-gqa", "qwen3", "qwen3.5-hybrid", "gemma3-window")
+#: fused experts: Qwen3-MoE, Qwen3.5-MoE (hybrid, shared expert; its text model), Gemma 4's MoE block beside the MLP
+MOE_FAMILIES = ("qwen3-moe", "qwen3.5-moe", "gemma4-global-kv")
 
 
 def config_of(name: str):
     """The family's tiny config, its feed-forward 128 wide: bitsandbytes' CPU nf4 kernel needs a linear layer's
     input a multiple of its 64-weight blocks (the tiny configs' 96 is not; real models' widths are). The linear
-    attention's 4-row gate projections stay narrower than its 32-row packs: left dense by the loader."""
-    config = tiny_configs()[name]
+    attention's 4-row gate projections stay narrower than its 32-row packs: left dense by the loader. An MoE's
+    experts 64 wide: nf4 blocks fill their rows (``quantized_experts.quantizable``)."""
+    config = tiny_configs()["qwen3.5-moe-published"].text_config if name == "qwen3.5-moe" else tiny_configs()[name]
     config.intermediate_size = 128
+    if getattr(config, "moe_intermediate_size", None):
+        config.moe_intermediate_size = 64
     return config
 
 
@@ -57,10 +70,18 @@ def quantized_pair(name: str, scheme: str, folder):
     return stock, model
 
 
-@pytest.fixture(scope="module", params=[(n, s) for s in CPU_SCHEMES for n in FAMILIES], ids="-".join)
+@pytest.fixture(scope="module", params=[(n, s) for s in CPU_SCHEMES for n in FAMILIES + MOE_FAMILIES], ids="-".join)
 def pair(request, tmp_path_factory):
     name, scheme = request.param
-    return name, scheme, *quantized_pair(name, scheme, tmp_path_factory.mktemp(f"{name}-{scheme}"))
+    stock, model = quantized_pair(name, scheme, tmp_path_factory.mktemp(f"{name}-{scheme}"))
+    if name in MOE_FAMILIES:
+        # bitsandbytes' packed CPU nf4 kernel (AVX512-BF16) rounds a layer's inputs to bf16: a 1e-7 difference between
+        # the two attentions that crosses a step moves the MoE models' logits by 1e-3. Its fp32 path (the expansion
+        # a GPU computes with) leaves the attention's difference alone.
+        for module in (*stock.modules(), *model.modules()):
+            if hasattr(module, "support_avx512bf16_for_cpu"):
+                module.support_avx512bf16_for_cpu = False
+    return name, scheme, stock, model
 
 
 def test_the_cpu_schemes_are_the_libraries_cpu_paths():
@@ -86,9 +107,14 @@ def test_both_hold_the_same_quantized_weights(pair):
     assert num_weights(model) == num_weights(dense)
     # What the planner and the picker assume a mode holds (engine.models.quantized): within the tiny rows' scales
     # (a 4-byte scale a 64-weight row is 6% here, 0.1% on a real model's rows) and norms.
-    expected = held_weight_bytes(scheme, num_weights(dense), kept_dense_params(model.config), dtype_bytes=4)
+    experts = fused_experts_params(model.config)
+    narrow = sum(m.weight.numel() for key, m in model.named_modules()  # too narrow for the CPU kernel: dense
+                 if type(m) is torch.nn.Linear and key != "lm_head")
+    expected = held_weight_bytes(scheme, num_weights(dense), kept_dense_params(model.config) + narrow,
+                                 experts=experts, device="cpu", dtype_bytes=4)
     assert abs(held_bytes(model) - expected) < 0.15 * expected, (held_bytes(model), expected)
-    assert held_bytes(model) < (0.3 if SCHEMES[scheme].bits == 4 else 0.4) * held_bytes(dense)
+    if SCHEMES[scheme].experts or not experts:  # (the 8-bit schemes hold the experts, most of a tiny MoE, dense)
+        assert held_bytes(model) < (0.3 if SCHEMES[scheme].bits == 4 else 0.4) * held_bytes(dense)
 
 
 @torch.inference_mode()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ENGINE = Path(__file__).resolve().parents[2] / "engine"
-SNAPSHOT_MODULES = sorted(ENGINE.glob("snapshot*.py"))
+SNAPSHOT_MODULES = sorted((ENGINE / "store").glob("*.py"))  # (engine/snapshot*.py before the move into store/)
 
 
 @pytest.mark.parametrize("path", SNAPSHOT_MODULES, ids=lambda p: p.name)
@@ -25,3 +25,8 @@ def test_snapshot_code_neither_imports_the_session_nor_reads_private_fields(path
             owner = node.value.id if isinstance(node.value, ast.Name) else None
             assert owner in ("self", "cls", "snapshot_io", None) or owner[0].isupper(), (
                 f"{path.name}:{node.lineno} reads {owner}.{node.attr}, another object's private field")
+
+
+def test_the_store_modules_are_found():
+    # (an empty list skips the check above without a word: what the glob of the old engine/snapshot*.py became)
+    assert {"files.py", "format.py", "snapshots.py", "checkpoint.py"} <= {path.name for path in SNAPSHOT_MODULES}

@@ -88,7 +88,7 @@ class DiskStream:
         with streams.use(h2d):  # this thread's current stream: the copies below are ordered on h2d
             for plane, target in enumerate(targets):
                 done = 0
-                for rows in home.blocks(start, stop, plane):  # one view, two where a ring wraps
+                for rows in home.spans(start, stop, plane):  # one view, two where a ring wraps
                     if rows.shape[0] == 0:
                         continue  # (an empty range: a chunk at the start of a window; found on emulated streams)
                     per_piece = max(1, PIECE_BYTES // (rows[0].nbytes or 1))
@@ -117,7 +117,7 @@ class DiskStream:
     def _copy_rows(self, home: GroupHome, start: int, stop: int, targets: list[torch.Tensor]) -> None:
         for plane, target in enumerate(targets):
             done = 0
-            for rows in home.blocks(start, stop, plane):  # one view, two where a ring wraps
+            for rows in home.spans(start, stop, plane):  # one view, two where a ring wraps
                 self._read(rows, target[done : done + rows.shape[0]])
                 done += rows.shape[0]
 

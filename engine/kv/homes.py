@@ -1,8 +1,8 @@
 """Where a layer's KV cache lives: one home per (layer, head group), token-major.
 
 A home is one tensor ``[capacity, B, 2, g, D]``: token first, then batch row, K or V, head, channel. Tokens
-``[start, stop)`` of a whole group, keys and values, are therefore one contiguous block, so a fetch, an
-append or a snapshot run is a single contiguous copy, and a fetched block is already flash-attn's
+``[start, stop)`` of a whole group, keys and values, are therefore one contiguous span, so a fetch, an
+append or a snapshot run is a single contiguous copy, and a fetched span is already flash-attn's
 ``[B, S, H, D]`` order (for B = 1). Offloaded homes live in (pinned) host memory, resident homes on the
 compute device. Capacity is pre-allocated from the plan and only grows (logged) past it.
 """
@@ -88,7 +88,7 @@ class GroupHome:
     def device(self) -> torch.device:
         return self.kv.device
 
-    def blocks(self, start: int, stop: int, plane: int = 0) -> list[torch.Tensor]:
+    def spans(self, start: int, stop: int, plane: int = 0) -> list[torch.Tensor]:
         """Tokens [start, stop) of a plane as one or (a ring wrapping around) two contiguous views, in order."""
         tensor = self.planes[plane]
         return [tensor[row : row + num] for row, num in self.rows(start, stop)]
@@ -106,7 +106,7 @@ class GroupHome:
 
     def read(self, start: int, stop: int, plane: int = 0) -> torch.Tensor:
         """Tokens [start, stop) of a plane as one tensor (a view, or a copy where a ring wraps)."""
-        parts = self.blocks(start, stop, plane)
+        parts = self.spans(start, stop, plane)
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def block(self, start: int, stop: int) -> torch.Tensor:
@@ -131,7 +131,7 @@ class GroupHome:
         a synchronous copy on this thread (restores, growth and crops run with no copy in flight)."""
         for plane, block in enumerate(parts):
             done = 0
-            for part in self.blocks(position, position + block.shape[0], plane):
+            for part in self.spans(position, position + block.shape[0], plane):
                 source = block[done : done + part.shape[0]]
                 if copy is None:
                     part.copy_(source)
@@ -142,7 +142,7 @@ class GroupHome:
                     self.disk.note_written(part)
 
     def keys(self, start: int, stop: int) -> torch.Tensor:
-        """[B, g, stop-start, D] keys (for inspection and tests; the hot path reads blocks)."""
+        """[B, g, stop-start, D] keys (for inspection and tests; the hot path reads spans)."""
         return self.block(start, stop)[:, :, 0].permute(1, 2, 0, 3)
 
     def values(self, start: int, stop: int) -> torch.Tensor:

@@ -168,7 +168,7 @@ class Schedule:
             wait()  # the chunk appended this step must have landed before this thread reads it here
             for home in homes:
                 for plane in range(len(home.planes)):
-                    for part in home.blocks(start, stop, plane):
+                    for part in home.spans(start, stop, plane):
                         transfer.streams.host_read(part, "a ring home read for host attention")
             kvs = [home.block(start, stop) for home in homes]
             return self.host.start(host_query, kvs, 0, stop - start, scaling=scaling, window=window,
@@ -199,7 +199,7 @@ class Schedule:
                 if home_after.group.is_on_disk:
                     start_after = visible_start(past_after, self.windows[run_after.layer])
                     for plane in range(len(home_after.planes)):
-                        for part in home_after.blocks(start_after, past_after, plane):
+                        for part in home_after.spans(start_after, past_after, plane):
                             self.disk.read_ahead(part)
 
     def _next_fetched(self, layer_idx: int, index: int, past: int, q_len: int, is_host_step: bool, batch: int):

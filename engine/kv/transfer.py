@@ -397,7 +397,7 @@ class Transfer:
                 self.h2d.wait_event(landing)
             if run.num == 1:
                 for plane, target in enumerate(targets):
-                    copy_parts(streams.copy, target, home.blocks(start, stop, plane), "a fetch into a ping-pong buffer")
+                    copy_parts(streams.copy, target, home.spans(start, stop, plane), "a fetch into a ping-pong buffer")
             else:
                 self._fetch_stacked(run, homes, start, stop, targets)
             buffer.ready.record(self.h2d)
@@ -410,7 +410,7 @@ class Transfer:
             return dsts, srcs
         for plane, target in enumerate(targets):
             copy_parts(lambda d, s, what: (dsts.append(d), srcs.append(s)), target,
-                       homes[run.first].blocks(start, stop, plane))
+                       homes[run.first].spans(start, stop, plane))
         return dsts, srcs
 
     def _fetch_stacked(self, run: Run, homes: LayerHomes, start: int, stop: int, targets: list[torch.Tensor],

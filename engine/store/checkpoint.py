@@ -181,7 +181,7 @@ class ReadCheckpoints:
         runs = []
         for home in homes:
             for plane in range(len(home.planes)):
-                for run in home.blocks(start, stop, plane):
+                for run in home.spans(start, stop, plane):
                     copy = window is not None or run.device.type != "cpu"
                     runs.append(run.to("cpu", copy=True) if copy else run)  # [n, B, 2, g, D] or its scales
         return runs

@@ -61,7 +61,7 @@ def layer_parts(homes: LayerHomes, num_tokens: int) -> list[Part]:
     """The layer's saved tokens in file order: per group and plane, its [n, B, 2, g, D] tokens as one run (two
     where a window ring wraps)."""
     start, stop = saved_range(homes.window, num_tokens)
-    return [(g, plane, home.blocks(start, stop, plane)) for g, home in enumerate(homes)
+    return [(g, plane, home.spans(start, stop, plane)) for g, home in enumerate(homes)
             for plane in range(len(home.planes))]
 
 
@@ -237,7 +237,7 @@ def _read_partial(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
         if (covered != wanted) if wanted is not None else not chain:
             raise CorruptSnapshotError(f"layer {layer.layer_idx}'s parts do not hold its tokens before {num_read:,}")
         for part in layer_parts_:
-            plan.append((part, layer.homes, [(g, plane, home.blocks(part.start, part.stop, plane))
+            plan.append((part, layer.homes, [(g, plane, home.spans(part.start, part.stop, plane))
                                              for g, home in enumerate(layer.homes) for plane in range(len(home.planes))]))
     entries = {f.name: f for f in header.files}
     with _damaged("the partial read"):

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import CorruptSnapshotError, InputError, SnapshotError
 from ..paths import cache_dir
+from ..paths_windows import UNDER_STORE, windows_path
 from ..planning.machine import format_bytes
 from .files import (
     TEMP_PREFIX,
@@ -121,7 +122,7 @@ class SnapshotStore:
             raise InputError(f"max_bytes must be >= 0 or None, got {max_bytes!r}")
         if root is None:
             root = cache_dir() / "kv"
-        self.root = Path(root).expanduser()
+        self.root = windows_path(Path(root).expanduser(), UNDER_STORE, "--kv-cache-dir")  # (Win32's path limit)
         self.max_bytes = max_bytes
         self.root.mkdir(parents=True, exist_ok=True)
         self._remove_stale_temporaries()

@@ -160,7 +160,7 @@ def labelled_rows(records: list[dict], texts: dict[str, str], claims: dict | Non
         found["min_peak_entity"] = peak_entity_share(record["question"], text, peaks) if peaks else None
         claim = (claims or {}).get((record["document"], record["question"]), {})
         found["min_claim_after"], found["min_claim_quoted"] = claim.get("yes_after"), claim.get("yes_quoted")
-        rows.append({**record, "signals": found})
+        rows.append({**record, "signals": found, "claim_s": [claim.get("check_s_after"), claim.get("check_s_quoted")]})
     return rows
 
 
@@ -329,6 +329,7 @@ CLAIM_RULES = {
     "share + log-prob": BEFORE,
     "claim check, after the answer": ("min_claim_after",),
     "claim check, quoted in a fresh chat": ("min_claim_quoted",),
+    "share + binding": ("min_document_share", "min_binding_share"),
     "share + claim check, after": ("min_document_share", "min_claim_after"),
     "share + binding + claim check, after": ("min_document_share", "min_binding_share", "min_claim_after"),
 }
@@ -350,6 +351,11 @@ def _claim_lines(rows: list[dict]) -> list[str]:
         flags = leave_one_manual_out(checked, rule_names)
         lines.append(f"| {rule} | " + " | ".join(_cell(checked, flags, m) for m in names)
                      + f" | {_cell(checked, flags, None)} |")
+    seconds = [[row["claim_s"][i] for row in checked if row["claim_s"][i] is not None] for i in (0, 1)]
+    if all(seconds):
+        lines += ["", f"Its cost here (a prefill of the turn, the recorded question and answer re-read first for "
+                  f"`after`, on the 2 busy cores): {sum(seconds[0]) / len(seconds[0]):.0f} s an answer after, "
+                  f"{sum(seconds[1]) / len(seconds[1]):.0f} s quoted."]
     return lines + [""]
 
 

@@ -36,3 +36,21 @@ def own_lock(tmp_path, monkeypatch):
     from engine.models.hub_lock import lock_path
 
     return lock_path()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """``(model, tokenizer)``: a random tiny Llama and its word-level tokenizer (tests/engine/helpers/tiny_sessions.py),
+    one per test module."""
+    from tiny_sessions import tiny_model, word_tokenizer
+
+    return tiny_model(tmp_path_factory.mktemp("tiny")), word_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """``(folder, model, tokenizer)``: ``tiny``'s model with the folder it is saved in (a child process loads it)."""
+    from tiny_sessions import tiny_model, word_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-checkpoint")
+    return folder, tiny_model(folder), word_tokenizer()

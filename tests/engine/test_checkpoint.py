@@ -1,7 +1,7 @@
 """A long read survives a crash: checkpoints land while reading, a child killed mid-read leaves a partial
 snapshot, and continuing it gives the K/V, logits and greedy answer of an uninterrupted read.
 
-Tiny random models with a word-level tokenizer (``test_snapshot``'s fixtures); the crash is a real ``SIGKILL``
+Tiny random models with a word-level tokenizer (tests/engine/helpers/tiny_sessions.py); the crash is a real ``SIGKILL``
 of a child process (``checkpoint_child.py``) after a checkpoint landed.
 """
 
@@ -17,58 +17,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from archs import tiny_configs
+from checkpoint_reads import CHUNK, WORDS, assert_same_read, chunked_session, read_outcome
+from tiny_sessions import tier_policy, word_tokenizer, words_text
 from transformers import AutoModelForCausalLM
 
-from archs import tiny_configs
-from engine import DocumentSession, OffloadPolicy, PrefillCancelled, SnapshotStore
-from engine.store.files import saved_range
+from engine import PrefillCancelled, SnapshotStore
 from engine.store.format import HEADER_FILE, PREVIOUS_HEADER_FILE, read_header
 from engine.types import CheckpointPlan
-from test_disk_snapshot import _tier_policy
-from test_snapshot import _document, _tiny_model, _word_tokenizer
 
 CHILD = Path(__file__).parent / "helpers" / "checkpoint_child.py"
-WORDS = 150  # ~11 chunks of CHUNK
-CHUNK = 16
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-checkpoint")
-    model = _tiny_model(folder)
-    return folder, model, _word_tokenizer()
-
-
-def _session(model, tokenizer, text: str, **policy) -> DocumentSession:
-    session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=CHUNK, **policy), answer_budget=32)
-    session.set_document(text)
-    return session
-
-
-def _kv_bytes(session: DocumentSession) -> list[torch.Tensor]:
-    """Every (layer, KV head) K/V a restore needs (a windowed layer: its window) as raw bytes, whatever the head
-    groups."""
-    n = session.document_tokens
-    return [home.block(*saved_range(layer.window, n))[:, :, :, i].contiguous().view(torch.uint8).reshape(-1).clone()
-            for layer in session.cache.kv_layers for home in layer.homes for i in range(home.group.size)]
-
-
-def _outcome(session: DocumentSession) -> tuple[list[torch.Tensor], torch.Tensor, str]:
-    """(the document's K/V bytes, the logits after a question, the greedy answer) of a read session."""
-    kv = _kv_bytes(session)
-    *_, last = session.ask("w3 w4 w5", max_new_tokens=8, repetition_guard=None, sources=False)
-    session.new_conversation()
-    logits = session._extend_to(session._document_ids + session.tokenizer("w3 w4 w5")["input_ids"]).float().clone()
-    session.new_conversation()
-    return kv, logits, last.text
-
-
-def _assert_same(resumed, reference) -> None:
-    kv, logits, text = resumed
-    kv_ref, logits_ref, text_ref = reference
-    assert all(torch.equal(a, b) for a, b in zip(kv, kv_ref, strict=True))
-    torch.testing.assert_close(logits, logits_ref, rtol=1e-5, atol=1e-5)
-    assert text == text_ref
 
 
 def _kill_mid_read(model_dir: Path, store_dir: Path, text: str, tmp_path: Path, policy: dict, at_least: int) -> int:
@@ -100,15 +58,15 @@ def _kill_mid_read(model_dir: Path, store_dir: Path, text: str, tmp_path: Path, 
 @pytest.mark.parametrize("kind", ["host", "disk-tier", "int8"])
 def test_a_read_killed_mid_way_continues_to_the_same_answer(tiny_dir, tmp_path, kind):
     folder, model, tokenizer = tiny_dir
-    text = _document(11, WORDS)
+    text = words_text(11, WORDS)
     policy = {"chunk_size": CHUNK}
     if kind == "int8":
         policy["kv_dtype"] = "int8"
     if kind == "disk-tier":
-        policy = {**_tier_policy(model, tokenizer, text, tmp_path), "chunk_size": CHUNK}
-    reference = _session(model, tokenizer, text, **{k: v for k, v in policy.items() if k != "chunk_size"})
+        policy = {**tier_policy(model, tokenizer, text, tmp_path), "chunk_size": CHUNK}
+    reference = chunked_session(model, tokenizer, text, **{k: v for k, v in policy.items() if k != "chunk_size"})
     reference.prefill()
-    expected = _outcome(reference)
+    expected = read_outcome(reference)
     reference.clear()
 
     store_dir = tmp_path / "kv"
@@ -117,7 +75,7 @@ def test_a_read_killed_mid_way_continues_to_the_same_answer(tiny_dir, tmp_path, 
     [info] = store.list()
     assert info.is_partial and 3 * CHUNK <= info.num_read < info.num_tokens
 
-    session = _session(model, tokenizer, text, **{k: v for k, v in policy.items() if k != "chunk_size"})
+    session = chunked_session(model, tokenizer, text, **{k: v for k, v in policy.items() if k != "chunk_size"})
     if kind == "disk-tier":
         assert session.cache.plan.disk_slots > 0
     stats = session.restore_snapshot(store)
@@ -127,7 +85,7 @@ def test_a_read_killed_mid_way_continues_to_the_same_answer(tiny_dir, tmp_path, 
     session.save_snapshot(store)
     [info] = store.list()
     assert not info.is_partial and info.num_tokens == session.document_tokens  # the whole replaced the part
-    _assert_same(_outcome(session), expected)
+    assert_same_read(read_outcome(session), expected)
 
 
 def _cancel_after(num_checkpoints: int, store: SnapshotStore):
@@ -149,29 +107,29 @@ def _pause() -> None:
 def test_windowed_layers_continue_from_their_last_window(tmp_path, arch):
     torch.manual_seed(7)
     model = AutoModelForCausalLM.from_config(tiny_configs()[arch], attn_implementation="headinfer").eval()
-    tokenizer, text = _word_tokenizer(), _document(5, WORDS)
-    reference = _session(model, tokenizer, text)
+    tokenizer, text = word_tokenizer(), words_text(5, WORDS)
+    reference = chunked_session(model, tokenizer, text)
     reference.prefill()
-    expected = _outcome(reference)
+    expected = read_outcome(reference)
     store = SnapshotStore(tmp_path / "kv")
-    reading = _session(model, tokenizer, text)
+    reading = chunked_session(model, tokenizer, text)
     with pytest.raises(PrefillCancelled):
         reading.prefill(should_stop=_cancel_after(3, store), checkpoints=CheckpointPlan(store, every_chunks=1),
                         give_way=_pause)
     reading.clear()
     [info] = store.list()
     assert read_header(info.path).version == (5 if arch.startswith("gemma4") else 4)  # per-layer K/V shapes
-    session = _session(model, tokenizer, text)
+    session = chunked_session(model, tokenizer, text)
     assert session.restore_snapshot(store).num_tokens == info.num_read < session.document_tokens
     session.prefill()
-    _assert_same(_outcome(session), expected)
+    assert_same_read(read_outcome(session), expected)
 
 
 def test_a_checkpoint_cut_short_falls_back_to_the_one_before(tiny_dir, tmp_path):
     _, model, tokenizer = tiny_dir
-    text = _document(12, WORDS)
+    text = words_text(12, WORDS)
     store = SnapshotStore(tmp_path / "kv")
-    reading = _session(model, tokenizer, text)
+    reading = chunked_session(model, tokenizer, text)
     with pytest.raises(PrefillCancelled):
         reading.prefill(should_stop=_cancel_after(4, store), checkpoints=CheckpointPlan(store, every_chunks=1),
                         give_way=_pause)
@@ -183,19 +141,19 @@ def test_a_checkpoint_cut_short_falls_back_to_the_one_before(tiny_dir, tmp_path)
     with open(info.path / cut.name, "r+b") as file:  # what a kill during a write-back leaves
         file.truncate(cut.num_bytes // 2)
 
-    session = _session(model, tokenizer, text)
+    session = chunked_session(model, tokenizer, text)
     assert session.restore_snapshot(store).num_tokens == previous.num_read == session.prefilled_tokens
     session.prefill(checkpoints=CheckpointPlan(store, every_chunks=1))
-    reference = _session(model, tokenizer, text)
+    reference = chunked_session(model, tokenizer, text)
     reference.prefill()
-    _assert_same(_outcome(session), _outcome(reference))
+    assert_same_read(read_outcome(session), read_outcome(reference))
 
 
 def test_a_flipped_byte_in_the_newest_checkpoint_is_detected(tiny_dir, tmp_path):
     _, model, tokenizer = tiny_dir
-    text = _document(13, WORDS)
+    text = words_text(13, WORDS)
     store = SnapshotStore(tmp_path / "kv")
-    reading = _session(model, tokenizer, text)
+    reading = chunked_session(model, tokenizer, text)
     with pytest.raises(PrefillCancelled):
         reading.prefill(should_stop=_cancel_after(3, store), checkpoints=CheckpointPlan(store, every_chunks=1),
                         give_way=_pause)
@@ -205,21 +163,21 @@ def test_a_flipped_byte_in_the_newest_checkpoint_is_detected(tiny_dir, tmp_path)
     data = bytearray((info.path / part.name).read_bytes())
     data[len(data) // 2] ^= 0x40
     (info.path / part.name).write_bytes(data)
-    session = _session(model, tokenizer, text)
+    session = chunked_session(model, tokenizer, text)
     assert session.restore_snapshot(store).num_tokens == previous.num_read
 
 
 def test_the_size_limit_counts_partial_reads(tiny_dir, tmp_path):
     _, model, tokenizer = tiny_dir
     store = SnapshotStore(tmp_path / "kv")
-    first = _session(model, tokenizer, _document(14, WORDS))
+    first = chunked_session(model, tokenizer, words_text(14, WORDS))
     with pytest.raises(PrefillCancelled):
         first.prefill(should_stop=_cancel_after(5, store), checkpoints=CheckpointPlan(store, every_chunks=1),
                       give_way=_pause)
     [partial] = store.list()
     assert partial.is_partial and store.total_bytes() == partial.num_bytes > 0
     # A cap that holds one read but not two: saving another document evicts the partial read.
-    whole = _session(model, tokenizer, _document(15, WORDS))
+    whole = chunked_session(model, tokenizer, words_text(15, WORDS))
     whole.prefill()
     cap = store.total_bytes() + whole.cache.kv_bytes()["host"] * 3 // 4
     capped = SnapshotStore(store.root, max_bytes=cap)
@@ -229,7 +187,7 @@ def test_the_size_limit_counts_partial_reads(tiny_dir, tmp_path):
     assert capped.total_bytes() <= cap
     # A read whose checkpoints would pass the cap stops checkpointing and goes on reading.
     tight = SnapshotStore(tmp_path / "tight", max_bytes=4096)
-    third = _session(model, tokenizer, _document(16, WORDS))
+    third = chunked_session(model, tokenizer, words_text(16, WORDS))
     third.prefill(checkpoints=CheckpointPlan(tight, every_chunks=1))
     assert third.is_prefilled and tight.list() == []
 
@@ -239,10 +197,10 @@ def test_a_second_read_of_the_same_document_leaves_the_first_ones_checkpoints_al
     as a stale one while the first went on adding parts to it; now the second reads on without checkpoints, and the
     first's continues to the answer of an uninterrupted read."""
     _, model, tokenizer = tiny_dir
-    text = _document(17, WORDS)
+    text = words_text(17, WORDS)
     store = SnapshotStore(tmp_path / "kv")
-    first = _session(model, tokenizer, text)
-    second = _session(model, tokenizer, text)
+    first = chunked_session(model, tokenizer, text)
+    second = chunked_session(model, tokenizer, text)
     ran = []
 
     def give_way() -> None:  # the second tab's whole read, run between two chunks of the first's
@@ -258,7 +216,7 @@ def test_a_second_read_of_the_same_document_leaves_the_first_ones_checkpoints_al
     first.clear()
     [info] = store.list()
     assert info.is_partial and info.num_read >= 4 * CHUNK
-    session = _session(model, tokenizer, text)
+    session = chunked_session(model, tokenizer, text)
     assert session.restore_snapshot(store).num_tokens == info.num_read
     session.prefill(checkpoints=CheckpointPlan(store, every_chunks=1))  # the claim was let go: this one checkpoints
-    _assert_same(_outcome(session), _outcome(second))
+    assert_same_read(read_outcome(session), read_outcome(second))

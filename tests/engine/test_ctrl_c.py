@@ -21,13 +21,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from checkpoint_reads import CHUNK, WORDS, assert_same_read, chunked_session, read_outcome
+from tiny_sessions import words_text
 
 from engine import PrefillCancelled, SnapshotStore, interrupt
 from engine.errors import SnapshotError
 from engine.store.format import HEADER_FILE, read_header
 from engine.types import CheckpointPlan
-from test_checkpoint import CHUNK, WORDS, _assert_same, _outcome, _session, tiny_dir  # noqa: F401 - the fixture
-from test_snapshot import _document
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,19 +43,19 @@ def serving():
 
 
 def _reference(model, tokenizer, text: str):
-    reference = _session(model, tokenizer, text)
+    reference = chunked_session(model, tokenizer, text)
     reference.prefill()
-    expected = _outcome(reference)
+    expected = read_outcome(reference)
     reference.clear()
     return expected
 
 
 def test_ctrl_c_while_serving_stops_a_read_and_checkpoints_what_it_read(tiny_dir, tmp_path, serving):  # noqa: F811
     _, model, tokenizer = tiny_dir
-    text = _document(11, WORDS)
+    text = words_text(11, WORDS)
     expected = _reference(model, tokenizer, text)
     store = SnapshotStore(tmp_path / "kv")
-    session = _session(model, tokenizer, text)
+    session = chunked_session(model, tokenizer, text)
     outcome = {}
 
     def read() -> None:  # as the app reads: on a thread of its own, checkpointing (here only when stopped)
@@ -78,16 +78,16 @@ def test_ctrl_c_while_serving_stops_a_read_and_checkpoints_what_it_read(tiny_dir
     [info] = SnapshotStore(store.root).list()  # the checkpoint written at the stop, none before it
     assert info.is_partial and info.num_read == session.prefilled_tokens >= 3 * CHUNK
     _as_a_fresh_process()
-    resumed = _session(model, tokenizer, text)
+    resumed = chunked_session(model, tokenizer, text)
     assert resumed.restore_snapshot(store).num_tokens == info.num_read
     resumed.prefill()
-    _assert_same(_outcome(resumed), expected)
+    assert_same_read(read_outcome(resumed), expected)
 
 
 def test_without_ctrl_c_a_stopped_read_checkpoints_nothing_more(tiny_dir, tmp_path):  # noqa: F811
     _, model, tokenizer = tiny_dir
     store = SnapshotStore(tmp_path / "kv")
-    session = _session(model, tokenizer, _document(11, WORDS))
+    session = chunked_session(model, tokenizer, words_text(11, WORDS))
     with pytest.raises(PrefillCancelled):  # a Cancel button's stop: the read stays in memory, continued from there
         session.prefill(lambda progress: None, lambda: session.prefilled_tokens >= 3 * CHUNK,
                         checkpoints=CheckpointPlan(store, every_chunks=1000))
@@ -171,7 +171,7 @@ def test_ctrl_c_stops_the_studios_read_exits_cleanly_and_the_read_continues_from
     model, tokenizer = load_model()  # what launch.py serves by default (test_launch)
     text = ShelfEntry.from_json((info.path / SHELF_FILE).read_text()).text
     expected = _reference(model, tokenizer, text)
-    resumed = _session(model, tokenizer, text)  # (launch.py's policy: --chunk-size alone)
+    resumed = chunked_session(model, tokenizer, text)  # (launch.py's policy: --chunk-size alone)
     assert resumed.restore_snapshot(SnapshotStore(store_dir)).num_tokens == info.num_read
     resumed.prefill()
-    _assert_same(_outcome(resumed), expected)
+    assert_same_read(read_outcome(resumed), expected)

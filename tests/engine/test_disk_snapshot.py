@@ -13,51 +13,23 @@ import zlib
 
 import pytest
 import torch
+from tiny_sessions import answer_text, head_kv_bytes, home_files, open_session, tier_policy, tier_session, words_text
 
-from engine import DocumentSession, SnapshotStore
+from engine import SnapshotStore
 from engine.kv import disk as disk_module
 from engine.kv.disk import DiskMemory
-from engine.store.format import read_header
-
-from test_snapshot import _answer, _document, _kv_bytes, _session, _tiny_model, _word_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return _tiny_model(tmp_path_factory.mktemp("tiny-disk")), _word_tokenizer()
-
-
-def _tier_policy(model, tokenizer, text: str, tmp_path, **policy) -> dict:
-    """Policy fields that put about three quarters of the document's KV homes on the disk tier."""
-    probe = _session(model, tokenizer, text, **policy)
-    probe.prefill()
-    plan, kv = probe.cache.plan, probe.cache.kv_bytes()["host"]
-    probe.clear()
-    return dict(policy, disk_dir=str(tmp_path / "tier"), host_memory=plan.host_bytes - kv * 3 // 4)
-
-
-def _tier_session(model, tokenizer, text, tmp_path, **policy) -> DocumentSession:
-    session = _session(model, tokenizer, text, **_tier_policy(model, tokenizer, text, tmp_path, **policy))
-    session.prefill()
-    assert session.cache.plan.disk_slots > 0 and session.cache.kv_bytes()["disk"] > 0
-    return session
-
-
-def _home_files(folder):
-    header = read_header(folder)
-    return header, [f for f in header.files if f.is_home]
 
 
 @pytest.mark.parametrize("kv_dtype", [None, "int8"], ids=["exact", "int8"])
 def test_the_snapshot_links_the_disk_homes_and_restores_exactly(tiny, tmp_path, kv_dtype):
     model, tokenizer = tiny
-    text = _document(11, words=150)
+    text = words_text(11, words=150)
     policy = {"kv_dtype": kv_dtype} if kv_dtype else {}
-    session = _tier_session(model, tokenizer, text, tmp_path, **policy)
-    expected = _answer(session)
+    session = tier_session(model, tokenizer, text, tmp_path, **policy)
+    expected = answer_text(session)
     store = SnapshotStore(tmp_path / "saved")
     info = session.save_snapshot(store)
-    header, homes = _home_files(store.root / info.key)
+    header, homes = home_files(store.root / info.key)
     disk_homes = [h for layer in session.cache.layers for h in layer.homes if h.disk is not None]
     assert len(homes) == sum(len(h.planes) for h in disk_homes) > 0
     tier_inodes = {os.stat(f).st_ino for f in (tmp_path / "tier").glob("kv-*/*.kv")}
@@ -69,24 +41,24 @@ def test_the_snapshot_links_the_disk_homes_and_restores_exactly(tiny, tmp_path, 
     assert written + sum(f.num_bytes for f in homes) == header.num_bytes and written < header.num_bytes / 2
 
     # The session goes on with questions (rows past the document change in the linked files) ...
-    assert _answer(session, "w7 w8") and _answer(session) == expected
+    assert answer_text(session, "w7 w8") and answer_text(session) == expected
     # ... and the snapshot restores exactly, into RAM alone and into another disk-tier session.
-    for restored_policy in ({**policy}, _tier_policy(model, tokenizer, text, tmp_path / "other", **policy)):
-        restored = _session(model, tokenizer, text, **restored_policy)
+    for restored_policy in ({**policy}, tier_policy(model, tokenizer, text, tmp_path / "other", **policy)):
+        restored = open_session(model, tokenizer, text, **restored_policy)
         assert restored.restore_snapshot(store) is not None
-        assert all(torch.equal(a, b) for a, b in zip(_kv_bytes(session), _kv_bytes(restored)))
-        assert _answer(restored) == expected
+        assert all(torch.equal(a, b) for a, b in zip(head_kv_bytes(session), head_kv_bytes(restored)))
+        assert answer_text(restored) == expected
         restored.clear()
 
 
 def test_a_new_document_moves_linked_homes_to_fresh_files(tiny, tmp_path):
     model, tokenizer = tiny
-    first, second = _document(12, words=150), _document(13, words=150)
-    session = _tier_session(model, tokenizer, first, tmp_path)
-    kv_first = _kv_bytes(session)
+    first, second = words_text(12, words=150), words_text(13, words=150)
+    session = tier_session(model, tokenizer, first, tmp_path)
+    kv_first = head_kv_bytes(session)
     store = SnapshotStore(tmp_path / "saved")
     info = session.save_snapshot(store)
-    _, homes = _home_files(store.root / info.key)
+    _, homes = home_files(store.root / info.key)
     linked = {store.root / info.key / f.name: (store.root / info.key / f.name).stat().st_ino for f in homes}
 
     session.set_document(second)  # same cache, rows from 0 again
@@ -98,15 +70,15 @@ def test_a_new_document_moves_linked_homes_to_fresh_files(tiny, tmp_path):
     sizes = {f.name: f.num_bytes for f in homes}
     assert all(path.stat().st_size == sizes[path.name] for path in linked)
 
-    restored = _session(model, tokenizer, first)
+    restored = open_session(model, tokenizer, first)
     assert restored.restore_snapshot(store) is not None
-    assert all(torch.equal(a, b) for a, b in zip(kv_first, _kv_bytes(restored)))
+    assert all(torch.equal(a, b) for a, b in zip(kv_first, head_kv_bytes(restored)))
 
 
 def test_another_filesystem_copies_the_homes_instead(tiny, tmp_path, monkeypatch):
     model, tokenizer = tiny
-    text = _document(14, words=150)
-    session = _tier_session(model, tokenizer, text, tmp_path)
+    text = words_text(14, words=150)
+    session = tier_session(model, tokenizer, text, tmp_path)
 
     def cross_device(source, target):
         raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
@@ -114,26 +86,26 @@ def test_another_filesystem_copies_the_homes_instead(tiny, tmp_path, monkeypatch
     monkeypatch.setattr(disk_module.os, "link", cross_device)
     store = SnapshotStore(tmp_path / "saved")
     info = session.save_snapshot(store)
-    _, homes = _home_files(store.root / info.key)
+    _, homes = home_files(store.root / info.key)
     assert homes and all((store.root / info.key / f.name).stat().st_nlink == 1 for f in homes)
-    restored = _session(model, tokenizer, text)
+    restored = open_session(model, tokenizer, text)
     assert restored.restore_snapshot(store) is not None
-    assert all(torch.equal(a, b) for a, b in zip(_kv_bytes(session), _kv_bytes(restored)))
+    assert all(torch.equal(a, b) for a, b in zip(head_kv_bytes(session), head_kv_bytes(restored)))
 
 
 def test_a_damaged_linked_file_is_refused_and_the_document_is_read_again(tiny, tmp_path):
     model, tokenizer = tiny
-    text = _document(15, words=150)
-    session = _tier_session(model, tokenizer, text, tmp_path)
+    text = words_text(15, words=150)
+    session = tier_session(model, tokenizer, text, tmp_path)
     store = SnapshotStore(tmp_path / "saved")
     info = session.save_snapshot(store)
     session.clear()
-    _, homes = _home_files(store.root / info.key)
+    _, homes = home_files(store.root / info.key)
     path = store.root / info.key / homes[0].name
     data = bytearray(path.read_bytes())
     data[3] ^= 0x40
     path.write_bytes(data)
-    restored = _session(model, tokenizer, text)
+    restored = open_session(model, tokenizer, text)
     assert restored.restore_snapshot(store) is None and not restored.is_prefilled
     assert store.find(restored.snapshot_identity()) is None  # a damaged snapshot is deleted
 
@@ -166,14 +138,14 @@ def test_a_version_2_snapshot_still_restores(tiny, tmp_path):
     from engine.store.format import HEADER_FILE, SnapshotHeader
 
     model, tokenizer = tiny
-    text = _document(16)
-    session = _session(model, tokenizer, text)
+    text = words_text(16)
+    session = open_session(model, tokenizer, text)
     session.prefill()
     store = SnapshotStore(tmp_path / "saved")
     info = session.save_snapshot(store)
     header_path = store.root / info.key / HEADER_FILE
     old = dataclasses.replace(SnapshotHeader.from_json(header_path.read_text()), version=2)  # no home files: v2
     header_path.write_text(old.to_json())
-    restored = _session(model, tokenizer, text)
+    restored = open_session(model, tokenizer, text)
     assert restored.restore_snapshot(store) is not None
-    assert all(torch.equal(a, b) for a, b in zip(_kv_bytes(session), _kv_bytes(restored)))
+    assert all(torch.equal(a, b) for a, b in zip(head_kv_bytes(session), head_kv_bytes(restored)))

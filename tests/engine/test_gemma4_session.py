@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from archs import tiny_configs
+from checkpoint_reads import assert_same_read, read_outcome
+from tiny_sessions import open_session, prefilled_session, tier_policy, word_tokenizer, words_text
 from transformers import AutoModelForCausalLM
 
-from archs import tiny_configs
 from engine import SnapshotStore
 from engine.store.format import read_header
-from test_checkpoint import _assert_same, _outcome
-from test_disk_snapshot import _tier_policy
-from test_snapshot import _document, _prefilled, _session, _word_tokenizer
 
 GEMMA4 = ["gemma4-head-dims", "gemma4-global-kv", "gemma4-shared-kv", "gemma4-published"]
 #: How the document is read and how it is reopened: the same policy; one head a group on reopening (the file's
@@ -27,12 +26,12 @@ def gemma4(request, tmp_path_factory):
     torch.manual_seed(1)
     AutoModelForCausalLM.from_config(tiny_configs()[request.param]).save_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="headinfer")
-    return request.param, folder, model.eval(), _word_tokenizer()
+    return request.param, folder, model.eval(), word_tokenizer()
 
 
 def test_answers_carry_sources_naming_the_document(gemma4, caplog):
     name, _, model, tokenizer = gemma4
-    session = _prefilled(model, tokenizer, _document(1))
+    session = prefilled_session(model, tokenizer, words_text(1))
     *_, last = session.ask("w3 w4 w5", max_new_tokens=8)
     assert "could not find retrieval heads" not in caplog.text
     assert last.sources and last.sources[0].page is None and last.sources[0].label().startswith("document"), name
@@ -41,14 +40,14 @@ def test_answers_carry_sources_naming_the_document(gemma4, caplog):
 @pytest.mark.parametrize("read", sorted(READS))
 def test_a_saved_read_reopens_in_a_fresh_session_to_the_same_tokens_and_logits(gemma4, tmp_path, read):
     name, folder, model, tokenizer = gemma4
-    text = _document(2)
+    text = words_text(2)
     reading_policy, reopening_policy = READS[read]
     if reading_policy is None:
-        reading_policy = _tier_policy(model, tokenizer, text, tmp_path)
-    reading = _prefilled(model, tokenizer, text, **reading_policy)
+        reading_policy = tier_policy(model, tokenizer, text, tmp_path)
+    reading = prefilled_session(model, tokenizer, text, **reading_policy)
     assert read != "disk-tier" or reading.cache.kv_bytes()["disk"] > 0
     info = reading.save_snapshot(SnapshotStore(tmp_path / "kv"))
-    expected, shape = _outcome(reading), reading.cache.shape
+    expected, shape = read_outcome(reading), reading.cache.shape
     reading.clear()
     header = read_header(info.path)
     assert header.version == 5 and header.layer_shapes == tuple(zip(shape.kv_layer_indices, shape.kv_heads,
@@ -56,17 +55,17 @@ def test_a_saved_read_reopens_in_a_fresh_session_to_the_same_tokens_and_logits(g
     assert not [f for consumer, _ in shape.shared_layers for f in info.path.glob(f"layer-{consumer:03d}*")]
     # A fresh session of the model loaded again, as the app after a restart.
     fresh = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="headinfer")
-    reopened = _session(fresh.eval(), tokenizer, text, **reopening_policy)
+    reopened = open_session(fresh.eval(), tokenizer, text, **reopening_policy)
     stats = reopened.restore_snapshot(SnapshotStore(tmp_path / "kv"))
     assert stats is not None and stats.num_tokens == reopened.document_tokens and reopened.is_prefilled, name
-    _assert_same(_outcome(reopened), expected)
+    assert_same_read(read_outcome(reopened), expected)
 
 
 @torch.inference_mode()
 def test_answers_equal_stock_greedy(gemma4):
     name, folder, model, tokenizer = gemma4
-    text, question = _document(3), "w3 w4 w5"
-    session = _prefilled(model, tokenizer, text)
+    text, question = words_text(3), "w3 w4 w5"
+    session = prefilled_session(model, tokenizer, text)
     ids = session.prompts.document_ids(text) + session.prompts.conversation_ids(text, [], question)
     stock = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()  # sdpa, in-memory K/V
     # An explicit mask: the prompt holds w0 (id 0, Gemma 4's pad id), which generate would otherwise mask out.

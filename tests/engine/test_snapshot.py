@@ -16,72 +16,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from tiny_sessions import (
+    VOCAB,
+    answer_text,
+    head_kv_bytes,
+    open_session,
+    prefilled_session,
+    tiny_model,
+    word_tokenizer,
+    words_text,
+)
 
-from archs import tiny_configs
 from engine import DocumentSession, OffloadPolicy, SnapshotStore
 from engine.errors import CorruptSnapshotError, SnapshotError
 from engine.store import streaming as snapshot_io
 from engine.store.format import HEADER_FILE, layer_file
 
-VOCAB = tiny_configs()["llama-gqa"].vocab_size
-
-
-# -- tiny fixtures -------------------------------------------------------------------------------
-def _word_tokenizer(order: list[int] | None = None) -> PreTrainedTokenizerFast:
-    """Words ``w0``..``w96`` -> ids; ``order`` permutes the mapping (another tokenizer, same vocabulary)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    order = order or list(range(VOCAB))
-    raw = Tokenizer(models.WordLevel({f"w{i}": order[i] for i in range(VOCAB)}, unk_token="w0"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="w0", eos_token="w1")
-
-
-def _tiny_model(folder: Path, *, seed: int = 1234, dtype=torch.float32):
-    torch.manual_seed(seed)
-    AutoModelForCausalLM.from_config(tiny_configs()["llama-gqa"]).save_pretrained(folder)
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="headinfer").eval()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return _tiny_model(tmp_path_factory.mktemp("tiny")), _word_tokenizer()
-
 
 @pytest.fixture
 def store(tmp_path):
     return SnapshotStore(tmp_path / "kv")
-
-
-def _document(seed: int, words: int = 150) -> str:
-    rng = random.Random(seed)
-    return " ".join(f"w{rng.randrange(2, VOCAB)}" for _ in range(words))
-
-
-def _session(model, tokenizer, text: str, **policy) -> DocumentSession:
-    session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64, **policy), answer_budget=32)
-    session.set_document(text)
-    return session
-
-
-def _prefilled(model, tokenizer, text: str, **policy) -> DocumentSession:
-    session = _session(model, tokenizer, text, **policy)
-    session.prefill()
-    return session
-
-
-def _answer(session: DocumentSession, question: str = "w3 w4 w5", max_new_tokens: int = 8) -> str:
-    *_, last = session.ask(question, max_new_tokens=max_new_tokens)
-    session.new_conversation()
-    return last.text
-
-
-def _kv_bytes(session: DocumentSession) -> list[torch.Tensor]:
-    """Every (layer, head) K/V of the document as raw bytes, independent of the head grouping."""
-    cache, n = session.cache, session.document_tokens
-    return [home.block(0, n)[:, :, :, i].contiguous().view(torch.uint8).reshape(-1).clone()
-            for layer in cache.kv_layers for home in layer.homes for i in range(home.group.size)]
 
 
 def _flip_byte(path: Path, offset: int) -> None:
@@ -94,46 +48,46 @@ def _flip_byte(path: Path, offset: int) -> None:
 @pytest.mark.parametrize("group", [1, 2], ids=["group-1", "group-2"])
 def test_restore_gives_identical_kv_and_answers(tiny, store, group):
     model, tokenizer = tiny
-    text = _document(1)
-    original = _prefilled(model, tokenizer, text)
-    expected_answer = _answer(original)
+    text = words_text(1)
+    original = prefilled_session(model, tokenizer, text)
+    expected_answer = answer_text(original)
     info = original.save_snapshot(store)
     assert info is not None and info.num_tokens == original.document_tokens and info.num_bytes > 0
 
-    restored = _session(model, tokenizer, text, head_group_size=group, resident_slots=0)
+    restored = open_session(model, tokenizer, text, head_group_size=group, resident_slots=0)
     stats = restored.restore_snapshot(store)
     assert stats is not None and stats.num_tokens == original.document_tokens and stats.gb_per_second > 0
     assert restored.is_prefilled and restored.cache.get_seq_length() == original.document_tokens
-    assert all(torch.equal(a, b) for a, b in zip(_kv_bytes(original), _kv_bytes(restored)))
-    assert _answer(restored) == expected_answer
+    assert all(torch.equal(a, b) for a, b in zip(head_kv_bytes(original), head_kv_bytes(restored)))
+    assert answer_text(restored) == expected_answer
     assert [s.key for s in store.list()] == [info.key]
 
 
 def test_find_only_matches_this_document(tiny, store):
     model, tokenizer = tiny
-    _prefilled(model, tokenizer, _document(1)).save_snapshot(store)
-    assert _session(model, tokenizer, _document(1)).find_snapshot(store) is not None
-    other = _session(model, tokenizer, _document(2))
+    prefilled_session(model, tokenizer, words_text(1)).save_snapshot(store)
+    assert open_session(model, tokenizer, words_text(1)).find_snapshot(store) is not None
+    other = open_session(model, tokenizer, words_text(2))
     assert other.find_snapshot(store) is None
     assert other.restore_snapshot(store) is None and not other.is_prefilled
 
 
 def test_saving_again_keeps_the_snapshot(tiny, store):
     model, tokenizer = tiny
-    session = _prefilled(model, tokenizer, _document(1))
+    session = prefilled_session(model, tokenizer, words_text(1))
     first = session.save_snapshot(store)
     again = session.save_snapshot(store)
     assert again.key == first.key and again.created == first.created and len(store.list()) == 1
 
 
 def test_bfloat16_round_trip(tmp_path, store):
-    model = _tiny_model(tmp_path / "bf16", dtype=torch.bfloat16)
-    tokenizer = _word_tokenizer()
-    original = _prefilled(model, tokenizer, _document(3))
+    model = tiny_model(tmp_path / "bf16", dtype=torch.bfloat16)
+    tokenizer = word_tokenizer()
+    original = prefilled_session(model, tokenizer, words_text(3))
     original.save_snapshot(store)
-    restored = _session(model, tokenizer, _document(3))
+    restored = open_session(model, tokenizer, words_text(3))
     assert restored.restore_snapshot(store) is not None
-    assert all(torch.equal(a, b) for a, b in zip(_kv_bytes(original), _kv_bytes(restored)))
+    assert all(torch.equal(a, b) for a, b in zip(head_kv_bytes(original), head_kv_bytes(restored)))
 
 
 # -- damaged snapshots ---------------------------------------------------------------------------
@@ -141,15 +95,15 @@ def test_bfloat16_round_trip(tmp_path, store):
 def two_saved(tiny, store):
     """Snapshots of two documents; the tests damage the first and check the second still loads."""
     model, tokenizer = tiny
-    first, second = _document(1), _document(2)
-    return (_prefilled(model, tokenizer, first).save_snapshot(store), first), (_prefilled(model, tokenizer, second).save_snapshot(store), second)
+    first, second = words_text(1), words_text(2)
+    return (prefilled_session(model, tokenizer, first).save_snapshot(store), first), (prefilled_session(model, tokenizer, second).save_snapshot(store), second)
 
 
 def _check_damage_refused(tiny, store, two_saved, damage, message: str, caplog) -> None:
     model, tokenizer = tiny
     (info, text), (other_info, other_text) = two_saved
     damage(info.path)
-    session = _session(model, tokenizer, text)
+    session = open_session(model, tokenizer, text)
     with pytest.raises(CorruptSnapshotError, match=message):
         store.restore(session.cache, session.snapshot_identity())
     assert not session.is_prefilled and session.cache.get_seq_length() == 0
@@ -160,7 +114,7 @@ def _check_damage_refused(tiny, store, two_saved, damage, message: str, caplog) 
     session.prefill()  # the fallback works on the emptied cache
     assert session.is_prefilled
     assert [s.key for s in store.list()] == [other_info.key], "nothing else in the store is harmed"
-    assert _session(model, tokenizer, other_text).restore_snapshot(store) is not None
+    assert open_session(model, tokenizer, other_text).restore_snapshot(store) is not None
 
 
 def test_truncated_file_is_refused(tiny, store, two_saved, caplog):
@@ -203,16 +157,16 @@ def _check_foreign_refused(store, saved_key: str, session: DocumentSession, mess
 
 def test_other_model_is_refused(tiny, store, tmp_path):
     model, tokenizer = tiny
-    info = _prefilled(model, tokenizer, _document(1)).save_snapshot(store)
-    other = _tiny_model(tmp_path / "other", seed=99)
-    _check_foreign_refused(store, info.key, _session(other, tokenizer, _document(1)), "another model .*other weights")
+    info = prefilled_session(model, tokenizer, words_text(1)).save_snapshot(store)
+    other = tiny_model(tmp_path / "other", seed=99)
+    _check_foreign_refused(store, info.key, open_session(other, tokenizer, words_text(1)), "another model .*other weights")
 
 
 def test_other_dtype_is_refused(tiny, store):
     model, tokenizer = tiny
-    info = _prefilled(model, tokenizer, _document(1)).save_snapshot(store)
+    info = prefilled_session(model, tokenizer, words_text(1)).save_snapshot(store)
     half = copy.deepcopy(model).to(torch.bfloat16)
-    _check_foreign_refused(store, info.key, _session(half, tokenizer, _document(1)),
+    _check_foreign_refused(store, info.key, open_session(half, tokenizer, words_text(1)),
                            "holds float32 K/V but this model runs in bfloat16")
 
 
@@ -224,34 +178,34 @@ def test_other_weights_mode_is_refused(tiny, store):
     dense = copy.deepcopy(model).to(torch.bfloat16)
     int8 = copy.deepcopy(model)
     quantize_int8(int8)
-    info = _prefilled(dense, tokenizer, _document(1)).save_snapshot(store)
-    _check_foreign_refused(store, info.key, _session(int8, tokenizer, _document(1)),
+    info = prefilled_session(dense, tokenizer, words_text(1)).save_snapshot(store)
+    _check_foreign_refused(store, info.key, open_session(int8, tokenizer, words_text(1)),
                            "another model .*dense weights, not int8")
-    saved = _prefilled(int8, tokenizer, _document(1)).save_snapshot(store)
+    saved = prefilled_session(int8, tokenizer, words_text(1)).save_snapshot(store)
     assert saved.key != info.key
     again = copy.deepcopy(model)
     quantize_int8(again)
-    assert _session(again, tokenizer, _document(1)).find_snapshot(store).key == saved.key, "int8 reopens int8"
+    assert open_session(again, tokenizer, words_text(1)).find_snapshot(store).key == saved.key, "int8 reopens int8"
 
 
 def test_other_tokenizer_is_refused(tiny, store):
     model, tokenizer = tiny
-    info = _prefilled(model, tokenizer, _document(1)).save_snapshot(store)
+    info = prefilled_session(model, tokenizer, words_text(1)).save_snapshot(store)
     shuffled = list(range(VOCAB))
     random.Random(5).shuffle(shuffled)
-    _check_foreign_refused(store, info.key, _session(model, _word_tokenizer(shuffled), _document(1)), "another tokenizer")
+    _check_foreign_refused(store, info.key, open_session(model, word_tokenizer(shuffled), words_text(1)), "another tokenizer")
 
 
 def test_other_document_is_refused(tiny, store):
     model, tokenizer = tiny
-    info = _prefilled(model, tokenizer, _document(1)).save_snapshot(store)
-    _check_foreign_refused(store, info.key, _session(model, tokenizer, _document(2)), "another document")
+    info = prefilled_session(model, tokenizer, words_text(1)).save_snapshot(store)
+    _check_foreign_refused(store, info.key, open_session(model, tokenizer, words_text(2)), "another document")
 
 
 # -- atomic writes and the store -----------------------------------------------------------------
 def test_write_failure_leaves_nothing(tiny, store, monkeypatch):
     model, tokenizer = tiny
-    session = _prefilled(model, tokenizer, _document(1))
+    session = prefilled_session(model, tokenizer, words_text(1))
     written = 0
     real_write_all = snapshot_io._write_all
 
@@ -274,13 +228,13 @@ def test_write_failure_leaves_nothing(tiny, store, monkeypatch):
 
 def test_eviction_keeps_the_cap(tiny, tmp_path, caplog):
     model, tokenizer = tiny
-    sessions = [_prefilled(model, tokenizer, _document(seed)) for seed in (1, 2, 3)]
+    sessions = [prefilled_session(model, tokenizer, words_text(seed)) for seed in (1, 2, 3)]
     size = sessions[0].save_snapshot(SnapshotStore(tmp_path / "probe")).num_bytes
     store = SnapshotStore(tmp_path / "kv", max_bytes=int(2.5 * size))
     a = sessions[0].save_snapshot(store)
     sessions[1].save_snapshot(store)
     time.sleep(0.02)  # distinct last-used times
-    assert _session(model, tokenizer, _document(1)).restore_snapshot(store) is not None  # a is now newer than b
+    assert open_session(model, tokenizer, words_text(1)).restore_snapshot(store) is not None  # a is now newer than b
     c = sessions[2].save_snapshot(store)
     assert {s.key for s in store.list()} == {a.key, c.key}, "the least recently used one is evicted"
     assert store.total_bytes() <= store.max_bytes

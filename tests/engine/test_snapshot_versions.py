@@ -14,24 +14,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from archs import tiny_configs
+from checkpoint_reads import assert_same_read, chunked_session, read_outcome
+from tiny_sessions import open_session, prefilled_session, word_tokenizer, words_text
 from transformers import AutoModelForCausalLM
 
-from archs import tiny_configs
 from engine import SnapshotStore
 from engine.store.format import HEADER_FILE, read_header
-from test_checkpoint import _assert_same, _outcome
-from test_checkpoint import _session as _chunked_session
-from test_snapshot import _document, _prefilled, _session, _word_tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
-DOCUMENTS = {"snapshot-v3": _document(21, 40), "snapshot-v4": _document(22, 60)}  # what each fixture read
+DOCUMENTS = {"snapshot-v3": words_text(21, 40), "snapshot-v4": words_text(22, 60)}  # what each fixture read
 
 
 @pytest.fixture(scope="module")
 def tiny():
     torch.manual_seed(1234)
     model = AutoModelForCausalLM.from_config(tiny_configs()["llama-gqa"], attn_implementation="headinfer")
-    return model.eval(), _word_tokenizer()
+    return model.eval(), word_tokenizer()
 
 
 def _store_holding(tmp_path: Path, fixture: str) -> SnapshotStore:
@@ -44,11 +43,11 @@ def test_a_version_3_snapshot_reopens_to_the_same_tokens_and_logits(tiny, tmp_pa
     model, tokenizer = tiny
     text = DOCUMENTS["snapshot-v3"]
     assert read_header(FIXTURES / "snapshot-v3").version == 3
-    expected = _outcome(_prefilled(model, tokenizer, text))
-    reopened = _session(model, tokenizer, text)
+    expected = read_outcome(prefilled_session(model, tokenizer, text))
+    reopened = open_session(model, tokenizer, text)
     stats = reopened.restore_snapshot(_store_holding(tmp_path, "snapshot-v3"))
     assert stats is not None and reopened.is_prefilled, "the fixture no longer matches this model or tokenizer"
-    _assert_same(_outcome(reopened), expected)
+    assert_same_read(read_outcome(reopened), expected)
 
 
 def test_a_version_4_partial_read_continues_to_the_same_tokens_and_logits(tiny, tmp_path):
@@ -56,19 +55,19 @@ def test_a_version_4_partial_read_continues_to_the_same_tokens_and_logits(tiny, 
     text = DOCUMENTS["snapshot-v4"]
     header = read_header(FIXTURES / "snapshot-v4")
     assert header.version == 4 and header.num_read is not None
-    reference = _chunked_session(model, tokenizer, text)
+    reference = chunked_session(model, tokenizer, text)
     reference.prefill()
-    expected = _outcome(reference)
-    reopened = _chunked_session(model, tokenizer, text)
+    expected = read_outcome(reference)
+    reopened = chunked_session(model, tokenizer, text)
     stats = reopened.restore_snapshot(_store_holding(tmp_path, "snapshot-v4"))
     assert stats is not None and stats.num_tokens == header.num_read < reopened.document_tokens
     reopened.prefill()
-    _assert_same(_outcome(reopened), expected)
+    assert_same_read(read_outcome(reopened), expected)
 
 
 def test_a_uniform_model_is_still_saved_as_version_3(tiny, tmp_path):
     model, tokenizer = tiny
-    info = _prefilled(model, tokenizer, DOCUMENTS["snapshot-v3"]).save_snapshot(SnapshotStore(tmp_path / "kv"))
+    info = prefilled_session(model, tokenizer, DOCUMENTS["snapshot-v3"]).save_snapshot(SnapshotStore(tmp_path / "kv"))
     written = json.loads((info.path / HEADER_FILE).read_text())
     before = json.loads((FIXTURES / "snapshot-v3" / HEADER_FILE).read_text())
     assert written["version"] == 3 and written.keys() == before.keys()  # no per-layer fields: version 3 reads it

@@ -12,15 +12,15 @@ import shutil
 
 import pytest
 import torch
+from archs import tiny_configs
+from tiny_sessions import open_session, prefilled_session, word_tokenizer, words_text
 from transformers import AutoModelForCausalLM
 
-from archs import tiny_configs
 from engine import SnapshotStore
 from engine.errors import CorruptSnapshotError, SnapshotError
 from engine.read_time.costs import ReadCosts
 from engine.store import files as snapshot_files
 from engine.store.format import HEADER_FILE, SnapshotHeader, _crc_of
-from test_snapshot import _document, _prefilled, _session, _word_tokenizer, tiny  # noqa: F401  (tiny: a fixture)
 
 ABSURD = [-1, 0, 2**63, 10**30, 1.5, float("nan"), float("inf"), "12", "", None, True, [], {}, [1, 2], {"a": [1]},
           "x" * 100_000]
@@ -35,10 +35,10 @@ def pristine(request, tiny, tmp_path_factory):  # noqa: F811
     if request.param != "llama-gqa":
         torch.manual_seed(1)
         model = AutoModelForCausalLM.from_config(tiny_configs()[request.param], attn_implementation="headinfer").eval()
-        tokenizer = _word_tokenizer()
-    text = _document(7)
+        tokenizer = word_tokenizer()
+    text = words_text(7)
     store = SnapshotStore(tmp_path_factory.mktemp("kv"))
-    info = _prefilled(model, tokenizer, text).save_snapshot(store)
+    info = prefilled_session(model, tokenizer, text).save_snapshot(store)
     backup = tmp_path_factory.mktemp("backup") / info.key
     shutil.copytree(info.path, backup)
     body = json.loads((backup / HEADER_FILE).read_text())
@@ -109,7 +109,7 @@ def test_a_header_with_a_recomputed_crc_and_absurd_fields_counts_as_damaged(pris
     model, tokenizer, store, key, backup, body, text = pristine
     tried = damaged = 0
     failures = []
-    session = _session(model, tokenizer, text)  # one session reopening each variant, as a tab would
+    session = open_session(model, tokenizer, text)  # one session reopening each variant, as a tab would
     for name, variant in _variants(body):
         folder = store.root / key
         shutil.rmtree(folder, ignore_errors=True)
@@ -163,7 +163,7 @@ SHELF = "studio-documents.json"
 
 def test_the_sidecar_is_written_and_synced_before_the_snapshot_appears(tiny, tmp_path, monkeypatch):  # noqa: F811
     model, tokenizer = tiny
-    session = _prefilled(model, tokenizer, _document(8))
+    session = prefilled_session(model, tokenizer, words_text(8))
     store = SnapshotStore(tmp_path / "kv")
     events = []
     real_write, real_rename = snapshot_files._write_durably, snapshot_files.os.rename
@@ -185,7 +185,7 @@ def test_the_sidecar_is_written_and_synced_before_the_snapshot_appears(tiny, tmp
 
 def test_a_failed_sidecar_write_leaves_no_snapshot(tiny, tmp_path, monkeypatch):  # noqa: F811
     model, tokenizer = tiny
-    session = _prefilled(model, tokenizer, _document(9))
+    session = prefilled_session(model, tokenizer, words_text(9))
     store = SnapshotStore(tmp_path / "kv")
     real_write = snapshot_files._write_durably
 
@@ -202,7 +202,7 @@ def test_a_failed_sidecar_write_leaves_no_snapshot(tiny, tmp_path, monkeypatch):
 
 def test_a_sidecar_may_not_name_a_snapshot_file(tiny, tmp_path):  # noqa: F811
     model, tokenizer = tiny
-    session = _prefilled(model, tokenizer, _document(10))
+    session = prefilled_session(model, tokenizer, words_text(10))
     store = SnapshotStore(tmp_path / "kv")
     for name in (HEADER_FILE, "../escape.json", "layer-000.bin", ".hidden"):
         with pytest.raises(ValueError):

@@ -14,16 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_sessions import head_kv_bytes, home_files, open_session, tier_session, words_text
 
 import process_env
 from engine import SnapshotStore, paths_windows
+from engine.cpu import gguf_blocks
 from engine.errors import DiskTierError
 from engine.kv.disk import DiskMemory
-from engine.cpu import gguf_blocks
 from engine.native import library
-
-from test_disk_snapshot import _home_files, _tier_session, tiny  # noqa: F401 - the module's model fixture
-from test_snapshot import _document, _kv_bytes, _session
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,17 +50,17 @@ def test_no_compiler_when_windows_shaped_the_kernels_take_the_torch_path(shaped,
 
 def test_a_disk_tier_snapshot_copies_instead_of_linking_and_restores_exactly(tiny, tmp_path, shaped):  # noqa: F811
     model, tokenizer = tiny
-    text = _document(15, words=150)
-    session = _tier_session(model, tokenizer, text, tmp_path)
+    text = words_text(15, words=150)
+    session = tier_session(model, tokenizer, text, tmp_path)
     store = SnapshotStore(tmp_path / "saved")
     info = session.save_snapshot(store)
-    _, homes = _home_files(store.root / info.key)
+    _, homes = home_files(store.root / info.key)
     tier = {os.stat(f).st_ino for f in (tmp_path / "tier").glob("kv-*/*.kv")}
     assert homes and all((store.root / info.key / f.name).stat().st_nlink == 1 for f in homes)
     assert not tier & {(store.root / info.key / f.name).stat().st_ino for f in homes}
-    restored = _session(model, tokenizer, text)
+    restored = open_session(model, tokenizer, text)
     assert restored.restore_snapshot(store) is not None
-    assert all(torch.equal(a, b) for a, b in zip(_kv_bytes(session), _kv_bytes(restored)))
+    assert all(torch.equal(a, b) for a, b in zip(head_kv_bytes(session), head_kv_bytes(restored)))
 
 
 def test_disk_space_is_reserved_without_posix_fallocate(tmp_path, shaped):

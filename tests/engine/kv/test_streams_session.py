@@ -8,7 +8,7 @@ from concurrent.futures import Future
 
 import pytest
 import torch
-from test_snapshot import _document, _tiny_model, _word_tokenizer
+from tiny_sessions import tiny_model, word_tokenizer, words_text
 
 from engine import DocumentSession, OffloadPolicy, PrefillCancelled, SnapshotStore
 from engine.answer.sources import attention_mass
@@ -21,13 +21,13 @@ POLICY = dict(chunk_size=40, resident_slots=0, head_group_size=1, host_attention
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return _tiny_model(tmp_path_factory.mktemp("tiny")), _word_tokenizer()
+    return tiny_model(tmp_path_factory.mktemp("tiny")), word_tokenizer()
 
 
 def _session(model, tokenizer, streams: str, **policy) -> DocumentSession:
     session = DocumentSession(model, tokenizer, OffloadPolicy(**{**POLICY, **policy}, streams=streams),
                               answer_budget=32)
-    session.set_document(_document(4, words=150))
+    session.set_document(words_text(4, words=150))
     return session
 
 

@@ -8,7 +8,7 @@ import dataclasses
 import psutil
 import pytest
 import torch
-from test_snapshot import _document, _tiny_model, _word_tokenizer
+from tiny_sessions import tiny_model, word_tokenizer, words_text
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from engine import HeadInferCache, OffloadPolicy
@@ -140,15 +140,15 @@ def test_a_session_reads_the_machine_once_and_its_cache_allocates_its_plan(tmp_p
         return measure(*args, **kwargs)
 
     monkeypatch.setattr("engine.session.measure_budget", counted)
-    model, tokenizer = _tiny_model(tmp_path), _word_tokenizer()
+    model, tokenizer = tiny_model(tmp_path), word_tokenizer()
     session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64), answer_budget=32)
     session.limits()
     session.capacity_options()
-    first = _document(1)
+    first = words_text(1)
     expected = session.plan(first)
     session.set_document(first)
     assert session.cache.plan == expected  # the plan shown is the plan that allocates
-    session.set_document(_document(2))
+    session.set_document(words_text(2))
     session.prefill()
     assert len(readings) == 1
 
@@ -161,31 +161,31 @@ def test_tabs_serving_one_model_read_the_machine_once_and_plan_within_what_the_o
         return MachineBudget(False, None, 2 * GIB)
 
     monkeypatch.setattr("engine.session.measure_budget", measured)
-    model, tokenizer = _tiny_model(tmp_path), _word_tokenizer()
+    model, tokenizer = tiny_model(tmp_path), word_tokenizer()
     first = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64), answer_budget=32)
     second = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64), answer_budget=32)
-    alone = second.plan(_document(2)).max_context_tokens
-    first.set_document(_document(1))
+    alone = second.plan(words_text(2)).max_context_tokens
+    first.set_document(words_text(1))
     claimed = first.cache.plan.host_bytes - first.shape.weights_bytes
     assert second.machine.host_budget == 2 * GIB - claimed  # what the first tab's document holds is not offered
     assert first.machine.host_budget == 2 * GIB  # a session's own document is not held against itself
-    assert second.plan(_document(2)).max_context_tokens < alone
+    assert second.plan(words_text(2)).max_context_tokens < alone
     first.clear()
-    assert second.machine.host_budget == 2 * GIB and second.plan(_document(2)).max_context_tokens == alone
+    assert second.machine.host_budget == 2 * GIB and second.plan(words_text(2)).max_context_tokens == alone
     assert len(readings) == 1  # one reading per loaded model, whatever the number of tabs
 
 
 def test_a_tab_refused_for_memory_others_hold_is_told_so(tmp_path, monkeypatch):
-    model, tokenizer = _tiny_model(tmp_path), _word_tokenizer()
+    model, tokenizer = tiny_model(tmp_path), word_tokenizer()
     first = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64), answer_budget=32)
     second = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=64), answer_budget=32)
     weights = first.shape.weights_bytes
-    tokens = len(first.tokenize(_document(1)))
+    tokens = len(first.tokenize(words_text(1)))
     need = make_plan(first.shape, first.policy, tokens + 32, device_is_cuda=False).host_bytes  # nothing read yet
     monkeypatch.setattr("engine.session.measure_budget",
                         lambda *a, **k: MachineBudget(False, None, need + (need - weights) // 2))
-    first.set_document(_document(1))
+    first.set_document(words_text(1))
     with pytest.raises(PlanError, match="other tabs' documents hold"):
-        second.set_document(_document(3))
+        second.set_document(words_text(3))
     first.clear()
-    assert second.set_document(_document(3)) > 100  # room again once the first tab let go
+    assert second.set_document(words_text(3)) > 100  # room again once the first tab let go

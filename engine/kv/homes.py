@@ -2,7 +2,7 @@
 
 A home is one tensor ``[capacity, B, 2, g, D]``: token first, then batch row, K or V, head, channel. Tokens
 ``[start, stop)`` of a whole group, keys and values, are therefore one contiguous span, so a fetch, an
-append or a snapshot run is a single contiguous copy, and a fetched span is already flash-attn's
+append or a snapshot's write is a single contiguous copy, and a fetched span is already flash-attn's
 ``[B, S, H, D]`` order (for B = 1). Offloaded homes live in (pinned) host memory, resident homes on the
 compute device. Capacity is pre-allocated from the plan and only grows (logged) past it.
 """

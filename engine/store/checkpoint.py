@@ -41,7 +41,7 @@ from .format import (
     read_header,
     shape_fields,
 )
-from .streaming import RunStreamer, fsync_directory
+from .streaming import SpanStreamer, fsync_directory
 
 if TYPE_CHECKING:
     from .snapshots import SnapshotStore
@@ -74,7 +74,7 @@ _LABEL_CHARS = 80  # as a saved snapshot's (``snapshots.py``)
 # one while the first went on writing parts its header then listed. The second read goes on without checkpoints.
 _CLAIMED: set[Path] = set()
 _CLAIMED_LOCK = threading.Lock()
-_Job = list[tuple[int, int, int, list[torch.Tensor]]]  # per layer: (layer index, start, stop, its runs in file order)
+_Job = list[tuple[int, int, int, list[torch.Tensor]]]  # per layer: (layer index, start, stop, its spans in file order)
 
 
 class ReadCheckpoints:
@@ -138,7 +138,7 @@ class ReadCheckpoints:
             return False
         self._collect()
         self.cache.synchronize()  # the rows below num_read have landed in their homes
-        job = [(layer.layer_idx, *self._range(layer.window, num_read), self._runs(layer.homes, layer.window, num_read))
+        job = [(layer.layer_idx, *self._range(layer.window, num_read), self._spans(layer.homes, layer.window, num_read))
                for layer in self.cache.kv_layers]
         # (never below 0: the header check counts a negative time as damage; a read paused for a turn can report one)
         self._pending = self._worker.submit(self._write, job, num_read, max(0.0, self._seconds_before + seconds))
@@ -174,22 +174,22 @@ class ReadCheckpoints:
     def _range(self, window: int | None, num_read: int) -> tuple[int, int]:
         return saved_range(window, num_read) if window is not None else (self._done, num_read)
 
-    def _runs(self, homes, window: int | None, num_read: int) -> list[torch.Tensor]:
+    def _spans(self, homes, window: int | None, num_read: int) -> list[torch.Tensor]:
         """The layer's new rows per group and plane, in file order: views of host rows later chunks never touch,
         copies of ring rows (overwritten as the read goes on) and of rows on the compute device."""
         start, stop = self._range(window, num_read)
-        runs = []
+        spans = []
         for home in homes:
             for plane in range(len(home.planes)):
-                for run in home.spans(start, stop, plane):
-                    copy = window is not None or run.device.type != "cpu"
-                    runs.append(run.to("cpu", copy=True) if copy else run)  # [n, B, 2, g, D] or its scales
-        return runs
+                for span in home.spans(start, stop, plane):
+                    copy = window is not None or span.device.type != "cpu"
+                    spans.append(span.to("cpu", copy=True) if copy else span)  # [n, B, 2, g, D] or its scales
+        return spans
 
     # -- the worker thread -------------------------------------------------------------------------
     def _write(self, job: _Job, num_read: int, read_seconds: float) -> None:
         store = self.plan.store
-        new_bytes = sum(run.nbytes for _, _, _, runs in job for run in runs)
+        new_bytes = sum(span.nbytes for _, _, _, spans in job for span in spans)
         if store.max_bytes is not None:
             if new_bytes + _folder_bytes(self.folder) > store.max_bytes:
                 raise SnapshotError(f"the partial read would take more than the store's cap ({store.max_bytes:,} B)")
@@ -199,7 +199,7 @@ class ReadCheckpoints:
         folder = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{self.folder.name}-", dir=store.root)) if fresh \
             else self.folder
         try:
-            with RunStreamer() as streamer:
+            with SpanStreamer() as streamer:
                 files = list(self._header.files) if not fresh else []
                 if fresh:
                     ids = torch.frombuffer(bytearray(token_ids_bytes(self._token_ids)), dtype=torch.uint8)
@@ -208,10 +208,10 @@ class ReadCheckpoints:
                         write_atomically(folder / name, text.encode())
                 windowed = {layer.layer_idx for layer in self.cache.kv_layers if layer.window is not None}
                 files = [f for f in files if not (f.is_part and f.layer in windowed)]  # a ring keeps its newest
-                for layer_idx, start, stop, runs in job:
+                for layer_idx, start, stop, spans in job:
                     name = part_file(layer_idx, start, stop)
                     _remove(folder / name)  # a part a kill cut short, never listed
-                    files.append(FileEntry(name, *streamer.write_file(folder / name, runs), layer=layer_idx,
+                    files.append(FileEntry(name, *streamer.write_file(folder / name, spans), layer=layer_idx,
                                            start=start, stop=stop))
             header = self._new_header(files, num_read, read_seconds)
             if fresh:

@@ -41,7 +41,7 @@ from .format import (
     part_file,
     shape_fields,
 )
-from .streaming import RunStreamer, fsync_directory
+from .streaming import SpanStreamer, fsync_directory
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +54,11 @@ def saved_range(window: int | None, num_tokens: int) -> tuple[int, int]:
     return (0 if window is None else max(0, num_tokens - (window - 1)), num_tokens)
 
 
-Part = tuple[int, int, list[torch.Tensor]]  # (head group, plane, its contiguous runs in token order)
+Part = tuple[int, int, list[torch.Tensor]]  # (head group, plane, its contiguous spans in token order)
 
 
 def layer_parts(homes: LayerHomes, num_tokens: int) -> list[Part]:
-    """The layer's saved tokens in file order: per group and plane, its [n, B, 2, g, D] tokens as one run (two
+    """The layer's saved tokens in file order: per group and plane, its [n, B, 2, g, D] tokens as one span (two
     where a window ring wraps)."""
     start, stop = saved_range(homes.window, num_tokens)
     return [(g, plane, home.spans(start, stop, plane)) for g, home in enumerate(homes)
@@ -106,22 +106,22 @@ def write_snapshot(target: Path, cache: HeadInferCache, identity: SnapshotIdenti
             ids = torch.frombuffer(bytearray(token_ids_bytes(token_ids)), dtype=torch.uint8)
             files = [FileEntry(TOKENS_FILE, *streamer.write_file(scratch / TOKENS_FILE, [ids]))]
             linked = []  # (plane, file name) of the disk-tier homes linked into the snapshot
-            for layer, layer_runs in parts:
+            for layer, layer_spans in parts:
                 in_layer_file = []
-                for group_idx, plane, runs in layer_runs:
+                for group_idx, plane, spans in layer_spans:
                     home = layer.homes[group_idx]
                     if home.disk is None:  # in RAM, on the device, or a ring: its tokens go into the layer file
-                        in_layer_file += runs
+                        in_layer_file += spans
                         continue
                     name = home_file(layer.layer_idx, group_idx, plane)
                     where = {"layer": layer.layer_idx, "group": group_idx, "plane": plane}
                     tensor = home.planes[plane]
-                    if home.disk.link(tensor, scratch / name):  # the home file is the run: no byte is copied
+                    if home.disk.link(tensor, scratch / name):  # the home file is the span: no byte is copied
                         crc = home.disk.prefix_crc(tensor, num_tokens)
-                        files.append(FileEntry(name, runs[0].nbytes, crc, **where))
+                        files.append(FileEntry(name, spans[0].nbytes, crc, **where))
                         linked.append((home.disk, tensor, name))
                     else:  # another filesystem: a copy of the prefix, in the same place of the format
-                        files.append(FileEntry(name, *streamer.write_file(scratch / name, runs), **where))
+                        files.append(FileEntry(name, *streamer.write_file(scratch / name, spans), **where))
                 name = layer_file(layer.layer_idx)
                 files.append(FileEntry(name, *streamer.write_file(scratch / name, in_layer_file)))
         header = SnapshotHeader(identity, label, time.time(), files=tuple(files), policy=policy or {},
@@ -167,16 +167,16 @@ def read_snapshot(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
         per_layer = [_restore_parts(layer.homes, header, heads, dim, num_tokens)
                      for layer, (_, heads, dim) in zip(cache.kv_layers, header.layer_shapes)]
         with _streamer(cache, [(layer.homes, parts) for layer, (parts, _) in zip(cache.kv_layers, per_layer)]) as streamer:
-            streamer.prefault([run for parts, _ in per_layer for _, _, runs in parts for run in runs])
+            streamer.prefault([span for parts, _ in per_layer for _, _, spans in parts for span in spans])
             total = _read_tokens(streamer, folder, header, entries)
             for layer, (parts, regroup) in zip(cache.kv_layers, per_layer):
                 name = layer_file(layer.layer_idx)
-                own = [(home_files.get((layer.layer_idx, g, plane)), runs) for g, plane, runs in parts]
-                total += streamer.read_file(folder / name, [r for entry, runs in own if entry is None for r in runs],
+                own = [(home_files.get((layer.layer_idx, g, plane)), spans) for g, plane, spans in parts]
+                total += streamer.read_file(folder / name, [r for entry, spans in own if entry is None for r in spans],
                                             entries[name].crc32)
-                for entry, runs in own:
+                for entry, spans in own:
                     if entry is not None:
-                        total += streamer.read_file(folder / entry.name, runs, entry.crc32, whole=False)
+                        total += streamer.read_file(folder / entry.name, spans, entry.crc32, whole=False)
                 regroup()
     for layer in cache.kv_layers:
         layer.length = num_tokens
@@ -227,7 +227,7 @@ def _read_partial(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
     if any(home.group.size != header.head_group_size for layer in cache.kv_layers for home in layer.homes):
         raise SnapshotError(f"this partial read was saved with head groups of {header.head_group_size}: "
                             "continue it with the same, or read the document again")
-    plan = []  # (part, its runs in file order)
+    plan = []  # (part, its spans in file order)
     for layer in cache.kv_layers:
         layer_parts_ = sorted(parts.get(layer.layer_idx, []), key=lambda f: f.start)
         wanted = [saved_range(layer.window, num_read)] if layer.window is not None else None
@@ -245,13 +245,14 @@ def _read_partial(folder: Path, header: SnapshotHeader, cache: HeadInferCache) -
             total = _read_tokens(streamer, folder, header, entries)
             for part, _, groups in plan:
                 assert part.name == part_file(part.layer, part.start, part.stop)
-                total += streamer.read_file(folder / part.name, [r for _, _, runs in groups for r in runs], part.crc32)
+                total += streamer.read_file(folder / part.name, [r for _, _, spans in groups for r in spans],
+                                            part.crc32)
     for layer in cache.kv_layers:
         layer.length = num_read
     return total
 
 
-def _read_tokens(streamer: RunStreamer, folder: Path, header: SnapshotHeader, entries: dict[str, FileEntry]) -> int:
+def _read_tokens(streamer: SpanStreamer, folder: Path, header: SnapshotHeader, entries: dict[str, FileEntry]) -> int:
     """Reads the token ids file and checks it against the header's hash; returns the bytes read."""
     ids = torch.empty(entries[TOKENS_FILE].num_bytes, dtype=torch.uint8)
     total = streamer.read_file(folder / TOKENS_FILE, [ids], entries[TOKENS_FILE].crc32)
@@ -297,26 +298,26 @@ def _prepare(cache: HeadInferCache, header: SnapshotHeader) -> None:
                 home.disk.forget_written(plane, 0)
 
 
-def _streamer(cache: HeadInferCache, parts: list[tuple[LayerHomes, list[Part]]]) -> RunStreamer:
-    """A streamer on the cache's streams seam. With asynchronous streams on a CPU (emulated), the runs of resident
+def _streamer(cache: HeadInferCache, parts: list[tuple[LayerHomes, list[Part]]]) -> SpanStreamer:
+    """A streamer on the cache's streams seam. With asynchronous streams on a CPU (emulated), the spans of resident
     homes take the staged path a GPU's would, so the checker sees its copies and waits."""
     streams = cache.transfer.streams if cache.transfer is not None else None
     device = frozenset()
     if streams is not None and streams.is_async:
-        def resident(homes: LayerHomes, g: int, plane: int, run: torch.Tensor) -> bool:
-            # (a run read into a scratch tensor for regrouping is host memory whatever its group)
+        def resident(homes: LayerHomes, g: int, plane: int, span: torch.Tensor) -> bool:
+            # (a span read into a scratch tensor for regrouping is host memory whatever its group)
             home = homes[g] if g < len(homes) else None
             return (home is not None and not home.is_host and plane < len(home.planes)
-                    and run.untyped_storage().data_ptr() == home.planes[plane].untyped_storage().data_ptr())
+                    and span.untyped_storage().data_ptr() == home.planes[plane].untyped_storage().data_ptr())
 
-        device = frozenset(id(run) for homes, layer_parts_ in parts for g, plane, runs in layer_parts_
-                           for run in runs if resident(homes, g, plane, run))
-    return RunStreamer(streams, device)
+        device = frozenset(id(span) for homes, layer_parts_ in parts for g, plane, spans in layer_parts_
+                           for span in spans if resident(homes, g, plane, span))
+    return SpanStreamer(streams, device)
 
 
 def _restore_parts(homes: LayerHomes, header: SnapshotHeader, num_heads: int, head_dim: int,
                    num_tokens: int) -> tuple[list[Part], Callable]:
-    """(the parts to read the snapshot's runs into, in file order, a function to call after reading), for a layer
+    """(the parts to read the snapshot's spans into, in file order, a function to call after reading), for a layer
     of ``num_heads`` KV heads of ``head_dim``.
 
     Read in place when the snapshot's head groups are the cache's; otherwise into one host tensor that is then
@@ -336,7 +337,7 @@ def _restore_parts(homes: LayerHomes, header: SnapshotHeader, num_heads: int, he
         for home in homes:
             home.write(start, by_head[:, :, :, home.group.start : home.group.stop])
 
-    return [(g, 0, [run]) for g, run in enumerate(scratch.unbind(0))], regroup
+    return [(g, 0, [span]) for g, span in enumerate(scratch.unbind(0))], regroup
 
 
 def snapshot_refusal(shape) -> str | None:

@@ -1,4 +1,4 @@
-"""The on-disk format of a KV-cache snapshot: a folder with raw run files and a JSON header.
+"""The on-disk format of a KV-cache snapshot: a folder with raw span files and a JSON header.
 
     <key>/header.json      this header (written last; its own CRC-32 inside)
     <key>/tokens.bin       the document's token ids, little-endian uint32
@@ -6,7 +6,7 @@
                            codes, then its scales), in ``dtype``, native byte order
     <key>/layer-NNN-group-GG-plane-P.bin
                            (version 3) one group's plane that the layer file leaves out: a disk-tier home,
-                           linked, not copied (``kv/disk.py``). Its first ``num_bytes`` are the run; a file
+                           linked, not copied (``kv/disk.py``). Its first ``num_bytes`` are the span; a file
                            still in use by the session that saved it may be longer (rows past the document)
     <key>/last_used        empty; its mtime is the last save or restore (least-recently-used eviction)
 
@@ -23,7 +23,7 @@ a consumer layer of KV sharing holds nothing and has no file) with its KV heads 
 out as above at its own ``g`` and ``D``. Uniform models are still written as version 3 / 4, which engines before
 version 5 read.
 
-Runs are per KV head, so a snapshot restores under any head-group size or resident placement. No
+Spans are per KV head, so a snapshot restores under any head-group size or resident placement. No
 pickle anywhere: a damaged or hostile file can fail a check, never run code.
 """
 
@@ -48,7 +48,7 @@ from .fingerprint import (
 )
 
 FORMAT = "headinfer-kv-snapshot"
-FORMAT_VERSION = 5  # 2: token-major homes, one run per (layer, head group); 3: plus home files; 4: partial reads;
+FORMAT_VERSION = 5  # 2: token-major homes, one span per (layer, head group); 3: plus home files; 4: partial reads;
 # 5: per-layer K/V shapes
 COMPLETE_VERSION = 3  # what a uniform model's complete snapshot is still written as, so an engine of version 3 reads it
 PARTIAL_VERSION = 4
@@ -104,7 +104,7 @@ class FileEntry:
     name: str
     num_bytes: int  # the bytes the snapshot holds (and the CRC covers): the whole file, or a home file's prefix
     crc32: int
-    layer: int | None = None  # set for a home file: the (layer, head group, plane) whose run it holds
+    layer: int | None = None  # set for a home file: the (layer, head group, plane) whose span it holds
     group: int | None = None
     plane: int | None = None
     start: int | None = None  # set for a part file of a partial snapshot: its layer's tokens [start, stop)
@@ -134,7 +134,7 @@ class SnapshotHeader:
     policy: dict = field(default_factory=dict)  # informational: the policy of the session that saved it
     byteorder: str = sys.byteorder
     version: int = COMPLETE_VERSION
-    head_group_size: int = 1  # the layer files hold one [tokens, B, 2, g, D] run per group of this many heads
+    head_group_size: int = 1  # the layer files hold one [tokens, B, 2, g, D] span per group of this many heads
     kv_dtype: str | None = None  # 8-bit host KV ("int8" / "fp8"): each group's codes then its scales
     num_read: int | None = None  # a partial snapshot: the document's first tokens it holds (None: all of them)
     read_seconds: float = 0.0  # a partial snapshot: the reading time those tokens took (for an estimate of the rest)

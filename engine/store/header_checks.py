@@ -111,7 +111,7 @@ def _file(entry, last_layer: int, num_tokens: int) -> None:
         if entry.get(key) is not None:
             _integer(entry[key], key, 0, top)
     where = frozenset(key for key in limits if entry.get(key) is not None)
-    if where not in _PLACES:  # a run file, a home file (layer, group, plane) or a part file (layer, start, stop)
+    if where not in _PLACES:  # a layer or tokens file, a home file (layer, group, plane) or a part file (layer, start, stop)
         raise CorruptSnapshotError(f"unreadable snapshot header ({shown(entry['name'])} is placed by "
                                    f"{', '.join(sorted(where))})")
 

@@ -1,9 +1,9 @@
-"""Streaming contiguous KV runs to and from files, checksummed as they pass.
+"""Streaming contiguous KV spans to and from files, checksummed as they pass.
 
-A *run* is one contiguous tensor (one KV head's tokens for one batch row). Host runs are written from
-and read into their own memory through a uint8 view, so a restore lands in the home tensors with no
-extra copy; runs on a CUDA device pass through two reusable pinned staging buffers. Two helper threads
-keep the reader at disk speed: one computes each file's CRC-32 while the caller reads or writes the
+A *span* is one contiguous tensor (a home plane's tokens, ``GroupHome.spans``, or the token ids). Host spans are
+written from and read into their own memory through a uint8 view, so a restore lands in the home tensors with no
+extra copy; spans on a CUDA device pass through two reusable pinned staging buffers. Two helper threads keep the
+reader at disk speed: one computes each file's CRC-32 while the caller reads or writes the
 next piece, one maps in fresh host pages ahead of the reader (all three release the GIL).
 """
 
@@ -65,7 +65,7 @@ class _Checksum:
 
 
 class _Staging:
-    """Two pinned host buffers that device runs pass through; a buffer is reused once its last use ended (its
+    """Two pinned host buffers that device spans pass through; a buffer is reused once its last use ended (its
     checksum step and its copy on the compute stream, a blocking event of the cache's streams seam)."""
 
     def __init__(self, streams):
@@ -89,25 +89,25 @@ class _Staging:
 
 
 class _Prefaulter:
-    """Maps in the pages of host runs ahead of the reader, on their own threads.
+    """Maps in the pages of host spans ahead of the reader, on their own threads.
 
     Fresh host memory costs a page fault per 4 KiB at first touch, inside the read, serialised with the
     disk; on a VM that returns freed memory to its host each fault is a trip to the host, and a cold
     restore ran well below the disk's speed. ``MADV_POPULATE_WRITE`` (Linux 5.14+) maps pages without
-    touching their contents, so it may race the reader harmlessly; two threads interleave runs in the
+    touching their contents, so it may race the reader harmlessly; two threads interleave spans in the
     reader's order (docs/benchmarks/snapshot-cpu.md, Notes from the code).
     """
 
-    def __init__(self, runs: Sequence[torch.Tensor], num_threads: int = 2):
+    def __init__(self, spans: Sequence[torch.Tensor], num_threads: int = 2):
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(list(runs[i::num_threads]),),
+        self._threads = [threading.Thread(target=self._run, args=(list(spans[i::num_threads]),),
                                           name=f"kv-prefault-{i}", daemon=True) for i in range(num_threads)]
         for thread in self._threads:
             thread.start()
 
-    def _run(self, runs: list[torch.Tensor]) -> None:
-        for run in runs:
-            if self._stop.is_set() or not _populate(run):
+    def _run(self, spans: list[torch.Tensor]) -> None:
+        for span in spans:
+            if self._stop.is_set() or not _populate(span):
                 return
 
     def stop(self) -> None:
@@ -116,34 +116,34 @@ class _Prefaulter:
             thread.join()
 
 
-def _populate(run: torch.Tensor) -> bool:
-    """Populates the whole pages inside ``run``'s bytes; False where the kernel cannot."""
-    start = -(-run.data_ptr() // mmap.PAGESIZE) * mmap.PAGESIZE
-    stop = (run.data_ptr() + run.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+def _populate(span: torch.Tensor) -> bool:
+    """Populates the whole pages inside ``span``'s bytes; False where the kernel cannot."""
+    start = -(-span.data_ptr() // mmap.PAGESIZE) * mmap.PAGESIZE
+    stop = (span.data_ptr() + span.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
     if stop <= start:
         return True
     return _LIBC.madvise(start, stop - start, _MADV_POPULATE_WRITE) == 0
 
 
-class RunStreamer:
-    """Writes and reads files made of runs; owns the checksum worker and the staging buffers.
+class SpanStreamer:
+    """Writes and reads files made of spans; owns the checksum worker and the staging buffers.
 
-    ``streams``: the cache's streams seam (``kv/streams.py``), through which every copy between a device run and
-    the staging buffers goes and every wait on one is ordered (default: synchronous). ``device_runs``: the ids of
-    the runs that live on the compute device although they are CPU tensors (resident homes under emulated
+    ``streams``: the cache's streams seam (``kv/streams.py``), through which every copy between a device span and
+    the staging buffers goes and every wait on one is ordered (default: synchronous). ``device_spans``: the ids of
+    the spans that live on the compute device although they are CPU tensors (resident homes under emulated
     streams), so that they take the same staged path as on a GPU and the checker sees its waits.
     """
 
-    def __init__(self, streams=None, device_runs: frozenset[int] = frozenset()):
+    def __init__(self, streams=None, device_spans: frozenset[int] = frozenset()):
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-checksum")
         self._streams = streams or SyncStreams()
-        self._device_runs = device_runs
+        self._device_spans = device_spans
         self._staging: _Staging | None = None
         self._prefaulter: _Prefaulter | None = None
 
-    def prefault(self, runs: Sequence[torch.Tensor]) -> None:
-        """Starts mapping in the pages of the host runs that ``read_file`` calls will fill, in that order."""
-        host = [run for run in runs if run.device.type == "cpu" and not run.is_pinned()]
+    def prefault(self, spans: Sequence[torch.Tensor]) -> None:
+        """Starts mapping in the pages of the host spans that ``read_file`` calls will fill, in that order."""
+        host = [span for span in spans if span.device.type == "cpu" and not span.is_pinned()]
         if _LIBC is not None and host:
             self._prefaulter = _Prefaulter(host)
 
@@ -154,14 +154,14 @@ class RunStreamer:
             self._staging.drain()
         self._worker.shutdown(wait=True)
 
-    def __enter__(self) -> RunStreamer:
+    def __enter__(self) -> SpanStreamer:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def write_file(self, path: Path, runs: Sequence[torch.Tensor]) -> tuple[int, int]:
-        """Writes the runs back to back into a new file at ``path`` and fsyncs it. Returns (bytes, crc32)."""
+    def write_file(self, path: Path, spans: Sequence[torch.Tensor]) -> tuple[int, int]:
+        """Writes the spans back to back into a new file at ``path`` and fsyncs it. Returns (bytes, crc32)."""
         checksum = _Checksum(self._worker)
         with open(path, "xb", buffering=0) as file:
             def consume(piece: memoryview) -> Future:
@@ -169,17 +169,17 @@ class RunStreamer:
                 _write_all(file, piece)
                 return done
 
-            for run in runs:
-                self._each_piece(run, consume, into_run=False)
+            for span in spans:
+                self._each_piece(span, consume, into_span=False)
             os.fsync(file.fileno())
             _drop_cached(file)
-        return sum(run.nbytes for run in runs), checksum.value()
+        return sum(span.nbytes for span in spans), checksum.value()
 
-    def read_file(self, path: Path, runs: Sequence[torch.Tensor], expected_crc32: int, *, whole: bool = True) -> int:
-        """Fills the runs from ``path`` in order and checks their CRC-32. Returns the bytes read.
+    def read_file(self, path: Path, spans: Sequence[torch.Tensor], expected_crc32: int, *, whole: bool = True) -> int:
+        """Fills the spans from ``path`` in order and checks their CRC-32. Returns the bytes read.
 
-        whole: the runs must be the whole file (otherwise its first bytes: a home file may be longer).
-        Raises ``TruncatedFile`` or ``ChecksumMismatch``; the runs then hold partial data.
+        whole: the spans must be the whole file (otherwise its first bytes: a home file may be longer).
+        Raises ``TruncatedFile`` or ``ChecksumMismatch``; the spans then hold partial data.
         """
         checksum = _Checksum(self._worker)
         with open(path, "rb", buffering=0) as file:
@@ -190,8 +190,8 @@ class RunStreamer:
                 _readinto_all(file, piece)
                 return checksum.update(piece)  # hashed on the worker while this thread reads the next piece
 
-            for run in runs:
-                self._each_piece(run, consume, into_run=True)
+            for span in spans:
+                self._each_piece(span, consume, into_span=True)
             if whole and file.read(1):
                 raise TruncatedFile(f"{path.name} is longer than its header says")
             _drop_cached(file)
@@ -199,18 +199,18 @@ class RunStreamer:
             self._staging.drain()  # device copies have landed before the caller uses the homes
         if checksum.value() != expected_crc32:
             raise ChecksumMismatch(f"{path.name} does not match its checksum")
-        return sum(run.nbytes for run in runs)
+        return sum(span.nbytes for span in spans)
 
-    def _each_piece(self, run: torch.Tensor, consume: Callable[[memoryview], Future], *, into_run: bool) -> None:
-        """Calls ``consume(host bytes) -> checksum future`` for each piece of ``run``, in order.
+    def _each_piece(self, span: torch.Tensor, consume: Callable[[memoryview], Future], *, into_span: bool) -> None:
+        """Calls ``consume(host bytes) -> checksum future`` for each piece of ``span``, in order.
 
-        into_run: ``consume`` fills the piece (a read) and a device run receives it afterwards; otherwise
-        the piece holds the run's bytes (a write). Host runs are consumed in place, with no copy.
+        into_span: ``consume`` fills the piece (a read) and a device span receives it afterwards; otherwise
+        the piece holds the span's bytes (a write). Host spans are consumed in place, with no copy.
         """
-        # run: [tokens, D] for one (head, batch row), contiguous
-        assert run.is_contiguous(), "a run must be one contiguous tensor"
-        flat = run.reshape(-1).view(torch.uint8)
-        if flat.device.type == "cpu" and id(run) not in self._device_runs:
+        # span: [n, B, 2, g, D] (or its scales, or the token ids' bytes), contiguous
+        assert span.is_contiguous(), "a span must be one contiguous tensor"
+        flat = span.reshape(-1).view(torch.uint8)
+        if flat.device.type == "cpu" and id(span) not in self._device_spans:
             host = memoryview(flat.numpy())
             for start in range(0, len(host), PIECE_BYTES):
                 consume(host[start : start + PIECE_BYTES])
@@ -221,7 +221,7 @@ class RunStreamer:
             device_piece = flat[start : start + PIECE_BYTES]
             index, buffer = staging.acquire()
             host_piece = buffer[: device_piece.numel()]
-            if not into_run:
+            if not into_span:
                 streams.copy(host_piece, device_piece, "a snapshot save's device -> staging copy")
                 landed = streams.event(blocking=True)
                 landed.record(streams.current())
@@ -230,7 +230,7 @@ class RunStreamer:
             else:
                 streams.host_write(host_piece, "a snapshot restore reading a piece into staging")
             pending = [consume(memoryview(host_piece.numpy()))]
-            if into_run:
+            if into_span:
                 streams.copy(device_piece, host_piece, "a snapshot restore's staging -> device copy")
                 copied = streams.event(blocking=True)
                 copied.record(streams.current())

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from archs import tiny_configs
 from transformers import AutoModelForCausalLM
+from within_plan import assert_within_plan, model_of
 
 import engine
-from archs import tiny_configs
+from engine.kv import ledger as kv_ledger
 from engine.planning.allocations import CATEGORIES as PLANNED_CATEGORIES
 from engine.planning.allocations import SOURCES
-from engine.kv import ledger as kv_ledger
 from engine.planning.planner import make_plan
 
 CHUNK = 16
@@ -24,11 +25,6 @@ MODES = {
     "int8": {"kv_dtype": "int8"},
     "disk": {"resident_slots": 0},  # + a disk folder and a host budget that sends half the homes there
 }
-
-
-def model_of(name: str):
-    torch.manual_seed(1234)
-    return AutoModelForCausalLM.from_config(tiny_configs()[name], attn_implementation="headinfer").eval()
 
 
 @pytest.fixture(scope="module", params=sorted(tiny_configs()))
@@ -57,17 +53,6 @@ def feed(model, cache, ids: list[int]) -> torch.Tensor:
     for start in range(0, len(ids), CHUNK):
         out = model(torch.tensor([ids[start : start + CHUNK]]), past_key_values=cache, use_cache=True)
     return out.logits[0, -1]
-
-
-def assert_within_plan(cache, *, with_sources: bool = False) -> None:
-    planned, ledger = cache.plan.allocations, cache.ledger
-    for category in kv_ledger.CATEGORIES:
-        assert ledger.peak(category) <= planned[category], (category, ledger.peak(category), planned[category])
-    counted = [c for c in kv_ledger.CATEGORIES if with_sources or c != SOURCES]
-    allocated = sum(ledger.peak(c) for c in counted)
-    promised = sum(planned[c] for c in counted)
-    assert ledger.peak() <= promised  # what was held at once
-    assert allocated >= 0.95 * promised, {c: (ledger.peak(c), planned[c]) for c in counted}
 
 
 def test_ledger_and_plan_name_the_same_categories():
@@ -193,8 +178,8 @@ def test_plan_categories_for_every_mode_are_what_the_cache_allocates_first(tmp_p
 def test_device_homes_of_a_fixed_plan_refuse_to_grow_before_anything_changes(monkeypatch):
     """``LayerHomes.reserve(fixed_device=True)``: a home on a GPU never grows (checked on the CPU with a home that
     reports a CUDA device)."""
-    from engine.kv.homes import GroupHome, HeadGroup, LayerHomes
     from engine.errors import HomesFull
+    from engine.kv.homes import GroupHome, HeadGroup, LayerHomes
     from engine.kv.pinned import HostMemory
 
     homes = LayerHomes([HeadGroup(0, 1, True), HeadGroup(1, 2, False)], 1, 4, 8, torch.float32,

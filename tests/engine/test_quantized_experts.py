@@ -10,14 +10,14 @@ import copy
 import bitsandbytes.functional as F
 import pytest
 import torch
+from archs import tiny_configs
+from quantized_models import config_of, quantized_pair
 from transformers import BitsAndBytesConfig
 
-from archs import tiny_configs
 from engine.models import quantized_experts
 from engine.models.loader import describe
 from engine.models.quantized import SCHEMES, quantization_config
 from engine.models.quantized_experts import METHOD, expand, experts_weight_names, quantize_weight
-from test_quantized_parity import config_of, quantized_pair
 
 
 def test_an_experts_expansion_is_its_slice_of_the_whole_tensors_dequantization():

@@ -11,10 +11,10 @@ import logging
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from parity import RTOL, prompt, rel_diff, stepwise_logits
+from quantized_models import quantized_pair
 
 import engine
-from archs import reference_attention, tiny_configs
 from engine.models.loader import describe, load_model
 from engine.models.quantized import (
     SCHEMES,
@@ -22,28 +22,14 @@ from engine.models.quantized import (
     held_weight_bytes,
     installed,
     kept_dense_params,
-    quantization_config,
 )
 from engine.planning.budgets import held_bytes, num_weights
-from test_parity import RTOL, prompt, rel_diff, stepwise_logits
 
 #: schemes with a CPU path whose library is installed here; ``torchao-int4`` needs CUDA (tinygemm)
 CPU_SCHEMES = [name for name, scheme in SCHEMES.items() if "cpu" in scheme.devices and installed(scheme.library)]
 FAMILIES = ("llama-gqa", "qwen3", "qwen3.5-hybrid", "gemma3-window")
 #: fused experts: Qwen3-MoE, Qwen3.5-MoE (hybrid, shared expert; its text model), Gemma 4's MoE block beside the MLP
 MOE_FAMILIES = ("qwen3-moe", "qwen3.5-moe", "gemma4-global-kv")
-
-
-def config_of(name: str):
-    """The family's tiny config, its feed-forward 128 wide: bitsandbytes' CPU nf4 kernel needs a linear layer's
-    input a multiple of its 64-weight blocks (the tiny configs' 96 is not; real models' widths are). The linear
-    attention's 4-row gate projections stay narrower than its 32-row packs: left dense by the loader. An MoE's
-    experts 64 wide: nf4 blocks fill their rows (``quantized_experts.quantizable``)."""
-    config = tiny_configs()["qwen3.5-moe-published"].text_config if name == "qwen3.5-moe" else tiny_configs()[name]
-    config.intermediate_size = 128
-    if getattr(config, "moe_intermediate_size", None):
-        config.moe_intermediate_size = 64
-    return config
 
 
 def _inner(tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -55,19 +41,6 @@ def _inner(tensor: torch.Tensor) -> list[torch.Tensor]:
     state = getattr(tensor, "quant_state", None)
     extra = [getattr(tensor, "SCB", None)] + ([state.absmax] if state is not None else [])
     return [tensor.data] + [t for t in extra if isinstance(t, torch.Tensor)]
-
-
-def quantized_pair(name: str, scheme: str, folder):
-    """(stock model quantized by the library with its reference attention, the same via ``load_model``)."""
-    torch.manual_seed(1234)
-    AutoModelForCausalLM.from_config(config_of(name)).save_pretrained(folder)
-    model, _ = load_model(str(folder), device="cpu", dtype="float32", weights=scheme, with_tokenizer=False)
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config_of(name))
-    stock = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch.float32, attn_implementation=reference_attention(name), device_map={"": "cpu"},
-        quantization_config=quantization_config(SCHEMES[scheme], torch.float32, "cpu", lambda: skeleton)).eval()
-    return stock, model
 
 
 @pytest.fixture(scope="module", params=[(n, s) for s in CPU_SCHEMES for n in FAMILIES + MOE_FAMILIES], ids="-".join)

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from archs import build_pair, tiny_configs
 from transformers import DynamicCache, LlamaConfig, MistralConfig
 
 import engine
-from archs import build_pair, tiny_configs
 from engine.kv import buffers, kernels
 from engine.kv.ledger import SCRATCH, Ledger
 from engine.planning.allocations import planned_allocations, scratch_elements
 from engine.planning.planner import make_plan
-from engine.planning.shape import ModelShape
 from engine.planning.policy import OffloadPolicy
+from engine.planning.shape import ModelShape
 
 CHUNK = 24  # more than native.CPU_QUERY_LIMIT: a prefill chunk (SDPA's fused routes where they are emulated on the CPU)
 PROMPT = 90  # past the tiny windows (8): the windowed route runs too
@@ -91,7 +91,7 @@ def test_chunked_prefill_attends_from_one_scratch_allocated_once_and_matches_sto
 def test_every_family_holds_its_scratch_to_the_plan(fused_on_cpu, name):
     """Every family, homes offloaded and resident, a prefill past the windows then decode steps: the ledger's
     scratch is exactly the planned bytes (allocated once, never grown), and every category stays within the plan."""
-    from test_ledger import assert_within_plan, model_of
+    from within_plan import assert_within_plan, model_of
 
     model = model_of(name)
     for resident_slots in (0, None):
@@ -176,7 +176,6 @@ def test_a_call_past_the_planned_size_grows_the_scratch_once_and_says_so(caplog)
         scratch.kv(key, value)
     assert made == [80, 240] and torch.equal(k, key) and torch.equal(v, value)
     assert [r for r in caplog.records if "growing the attention scratch" in r.getMessage()]
-
 
 
 def use_cuda_output_layouts(monkeypatch) -> None:

@@ -26,6 +26,7 @@ from .errors import ForwardInterrupted
 
 logger = logging.getLogger(__name__)
 _STOPPING = threading.Event()  # set by Ctrl+C: every forward stops at its next layer, every read checkpoints
+_SERVING = threading.Event()  # within ``stop_on_ctrl_c``: every forward is stoppable (a library's only if asked)
 _work = [0]  # forwards under way and reads checkpointing (``begin_work``): what a Ctrl+C waits for
 _idle = threading.Condition()
 
@@ -35,6 +36,9 @@ def interruptible(model: nn.Module, should_stop: Callable[[], bool] | None) -> I
     """Within the block, forwards of ``model`` in this thread raise ``ForwardInterrupted`` at the next
     checkpoint once ``should_stop()`` is true, or once Ctrl+C stopped the process (``stopping``). Other threads
     using the same (shared) model are not affected."""
+    if should_stop is None and not _SERVING.is_set():  # (a library caller's forward, no hooks: as fast as stock)
+        yield
+        return
     owner, stop = threading.get_ident(), or_stopping(should_stop)
 
     def check(module: nn.Module, args) -> None:
@@ -95,10 +99,12 @@ def stop_on_ctrl_c(wait_seconds: float = 120.0) -> Iterator[None]:
         previous(signum, frame)  # Python's own handler raises KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_ctrl_c)
+    _SERVING.set()
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        _SERVING.clear()
         _STOPPING.set()  # serving is over: nothing more computes
         started = time.monotonic()
         try:

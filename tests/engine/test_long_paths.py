@@ -41,9 +41,11 @@ def test_the_long_form_of_a_windows_path():
     assert long_form("\\\\?\\C:\\already") == "\\\\?\\C:\\already"
 
 
-def test_a_cache_too_deep_for_its_names_is_refused_when_windows_shaped_naming_the_setting(tmp_path, monkeypatch):
+def test_a_cache_too_deep_for_its_names_is_refused_when_windows_shaped_naming_the_setting(tmp_path_factory,
+                                                                                          monkeypatch):
     monkeypatch.setenv(paths_windows.ENV, "1")
-    fits, deep = _root(tmp_path, MAX_PATH - 1 - UNDER_CACHE), _root(tmp_path, MAX_PATH - UNDER_CACHE)
+    base = tmp_path_factory.mktemp("c")  # (a test's own tmp_path may be deeper than the roots wanted here)
+    fits, deep = _root(base, MAX_PATH - 1 - UNDER_CACHE), _root(base, MAX_PATH - UNDER_CACHE)
     monkeypatch.setenv("HEADINFER_CACHE", str(fits))
     assert cache_dir() == fits
     monkeypatch.setenv("HEADINFER_CACHE", str(deep))

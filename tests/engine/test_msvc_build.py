@@ -49,9 +49,10 @@ sys.exit(subprocess.run(gcc).returncode)
 
 
 @pytest.fixture
-def fake_cl(tmp_path, monkeypatch):
-    """A Windows-shaped process with the stand-in ``cl`` first on PATH and a kernel folder of its own; yields the
-    file its command lines are recorded in (one JSON list a line)."""
+def fake_cl(tmp_path, tmp_path_factory, monkeypatch):
+    """A Windows-shaped process with the stand-in ``cl`` first on PATH and a kernel folder of its own (short enough
+    for Windows' path limit: ``paths_windows.windows_path``); yields the file its command lines are recorded in (one
+    JSON list a line)."""
     folder = tmp_path / "bin"
     folder.mkdir()
     cl = folder / "cl"
@@ -60,7 +61,7 @@ def fake_cl(tmp_path, monkeypatch):
     log = tmp_path / "cl.log"
     monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_CL_LOG", str(log))
-    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HEADINFER_CACHE", str(tmp_path_factory.mktemp("cache")))
     monkeypatch.setenv(paths_windows.ENV, "1")
     for cached in (int8_matmul._built_kernel, int8_matmul.kernel):
         cached.cache_clear()

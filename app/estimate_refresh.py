@@ -26,11 +26,11 @@ def refreshed_plan(state: BrowserState, panel: str | None):
     session, tokens = state.session, state.tokens
     if not panel or ESTIMATING not in panel or session is None or tokens is None or state.is_busy:
         return gr.skip()
-    if not getattr(session.reading, "reading_cost_known", False):  # still measuring (a plain check: no probe, no plan)
+    if not getattr(session.read_time, "reading_cost_known", False):  # still measuring (a plain check: no probe, no plan)
         return gr.skip()
     limit = _LIMIT.search(panel)  # a set over the limit is estimated for what fits (the upload's plan)
     num_tokens = min(len(tokens), int(limit.group(1))) if limit else len(tokens)
-    estimate = session.reading.estimate_prefill_range(max(num_tokens, 1))
+    estimate = session.read_time.estimate_prefill_range(max(num_tokens, 1))
     if getattr(estimate, "provisional", False):
         return gr.skip()
     value = escape.text(render.reading_time(estimate))

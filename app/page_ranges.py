@@ -66,7 +66,7 @@ class PageRanges:
         except PlanError as exc:
             return RangeView(state, render.range_info(label, len(tokens), limit), NO_CHANGE, NO_CHANGE, NO_CHANGE,
                              status("error", str(exc)))
-        seconds = session.reading.estimate_prefill_range(len(tokens))
+        seconds = session.read_time.estimate_prefill_range(len(tokens))
         panel = render.plan_panel(plan, len(tokens), seconds, session.policy.kv_dtype,
                                  conversation_tokens=session.answer_budget)
         return RangeView(state, render.range_info(label, len(tokens), limit), panel, gr.update(value=False),

@@ -79,7 +79,7 @@ class Questions:
             return
         history += [{"role": "user", "content": _preview(question)}, {"role": "assistant", "content": "…"}]
         # Expected: a usual answer here, plus reading the ids the question is asked with (long questions take long).
-        question_seconds = session.reading.estimate_prefill_seconds(session.document_tokens + len(fit.ids),
+        question_seconds = session.read_time.estimate_prefill_seconds(session.document_tokens + len(fit.ids),
                                                                     session.document_tokens)
         queue = self.app.queue
         ticket = queue.join("answering a question", self.app.answers.expected_seconds(max_new_tokens) + question_seconds)

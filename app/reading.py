@@ -80,7 +80,7 @@ class Reading:
                              status("info", "No files chosen." + _kept(state)))
         session = self.app.session(state, request)
         # The first start's reading-cost measurement pauses meanwhile: the plan does not share the cores with it.
-        with session.reading.making_a_plan():
+        with session.read_time.making_a_plan():
             limits = session.limits()  # sized before reading: a file far beyond it is refused unread
             documents, problems = read_sized(files, max(limits.context_limit - session.answer_budget, 1),
                                              limits.limit_reason)
@@ -97,7 +97,7 @@ class Reading:
             except PlanError as exc:
                 return FilesView(state, render.files_table(documents, counts, len(tokens)), render.refused_plan([str(exc)]),
                                  gr.update(visible=False), gr.update(interactive=False), _warn(str(exc)))
-            seconds = session.reading.estimate_prefill_range(min(len(tokens), plan.context_limit))
+            seconds = session.read_time.estimate_prefill_range(min(len(tokens), plan.context_limit))
             if plan.is_within_limit:
                 message = status("ok", f"Ready to read {len(tokens):,} tokens (with the prompt) from {len(documents)} "
                                        f"file{'s' if len(documents) != 1 else ''}. Press “Read documents”.")
@@ -142,7 +142,7 @@ class Reading:
             start = min(session.prefilled_tokens, num_tokens) if resumed else 0
             queue = self.app.queue
             ticket = queue.join(f"reading {num_tokens:,} tokens",
-                                session.reading.estimate_prefill_seconds(max(num_tokens, 1), start))
+                                session.read_time.estimate_prefill_seconds(max(num_tokens, 1), start))
             try:
                 waiting = lambda line: ReadView(state, NO_CHANGE, line, NO_CHANGE, *_RUNNING)
                 if not (yield from self.app.in_line(ticket, lambda: state.cancel_requested or state.is_closed,
@@ -353,7 +353,7 @@ def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> 
 def _truncated_plan(session: DocumentSession, num_chosen: int) -> str:
     """The plan panel of the beginning that was read, out of ``num_chosen`` tokens."""
     plan = session.document_plan()
-    seconds = session.reading.estimate_prefill_range(session.document_tokens)
+    seconds = session.read_time.estimate_prefill_range(session.document_tokens)
     return render.plan_panel(plan, session.document_tokens, seconds, session.policy.kv_dtype,
                              _options(session, plan), truncated_from=num_chosen, stopped_in=last_page(session.document),
                              conversation_tokens=session.answer_budget)

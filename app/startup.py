@@ -273,7 +273,7 @@ def load_served_model(parser: argparse.ArgumentParser, args: argparse.Namespace,
     logger.info("model ready: %s on %s (%s)", info.get("name_or_path"), info.get("device"), info.get("dtype"))
     # In the background, never before ready nor before a plan: this machine's reading cost, measured once and kept,
     # then the sources' retrieval heads, after it so the two do not share the cores (docs/benchmarks/estimate-error.md).
-    first.reading.measure_read_rate_in_background(then=lambda m=model, t=tokenizer: warm_up(m, t))
+    first.read_time.measure_read_rate_in_background(then=lambda m=model, t=tokenizer: warm_up(m, t))
     holder = ModelHolder(model, tokenizer, policy, args.model or "HuggingFaceTB/SmolLM2-135M-Instruct",
                          loader=lambda source: load_model(source, device=start.device, dtype=args.dtype,
                                                            weights=args.weights))

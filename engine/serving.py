@@ -113,7 +113,7 @@ def retire(session: DocumentSession, note: str) -> None:
     session.retired = note
     session.model = session.tokenizer = None
     session.prompts = None
-    session.reading = None  # its read estimates (engine.read_time) hold the model too
+    session.read_time = None  # its read estimates (engine.read_time) hold the model too
 
 
 def _rss() -> int:

@@ -73,8 +73,8 @@ class DocumentSession:
             ModelShape.from_config(text_config, dtype_bytes=torch.tensor([], dtype=dtype).element_size(),
                                    num_params=num_weights(model)),
             weight_bytes=held_bytes(model))
-        # How long reads take here (``engine.read_time``): the app's plan panel and queue ask ``session.reading``.
-        self.reading = ReadEstimator(model, self.shape, self.policy, read_costs, weights=weights_mode(model))
+        # How long reads take here (``engine.read_time``): the app's plan panel and queue ask ``session.read_time``.
+        self.read_time = ReadEstimator(model, self.shape, self.policy, read_costs, weights=weights_mode(model))
         if self.answer_budget is None:
             self.answer_budget = conversation_allowance(self.shape.max_positions or None)
         elif self.shape.max_positions:
@@ -274,7 +274,7 @@ class DocumentSession:
             raise StateError("no document: call set_document first")
         clock = PrefillClock(self.shape, self.prefilled_tokens, self.document_tokens, on_progress)
         progress = PrefillProgress(self.prefilled_tokens, self.document_tokens, 0.0, 0.0)
-        timing = ReadTiming(self.reading.load_probe)
+        timing = ReadTiming(self.read_time.load_probe)
         paused = [0.0]
 
         def pause() -> None:
@@ -294,7 +294,7 @@ class DocumentSession:
         try:
             # Checked between layers too, so a cancel lands within about a layer's time; the chunk that was
             # under way is cropped off by ``_forward``, leaving the cache at a chunk boundary.
-            with self.reading.load_probe.computing(), interruptible(self.model, should_stop), \
+            with self.read_time.load_probe.computing(), interruptible(self.model, should_stop), \
                     layer_callbacks(self.model, inside):
                 while self.prefilled_tokens < self.document_tokens:
                     if should_stop is not None and should_stop():
@@ -319,7 +319,7 @@ class DocumentSession:
         finally:
             if writer is not None:  # the homes stay as they are until the checkpoint being written has landed
                 writer.close(self.prefilled_tokens, progress.elapsed)  # (after a Ctrl+C, one of what was read first)
-            timing.record(self.reading.read_costs, self.reading.costs_key)
+            timing.record(self.read_time.read_costs, self.read_time.costs_key)
         self.cache.anchor(self.document_tokens)  # sliding-window rings can always come back to the document's end
         return progress
 
@@ -446,7 +446,7 @@ class DocumentSession:
             grounding.start(len(wanted) - 1)  # from the query that writes the first answer token
         host_before = self.cache.host_attention_seconds
         try:
-            self.reading.load_probe.begin_computing()  # a load probe meanwhile would time our own work: it reuses the last one
+            self.read_time.load_probe.begin_computing()  # a load probe meanwhile would time our own work: it reuses the last one
             try:
                 logits = self._extend_to(wanted, should_stop, on_question_progress)
             except ForwardInterrupted:
@@ -459,7 +459,7 @@ class DocumentSession:
             # A stopped answer ends now: its sources would cost one more pass over the whole context.
             found = grounding.finish() if grounding is not None and not end.stopped else []
         finally:
-            self.reading.load_probe.end_computing()
+            self.read_time.load_probe.end_computing()
             if grounding is not None:
                 grounding.cancel()  # an abandoned answer stops recording (a no-op after finish)
         self._host_ms_per_token = 1000 * (self.cache.host_attention_seconds - host_before) / max(end.num_tokens, 1)

@@ -96,7 +96,7 @@ def test_the_cpu_rule_sees_an_import_up(tmp_path):
 
 def test_reading_time_has_one_wing_below_the_models_and_the_session_holds_it():
     # Pacing, learned chunk costs, the measured first-read rate and the FLOP model live in ``engine/read_time/``
-    # (issue 33); the session holds one ``ReadEstimator`` (``session.reading``) instead of eight estimate methods.
+    # (issue 33); the session holds one ``ReadEstimator`` (``session.read_time``) instead of eight estimate methods.
     # The wing stands below the models wing (the picker's estimates use its FLOP model), so it is told the weights
     # mode rather than asking ``models/`` for it.
     import ast

@@ -77,7 +77,7 @@ class Completions:
         finish_reason, usage, extras)``; nothing more once ``gone()`` (the client left: out of the line, the answer
         stopped)."""
         own = self.library.own_session()
-        expected = (own.reading.estimate_prefill_seconds(checked.prompt_tokens, 0)
+        expected = (own.read_time.estimate_prefill_seconds(checked.prompt_tokens, 0)
                     + self.app.answers.expected_seconds(checked.max_tokens))
         queue = self.app.queue
         ticket = queue.join(QUEUE_WHAT, expected)

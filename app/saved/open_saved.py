@@ -178,7 +178,7 @@ class OpenSaved:
     def _continuing_view(state: BrowserState, session, stats: RestoreStats) -> OpenView:
         total = session.document_tokens
         left = total - stats.num_tokens
-        estimate = render.format_seconds(session.reading.estimate_prefill_seconds(total, stats.num_tokens))
+        estimate = render.format_seconds(session.read_time.estimate_prefill_seconds(total, stats.num_tokens))
         bar = render.progress_bar(stats.num_tokens, total, state="running", note="continuing…")
         line = status("info", f"Restored {stats.num_tokens:,} of {total:,} tokens read before from disk; reading the "
                               f"{left:,} left (about {estimate})…")

@@ -3,7 +3,7 @@
     python -m benchmarks.app.estimates
 
 Three real manuals (Debian packages, read with the app's own reader), cut to about 2K, 4K and 7K tokens.
-For each: the estimate the plan panel shows before reading (``DocumentSession.reading.estimate_prefill_seconds``), the
+For each: the estimate the plan panel shows before reading (``DocumentSession.read_time.estimate_prefill_seconds``), the
 actual read, the ETA shown once a quarter was read, and how often progress arrived. Target: within ±35%.
 Writes docs/benchmarks/estimates.md and data/estimates.json.
 """
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         session = DocumentSession(model, tokenizer, OffloadPolicy(), answer_budget=256)
         document = session.tokenize(tokenizer.decode(ids))
         session.set_document(document)
-        predicted = session.reading.estimate_prefill_seconds(session.document_tokens)
+        predicted = session.read_time.estimate_prefill_seconds(session.document_tokens)
         reports: list = []
         started = time.perf_counter()
         session.prefill(on_progress=lambda p: reports.append((time.perf_counter() - started, p)))

@@ -154,7 +154,7 @@ upload.limits()
 tokens = upload.tokenize(" ".join(haystack(200, 0)))
 upload.plan(tokens)
 report["plan_seconds"] = time.perf_counter() - ready
-upload.reading.estimate_prefill_range(len(tokens))
+upload.read_time.estimate_prefill_range(len(tokens))
 report["panel_seconds"] = time.perf_counter() - ready
 report["document_tokens"] = len(tokens)
 print(json.dumps(report), flush=True)

@@ -1,4 +1,4 @@
-"""How long a read takes here, before it runs: one ``ReadEstimator`` per session (``DocumentSession.reading``) holds
+"""How long a read takes here, before it runs: one ``ReadEstimator`` per session (``DocumentSession.read_time``) holds
 the recorded reads' chunk timings (``costs.ReadCosts``), the load probe, and this machine's measured rate
 (``read_rate``), and answers ``estimate_prefill_range`` with a ``read_rate.ReadEstimate`` (low, likely, high seconds)
 from ``read_model``: the rate scaled to the recorded reads, at the load measured now.

@@ -33,7 +33,7 @@ class MeasuringSession:
     """A session whose read estimates are ``MeasuringEstimates``."""
 
     def __init__(self):
-        self.reading = MeasuringEstimates()
+        self.read_time = MeasuringEstimates()
 
 
 def plan_panel(estimate, document_tokens: int) -> str:
@@ -50,11 +50,11 @@ def test_the_estimating_reading_time_is_replaced_once_measured_and_nothing_else(
     shown = plan_panel(PROVISIONAL, 1500)
     assert "estimating…" in shown
     assert not isinstance(refreshed_plan(state, shown), str)  # still measuring: left alone
-    assert session.reading.asked == []  # (asked only once measured: no probe, no measurement started by a tick)
-    session.reading.reading_cost_known = True  # the measurement landed
+    assert session.read_time.asked == []  # (asked only once measured: no probe, no measurement started by a tick)
+    session.read_time.reading_cost_known = True  # the measurement landed
     refreshed = refreshed_plan(state, shown)
     assert refreshed == plan_panel(MEASURED, 1500) and "estimating…" not in refreshed
-    assert session.reading.asked == [1500]
+    assert session.read_time.asked == [1500]
     # A measured panel, a read or an answer running, or no document: left alone.
     assert not isinstance(refreshed_plan(state, refreshed), str)
     state.is_busy = True
@@ -67,5 +67,5 @@ def test_a_set_over_the_limit_is_estimated_for_what_fits_as_the_upload_estimated
     session, state = MeasuringSession(), BrowserState()
     shown = plan_panel(PROVISIONAL, 9000)
     limit = int(shown.split('data-limit="')[1].split('"')[0])
-    state.session, state.tokens, session.reading.reading_cost_known = session, list(range(9000)), True
-    assert isinstance(refreshed_plan(state, shown), str) and session.reading.asked == [min(9000, limit)]
+    state.session, state.tokens, session.read_time.reading_cost_known = session, list(range(9000)), True
+    assert isinstance(refreshed_plan(state, shown), str) and session.read_time.asked == [min(9000, limit)]

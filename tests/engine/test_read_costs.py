@@ -179,11 +179,11 @@ def test_a_read_records_its_chunks_and_the_next_estimate_uses_them(smollm2, tmp_
         session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=128), answer_budget=64, read_costs=costs)
         session.set_document("The keeper of Kerrow Point climbs the steps every evening. " * 60)
         progress = session.prefill()
-        [read] = costs.reads(session.reading.costs_key)
+        [read] = costs.reads(session.read_time.costs_key)
         assert len(read) == -(-session.document_tokens // 128)  # every chunk
         assert sum(x for x, _, _ in read) == session.document_tokens
         monkeypatch.setattr(estimator_module, "measure_read_rate", lambda *a: pytest.fail("benchmark after a read"))
-        low, likely, high = session.reading.estimate_prefill_range(session.document_tokens)
+        low, likely, high = session.read_time.estimate_prefill_range(session.document_tokens)
         assert low < likely < high
         assert likely == pytest.approx(progress.elapsed, rel=0.6)  # the same read, at about the same load
     finally:
@@ -221,7 +221,7 @@ def test_a_read_gives_way_between_layers_on_a_cpu_untimed_and_a_cancel_there_lan
         layers = model.config.num_hidden_layers
         assert len(pauses) == num_chunks * (layers - 1) + num_chunks - 1  # between layers and between chunks
         assert progress.elapsed < wall - sum(pauses) + 0.05  # the pauses are not reading
-        [read] = json.loads(path.read_text())["reads"][session.reading.costs_key]
+        [read] = json.loads(path.read_text())["reads"][session.read_time.costs_key]
         assert sum(seconds for _, _, seconds, _ in read["chunks"]) < wall - 0.9 * sum(pauses)  # chunks timed unpaused
         assert session.is_prefilled
     finally:
@@ -255,9 +255,9 @@ def test_the_first_reads_benchmark_runs_a_forward_the_way_a_read_does(tmp_path, 
     monkeypatch.setattr(estimator_module, "HeadInferCache", Counted)
     monkeypatch.setattr(model, "forward", recording)
     session = DocumentSession(model, None, OffloadPolicy(), read_costs=ReadCosts(None))
-    session.reading.measure_read_rate_in_background().join()
-    low, likely, high = session.reading.estimate_prefill_range(2000)
-    assert 0 < low < likely < high and not session.reading.estimate_prefill_range(2000).provisional
+    session.read_time.measure_read_rate_in_background().join()
+    low, likely, high = session.read_time.estimate_prefill_range(2000)
+    assert 0 < low < likely < high and not session.read_time.estimate_prefill_range(2000).provisional
     assert calls and all(call == ("Counted", 1) for call in calls)  # warm-up and the timed forwards
     assert made and all(cache.get_seq_length() == 0 for cache in made)  # each released afterwards
 

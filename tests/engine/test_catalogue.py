@@ -191,3 +191,37 @@ def test_a_gguf_model_on_a_cpu_is_planned_with_its_files_bytes(tmp_path):
     fit = plan_entry(pypi, small)
     assert fit.ram_tokens > 0 and fit.ram_tokens == plan_entry(local, small).ram_tokens
     assert fit.decode_seconds < plan_entry(dense, small).decode_seconds / 4
+
+
+def test_a_gguf_on_a_4090_is_planned_as_the_loader_holds_it_blocks_where_bf16_does_not_fit(tmp_path, monkeypatch):
+    """Issue 49: the picker decides a GGUF's weights on a GPU by the loader's rule (``loader.gguf_gpu_mode``) and
+    holds what the load holds. A 27B-class Q4_K_M (45 GB in bf16) keeps its blocks, 13.7 GB as its header counts
+    them (``gguf_device_bytes``) plus a layer's expansion, and reads its window (before: planned dense, 0 tokens);
+    a Llama 3.1 8B Q4_K_M fits in bf16 beside the buffers and is planned so, at its bf16 bytes."""
+    import torch
+    from gguf_files import LLAMA_8B_SHAPE, SHAPE_27B, header_only_gguf
+
+    from engine.models.catalogue import keeps_gguf_blocks
+    from engine.models.gguf_device import gguf_device_bytes
+    from engine.models.loader import auto_weights
+
+    # the loader's reading of the stand-in card: its free memory before the model loads
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (24 * GIB, 24 * GIB))
+    monkeypatch.setattr(quantized, "installed", lambda library: True)
+    planned = {}
+    for name, shape in (("8b", LLAMA_8B_SHAPE), ("27b", SHAPE_27B)):
+        path = header_only_gguf(tmp_path / f"{name}-Q4_K_M.gguf", *shape, q4_k_m_tensors=True)
+        entry = gguf_entry(path, name, "folder")
+        fit = plan_entry(entry, RTX_4090)
+        assert fit.weights_mode == auto_weights(str(path), path.name, "cuda", torch.bfloat16)  # the loader's choice
+        assert keeps_gguf_blocks(entry, RTX_4090) == (fit.weights_mode == "gguf")
+        planned[name] = (entry, fit, gguf_device_bytes(path))
+    entry, fit, device = planned["27b"]
+    assert fit.weights_mode == "gguf" and fit.weights_bytes == device.held + device.scratch
+    assert device.held < 1.01 * entry.download_gb * 1e9 < entry.params  # the file's bytes, not bf16's
+    assert fit.ram_tokens > fit.reads_tokens == fit.window == 131072
+    assert any(note.startswith("Planned with GGUF blocks (the file's quantized weights, Q4_K+Q6_K; a lossy copy of "
+                               "the bf16 weights): 14.5 GB") for note in fit.notes)
+    entry, fit, _ = planned["8b"]
+    assert fit.weights_mode == "dense" and fit.weights_bytes == entry.params * 2
+    assert fit.reads_tokens == 131072

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf_files import k_quant_blocks, write_tiny_gguf
+from gguf_files import LLAMA_8B_SHAPE, SHAPE_27B, header_only_gguf, k_quant_blocks, write_tiny_gguf
 from gguf_samples import SMALL, TYPES, blocks_of, random_blocks, random_weight
 from parity import RTOL, rel_diff
 from transformers import LlamaConfig
@@ -161,39 +161,17 @@ def test_the_real_smollm2_gguf_on_the_torch_path_answers_as_stock_dense_does(smo
         assert rel_diff(a, e) < 10 * RTOL, step
 
 
-def _header_only_gguf(path, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int):
-    """A Llama-family GGUF of a real model's shape holding its metadata alone (no tensor): what ``read_config``
-    and the ``auto`` rule read."""
-    from gguf import GGUFWriter
-
-    writer = GGUFWriter(str(path), "llama")
-    writer.add_context_length(131072)
-    writer.add_block_count(layers)
-    writer.add_feed_forward_length(intermediate)
-    writer.add_embedding_length(hidden)
-    writer.add_head_count(heads)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(500000.0)
-    writer.add_vocab_size(vocab)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 @pytest.mark.parametrize(("shape", "free_gib", "expected"), [
-    ((4096, 14336, 32, 32, 8, 128256), 24, "dense"),  # Llama 3.1 8B: 16 GB of bf16 fit a 24 GiB card's buffers
-    ((5120, 17408, 64, 40, 8, 152064), 24, "gguf"),  # a 27B-class shape: 54 GB of bf16 do not; the blocks stay
-    ((4096, 14336, 32, 32, 8, 128256), 16, "gguf"),  # the 8B on a 16 GiB card: they do not either
+    (LLAMA_8B_SHAPE, 24, "dense"),  # Llama 3.1 8B: 16 GB of bf16 fit a 24 GiB card's buffers
+    (SHAPE_27B, 24, "gguf"),  # a 27B-class shape: 45 GB of bf16 do not; the blocks stay
+    (LLAMA_8B_SHAPE, 16, "gguf"),  # the 8B on a 16 GiB card: they do not either
 ], ids=["8b-24gib", "27b-24gib", "8b-16gib"])
 def test_auto_on_a_gpu_keeps_a_ggufs_blocks_where_its_dense_weights_do_not_fit(tmp_path, monkeypatch, shape,
                                                                                free_gib, expected):
     from engine.models import quantized
     from engine.models.loader import auto_weights
 
-    gguf = _header_only_gguf(tmp_path / "model.gguf", *shape)
+    gguf = header_only_gguf(tmp_path / "model.gguf", *shape)
     # The card's reading (no GPU here): a stand-in for a GPU of ``free_gib`` free before the model loads.
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free_gib << 30, free_gib << 30))
     monkeypatch.setattr(quantized, "installed", lambda library: True)

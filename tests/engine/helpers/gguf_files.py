@@ -84,3 +84,59 @@ def k_quant_blocks():
         return random_block_rows(rng, TYPES[kind], *data.shape).numpy(), TYPES[kind]
 
     return blocks
+
+
+#: (hidden, intermediate, layers, heads, KV heads, vocab) of real models, for ``header_only_gguf``
+LLAMA_8B_SHAPE = (4096, 14336, 32, 32, 8, 128256)  # Llama 3.1 8B
+SHAPE_27B = (5120, 17408, 64, 40, 8, 152064)  # a 27B-class dense shape: 22.7B weights, Qwen's vocabulary
+
+
+def header_only_gguf(path, hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, vocab: int, *,
+                     q4_k_m_tensors: bool = False):
+    """A Llama-family GGUF of a real model's shape holding its metadata alone: what ``read_config`` and the
+    ``auto`` rule read. ``q4_k_m_tensors``: with the tensor table of a Q4_K_M file (Q4_K matrices, Q6_K for the
+    lm_head and every other layer's V and FFN down, fp32 norms) and the file's length (sparse: no data written, a
+    complete download to discovery), what ``gguf_device_bytes`` counts."""
+    from gguf import GGMLQuantizationType as Kind
+
+    from engine.models.gguf_header import read_header
+
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_context_length(131072)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(intermediate)
+    writer.add_embedding_length(hidden)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(500000.0)
+    writer.add_vocab_size(vocab)
+    if q4_k_m_tensors:
+        kv = hidden // heads * kv_heads
+
+        def matrix(name: str, out: int, inner: int, kind: Kind) -> None:  # [out, in], blocks of 256 along in
+            writer.add_tensor_info(name, (out, inner), np.dtype(np.float32),
+                                   out * inner // 256 * (144 if kind == Kind.Q4_K else 210), raw_dtype=kind)
+
+        matrix("token_embd.weight", vocab, hidden, Kind.Q4_K)
+        for i in range(layers):
+            more_bits = Kind.Q6_K if i % 2 == 0 else Kind.Q4_K
+            for name, out, inner, kind in (("attn_q", hidden, hidden, Kind.Q4_K), ("attn_k", kv, hidden, Kind.Q4_K),
+                                           ("attn_v", kv, hidden, more_bits), ("attn_output", hidden, hidden, Kind.Q4_K),
+                                           ("ffn_gate", intermediate, hidden, Kind.Q4_K),
+                                           ("ffn_up", intermediate, hidden, Kind.Q4_K),
+                                           ("ffn_down", hidden, intermediate, more_bits)):
+                matrix(f"blk.{i}.{name}.weight", out, inner, kind)
+            for norm in ("attn_norm", "ffn_norm"):
+                writer.add_tensor_info(f"blk.{i}.{norm}.weight", (hidden,), np.dtype(np.float32), 4 * hidden)
+        writer.add_tensor_info("output_norm.weight", (hidden,), np.dtype(np.float32), 4 * hidden)
+        matrix("output.weight", vocab, hidden, Kind.Q6_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    writer.close()
+    if q4_k_m_tensors:
+        header = read_header(path)
+        with open(path, "r+b") as file:
+            file.truncate(header.data_offset + header.data_bytes)
+    return path

@@ -60,11 +60,14 @@ def expand(weight: Any, experts: torch.Tensor) -> torch.Tensor:
 
     state = getattr(weight, "quant_state", None)
     if state is None:  # left dense (``quantizable``)
-        return weight[experts]
+        return weight.index_select(0, experts)
     num, *rows = state.shape
     per_expert = rows[0] * rows[1]
-    codes = weight.data.view(num, per_expert // 2)[experts].reshape(-1, 1)  # two 4-bit codes a byte
-    absmax = state.absmax.view(num, per_expert // state.blocksize)[experts].reshape(-1)
+    # Two 4-bit codes a byte, gathered as int32 words (an expert's bytes are a multiple of 32; torch's CPU uint8
+    # gather is hundreds of times slower than int32's).
+    words = weight.data.reshape(-1).view(torch.int32).view(num, -1)
+    codes = words.index_select(0, experts).view(torch.uint8).reshape(-1, 1)
+    absmax = state.absmax.view(num, per_expert // state.blocksize).index_select(0, experts).reshape(-1)
     part = F.QuantState(absmax=absmax, shape=torch.Size((len(experts), *rows)), code=state.code,
                         blocksize=state.blocksize, quant_type=state.quant_type, dtype=state.dtype)
     return F.dequantize_4bit(codes, part)
@@ -90,23 +93,25 @@ def nf4_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_index: tor
     up, down = getattr(self, up_name), self.down_proj
     up_bias = getattr(self, f"{up_name}_bias", None) if self.has_bias else None
     down_bias = getattr(self, "down_proj_bias", None) if self.has_bias else None
-    final = torch.zeros_like(hidden_states)
-    hit = torch.unique(top_k_index)
+    tokens, top_k = top_k_index.shape
+    routes = top_k_index.reshape(-1)  # [tokens * top_k]: one (token, choice) pair a row
+    # Each pair's output written once, then summed over the choices (torch's CPU index_add_ costs ms a call).
+    out = hidden_states.new_zeros(tokens * top_k, hidden_states.shape[-1])
+    hit = torch.unique(routes)
     hit = hit[hit < self.num_experts]  # (expert parallelism's sentinel ids run nowhere)
     group = max(1, SCRATCH_BYTES // max(1, expert_bytes(self, hidden_states.element_size())))
     for experts in hit.split(group):
         up_w, down_w = expand(up, experts), expand(down, experts)  # [group, out, in] each
         for slot, expert in enumerate(experts.tolist()):
-            token_idx, position = torch.where(top_k_index == expert)
-            h = _project(hidden_states[token_idx], up_w[slot], None if up_bias is None else up_bias[expert],
+            pairs = (routes == expert).nonzero().squeeze(-1)
+            h = _project(hidden_states[pairs // top_k], up_w[slot], None if up_bias is None else up_bias[expert],
                          self.is_transposed)
             h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
             h = _project(h, down_w[slot], None if down_bias is None else down_bias[expert], self.is_transposed)
             if self.has_post_expert_norm:
                 h = self.post_expert_norm(h)
-            h = h * top_k_weights[token_idx, position, None]
-            final.index_add_(0, token_idx, h.to(final.dtype))
-    return final
+            out[pairs] = h * top_k_weights.reshape(-1)[pairs, None]
+    return out.view(tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
 
 
 def quantizable(weight: Any) -> bool:

@@ -109,9 +109,7 @@ def fit_forwards(points: list[tuple[int, float]], probe_seconds: float, pair_flo
     the fit dropped the term and priced a long read far short (docs/benchmarks/estimate-error.md).
 
     ``tied``: ``b = pair_floor · a`` exactly, two unknowns from the three sizes (a CPU's, ``pair_cost_ratio``): three
-    points fitted exactly by three terms carry each forward's noise into the terms, and a 128-token forward slower
-    than the 512-token one (14.7 s and 9.9 s on a busy minute) fitted ``a = 0`` and a pair term carrying the
-    tokens' linear work, which grew quadratically: a 6K read priced at 1.7x its time (``estimate-accuracy.md``)."""
+    points fitted exactly by three terms carry each forward's noise into the terms (``estimate-accuracy.md``)."""
     rows = [((1.0, float(n) + pair_floor * pairs(n), pairs(n)), s) for n, s in points if n > 0 and s > 0]
     if not rows:
         return None

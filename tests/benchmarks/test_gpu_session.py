@@ -84,13 +84,13 @@ def test_pytest_output_cut_short_is_counted_plain_and_from_xdist_workers():
     log = """\
 tests/engine/test_gpu_parity.py::test_a[x] PASSED [  0%]
 tests/engine/test_gpu_parity.py::test_b[x] SKIPPED [  1%]
-[gw1] [  2%] FAILED tests/engine/test_gpu_kv_core.py::test_c
-[gw0] [  3%] PASSED tests/engine/test_gpu_kv_core.py::test_d
-FAILED tests/engine/test_gpu_kv_core.py::test_c - AssertionError
+[gw1] [  2%] FAILED tests/engine/kv/test_gpu_kv_core.py::test_c
+[gw0] [  3%] PASSED tests/engine/kv/test_gpu_kv_core.py::test_d
+FAILED tests/engine/kv/test_gpu_kv_core.py::test_c - AssertionError
 """
     parsed = gpu_steps.parse_pytest_log(log)
     assert (parsed["passed"], parsed["failed"], parsed["skipped"], parsed["tests"]) == (2, 1, 1, 4)
-    assert parsed["failures"] == ["tests/engine/test_gpu_kv_core.py::test_c"]
+    assert parsed["failures"] == ["tests/engine/kv/test_gpu_kv_core.py::test_c"]
 
 
 def test_host_budget_comes_from_ram_after_a_small_probe_and_from_the_probe_when_it_fails(monkeypatch):

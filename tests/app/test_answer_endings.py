@@ -31,7 +31,7 @@ class _Session:
         return SimpleNamespace(num_dropped=0, ids=question.split())
 
     @property
-    def reading(self):
+    def read_time(self):
         return self
 
     def estimate_prefill_seconds(self, num_tokens, start=0):

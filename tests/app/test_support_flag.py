@@ -26,7 +26,7 @@ class _Session:
         return len(text.split())
 
     @property
-    def reading(self):  # the session's read estimates (``engine.read_time.ReadEstimator``): this fake's own
+    def read_time(self):  # the session's read estimates (``engine.read_time.ReadEstimator``): this fake's own
         return self
 
     def estimate_prefill_seconds(self, num_tokens, start=0):

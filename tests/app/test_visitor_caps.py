@@ -33,7 +33,7 @@ class _Session:
         return 10_000
 
     @property
-    def reading(self):
+    def read_time(self):
         return self
 
     def estimate_prefill_seconds(self, num_tokens, start=0):

@@ -77,15 +77,18 @@ def test_read_and_ask_through_the_backend(backend_app, browser, tmp_path):
     assert 0 < tokens < 200  # page 3 alone with its header, counted by the backend's tokenizer
 
     page.click("text=Answer settings")
-    page.fill("#max-tokens input[type=number]", "12")
+    page.fill("#max-tokens input[type=number]", "16")  # the slider's step is 8: a value on it
     page.press("#max-tokens input[type=number]", "Enter")
+    # The ask sends the slider's value: wait until the slider holds it (on a loaded machine the Enter lands late and
+    # the answer ran to the default 512, the model ending at 20 tokens).
+    page.wait_for_function("document.querySelector('#max-tokens input[type=range]').value === '16'")
     page.fill("#question textarea", QUESTION)
     page.click("#ask")
     page.wait_for_selector("#status .status[data-kind=info]:has-text('Writing the answer')")  # streaming
     streamed = page.locator("#chat .message.bot, #chat [data-testid=bot]").last.inner_text()
     done = page.wait_for_selector("#status .status[data-kind=ok]:has-text('tok/s')")
     stats = done.inner_text()
-    assert "TTFT" in stats and "12 tokens" in stats
+    assert "TTFT" in stats and "16 tokens" in stats
     answer = page.locator("#chat .message.bot, #chat [data-testid=bot]").last.inner_text()
     # The final text goes on from what was streamed (the stats lines below each differ: "· writing…" while it streams).
     assert answer.split("\n\nTTFT")[0].startswith(streamed.split("\n\nTTFT")[0].rstrip("…")) and "tok/s" in answer

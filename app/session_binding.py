@@ -10,8 +10,10 @@ cookie": its hash is a random one of its own making, and it cannot take a browse
 browser's cookie. A reload is a new hash, bound anew.
 
 A hash is held while a request naming it is open (a page's heartbeat stays open while its tab does) and forgotten
-``IDLE_SECONDS`` after its last one ended, past Gradio's own hour for a closed tab's state; at most ``CAPACITY`` hashes
-are held (the longest idle forgotten first), so the memory stays bounded whatever hashes a client makes up.
+``IDLE_SECONDS`` after its last one ended, past Gradio's own hour for a closed tab's state. At most ``CAPACITY`` idle
+hashes are held (the longest idle forgotten first); open ones are never forgotten nor refused, so a visitor holding
+open requests cannot lock new tabs out (a 503 here did, once they held ``CAPACITY``). A request names at most one hash
+in its query, so the open ones number at most three a request, and the server holds each open request anyway.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class SessionBindings:
 
     def claim(self, hashes: set[str], browser: str | None) -> tuple[int, str] | None:
         """Binds each of ``hashes`` not held to ``browser`` and counts a request open on each; None when they are
-        all ``browser``'s, else the refusal's ``(status, reason)`` (nothing counted)."""
+        all ``browser``'s, else the refusal's ``(status, reason)`` (nothing counted): 403, another browser's."""
         now = self.clock()
         if now - self._swept > SWEEP_SECONDS:
             self._sweep(now)
@@ -75,8 +77,7 @@ class SessionBindings:
             held = self._held.get(session_hash)
             if held is not None and not self._expired(held, now) and held.browser != browser:
                 return 403, NOT_YOURS
-        if not self._room(sum(session_hash not in self._held for session_hash in hashes), now):
-            return 503, "Too many tabs are open on this app right now; try again shortly."
+        self._make_room(sum(session_hash not in self._held for session_hash in hashes), now)
         for session_hash in hashes:
             held = self._held.get(session_hash)
             if held is None or self._expired(held, now):
@@ -102,15 +103,15 @@ class SessionBindings:
         for session_hash in [h for h, held in self._held.items() if self._expired(held, now)]:
             del self._held[session_hash]
 
-    def _room(self, new: int, now: float) -> bool:
-        """Whether ``new`` more hashes fit, after forgetting the longest idle ones when full (open ones never)."""
+    def _make_room(self, new: int, now: float) -> None:
+        """Forgets the longest idle hashes until ``new`` more fit in the capacity, or none idle is left (open ones are
+        never forgotten: their requests are the server's to bound)."""
         if len(self._held) + new <= self.capacity:
-            return True
+            return
         self._sweep(now)
         idle = [session_hash for session_hash, held in self._held.items() if held.open == 0]
         for session_hash in idle[:max(len(self._held) + new - self.capacity, 0)]:
             del self._held[session_hash]
-        return len(self._held) + new <= self.capacity
 
 
 class SessionBinding:
@@ -118,7 +119,7 @@ class SessionBinding:
 
     def __init__(self, app, bindings: SessionBindings | None = None) -> None:
         self.app = app
-        self.bindings = bindings or SessionBindings()
+        self.bindings = bindings if bindings is not None else SessionBindings()  # an empty one is falsy
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -143,8 +144,11 @@ class SessionBinding:
 async def _named_hashes(scope, receive) -> tuple[set[str], Callable, tuple[int, str] | None]:
     """``(hashes, receive, refusal)``: the session hashes the request names (query, path, JSON body), a ``receive``
     that hands the app the body read, and a refusal when the request cannot be looked into."""
-    hashes = {value for key, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"),
-                                                keep_blank_values=True) if key == "session_hash"}
+    in_query = [value for key, value in parse_qsl(scope.get("query_string", b"").decode("latin-1"),
+                                                  keep_blank_values=True) if key == "session_hash"]
+    if len(in_query) > 1:  # Gradio's page names one; many would hold that many hashes on one open request
+        return set(), receive, (400, "A request names at most one session hash.")
+    hashes = set(in_query)
     path = scope.get("path", "")
     in_path = _IN_PATH.match(path)
     if in_path:

@@ -62,7 +62,7 @@ class RequestGuard:
             refusal, receive = await request_body.screened(headers, receive)  # files inside a JSON body
         if refusal is not None:
             status, text = refusal
-            logger.info("refused %s %s (Host %r, Origin %r): %s", scope.get("method", "WS"), scope.get("path"),
+            logger.info("refused %s %r (Host %r, Origin %r): %s", scope.get("method", "WS"), scope.get("path"),
                         headers.get("host"), headers.get("origin"), text)
             await _refuse(scope, send, status, text)
             return

@@ -129,7 +129,7 @@ class SessionBinding:
         if refusal is None and hashes:
             refusal = self.bindings.claim(hashes, browser_id(HTTPConnection(scope)))
         if refusal is not None:
-            logger.info("refused %s %s: %s", scope.get("method"), scope.get("path"), refusal[1])
+            logger.info("refused %s %r: %s", scope.get("method"), scope.get("path"), refusal[1])
             await PlainTextResponse(refusal[1] + "\n", status_code=refusal[0])(scope, receive, send)
             return
         if not hashes:

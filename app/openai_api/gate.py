@@ -40,7 +40,7 @@ class ApiKeyGate:
         if allows(self.key, authorization):
             await self.app(scope, receive, send)
             return
-        logger.info("refused %s %s: no API key or a wrong one (its body unread)", scope.get("method"), scope["path"])
+        logger.info("refused %s %r: no API key or a wrong one (its body unread)", scope.get("method"), scope["path"])
         body = json.dumps(MISSING_KEY.body()).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),

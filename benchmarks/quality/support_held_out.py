@@ -43,6 +43,7 @@ ANSWERS = DATA / "data" / "support-held-out.jsonl"  # the new manuals' answers (
 FITTED_ANSWERS = DATA / "data" / "support.jsonl"  # support_eval's answers: the two manuals today's thresholds were fitted on
 REPORT = DATA / "support-held-out.md"
 CLAIMS = DATA / "data" / "support-claim.jsonl"  # the claim check's P(yes) per cached answer (``support_claim``)
+COUNTERFACTUALS = DATA / "data" / "support-counterfactual.jsonl"  # ``support_counterfactual``'s gain per answer
 MODEL = "qwen2.5-coder-1.5b"  # the CPU default model (engine/models/pypi.py)
 READING = "## Reading"  # the hand-written part of the report starts at this heading, kept when the tables are rewritten
 PEAKS = 8  # the document positions with the most answer attention kept per answer
@@ -140,7 +141,8 @@ def claim_checks(path: Path = CLAIMS, model: str = MODEL) -> dict[tuple[str, str
     return {(r["document"], r["question"]): r for r in lines if r["model"] == model}
 
 
-def labelled_rows(records: list[dict], texts: dict[str, str], claims: dict | None = None) -> list[dict]:
+def labelled_rows(records: list[dict], texts: dict[str, str], claims: dict | None = None,
+                  counterfactuals: dict | None = None) -> list[dict]:
     """``by_answer``'s rows (a right answer supported, a wrong one unsupported, "the document does not say" left
     out), each with every signal: support_eval's, ``min_entity_share`` and ``min_binding_share`` (on the pages the
     answer cites) and the claim check's P(yes) where ``claims`` holds it."""
@@ -160,8 +162,17 @@ def labelled_rows(records: list[dict], texts: dict[str, str], claims: dict | Non
         found["min_peak_entity"] = peak_entity_share(record["question"], text, peaks) if peaks else None
         claim = (claims or {}).get((record["document"], record["question"]), {})
         found["min_claim_after"], found["min_claim_quoted"] = claim.get("yes_after"), claim.get("yes_quoted")
-        rows.append({**record, "signals": found, "claim_s": [claim.get("check_s_after"), claim.get("check_s_quoted")]})
+        swap = (counterfactuals or {}).get((record["document"], record["question"]))
+        found["min_counterfactual"] = swap.get("gain") if swap else None
+        rows.append({**record, "signals": found, "claim_s": [claim.get("check_s_after"), claim.get("check_s_quoted")],
+                     "counterfactual": swap})
     return rows
+
+
+def counterfactual_scores(path: Path = COUNTERFACTUALS, model: str = MODEL) -> dict[tuple[str, str], dict]:
+    """{(manual, question): the counterfactual scoring's line} of ``model`` (``support_counterfactual``'s cache)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return {(r["document"], r["question"]): r for r in lines if r["model"] == model}
 
 
 def fit_rows(rows: list[dict], names: tuple[str, ...]) -> np.ndarray:
@@ -291,7 +302,8 @@ def report_lines(rows: list[dict], new: list[dict], stamp: dict, model: str = MO
     flags, picked = chosen_held_out(rows, RULES)
     lines.append(row("the whole choice held out", flags))
     lines += ["", "Rules picked without each manual: " + "; ".join(f"{m}: {r}" for m, r in picked.items()) + ".", ""]
-    lines += _peak_lines(rows) + _claim_lines(rows) + _signal_lines(rows) + _cost_lines(new)
+    lines += _peak_lines(rows) + _claim_lines(rows) + _counterfactual_lines(rows) + _signal_lines(rows)
+    lines += _cost_lines(new)
     return lines
 
 
@@ -359,9 +371,63 @@ def _claim_lines(rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
+# The counterfactual question (``support_counterfactual``): two teacher-forced scorings per answer, cached for the
+# answers it has reached. The rule was fixed before any score was read; the rules here were listed then too.
+COUNTERFACTUAL_RULES = {
+    "share + log-prob": BEFORE,
+    "share + binding": ("min_document_share", "min_binding_share"),
+    "counterfactual": ("min_counterfactual",),
+    "share + counterfactual": ("min_document_share", "min_counterfactual"),
+    "share + binding + counterfactual": ("min_document_share", "min_binding_share", "min_counterfactual"),
+}
+
+
+def _counterfactual_lines(rows: list[dict]) -> list[str]:
+    """The counterfactual rules and the whole choice held out (among ``RULES`` and these), leave-one-manual-out on
+    the answers it has scored (``support_counterfactual``; an answer whose question names no entity is scored
+    with no signal: it counts, and the signal never flags it)."""
+    scored = [row for row in rows if row.get("counterfactual") is not None]
+    names = manuals(scored)
+    if len(names) < 2:
+        return []
+    counts = ", ".join(f"{m} {sum(r['document'] == m for r in scored)} of {sum(r['document'] == m for r in rows)}"
+                       for m in manuals(rows))
+    swapped = sum(row["signals"]["min_counterfactual"] is not None for row in scored)
+    lines = ["The counterfactual question (`engine.answer.support_counterfactual`, `python -m "
+             "benchmarks.quality.support_counterfactual`): the recorded answer teacher-forced on the document's "
+             "cached K/V (`engine.answer.teacher_forced.continuation_logprobs`) under the question asked and under "
+             "the question with its names and versions swapped for the competing entity nearest the answer's words "
+             "on its cited pages (or dropped); the signal is mean log P(answer | asked) - mean log P(answer | "
+             f"swapped), low flags. Answers scored (of those labelled): {counts}; {swapped} of them have a question "
+             "with an entity to swap (the others count, and this signal never flags them). Leave-one-manual-out "
+             "among their manuals; `the whole choice held out` picks among every rule of the first table and "
+             "these, without the manual judged:", "",
+             "| rule | " + " | ".join(names) + " | overall | target (>= 70% / <= 10%) |",
+             "| --- | " + " | ".join("---" for _ in names) + " | --- | --- |"]
+
+    def line(label: str, flags: dict[str, np.ndarray]) -> str:
+        return (f"| {label} | " + " | ".join(_cell(scored, flags, m) for m in names)
+                + f" | {_cell(scored, flags, None)} | {_target(scored, flags)} |")
+
+    for rule, rule_names in COUNTERFACTUAL_RULES.items():
+        lines.append(line(rule, leave_one_manual_out(scored, rule_names)))
+    flags, picked = chosen_held_out(scored, {**RULES, **COUNTERFACTUAL_RULES})
+    lines.append(line("the whole choice held out", flags))
+    lines += ["", "Rules picked without each manual: " + "; ".join(f"{m}: {r}" for m, r in picked.items()) + "."]
+    timed = [row["counterfactual"] for row in scored if row["counterfactual"].get("score_s")]
+    seconds = [line["score_s"] for line in timed]
+    if seconds:
+        lines += ["", f"Its cost here (two teacher-forced forwards of the question turn and the answer, "
+                  f"{sum(line['answer_tokens'] for line in timed) / len(timed):.0f} answer tokens on average, on the document's cached "
+                  f"K/V, on the 2 busy cores): {sum(seconds) / len(seconds):.1f} s an answer (median "
+                  f"{sorted(seconds)[len(seconds) // 2]:.1f} s), {len(seconds)} answers."]
+    return lines + [""]
+
+
 SIGNAL_COLUMNS = {"share": "min_document_share", "mean log-prob": "min_mean_logprob", "entity": "min_entity_share",
                   "binding": "min_binding_share", "binding, sentence": "min_binding_sentence",
-                  "peak entity": "min_peak_entity", "claim, after": "min_claim_after"}
+                  "peak entity": "min_peak_entity", "claim, after": "min_claim_after",
+                  "counterfactual gain": "min_counterfactual"}
 
 
 def _signal_lines(rows: list[dict]) -> list[str]:
@@ -402,12 +468,14 @@ def _cost_lines(new: list[dict]) -> list[str]:
             "itself costs a regex over the cited pages: milliseconds an answer.", ""]
 
 def write_report(model: str, texts: dict[str, str], path: Path = REPORT, answers: Path = ANSWERS,
-                 fitted: Path = FITTED_ANSWERS, claims: Path = CLAIMS) -> list[str]:
+                 fitted: Path = FITTED_ANSWERS, claims: Path = CLAIMS,
+                 counterfactuals: Path = COUNTERFACTUALS) -> list[str]:
     """Scores the cached answers of the four manuals (``texts``: {manual: its text as the prompt holds it}) and
     writes ``path``; returns its lines."""
     new = [json.loads(line) for line in answers.read_text().splitlines()] if answers.is_file() else []
     new = [r for r in new if r["model"] == model]
-    rows = labelled_rows(fitted_records(model, fitted) + new, texts, claim_checks(claims, model))
+    rows = labelled_rows(fitted_records(model, fitted) + new, texts, claim_checks(claims, model),
+                         counterfactual_scores(counterfactuals, model))
     lines = report_lines(rows, new, run_stamp("cpu"), model)
     previous = path.read_text() if path.is_file() else ""
     reading = previous[previous.index(READING):] if READING in previous else ""  # the hand-written part, kept

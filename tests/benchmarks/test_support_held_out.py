@@ -116,7 +116,12 @@ def test_the_report_is_written_from_cached_answers_per_held_out_manual(tmp_path,
                                           "yes_after": 0.9 if r["kind"] == "supported" else 0.2}) + "\n" for r in new))
     if with_answers:
         answers.write_text("".join(json.dumps(r) + "\n" for r in new))
-    lines = held_out.write_report(held_out.MODEL, texts, report, answers, fitted_path, claims)
+    # The counterfactual scoring reached every manual: a right answer loses log-prob under the swapped question.
+    swaps = tmp_path / "counterfactual.jsonl"
+    swaps.write_text("".join(json.dumps({"model": held_out.MODEL, "document": r["document"], "question": r["question"],
+                                         "gain": 0.5 if r["kind"] == "supported" else -0.2, "score_s": 4.0,
+                                         "answer_tokens": 5}) + "\n" for r in fitted + new))
+    lines = held_out.write_report(held_out.MODEL, texts, report, answers, fitted_path, claims, swaps)
     text = report.read_text()
     assert text == "\n".join(lines) + "\n"
     judged = MANUALS if with_answers else MANUALS[:2]
@@ -131,6 +136,10 @@ def test_the_report_is_written_from_cached_answers_per_held_out_manual(tmp_path,
         # The claim check's table covers the manuals it reached, fitted on the one, judged on the other.
         assert "| claim check, after the answer | " + " | ".join(["100% / 0%"] * 3) + " |" in text
         assert "| today's shipped thresholds (share + log-prob) | " + " | ".join(["0% / 0%"] * 5) in text
+        # The counterfactual table: the gain alone separates them, and so does the choice made without each manual.
+        assert "| counterfactual | " + " | ".join(["100% / 0%"] * 5) + " | **met** |" in text
+        assert sum(line.startswith("| the whole choice held out | ") for line in lines) == 2
+        assert "4.0 s an answer" in text
         assert "Generation (the new manuals' answers" in text and "10 answers on the 2 busy cores" in text
     else:
         assert "Generation" not in text and "The claim check" not in text

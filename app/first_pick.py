@@ -5,7 +5,8 @@ picker's pick reads more tokens here than the served model, a card names it: wha
 they would be held (the quantization the plan assumed, lossy where quantized), the download and its time at a
 stated rate, with one button that downloads it and then serves it through the picker's own paths
 (``ModelPicker.download`` then ``ModelPicker.serve``: the same progress, cancel and owner gate). Offline, or when
-the served model is already the pick, the card stays hidden.
+the served model is already the pick, the card stays hidden. A switch made in the picker (from any tab) shows in
+every tab's card within ``FOLLOW_SECONDS``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 HUB = "https://huggingface.co"
 PROBE_SECONDS = 3.0  # the probe's bound: a page never waits on the Hub longer than this
 PROBE_KEEP_SECONDS = 300.0  # how long an answer (reachable or not) is kept before the Hub is asked again
+FOLLOW_SECONDS = 1.0  # how often a tab's card looks for a switch made in the picker (the header's pace)
 STATED_MBPS = 50.0  # the download rate the card's time assumes (a home line's; not measured here)
 _DOWNLOADED = status("ok", "Downloaded").split("Downloaded")[0] + "Downloaded"  # the picker's words for a whole one
 _HELD = {"dense": "bf16 as stored", "8bit": "8-bit weights", "4bit": "4-bit weights"}
@@ -159,6 +161,7 @@ class FirstPick:
         self._kept: tuple[tuple, Pick | None] | None = None
         self._ready: set[tuple[str | None, str]] = set()  # (tab, model) whose click's download ended whole
         self._lock = threading.Lock()
+        self._planning = threading.Lock()  # one plan at a time: every tab's tick after a switch asks at once
 
     @property
     def endpoint(self) -> str:
@@ -166,10 +169,11 @@ class FirstPick:
 
     def pick(self) -> Pick | None:
         """``choose``, kept while the served model and the machine stay the same (planning takes a second)."""
-        key = (self.picker.holder.name, id(self.picker.machine()))
-        if self._kept is None or self._kept[0] != key:
-            self._kept = (key, choose(self.picker))
-        return self._kept[1]
+        with self._planning:
+            key = (self.picker.holder.name, id(self.picker.machine()))
+            if self._kept is None or self._kept[0] != key:
+                self._kept = (key, choose(self.picker))
+            return self._kept[1]
 
     def show(self) -> tuple[dict, str]:
         """``(the card's visibility, its facts)``: shown only where the Hub answers and the pick beats the served
@@ -178,6 +182,17 @@ class FirstPick:
         if pick is None or not self.probe.reachable(self.endpoint, pick.fit.entry.id):
             return gr.update(visible=False), ""
         return gr.update(visible=True), card_html(pick)
+
+    def shown(self) -> tuple[str, dict, str]:
+        """``show`` with the served model it was made for (the tab keeps it, to see a switch)."""
+        return (self.picker.holder.name, *self.show())
+
+    def follow(self, seen: str | None) -> tuple:
+        """The card again once the served model is not the one this tab's card was made for (a switch in the
+        picker, from any tab); skips otherwise."""
+        if seen == self.picker.holder.name:
+            return (gr.skip(),) * 3
+        return self.shown()
 
     def download(self, request: gr.Request = None) -> Iterator[str]:
         """The picker's download of the pick, its progress as the picker words it (a visitor is refused there)."""
@@ -217,9 +232,12 @@ class FirstPick:
                 fetch = gr.Button("Download and serve", variant="primary", size="sm", elem_id="first-pick-fetch")
                 cancel = gr.Button("Cancel download", size="sm", elem_id="first-pick-cancel")
         note = gr.HTML(elem_id="first-pick-status")
+        seen = gr.State(None)  # the served model this tab's card was made for
+        card = [seen, group, facts]
         # After the page is shown, never before it: the probe and the planning run in the load event's worker.
-        demo.load(self.show, None, [group, facts], api_visibility="private", concurrency_limit=None,
-                  show_progress="hidden")
+        demo.load(self.shown, None, card, api_visibility="private", concurrency_limit=None, show_progress="hidden")
+        gr.Timer(FOLLOW_SECONDS).tick(self.follow, [seen], card, api_visibility="private", concurrency_limit=None,
+                                      show_progress="hidden")
         fetch.click(self.download, None, [note], api_visibility="private", concurrency_id="download",
                     concurrency_limit=1).then(self.serve, None, [note, group, facts], api_visibility="private",
                                               concurrency_id="compute", concurrency_limit=1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 
+import gradio as gr
 import huggingface_hub.constants
 import pytest
 from first_pick_hub import FILES, RTX_4090, TINY_CONFIG, on_the_4090, pick_id
@@ -130,3 +131,21 @@ def test_cancel_stops_the_cards_download_and_nothing_is_served():
         worker.join(30)
         message, shown, _ = card.serve()
     assert "cancelled" in said[-1] and picker.holder.switched == [] and shown["visible"] is True
+
+
+def test_the_card_follows_a_switch_made_in_the_picker():
+    """A tab's card is made again once the served model is not the one it was made for, and only then."""
+    pick = pick_id()
+    picker = on_the_4090()
+    with HubServer(pick, FILES) as hub:
+        card = FirstPick(picker, endpoint=hub.endpoint)
+        seen, _, facts = card.shown()
+        assert seen == picker.holder.name and "SmolLM2-135M-Instruct, served now, reads 8,192" in facts
+        assert card.follow(seen) == (gr.skip(),) * 3  # the same model: nothing to send
+        picker.holder.name = "Qwen/Qwen3-4B"  # what a switch in the picker leaves
+        other = plan_entry(next(e for e in load_catalogue() if e.id == "Qwen/Qwen3-4B"), RTX_4090)
+        seen, shown, facts = card.follow(seen)
+        assert seen == "Qwen/Qwen3-4B" and shown["visible"] is True
+        assert f"Qwen/Qwen3-4B, served now, reads {other.reads_well:,}" in facts and "SmolLM2" not in facts
+        picker.holder.name = pick
+        assert card.follow(seen)[1:] == ({"visible": False, "__type__": "update"}, "")  # the pick served: no card

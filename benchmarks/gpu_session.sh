@@ -56,6 +56,7 @@ packaging packaging
 xdist pytest_xdist
 execnet execnet
 pytest_timeout pytest_timeout
+bitsandbytes bitsandbytes
 EOF
 if [ ${#missing[@]} -gt 0 ]; then
   "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/headinfer-site \

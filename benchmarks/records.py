@@ -73,8 +73,9 @@ def _driver_version() -> str | None:
 def record_key(record: dict) -> tuple:
     """What makes two records measure the same thing."""
     run = record.get("run") or {}
+    model = (run.get("model") or {}).get("name")  # one run measures the 8B and the 27B hybrid in the same modes
     return (record.get("phase"), record.get("mode"), record.get("context"), record.get("budget_gib"),
-            run.get("gpu") or run.get("device"), record.get("variant"))
+            run.get("gpu") or run.get("device"), record.get("variant"), model)
 
 
 class ResultStore:
@@ -88,7 +89,7 @@ class ResultStore:
     def append(self, phase: str, mode: str | None, *, status: str = "ok", context: int | None = None,
                budget_gib: float | None = None, variant: str | None = None, **metrics) -> dict:
         record = {"phase": phase, "mode": mode, "context": context, "budget_gib": budget_gib, "variant": variant,
-                  "status": status, "metrics": metrics, "run": self.stamp}
+                  "status": status, "metrics": metrics, "run": dict(self.stamp or {})}  # the stamp as now
         self.records.append(record)
         self._write()
         logger.info("%s %s ctx=%s %s %s", phase, mode, context, status,

@@ -6,8 +6,9 @@ installs the rest from carried wheels)::
 
 Each result is appended to ``<out>/gpu.json`` the moment it exists (a killed call keeps everything before it);
 ``gpu.md`` and ``summary.md`` (one row per step) are written at the end, and the summary is printed. Each step
-has its own cap (seconds, on an H100/H200; ``STEPS`` in ``gpu_steps.py``) and all of them share the deadline. The caps add up to
-525 s. A step that runs a program (the self-check, the GPU tests) is stopped at its cap; a sweep stops starting
+has its own cap (seconds, on an H100/H200; ``STEPS`` in ``gpu_steps.py``: what no lease has measured, first) and all
+of them share the deadline. The caps add up to 525 s; the steps earlier leases measured (``EARLIER_STEPS``) run by
+name (``--steps decode,peak``). A step that runs a program (the self-check, the GPU tests) is stopped at its cap; a sweep stops starting
 measurements its cap would not cover (a measurement under way finishes).
 
 ``--device cpu --model tiny --scale 0.002`` runs every step's plumbing on a CPU in a few minutes (the smoke run;
@@ -30,10 +31,10 @@ import torch  # noqa: E402
 
 from engine.kv import kernels
 
-from . import gpu_steps
+from . import gpu_steps, lease_steps
 from ..harness.ceilings import measure_all
 from .gpu_checks import filled_cache_check
-from .gpu_steps import STEPS, Step
+from .gpu_steps import EARLIER_STEPS, STEPS, Step
 from .gpu_summary import summary_table
 from ..cpu.host_attention import gpu_step as host_attention_step
 from ..harness.modes import GPU_MODES, Runner, parse_modes
@@ -43,6 +44,7 @@ from ..harness.run import _built_model, parse_tokens, run_step
 from ..harness.sweeps import Sweep
 
 logger = logging.getLogger(__name__)
+ALL_STEPS = [*STEPS, *EARLIER_STEPS]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,9 +53,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the run's folder: gpu.json, gpu.md, summary.md and logs")
     p.add_argument("--deadline-s", type=float, default=520.0, help="seconds for everything, from start")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--model", default="llama3-8b", choices=("llama3-8b", "tiny"))
+    p.add_argument("--model", default="llama3-8b", choices=("llama3-8b", "tiny"),
+                   help="the benchmarks' model (tiny: the hybrid steps take tiny-hybrid too)")
     p.add_argument("--budget-gib", type=float, default=24.0, help="emulated GPU memory")
-    p.add_argument("--steps", default="all", help=f"comma list of {', '.join(s.name for s in STEPS)} (default all)")
+    p.add_argument("--steps", default="all", help=f"comma list of {', '.join(s.name for s in ALL_STEPS)} (default "
+                                                  "all: the lease's, STEPS; the earlier ones by name)")
     p.add_argument("--scale", type=float, default=1.0, help="multiplies every token count (CPU smoke: 0.002)")
     p.add_argument("--test-workers", type=int, default=4, help="pytest-xdist workers of the GPU tests (0: one)")
     p.add_argument("--cap-scale", type=float, default=1.0,
@@ -70,10 +74,10 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     store = ResultStore(out / "gpu.json", run_stamp(args.device))
     store.stamp["env"] = {k: os.environ.get(k) for k in ("TORCH_CUDNN_SDPA_DEPRIORITIZED", "PYTORCH_CUDA_ALLOC_CONF")}
-    wanted = [s for s in STEPS if args.steps == "all" or s.name in args.steps.split(",")]
-    unknown = set(args.steps.split(",")) - {s.name for s in STEPS} if args.steps != "all" else set()
+    wanted = STEPS if args.steps == "all" else [s for s in ALL_STEPS if s.name in args.steps.split(",")]
+    unknown = set(args.steps.split(",")) - {s.name for s in ALL_STEPS} if args.steps != "all" else set()
     if unknown:
-        raise SystemExit(f"unknown steps {sorted(unknown)}; choose from {', '.join(s.name for s in STEPS)}")
+        raise SystemExit(f"unknown steps {sorted(unknown)}; choose from {', '.join(s.name for s in ALL_STEPS)}")
     for step in wanted:
         left = deadline - time.monotonic()
         if left < 5:
@@ -107,7 +111,8 @@ def _run(step: Step, args, store, out: Path, seconds: float) -> None:
         if step.name == "max-context" and torch.device(args.device).type != "cuda":
             _max_context_here(args, store, run_args, seconds)
         else:
-            run_step(args, run_args, store, out, seconds)
+            model = step.model and ("tiny-hybrid" if args.model == "tiny" else step.model)
+            run_step(argparse.Namespace(**{**vars(args), "model": model or args.model}), run_args, store, out, seconds)
     elif step.name == "self-check":
         gpu_steps.self_check(store, out, seconds, args.device)
     elif step.name == "gpu-tests":
@@ -124,6 +129,10 @@ def _run(step: Step, args, store, out: Path, seconds: float) -> None:
         store.append("ceilings", None, **measure_all(device=args.device, scale=args.scale))
     elif step.name == "host-attention":
         host_attention_step(args, store, out, seconds)
+    elif step.name == "moe-load-peak":
+        lease_steps.moe_load_peak(store, seconds, args.device)
+    elif step.name == "app-e2e":
+        lease_steps.app_e2e(store, args.device)
 
 
 def _scaled_limit(run_args: list[str], scale: float) -> list[str]:

@@ -22,6 +22,7 @@ from ..harness.junit import summarize_junit
 
 _DECODE = ["--phases", "decode", "--decode-steps", "4", "--repeats", "2", "--resume"]
 _MAX_CONTEXT_MODES = "headinfer-g1-int8,headinfer-adaptive,standard,chunked,headinfer-g1-int8-disk"
+HYBRID = "qwen3.6-27b"  # benchmarks/harness/hybrid.py: Qwen3.6-27B's shape, random, nf4 (the smoke run: tiny-hybrid)
 
 
 @dataclass(frozen=True)
@@ -29,42 +30,57 @@ class Step:
     name: str
     cap_s: float
     run_args: tuple[str, ...] | None = None  # ``benchmarks.harness.run`` arguments, or None for a step run here
+    model: str | None = None  # the step's model where it is not ``--model``'s
 
 
 STEPS = [
-    # Correctness first: is the engine exact on this GPU, with every feature a user can switch on?
-    # launch.py --self-check --kv-8bit int8 --kv-disk-dir: every case, both dtypes (35 s cut it after case 16 of 16;
-    # 45 s before its first case on a cold machine, 2026-11-27: building the host kernel took 15 s; warm: 51 s)
+    # What no lease has measured yet comes first (issues 49 and 50); the caps add up to 525 s (the test checks).
+    # Correctness: every self-check case, MoE nf4 experts included (launch.py --self-check --kv-8bit int8
+    # --kv-disk-dir; 51 s warm on the H200, 2026-11-27, before the quantized and MoE cases).
     Step("self-check", 60),
-    # pytest -m gpu over every file with the mark, 4 workers (75 s cut it at 99% on the H200, 2026-11-27; 100 s cut
-    # it in its last test, 344 of 345 done)
-    Step("gpu-tests", 115),
+    Step("ceilings", 15),  # link, matmul, attention kernel: every floor below is computed from them
+    # The 27B hybrid at 4 bits under 24 GiB (issue 49 item 7): 8 / 32 / 64 GiB of KV at 128K / 512K / 1M, split
+    # (host attention for a share of the heads) and streamed. The target: <= 0.8x the PCIe floor at 512K and 1M.
+    Step("hybrid-decode", 150, ("--phases", "decode", "--modes", "headinfer-g1-split,headinfer-g1",
+                                "--decode-lengths", "128K,512K,1M", "--decode-steps", "3", "--repeats", "1",
+                                "--resume"), model=HYBRID),
+    # Pinned memory as a budget (issue 50 item 6): a refused pin on each path, then an exact forward; decode at 128K
+    # of Llama-3-8B's 16 GiB of KV fully pinned vs through the staging ring at a 4 GiB pin limit.
+    Step("pin-budget", 60),
+    # The plan against the card for the hybrid: allocated, reserved and NVML peaks next to the planned bytes.
+    Step("hybrid-peak", 30, ("--phases", "peak", "--peak-modes", "headinfer-adaptive", "--peak-lengths", "128K",
+                             "--resume"), model=HYBRID),
+    # Prefill to 128K against its FLOP floor; 32K first, so the sweep's projection can refuse a 128K past the cap
+    # (48 of the 64 layers run transformers' torch Gated DeltaNet: no flash-linear-attention on the lent image).
+    Step("hybrid-prefill", 60, ("--phases", "prefill", "--modes", "headinfer-adaptive", "--lengths", "32K,128K",
+                                "--repeats", "1", "--resume"), model=HYBRID),
+    # nf4 fused MoE experts: the GPU's peak while loading, dense experts against nf4 ones (quantized_experts.py).
+    Step("moe-load-peak", 35),
+    # The default model through the app's own API on CUDA, a real PDF: where the image has the app's packages and
+    # the default's weights; else one record naming what was missing (neither travels in a 64 MiB call).
+    Step("app-e2e", 15),
+    # pytest -m gpu over every file with the mark, 4 workers (100 s cut it in its last test on the H200, 2026-11-27)
+    Step("gpu-tests", 100),
+]
+
+#: Measured on the H200 runs of 2026-11-26/27 (docs/benchmarks/gpu-h200.md): by name only (``--steps decode,...``),
+#: with the caps they had then.
+EARLIER_STEPS = [
     Step("filled-cache", 10),  # one decode step over a 32K random cache vs a reference attention
-    Step("ceilings", 15),  # link, matmul, attention kernel; pins 4 GiB, the host budget from RAM
-    # The benchmarks, host attention first (issue 29: past the PCIe floor).
-    # read GB/s, kernel GB/s, g1 decode split / on the host / streamed at 32K-512K (50 s left the split at 128K
-    # unmeasured on 2026-11-27; with a 110 s cap everything but 512K split / host took 101 s). The split first: it is
-    # the one never measured with its rates; the decode step after it measures what streaming this leaves out.
+    # read GB/s, kernel GB/s, g1 decode split / on the host / streamed at 32K-512K
     Step("host-attention", 95),
     Step("decode", 50, (*_DECODE, "--modes", "standard,headinfer-g1,headinfer-adaptive,headinfer-g1-split",
                         "--decode-lengths", "1K,32K,128K,512K")),  # what host-attention measured is not redone
-    # Pinned memory as a budget (issue 50): a refused pin on each path, then an exact forward; decode at 128K fully
-    # pinned vs through the staging ring with the store 4x the pin limit (benchmarks/gpu/pin_budget.py).
-    Step("pin-budget", 40),
     # bf16 KV of Llama-3-8B at 1M tokens is 128 GiB: past a 126 GiB machine; 8-bit codes and scales take 68.
     Step("decode-1M-int8", 35, ("--phases", "decode", "--modes", "headinfer-g1-int8", "--decode-lengths", "1M",
                                 "--decode-steps", "3", "--repeats", "1", "--resume")),
     # Largest context per mode: head-wise ones up to the RAM limit (8-bit KV) and past it (the disk tier).
     Step("max-context", 50, ("--phases", "max-context", "--modes", _MAX_CONTEXT_MODES, "--resume")),
-    # The plan against the card: allocated, reserved and NVML peaks next to the planned bytes. Adaptive first: it
-    # fills the budget, where the first run saw the allocator reserve 2.2 GB past the plan.
     Step("peak", 25, ("--phases", "peak", "--peak-modes", "headinfer-adaptive,headinfer-g1",
                       "--peak-lengths", "32K,128K", "--resume")),
     # 40K between: a sweep projects each length from the last, quadratically (10K's 0.9 s would forbid 100K).
     Step("prefill", 30, ("--phases", "prefill", "--modes", "standard,headinfer-adaptive", "--lengths",
                          "10K,40K,100K", "--repeats", "1", "--resume")),
-    # Prefill at 256K (adaptive, 60.9 s on the H200 of 2026-11-27) left the one call for time: run it alone,
-    # "python -m benchmarks.harness.run --phases prefill --modes headinfer-adaptive --lengths 256K --repeats 1".
 ]
 
 #: ``launch.py --self-check`` prints one line per case: feature, architecture, dtype, then ``ok`` or why not
@@ -164,6 +180,8 @@ def pin_budget(store, seconds: float, device: str, scale: float = 1.0) -> None:
         command = [sys.executable, "-m", "benchmarks.gpu.pin_budget", "--device", device, "--out", folder]
         if scale != 1.0:  # the smoke run: a short context, few layers, two steps
             command += ["--context", str(max(256, int((128 << 10) * scale))), "--layers", "4", "--steps", "2"]
+        elif device.startswith("cuda"):  # the issue's case: Llama-3-8B's 16 GiB of KV at 128K, a 4 GiB pin limit
+            command += ["--layers", "32", "--limit", "4GiB", "--steps", "3"]
         code, output, timed_out = _run(command, seconds, Path(folder) / "pin-budget.log")
         results_file = Path(folder) / "pin-budget.json"
         results = json.loads(results_file.read_text()) if results_file.is_file() else {}

@@ -52,7 +52,7 @@ def _step_status(counts: Counter) -> str:
         return "no result"
     if counts.get("error") or counts.get("failed") or counts.get("timeout"):
         return "failed" if counts.get("failed") else "error" if counts.get("error") else "timeout"
-    return "ok" if counts.get("ok") else "partial"
+    return "ok" if counts.get("ok") else "not run" if set(counts) == {"not-run"} else "partial"
 
 
 def headline(step: str, own: list[dict]) -> str:
@@ -102,6 +102,8 @@ def _figure(record: dict) -> str:
                  f"pinned {_size(m.get('host_pinned_probe_bytes', 0))} in {m.get('host_pinned_seconds', 0):.1f} s",
                  f"host KV budget {m.get('host_pinned_ok_bytes', 0) / _GIB:.0f} GiB"]
         return ", ".join(p for p in parts if p)
+    if phase == "app-e2e":
+        return f"{mode}: {status} ({m.get('reason', '')})"
     if status != "ok":
         return " ".join(filter(None, (mode, context, status))) if phase in ("decode", "prefill", "frontier",
                                                                            "max-context") else ""
@@ -111,6 +113,10 @@ def _figure(record: dict) -> str:
         return "" if status == "ok" else f"{mode}: forward {m.get('forward', '')}"
     if phase == "pin-budget":
         return f"{mode} {context} {m['s_per_token']:.3g} s/token" if "s_per_token" in m else ""
+    if phase == "moe-load-peak":
+        peak = m.get("load_peak_bytes")
+        return (f"{mode}: held {_size(m['held_bytes'])}" + (f", load peak {_size(peak)}" if peak else "")
+                + f", decode {m['headwise_ms']:.1f} ms head-wise / {m['stock_ms']:.1f} stock")
     if phase == "host-attention" and mode == "read":
         return f"read {m['read_gbps']:.1f} GB/s"
     if phase == "host-attention":

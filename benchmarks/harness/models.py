@@ -1,4 +1,5 @@
-"""Models the benchmarks run: Llama-3-8B-shaped random weights built on the device, tiny ones for tests, SmolLM2."""
+"""Models the benchmarks run: Llama-3-8B-shaped random weights built on the device, tiny ones for tests, SmolLM2,
+the 27B hybrid in nf4 (``hybrid.py``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import engine  # noqa: F401  (registers the "headinfer" attention the modes load models with)
 from engine.models.loader import load_model
+
+from .hybrid import HYBRID_MODELS, build_random_nf4
 
 logger = logging.getLogger(__name__)
 
@@ -47,11 +50,14 @@ def load_smollm2():
 
 
 def build_model(name: str, device: str | torch.device, dtype: torch.dtype | None = None):
-    """``llama3-8b`` (bf16, on ``device``), ``tiny`` (random, fp32 on CPU / bf16 on CUDA) or ``smollm2`` (CPU)."""
+    """``llama3-8b`` (bf16, on ``device``), ``tiny`` (random, fp32 on CPU / bf16 on CUDA), ``smollm2`` (CPU), or a
+    hybrid of ``benchmarks.harness.hybrid`` (``qwen3.6-27b``, ``tiny-hybrid``: nf4 linear layers)."""
     if name == "smollm2":
         return load_smollm2()
     is_cuda = torch.device(device).type == "cuda"
     dtype = dtype or (torch.bfloat16 if is_cuda else torch.float32)
+    if name in HYBRID_MODELS:
+        return build_random_nf4(name, device, dtype)
     config = {"llama3-8b": llama3_8b_config, "tiny": tiny_llama_config}[name]()
     return build_random(config, device=device, dtype=dtype, attn_implementation="sdpa")
 

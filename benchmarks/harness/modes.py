@@ -22,6 +22,7 @@ import torch
 from transformers import DynamicCache
 
 import engine
+from engine.planning.budgets import held_bytes, num_weights
 from engine.planning.machine import measure_activation_peak
 from engine.planning.planner import make_plan, paper_memory_table
 from engine.planning.plan import Plan
@@ -103,8 +104,11 @@ class Runner:
     @property
     def shape(self) -> ModelShape:
         config = self.model.config.get_text_config()
-        return ModelShape.from_config(config, dtype_bytes=torch.tensor([], dtype=self.dtype).element_size(),
-                                      num_params=sum(p.numel() for p in self.model.parameters()))
+        # Weights as loaded, as the app's session counts them: an nf4 parameter packs two weights a byte.
+        return dataclasses.replace(
+            ModelShape.from_config(config, dtype_bytes=torch.tensor([], dtype=self.dtype).element_size(),
+                                   num_params=num_weights(self.model)),
+            weight_bytes=held_bytes(self.model))
 
     @property
     def is_cuda(self) -> bool:
@@ -235,8 +239,8 @@ def offloaded_heads(mode: Mode, cache, shape: ModelShape) -> int:
         return shape.num_layers * shape.num_kv_heads
     if mode.kind != "headinfer":
         return 0
-    return sum(home.group.size for layer in cache.layers if layer.homes is not None
-               for home in layer.homes if home.is_host and cache.device.type != "cpu")
+    return sum(home.group.size for layer in cache.kv_layers if layer.homes is not None  # (a hybrid's state layers:
+               for home in layer.homes if home.is_host and cache.device.type != "cpu")  # no K/V)
 
 
 def headinfer_layout(cache) -> dict:

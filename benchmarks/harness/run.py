@@ -26,6 +26,7 @@ from engine.planning.gpu_ids import indexed
 
 from .ceilings import measure_all
 from .junit import summarize_junit
+from .hybrid import HYBRID_MODELS
 from .models import build_model
 from .modes import GPU_MODES, SMOKE_MODES, Runner, parse_modes
 from .probes import warm_up
@@ -82,7 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--suite", default="pytest -m gpu", help="name of the --record-junit suite")
     p.add_argument("--is-done", default=None, help="exit 0 if this phase already has a final record, else 1")
     p.add_argument("--device", default="cuda", help="cuda, or cpu to run the GPU pieces on a tiny model (tests)")
-    p.add_argument("--model", default="llama3-8b", choices=("llama3-8b", "tiny"))
+    p.add_argument("--model", default="llama3-8b", choices=("llama3-8b", "tiny", *HYBRID_MODELS))
     return p.parse_args(argv)
 
 
@@ -136,6 +137,8 @@ def _run_gpu(args, store, out: Path, name: str) -> None:
         store.append("ceilings", None, **measure_all())  # before the model: nothing else on the GPU
     if set(phases) <= {"ceilings"}:
         return
+    if (store.stamp.get("model") or {}).get("name") != args.model:  # what --resume looks for is this model's
+        store.stamp["model"] = {"name": args.model}
     modes = parse_modes(args.modes, GPU_MODES)
     if not is_cuda:  # transformers' offloading cache needs CUDA streams
         modes = [m for m in modes if m.kind != "layerwise"]
@@ -153,12 +156,14 @@ def _run_gpu(args, store, out: Path, name: str) -> None:
     context = None
     if is_cuda:
         context = store.stamp["cuda_context_bytes"] = cuda_context_bytes(device)  # before the model: ours alone
+    card = indexed(device) if is_cuda else None  # torch 2.11 refuses torch.device("cuda") in the fraction call
+    if budget:  # the 27B hybrid is built in bf16 and quantized a layer at a time: past the budget until it is done
+        torch.cuda.set_per_process_memory_fraction(1.0, card)
+    model = _built_model(args.model, device)
     if budget:
-        card = indexed(device)  # torch 2.11 refuses torch.device("cuda") here: every GPU step failed on the H200
         total = torch.cuda.get_device_properties(card).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), card)
     ceilings = store.latest("ceilings")
-    model = _built_model(args.model, device)
     sweep.runner = Runner(model, device, chunk_size=args.chunk_size or 4096,
                           gpu_budget=card_budget(budget, context_bytes=context) if budget else None,
                           host_budget=_host_budget(ceilings) if is_cuda else None, cuda_context_bytes=context)
@@ -193,6 +198,9 @@ _MODELS: dict = {}
 def _built_model(name: str, device: torch.device):
     """One model per (name, device) per process: the one-call GPU run (``gpu_all``) builds the 8B shape once."""
     if (name, str(device)) not in _MODELS:
+        _MODELS.clear()  # one model on the card at a time: the 8B and the 27B hybrid together pass a 24 GiB budget
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         _MODELS[(name, str(device))] = build_model(name, device)
     return _MODELS[(name, str(device))]
 

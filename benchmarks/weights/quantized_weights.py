@@ -40,6 +40,10 @@ SHAPES = {
     "moe-small": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,
                       num_key_value_heads=2, head_dim=64, vocab_size=8192, num_experts=16, num_experts_per_tok=4,
                       moe_intermediate_size=512),
+    # A GPU's: 8 layers of 32 experts of 768 (2.4 GB of bf16 experts), for the load's peak (the gpu_all step)
+    "moe-gpu": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=8, num_attention_heads=16,
+                    num_key_value_heads=4, head_dim=128, vocab_size=8192, num_experts=32, num_experts_per_tok=8,
+                    moe_intermediate_size=768),
 }
 DENSE_EXPERTS = "bnb-nf4-dense-experts"  # transformers' nf4 quantizer alone: the fused experts stay dense
 
@@ -62,6 +66,8 @@ def child(folder: str, mode: str, device: str, context: int, steps: int) -> dict
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     skeleton = None
+    if device != "cpu":  # the load's own peak: dense experts pass through the device, nf4 ones never whole
+        torch.cuda.reset_peak_memory_stats()
     if mode == DENSE_EXPERTS:
         kwargs = {"quantization_config": quantization_config(SCHEMES["bnb-nf4"], dtype, device)}  # (no skeleton)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="headinfer",
@@ -75,6 +81,7 @@ def child(folder: str, mode: str, device: str, context: int, steps: int) -> dict
             skeleton = AutoModelForCausalLM.from_config(model.config)
         kwargs = {"quantization_config": quantization_config(SCHEMES[loaded], dtype, device, lambda: skeleton)} \
             if loaded in SCHEMES else {}
+    load_peak = torch.cuda.max_memory_allocated() if device != "cpu" else None
     stock = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa",
                                                  device_map={"": device}, **kwargs).eval()
     shape = ModelShape.from_config(model.config)
@@ -102,7 +109,7 @@ def child(folder: str, mode: str, device: str, context: int, steps: int) -> dict
                     seconds[name].append(time.perf_counter() - begin)
     planned = bytes_per_weight("bnb-nf4" if loaded == DENSE_EXPERTS else loaded, device, dtype_bytes=dtype.itemsize)
     return {"mode": mode, "loaded": loaded, "held_bytes": held_bytes(model), "num_weights": num_weights(model),
-            "linear_weights": linear, "planned_bytes_per_weight": planned,
+            "linear_weights": linear, "planned_bytes_per_weight": planned, "load_peak_bytes": load_peak,
             "headwise_s": seconds["head-wise"], "stock_s": seconds["stock"]}
 
 
@@ -222,7 +229,9 @@ def main(argv: list[str] | None = None) -> None:
             record["moe"] = previous.get("moe")
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(record, indent=1) + "\n")
-    write_markdown(json.loads(out.read_text()), out)
+    record = json.loads(out.read_text())
+    if "stamp" in record:  # (a MoE section alone, as the gpu_all step writes one to a folder of its own: no report)
+        write_markdown(record, out)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,11 @@ from benchmarks.harness.modes import GPU_MODES
 from benchmarks.harness.probes import host_bytes_needed
 from benchmarks.records import load_records
 
-# A fast subset of the smoke run's steps: one of each kind (a check, the ceilings, a sweep, a frontier sweep).
-SUBSET = ("filled-cache", "ceilings", "decode-1M-int8", "peak")
+# A fast subset of the smoke run's steps: one of each kind (the ceilings, a check, a sweep, a frontier sweep), the
+# earlier leases' steps by name after the lease's own.
+SUBSET = ("ceilings", "filled-cache", "decode-1M-int8", "peak")
+#: issue 49 item 7's steps on a tiny hybrid (nf4 linear layers, one layer of four with K/V), and the app's
+HYBRID = ("hybrid-decode", "hybrid-peak", "hybrid-prefill", "app-e2e")
 
 
 @pytest.fixture(scope="module")
@@ -42,15 +45,51 @@ def test_the_summary_has_one_row_per_step_with_its_figures(smoke):
     text = (smoke / "summary.md").read_text()
     rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| step")]
     assert [row.split(" | ")[0].removeprefix("| ") for row in rows] == list(SUBSET)
-    assert "max rel error" in rows[0] and "host KV budget" in rows[1] and "s/token" in rows[2]
+    assert "host KV budget" in rows[0] and "max rel error" in rows[1] and "s/token" in rows[2]
     assert all(" | ok | " in row for row in rows)
 
 
-def test_the_step_caps_fit_nine_minutes_and_the_order_puts_checks_first():
+def test_the_step_caps_fit_nine_minutes_and_the_order_puts_the_unmeasured_first():
     assert sum(step.cap_s for step in gpu_all.STEPS) <= 540 - 15  # wheels, environment and the summary besides
     names = [step.name for step in gpu_all.STEPS]
-    assert names[:4] == ["self-check", "gpu-tests", "filled-cache", "ceilings"]
-    assert names[4] == "host-attention"  # first among the benchmarks
+    assert names[:3] == ["self-check", "ceilings", "hybrid-decode"]  # the floors' rates before the first benchmark
+    assert names.index("pin-budget") < names.index("gpu-tests") == len(names) - 1
+    # issues 49 item 7 and 50 item 6, each a step of the default run; what earlier leases measured, by name only
+    assert {"hybrid-decode", "hybrid-peak", "hybrid-prefill", "moe-load-peak", "app-e2e", "pin-budget"} <= set(names)
+    assert not set(names) & {step.name for step in gpu_steps.EARLIER_STEPS}
+    (decode,) = [step for step in gpu_all.STEPS if step.name == "hybrid-decode"]
+    lengths = decode.run_args[decode.run_args.index("--decode-lengths") + 1]
+    assert lengths == "128K,512K,1M" and decode.model == "qwen3.6-27b"
+    assert "headinfer-g1-split" in decode.run_args[decode.run_args.index("--modes") + 1]
+
+
+@pytest.fixture(scope="module")
+def hybrid_smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-hybrid-smoke")
+    gpu_all.main(["--device", "cpu", "--model", "tiny", "--scale", "0.002", "--test-workers", "0", "--out", str(out),
+                  "--steps", ",".join(HYBRID), "--deadline-s", "600", "--cap-scale", "6"])  # a loaded CPU
+    return out
+
+
+def test_the_hybrid_steps_measure_the_hybrid_streamed_and_split_and_its_prefill(hybrid_smoke):
+    records = load_records(hybrid_smoke / "gpu.json")
+    assert [r["mode"] for r in records if r["phase"] == "gpu_all"] == list(HYBRID)
+    decode = [r for r in records if r["phase"] == "decode" and r["status"] == "ok"]
+    assert {r["mode"] for r in decode} == {"headinfer-g1-split", "headinfer-g1"}
+    assert {r["context"] for r in decode} >= {int((1 << 20) * 0.002)}  # "1M", scaled
+    for record in decode:  # each record keeps its own model: the 8B's steps later in the run replace no stamp
+        model = record["run"]["model"]
+        assert model["name"] == "tiny-hybrid" and model["state_layers"] == [0, 1, 2] and model["num_layers"] == 1
+        assert model["weight_bytes"] < model["num_params"] * 4  # nf4 linear layers, not fp32 ones
+    assert any(r["phase"] == "prefill" and r["status"] == "ok" for r in records)
+    assert any(r["phase"] == "frontier" and r["status"] == "ok" for r in records)
+
+
+def test_the_app_step_names_what_the_machine_lacks_rather_than_passing(hybrid_smoke):
+    (app,) = [r for r in load_records(hybrid_smoke / "gpu.json") if r["phase"] == "app-e2e"]
+    assert app["status"] == "not-run" and app["metrics"]["reason"]
+    row = [line for line in (hybrid_smoke / "summary.md").read_text().splitlines() if line.startswith("| app-e2e")]
+    assert " | not run | " in row[0]
 
 
 def test_summary_names_steps_that_never_ran():

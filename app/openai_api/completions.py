@@ -17,7 +17,7 @@ from app.app_state import AppState
 from app.openai_api.library import Library, Match, render
 from app.openai_api.schema import ApiError, Request, usage
 from app.openai_api.stops import StopWatch
-from app.questions import LONGEST_ANSWER
+from app.questions import CHARS_PER_TOKEN, LONGEST_ANSWER
 from engine import HeadInferError
 from engine.types import DocumentTokens
 
@@ -50,11 +50,13 @@ class Completions:
         own = self.library.own_session()
         if match.held is not None:
             document = match.held.tokens()
-            prompt_tokens = document + len(self.ids(match.rest))
             allowance = document + (match.held.session or own).answer_budget
+            _within_characters(match.rest, allowance - document, request)
+            prompt_tokens = document + len(self.ids(match.rest))
             where = (f"the {allowance:,} tokens this document's context is planned for (its {document:,} tokens and "
                      f"the conversation allowance beside them)")
         else:
+            _within_characters(prompt, own.limits().context_limit, request)
             ids = self.ids(prompt)
             prompt_tokens = len(ids)
             try:
@@ -133,3 +135,13 @@ class Completions:
                  "may_not_say": None if support is None else not support.is_supported,
                  "seconds": round(time.monotonic() - started, 3)}
         report(("end", finish, usage(prompt_tokens, chunk.num_tokens), extra))
+
+
+def _within_characters(text: str, room: int, request: Request) -> None:
+    """A 400 for ``text`` far past ``room`` tokens, before it is tokenized (tokenizing 30 MB took two minutes of CPU):
+    4x the characters a token rarely passes, so a text near its room still gets the exact token numbers."""
+    limit = 4 * CHARS_PER_TOKEN * max(room, LONGEST_ANSWER)
+    if len(text) > limit:
+        raise ApiError(400, f"The prompt has {len(text):,} characters and this context takes at most {limit:,} here "
+                            f"(room for {room:,} tokens); shorten the prompt.", code="context_length_exceeded",
+                       param="messages" if request.prompt is None else "prompt")

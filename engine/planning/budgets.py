@@ -100,7 +100,7 @@ def measure_budget(device: torch.device | str, policy, *, model=None, vocab_size
         cuda = torch.cuda
     free, _total = cuda.mem_get_info(device)
     held = cuda.memory_reserved(device)  # ours: the weights (counted by the plan) and the allocator's cache
-    gpu = policy.gpu_memory if policy.gpu_memory is not None else max(0, free + held - policy.gpu_reserve)
+    gpu = gpu_budget(free, held, policy.gpu_reserve, policy.gpu_memory)
     activations = None
     if model is not None:
         activations = measure_activation_peak(model, policy.chunk_size, vocab_size, cuda=cuda)
@@ -110,12 +110,20 @@ def measure_budget(device: torch.device | str, policy, *, model=None, vocab_size
     return budget
 
 
+def gpu_budget(free: int, held: int, reserve: int, override: int | None = None) -> int:
+    """The GPU bytes a plan or the weights rule may use: ``free`` now plus ``held`` (ours, given back to the plan),
+    less ``reserve``; ``override`` (``policy.gpu_memory``) replaces the reading. The one rule: a read's budget
+    (``measure_budget``), the picker's (``catalogue.detect_machine``), the loader's ``weights="auto"``
+    (``quantized._auto_on_gpu``) and a stand-in card's (``card_budget``)."""
+    return override if override is not None else max(0, free + held - reserve)
+
+
 def card_budget(total_bytes: int, reserve: int = 3 << 29, context_bytes: int | None = None) -> int:
     """What a card of ``total_bytes`` gives a plan on a quiet desktop, where nothing can be read (a what-if plan,
-    a benchmark standing in for a 24 GiB card): the total less the CUDA context (``context_bytes`` where it was
-    measured, else ``CUDA_CONTEXT_BYTES``) and the reserve."""
+    a benchmark standing in for a 24 GiB card): ``gpu_budget`` of the total less the CUDA context
+    (``context_bytes`` where it was measured, else ``CUDA_CONTEXT_BYTES``)."""
     context = CUDA_CONTEXT_BYTES if context_bytes is None else context_bytes
-    return max(0, total_bytes - context - reserve)
+    return gpu_budget(max(0, total_bytes - context), 0, reserve)
 
 
 class SharedBudget:

@@ -13,15 +13,16 @@ from engine.models import quantized
 from engine.models.catalogue import (Machine, decode_seconds, expansion_scratch, load_catalogue, plan_entry,
                                      quantized_bytes, rank, shape_of)
 from engine.models.discovery import config_entry, discover, gguf_entry
+from engine.planning.budgets import card_budget
 from engine.planning.capacity import capacity_options
 from engine.planning.policy import OffloadPolicy
 
 GIB = 2**30
-RTX_4090 = Machine("RTX 4090 + 64 GiB", True, int(24 * GIB * 0.92), int(64 * GIB * 0.85), 500 * GIB, 1e14, 10.0, 900.0)
+RTX_4090 = Machine("RTX 4090 + 64 GiB", True, card_budget(24 * GIB), int(64 * GIB * 0.85), 500 * GIB, 1e14, 10.0, 900.0)
 CPU_ONLY = Machine("CPU", False, None, 16 * GIB, None, 2e10, 5.0, None, 4)
 # The planner's 4090 PC: 24 GiB GPU, 96 GiB RAM, host attention at 60 GB/s beside a 24 GB/s link (the desktop of
 # test_host_attention's split test).
-RTX_4090_PC = Machine("RTX 4090 PC", True, int(24 * GIB * 0.92), int(96 * GIB * 0.85), 500 * GIB, 1e14, 60.0, 900.0,
+RTX_4090_PC = Machine("RTX 4090 PC", True, card_budget(24 * GIB), int(96 * GIB * 0.85), 500 * GIB, 1e14, 60.0, 900.0,
                       h2d_gbps=24.0)
 
 

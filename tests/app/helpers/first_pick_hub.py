@@ -10,9 +10,10 @@ from app.first_pick import downloadable
 from app.owner import OPEN, OwnerGate
 from app.picker import ModelPicker
 from engine.models import Machine, load_catalogue
+from engine.planning.budgets import card_budget
 
 GIB = 2**30
-RTX_4090 = Machine("RTX 4090 + 64 GiB", True, int(24 * GIB * 0.92), int(64 * GIB * 0.85), 500 * GIB, 1e14, 10.0, 900.0)
+RTX_4090 = Machine("RTX 4090 + 64 GiB", True, card_budget(24 * GIB), int(64 * GIB * 0.85), 500 * GIB, 1e14, 10.0, 900.0)
 TINY_CONFIG = ('{"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64, '
                '"intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 2048}')
 FILES = {"config.json": TINY_CONFIG.encode(), "model.safetensors": b"\0" * 4096}

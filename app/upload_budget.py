@@ -1,7 +1,7 @@
 """How many upload bytes ``app.guard`` lets in when others can reach the app: Gradio's upload route takes files
 without a session (only ``--max-upload`` per file applies), so without a budget one visitor can fill the disk.
 
-A visitor (their login cookie, else their address; under ``--share`` every visitor arrives from loopback, so without
+A visitor (their login, a cookie Gradio issued, else their address; under ``--share`` every visitor arrives from loopback, so without
 logins they share one) may send ``per_client`` bytes in any ``window``; and the upload folder may hold ``total`` bytes
 (measured, with the uploads in flight). An upload must say its length (``Content-Length``): it is counted before a byte
 is read.
@@ -69,11 +69,13 @@ class UploadBudget:
 
 
 def visitor_of(scope, headers: dict[str, str]) -> str:
-    """Who sent a request: their login cookie (Gradio's ``access-token-*``) when logged in, else their address."""
+    """Who sent a request: their login (a Gradio ``access-token-*`` cookie the app issued) when logged in, else their
+    address. A cookie Gradio does not know is no login: one made up per upload was a fresh budget each."""
+    logins = getattr(scope.get("app"), "tokens", None) or {}  # Gradio's app: its issued tokens -> user names
     for part in headers.get("cookie", "").split(";"):
         name, _, value = part.strip().partition("=")
-        if name.startswith("access-token") and value:
-            return f"login:{value}"
+        if name.startswith("access-token") and value in logins:
+            return f"login:{logins[value]}"
     client = scope.get("client")
     return f"address:{client[0] if client else ''}"
 

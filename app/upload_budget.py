@@ -1,9 +1,9 @@
 """How many upload bytes ``app.guard`` lets in when others can reach the app: Gradio's upload route takes files
 without a session (only ``--max-upload`` per file applies), so without a budget one visitor can fill the disk.
 
-A visitor (their login, a cookie Gradio issued, else their address; under ``--share`` every visitor arrives from loopback, so without
-logins they share one) may send ``per_client`` bytes in any ``window``; and the upload folder may hold ``total`` bytes
-(measured, with the uploads in flight). An upload must say its length (``Content-Length``): it is counted before a byte
+A visitor (their login, a cookie Gradio issued, else their address; under ``--share`` every visitor arrives from
+loopback, so without logins they share one) may send ``per_client`` bytes in any ``window``; and the upload folder may
+hold ``total`` bytes (measured, with the uploads in flight). An upload must say its length (``Content-Length``): it is counted before a byte
 is read.
 """
 

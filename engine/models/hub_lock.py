@@ -6,7 +6,9 @@ goes into ``revisions.lock.json`` in the studio's own cache folder (``engine.pat
 download, resume and offline lookup of that repository uses the locked commit, so a repository changed upstream
 after the first download does not change what this machine runs; moving to the branch's newer commit is the owner's
 explicit update (``downloads.update_pin``). The file is written atomically (a temporary file, fsync, rename) and a
-damaged one is refused with its path and what to do, never read as empty.
+damaged one is refused with its path and what to do, never read as empty. Two processes pinning at once (two apps,
+an app and a CLI download) each read, merge and write under one exclusive lock on a file beside it (``filelock``:
+``flock`` on POSIX, ``msvcrt.locking`` on Windows, let go by the OS when its holder dies), so neither pin is lost.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from ..errors import DamagedRevisionLock
 from ..paths import cache_dir
 
@@ -31,7 +35,9 @@ VERSION = 1
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 HOWS = ("download", "cache", "update")  # how the commit was pinned: fetched, found already cached, owner's update
-_WRITING = threading.Lock()  # one read-modify-write at a time in this process
+_WRITING = threading.Lock()  # one read-modify-write at a time in this process (the file lock: across processes)
+WRITING_SUFFIX = ".writing"  # the file beside the lock file that writers lock
+WAIT_SECONDS = 60.0  # a writer holds the lock for one small write: a minute's wait is another process stuck
 
 
 @dataclass(frozen=True)
@@ -87,10 +93,16 @@ def locked(repo_id: str, path: Path | None = None) -> Locked | None:
 def record(pin: Locked, path: Path | None = None) -> None:
     """Writes ``pin`` (replacing any earlier pin of its repository) and keeps every other pin as it was."""
     path = path or lock_path()
-    with _WRITING:
-        pins = read_lock(path)  # a damaged file is refused here too: nothing is written over it
-        pins[pin.repo_id] = pin
-        _write(path, pins)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writing = path.with_name(path.name + WRITING_SUFFIX)  # kept on POSIX: another waiter may hold it open
+    try:
+        with _WRITING, FileLock(writing, timeout=WAIT_SECONDS):
+            pins = read_lock(path)  # a damaged file is refused here too: nothing is written over it
+            pins[pin.repo_id] = pin
+            _write(path, pins)
+    except Timeout as error:
+        raise OSError(f"{writing} stayed locked for {WAIT_SECONDS:.0f} s: another studio process is writing "
+                      f"{path.name} and has not finished; try again, or end that process") from error
     logger.info("%s pinned to %s (%s of %s)", pin.repo_id, pin.sha, pin.how, pin.branch)
 
 

@@ -1,6 +1,7 @@
 """Twenty visitors at once through the app's own API, on loopback: each uploads a note of its own, reads it and asks
-for its secret code word; a few leave mid-answer. Every one must be answered in its turn or refused with a reason, no
-answer may be lost or reach another visitor, memory must stay bounded and the page must stay quick for the owner.
+for its secret code word; a few leave mid-answer. Every one must be answered once at the front of the line or
+refused with a reason, no answer may be lost or reach another visitor, memory must stay bounded and the page must
+stay quick for the owner.
 
     python -m benchmarks.app.load_visitors [--visitors 20 --leaving 5 --timeout 600]
 
@@ -224,7 +225,7 @@ def _read(client, visitor: Visitor, deadline: float) -> bool:
         if isinstance(status, str):
             last[0] = status
             visitor.seen += _text(status)
-            # Said about every second while it waits (counted once), then at its place 0 when its turn is back.
+            # Said about every second while it waits (counted once), then at place 0 once it is at the front again.
             paused = "Paused after" in status and 'data-queue-position="0"' not in status
             visitor.read_pauses += paused and not last[1]
             last[1] = paused
@@ -541,9 +542,10 @@ def report(result: dict, stamp: dict) -> list[str]:
         f"work lands there); the crowd comes {config.rounds} times, one round after another (the table: the last "
         f"round). The owner fetches the page and calls `/saved` every {config.sample_seconds} s throughout; the app's "
         "RSS (children included) is sampled as often. Times are seconds from the visitor's own request. *Read*: its "
-        "first *place* in the compute device's line (1: next; – at once), its *turn* (\"Reading…\"), the *pauses* "
-        "it made between layers so that another visitor went first (each time it gave way), *done*. *Ask*: its first "
-        "place, *wait* to its turn (\"Thinking…\"), *TTFT* to its first token, *total* to the last. "
+        "first *place* in the compute device's line (1: next; – at once), its *turn*, when it reached the front "
+        "(\"Reading…\"), the *pauses* it made between layers so that another visitor went first (each time it gave "
+        "way), *done*. *Ask*: its first place, *wait* until it reached the front (\"Thinking…\"), *TTFT* to its "
+        "first token, *total* to the last. "
         + machine_line(stamp, " (2 cores shared with other jobs)"), "",
         *summary(result), "",
         "| visitor | code | connect | upload | read: place | turn | pauses | done | ask: place | wait | TTFT | "

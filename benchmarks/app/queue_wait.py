@@ -1,13 +1,13 @@
 """A question from a second tab during a first tab's long read: how long it waits for the compute device, with the
-read giving way (between chunks, and on a CPU between decoder layers) and without (the read holds its turn to its
-end, as before).
+read giving way (between chunks, and on a CPU between decoder layers) and without (the read keeps the front of the
+line to its end, as before).
 
     python -m benchmarks.app.queue_wait
 
 Two tabs through the app's own handlers and one ``ComputeQueue``, on the embedded SmolLM2-135M (CPU, float32): tab B
 reads a short text; tab A starts reading a real Debian manual (the Policy Manual PDF, "Truncate to fit": the first
 ~4K tokens, a single 4,096-token forward on a CPU); ``--after`` seconds into A's read, B asks a question. Measured:
-B's wait for its turn (Ask → "Thinking…"), B's whole answer, and A's whole read. "Before" runs the same code with
+B's wait to reach the front (Ask → "Thinking…"), B's whole answer, and A's whole read. "Before" runs the same code with
 ``ComputeQueue.give_way`` returning at once (the read keeps the device). Writes docs/benchmarks/data/queue-wait.json.
 """
 
@@ -61,15 +61,15 @@ def one_run(handlers: Handlers, manual: str, short: str, after: float) -> dict:
     read_started = next(at for at, text in read_events if "Reading" in text)
     time.sleep(max(read_started + after - time.monotonic(), 0.0))
     asked = time.monotonic()
-    turn = None
+    at_front = None
     for view in handlers.ask("What is the secret launch code of the lighthouse?", [], 16, 0.0, asker, True, False):
-        if turn is None and "Thinking" in _text(view.status):
-            turn = time.monotonic()
+        if at_front is None and "Thinking" in _text(view.status):
+            at_front = time.monotonic()
     answered = time.monotonic()
     thread.join()
     read_ended = read_events[-1][0]
     return {"read_tokens": reader.session.document_tokens, "asked_after_s": asked - read_started,
-            "wait_for_turn_s": turn - asked, "answer_s": answered - asked, "read_s": read_ended - read_started,
+            "wait_for_turn_s": at_front - asked, "answer_s": answered - asked, "read_s": read_ended - read_started,
             "read_left_when_answered_s": read_ended - answered, "paused_lines": sum("Paused after" in t for _, t in read_events),
             "read_finished": read_events[-1][1][:80]}
 

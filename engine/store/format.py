@@ -23,8 +23,9 @@ a consumer layer of KV sharing holds nothing and has no file) with its KV heads 
 out as above at its own ``g`` and ``D``. Uniform models are still written as version 3 / 4, which engines before
 version 5 read.
 
-Spans are per KV head, so a snapshot restores under any head-group size or resident placement. No
-pickle anywhere: a damaged or hostile file can fail a check, never run code.
+Spans are per head group (``head_group_size`` KV heads): a complete snapshot restores under any resident placement,
+and under another group size by regrouping head by head on the host (an 8-bit one, or a partial read, only under the
+group size it was saved with). No pickle anywhere: a damaged or hostile file can fail a check, never run code.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The load test's invariants (``benchmarks.app.load_visitors``): its checks catch what they are for, and a small run of
-the real app (``launch.py``, the embedded model) keeps them true: every visitor answered in its turn or refused with a
-reason, one leaving mid-answer, nothing delivered to the wrong visitor, the owner's page quick, memory bounded."""
+"""The load test's invariants (``benchmarks.app.load_visitors``): its checks catch what they are for, and a small run
+of the real app (``launch.py``, the embedded model) keeps them true: every visitor answered at the front of the line or
+refused with a reason, one leaving mid-answer, nothing delivered to the wrong visitor, the owner's page quick, memory
+bounded."""
 
 from __future__ import annotations
 

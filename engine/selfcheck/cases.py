@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, Gemma3TextConfig, LlamaConfig
+from transformers import AutoModelForCausalLM, DynamicCache, Gemma3TextConfig, LlamaConfig, Qwen3MoeConfig
 
 from ..cache import HeadInferCache, cache_argument
 from ..models.quantized import Quantization, quantization_config
@@ -37,14 +37,21 @@ _COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_at
 
 # What a self-check can test, and turn off where it fails.
 FEATURES = ("overlap", "host_attention", "kv8", "disk_tier")
+MOE = "qwen3-moe"
+# The MoE case checks weights (fused experts, in nf4 where the served weights are), not a KV feature: one case
+# through the whole stream path (overlap) does.
+ARCH_FEATURES = {MOE: ("overlap",)}
 
 
 def tiny_configs() -> dict[str, object]:
-    """GQA without windows (every home kind), and Gemma 3's mix of sliding-window rings and full layers."""
+    """GQA without windows (every home kind), Gemma 3's mix of sliding-window rings and full layers, and a
+    Qwen3-MoE (transformers' fused experts: nf4 under ``bnb-nf4``, as the loader quantizes them; experts 64 wide,
+    whole nf4 blocks)."""
     return {
         "llama-gqa": LlamaConfig(**_COMMON),
         "gemma3-window": Gemma3TextConfig(**_COMMON, head_dim=16, sliding_window=8,
                                           layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+        MOE: Qwen3MoeConfig(**_COMMON, head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64),
     }
 
 

@@ -37,7 +37,7 @@ from ..paths import cache_dir
 from ..planning.policy import OffloadPolicy
 from ..planning.machine_rates import measure_copy_gbps, measure_h2d_gbps, measure_host_attention_gbps
 from . import sysmem
-from .cases import FEATURES, CaseResult, TinyPair, case_policy, run_case, tiny_configs
+from .cases import ARCH_FEATURES, FEATURES, CaseResult, TinyPair, case_policy, run_case, tiny_configs
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def run_self_check(policy: OffloadPolicy, device: str | torch.device, *, folder:
             for arch in archs or tuple(tiny_configs()):
                 pair = TinyPair.build(arch, dtype, device, scheme)
                 overlap_ok = True
-                for feature in features:
+                for feature in [f for f in features if f in ARCH_FEATURES.get(arch, FEATURES)]:
                     # Once overlap failed, the other features are checked as they will run: without it.
                     feature_policy = case_policy(feature, policy, streams, overlap=overlap_ok)
                     result = run_case(feature, pair, feature_policy, workdir / f"{arch}-{feature}")

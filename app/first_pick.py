@@ -26,6 +26,7 @@ from app import escape
 from app.picker import ModelPicker, where
 from app.render import status
 from engine.models import Entry, Fit, load_catalogue, plan_entry, rank
+from engine.models.catalogue import fit_weights_label
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +36,6 @@ PROBE_KEEP_SECONDS = 300.0  # how long an answer (reachable or not) is kept befo
 FOLLOW_SECONDS = 1.0  # how often a tab's card looks for a switch made in the picker (the header's pace)
 STATED_MBPS = 50.0  # the download rate the card's time assumes (a home line's; not measured here)
 _DOWNLOADED = status("ok", "Downloaded").split("Downloaded")[0] + "Downloaded"  # the picker's words for a whole one
-_HELD = {"dense": "bf16 as stored", "8bit": "8-bit weights", "4bit": "4-bit weights"}
-
 
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
@@ -130,8 +129,7 @@ def _served_reach(picker: ModelPicker) -> int:
 def card_html(pick: Pick) -> str:
     """The card's facts, every value escaped."""
     fit, entry = pick.fit, pick.fit.entry
-    held = _HELD.get(fit.weights_mode, fit.weights_mode)
-    lossy = ", a lossy copy of the bf16 weights" if fit.weights_mode in ("8bit", "4bit") else ""
+    held = fit_weights_label(fit)  # the header's and the picker's words, lossy said so
     reads = f"{fit.reads_well:,} tokens"
     if fit.reads_tokens > fit.reads_well:
         reads += f" ({fit.reads_tokens:,} fit; answers degrade past {fit.reads_well:,}, its card says)"
@@ -143,7 +141,7 @@ def card_html(pick: Pick) -> str:
     return (f"<div class='first-pick' id='first-pick-card' data-pick='{escape.attr(entry.id)}'>"
             f"<p><b>Reads whole books here: {escape.text(entry.id)}</b> reads {escape.text(reads)} on this machine; "
             f"{escape.text(pick.served)}, served now, reads {escape.text(f'{pick.served_tokens:,}')}.</p>"
-            f"<p>Held as {escape.text(held)} ({escape.text(f'{fit.weights_bytes / 1e9:.1f}')} GB{escape.text(lossy)})."
+            f"<p>Held as {escape.text(held)} ({escape.text(f'{fit.weights_bytes / 1e9:.1f}')} GB)."
             f"{escape.text(download)} License: {escape.text(entry.license)}.</p></div>")
 
 

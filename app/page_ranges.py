@@ -68,7 +68,8 @@ class PageRanges:
                              status("error", str(exc)))
         seconds = session.read_time.estimate_prefill_range(len(tokens))
         panel = render.plan_panel(plan, len(tokens), seconds, session.policy.kv_dtype,
-                                 conversation_tokens=session.answer_budget)
+                                 conversation_tokens=session.answer_budget,
+                             weights=getattr(session, "weights", None))
         return RangeView(state, render.range_info(label, len(tokens), limit), panel, gr.update(value=False),
                          gr.update(interactive=True),
                          status("ok", f"Ready to read {label} ({len(tokens):,} tokens). Press “Read documents”."))

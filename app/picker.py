@@ -21,6 +21,7 @@ from app.browser_state import BrowserState
 from app.owner import OPEN, REFUSED, OwnerGate
 from app.render import status
 from engine import ModelHolder
+from engine.models.catalogue import fit_weights_label
 from engine.models import (
     READ_TOKENS,
     DownloadJob,
@@ -66,12 +67,9 @@ def table_rows(fits: list[Fit], serving: str, counts: dict[str, tuple[int, str]]
     return rows
 
 
-_MODES = {"dense": "as stored", "8bit": "8-bit", "4bit": "4-bit", "gguf": "GGUF blocks (the file's quantized weights)"}
-
-
 def _weights(fit: Fit) -> str:
-    """The quantization the plan assumed and the bytes it holds (the notes say which library's scheme)."""
-    return f"{_MODES.get(fit.weights_mode, fit.weights_mode)}, {fit.weights_bytes / 1e9:.1f} GB"
+    """The quantization the plan assumed, in the header's words (lossy said so), and the bytes it holds."""
+    return f"{fit_weights_label(fit)}, {fit.weights_bytes / 1e9:.1f} GB"
 
 
 def _share_read(reads: int, tokens: int | None, counted: str) -> str:

@@ -108,7 +108,8 @@ class Reading:
             if problems:
                 message = _warn("Skipped: " + " ".join(problems)) + message
             panel = render.plan_panel(plan, len(tokens), seconds, session.policy.kv_dtype, _options(session, plan),
-                                     conversation_tokens=session.answer_budget)
+                                     conversation_tokens=session.answer_budget,
+                                     weights=getattr(session, "weights", None))  # (the tests' fakes: none)
             read = tokens.text == state.read_text and session.is_prefilled  # the set read already: nothing new
             if read:
                 message = status("ok", f"Already read ({len(tokens):,} tokens with the prompt). Ask away.")
@@ -356,7 +357,8 @@ def _truncated_plan(session: DocumentSession, num_chosen: int) -> str:
     seconds = session.read_time.estimate_prefill_range(session.document_tokens)
     return render.plan_panel(plan, session.document_tokens, seconds, session.policy.kv_dtype,
                              _options(session, plan), truncated_from=num_chosen, stopped_in=last_page(session.document),
-                             conversation_tokens=session.answer_budget)
+                             conversation_tokens=session.answer_budget,
+                             weights=getattr(session, "weights", None))
 
 
 def _read_plan(session: DocumentSession, state: BrowserState, last: PrefillProgress | None) -> str:
@@ -368,7 +370,8 @@ def _read_plan(session: DocumentSession, state: BrowserState, last: PrefillProgr
     truncated = {"truncated_from": chosen, "stopped_in": last_page(session.document)} if chosen > \
         session.document_tokens else {}
     return render.plan_panel(plan, session.document_tokens, None, session.policy.kv_dtype, _options(session, plan),
-                             conversation_tokens=session.answer_budget, read_seconds=seconds, **truncated)
+                             conversation_tokens=session.answer_budget, read_seconds=seconds,
+                             weights=getattr(session, "weights", None), **truncated)
 
 
 def _options(session: DocumentSession, plan) -> list:

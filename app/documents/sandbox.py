@@ -1,6 +1,6 @@
 """Untrusted files are read in a box: a child process with a memory limit (``RLIMIT_AS`` and ``RLIMIT_DATA``, set
-in the child before it reads anything) and a time limit (killed past ``BoxLimits.seconds``), so a 1 MB bomb can
-neither take gigabytes of the app's memory nor hold the upload slot for minutes. Every way a file can fail in the
+in the child before it reads anything) and a time limit (killed past ``BoxLimits.seconds`` of its processor time), so
+a 1 MB bomb can neither take gigabytes of the app's memory nor hold the upload slot for minutes. Every way a file can fail in the
 box (a refusal, a parser's error, out of memory, killed, crashed) comes back as a :class:`DocumentError` naming
 that file and the reason; the other files of a set still read.
 
@@ -41,6 +41,15 @@ logger = logging.getLogger(__name__)
 HAS_RESOURCE = resource is not None and not shaped()
 POLL_SECONDS = 0.05  # the fallback's look at the child's memory: a bomb grows ~100 MB in that time at most
 MAX_CHILDREN = 2  # at most this many files read at once; more wait for a free child
+CPU_POLL_SECONDS = 0.25  # how often the reader's processor time is looked at
+
+
+class Starved(Exception):
+    """The reader was given too little processor time to finish (a busy machine, not the file)."""
+
+    def __init__(self, cpu_seconds: float, wall_seconds: float):
+        super().__init__(f"{cpu_seconds:.1f} s of CPU in {wall_seconds:.1f} s")
+        self.cpu_seconds, self.wall_seconds = cpu_seconds, wall_seconds
 
 
 _SHARED: list[Box] = []
@@ -80,7 +89,7 @@ class Box:
                                     f"({exc.strerror or exc}). Try again in a moment.") from exc
             started = time.monotonic()
             try:
-                outcome, value = child.ask((str(path), name), self.limits.seconds,
+                outcome, value = child.ask((str(path), name), self.limits.seconds, self.limits.wall_seconds,
                                            None if HAS_RESOURCE else self.limits.memory_bytes)
             except MemoryError:  # the fallback's poll saw it past the limit
                 child.kill()
@@ -89,10 +98,18 @@ class Box:
                 raise self._out_of_memory(name) from None
             except TimeoutError:
                 child.kill()
-                logger.warning("reading %s passed %.0f s: its reader was killed", name, self.limits.seconds)
+                logger.warning("reading %s passed %.0f s of its reader's time: it was killed", name,
+                               self.limits.seconds)
                 raise DocumentError(f"{name} took longer than {self.limits.seconds:.0f} s to read, so it was "
                                     "stopped: it is too large or built to stall a reader. Split it, or save it as "
                                     "PDF or plain text and upload that.") from None
+            except Starved as starved:
+                child.kill()
+                logger.warning("reading %s had %.0f s of CPU in %.0f s: the machine is too busy", name,
+                               starved.cpu_seconds, starved.wall_seconds)
+                raise DocumentError(f"{name} could not be read now: the machine is too busy (its reader had "
+                                    f"{starved.cpu_seconds:.0f} s of processor time in {starved.wall_seconds:.0f} s)."
+                                    " Try again in a moment.") from None
             except (EOFError, OSError):  # the child died: the kernel's kill, or PDFium aborting on a failed malloc
                 code = child.kill()
                 logger.warning("the reader of %s died (exit code %s) after %.1f s", name, code,
@@ -152,22 +169,40 @@ class _Child:
         self._process.start()
         theirs.close()
         self.idle_since = time.monotonic()
+        self._ready = False  # until the child says so, once its imports are done
 
     def is_alive(self) -> bool:
         return self._process.is_alive()
 
-    def ask(self, request: tuple[str, str], seconds: float, memory_bytes: int | None = None) -> tuple[str, object]:
-        """The child's answer to ``request``; ``TimeoutError`` past ``seconds``, ``EOFError`` when it died, and
-        ``MemoryError`` when ``memory_bytes`` is given and its resident memory passes it (looked at every
-        ``POLL_SECONDS``: the fallback where the child cannot cap its own)."""
+    def ask(self, request: tuple[str, str], seconds: float, wall_seconds: float,
+            memory_bytes: int | None = None) -> tuple[str, object]:
+        """The child's answer to ``request``; ``TimeoutError`` past ``seconds`` of its own processor time (a file
+        that stalls its reader), ``Starved`` past ``wall_seconds`` on the clock short of that (a busy machine),
+        ``EOFError`` when it died, and ``MemoryError`` when ``memory_bytes`` is given and its resident memory passes
+        it (looked at every ``POLL_SECONDS``: the fallback where the child cannot cap its own)."""
+        started = time.monotonic()
         self._connection.send(request)
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            if self._connection.poll(left if memory_bytes is None else min(left, POLL_SECONDS)):
-                return self._connection.recv()
+        used = None if not self._ready else self._cpu_seconds()  # a new child's start (its imports) is not the file's
+        step = CPU_POLL_SECONDS if memory_bytes is None else POLL_SECONDS
+        while (wall := time.monotonic() - started) < wall_seconds:
+            if self._connection.poll(step):
+                answer = self._connection.recv()
+                if answer[0] != "ready":
+                    return answer
+                self._ready, used, started = True, self._cpu_seconds(), time.monotonic()
+                continue
             if memory_bytes is not None and self._resident() > memory_bytes:
                 raise MemoryError
-        raise TimeoutError
+            if used is not None and self._cpu_seconds() - used > seconds:
+                raise TimeoutError
+        raise Starved(self._cpu_seconds() - (used or 0.0), wall)
+
+    def _cpu_seconds(self) -> float:
+        try:
+            times = psutil.Process(self._process.pid).cpu_times()
+            return times.user + times.system
+        except psutil.Error:  # it is gone: the next poll sees the closed pipe
+            return 0.0
 
     def _resident(self) -> int:
         try:
@@ -188,6 +223,7 @@ def serve(connection: Connection, memory_bytes: int | None, idle_seconds: float)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a console's Ctrl+C reaches us too: the app ends us, or its pipe
     if memory_bytes is not None:
         limit_memory(memory_bytes)
+    connection.send(("ready", None))
     while connection.poll(idle_seconds):
         try:
             path, name = connection.recv()

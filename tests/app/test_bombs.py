@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -166,12 +168,33 @@ def test_a_slow_file_is_stopped_at_the_time_limit_even_without_resource(tmp_path
     monkeypatch.setattr(sandbox, "HAS_RESOURCE", False)  # as on Windows: no memory limit, the time limit holds
     slow = make_long_docx(tmp_path / "long.docx")  # 100,000 paragraphs: ~10 s of python-docx
     good = make_good_docx(tmp_path / "good.docx")
-    box = Box(BoxLimits(seconds=2))
+    box = Box(BoxLimits(seconds=1, wall_seconds=40))  # 1 s of the reader's processor time, even on a busy machine
     try:
         started = time.monotonic()
-        with pytest.raises(DocumentError, match=r"^long.docx took longer than 2 s to read, so it was stopped"):
+        with pytest.raises(DocumentError, match=r"^long.docx took longer than 1 s to read, so it was stopped"):
             box.extract(slow, "long.docx")
-        assert time.monotonic() - started < 8
+        assert time.monotonic() - started < 40
+        assert "pier four" in box.extract(good, "good.docx").text  # a fresh child reads the next file
+    finally:
+        box.close()
+
+
+def test_a_reader_starved_by_a_busy_machine_says_so_and_not_that_the_file_stalls_it(tmp_path):
+    """The limit counts the reader's processor time: a reader given none (stopped, as a machine busy with other
+    work all but stops it) is ended at the clock's limit, saying the machine was busy."""
+    good = make_good_docx(tmp_path / "good.docx")
+    box = Box(BoxLimits(seconds=1, wall_seconds=3))
+    try:
+        assert "pier four" in box.extract(good, "good.docx").text
+        reader = box._idle[0]._process.pid
+        os.kill(reader, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(DocumentError) as refused:
+            box.extract(good, "good.docx")
+        assert refused.value.args[0].startswith("good.docx could not be read now: the machine is too busy (its "
+                                                "reader had 0 s of processor time in ")
+        assert "stall" not in str(refused.value)
+        assert 3 <= time.monotonic() - started < 30  # the clock's limit: a stopped reader burns no processor time
         assert "pier four" in box.extract(good, "good.docx").text  # a fresh child reads the next file
     finally:
         box.close()

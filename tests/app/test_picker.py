@@ -29,7 +29,7 @@ def test_rows_keep_numbers_as_numbers_and_mark_the_served_model():
     assert by_id["HuggingFaceTB/SmolLM2-135M-Instruct"][14] == "serving now"
     assert "gated" in by_id["meta-llama/Llama-3.1-8B-Instruct"][14]
     assert "RULER 128K 84.4" in by_id["Qwen/Qwen2.5-7B-Instruct-1M"][13]
-    assert by_id["Qwen/Qwen2.5-14B-Instruct-1M"][16].startswith("8-bit, ")  # bf16's 29.6 GB exceed the card
+    assert by_id["Qwen/Qwen2.5-14B-Instruct-1M"][16].startswith("8-bit weights (bitsandbytes LLM.int8")  # bf16's 29.6 GB exceed the card
 
 
 def test_serve_refuses_what_the_engine_cannot_serve_or_this_machine_cannot_hold(tmp_path):
@@ -193,5 +193,6 @@ def test_a_27b_gguf_found_on_disk_is_listed_with_its_blocks_bytes_and_the_window
     device = gguf_device_bytes(gguf)
     rows = _picker().refresh(str(gguf))[0]
     row = next(row for row in rows if row[0] == "big-Q4_K_M")
-    assert row[16] == f"GGUF blocks (the file's quantized weights), {(device.held + device.scratch) / 1e9:.1f} GB"
+    assert row[16] == (f"GGUF blocks (exact to the GGUF file; a lossy copy of the bf16 model), "
+                       f"{(device.held + device.scratch) / 1e9:.1f} GB")
     assert row[1] == 131072 and "lossy copy of the bf16 weights" in row[15] and "Does not fit" not in row[15]

@@ -112,6 +112,7 @@ MAKERS = {
     "sequence": lambda w: 4, "truncated_from": lambda w: 20_000, "conversation_tokens": lambda w: 256,
     "cap": lambda w: 1 << 30, "stopped": lambda w: True, "enabled": lambda w: True,
     "stats": lambda w: w, "range_label": lambda w: w, "read_tokens": lambda w: 712, "read_seconds": lambda w: 61.0,
+    "mode": lambda w: w, "weights": lambda w: ("bnb-nf4", w),
 }
 
 

@@ -62,7 +62,11 @@ def test_a_self_check_that_cannot_run_is_said_in_the_header(monkeypatch, caplog)
 
 
 def test_the_header_names_quantized_weights_and_says_when_they_are_lossy():
-    assert "GGUF blocks" in render.model_header({"name_or_path": "m", "weights": "gguf"})
-    assert 'class="lossy">int8 weights (lossy)' in render.model_header({"name_or_path": "m", "weights": "int8"})
+    from engine.models.quantized import label
+
+    gguf = render.model_header({"name_or_path": "m", "weights": "gguf", "weights_label": label("gguf")})
+    assert 'class="lossy">GGUF blocks (exact to the GGUF file; a lossy copy of the bf16 model)' in gguf
+    int8 = render.model_header({"name_or_path": "m", "weights": "int8", "weights_label": label("int8")})
+    assert 'class="lossy">int8 weights (' in int8 and "a lossy copy" in int8
     dense = render.model_header({"name_or_path": "m", "weights": "dense"})
     assert "GGUF" not in dense and "int8" not in dense

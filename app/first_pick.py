@@ -25,8 +25,7 @@ import gradio as gr
 from app import escape
 from app.picker import ModelPicker, where
 from app.render import status
-from engine.models import Entry, Fit, load_catalogue, plan_entry, rank
-from engine.models.catalogue import fit_weights_label
+from engine.models import Entry, Fit, fit_weights_label, load_catalogue, plan_entry, rank
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,6 @@ from app.browser_state import BrowserState
 from app.owner import OPEN, REFUSED, OwnerGate
 from app.render import status
 from engine import ModelHolder
-from engine.models.catalogue import fit_weights_label
 from engine.models import (
     READ_TOKENS,
     DownloadJob,
@@ -29,6 +28,7 @@ from engine.models import (
     Entry,
     Fit,
     Machine,
+    fit_weights_label,
     ModelSourceError,
     cached_snapshot,
     count_tokens,

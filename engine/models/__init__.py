@@ -4,7 +4,8 @@ served model is ``engine.ModelHolder`` (``engine/serving.py``, above the session
 use these names; the rest of the folder is internal."""
 
 from ..planning.window import trained_window
-from .catalogue import READ_TOKENS, Entry, Fit, Machine, detect_machine, load_catalogue, plan_entry, rank
+from .catalogue import (READ_TOKENS, Entry, Fit, Machine, detect_machine, fit_weights_label, load_catalogue,
+                        plan_entry, rank)
 from .discovery import discover
 from .downloads import DownloadJob, DownloadProgress, cached_snapshot, pin_status, update_pin
 from ..errors import ModelSourceError, UnsupportedModelError
@@ -21,6 +22,6 @@ from .token_count import TokenCount, count_tokens
 
 __all__ = ["READ_TOKENS", "DownloadJob", "DownloadProgress", "Entry", "Fit", "Machine", "ModelSourceError",
            "UnsupportedModelError", "cached_snapshot", "check_supported", "cpu_default_source", "default_source",
-           "describe", "detect_machine", "discover", "kv_head_counts", "load_catalogue", "load_model", "plan_entry",
+           "describe", "detect_machine", "discover", "fit_weights_label", "kv_head_counts", "load_catalogue", "load_model", "plan_entry",
            "pin_status", "pypi_model_gguf", "update_pin",
            "rank", "read_config", "resolve_device", "TokenCount", "count_tokens", "trained_window"]

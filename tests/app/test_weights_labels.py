@@ -12,7 +12,7 @@ from transformers import LlamaConfig
 from app import escape, picker, render
 from app.first_pick import Pick, card_html
 from engine.models import load_catalogue, plan_entry
-from engine.models.catalogue import fit_weights_label
+from engine.models import fit_weights_label
 from engine.models.quantized import GGUF_LABEL, INT8_LABEL, label
 from engine.planning.planner import make_plan
 from engine.planning.policy import OffloadPolicy

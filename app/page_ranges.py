@@ -8,7 +8,7 @@ import gradio as gr
 
 from app import render
 from app.browser_state import BrowserState
-from app.pieces import choices, describe, first_part_that_fits, pieces_of, range_text, range_tokens
+from app.pieces import choices, describe, first_part_that_fits, parts_read, pieces_of, range_text, range_tokens
 from app.pages import tokenize
 from app.render import status
 from app.views import FirstPartView, RangeOffer, RangeView
@@ -45,7 +45,7 @@ class PageRanges:
         whole = state.full_tokens
         if session is None or whole is None or not state.pieces or first is None or last is None:
             state.tokens, state.range_label = whole, None
-            return RangeView(state, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE)
+            return RangeView(state, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE, NO_CHANGE)
         first, last = sorted((int(first), int(last)))
         last = min(last, len(state.pieces) - 1)
         label = describe(state.pieces, first, last)
@@ -53,24 +53,26 @@ class PageRanges:
         estimate = range_tokens(whole, state.pieces, first, last)
         if estimate is not None and estimate > 1.05 * limit:  # clearly too long: not worth tokenizing
             state.tokens, state.range_label = whole, None
-            return RangeView(state, render.range_info(label, estimate, limit), NO_CHANGE, NO_CHANGE, NO_CHANGE,
+            return RangeView(state, _table(state), render.range_info(label, estimate, limit), NO_CHANGE, NO_CHANGE,
+                             NO_CHANGE,
                              status("warn", f"{label} takes about {estimate:,} tokens; at most {limit:,} fit."))
         tokens = tokenize(session, range_text(whole.text, state.pieces, first, last))
         if len(tokens) > limit:
             state.tokens, state.range_label = whole, None
-            return RangeView(state, render.range_info(label, len(tokens), limit), NO_CHANGE, NO_CHANGE, NO_CHANGE,
-                             status("warn", f"{label} takes {len(tokens):,} tokens; at most {limit:,} fit."))
+            return RangeView(state, _table(state), render.range_info(label, len(tokens), limit), NO_CHANGE, NO_CHANGE,
+                             NO_CHANGE, status("warn", f"{label} takes {len(tokens):,} tokens; at most {limit:,} fit."))
         state.tokens, state.range_label = tokens, label
         try:
             plan = session.plan(tokens)
         except PlanError as exc:
-            return RangeView(state, render.range_info(label, len(tokens), limit), NO_CHANGE, NO_CHANGE, NO_CHANGE,
-                             status("error", str(exc)))
+            return RangeView(state, _table(state), render.range_info(label, len(tokens), limit), NO_CHANGE,
+                             NO_CHANGE, NO_CHANGE, status("error", str(exc)))
         seconds = session.read_time.estimate_prefill_range(len(tokens))
         panel = render.plan_panel(plan, len(tokens), seconds, session.policy.kv_dtype,
                                  conversation_tokens=session.answer_budget,
                              weights=getattr(session, "weights", None))
-        return RangeView(state, render.range_info(label, len(tokens), limit), panel, gr.update(value=False),
+        return RangeView(state, _table(state), render.range_info(label, len(tokens), limit), panel,
+                         gr.update(value=False),
                          gr.update(interactive=True),
                          status("ok", f"Ready to read {label} ({len(tokens):,} tokens). Press “Read documents”."))
 
@@ -84,6 +86,19 @@ class PageRanges:
             return FirstPartView(NO_CHANGE, NO_CHANGE, status("warn", "Not even the first page fits; tick "
                                                                       "“Truncate to fit” to read its beginning."))
         return FirstPartView(gr.update(value=0), gr.update(value=last), NO_CHANGE)
+
+
+def _table(state: BrowserState) -> str:
+    """The files table of what "Read documents" reads: the chosen range's pages, characters and tokens (the counts
+    the plan and the status say beside it), else the whole set's."""
+    tokens = state.tokens
+    if state.range_label is None or tokens is None:
+        return render.files_table(state.documents, state.token_counts, len(state.full_tokens))
+    parts = parts_read(tokens.text, state.documents)
+    counts = [tokens.count_between(start, end) for _, start, end in parts]
+    counts = [state.session.count_tokens(doc.text) if count is None else count
+              for (doc, _, _), count in zip(parts, counts, strict=True)]
+    return render.files_table([doc for doc, _, _ in parts], counts, len(tokens), state.range_label)
 
 
 def _document_limit(session: DocumentSession, plan: Plan) -> int:

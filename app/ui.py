@@ -318,7 +318,7 @@ def _wire_reading(page: Page, handlers: Handlers):
         api_name="upload", concurrency_id="ingest", concurrency_limit=1, show_progress="minimal").then(
         handlers.range_offer, [state], [page.range_box, page.range_from, page.range_to, page.range_info],
         api_visibility="private", **_LIGHT)
-    chosen_range = [state, page.range_info, page.plan, page.truncate, page.read_button, page.status_box]
+    chosen_range = [state, page.table, page.range_info, page.plan, page.truncate, page.read_button, page.status_box]
     for end in (page.range_from, page.range_to):
         end.change(handlers.choose_range, [page.range_from, page.range_to, state], chosen_range,
                    api_visibility="private", concurrency_id="ingest", concurrency_limit=1, show_progress="hidden")

@@ -30,6 +30,7 @@ class RangeOffer(NamedTuple):
 
 class RangeView(NamedTuple):
     state: BrowserState
+    table: Any
     range_info: str
     plan: Any
     truncate: Any

@@ -1,7 +1,7 @@
 """A way into a whole book, in a real Chromium: a labelled PDF (its /PageLabels written by pypdf) too long for the
-model's window offers a page range with a live token count; the range read cites the book's printed page numbers,
-and the page viewer shows the PDF page as a tooltip; reopened from the shelf in another tab, the files table shows
-the range's pages and characters, not the whole book's."""
+model's window offers a page range with a live token count, and the files table counts the chosen range; the range
+read cites the book's printed page numbers, and the page viewer shows the PDF page as a tooltip; reopened from the
+shelf in another tab, the files table shows the range's pages and characters, not the whole book's."""
 
 from __future__ import annotations
 
@@ -66,6 +66,11 @@ def test_a_page_range_of_a_labelled_book_cites_printed_page_numbers(page, tmp_pa
     page.wait_for_function("() => document.querySelector('#range-info').innerText.startsWith('p. 38 – p. 44')")
     info = page.locator("#range-info .range-info")
     assert info.get_attribute("data-fits") == "true" and int(info.get_attribute("data-tokens")) < 7168
+    # The files table beside it counts what is to be read: the range's seven pages and its tokens, not the book's.
+    page.wait_for_function("() => document.querySelector('#files-table')?.innerText.includes('p. 38 – p. 44')")
+    pages, chars = _file_row(page)
+    assert pages == 7 and chars < whole_chars / 4, (pages, chars, whole_chars)
+    assert page.get_attribute("#files-table .files-scroll", "data-read-tokens") == info.get_attribute("data-tokens")
     page.wait_for_selector("#plan .plan[data-fits=true]")
     page.click("#read")
     page.wait_for_selector("#prefill-progress .progress[data-state=done]")

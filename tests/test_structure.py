@@ -233,7 +233,6 @@ def test_the_long_function_count_sees_methods_and_nested_functions(tmp_path):
 # Modules that are mostly one class whose file keeps another name, each for a reason (issue 52: one word per thing).
 NAMED_APART = {
     "app/backend_session.py": "backend_* are the --backend wing's files; RemoteSession is the engine session's double",
-    "app/documents/sandbox.py": "the file's job is the sandbox; Box is its child process, the word BoxLimits uses",
     "engine/kv/pinned.py": "pinned host memory: HostMemory allocates it, 'pinned' is the plan's and pin budget's word",
     "engine/reports.py": "the reports the engine streams: PrefillProgress and AnswerChunk, neither the file's one class",
     "engine/serving.py": "serving (switching the served model) is the layer the wing rules name; ModelHolder is public",

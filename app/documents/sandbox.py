@@ -44,7 +44,7 @@ MAX_CHILDREN = 2  # at most this many files read at once; more wait for a free c
 CPU_POLL_SECONDS = 0.25  # how often the reader's processor time is looked at
 
 
-class Starved(Exception):
+class _Starved(Exception):
     """The reader was given too little processor time to finish (a busy machine, not the file)."""
 
     def __init__(self, cpu_seconds: float, wall_seconds: float):
@@ -103,7 +103,7 @@ class Box:
                 raise DocumentError(f"{name} took longer than {self.limits.seconds:.0f} s to read, so it was "
                                     "stopped: it is too large or built to stall a reader. Split it, or save it as "
                                     "PDF or plain text and upload that.") from None
-            except Starved as starved:
+            except _Starved as starved:
                 child.kill()
                 logger.warning("reading %s had %.0f s of CPU in %.0f s: the machine is too busy", name,
                                starved.cpu_seconds, starved.wall_seconds)
@@ -177,7 +177,7 @@ class _Child:
     def ask(self, request: tuple[str, str], seconds: float, wall_seconds: float,
             memory_bytes: int | None = None) -> tuple[str, object]:
         """The child's answer to ``request``; ``TimeoutError`` past ``seconds`` of its own processor time (a file
-        that stalls its reader), ``Starved`` past ``wall_seconds`` on the clock short of that (a busy machine),
+        that stalls its reader), ``_Starved`` past ``wall_seconds`` on the clock short of that (a busy machine),
         ``EOFError`` when it died, and ``MemoryError`` when ``memory_bytes`` is given and its resident memory passes
         it (looked at every ``POLL_SECONDS``: the fallback where the child cannot cap its own)."""
         started = time.monotonic()
@@ -195,7 +195,7 @@ class _Child:
                 raise MemoryError
             if used is not None and self._cpu_seconds() - used > seconds:
                 raise TimeoutError
-        raise Starved(self._cpu_seconds() - (used or 0.0), wall)
+        raise _Starved(self._cpu_seconds() - (used or 0.0), wall)
 
     def _cpu_seconds(self) -> float:
         try:

@@ -36,12 +36,13 @@ def test_meters_during_a_read_show_written_against_reserved(embedded_model, secr
     assert midway, "the read reported no progress midway"
     done, total, html = midway[len(midway) // 2]
     reserved = _number(html, "kv-device") + _number(html, "kv-host")
-    assert _number(html, "context-tokens") == done  # the tokens read so far, not 0
+    # The tokens read so far, not 0 (the read goes on in its thread: by the meters' look it may be a chunk further).
+    assert done <= _number(html, "context-tokens") <= total
     assert 0 < _number(html, "kv-written") < reserved  # written so far, not the reserved size
     assert 0 < _kv_fill(html) < 100
     assert "written / reserved" in html
     # Filled in proportion: the written bytes go as the tokens done (the plan's bytes per token).
-    fills = [_number(page, "kv-written") / tokens for tokens, _, page in midway]
+    fills = [_number(page, "kv-written") / _number(page, "context-tokens") for _, _, page in midway]
     assert max(fills) == pytest.approx(min(fills), rel=1e-6)
     after = handlers.meters(state)  # the read over: the cache's own count
     assert _number(after, "context-tokens") == state.session.document_tokens

@@ -36,6 +36,15 @@ def _as_a_fresh_process() -> None:
     interrupt._STOPPING.clear()  # Ctrl+C's stop holds for the rest of the process: a fresh one starts without it
 
 
+@pytest.fixture(autouse=True)
+def console_ctrl_c():
+    """Ctrl+C as a console delivers it: a run started in the background of a shell inherits SIGINT ignored (which the
+    studio keeps ignored, and passes to launch.py through exec); these tests are of the console's Ctrl+C."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture
 def serving():
     yield

@@ -1,8 +1,9 @@
 """Comments say why in a line or two and name their report; numbers live in the reports (docs/benchmarks/).
 
 A comment run or docstring over three lines that carries a figure with a unit (``tests/helpers/comments.py``) is
-flagged, save the ones counted below: figures that are settings, limits or formats rather than measurements, and
-the measurement narrative still left in files being reworked elsewhere. Each count may only fall."""
+flagged, save the ones counted below: figures that are settings, limits or formats rather than measurements. Each
+count may only fall; no measurement is left in a long comment (the last ones moved to their reports' "Notes from the
+code")."""
 
 from __future__ import annotations
 
@@ -30,12 +31,6 @@ SETTINGS = {
     "launch.py": 1,  # its usage examples' flag values (--gpu-memory 20GiB)
 }
 
-#: Measurements still in comments of files others are reworking (the CPU wing, the launcher, the API, the support
-#: flag): to move into their reports once that work has landed.
-NOT_YET = {
-    "engine/answer/support.py": 1,
-}
-
 
 def _found(root: Path = ROOT) -> Counter:
     return Counter(str(block.path.relative_to(root)) for path in python_files(root)
@@ -43,16 +38,14 @@ def _found(root: Path = ROOT) -> Counter:
 
 
 def _beyond_settings(found: Counter) -> int:
-    """Flagged blocks that are not counted settings: the files NOT_YET names may be renamed meanwhile, so they are
-    held to their total, not file by file."""
+    """Flagged blocks that are not counted settings."""
     return sum(max(0, count - SETTINGS.get(path, 0)) for path, count in found.items())
 
 
 def test_no_long_comment_carries_measurements():
     found = _found()
-    if _beyond_settings(found) > sum(NOT_YET.values()):
-        flagged = [str(block) for path in python_files(ROOT) for block in long_blocks_with_figures(path)
-                   if str(path.relative_to(ROOT)) not in NOT_YET]
+    if _beyond_settings(found):
+        flagged = [str(block) for path in python_files(ROOT) for block in long_blocks_with_figures(path)]
         raise AssertionError("comments over three lines carrying figures: say why in a line or two, name the report "
                              f"(docs/benchmarks/...) and move the figures there (or count a setting): {flagged}")
 
@@ -61,7 +54,6 @@ def test_the_counts_fall_with_the_code():
     found = _found()
     stale = {path: (count, found[path]) for path, count in SETTINGS.items() if found[path] < count}
     assert not stale, f"fewer flagged blocks than SETTINGS counts (path: (counted, found)): lower them: {stale}"
-    assert _beyond_settings(found) >= sum(NOT_YET.values()), "fewer measurement blocks left: update NOT_YET"
 
 
 def test_the_check_flags_a_long_comment_or_docstring_with_a_figure(tmp_path):

@@ -279,16 +279,8 @@ def grounded_share(answer: str, question: str, pages: list[str]) -> float | None
     return len(own & seen) / len(own)
 
 
-# Fitted per model on the eval set (docs/benchmarks/support.md, "judged per answer"), matched on the lowercased name
-# or path the model was loaded from; the first match wins, a model matching none takes the CPU default model's. The
-# labels are the answers' own: a right answer is supported, a wrong one (an invented default, another program's
-# option) is not, whichever question it answers. Held out (each answer judged by thresholds fitted on the other 63
-# of 64 questions): Qwen2.5-Coder-1.5B 73% of unsupported answers flagged (19/26), 8% of supported ones (3/37; the
-# 70% / 10% target met) with its attention share and mean log-prob; SmolLM2-135M 63% / 9% (32/51, 1/11) with its
-# claim tokens' log-prob; Qwen2.5-Coder-0.5B 41% / 8% (16/39, 2/25) with its attention share. With the choice of
-# rule held out too (picked among 30 rules on the other answers) the rates are lower: support.md. The question's
-# words the document uses (``asked_share``) is measured and shipped by none (on 48 questions it won SmolLM2's pick;
-# on 64 it no longer does). The thresholds are rounded up so that they flag exactly the answers the fit flags.
+# Fitted per model, each on its own signals (docs/benchmarks/support.md, "judged per answer"; held-out rates in its
+# "Notes from the code"); matched on the lowercased name or path, first match wins, else the CPU default's (first).
 _FITTED: tuple[tuple[str, SupportThresholds], ...] = (
     ("qwen2.5-coder-1.5b",
      SupportThresholds(min_document_share=0.536, min_mean_logprob=-0.341, min_grounded_share=0.0)),

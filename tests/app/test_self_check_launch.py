@@ -32,7 +32,7 @@ def test_on_a_gpu_the_failed_features_of_the_report_are_turned_off(monkeypatch, 
     report = types.SimpleNamespace(failed=["kv8"], status_line=lambda: "self-check: kv8 wrong, turned off")
     monkeypatch.setattr(selfcheck, "first_use", lambda policy, device, weights="dense": report)
     policy = startup.make_policy(cli.build_parser().parse_args(["--kv-8bit", "int8"]))
-    with caplog.at_level(logging.WARNING, logger="engine.selfcheck.run"):
+    with caplog.at_level(logging.WARNING, logger="engine.selfcheck.report"):
         safe, line = startup.apply_first_use_self_check(policy, "cuda")
     assert safe.kv_dtype is None and line == "self-check: kv8 wrong, turned off"
     assert "8-bit KV" in caplog.text

@@ -112,7 +112,7 @@ def test_greedy_tokens_identical_over_the_same_quantized_weights(pair):
 
 def test_the_self_check_of_a_quantized_model_runs_tiny_models_quantized_alike(tmp_path):
     from engine import OffloadPolicy
-    from engine.selfcheck import run as selfcheck
+    from engine.selfcheck import report as selfcheck
     from engine.selfcheck.cases import TinyPair
 
     pair = TinyPair.build("gemma3-window", torch.float32, torch.device("cpu"), SCHEMES["bnb-nf4"])

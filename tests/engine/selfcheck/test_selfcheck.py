@@ -12,7 +12,7 @@ import torch
 
 import engine
 from engine import OffloadPolicy
-from engine.selfcheck import run as selfcheck
+from engine.selfcheck import report as selfcheck
 from engine.kv.host_attention import HostAttention
 from engine.selfcheck.cases import compare
 
@@ -67,7 +67,7 @@ def test_a_wrong_host_kernel_fails_host_attention_alone_which_is_turned_off(monk
     assert report.failed == ["host_attention"]
     assert "host_attention" in report.status_line() and "✓" not in report.status_line()
     assert json.loads(next((tmp_path / "self-check").glob("*.json")).read_text())["failed"] == ["host_attention"]
-    with caplog.at_level(logging.WARNING, logger="engine.selfcheck.run"):
+    with caplog.at_level(logging.WARNING, logger="engine.selfcheck.report"):
         safe = selfcheck.disable(policy, report.failed)
     assert safe.host_attention == "off" and safe.overlap
     assert "host attention" in caplog.text and "streamed" in caplog.text
@@ -109,7 +109,7 @@ def test_a_case_that_cannot_be_set_up_is_not_checked_and_its_feature_stays_on(mo
     assert [case.passed for case in report.cases if case.feature == "overlap"] == [True]
     assert report.unchecked == ["disk_tier"]
     assert "not checked: disk_tier" in report.status_line() and "wrong" not in report.status_line()
-    with caplog.at_level(logging.WARNING, logger="engine.selfcheck.run"):
+    with caplog.at_level(logging.WARNING, logger="engine.selfcheck.report"):
         kept = selfcheck.disable(policy, selfcheck.cached_report(policy, "cpu", tmp_path).failed)
     assert kept == policy and "disk tier" not in caplog.text  # the tier stays on, on this start and the next
     stored = json.loads(next((tmp_path / "self-check").glob("*.json")).read_text())

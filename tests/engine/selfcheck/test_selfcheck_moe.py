@@ -9,7 +9,7 @@ import torch
 from engine import OffloadPolicy
 from engine.models import quantized_experts
 from engine.models.quantized import SCHEMES
-from engine.selfcheck import run as selfcheck
+from engine.selfcheck import report as selfcheck
 from engine.selfcheck.cases import MOE, TinyPair
 
 pytest.importorskip("bitsandbytes")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.selfcheck.run import SelfCheckReport
+from engine.selfcheck.report import SelfCheckReport
 from engine.selfcheck.sysmem import SETTING, link_gbps, verdict
 
 GEN4_X16 = link_gbps(4, 16)  # an RTX 4090's link: 31.5 GB/s each way

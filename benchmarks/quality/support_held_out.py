@@ -44,6 +44,7 @@ FITTED_ANSWERS = DATA / "data" / "support.jsonl"  # support_eval's answers: the 
 REPORT = DATA / "support-held-out.md"
 CLAIMS = DATA / "data" / "support-claim.jsonl"  # the claim check's P(yes) per cached answer (``support_claim``)
 COUNTERFACTUALS = DATA / "data" / "support-counterfactual.jsonl"  # ``support_counterfactual``'s gain per answer
+REVERSES = DATA / "data" / "support-reverse.jsonl"  # ``support_reverse``'s margin and own-token gain per answer
 MODEL = "qwen2.5-coder-1.5b"  # the CPU default model (engine/models/pypi.py)
 READING = "## Reading"  # the hand-written part of the report starts at this heading, kept when the tables are rewritten
 PEAKS = 8  # the document positions with the most answer attention kept per answer
@@ -142,7 +143,7 @@ def claim_checks(path: Path = CLAIMS, model: str = MODEL) -> dict[tuple[str, str
 
 
 def labelled_rows(records: list[dict], texts: dict[str, str], claims: dict | None = None,
-                  counterfactuals: dict | None = None) -> list[dict]:
+                  counterfactuals: dict | None = None, reverses: dict | None = None) -> list[dict]:
     """``by_answer``'s rows (a right answer supported, a wrong one unsupported, "the document does not say" left
     out), each with every signal: support_eval's, ``min_entity_share`` and ``min_binding_share`` (on the pages the
     answer cites) and the claim check's P(yes) where ``claims`` holds it."""
@@ -164,8 +165,11 @@ def labelled_rows(records: list[dict], texts: dict[str, str], claims: dict | Non
         found["min_claim_after"], found["min_claim_quoted"] = claim.get("yes_after"), claim.get("yes_quoted")
         swap = (counterfactuals or {}).get((record["document"], record["question"]))
         found["min_counterfactual"] = swap.get("gain") if swap else None
+        reverse = (reverses or {}).get((record["document"], record["question"]))
+        found["min_own_gain"] = reverse.get("own_gain") if reverse else None
+        found["min_reverse_margin"] = reverse.get("reverse_margin") if reverse else None
         rows.append({**record, "signals": found, "claim_s": [claim.get("check_s_after"), claim.get("check_s_quoted")],
-                     "counterfactual": swap})
+                     "counterfactual": swap, "reverse": reverse})
     return rows
 
 
@@ -422,6 +426,26 @@ def _counterfactual_lines(rows: list[dict]) -> list[str]:
                   f"K/V, on the 2 busy cores): {sum(seconds) / len(seconds):.1f} s an answer (median "
                   f"{sorted(seconds)[len(seconds) // 2]:.1f} s), {len(seconds)} answers."]
     return lines + [""]
+
+
+# The reverse question (``support_reverse``) and the own-token gain (``support_own_gain``): a model pass per answer,
+# cached in ``REVERSES``. Listed with the signals' rules before any score was read: 6 new rules (two earlier ones beside).
+REVERSE_RULES = {
+    "share + log-prob": BEFORE,
+    "share + binding": ("min_document_share", "min_binding_share"),
+    "reverse margin": ("min_reverse_margin",),
+    "share + reverse margin": ("min_document_share", "min_reverse_margin"),
+    "own-token gain": ("min_own_gain",),
+    "share + own-token gain": ("min_document_share", "min_own_gain"),
+    "share + binding + reverse margin": ("min_document_share", "min_binding_share", "min_reverse_margin"),
+    "share + reverse margin + own-token gain": ("min_document_share", "min_reverse_margin", "min_own_gain"),
+}
+
+
+def reverse_scores(path: Path = REVERSES, model: str = MODEL) -> dict[tuple[str, str], dict]:
+    """{(manual, question): the reverse scoring's line} of ``model`` (``support_reverse``'s cache)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return {(r["document"], r["question"]): r for r in lines if r["model"] == model}
 
 
 SIGNAL_COLUMNS = {"share": "min_document_share", "mean log-prob": "min_mean_logprob", "entity": "min_entity_share",

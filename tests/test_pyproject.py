@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "requirements.txt", "README.md", "launch.py", "process_env.py", "app", "engine", "assets")
+SOURCES = ("pyproject.toml", "requirements.txt", "README.md", "launch.py", "process_env.py", "byte_units.py", "app",
+           "engine", "assets")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def test_the_wheel_holds_what_launch_runs(wheel):
     for module in _top_level_imports(ROOT / "launch.py") | _top_level_imports(ROOT / "process_env.py"):
         if module in ours:
             assert f"{module}.py" in names or f"{module}/__init__.py" in names, module
-    wanted = {"launch.py", "process_env.py", "app/cli.py", "app/startup.py", "app/upload_check.js",
+    wanted = {"launch.py", "process_env.py", "byte_units.py", "app/cli.py", "app/startup.py", "app/upload_check.js",
               "engine/kv/host_kernel.c", "engine/native/common.h", "engine/models/catalogue.json",
               "assets/style.css", "assets/logo.svg"}  # the C kernels built at first use, the page's assets (app/ui.py)
     assert wanted <= names, wanted - names

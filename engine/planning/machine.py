@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import psutil
 import torch
+from byte_units import format_bytes  # noqa: F401 (engine.format_bytes: the app's and the reader's, torch-free)
 
 from ..kv import route
 from .gpu_ids import indexed, nvml_handle
@@ -124,17 +125,3 @@ def no_forward_in_flight() -> None:
     (an update whose attention never ran) must not be taken for its own (``kv/route.py``)."""
 
     route.clear()
-
-
-def format_bytes(n: int | None) -> str:
-    """Formats a byte count with binary units, e.g. ``"1.23 GiB"``; ``None`` is ``"n/a"``."""
-    if n is None:
-        return "n/a"
-    sign, value = ("-" if n < 0 else ""), float(abs(n))
-    if value < 1024:
-        return f"{sign}{int(value)} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            return f"{sign}{value:.2f} {unit}"
-    raise AssertionError("unreachable")

@@ -8,7 +8,7 @@ unavailable with this backend, on the page, rather than shown empty or made up.
 Shared (``--share``, logins), it keeps the page's own guarantees with the page's own parts: each tab's state answers
 only the login and browser that first used it (``app.tab_owner``, ``app.browser_id``), so another visitor who sends
 its session hash can neither continue, read back nor stop its conversation; reads and questions take the visitor caps
-(``app.visitor_caps``) and then turns in one line (``app.compute_queue``), so one visitor cannot flood the owner's
+(``app.visitor_caps``) and then wait in one line (``app.compute_queue``), so one visitor cannot flood the owner's
 backend; a closed tab leaves the line and lets go of its documents.
 """
 
@@ -80,7 +80,7 @@ def unavailable_html() -> str:
 
 class BackendPage:
     """The page's event functions over ``client`` (one per app; each tab has its own ``BackendTab``). ``caps``: the
-    visitor caps (``NO_CAPS``: the owner alone); ``queue``: the line the backend's requests take turns in."""
+    visitor caps (``NO_CAPS``: the owner alone); ``queue``: the line the backend's requests wait in."""
 
     def __init__(self, client: BackendClient, models: list[BackendModel], *, caps: CapLimits | None = None,
                  queue: ComputeQueue | None = None):
@@ -152,7 +152,7 @@ class BackendPage:
         running = render.progress_bar(0, 0, state="running")
         ticket = self.queue.join(f"reading {len(text):,} characters", len(text) / self.read_pace)
         try:
-            if not (yield from self._turn(ticket, state, lambda line: (state, running, line, NO_CHANGE))):
+            if not (yield from self._wait_front(ticket, state, lambda line: (state, running, line, NO_CHANGE))):
                 yield state, render.progress_bar(), status("info", "You left the queue; nothing was read."), NO_CHANGE
                 return
             yield state, running, status("info", f"The backend is reading {len(text):,} characters…"), []
@@ -200,7 +200,7 @@ class BackendPage:
         history += [{"role": "user", "content": question}, {"role": "assistant", "content": "…"}]
         ticket = self.queue.join("answering a question", self.answers.expected_seconds(max_new_tokens))
         try:
-            if not (yield from self._turn(ticket, state, lambda line: (state, list(history), "", line))):
+            if not (yield from self._wait_front(ticket, state, lambda line: (state, list(history), "", line))):
                 history[-1] = {"role": "assistant", "content": "*(left the queue before an answer)*"}
                 yield state, list(history), NO_CHANGE, status("info", "You left the queue; nothing was asked.")
                 return
@@ -223,9 +223,9 @@ class BackendPage:
         finally:
             self.queue.leave(ticket)
 
-    def _turn(self, ticket: Ticket, state: BackendTab, view: Callable[[str], tuple]) -> Iterator[tuple]:
-        """Waits for ``ticket``'s turn, yielding ``view(the line's status)``; False when the tab pressed Stop or
-        closed first (then it has left the line)."""
+    def _wait_front(self, ticket: Ticket, state: BackendTab, view: Callable[[str], tuple]) -> Iterator[tuple]:
+        """Waits for ``ticket`` to reach the front of the line, yielding ``view(the line's status)``; False when the
+        tab pressed Stop or closed first (then it has left the line)."""
         return (yield from self.queue.in_line(ticket, lambda: state.stop_requested or state.is_closed, view))
 
     def stop(self, state: BackendTab | None) -> None:

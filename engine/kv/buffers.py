@@ -180,7 +180,7 @@ class Appends:
 
     events: tuple
     entries: list = field(default_factory=list)
-    turn: int = 0
+    next_event: int = 0  # which of ``events`` the next append records
 
 
 @dataclass(frozen=True)

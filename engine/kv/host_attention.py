@@ -45,7 +45,7 @@ from ..native.workers import TorchWorkers, shared_workers, usable_cores
 TILE_BYTES = {"torch": 1 << 20, "native": 2 << 20}
 _MIN_TILE_BYTES = 64 << 10  # below this a tile's fixed cost dominates, even if some workers stay idle
 
-_RUNS_PER_WORKER = 4
+_SWEEPS_PER_WORKER = 4
 _scratch = threading.local()  # per worker thread: the fp32 copy of the tile being computed
 
 
@@ -69,15 +69,15 @@ class _Call:
 
 
 class HostJob:
-    """One layer's host attention in flight. The worker finishing the last run merges the partials there: its
+    """One layer's host attention in flight. The worker finishing the last sweep merges the partials there: its
     torch ops run single-threaded, while on the caller's thread they would wake an OpenMP team per op."""
 
-    def __init__(self, call: _Call, num_runs: int, query: torch.Tensor, fold_scale: float, out: torch.Tensor,
+    def __init__(self, call: _Call, num_sweeps: int, query: torch.Tensor, fold_scale: float, out: torch.Tensor,
                  streams):
         self._call, self._query, self._fold_scale = call, query, fold_scale
         self._out, self._streams = out, streams
         self._error: BaseException | None = None
-        self._runs_left, self._failed, self._lock = num_runs, False, threading.Lock()
+        self._sweeps_left, self._failed, self._lock = num_sweeps, False, threading.Lock()
         self._is_folded, self._fold_lock = False, threading.Lock()
         self._futures: list[Future] = []
         self._started = time.perf_counter()
@@ -115,9 +115,9 @@ class HostJob:
             is_done = True
         finally:
             with self._lock:
-                self._runs_left -= 1
+                self._sweeps_left -= 1
                 self._failed |= not is_done
-                is_last = self._runs_left == 0 and not self._failed
+                is_last = self._sweeps_left == 0 and not self._failed
             if is_last:
                 self._merge()
 
@@ -258,20 +258,20 @@ class HostAttention:
         row_bytes = batch * 2 * g * head_dim * kvs[0].element_size()
         most = max(16, self.tile_bytes // row_bytes)
         fewest = min(most, max(16, _MIN_TILE_BYTES // row_bytes))
-        runs = _RUNS_PER_WORKER * self.workers.num_threads
-        tile = min(most, max(fewest, math.ceil((stop - start) * num_groups / runs)))  # every worker gets tiles
+        sweeps = _SWEEPS_PER_WORKER * self.workers.num_threads
+        tile = min(most, max(fewest, math.ceil((stop - start) * num_groups / sweeps)))  # every worker gets tiles
         num_tiles = math.ceil((stop - start) / tile)
         m = torch.empty(num_groups, num_tiles, batch, g, rows, 1)
         call = _Call(folded, tuple(kvs), tuple(scales) if scales else None, start, stop - q_len, q_len,
                      window, softcap, tile, m,
                      torch.empty_like(m), torch.empty(num_groups, num_tiles, batch, g, rows, head_dim))
         tasks = [(h, s) for h in range(num_groups) for s in range(num_tiles)]
-        # Contiguous runs of tiles (each walks memory forward), a few per worker: few futures, and a worker
+        # Contiguous sweeps of tiles (each walks memory forward), a few per worker: few futures, and a worker
         # that the OS pauses delays only a small share of the job.
-        per_run = math.ceil(len(tasks) / runs)
-        runs = [tasks[i : i + per_run] for i in range(0, len(tasks), per_run)]
-        job = HostJob(call, len(runs), query, scaling / softcap if softcap else scaling, out, self.streams)
-        job._futures = [self.streams.submit(self.workers, job._run, run, ready) for run in runs]
+        per_sweep = math.ceil(len(tasks) / sweeps)
+        sweeps = [tasks[i : i + per_sweep] for i in range(0, len(tasks), per_sweep)]
+        job = HostJob(call, len(sweeps), query, scaling / softcap if softcap else scaling, out, self.streams)
+        job._futures = [self.streams.submit(self.workers, job._run, sweep, ready) for sweep in sweeps]
         return job
 
     def attend(self, query: torch.Tensor, kvs: list[torch.Tensor], start: int, stop: int, **kwargs) -> torch.Tensor:
@@ -282,7 +282,7 @@ class HostAttention:
 
 
 def _tile_spans(call: _Call, tasks: list[tuple[int, int]]):
-    """(group, first, last) token ranges a run of tiles reads, one per contiguous stretch of a group."""
+    """(group, first, last) token ranges a sweep of tiles reads, one per contiguous stretch of a group."""
     spans: list[list[int]] = []
     for group, index in tasks:
         first = call.start + index * call.tile

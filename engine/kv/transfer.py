@@ -135,8 +135,8 @@ class Transfer:
             return
         disk = self.disk
         staging, appends = self._staging[index], self._appends[layer_idx]
-        event = appends.events[appends.turn]
-        appends.turn ^= 1
+        event = appends.events[appends.next_event]
+        appends.next_event ^= 1
         with self.streams.use(self.d2h):
             # The copies must not start before the compute stream has written the staging buffer.
             self.d2h.wait_event(staging.produced)

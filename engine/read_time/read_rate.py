@@ -5,7 +5,7 @@ A read's time is priced as ``forwards · c + tokens · a + pairs · b``: a fixed
 operation overheads, most of a short forward on a busy CPU), the tokens' linear work, and causal attention's
 (query, key) pairs. All three are measured from forwards of ``READ_RATE_TOKENS`` run as a read runs them (the
 three unknowns from three sizes, non-negative least squares, the pair term never below its share of the FLOPs),
-each size run twice and its faster run kept.
+each size timed twice and the faster kept.
 
 Why three measured terms, not the planner's FLOP model scaled (the earlier cost model): that model tied the
 attention term to the linear one by their FLOP counts and two short forwards (128 and 512 tokens) priced the rest;
@@ -47,7 +47,7 @@ from .costs import CostFit, LoadProbe, ReadCosts, pairs
 logger = logging.getLogger(__name__)
 
 READ_RATE_TOKENS = (128, 512, 1536)  # three sizes for three unknowns; the largest sees attention's quadratic term
-_RUNS_PER_SIZE = 2  # the faster of two: a size's first forward pays first-use costs, a busy machine spikes
+_TIMINGS_PER_SIZE = 2  # the faster of two: a size's first forward pays first-use costs, a busy machine spikes
 # On a CPU a FLOP of attention costs this many FLOPs of the weight matmuls: fitted (a shared factor, each table its own
 # per-forward and per-token cost) to the two tables of forwards timed in a row in estimate-error.md (2026-11-26, 128
 # to 4,096 tokens, load 2-8 and ~20); scored on first reads it was not fitted on (estimate-accuracy.md).
@@ -154,7 +154,7 @@ def measure_read_rate(model, vocab_size: int, forward: Callable[[torch.Tensor], 
                       should_stop: Callable[[], bool] = lambda: False,
                       give_way: Callable[[], None] | None = None, pair_floor: float = 0.0,
                       tied: bool = False) -> ReadRate | None:
-    """Times forwards of ``READ_RATE_TOKENS`` as ``forward(ids)`` runs them (a read's), each ``_RUNS_PER_SIZE``
+    """Times forwards of ``READ_RATE_TOKENS`` as ``forward(ids)`` runs them (a read's), each ``_TIMINGS_PER_SIZE``
     times, the faster kept, after a short warm-up, with ``probe()`` (the load probe's seconds) before and after; fits
     them (``fit_forwards``, the pair term at least ``pair_floor`` times the token term, or exactly that ``tied``). None when ``should_stop()`` turned true (checked between forwards and between layers).
     ``give_way()`` runs between layers and may block (a plan being made): that time is not counted."""
@@ -174,7 +174,7 @@ def measure_read_rate(model, vocab_size: int, forward: Callable[[torch.Tensor], 
             forward(ids[:, :8])  # warm-up: first-use costs of the model (a native kernel compiles on a clean cache)
             for n in READ_RATE_TOKENS:
                 best = math.inf
-                for _ in range(_RUNS_PER_SIZE):
+                for _ in range(_TIMINGS_PER_SIZE):
                     if should_stop():
                         return None
                     synchronize(device)  # (on a GPU a forward only launches kernels: the clock must see them run)

@@ -25,6 +25,7 @@ import gradio as gr
 from app import escape
 from app.picker import ModelPicker, where
 from app.render import status
+from byte_units import format_bytes, format_rate
 from engine.models import Entry, Fit, fit_weights_label, load_catalogue, plan_entry, rank
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ HUB = "https://huggingface.co"
 PROBE_SECONDS = 3.0  # the probe's bound: a page never waits on the Hub longer than this
 PROBE_KEEP_SECONDS = 300.0  # how long an answer (reachable or not) is kept before the Hub is asked again
 FOLLOW_SECONDS = 1.0  # how often a tab's card looks for a switch made in the picker (the header's pace)
-STATED_MBPS = 50.0  # the download rate the card's time assumes (a home line's; not measured here)
+STATED_RATE = 50 * 2**20  # bytes/s: the download rate the card's time assumes (a home line's; not measured here)
 _DOWNLOADED = status("ok", "Downloaded").split("Downloaded")[0] + "Downloaded"  # the picker's words for a whole one
 
 def _offline() -> bool:
@@ -134,13 +135,13 @@ def card_html(pick: Pick) -> str:
         reads += f" ({fit.reads_tokens:,} fit; answers degrade past {fit.reads_well:,}, its card says)"
     download = ""
     if entry.download_gb:
-        minutes = entry.download_gb * 1e3 / STATED_MBPS / 60
-        download = (f" Downloads {entry.download_gb:.1f} GB: about {minutes:.0f} min at {STATED_MBPS:.0f} MB/s "
-                    f"(a stated rate, not measured on this line).")
+        size = entry.download_gb * 1e9  # the catalogue's sizes are the Hub's, in decimal GB
+        download = (f" Downloads {format_bytes(size)}: about {size / STATED_RATE / 60:.0f} min at "
+                    f"{format_rate(STATED_RATE)} (a stated rate, not measured on this line).")
     return (f"<div class='first-pick' id='first-pick-card' data-pick='{escape.attr(entry.id)}'>"
             f"<p><b>Reads whole books here: {escape.text(entry.id)}</b> reads {escape.text(reads)} on this machine; "
             f"{escape.text(pick.served)}, served now, reads {escape.text(f'{pick.served_tokens:,}')}.</p>"
-            f"<p>Held as {escape.text(held)} ({escape.text(f'{fit.weights_bytes / 1e9:.1f}')} GB)."
+            f"<p>Held as {escape.text(held)} ({escape.text(format_bytes(fit.weights_bytes))})."
             f"{escape.text(download)} License: {escape.text(entry.license)}.</p></div>")
 
 

@@ -20,6 +20,7 @@ from app import escape
 from app.browser_state import BrowserState
 from app.owner import OPEN, REFUSED, OwnerGate
 from app.render import status
+from byte_units import format_bytes, in_gib
 from engine import ModelHolder
 from engine.models import (
     READ_TOKENS,
@@ -46,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 COLUMNS = ["Model", "Reads here (tokens)", "Your documents (tokens)", "Reads of your documents", "RAM (tokens)",
            "8-bit KV (tokens)", "Disk tier (tokens)", "Window (tokens)", f"Read {READ_TOKENS // 1000}K tokens (min)",
-           "Decode (s/token)", "Params (B)", "Download (GB)", "License", "Published long-context score", "Where",
+           "Decode (s/token)", "Params (B)", "Download (GiB)", "License", "Published long-context score", "Where",
            "Notes", "Weights as planned"]
 _POLL_SECONDS = 0.5
 
@@ -62,14 +63,14 @@ def table_rows(fits: list[Fit], serving: str, counts: dict[str, tuple[int, str]]
         rows.append([e.id, fit.reads_tokens, tokens if tokens is not None else "",
                      _share_read(fit.reads_tokens, tokens, counted), fit.ram_tokens, fit.int8_tokens,
                      fit.disk_tokens or 0, fit.window or 0, round(fit.read_seconds / 60, 1),
-                     round(fit.decode_seconds, 3), round(e.params / 1e9, 2), e.download_gb or 0, e.license, score,
-                     where(e, serving), " ".join(fit.notes), _weights(fit)])
+                     round(fit.decode_seconds, 3), round(e.params / 1e9, 2), in_gib((e.download_gb or 0) * 1e9),
+                     e.license, score, where(e, serving), " ".join(fit.notes), _weights(fit)])
     return rows
 
 
 def _weights(fit: Fit) -> str:
     """The quantization the plan assumed, in the header's words (lossy said so), and the bytes it holds."""
-    return f"{fit_weights_label(fit)}, {fit.weights_bytes / 1e9:.1f} GB"
+    return f"{fit_weights_label(fit)}, {format_bytes(fit.weights_bytes)}"
 
 
 def _share_read(reads: int, tokens: int | None, counted: str) -> str:
@@ -217,8 +218,8 @@ class ModelPicker:
                 worker.join(_POLL_SECONDS)
                 if progress:
                     p = progress[-1]
-                    yield status("info", f"Downloading {entry.id}: {p.done_bytes / 1e9:.2f} of "
-                                         f"{p.total_bytes / 1e9:.2f} GB ({100 * p.fraction:.0f}%), file "
+                    yield status("info", f"Downloading {entry.id}: {format_bytes(p.done_bytes)} of "
+                                         f"{format_bytes(p.total_bytes)} ({100 * p.fraction:.0f}%), file "
                                          f"{min(p.files_done + 1, p.files_total)} of {p.files_total}")
         finally:
             with self._lock:
@@ -274,7 +275,7 @@ class ModelPicker:
             return status("warn", f"Still serving {self.holder.name}: {str(error)}")
         self._machine = None
         return status("ok", f"Now serving {report.new} (loaded in {report.load_seconds:.0f} s). "
-                            f"{report.returned_bytes / 2**30:.2f} GiB of memory returned from {report.old}; "
+                            f"{format_bytes(report.returned_bytes)} of memory returned from {report.old}; "
                             f"{report.closed_documents} open document set(s) closed: read them again with the new "
                             f"model. Saved documents stay tied to the model that read them.")
 

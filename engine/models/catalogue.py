@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from byte_units import format_bytes
 
 from . import gguf_device, quantized
 from .loader import SUPPORTED_ARCHITECTURES, gguf_gpu_mode
@@ -223,15 +224,15 @@ def weights_note(mode: str, held: int, entry: Entry) -> str:
         kinds = _gguf_device_bytes(entry.location, BF16) if entry.location else None
         blocks = f", {kinds.quantization}" if kinds is not None else ""
         return (f"Planned with GGUF blocks (the file's quantized weights{blocks}; a lossy copy of the bf16 weights): "
-                f"{held / 1e9:.1f} GB on the GPU with a layer's expansion scratch (bf16: "
-                f"{entry.params * BF16 / 1e9:.1f} GB).")
+                f"{format_bytes(held)} on the GPU with a layer's expansion scratch (bf16: "
+                f"{format_bytes(entry.params * BF16)}).")
     if mode == "dense" and _is_gguf(entry):
-        return f"Planned with the GGUF expanded to bf16 weights ({held / 1e9:.1f} GB on the GPU): they fit."
+        return f"Planned with the GGUF expanded to bf16 weights ({format_bytes(held)} on the GPU): they fit."
     if mode == "dense":
-        return f"Planned with bf16 weights as stored ({held / 1e9:.1f} GB on the GPU)."
+        return f"Planned with bf16 weights as stored ({format_bytes(held)} on the GPU)."
     scheme = quantized.resolve(mode, "cuda", check_installed=False)
-    return (f"Planned with {scheme.label()}: {held / 1e9:.1f} GB on the GPU with its expansion scratch "
-            f"(bf16: {entry.params * BF16 / 1e9:.1f} GB).")
+    return (f"Planned with {scheme.label()}: {format_bytes(held)} on the GPU with its expansion scratch "
+            f"(bf16: {format_bytes(entry.params * BF16)}).")
 
 
 def plan_entry(entry: Entry, machine: Machine, *, chunk_size: int = 4096) -> Fit:

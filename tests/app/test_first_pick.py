@@ -4,6 +4,7 @@ the served model, hidden offline or when the pick is served; its button download
 
 from __future__ import annotations
 
+import re
 import socket
 import threading
 
@@ -17,6 +18,7 @@ from owner_link import gradio_request, owner_cookie
 from app import escape
 from app.first_pick import FirstPick, HubProbe, Pick, card_html
 from app.owner import REFUSED, new_gate
+from byte_units import format_bytes
 from engine.models import load_catalogue, plan_entry
 
 
@@ -43,7 +45,7 @@ def test_the_card_names_the_pick_where_the_hub_answers_and_asks_the_hub_once():
         assert f"Reads whole books here: {pick}</b>" in facts and "SmolLM2-135M-Instruct, served now" in facts
         fit = plan_entry(next(e for e in load_catalogue() if e.id == pick), RTX_4090)
         assert f"reads {fit.reads_well:,} tokens on this machine" in facts
-        assert f"({fit.weights_bytes / 1e9:.1f} GB" in facts and "a stated rate, not measured" in facts
+        assert f"({format_bytes(fit.weights_bytes)})" in facts and "a stated rate, not measured" in facts
         assert card.show() == (shown, facts) and len(hub.requests) == 1  # the probe's answer is kept
 
 
@@ -53,7 +55,9 @@ def test_a_quantized_pick_says_which_quantization_and_that_it_is_lossy():
     assert fit.weights_mode == "4bit"  # 55.6 GB in bf16 on a 24 GiB card
     facts = card_html(Pick(fit, "<img src=x onerror=alert(1)>", 8192))
     assert "Held as 4-bit weights" in facts and "a lossy copy of the bf16 weights" in facts
-    assert "about 19 min at 50 MB/s" in facts  # 55.6 GB at the stated 50 MB/s
+    # Sizes and the rate in the meters' units (issue 51: the card said "55.6 GB" and "50 MB/s" beside MiB/GiB).
+    assert "Downloads 51.78 GiB: about 18 min at 50.00 MiB/s" in facts  # 55.6e9 bytes at the stated 50 MiB/s
+    assert f"({format_bytes(fit.weights_bytes)})." in facts and not re.search(r"\d ?[KMGT]B\b", facts), facts
     assert "&lt;img src=x onerror=alert(1)&gt;, served now, reads 8,192" in facts and "<img" not in facts
 
 

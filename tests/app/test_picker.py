@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from app.picker import COLUMNS, ModelPicker, _share_read, table_rows
+from byte_units import format_bytes
 from engine.models.catalogue import load_catalogue, plan_entry, rank
 
 from first_pick_hub import RTX_4090
@@ -30,6 +32,18 @@ def test_rows_keep_numbers_as_numbers_and_mark_the_served_model():
     assert "gated" in by_id["meta-llama/Llama-3.1-8B-Instruct"][14]
     assert "RULER 128K 84.4" in by_id["Qwen/Qwen2.5-7B-Instruct-1M"][13]
     assert by_id["Qwen/Qwen2.5-14B-Instruct-1M"][16].startswith("8-bit weights (bitsandbytes LLM.int8")  # bf16's 29.6 GB exceed the card
+
+
+def test_every_size_in_the_table_is_in_binary_units():
+    # Issue 51: the table said "Download (GB)" and "..., 2.9 GB" beside the meters' MiB and GiB.
+    entries = load_catalogue()
+    rows = table_rows(rank([plan_entry(e, RTX_4090) for e in entries]), "HuggingFaceTB/SmolLM2-135M-Instruct")
+    download = COLUMNS.index("Download (GiB)")
+    by_id = {row[0]: row for row in rows}
+    qwen = next(e for e in entries if e.id == "Qwen/Qwen3.6-27B")
+    assert by_id[qwen.id][download] == 51.78 == round(qwen.download_gb * 1e9 / 2**30, 2)  # 55.6 GB on the Hub
+    assert all(re.search(r", \d+\.\d\d (KiB|MiB|GiB|TiB)$", row[16]) for row in rows), [row[16] for row in rows]
+    assert not [cell for row in rows for cell in row if isinstance(cell, str) and re.search(r"\d ?[KMGT]B\b", cell)]
 
 
 def test_serve_refuses_what_the_engine_cannot_serve_or_this_machine_cannot_hold(tmp_path):
@@ -194,5 +208,5 @@ def test_a_27b_gguf_found_on_disk_is_listed_with_its_blocks_bytes_and_the_window
     rows = _picker().refresh(str(gguf))[0]
     row = next(row for row in rows if row[0] == "big-Q4_K_M")
     assert row[16] == (f"GGUF blocks (exact to the GGUF file; a lossy copy of the bf16 model), "
-                       f"{(device.held + device.scratch) / 1e9:.1f} GB")
+                       f"{format_bytes(device.held + device.scratch)}")
     assert row[1] == 131072 and "lossy copy of the bf16 weights" in row[15] and "Does not fit" not in row[15]

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from byte_units import format_bytes
 from engine.models import quantized
 from engine.models.catalogue import (Machine, decode_seconds, expansion_scratch, load_catalogue, plan_entry,
                                      quantized_bytes, rank, shape_of)
@@ -222,7 +223,8 @@ def test_a_gguf_on_a_4090_is_planned_as_the_loader_holds_it_blocks_where_bf16_do
     assert device.held < 1.01 * entry.download_gb * 1e9 < entry.params  # the file's bytes, not bf16's
     assert fit.ram_tokens > fit.reads_tokens == fit.window == 131072
     assert any(note.startswith("Planned with GGUF blocks (the file's quantized weights, Q4_K+Q6_K; a lossy copy of "
-                               "the bf16 weights): 14.5 GB") for note in fit.notes)
+                               f"the bf16 weights): {format_bytes(device.held + device.scratch)} on the GPU")
+               for note in fit.notes)
     entry, fit, _ = planned["8b"]
     assert fit.weights_mode == "dense" and fit.weights_bytes == entry.params * 2
     assert fit.reads_tokens == 131072

@@ -13,7 +13,10 @@ import zipfile
 from pathlib import Path
 
 from app.documents.document import DocumentError
-from app.documents.limits import GIB, MAX_MEMBERS, MAX_RATIO, MAX_UNPACKED_BYTES, MIB, RATIO_FROM_BYTES
+from app.documents.limits import MAX_MEMBERS, MAX_RATIO, MAX_UNPACKED_BYTES, RATIO_FROM_BYTES
+from byte_units import format_bytes  # the meters' units; torch-free, as the reading child is
+
+format_size = format_bytes  # sandbox.py's name for it: the one formatter, not a second
 
 
 def check_zip(path: Path, name: str, what: str) -> None:
@@ -32,13 +35,13 @@ def check_zip(path: Path, name: str, what: str) -> None:
         raise _refused(name, what, f"it holds {len(members):,} files (at most {MAX_MEMBERS:,} are read)")
     unpacked = sum(member.file_size for member in members)
     if unpacked > MAX_UNPACKED_BYTES:
-        raise _refused(name, what, f"it unpacks to {format_size(unpacked)} "
-                                   f"(at most {format_size(MAX_UNPACKED_BYTES)} are read)")
+        raise _refused(name, what, f"it unpacks to {format_bytes(unpacked)} "
+                                   f"(at most {format_bytes(MAX_UNPACKED_BYTES)} are read)")
     for member in members:
         ratio = member.file_size / max(member.compress_size, 1)
         if member.file_size > RATIO_FROM_BYTES and ratio > MAX_RATIO:
             raise _refused(name, what, f"its part {member.filename[:80]!r} inflates {ratio:,.0f} times "
-                                       f"(to {format_size(member.file_size)}; real documents pack under "
+                                       f"(to {format_bytes(member.file_size)}; real documents pack under "
                                        f"{MAX_RATIO} times), the mark of a zip bomb")
     if (part := _nested_entities(path, members)) is not None:
         raise _refused(name, what, f"its part {part[:80]!r} defines XML entities out of other entities, the mark "
@@ -69,12 +72,6 @@ _XML_SUFFIXES = (".xml", ".xhtml", ".html", ".htm", ".opf", ".ncx", ".rels", ".s
 PROLOG_BYTES = 256 << 10
 # <!ENTITY name "... &other; ...">: a value that refers to another entity (not a character reference, &#160;).
 _NESTED_ENTITY = re.compile(rb"""<!ENTITY\s+(?:%\s+)?[^\s"']+\s+(?:"[^"]*&[^#"][^"]*"|'[^']*&[^#'][^']*')""")
-
-
-def format_size(num_bytes: int) -> str:
-    """``"1.5 GB"``, ``"300 MB"``: the engine's ``format_bytes`` is not imported here (the reading child has no
-    engine, and no torch)."""
-    return f"{num_bytes / GIB:,.1f} GB" if num_bytes >= GIB else f"{num_bytes / MIB:,.0f} MB"
 
 
 def _refused(name: str, what: str, why: str) -> DocumentError:

@@ -298,8 +298,8 @@ class SnapshotStore:
     def _require_free_space(self, size: int) -> None:
         free = shutil.disk_usage(self.root).free
         if free < size + (64 << 20):
-            raise OSError(errno.ENOSPC, f"not enough free disk space for a {size / 1e9:.2f} GB snapshot "
-                                        f"({free / 1e9:.2f} GB free in {self.root})")
+            raise OSError(errno.ENOSPC, f"not enough free disk space for a {format_bytes(size)} snapshot "
+                                        f"({format_bytes(free)} free in {self.root})")
 
     def _remove_stale_temporaries(self) -> None:
         now = time.time()

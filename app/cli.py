@@ -33,6 +33,8 @@ _UNITS = {
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }  # fmt: skip
+SIZE_UNITS = ("SIZE: a number of bytes, or with a unit: KiB, MiB, GiB, TiB (binary, 2^10 ...: the units the page "
+              "shows sizes in; a bare K, M, G or T too) or KB, MB, GB, TB (decimal, 10^3 ...: 16GB is 14.90 GiB)")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
@@ -90,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="launch.py",
         description="HeadInfer Studio: ask questions of whole books with an LLM whose KV cache is "
                     "offloaded head by head to host RAM.",
+        epilog=SIZE_UNITS,
     )
     model = parser.add_argument_group("model")
     model.add_argument("--model", default=None, metavar="PATH_OR_ID",
@@ -124,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="GPU memory left to the display, the browser and other programs when the budget is "
                              "read (default: 1.5GiB)")
     memory.add_argument("--host-memory", type=parse_size, default=None, metavar="SIZE",
-                        help="host RAM budget for the offloaded KV cache, e.g. 64GB "
+                        help="host RAM budget for the offloaded KV cache, e.g. 64GiB "
                              "(default: ~85%% of the available RAM)")
     memory.add_argument("--chunk-size", type=_positive_int, default=None, metavar="TOKENS",
                         help="tokens per prefill chunk; smaller uses less GPU memory for activations "
@@ -176,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a name a reverse proxy serves the app under (repeatable): requests for it and from "
                              "https://NAME are the app's own; visitors are then kept apart, as with --share")
     server.add_argument("--max-upload", type=parse_size, default=DEFAULT_MAX_UPLOAD, metavar="SIZE",
-                        help="largest file a visitor may upload, e.g. 100MB; larger ones are refused before "
+                        help="largest file a visitor may upload, e.g. 100MiB; larger ones are refused before "
                              "they reach the app (default: 256MiB)")
     server.add_argument("--max-question", type=_positive_int, default=None, metavar="TOKENS",
                         help="longest question a visitor may ask, in tokens; longer ones are refused at once, with "

@@ -31,6 +31,8 @@ def test_help_lists_and_explains_every_flag():
         assert flag in result.stdout
     text = " ".join(result.stdout.split())  # argparse wraps the help where it likes
     assert "embedded SmolLM2" in text and "20GiB" in text
+    # The units a SIZE means, binary (the page's) and decimal (still taken: parsing is not display), issue 51.
+    assert "KiB, MiB, GiB, TiB (binary" in text and "KB, MB, GB, TB (decimal" in text and "64GB" not in text
 
 
 @pytest.mark.parametrize(("text", "size"), [

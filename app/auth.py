@@ -183,7 +183,7 @@ def add_user(path: Path, name: str, password: str) -> bool:
     descriptor = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w", encoding="utf-8") as sink:
         sink.write("\n".join(kept) + "\n")
-    os.chmod(scratch, 0o600)  # a scratch file left by an earlier run may have had other bits
+    os.chmod(scratch, 0o600)  # a scratch file left by an earlier start may have had other bits
     os.replace(scratch, path)
     return len(kept) == len(lines)
 

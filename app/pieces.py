@@ -82,7 +82,7 @@ def range_tokens(tokens: DocumentTokens, pieces: Sequence[Piece], first: int, la
 
 
 def first_part_that_fits(tokens: DocumentTokens, pieces: Sequence[Piece], limit: int) -> int | None:
-    """The last piece of the longest run from the first that fits in ``limit`` tokens (the prompt and each file's
+    """The last piece of the longest stretch from the first that fits in ``limit`` tokens (the prompt and each file's
     header given some room); None when not even the first page fits or the tokenizer gives no offsets."""
     budget = int(limit * 0.97) - 64
     last = None
@@ -137,7 +137,7 @@ def _part_at(text: str, at: int, whole: Joined, pieces: Sequence[Piece]):
             while base < own[b].end and whole[base].isspace():  # ``range_text`` strips the part
                 base += 1
             same = shared_prefix(text[start:], whole[base : own[b].end])
-            for k in range(b, a - 1, -1):  # the longest run of pages that is there whole
+            for k in range(b, a - 1, -1):  # the longest stretch of pages that is there whole
                 length = _stripped_end(whole, base, own[k].end) - base
                 if length <= same and (start + length == len(text) or text.startswith("\n\n=== ", start + length)):
                     return _part(whole, own, a, k, length, line), start + length

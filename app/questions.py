@@ -1,5 +1,5 @@
 """Questions: checked against the model's window and the plan before any work (refused at once with the numbers),
-then a turn in the device's line, then the answer streamed from a thread of its own, stoppable between layers for
+then a wait in the device's line, then the answer streamed from a thread of its own, stoppable between layers for
 the question's own tokens too (a handler piece of ``app.handlers.Handlers``, sharing only its ``AppState``).
 
 The question is tokenized once per ask: ``fit_question`` gives the ids it will be asked with (or refuses it), and

@@ -132,7 +132,7 @@ def check_machine(args: argparse.Namespace) -> str:
                          f"{_size(memory.system_total)} of RAM")
     if args.gpu_memory is not None:
         if not device.startswith("cuda"):
-            raise ValueError("--gpu-memory applies to a CUDA GPU, and this run computes on the CPU")
+            raise ValueError("--gpu-memory applies to a CUDA GPU, and this start computes on the CPU")
         index = int(device.partition(":")[2] or 0)
         total = read_memory(index).gpu_total
         if total and args.gpu_memory > total:

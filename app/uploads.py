@@ -30,7 +30,7 @@ def prepare_folder(root: Path, *, uid: int | None = None) -> Path:
     for child in root.iterdir():
         pid = _pid(child.name)
         if pid is not None and pid != os.getpid() and not _is_running(pid):
-            logger.info("deleting %s, left by a run that stopped", child)
+            logger.info("deleting %s, left by an app that stopped", child)
             shutil.rmtree(child, ignore_errors=True)
     folder = root / f"{_PREFIX}{os.getpid()}"
     shutil.rmtree(folder, ignore_errors=True)  # a reused process id
@@ -57,7 +57,7 @@ def own_folder(path: Path, *, uid: int | None = None) -> Path:
     if problem is None:
         return path
     fresh = Path(tempfile.mkdtemp(prefix=f"{path.name}-", dir=path.parent if path.parent.is_dir() else None))
-    logger.warning("%s %s; using a private folder of this run's own instead: %s", path, problem, fresh)
+    logger.warning("%s %s; using a private folder of this process's own instead: %s", path, problem, fresh)
     return fresh
 
 

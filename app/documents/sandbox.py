@@ -1,13 +1,13 @@
 """Untrusted files are read in a box: a child process with a memory limit (``RLIMIT_AS`` and ``RLIMIT_DATA``, set
 in the child before it reads anything) and a time limit (killed past ``BoxLimits.seconds`` of its processor time), so
-a 1 MB bomb can neither take gigabytes of the app's memory nor hold the upload slot for minutes. Every way a file can fail in the
+a 1 MB bomb can neither take gigabytes of the app's memory nor hold up uploads for minutes. Every way a file can fail in the
 box (a refusal, a parser's error, out of memory, killed, crashed) comes back as a :class:`DocumentError` naming
 that file and the reason; the other files of a set still read.
 
 The children are started with ``spawn`` (the app has threads and torch loaded, which ``fork`` would copy
 half-alive; Windows has only ``spawn``), kept for the next file, and exit after ``idle_seconds`` without one.
 Without the ``resource`` module (Windows) the time limit alone holds: a bomb there can take memory until it is
-killed, but not the upload slot. As ``spawn`` requires, the program's main module must be safe to import (its work
+killed, but not hold up uploads. As ``spawn`` requires, the program's main module must be safe to import (its work
 under ``if __name__ == "__main__"``, as launch.py's is): the child imports it before it reads.
 """
 
@@ -72,7 +72,7 @@ class Box:
         self._context = multiprocessing.get_context("spawn")
         self._idle: list[_Child] = []
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(MAX_CHILDREN)
+        self._children_free = threading.BoundedSemaphore(MAX_CHILDREN)
 
     def extract(self, path: str | Path, name: str) -> Extracted:
         """``app.documents.extract.extract`` of one file, in a child.
@@ -80,7 +80,7 @@ class Box:
         Raises:
             DocumentError: the file's own refusal, or that it took too long, too much memory or crashed the reader.
         """
-        with self._slots:
+        with self._children_free:
             try:
                 child = self._take()
             except OSError as exc:  # no process could be started (out of processes or memory)

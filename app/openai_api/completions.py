@@ -93,7 +93,7 @@ class Completions:
                         logger.info("an API client left the line before it reached the front")
                         return
                     break
-            match = self.library.match(checked.match.prompt)  # again, in the turn: the tabs may have changed
+            match = self.library.match(checked.match.prompt)  # again, at the front of the line: the tabs may have changed
             state = match.held.state if match.held is not None else None
             if state is None:
                 self._answer(checked, match, report, gone)

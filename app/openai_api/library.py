@@ -132,7 +132,7 @@ class Library:
             found.append(Held("shelf", info.label, prefix, key=info.key, text=text, num_tokens=info.num_tokens))
         return found
 
-    # -- in the device's turn -----------------------------------------------------------------------
+    # -- at the front of the device's line ----------------------------------------------------------
     def take(self, match: Match, ids_of, should_stop) -> tuple[DocumentSession, list[int], int]:
         """The session to answer in and the ids after its document (``ids_of(text)`` tokenizes), the matched document
         in place: a shelf copy restored (read again if the copy cannot be used), a prompt matching nothing read whole

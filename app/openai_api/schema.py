@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOPS = 4  # as OpenAI: at most four stop sequences
 MAX_STOP_CHARS = 1000  # a stop's length: the stream's hold-back check costs its length squared at every token
-SEEDS = range(-2**63, 2**64)  # what torch's generator takes (2**64 or more overflowed in the turn: a 500)
+SEEDS = range(-2**63, 2**64)  # what torch's generator takes (2**64 or more overflowed at the front of the line: a 500)
 
 
 class ApiError(Exception):

@@ -13,7 +13,7 @@ All token-major like the homes (see ``homes.py``):
 - the attention *scratch* (CUDA): one flat buffer that SDPA's fused kernels read a block's K/V from, copied
   contiguous (``Scratch``), sized for a whole ping-pong buffer's run. Allocated once at its planned size: a fresh
   copy per call grew with the context chunk by chunk, and the caching allocator kept every size it had handed out
-  (the first GPU run reserved 25.68e9 bytes for a 23.59e9-byte plan).
+  (the first GPU lease reserved 25.68e9 bytes for a 23.59e9-byte plan).
 """
 
 from __future__ import annotations

@@ -163,7 +163,7 @@ def process_budget() -> PinBudget:
 
 
 def probe_pinnable(runtime, want: int, *, step: int = 256 << 20, margin: float = 0.15) -> int:
-    """How much of ``want`` bytes this machine lets us page-lock: registers ``step``-sized blocks one after another
+    """How much of ``want`` bytes this machine lets us page-lock: registers ``step``-sized pieces one after another
     (held together, as a store's homes are), stops at the first refusal, clears the runtime's last error so no
     later call reports it, unlocks everything and returns what was locked less ``margin`` (all of ``want`` when
     nothing refused). ``runtime``: ``pinned.CudaRuntime`` or a stand-in (tests)."""
@@ -171,19 +171,19 @@ def probe_pinnable(runtime, want: int, *, step: int = 256 << 20, margin: float =
     try:
         while locked < want:
             size = min(step, want - locked)
-            block = torch.empty(size, dtype=torch.uint8)
-            code = runtime.host_register(block.data_ptr(), size)
+            piece = torch.empty(size, dtype=torch.uint8)
+            code = runtime.host_register(piece.data_ptr(), size)
             if code != 0 and code in getattr(runtime, "NO_CONTEXT", ()):
                 raise PinningError(f"pin probe: no CUDA context on this thread ({runtime.error_string(code)})")
             if code != 0:
                 runtime.clear_last_error()
                 logger.info("pin probe: refused after %.2f GiB (%s)", locked / 2**30, runtime.error_string(code))
                 return int(locked * (1 - margin))
-            held.append(block)
+            held.append(piece)
             locked += size
     finally:
-        for block in held:
-            if runtime.host_unregister(block.data_ptr()) != 0:
+        for piece in held:
+            if runtime.host_unregister(piece.data_ptr()) != 0:
                 runtime.clear_last_error()
     return want
 

@@ -29,12 +29,12 @@ def bytes_per_element(kv_dtype: str | None, dtype_bytes: int, head_dim: int) -> 
     return 1.0 + torch.empty((), dtype=SCALE_DTYPE).element_size() / head_dim
 
 
-def quantize(block: torch.Tensor, kv_dtype: str, out: tuple[torch.Tensor, torch.Tensor] | None = None):
-    """block: [..., D] -> (codes [..., D], scales [..., 1]); into ``out`` when given."""
+def quantize(values: torch.Tensor, kv_dtype: str, out: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """values: [..., D] -> (codes [..., D], scales [..., 1]); into ``out`` when given."""
     dtype, limit = KV_DTYPES[kv_dtype]
-    amax = block.abs().amax(dim=-1, keepdim=True).to(SCALE_DTYPE)
+    amax = values.abs().amax(dim=-1, keepdim=True).to(SCALE_DTYPE)
     scales = torch.clamp(amax / limit, min=torch.finfo(SCALE_DTYPE).tiny)
-    scaled = block.to(SCALE_DTYPE) / scales
+    scaled = values.to(SCALE_DTYPE) / scales
     if dtype == torch.int8:
         scaled = scaled.round_().clamp_(-limit, limit)
     if out is None:

@@ -286,8 +286,8 @@ def _wanted(path: str) -> bool:
 def _verify(path: Path, sha256: str, name: str) -> None:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
+        while piece := f.read(1 << 22):
+            digest.update(piece)
     if digest.hexdigest() != sha256:
         blob = path.resolve()
         path.unlink(missing_ok=True)

@@ -56,18 +56,18 @@ def build(streamed: StreamedFile, skeleton: Callable[[], nn.Module], name: str) 
         if ties:  # a tied lm_head's weight is the embedding's tensor in the file
             targets[embedding_weight] = targets.pop(owner)
     aliases = _aliases(model)
-    slots = model.state_dict(keep_vars=True)
+    state = model.state_dict(keep_vars=True)
     blocks: dict[str, tuple[torch.Tensor, int]] = {}
     for info, raw in streamed.tensors:
         target = streamed.names[info.name]
-        if target not in slots:
+        if target not in state:
             continue  # a tensor the model does not have: stock loading leaves it out too
         rows = _block_rows(streamed, info, raw) if target in targets else None
         if rows is not None:
             blocks[target] = (rows, info.qtype)
         elif not _assign(model, aliases.get(target, [target]), torch.from_numpy(streamed.dense(info, raw))):
             logger.warning("%s: %s is %s in the file, %s in the model; its first load goes through an fp32 folder",
-                           name, target, tuple(reversed(info.shape)), tuple(slots[target].shape))
+                           name, target, tuple(reversed(info.shape)), tuple(state[target].shape))
             return None
     _init_buffers(model)
     layout = {}

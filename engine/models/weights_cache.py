@@ -248,8 +248,8 @@ def _assign(model: nn.Module, folder: Path) -> None:
     ties: dict[str, str] = manifest["ties"]
     saved = load_file(str(folder / WEIGHTS_FILE))  # memory-mapped: pages are read as the tensors are used
     loaded: dict[str, torch.Tensor] = {}
-    slots = list(_named_tensors(model))
-    for name, module, attr, old, is_parameter in slots:
+    named = list(_named_tensors(model))
+    for name, module, attr, old, is_parameter in named:
         if name in ties:
             continue
         tensor = saved.pop(name)  # KeyError: the model has a tensor the entry lacks
@@ -260,8 +260,8 @@ def _assign(model: nn.Module, folder: Path) -> None:
         (module._parameters if is_parameter else module._buffers)[attr] = tensor
         loaded[name] = tensor
     if saved:
-        raise StaleWeightsCache(f"{len(saved)} cached tensors the model does not have, e.g. {next(iter(saved))}")
-    for name, module, attr, _, is_parameter in slots:
+        raise StaleWeightsCache(f"{len(saved)} cached named the model does not have, e.g. {next(iter(saved))}")
+    for name, module, attr, _, is_parameter in named:
         if name in ties:
             (module._parameters if is_parameter else module._buffers)[attr] = loaded[ties[name]]
     _check_no_meta(model)

@@ -5,7 +5,7 @@ A library's file name says what it was built from (sources, compiler, flags), no
 could write the folder could put a library there under that name, and loading it runs its constructors. So:
 
 - ``kernel_folder()``: ``cache_dir()/kernels``, created 0700; an existing one must be owned by this user and
-  writable by nobody else (its parent not by everyone, unless sticky), else a fresh private folder is used for this run
+  writable by nobody else (its parent not by everyone, unless sticky), else a fresh private folder is used for this process
   (logged) and handed to the crash probes' children (``child_env``).
 - ``load(name, build)``: the library ``name`` in it when its SHA-256 equals its build record (``<name>.json``
   beside it, written atomically by the build); otherwise (no record, another hash, truncated) it is rebuilt:
@@ -45,7 +45,7 @@ _LOCK = threading.Lock()
 
 def kernel_folder() -> Path:
     """The folder the kernels are built into and loaded from: ``cache_dir()/kernels`` when it is this user's own,
-    else a private folder for this run (logged once)."""
+    else a private folder for this process (logged once)."""
     requested = cache_dir() / "kernels"
     with _LOCK:
         if requested in _FALLBACKS:

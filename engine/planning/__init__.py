@@ -1,1 +1,1 @@
-"""Planning: what a run needs and where it goes — policy, model shape, plan, budgets, rates."""
+"""Planning: what a context length needs and where it goes — policy, model shape, plan, budgets, rates."""

@@ -30,7 +30,7 @@ from .machine_rates import MachineRates, plan_rates
 logger = logging.getLogger(__name__)
 
 # What a CUDA context takes on the card, for what-if plans (a live session reads the card instead): measured
-# 784e6 bytes on the first GPU run (H200, torch 2.11 + CUDA 13.0, 2026-11-26); 450 MiB, the figure assumed for a
+# 784e6 bytes on the first GPU lease (H200, torch 2.11 + CUDA 13.0, 2026-11-26); 450 MiB, the figure assumed for a
 # 40-series card before, left a 24 GiB card's plan short by a third of a GiB.
 CUDA_CONTEXT_BYTES = 800 << 20
 

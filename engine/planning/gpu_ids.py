@@ -28,10 +28,10 @@ def pci_bus_id(device: torch.device | str | int) -> str | None:
     """The card's PCI address as NVML spells it (``"00000000:3b:00.0"``), or None where torch cannot say."""
     properties = torch.cuda.get_device_properties(indexed(device))
     try:
-        domain, bus, slot = properties.pci_domain_id, properties.pci_bus_id, properties.pci_device_id
+        domain, bus, pci_device = properties.pci_domain_id, properties.pci_bus_id, properties.pci_device_id
     except AttributeError:  # a torch without the PCI fields
         return None
-    return f"{domain:08x}:{bus:02x}:{slot:02x}.0"
+    return f"{domain:08x}:{bus:02x}:{pci_device:02x}.0"
 
 
 def nvml_handle(nvml, device: torch.device | str | int):

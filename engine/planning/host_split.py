@@ -26,7 +26,7 @@ DEFAULT_H2D_GBPS = 25.0
 # Seconds a decode step loses per layer with host-attended groups, beyond the two halves' bytes: fitted on one H200
 # run, not measured per machine (docs/benchmarks/gpu-h200.md, Notes from the code).
 HOST_LAYER_SECONDS = 3e-3
-MIN_GAIN = 0.15  # with the 3 ms, that run's split steps were 4% faster to 19% slower than forecast
+MIN_GAIN = 0.15  # with the 3 ms, that measurement's split steps were 4% faster to 19% slower than forecast
 
 
 @dataclass(frozen=True)

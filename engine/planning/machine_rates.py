@@ -143,7 +143,7 @@ def measure_host_attention_gbps(tokens: int = _PROBE_TOKENS, group_size: int = 1
     query = torch.randn(1, group_size * n_rep, 1, head_dim, dtype=torch.bfloat16)
     kernel = HostAttention()
     samples = []
-    for _ in range(repeats + 1):  # the first run warms the workers' buffers
+    for _ in range(repeats + 1):  # the first pass warms the workers' buffers
         begin = time.perf_counter()
         kernel.attend(query, [home], 0, tokens + 1, scaling=head_dim**-0.5)
         samples.append(time.perf_counter() - begin)

@@ -1,4 +1,4 @@
-"""``Plan``: one run's resolved placement of weights and KV cache, and ``PlanError``.
+"""``Plan``: one context length's resolved placement of weights and KV cache, and ``PlanError``.
 
 ``engine.planning.planner.make_plan`` builds plans; this module only holds what a plan says and how it reads.
 """

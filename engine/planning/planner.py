@@ -1,4 +1,4 @@
-"""Memory planner: the HeadInfer paper's memory model turned into a plan for one run.
+"""Memory planner: the HeadInfer paper's memory model turned into a plan for one context length.
 
 All figures are bytes unless a name says GiB. The model follows the paper's appendix
 ("Memory Analysis of Llama-3-8B Inference"): weights + on-device KV + chunk activations,
@@ -305,7 +305,7 @@ def _refusals(policy: OffloadPolicy, device_is_cuda: bool, breakdown: dict, max_
 def make_plan(shape: ModelShape, policy: OffloadPolicy, context_tokens: int, *, machine=None,
               device_is_cuda: bool | None = None, gpu_budget: int | None = None, host_budget: int | None = None,
               rates=None, activation_bytes: int | None = None) -> Plan:
-    """Plans a run of ``context_tokens`` tokens; budgets of ``None`` are unlimited.
+    """Plans a context of ``context_tokens`` tokens; budgets of ``None`` are unlimited.
 
     ``machine`` (an ``engine.planning.budgets.MachineBudget``, measured once per session) gives the device, budgets, rates
     and activation peak at once; the separate keywords are for what-if plans (the picker, capacity tables).

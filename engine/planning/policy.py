@@ -122,7 +122,7 @@ class OffloadPolicy:
             raise InputError(f"{name}: this model has {heads}, and {group} exceeds the model's {min(counts)} KV "
                              f"heads; use one of {divisors} (or leave it to the planner)")
         if any(count % group for count in counts):
-            # Equal groups keep every ping-pong buffer and staging block one shape (one copy, one kernel each).
+            # Equal groups keep every ping-pong buffer and staging buffer one shape (one copy, one kernel each).
             raise InputError(f"{name}: this model has {heads} and a head group must divide them; use one of "
                              f"{divisors} (or leave it to the planner)")
 

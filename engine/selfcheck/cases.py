@@ -228,7 +228,7 @@ def compare(actual, reference, rtol: float) -> tuple[float, bool]:
     """(worst relative logit error over the steps both took, whether the greedy tokens agree).
 
     Tokens are compared up to the first step where the reference's best two logits are closer than the tolerance
-    allows: there a correct run may pick either, and the sequences diverge legitimately from then on.
+    allows: there a correct model may pick either, and the sequences diverge legitimately from then on.
     """
     (a_logits, a_tokens), (r_logits, r_tokens) = actual, reference
     worst = 0.0

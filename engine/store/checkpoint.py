@@ -106,7 +106,7 @@ class ReadCheckpoints:
             return
         self._header = self._continued(num_read)
         self._done = self._header.num_read if self._header is not None else 0
-        self._seconds_before = self._header.read_seconds if self._header is not None else 0.0  # earlier runs' reading
+        self._seconds_before = self._header.read_seconds if self._header is not None else 0.0  # earlier sittings' reading
         if self._header is None and self.folder.exists():
             try:
                 self.is_stopped = read_header(self.folder).num_read is None  # a complete one is kept as it is
@@ -140,7 +140,7 @@ class ReadCheckpoints:
         self.cache.synchronize()  # the rows below num_read have landed in their homes
         job = [(layer.layer_idx, *self._range(layer.window, num_read), self._spans(layer.homes, layer.window, num_read))
                for layer in self.cache.kv_layers]
-        # (never below 0: the header check counts a negative time as damage; a read paused for a turn can report one)
+        # (never below 0: the header check counts a negative time as damage; a read that gave way can report one)
         self._pending = self._worker.submit(self._write, job, num_read, max(0.0, self._seconds_before + seconds))
         self._done = num_read
         return True

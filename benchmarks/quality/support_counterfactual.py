@@ -11,6 +11,14 @@ counterfactual) is the signal.
 
 One line per answer to ``data/support-counterfactual.jsonl`` (resumable); ``support_held_out --tables-only`` fits
 and reports it held out by manual.
+
+``--reverse``: the reverse question and the own-token gain instead (``score_reverse``), on the answers ``by_answer``
+labels (one saying the document does not say has nothing to flag): the recorded answer teacher-forced under both
+questions, kept per token (``support_own_gain.own_token_gain`` reads the answer's own tokens off them; the asked
+scoring is checked against the recorded decode's log-probs), and the blank of ``support_reverse.reverse_cloze``
+filled by the word asked and by each rival (``teacher_forced.candidate_logprobs``; ``reverse_margin``). The order is
+fixed before any score is read: the held-out manuals first, then the fitted ones, each manual's answers as recorded.
+One line per answer to ``data/support-reverse.jsonl`` (resumable).
 """
 from __future__ import annotations
 
@@ -22,13 +30,15 @@ from pathlib import Path
 
 from engine import DocumentSession, OffloadPolicy, SnapshotStore
 from engine.answer.support_counterfactual import counterfactual_gain, counterfactual_question
-from engine.answer.teacher_forced import continuation_logprobs
+from engine.answer.support_own_gain import own_token_gain
+from engine.answer.support_reverse import reverse_cloze, reverse_margin
+from engine.answer.teacher_forced import candidate_logprobs, continuation_logprobs
 from engine.models.weights_mode import weights_mode
 
 from ..records import append_jsonl
 from .model_eval import document_text, load, read_or_restore
 from .support_claim import answers_to_check
-from .support_held_out import COUNTERFACTUALS, MODEL, cited_spans
+from .support_held_out import COUNTERFACTUALS, MODEL, REVERSES, cited_spans
 from .support_held_out import load_questions as held_out_questions
 
 logger = logging.getLogger(__name__)
@@ -54,36 +64,86 @@ def score(session: DocumentSession, record: dict, text: str) -> dict:
     return found
 
 
+def _rounded(values: list[float]) -> list[float]:
+    return [round(v, 5) for v in values]
+
+
+def score_reverse(session: DocumentSession, record: dict, text: str) -> dict:
+    """The own-token gain and the reverse margin, their inputs and their seconds for one recorded answer."""
+    spans = cited_spans(text, [page or "" for page, _ in record.get("sources") or []])
+    asked = record["question"]
+    found: dict = {"own_gain": None, "reverse_margin": None}
+    ids = session.tokenizer.encode(record["answer"], add_special_tokens=False)
+    tokens = [session.tokenizer.decode([i]) for i in ids]
+    swapped = counterfactual_question(asked, record["answer"], text, spans)
+    found["counterfactual"] = swapped
+    if swapped is not None:
+        session.new_conversation()
+        started = time.perf_counter()
+        under = [continuation_logprobs(session.model, session.cache,
+                                       session.prompts.conversation_ids(session.document, [], q), ids)
+                 for q in (asked, swapped)]
+        found.update(tokens=tokens, asked_logprobs=_rounded(under[0]), swapped_logprobs=_rounded(under[1]),
+                     own_gain=own_token_gain(tokens, under[0], under[1], asked),
+                     counterfactual_s=round(time.perf_counter() - started, 2))
+        recorded = record.get("token_logprobs") or []
+        if len(recorded) == len(ids):  # the same tokens as the decode wrote: its log-probs, to compare
+            found["max_abs_vs_decode"] = round(max(abs(a - b) for a, b in zip(under[0], recorded)), 5)
+    cloze = reverse_cloze(asked, record["answer"], text, spans)
+    if cloze is not None:
+        session.new_conversation()
+        started = time.perf_counter()
+        words = [cloze.word, *cloze.rivals]
+        scored = candidate_logprobs(session.model, session.cache,
+                                    session.prompts.conversation_ids(session.document, [], cloze.prompt),
+                                    [session.tokenizer.encode(w, add_special_tokens=False) for w in words])
+        found.update(cloze=cloze.prompt, word=cloze.word, rivals=list(cloze.rivals),
+                     candidate_logprobs=[round(sum(s), 5) for s in scored],
+                     reverse_margin=round(reverse_margin(scored[0], scored[1:]), 5),
+                     reverse_s=round(time.perf_counter() - started, 2))
+    return found
+
+
+def labelled(model: str) -> list[dict]:
+    """The answers ``by_answer`` labels, the held-out manuals' first (``answers_to_check``' order)."""
+    from .support_eval import by_answer
+
+    return by_answer(answers_to_check(model))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.quality.support_counterfactual")
     p.add_argument("--model", default=MODEL)
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "headinfer-studio" / "eval-docs"))
     p.add_argument("--kv", default=str(Path.home() / ".cache" / "headinfer-studio" / "eval-kv"))
     p.add_argument("--documents", default="", help="score only these manuals' answers (comma-separated keys)")
-    p.add_argument("--out", default=str(COUNTERFACTUALS))
+    p.add_argument("--reverse", action="store_true", help="the reverse question and the own-token gain instead")
+    p.add_argument("--out", default="", help="the answers' lines (default: the chosen scoring's data file)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .support_eval import load_questions as fitted_questions
 
-    out = Path(args.out)
+    out = Path(args.out or (REVERSES if args.reverse else COUNTERFACTUALS))
     done = {(r["document"], r["question"]) for r in map(json.loads, out.read_text().splitlines())} \
         if out.is_file() else set()
     wanted = set(args.documents.split(",")) if args.documents else None
-    todo = [r for r in answers_to_check(args.model) if (r["document"], r["question"]) not in done
+    answers = labelled(args.model) if args.reverse else answers_to_check(args.model)
+    todo = [r for r in answers if (r["document"], r["question"]) not in done
             and (wanted is None or r["document"] in wanted)]
     documents = {d["key"]: d for d in held_out_questions() + fitted_questions()}
     model, tokenizer, _, _, load_s = load(args.model, "auto")
     logger.info("%s loaded in %.0f s; %d answers to score", args.model, load_s, len(todo))
     session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=1024))
+    scoring = score_reverse if args.reverse else score
     store = SnapshotStore(args.kv)
     for key in dict.fromkeys(r["document"] for r in todo):
         text = document_text(documents[key], Path(args.cache))
         read_or_restore(session, documents[key], Path(args.cache), store, f"support-counterfactual {args.model} {key}")
         for record in (r for r in todo if r["document"] == key):
             line = {"model": args.model, "weights": weights_mode(model), "document": key,
-                    "question": record["question"], "kind": record["kind"], **score(session, record, text),
+                    "question": record["question"], "kind": record["kind"], **scoring(session, record, text),
                     "at": round(time.time(), 1)}
-            logger.info("%s", line)
+            logger.info("%s %s: scored", key, record["question"][:60])
             append_jsonl(out, line)
     return 0
 

@@ -443,7 +443,7 @@ REVERSE_RULES = {
 
 
 def reverse_scores(path: Path = REVERSES, model: str = MODEL) -> dict[tuple[str, str], dict]:
-    """{(manual, question): the reverse scoring's line} of ``model`` (``support_reverse``'s cache)."""
+    """{(manual, question): the reverse scoring's line} of ``model`` (``support_counterfactual --reverse``'s cache)."""
     lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     return {(r["document"], r["question"]): r for r in lines if r["model"] == model}
 

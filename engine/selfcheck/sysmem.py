@@ -48,7 +48,7 @@ def verdict(device_copy_gbps: float | None, h2d_gbps: float | None, link: float 
         return words + f"Set {SETTING}, or free GPU memory"
     if h2d_gbps is not None and h2d_gbps < LINK_FLOOR * link:
         return (f"host-to-GPU copies run at {h2d_gbps:.1f} GB/s, under a quarter of the PCIe link's {link:.1f} GB/s "
-                "(a slot with fewer lanes, a riser, power saving, or pinned memory charged against the card's): "
+                "(a PCIe socket with fewer lanes, a riser, power saving, or pinned memory charged against the card's): "
                 "reads stream KV that much slower")
     return None
 

@@ -73,10 +73,13 @@ def meters_html(snapshot: MemorySnapshot, kv: dict | None) -> str:
     if kv.get("host_attention_ms"):  # decode attends part of the offloaded KV on the CPU
         rows.append(_row("host-attention", "Host attention", 0, 0, f"{kv['host_attention_ms']:.1f} ms/token"))
     context = f"{kv['context_tokens']:,} / {kv['max_context']:,} tokens" if kv["max_context"] else "no document"
-    rows.append(_row("context", "Context", kv["context_tokens"], kv["max_context"], context))
+    # The plan's counts (with the prompt): filled against the "Context reserved" the plan panel says.
+    label = "Context <small>filled / reserved</small>" if kv["max_context"] else "Context"
+    rows.append(_row("context", label, kv["context_tokens"], kv["max_context"], context))
     return (
         f'<div class="meters" data-rss="{snapshot.process_rss}" data-kv-device="{kv["kv_device"]}" '
         f'data-kv-host="{kv["kv_host"]}" data-kv-written="{written}" data-context-tokens="{kv["context_tokens"]}" '
+        f'data-max-context="{kv["max_context"]}" '
         f'data-has-gpu="{str(bool(snapshot.gpu_total)).lower()}">{"".join(rows)}</div>'
     )
 

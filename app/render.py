@@ -209,7 +209,7 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
     tiles = [
         ("GPU memory", _gpu_line(plan)),
         ("Host memory", f"{format_bytes(plan.host_bytes)} of {_budget(plan.host_budget)}"),
-        ("Context reserved", f"{plan.context_tokens:,} tokens"),
+        _context_tile(plan),
         ("Chunk size", f"{plan.chunk_size:,} tokens"),
         ("Head group", f"{plan.head_group_size} KV head{'s' if plan.head_group_size != 1 else ''} · {groups}"),
         ("Slots on device", f"{plan.resident_slots}/{plan.total_slots}"),
@@ -244,7 +244,8 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
     read = f' data-read-seconds="{read_seconds:.2f}"' if read_seconds is not None else ""
     return (
         f'<div class="plan plan-{verdict[0]}" data-fits="{str(plan.is_within_limit).lower()}" '
-        f'data-tokens="{num_tokens}" data-gpu-bytes="{plan.gpu_bytes}" data-host-bytes="{plan.host_bytes}" '
+        f'data-tokens="{num_tokens}" data-context-tokens="{plan.context_tokens}" data-gpu-bytes="{plan.gpu_bytes}" '
+        f'data-host-bytes="{plan.host_bytes}" '
         f'data-limit="{plan.context_limit}" data-limited-by="{escape.attr(plan.limited_by)}" '
         f'data-documents-share="{share}"{truncated}{read}>'
         f'<div class="plan-verdict">{escape.text(verdict[1])} <small>· {escape.text(counts)}</small></div>'
@@ -253,6 +254,15 @@ def plan_panel(plan: Plan, num_tokens: int, prefill_seconds: float | None, kv_dt
 
 
 _LIMITED_BY = {"model": "the model's window", "max_context": "--max-context", "memory": "memory"}
+
+
+def _context_tile(plan: Plan) -> tuple[str, str]:
+    """What the context takes: reserved where the plan is read, else needed (nothing is reserved for a set that is
+    not read whole: "11,267 tokens reserved" stood beside an 8,192-token window)."""
+    if plan.is_within_limit:
+        return "Context reserved", f"{plan.context_tokens:,} tokens"
+    over = "more than memory holds" if not plan.fits else f"more than the {plan.context_limit:,}-token limit"
+    return "Context needed", f"{plan.context_tokens:,} tokens · {over}: none reserved"
 
 
 def _gpu_line(plan: Plan) -> str:

@@ -84,3 +84,20 @@ def test_a_plan_that_fits_never_says_longer_texts_need_another_model():
     too_long = make_plan(shape, OffloadPolicy(), 9_000, device_is_cuda=False, gpu_budget=None, host_budget=32 * GIB)
     html = render.plan_panel(too_long, 7_000, 10.0, conversation_tokens=2048)
     assert "Too long for this model" in html and "long-context model" in html  # said where it is the verdict
+
+
+def test_a_set_not_read_whole_says_the_context_it_needs_not_that_it_is_reserved():
+    # Issue 51: a too-large file's plan said "11,267 tokens reserved" beside an 8,192-token window; nothing is
+    # reserved for a set that is not read whole.
+    shape = ModelShape.from_config(LlamaConfig(num_hidden_layers=2, num_key_value_heads=2, head_dim=16,
+                                               num_attention_heads=4, hidden_size=64,
+                                               max_position_embeddings=8192), dtype_bytes=4)
+    too_long = make_plan(shape, OffloadPolicy(), 11_267, device_is_cuda=False, gpu_budget=None, host_budget=32 * GIB)
+    html = render.plan_panel(too_long, 9_219, 10.0, conversation_tokens=2048)
+    assert "Context reserved" not in html and 'data-context-tokens="11267"' in html
+    assert "<span>Context needed</span><b>11,267 tokens · more than the 8,192-token limit: none reserved</b>" in html
+    no_memory = make_plan(shape, OffloadPolicy(), 6_000, device_is_cuda=False, gpu_budget=None, host_budget=1 << 20)
+    assert not no_memory.fits
+    assert "6,000 tokens · more than memory holds: none reserved" in render.plan_panel(no_memory, 5_000, 10.0)
+    fits = make_plan(shape, OffloadPolicy(), 3_000, device_is_cuda=False, gpu_budget=None, host_budget=32 * GIB)
+    assert "<span>Context reserved</span><b>3,000 tokens</b>" in render.plan_panel(fits, 1_000, 10.0)

@@ -42,6 +42,10 @@ def test_one_count_per_thing_and_read_off_once_read_and_clear_clears(embedded_mo
     # The plan once the read is over says what it took, not the estimate made before it.
     assert "read in" in _text(views[-1].plan) and 'data-read-seconds="' in views[-1].plan
     assert "Reading time" in views[-1].plan and _number(views[-1].plan, "tokens") == read_tokens
+    # The Context meter counts as the plan does: the read's tokens filled, against the context the plan reserved.
+    meters, reserved = handlers.meters(state), _number(views[-1].plan, "context-tokens")
+    assert f"Context filled / reserved{read_tokens:,} / {reserved:,} tokens" in _text(meters)
+    assert f"Context reserved{reserved:,} tokens" in _text(views[-1].plan)
     again = handlers.choose_files([secret_pdf], state)  # the same set once more: still nothing new
     assert again.read_button["interactive"] is False and "Already read" in _text(again.status)
 
@@ -54,3 +58,26 @@ def test_one_count_per_thing_and_read_off_once_read_and_clear_clears(embedded_mo
     assert cleared.pages["visible"] is False and cleared.pages["choices"] == []
     assert "Click a page chip" in cleared.page
     assert handlers.range_offer(state).range_box["visible"] is False and state.pieces == []
+
+
+def test_a_set_too_large_to_read_whole_is_counted_once_and_nothing_is_said_reserved(embedded_model, tmp_path):
+    # Issue 51: a too-large file's plan said "11,267 tokens reserved" beside the model's 8,192-token window.
+    from make_files import make_pdf
+
+    filler = "The keeper walked along the harbour wall, counted the boats and wrote the weather in her logbook. " * 9
+    pdf = make_pdf(tmp_path / "long-log.pdf", [f"Log page {n}. {filler}" for n in range(50)])
+    model, tokenizer = embedded_model
+    handlers = Handlers(lambda: DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=256)))
+    state = BrowserState()
+    chosen = handlers.choose_files([str(pdf)], state)
+    read_tokens, plan = len(state.tokens), _text(chosen.plan)
+    limit, share = _number(chosen.plan, "limit"), _number(chosen.plan, "documents-share")
+    context = _number(chosen.plan, "context-tokens")
+    assert read_tokens > limit == 8192 and context > limit and 'data-fits="false"' in chosen.plan
+    assert _number(chosen.plan, "tokens") == _number(chosen.table, "read-tokens") == read_tokens
+    assert "reserved" not in plan.replace("none reserved", "")  # needed, not reserved: it is not read whole
+    assert f"Context needed{context:,} tokens · more than the {limit:,}-token limit" in plan
+    assert f"{read_tokens:,} tokens with the prompt, {context:,} with room for answers" in plan
+    # The range offer's "at most" is the plan's documents' share, the same count.
+    assert f"at most {share:,} tokens fit" in _text(handlers.range_offer(state).range_info)
+    assert f"Documents' share{share:,} tokens" in plan

@@ -68,6 +68,7 @@ class Handlers:
         self.shelf = OpenSaved(self.app, read=self.reading.read)  # a partial read reopened is read on
         # The events the page wires (``app.ui``) and the tests call, each the piece's own bound method.
         self.choose_files, self.read, self.cancel = self.reading.choose_files, self.reading.read, self.reading.cancel
+        self.read_offer = self.reading.read_offer
         self.range_offer, self.choose_range, self.first_part = (self.ranges.range_offer, self.ranges.choose_range,
                                                                 self.ranges.first_part)
         self.ask, self.stop, self.new_chat, self.question_bar = (self.questions.ask, self.questions.stop,
@@ -78,8 +79,8 @@ class Handlers:
                                                                    self.shelf.continue_reading)
         self.resume, self.tab_memory = self.shelf.resume, self.shelf.tab_memory
         # Every event that takes a tab's state refuses a login other than the tab's (``app.tab_owner``).
-        for name in ("choose_files", "read", "cancel", "range_offer", "choose_range", "first_part", "ask", "stop",
-                     "new_chat", "question_bar", "set_remember", "open_saved", "continue_reading", "resume",
+        for name in ("choose_files", "read", "cancel", "read_offer", "range_offer", "choose_range", "first_part", "ask",
+                     "stop", "new_chat", "question_bar", "set_remember", "open_saved", "continue_reading", "resume",
                      "tab_memory", "show_page", "clear", "meters"):
             setattr(self, name, owned(getattr(self, name)))
 

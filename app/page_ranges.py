@@ -10,6 +10,7 @@ from app import render
 from app.browser_state import BrowserState
 from app.pieces import choices, describe, first_part_that_fits, parts_read, pieces_of, range_text, range_tokens
 from app.pages import tokenize
+from app.read_offer import read_button
 from app.render import status
 from app.views import FirstPartView, RangeOffer, RangeView
 from engine import DocumentSession, PlanError
@@ -73,7 +74,7 @@ class PageRanges:
                              weights=getattr(session, "weights", None))
         return RangeView(state, _table(state), render.range_info(label, len(tokens), limit), panel,
                          gr.update(value=False),
-                         gr.update(interactive=True),
+                         read_button(state, False),
                          status("ok", f"Ready to read {label} ({len(tokens):,} tokens). Press “Read documents”."))
 
     def first_part(self, state: BrowserState) -> FirstPartView:

@@ -18,6 +18,7 @@ from app.browser_state import BrowserState
 from app.page_ranges import PageRanges
 from app.compute_queue import Ticket
 from app.pages import join, last_page, read_part, tokenize
+from app.read_offer import read_button
 from app.render import status
 from app.saved.saved_docs import SavedDocs
 from app.sizing import read_sized, token_counts
@@ -37,9 +38,7 @@ logger = logging.getLogger(__name__)
 
 NO_CHANGE: dict = gr.update()
 _BUSY = (gr.update(interactive=False), gr.update(interactive=False))  # disk work: nothing to cancel
-_IDLE = (gr.update(interactive=True), gr.update(interactive=False))  # read button on, cancel off
 _RUNNING = (gr.update(interactive=False), gr.update(interactive=True))  # reading: cancel on
-_READ = (gr.update(interactive=False), gr.update(interactive=False))  # read to the end: nothing new to read
 _NO_CHIPS = gr.update(choices=[], value=None, visible=False)  # a new document: the old one's page chips go
 
 
@@ -71,12 +70,12 @@ class Reading:
             if self.app.upload_dir is not None:
                 delete_uploads(set(files or []) - state.uploads, self.app.upload_dir)
             return FilesView(state, render.files_table([], []), render.refused_plan([str(exc)]),
-                             gr.update(visible=False, value=False), gr.update(interactive=False),
+                             gr.update(visible=False, value=False), read_button(state, False),
                              _warn(f"Not taken: {exc}."))
         state.uploads.update(files or [])
         if not files:  # the last file removed: what was said of the set goes with it
             return FilesView(state, render.files_table([], []), render.empty_plan(),
-                             gr.update(visible=False, value=False), gr.update(interactive=False),
+                             gr.update(visible=False, value=False), read_button(state, False),
                              status("info", "No files chosen." + _kept(state)))
         session = self.app.session(state, request)
         # The first start's reading-cost measurement pauses meanwhile: the plan does not share the cores with it.
@@ -86,7 +85,7 @@ class Reading:
                                              limits.limit_reason)
             if not documents:  # the panel still says what was dropped and why nothing can be read
                 return FilesView(state, render.files_table([], []), render.refused_plan(problems),
-                                 gr.update(visible=False, value=False), gr.update(interactive=False),
+                                 gr.update(visible=False, value=False), read_button(state, False),
                                  _warn(" ".join(problems) + _kept(state)))
             # Tokenized once: the counts, the plan, the read and the saved copy's key all use these ids.
             tokens = tokenize(session, join(documents))
@@ -96,7 +95,7 @@ class Reading:
                 plan = session.plan(tokens)
             except PlanError as exc:
                 return FilesView(state, render.files_table(documents, counts, len(tokens)), render.refused_plan([str(exc)]),
-                                 gr.update(visible=False), gr.update(interactive=False), _warn(str(exc)))
+                                 gr.update(visible=False), read_button(state, False), _warn(str(exc)))
             seconds = session.read_time.estimate_prefill_range(min(len(tokens), plan.context_limit))
             if plan.is_within_limit:
                 message = status("ok", f"Ready to read {len(tokens):,} tokens (with the prompt) from {len(documents)} "
@@ -115,7 +114,7 @@ class Reading:
                 message = status("ok", f"Already read ({len(tokens):,} tokens with the prompt). Ask away.")
             view = FilesView(state, render.files_table(documents, counts, len(tokens)), panel,
                              gr.update(visible=not plan.is_within_limit, value=False),
-                             gr.update(interactive=not read), message)
+                             read_button(state, False), message)
             if not plan.is_within_limit:
                 state.pieces = PageRanges.pages_to_choose(state)
             return view
@@ -130,12 +129,13 @@ class Reading:
         try:
             held = self.app.caps.take("read", state, request)
         except CapReached as exc:
-            yield ReadView(state, NO_CHANGE, _warn(f"Not read: {exc}."), NO_CHANGE, *_IDLE)
+            yield ReadView(state, NO_CHANGE, _warn(f"Not read: {exc}."), NO_CHANGE, *_idle(state, truncate))
             return
         with held, state.working():
             state.cancel_requested = False
             if not state.documents:
-                yield ReadView(state, NO_CHANGE, _warn("Drop one or more files first."), NO_CHANGE, *_IDLE)
+                yield ReadView(state, NO_CHANGE, _warn("Drop one or more files first."), NO_CHANGE,
+                               *_idle(state, truncate))
                 return
             session = self.app.session(state, request)
             num_tokens = len(state.tokens) if state.tokens is not None else 0
@@ -149,7 +149,7 @@ class Reading:
                 if not (yield from self.app.in_line(ticket, lambda: state.cancel_requested or state.is_closed,
                                                     waiting)):
                     yield ReadView(state, NO_CHANGE, status("info", "You left the queue; nothing was read."),
-                                   NO_CHANGE, *_IDLE)
+                                   NO_CHANGE, *_idle(state, truncate))
                     return
                 yield from self._read(truncate, state, request, ticket)
             finally:
@@ -178,7 +178,7 @@ class Reading:
         reading = status("info", f"{note}Reading {total:,} tokens (documents with the prompt)…")
         yield ReadView(state, render.progress_bar(start, total, state="running"), reading, fresh.chat, *_RUNNING,
                        plan=fresh.plan, pages=fresh.pages, page=fresh.page)
-        read_whole, last = yield from self._prefill(session, tokens, state, ticket, checkpoints, reading)
+        read_whole, last = yield from self._prefill(session, tokens, truncate, state, ticket, checkpoints, reading)
         if read_whole:
             yield from self._finish(session, tokens.text, state, shelf if remember else None, start, last)
 
@@ -188,7 +188,8 @@ class Reading:
         None (after saying why) when it is refused or read already."""
         if tokens.text == state.read_text and session.document_tokens != 0:
             if session.is_prefilled:
-                yield ReadView(state, _done_bar(session), status("ok", "Already read. Ask away."), NO_CHANGE, *_READ)
+                yield ReadView(state, _done_bar(session), status("ok", "Already read. Ask away."), NO_CHANGE,
+                               *_idle(state, False))
                 return None
             return _Fresh()  # a read cancelled part-way: it goes on
         try:
@@ -197,7 +198,7 @@ class Reading:
             offer = isinstance(exc, PlanError) and not truncate
             hint = " Tick “Truncate to fit” to read only the beginning." if offer else ""
             yield ReadView(state, NO_CHANGE, _warn(f"Cannot read these documents: {exc}.{hint}{_kept(state)}"),
-                           NO_CHANGE, *_IDLE)
+                           NO_CHANGE, *_idle(state, truncate))
             return None
         # A read truncated to fit keeps where its files and pages lie (the chips, the viewer and "stopped in").
         session.document = read_part(session.document, tokens.text)
@@ -222,11 +223,11 @@ class Reading:
             return f"Continuing the read saved at {stats.num_tokens:,} tokens. "
         state.saved_key = saved.key
         bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
-        yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *_READ)
+        yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *_idle(state, False))
         return None
 
-    def _prefill(self, session: DocumentSession, tokens: DocumentTokens, state: BrowserState, ticket: Ticket,
-                 checkpoints, reading: str) -> Iterator[ReadView]:
+    def _prefill(self, session: DocumentSession, tokens: DocumentTokens, truncate: bool, state: BrowserState,
+                 ticket: Ticket, checkpoints, reading: str) -> Iterator[ReadView]:
         """Runs the read on a thread of its own, showing its progress and its pauses for other visitors; returns
         (read to the end?, its last progress report)."""
         total = session.document_tokens
@@ -263,14 +264,14 @@ class Reading:
             stopped = f" It stopped in {where}." if where else ""
             yield ReadView(state, render.progress_bar(done, total, state="cancelled", note="cancelled"),
                            status("warn", f"Cancelled after {done:,} of {total:,} tokens.{stopped} Press “Read "
-                                          "documents” to continue from there."), NO_CHANGE, *_IDLE)
+                                          "documents” to continue from there."), NO_CHANGE, *_idle(state, truncate))
             return False, last
         except MemoryError as exc:
             logger.warning("prefill ran out of memory: %s", exc)
             yield ReadView(state, render.progress_bar(session.prefilled_tokens, total, state="failed",
                                                       note="out of memory"),
                            _warn(f"{exc}. What was read so far is kept: “Read documents” continues from there."),
-                           NO_CHANGE, *_IDLE)
+                           NO_CHANGE, *_idle(state, truncate))
             return False, last
         finally:
             state.read_done = None  # the cache counts what is read now
@@ -300,8 +301,8 @@ class Reading:
                 gr.Warning(escape.text(sentence))
             finished += " " + sentence
         yield ReadView(state, _done_bar(session, last), status("ok" if kind == "ok" else "warn",
-                                                               f"{finished} Ask a question."), NO_CHANGE, *_READ,
-                       plan=_read_plan(session, state, last))
+                                                               f"{finished} Ask a question."), NO_CHANGE,
+                       *_idle(state, False), plan=_read_plan(session, state, last))
 
     def _giving_way(self, ticket: Ticket, state: BrowserState, report: Callable[[object], None]) -> Callable[[], None]:
         """What a read does between its chunks: when other visitors wait, it gives them the device (the line's
@@ -319,6 +320,17 @@ class Reading:
     @staticmethod
     def cancel(state: BrowserState) -> None:
         state.cancel_requested = True
+
+    @staticmethod
+    def read_offer(truncate: bool, state: BrowserState):
+        """“Read documents” after an event that changed what it would read (``app.read_offer``'s rule); a running
+        read or answer owns the button meanwhile, and the page asks again when it ends."""
+        return gr.skip() if state.is_busy else read_button(state, truncate)
+
+
+def _idle(state: BrowserState, truncate: bool) -> tuple:
+    """The read and cancel buttons once nothing runs: Read by ``app.read_offer``'s rule, Cancel off."""
+    return read_button(state, truncate), gr.update(interactive=False)
 
 
 def _warn(text: str) -> str:

@@ -33,6 +33,7 @@ from app.guard import RequestGuard, guard_lifespan
 from app.handlers import Handlers
 from app.hosts import AllowedHosts
 from app.owner import OwnerGate, owner_middleware
+from app.read_offer import read_button
 from app.reading import Reading
 from app.visitor_caps import CapLimits
 from app.render import status
@@ -287,23 +288,31 @@ def _wire_shelf(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
               page.cancel_button, page.page_chips, page.page_view]
     page.saved_choice.change(handlers.open_label, [page.saved_choice], [page.open_button], api_visibility="private",
                              **_LIGHT)
-    page.open_button.click(handlers.open_saved, [page.saved_choice, state], opened, api_name="open_saved",
-                           show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
+    _offer_read(page.open_button.click(handlers.open_saved, [page.saved_choice, state], opened, api_name="open_saved",
+                                       show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
         handlers.continue_reading, [state],
         _read_view(page),
         api_visibility="private", show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
         handlers.saved, None, saved_view, api_visibility="private", **_LIGHT).then(
         handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT).then(
-        handlers.tab_memory, [state], [page.tab_memory], api_visibility="private", **_LIGHT)
-    demo.load(handlers.resume, [page.tab_memory, state], opened, js=_RECALL_JS, api_visibility="private",
-              show_progress="hidden", **_HEAVY).then(
-        handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT)
+        handlers.tab_memory, [state], [page.tab_memory], api_visibility="private", **_LIGHT), page, handlers)
+    resumed = demo.load(handlers.resume, [page.tab_memory, state], opened, js=_RECALL_JS, api_visibility="private",
+                        show_progress="hidden", **_HEAVY)
+    _offer_read(resumed.then(handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private",
+                             **_LIGHT), page, handlers)
     page.tab_memory.change(None, [page.tab_memory], None, js=_REMEMBER_JS)
 
 
 def hold_read():
     """The Read button, not clickable (until a handler that knows what is to be read enables it)."""
     return gr.update(interactive=False)
+
+
+def _offer_read(event, page: Page, handlers: Handlers):
+    """``event``, then “Read documents” set by its one rule (``app.read_offer``): chained after each event that
+    changes what it would read (files, range, Truncate, a read, clear, reopening); returns the chain."""
+    return event.then(handlers.read_offer, [page.truncate, page.state], [page.read_button], api_visibility="private",
+                      **_LIGHT)
 
 
 def _wire_reading(page: Page, handlers: Handlers):
@@ -320,17 +329,21 @@ def _wire_reading(page: Page, handlers: Handlers):
         api_visibility="private", **_LIGHT)
     chosen_range = [state, page.table, page.range_info, page.plan, page.truncate, page.read_button, page.status_box]
     for end in (page.range_from, page.range_to):
-        end.change(handlers.choose_range, [page.range_from, page.range_to, state], chosen_range,
-                   api_visibility="private", concurrency_id="ingest", concurrency_limit=1, show_progress="hidden")
+        _offer_read(end.change(handlers.choose_range, [page.range_from, page.range_to, state], chosen_range,
+                               api_visibility="private", concurrency_id="ingest", concurrency_limit=1,
+                               show_progress="hidden"), page, handlers)
+    page.truncate.change(handlers.read_offer, [page.truncate, state], [page.read_button], api_visibility="private",
+                         **_LIGHT)
     page.first_part.click(handlers.first_part, [state], [page.range_from, page.range_to, page.status_box],
                           api_name="first_part", **_LIGHT)
-    read_done = page.read_button.click(
+    read_done = _offer_read(page.read_button.click(
         handlers.read, [page.truncate, state],
         _read_view(page),
         api_name="read", show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
         handlers.saved, None, [page.saved_list, page.saved_choice], api_visibility="private",
         **_LIGHT).then(  # it may have saved one
-        handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT)
+        handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT),
+        page, handlers)  # (Truncate ticked meanwhile, say)
     page.cancel_button.click(handlers.cancel, [state], None, api_name="cancel", **_LIGHT)
     return read_done
 
@@ -353,6 +366,7 @@ def _wire_questions(page: Page, handlers: Handlers) -> tuple:
     new_chat_done = page.new_chat_button.click(handlers.stop, [state], None, api_visibility="private",
                                                **_LIGHT).then(
         handlers.new_chat, [state], [page.chat, page.status_box], api_name="new_chat", show_progress="hidden", **_OWN)
+    _offer_read(asked, page, handlers)  # (Truncate ticked while it answered)
     return asked, new_chat_done
 
 
@@ -367,6 +381,7 @@ def _wire_tab(demo: gr.Blocks, page: Page, handlers: Handlers, title: str, servi
         handlers.range_offer, [state], [page.range_box, page.range_from, page.range_to, page.range_info],
         api_visibility="private", **_LIGHT).then(
         handlers.question_bar, [page.max_tokens, state], [page.bar], api_visibility="private", **_LIGHT)
+    _offer_read(cleared, page, handlers)
     timer = gr.Timer(METER_SECONDS)
     timer.tick(handlers.meters, [state], [page.meters], api_visibility="private", **_LIGHT)
     # A first start's "estimating…" reading time becomes the measured one when the measurement lands.
@@ -400,7 +415,7 @@ def _model_changed(state: BrowserState, title: str, info: dict) -> tuple:
     header, note = _header(title, info), AppState.forget_switched(state)
     if note:  # this tab's document was closed by the switch: its files stay chosen, to be read again
         return (header, status("warn", note + " Press “Read documents” to read them with the new model."),
-                render.progress_bar(), render.replan_notice(), gr.update(interactive=bool(state.documents)))
+                render.progress_bar(), render.replan_notice(), read_button(state, False))
     if first:
         return header, *(gr.skip(),) * 4
     return header, status("info", f"Now serving {render.model_name(info)}."), *(gr.skip(),) * 3

@@ -73,3 +73,36 @@ def test_a_stale_page_chip_is_no_page_not_an_error():
     assert PageChips([]).preprocess([]) is None
     with pytest.raises(gr.Error):  # what the stock radio does with the same value
         gr.Radio([]).preprocess([])
+
+
+def test_read_is_set_by_its_rule_after_each_event_that_changes_what_it_reads():
+    """“Read documents” stayed enabled after a clear (its view has no button), on a too-long set with Truncate off
+    and after a range that no longer fits (issue 51). Each event that changes what it would read is now followed by
+    ``read_offer`` (``app.read_offer``'s rule): the range's ends, Truncate, a read, clear, an open, a reload's
+    reopening, an answer (Truncate may be ticked meanwhile); the upload's own handler answers by the rule."""
+    demo = build_ui(lambda: None, model_info={"model_name": "a model"}, snapshot_store=None)
+    blocks = demo.fns if isinstance(demo.fns, dict) else dict(enumerate(demo.fns))
+    following: dict = {}
+    for block in blocks.values():
+        following.setdefault(block.trigger_after, []).append(block)
+
+    def chain(block) -> list[str]:
+        names, todo = [], [block]
+        while todo:
+            current = todo.pop()
+            names.append(getattr(current.fn, "__name__", None))
+            todo += following.get(current._id, [])
+        return names
+
+    def heads(elem_id: str, event: str) -> list:
+        return [block for block in blocks.values() if any(
+            name == event and getattr(demo.blocks.get(target), "elem_id", None) == elem_id
+            for target, name in block.targets)]
+
+    for elem_id, event in (("range-from", "change"), ("range-to", "change"), ("truncate", "change"),
+                           ("read", "click"), ("clear", "click"), ("open-saved", "click"), ("ask", "click"),
+                           ("question", "submit")):
+        found = heads(elem_id, event)
+        assert found and all("read_offer" in chain(block) for block in found), (elem_id, event)
+    resume = [block for block in blocks.values() if getattr(block.fn, "__name__", None) == "resume"]
+    assert resume and all("read_offer" in chain(block) for block in resume)

@@ -14,6 +14,9 @@ DOCS = ROOT / "docs" / "benchmarks"
 
 # a file named in backticks as a path (`data/x.json`, `runs/2026-11-27/gpu.md`): no spaces, braces, $ or ~
 _NAMED = re.compile(r"`(\w[\w./-]*\.(?:json|jsonl|md|png|log|txt))`")
+# a code file named by its repo path (`engine/cpu/gguf_gemv.c`, `tests/engine/kv/test_x.py::test_y`): moved code leaves
+# its old path in the reports
+_CODE = re.compile(r"`((?:app|benchmarks|engine|scripts|tests)/[\w./-]*\.(?:py|c|h|sh))(?:::\w+)?`")
 
 
 def index_section(readme: Path) -> str:
@@ -36,10 +39,10 @@ def data_at_top(folder: Path) -> list[str]:
 
 
 def missing_references(doc: Path, root: Path = ROOT) -> list[str]:
-    """Links and backticked file names in ``doc`` that are no file inside ``root``: read from the doc's folder, or
-    from the repo's root (``benchmarks/x.py``, ``docs/...``)."""
+    """Links, backticked file names and code paths in ``doc`` that are no file inside ``root``: read from the doc's
+    folder, or from the repo's root (``benchmarks/x.py``, ``docs/...``)."""
     text = doc.read_text(encoding="utf-8")
-    return unresolved(doc, LINK.findall(text) + _NAMED.findall(text), root, from_root=True)
+    return unresolved(doc, LINK.findall(text) + _NAMED.findall(text) + _CODE.findall(text), root, from_root=True)
 
 
 def test_every_report_at_the_top_is_in_the_index():
@@ -63,11 +66,17 @@ def test_the_checks_catch_what_they_guard(tmp_path):
     # a report left out of the index, a data file at the top, a link to a moved file: each is found
     (tmp_path / "README.md").write_text("# B\n\n[a.md](a.md) above the index\n\n## Index\n\n[b.md](b.md)\n")
     for name in ("a.md", "b.md"):
-        (tmp_path / name).write_text(f"# {name}\n\nRecords: `data/{name[0]}.json`, [plot](data/{name[0]}.png).\n")
+        (tmp_path / name).write_text(f"# {name}\n\nRecords: `data/{name[0]}.json`, [plot](data/{name[0]}.png); code:"
+                                     f" `engine/{name[0]}.py`, `tests/test_{name[0]}.py::test_it`.\n")
     (tmp_path / "a.json").write_text("[]")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "b.json").write_text("[]")
     assert unindexed(tmp_path) == ["a.md"]
     assert data_at_top(tmp_path) == ["a.json"]
-    assert missing_references(tmp_path / "a.md", tmp_path) == ["data/a.png", "data/a.json"]  # links first, then names
+    (tmp_path / "engine").mkdir()  # the repo's code (here the root is both the repo and the reports' folder)
+    (tmp_path / "engine" / "b.py").write_text("")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_b.py").write_text("")
+    assert missing_references(tmp_path / "a.md", tmp_path) == [  # links first, then names, then code
+        "data/a.png", "data/a.json", "engine/a.py", "tests/test_a.py"]
     assert missing_references(tmp_path / "b.md", tmp_path) == ["data/b.png"]

@@ -4,6 +4,7 @@ On a first start a plan shows "estimating… ≈ X for now" while ``engine.read_
 background (a minute or more on a busy CPU). The app's timer (``app.ui``) calls ``refreshed_plan`` each tick with
 the tab's panel: while it still says "estimating…" and the session's estimate is measured now (the measurement
 landed, or a read was recorded), its reading time becomes that estimate; the rest of the panel stays as it was.
+A running read puts ``READING_NOW`` there instead (``with_reading_time``): one estimate on the screen, its bar's.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from app import escape, render
 from app.browser_state import BrowserState
 
 ESTIMATING = "estimating…"
+READING_NOW = "reading now: the countdown is on the progress bar"  # the plan's forecast gives way to the measured one
 _READING_TIME = re.compile(r"(<span>Reading time</span><b>)(.*?)(</b>)", re.S)
 _LIMIT = re.compile(r'data-limit="(\d+)"')
 
@@ -33,6 +35,11 @@ def refreshed_plan(state: BrowserState, panel: str | None):
     estimate = session.read_time.estimate_prefill_range(max(num_tokens, 1))
     if getattr(estimate, "provisional", False):
         return gr.skip()
-    value = escape.text(render.reading_time(estimate))
-    refreshed, count = _READING_TIME.subn(lambda match: match.group(1) + value + match.group(3), panel, count=1)
-    return refreshed if count else gr.skip()
+    refreshed = with_reading_time(panel, render.reading_time(estimate))
+    return refreshed if refreshed != panel else gr.skip()
+
+
+def with_reading_time(panel: str, words: str) -> str:
+    """``panel`` (``render.plan_panel``'s) with its reading time saying ``words``; the rest as it was."""
+    value = escape.text(words)
+    return _READING_TIME.sub(lambda match: match.group(1) + value + match.group(3), panel, count=1)

@@ -17,6 +17,7 @@ from app.background import iterate_reports
 from app.browser_state import BrowserState
 from app.page_ranges import PageRanges
 from app.compute_queue import Ticket
+from app.estimate_refresh import READING_NOW, with_reading_time
 from app.pages import join, last_page, read_part, tokenize
 from app.read_offer import read_button
 from app.render import status
@@ -43,11 +44,10 @@ _NO_CHIPS = gr.update(choices=[], value=None, visible=False)  # a new document: 
 
 
 class _Fresh(NamedTuple):
-    """What taking a new document changes on the page, sent with the read's first view: the chat emptied, the plan of
-    what a truncated read holds, the old document's page chips and viewer gone (each unchanged otherwise)."""
+    """What taking a new document changes on the page, sent with the read's first view: the chat emptied, the old
+    document's page chips and viewer gone (each unchanged otherwise)."""
 
     chat: Any = NO_CHANGE
-    plan: Any = NO_CHANGE
     pages: Any = NO_CHANGE
     page: Any = NO_CHANGE
 
@@ -168,7 +168,7 @@ class Reading:
         note = ""
         # Only into an empty cache: a cancelled read that got partway resumes rather than restarts.
         if remember and session.prefilled_tokens == 0 and (saved := shelf.find(session)) is not None:
-            note = yield from self._reopen(session, shelf, saved, state, fresh)
+            note = yield from self._reopen(session, shelf, saved, state, fresh, len(tokens))
             if note is None:  # reopened whole: nothing to read
                 return
             fresh = fresh._replace(chat=NO_CHANGE)  # the reopening view emptied it
@@ -176,11 +176,12 @@ class Reading:
             if remember else None  # a crash or a restart mid-read loses little: the shelf continues it
         total, start = session.document_tokens, session.prefilled_tokens
         reading = status("info", f"{note}Reading {total:,} tokens (documents with the prompt)…")
+        # One estimate on the screen while the read runs: the bar's countdown, measured from its chunks.
         yield ReadView(state, render.progress_bar(start, total, state="running"), reading, fresh.chat, *_RUNNING,
-                       plan=fresh.plan, pages=fresh.pages, page=fresh.page)
+                       plan=_panel(session, len(tokens), READING_NOW), pages=fresh.pages, page=fresh.page)
         read_whole, last = yield from self._prefill(session, tokens, truncate, state, ticket, checkpoints, reading)
         if read_whole:
-            yield from self._finish(session, tokens.text, state, shelf if remember else None, start, last)
+            yield from self._finish(session, tokens, state, shelf if remember else None, start, last)
 
     def _take(self, session: DocumentSession, tokens: DocumentTokens, truncate: bool,
               state: BrowserState) -> Iterator[ReadView]:
@@ -203,19 +204,18 @@ class Reading:
         # A read truncated to fit keeps where its files and pages lie (the chips, the viewer and "stopped in").
         session.document = read_part(session.document, tokens.text)
         state.read_text, state.saved_key = tokens.text, None
-        # The session dropped the old document and its chat, and with them the old document's page chips. Truncated to
-        # fit, the panel shows what is read, not the whole set.
-        plan = _truncated_plan(session, len(tokens)) if session.document != tokens.text else NO_CHANGE
-        return _Fresh([], plan, _NO_CHIPS, render.page_view(None))
+        # The session dropped the old document and its chat, and with them the old document's page chips.
+        return _Fresh([], _NO_CHIPS, render.page_view(None))
 
     def _reopen(self, session: DocumentSession, shelf: SavedDocs, saved: SnapshotInfo, state: BrowserState,
-                fresh: _Fresh) -> Iterator[ReadView]:
+                fresh: _Fresh, num_chosen: int) -> Iterator[ReadView]:
         """Fills the cache from the saved copy; returns None when that read it whole, else the sentence the read
         that follows begins with (it continues a saved read cut short, or the copy could not be used)."""
         yield ReadView(state, render.progress_bar(0, session.document_tokens, state="reopening",
                                                   note="reopening from disk…"),
                        status("info", f"Reopening the saved copy ({format_bytes(saved.num_bytes)}) from disk…"),
-                       fresh.chat, *_BUSY, plan=fresh.plan, pages=fresh.pages, page=fresh.page)
+                       fresh.chat, *_BUSY, plan=_panel(session, num_chosen, "reopening from disk…"),
+                       pages=fresh.pages, page=fresh.page)
         stats = shelf.restore(session)
         if stats is None:
             return "The saved copy could not be used (see the log), so the documents are read instead. "
@@ -223,13 +223,15 @@ class Reading:
             return f"Continuing the read saved at {stats.num_tokens:,} tokens. "
         state.saved_key = saved.key
         bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
-        yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *_idle(state, False))
+        seconds = _restore_seconds(stats)
+        yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *_idle(state, False),
+                       plan=_panel(session, num_chosen, f"reopened from disk in {seconds}"))
         return None
 
     def _prefill(self, session: DocumentSession, tokens: DocumentTokens, truncate: bool, state: BrowserState,
                  ticket: Ticket, checkpoints, reading: str) -> Iterator[ReadView]:
         """Runs the read on a thread of its own, showing its progress and its pauses for other visitors; returns
-        (read to the end?, its last progress report)."""
+        (read to the end?, its last progress report). Stopped or failed, the plan forecasts the rest."""
         total = session.document_tokens
         last: PrefillProgress | None = None
         paused = False
@@ -264,25 +266,26 @@ class Reading:
             stopped = f" It stopped in {where}." if where else ""
             yield ReadView(state, render.progress_bar(done, total, state="cancelled", note="cancelled"),
                            status("warn", f"Cancelled after {done:,} of {total:,} tokens.{stopped} Press “Read "
-                                          "documents” to continue from there."), NO_CHANGE, *_idle(state, truncate))
+                                          "documents” to continue from there."), NO_CHANGE, *_idle(state, truncate),
+                           plan=_rest_panel(session, len(tokens)))
             return False, last
         except MemoryError as exc:
             logger.warning("prefill ran out of memory: %s", exc)
             yield ReadView(state, render.progress_bar(session.prefilled_tokens, total, state="failed",
                                                       note="out of memory"),
                            _warn(f"{exc}. What was read so far is kept: “Read documents” continues from there."),
-                           NO_CHANGE, *_idle(state, truncate))
+                           NO_CHANGE, *_idle(state, truncate), plan=_rest_panel(session, len(tokens)))
             return False, last
         finally:
             state.read_done = None  # the cache counts what is read now
         return True, last
 
     @staticmethod
-    def _finish(session: DocumentSession, text: str, state: BrowserState, shelf: SavedDocs | None, start: int,
-                last: PrefillProgress | None) -> Iterator[ReadView]:
+    def _finish(session: DocumentSession, tokens: DocumentTokens, state: BrowserState, shelf: SavedDocs | None,
+                start: int, last: PrefillProgress | None) -> Iterator[ReadView]:
         """The read's last line: what was read, how fast, where a truncated read stopped; saved onto ``shelf``
-        first, when the tab remembers documents."""
-        total = session.document_tokens
+        first, when the tab remembers documents. The plan then says the read's own time, not the forecast."""
+        total, text = session.document_tokens, tokens.text
         seconds = f" in {render.format_seconds(last.elapsed)} ({last.tokens_per_second:,.0f} tok/s)" if last else ""
         # This run's own tokens: a read resumed after a cancel reads only the rest.
         finished = f"Read {total - start:,} tokens{seconds}" + (f", the rest of {total:,}." if start else ".")
@@ -302,7 +305,8 @@ class Reading:
             finished += " " + sentence
         yield ReadView(state, _done_bar(session, last), status("ok" if kind == "ok" else "warn",
                                                                f"{finished} Ask a question."), NO_CHANGE,
-                       *_idle(state, False), plan=_read_plan(session, state, last))
+                       *_idle(state, False),
+                       plan=_panel(session, len(tokens), read_seconds=last.elapsed if last else None))
 
     def _giving_way(self, ticket: Ticket, state: BrowserState, report: Callable[[object], None]) -> Callable[[], None]:
         """What a read does between its chunks: when other visitors wait, it gives them the device (the line's
@@ -346,8 +350,12 @@ def _kept(state: BrowserState) -> str:
 
 def _reopened(stats: RestoreStats) -> str:
     bandwidth = f"{format_bytes(int(stats.gb_per_second * 1e9))}/s"  # binary units, as every size on the page
-    seconds = f"{stats.seconds:.2f} s" if stats.seconds < 1 else render.format_seconds(stats.seconds)  # often < 0.1 s
-    return status("ok", f"Reopened from disk in {seconds} ({bandwidth}) — no reading needed. Ask a question.")
+    return status("ok", f"Reopened from disk in {_restore_seconds(stats)} ({bandwidth}) — no reading needed. Ask a "
+                        "question.")
+
+
+def _restore_seconds(stats: RestoreStats) -> str:
+    return f"{stats.seconds:.2f} s" if stats.seconds < 1 else render.format_seconds(stats.seconds)  # often < 0.1 s
 
 
 def _label(state: BrowserState, session: DocumentSession, text: str) -> str:
@@ -363,27 +371,25 @@ def _done_bar(session: DocumentSession, last: PrefillProgress | None = None) -> 
     return render.progress_bar(total, total, rate, state="done", note="done")
 
 
-def _truncated_plan(session: DocumentSession, num_chosen: int) -> str:
-    """The plan panel of the beginning that was read, out of ``num_chosen`` tokens."""
+def _panel(session: DocumentSession, num_chosen: int, reading_time: str | None = None, *,
+           seconds=None, read_seconds: float | None = None) -> str:
+    """The plan panel of the document taken: of what is read when it was truncated to fit, out of ``num_chosen``
+    tokens. Its reading time: ``seconds``' estimate, the read's own ``read_seconds`` once over, or ``reading_time``'s
+    words (the read is running, the copy reopening)."""
     plan = session.document_plan()
-    seconds = session.read_time.estimate_prefill_range(session.document_tokens)
-    return render.plan_panel(plan, session.document_tokens, seconds, session.policy.kv_dtype,
-                             _options(session, plan), truncated_from=num_chosen, stopped_in=last_page(session.document),
-                             conversation_tokens=session.answer_budget,
-                             weights=getattr(session, "weights", None))
-
-
-def _read_plan(session: DocumentSession, state: BrowserState, last: PrefillProgress | None) -> str:
-    """The plan panel once the read is over: its reading time is the read's own (the estimate made before it is
-    history), the rest as it was planned (truncated to fit: of what was read)."""
-    seconds = last.elapsed if last is not None else None
-    plan = session.document_plan()
-    chosen = len(state.tokens) if state.tokens is not None else session.document_tokens
-    truncated = {"truncated_from": chosen, "stopped_in": last_page(session.document)} if chosen > \
+    truncated = {"truncated_from": num_chosen, "stopped_in": last_page(session.document)} if num_chosen > \
         session.document_tokens else {}
-    return render.plan_panel(plan, session.document_tokens, None, session.policy.kv_dtype, _options(session, plan),
-                             conversation_tokens=session.answer_budget, read_seconds=seconds,
-                             weights=getattr(session, "weights", None), **truncated)
+    panel = render.plan_panel(plan, session.document_tokens, seconds, session.policy.kv_dtype, _options(session, plan),
+                              conversation_tokens=session.answer_budget, read_seconds=read_seconds,
+                              weights=getattr(session, "weights", None), **truncated)
+    return panel if reading_time is None else with_reading_time(panel, reading_time)
+
+
+def _rest_panel(session: DocumentSession, num_chosen: int) -> str:
+    """The plan panel of a read stopped or failed part-way: the forecast of what is left to read."""
+    done, total = session.prefilled_tokens, session.document_tokens
+    estimate = session.read_time.estimate_prefill_range(total, done)
+    return _panel(session, num_chosen, f"{render.reading_time(estimate)} for the {total - done:,} tokens left")
 
 
 def _options(session: DocumentSession, plan) -> list:

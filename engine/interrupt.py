@@ -33,7 +33,7 @@ _idle = threading.Condition()
 
 @contextmanager
 def interruptible(model: nn.Module, should_stop: Callable[[], bool] | None) -> Iterator[None]:
-    """Within the block, forwards of ``model`` in this thread raise ``ForwardInterrupted`` at the next
+    """Inside the ``with``, forwards of ``model`` in this thread raise ``ForwardInterrupted`` at the next
     checkpoint once ``should_stop()`` is true, or once Ctrl+C stopped the process (``stopping``). Other threads
     using the same (shared) model are not affected."""
     if should_stop is None and not _SERVING.is_set():  # (a library caller's forward, no hooks: as fast as stock)
@@ -81,8 +81,8 @@ def end_work() -> None:
 
 @contextmanager
 def stop_on_ctrl_c(wait_seconds: float = 120.0) -> Iterator[None]:
-    """Serving within the block (in the main thread): Ctrl+C stops every forward of the process at its next layer,
-    then raises ``KeyboardInterrupt`` as before (Gradio closes its server on it). Leaving the block waits up to
+    """Serving inside the ``with`` (in the main thread): Ctrl+C stops every forward of the process at its next layer,
+    then raises ``KeyboardInterrupt`` as before (Gradio closes its server on it). Leaving it waits up to
     ``wait_seconds`` for them to stop and for each read's last checkpoint to land; a second Ctrl+C ends the wait."""
     previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
     if previous in (None, signal.SIG_IGN):  # signals reach the main thread only; an ignored Ctrl+C stays ignored
@@ -134,7 +134,7 @@ def checkpoints(model: nn.Module) -> list[nn.Module]:
 
 @contextmanager
 def layer_callbacks(model: nn.Module, callback: Callable[[int, int], None] | None) -> Iterator[None]:
-    """Within the block, ``callback(layer_index, num_layers)`` runs before each decoder layer of forwards in this
+    """Inside the ``with``, ``callback(layer_index, num_layers)`` runs before each decoder layer of forwards in this
     thread (progress within a long chunk)."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
     layers = list(getattr(decoder, "layers", None) or [])

@@ -63,8 +63,8 @@ class ModelHolder:
 
     @staticmethod
     def stop_on_ctrl_c(wait_seconds: float = 120.0):
-        """The app serving within the block: Ctrl+C stops every read and answer at its next layer, each read keeping
-        a checkpoint of what it read, and the block's end waits for them (``interrupt.stop_on_ctrl_c``)."""
+        """The app serving inside the ``with``: Ctrl+C stops every read and answer at its next layer, each read keeping
+        a checkpoint of what it read, and leaving it waits for them (``interrupt.stop_on_ctrl_c``)."""
         return stop_on_ctrl_c(wait_seconds)
 
     def info(self) -> dict:

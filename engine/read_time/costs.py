@@ -136,7 +136,7 @@ class LoadProbe:
 
     @contextmanager
     def foreground(self) -> Iterator[None]:
-        """Within the block a visitor waits for a plan (an upload being read, tokenized, planned): background work
+        """Inside the ``with`` a visitor waits for a plan (an upload being read, tokenized, planned): background work
         pauses between layers, so the plan does not share the cores with it."""
         with self._lock:
             self._foreground += 1
@@ -148,7 +148,7 @@ class LoadProbe:
 
     @contextmanager
     def background(self) -> Iterator[None]:
-        """Within the block our own background work computes: ``current()`` reuses the last probe, as while a read
+        """Inside the ``with`` our own background work computes: ``current()`` reuses the last probe, as while a read
         computes, but ``busy`` stays false."""
         with self._lock:
             self._background += 1

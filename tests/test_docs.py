@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from doc_links import broken_links, prose  # tests/helpers/doc_links.py: the docs' one link checker
+from doc_links import broken_links, missing_code_paths, prose  # tests/helpers/doc_links.py: the docs' one link checker
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -99,6 +99,11 @@ def test_every_repo_path_the_readme_names_exists():
     assert missing_named_paths(README) == []
 
 
+@pytest.mark.parametrize("doc", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name)
+def test_every_code_path_a_doc_names_exists(doc):
+    assert missing_code_paths(doc, ROOT) == []
+
+
 def test_the_readme_test_command_is_the_one_ci_runs():
     command = readme_test_command()
     assert command in ci_commands(), f"README's {command!r} is not what .ci/run runs ({ci_commands()})"
@@ -133,6 +138,15 @@ def test_a_broken_link_is_found(tmp_path):
                    "[gone](not-there.md) ![picture](screenshots/gone.png) [outside](../../etc/passwd)\n"
                    "```\n[in a code block](ignored.md)\n```\n")
     assert broken_links(doc, root=tmp_path) == ["not-there.md", "screenshots/gone.png", "../../etc/passwd"]
+
+
+def test_a_moved_code_path_is_found(tmp_path):
+    (tmp_path / "engine" / "cpu").mkdir(parents=True)
+    (tmp_path / "engine" / "cpu" / "gemv.c").write_text("")
+    doc = tmp_path / "doc.md"
+    doc.write_text("`engine/cpu/gemv.c`, `engine/models/gemv.c`, `tests/test_x.py::test_y`, `gemv.c`\n"
+                   "```\n`engine/in_a_code_block.py`\n```\n")
+    assert missing_code_paths(doc, root=tmp_path) == ["engine/models/gemv.c", "tests/test_x.py"]
 
 
 def test_a_missing_named_path_is_found(tmp_path):

@@ -7,16 +7,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from doc_links import LINK, unresolved  # tests/helpers/doc_links.py: the docs' one link checker
+from doc_links import CODE_PATH, LINK, unresolved  # tests/helpers/doc_links.py: the docs' one link checker
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "benchmarks"
 
 # a file named in backticks as a path (`data/x.json`, `runs/2026-11-27/gpu.md`): no spaces, braces, $ or ~
 _NAMED = re.compile(r"`(\w[\w./-]*\.(?:json|jsonl|md|png|log|txt))`")
-# a code file named by its repo path (`engine/cpu/gguf_gemv.c`, `tests/engine/kv/test_x.py::test_y`): moved code leaves
-# its old path in the reports
-_CODE = re.compile(r"`((?:app|benchmarks|engine|scripts|tests)/[\w./-]*\.(?:py|c|h|sh))(?:::\w+)?`")
 
 
 def index_section(readme: Path) -> str:
@@ -42,7 +39,7 @@ def missing_references(doc: Path, root: Path = ROOT) -> list[str]:
     """Links, backticked file names and code paths in ``doc`` that are no file inside ``root``: read from the doc's
     folder, or from the repo's root (``benchmarks/x.py``, ``docs/...``)."""
     text = doc.read_text(encoding="utf-8")
-    return unresolved(doc, LINK.findall(text) + _NAMED.findall(text) + _CODE.findall(text), root, from_root=True)
+    return unresolved(doc, LINK.findall(text) + _NAMED.findall(text) + CODE_PATH.findall(text), root, from_root=True)
 
 
 def test_every_report_at_the_top_is_in_the_index():

@@ -2,12 +2,20 @@
 // and by how much, in binary units (Gradio's own check shows a bare "Error" and "256.0 Mb").
 (() => {
   const limit = MAX_UPLOAD_BYTES;
-  const mib = (n) => (n / 1048576).toLocaleString("en-US", { maximumFractionDigits: 1 }) + " MiB";
+  // byte_units.format_bytes in JavaScript: the sizes the server's messages and the meters say, to the digit.
+  const size = (n) => {
+    if (n < 1024) return `${n} B`;
+    let value = n;
+    for (const unit of ["KiB", "MiB", "GiB", "TiB"]) {
+      value /= 1024;
+      if (Math.round(value * 100) / 100 < 1024 || unit === "TiB") return `${value.toFixed(2)} ${unit}`;
+    }
+  };
   const refuse = (files) => {
     const big = Array.from(files || []).filter((file) => file.size > limit);
     if (!big.length) return false;
-    const text = big.map((file) => `${file.name} is ${mib(file.size)}`).join("; ") +
-      `, larger than the ${mib(limit)} this app accepts (--max-upload). Nothing was uploaded.`;
+    const text = big.map((file) => `${file.name} is ${size(file.size)}`).join("; ") +
+      `, larger than the ${size(limit)} this app accepts (--max-upload). Nothing was uploaded.`;
     const line = document.querySelector("#status .status");
     if (line) {
       line.className = "status status-error";

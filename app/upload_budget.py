@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.disk_usage import folder_bytes
+from byte_units import format_bytes
 
 UPLOAD_PATH = re.compile(r"^(?:/gradio_api)?/upload/?$")
 GiB = 1 << 30
@@ -59,10 +60,10 @@ class UploadBudget:
                 self.sent.popleft()
             mine = sum(count for _, who, count in self.sent if who == visitor)
             if mine + size > self.limits.per_client:
-                return 429, (f"Upload refused: at most {_mib(self.limits.per_client)} MiB per visitor in "
+                return 429, (f"Upload refused: at most {format_bytes(self.limits.per_client)} per visitor in "
                              f"{self.limits.window / 60:.0f} minutes; try again later.")
             if held + size > self.limits.total:
-                return 413, (f"Upload refused: the app's upload folder is full ({_mib(self.limits.total)} MiB); "
+                return 413, (f"Upload refused: the app's upload folder is full ({format_bytes(self.limits.total)}); "
                              f"try again later.")
             self.sent.append((now, visitor, size))
         return None
@@ -78,7 +79,3 @@ def visitor_of(scope, headers: dict[str, str]) -> str:
             return f"login:{logins[value]}"
     client = scope.get("client")
     return f"address:{client[0] if client else ''}"
-
-
-def _mib(size: int) -> int:
-    return size >> 20

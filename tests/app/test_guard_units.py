@@ -107,7 +107,7 @@ def test_uploads_past_a_visitors_budget_are_refused_until_the_window_passes(tmp_
     for _ in range(2):
         assert client.post("/gradio_api/upload", content=b"x" * 400).text == "took 400"
     refused = client.post("/gradio_api/upload", content=b"x" * 400)
-    assert refused.status_code == 429 and "per visitor" in refused.text
+    assert refused.status_code == 429 and "at most 1000 B per visitor" in refused.text  # was "at most 0 MiB"
     # another visitor (logged in: their cookie) has a budget of their own
     other = client.post("/gradio_api/upload", content=b"x" * 400, headers={"Cookie": "access-token-abc=tok2"})
     assert other.text == "took 400"
@@ -121,7 +121,7 @@ def test_uploads_past_the_folders_budget_or_without_a_length_are_refused(tmp_pat
     (tmp_path / "held").mkdir()
     (tmp_path / "held" / "big.bin").write_bytes(b"x" * 2800)
     refused = client.post("/gradio_api/upload", content=b"x" * 400)
-    assert refused.status_code == 413 and "upload folder is full" in refused.text
+    assert refused.status_code == 413 and "upload folder is full (2.93 KiB)" in refused.text  # was "(0 MiB)"
     assert client.post("/gradio_api/upload", content=b"x" * 100).text == "took 100"
     chunked = client.post("/gradio_api/upload", content=iter([b"x" * 10]))  # no Content-Length
     assert chunked.status_code == 411

@@ -19,7 +19,7 @@ from app.browser_state import BrowserState
 ESTIMATING = "estimating…"
 READING_NOW = "reading now: the countdown is on the progress bar"  # the plan's forecast gives way to the measured one
 _READING_TIME = re.compile(r"(<span>Reading time</span><b>)(.*?)(</b>)", re.S)
-_LIMIT = re.compile(r'data-limit="(\d+)"')
+_SHARE = re.compile(r'data-documents-share="(\d+)"')
 
 
 def refreshed_plan(state: BrowserState, panel: str | None):
@@ -30,8 +30,8 @@ def refreshed_plan(state: BrowserState, panel: str | None):
         return gr.skip()
     if not getattr(session.read_time, "reading_cost_known", False):  # still measuring (a plain check: no probe, no plan)
         return gr.skip()
-    limit = _LIMIT.search(panel)  # a set over the limit is estimated for what fits (the upload's plan)
-    num_tokens = min(len(tokens), int(limit.group(1))) if limit else len(tokens)
+    share = _SHARE.search(panel)  # a set over the limit is estimated for what fits of it (the upload's plan)
+    num_tokens = min(len(tokens), int(share.group(1))) if share else len(tokens)
     estimate = session.read_time.estimate_prefill_range(max(num_tokens, 1))
     if getattr(estimate, "provisional", False):
         return gr.skip()

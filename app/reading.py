@@ -96,7 +96,8 @@ class Reading:
             except PlanError as exc:
                 return FilesView(state, render.files_table(documents, counts, len(tokens)), render.refused_plan([str(exc)]),
                                  gr.update(visible=False), read_button(state, False), _warn(str(exc)))
-            seconds = session.read_time.estimate_prefill_range(min(len(tokens), plan.context_limit))
+            share = max(plan.context_limit - session.answer_budget, 1)  # what “Truncate to fit” reads of a set over it
+            seconds = session.read_time.estimate_prefill_range(min(len(tokens), share))
             if plan.is_within_limit:
                 message = status("ok", f"Ready to read {len(tokens):,} tokens (with the prompt) from {len(documents)} "
                                        f"file{'s' if len(documents) != 1 else ''}. Press “Read documents”.")

@@ -66,6 +66,6 @@ def test_the_estimating_reading_time_is_replaced_once_measured_and_nothing_else(
 def test_a_set_over_the_limit_is_estimated_for_what_fits_as_the_upload_estimated_it():
     session, state = MeasuringSession(), BrowserState()
     shown = plan_panel(PROVISIONAL, 9000)
-    limit = int(shown.split('data-limit="')[1].split('"')[0])
+    share = int(shown.split('data-documents-share="')[1].split('"')[0])  # what “Truncate to fit” reads of it
     state.session, state.tokens, session.read_time.reading_cost_known = session, list(range(9000)), True
-    assert isinstance(refreshed_plan(state, shown), str) and session.read_time.asked == [min(9000, limit)]
+    assert isinstance(refreshed_plan(state, shown), str) and session.read_time.asked == [share] == [6144]

@@ -60,9 +60,16 @@ def test_one_count_per_thing_and_read_off_once_read_and_clear_clears(embedded_mo
     assert handlers.range_offer(state).range_box["visible"] is False and state.pieces == []
 
 
-def test_a_set_too_large_to_read_whole_is_counted_once_and_nothing_is_said_reserved(embedded_model, tmp_path):
+def test_a_set_too_large_to_read_whole_is_counted_once_and_nothing_is_said_reserved(embedded_model, tmp_path,
+                                                                                    monkeypatch):
     # Issue 51: a too-large file's plan said "11,267 tokens reserved" beside the model's 8,192-token window.
     from make_files import make_pdf
+
+    from engine.read_time.estimator import ReadEstimator
+
+    asked, estimate = [], ReadEstimator.estimate_prefill_range
+    monkeypatch.setattr(ReadEstimator, "estimate_prefill_range",
+                        lambda self, num_tokens, *rest: asked.append(num_tokens) or estimate(self, num_tokens, *rest))
 
     filler = "The keeper walked along the harbour wall, counted the boats and wrote the weather in her logbook. " * 9
     pdf = make_pdf(tmp_path / "long-log.pdf", [f"Log page {n}. {filler}" for n in range(50)])
@@ -81,3 +88,5 @@ def test_a_set_too_large_to_read_whole_is_counted_once_and_nothing_is_said_reser
     # The range offer's "at most" is the plan's documents' share, the same count.
     assert f"at most {share:,} tokens fit" in _text(handlers.range_offer(state).range_info)
     assert f"Documents' share{share:,} tokens" in plan
+    # Its reading time is that of what "Truncate to fit" reads, the documents' share (was the 8,192-token window's).
+    assert asked == [share]

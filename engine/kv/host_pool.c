@@ -7,9 +7,13 @@
  * in progress), so the fixed cost of a call is its wake-up broadcast, the fold and the merge.
  *
  * The vector path (host_kernel.c compiled per path) is chosen once from cpuid, or forced by the call.
+ *
+ * host_use_split_pool(1) runs the same tasks on this library's copy of split_pool.h instead, whose workers spin
+ * between calls (the A/B of docs/benchmarks/thread-pools.md; a call's ha_runner, another library's pool, goes first).
  */
 #include "host_kernel.h"
 #include "../native/common.h"
+#include "../native/split_pool.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -53,10 +57,13 @@ static struct {
 } pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
           PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, NULL, 0};
 
-static void run_tasks(call_state *state) {
-    for (;;) {
+static long own_worker_tasks; /* atomic: tasks the own pool's workers ran, ever (tests and benchmarks read it) */
+
+/* Runs tasks of ``state`` until none is left; returns how many this thread ran. */
+static long run_tasks(call_state *state) {
+    for (long ran = 0;; ran++) {
         const long index = __atomic_fetch_add(&state->next, 1, __ATOMIC_RELAXED);
-        if (index >= state->num_tasks) return;
+        if (index >= state->num_tasks) return ran;
         const int status = state->run(state->context, index);
         if (status != 0) __atomic_store_n(&state->status, status, __ATOMIC_RELAXED);
     }
@@ -73,7 +80,7 @@ static void *worker(void *arg) {
         if (state == NULL || id >= state->threads) continue; /* a call already done, or not one of its workers */
         pool.busy++;
         pthread_mutex_unlock(&pool.lock);
-        run_tasks(state);
+        __atomic_fetch_add(&own_worker_tasks, run_tasks(state), __ATOMIC_RELAXED);
         pthread_mutex_lock(&pool.lock);
         if (--pool.busy == 0) pthread_cond_signal(&pool.idle);
     }
@@ -299,9 +306,31 @@ static int element_bytes(int dtype) {
     return dtype == HA_FP32 ? 4 : (dtype == HA_BF16 || dtype == HA_FP16) ? 2 : 1;
 }
 
+static int use_split_pool; /* atomic: host_use_split_pool's */
+
+/* Tasks of one call as split_pool.h's ranges. */
+typedef struct {
+    int (*run)(const void *context, long index);
+    const void *context;
+} task_range_context;
+
+static int task_range(const void *context, long lo, long hi) {
+    const task_range_context *t = context;
+    int status = 0;
+    for (long index = lo; index < hi; index++) {
+        const int task_status = t->run(t->context, index);
+        if (task_status != 0) status = task_status;
+    }
+    return status;
+}
+
 /* Runs tasks [0, num_tasks) on the caller and up to threads - 1 workers (under call_lock); the first nonzero
  * status. */
 static int run_on_pool(int (*run)(const void *, long), const void *context, long num_tasks, int threads) {
+    if (__atomic_load_n(&use_split_pool, __ATOMIC_RELAXED)) {
+        const task_range_context ranges = {run, context};
+        return sp_run(task_range, &ranges, num_tasks, 1, threads);
+    }
     call_state state = {context, run, num_tasks, 0, 0, 0};
     const long helpers = (num_tasks < threads ? num_tasks : threads) - 1;
     if (helpers > 0) {
@@ -342,6 +371,15 @@ static int attention_range(const void *context, long lo, long hi) {
     }
     return status;
 }
+
+/* 1: calls without a runner go to this library's split pool (spinning workers); 0: to its own sleeping pool.
+ * Returns the previous setting. */
+int host_use_split_pool(int on) { return __atomic_exchange_n(&use_split_pool, on != 0, __ATOMIC_RELAXED); }
+
+/* Tasks (split pool: ranges of tasks) the workers of this library's split pool / own pool ran since it loaded
+ * (tests: which pool ran). */
+long host_split_worker_tasks(void) { return sp_worker_tasks(); }
+long host_own_worker_tasks(void) { return __atomic_load_n(&own_worker_tasks, __ATOMIC_RELAXED); }
 
 #define SCRATCH_KEEP_FLOATS (1L << 20) /* 4 MiB: a scratch this small is kept whatever the call */
 #define DECODE_QUERY_LIMIT 16 /* query tokens of a decode step's call (native.CPU_QUERY_LIMIT, schedule.HOST_QUERY_LIMIT);

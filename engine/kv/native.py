@@ -13,7 +13,8 @@ AVX-512, AVX-512 with bf16 dot products; elsewhere the portable one, which is NE
 the flags; loaded only as its build recorded it, ``engine.native.trusted``); the pool picks the widest path the CPU has (cpuid) at run time.
 ``HEADINFER_HOST_KERNEL=portable|avx2|avx512|avx512bf16`` forces one (tests, and a user whose CPU misreports),
 ``HEADINFER_HOST_PREFETCH=l1|l2`` the cache level the homes' next lines are requested into (default: L1 on AMD, L2
-elsewhere); ``HEADINFER_NATIVE=0`` forces the torch tile. Without a compiler, or if the build
+elsewhere), ``HEADINFER_HOST_POOL=split`` its calls onto its copy of ``split_pool.h`` (an A/B:
+docs/benchmarks/thread-pools.md); ``HEADINFER_NATIVE=0`` forces the torch tile. Without a compiler, or if the build
 fails, ``kernel()`` returns None (logged) and ``host_attention.py`` runs its torch tile.
 """
 
@@ -38,7 +39,8 @@ _SOURCE = Path(__file__).with_name("host_kernel.c")
 _POOL = Path(__file__).with_name("host_pool.c")
 _HEADER = Path(__file__).with_name("host_kernel.h")
 _COMMON = Path(__file__).parents[1] / "native" / "common.h"  # the helpers both include
-_SOURCES = (_SOURCE, _POOL, _HEADER, _COMMON)  # what a build is of: its hash names the library and the probe
+_SPLIT_POOL = Path(__file__).parents[1] / "native" / "split_pool.h"  # host_pool.c's other pool
+_SOURCES = (_SOURCE, _POOL, _HEADER, _COMMON, _SPLIT_POOL)  # what a build is of: its hash names library and probe
 _HOST_FLAGS = ["-O3", "-fPIC", "-fno-math-errno", "-fno-trapping-math", "-pthread"]
 # Vector paths (x86-64): each compiles host_kernel.c once more; one that fails to build is left out (logged).
 _AVX512 = ["-DHA_VARIANT_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma", "-mf16c",
@@ -52,7 +54,11 @@ ENV_PATH = "HEADINFER_HOST_KERNEL"
 #: Where bf16/fp16/fp32 homes' next lines are requested (host_kernel.c): ``auto`` is L1 on AMD, L2 elsewhere.
 PREFETCH = {"auto": 0, "l1": 1, "l2": 2}
 ENV_PREFETCH = "HEADINFER_HOST_PREFETCH"
-_CHOICES = {ENV_PATH: PATHS, ENV_PREFETCH: PREFETCH}  # what each variable may name
+#: Which pool runs a call that no other library's pool takes (``share_pool``): the kernel's own, whose workers sleep
+#: between calls, or its copy of ``split_pool.h``, whose workers spin (docs/benchmarks/thread-pools.md).
+POOLS = {"auto": 0, "own": 0, "split": 1}
+ENV_POOL = "HEADINFER_HOST_POOL"
+_CHOICES = {ENV_PATH: PATHS, ENV_PREFETCH: PREFETCH, ENV_POOL: POOLS}  # what each variable may name
 # The source uses _Float16 where the compiler announces it (GCC 12+, clang 15+) and bit operations elsewhere; a
 # compiler that announces it but rejects it gets a second build with the bit operations forced.
 _NO_FLOAT16 = "-DHEADINFER_NO_FLOAT16"
@@ -157,12 +163,18 @@ def _unprobed_kernel():
         if chosen == 0:
             logger.warning("host attention: the %s path is not available here: using the torch tile", requested)
             return None
+        function.use_split_pool(POOLS[forced_pool()])
     return function
 
 
 def forced_path() -> str:
     """``HEADINFER_HOST_KERNEL`` (``auto`` unless set): the vector path every call asks for."""
     return _parsed(ENV_PATH, os.environ.get(ENV_PATH))
+
+
+def forced_pool() -> str:
+    """``HEADINFER_HOST_POOL`` (``auto`` unless set): ``split`` runs the kernel's calls on its split pool."""
+    return _parsed(ENV_POOL, os.environ.get(ENV_POOL))
 
 
 def forced_prefetch() -> str:
@@ -203,10 +215,19 @@ def build(compiler: str, extra: list[str] | None = None):
     scratch_bytes.argtypes, scratch_bytes.restype = [], ctypes.c_long
     read = library.host_read
     read.argtypes, read.restype = [ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_int], ctypes.c_double
+    use_split = library.host_use_split_pool
+    use_split.argtypes, use_split.restype = [ctypes.c_int], ctypes.c_int
+    split_tasks = library.host_split_worker_tasks
+    split_tasks.argtypes, split_tasks.restype = [], ctypes.c_long
+    own_tasks = library.host_own_worker_tasks
+    own_tasks.argtypes, own_tasks.restype = [], ctypes.c_long
     dot_tasks = ctypes.c_long.in_dll(library, "ha_bf16_dot_tasks")
     l1_tasks = ctypes.c_long.in_dll(library, "ha_l1_prefetch_tasks")
     function.variant, function.read, function.prefetch = variant, read, prefetch
     function.scratch_bytes = scratch_bytes  # what the pool keeps between calls (tests)
+    function.use_split_pool = use_split  # 1: its split pool, 0: its own; returns the previous setting
+    function.split_worker_tasks = split_tasks  # ranges the split pool's workers ran so far (tests: which pool ran)
+    function.own_worker_tasks = own_tasks  # tasks the own pool's workers ran so far
     function.dot_tasks = lambda: dot_tasks.value  # tasks scored by bf16 dot products so far (tests: the path ran)
     function.l1_prefetch_tasks = lambda: l1_tasks.value  # tasks that requested lines into L1 (tests)
     return function

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 
 import pytest
 import torch
@@ -667,6 +668,54 @@ def test_a_kernel_that_crashes_its_probe_costs_a_child_and_the_torch_tile_runs(t
         assert not native.can_attend(query, [torch.randn(9, 1, 2, 2, 64)])  # the caller takes the torch tile
     finally:
         native.kernel.cache_clear()
+
+
+def _attend_on(pool: int, query, kvs, out) -> None:
+    """One call on the kernel's own pool (0) or its split pool (1), after a call of -query: every task's partial in
+    the scratch is then another's, so a task the pool skipped shows in the output."""
+    function = native.kernel()
+    previous = function.use_split_pool(pool)
+    try:
+        for q in (-query, query):
+            native.attend_layer(q, kvs, 0, 700, out, scaling=0.088, num_threads=2, tile_bytes=64 << 10)
+    finally:
+        function.use_split_pool(previous)
+
+
+def test_the_split_pool_when_chosen_runs_the_calls_and_gives_the_own_pools_bits(monkeypatch):
+    # HEADINFER_HOST_POOL=split (docs/benchmarks/thread-pools.md): the same tiles and merge on split_pool.h's workers
+    if native.kernel() is None:
+        pytest.skip("no C compiler here: the torch tile is the one in use")
+    monkeypatch.setattr(native, "_shared_pool", None)  # no GEMV library's pool: the kernel's own two
+    function = native.kernel()
+    torch.manual_seed(0)
+    kvs = [torch.randn(700, 1, 2, 2, 128) for _ in range(2)]  # 2 groups of 2 KV heads: 22 tiles of 64 KiB each
+    query = torch.randn(1, 24, 1, 128)
+    own = torch.full(query.shape, float("nan"))
+    _attend_on(0, query, kvs, own)
+    split_before, own_before = function.split_worker_tasks(), function.own_worker_tasks()
+    results, deadline = [], time.monotonic() + 60
+    # the caller may take every task of many calls before the OS runs a worker on a loaded machine: on until one did
+    while len(results) < 5 or (function.split_worker_tasks() == split_before and time.monotonic() < deadline):
+        out = torch.full(query.shape, float("nan"))
+        _attend_on(1, query, kvs, out)
+        results.append(torch.equal(out, own))
+    assert all(results)
+    assert function.split_worker_tasks() > split_before  # the split pool's workers took tasks ...
+    assert function.own_worker_tasks() == own_before  # ... and the own pool's none
+
+
+@pytest.mark.parametrize("value, split", [("split", 1), ("own", 0), ("", 0), ("spinning", 0)])
+def test_the_environment_chooses_the_pool_and_the_own_one_is_the_default(monkeypatch, value, split):
+    if native.kernel() is None:
+        pytest.skip("no C compiler here: the torch tile is the one in use")
+    initial = native.kernel().use_split_pool(0)
+    monkeypatch.setenv(native.ENV_POOL, value)
+    try:
+        native._unprobed_kernel()  # the one library, loaded again as a start loads it: the setting is the process's
+        assert native.kernel().use_split_pool(initial) == split
+    finally:
+        native.kernel().use_split_pool(initial)
 
 
 def test_a_child_forked_mid_call_gets_a_pool_of_its_own():

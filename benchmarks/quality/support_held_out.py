@@ -277,9 +277,11 @@ def report_lines(rows: list[dict], new: list[dict], stamp: dict, model: str = MO
     lines = ["# The document may not say, held out by manual (CPU default model)", "",
              f"Machine: {stamp['machine']}, load average at start {stamp['load_avg']} (2 cores shared with other "
              f"jobs); torch {stamp['torch']}, transformers {stamp['transformers']}; {stamp['date'][:10]}. Written by "
-             "`python -m benchmarks.quality.support_held_out` (rerun with `--tables-only`: the answers are cached).", "",
-             f"Model: {model} (the CPU default, GGUF Q4_K_M), fresh chats, the app's glued layout, greedy, sources on, "
-             "at most 48 answer tokens. Four manuals: `bash-redirections` and `faq-packages` "
+             "`python -m benchmarks.quality.support_held_out` (rerun with `--tables-only`: the answers are cached).",
+             ""]
+    lines += _reverse_lines(rows)
+    lines += [f"Model: {model} (the CPU default, GGUF Q4_K_M), fresh chats, the app's glued layout, greedy, sources "
+             "on, at most 48 answer tokens. Four manuals: `bash-redirections` and `faq-packages` "
              "(`benchmarks/data/support_eval.json`, the two today's thresholds were fitted on; answers from "
              "`docs/benchmarks/data/support.jsonl`), `r-faq-install` and `r-admin-windows-mac` "
              "(`docs/benchmarks/data/support_held_out.json`: the R FAQ pp. 4-7 and R Installation and Administration "
@@ -429,7 +431,7 @@ def _counterfactual_lines(rows: list[dict]) -> list[str]:
 
 
 # The reverse question (``support_reverse``) and the own-token gain (``support_own_gain``): a model pass per answer,
-# cached in ``REVERSES``. Listed with the signals' rules before any score was read: 6 new rules (two earlier ones beside).
+# cached in ``REVERSES``. Listed with the signals' rules before any score was read: 6 new rules (2 earlier beside).
 REVERSE_RULES = {
     "share + log-prob": BEFORE,
     "share + binding": ("min_document_share", "min_binding_share"),
@@ -440,6 +442,76 @@ REVERSE_RULES = {
     "share + binding + reverse margin": ("min_document_share", "min_binding_share", "min_reverse_margin"),
     "share + reverse margin + own-token gain": ("min_document_share", "min_reverse_margin", "min_own_gain"),
 }
+
+
+def _reverse_lines(rows: list[dict]) -> list[str]:
+    """The dated section at the top: the reverse question's and the own-token gain's rules (``REVERSE_RULES``) and
+    the whole choice held out among them and ``RULES``, leave-one-manual-out on the answers scored; then how many
+    answers each signal covers, their means per label, their cost and the scoring's agreement with the decode."""
+    scored = [row for row in rows if row.get("reverse") is not None]
+    names = manuals(scored)
+    if len(names) < 2:
+        return []
+    counts = ", ".join(f"{m} {sum(r['document'] == m for r in scored)} of {sum(r['document'] == m for r in rows)}"
+                       for m in manuals(rows))
+    covered = {name: ", ".join(f"{m} {sum(r['signals'][name] is not None for r in scored if r['document'] == m)}"
+                               for m in names) for name in ("min_reverse_margin", "min_own_gain")}
+    lines = ["## 2026-12-02: the reverse question and the own-token gain (issue 51 item 7, ideas (a), (b), (d))", "",
+             "`python -m benchmarks.quality.support_counterfactual --reverse`, both signals fixed and their rules "
+             "listed before any score was read (the first point under Reading). `reverse margin` "
+             "(`engine.answer.support_reverse`): the question's entity word blanked out of the question and the "
+             "answer's echo of it; on the document's cached K/V, log P(the word asked fills the blank) - the best "
+             "of at most 3 rivals of its kind from the anchor's page, low flags. `own-token gain` "
+             "(`engine.answer.support_own_gain`): the counterfactual gain on the answer's own tokens only (not the "
+             f"question's words it echoes). Answers scored (of those labelled): {counts}; with a reverse question: "
+             f"{covered['min_reverse_margin']}; with an own-token gain: {covered['min_own_gain']} (a question that "
+             "names no entity the document uses has neither: it counts, and these signals never flag it). Every "
+             "cell leave-one-manual-out (thresholds fitted on the other manuals); `the whole choice held out` picks "
+             "among these rules and the first table's, without the manual judged.", "",
+             "| rule | " + " | ".join(names) + " | overall | target (>= 70% / <= 10%) |",
+             "| --- | " + " | ".join("---" for _ in names) + " | --- | --- |"]
+
+    def line(label: str, flags: dict[str, np.ndarray]) -> str:
+        return (f"| {label} | " + " | ".join(_cell(scored, flags, m) for m in names)
+                + f" | {_cell(scored, flags, None)} | {_target(scored, flags)} |")
+
+    for rule, rule_names in REVERSE_RULES.items():
+        lines.append(line(rule, leave_one_manual_out(scored, rule_names)))
+    flags, picked = chosen_held_out(scored, {**RULES, **REVERSE_RULES})
+    lines.append(line("the whole choice held out", flags))
+    lines += ["", "Rules picked without each manual: " + "; ".join(f"{m}: {r}" for m, r in picked.items()) + ".", "",
+              "Mean values per manual and label (answers with the signal):", "",
+              "| manual | label | reverse margin | own-token gain | whole-answer gain (recomputed) |",
+              "| --- | --- | --- | --- | --- |"]
+    for manual in names:
+        for kind in ("supported", "unsupported"):
+            picked_rows = [r for r in scored if r["document"] == manual and r["kind"] == kind]
+            cells = []
+            for values in ([r["signals"]["min_reverse_margin"] for r in picked_rows],
+                           [r["signals"]["min_own_gain"] for r in picked_rows],
+                           [_whole_gain(r["reverse"]) for r in picked_rows]):
+                values = [v for v in values if v is not None]
+                cells.append(f"{sum(values) / len(values):.2f} ({len(values)})" if values else "–")
+            lines.append(f"| {manual} | {kind} | " + " | ".join(cells) + " |")
+    forced = [r["reverse"] for r in scored if r["reverse"].get("counterfactual_s")]
+    clozes = [r["reverse"] for r in scored if r["reverse"].get("reverse_s")]
+    checked = [r["reverse"]["max_abs_vs_decode"] for r in scored if r["reverse"].get("max_abs_vs_decode") is not None]
+    lines.append("")
+    if forced and clozes:
+        lines.append(f"Cost here (2 shared cores, other engineers' jobs beside): the two teacher-forced scorings of "
+                     f"the answer {sum(r['counterfactual_s'] for r in forced) / len(forced):.0f} s an answer "
+                     f"({len(forced)}), the reverse question (one forward of its turn, then each candidate's few "
+                     f"tokens) {sum(r['reverse_s'] for r in clozes) / len(clozes):.0f} s ({len(clozes)}).")
+    if checked:
+        lines.append(f"The teacher-forced log-probs under the question asked equal the recorded decode's: largest "
+                     f"difference {max(checked):.5f} over {len(checked)} answers whose tokens re-encode alike.")
+    return lines + [""]
+
+
+def _whole_gain(line: dict) -> float | None:
+    """``support_counterfactual``'s gain (every answer token) off the per-token scorings kept in a reverse line."""
+    asked, swapped = line.get("asked_logprobs"), line.get("swapped_logprobs")
+    return sum(asked) / len(asked) - sum(swapped) / len(swapped) if asked and swapped else None
 
 
 def reverse_scores(path: Path = REVERSES, model: str = MODEL) -> dict[tuple[str, str], dict]:
@@ -493,13 +565,13 @@ def _cost_lines(new: list[dict]) -> list[str]:
 
 def write_report(model: str, texts: dict[str, str], path: Path = REPORT, answers: Path = ANSWERS,
                  fitted: Path = FITTED_ANSWERS, claims: Path = CLAIMS,
-                 counterfactuals: Path = COUNTERFACTUALS) -> list[str]:
+                 counterfactuals: Path = COUNTERFACTUALS, reverses: Path = REVERSES) -> list[str]:
     """Scores the cached answers of the four manuals (``texts``: {manual: its text as the prompt holds it}) and
     writes ``path``; returns its lines."""
     new = [json.loads(line) for line in answers.read_text().splitlines()] if answers.is_file() else []
     new = [r for r in new if r["model"] == model]
     rows = labelled_rows(fitted_records(model, fitted) + new, texts, claim_checks(claims, model),
-                         counterfactual_scores(counterfactuals, model))
+                         counterfactual_scores(counterfactuals, model), reverse_scores(reverses, model))
     lines = report_lines(rows, new, run_stamp("cpu"), model)
     previous = path.read_text() if path.is_file() else ""
     reading = previous[previous.index(READING):] if READING in previous else ""  # the hand-written part, kept

@@ -121,7 +121,14 @@ def test_the_report_is_written_from_cached_answers_per_held_out_manual(tmp_path,
     swaps.write_text("".join(json.dumps({"model": held_out.MODEL, "document": r["document"], "question": r["question"],
                                          "gain": 0.5 if r["kind"] == "supported" else -0.2, "score_s": 4.0,
                                          "answer_tokens": 5}) + "\n" for r in fitted + new))
-    lines = held_out.write_report(held_out.MODEL, texts, report, answers, fitted_path, claims, swaps)
+    # The reverse scoring reached every manual: the word asked fills the blank for a right answer, a rival for a copy.
+    reverses = tmp_path / "reverse.jsonl"
+    reverses.write_text("".join(json.dumps({
+        "model": held_out.MODEL, "document": r["document"], "question": r["question"],
+        "reverse_margin": 1.5 if r["kind"] == "supported" else -0.5, "own_gain": 0.0, "counterfactual_s": 3.0,
+        "reverse_s": 2.0, "asked_logprobs": [-0.1, -0.2], "swapped_logprobs": [-0.4, -0.5],
+        "max_abs_vs_decode": 0.00004}) + "\n" for r in fitted + new))
+    lines = held_out.write_report(held_out.MODEL, texts, report, answers, fitted_path, claims, swaps, reverses)
     text = report.read_text()
     assert text == "\n".join(lines) + "\n"
     judged = MANUALS if with_answers else MANUALS[:2]
@@ -138,7 +145,16 @@ def test_the_report_is_written_from_cached_answers_per_held_out_manual(tmp_path,
         assert "| today's shipped thresholds (share + log-prob) | " + " | ".join(["0% / 0%"] * 5) in text
         # The counterfactual table: the gain alone separates them, and so does the choice made without each manual.
         assert "| counterfactual | " + " | ".join(["100% / 0%"] * 5) + " | **met** |" in text
-        assert sum(line.startswith("| the whole choice held out | ") for line in lines) == 2
+        assert sum(line.startswith("| the whole choice held out | ") for line in lines) == 3
+        # The reverse question's dated section leads the report; the margin alone separates them, the own-token
+        # gain (equal for both kinds here) flags nothing, and the scoring's agreement with the decode is stated.
+        top = text.index("## 2026-12-02: the reverse question and the own-token gain")
+        assert top < text.index("Model: ")
+        assert held_out.READING not in text  # the kept hand-written part starts at its first mention
+        assert "| reverse margin | " + " | ".join(["100% / 0%"] * 5) + " | **met** |" in text
+        assert "| own-token gain | " + " | ".join(["0% / 0%"] * 5) + " | not met |" in text
+        assert "largest difference 0.00004 over 16 answers" in text
+        assert "| m1 | supported | 1.50 (2) | 0.00 (2) | 0.30 (2) |" in text
         assert "4.0 s an answer" in text
         assert "Generation (the new manuals' answers" in text and "10 answers on the 2 busy cores" in text
     else:

@@ -78,3 +78,19 @@ def test_read_is_offered_when_it_would_read_and_the_read_shows_one_estimate(url,
         page.wait_for_selector("#page-range", state="hidden")
         assert page.locator("#plan .plan[data-fits='']").count() == 1  # the empty plan
         assert page.is_disabled("#read")
+
+
+def test_clear_documents_takes_the_answers_page_chips_and_viewer(tmp_path):
+    from studio import read_and_ask
+
+    pdf = make_pdf(tmp_path / "keeper.pdf", ["The lighthouse stands on a cape.", "Its keeper is Mara."])
+    with served(chunk_size=64) as address, chromium_page(address, height=1400, timeout_ms=180_000) as page:
+        read_and_ask(page, pdf, "Who keeps the lighthouse?")  # its sources: the pages the answer attended to
+        page.wait_for_selector("#page-chips label")
+        page.locator("#page-chips label").first.click()
+        page.wait_for_selector("#page-view .page-view[data-page]")
+        page.click("#clear")
+        page.wait_for_function("() => document.querySelector('#status').innerText.includes('Documents cleared')")
+        page.wait_for_selector("#page-chips", state="hidden")
+        assert page.locator("#page-view .page-view[data-page]").count() == 0
+        assert page.is_disabled("#read")

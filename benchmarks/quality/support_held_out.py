@@ -388,6 +388,23 @@ COUNTERFACTUAL_RULES = {
 }
 
 
+
+def _held_out_table(scored: list[dict], names: list[str], rules: dict[str, tuple[str, ...]]) -> list[str]:
+    """A table of ``rules`` scored leave-one-manual-out per manual and overall, then the whole choice held out among
+    them and ``RULES`` (picked without the manual judged), and which rule each fold picked."""
+    lines = ["| rule | " + " | ".join(names) + " | overall | target (>= 70% / <= 10%) |",
+             "| --- | " + " | ".join("---" for _ in names) + " | --- | --- |"]
+
+    def line(label: str, flags: dict[str, np.ndarray]) -> str:
+        return (f"| {label} | " + " | ".join(_cell(scored, flags, m) for m in names)
+                + f" | {_cell(scored, flags, None)} | {_target(scored, flags)} |")
+
+    for rule, rule_names in rules.items():
+        lines.append(line(rule, leave_one_manual_out(scored, rule_names)))
+    flags, picked = chosen_held_out(scored, {**RULES, **rules})
+    lines.append(line("the whole choice held out", flags))
+    return lines + ["", "Rules picked without each manual: " + "; ".join(f"{m}: {r}" for m, r in picked.items()) + "."]
+
 def _counterfactual_lines(rows: list[dict]) -> list[str]:
     """The counterfactual rules and the whole choice held out (among ``RULES`` and these), leave-one-manual-out on
     the answers it has scored (``support_counterfactual``; an answer whose question names no entity is scored
@@ -407,19 +424,8 @@ def _counterfactual_lines(rows: list[dict]) -> list[str]:
              f"swapped), low flags. Answers scored (of those labelled): {counts}; {swapped} of them have a question "
              "with an entity to swap (the others count, and this signal never flags them). Leave-one-manual-out "
              "among their manuals; `the whole choice held out` picks among every rule of the first table and "
-             "these, without the manual judged:", "",
-             "| rule | " + " | ".join(names) + " | overall | target (>= 70% / <= 10%) |",
-             "| --- | " + " | ".join("---" for _ in names) + " | --- | --- |"]
-
-    def line(label: str, flags: dict[str, np.ndarray]) -> str:
-        return (f"| {label} | " + " | ".join(_cell(scored, flags, m) for m in names)
-                + f" | {_cell(scored, flags, None)} | {_target(scored, flags)} |")
-
-    for rule, rule_names in COUNTERFACTUAL_RULES.items():
-        lines.append(line(rule, leave_one_manual_out(scored, rule_names)))
-    flags, picked = chosen_held_out(scored, {**RULES, **COUNTERFACTUAL_RULES})
-    lines.append(line("the whole choice held out", flags))
-    lines += ["", "Rules picked without each manual: " + "; ".join(f"{m}: {r}" for m, r in picked.items()) + "."]
+             "these, without the manual judged:", ""]
+    lines += _held_out_table(scored, names, COUNTERFACTUAL_RULES)
     timed = [row["counterfactual"] for row in scored if row["counterfactual"].get("score_s")]
     seconds = [line["score_s"] for line in timed]
     if seconds:
@@ -467,20 +473,9 @@ def _reverse_lines(rows: list[dict]) -> list[str]:
              f"{covered['min_reverse_margin']}; with an own-token gain: {covered['min_own_gain']} (a question that "
              "names no entity the document uses has neither: it counts, and these signals never flag it). Every "
              "cell leave-one-manual-out (thresholds fitted on the other manuals); `the whole choice held out` picks "
-             "among these rules and the first table's, without the manual judged.", "",
-             "| rule | " + " | ".join(names) + " | overall | target (>= 70% / <= 10%) |",
-             "| --- | " + " | ".join("---" for _ in names) + " | --- | --- |"]
-
-    def line(label: str, flags: dict[str, np.ndarray]) -> str:
-        return (f"| {label} | " + " | ".join(_cell(scored, flags, m) for m in names)
-                + f" | {_cell(scored, flags, None)} | {_target(scored, flags)} |")
-
-    for rule, rule_names in REVERSE_RULES.items():
-        lines.append(line(rule, leave_one_manual_out(scored, rule_names)))
-    flags, picked = chosen_held_out(scored, {**RULES, **REVERSE_RULES})
-    lines.append(line("the whole choice held out", flags))
-    lines += ["", "Rules picked without each manual: " + "; ".join(f"{m}: {r}" for m, r in picked.items()) + ".", "",
-              "Mean values per manual and label (answers with the signal):", "",
+             "among these rules and the first table's, without the manual judged.", ""]
+    lines += _held_out_table(scored, names, REVERSE_RULES)
+    lines += ["", "Mean values per manual and label (answers with the signal):", "",
               "| manual | label | reverse margin | own-token gain | whole-answer gain (recomputed) |",
               "| --- | --- | --- | --- | --- |"]
     for manual in names:

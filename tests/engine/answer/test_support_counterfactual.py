@@ -5,23 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support_pages import DOCUMENT, PAGE_1, PAGE_2
 from tiny_sessions import prefilled_session, words_text
 from transformers import AutoModelForCausalLM
 
 from engine.answer.support_counterfactual import counterfactual_gain, counterfactual_question
 from engine.answer.teacher_forced import continuation_logprobs
 from engine.errors import InputError
-
-DOCUMENT = """[page 1]
-3 Installing R under Windows
-R 4.1.3 was the last version of R to support 32-bit Windows. Rtools uses GCC 10.3.0 there.
-[page 2]
-4 Installing R under macOS
-The macOS build needs macOS 10.13 or later; Xcode provides clang.
-Some other line.
-"""
-PAGE_1 = (DOCUMENT.index("3 Inst"), DOCUMENT.index("[page 2]"))
-PAGE_2 = (DOCUMENT.index("4 Inst"), len(DOCUMENT))
 
 
 def test_a_copied_neighbours_answer_gets_the_neighbours_question():

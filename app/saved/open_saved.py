@@ -18,6 +18,7 @@ from app.app_state import AppState
 from app.browser_state import BrowserState
 from app.render import status
 from app.documents import combine
+from app.estimate_refresh import with_reading_time
 from app.pieces import parts_read, rejoin
 from app.pages import split_pages
 from app.pages import tokenize
@@ -149,7 +150,9 @@ class OpenSaved:
                 state.range_label = _range_label(shelf, key) if entry.text != combine(entry.documents) else None
                 plan = session.document_plan()
                 panel = render.plan_panel(plan, session.document_tokens, None, session.policy.kv_dtype,
-                                                         conversation_tokens=session.answer_budget)
+                                          conversation_tokens=session.answer_budget)
+                # The plan's reading time says what this open cost, as a reopen started by Read says (not "≈ –").
+                panel = with_reading_time(panel, f"reopened from disk in {_seconds(stats)}")
                 bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
                 names = state.range_label or ", ".join(doc.name for doc in state.documents)
                 table = render.files_table(state.documents, state.token_counts, session.document_tokens,
@@ -213,10 +216,14 @@ def _range_label(shelf, key: str) -> str | None:
     return next((info.label for info in infos if info.key == key), None)
 
 
+def _seconds(stats: RestoreStats) -> str:
+    return f"{stats.seconds:.2f} s" if stats.seconds < 1 else render.format_seconds(stats.seconds)  # often < 0.1 s
+
+
 def _reopened_line(stats: RestoreStats, names: str, num_turns: int) -> str:
-    seconds = f"{stats.seconds:.2f} s" if stats.seconds < 1 else render.format_seconds(stats.seconds)
     chat = f" with its {num_turns} earlier question{'s' if num_turns != 1 else ''}" if num_turns else ""
-    return status("ok", f"Reopened {names}{chat} from disk in {seconds} — no upload, no reading. Ask a question.")
+    return status("ok", f"Reopened {names}{chat} from disk in {_seconds(stats)} — no upload, no reading. Ask a "
+                        "question.")
 
 
 def _warn_line(text: str) -> str:

@@ -139,6 +139,8 @@ def test_a_reopened_saved_document_is_not_offered(make_handlers, secret_pdf, tmp
     tab = BrowserState()
     views = list(handlers.open_saved(key, tab))
     assert "Reopened" in _text(views[-1].status) and not _on(views[-1].read_button)
+    # the plan says what the open cost, not a forecast of a read that will not happen ("≈ –")
+    assert re.search(r"<span>Reading time</span><b>reopened from disk in [0-9.]+ (s|ms)</b>", views[-1].plan)
     assert not _on(handlers.read_offer(False, tab)) and not _on(handlers.read_offer(True, tab))
     again = BrowserState()  # its files dropped again in a third tab: reopened from disk by the read
     assert _on(handlers.choose_files([secret_pdf], again).read_button)

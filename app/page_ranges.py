@@ -78,7 +78,7 @@ class PageRanges:
                          status("ok", f"Ready to read {label} ({len(tokens):,} tokens). Press “Read documents”."))
 
     def first_part(self, state: BrowserState) -> FirstPartView:
-        """Sets the range to the longest run of pages from the first that fits."""
+        """Sets the range to the most pages from the first that fit."""
         session, whole = state.session, state.full_tokens
         if session is None or whole is None or not state.pieces:
             return FirstPartView(NO_CHANGE, NO_CHANGE, status("warn", "Drop a document set first."))

@@ -1,13 +1,13 @@
 """The page: layout and event wiring. ``build_ui`` builds it, in two steps: ``_layout`` places the components (a
 ``Page``), and ``_wire`` connects their events to ``app.handlers.Handlers``; nothing happens at import time.
 
-Heavy events (reading documents, answering) take turns on the compute device in the handlers' own line
+Heavy events (reading documents, answering) wait for the compute device in the handlers' own line
 (``app.compute_queue``): a waiting visitor's status line shows their place and an estimated wait, and
 Cancel, Stop or closing the tab leaves the line. Gradio lets many of them in at once (``"compute"``, up
 to ``HEAVY_EVENTS``) so that they can wait there. Saving a read document to disk and reopening one from
-there happen inside the read event, so they hold the turn too. New chat and Clear touch only the tab's own
-session, after its own running work has stopped. Choosing files (reading and tokenizing them) has a slot
-of its own, ``"ingest"``, so uploads take turns. Light events (cancel, stop, meters, listing and deleting
+there happen inside the read event, so they hold the device too. New chat and Clear touch only the tab's own
+session, after its own running work has stopped. Choosing files (reading and tokenizing them) has a Gradio
+queue of its own, ``"ingest"``, so uploads go one at a time. Light events (cancel, stop, meters, listing and deleting
 saved documents) run at once, even while a heavy one is busy.
 """
 

@@ -159,7 +159,7 @@ class HeadInferLayer(CacheLayerMixin):
             schedule.probe.record(self.kv_index, past, query, scaling)
         start = visible_start(past, window)
         block = self._decode_home.kv[start : past + 1]  # [tokens, B, 2, g, D], the visible ones
-        return kernels.attend_block(query, block, q_offset=past - start, scaling=scaling, window=window)
+        return kernels.attend_span(query, block, q_offset=past - start, scaling=scaling, window=window)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0

@@ -43,10 +43,10 @@ MODES = ("sdpa", "native")
 
 @contextlib.contextmanager
 def _route(mode: str):
-    """``attend_block``'s CPU prefill route: the kernel (``native``) or SDPA as before it (``sdpa``)."""
+    """``attend_span``'s CPU prefill route: the kernel (``native``) or SDPA as before it (``sdpa``)."""
     native_prefill = kernels._cpu_prefill
     if mode == "sdpa":
-        kernels._cpu_prefill = lambda *args: None  # attend_block falls through to _attend: the sdpa-cpu route
+        kernels._cpu_prefill = lambda *args: None  # attend_span falls through to _attend: the sdpa-cpu route
     try:
         yield
     finally:
@@ -62,7 +62,7 @@ def causal_flops(q_len: int, keys: int, num_heads: int, head_dim: int) -> float:
 def _chunk_call(mode: str, query, home, q_offset: int):
     if mode == "native":
         return lambda: kernels._cpu_prefill(query, home, q_offset, SHAPE["head_dim"] ** -0.5, None, None)
-    keys, values = home.permute(2, 1, 3, 0, 4).unbind(0)  # [B, Hk, K, D] views, as attend_block hands them
+    keys, values = home.permute(2, 1, 3, 0, 4).unbind(0)  # [B, Hk, K, D] views, as attend_span hands them
     return lambda: kernels._attend(query, keys, values, q_offset, SHAPE["head_dim"] ** -0.5, None, None)
 
 

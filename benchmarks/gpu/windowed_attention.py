@@ -6,7 +6,7 @@ torch's memory profiler: the peak bytes allocated during the call above those al
 included (the output is the same tensor either way).
 
 - *before*: the whole chunk through SDPA with a ``[Q, K]`` boolean mask (the route until this change);
-- *after*: ``kernels.attend_block``, i.e. ``window-blocks`` (``engine/kv/windowed.py``);
+- *after*: ``kernels.attend_span``, i.e. ``window-blocks`` (``engine/kv/windowed.py``);
 - *planned*: ``windowed.scratch_bytes`` for this machine's threads, plus the output;
 - *before, CUDA*: what the old CUDA route allocated, modelled as its four copies: K/V repeated for the query
   heads, the boolean mask, its additive copy in the query dtype and that copy padded to 16 keys (the H200 run
@@ -89,7 +89,7 @@ def measure(shape: GroupShape, dtype: torch.dtype, chunk: int) -> dict:
     args = dict(q_offset=shape.window - 1, scaling=shape.head_dim**-0.5)
     row = {"shape": shape.name, "dtype": str(dtype).removeprefix("torch.")}
     for label, fn in (("before", lambda: whole_chunk_mask(query, block, window=shape.window, **args)),
-                      ("after", lambda: kernels.attend_block(query, block, window=shape.window, **args))):
+                      ("after", lambda: kernels.attend_span(query, block, window=shape.window, **args))):
         start = time.perf_counter()
         row[label], out = peak_extra_bytes(fn)
         row[f"{label}_s"] = time.perf_counter() - start

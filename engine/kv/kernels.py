@@ -1,6 +1,6 @@
 """Attention over one head group: bottom-right causal, sliding window, softcap, GQA.
 
-Two entry points: ``attend`` takes K/V in transformers' ``[B, Hk, K, D]`` layout, ``attend_block`` takes
+Two entry points: ``attend`` takes K/V in transformers' ``[B, Hk, K, D]`` layout, ``attend_span`` takes
 a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong buffer. Both pick a route:
 
 - ``flash-attn`` when installed and the tensors are fp16/bf16 on CUDA (native bottom-right causal, window,
@@ -20,7 +20,7 @@ a token-major KV block ``[K, B, 2, Hk, D]`` straight from a home or a ping-pong 
 - ``tiled-math``: exact softmax over key tiles with a running max (plain torch), whose largest
   intermediate is ``[B, Hq, Q, tile]``: logit softcapping (Gemma 2), and the fallback above;
 - ``sdpa-cpu``: causal torch SDPA on the CPU (GQA without repeating K/V, no mask beyond a lower-right bias);
-- ``cpu-native``: a CPU step of at most ``native.CPU_QUERY_LIMIT`` fp32 queries over a token-major block (decode
+- ``cpu-native``: a CPU step of at most ``native.CPU_QUERY_LIMIT`` fp32 queries over a token-major span (decode
   on a CPU device): the C tile of ``host_kernel.c`` on this thread, which reads the block once in order (SDPA
   reads its keys with a stride, slower: docs/benchmarks/host-attention-cpu.md, Notes from the code). Masks,
   windows and softcap are applied inside, in fp32 like SDPA.
@@ -154,29 +154,29 @@ def _route(name: str) -> None:
     ROUTE_COUNTS[name] += 1
 
 
-def attend_block(query: torch.Tensor, block: torch.Tensor, *, q_offset: int, scaling: float,
+def attend_span(query: torch.Tensor, span: torch.Tensor, *, q_offset: int, scaling: float,
                  window: int | None = None, softcap: float | None = None, scratch=None) -> torch.Tensor:
-    """query: [B, Hq, Q, D]; block: [K, B, 2, Hk, D] token-major keys (index 0) and values (index 1);
+    """query: [B, Hq, Q, D]; span: [K, B, 2, Hk, D] token-major keys (index 0) and values (index 1);
     ``scratch``: the cache's ``buffers.Scratch``, where the fused routes copy K/V (None: they allocate).
 
     Returns [B, Hq, Q, D].
     """
-    if _can_flash(query, block.shape[0], window, softcap):
+    if _can_flash(query, span.shape[0], window, softcap):
         _route("flash-attn")
-        keys, values = block.transpose(0, 1).unbind(2)  # [B, K, Hk, D] each, what flash-attn reads
+        keys, values = span.transpose(0, 1).unbind(2)  # [B, K, Hk, D] each, what flash-attn reads
         out = _flash_attn_func()(query.transpose(1, 2), keys, values,
-                                 **flash_kwargs(block.shape[0], scaling, window, softcap))
+                                 **flash_kwargs(span.shape[0], scaling, window, softcap))
         return out.transpose(1, 2)
     if query.device.type == "cpu" and query.dtype == torch.float32:
         if query.shape[2] <= native.CPU_QUERY_LIMIT:
-            out = _cpu_tile(query, block, q_offset, scaling, window, softcap)
+            out = _cpu_tile(query, span, q_offset, scaling, window, softcap)
         elif not copies_kv("cpu"):  # (tests emulating CUDA's fused routes on the CPU keep them)
-            out = _cpu_prefill(query, block, q_offset, scaling, window, softcap)
+            out = _cpu_prefill(query, span, q_offset, scaling, window, softcap)
         else:
             out = None
         if out is not None:
             return out
-    keys, values = block.permute(2, 1, 3, 0, 4).unbind(0)  # [B, Hk, K, D] each (views)
+    keys, values = span.permute(2, 1, 3, 0, 4).unbind(0)  # [B, Hk, K, D] each (views)
     return _attend(query, keys, values, q_offset, scaling, window, softcap, scratch)
 
 
@@ -195,10 +195,10 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, q_off
 
 
 def _cpu_tile(query, block, q_offset, scaling, window, softcap) -> torch.Tensor | None:
-    """A CPU decode step over a token-major block through the C kernel: on this thread, or on the kernel's pool
+    """A CPU decode step over a token-major span through the C kernel: on this thread, or on the kernel's pool
     where the block is large and torch may use several threads; None: no C kernel for it here."""
     is_pooled = torch.get_num_threads() > 1 and block.nbytes >= POOL_BYTES
-    out = native.attend_block(query, block, q_offset=q_offset, scaling=scaling, window=window, softcap=softcap,
+    out = native.attend_span(query, block, q_offset=q_offset, scaling=scaling, window=window, softcap=softcap,
                               num_threads=min(torch.get_num_threads(), usable_cores()) if is_pooled else 1)
     if out is not None:
         _route("cpu-native-pool" if is_pooled else "cpu-native")

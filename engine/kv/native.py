@@ -377,24 +377,24 @@ def _prepared(query, kvs, scales, out) -> LayerCall:
     return call
 
 
-def attend_block(query, block, *, q_offset: int, scaling: float, window: int | None, softcap: float | None,
+def attend_span(query, span, *, q_offset: int, scaling: float, window: int | None, softcap: float | None,
                  num_threads: int = 1):
-    """Exact attention of a few CPU queries over a token-major block through the C kernel; None where it does
-    not apply (no compiler, a head dim or dtype it does not compute, a strided block).
+    """Exact attention of a few CPU queries over a token-major span through the C kernel; None where it does
+    not apply (no compiler, a head dim or dtype it does not compute, a strided span).
 
-    query: [B, Hq, Q, D]; block: [K, B, 2, Hk, D] with K = q_offset + Q. Returns [B, Hq, Q, D] in the query's dtype.
+    query: [B, Hq, Q, D]; span: [K, B, 2, Hk, D] with K = q_offset + Q. Returns [B, Hq, Q, D] in the query's dtype.
 
     Why: SDPA reads a token-major home's keys with a stride (keys and values of every head interleaved per token),
-    at a third of the memory speed on a decode step; the kernel reads the block once, in order
+    at a third of the memory speed on a decode step; the kernel reads the span once, in order
     (docs/benchmarks/llamacpp.md has the measurements).
     """
     import torch
 
-    if not can_attend(query, [block]):
+    if not can_attend(query, [span]):
         return None
-    assert block.shape[0] == q_offset + query.shape[2], (block.shape, q_offset, query.shape)
+    assert span.shape[0] == q_offset + query.shape[2], (span.shape, q_offset, query.shape)
     out = torch.empty(query.shape, dtype=query.dtype)
-    attend_layer(query, [block], 0, block.shape[0], out, scaling=scaling, window=window, softcap=softcap,
+    attend_layer(query, [span], 0, span.shape[0], out, scaling=scaling, window=window, softcap=softcap,
                  num_threads=num_threads)
     return out
 

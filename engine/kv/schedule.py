@@ -112,7 +112,7 @@ class Schedule:
                         self.transfer.streams.read(block, "a resident home")
                     if self.overlap:
                         self._prefetch_after(run, index, past, q_len, is_host_step, batch)
-                    out = kernels.attend_block(queries, block, q_offset=num_past, scaling=scaling, window=window,
+                    out = kernels.attend_span(queries, block, q_offset=num_past, scaling=scaling, window=window,
                                                softcap=softcap, scratch=self.transfer.scratch)
                     if out.shape[0] != batch:  # [n, heads, Q, D] -> [B, n * heads, Q, D]
                         # A view where the kernel wrote [n, heads, Q, D] in order (CPU SDPA, flash: its output is

@@ -26,7 +26,7 @@ def test_the_table_gives_each_threshold_per_context_and_the_ratio(tmp_path):
 
 def test_the_cpu_route_pools_a_block_from_the_threshold_it_reads_at_each_call(monkeypatch):
     calls = []
-    monkeypatch.setattr(kernels.native, "attend_block", lambda *a, num_threads, **k: calls.append(num_threads))
+    monkeypatch.setattr(kernels.native, "attend_span", lambda *a, num_threads, **k: calls.append(num_threads))
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(kernels, "usable_cores", lambda: 2)
     block = torch.empty(1 << 20, dtype=torch.float32)  # 4 MiB

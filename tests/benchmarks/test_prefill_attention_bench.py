@@ -34,7 +34,7 @@ def test_the_sdpa_mode_sends_a_chunk_back_to_sdpa_and_restores_the_route():
     block, query = torch.randn(100, 1, 2, 2, 16), torch.randn(1, 4, 40, 16)
     before = kernels.ROUTE_COUNTS.copy()
     with prefill_attention._route("sdpa"):
-        kernels.attend_block(query, block, q_offset=60, scaling=0.25)
+        kernels.attend_span(query, block, q_offset=60, scaling=0.25)
     assert kernels.ROUTE_COUNTS["cpu-native-prefill"] == before["cpu-native-prefill"]
-    kernels.attend_block(query, block, q_offset=60, scaling=0.25)
+    kernels.attend_span(query, block, q_offset=60, scaling=0.25)
     assert kernels.ROUTE_COUNTS["cpu-native-prefill"] == before["cpu-native-prefill"] + 1

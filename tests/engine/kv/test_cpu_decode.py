@@ -34,7 +34,7 @@ def test_tile_equals_sdpa_on_a_block(window, softcap, q_len, batch, num_kv_heads
     torch.set_num_threads(1)  # the calling thread's route, whatever the runner's threads (the pool's test is below)
     try:
         before = kernels.ROUTE_COUNTS["cpu-native"]
-        out = kernels.attend_block(query, block, q_offset=keys - q_len, scaling=dim**-0.5, window=window,
+        out = kernels.attend_span(query, block, q_offset=keys - q_len, scaling=dim**-0.5, window=window,
                                    softcap=softcap)
         assert kernels.ROUTE_COUNTS["cpu-native"] == before + 1
     finally:
@@ -48,7 +48,7 @@ def test_queries_are_not_changed():
     """The tile folds the scale into a copy of the queries, never into the caller's tensor."""
     block, query = torch.randn(40, 1, 2, 2, 16), torch.randn(1, 4, 1, 16)
     kept = query.clone()
-    kernels.attend_block(query, block, q_offset=39, scaling=0.25)
+    kernels.attend_span(query, block, q_offset=39, scaling=0.25)
     assert torch.equal(query, kept)
 
 
@@ -60,7 +60,7 @@ def test_large_blocks_split_over_the_pool_give_the_same_result(monkeypatch):
         torch.manual_seed(1)
         block, query = torch.randn(3000, 1, 2, 3, 64), torch.randn(1, 9, 1, 64)
         before = kernels.ROUTE_COUNTS["cpu-native-pool"]
-        out = kernels.attend_block(query, block, q_offset=2999, scaling=0.125)
+        out = kernels.attend_span(query, block, q_offset=2999, scaling=0.125)
         assert kernels.ROUTE_COUNTS["cpu-native-pool"] == before + 1
     finally:
         torch.set_num_threads(threads)
@@ -72,8 +72,8 @@ def test_bf16_keeps_sdpa():
     exp, and a bf16 model's greedy tokens must stay those of stock transformers."""
     block = torch.randn(100, 1, 2, 2, 16).bfloat16()
     before = kernels.ROUTE_COUNTS.copy()
-    kernels.attend_block(torch.randn(1, 4, 1, 16).bfloat16(), block, q_offset=99, scaling=0.25)
-    kernels.attend_block(torch.randn(1, 4, 40, 16).bfloat16(), block, q_offset=60, scaling=0.25)
+    kernels.attend_span(torch.randn(1, 4, 1, 16).bfloat16(), block, q_offset=99, scaling=0.25)
+    kernels.attend_span(torch.randn(1, 4, 40, 16).bfloat16(), block, q_offset=60, scaling=0.25)
     assert all(kernels.ROUTE_COUNTS[route] == before[route]
                for route in ("cpu-native", "cpu-native-pool", "cpu-native-prefill"))
 
@@ -95,7 +95,7 @@ def test_prefill_chunks_take_the_kernel_a_query_block_a_call_as_sdpa_computes_th
     torch.set_num_threads(threads)
     try:
         before = kernels.ROUTE_COUNTS["cpu-native-prefill"]
-        out = kernels.attend_block(query, block, q_offset=keys - q_len, scaling=0.125, window=window,
+        out = kernels.attend_span(query, block, q_offset=keys - q_len, scaling=0.125, window=window,
                                    softcap=softcap)
         assert kernels.ROUTE_COUNTS["cpu-native-prefill"] == before + 1
     finally:

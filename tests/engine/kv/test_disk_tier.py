@@ -133,7 +133,7 @@ def test_a_forward_that_fails_midway_leaves_the_document_usable_to_its_last_chun
     ids = ids_of(CONTEXT)
     tier = tier_cache(model, tmp_path)
     feed(model, ids[:, :128], tier)
-    real, calls = kernels.attend_block, []
+    real, calls = kernels.attend_span, []
 
     def crash(*args, **kwargs):
         calls.append(1)
@@ -141,10 +141,10 @@ def test_a_forward_that_fails_midway_leaves_the_document_usable_to_its_last_chun
             raise RuntimeError("killed mid-chunk")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "attend_block", crash)
+    monkeypatch.setattr(kernels, "attend_span", crash)
     with pytest.raises(RuntimeError, match="mid-chunk"):
         model(ids[:, 128:], past_key_values=tier)
-    monkeypatch.setattr(kernels, "attend_block", real)
+    monkeypatch.setattr(kernels, "attend_span", real)
     assert_usable_to(128, model, ids, tier)
 
 

@@ -100,7 +100,7 @@ def test_windowed_gqa_prefill_chunk_runs_a_fused_kernel_without_a_score_tensor(d
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     kernels.ROUTE_COUNTS.clear()
-    out = kernels.attend_block(query, block, q_offset=window - 1, scaling=head_dim**-0.5, window=window)
+    out = kernels.attend_span(query, block, q_offset=window - 1, scaling=head_dim**-0.5, window=window)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     scores = 4 * chunk * (window - 1 + chunk) * 4  # one fp32 [heads, chunk, keys] tensor

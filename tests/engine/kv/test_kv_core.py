@@ -113,7 +113,7 @@ def test_exception_between_acquire_and_release_leaves_no_buffer_in_use(monkeypat
     ids = ids_of(20)
     cache = engine.HeadInferCache(headinfer.config, head_group_size=1, resident_slots=0, device="cpu")
     headinfer(ids[:, :12], past_key_values=cache)
-    real = kernels.attend_block
+    real = kernels.attend_span
     calls = []
 
     def failing(*args, **kwargs):
@@ -122,11 +122,11 @@ def test_exception_between_acquire_and_release_leaves_no_buffer_in_use(monkeypat
             raise RuntimeError("simulated kernel failure")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "attend_block", failing)
+    monkeypatch.setattr(kernels, "attend_span", failing)
     with pytest.raises(RuntimeError, match="simulated"):
         headinfer(ids[:, 12:], past_key_values=cache)
     assert cache.transfer.is_idle, "the failing group's buffer must be released"
-    monkeypatch.setattr(kernels, "attend_block", real)
+    monkeypatch.setattr(kernels, "attend_span", real)
     cache.crop_to(12)  # back to the last consistent boundary, then the same chunk again
     actual = headinfer(ids[:, 12:], past_key_values=cache).logits
     expected = stock(ids).logits[:, 12:]

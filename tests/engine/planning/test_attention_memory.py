@@ -96,7 +96,7 @@ def test_windowed_chunk_peak_stays_within_its_planned_scratch(dtype):
     query = torch.randn(1, 4, chunk, head_dim, generator=generator).to(dtype)
     block = torch.randn(window - 1 + chunk, 1, 2, 1, head_dim, generator=generator).to(dtype)
     kernels.ROUTE_COUNTS.clear()
-    peak, out = peak_extra_bytes(lambda: kernels.attend_block(query, block, q_offset=window - 1,
+    peak, out = peak_extra_bytes(lambda: kernels.attend_span(query, block, q_offset=window - 1,
                                                               scaling=head_dim**-0.5, window=window))
     planned = windowed.scratch_bytes(1, 4, 1, head_dim, window, chunk, query.element_size(), cuda=False,
                                      cpu_threads=torch.get_num_threads())
@@ -147,7 +147,7 @@ def test_windowed_chunk_on_the_cuda_route_stays_within_its_planned_scratch(monke
     monkeypatch.setattr(kernels, "sdpa_kernel", lambda backends: contextlib.nullcontext())  # (CPU has no such kernel)
     monkeypatch.setattr(windowed.F, "scaled_dot_product_attention", efficient_kernel)
     kernels.ROUTE_COUNTS.clear()
-    peak, out = peak_extra_bytes(lambda: kernels.attend_block(query, block, q_offset=window - 1,
+    peak, out = peak_extra_bytes(lambda: kernels.attend_span(query, block, q_offset=window - 1,
                                                               scaling=head_dim**-0.5, window=window))
     planned = windowed.scratch_bytes(1, 4, 1, head_dim, window, chunk, query.element_size(), cuda=True)
     assert calls and all(calls) and kernels.ROUTE_COUNTS["window-blocks"] == 1

@@ -145,7 +145,7 @@ def test_planned_scratch_is_one_group_of_visible_keys():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_route_writes_views_of_the_scratch_whatever_the_context(fused_on_cpu, dtype):
-    """Chunks of a growing context through ``attend_block`` with one scratch: the same memory every call, no
+    """Chunks of a growing context through ``attend_span`` with one scratch: the same memory every call, no
     growth while within its size, and the result equal to the route's own copies (allocated per call)."""
     generator = torch.Generator().manual_seed(0)
     num_q, num_k, head_dim, chunk = 8, 2, 16, 32
@@ -160,8 +160,8 @@ def test_fused_route_writes_views_of_the_scratch_whatever_the_context(fused_on_c
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                           lambda q, k, v, **kw: seen.append(k.data_ptr()) or sdpa(q, k, v, **kw))
-            out = kernels.attend_block(query, block, q_offset=past, scaling=0.25, scratch=scratch)
-            reference = kernels.attend_block(query, block, q_offset=past, scaling=0.25)
+            out = kernels.attend_span(query, block, q_offset=past, scaling=0.25, scratch=scratch)
+            reference = kernels.attend_span(query, block, q_offset=past, scaling=0.25)
         assert seen[0] == scratch.flat.data_ptr()
         assert torch.equal(out, reference)
     assert len(made) == 1

@@ -389,6 +389,14 @@ COUNTERFACTUAL_RULES = {
 
 
 
+def _scored(rows: list[dict], key: str) -> tuple[list[dict], list[str], str]:
+    """The rows a model-pass signal (``key``) has scored, their manuals, and "manual n of m" per manual."""
+    scored = [row for row in rows if row.get(key) is not None]
+    counts = ", ".join(f"{m} {sum(r['document'] == m for r in scored)} of {sum(r['document'] == m for r in rows)}"
+                       for m in manuals(rows))
+    return scored, manuals(scored), counts
+
+
 def _held_out_table(scored: list[dict], names: list[str], rules: dict[str, tuple[str, ...]]) -> list[str]:
     """A table of ``rules`` scored leave-one-manual-out per manual and overall, then the whole choice held out among
     them and ``RULES`` (picked without the manual judged), and which rule each fold picked."""
@@ -409,12 +417,9 @@ def _counterfactual_lines(rows: list[dict]) -> list[str]:
     """The counterfactual rules and the whole choice held out (among ``RULES`` and these), leave-one-manual-out on
     the answers it has scored (``support_counterfactual``; an answer whose question names no entity is scored
     with no signal: it counts, and the signal never flags it)."""
-    scored = [row for row in rows if row.get("counterfactual") is not None]
-    names = manuals(scored)
+    scored, names, counts = _scored(rows, "counterfactual")
     if len(names) < 2:
         return []
-    counts = ", ".join(f"{m} {sum(r['document'] == m for r in scored)} of {sum(r['document'] == m for r in rows)}"
-                       for m in manuals(rows))
     swapped = sum(row["signals"]["min_counterfactual"] is not None for row in scored)
     lines = ["The counterfactual question (`engine.answer.support_counterfactual`, `python -m "
              "benchmarks.quality.support_counterfactual`): the recorded answer teacher-forced on the document's "
@@ -454,12 +459,9 @@ def _reverse_lines(rows: list[dict]) -> list[str]:
     """The dated section at the top: the reverse question's and the own-token gain's rules (``REVERSE_RULES``) and
     the whole choice held out among them and ``RULES``, leave-one-manual-out on the answers scored; then how many
     answers each signal covers, their means per label, their cost and the scoring's agreement with the decode."""
-    scored = [row for row in rows if row.get("reverse") is not None]
-    names = manuals(scored)
+    scored, names, counts = _scored(rows, "reverse")
     if len(names) < 2:
         return []
-    counts = ", ".join(f"{m} {sum(r['document'] == m for r in scored)} of {sum(r['document'] == m for r in rows)}"
-                       for m in manuals(rows))
     covered = {name: ", ".join(f"{m} {sum(r['signals'][name] is not None for r in scored if r['document'] == m)}"
                                for m in names) for name in ("min_reverse_margin", "min_own_gain")}
     lines = ["## 2026-12-02: the reverse question and the own-token gain (issue 51 item 7, ideas (a), (b), (d))", "",

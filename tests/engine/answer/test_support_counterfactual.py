@@ -4,10 +4,7 @@ teacher-forced log-probs it is scored with (equal to a stock forward; the cache 
 from __future__ import annotations
 
 import pytest
-import torch
-from support_pages import DOCUMENT, PAGE_1, PAGE_2
-from tiny_sessions import prefilled_session, words_text
-from transformers import AutoModelForCausalLM
+from support_pages import DOCUMENT, PAGE_1, PAGE_2, asked_and_cleared, stock_logprobs
 
 from engine.answer.support_counterfactual import counterfactual_gain, counterfactual_question
 from engine.answer.teacher_forced import continuation_logprobs
@@ -40,21 +37,12 @@ def test_the_gain_is_the_difference_of_mean_log_probs():
 
 def test_teacher_forced_log_probs_equal_a_stock_forward_and_leave_the_cache(tiny_dir):
     folder, model, tokenizer = tiny_dir
-    session = prefilled_session(model, tokenizer, words_text(7, 120))
-    *_, last = session.ask("w3 w4 w5", max_new_tokens=6)
-    before = last.text
-    session.new_conversation()
-    length = session.cache.get_seq_length()
-    context = session.prompts.conversation_ids(session.document, [], "w9 w10 w11")
+    session, before, length, context = asked_and_cleared(model, tokenizer)
     target = tokenizer.encode("w12 w13 w14 w15", add_special_tokens=False)
     scored = continuation_logprobs(session.model, session.cache, context, target)
 
-    stock = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
-    ids = session._document_ids + context + target
-    with torch.inference_mode():
-        logits = stock(torch.tensor([ids])).logits[0].float()
-    expected = torch.log_softmax(logits, -1)[len(ids) - len(target) - 1 : -1].gather(1, torch.tensor(target)[:, None])
-    assert scored == pytest.approx(expected[:, 0].tolist(), abs=1e-4)
+    expected = stock_logprobs(folder, session._document_ids + context + target, target)
+    assert scored == pytest.approx(expected, abs=1e-4)
     assert session.cache.get_seq_length() == length
     *_, last = session.ask("w3 w4 w5", max_new_tokens=6)
     assert last.text == before

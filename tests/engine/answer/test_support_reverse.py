@@ -5,10 +5,7 @@ cache left as it was), the margin, and the gain read off the answer's own tokens
 from __future__ import annotations
 
 import pytest
-import torch
-from support_pages import DOCUMENT, PAGE_1, PAGE_2
-from tiny_sessions import prefilled_session, words_text
-from transformers import AutoModelForCausalLM
+from support_pages import DOCUMENT, PAGE_1, PAGE_2, asked_and_cleared, stock_logprobs
 
 from engine.answer.support_own_gain import own_token_gain
 from engine.answer.support_reverse import BLANK, reverse_cloze, reverse_margin
@@ -59,23 +56,13 @@ def test_the_own_token_gain_leaves_out_the_echoed_question():
 
 def test_candidate_log_probs_equal_a_stock_forward_and_leave_the_cache(tiny_dir):
     folder, model, tokenizer = tiny_dir
-    session = prefilled_session(model, tokenizer, words_text(7, 120))
-    *_, last = session.ask("w3 w4 w5", max_new_tokens=6)
-    before = last.text
-    session.new_conversation()
-    length = session.cache.get_seq_length()
-    context = session.prompts.conversation_ids(session.document, [], "w9 w10 w11")
+    session, before, length, context = asked_and_cleared(model, tokenizer)
     candidates = [tokenizer.encode(text, add_special_tokens=False) for text in ("w12", "w13 w14 w15", "w2 w1")]
     scored = candidate_logprobs(session.model, session.cache, context, candidates)
 
-    stock = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
     for candidate, got in zip(candidates, scored):
-        ids = session._document_ids + context + candidate
-        with torch.inference_mode():
-            logits = stock(torch.tensor([ids])).logits[0].float()
-        expected = torch.log_softmax(logits, -1)[len(ids) - len(candidate) - 1: -1].gather(
-            1, torch.tensor(candidate)[:, None])
-        assert got == pytest.approx(expected[:, 0].tolist(), abs=1e-4)
+        expected = stock_logprobs(folder, session._document_ids + context + candidate, candidate)
+        assert got == pytest.approx(expected, abs=1e-4)
     assert session.cache.get_seq_length() == length
     *_, last = session.ask("w3 w4 w5", max_new_tokens=6)
     assert last.text == before

@@ -104,4 +104,4 @@ def _table(state: BrowserState) -> str:
 
 def _document_limit(session: DocumentSession, plan: Plan) -> int:
     """Tokens a document (with its prompt) may take: the context limit less the room kept for answers."""
-    return max(plan.context_limit - session.answer_budget, 1)
+    return max(session.document_limit(plan), 1)

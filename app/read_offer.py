@@ -24,7 +24,7 @@ def can_read(state: BrowserState, truncate: bool) -> bool:
         plan = session.plan(tokens)
     except PlanError:
         return False
-    limit = plan.context_limit - session.answer_budget  # ``DocumentSession.set_document``'s own test
+    limit = session.document_limit(plan)  # ``DocumentSession.set_document``'s own test
     return len(tokens) <= limit or (bool(truncate) and limit >= 1)
 
 

@@ -81,7 +81,7 @@ class Reading:
         # The first start's reading-cost measurement pauses meanwhile: the plan does not share the cores with it.
         with session.read_time.making_a_plan():
             limits = session.limits()  # sized before reading: a file far beyond it is refused unread
-            documents, problems = read_sized(files, max(limits.context_limit - session.answer_budget, 1),
+            documents, problems = read_sized(files, max(session.document_limit(limits), 1),
                                              limits.limit_reason)
             if not documents:  # the panel still says what was dropped and why nothing can be read
                 return FilesView(state, render.files_table([], []), render.refused_plan(problems),
@@ -96,7 +96,7 @@ class Reading:
             except PlanError as exc:
                 return FilesView(state, render.files_table(documents, counts, len(tokens)), render.refused_plan([str(exc)]),
                                  gr.update(visible=False), read_button(state, False), _warn(str(exc)))
-            share = max(plan.context_limit - session.answer_budget, 1)  # what “Truncate to fit” reads of a set over it
+            share = max(session.document_limit(plan), 1)  # what “Truncate to fit” reads of a set over it
             seconds = session.read_time.estimate_prefill_range(min(len(tokens), share))
             if plan.is_within_limit:
                 message = status("ok", f"Ready to read {len(tokens):,} tokens (with the prompt) from {len(documents)} "
@@ -224,7 +224,7 @@ class Reading:
             return f"Continuing the read saved at {stats.num_tokens:,} tokens. "
         state.saved_key = saved.key
         bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
-        seconds = _restore_seconds(stats)
+        seconds = render.format_short_seconds(stats.seconds)
         yield ReadView(state, bar, _reopened(stats), NO_CHANGE, *_idle(state, False),
                        plan=_panel(session, num_chosen, f"reopened from disk in {seconds}"))
         return None
@@ -351,12 +351,8 @@ def _kept(state: BrowserState) -> str:
 
 def _reopened(stats: RestoreStats) -> str:
     bandwidth = f"{format_bytes(int(stats.gb_per_second * 1e9))}/s"  # binary units, as every size on the page
-    return status("ok", f"Reopened from disk in {_restore_seconds(stats)} ({bandwidth}) — no reading needed. Ask a "
-                        "question.")
-
-
-def _restore_seconds(stats: RestoreStats) -> str:
-    return f"{stats.seconds:.2f} s" if stats.seconds < 1 else render.format_seconds(stats.seconds)  # often < 0.1 s
+    seconds = render.format_short_seconds(stats.seconds)
+    return status("ok", f"Reopened from disk in {seconds} ({bandwidth}) — no reading needed. Ask a question.")
 
 
 def _label(state: BrowserState, session: DocumentSession, text: str) -> str:

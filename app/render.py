@@ -40,6 +40,11 @@ def format_seconds(seconds: float | None) -> str:
     return f"{hours} h {minutes:02d} min"
 
 
+def format_short_seconds(seconds: float) -> str:
+    """``format_seconds`` to two places under a second: a reopen from disk often takes under 0.1 s."""
+    return f"{seconds:.2f} s" if seconds < 1 else format_seconds(seconds)
+
+
 def status(kind: str, text: str) -> str:
     """Status line HTML; ``kind`` is ``info | ok | warn | error`` (text is escaped)."""
     kind = escape.attr(kind)

@@ -187,6 +187,11 @@ class DocumentSession:
         """The memory plan for ``document`` (plus the answer budget); never allocates."""
         return self._plan_tokens(len(self._tokens(document)) + self.answer_budget)
 
+    def document_limit(self, plan: Plan) -> int:
+        """Tokens a document (with its prompt) may take under ``plan``: its context limit less the room kept for
+        the conversation (``answer_budget``); what "truncate to fit" reads of a longer one."""
+        return max(plan.context_limit - self.answer_budget, 0)
+
     def document_plan(self) -> Plan:
         """The memory plan of the document taken by ``set_document`` (truncated, if it was), from its token count:
         nothing is tokenized again."""
@@ -237,7 +242,7 @@ class DocumentSession:
             raise InputError("pages go to tokenize with the text; tokenize's result carries them")
         tokens = self._tokens(document) if not pages else self.tokenize(document, pages)
         plan = self._plan_tokens(len(tokens) + self.answer_budget)
-        limit = max(plan.context_limit - self.answer_budget, 0)
+        limit = self.document_limit(plan)
         if len(tokens) > limit:
             if not truncate_to_fit or limit < 1:
                 gpu, host = self._shared.held_by_others(self)

@@ -152,7 +152,7 @@ class OpenSaved:
                 panel = render.plan_panel(plan, session.document_tokens, None, session.policy.kv_dtype,
                                           conversation_tokens=session.answer_budget)
                 # The plan's reading time says what this open cost, as a reopen started by Read says (not "≈ –").
-                panel = with_reading_time(panel, f"reopened from disk in {_seconds(stats)}")
+                panel = with_reading_time(panel, f"reopened from disk in {render.format_short_seconds(stats.seconds)}")
                 bar = render.progress_bar(stats.num_tokens, stats.num_tokens, state="done", note="reopened from disk")
                 names = state.range_label or ", ".join(doc.name for doc in state.documents)
                 table = render.files_table(state.documents, state.token_counts, session.document_tokens,
@@ -216,14 +216,10 @@ def _range_label(shelf, key: str) -> str | None:
     return next((info.label for info in infos if info.key == key), None)
 
 
-def _seconds(stats: RestoreStats) -> str:
-    return f"{stats.seconds:.2f} s" if stats.seconds < 1 else render.format_seconds(stats.seconds)  # often < 0.1 s
-
-
 def _reopened_line(stats: RestoreStats, names: str, num_turns: int) -> str:
     chat = f" with its {num_turns} earlier question{'s' if num_turns != 1 else ''}" if num_turns else ""
-    return status("ok", f"Reopened {names}{chat} from disk in {_seconds(stats)} — no upload, no reading. Ask a "
-                        "question.")
+    seconds = render.format_short_seconds(stats.seconds)
+    return status("ok", f"Reopened {names}{chat} from disk in {seconds} — no upload, no reading. Ask a question.")
 
 
 def _warn_line(text: str) -> str:

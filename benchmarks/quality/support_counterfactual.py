@@ -19,6 +19,12 @@ scoring is checked against the recorded decode's log-probs), and the blank of ``
 filled by the word asked and by each rival (``teacher_forced.candidate_logprobs``; ``reverse_margin``). The order is
 fixed before any score is read: the held-out manuals first, then the fitted ones, each manual's answers as recorded.
 One line per answer to ``data/support-reverse.jsonl`` (resumable).
+
+``--reask``: the rival's question asked instead (``score_reask``), on the answers ``by_answer`` labels, in the same
+order: ``counterfactual_question`` answered greedily in a fresh conversation on the document's cached K/V as
+``support_eval.evaluate`` asks (the glued layout, at most 48 answer tokens, the repetition guard; no sources pass,
+which runs after the decode and does not change its text), the conversation left as it was (``reanswer``); the
+signal is ``support_reask.reask_overlap``. One line per answer to ``data/support-reask.jsonl`` (resumable).
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ from pathlib import Path
 from engine import DocumentSession, OffloadPolicy, SnapshotStore
 from engine.answer.support_counterfactual import counterfactual_gain, counterfactual_question
 from engine.answer.support_own_gain import own_token_gain
+from engine.answer.support_reask import reask_overlap
 from engine.answer.support_reverse import reverse_cloze, reverse_margin
 from engine.answer.teacher_forced import candidate_logprobs, continuation_logprobs
 from engine.models.weights_mode import weights_mode
@@ -38,7 +45,8 @@ from engine.models.weights_mode import weights_mode
 from ..records import append_jsonl
 from .model_eval import document_text, load, read_or_restore
 from .support_claim import answers_to_check
-from .support_held_out import COUNTERFACTUALS, MODEL, REVERSES, cited_spans
+from .support_eval import MAX_NEW_TOKENS
+from .support_held_out import COUNTERFACTUALS, MODEL, REASKS, REVERSES, cited_spans
 from .support_held_out import load_questions as held_out_questions
 
 logger = logging.getLogger(__name__)
@@ -104,6 +112,39 @@ def score_reverse(session: DocumentSession, record: dict, text: str) -> dict:
     return found
 
 
+def reanswer(session: DocumentSession, question: str, max_new_tokens: int = MAX_NEW_TOKENS):
+    """The final chunk of ``question`` answered greedily in a fresh conversation on the document's cached K/V, as
+    the app answers (no sources pass); the session's conversation is left as it was (its turns and how many the
+    last question dropped) and its cache at the document, so the next question sees what it would have."""
+    kept, dropped = session.conversation(), session.dropped_turns
+    session.new_conversation()
+    final = None
+    try:
+        for final in session.ask(question, max_new_tokens=max_new_tokens, sources=False):
+            pass
+    finally:
+        session.new_conversation()
+        session.resume_conversation(kept)
+        session.dropped_turns = dropped
+    return final
+
+
+def score_reask(session: DocumentSession, record: dict, text: str) -> dict:
+    """The rival's question, the model's answer to it, the overlap and the seconds for one recorded answer."""
+    spans = cited_spans(text, [page or "" for page, _ in record.get("sources") or []])
+    swapped = counterfactual_question(record["question"], record["answer"], text, spans)
+    found: dict = {"counterfactual": swapped, "reask_overlap": None}
+    if swapped is None:
+        return found
+    started = time.perf_counter()
+    final = reanswer(session, swapped)
+    found.update(reanswer=final.text, reanswer_tokens=final.num_tokens, reask_s=round(time.perf_counter() - started, 2),
+                 reask_overlap=reask_overlap(record["answer"], final.text, record["question"], swapped, text))
+    if found["reask_overlap"] is not None:
+        found["reask_overlap"] = round(found["reask_overlap"], 5)
+    return found
+
+
 def labelled(model: str) -> list[dict]:
     """The answers ``by_answer`` labels, the held-out manuals' first (``answers_to_check``' order)."""
     from .support_eval import by_answer
@@ -118,23 +159,24 @@ def main(argv=None) -> int:
     p.add_argument("--kv", default=str(Path.home() / ".cache" / "headinfer-studio" / "eval-kv"))
     p.add_argument("--documents", default="", help="score only these manuals' answers (comma-separated keys)")
     p.add_argument("--reverse", action="store_true", help="the reverse question and the own-token gain instead")
+    p.add_argument("--reask", action="store_true", help="the rival's question asked and answered instead")
     p.add_argument("--out", default="", help="the answers' lines (default: the chosen scoring's data file)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .support_eval import load_questions as fitted_questions
 
-    out = Path(args.out or (REVERSES if args.reverse else COUNTERFACTUALS))
+    out = Path(args.out or (REASKS if args.reask else REVERSES if args.reverse else COUNTERFACTUALS))
     done = {(r["document"], r["question"]) for r in map(json.loads, out.read_text().splitlines())} \
         if out.is_file() else set()
     wanted = set(args.documents.split(",")) if args.documents else None
-    answers = labelled(args.model) if args.reverse else answers_to_check(args.model)
+    answers = labelled(args.model) if args.reverse or args.reask else answers_to_check(args.model)
     todo = [r for r in answers if (r["document"], r["question"]) not in done
             and (wanted is None or r["document"] in wanted)]
     documents = {d["key"]: d for d in held_out_questions() + fitted_questions()}
     model, tokenizer, _, _, load_s = load(args.model, "auto")
     logger.info("%s loaded in %.0f s; %d answers to score", args.model, load_s, len(todo))
     session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=1024))
-    scoring = score_reverse if args.reverse else score
+    scoring = score_reask if args.reask else score_reverse if args.reverse else score
     store = SnapshotStore(args.kv)
     for key in dict.fromkeys(r["document"] for r in todo):
         text = document_text(documents[key], Path(args.cache))

@@ -45,6 +45,7 @@ REPORT = DATA / "support-held-out.md"
 CLAIMS = DATA / "data" / "support-claim.jsonl"  # the claim check's P(yes) per cached answer (``support_claim``)
 COUNTERFACTUALS = DATA / "data" / "support-counterfactual.jsonl"  # ``support_counterfactual``'s gain per answer
 REVERSES = DATA / "data" / "support-reverse.jsonl"  # ``support_reverse``'s margin and own-token gain per answer
+REASKS = DATA / "data" / "support-reask.jsonl"  # ``support_reask``'s re-answer and overlap per answer
 MODEL = "qwen2.5-coder-1.5b"  # the CPU default model (engine/models/pypi.py)
 READING = "## Reading"  # the hand-written part of the report starts at this heading, kept when the tables are rewritten
 PEAKS = 8  # the document positions with the most answer attention kept per answer
@@ -452,6 +453,19 @@ REVERSE_RULES = {
     "share + own-token gain": ("min_document_share", "min_own_gain"),
     "share + binding + reverse margin": ("min_document_share", "min_binding_share", "min_reverse_margin"),
     "share + reverse margin + own-token gain": ("min_document_share", "min_reverse_margin", "min_own_gain"),
+}
+
+
+# The rival's question re-asked (``support_reask``): a generated re-answer per answer, cached in ``REASKS``. Listed
+# with the signal's rule before any score was read: 4 new rules (2 earlier beside). ``min_reask_novelty`` is
+# 1 - ``reask_overlap`` (the fit's rules flag a signal under its threshold; a high overlap flags).
+REASK_RULES = {
+    "share + log-prob": BEFORE,
+    "share + binding": ("min_document_share", "min_binding_share"),
+    "reask": ("min_reask_novelty",),
+    "share + reask": ("min_document_share", "min_reask_novelty"),
+    "binding + reask": ("min_binding_share", "min_reask_novelty"),
+    "share + binding + reask": ("min_document_share", "min_binding_share", "min_reask_novelty"),
 }
 
 

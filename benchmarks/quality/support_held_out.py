@@ -144,7 +144,8 @@ def claim_checks(path: Path = CLAIMS, model: str = MODEL) -> dict[tuple[str, str
 
 
 def labelled_rows(records: list[dict], texts: dict[str, str], claims: dict | None = None,
-                  counterfactuals: dict | None = None, reverses: dict | None = None) -> list[dict]:
+                  counterfactuals: dict | None = None, reverses: dict | None = None,
+                  reasks: dict | None = None) -> list[dict]:
     """``by_answer``'s rows (a right answer supported, a wrong one unsupported, "the document does not say" left
     out), each with every signal: support_eval's, ``min_entity_share`` and ``min_binding_share`` (on the pages the
     answer cites) and the claim check's P(yes) where ``claims`` holds it."""
@@ -169,8 +170,11 @@ def labelled_rows(records: list[dict], texts: dict[str, str], claims: dict | Non
         reverse = (reverses or {}).get((record["document"], record["question"]))
         found["min_own_gain"] = reverse.get("own_gain") if reverse else None
         found["min_reverse_margin"] = reverse.get("reverse_margin") if reverse else None
+        reask = (reasks or {}).get((record["document"], record["question"]))
+        overlap = reask.get("reask_overlap") if reask else None
+        found["min_reask_novelty"] = None if overlap is None else 1.0 - overlap
         rows.append({**record, "signals": found, "claim_s": [claim.get("check_s_after"), claim.get("check_s_quoted")],
-                     "counterfactual": swap, "reverse": reverse})
+                     "counterfactual": swap, "reverse": reverse, "reask": reask})
     return rows
 
 
@@ -280,6 +284,7 @@ def report_lines(rows: list[dict], new: list[dict], stamp: dict, model: str = MO
              f"jobs); torch {stamp['torch']}, transformers {stamp['transformers']}; {stamp['date'][:10]}. Written by "
              "`python -m benchmarks.quality.support_held_out` (rerun with `--tables-only`: the answers are cached).",
              ""]
+    lines += _reask_lines(rows)
     lines += _reverse_lines(rows)
     lines += [f"Model: {model} (the CPU default, GGUF Q4_K_M), fresh chats, the app's glued layout, greedy, sources "
              "on, at most 48 answer tokens. Four manuals: `bash-redirections` and `faq-packages` "
@@ -469,6 +474,49 @@ REASK_RULES = {
 }
 
 
+def _reask_lines(rows: list[dict]) -> list[str]:
+    """The dated section at the top: the re-asked rival question's rules (``REASK_RULES``) and the whole choice held
+    out among them and ``RULES``, leave-one-manual-out on the answers scored; its coverage, means and cost."""
+    scored, names, counts = _scored(rows, "reask")
+    if len(names) < 2:
+        return []
+    covered = ", ".join(f"{m} {sum(r['signals']['min_reask_novelty'] is not None for r in scored if r['document'] == m)}"
+                        for m in names)
+    lines = ["## 2026-12-02: the rival's question re-asked (issue 51 item 7)", "",
+             "`python -m benchmarks.quality.support_counterfactual --reask`, the signal fixed and its rules listed "
+             "before any score was read (the first point under Reading). `reask` (`engine.answer.support_reask`): "
+             "`counterfactual_question` (the question's entity swapped for the rival nearest the answer's words on "
+             "its cited page) answered greedily in a fresh conversation on the document's cached K/V, at most 48 "
+             "tokens; the signal is the rarity-weighted share of the answer's own key words (in neither question) "
+             "that the re-answer says again, high flags (fitted as 1 - overlap). Answers scored (of those "
+             f"labelled): {counts}; with a re-asked question: {covered} (the others count, and this signal never "
+             "flags them). Every cell leave-one-manual-out; `the whole choice held out` picks among these rules and "
+             "the first table's, without the manual judged.", ""]
+    lines += _held_out_table(scored, names, REASK_RULES)
+    lines += ["", "Mean overlap per manual and label (answers with the signal; high: the same answer for the rival):",
+              "", "| manual | label | answers re-asked | mean overlap | overlap >= 0.5 |", "| --- | --- | --- | --- | --- |"]
+    for manual in names:
+        for kind in ("supported", "unsupported"):
+            values = [1.0 - r["signals"]["min_reask_novelty"] for r in scored
+                      if r["document"] == manual and r["kind"] == kind and r["signals"]["min_reask_novelty"] is not None]
+            mean = f"{sum(values) / len(values):.2f}" if values else "–"
+            lines.append(f"| {manual} | {kind} | {len(values)} | {mean} | {sum(v >= 0.5 for v in values)} |")
+    timed = [r["reask"] for r in scored if r["reask"].get("reask_s") is not None]
+    if timed:
+        seconds = sorted(line["reask_s"] for line in timed)
+        tokens = sum(line["reanswer_tokens"] for line in timed) / len(timed)
+        lines += ["", f"Cost here (one greedy answer of the re-asked question on the cached K/V, {tokens:.0f} tokens on "
+                  f"average, 2 shared cores): {sum(seconds) / len(seconds):.1f} s an answer (median "
+                  f"{seconds[len(seconds) // 2]:.1f} s), {len(seconds)} answers."]
+    return lines + [""]
+
+
+def reask_scores(path: Path = REASKS, model: str = MODEL) -> dict[tuple[str, str], dict]:
+    """{(manual, question): the re-ask's line} of ``model`` (``support_counterfactual --reask``'s cache)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return {(r["document"], r["question"]): r for r in lines if r["model"] == model}
+
+
 def _reverse_lines(rows: list[dict]) -> list[str]:
     """The dated section at the top: the reverse question's and the own-token gain's rules (``REVERSE_RULES``) and
     the whole choice held out among them and ``RULES``, leave-one-manual-out on the answers scored; then how many
@@ -576,13 +624,15 @@ def _cost_lines(new: list[dict]) -> list[str]:
 
 def write_report(model: str, texts: dict[str, str], path: Path = REPORT, answers: Path = ANSWERS,
                  fitted: Path = FITTED_ANSWERS, claims: Path = CLAIMS,
-                 counterfactuals: Path = COUNTERFACTUALS, reverses: Path = REVERSES) -> list[str]:
+                 counterfactuals: Path = COUNTERFACTUALS, reverses: Path = REVERSES,
+                 reasks: Path = REASKS) -> list[str]:
     """Scores the cached answers of the four manuals (``texts``: {manual: its text as the prompt holds it}) and
     writes ``path``; returns its lines."""
     new = [json.loads(line) for line in answers.read_text().splitlines()] if answers.is_file() else []
     new = [r for r in new if r["model"] == model]
     rows = labelled_rows(fitted_records(model, fitted) + new, texts, claim_checks(claims, model),
-                         counterfactual_scores(counterfactuals, model), reverse_scores(reverses, model))
+                         counterfactual_scores(counterfactuals, model), reverse_scores(reverses, model),
+                         reask_scores(reasks, model))
     lines = report_lines(rows, new, run_stamp("cpu"), model)
     previous = path.read_text() if path.is_file() else ""
     reading = previous[previous.index(READING):] if READING in previous else ""  # the hand-written part, kept

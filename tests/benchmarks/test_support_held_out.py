@@ -128,7 +128,12 @@ def test_the_report_is_written_from_cached_answers_per_held_out_manual(tmp_path,
         "reverse_margin": 1.5 if r["kind"] == "supported" else -0.5, "own_gain": 0.0, "counterfactual_s": 3.0,
         "reverse_s": 2.0, "asked_logprobs": [-0.1, -0.2], "swapped_logprobs": [-0.4, -0.5],
         "max_abs_vs_decode": 0.00004}) + "\n" for r in fitted + new))
-    lines = held_out.write_report(held_out.MODEL, texts, report, answers, fitted_path, claims, swaps, reverses)
+    # The re-ask reached every manual: a copy's re-answer says its string again, a right answer's another one.
+    reasks = tmp_path / "reask.jsonl"
+    reasks.write_text("".join(json.dumps({
+        "model": held_out.MODEL, "document": r["document"], "question": r["question"], "reask_s": 2.5,
+        "reanswer_tokens": 10, "reask_overlap": 0.0 if r["kind"] == "supported" else 1.0}) + "\n" for r in fitted + new))
+    lines = held_out.write_report(held_out.MODEL, texts, report, answers, fitted_path, claims, swaps, reverses, reasks)
     text = report.read_text()
     assert text == "\n".join(lines) + "\n"
     judged = MANUALS if with_answers else MANUALS[:2]
@@ -145,7 +150,11 @@ def test_the_report_is_written_from_cached_answers_per_held_out_manual(tmp_path,
         assert "| today's shipped thresholds (share + log-prob) | " + " | ".join(["0% / 0%"] * 5) in text
         # The counterfactual table: the gain alone separates them, and so does the choice made without each manual.
         assert "| counterfactual | " + " | ".join(["100% / 0%"] * 5) + " | **met** |" in text
-        assert sum(line.startswith("| the whole choice held out | ") for line in lines) == 3
+        assert sum(line.startswith("| the whole choice held out | ") for line in lines) == 4
+        # The re-ask's dated section comes first; the overlap alone separates them.
+        assert text.index("## 2026-12-02: the rival's question re-asked") < text.index("## 2026-12-02: the reverse")
+        assert "| reask | " + " | ".join(["100% / 0%"] * 5) + " | **met** |" in text
+        assert "| m1 | unsupported | 2 | 1.00 | 2 |" in text and "2.5 s an answer" in text
         # The reverse question's dated section leads the report; the margin alone separates them, the own-token
         # gain (equal for both kinds here) flags nothing, and the scoring's agreement with the decode is stated.
         top = text.index("## 2026-12-02: the reverse question and the own-token gain")

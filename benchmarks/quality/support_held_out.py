@@ -2,10 +2,10 @@
 
     python -m benchmarks.quality.support_held_out [--model qwen2.5-coder-1.5b] [--tables-only]
 
-Four manuals: the two of ``benchmarks/data/support_eval.json`` (their answers are ``docs/benchmarks/data/support.jsonl``'s
-fresh glued chats, the ones today's thresholds were fitted on) and two nobody here wrote or fitted on
+Five manuals: the two of ``benchmarks/data/support_eval.json`` (their answers are ``docs/benchmarks/data/support.jsonl``'s
+fresh glued chats, the ones today's thresholds were fitted on) and three nobody here wrote or fitted on
 (``docs/benchmarks/data/support_held_out.json``: the R FAQ and R Installation and Administration from Debian's
-r-doc-pdf, read as the app reads an upload), whose look-alike questions are answered on a neighbouring page by a
+r-doc-pdf, and gnuplot's terminals, read as the app reads an upload), whose look-alike questions are answered on a neighbouring page by a
 string that belongs to another entity. Their answers are asked as ``benchmarks.quality.support_eval`` asks (a fresh chat, the
 glued layout, greedy, sources on) and cached in ``docs/benchmarks/data/support-held-out.jsonl`` with the sources
 pass's attention peaks, so fitting and scoring reruns cost no model time.
@@ -287,21 +287,23 @@ def report_lines(rows: list[dict], new: list[dict], stamp: dict, model: str = MO
     lines += _reask_lines(rows)
     lines += _reverse_lines(rows)
     lines += [f"Model: {model} (the CPU default, GGUF Q4_K_M), fresh chats, the app's glued layout, greedy, sources "
-             "on, at most 48 answer tokens. Four manuals: `bash-redirections` and `faq-packages` "
+             "on, at most 48 answer tokens. Five manuals: `bash-redirections` and `faq-packages` "
              "(`benchmarks/data/support_eval.json`, the two today's thresholds were fitted on; answers from "
              "`docs/benchmarks/data/support.jsonl`), `r-faq-install` and `r-admin-windows-mac` "
              "(`docs/benchmarks/data/support_held_out.json`: the R FAQ pp. 4-7 and R Installation and Administration "
              "pp. 17-20 from Debian's r-doc-pdf, read as the app reads an upload; every look-alike question there is "
-             "answered on a neighbouring page or paragraph by another entity's string).", "",
+             "answered on a neighbouring page or paragraph by another entity's string), and `gnuplot-terminals` "
+             "(the gnuplot 5.4 manual pp. 272-276 from Debian's gnuplot-doc, its questions added after every rule "
+             "here was chosen; each look-alike copies a neighbouring terminal's default).", "",
              "Labels are the answers' own (`support_eval.by_answer`): a right answer to a question the pages answer "
              "is supported; a wrong answer to either kind is unsupported; an answer that says the document does not "
              "say is left out (nothing to flag). Answers per manual (supported / unsupported): " + counts + ".", "",
              "Each cell: unsupported answers flagged / supported answers flagged. **Every rate is leave-one-manual-"
              "out**: the thresholds that judge a manual's answers are fitted (the most unsupported flagged with at "
-             "most 10% of the supported flagged) on the other three manuals' answers only. `today's shipped "
+             "most 10% of the supported flagged) on the other manuals' answers only. `today's shipped "
              "thresholds` are `engine.answer.support._FITTED`'s as they are: fitted on the first two manuals, so "
              "their cells for those two are not held out. `the whole choice held out`: for each manual, the rule "
-             "too is picked (by its leave-one-manual-out rates among the other three) without it.", "",
+             "too is picked (by its leave-one-manual-out rates among the other manuals) without it.", "",
              header, "| --- | " + " | ".join("---" for _ in names) + " | --- | --- |"]
 
     def row(label: str, flags: dict[str, np.ndarray]) -> str:

@@ -25,10 +25,14 @@ order: ``counterfactual_question`` answered greedily in a fresh conversation on 
 ``support_eval.evaluate`` asks (the glued layout, at most 48 answer tokens, the repetition guard; no sources pass,
 which runs after the decode and does not change its text), the conversation left as it was (``reanswer``); the
 signal is ``support_reask.reask_overlap``. One line per answer to ``data/support-reask.jsonl`` (resumable).
+
+``--sort-reask``: the same re-ask with the rival of the same sort (``support_sort.sort_question``) as the question
+asked again; one line per answer to ``data/support-sort-reask.jsonl`` (resumable).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import time
@@ -39,6 +43,7 @@ from engine.answer.support_counterfactual import counterfactual_gain, counterfac
 from engine.answer.support_own_gain import own_token_gain
 from engine.answer.support_reask import reask_overlap
 from engine.answer.support_reverse import reverse_cloze, reverse_margin
+from engine.answer.support_sort import sort_question
 from engine.answer.teacher_forced import candidate_logprobs, continuation_logprobs
 from engine.models.weights_mode import weights_mode
 
@@ -46,7 +51,7 @@ from ..records import append_jsonl
 from .model_eval import document_text, load, read_or_restore
 from .support_claim import answers_to_check
 from .support_eval import MAX_NEW_TOKENS
-from .support_held_out import COUNTERFACTUALS, MODEL, REASKS, REVERSES, cited_spans
+from .support_held_out import COUNTERFACTUALS, MODEL, REASKS, REVERSES, SORT_REASKS, cited_spans
 from .support_held_out import load_questions as held_out_questions
 
 logger = logging.getLogger(__name__)
@@ -129,10 +134,10 @@ def reanswer(session: DocumentSession, question: str, max_new_tokens: int = MAX_
     return final
 
 
-def score_reask(session: DocumentSession, record: dict, text: str) -> dict:
-    """The rival's question, the model's answer to it, the overlap and the seconds for one recorded answer."""
+def score_reask(session: DocumentSession, record: dict, text: str, rival=counterfactual_question) -> dict:
+    """The rival's question (``rival``'s), the model's answer to it, the overlap and the seconds for one answer."""
     spans = cited_spans(text, [page or "" for page, _ in record.get("sources") or []])
-    swapped = counterfactual_question(record["question"], record["answer"], text, spans)
+    swapped = rival(record["question"], record["answer"], text, spans)
     found: dict = {"counterfactual": swapped, "reask_overlap": None}
     if swapped is None:
         return found
@@ -160,23 +165,26 @@ def main(argv=None) -> int:
     p.add_argument("--documents", default="", help="score only these manuals' answers (comma-separated keys)")
     p.add_argument("--reverse", action="store_true", help="the reverse question and the own-token gain instead")
     p.add_argument("--reask", action="store_true", help="the rival's question asked and answered instead")
+    p.add_argument("--sort-reask", action="store_true", help="the re-ask with the rival of the same sort instead")
     p.add_argument("--out", default="", help="the answers' lines (default: the chosen scoring's data file)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .support_eval import load_questions as fitted_questions
 
-    out = Path(args.out or (REASKS if args.reask else REVERSES if args.reverse else COUNTERFACTUALS))
+    out = Path(args.out or (SORT_REASKS if args.sort_reask else REASKS if args.reask else REVERSES if args.reverse
+                            else COUNTERFACTUALS))
     done = {(r["document"], r["question"]) for r in map(json.loads, out.read_text().splitlines())} \
         if out.is_file() else set()
     wanted = set(args.documents.split(",")) if args.documents else None
-    answers = labelled(args.model) if args.reverse or args.reask else answers_to_check(args.model)
+    answers = labelled(args.model) if args.reverse or args.reask or args.sort_reask else answers_to_check(args.model)
     todo = [r for r in answers if (r["document"], r["question"]) not in done
             and (wanted is None or r["document"] in wanted)]
     documents = {d["key"]: d for d in held_out_questions() + fitted_questions()}
     model, tokenizer, _, _, load_s = load(args.model, "auto")
     logger.info("%s loaded in %.0f s; %d answers to score", args.model, load_s, len(todo))
     session = DocumentSession(model, tokenizer, OffloadPolicy(chunk_size=1024))
-    scoring = score_reask if args.reask else score_reverse if args.reverse else score
+    scoring = (functools.partial(score_reask, rival=sort_question) if args.sort_reask else score_reask if args.reask
+               else score_reverse if args.reverse else score)
     store = SnapshotStore(args.kv)
     for key in dict.fromkeys(r["document"] for r in todo):
         text = document_text(documents[key], Path(args.cache))

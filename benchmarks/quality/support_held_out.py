@@ -46,6 +46,7 @@ CLAIMS = DATA / "data" / "support-claim.jsonl"  # the claim check's P(yes) per c
 COUNTERFACTUALS = DATA / "data" / "support-counterfactual.jsonl"  # ``support_counterfactual``'s gain per answer
 REVERSES = DATA / "data" / "support-reverse.jsonl"  # ``support_reverse``'s margin and own-token gain per answer
 REASKS = DATA / "data" / "support-reask.jsonl"  # ``support_reask``'s re-answer and overlap per answer
+SORT_REASKS = DATA / "data" / "support-sort-reask.jsonl"  # the same with ``support_sort``'s rival of the same sort
 MODEL = "qwen2.5-coder-1.5b"  # the CPU default model (engine/models/pypi.py)
 READING = "## Reading"  # the hand-written part of the report starts at this heading, kept when the tables are rewritten
 PEAKS = 8  # the document positions with the most answer attention kept per answer
@@ -145,7 +146,7 @@ def claim_checks(path: Path = CLAIMS, model: str = MODEL) -> dict[tuple[str, str
 
 def labelled_rows(records: list[dict], texts: dict[str, str], claims: dict | None = None,
                   counterfactuals: dict | None = None, reverses: dict | None = None,
-                  reasks: dict | None = None) -> list[dict]:
+                  reasks: dict | None = None, sort_reasks: dict | None = None) -> list[dict]:
     """``by_answer``'s rows (a right answer supported, a wrong one unsupported, "the document does not say" left
     out), each with every signal: support_eval's, ``min_entity_share`` and ``min_binding_share`` (on the pages the
     answer cites) and the claim check's P(yes) where ``claims`` holds it."""
@@ -173,8 +174,11 @@ def labelled_rows(records: list[dict], texts: dict[str, str], claims: dict | Non
         reask = (reasks or {}).get((record["document"], record["question"]))
         overlap = reask.get("reask_overlap") if reask else None
         found["min_reask_novelty"] = None if overlap is None else 1.0 - overlap
+        sort_reask = (sort_reasks or {}).get((record["document"], record["question"]))
+        overlap = sort_reask.get("reask_overlap") if sort_reask else None
+        found["min_sort_reask_novelty"] = None if overlap is None else 1.0 - overlap
         rows.append({**record, "signals": found, "claim_s": [claim.get("check_s_after"), claim.get("check_s_quoted")],
-                     "counterfactual": swap, "reverse": reverse, "reask": reask})
+                     "counterfactual": swap, "reverse": reverse, "reask": reask, "sort_reask": sort_reask})
     return rows
 
 
@@ -473,6 +477,19 @@ REASK_RULES = {
     "share + reask": ("min_document_share", "min_reask_novelty"),
     "binding + reask": ("min_binding_share", "min_reask_novelty"),
     "share + binding + reask": ("min_document_share", "min_binding_share", "min_reask_novelty"),
+}
+
+
+# The re-ask with the rival of the same sort (``support_sort``), cached in ``SORT_REASKS``. Listed with the rule
+# before any score was read: 4 new rules (3 earlier beside).
+SORT_REASK_RULES = {
+    "share + log-prob": BEFORE,
+    "share + binding": ("min_document_share", "min_binding_share"),
+    "reask (nearest rival)": ("min_reask_novelty",),
+    "sort-reask": ("min_sort_reask_novelty",),
+    "share + sort-reask": ("min_document_share", "min_sort_reask_novelty"),
+    "binding + sort-reask": ("min_binding_share", "min_sort_reask_novelty"),
+    "share + binding + sort-reask": ("min_document_share", "min_binding_share", "min_sort_reask_novelty"),
 }
 
 

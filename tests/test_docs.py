@@ -17,6 +17,8 @@ README = ROOT / "README.md"
 README_MAX_LINES = 150
 
 _BACKTICKED = re.compile(r"`([^`\s]+)`")
+# a module's attribute named by the module's repo path (`engine/cpu/int8_matmul.gemv`): renamed code leaves it behind
+_CODE_ATTRIBUTE = re.compile(r"`((?:app|benchmarks|engine|scripts|tests)/[\w/]+)\.([A-Za-z_]\w*)`")
 
 
 def missing_named_paths(doc: Path, root: Path = ROOT) -> list[str]:
@@ -29,6 +31,19 @@ def missing_named_paths(doc: Path, root: Path = ROOT) -> list[str]:
         path = name.rstrip("/.,:;")
         if path.split("/", 1)[0] in tops and ("/" in path or "." in path) and not (root / path).exists():
             missing.append(name)
+    return missing
+
+
+def missing_code_attributes(doc: Path) -> list[str]:
+    """Backticked ``module/path.attribute`` references in ``doc``'s prose whose module (``module/path.py`` or a
+    package) is not there or does not define or import ``attribute``; ``x.py``, ``x.c`` and the like are files."""
+    missing = []
+    for path, attribute in _CODE_ATTRIBUTE.findall(prose(doc.read_text(encoding="utf-8"))):
+        if attribute in ("py", "c", "h", "sh", "md", "json", "txt", "so", "toml", "yml", "yaml", "cfg"):
+            continue
+        names = _module_names(path.replace("/", "."))
+        if names is not None and attribute not in names:
+            missing.append(f"{path}.{attribute}")
     return missing
 
 
@@ -104,6 +119,12 @@ def test_every_code_path_a_doc_names_exists(doc):
     assert missing_code_paths(doc, ROOT) == []
 
 
+@pytest.mark.parametrize("doc", [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "benchmarks")
+                                 .glob("*.md"))], ids=lambda p: p.name)
+def test_every_code_attribute_a_doc_names_exists(doc):
+    assert missing_code_attributes(doc) == []
+
+
 def test_the_readme_test_command_is_the_one_ci_runs():
     command = readme_test_command()
     assert command in ci_commands(), f"README's {command!r} is not what .ci/run runs ({ci_commands()})"
@@ -147,6 +168,13 @@ def test_a_moved_code_path_is_found(tmp_path):
     doc.write_text("`engine/cpu/gemv.c`, `engine/models/gemv.c`, `tests/test_x.py::test_y`, `gemv.c`\n"
                    "```\n`engine/in_a_code_block.py`\n```\n")
     assert missing_code_paths(doc, root=tmp_path) == ["engine/models/gemv.c", "tests/test_x.py"]
+
+
+def test_a_renamed_code_attribute_is_found(tmp_path):
+    doc = tmp_path / "doc.md"
+    doc.write_text("`engine/cpu/int8_matmul.run_split`, `engine/read_time/read_rate.measure_read_rate`, "
+                   "`engine/gone.thing`, `engine/cpu/int8_gemv.c`, `torch.mm`\n```\n`engine/cpu/int8_matmul.x`\n```\n")
+    assert missing_code_attributes(doc) == ["engine/cpu/int8_matmul.run_split", "engine/gone.thing"]
 
 
 def test_a_missing_named_path_is_found(tmp_path):

@@ -26,13 +26,8 @@ from app.sizing import read_sized, token_counts
 from app.uploads import delete_uploads
 from app.views import FilesView, ReadView
 from app.visitor_caps import CapReached
-from engine import (
-    DocumentSession,
-    HeadInferError,
-    PlanError,
-    PrefillCancelled,
-    format_bytes,
-)
+from byte_units import format_bytes, format_rate
+from engine import DocumentSession, HeadInferError, PlanError, PrefillCancelled
 from engine.types import DocumentTokens, PrefillProgress, RestoreStats, SnapshotInfo
 
 logger = logging.getLogger(__name__)
@@ -350,7 +345,7 @@ def _kept(state: BrowserState) -> str:
 
 
 def _reopened(stats: RestoreStats) -> str:
-    bandwidth = f"{format_bytes(int(stats.gb_per_second * 1e9))}/s"  # binary units, as every size on the page
+    bandwidth = format_rate(stats.gb_per_second * 1e9)  # binary units, as every size on the page
     seconds = render.format_short_seconds(stats.seconds)
     return status("ok", f"Reopened from disk in {seconds} ({bandwidth}) — no reading needed. Ask a question.")
 

@@ -130,9 +130,15 @@ class DownloadCancelled(HeadInferError):
     """``DownloadJob.cancel`` was called; the files finished so far stay in the cache."""
 
 
+# -- serving ---------------------------------------------------------------------------------------------------
+class SwitchFailed(HeadInferError, RuntimeError):
+    """A switch that unloaded the served model first could not load the new one; the message says whether the old
+    one is served again or no model is."""
+
+
 # -- checks ------------------------------------------------------------------------------------------------------
 class RaceError(HeadInferError, RuntimeError):
     """Two conflicting accesses to the same bytes that no event, stream order or join orders."""
 
 
-__all__ = ["HeadInferError", "InputError", "StateError", "PlanError", "PinningError", "PrefillCancelled", "ForwardInterrupted", "RouteError", "HomesFull", "DiskTierError", "DiskStreamError", "SnapshotError", "CorruptSnapshotError", "ChecksumMismatch", "TruncatedFile", "ModelSourceError", "CorruptDownload", "GatedModelError", "DownloadCancelled", "RaceError"]
+__all__ = ["HeadInferError", "InputError", "StateError", "PlanError", "PinningError", "PrefillCancelled", "ForwardInterrupted", "RouteError", "HomesFull", "DiskTierError", "DiskStreamError", "SnapshotError", "CorruptSnapshotError", "ChecksumMismatch", "TruncatedFile", "ModelSourceError", "CorruptDownload", "GatedModelError", "DownloadCancelled", "RaceError", "SwitchFailed"]

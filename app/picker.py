@@ -22,6 +22,7 @@ from app.owner import OPEN, REFUSED, OwnerGate
 from app.render import status
 from byte_units import format_bytes, in_gib
 from engine import ModelHolder
+from engine.errors import SwitchFailed
 from engine.models import (
     READ_TOKENS,
     DownloadJob,
@@ -255,7 +256,36 @@ class ModelPicker:
                             f"commit; until then “Serve” finds no copy of it.")
 
     # -- switching -------------------------------------------------------------------------------
+    def announce(self, choice: str | None, request: gr.Request = None) -> str:
+        """Before the switch starts: which order it takes (``switch_order``); nothing when it would be refused."""
+        servable = self._servable(choice, request)
+        if isinstance(servable, str):
+            return ""
+        entry, fit = servable
+        return status("info", f"{switch_order(entry.id, self.holder, fit)} Loading {entry.id}…")
+
     def serve(self, choice: str | None, request: gr.Request = None) -> str:
+        servable = self._servable(choice, request)
+        if isinstance(servable, str):
+            return servable
+        entry, fit = servable
+        self._machine = None  # it holds the served model: a switch that unloads it first must be able to free it
+        try:
+            report = self.holder.switch(self._source(entry), name=entry.id, weights_bytes=fit.weights_bytes)
+        except SwitchFailed as error:  # the old model was unloaded first: loaded back, or none is served
+            logger.warning("switch to %s failed: %s", entry.id, error)
+            return status("warn", f"{str(error)[:1].upper()}{str(error)[1:]}.")
+        except Exception as error:  # unsupported, missing, gated, not downloaded: the old model keeps serving
+            logger.warning("switch to %s failed: %s", entry.id, error)
+            return status("warn", f"Still serving {self.holder.name}: {str(error)}")
+        first = f", after unloading {report.old}: the two did not fit together" if report.unloaded_first else ""
+        return status("ok", f"Now serving {report.new} (loaded in {report.load_seconds:.0f} s{first}). "
+                            f"{format_bytes(report.returned_bytes)} of memory returned from {report.old}; "
+                            f"{report.closed_documents} open document set(s) closed: read them again with the new "
+                            f"model. Saved documents stay tied to the model that read them.")
+
+    def _servable(self, choice: str | None, request: gr.Request) -> tuple[Entry, Fit] | str:
+        """The chosen entry and its plan here, or the status line saying why it is not served."""
         if not self.owner.is_owner(request):
             logger.warning("a visitor's switch of the served model was refused")
             return status("warn", REFUSED)
@@ -268,16 +298,7 @@ class ModelPicker:
         fit = plan_entry(entry, self.machine())
         if not fit.supported or fit.reads_tokens == 0:
             return status("warn", " ".join(fit.notes[:1]) or "It does not fit here.")
-        try:
-            report = self.holder.switch(self._source(entry), name=entry.id)
-        except Exception as error:  # unsupported, missing, gated, not downloaded: the old model keeps serving
-            logger.warning("switch to %s failed: %s", entry.id, error)
-            return status("warn", f"Still serving {self.holder.name}: {str(error)}")
-        self._machine = None
-        return status("ok", f"Now serving {report.new} (loaded in {report.load_seconds:.0f} s). "
-                            f"{format_bytes(report.returned_bytes)} of memory returned from {report.old}; "
-                            f"{report.closed_documents} open document set(s) closed: read them again with the new "
-                            f"model. Saved documents stay tied to the model that read them.")
+        return entry, fit
 
     @staticmethod
     def _source(entry: Entry) -> str | None:
@@ -327,8 +348,25 @@ class ModelPicker:
         update.click(self.update, [choice], [note], api_name="update_model_pin", concurrency_id="download",
                      concurrency_limit=1).then(again, tab or None, view, api_visibility="private")
         # One at a time with reads and answers (the "compute" concurrency id): a switch never races a read or an answer on the model it replaces.
-        serve.click(self.serve, [choice], [note], api_name="serve_model", concurrency_id="compute",
-                    concurrency_limit=1).then(again, tab or None, view, api_visibility="private")
+        # The order the switch takes is said first, at once; the switch then waits its turn.
+        serve.click(self.announce, [choice], [note], concurrency_limit=None, api_visibility="private").then(
+            self.serve, [choice], [note], api_name="serve_model", concurrency_id="compute",
+            concurrency_limit=1).then(again, tab or None, view, api_visibility="private")
+
+def switch_order(new: str, holder: ModelHolder, fit: Fit) -> str:
+    """Which order serving ``new`` takes: beside the served model (it stays until the new one is ready), or after
+    unloading it (two do not fit; it is loaded back if the new one fails), from ``holder.order_for``."""
+    old = holder.name
+    if holder.model is None:
+        return f"No model is served: {new} is loaded."
+    order = holder.order_for(fit.weights_bytes)
+    size, room = format_bytes(fit.weights_bytes), format_bytes(order.room)
+    if order.fits:
+        return (f"{new} ({size}) fits beside {old} in {room} free: it is loaded first and {old} serves until it is "
+                f"ready; if it fails to load, {old} keeps serving.")
+    return (f"{new} ({size}) does not fit beside {old} in {room} free: {old} is unloaded first; if the new one fails "
+            f"to load, {old} is loaded back.")
+
 
 def _run(job: DownloadJob, outcome: dict) -> None:
     started = time.perf_counter()

@@ -11,6 +11,7 @@ from app.owner import OPEN, OwnerGate
 from app.picker import ModelPicker
 from engine.models import Machine, load_catalogue
 from engine.planning.budgets import card_budget
+from engine.serving import SwitchOrder
 
 GIB = 2**30
 RTX_4090 = Machine("RTX 4090 + 64 GiB", True, card_budget(24 * GIB), int(64 * GIB * 0.85), 500 * GIB, 1e14, 10.0, 900.0)
@@ -25,10 +26,14 @@ class SwitchRecorder:
     def __init__(self):
         self.model, self.name, self.switched = object(), "HuggingFaceTB/SmolLM2-135M-Instruct", []
 
-    def switch(self, source, name=None):
+    def switch(self, source, name=None, *, weights_bytes=None):
         self.switched.append((source, name))
         self.name = name
-        return SimpleNamespace(new=name, old="SmolLM2", load_seconds=3.0, returned_bytes=GIB, closed_documents=1)
+        return SimpleNamespace(new=name, old="SmolLM2", load_seconds=3.0, returned_bytes=GIB, closed_documents=1,
+                               unloaded_first=False)
+
+    def order_for(self, weights_bytes):
+        return SwitchOrder(weights_bytes, 20 * GIB)  # the served 135M model leaves most of the card free
 
 
 def on_the_4090(gate: OwnerGate = OPEN, uploads=()) -> ModelPicker:

@@ -290,6 +290,8 @@ def _wire_shelf(demo: gr.Blocks, page: Page, handlers: Handlers) -> None:
                              **_LIGHT)
     _offer_read(page.open_button.click(handlers.open_saved, [page.saved_choice, state], opened, api_name="open_saved",
                                        show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(
+        handlers.range_offer, [state], [page.range_box, page.range_from, page.range_to, page.range_info],
+        api_visibility="private", **_LIGHT).then(
         handlers.continue_reading, [state],
         _read_view(page),
         api_visibility="private", show_progress="minimal", show_progress_on=[page.progress], **_HEAVY).then(

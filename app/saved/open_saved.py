@@ -134,6 +134,7 @@ class OpenSaved:
                                                                  "drop its files to read them again."))
                     return
                 state.documents, state.tokens, state.read_text = list(entry.documents), tokens, entry.text
+                state.pieces, state.full_tokens = [], None  # the earlier upload's pages go with it (its range offer)
                 if entry.text != combine(entry.documents):  # a page range (or a beginning): its pages, not the book's
                     parts = parts_read(tokens.text, entry.documents)
                     state.documents = [doc for doc, _, _ in parts] or state.documents
